@@ -1,0 +1,223 @@
+// common.cuh: device helpers shared by every kernel family.
+// Compiled at run time by NVRTC (no math.h, no host code), for sm_80 and sm_90.
+#ifndef LAB_KERNELS_COMMON_CUH
+#define LAB_KERNELS_COMMON_CUH
+
+#include <cuda_bf16.h>
+
+// NVRTC has no math.h, so no INFINITY: build -inf from its bit pattern.
+#ifndef NEG_INF
+#define NEG_INF (__int_as_float((int)0xff800000u))
+#endif
+
+__device__ __forceinline__ float neg_inf() { return NEG_INF; }
+
+
+// ---------------------------------------------------------------------------
+// NaN-propagating max. fmaxf(NaN, x) returns x, so a plain fmaxf reduction
+// would turn a row of [NaN, -inf] into max = -inf, which the "fully masked row
+// -> zeros" guard would then silently hide. max.NaN (PTX 7.0, sm_80+) returns
+// NaN if either input is NaN, so NaN reaches every statistic.
+// ---------------------------------------------------------------------------
+__device__ __forceinline__ float fmax_nan(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+#else
+    return (a != a || b != b) ? a + b : fmaxf(a, b);
+#endif
+}
+
+// Max used as the exp() shift: -inf (fully masked so far) becomes 0 so that
+// x - m never computes (-inf) - (-inf) = NaN; exp(-inf - 0) = 0 as wanted.
+__device__ __forceinline__ float safe_shift(float m) { return m == NEG_INF ? 0.f : m; }
+
+// ---------------------------------------------------------------------------
+// Warp reductions: xor butterfly, full mask (0xffffffff), so every lane ends
+// with the result (all 32 lanes must call them).
+// ---------------------------------------------------------------------------
+__device__ __forceinline__ float warp_reduce_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmax_nan(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ __forceinline__ float warp_reduce_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// ---------------------------------------------------------------------------
+// Block reductions for blockDim.x a multiple of 32, up to 1024 (<= 32 warps,
+// hence a 32-entry scratch). Every thread of the block must call them.
+// The leading __syncthreads makes back-to-back calls safe (a fast warp cannot
+// overwrite scratch while a slow warp still reads the previous result); every
+// warp then reduces the 32 partials itself, which broadcasts the result
+// without a third barrier.
+// ---------------------------------------------------------------------------
+__device__ __forceinline__ float block_reduce_max(float v) {
+    __shared__ float scratch[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nwarps = blockDim.x >> 5;
+    v = warp_reduce_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? scratch[lane] : NEG_INF;
+    return warp_reduce_max(v);
+}
+
+__device__ __forceinline__ float block_reduce_sum(float v) {
+    __shared__ float scratch[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nwarps = blockDim.x >> 5;
+    v = warp_reduce_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? scratch[lane] : 0.f;
+    return warp_reduce_sum(v);
+}
+
+// ---------------------------------------------------------------------------
+// Online softmax statistics (Milakov & Gimelshein 2018): m = running max,
+// d = sum of exp(x - m). Identity is {-inf, 0}.
+// ---------------------------------------------------------------------------
+struct MaxSum {
+    float m;
+    float d;
+};
+
+__device__ __forceinline__ MaxSum maxsum_identity() {
+    MaxSum r;
+    r.m = NEG_INF;
+    r.d = 0.f;
+    return r;
+}
+
+// Rescale both sums to the common max. The side holding the larger max has
+// weight exactly 1, so only exp(smaller - larger) is computed: one exp per
+// combine (this sits on the latency chain of every log-depth reduction).
+// Both maxes -inf: the shift is 0, e = exp(-inf) = 0, d = 0 and m stays -inf
+// (no (-inf) - (-inf) = NaN). One max -inf: its weight is 0. A NaN max makes
+// e NaN (fminf may drop the NaN, but the shift keeps it), so d is NaN; +inf
+// inputs already carry d = NaN from exp(inf - inf).
+__device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
+    const float m = fmax_nan(a.m, b.m);
+    const float e = expf(fminf(a.m, b.m) - safe_shift(m));
+    MaxSum r;
+    r.m = m;
+    r.d = a.m >= b.m ? a.d + b.d * e : a.d * e + b.d;
+    return r;
+}
+
+// Fold N values into a running MaxSum with a single rescale per chunk
+// (1 + 1/N exps per element instead of 2). Pad unused slots with -inf.
+template <int N>
+__device__ __forceinline__ void online_update(MaxSum& st, const float* v) {
+    float cm = v[0];
+#pragma unroll
+    for (int i = 1; i < N; ++i) cm = fmax_nan(cm, v[i]);
+    const float m = fmax_nan(st.m, cm);
+    const float s = safe_shift(m);
+    float d = st.d * expf(st.m - s);
+#pragma unroll
+    for (int i = 0; i < N; ++i) d += expf(v[i] - s);
+    st.m = m;
+    st.d = d;
+}
+
+__device__ __forceinline__ MaxSum warp_reduce_maxsum(MaxSum v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        MaxSum other;
+        other.m = __shfl_xor_sync(0xffffffffu, v.m, o);
+        other.d = __shfl_xor_sync(0xffffffffu, v.d, o);
+        v = combine(v, other);
+    }
+    return v;
+}
+
+// Same contract as block_reduce_max / block_reduce_sum.
+__device__ __forceinline__ MaxSum block_reduce_maxsum(MaxSum v) {
+    __shared__ MaxSum scratch[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nwarps = blockDim.x >> 5;
+    v = warp_reduce_maxsum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? scratch[lane] : maxsum_identity();
+    return warp_reduce_maxsum(v);
+}
+
+// 1/sum for the final normalisation; a fully masked row (max == -inf, sum 0)
+// gets 0 so it writes zeros instead of 0/0. NaN statistics stay NaN.
+__device__ __forceinline__ float safe_inv_sum(float m, float d) {
+    return m == NEG_INF ? 0.f : 1.f / d;
+}
+
+// ---------------------------------------------------------------------------
+// Storage <-> fp32 converters. Arithmetic is always fp32.
+// ---------------------------------------------------------------------------
+template <typename T> __device__ __forceinline__ float to_float(T v);
+template <> __device__ __forceinline__ float to_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) {
+    return __bfloat162float(v);
+}
+
+template <typename T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
+// Round to nearest even (NaN stays NaN), the same as a CPU bf16::from_f32.
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+    return __float2bfloat16_rn(v);
+}
+
+// ---------------------------------------------------------------------------
+// 16-byte vector access: VecTraits<T>::N elements per 16 B (4 f32, 8 bf16).
+// The pointer must be 16-byte aligned (callers only vectorise when the row
+// length is a multiple of N and the base is 256-byte aligned).
+// ---------------------------------------------------------------------------
+template <typename T> struct VecTraits;
+// enum, not static constexpr: NVRTC would emit the latter as a .global symbol.
+template <> struct VecTraits<float> { enum { N = 4 }; };
+template <> struct VecTraits<__nv_bfloat16> { enum { N = 8 }; };
+
+template <typename T> __device__ __forceinline__ void load_vec16(const T* p, float* out);
+template <typename T> __device__ __forceinline__ void store_vec16(T* p, const float* in);
+
+template <> __device__ __forceinline__ void load_vec16<float>(const float* p, float* out) {
+    const float4 v = *reinterpret_cast<const float4*>(p);
+    out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;
+}
+template <> __device__ __forceinline__ void store_vec16<float>(float* p, const float* in) {
+    *reinterpret_cast<float4*>(p) = make_float4(in[0], in[1], in[2], in[3]);
+}
+
+// bf16 -> f32 is exact: the bf16 bits are the top half of the f32 bits
+// (element 2k is the low half of 32-bit word k, little endian).
+template <> __device__ __forceinline__ void load_vec16<__nv_bfloat16>(const __nv_bfloat16* p, float* out) {
+    const uint4 v = *reinterpret_cast<const uint4*>(p);
+    const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        out[2 * i] = __uint_as_float(w[i] << 16);
+        out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+__device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);  // .x = lo (low half)
+    return *reinterpret_cast<const unsigned*>(&h);
+}
+template <> __device__ __forceinline__ void store_vec16<__nv_bfloat16>(__nv_bfloat16* p, const float* in) {
+    uint4 v;
+    v.x = pack_bf16x2(in[0], in[1]);
+    v.y = pack_bf16x2(in[2], in[3]);
+    v.z = pack_bf16x2(in[4], in[5]);
+    v.w = pack_bf16x2(in[6], in[7]);
+    *reinterpret_cast<uint4*>(p) = v;
+}
+
+#endif  // LAB_KERNELS_COMMON_CUH

@@ -1,0 +1,17 @@
+// Bakes the git commit and dirty flag into the binary for record provenance.
+use std::process::Command;
+
+fn git(args: &[&str]) -> Option<String> {
+    let out = Command::new("git").args(args).output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+fn main() {
+    let commit = git(&["rev-parse", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    let dirty = git(&["status", "--porcelain", "--untracked-files=no"]).map(|s| !s.is_empty()).unwrap_or(false);
+    println!("cargo:rustc-env=LAB_GIT_COMMIT={commit}");
+    println!("cargo:rustc-env=LAB_GIT_DIRTY={dirty}");
+    for p in ["../.git/HEAD", "../.git/index", "../.git/refs"] {
+        println!("cargo:rerun-if-changed={p}");
+    }
+}

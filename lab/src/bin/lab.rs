@@ -1,0 +1,245 @@
+//! The `lab` command line: list, run, rerun, doctor, compile.
+
+use clap::{Parser, Subcommand};
+use lab::experiment::{self, BackendChoice, Peer, RunOptions, Session};
+use lab::record::{self, Record, Verdict};
+use lab::{LabError, Result};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "lab", version, about = "GPU-kernel research lab: run experiments, record them, rerun them")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// List the experiments.
+    List,
+    /// Run an experiment (or `all`) and append its records to a new run file.
+    Run {
+        /// Experiment name from `lab list`, or `all`.
+        experiment: String,
+        #[arg(long, value_enum, default_value = "auto")]
+        backend: BackendChoice,
+        /// Small sizes and few repetitions (tests, CI, a first look).
+        #[arg(long)]
+        quick: bool,
+        /// Peers to run beside lab's kernels on the same inputs.
+        #[arg(long, value_enum, value_delimiter = ',')]
+        peers: Vec<Peer>,
+        /// Folder for the run's JSONL file.
+        #[arg(long, default_value = "reports/records")]
+        out: PathBuf,
+        /// Seed for the inputs (default: fresh from the clock; always recorded).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Only these variants (repeatable).
+        #[arg(long = "variant")]
+        variants: Vec<String>,
+    },
+    /// Re-execute recorded configurations and compare old with new.
+    Rerun {
+        /// A record id (`<run-id>#<n>`), a run id, or a run file.
+        target: String,
+        /// Where to look up record and run ids.
+        #[arg(long, default_value = "reports/records")]
+        records: PathBuf,
+        #[arg(long, value_enum, default_value = "auto")]
+        backend: BackendChoice,
+        /// Folder for the new run's JSONL file.
+        #[arg(long, default_value = "reports/records")]
+        out: PathBuf,
+    },
+    /// Say which GPU, driver, NVRTC, cuBLAS, MPI and Python/torch this machine has.
+    Doctor,
+    /// Compile every kernel family with NVRTC (for the device, or for the given architectures).
+    Compile {
+        /// Compute capabilities as numbers, e.g. 80,90 (default: the device's own).
+        #[arg(long, value_delimiter = ',')]
+        arch: Vec<u32>,
+    },
+}
+
+fn main() -> ExitCode {
+    match dispatch(Cli::parse()) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn dispatch(cli: Cli) -> Result<ExitCode> {
+    match cli.command {
+        Command::List => {
+            for e in experiment::registry() {
+                println!("{:<12} {}", e.name(), e.description());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Run { experiment, backend, quick, peers, out, seed, variants } => {
+            let exps = if experiment == "all" { experiment::registry() } else { vec![experiment::find(&experiment)?] };
+            let backend = backend.open()?;
+            let seed = seed.unwrap_or_else(fresh_seed);
+            let opts = RunOptions { quick, peers, out, seed, variants, provider: None, progress: true };
+            let mut session = Session::new(backend, opts)?;
+            let mut result = Ok(());
+            for e in exps {
+                let cases = e.cases(&session.backend, quick);
+                result = session.run(e, &cases);
+                if result.is_err() {
+                    break;
+                }
+            }
+            print_table(&session.records);
+            println!("\n{} records -> {}", session.records.len(), session.run_file().display());
+            result?;
+            Ok(exit_for(&session.records))
+        }
+        Command::Rerun { target, records, backend, out } => rerun(&target, &records, backend, out),
+        Command::Doctor => {
+            lab::experiment::doctor::print();
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Compile { arch } => {
+            let archs = if arch.is_empty() { vec![lab::gpu::Gpu::new(0)?.arch] } else { arch };
+            for a in archs {
+                for (family, _) in lab::kernels::FAMILIES {
+                    lab::gpu::compile::compile_family(family, a)?;
+                    println!("compiled {family} for compute_{a}");
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn fresh_seed() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(7)
+}
+
+/// Non-zero when any figure failed its check.
+fn exit_for(records: &[Record]) -> ExitCode {
+    let failed = records.iter().filter(|r| r.verdict == Verdict::Fail).count();
+    if failed > 0 {
+        eprintln!("{failed} record(s) failed their correctness check");
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn print_table(records: &[Record]) {
+    println!(
+        "\n{:<11} {:<22} {:<12} {:<54} {:>10} {:>9} {:>8} {:>6} {:>9} {:<11}",
+        "experiment", "variant", "provider", "params", "median ms", "GB/s", "TFLOP/s", "%ceil", "max err", "verdict"
+    );
+    for r in records {
+        let params = r.params.to_string();
+        let (median, tp) = (r.time_ms.as_ref().map(|t| t.median), r.throughput);
+        println!(
+            "{:<11} {:<22} {:<12} {:<54} {:>10} {:>9} {:>8} {:>6} {:>9} {:<11}",
+            r.experiment,
+            r.variant,
+            r.provider,
+            params,
+            median.map_or("-".into(), |m| format!("{m:.4}")),
+            tp.map_or("-".into(), |t| format!("{:.1}", t.gb_s)),
+            tp.map_or("-".into(), |t| format!("{:.2}", t.tflop_s)),
+            r.fraction_of_ceiling.map_or("-".into(), |f| format!("{:.0}%", f * 100.0)),
+            r.error.as_ref().map_or("-".into(), |e| format!("{:.1e}", e.max_abs)),
+            format!("{:?}", r.verdict).to_lowercase(),
+        );
+    }
+}
+
+/// Records a target names: one record id, every record of a run id, or a run file.
+fn select(target: &str, dir: &std::path::Path) -> Result<Vec<Record>> {
+    let path = PathBuf::from(target);
+    let (all, damage) = if path.is_file() { record::read_records(&path)? } else { record::read_records(dir)? };
+    for d in &damage {
+        eprintln!("skipped a damaged record line: {d}");
+    }
+    let chosen: Vec<Record> = if path.is_file() {
+        all
+    } else {
+        all.into_iter().filter(|r| r.record_id == target || r.run_id == target).collect()
+    };
+    if chosen.is_empty() {
+        return Err(LabError::Invalid(format!("no record, run or run file `{target}` (looked in {})", dir.display())));
+    }
+    Ok(chosen)
+}
+
+fn rerun(target: &str, dir: &std::path::Path, backend: BackendChoice, out: PathBuf) -> Result<ExitCode> {
+    let old = select(target, dir)?;
+    let backend = backend.open()?;
+    let mut session: Option<Session> = None;
+    let mut pairs = Vec::new();
+    for r in &old {
+        if r.backend != backend.name() {
+            return Err(LabError::Invalid(format!(
+                "record {} was made on the {} backend; this rerun has the {} backend",
+                r.record_id, r.backend, backend.name()
+            )));
+        }
+        let exp = experiment::find(&r.experiment)?;
+        let opts = RunOptions {
+            quick: r.quick,
+            peers: if r.provider == "torch" { vec![Peer::Torch] } else { vec![] },
+            out: out.clone(),
+            seed: r.seed,
+            variants: vec![r.variant.clone()],
+            provider: Some(r.provider.clone()),
+            progress: false,
+        };
+        let s = match session.as_mut() {
+            Some(s) => {
+                s.opts = RunOptions { out: s.opts.out.clone(), ..opts };
+                s
+            }
+            None => session.insert(Session::new(backend.clone(), opts)?),
+        };
+        let before = s.records.len();
+        s.run(exp, std::slice::from_ref(&r.params))?;
+        let new = s.records[before..].iter().find(|n| n.variant == r.variant && n.provider == r.provider).cloned();
+        pairs.push((r.clone(), new));
+    }
+    println!(
+        "{:<34} {:<22} {:<8} {:>10} {:>10} {:>10} {:>10} {:<9} {:<9}",
+        "record", "variant", "provider", "old ms", "new ms", "old err", "new err", "old", "new"
+    );
+    let mut broken = 0;
+    for (o, n) in &pairs {
+        let ms = |r: &Record| r.time_ms.as_ref().map_or("-".into(), |t| format!("{:.4}", t.median));
+        let err = |r: &Record| r.error.as_ref().map_or("-".into(), |e| format!("{:.1e}", e.max_abs));
+        let verdict = |r: &Record| format!("{:?}", r.verdict).to_lowercase();
+        match n {
+            Some(n) => {
+                if o.verdict != Verdict::Fail && n.verdict == Verdict::Fail {
+                    broken += 1;
+                }
+                println!(
+                    "{:<34} {:<22} {:<8} {:>10} {:>10} {:>10} {:>10} {:<9} {:<9}",
+                    o.record_id, o.variant, o.provider, ms(o), ms(n), err(o), err(n), verdict(o), verdict(n)
+                );
+            }
+            None => {
+                broken += 1;
+                println!("{:<34} {:<22} {:<8} not reproduced: the variant no longer runs on this shape", o.record_id, o.variant, o.provider);
+            }
+        }
+    }
+    if let Some(s) = &session {
+        println!("\nnew records -> {}", s.run_file().display());
+    }
+    if broken > 0 {
+        eprintln!("{broken} record(s) no longer hold their correctness figures");
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,326 @@
+//! Experiments: the [`Experiment`] trait, the one [`registry`] that drives the CLI, the tests,
+//! the sweeps and the report, and the [`Session`] that turns measurements into records.
+
+pub mod doctor;
+pub mod peers;
+
+use crate::gpu::{DeviceInfo, Gpu};
+use crate::profile::{Budget, TimeSummary, TimingMode, Work};
+use crate::record::{self, ErrorStats, Record, RunWriter, Tolerance, Verdict};
+use crate::{LabError, Result};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// One family's sweep: which parameter sets to run and how to run one of them.
+pub trait Experiment: Sync {
+    fn name(&self) -> &'static str;
+    fn description(&self) -> &'static str;
+    /// The parameter sets of the sweep on this backend (`quick`: small sizes for tests and CI).
+    fn cases(&self, backend: &Backend, quick: bool) -> Vec<Value>;
+    /// Runs every variant and peer that `filter` admits on one parameter set, emitting records
+    /// through `session`. Variants that do not apply to the shape are skipped silently.
+    fn run_case(&self, session: &mut Session, case: &Value) -> Result<()>;
+}
+
+/// Every experiment, in the order `lab run all` takes them (ceilings first: the others are
+/// fractions of it).
+pub fn registry() -> Vec<&'static dyn Experiment> {
+    vec![
+        &crate::ops::ceilings::Ceilings,
+        &crate::ops::vector_add::VectorAdd,
+        &crate::ops::softmax::Softmax,
+    ]
+}
+
+pub fn find(name: &str) -> Result<&'static dyn Experiment> {
+    registry()
+        .into_iter()
+        .find(|e| e.name() == name)
+        .ok_or_else(|| LabError::UnknownExperiment(name.to_string()))
+}
+
+#[derive(Clone)]
+pub enum Backend {
+    Cuda(Arc<Gpu>),
+    Cpu,
+}
+
+impl Backend {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Backend::Cuda(_) => "cuda",
+            Backend::Cpu => "cpu",
+        }
+    }
+    pub fn device(&self) -> DeviceInfo {
+        match self {
+            Backend::Cuda(gpu) => gpu.info.clone(),
+            Backend::Cpu => DeviceInfo {
+                name: "cpu".into(),
+                cc: String::new(),
+                driver: String::new(),
+                cuda: String::new(),
+                nvrtc: String::new(),
+                sm_count: 0,
+                l2_bytes: 0,
+                memory_bytes: 0,
+                max_smem_per_block_optin: 0,
+            },
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendChoice {
+    /// CUDA when a GPU is usable, else the CPU (said once).
+    Auto,
+    Cuda,
+    Cpu,
+}
+
+impl BackendChoice {
+    /// Opens the backend; `auto` falls back to the CPU and says why on stderr.
+    pub fn open(self) -> Result<Backend> {
+        match self {
+            BackendChoice::Cpu => Ok(Backend::Cpu),
+            BackendChoice::Cuda => Ok(Backend::Cuda(Gpu::new(0)?)),
+            BackendChoice::Auto => match Gpu::new(0) {
+                Ok(gpu) => Ok(Backend::Cuda(gpu)),
+                Err(e) => {
+                    eprintln!("note: {e}; running on the CPU backend");
+                    Ok(Backend::Cpu)
+                }
+            },
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Peer {
+    /// PyTorch through `lab/peers/torch_peers.py` (needs `python3` with torch on the GPU host).
+    Torch,
+}
+
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    pub quick: bool,
+    pub peers: Vec<Peer>,
+    pub out: PathBuf,
+    pub seed: u64,
+    /// Only these variants (all when empty); peers are selected by `peers`.
+    pub variants: Vec<String>,
+    /// Only this provider (rerun of one record).
+    pub provider: Option<String>,
+    /// Show progress bars.
+    pub progress: bool,
+}
+
+/// A measured ceiling: the best figure and its own relative spread (p80 / median - 1).
+#[derive(Clone, Copy, Debug)]
+pub struct Ceiling {
+    pub value: f64,
+    pub spread: f64,
+}
+
+/// What one provider produced on one parameter set, before provenance is attached.
+pub struct Measurement {
+    pub variant: String,
+    pub provider: String,
+    pub params: Value,
+    pub work: Work,
+    pub time: Option<(TimeSummary, TimingMode)>,
+    pub error: Option<ErrorStats>,
+    pub tolerance: Option<Tolerance>,
+    /// Which ceiling this is a fraction of: "copy_gb_s" or "fma_tflop_s" (None: not placed).
+    pub ceiling: Option<&'static str>,
+    pub extra: serde_json::Map<String, Value>,
+}
+
+impl Measurement {
+    pub fn new(variant: impl Into<String>, provider: &str, params: &Value, work: Work) -> Self {
+        Measurement {
+            variant: variant.into(),
+            provider: provider.into(),
+            params: params.clone(),
+            work,
+            time: None,
+            error: None,
+            tolerance: None,
+            ceiling: None,
+            extra: Default::default(),
+        }
+    }
+}
+
+/// One invocation: a backend, a run file, the run's ceilings, and the provenance every record
+/// shares.
+pub struct Session {
+    pub backend: Backend,
+    pub opts: RunOptions,
+    pub budget: Budget,
+    pub ceilings: BTreeMap<&'static str, Ceiling>,
+    pub records: Vec<Record>,
+    /// The experiment being run (set by [`Session::run`]).
+    pub experiment: &'static str,
+    writer: RunWriter,
+    device: DeviceInfo,
+    host: record::HostInfo,
+    time: String,
+    command: String,
+}
+
+impl Session {
+    pub fn new(backend: Backend, opts: RunOptions) -> Result<Self> {
+        let device = backend.device();
+        let time = record::utc_now();
+        let run_id = record::run_id(&device.name, &time);
+        let writer = RunWriter::create(&opts.out, &run_id)?;
+        Ok(Session {
+            budget: Budget::new(opts.quick),
+            backend,
+            opts,
+            ceilings: BTreeMap::new(),
+            records: Vec::new(),
+            experiment: "",
+            writer,
+            device,
+            host: record::host_info(),
+            time,
+            command: std::env::args().collect::<Vec<_>>().join(" "),
+        })
+    }
+
+    pub fn run_id(&self) -> &str {
+        &self.writer.run_id
+    }
+
+    pub fn run_file(&self) -> &std::path::Path {
+        &self.writer.path
+    }
+
+    /// Runs one experiment over the given cases with a progress bar.
+    pub fn run(&mut self, exp: &'static dyn Experiment, cases: &[Value]) -> Result<()> {
+        let bar = if self.opts.progress {
+            indicatif::ProgressBar::new(cases.len() as u64)
+        } else {
+            indicatif::ProgressBar::hidden()
+        };
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {msg}")
+                .expect("valid template")
+                .progress_chars("=> "),
+        );
+        bar.set_prefix(exp.name());
+        for case in cases {
+            self.experiment = exp.name();
+            bar.set_message(case.to_string());
+            exp.run_case(self, case)?;
+            bar.inc(1);
+        }
+        bar.finish_and_clear();
+        Ok(())
+    }
+
+    /// Does the run's filter admit this variant and provider?
+    pub fn wants(&self, variant: &str, provider: &str) -> bool {
+        (self.opts.variants.is_empty() || self.opts.variants.iter().any(|v| v == variant))
+            && self.opts.provider.as_deref().is_none_or(|p| p == provider)
+    }
+
+    /// Is this peer asked for (and admitted by the filter)?
+    pub fn wants_peer(&self, peer: Peer, variant: &str, provider: &str) -> bool {
+        self.opts.peers.contains(&peer) && self.wants(variant, provider)
+    }
+
+    /// A ceiling of this run, measuring it first when no experiment has yet.
+    pub fn ceiling(&mut self, name: &'static str) -> Result<Ceiling> {
+        if let Some(c) = self.ceilings.get(name) {
+            return Ok(*c);
+        }
+        let saved = (self.experiment, std::mem::take(&mut self.opts.variants), self.opts.provider.take());
+        let result = crate::ops::ceilings::measure(self, name);
+        (self.experiment, self.opts.variants, self.opts.provider) = saved;
+        result?;
+        self.ceilings
+            .get(name)
+            .copied()
+            .ok_or_else(|| LabError::Invalid(format!("ceiling `{name}` could not be measured on this backend")))
+    }
+
+    /// Attaches provenance, throughput, fraction of ceiling and a verdict; appends the record.
+    pub fn emit(&mut self, m: Measurement) -> Result<Record> {
+        let ceiling = match m.ceiling {
+            Some(name) => Some((name, self.ceiling(name)?)),
+            None => None,
+        };
+        let throughput = m.time.as_ref().map(|(t, _)| m.work.throughput(t.median));
+        let fraction = match (&throughput, ceiling) {
+            (Some(tp), Some((name, c))) => Some(if name.ends_with("gb_s") { tp.gb_s } else { tp.tflop_s } / c.value),
+            _ => None,
+        };
+        let correct = m.error.as_ref().is_none_or(|e| e.passed());
+        // The guard needs cold caches: a warm host run of a cache-sized input may beat DRAM.
+        let cold = m.time.as_ref().is_some_and(|(_, mode)| mode.l2 == "cold");
+        let verdict = match (correct, fraction, ceiling) {
+            (false, _, _) => Verdict::Fail,
+            (true, Some(f), Some((_, c))) if cold && f > 1.0 + c.spread.max(0.02) => Verdict::Implausible,
+            _ => Verdict::Pass,
+        };
+        let git = record::git_info();
+        let record = Record {
+            schema: record::SCHEMA,
+            run_id: self.writer.run_id.clone(),
+            record_id: self.writer.next_id(),
+            experiment: self.experiment.to_string(),
+            variant: m.variant,
+            provider: m.provider,
+            params: m.params,
+            seed: self.opts.seed,
+            time_ms: m.time.as_ref().map(|(t, _)| t.clone()),
+            work: m.work,
+            throughput,
+            fraction_of_ceiling: fraction,
+            ceiling: ceiling.map(|(n, _)| n.to_string()),
+            error: m.error,
+            tolerance: m.tolerance,
+            verdict,
+            timing: m.time.map(|(_, mode)| mode),
+            backend: self.backend.name().into(),
+            device: self.device.clone(),
+            host: self.host.clone(),
+            git,
+            lab_version: env!("CARGO_PKG_VERSION").into(),
+            time: self.time.clone(),
+            command: self.command.clone(),
+            quick: self.opts.quick,
+            extra: m.extra,
+        };
+        self.writer.append(&record)?;
+        self.records.push(record.clone());
+        Ok(record)
+    }
+}
+
+/// A seeded generator for one case: the same seed and params give the same inputs.
+pub fn rng_for(seed: u64, case: &Value) -> rand::rngs::StdRng {
+    use rand::SeedableRng;
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(format!("{seed}:{case}").as_bytes());
+    rand::rngs::StdRng::from_seed(digest.into())
+}
+
+/// Reads a required unsigned parameter from a case.
+pub fn param_usize(case: &Value, key: &str) -> Result<usize> {
+    case.get(key)
+        .and_then(Value::as_u64)
+        .map(|v| v as usize)
+        .ok_or_else(|| LabError::Invalid(format!("case {case} has no unsigned `{key}`")))
+}
+
+pub fn param_str<'a>(case: &'a Value, key: &str) -> Result<&'a str> {
+    case.get(key)
+        .and_then(Value::as_str)
+        .ok_or_else(|| LabError::Invalid(format!("case {case} has no string `{key}`")))
+}

@@ -1,0 +1,87 @@
+//! Peers run as separate programs on the same inputs: PyTorch through `lab/peers/torch_peers.py`
+//! (embedded in the binary, so the GPU host needs only `python3` with torch).
+
+use crate::profile::{Budget, TimeSummary, TimingMode};
+use crate::{LabError, Result};
+use serde_json::{json, Value};
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+const TORCH_PEERS: &str = include_str!("../../peers/torch_peers.py");
+
+/// What a peer returned: its variant name, timing, output bytes and version facts.
+pub struct PeerRun {
+    pub variant: String,
+    pub time: (TimeSummary, TimingMode),
+    pub output: Vec<u8>,
+    pub extra: serde_json::Map<String, Value>,
+}
+
+/// `python3` unless `LAB_PYTHON` names another interpreter.
+pub fn python() -> String {
+    std::env::var("LAB_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+/// Runs `op` in torch on `inputs` (raw little-endian bytes of `dtype`, all of `shape`).
+pub fn torch(op: &str, dtype: &str, shape: &[usize], inputs: &[&[u8]], budget: &Budget, l2_bytes: i64) -> Result<PeerRun> {
+    let fail = |why: String| LabError::Peer { peer: "torch".into(), why };
+    let dir = tempfile::tempdir().map_err(|e| fail(format!("no temp dir: {e}")))?;
+    let script = dir.path().join("torch_peers.py");
+    std::fs::write(&script, TORCH_PEERS).map_err(|e| fail(e.to_string()))?;
+    let mut paths = Vec::new();
+    for (i, bytes) in inputs.iter().enumerate() {
+        let p = dir.path().join(format!("in{i}.bin"));
+        std::fs::write(&p, bytes).map_err(|e| fail(format!("writing input: {e}")))?;
+        paths.push(p.display().to_string());
+    }
+    let out = dir.path().join("out.bin");
+    let request = json!({
+        "op": op, "dtype": dtype, "shape": shape, "inputs": paths, "output": out.display().to_string(),
+        "warmup": budget.warmup, "min_reps": budget.min, "max_reps": budget.max,
+        "budget_ms": budget.budget_ms, "l2_scrub_bytes": 2 * l2_bytes,
+    });
+    let mut child = Command::new(python())
+        .arg(&script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| fail(format!("cannot start `{}`: {e}", python())))?;
+    child
+        .stdin
+        .take()
+        .expect("piped stdin")
+        .write_all(request.to_string().as_bytes())
+        .map_err(|e| fail(e.to_string()))?;
+    let done = child.wait_with_output().map_err(|e| fail(e.to_string()))?;
+    if !done.status.success() {
+        let err = String::from_utf8_lossy(&done.stderr);
+        let tail: Vec<&str> = err.lines().rev().take(5).collect();
+        return Err(fail(format!("{} exited with {}: {}", python(), done.status, tail.into_iter().rev().collect::<Vec<_>>().join(" | "))));
+    }
+    let stdout = String::from_utf8_lossy(&done.stdout);
+    let line = stdout.lines().last().unwrap_or_default();
+    let reply: Value = serde_json::from_str(line).map_err(|e| fail(format!("unreadable reply `{line}`: {e}")))?;
+    let raw: Vec<f64> = reply["raw_ms"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_f64).collect())
+        .filter(|v: &Vec<f64>| !v.is_empty())
+        .ok_or_else(|| fail(format!("reply has no samples: {line}")))?;
+    let output = std::fs::read(&out).map_err(|e| fail(format!("no output file: {e}")))?;
+    let mode = TimingMode {
+        l2: "cold".into(),
+        launch: "eager".into(),
+        warmup: reply["warmup"].as_u64().unwrap_or(0) as usize,
+        raw_ms: raw.clone(),
+    };
+    let mut extra = serde_json::Map::new();
+    for key in ["torch", "device"] {
+        extra.insert(format!("peer_{key}"), reply[key].clone());
+    }
+    Ok(PeerRun {
+        variant: reply["variant"].as_str().unwrap_or(op).to_string(),
+        time: (TimeSummary::of(&raw), mode),
+        output,
+        extra,
+    })
+}

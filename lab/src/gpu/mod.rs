@@ -1,0 +1,141 @@
+//! The CUDA runtime over cudarc: one context and stream per [`Gpu`], NVRTC modules compiled for
+//! the device's own architecture and cached, and CUDA-event timing ([`timing`]).
+
+pub mod compile;
+pub mod timing;
+
+use crate::error::Doing;
+use crate::{LabError, Result};
+use cudarc::driver::sys::CUdevice_attribute as Attr;
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// What the record says about the device: enough to tell two GPUs apart later.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct DeviceInfo {
+    pub name: String,
+    pub cc: String,
+    pub driver: String,
+    pub cuda: String,
+    pub nvrtc: String,
+    pub sm_count: i32,
+    pub l2_bytes: i64,
+    pub memory_bytes: i64,
+    pub max_smem_per_block_optin: i32,
+}
+
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    pub info: DeviceInfo,
+    /// Compute capability as one number: 90 for sm_90.
+    pub arch: u32,
+    modules: Mutex<HashMap<String, Arc<CudaModule>>>,
+}
+
+/// Why no GPU can be used, in plain words; `None` when one can.
+pub fn unavailable_reason() -> Option<String> {
+    // SAFETY: only probes the dynamic loader.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Some("the CUDA driver library (libcuda.so) is not installed".into());
+    }
+    match CudaContext::device_count() {
+        Ok(0) => Some("the CUDA driver reports no devices".into()),
+        Ok(_) => None,
+        Err(e) => Some(format!("the CUDA driver failed to initialise ({e:?})")),
+    }
+}
+
+impl Gpu {
+    /// Opens device `ordinal`, or says plainly why it cannot.
+    pub fn new(ordinal: usize) -> Result<Arc<Self>> {
+        if let Some(why) = unavailable_reason() {
+            return Err(LabError::NoGpu(why));
+        }
+        let ctx = CudaContext::new(ordinal).doing("creating the CUDA context")?;
+        let stream = ctx.default_stream();
+        let (major, minor) = ctx.compute_capability().doing("reading the compute capability")?;
+        let attr = |a| ctx.attribute(a).doing("reading a device attribute");
+        let mut driver = 0;
+        // SAFETY: plain out-parameter; the driver is loaded (the context exists).
+        unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver) }
+            .result()
+            .doing("reading the driver version")?;
+        let nvrtc = compile::nvrtc_version()
+            .map(|(a, b)| format!("{a}.{b}"))
+            .unwrap_or_else(|_| "missing".into());
+        let info = DeviceInfo {
+            name: ctx.name().doing("reading the device name")?,
+            cc: format!("{major}.{minor}"),
+            driver: driver_release().unwrap_or_else(|| format!("cuda-api {driver}")),
+            cuda: format!("{}.{}", driver / 1000, (driver % 1000) / 10),
+            nvrtc,
+            sm_count: attr(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+            l2_bytes: attr(Attr::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as i64,
+            memory_bytes: ctx.total_mem().doing("reading total memory")? as i64,
+            max_smem_per_block_optin: attr(
+                Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )?,
+        };
+        Ok(Arc::new(Gpu {
+            ctx,
+            stream,
+            info,
+            arch: (major * 10 + minor) as u32,
+            modules: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// A kernel by family, variant and dtype; the family's module is compiled once per context.
+    pub fn function(&self, family: &str, symbol: &str) -> Result<CudaFunction> {
+        let module = {
+            let mut modules = self.modules.lock().expect("module cache poisoned");
+            match modules.get(family) {
+                Some(m) => m.clone(),
+                None => {
+                    let ptx = compile::compile_family(family, self.arch)?;
+                    let m = self
+                        .ctx
+                        .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+                        .doing(&format!("loading the `{family}` module"))?;
+                    modules.insert(family.to_string(), m.clone());
+                    m
+                }
+            }
+        };
+        module.load_function(symbol).doing(&format!("finding kernel `{symbol}`"))
+    }
+
+    pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<CudaSlice<T>> {
+        self.stream.clone_htod(host).doing("copying to the device")
+    }
+
+    pub fn download<T: DeviceRepr + Default + Clone>(&self, dev: &CudaSlice<T>) -> Result<Vec<T>> {
+        self.stream.clone_dtoh(dev).doing("copying from the device")
+    }
+
+    /// Fills a buffer with 0xFF bytes (NaN in f32, bf16 and f16) so an unwritten output shows.
+    pub fn poison<T: DeviceRepr>(&self, dev: &mut CudaSlice<T>) -> Result<()> {
+        use cudarc::driver::DevicePtrMut;
+        let bytes = dev.num_bytes();
+        let (ptr, _sync) = dev.device_ptr_mut(&self.stream);
+        // SAFETY: ptr covers `bytes` bytes of this allocation, on our stream.
+        unsafe { cudarc::driver::result::memset_d8_async(ptr, 0xFF, bytes, self.stream.cu_stream()) }
+            .doing("poisoning an output buffer")
+    }
+
+    /// Waits for the stream and surfaces any asynchronous kernel error.
+    pub fn sync(&self) -> Result<()> {
+        self.stream.synchronize().doing("waiting for the stream (a kernel may have faulted)")
+    }
+}
+
+/// The kernel driver's release ("580.159.04"), as the proc file reports it.
+fn driver_release() -> Option<String> {
+    let text = std::fs::read_to_string("/proc/driver/nvidia/version").ok()?;
+    text.split_whitespace()
+        .skip_while(|w| *w != "Module")
+        .nth(1)
+        .map(str::to_string)
+}

@@ -1,0 +1,23 @@
+//! lab: a GPU-kernel research lab.
+//!
+//! Kernels live in `kernels/*.cu` (one file per family) and are compiled at run time by NVRTC;
+//! each family has a Rust module in [`ops`] holding its CPU reference, launchers and experiment.
+//! Every measurement becomes a [`record::Record`], appended to `reports/records/<run-id>.jsonl`.
+
+pub mod error;
+pub mod experiment;
+pub mod gpu;
+pub mod kernels;
+pub mod ops;
+pub mod profile;
+pub mod record;
+
+pub use error::{LabError, Result};
+
+/// What a notebook or script needs in one `use lab::prelude::*;`.
+pub mod prelude {
+    pub use crate::error::{LabError, Result};
+    pub use crate::experiment::{registry, Backend, BackendChoice, RunOptions};
+    pub use crate::gpu::Gpu;
+    pub use crate::record::{load, load_with_damage, Record};
+}

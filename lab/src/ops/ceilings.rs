@@ -1,0 +1,299 @@
+//! `ceilings`: what this device can do, measured in the same run as everything else.
+//! GPU: device-to-device copy bandwidth (driver memcpy and a float4 kernel), the FP32 FMA rate
+//! (kernels/ceilings.cu), and the fp16/bf16 tensor-core rate through cuBLAS GEMM.
+//! CPU: memory bandwidth (parallel copy) and the multiply-add rate of the host.
+
+use super::compare::{compare, compare_bits};
+use super::Elem;
+use crate::error::Doing;
+use crate::experiment::{param_str, param_usize, Backend, Ceiling, Experiment, Measurement, Session};
+use crate::gpu::{timing::time_gpu, Gpu};
+use crate::kernels::{symbol, DType};
+use crate::profile::{cpu_time, TimeSummary, Work};
+use crate::record::Tolerance;
+use crate::{LabError, Result};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use rand::Rng;
+use rayon::prelude::*;
+use serde_json::{json, Value};
+
+pub struct Ceilings;
+
+const FAMILY: &str = "ceilings";
+const GIB: usize = 1 << 30;
+/// FMA constants with a fixed point at 1: values stay bounded however long the chain.
+const MUL: f32 = 0.9999;
+const ADD: f32 = 1e-4;
+
+impl Experiment for Ceilings {
+    fn name(&self) -> &'static str {
+        "ceilings"
+    }
+    fn description(&self) -> &'static str {
+        "measured roofs: copy bandwidth, FP32 FMA rate, fp16/bf16 tensor rate (cuBLAS)"
+    }
+    fn cases(&self, backend: &Backend, quick: bool) -> Vec<Value> {
+        match (backend, quick) {
+            (Backend::Cuda(_), false) => vec![
+                json!({"what": "copy", "bytes": 2 * GIB}),
+                json!({"what": "fma", "iters": 16384}),
+                json!({"what": "tensor", "dtype": "f16", "n": 8192}),
+                json!({"what": "tensor", "dtype": "bf16", "n": 8192}),
+            ],
+            (Backend::Cuda(_), true) => vec![
+                json!({"what": "copy", "bytes": GIB / 4}),
+                json!({"what": "fma", "iters": 2048}),
+                json!({"what": "tensor", "dtype": "f16", "n": 4096}),
+                json!({"what": "tensor", "dtype": "bf16", "n": 4096}),
+            ],
+            (Backend::Cpu, false) => vec![json!({"what": "copy", "bytes": GIB}), json!({"what": "fma", "iters": 1 << 16})],
+            (Backend::Cpu, true) => vec![json!({"what": "copy", "bytes": 32 << 20}), json!({"what": "fma", "iters": 1 << 12})],
+        }
+    }
+    fn run_case(&self, s: &mut Session, case: &Value) -> Result<()> {
+        let backend = s.backend.clone();
+        match (param_str(case, "what")?, &backend) {
+            ("copy", Backend::Cuda(gpu)) => gpu_copy(s, gpu, case),
+            ("fma", Backend::Cuda(gpu)) => gpu_fma(s, gpu, case),
+            ("tensor", Backend::Cuda(gpu)) => match DType::parse(param_str(case, "dtype")?)? {
+                DType::F16 => gpu_tensor::<half::f16>(s, gpu, case),
+                DType::Bf16 => gpu_tensor::<half::bf16>(s, gpu, case),
+                DType::F32 => Err(LabError::Invalid("tensor ceiling is for f16/bf16".into())),
+            },
+            ("copy", Backend::Cpu) => cpu_copy(s, case),
+            ("fma", Backend::Cpu) => cpu_fma(s, case),
+            (what, b) => Err(LabError::Invalid(format!("no `{what}` ceiling on the {} backend", b.name()))),
+        }
+    }
+}
+
+/// Measures one ceiling for a run that has not measured it yet (called by [`Session::ceiling`]).
+pub fn measure(s: &mut Session, name: &str) -> Result<()> {
+    s.experiment = Ceilings.name();
+    let what = match name {
+        "copy_gb_s" => "copy",
+        "fma_tflop_s" => "fma",
+        _ => "tensor",
+    };
+    let cases = Ceilings.cases(&s.backend, s.opts.quick);
+    let case = cases
+        .iter()
+        .find(|c| c["what"] == what && (what != "tensor" || name.contains(c["dtype"].as_str().unwrap_or("-"))))
+        .ok_or_else(|| LabError::Invalid(format!("no ceiling named `{name}`")))?;
+    Ceilings.run_case(s, case)
+}
+
+/// Keeps the best figure seen for a ceiling, with its own spread (p20 rate over median rate).
+fn raise(s: &mut Session, name: &'static str, work: &Work, t: &TimeSummary) {
+    let rate = |ms: f64| {
+        let tp = work.throughput(ms);
+        if name.ends_with("gb_s") { tp.gb_s } else { tp.tflop_s }
+    };
+    let c = Ceiling { value: rate(t.median), spread: rate(t.p20) / rate(t.median) - 1.0 };
+    if s.ceilings.get(name).is_none_or(|old| old.value < c.value) {
+        s.ceilings.insert(name, c);
+    }
+}
+
+fn emit_ceiling(s: &mut Session, name: &'static str, mut m: Measurement) -> Result<()> {
+    m.extra.insert("ceiling_name".into(), json!(name));
+    let (t, _) = m.time.as_ref().expect("ceilings are timed");
+    if m.error.as_ref().is_none_or(|e| e.passed()) {
+        let (work, t) = (m.work, t.clone());
+        raise(s, name, &work, &t);
+    }
+    s.emit(m).map(|_| ())
+}
+
+/// A non-zero pattern that is cheap to make for gigabytes.
+fn pattern(n: usize) -> Vec<u32> {
+    (0..n).into_par_iter().map(|i| (i as u32).wrapping_mul(2_654_435_761) | 1).collect()
+}
+
+fn gpu_copy(s: &mut Session, gpu: &Gpu, case: &Value) -> Result<()> {
+    let n = param_usize(case, "bytes")? / 4;
+    let host = pattern(n);
+    let src = gpu.upload(&host)?;
+    let mut dst = gpu.stream.alloc_zeros::<u32>(n).doing("allocating the copy target")?;
+    let work = Work { bytes: 2 * 4 * n as u64, flops: 0 };
+    let f = gpu.function(FAMILY, &symbol(FAMILY, "copy_float4", DType::F32))?;
+    let cfg = LaunchConfig { grid_dim: (gpu.info.sm_count as u32 * 8, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    for variant in ["memcpy_dtod", "copy_float4"] {
+        let provider = if variant == "memcpy_dtod" { "cuda-driver" } else { "lab" };
+        if !s.wants(variant, provider) {
+            continue;
+        }
+        let launch = |dst: &mut CudaSlice<u32>| -> Result<()> {
+            if variant == "memcpy_dtod" {
+                gpu.stream.memcpy_dtod(&src, dst).doing("device-to-device copy")
+            } else {
+                let n = n as i64;
+                // SAFETY: src and dst hold n u32 (= f32-sized) elements; the kernel bounds by n.
+                unsafe { gpu.stream.launch_builder(&f).arg(&src).arg(dst).arg(&n).launch(cfg) }
+                    .map(|_| ())
+                    .doing("launching copy_float4")
+            }
+        };
+        gpu.poison(&mut dst)?;
+        launch(&mut dst)?;
+        gpu.sync()?;
+        let error = compare_bits(&gpu.download(&dst)?, &host, "source");
+        let time = time_gpu(gpu, &s.budget, || launch(&mut dst))?;
+        let mut m = Measurement::new(variant, provider, case, work);
+        (m.time, m.error) = (Some(time), Some(error));
+        emit_ceiling(s, "copy_gb_s", m)?;
+    }
+    Ok(())
+}
+
+/// One FMA chain as the kernel runs it, in f32 with fused multiply-add.
+fn fma_chain(seed: f32, iters: usize) -> f32 {
+    let mut r: [f32; 8] = std::array::from_fn(|j| seed + j as f32);
+    for _ in 0..iters * 4 {
+        for x in r.iter_mut() {
+            *x = x.mul_add(MUL, ADD);
+        }
+    }
+    r.iter().sum()
+}
+
+fn gpu_fma(s: &mut Session, gpu: &Gpu, case: &Value) -> Result<()> {
+    if !s.wants("fma", "lab") {
+        return Ok(());
+    }
+    let iters = param_usize(case, "iters")?;
+    let threads = gpu.info.sm_count as usize * 2048;
+    let seeds: Vec<f32> = (0..threads).map(|i| (i % 1000) as f32 * 1e-3).collect();
+    let mut out = gpu.upload(&seeds)?;
+    let f = gpu.function(FAMILY, &symbol(FAMILY, "fma", DType::F32))?;
+    let cfg = LaunchConfig { grid_dim: (threads as u32 / 256, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let it = iters as i32;
+    let launch = |out: &mut CudaSlice<f32>| -> Result<()> {
+        // SAFETY: out holds one float per launched thread.
+        unsafe { gpu.stream.launch_builder(&f).arg(out).arg(&it).arg(&MUL).arg(&ADD).launch(cfg) }
+            .map(|_| ())
+            .doing("launching fma")
+    };
+    launch(&mut out)?;
+    gpu.sync()?;
+    let got = gpu.download(&out)?;
+    // Check a sample of threads against the same chain on the host (f32 FMA is exact IEEE).
+    let sample: Vec<usize> = (0..threads).step_by(threads / 256).collect();
+    let expected: Vec<f64> = sample.par_iter().map(|&i| fma_chain(seeds[i], iters) as f64).collect();
+    let got: Vec<f64> = sample.iter().map(|&i| got[i] as f64).collect();
+    let error = compare(&got, &expected, Tolerance { atol: 1e-5, rtol: 1e-5 }, "cpu-f32-fma");
+    let time = time_gpu(gpu, &s.budget, || launch(&mut out))?;
+    let work = Work { bytes: 8 * threads as u64, flops: (threads * iters * 32 * 2) as u64 };
+    let mut m = Measurement::new("fma", "lab", case, work);
+    (m.time, m.error) = (Some(time), Some(error));
+    emit_ceiling(s, "fma_tflop_s", m)
+}
+
+fn gpu_tensor<T: Elem>(s: &mut Session, gpu: &Gpu, case: &Value) -> Result<()>
+where
+    cudarc::cublas::CudaBlas: cudarc::cublas::Gemm<T>,
+{
+    use cudarc::cublas::{sys::cublasOperation_t::CUBLAS_OP_N, CudaBlas, Gemm, GemmConfig};
+    if !s.wants("gemm", "cublas") {
+        return Ok(());
+    }
+    let n = param_usize(case, "n")?;
+    let mut rng = crate::experiment::rng_for(s.opts.seed, case);
+    let a: Vec<T> = (0..n * n).map(|_| T::from_f32(rng.random_range(-1.0..1.0))).collect();
+    let b: Vec<T> = (0..n * n).map(|_| T::from_f32(rng.random_range(-1.0..1.0))).collect();
+    let (da, db) = (gpu.upload(&a)?, gpu.upload(&b)?);
+    let mut dc = gpu.stream.alloc_zeros::<T>(n * n).doing("allocating C")?;
+    let blas = CudaBlas::new(gpu.stream.clone()).doing("creating the cuBLAS handle")?;
+    let ni = n as i32;
+    // Row-major C = A B is column-major C^T = B^T A^T: pass B first.
+    let cfg = GemmConfig {
+        transa: CUBLAS_OP_N,
+        transb: CUBLAS_OP_N,
+        m: ni,
+        n: ni,
+        k: ni,
+        alpha: T::from_f32(1.0),
+        lda: ni,
+        ldb: ni,
+        beta: T::from_f32(0.0),
+        ldc: ni,
+    };
+    let launch = |dc: &mut CudaSlice<T>| -> Result<()> {
+        // SAFETY: all three buffers hold n*n elements, matching cfg.
+        unsafe { blas.gemm(cfg, &db, &da, dc) }.doing("cuBLAS GEMM")
+    };
+    gpu.poison(&mut dc)?;
+    launch(&mut dc)?;
+    gpu.sync()?;
+    let c = gpu.download(&dc)?;
+    let picks: Vec<(usize, usize)> = (0..64).map(|_| (rng.random_range(0..n), rng.random_range(0..n))).collect();
+    let expected: Vec<f64> = picks
+        .iter()
+        .map(|&(i, j)| (0..n).map(|k| a[i * n + k].to_f64() * b[k * n + j].to_f64()).sum())
+        .collect();
+    let got: Vec<f64> = picks.iter().map(|&(i, j)| c[i * n + j].to_f64()).collect();
+    let error = compare(&got, &expected, Tolerance { atol: 5e-2, rtol: 1e-2 }, "cpu-f64-sampled");
+    let time = time_gpu(gpu, &s.budget, || launch(&mut dc))?;
+    let work = Work { bytes: 3 * (n * n * T::DTYPE.size()) as u64, flops: 2 * (n as u64).pow(3) };
+    let mut m = Measurement::new("gemm", "cublas", case, work);
+    (m.time, m.error) = (Some(time), Some(error));
+    let name = if T::DTYPE == DType::F16 { "tensor_f16_tflop_s" } else { "tensor_bf16_tflop_s" };
+    emit_ceiling(s, name, m)
+}
+
+fn cpu_copy(s: &mut Session, case: &Value) -> Result<()> {
+    if !s.wants("parallel_copy", "lab") {
+        return Ok(());
+    }
+    let n = param_usize(case, "bytes")? / 4;
+    let src = pattern(n);
+    let mut dst = vec![0u32; n];
+    let chunk = (n / rayon::current_num_threads()).max(1 << 16);
+    let time = cpu_time(&s.budget, || {
+        dst.par_chunks_mut(chunk).zip(src.par_chunks(chunk)).for_each(|(d, s)| d.copy_from_slice(s));
+    });
+    let error = compare_bits(&dst, &src, "source");
+    let mut m = Measurement::new("parallel_copy", "lab", case, Work { bytes: 8 * n as u64, flops: 0 });
+    (m.time, m.error) = (Some(time), Some(error));
+    emit_ceiling(s, "copy_gb_s", m)
+}
+
+fn cpu_fma(s: &mut Session, case: &Value) -> Result<()> {
+    if !s.wants("fma", "lab") {
+        return Ok(());
+    }
+    let iters = param_usize(case, "iters")?;
+    let tasks = rayon::current_num_threads() * 4;
+    // 8 lanes x 4 independent chains per task: wide enough to vectorise and hide latency.
+    let body = |t: usize| -> f32 {
+        let mut r = [[t as f32 * 1e-3; 8]; 4];
+        for _ in 0..iters {
+            for chain in r.iter_mut() {
+                for x in chain.iter_mut() {
+                    *x = *x * MUL + ADD;
+                }
+            }
+        }
+        r.iter().flatten().sum()
+    };
+    let mut sums = vec![0f32; tasks];
+    let time = cpu_time(&s.budget, || {
+        sums.par_iter_mut().enumerate().for_each(|(t, out)| *out = std::hint::black_box(body(t)));
+    });
+    // The same recurrence in f64: the f32 result must stay within rounding of it.
+    let expected: Vec<f64> = (0..tasks)
+        .map(|t| {
+            let mut x = t as f64 * 1e-3_f32 as f64;
+            for _ in 0..iters {
+                x = x * MUL as f64 + ADD as f64;
+            }
+            32.0 * x
+        })
+        .collect();
+    let got: Vec<f64> = sums.iter().map(|&x| x as f64).collect();
+    let error = compare(&got, &expected, Tolerance { atol: 1e-3, rtol: 1e-3 }, "cpu-f64");
+    let work = Work { bytes: 0, flops: (tasks * iters * 32 * 2) as u64 };
+    let mut m = Measurement::new("fma", "lab", case, work);
+    (m.time, m.error) = (Some(time), Some(error));
+    emit_ceiling(s, "fma_tflop_s", m)
+}

@@ -1,0 +1,103 @@
+//! Compares a result with its f64 reference: max abs/rel error, the worst element, a verdict.
+
+use crate::record::{ErrorStats, Tolerance};
+use rayon::prelude::*;
+
+/// |got - expected| <= atol + rtol * |expected| for every element; NaN passes only where the
+/// reference is NaN, and infinities only where they match exactly.
+pub fn compare(got: &[f64], expected: &[f64], tol: Tolerance, reference: &str) -> ErrorStats {
+    assert_eq!(got.len(), expected.len(), "compare: lengths differ");
+    let mut s = ErrorStats {
+        max_abs: 0.0,
+        max_rel: 0.0,
+        worst_fraction_of_tolerance: 0.0,
+        worst_index: None,
+        worst_got: None,
+        worst_expected: None,
+        mismatches: 0,
+        reference: reference.to_string(),
+    };
+    for (i, (&g, &e)) in got.iter().zip(expected).enumerate() {
+        let fraction = if e.is_nan() || g.is_nan() || e.is_infinite() || g.is_infinite() {
+            let same = (e.is_nan() && g.is_nan()) || g == e;
+            if same { 0.0 } else { f64::INFINITY }
+        } else {
+            let abs = (g - e).abs();
+            s.max_abs = s.max_abs.max(abs);
+            if e != 0.0 {
+                s.max_rel = s.max_rel.max(abs / e.abs());
+            }
+            abs / (tol.atol + tol.rtol * e.abs())
+        };
+        if fraction > 1.0 {
+            s.mismatches += 1;
+        }
+        if fraction > s.worst_fraction_of_tolerance || (s.worst_index.is_none() && fraction.is_nan()) {
+            s.worst_fraction_of_tolerance = fraction;
+            s.worst_index = Some(i as u64);
+            s.worst_got = Some(g);
+            s.worst_expected = Some(e);
+        }
+    }
+    if s.mismatches > 0 && !s.max_abs.is_finite() {
+        s.max_abs = f64::INFINITY;
+    }
+    s
+}
+
+impl ErrorStats {
+    pub fn passed(&self) -> bool {
+        self.mismatches == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    const TOL: Tolerance = Tolerance { atol: 1e-6, rtol: 1e-5 };
+
+    #[test]
+    fn equal_inputs_pass_and_a_small_error_is_measured() {
+        let s = compare(&[1.0, 2.0], &[1.0, 2.0], TOL, "t");
+        assert!(s.passed());
+        assert_eq!(s.max_abs, 0.0);
+        let s = compare(&[1.0, 2.000001], &[1.0, 2.0], TOL, "t");
+        assert!(s.passed());
+        assert!((s.max_abs - 1e-6).abs() < 1e-12);
+        assert_eq!(s.worst_index, Some(1));
+    }
+
+    #[test]
+    fn nan_passes_only_against_nan() {
+        assert!(!compare(&[f64::NAN], &[0.5], TOL, "t").passed());
+        assert!(compare(&[f64::NAN], &[f64::NAN], TOL, "t").passed());
+        assert!(!compare(&[0.5], &[f64::NAN], TOL, "t").passed());
+        let s = compare(&[0.5, f64::NAN], &[0.5, 0.25], TOL, "t");
+        assert_eq!((s.mismatches, s.worst_index), (1, Some(1)));
+    }
+
+    #[test]
+    fn a_large_error_fails_with_its_index() {
+        let s = compare(&[0.0, 0.1, 0.3], &[0.0, 0.1, 0.2], TOL, "t");
+        assert!(!s.passed());
+        assert_eq!(s.worst_index, Some(2));
+        assert_eq!(s.worst_got, Some(0.3));
+    }
+}
+
+/// Bit-exact comparison (copies): counts differing elements and names the first.
+pub fn compare_bits(got: &[u32], expected: &[u32], reference: &str) -> ErrorStats {
+    assert_eq!(got.len(), expected.len(), "compare_bits: lengths differ");
+    let mismatches = got.par_iter().zip(expected).filter(|(g, e)| g != e).count() as u64;
+    let first = (mismatches > 0).then(|| got.iter().zip(expected).position(|(g, e)| g != e).unwrap_or(0));
+    ErrorStats {
+        max_abs: if mismatches > 0 { f64::INFINITY } else { 0.0 },
+        max_rel: if mismatches > 0 { f64::INFINITY } else { 0.0 },
+        worst_fraction_of_tolerance: if mismatches > 0 { f64::INFINITY } else { 0.0 },
+        worst_index: first.map(|i| i as u64),
+        worst_got: first.map(|i| got[i] as f64),
+        worst_expected: first.map(|i| expected[i] as f64),
+        mismatches,
+        reference: reference.to_string(),
+    }
+}

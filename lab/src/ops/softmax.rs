@@ -1,0 +1,344 @@
+//! `softmax`: row-wise softmax in f32 and bf16 (kernels/softmax.cu), a ladder from a naive
+//! three-pass kernel to single-read variants that keep the row on chip.
+//!
+//! Semantics shared by the reference and every variant: entries of -inf contribute 0; a row of
+//! all -inf (fully masked) gives all zeros; a NaN or +inf anywhere in a row makes the row NaN;
+//! large magnitudes (1e4) do not overflow because the row max is subtracted first.
+
+use super::compare::compare;
+use super::{widen, Elem};
+use crate::error::Doing;
+use crate::experiment::{param_str, param_usize, peers, rng_for, Backend, Experiment, Measurement, Peer, Session};
+use crate::gpu::{timing::time_gpu, Gpu};
+use crate::kernels::{symbol, DType};
+use crate::profile::{cpu_time, Work};
+use crate::record::Tolerance;
+use crate::{LabError, Result};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use rand::Rng;
+use rand_distr::{Distribution, StandardNormal};
+use rayon::prelude::*;
+use serde_json::{json, Value};
+
+pub struct Softmax;
+
+const FAMILY: &str = "softmax";
+
+/// The GPU ladder, in order; `applies` says which shapes each variant takes.
+pub const GPU_VARIANTS: &[&str] = &[
+    "naive_thread_per_row",
+    "block_three_pass",
+    "online_warp_per_row",
+    "online_block_per_row",
+    "onchip_block_per_row",
+    "cluster_per_row",
+];
+pub const CPU_VARIANTS: &[&str] = &["cpu_online_rows"];
+/// Longest row `onchip_block_per_row` holds: 1024 threads x 16 registers.
+pub const ONCHIP_MAX_COLS: usize = 16384;
+/// Longest row `cluster_per_row` holds: 8 blocks x 1024 threads x 32 registers.
+pub const CLUSTER_MAX_COLS: usize = 262144;
+/// Beyond this the one-thread-per-row baseline takes seconds per call and teaches nothing new.
+pub const NAIVE_MAX_COLS: usize = 8192;
+
+/// Does `variant` run on rows `cols` wide on a device of compute capability `arch`?
+pub fn applies(variant: &str, cols: usize, arch: u32) -> bool {
+    match variant {
+        "naive_thread_per_row" => cols <= NAIVE_MAX_COLS,
+        "onchip_block_per_row" => cols <= ONCHIP_MAX_COLS,
+        "cluster_per_row" => arch >= 90 && cols <= CLUSTER_MAX_COLS,
+        _ => true,
+    }
+}
+
+pub fn tolerance(dtype: DType) -> Tolerance {
+    match dtype {
+        // f32 exp and a tree sum over up to 2^18 terms: a few ulp.
+        DType::F32 => Tolerance { atol: 1e-9, rtol: 1e-5 },
+        // bf16 output rounding alone is 2^-9 relative; allow two ulp.
+        _ => Tolerance { atol: 1e-6, rtol: 2f64.powi(-7) },
+    }
+}
+
+/// The f64 reference.
+pub fn reference(x: &[f64], cols: usize) -> Vec<f64> {
+    let mut y = vec![0.0; x.len()];
+    y.par_chunks_mut(cols).zip(x.par_chunks(cols)).for_each(|(y, x)| {
+        let max = x.iter().fold(f64::NEG_INFINITY, |m, &v| if v > m || v.is_nan() { v } else { m });
+        if max == f64::NEG_INFINITY {
+            return; // fully masked row: zeros by definition
+        }
+        let sum: f64 = x.iter().map(|&v| (v - max).exp()).sum();
+        for (y, &v) in y.iter_mut().zip(x) {
+            *y = (v - max).exp() / sum;
+        }
+    });
+    y
+}
+
+/// The CPU backend's variant: online (max, sum) in one pass per row, f32 arithmetic, rows in
+/// parallel.
+pub fn cpu_online_rows<T: Elem>(x: &[T], y: &mut [T], cols: usize) {
+    y.par_chunks_mut(cols).zip(x.par_chunks(cols)).for_each(|(y, x)| {
+        let (mut m, mut d) = (f32::NEG_INFINITY, 0f32);
+        for v in x.iter().map(|v| v.to_f32()) {
+            let m_new = if v > m || v.is_nan() { v } else { m };
+            if m_new != f32::NEG_INFINITY {
+                d = d * (m - m_new).exp() + (v - m_new).exp();
+                // exp(-inf - -inf) would be NaN: before the first finite value d is 0 anyway.
+                if m == f32::NEG_INFINITY {
+                    d = (v - m_new).exp();
+                }
+            }
+            m = m_new;
+        }
+        for (y, v) in y.iter_mut().zip(x) {
+            *y = T::from_f32(if m == f32::NEG_INFINITY { 0.0 } else { (v.to_f32() - m).exp() / d });
+        }
+    });
+}
+
+/// Inputs for one case: N(0, 3^2), or "hostile" rows that cycle through the edge cases.
+pub fn input<T: Elem>(rows: usize, cols: usize, fill: &str, rng: &mut impl Rng) -> Result<Vec<T>> {
+    let normal = |rng: &mut dyn rand::RngCore| -> f32 {
+        let v: f32 = StandardNormal.sample(rng);
+        3.0 * v
+    };
+    let mut x = Vec::with_capacity(rows * cols);
+    for r in 0..rows {
+        for c in 0..cols {
+            let v = match fill {
+                "normal" => normal(rng),
+                "hostile" => match r % 5 {
+                    0 => f32::NEG_INFINITY,                                            // fully masked
+                    1 if c % 3 == 0 => f32::NEG_INFINITY,                              // partly masked
+                    2 => rng.random_range(-1e4..1e4),                                  // huge spread
+                    3 if c == cols / 2 => 1e4,                                         // one spike
+                    _ => normal(rng),
+                },
+                other => return Err(LabError::Invalid(format!("unknown softmax fill `{other}` (normal, hostile)"))),
+            };
+            x.push(T::from_f32(v));
+        }
+    }
+    Ok(x)
+}
+
+impl Experiment for Softmax {
+    fn name(&self) -> &'static str {
+        "softmax"
+    }
+    fn description(&self) -> &'static str {
+        "row-wise softmax, f32 and bf16, rows 1..262144 wide: naive three-pass to single-read on-chip and cluster-per-row"
+    }
+    fn cases(&self, backend: &Backend, quick: bool) -> Vec<Value> {
+        // Odd shapes and hostile values first: they gate the timed shapes.
+        let checks: &[(usize, usize, &str)] =
+            &[(1, 1, "normal"), (1823, 781, "normal"), (7, 65537, "normal"), (1823, 781, "hostile"), (10, 40000, "hostile")];
+        let timed: &[(usize, usize, &str)] = match (backend, quick) {
+            (Backend::Cuda(_), false) => &[
+                (65536, 1024, "normal"),
+                (16384, 4096, "normal"),
+                (8192, 8192, "normal"),
+                (4096, 16384, "normal"),
+                (2048, 32768, "normal"),
+                (1024, 262144, "normal"),
+            ],
+            (Backend::Cuda(_), true) => &[(16384, 4096, "normal"), (512, 32768, "normal")],
+            (Backend::Cpu, false) => &[(4096, 1024, "normal"), (256, 32768, "normal")],
+            (Backend::Cpu, true) => &[(64, 1000, "normal")],
+        };
+        let checks: &[(usize, usize, &str)] = match (backend, quick) {
+            (Backend::Cpu, true) => &[(1, 1, "normal"), (17, 781, "normal"), (3, 4099, "normal"), (11, 300, "hostile")],
+            _ => checks,
+        };
+        ["f32", "bf16"]
+            .iter()
+            .flat_map(|dtype| {
+                checks
+                    .iter()
+                    .chain(timed)
+                    .map(move |&(rows, cols, fill)| json!({"rows": rows, "cols": cols, "dtype": dtype, "fill": fill}))
+            })
+            .collect()
+    }
+    fn run_case(&self, s: &mut Session, case: &Value) -> Result<()> {
+        match DType::parse(param_str(case, "dtype")?)? {
+            DType::F32 => run::<f32>(s, case),
+            DType::Bf16 => run::<half::bf16>(s, case),
+            DType::F16 => Err(LabError::Invalid("softmax runs in f32 and bf16".into())),
+        }
+    }
+}
+
+fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
+    let (rows, cols) = (param_usize(case, "rows")?, param_usize(case, "cols")?);
+    if rows == 0 || cols == 0 {
+        return Err(LabError::shape("softmax", format!("{rows} x {cols}: rows and cols must be at least 1")));
+    }
+    let fill = param_str(case, "fill")?;
+    let x: Vec<T> = input(rows, cols, fill, &mut rng_for(s.opts.seed, case))?;
+    let expected = reference(&widen(&x), cols);
+    let n = (rows * cols) as u64;
+    // One read and one write per element; ~5 flops (max, subtract, exp, add, divide).
+    let work = Work { bytes: 2 * n * T::DTYPE.size() as u64, flops: 5 * n };
+    let tol = tolerance(T::DTYPE);
+    let check = |y: &[T]| compare(&widen(y), &expected, tol, "cpu-f64");
+    let backend = s.backend.clone();
+    match &backend {
+        Backend::Cpu => {
+            if s.wants("cpu_online_rows", "lab") {
+                let mut y = vec![T::from_f32(f32::NAN); x.len()];
+                let time = cpu_time(&s.budget, || cpu_online_rows(&x, &mut y, cols));
+                let mut m = Measurement::new("cpu_online_rows", "lab", case, work);
+                (m.time, m.error, m.tolerance, m.ceiling) = (Some(time), Some(check(&y)), Some(tol), Some("copy_gb_s"));
+                s.emit(m)?;
+            }
+            if s.wants("reference_f64", "cpu-ref") {
+                let xf = widen(&x);
+                let time = cpu_time(&s.budget, || drop(std::hint::black_box(reference(&xf, cols))));
+                let mut m = Measurement::new("reference_f64", "cpu-ref", case, work);
+                m.time = Some(time);
+                s.emit(m)?;
+            }
+        }
+        Backend::Cuda(gpu) => {
+            let dx = gpu.upload(&x)?;
+            let mut dy = gpu.stream.alloc_zeros::<T>(x.len()).doing("allocating the softmax output")?;
+            for &variant in GPU_VARIANTS {
+                if !applies(variant, cols, gpu.arch) || !s.wants(variant, "lab") {
+                    continue;
+                }
+                let f = gpu.function(FAMILY, &symbol(FAMILY, variant, T::DTYPE))?;
+                let cfg = launch_config(variant, rows, cols);
+                let (r, c) = (rows as i32, cols as i32);
+                let launch = |dy: &mut CudaSlice<T>| -> Result<()> {
+                    // SAFETY: x and y hold rows*cols elements; every variant bounds by rows and cols,
+                    // and `applies` kept the shape within the variant's on-chip capacity.
+                    unsafe { gpu.stream.launch_builder(&f).arg(&dx).arg(dy).arg(&r).arg(&c).launch(cfg) }
+                        .map(|_| ())
+                        .doing(&format!("launching softmax {variant}"))
+                };
+                gpu.poison(&mut dy)?;
+                launch(&mut dy)?;
+                gpu.sync()?;
+                let before = check(&gpu.download(&dy)?);
+                let timed = fill == "normal";
+                let time = if timed { Some(time_gpu(gpu, &s.budget, || launch(&mut dy))?) } else { None };
+                let after = check(&gpu.download(&dy)?);
+                let mut m = Measurement::new(variant, "lab", case, work);
+                m.error = Some(if before.passed() { after } else { before });
+                (m.time, m.tolerance, m.ceiling) = (time, Some(tol), Some("copy_gb_s"));
+                m.extra.insert("launch".into(), json!({"grid": cfg.grid_dim.0, "block": cfg.block_dim.0}));
+                s.emit(m)?;
+            }
+            if fill == "normal" && s.wants_peer(Peer::Torch, "torch.softmax", "torch") {
+                torch_peer::<T>(s, gpu, case, &x, rows, cols, work, &check)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn torch_peer<T: Elem>(
+    s: &mut Session,
+    gpu: &Gpu,
+    case: &Value,
+    x: &[T],
+    rows: usize,
+    cols: usize,
+    work: Work,
+    check: &dyn Fn(&[T]) -> crate::record::ErrorStats,
+) -> Result<()> {
+    let run = peers::torch("softmax", T::DTYPE.name(), &[rows, cols], &[&T::bytes(x)], &s.budget, gpu.info.l2_bytes)?;
+    let mut m = Measurement::new(run.variant, "torch", case, work);
+    m.error = Some(check(&T::from_bytes(&run.output)));
+    (m.time, m.tolerance, m.ceiling, m.extra) = (Some(run.time), Some(tolerance(T::DTYPE)), Some("copy_gb_s"), run.extra);
+    s.emit(m).map(|_| ())
+}
+
+/// Grid and block per variant, as each kernel's line in kernels/softmax.cu states.
+pub fn launch_config(variant: &str, rows: usize, cols: usize) -> LaunchConfig {
+    let (grid, block) = match variant {
+        "naive_thread_per_row" => (rows.div_ceil(256), 256),
+        "block_three_pass" => (rows, 256),
+        "online_warp_per_row" => (rows.div_ceil(8), 256),
+        "online_block_per_row" => (rows, 512),
+        "onchip_block_per_row" => (rows, (cols.div_ceil(16).div_ceil(32) * 32).clamp(32, 1024)),
+        "cluster_per_row" => (rows * 8, 1024),
+        other => unreachable!("no launch shape for softmax variant `{other}`"),
+    };
+    LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (block as u32, 1, 1), shared_mem_bytes: 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    fn check_cpu<T: Elem>(rows: usize, cols: usize, fill: &str) {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(rows as u64 * 31 + cols as u64);
+        let x: Vec<T> = input(rows, cols, fill, &mut rng).unwrap();
+        let expected = reference(&widen(&x), cols);
+        let mut y = vec![T::from_f32(f32::NAN); x.len()];
+        cpu_online_rows(&x, &mut y, cols);
+        let e = compare(&widen(&y), &expected, tolerance(T::DTYPE), "cpu-f64");
+        assert!(e.passed(), "{:?} {rows}x{cols} {fill}: {e:?}", T::DTYPE);
+    }
+
+    #[test]
+    fn cpu_variant_matches_reference_on_odd_shapes_and_hostile_values() {
+        for (rows, cols, fill) in [(1, 1, "normal"), (1823, 7, "normal"), (7, 6553, "normal"), (23, 781, "hostile")] {
+            check_cpu::<f32>(rows, cols, fill);
+            check_cpu::<half::bf16>(rows, cols, fill);
+        }
+    }
+
+    #[test]
+    fn reference_defines_the_edge_cases() {
+        let inf = f64::INFINITY;
+        // fully masked row -> zeros; partly masked -> masked entries 0, rest normalised
+        assert_eq!(reference(&[-inf, -inf], 2), vec![0.0, 0.0]);
+        assert_eq!(reference(&[-inf, 3.0], 2), vec![0.0, 1.0]);
+        // huge magnitudes do not overflow
+        let y = reference(&[1e4, 1e4 - 1.0, -1e4], 3);
+        assert!((y[0] - 1.0 / (1.0 + (-1f64).exp())).abs() < 1e-15 && y[2] == 0.0);
+        // NaN and +inf poison their row only
+        let y = reference(&[f64::NAN, 1.0, 0.0, 0.0], 2);
+        assert!(y[0].is_nan() && y[1].is_nan() && y[2] == 0.5 && y[3] == 0.5);
+        assert!(reference(&[inf, 1.0], 2).iter().all(|v| v.is_nan()));
+    }
+
+    #[test]
+    fn every_row_sums_to_one() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let x: Vec<f32> = input(9, 1001, "normal", &mut rng).unwrap();
+        for row in reference(&widen(&x), 1001).chunks(1001) {
+            assert!((row.iter().sum::<f64>() - 1.0).abs() < 1e-12);
+        }
+    }
+
+    #[test]
+    fn launch_shapes_cover_every_row() {
+        for (rows, cols) in [(1, 1), (1823, 781), (7, 65537), (16384, 4096)] {
+            for v in GPU_VARIANTS {
+                if !applies(v, cols, 90) {
+                    continue;
+                }
+                let cfg = launch_config(v, rows, cols);
+                let threads = cfg.grid_dim.0 as usize * cfg.block_dim.0 as usize;
+                let rows_covered = match *v {
+                    "naive_thread_per_row" => threads,
+                    "online_warp_per_row" => threads / 32,
+                    "cluster_per_row" => cfg.grid_dim.0 as usize / 8,
+                    _ => cfg.grid_dim.0 as usize,
+                };
+                assert!(rows_covered >= rows, "{v} {rows}x{cols}");
+                if *v == "onchip_block_per_row" {
+                    assert!(cfg.block_dim.0 as usize * 16 >= cols);
+                }
+            }
+        }
+    }
+}

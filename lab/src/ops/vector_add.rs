@@ -1,0 +1,152 @@
+//! `vector_add`: c = a + b, the bandwidth baseline (kernels/vector_add.cu).
+//! 12 bytes and 1 flop per element: every variant should sit on the copy roof.
+
+use super::compare::compare;
+use super::{widen, Elem};
+use crate::error::Doing;
+use crate::experiment::{param_usize, peers, Backend, Experiment, Measurement, Peer, Session};
+use crate::gpu::{timing::time_gpu, Gpu};
+use crate::kernels::{symbol, DType};
+use crate::profile::{cpu_time, Work};
+use crate::record::Tolerance;
+use crate::{LabError, Result};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use rand_distr::{Distribution, StandardNormal};
+use rayon::prelude::*;
+use serde_json::{json, Value};
+
+pub struct VectorAdd;
+
+const FAMILY: &str = "vector_add";
+pub const GPU_VARIANTS: &[&str] = &["scalar", "float4_grid_stride"];
+pub const CPU_VARIANTS: &[&str] = &["cpu_scalar", "cpu_parallel"];
+/// f32 addition is correctly rounded: within half an ulp of the exact f64 sum.
+const TOL: Tolerance = Tolerance { atol: 0.0, rtol: 6.0e-8 };
+
+/// The exact sums, in f64.
+pub fn reference(a: &[f32], b: &[f32]) -> Vec<f64> {
+    a.par_iter().zip(b).map(|(&x, &y)| x as f64 + y as f64).collect()
+}
+
+impl Experiment for VectorAdd {
+    fn name(&self) -> &'static str {
+        "vector_add"
+    }
+    fn description(&self) -> &'static str {
+        "c = a + b in f32: the bandwidth baseline (scalar vs float4 grid-stride)"
+    }
+    fn cases(&self, backend: &Backend, quick: bool) -> Vec<Value> {
+        let sizes: &[usize] = match (backend, quick) {
+            (Backend::Cuda(_), false) => &[1_000_003, 1 << 20, 1 << 24, 1 << 26, 1 << 28],
+            (Backend::Cuda(_), true) => &[1_000_003, 1 << 24],
+            (Backend::Cpu, false) => &[1_000_003, 1 << 24],
+            (Backend::Cpu, true) => &[1, 1003, 1 << 16],
+        };
+        sizes.iter().map(|&n| json!({"n": n, "dtype": "f32"})).collect()
+    }
+    fn run_case(&self, s: &mut Session, case: &Value) -> Result<()> {
+        let n = param_usize(case, "n")?;
+        if n == 0 {
+            return Err(LabError::shape("vector_add", "n must be at least 1"));
+        }
+        let mut rng = crate::experiment::rng_for(s.opts.seed, case);
+        let a: Vec<f32> = (0..n).map(|_| StandardNormal.sample(&mut rng)).collect();
+        let b: Vec<f32> = (0..n).map(|_| StandardNormal.sample(&mut rng)).collect();
+        let expected = reference(&a, &b);
+        let work = Work { bytes: 12 * n as u64, flops: n as u64 };
+        let backend = s.backend.clone();
+        match &backend {
+            Backend::Cuda(gpu) => run_gpu(s, gpu, case, &a, &b, &expected, work),
+            Backend::Cpu => {
+                for &variant in CPU_VARIANTS {
+                    if !s.wants(variant, "lab") {
+                        continue;
+                    }
+                    let mut c = vec![f32::NAN; n];
+                    let time = cpu_time(&s.budget, || cpu_add(variant, &a, &b, &mut c));
+                    let mut m = Measurement::new(variant, "lab", case, work);
+                    m.error = Some(compare(&widen(&c), &expected, TOL, "cpu-f64"));
+                    (m.time, m.tolerance, m.ceiling) = (Some(time), Some(TOL), Some("copy_gb_s"));
+                    s.emit(m)?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+pub fn cpu_add(variant: &str, a: &[f32], b: &[f32], c: &mut [f32]) {
+    match variant {
+        "cpu_scalar" => c.iter_mut().zip(a.iter().zip(b)).for_each(|(c, (x, y))| *c = x + y),
+        _ => c.par_chunks_mut(1 << 16).zip(a.par_chunks(1 << 16).zip(b.par_chunks(1 << 16))).for_each(
+            |(c, (a, b))| c.iter_mut().zip(a.iter().zip(b)).for_each(|(c, (x, y))| *c = x + y),
+        ),
+    }
+}
+
+/// Launch shape per variant: one thread per element, or a grid sized to fill the chip.
+fn launch_config(gpu: &Gpu, variant: &str, n: usize) -> LaunchConfig {
+    let grid = match variant {
+        "scalar" => n.div_ceil(256) as u32,
+        _ => (gpu.info.sm_count as u32 * 8).min(n.div_ceil(4 * 256).max(1) as u32),
+    };
+    LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+}
+
+fn run_gpu(s: &mut Session, gpu: &Gpu, case: &Value, a: &[f32], b: &[f32], expected: &[f64], work: Work) -> Result<()> {
+    let n = a.len();
+    let (da, db) = (gpu.upload(a)?, gpu.upload(b)?);
+    let mut dc = gpu.stream.alloc_zeros::<f32>(n).doing("allocating c")?;
+    for &variant in GPU_VARIANTS {
+        if !s.wants(variant, "lab") {
+            continue;
+        }
+        let f = gpu.function(FAMILY, &symbol(FAMILY, variant, DType::F32))?;
+        let cfg = launch_config(gpu, variant, n);
+        let nn = n as i64;
+        let launch = |dc: &mut cudarc::driver::CudaSlice<f32>| -> Result<()> {
+            // SAFETY: a, b, c hold n floats; both kernels bound every access by n.
+            unsafe { gpu.stream.launch_builder(&f).arg(&da).arg(&db).arg(dc).arg(&nn).launch(cfg) }
+                .map(|_| ())
+                .doing(&format!("launching vector_add {variant}"))
+        };
+        gpu.poison(&mut dc)?;
+        launch(&mut dc)?;
+        gpu.sync()?;
+        let before = compare(&widen(&gpu.download(&dc)?), expected, TOL, "cpu-f64");
+        let time = time_gpu(gpu, &s.budget, || launch(&mut dc))?;
+        let after = compare(&widen(&gpu.download(&dc)?), expected, TOL, "cpu-f64");
+        let mut m = Measurement::new(variant, "lab", case, work);
+        m.error = Some(if before.passed() { after } else { before });
+        (m.time, m.tolerance, m.ceiling) = (Some(time), Some(TOL), Some("copy_gb_s"));
+        s.emit(m)?;
+    }
+    if s.wants_peer(Peer::Torch, "torch.add", "torch") {
+        let run = peers::torch("add", "f32", &[n], &[&f32::bytes(a), &f32::bytes(b)], &s.budget, gpu.info.l2_bytes)?;
+        let mut m = Measurement::new(run.variant, "torch", case, work);
+        m.error = Some(compare(&widen(&f32::from_bytes(&run.output)), expected, TOL, "cpu-f64"));
+        (m.time, m.tolerance, m.ceiling, m.extra) = (Some(run.time), Some(TOL), Some("copy_gb_s"), run.extra);
+        s.emit(m)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_variants_match_the_reference_on_odd_lengths() {
+        for n in [1usize, 3, 1003, 65537] {
+            let a: Vec<f32> = (0..n).map(|i| (i as f32).sin() * 1e3).collect();
+            let b: Vec<f32> = (0..n).map(|i| (i as f32).cos()).collect();
+            let expected = reference(&a, &b);
+            for v in CPU_VARIANTS {
+                let mut c = vec![f32::NAN; n];
+                cpu_add(v, &a, &b, &mut c);
+                let e = compare(&widen(&c), &expected, TOL, "cpu-f64");
+                assert!(e.passed(), "{v} n={n}: {e:?}");
+            }
+        }
+    }
+}

@@ -1,0 +1,156 @@
+//! Experiment records: one JSON object per line in `reports/records/<run-id>.jsonl`.
+//!
+//! The field names are a contract with the notebooks, the report and outside scripts (see
+//! DESIGN.md): add fields freely, never rename. Files are append-only; nothing rewrites them.
+
+mod frame;
+mod provenance;
+
+pub use frame::{load, load_with_damage, Damage};
+pub use provenance::{git_info, host_info, run_id, utc_now, GitInfo, HostInfo};
+
+use crate::gpu::DeviceInfo;
+use crate::profile::{Throughput, TimeSummary, TimingMode, Work};
+use crate::{LabError, Result};
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+pub const SCHEMA: u32 = 1;
+
+/// Error of a result against its reference.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ErrorStats {
+    pub max_abs: f64,
+    pub max_rel: f64,
+    /// Largest |got - expected| / (atol + rtol * |expected|): <= 1 passes.
+    pub worst_fraction_of_tolerance: f64,
+    /// Flat index of the worst element, what it was and what it should have been.
+    pub worst_index: Option<u64>,
+    pub worst_got: Option<f64>,
+    pub worst_expected: Option<f64>,
+    /// Elements that failed the tolerance (NaN where a number was expected counts).
+    pub mismatches: u64,
+    pub reference: String,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Tolerance {
+    pub atol: f64,
+    pub rtol: f64,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    Pass,
+    Fail,
+    /// Correct, but faster than the device's measured ceiling allows: something is off.
+    Implausible,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Record {
+    pub schema: u32,
+    pub run_id: String,
+    /// `<run_id>#<n>`: what `lab rerun` takes.
+    pub record_id: String,
+    pub experiment: String,
+    pub variant: String,
+    pub provider: String,
+    pub params: serde_json::Value,
+    pub seed: u64,
+    pub time_ms: Option<TimeSummary>,
+    pub work: Work,
+    pub throughput: Option<Throughput>,
+    pub fraction_of_ceiling: Option<f64>,
+    /// Which ceiling `fraction_of_ceiling` is measured against ("copy_gb_s", "fma_tflop_s", ...).
+    pub ceiling: Option<String>,
+    pub error: Option<ErrorStats>,
+    pub tolerance: Option<Tolerance>,
+    pub verdict: Verdict,
+    pub timing: Option<TimingMode>,
+    pub backend: String,
+    pub device: DeviceInfo,
+    pub host: HostInfo,
+    pub git: GitInfo,
+    pub lab_version: String,
+    pub time: String,
+    pub command: String,
+    /// Whether the run used `--quick` sizes and budgets (a rerun repeats it).
+    #[serde(default)]
+    pub quick: bool,
+    /// Free-form extras (peer versions, notes from the provider).
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Appends records of one run to `<dir>/<run_id>.jsonl`, one flushed line each, so a crash
+/// loses nothing already measured.
+pub struct RunWriter {
+    pub run_id: String,
+    pub path: PathBuf,
+    file: std::fs::File,
+    count: usize,
+}
+
+impl RunWriter {
+    pub fn create(dir: &Path, run_id: &str) -> Result<Self> {
+        std::fs::create_dir_all(dir).map_err(|e| LabError::io(dir, format!("cannot create the records folder: {e}")))?;
+        let path = dir.join(format!("{run_id}.jsonl"));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| LabError::io(&path, format!("cannot open for appending: {e}")))?;
+        Ok(RunWriter { run_id: run_id.into(), path, file, count: 0 })
+    }
+
+    /// The id the next record will get.
+    pub fn next_id(&self) -> String {
+        format!("{}#{}", self.run_id, self.count)
+    }
+
+    pub fn append(&mut self, record: &Record) -> Result<()> {
+        let line = serde_json::to_string(record).map_err(|e| LabError::Invalid(format!("record not serialisable: {e}")))?;
+        writeln!(self.file, "{line}")
+            .and_then(|_| self.file.flush())
+            .map_err(|e| LabError::io(&self.path, e))?;
+        self.count += 1;
+        Ok(())
+    }
+
+    pub fn count(&self) -> usize {
+        self.count
+    }
+}
+
+/// Every record under `path` (a folder of `.jsonl` files, or one file), typed; damaged lines
+/// are returned beside them, never fatal.
+pub fn read_records(path: &Path) -> Result<(Vec<Record>, Vec<Damage>)> {
+    let mut records = Vec::new();
+    let mut damage = Vec::new();
+    for file in frame::record_files(path)? {
+        let text = std::fs::read_to_string(&file).map_err(|e| LabError::io(&file, e))?;
+        for (i, line) in text.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            match parse_line(line) {
+                Ok(r) => records.push(r),
+                Err(why) => damage.push(Damage { file: file.clone(), line: i + 1, why }),
+            }
+        }
+    }
+    Ok((records, damage))
+}
+
+fn parse_line(line: &str) -> std::result::Result<Record, String> {
+    let value: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
+    match value.get("schema").and_then(|s| s.as_u64()) {
+        Some(s) if s as u32 == SCHEMA => {}
+        Some(s) => return Err(format!("schema {s} is not one this lab reads (it reads {SCHEMA})")),
+        None => return Err("no `schema` field".into()),
+    }
+    serde_json::from_value(value).map_err(|e| format!("not a schema-{SCHEMA} record: {e}"))
+}

@@ -1,0 +1,58 @@
+//! Where and from what a record was made: host, git state, time, run id.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct HostInfo {
+    pub cpu: String,
+    pub cores: usize,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct GitInfo {
+    pub commit: String,
+    pub dirty: bool,
+}
+
+pub fn host_info() -> HostInfo {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    HostInfo { cpu, cores }
+}
+
+/// The commit the binary was built from (build.rs), so a binary copied to a host without the
+/// repository still says where it came from.
+pub fn git_info() -> GitInfo {
+    GitInfo {
+        commit: env!("LAB_GIT_COMMIT").to_string(),
+        dirty: env!("LAB_GIT_DIRTY") == "true",
+    }
+}
+
+/// RFC 3339 UTC time to the second.
+pub fn utc_now() -> String {
+    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
+}
+
+/// `2026-11-22T14-03-11Z-h100-3f2a9c1`: sortable, names the device and the commit.
+pub fn run_id(device_name: &str, time: &str) -> String {
+    let short = device_name
+        .trim_start_matches("NVIDIA ")
+        .split_whitespace()
+        .next()
+        .unwrap_or("cpu")
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .collect::<String>();
+    let commit: String = git_info().commit.chars().take(7).collect();
+    format!("{}-{short}-{commit}", time.replace(':', "-"))
+}

@@ -1,0 +1,118 @@
+//! The CLI end to end on the CPU backend: runs, records, loading, rerun, and bad input.
+
+use lab::record::{load_with_damage, read_records, Verdict};
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn lab(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lab")).args(args).output().expect("lab runs")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+fn run_quick(out: &Path, experiment: &str) -> Output {
+    lab(&["run", experiment, "--quick", "--backend", "cpu", "--seed", "11", "--out", out.to_str().unwrap()])
+}
+
+#[test]
+fn every_experiment_runs_on_the_cpu_backend_and_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = run_quick(dir.path(), "all");
+    assert!(o.status.success(), "{}", text(&o));
+    let (records, damage) = read_records(dir.path()).unwrap();
+    assert!(damage.is_empty(), "{damage:?}");
+    for exp in lab::experiment::registry() {
+        let mine: Vec<_> = records.iter().filter(|r| r.experiment == exp.name()).collect();
+        assert!(!mine.is_empty(), "{} made no records", exp.name());
+        for r in mine {
+            assert_ne!(r.verdict, Verdict::Fail, "{} {} {}: {:?}", r.experiment, r.variant, r.params, r.error);
+            assert!(r.time_ms.as_ref().is_some_and(|t| t.median > 0.0 && t.p20 <= t.median && t.median <= t.p80));
+            assert_eq!((r.backend.as_str(), r.device.name.as_str(), r.seed), ("cpu", "cpu", 11));
+        }
+    }
+    // Ids are unique and run-scoped; the memory-bound ones are placed against the copy ceiling.
+    let ids: std::collections::BTreeSet<_> = records.iter().map(|r| r.record_id.clone()).collect();
+    assert_eq!(ids.len(), records.len());
+    assert!(records.iter().any(|r| r.experiment == "vector_add" && r.fraction_of_ceiling.is_some()));
+    // The checked-in softmax edge cases ran: a hostile fill and a 1 x 1 row.
+    assert!(records.iter().any(|r| r.experiment == "softmax" && r.params["fill"] == "hostile"));
+    assert!(records.iter().any(|r| r.experiment == "softmax" && r.params["cols"] == 1));
+}
+
+#[test]
+fn records_load_into_a_frame_and_damage_is_reported_not_fatal() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(run_quick(dir.path(), "vector_add").status.success());
+    let file = std::fs::read_dir(dir.path()).unwrap().next().unwrap().unwrap().path();
+    let good = std::fs::read_to_string(&file).unwrap().lines().count();
+    let mut future = serde_json::from_str::<serde_json::Value>(std::fs::read_to_string(&file).unwrap().lines().next().unwrap()).unwrap();
+    future["schema"] = 99.into();
+    let extra = format!("{{not json\n{future}\n{{\"schema\": 1, \"experiment\": \"x\"}}\n");
+    std::fs::write(dir.path().join("zz-damaged.jsonl"), extra).unwrap();
+
+    let (frame, damage) = load_with_damage(dir.path()).unwrap();
+    assert_eq!(frame.height(), good);
+    let lines: Vec<usize> = damage.iter().map(|d| d.line).collect();
+    assert_eq!(lines, vec![1, 2, 3], "{damage:?}");
+    assert!(damage[0].to_string().contains("zz-damaged.jsonl:1"));
+    assert!(damage[1].why.contains("schema 99"));
+    for col in ["experiment", "variant", "provider", "time_ms.median", "throughput.gb_s", "params.n", "device.name", "verdict"] {
+        assert!(frame.column(col).is_ok(), "missing column {col}");
+    }
+}
+
+#[test]
+fn rerun_of_a_cpu_record_reproduces_its_correctness() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(run_quick(dir.path(), "softmax").status.success());
+    let (records, _) = read_records(dir.path()).unwrap();
+    let target = records.iter().find(|r| r.variant == "cpu_online_rows" && r.params["fill"] == "hostile").unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let o = lab(&["rerun", &target.record_id, "--records", dir.path().to_str().unwrap(), "--backend", "cpu", "--out", out.path().to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let (new, _) = read_records(out.path()).unwrap();
+    // The rerun also measures the copy ceiling its record is a fraction of.
+    let new: Vec<_> = new.into_iter().filter(|r| r.experiment == "softmax").collect();
+    assert_eq!(new.len(), 1);
+    assert_eq!((&new[0].variant, &new[0].params, new[0].seed), (&target.variant, &target.params, target.seed));
+    assert_eq!(new[0].error.as_ref().unwrap().max_abs, target.error.as_ref().unwrap().max_abs, "same seed, same inputs, same error");
+    assert!(text(&o).contains(&target.record_id));
+
+    // A whole run file reruns too.
+    let file = std::fs::read_dir(dir.path()).unwrap().next().unwrap().unwrap().path();
+    let o = lab(&["rerun", file.to_str().unwrap(), "--backend", "cpu", "--out", out.path().to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+}
+
+#[test]
+fn bad_input_gets_a_clear_error_and_no_backtrace() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (&["run", "no_such_experiment", "--backend", "cpu", "--out", d], "unknown experiment `no_such_experiment`"),
+        (&["rerun", "nothing#0", "--records", d, "--backend", "cpu"], "no record, run or run file `nothing#0`"),
+        (&["rerun", "x#0", "--records", "/nonexistent/records", "--backend", "cpu"], "/nonexistent/records"),
+    ];
+    for (args, expect) in cases {
+        let o = lab(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        assert!(text(&o).contains(expect), "{args:?}: {}", text(&o));
+        assert!(!text(&o).contains("panicked"), "{args:?}: {}", text(&o));
+    }
+    // No GPU here: asking for CUDA says so plainly.
+    if lab::gpu::unavailable_reason().is_some() {
+        let o = lab(&["run", "softmax", "--backend", "cuda", "--quick", "--out", d]);
+        assert_eq!(o.status.code(), Some(2));
+        assert!(text(&o).contains("no CUDA GPU is usable"), "{}", text(&o));
+    }
+}
+
+#[test]
+fn list_names_every_experiment() {
+    let o = lab(&["list"]);
+    for e in lab::experiment::registry() {
+        assert!(text(&o).contains(e.name()));
+    }
+}

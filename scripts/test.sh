@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh machine: installs what it needs, then runs cargo's tests.
+# No GPU needed: kernels are compiled by NVRTC from the PyPI wheels for sm_80 and sm_90, and
+# every experiment runs on the CPU backend. A missing NVRTC fails the suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Debian packages, when we are root on a Debian-like machine and something is missing.
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  need=()
+  command -v python3 >/dev/null || need+=(python3)
+  python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
+  command -v git >/dev/null || need+=(git)
+  command -v cc >/dev/null || need+=(gcc)
+  if [ ${#need[@]} -gt 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+  fi
+fi
+
+# NVRTC and the CUDA headers, from PyPI, in a virtual environment.
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/python -m pip install -q --disable-pip-version-check -r scripts/requirements-test.txt
+cuda="$(.venv/bin/python -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13"))')"
+export LD_LIBRARY_PATH="$cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LAB_CUDA_INCLUDE="$cuda/include"
+
+cargo test --release --locked --no-fail-fast
