@@ -2,7 +2,8 @@
 // of a measured roof rather than of a datasheet.
 //
 // Variants:
-//   copy_float4  grid-stride 16-byte copy: the memory roof (bytes read + bytes written).
+//   copy_float4  grid-stride 16-byte copy, four loads in flight per thread: the memory roof
+//                (bytes read + bytes written), beside the driver's own memcpy.
 //   fma          8 independent FMA chains per thread in registers: the FP32 roof
 //                (2 flops per FMA; independent chains hide the 4-cycle FMA latency).
 #include "common.cuh"
@@ -13,7 +14,16 @@ extern "C" __global__ void ceilings_copy_float4_f32(const float* __restrict__ sr
     long long stride = (long long)gridDim.x * blockDim.x;
     const float4* s4 = reinterpret_cast<const float4*>(src);
     float4* d4 = reinterpret_cast<float4*>(dst);
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += stride) d4[i] = s4[i];
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    // Four 16-byte loads in flight per thread before the first store.
+    for (; i + 3 * stride < n4; i += 4 * stride) {
+        float4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) v[u] = s4[i + u * stride];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) d4[i + u * stride] = v[u];
+    }
+    for (; i < n4; i += stride) d4[i] = s4[i];
     long long t = n4 * 4 + (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (t < n) dst[t] = src[t];
 }

@@ -12,7 +12,6 @@
 
 __device__ __forceinline__ float neg_inf() { return NEG_INF; }
 
-
 // ---------------------------------------------------------------------------
 // NaN-propagating max. fmaxf(NaN, x) returns x, so a plain fmaxf reduction
 // would turn a row of [NaN, -inf] into max = -inf, which the "fully masked row

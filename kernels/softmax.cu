@@ -22,12 +22,18 @@
 //  5. onchip_block_per_row   block (t,1,1), t = min(1024, max(32, round_up(
 //     ceil(cols/16), 32))), grid (rows,1,1); cols <= 16384.
 //     Row held in registers (16/thread): 1 read + 1 write = 2s, the floor;
-//     exp computed once per element and reused for the write.
+//     exp computed once per element and reused for the write. (If cols >
+//     16*blockDim.x it falls back to variant 4's two passes, not a fast path.)
 //  6. cluster_per_row        block (1024,1,1), grid (rows*8,1,1), compile-time
 //     cluster (8,1,1), sm_90 only; 16385 <= cols <= 262144.
 //     A cluster of 8 blocks splits the row; each block keeps its chunk in
-//     registers (32/thread) and shares its (max,sum) via distributed shared
-//     memory: 2s per element plus 8 x 8 B of DSMEM per row.
+//     registers (32/thread) and pushes its (max,sum) to the 7 others through
+//     distributed shared memory: 2s per element plus 8 x 8 x 8 B of DSMEM
+//     stores per row. One 1024-thread block fills an SM (64 regs/thread), so
+//     load, reduce, exchange and store do not overlap across blocks: measured
+//     on H100 it beats variant 4 only for the longest rows (~2.2 TB/s f32 at
+//     262144 wide), and loses below ~131072. (Rows over 8*1024*32 fall back
+//     to variant 4's two passes in block rank 0 alone: correct, not fast.)
 //
 // Shared semantics (all variants, same as the CPU reference): exp(-inf) = 0;
 // a row of all -inf writes zeros; NaN or +inf anywhere makes the row NaN
@@ -248,8 +254,9 @@ __device__ __forceinline__ void onchip_block_per_row(const T* __restrict__ x, T*
 // (r+1)*per)), per = ceil(cols/8) (in 16 B vectors when vectorising, so the
 // chunk boundaries are vector-aligned). Inside the chunk thread tid holds
 // items tid + k*nt as in variant 5. The block reduces its max, keeps
-// e = exp(x - block max) in registers and reduces their sum; the cluster-wide
-// (M, D) then gives one factor exp(block max - M) / D per block, so exp is
+// e = exp(x - block max) in registers and reduces their sum; the 8 block
+// partials are exchanged through distributed shared memory, and the row's
+// (M, D) gives one factor exp(block max - M) / D per block, so exp is
 // computed once per element.
 template <typename T>
 __device__ __forceinline__ void cluster_per_row(const T* __restrict__ x, T* __restrict__ y, int rows, int cols) {
@@ -258,11 +265,12 @@ __device__ __forceinline__ void cluster_per_row(const T* __restrict__ x, T* __re
     constexpr int ITEMS = 32;
     constexpr int V = VecTraits<T>::N;
     constexpr int NV = ITEMS / V;
-    __shared__ MaxSum partial;  // this block's (max, sum), read by the cluster
+    // slots[r] = (max, sum) of block rank r, pushed here by that block.
+    __shared__ MaxSum slots[C];
 
     const int rank = (int)__clusterRelativeBlockRank();
     // The 1-D cluster (8,1,1) is blocks 8r .. 8r+7, so row is cluster-uniform
-    // and this return (before any cluster.sync) takes the whole cluster.
+    // and this return (before any cluster barrier) takes the whole cluster.
     const long long row = blockIdx.x / C;
     if (row >= rows) return;
     const T* xr = x + (size_t)row * cols;
@@ -275,6 +283,11 @@ __device__ __forceinline__ void cluster_per_row(const T* __restrict__ x, T* __re
         if (rank == 0) online_block_row<T>(xr, yr, cols);
         return;
     }
+
+    // Announce "this block is running" (nothing to publish yet, so relaxed);
+    // the matching wait comes after the loads, so the barrier latency hides
+    // behind them. No block may touch another's shared memory before it.
+    __cluster_barrier_arrive_relaxed();
 
     const bool vec = cols % V == 0;
     int lo, hi;  // chunk bounds: in vectors if vec, else in elements
@@ -331,28 +344,32 @@ __device__ __forceinline__ void cluster_per_row(const T* __restrict__ x, T* __re
         }
     }
     bd = block_reduce_sum(bd);
-    if (tid == 0) {
-        partial.m = bm;
-        partial.d = bd;
-    }
 
-    // cluster.sync() with the release only where it is needed: thread 0 (the
-    // only writer of `partial`) arrives with release semantics, everyone else
-    // relaxed (a release arrive costs a memory fence per warp, which ncu showed
-    // as the top stall); the wait has acquire semantics, so after it all 8
-    // partials are visible to every thread of the cluster.
-    if (tid == 0) {
-        __cluster_barrier_arrive();
-    } else {
-        __cluster_barrier_arrive_relaxed();
+    // All 8 blocks are running: push this block's partial into slot `rank` of
+    // every block of the cluster (lanes 0..7 of warp 0, one remote store each).
+    __cluster_barrier_wait();
+    if (tid < C) {
+        MaxSum p;
+        p.m = bm;
+        p.d = bd;
+        *static_cast<MaxSum*>(__cluster_map_shared_rank(&slots[rank], (unsigned)tid)) = p;
     }
+    // Second cluster barrier, i.e. cluster.sync(): arrive (release) + wait
+    // (acquire), so afterwards every block holds all 8 partials locally.
+    // Pushing (not pulling through DSMEM) means no block touches another's
+    // shared memory after this point, so none has to wait for the others
+    // before exiting: two cluster barriers instead of three, and the first
+    // one's latency hides behind the loads. (Tried on H100: a relaxed arrive
+    // as the exit guard of a DSMEM pull faulted, as a relaxed arrive does not
+    // order the reads before it; a build that also mixed release and relaxed
+    // arrives within one warp hung.)
+    __cluster_barrier_arrive();
     __cluster_barrier_wait();
 
-    // Every group of 8 lanes reads the 8 partials (lane & 7) through DSMEM and
-    // combines them with a 3-step butterfly: all threads get (M, D) without
-    // another barrier.
+    // Every group of 8 lanes combines the 8 local slots (lane & 7) with a
+    // 3-step butterfly: all threads get the row's (M, D) without a barrier.
     const int lane = tid & 31;
-    MaxSum r = *static_cast<const MaxSum*>(__cluster_map_shared_rank(&partial, (unsigned)(lane & (C - 1))));
+    MaxSum r = slots[lane & (C - 1)];
 #pragma unroll
     for (int o = C / 2; o > 0; o >>= 1) {
         MaxSum other;
@@ -360,10 +377,6 @@ __device__ __forceinline__ void cluster_per_row(const T* __restrict__ x, T* __re
         other.d = __shfl_xor_sync(0xffffffffu, r.d, o);
         r = combine(r, other);
     }
-    // This thread's DSMEM reads are complete (their values were consumed by
-    // the shuffles above) and it publishes nothing more: arrive (relaxed) now,
-    // wait only before exit, so the stores below overlap the cluster barrier.
-    __cluster_barrier_arrive_relaxed();
     const float inv = safe_inv_sum(r.m, r.d);  // 0 for an all -inf row, NaN for a NaN row
     // A block whose chunk is all -inf holds zeros: its factor is 0, but
     // 0 * inv keeps a NaN row NaN (and avoids exp(0 - M) overflowing).
@@ -385,9 +398,6 @@ __device__ __forceinline__ void cluster_per_row(const T* __restrict__ x, T* __re
         }
     }
 
-    // No block may exit while another block of the cluster may still read its
-    // `partial` through DSMEM (the wait half of the split cluster barrier).
-    __cluster_barrier_wait();
 #else
     // Clusters need sm_90: on older archs this variant is an empty kernel.
     (void)x; (void)y; (void)rows; (void)cols;
@@ -399,7 +409,9 @@ __device__ __forceinline__ void cluster_per_row(const T* __restrict__ x, T* __re
 // ---------------------------------------------------------------------------
 #define SOFTMAX_LB_256 __launch_bounds__(256)
 #define SOFTMAX_LB_512 __launch_bounds__(512)
-#define SOFTMAX_LB_1024 __launch_bounds__(1024)
+// Variant 5: (1024, 2) caps it at 32 registers, so two 1024-thread blocks
+// (rows of 8K..16K) fit on one SM and overlap each other's phases.
+#define SOFTMAX_LB_1024_X2 __launch_bounds__(1024, 2)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define SOFTMAX_LB_CLUSTER __launch_bounds__(1024, 1) __cluster_dims__(SOFTMAX_CLUSTER, 1, 1)
 #else
@@ -421,5 +433,5 @@ SOFTMAX_EXPORT(naive_thread_per_row, SOFTMAX_LB_256)
 SOFTMAX_EXPORT(block_three_pass, SOFTMAX_LB_256)
 SOFTMAX_EXPORT(online_warp_per_row, SOFTMAX_LB_256)
 SOFTMAX_EXPORT(online_block_per_row, SOFTMAX_LB_512)
-SOFTMAX_EXPORT(onchip_block_per_row, SOFTMAX_LB_1024)
+SOFTMAX_EXPORT(onchip_block_per_row, SOFTMAX_LB_1024_X2)
 SOFTMAX_EXPORT(cluster_per_row, SOFTMAX_LB_CLUSTER)

@@ -11,7 +11,8 @@ fn main() {
     let dirty = git(&["status", "--porcelain", "--untracked-files=no"]).map(|s| !s.is_empty()).unwrap_or(false);
     println!("cargo:rustc-env=LAB_GIT_COMMIT={commit}");
     println!("cargo:rustc-env=LAB_GIT_DIRTY={dirty}");
-    for p in ["../.git/HEAD", "../.git/index", "../.git/refs"] {
+    // Sources too: the dirty flag must follow edits, not only commits.
+    for p in ["../.git/HEAD", "../.git/index", "../.git/refs", "../kernels", "src", "peers", "Cargo.toml"] {
         println!("cargo:rerun-if-changed={p}");
     }
 }

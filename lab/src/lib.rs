@@ -11,6 +11,7 @@ pub mod kernels;
 pub mod ops;
 pub mod profile;
 pub mod record;
+pub mod report;
 
 pub use error::{LabError, Result};
 

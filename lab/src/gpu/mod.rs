@@ -134,8 +134,6 @@ impl Gpu {
 /// The kernel driver's release ("580.159.04"), as the proc file reports it.
 fn driver_release() -> Option<String> {
     let text = std::fs::read_to_string("/proc/driver/nvidia/version").ok()?;
-    text.split_whitespace()
-        .skip_while(|w| *w != "Module")
-        .nth(1)
-        .map(str::to_string)
+    // "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build ..."
+    text.lines().next()?.split_whitespace().find(|w| w.contains('.') && w.chars().all(|c| c.is_ascii_digit() || c == '.')).map(str::to_string)
 }

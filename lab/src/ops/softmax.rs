@@ -46,7 +46,8 @@ pub fn applies(variant: &str, cols: usize, arch: u32) -> bool {
     match variant {
         "naive_thread_per_row" => cols <= NAIVE_MAX_COLS,
         "onchip_block_per_row" => cols <= ONCHIP_MAX_COLS,
-        "cluster_per_row" => arch >= 90 && cols <= CLUSTER_MAX_COLS,
+        // Below this a cluster per row costs more in launch and barriers than it saves.
+        "cluster_per_row" => arch >= 90 && cols > ONCHIP_MAX_COLS && cols <= CLUSTER_MAX_COLS,
         _ => true,
     }
 }

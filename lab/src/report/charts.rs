@@ -1,0 +1,277 @@
+//! SVG figures drawn with plotters from one run's records: a roofline for the run's device,
+//! speed-up bars against the peers, and throughput against size.
+
+use super::model::{headline, is_peer, slug};
+use crate::record::{Record, Verdict};
+use plotters::prelude::*;
+use std::collections::BTreeMap;
+
+const SIZE: (u32, u32) = (960, 560);
+
+fn color(i: usize) -> RGBColor {
+    const PALETTE: [RGBColor; 10] = [
+        RGBColor(31, 119, 180),
+        RGBColor(255, 127, 14),
+        RGBColor(44, 160, 44),
+        RGBColor(214, 39, 40),
+        RGBColor(148, 103, 189),
+        RGBColor(140, 86, 75),
+        RGBColor(227, 119, 194),
+        RGBColor(127, 127, 127),
+        RGBColor(188, 189, 34),
+        RGBColor(23, 190, 207),
+    ];
+    PALETTE[i % PALETTE.len()]
+}
+
+fn passing_timed(r: &Record) -> bool {
+    r.verdict == Verdict::Pass && r.time_ms.is_some() && r.throughput.is_some()
+}
+
+/// The run's measured ceilings by name ("copy_gb_s", "fma_tflop_s", "tensor_f16_tflop_s", ...).
+pub fn ceilings(run: &[&Record]) -> BTreeMap<String, f64> {
+    let mut out: BTreeMap<String, f64> = BTreeMap::new();
+    for r in run.iter().filter(|r| r.experiment == "ceilings" && passing_timed(r)) {
+        let Some(name) = r.extra.get("ceiling_name").and_then(|v| v.as_str()) else { continue };
+        let tp = r.throughput.unwrap();
+        let v = if name.ends_with("gb_s") { tp.gb_s } else { tp.tflop_s };
+        let e = out.entry(name.to_string()).or_insert(0.0);
+        *e = e.max(v);
+    }
+    out
+}
+
+/// Roofline on log-log axes: the copy slope, each compute roof, and the best point of every
+/// lab variant at its arithmetic intensity. None when the run has no ceiling or no point.
+pub fn roofline(run: &[&Record], device: &str) -> Option<String> {
+    let roofs = ceilings(run);
+    let bw = *roofs.get("copy_gb_s")?;
+    let mut best: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    for r in run.iter().filter(|r| r.provider == "lab" && r.experiment != "ceilings" && passing_timed(r)) {
+        if r.work.flops == 0 || r.work.bytes == 0 {
+            continue;
+        }
+        let intensity = r.work.flops as f64 / r.work.bytes as f64;
+        let tflops = r.throughput.unwrap().tflop_s;
+        let dtype = r.params.get("dtype").and_then(|d| d.as_str()).unwrap_or("");
+        let label = format!("{}/{} {}", r.experiment, r.variant, dtype).trim().to_string();
+        if best.get(&label).is_none_or(|(_, old)| *old < tflops) {
+            best.insert(label, (intensity, tflops));
+        }
+    }
+    if best.is_empty() {
+        return None;
+    }
+    let compute: Vec<(&String, f64)> = roofs.iter().filter(|(k, _)| k.ends_with("tflop_s")).map(|(k, v)| (k, *v)).collect();
+    let top = compute.iter().map(|(_, v)| *v).fold(bw / 1000.0 * 1e4, f64::min).max(best.values().map(|p| p.1).fold(0.0, f64::max));
+    let (x_lo, x_hi) = (1e-2, 1e4);
+    let y_lo = best.values().map(|p| p.1).fold(f64::INFINITY, f64::min).min(bw / 1000.0 * x_lo) / 3.0;
+    let y_hi = compute.iter().map(|(_, v)| *v).fold(top, f64::max) * 3.0;
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
+        root.fill(&WHITE).ok()?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(format!("Roofline: {device}"), ("sans-serif", 22))
+            .margin(16)
+            .x_label_area_size(44)
+            .y_label_area_size(64)
+            .build_cartesian_2d((x_lo..x_hi).log_scale(), (y_lo..y_hi).log_scale())
+            .ok()?;
+        chart
+            .configure_mesh()
+            .x_desc("arithmetic intensity (flop / byte)")
+            .y_desc("TFLOP/s")
+            .draw()
+            .ok()?;
+        let xs: Vec<f64> = (0..=120).map(|i| x_lo * (x_hi / x_lo).powf(i as f64 / 120.0)).collect();
+        for (i, (name, peak)) in compute.iter().enumerate() {
+            let line: Vec<(f64, f64)> = xs.iter().map(|&x| (x, (bw / 1000.0 * x).min(*peak))).collect();
+            let c = color(i + 7);
+            chart
+                .draw_series(LineSeries::new(line, c.stroke_width(2)))
+                .ok()?
+                .label(format!("{name} = {peak:.1}; copy = {bw:.0} GB/s"))
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
+        }
+        if compute.is_empty() {
+            let line: Vec<(f64, f64)> = xs.iter().map(|&x| (x, bw / 1000.0 * x)).collect();
+            chart
+                .draw_series(LineSeries::new(line, BLACK.stroke_width(2)))
+                .ok()?
+                .label(format!("copy = {bw:.0} GB/s"))
+                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], BLACK.stroke_width(2)));
+        }
+        for (i, (label, (x, y))) in best.iter().enumerate() {
+            let c = color(i);
+            chart
+                .draw_series(std::iter::once(Circle::new((*x, *y), 5, c.filled())))
+                .ok()?
+                .label(label.clone())
+                .legend(move |(x, y)| Circle::new((x + 8, y), 4, c.filled()));
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 12))
+            .draw()
+            .ok()?;
+        root.present().ok()?;
+    }
+    Some(svg)
+}
+
+/// Values of a parameter set, in key order: `4096 f32 normal 16384`.
+fn short_shape(params: &serde_json::Value) -> String {
+    params
+        .as_object()
+        .map(|m| m.values().map(|v| v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string())).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+/// Speed-up of every lab variant over the fastest passing peer, per parameter set.
+pub fn speedups(run: &[&Record], experiment: &str) -> Option<String> {
+    let recs: Vec<&&Record> = run.iter().filter(|r| r.experiment == experiment && passing_timed(r)).collect();
+    let mut shapes: Vec<String> = Vec::new();
+    let mut bars: Vec<(usize, String, f64)> = Vec::new();
+    for r in recs.iter().filter(|r| !is_peer(r)) {
+        let peer = recs
+            .iter()
+            .filter(|p| is_peer(p) && p.params == r.params)
+            .map(|p| p.time_ms.as_ref().unwrap().median)
+            .fold(f64::INFINITY, f64::min);
+        if !peer.is_finite() {
+            continue;
+        }
+        let s = short_shape(&r.params);
+        let idx = shapes.iter().position(|x| *x == s).unwrap_or_else(|| {
+            shapes.push(s);
+            shapes.len() - 1
+        });
+        bars.push((idx, r.variant.clone(), peer / r.time_ms.as_ref().unwrap().median));
+    }
+    if bars.is_empty() {
+        return None;
+    }
+    let mut variants: Vec<String> = bars.iter().map(|b| b.1.clone()).collect();
+    variants.sort();
+    variants.dedup();
+    let width = 1.0 / (variants.len() as f64 + 1.0);
+    let y_hi = bars.iter().map(|b| b.2).fold(1.0, f64::max) * 1.15;
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (SIZE.0, SIZE.1 + 80)).into_drawing_area();
+        root.fill(&WHITE).ok()?;
+        let labels = shapes.clone();
+        let mut chart = ChartBuilder::on(&root)
+            .caption(format!("{experiment}: speed-up over the fastest peer (higher is better)"), ("sans-serif", 20))
+            .margin(16)
+            .x_label_area_size(120)
+            .y_label_area_size(56)
+            .build_cartesian_2d(-0.5f64..(shapes.len() as f64 - 0.5), 0f64..y_hi)
+            .ok()?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(shapes.len().max(2))
+            .x_label_formatter(&|x| {
+                let i = x.round();
+                if (x - i).abs() < 1e-6 && i >= 0.0 { labels.get(i as usize).cloned().unwrap_or_default() } else { String::new() }
+            })
+            .x_label_style(("sans-serif", 11).into_font().transform(FontTransform::Rotate90))
+            .y_desc("peer time / lab time")
+            .draw()
+            .ok()?;
+        chart
+            .draw_series(LineSeries::new(vec![(-0.5, 1.0), (shapes.len() as f64 - 0.5, 1.0)], BLACK.stroke_width(1)))
+            .ok()?;
+        for (vi, v) in variants.iter().enumerate() {
+            let c = color(vi);
+            let rects: Vec<Rectangle<(f64, f64)>> = bars
+                .iter()
+                .filter(|b| b.1 == *v)
+                .map(|(i, _, s)| {
+                    let x0 = *i as f64 - 0.5 + width * (vi as f64 + 0.5);
+                    Rectangle::new([(x0, 0.0), (x0 + width, *s)], c.filled())
+                })
+                .collect();
+            chart
+                .draw_series(rects)
+                .ok()?
+                .label(v.clone())
+                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], c.filled()));
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 12))
+            .draw()
+            .ok()?;
+        root.present().ok()?;
+    }
+    Some(svg)
+}
+
+/// Throughput against bytes moved, one line per (variant, provider, dtype).
+pub fn scaling(run: &[&Record], experiment: &str) -> Option<String> {
+    let mut series: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    let mut unit = "GB/s";
+    for r in run.iter().filter(|r| r.experiment == experiment && passing_timed(r) && r.work.bytes > 0) {
+        let Some((v, u)) = headline(r) else { continue };
+        unit = u;
+        let dtype = r.params.get("dtype").and_then(|d| d.as_str()).unwrap_or("");
+        let key = format!("{} ({}) {}", r.variant, r.provider, dtype).trim().to_string();
+        series.entry(key).or_default().push((r.work.bytes as f64, v));
+    }
+    series.retain(|_, pts| {
+        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+        pts.dedup_by(|a, b| a.0 == b.0);
+        pts.len() >= 2
+    });
+    if series.is_empty() {
+        return None;
+    }
+    let all = series.values().flatten();
+    let (x_lo, x_hi) = all.clone().fold((f64::INFINITY, 0f64), |(lo, hi), p| (lo.min(p.0), hi.max(p.0)));
+    let (y_lo, y_hi) = all.fold((f64::INFINITY, 0f64), |(lo, hi), p| (lo.min(p.1), hi.max(p.1)));
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
+        root.fill(&WHITE).ok()?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(format!("{experiment}: {unit} against bytes moved"), ("sans-serif", 20))
+            .margin(16)
+            .x_label_area_size(44)
+            .y_label_area_size(64)
+            .build_cartesian_2d((x_lo / 1.5..x_hi * 1.5).log_scale(), (y_lo / 1.5..y_hi * 1.5).log_scale())
+            .ok()?;
+        chart.configure_mesh().x_desc("bytes moved per call").y_desc(unit).draw().ok()?;
+        for (i, (name, pts)) in series.iter().enumerate() {
+            let c = color(i);
+            chart
+                .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)).point_size(3))
+                .ok()?
+                .label(name.clone())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 11))
+            .draw()
+            .ok()?;
+        root.present().ok()?;
+    }
+    Some(svg)
+}
+
+/// File name of a run's figure.
+pub fn figure_name(run_id: &str, what: &str) -> String {
+    format!("{}-{}.svg", slug(run_id), slug(what))
+}

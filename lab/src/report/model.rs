@@ -1,0 +1,221 @@
+//! The views templates are filled from: plain `#[derive(Serialize)]` structs, numbers already
+//! formatted, everything sorted, so a render is a pure function of its inputs.
+
+use crate::record::{Record, Verdict};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+#[derive(Serialize, Clone, Debug)]
+pub struct Row {
+    pub record_id: String,
+    pub experiment: String,
+    pub variant: String,
+    pub provider: String,
+    pub shape: String,
+    pub median_ms: String,
+    pub gb_s: String,
+    pub tflop_s: String,
+    pub pct_ceiling: String,
+    pub speedup: String,
+    pub max_err: String,
+    pub verdict: String,
+    /// A figure that must not be read as a result (failed or implausible).
+    pub flagged: bool,
+    pub mode: String,
+}
+
+#[derive(Serialize, Clone, Debug)]
+pub struct Table {
+    pub experiment: String,
+    pub slug: String,
+    pub rows: Vec<Row>,
+}
+
+#[derive(Serialize, Clone, Debug)]
+pub struct Figure {
+    pub title: String,
+    /// Path relative to the HTML folder (`figures/...svg`).
+    pub path: String,
+}
+
+#[derive(Serialize, Clone, Debug)]
+pub struct NoteView {
+    pub file: String,
+    pub markdown: String,
+    pub html: String,
+}
+
+#[derive(Serialize, Clone, Debug)]
+pub struct RunView {
+    pub run_id: String,
+    pub date: String,
+    pub device: String,
+    pub backend: String,
+    pub commit: String,
+    pub dirty: bool,
+    pub command: String,
+    pub notes: Vec<NoteView>,
+    pub tables: Vec<Table>,
+    pub figures: Vec<Figure>,
+}
+
+#[derive(Serialize, Clone, Debug)]
+pub struct Finding {
+    pub experiment: String,
+    pub slug: String,
+    pub device: String,
+    pub shape: String,
+    pub lab_variant: String,
+    pub lab_figure: String,
+    pub pct_ceiling: String,
+    pub peer: String,
+    pub peer_figure: String,
+    pub speedup: String,
+    pub run_id: String,
+}
+
+/// A file or folder name safe to write, whatever a record says.
+pub fn slug(s: &str) -> String {
+    let out: String = s
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c.to_ascii_lowercase() } else { '_' })
+        .collect();
+    if out.is_empty() { "_".into() } else { out }
+}
+
+/// `cols=4096 dtype=f32 rows=16384`: every parameter, sorted by name.
+pub fn shape(params: &serde_json::Value) -> String {
+    match params.as_object() {
+        Some(map) => map
+            .iter()
+            .map(|(k, v)| format!("{k}={}", v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string())))
+            .collect::<Vec<_>>()
+            .join(" "),
+        None => params.to_string(),
+    }
+}
+
+fn num(x: Option<f64>, digits: usize) -> String {
+    match x {
+        Some(v) if v.is_finite() => format!("{v:.digits$}"),
+        Some(v) => format!("{v}"),
+        None => "-".into(),
+    }
+}
+
+pub fn verdict_name(v: Verdict) -> &'static str {
+    match v {
+        Verdict::Pass => "pass",
+        Verdict::Fail => "fail",
+        Verdict::Implausible => "implausible",
+    }
+}
+
+/// Is this a peer's figure (anything that is not our own kernel)?
+pub fn is_peer(r: &Record) -> bool {
+    r.provider != "lab"
+}
+
+/// The best passing peer time for each (run, experiment, params) group.
+pub fn best_peer_times(records: &[Record]) -> BTreeMap<(String, String, String), (f64, String)> {
+    let mut best: BTreeMap<(String, String, String), (f64, String)> = BTreeMap::new();
+    for r in records.iter().filter(|r| is_peer(r) && r.verdict == Verdict::Pass) {
+        if let Some(t) = &r.time_ms {
+            let key = (r.run_id.clone(), r.experiment.clone(), r.params.to_string());
+            let name = format!("{} ({})", r.variant, r.provider);
+            if best.get(&key).is_none_or(|(old, _)| t.median < *old) {
+                best.insert(key, (t.median, name));
+            }
+        }
+    }
+    best
+}
+
+pub fn row(r: &Record, peers: &BTreeMap<(String, String, String), (f64, String)>) -> Row {
+    let median = r.time_ms.as_ref().map(|t| t.median);
+    let peer = peers.get(&(r.run_id.clone(), r.experiment.clone(), r.params.to_string()));
+    let speedup = match (median, peer, is_peer(r)) {
+        (Some(m), Some((p, _)), false) if m > 0.0 => Some(p / m),
+        _ => None,
+    };
+    let mode = match (&r.timing, &r.time_ms) {
+        (Some(t), Some(s)) => format!("L2 {}, {}, {} samples", t.l2, t.launch, s.samples),
+        _ => "untimed (correctness only)".into(),
+    };
+    Row {
+        record_id: r.record_id.clone(),
+        experiment: r.experiment.clone(),
+        variant: r.variant.clone(),
+        provider: r.provider.clone(),
+        shape: shape(&r.params),
+        median_ms: num(median, 4),
+        gb_s: num(r.throughput.map(|t| t.gb_s), 1),
+        tflop_s: num(r.throughput.map(|t| t.tflop_s), 3),
+        pct_ceiling: num(r.fraction_of_ceiling.map(|f| 100.0 * f), 1),
+        speedup: speedup.map(|s| format!("{s:.2}x")).unwrap_or_else(|| "-".into()),
+        max_err: r.error.as_ref().map(|e| format!("{:.2e}", e.max_abs)).unwrap_or_else(|| "-".into()),
+        verdict: verdict_name(r.verdict).into(),
+        flagged: r.verdict != Verdict::Pass,
+        mode,
+    }
+}
+
+/// The rate a record is judged by: GB/s unless its ceiling is a compute roof.
+pub fn headline(r: &Record) -> Option<(f64, &'static str)> {
+    let t = r.throughput?;
+    let compute = r.ceiling.as_deref().is_some_and(|c| c.ends_with("tflop_s")) || (r.work.bytes == 0 && r.work.flops > 0);
+    Some(if compute { (t.tflop_s, "TFLOP/s") } else { (t.gb_s, "GB/s") })
+}
+
+/// Findings: for every experiment and device, the newest run's timed parameter sets, each with
+/// the fastest passing lab variant against the fastest passing peer.
+pub fn findings(records: &[Record]) -> Vec<Finding> {
+    let mut newest: BTreeMap<(String, String), String> = BTreeMap::new();
+    for r in records.iter().filter(|r| r.provider == "lab" && r.time_ms.is_some()) {
+        let key = (r.experiment.clone(), r.device.name.clone());
+        if newest.get(&key).is_none_or(|old| *old < r.run_id) {
+            newest.insert(key, r.run_id.clone());
+        }
+    }
+    let mut out = Vec::new();
+    for ((experiment, device), run_id) in newest {
+        let in_run: Vec<&Record> = records
+            .iter()
+            .filter(|r| r.run_id == run_id && r.experiment == experiment && r.time_ms.is_some() && r.verdict == Verdict::Pass)
+            .collect();
+        let mut shapes: Vec<String> = Vec::new();
+        for r in &in_run {
+            if !shapes.contains(&r.params.to_string()) {
+                shapes.push(r.params.to_string());
+            }
+        }
+        for params in shapes {
+            let group: Vec<&&Record> = in_run.iter().filter(|r| r.params.to_string() == params).collect();
+            let fastest = |peer: bool| {
+                group
+                    .iter()
+                    .filter(|r| is_peer(r) == peer)
+                    .min_by(|a, b| a.time_ms.as_ref().unwrap().median.total_cmp(&b.time_ms.as_ref().unwrap().median))
+            };
+            let Some(lab) = fastest(false) else { continue };
+            let peer = fastest(true);
+            let fig = |r: &Record| headline(r).map(|(v, unit)| format!("{v:.1} {unit}")).unwrap_or_else(|| "-".into());
+            out.push(Finding {
+                experiment: experiment.clone(),
+                slug: slug(&experiment),
+                device: device.clone(),
+                shape: shape(&lab.params),
+                lab_variant: lab.variant.clone(),
+                lab_figure: fig(lab),
+                pct_ceiling: num(lab.fraction_of_ceiling.map(|f| 100.0 * f), 1),
+                peer: peer.map(|p| format!("{} ({})", p.variant, p.provider)).unwrap_or_else(|| "-".into()),
+                peer_figure: peer.map(|p| fig(p)).unwrap_or_else(|| "-".into()),
+                speedup: peer
+                    .map(|p| format!("{:.2}x", p.time_ms.as_ref().unwrap().median / lab.time_ms.as_ref().unwrap().median))
+                    .unwrap_or_else(|| "-".into()),
+                run_id: run_id.clone(),
+            });
+        }
+    }
+    out
+}
