@@ -17,6 +17,10 @@ use std::sync::Arc;
 pub trait Experiment: Sync {
     fn name(&self) -> &'static str;
     fn description(&self) -> &'static str;
+    /// The parameter a sweep varies: the x axis of the report's scaling curve.
+    fn sweep_axis(&self) -> &'static str {
+        "bytes"
+    }
     /// The parameter sets of the sweep on this backend (`quick`: small sizes for tests and CI).
     fn cases(&self, backend: &Backend, quick: bool) -> Vec<Value>;
     /// Runs every variant and peer that `filter` admits on one parameter set, emitting records

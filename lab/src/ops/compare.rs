@@ -45,6 +45,12 @@ pub fn compare(got: &[f64], expected: &[f64], tol: Tolerance, reference: &str) -
     s
 }
 
+/// The check made before timing if it failed, else the one after: a kernel must be right both
+/// times, and the first failure is the one worth reading.
+pub fn first_failure(before: ErrorStats, after: ErrorStats) -> ErrorStats {
+    if before.passed() { after } else { before }
+}
+
 impl ErrorStats {
     pub fn passed(&self) -> bool {
         self.mismatches == 0

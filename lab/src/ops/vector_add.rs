@@ -1,7 +1,7 @@
 //! `vector_add`: c = a + b, the bandwidth baseline (kernels/vector_add.cu).
 //! 12 bytes and 1 flop per element: every variant should sit on the copy roof.
 
-use super::compare::compare;
+use super::compare::{compare, first_failure};
 use super::{widen, Elem};
 use crate::error::Doing;
 use crate::experiment::{param_usize, peers, Backend, Experiment, Measurement, Peer, Session};
@@ -35,6 +35,9 @@ impl Experiment for VectorAdd {
     fn description(&self) -> &'static str {
         "c = a + b in f32: the bandwidth baseline (scalar vs float4 grid-stride)"
     }
+    fn sweep_axis(&self) -> &'static str {
+        "n"
+    }
     fn cases(&self, backend: &Backend, quick: bool) -> Vec<Value> {
         let sizes: &[usize] = match (backend, quick) {
             (Backend::Cuda(_), false) => &[1_000_003, 1 << 20, 1 << 24, 1 << 26, 1 << 28],
@@ -63,9 +66,11 @@ impl Experiment for VectorAdd {
                         continue;
                     }
                     let mut c = vec![f32::NAN; n];
+                    cpu_add(variant, &a, &b, &mut c);
+                    let before = compare(&widen(&c), &expected, TOL, "cpu-f64");
                     let time = cpu_time(&s.budget, || cpu_add(variant, &a, &b, &mut c));
                     let mut m = Measurement::new(variant, "lab", case, work);
-                    m.error = Some(compare(&widen(&c), &expected, TOL, "cpu-f64"));
+                    m.error = Some(first_failure(before, compare(&widen(&c), &expected, TOL, "cpu-f64")));
                     (m.time, m.tolerance, m.ceiling) = (Some(time), Some(TOL), Some("copy_gb_s"));
                     s.emit(m)?;
                 }
@@ -117,7 +122,7 @@ fn run_gpu(s: &mut Session, gpu: &Gpu, case: &Value, a: &[f32], b: &[f32], expec
         let time = time_gpu(gpu, &s.budget, || launch(&mut dc))?;
         let after = compare(&widen(&gpu.download(&dc)?), expected, TOL, "cpu-f64");
         let mut m = Measurement::new(variant, "lab", case, work);
-        m.error = Some(if before.passed() { after } else { before });
+        m.error = Some(first_failure(before, after));
         (m.time, m.tolerance, m.ceiling) = (Some(time), Some(TOL), Some("copy_gb_s"));
         s.emit(m)?;
     }

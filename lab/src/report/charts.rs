@@ -131,7 +131,8 @@ fn short_shape(params: &serde_json::Value) -> String {
         .unwrap_or_default()
 }
 
-/// Speed-up of every lab variant over the fastest passing peer, per parameter set.
+/// Speed-up of every lab variant over the fastest passing peer, per parameter set, as
+/// horizontal bars (long shape labels read on the y axis).
 pub fn speedups(run: &[&Record], experiment: &str) -> Option<String> {
     let recs: Vec<&&Record> = run.iter().filter(|r| r.experiment == experiment && passing_timed(r)).collect();
     let mut shapes: Vec<String> = Vec::new();
@@ -158,43 +159,44 @@ pub fn speedups(run: &[&Record], experiment: &str) -> Option<String> {
     let mut variants: Vec<String> = bars.iter().map(|b| b.1.clone()).collect();
     variants.sort();
     variants.dedup();
-    let width = 1.0 / (variants.len() as f64 + 1.0);
-    let y_hi = bars.iter().map(|b| b.2).fold(1.0, f64::max) * 1.15;
+    let band = 1.0 / (variants.len() as f64 + 1.0);
+    let x_hi = bars.iter().map(|b| b.2).fold(1.0, f64::max) * 1.1;
+    let n = shapes.len() as f64;
+    let height = (160 + 26 * shapes.len() * variants.len().min(4)) as u32;
     let mut svg = String::new();
     {
-        let root = SVGBackend::with_string(&mut svg, (SIZE.0, SIZE.1 + 80)).into_drawing_area();
+        let root = SVGBackend::with_string(&mut svg, (SIZE.0, height.max(SIZE.1))).into_drawing_area();
         root.fill(&WHITE).ok()?;
         let labels = shapes.clone();
         let mut chart = ChartBuilder::on(&root)
-            .caption(format!("{experiment}: speed-up over the fastest peer (higher is better)"), ("sans-serif", 20))
+            .caption(format!("{experiment}: speed-up over the fastest peer (right of 1 is faster)"), ("sans-serif", 20))
             .margin(16)
-            .x_label_area_size(120)
-            .y_label_area_size(56)
-            .build_cartesian_2d(-0.5f64..(shapes.len() as f64 - 0.5), 0f64..y_hi)
+            .x_label_area_size(40)
+            .y_label_area_size(230)
+            .build_cartesian_2d(0f64..x_hi, -0.5f64..(n - 0.5))
             .ok()?;
         chart
             .configure_mesh()
-            .disable_x_mesh()
-            .x_labels(shapes.len().max(2))
-            .x_label_formatter(&|x| {
-                let i = x.round();
-                if (x - i).abs() < 1e-6 && i >= 0.0 { labels.get(i as usize).cloned().unwrap_or_default() } else { String::new() }
+            .disable_y_mesh()
+            .y_labels(shapes.len().max(2) * 2 + 1)
+            .y_label_formatter(&|y| {
+                // Shape 0 at the top.
+                let i = (n - 1.0 - y).round();
+                if (n - 1.0 - y - i).abs() < 1e-6 && i >= 0.0 { labels.get(i as usize).cloned().unwrap_or_default() } else { String::new() }
             })
-            .x_label_style(("sans-serif", 11).into_font().transform(FontTransform::Rotate90))
-            .y_desc("peer time / lab time")
+            .y_label_style(("sans-serif", 11))
+            .x_desc("peer time / lab time")
             .draw()
             .ok()?;
-        chart
-            .draw_series(LineSeries::new(vec![(-0.5, 1.0), (shapes.len() as f64 - 0.5, 1.0)], BLACK.stroke_width(1)))
-            .ok()?;
+        chart.draw_series(LineSeries::new(vec![(1.0, -0.5), (1.0, n - 0.5)], BLACK.stroke_width(1))).ok()?;
         for (vi, v) in variants.iter().enumerate() {
             let c = color(vi);
             let rects: Vec<Rectangle<(f64, f64)>> = bars
                 .iter()
                 .filter(|b| b.1 == *v)
                 .map(|(i, _, s)| {
-                    let x0 = *i as f64 - 0.5 + width * (vi as f64 + 0.5);
-                    Rectangle::new([(x0, 0.0), (x0 + width, *s)], c.filled())
+                    let y0 = (n - 1.0 - *i as f64) + 0.5 - band * (vi as f64 + 1.5);
+                    Rectangle::new([(0.0, y0), (*s, y0 + band)], c.filled())
                 })
                 .collect();
             chart
@@ -205,7 +207,7 @@ pub fn speedups(run: &[&Record], experiment: &str) -> Option<String> {
         }
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
+            .position(SeriesLabelPosition::LowerRight)
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK)
             .label_font(("sans-serif", 12))
@@ -216,16 +218,25 @@ pub fn speedups(run: &[&Record], experiment: &str) -> Option<String> {
     Some(svg)
 }
 
-/// Throughput against bytes moved, one line per (variant, provider, dtype).
-pub fn scaling(run: &[&Record], experiment: &str) -> Option<String> {
+/// Throughput against the experiment's sweep parameter (`axis`, e.g. `cols`; bytes moved when a
+/// record lacks it), one line per (variant, provider, dtype).
+pub fn scaling(run: &[&Record], experiment: &str, axis: &str) -> Option<String> {
     let mut series: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
     let mut unit = "GB/s";
+    let mut axis_name = axis;
     for r in run.iter().filter(|r| r.experiment == experiment && passing_timed(r) && r.work.bytes > 0) {
         let Some((v, u)) = headline(r) else { continue };
         unit = u;
+        let x = match r.params.get(axis).and_then(|x| x.as_f64()) {
+            Some(x) => x,
+            None => {
+                axis_name = "bytes moved per call";
+                r.work.bytes as f64
+            }
+        };
         let dtype = r.params.get("dtype").and_then(|d| d.as_str()).unwrap_or("");
         let key = format!("{} ({}) {}", r.variant, r.provider, dtype).trim().to_string();
-        series.entry(key).or_default().push((r.work.bytes as f64, v));
+        series.entry(key).or_default().push((x, v));
     }
     series.retain(|_, pts| {
         pts.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -243,13 +254,13 @@ pub fn scaling(run: &[&Record], experiment: &str) -> Option<String> {
         let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
         root.fill(&WHITE).ok()?;
         let mut chart = ChartBuilder::on(&root)
-            .caption(format!("{experiment}: {unit} against bytes moved"), ("sans-serif", 20))
+            .caption(format!("{experiment}: {unit} against {axis_name}"), ("sans-serif", 20))
             .margin(16)
             .x_label_area_size(44)
             .y_label_area_size(64)
             .build_cartesian_2d((x_lo / 1.5..x_hi * 1.5).log_scale(), (y_lo / 1.5..y_hi * 1.5).log_scale())
             .ok()?;
-        chart.configure_mesh().x_desc("bytes moved per call").y_desc(unit).draw().ok()?;
+        chart.configure_mesh().x_desc(axis_name).y_desc(unit).draw().ok()?;
         for (i, (name, pts)) in series.iter().enumerate() {
             let c = color(i);
             chart

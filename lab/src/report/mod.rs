@@ -200,7 +200,7 @@ pub fn render(opts: &ReportOptions) -> Result<Rendered> {
         add("roofline".into(), format!("Roofline, {}", first.device.name), charts::roofline(recs, &first.device.name));
         for t in &tables {
             add(format!("{}-speedup", t.experiment), format!("{}: speed-up over peers", t.experiment), charts::speedups(recs, &t.experiment));
-            add(format!("{}-scaling", t.experiment), format!("{}: throughput against size", t.experiment), charts::scaling(recs, &t.experiment));
+            add(format!("{}-scaling", t.experiment), format!("{}: throughput against size", t.experiment), charts::scaling(recs, &t.experiment, sweep_axis(&t.experiment)));
         }
         let run = RunView {
             run_id: run_id.to_string(),
@@ -252,6 +252,11 @@ pub fn render(opts: &ReportOptions) -> Result<Rendered> {
     let ctx = SiteContext { experiments: &experiments, warnings: &warnings, findings: &findings, runs: &runs, has_gpu_run, experiment: None };
     files.insert(opts.log.clone(), render_one(&tera, "research_log.md", &ctx)?);
     Ok(Rendered { files, warnings })
+}
+
+/// The parameter an experiment sweeps (from the registry); bytes moved for unknown ones.
+fn sweep_axis(experiment: &str) -> &'static str {
+    crate::experiment::find(experiment).map(|e| e.sweep_axis()).unwrap_or("bytes")
 }
 
 /// `reports/` when the log sits beside the reports folder: how the log links to figures.

@@ -163,7 +163,9 @@ pub fn row(r: &Record, peers: &BTreeMap<(String, String, String), (f64, String)>
 /// The rate a record is judged by: GB/s unless its ceiling is a compute roof.
 pub fn headline(r: &Record) -> Option<(f64, &'static str)> {
     let t = r.throughput?;
-    let compute = r.ceiling.as_deref().is_some_and(|c| c.ends_with("tflop_s")) || (r.work.bytes == 0 && r.work.flops > 0);
+    // A ceiling record names the roof it measures; others name the roof they are placed under.
+    let roof = r.ceiling.as_deref().or_else(|| r.extra.get("ceiling_name").and_then(|v| v.as_str()));
+    let compute = roof.is_some_and(|c| c.ends_with("tflop_s")) || (r.work.bytes == 0 && r.work.flops > 0);
     Some(if compute { (t.tflop_s, "TFLOP/s") } else { (t.gb_s, "GB/s") })
 }
 
