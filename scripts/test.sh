@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: installs what it needs, then runs cargo's tests.
-# No GPU needed: kernels are compiled by NVRTC from the PyPI wheels for sm_80 and sm_90, and
-# every experiment runs on the CPU backend. A missing NVRTC fails the suite.
+# No GPU needed: kernels are compiled by NVRTC from the PyPI wheels for sm_80 and sm_90, every
+# experiment runs on the CPU backend, the committed report must match a fresh render, and
+# headless Chromium loads it. A missing NVRTC or Chromium fails the suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,6 +13,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
   command -v git >/dev/null || need+=(git)
   command -v cc >/dev/null || need+=(gcc)
+  command -v chromium >/dev/null || need+=(chromium)  # the report's browser test
   if [ ${#need[@]} -gt 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
   fi
