@@ -28,6 +28,22 @@ fn passing_timed(r: &Record) -> bool {
     r.verdict == Verdict::Pass && r.time_ms.is_some() && r.throughput.is_some()
 }
 
+/// The boxed series legend every chart carries.
+fn legend<'a, CT: plotters::coord::CoordTranslate>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, CT>,
+    position: SeriesLabelPosition,
+    font_size: u32,
+) -> Option<()> {
+    chart
+        .configure_series_labels()
+        .position(position)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", font_size))
+        .draw()
+        .ok()
+}
+
 /// The run's measured ceilings by name ("copy_gb_s", "fma_tflop_s", "tensor_f16_tflop_s", ...).
 pub fn ceilings(run: &[&Record]) -> BTreeMap<String, f64> {
     let mut out: BTreeMap<String, f64> = BTreeMap::new();
@@ -110,14 +126,7 @@ pub fn roofline(run: &[&Record], device: &str) -> Option<String> {
                 .label(label.clone())
                 .legend(move |(x, y)| Circle::new((x + 8, y), 4, c.filled()));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 12))
-            .draw()
-            .ok()?;
+        legend(&mut chart, SeriesLabelPosition::LowerRight, 12)?;
         root.present().ok()?;
     }
     Some(svg)
@@ -205,14 +214,7 @@ pub fn speedups(run: &[&Record], experiment: &str) -> Option<String> {
                 .label(v.clone())
                 .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], c.filled()));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 12))
-            .draw()
-            .ok()?;
+        legend(&mut chart, SeriesLabelPosition::LowerRight, 12)?;
         root.present().ok()?;
     }
     Some(svg)
@@ -269,14 +271,7 @@ pub fn scaling(run: &[&Record], experiment: &str, axis: &str) -> Option<String> 
                 .label(name.clone())
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 11))
-            .draw()
-            .ok()?;
+        legend(&mut chart, SeriesLabelPosition::LowerRight, 11)?;
         root.present().ok()?;
     }
     Some(svg)
