@@ -4,6 +4,7 @@
 #define LAB_KERNELS_COMMON_CUH
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 // NVRTC has no math.h, so no INFINITY: build -inf from its bit pattern.
 #ifndef NEG_INF
@@ -166,6 +167,7 @@ template <> __device__ __forceinline__ float to_float<float>(float v) { return v
 template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) {
     return __bfloat162float(v);
 }
+template <> __device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
 
 template <typename T> __device__ __forceinline__ T from_float(float v);
 template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
@@ -173,6 +175,8 @@ template <> __device__ __forceinline__ float from_float<float>(float v) { return
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
     return __float2bfloat16_rn(v);
 }
+// Round to nearest even; overflow gives +-inf, NaN stays NaN.
+template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
 
 // ---------------------------------------------------------------------------
 // 16-byte vector access: VecTraits<T>::N elements per 16 B (4 f32, 8 bf16).
@@ -183,6 +187,7 @@ template <typename T> struct VecTraits;
 // enum, not static constexpr: NVRTC would emit the latter as a .global symbol.
 template <> struct VecTraits<float> { enum { N = 4 }; };
 template <> struct VecTraits<__nv_bfloat16> { enum { N = 8 }; };
+template <> struct VecTraits<__half> { enum { N = 8 }; };
 
 template <typename T> __device__ __forceinline__ void load_vec16(const T* p, float* out);
 template <typename T> __device__ __forceinline__ void store_vec16(T* p, const float* in);
@@ -217,6 +222,129 @@ template <> __device__ __forceinline__ void store_vec16<__nv_bfloat16>(__nv_bflo
     v.z = pack_bf16x2(in[4], in[5]);
     v.w = pack_bf16x2(in[6], in[7]);
     *reinterpret_cast<uint4*>(p) = v;
+}
+
+// f16 <-> f32 is exact one way (every f16 is an f32); f32 -> f16 rounds to
+// nearest even. Same word layout as bf16: element 2k is the low half of word k.
+template <> __device__ __forceinline__ void load_vec16<__half>(const __half* p, float* out) {
+    const uint4 v = *reinterpret_cast<const uint4*>(p);
+    const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
+        out[2 * i] = f.x;
+        out[2 * i + 1] = f.y;
+    }
+}
+__device__ __forceinline__ unsigned pack_f16x2(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);  // .x = lo (low half)
+    return *reinterpret_cast<const unsigned*>(&h);
+}
+template <> __device__ __forceinline__ void store_vec16<__half>(__half* p, const float* in) {
+    uint4 v;
+    v.x = pack_f16x2(in[0], in[1]);
+    v.y = pack_f16x2(in[2], in[3]);
+    v.z = pack_f16x2(in[4], in[5]);
+    v.w = pack_f16x2(in[6], in[7]);
+    *reinterpret_cast<uint4*>(p) = v;
+}
+
+// W consecutive elements: one 16 B vector (W == VecTraits<T>::N) or a single
+// element (W == 1); lets one loop body serve both the vector and scalar paths.
+template <typename T, int W>
+__device__ __forceinline__ void load_w(const T* p, float* out) {
+    if (W == 1) {
+        out[0] = to_float(*p);
+    } else {
+        load_vec16<T>(p, out);
+    }
+}
+template <typename T, int W>
+__device__ __forceinline__ void store_w(T* p, const float* in) {
+    if (W == 1) {
+        *p = from_float<T>(in[0]);
+    } else {
+        store_vec16<T>(p, in);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Division and 1/sqrt without subroutine calls. '/' and sqrtf compile to a
+// fast path plus a CALL to a slow-path routine (denormal / special inputs);
+// the call clobbers registers, so a kernel that holds a row in registers
+// across it spills at a 32-register cap. These use the same hardware
+// approximations (MUFU.RCP / MUFU.RSQ) with one Newton step and fused
+// residuals: within 1 ulp of the IEEE result (typically equal), no call.
+// ---------------------------------------------------------------------------
+// 1/c for normal c with |c| < 2^126 (e.g. a row length).
+__device__ __forceinline__ float rcp_nocall(float c) {
+    const float r = __fdividef(1.0f, c);
+    return fmaf(r, fmaf(-c, r, 1.0f), r);
+}
+
+// s/c given r = rcp_nocall(c): one residual correction of s*r.
+__device__ __forceinline__ float div_nocall(float s, float c, float r) {
+    const float q = s * r;
+    return fmaf(fmaf(-q, c, s), r, q);
+}
+
+// 1/sqrt(x). Special inputs as 1.0f / sqrtf(x): 0 -> inf, inf -> 0,
+// NaN or x < 0 -> NaN (the raw approximation already gives those).
+__device__ __forceinline__ float rsqrt_nocall(float x) {
+    const float y = rsqrtf(x);
+    const float e = fmaf(-x * y, y, 1.0f);  // 1 - x*y^2
+    const float r = fmaf(0.5f * y, e, y);
+    return (x > 0.f && x < __int_as_float(0x7f800000)) ? r : y;
+}
+
+// ---------------------------------------------------------------------------
+// Welford / Chan statistics: n = count, mean, m2 = sum of squared deviations
+// from mean. Identity is {0, 0, 0}. combine() is Chan et al.'s parallel
+// merge; the count is a float (exact up to 2^24 elements per partial).
+// ---------------------------------------------------------------------------
+struct Welford {
+    float n;
+    float mean;
+    float m2;
+};
+
+__device__ __forceinline__ Welford welford_identity() {
+    Welford r;
+    r.n = 0.f;
+    r.mean = 0.f;
+    r.m2 = 0.f;
+    return r;
+}
+
+// Not commutative in rounding: callers that need every lane to agree must
+// pass the operands in the same order on both sides (see warp_reduce_welford).
+// An empty side returns the other unchanged (no 0/0).
+__device__ __forceinline__ Welford welford_combine(Welford a, Welford b) {
+    const float n = a.n + b.n;
+    if (b.n == 0.f) return a;
+    if (a.n == 0.f) return b;
+    const float f = b.n / n;
+    const float delta = b.mean - a.mean;
+    Welford r;
+    r.n = n;
+    r.mean = a.mean + delta * f;
+    r.m2 = a.m2 + b.m2 + delta * delta * a.n * f;
+    return r;
+}
+
+// Xor butterfly; the lower lane's value always goes first, so both partners
+// compute the same rounding and every lane ends with bit-identical statistics.
+__device__ __forceinline__ Welford warp_reduce_welford(Welford v) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        Welford other;
+        other.n = __shfl_xor_sync(0xffffffffu, v.n, o);
+        other.mean = __shfl_xor_sync(0xffffffffu, v.mean, o);
+        other.m2 = __shfl_xor_sync(0xffffffffu, v.m2, o);
+        v = (lane & o) ? welford_combine(other, v) : welford_combine(v, other);
+    }
+    return v;
 }
 
 #endif  // LAB_KERNELS_COMMON_CUH

@@ -6,9 +6,11 @@ Reads one JSON request on stdin, runs the op on the GPU with the timing protocol
 op's output as raw little-endian bytes to the requested file, and prints one JSON line:
 {"variant", "raw_ms", "warmup", "torch", "device"}.
 
-Request: {"op": "softmax" | "add", "dtype": "f32" | "bf16" | "f16", "shape": [...],
-          "inputs": [paths], "output": path, "warmup": n, "min_reps": n, "max_reps": n,
-          "budget_ms": x, "l2_scrub_bytes": n}
+Request: {"op": "softmax" | "add" | "bias_gelu" | "layer_norm" | "rms_norm",
+          "dtype": "f32" | "bf16" | "f16", "args": {...op arguments...},
+          "inputs": [{"path": p, "shape": [...]}], "output": path, "warmup": n, "min_reps": n,
+          "max_reps": n, "budget_ms": x, "l2_scrub_bytes": n}
+The output has the shape of the first input.
 """
 import json
 import sys
@@ -35,26 +37,43 @@ def save(t, path, dtype):
 
 
 def ops(req, inputs):
-    """The op under test as a closure, its name, and its output tensor."""
-    op = req["op"]
+    """The op under test as a closure that stores its output in out["y"], and its name."""
+    op, args = req["op"], req.get("args", {})
+    F = torch.nn.functional
+    out = {}
     if op == "softmax":
         (x,) = inputs
-        out = {}
-
-        def f():
-            out["y"] = torch.softmax(x, dim=-1)
-
-        return f, "torch.softmax", out
-    if op == "add":
+        fn, name = (lambda: torch.softmax(x, dim=-1)), "torch.softmax"
+    elif op == "add":
         a, b = inputs
         c = torch.empty_like(a)
-        out = {"y": c}
+        fn, name = (lambda: torch.add(a, b, out=c)), "torch.add"
+    elif op == "bias_gelu":
+        x, b = inputs
+        approx = args["approximate"]
 
-        def f():
-            torch.add(a, b, out=c)
+        def bias_gelu(x, b):
+            return F.gelu(x + b, approximate=approx)
 
-        return f, "torch.add", out
-    raise SystemExit(f"torch_peers: unknown op {op!r}")
+        if args.get("compile"):
+            compiled = torch.compile(bias_gelu)
+            fn, name = (lambda: compiled(x, b)), f"torch.compile(gelu(x+b, {approx}))"
+        else:
+            fn, name = (lambda: bias_gelu(x, b)), f"torch gelu(x+b, {approx})"
+    elif op == "layer_norm":
+        x, g, b = inputs
+        fn, name = (lambda: F.layer_norm(x, (x.shape[-1],), g, b, args["eps"])), "torch.layer_norm"
+    elif op == "rms_norm":
+        x, g = inputs
+        fn, name = (lambda: F.rms_norm(x, (x.shape[-1],), g, args["eps"])), "torch.rms_norm"
+    else:
+        raise SystemExit(f"torch_peers: unknown op {op!r}")
+
+    def f():
+        y = fn()
+        out["y"] = c if op == "add" else y
+
+    return f, name, out
 
 
 def time_op(f, req):
@@ -82,7 +101,7 @@ def main():
     req = json.load(sys.stdin)
     if not torch.cuda.is_available():
         raise SystemExit("torch_peers: torch sees no CUDA device")
-    inputs = [load(p, req["dtype"], req["shape"]) for p in req["inputs"]]
+    inputs = [load(i["path"], req["dtype"], i["shape"]) for i in req["inputs"]]
     f, variant, out = ops(req, inputs)
     warm, raw = time_op(f, req)
     f()  # the checked output comes from a run after timing, like lab's own

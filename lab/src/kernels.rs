@@ -8,6 +8,9 @@ pub const FAMILIES: &[(&str, &str)] = &[
     ("ceilings", include_str!("../../kernels/ceilings.cu")),
     ("vector_add", include_str!("../../kernels/vector_add.cu")),
     ("softmax", include_str!("../../kernels/softmax.cu")),
+    ("bias_gelu", include_str!("../../kernels/bias_gelu.cu")),
+    ("layernorm", include_str!("../../kernels/layernorm.cu")),
+    ("rmsnorm", include_str!("../../kernels/rmsnorm.cu")),
 ];
 
 /// Storage types a kernel is instantiated for; the suffix of every kernel symbol.

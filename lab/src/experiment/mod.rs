@@ -35,6 +35,9 @@ pub fn registry() -> Vec<&'static dyn Experiment> {
         &crate::ops::ceilings::Ceilings,
         &crate::ops::vector_add::VectorAdd,
         &crate::ops::softmax::Softmax,
+        &crate::ops::bias_gelu::BiasGelu,
+        &crate::ops::layernorm::LayerNorm,
+        &crate::ops::rmsnorm::RmsNorm,
     ]
 }
 

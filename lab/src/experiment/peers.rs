@@ -22,21 +22,22 @@ pub fn python() -> String {
     std::env::var("LAB_PYTHON").unwrap_or_else(|_| "python3".into())
 }
 
-/// Runs `op` in torch on `inputs` (raw little-endian bytes of `dtype`, all of `shape`).
-pub fn torch(op: &str, dtype: &str, shape: &[usize], inputs: &[&[u8]], budget: &Budget, l2_bytes: i64) -> Result<PeerRun> {
+/// Runs `op` in torch on `inputs` (raw little-endian bytes of `dtype`, each with its shape);
+/// `args` are the op's own arguments (eps, approximation, compile).
+pub fn torch(op: &str, dtype: &str, args: Value, inputs: &[(&[u8], &[usize])], budget: &Budget, l2_bytes: i64) -> Result<PeerRun> {
     let fail = |why: String| LabError::Peer { peer: "torch".into(), why };
     let dir = tempfile::tempdir().map_err(|e| fail(format!("no temp dir: {e}")))?;
     let script = dir.path().join("torch_peers.py");
     std::fs::write(&script, TORCH_PEERS).map_err(|e| fail(e.to_string()))?;
     let mut paths = Vec::new();
-    for (i, bytes) in inputs.iter().enumerate() {
+    for (i, (bytes, shape)) in inputs.iter().enumerate() {
         let p = dir.path().join(format!("in{i}.bin"));
         std::fs::write(&p, bytes).map_err(|e| fail(format!("writing input: {e}")))?;
-        paths.push(p.display().to_string());
+        paths.push(json!({"path": p.display().to_string(), "shape": shape}));
     }
     let out = dir.path().join("out.bin");
     let request = json!({
-        "op": op, "dtype": dtype, "shape": shape, "inputs": paths, "output": out.display().to_string(),
+        "op": op, "dtype": dtype, "args": args, "inputs": paths, "output": out.display().to_string(),
         "warmup": budget.warmup, "min_reps": budget.min, "max_reps": budget.max,
         "budget_ms": budget.budget_ms, "l2_scrub_bytes": 2 * l2_bytes,
     });

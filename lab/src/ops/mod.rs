@@ -1,7 +1,10 @@
 //! One module per kernel family: CPU reference, variants, launchers, the experiment, tests.
 
+pub mod bias_gelu;
 pub mod ceilings;
 pub mod compare;
+pub mod layernorm;
+pub mod rmsnorm;
 pub mod softmax;
 pub mod vector_add;
 
@@ -73,4 +76,63 @@ impl Elem for half::f16 {
 pub fn widen<T: Elem>(v: &[T]) -> Vec<f64> {
     use rayon::prelude::*;
     v.par_iter().map(|x| x.to_f64()).collect()
+}
+
+use crate::experiment::{peers, Measurement, Session};
+use crate::gpu::{timing::time_gpu, Gpu};
+use crate::profile::Work;
+use crate::record::{ErrorStats, Tolerance};
+use crate::Result;
+use cudarc::driver::CudaSlice;
+use serde_json::Value;
+
+/// How one output is judged: its tolerance and the comparison against the reference.
+pub struct Check<'a, T> {
+    pub tol: Tolerance,
+    pub compare: &'a dyn Fn(&[T]) -> ErrorStats,
+}
+
+/// One lab GPU variant, the house way: poison the output, launch once and check, time it
+/// (`timed`), check again, and emit the record against the copy ceiling.
+#[allow(clippy::too_many_arguments)]
+pub fn measure_gpu<T: Elem>(
+    s: &mut Session,
+    gpu: &Gpu,
+    case: &Value,
+    variant: &str,
+    work: Work,
+    check: &Check<T>,
+    timed: bool,
+    out: &mut CudaSlice<T>,
+    launch: impl Fn(&mut CudaSlice<T>) -> Result<()>,
+) -> Result<()> {
+    gpu.poison(out)?;
+    launch(out)?;
+    gpu.sync()?;
+    let before = (check.compare)(&gpu.download(out)?);
+    let time = if timed { Some(time_gpu(gpu, &s.budget, || launch(out))?) } else { None };
+    let after = (check.compare)(&gpu.download(out)?);
+    let mut m = Measurement::new(variant, "lab", case, work);
+    m.error = Some(compare::first_failure(before, after));
+    (m.time, m.tolerance, m.ceiling) = (time, Some(check.tol), Some("copy_gb_s"));
+    s.emit(m).map(|_| ())
+}
+
+/// One torch op on the same inputs (raw bytes and shape of each), its output checked like ours.
+#[allow(clippy::too_many_arguments)]
+pub fn measure_torch<T: Elem>(
+    s: &mut Session,
+    gpu: &Gpu,
+    case: &Value,
+    op: &str,
+    args: Value,
+    inputs: &[(&[u8], &[usize])],
+    work: Work,
+    check: &Check<T>,
+) -> Result<()> {
+    let run = peers::torch(op, T::DTYPE.name(), args, inputs, &s.budget, gpu.info.l2_bytes)?;
+    let mut m = Measurement::new(run.variant, "torch", case, work);
+    m.error = Some((check.compare)(&T::from_bytes(&run.output)));
+    (m.time, m.tolerance, m.ceiling, m.extra) = (Some(run.time), Some(check.tol), Some("copy_gb_s"), run.extra);
+    s.emit(m).map(|_| ())
 }

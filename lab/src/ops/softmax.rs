@@ -6,10 +6,9 @@
 //! large magnitudes (1e4) do not overflow because the row max is subtracted first.
 
 use super::compare::{compare, first_failure};
-use super::{widen, Elem};
+use super::{measure_gpu, measure_torch, widen, Check, Elem};
 use crate::error::Doing;
-use crate::experiment::{param_str, param_usize, peers, rng_for, Backend, Experiment, Measurement, Peer, Session};
-use crate::gpu::{timing::time_gpu, Gpu};
+use crate::experiment::{param_str, param_usize, rng_for, Backend, Experiment, Measurement, Peer, Session};
 use crate::kernels::{symbol, DType};
 use crate::profile::{cpu_time, Work};
 use crate::record::Tolerance;
@@ -190,19 +189,20 @@ fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
     // One read and one write per element; ~5 flops (max, subtract, exp, add, divide).
     let work = Work { bytes: 2 * n * T::DTYPE.size() as u64, flops: 5 * n };
     let tol = tolerance(T::DTYPE);
-    let check = |y: &[T]| compare(&widen(y), &expected, tol, "cpu-f64");
+    let compare_y = |y: &[T]| compare(&widen(y), &expected, tol, "cpu-f64");
+    let check = Check { tol, compare: &compare_y };
     let backend = s.backend.clone();
     match &backend {
         Backend::Cpu => {
             if s.wants("cpu_online_rows", "lab") {
                 let mut y = vec![T::from_f32(f32::NAN); x.len()];
                 cpu_online_rows(&x, &mut y, cols);
-                let before = check(&y);
+                let before = compare_y(&y);
                 let mut m = Measurement::new("cpu_online_rows", "lab", case, work);
                 if timed {
                     m.time = Some(cpu_time(&s.budget, || cpu_online_rows(&x, &mut y, cols)));
                 }
-                (m.error, m.tolerance, m.ceiling) = (Some(first_failure(before, check(&y))), Some(tol), Some("copy_gb_s"));
+                (m.error, m.tolerance, m.ceiling) = (Some(first_failure(before, compare_y(&y))), Some(tol), Some("copy_gb_s"));
                 s.emit(m)?;
             }
             if timed && s.wants("reference_f64", "cpu-ref") {
@@ -230,42 +230,15 @@ fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
                         .map(|_| ())
                         .doing(&format!("launching softmax {variant}"))
                 };
-                gpu.poison(&mut dy)?;
-                launch(&mut dy)?;
-                gpu.sync()?;
-                let before = check(&gpu.download(&dy)?);
-                let time = if timed { Some(time_gpu(gpu, &s.budget, || launch(&mut dy))?) } else { None };
-                let after = check(&gpu.download(&dy)?);
-                let mut m = Measurement::new(variant, "lab", case, work);
-                m.error = Some(first_failure(before, after));
-                (m.time, m.tolerance, m.ceiling) = (time, Some(tol), Some("copy_gb_s"));
-                m.extra.insert("launch".into(), json!({"grid": cfg.grid_dim.0, "block": cfg.block_dim.0}));
-                s.emit(m)?;
+                measure_gpu(s, gpu, case, variant, work, &check, timed, &mut dy, launch)?;
             }
             if timed && s.wants_peer(Peer::Torch, "torch.softmax", "torch") {
-                torch_peer::<T>(s, gpu, case, &x, rows, cols, work, &check)?;
+                let shape = [rows, cols];
+                measure_torch(s, gpu, case, "softmax", json!({}), &[(&T::bytes(&x), &shape)], work, &check)?;
             }
         }
     }
     Ok(())
-}
-
-#[allow(clippy::too_many_arguments)]
-fn torch_peer<T: Elem>(
-    s: &mut Session,
-    gpu: &Gpu,
-    case: &Value,
-    x: &[T],
-    rows: usize,
-    cols: usize,
-    work: Work,
-    check: &dyn Fn(&[T]) -> crate::record::ErrorStats,
-) -> Result<()> {
-    let run = peers::torch("softmax", T::DTYPE.name(), &[rows, cols], &[&T::bytes(x)], &s.budget, gpu.info.l2_bytes)?;
-    let mut m = Measurement::new(run.variant, "torch", case, work);
-    m.error = Some(check(&T::from_bytes(&run.output)));
-    (m.time, m.tolerance, m.ceiling, m.extra) = (Some(run.time), Some(tolerance(T::DTYPE)), Some("copy_gb_s"), run.extra);
-    s.emit(m).map(|_| ())
 }
 
 /// Grid and block per variant, as each kernel's line in kernels/softmax.cu states.

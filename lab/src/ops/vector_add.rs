@@ -2,10 +2,10 @@
 //! 12 bytes and 1 flop per element: every variant should sit on the copy roof.
 
 use super::compare::{compare, first_failure};
-use super::{widen, Elem};
+use super::{measure_gpu, measure_torch, widen, Check, Elem};
 use crate::error::Doing;
-use crate::experiment::{param_usize, peers, Backend, Experiment, Measurement, Peer, Session};
-use crate::gpu::{timing::time_gpu, Gpu};
+use crate::experiment::{param_usize, Backend, Experiment, Measurement, Peer, Session};
+use crate::gpu::Gpu;
 use crate::kernels::{symbol, DType};
 use crate::profile::{cpu_time, Work};
 use crate::record::Tolerance;
@@ -102,6 +102,8 @@ fn run_gpu(s: &mut Session, gpu: &Gpu, case: &Value, a: &[f32], b: &[f32], expec
     let n = a.len();
     let (da, db) = (gpu.upload(a)?, gpu.upload(b)?);
     let mut dc = gpu.stream.alloc_zeros::<f32>(n).doing("allocating c")?;
+    let compare_c = |c: &[f32]| compare(&widen(c), expected, TOL, "cpu-f64");
+    let check = Check { tol: TOL, compare: &compare_c };
     for &variant in GPU_VARIANTS {
         if !s.wants(variant, "lab") {
             continue;
@@ -115,23 +117,12 @@ fn run_gpu(s: &mut Session, gpu: &Gpu, case: &Value, a: &[f32], b: &[f32], expec
                 .map(|_| ())
                 .doing(&format!("launching vector_add {variant}"))
         };
-        gpu.poison(&mut dc)?;
-        launch(&mut dc)?;
-        gpu.sync()?;
-        let before = compare(&widen(&gpu.download(&dc)?), expected, TOL, "cpu-f64");
-        let time = time_gpu(gpu, &s.budget, || launch(&mut dc))?;
-        let after = compare(&widen(&gpu.download(&dc)?), expected, TOL, "cpu-f64");
-        let mut m = Measurement::new(variant, "lab", case, work);
-        m.error = Some(first_failure(before, after));
-        (m.time, m.tolerance, m.ceiling) = (Some(time), Some(TOL), Some("copy_gb_s"));
-        s.emit(m)?;
+        measure_gpu(s, gpu, case, variant, work, &check, true, &mut dc, launch)?;
     }
     if s.wants_peer(Peer::Torch, "torch.add", "torch") {
-        let run = peers::torch("add", "f32", &[n], &[&f32::bytes(a), &f32::bytes(b)], &s.budget, gpu.info.l2_bytes)?;
-        let mut m = Measurement::new(run.variant, "torch", case, work);
-        m.error = Some(compare(&widen(&f32::from_bytes(&run.output)), expected, TOL, "cpu-f64"));
-        (m.time, m.tolerance, m.ceiling, m.extra) = (Some(run.time), Some(TOL), Some("copy_gb_s"), run.extra);
-        s.emit(m)?;
+        let shape = [n];
+        let inputs: [(&[u8], &[usize]); 2] = [(&f32::bytes(a), &shape), (&f32::bytes(b), &shape)];
+        measure_torch(s, gpu, case, "add", json!({}), &inputs, work, &check)?;
     }
     Ok(())
 }

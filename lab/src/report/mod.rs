@@ -158,7 +158,9 @@ pub fn render(opts: &ReportOptions) -> Result<Rendered> {
         (Vec::new(), Vec::new())
     };
     for d in &damage {
-        warnings.push(format!("skipped a damaged record line: {d}"));
+        // Named relative to the records folder: the output must not depend on where it lives.
+        let file = d.file.strip_prefix(&opts.records).unwrap_or(&d.file).display();
+        warnings.push(format!("skipped a damaged record line: {file}:{}: {}", d.line, d.why));
     }
     // Stable order: by run, then by position in the run.
     let position = |r: &Record| r.record_id.rsplit('#').next().and_then(|n| n.parse::<u64>().ok()).unwrap_or(u64::MAX);

@@ -1,0 +1,284 @@
+//! `bias_gelu`: y = GeLU(x + b), b broadcast over rows, in f32, f16 and bf16
+//! (kernels/bias_gelu.cu). Eager frameworks run it as two kernels with an HBM round trip of
+//! x + b (5 tensor-sized transfers: read x, write t, read t, write y, plus the bias); fused it
+//! is one read and one write, so the fused kernel should be ~2x the unfused and ~2x torch eager.
+
+use super::compare::{compare, first_failure};
+use super::{measure_gpu, measure_torch, widen, Check, Elem};
+use crate::error::Doing;
+use crate::experiment::{param_str, param_usize, rng_for, Backend, Experiment, Measurement, Peer, Session};
+use crate::gpu::Gpu;
+use crate::kernels::{symbol, DType};
+use crate::profile::{cpu_time, Work};
+use crate::record::Tolerance;
+use crate::{LabError, Result};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use rand_distr::{Distribution, StandardNormal};
+use rayon::prelude::*;
+use serde_json::{json, Value};
+
+pub struct BiasGelu;
+
+const FAMILY: &str = "bias_gelu";
+pub const GPU_VARIANTS: &[&str] = &["unfused", "fused"];
+pub const CPU_VARIANTS: &[&str] = &["cpu_fused_rows"];
+
+/// The two GeLU forms: the tanh approximation (GPT-2, BERT) and the exact erf form.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Approx {
+    Tanh,
+    Erf,
+}
+
+impl Approx {
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "tanh" => Ok(Approx::Tanh),
+            "erf" => Ok(Approx::Erf),
+            _ => Err(LabError::Invalid(format!("unknown GeLU approximation `{s}` (tanh, erf)"))),
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Approx::Tanh => "tanh",
+            Approx::Erf => "erf",
+        }
+    }
+    /// torch's `approximate=` argument.
+    fn torch_name(self) -> &'static str {
+        match self {
+            Approx::Tanh => "tanh",
+            Approx::Erf => "none",
+        }
+    }
+}
+
+/// GeLU in f64: the reference.
+pub fn gelu(v: f64, approx: Approx) -> f64 {
+    match approx {
+        Approx::Tanh => 0.5 * v * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v * v * v)).tanh()),
+        // libm's erf (the musl port) is accurate to an ulp; statrs' is off by ~1e-11.
+        Approx::Erf => 0.5 * v * (1.0 + libm::erf(v / std::f64::consts::SQRT_2)),
+    }
+}
+
+/// Checks the shapes a caller gives: x is rows x cols, b has cols entries, nothing is empty.
+pub fn validate(x_len: usize, b_len: usize, rows: usize, cols: usize) -> Result<()> {
+    if rows == 0 || cols == 0 {
+        return Err(LabError::shape("bias_gelu", format!("{rows} x {cols}: rows and cols must be at least 1")));
+    }
+    if x_len != rows * cols {
+        return Err(LabError::shape("bias_gelu", format!("x has {x_len} elements, not {rows} x {cols}")));
+    }
+    if b_len != cols {
+        return Err(LabError::shape("bias_gelu", format!("bias has {b_len} elements; rows are {cols} wide")));
+    }
+    Ok(())
+}
+
+pub fn reference(x: &[f64], b: &[f64], approx: Approx) -> Vec<f64> {
+    let cols = b.len();
+    x.par_iter().enumerate().map(|(i, &v)| gelu(v + b[i % cols], approx)).collect()
+}
+
+/// The CPU backend's variant: fused, f32 arithmetic, rows in parallel.
+pub fn cpu_fused_rows<T: Elem>(x: &[T], b: &[T], y: &mut [T], approx: Approx) {
+    let cols = b.len();
+    y.par_chunks_mut(cols).zip(x.par_chunks(cols)).for_each(|(y, x)| {
+        for ((y, x), b) in y.iter_mut().zip(x).zip(b) {
+            *y = T::from_f32(gelu((x.to_f32() + b.to_f32()) as f64, approx) as f32);
+        }
+    });
+}
+
+pub fn tolerance(dtype: DType) -> Tolerance {
+    match dtype {
+        DType::F32 => Tolerance { atol: 1e-6, rtol: 1e-5 },
+        // Half-precision output rounding, plus the unfused variant rounding x + b first.
+        DType::F16 => Tolerance { atol: 1e-4, rtol: 2f64.powi(-9) },
+        DType::Bf16 => Tolerance { atol: 2e-4, rtol: 2f64.powi(-7) },
+    }
+}
+
+impl Experiment for BiasGelu {
+    fn name(&self) -> &'static str {
+        "bias_gelu"
+    }
+    fn description(&self) -> &'static str {
+        "y = GeLU(x + b), tanh and erf, f32/f16/bf16: unfused two kernels vs fused, against torch eager and torch.compile"
+    }
+    fn sweep_axis(&self) -> &'static str {
+        "cols"
+    }
+    fn cases(&self, backend: &Backend, quick: bool) -> Vec<Value> {
+        let shapes: &[(usize, usize, bool)] = match (backend, quick) {
+            (Backend::Cuda(_), false) => &[(1, 1, false), (1823, 781, false), (4096, 4096, true), (16384, 8192, true)],
+            (Backend::Cuda(_), true) => &[(1, 1, false), (1823, 781, false), (16384, 8192, true)],
+            (Backend::Cpu, false) => &[(1, 1, false), (1823, 781, false), (1024, 4096, true)],
+            (Backend::Cpu, true) => &[(1, 1, false), (37, 781, false), (64, 1024, true)],
+        };
+        let mut cases = Vec::new();
+        for dtype in ["f32", "f16", "bf16"] {
+            for approx in ["tanh", "erf"] {
+                for &(rows, cols, timed) in shapes {
+                    cases.push(json!({"rows": rows, "cols": cols, "dtype": dtype, "approx": approx, "timed": timed}));
+                }
+            }
+        }
+        cases
+    }
+    fn run_case(&self, s: &mut Session, case: &Value) -> Result<()> {
+        match DType::parse(param_str(case, "dtype")?)? {
+            DType::F32 => run::<f32>(s, case),
+            DType::F16 => run::<half::f16>(s, case),
+            DType::Bf16 => run::<half::bf16>(s, case),
+        }
+    }
+}
+
+fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
+    let (rows, cols) = (param_usize(case, "rows")?, param_usize(case, "cols")?);
+    let approx = Approx::parse(param_str(case, "approx")?)?;
+    let timed = case.get("timed").and_then(Value::as_bool).unwrap_or(true);
+    let mut rng = rng_for(s.opts.seed, case);
+    let x: Vec<T> = (0..rows * cols).map(|_| T::from_f32(StandardNormal.sample(&mut rng))).collect();
+    let b: Vec<T> = (0..cols).map(|_| T::from_f32(StandardNormal.sample(&mut rng))).collect();
+    validate(x.len(), b.len(), rows, cols)?;
+    let expected = reference(&widen(&x), &widen(&b), approx);
+    let n = (rows * cols) as u64;
+    let size = T::DTYPE.size() as u64;
+    // The fused floor: read x, write y (the bias is cols elements, kept in cache). GeLU counts
+    // ~20 flops (the polynomial, tanh or erf, the products).
+    let work = Work { bytes: 2 * n * size + cols as u64 * size, flops: 20 * n };
+    let tol = tolerance(T::DTYPE);
+    let compare_y = |y: &[T]| compare(&widen(y), &expected, tol, "cpu-f64");
+    let check = Check { tol, compare: &compare_y };
+    let backend = s.backend.clone();
+    match &backend {
+        Backend::Cpu => {
+            if s.wants("cpu_fused_rows", "lab") {
+                let mut y = vec![T::from_f32(f32::NAN); x.len()];
+                cpu_fused_rows(&x, &b, &mut y, approx);
+                let before = compare_y(&y);
+                let mut m = Measurement::new("cpu_fused_rows", "lab", case, work);
+                if timed {
+                    m.time = Some(cpu_time(&s.budget, || cpu_fused_rows(&x, &b, &mut y, approx)));
+                }
+                (m.error, m.tolerance, m.ceiling) = (Some(first_failure(before, compare_y(&y))), Some(tol), Some("copy_gb_s"));
+                s.emit(m)?;
+            }
+        }
+        Backend::Cuda(gpu) => {
+            let (dx, db) = (gpu.upload(&x)?, gpu.upload(&b)?);
+            let mut dy = gpu.stream.alloc_zeros::<T>(x.len()).doing("allocating y")?;
+            let mut tmp = gpu.stream.alloc_zeros::<T>(x.len()).doing("allocating the unfused intermediate")?;
+            let cfg = launch_config(gpu, T::DTYPE, x.len());
+            let (r, c, nn) = (rows as i64, cols as i32, x.len() as i64);
+            for &variant in GPU_VARIANTS {
+                if !s.wants(variant, "lab") {
+                    continue;
+                }
+                if variant == "fused" {
+                    let f = gpu.function(FAMILY, &symbol(FAMILY, &format!("fused_{}", approx.name()), T::DTYPE))?;
+                    let launch = |dy: &mut CudaSlice<T>| -> Result<()> {
+                        // SAFETY: x and y hold rows*cols elements, b holds cols; the kernel bounds by them.
+                        unsafe { gpu.stream.launch_builder(&f).arg(&dx).arg(&db).arg(dy).arg(&r).arg(&c).launch(cfg) }
+                            .map(|_| ())
+                            .doing("launching bias_gelu fused")
+                    };
+                    measure_gpu(s, gpu, case, variant, work, &check, timed, &mut dy, launch)?;
+                } else {
+                    let add = gpu.function(FAMILY, &symbol(FAMILY, "unfused_add", T::DTYPE))?;
+                    let act = gpu.function(FAMILY, &symbol(FAMILY, &format!("unfused_gelu_{}", approx.name()), T::DTYPE))?;
+                    let tmp = &mut tmp;
+                    let launch = |dy: &mut CudaSlice<T>| -> Result<()> {
+                        // SAFETY: as above; tmp holds rows*cols elements. The first kernel writes
+                        // tmp through a shared borrow (the closure must be Fn): one stream orders
+                        // the two launches, and nothing else touches tmp.
+                        let t: &CudaSlice<T> = &*tmp;
+                        unsafe { gpu.stream.launch_builder(&add).arg(&dx).arg(&db).arg(t).arg(&r).arg(&c).launch(cfg) }
+                            .doing("launching bias_gelu unfused_add")?;
+                        unsafe { gpu.stream.launch_builder(&act).arg(t).arg(dy).arg(&nn).launch(cfg) }
+                            .map(|_| ())
+                            .doing("launching bias_gelu unfused_gelu")
+                    };
+                    measure_gpu(s, gpu, case, variant, work, &check, timed, &mut dy, launch)?;
+                }
+            }
+            if timed {
+                let (xb, bb) = (T::bytes(&x), T::bytes(&b));
+                let (xs, bs) = ([rows, cols], [cols]);
+                let inputs: [(&[u8], &[usize]); 2] = [(&xb, &xs), (&bb, &bs)];
+                // torch.compile costs a compile per process: only at the chip-filling shape.
+                let compile_too = rows * cols >= 1 << 27;
+                for compile in [false, true].into_iter().filter(|c| !c || compile_too) {
+                    let args = json!({"approximate": approx.torch_name(), "compile": compile});
+                    if s.wants_peer(Peer::Torch, &torch_variant(approx, compile), "torch") {
+                        measure_torch(s, gpu, case, "bias_gelu", args, &inputs, work, &check)?;
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The variant name torch_peers.py gives each peer.
+fn torch_variant(approx: Approx, compile: bool) -> String {
+    let a = approx.torch_name();
+    if compile { format!("torch.compile(gelu(x+b, {a}))") } else { format!("torch gelu(x+b, {a})") }
+}
+
+/// Block 256; a grid of a few blocks per SM, each thread handling 16-byte vectors.
+fn launch_config(gpu: &Gpu, dtype: DType, n: usize) -> LaunchConfig {
+    let per_block = 256 * (16 / dtype.size());
+    let grid = (gpu.info.sm_count as usize * 8).min(n.div_ceil(per_block)).max(1);
+    LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reference_matches_known_values() {
+        // GeLU(0) = 0, GeLU(x) -> x for large x, -> 0 for very negative x; erf form at 1.
+        for a in [Approx::Tanh, Approx::Erf] {
+            assert_eq!(gelu(0.0, a), 0.0);
+            assert!((gelu(10.0, a) - 10.0).abs() < 1e-12);
+            assert!(gelu(-10.0, a).abs() < 1e-12);
+        }
+        // Python's math.erf and math.tanh give these.
+        assert!((gelu(1.0, Approx::Erf) - 0.841_344_746_068_542_9).abs() < 1e-12, "{}", gelu(1.0, Approx::Erf));
+        assert!((gelu(1.0, Approx::Tanh) - 0.841_191_990_607_477_2).abs() < 1e-12);
+    }
+
+    #[test]
+    fn cpu_variant_matches_reference_in_every_dtype() {
+        let (rows, cols) = (13, 781);
+        let xf: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919) % 1000) as f32 / 125.0 - 4.0).collect();
+        let bf: Vec<f32> = (0..cols).map(|i| (i as f32 * 0.37).sin()).collect();
+        fn one<T: Elem>(xf: &[f32], bf: &[f32], a: Approx) {
+            let x: Vec<T> = xf.iter().map(|&v| T::from_f32(v)).collect();
+            let b: Vec<T> = bf.iter().map(|&v| T::from_f32(v)).collect();
+            let mut y = vec![T::from_f32(f32::NAN); x.len()];
+            cpu_fused_rows(&x, &b, &mut y, a);
+            let e = compare(&widen(&y), &reference(&widen(&x), &widen(&b), a), tolerance(T::DTYPE), "t");
+            assert!(e.passed(), "{:?} {a:?}: {e:?}", T::DTYPE);
+        }
+        for a in [Approx::Tanh, Approx::Erf] {
+            one::<f32>(&xf, &bf, a);
+            one::<half::f16>(&xf, &bf, a);
+            one::<half::bf16>(&xf, &bf, a);
+        }
+    }
+
+    #[test]
+    fn bad_shapes_are_named() {
+        assert!(validate(6, 3, 2, 3).is_ok());
+        let e = validate(6, 2, 2, 3).unwrap_err().to_string();
+        assert!(e.contains("bias has 2 elements; rows are 3 wide"), "{e}");
+        assert!(validate(0, 3, 0, 3).unwrap_err().to_string().contains("at least 1"));
+        assert!(validate(5, 3, 2, 3).unwrap_err().to_string().contains("x has 5 elements"));
+    }
+}
