@@ -274,7 +274,8 @@ __device__ __forceinline__ void store_w(T* p, const float* in) {
 // the call clobbers registers, so a kernel that holds a row in registers
 // across it spills at a 32-register cap. These use the same hardware
 // approximations (MUFU.RCP / MUFU.RSQ) with one Newton step and fused
-// residuals: within 1 ulp of the IEEE result (typically equal), no call.
+// residuals: about 1 ulp from the IEEE result at most (not bit-identical in
+// general), no call.
 // ---------------------------------------------------------------------------
 // 1/c for normal c with |c| < 2^126 (e.g. a row length).
 __device__ __forceinline__ float rcp_nocall(float c) {

@@ -30,12 +30,26 @@
 //     from registers (exact two-pass, no second HBM read), write: 1 read +
 //     1 write = 2s, the floor. __launch_bounds__(1024, 2): <= 32 registers, so
 //     two 1024-thread blocks (rows of 8K..16K) share an SM and overlap their
-//     phases. (If cols > 16*blockDim.x it falls back to variant 1's three
-//     passes with the same block: correct, not fast.)
+//     phases. When cols % V != 0 the write re-reads x (an L2 hit, DRAM stays
+//     ~2s) instead of holding the 16 scalars through it, which spilled. (If
+//     cols > 16*blockDim.x it falls back to variant 1's three passes with the
+//     same block: correct, not fast.)
+//
+// Measured on H100 (CUDA events, median of 20; GB/s counts x read + y write;
+// copy_ 2.97 TB/s f32, 2.90 bf16): onchip f32 2.96 / 2.94 / 2.89 TB/s at
+// 16384x4096 / 8192x8192 / 4096x16384, bf16 2.85 / 2.84 / 2.81; torch
+// F.layer_norm 1.98 / 1.87 / 1.82 (f32), 1.97 / 1.82 / 1.73 (bf16).
+// two_pass_block f32 2.39 / 2.93 / 2.45; welford_warp f32 1.88 / 1.75 / 1.78.
+// With __launch_bounds__(1024, 1) (48-64 registers) onchip bf16 fell to 2.19
+// TB/s at 4096x16384: the two-blocks-per-SM bound matters there.
 //
 // Semantics: any rows >= 0, cols >= 1, eps >= 0 as given; NaN or inf in a row
 // makes its mean or variance NaN/inf and propagates as the arithmetic gives.
-// rstd is 1.0f / sqrtf(var + eps) (IEEE sqrt and division, not rsqrtf).
+// rstd is 1.0f / sqrtf(var + eps) (IEEE sqrt and division, not rsqrtf) in
+// variants 1 and 2. Variant 3 holds the row across it, and the slow-path
+// subroutine calls of '/' and sqrtf made it spill at 32 registers, so it uses
+// common.cuh's rcp/div/rsqrt_nocall (the same MUFU approximations plus one
+// Newton step: within 1 ulp of the IEEE results, no call).
 
 #include "common.cuh"
 
@@ -175,10 +189,10 @@ __device__ __forceinline__ void welford_warp(const T* __restrict__ x, const T* _
 // the sum) and are skipped for the squared deviations and the write.
 // Scalar path (W = 1): the statistics come from registers as well, but the
 // write re-reads x (an L2 hit: the block read the row microseconds earlier)
-// instead of keeping the 16 values alive across the second reduction and the
-// sqrt/division; at the 32-register cap that __launch_bounds__(1024, 2)
-// imposes, holding them through the scalar write's 48 address computations
-// spilled (the vector path has 12 and fits).
+// through ln_write's loop; holding the 16 values through 16 unrolled scalar
+// writes (48 address computations) spilled at the 32-register cap.
+// ptxas sits at exactly 32 registers here: small edits (even reordering the
+// rstd multiply) have made it spill; re-run ptxas -v after touching this.
 template <typename T, int W>
 __device__ __forceinline__ void ln_onchip_row(const T* __restrict__ xr, const T* __restrict__ g,
                                               const T* __restrict__ b, T* __restrict__ yr, int cols, float eps) {
@@ -203,9 +217,9 @@ __device__ __forceinline__ void ln_onchip_row(const T* __restrict__ xr, const T*
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) s += v[k];
     const float mean = div_nocall(block_reduce_sum(s), cf, rc);
-    // Slot validity and write indices from opaque copies of tid: otherwise
-    // the compiler keeps the load pass's 16 indices / 64-bit addresses alive
-    // across the reductions to reuse them, and spills.
+    // Slot validity (and below, the write's indices) from opaque copies of
+    // tid: otherwise the compiler keeps the load pass's 16 indices / 64-bit
+    // addresses alive across the reductions to reuse them, and spills.
     int tid1 = tid;
     asm volatile("" : "+r"(tid1));
     float q = 0.f;
@@ -227,10 +241,6 @@ __device__ __forceinline__ void ln_onchip_row(const T* __restrict__ xr, const T*
         ln_write<T>(xr, g, b, yr, cols, tid, nt, mean, rstd);  // its scalar loop
         return;
     }
-    // ((x - mean) * rstd) * gamma + beta, the same roundings as ln_write, with
-    // mean and rstd dead before the gamma / beta loads.
-#pragma unroll
-    for (int k = 0; k < ITEMS; ++k) v[k] *= rstd;
     int tid2 = tid;
     asm volatile("" : "+r"(tid2));
 #pragma unroll
@@ -241,7 +251,7 @@ __device__ __forceinline__ void ln_onchip_row(const T* __restrict__ xr, const T*
             load_w<T, W>(g + (size_t)u * W, gv);
             load_w<T, W>(b + (size_t)u * W, bv);
 #pragma unroll
-            for (int e = 0; e < W; ++e) v[k * W + e] = v[k * W + e] * gv[e] + bv[e];
+            for (int e = 0; e < W; ++e) v[k * W + e] = v[k * W + e] * rstd * gv[e] + bv[e];
             store_w<T, W>(yr + (size_t)u * W, v + k * W);
         }
     }

@@ -20,8 +20,15 @@
 //     2) as layernorm's onchip. (If cols > 16*blockDim.x it falls back to
 //     variant 1's two passes with the same block: correct, not fast.)
 //
+// Measured on H100 (CUDA events, median of 20; GB/s counts x read + y write;
+// copy_ 2.97 TB/s f32, 2.90 bf16) at 16384x4096 / 8192x8192 / 4096x16384:
+// onchip f32 2.94 / 2.94 / 2.92 TB/s, bf16 2.86 / 2.87 / 2.85; block f32
+// 2.90 / 2.64 / 2.11, bf16 2.74 / 2.82 / 2.66; torch F.rms_norm f32 2.00 /
+// 1.95 / 1.90, bf16 1.97 / 1.91 / 1.79.
+//
 // Semantics: any rows >= 0, cols >= 1; NaN or inf in a row propagates as the
-// arithmetic gives. rstd is 1.0f / sqrtf(ms + eps) (IEEE, not rsqrtf).
+// arithmetic gives. rstd is 1.0f / sqrtf(ms + eps) (IEEE, not rsqrtf): here
+// the held row fits in 32 registers across those calls, unlike layernorm's.
 
 #include "common.cuh"
 

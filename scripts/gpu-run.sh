@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One run on a GPU host: `lab doctor`, then `lab run` with torch peers; records land in OUT_DIR.
-# usage: scripts/gpu-run.sh OUT_DIR [EXPERIMENT] [lab run flags...]
+# usage: scripts/gpu-run.sh OUT_DIR [EXPERIMENT...] [lab run flags...]
 set -euo pipefail
 out=${1:?usage: gpu-run.sh OUT_DIR [EXPERIMENT] [flags...]}
 shift

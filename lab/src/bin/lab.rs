@@ -20,8 +20,9 @@ enum Command {
     List,
     /// Run an experiment (or `all`) and append its records to a new run file.
     Run {
-        /// Experiment name from `lab list`, or `all`.
-        experiment: String,
+        /// Experiment names from `lab list`, or `all`.
+        #[arg(required = true)]
+        experiments: Vec<String>,
         #[arg(long, value_enum, default_value = "auto")]
         backend: BackendChoice,
         /// Small sizes and few repetitions (tests, CI, a first look).
@@ -81,8 +82,12 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Run { experiment, backend, quick, peers, out, seed, variants } => {
-            let exps = if experiment == "all" { experiment::registry() } else { vec![experiment::find(&experiment)?] };
+        Command::Run { experiments, backend, quick, peers, out, seed, variants } => {
+            let exps = if experiments.iter().any(|e| e == "all") {
+                experiment::registry()
+            } else {
+                experiments.iter().map(|e| experiment::find(e)).collect::<Result<Vec<_>>>()?
+            };
             let backend = backend.open()?;
             let seed = seed.unwrap_or_else(fresh_seed);
             let opts = RunOptions { quick, peers, out, seed, variants, provider: None, progress: true };

@@ -94,9 +94,11 @@ pub fn cpu_fused_rows<T: Elem>(x: &[T], b: &[T], y: &mut [T], approx: Approx) {
 pub fn tolerance(dtype: DType) -> Tolerance {
     match dtype {
         DType::F32 => Tolerance { atol: 1e-6, rtol: 1e-5 },
-        // Half-precision output rounding, plus the unfused variant rounding x + b first.
+        // Output rounding, plus one rounding of x + b to the storage type, which the unfused
+        // variant and every eager framework make: near v = -2 GeLU's relative sensitivity is
+        // ~3.7, so that rounding costs ~4 ulp of the output. The fused kernel needs far less.
         DType::F16 => Tolerance { atol: 1e-4, rtol: 2f64.powi(-9) },
-        DType::Bf16 => Tolerance { atol: 2e-4, rtol: 2f64.powi(-7) },
+        DType::Bf16 => Tolerance { atol: 2e-4, rtol: 2f64.powi(-6) },
     }
 }
 
