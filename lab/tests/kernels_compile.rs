@@ -60,7 +60,11 @@ fn exported_symbols_are_the_ones_the_launchers_use() {
 
 #[test]
 fn a_kernel_that_does_not_compile_is_a_clear_error() {
-    // The public path compiles embedded families only; an unknown family names itself.
     let err = compile_family("no_such_family", 90).unwrap_err().to_string();
-    assert!(err.contains("no_such_family"), "{err}");
+    assert!(err.contains("no kernel family `no_such_family`"), "{err}");
+    // A syntax error comes back with the family, the architecture and NVRTC's own log.
+    let broken = "extern \"C\" __global__ void broken_f32(float* y) { y[0] = undeclared_name; }";
+    let err = lab::gpu::compile::compile_source("broken", broken, 90).unwrap_err().to_string();
+    assert!(err.contains("`broken` failed to compile for compute_90"), "{err}");
+    assert!(err.contains("undeclared_name"), "NVRTC's log is missing: {err}");
 }

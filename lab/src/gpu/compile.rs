@@ -52,7 +52,11 @@ pub fn cuda_include_dir() -> Option<PathBuf> {
 
 /// Compiles one family to PTX for `compute_<arch>` (e.g. 90), using the disk cache.
 pub fn compile_family(family: &str, arch: u32) -> Result<String> {
-    let src = crate::kernels::source(family)?;
+    compile_source(family, &crate::kernels::source(family)?, arch)
+}
+
+/// Compiles CUDA source named `family` (errors and cache files carry the name).
+pub fn compile_source(family: &str, src: &str, arch: u32) -> Result<String> {
     let include = cuda_include_dir().ok_or_else(|| {
         LabError::NoNvrtc(
             "CUDA headers (cuda_bf16.h) not found: set LAB_CUDA_INCLUDE or CUDA_HOME".into(),
@@ -80,7 +84,7 @@ pub fn compile_family(family: &str, arch: u32) -> Result<String> {
         }
     }
     let opts = cudarc::nvrtc::CompileOptions { options, ..Default::default() };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(&src, opts).map_err(|e| match e {
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, opts).map_err(|e| match e {
         cudarc::nvrtc::CompileError::CompileError { log, .. } => LabError::Compile {
             family: family.into(),
             arch: format!("compute_{arch}"),
