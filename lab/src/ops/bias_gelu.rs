@@ -3,13 +3,13 @@
 //! x + b (5 tensor-sized transfers: read x, write t, read t, write y, plus the bias); fused it
 //! is one read and one write, so the fused kernel should be ~2x the unfused and ~2x torch eager.
 
-use super::compare::{compare, first_failure};
-use super::{measure_gpu, measure_torch, widen, Check, Elem};
+use super::compare::compare;
+use super::{measure_cpu, measure_gpu, measure_torch, widen, Check, Elem};
 use crate::error::Doing;
-use crate::experiment::{param_str, param_usize, rng_for, Backend, Experiment, Measurement, Peer, Session};
+use crate::experiment::{param_str, param_usize, rng_for, Backend, Experiment, Peer, Session};
 use crate::gpu::Gpu;
 use crate::kernels::{symbol, DType};
-use crate::profile::{cpu_time, Work};
+use crate::profile::Work;
 use crate::record::Tolerance;
 use crate::{LabError, Result};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
@@ -158,17 +158,7 @@ fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
     let backend = s.backend.clone();
     match &backend {
         Backend::Cpu => {
-            if s.wants("cpu_fused_rows", "lab") {
-                let mut y = vec![T::from_f32(f32::NAN); x.len()];
-                cpu_fused_rows(&x, &b, &mut y, approx);
-                let before = compare_y(&y);
-                let mut m = Measurement::new("cpu_fused_rows", "lab", case, work);
-                if timed {
-                    m.time = Some(cpu_time(&s.budget, || cpu_fused_rows(&x, &b, &mut y, approx)));
-                }
-                (m.error, m.tolerance, m.ceiling) = (Some(first_failure(before, compare_y(&y))), Some(tol), Some("copy_gb_s"));
-                s.emit(m)?;
-            }
+            measure_cpu(s, case, "cpu_fused_rows", work, &check, timed, x.len(), |y| cpu_fused_rows(&x, &b, y, approx))?;
         }
         Backend::Cuda(gpu) => {
             let (dx, db) = (gpu.upload(&x)?, gpu.upload(&b)?);

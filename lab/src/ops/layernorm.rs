@@ -3,13 +3,13 @@
 //! read of x and one write of y; the ladder goes from three passes to the row kept on chip.
 //! The row inputs, cases and GPU flow here are shared with `rmsnorm`.
 
-use super::compare::{compare, first_failure};
-use super::{measure_gpu, measure_torch, widen, Check, Elem};
+use super::compare::compare;
+use super::{measure_cpu, measure_gpu, measure_torch, widen, Check, Elem};
 use crate::error::Doing;
-use crate::experiment::{param_str, param_usize, rng_for, Backend, Experiment, Measurement, Peer, Session};
+use crate::experiment::{param_str, param_usize, rng_for, Backend, Experiment, Peer, Session};
 use crate::gpu::Gpu;
 use crate::kernels::{symbol, DType};
-use crate::profile::{cpu_time, Work};
+use crate::profile::Work;
 use crate::record::Tolerance;
 use crate::{LabError, Result};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
@@ -189,18 +189,7 @@ impl<T: Elem> RowCase<T> {
 
     /// Runs one CPU variant with the house checks.
     pub fn cpu(&self, s: &mut Session, case: &Value, variant: &str, check: &Check<T>, f: impl Fn(&mut [T])) -> Result<()> {
-        if !s.wants(variant, "lab") {
-            return Ok(());
-        }
-        let mut y = vec![T::from_f32(f32::NAN); self.x.len()];
-        f(&mut y);
-        let before = (check.compare)(&y);
-        let mut m = Measurement::new(variant, "lab", case, self.work);
-        if self.timed {
-            m.time = Some(cpu_time(&s.budget, || f(&mut y)));
-        }
-        (m.error, m.tolerance, m.ceiling) = (Some(first_failure(before, (check.compare)(&y))), Some(check.tol), Some("copy_gb_s"));
-        s.emit(m).map(|_| ())
+        measure_cpu(s, case, variant, self.work, check, self.timed, self.x.len(), f)
     }
 
     /// Runs every applicable GPU variant of `family`; `params` are the device buffers after x

@@ -118,6 +118,34 @@ pub fn measure_gpu<T: Elem>(
     s.emit(m).map(|_| ())
 }
 
+/// One lab CPU variant, the same way: fill a NaN-poisoned output, check, time it (`timed`), check
+/// again, and emit the record against the copy ceiling.
+#[allow(clippy::too_many_arguments)]
+pub fn measure_cpu<T: Elem>(
+    s: &mut Session,
+    case: &Value,
+    variant: &str,
+    work: Work,
+    check: &Check<T>,
+    timed: bool,
+    len: usize,
+    f: impl Fn(&mut [T]),
+) -> Result<()> {
+    if !s.wants(variant, "lab") {
+        return Ok(());
+    }
+    let mut y = vec![T::from_f32(f32::NAN); len];
+    f(&mut y);
+    let before = (check.compare)(&y);
+    let mut m = Measurement::new(variant, "lab", case, work);
+    if timed {
+        m.time = Some(crate::profile::cpu_time(&s.budget, || f(&mut y)));
+    }
+    m.error = Some(compare::first_failure(before, (check.compare)(&y)));
+    (m.tolerance, m.ceiling) = (Some(check.tol), Some("copy_gb_s"));
+    s.emit(m).map(|_| ())
+}
+
 /// One torch op on the same inputs (raw bytes and shape of each), its output checked like ours.
 #[allow(clippy::too_many_arguments)]
 pub fn measure_torch<T: Elem>(

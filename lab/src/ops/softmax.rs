@@ -5,8 +5,8 @@
 //! all -inf (fully masked) gives all zeros; a NaN or +inf anywhere in a row makes the row NaN;
 //! large magnitudes (1e4) do not overflow because the row max is subtracted first.
 
-use super::compare::{compare, first_failure};
-use super::{measure_gpu, measure_torch, widen, Check, Elem};
+use super::compare::compare;
+use super::{measure_cpu, measure_gpu, measure_torch, widen, Check, Elem};
 use crate::error::Doing;
 use crate::experiment::{param_str, param_usize, rng_for, Backend, Experiment, Measurement, Peer, Session};
 use crate::kernels::{symbol, DType};
@@ -194,17 +194,7 @@ fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
     let backend = s.backend.clone();
     match &backend {
         Backend::Cpu => {
-            if s.wants("cpu_online_rows", "lab") {
-                let mut y = vec![T::from_f32(f32::NAN); x.len()];
-                cpu_online_rows(&x, &mut y, cols);
-                let before = compare_y(&y);
-                let mut m = Measurement::new("cpu_online_rows", "lab", case, work);
-                if timed {
-                    m.time = Some(cpu_time(&s.budget, || cpu_online_rows(&x, &mut y, cols)));
-                }
-                (m.error, m.tolerance, m.ceiling) = (Some(first_failure(before, compare_y(&y))), Some(tol), Some("copy_gb_s"));
-                s.emit(m)?;
-            }
+            measure_cpu(s, case, "cpu_online_rows", work, &check, timed, x.len(), |y| cpu_online_rows(&x, y, cols))?;
             if timed && s.wants("reference_f64", "cpu-ref") {
                 let xf = widen(&x);
                 let time = cpu_time(&s.budget, || drop(std::hint::black_box(reference(&xf, cols))));

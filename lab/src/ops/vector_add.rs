@@ -1,13 +1,13 @@
 //! `vector_add`: c = a + b, the bandwidth baseline (kernels/vector_add.cu).
 //! 12 bytes and 1 flop per element: every variant should sit on the copy roof.
 
-use super::compare::{compare, first_failure};
-use super::{measure_gpu, measure_torch, widen, Check, Elem};
+use super::compare::compare;
+use super::{measure_cpu, measure_gpu, measure_torch, widen, Check, Elem};
 use crate::error::Doing;
-use crate::experiment::{param_usize, Backend, Experiment, Measurement, Peer, Session};
+use crate::experiment::{param_usize, Backend, Experiment, Peer, Session};
 use crate::gpu::Gpu;
 use crate::kernels::{symbol, DType};
-use crate::profile::{cpu_time, Work};
+use crate::profile::Work;
 use crate::record::Tolerance;
 use crate::{LabError, Result};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
@@ -61,18 +61,10 @@ impl Experiment for VectorAdd {
         match &backend {
             Backend::Cuda(gpu) => run_gpu(s, gpu, case, &a, &b, &expected, work),
             Backend::Cpu => {
+                let compare_c = |c: &[f32]| compare(&widen(c), &expected, TOL, "cpu-f64");
+                let check = Check { tol: TOL, compare: &compare_c };
                 for &variant in CPU_VARIANTS {
-                    if !s.wants(variant, "lab") {
-                        continue;
-                    }
-                    let mut c = vec![f32::NAN; n];
-                    cpu_add(variant, &a, &b, &mut c);
-                    let before = compare(&widen(&c), &expected, TOL, "cpu-f64");
-                    let time = cpu_time(&s.budget, || cpu_add(variant, &a, &b, &mut c));
-                    let mut m = Measurement::new(variant, "lab", case, work);
-                    m.error = Some(first_failure(before, compare(&widen(&c), &expected, TOL, "cpu-f64")));
-                    (m.time, m.tolerance, m.ceiling) = (Some(time), Some(TOL), Some("copy_gb_s"));
-                    s.emit(m)?;
+                    measure_cpu(s, case, variant, work, &check, true, n, |c| cpu_add(variant, &a, &b, c))?;
                 }
                 Ok(())
             }
