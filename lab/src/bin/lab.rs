@@ -65,6 +65,9 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Like any Unix filter: `lab list | head` ends quietly instead of panicking on the pipe.
+    // SAFETY: restores the default disposition of one signal before any thread starts.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     match dispatch(Cli::parse()) {
         Ok(code) => code,
         Err(e) => {
