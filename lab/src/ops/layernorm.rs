@@ -194,6 +194,7 @@ impl<T: Elem> RowCase<T> {
 
     /// Runs every applicable GPU variant of `family`; `params` are the device buffers after x
     /// (gamma, then beta when there is one).
+    #[allow(clippy::too_many_arguments)]
     pub fn gpu(
         &self,
         s: &mut Session,

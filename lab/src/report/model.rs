@@ -185,14 +185,14 @@ pub fn findings(records: &[Record]) -> Vec<Finding> {
             .iter()
             .filter(|r| r.run_id == run_id && r.experiment == experiment && r.time_ms.is_some() && r.verdict == Verdict::Pass)
             .collect();
-        let mut shapes: Vec<String> = Vec::new();
+        let mut shapes: Vec<&serde_json::Value> = Vec::new();
         for r in &in_run {
-            if !shapes.contains(&r.params.to_string()) {
-                shapes.push(r.params.to_string());
+            if !shapes.contains(&&r.params) {
+                shapes.push(&r.params);
             }
         }
         for params in shapes {
-            let group: Vec<&&Record> = in_run.iter().filter(|r| r.params.to_string() == params).collect();
+            let group: Vec<&&Record> = in_run.iter().filter(|r| r.params == *params).collect();
             let fastest = |peer: bool| {
                 group
                     .iter()
