@@ -121,3 +121,24 @@ fn list_names_every_experiment() {
         assert!(text(&o).contains(e.name()));
     }
 }
+
+#[test]
+fn compare_reads_a_run_against_itself_as_no_change_and_refuses_other_hardware() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(run_quick(dir.path(), "vector_add").status.success());
+    let file = std::fs::read_dir(dir.path()).unwrap().next().unwrap().unwrap().path();
+    let f = file.to_str().unwrap();
+    let o = lab(&["compare", f, f]);
+    assert!(o.status.success(), "{}", text(&o));
+    let lines: Vec<String> = text(&o).lines().skip(1).map(str::to_string).collect();
+    assert!(!lines.is_empty() && lines.iter().all(|l| l.ends_with("no detectable change")), "{}", text(&o));
+
+    // The same run, said to come from another GPU: refused, then compared when forced.
+    let other = dir.path().join("other.jsonl");
+    let moved = std::fs::read_to_string(&file).unwrap().replace("\"name\":\"cpu\"", "\"name\":\"NVIDIA H100 80GB HBM3\"");
+    std::fs::write(&other, moved).unwrap();
+    let o = lab(&["compare", f, other.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("device.name: `cpu` vs `NVIDIA H100 80GB HBM3`"), "{}", text(&o));
+    assert!(lab(&["compare", f, other.to_str().unwrap(), "--force"]).status.success());
+}

@@ -54,6 +54,21 @@ enum Command {
         #[arg(long, default_value = "reports/records")]
         out: PathBuf,
     },
+    /// Compare two runs: per figure, the change in median time with a bootstrap 95% interval.
+    Compare {
+        /// The baseline: a run id or a run file.
+        a: String,
+        /// The candidate: a run id or a run file.
+        b: String,
+        #[arg(long, default_value = "reports/records")]
+        records: PathBuf,
+        /// Relative changes inside this band are not reported as faster or slower.
+        #[arg(long, default_value_t = 0.02)]
+        threshold: f64,
+        /// Compare even when device, driver, host or environment differ.
+        #[arg(long)]
+        force: bool,
+    },
     /// Say which GPU, driver, NVRTC, cuBLAS, MPI and Python/torch this machine has.
     Doctor,
     /// Compile every kernel family with NVRTC (for the device, or for the given architectures).
@@ -109,6 +124,32 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(exit_for(&session.records))
         }
         Command::Rerun { target, records, backend, out } => rerun(&target, &records, backend, out),
+        Command::Compare { a, b, records, threshold, force } => {
+            let rows = lab::record::compare::compare_runs(&select(&a, &records)?, &select(&b, &records)?, threshold, force)?;
+            if rows.is_empty() {
+                return Err(LabError::Invalid(format!("`{a}` and `{b}` share no timed, passing figure")));
+            }
+            println!(
+                "{:<11} {:<22} {:<12} {:<54} {:>10} {:>10} {:>8} {:>17}  {}",
+                "experiment", "variant", "provider", "params", "A ms", "B ms", "change", "95% interval", "verdict"
+            );
+            for c in &rows {
+                println!(
+                    "{:<11} {:<22} {:<12} {:<54} {:>10.4} {:>10.4} {:>+7.1}% {:>+7.1}%..{:>+6.1}%  {}",
+                    c.experiment,
+                    c.variant,
+                    c.provider,
+                    c.params.to_string(),
+                    c.a_ms,
+                    c.b_ms,
+                    100.0 * (c.ratio - 1.0),
+                    100.0 * (c.lo - 1.0),
+                    100.0 * (c.hi - 1.0),
+                    serde_json::to_value(c.change).unwrap().as_str().unwrap().replace('_', " "),
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Doctor => {
             lab::experiment::doctor::print();
             Ok(ExitCode::SUCCESS)

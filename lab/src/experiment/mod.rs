@@ -302,6 +302,7 @@ impl Session {
             time: self.time.clone(),
             command: self.command.clone(),
             quick: self.opts.quick,
+            env: record::env_allow_listed(),
             extra: m.extra,
         };
         self.writer.append(&record)?;

@@ -3,11 +3,12 @@
 //! The field names are a contract with the notebooks, the report and outside scripts (see
 //! DESIGN.md): add fields freely, never rename. Files are append-only; nothing rewrites them.
 
+pub mod compare;
 mod frame;
 mod provenance;
 
 pub use frame::{load, load_with_damage, Damage};
-pub use provenance::{git_info, host_info, run_id, utc_now, GitInfo, HostInfo};
+pub use provenance::{env_allow_listed, git_info, host_info, run_id, utc_now, GitInfo, HostInfo};
 
 use crate::gpu::DeviceInfo;
 use crate::profile::{Throughput, TimeSummary, TimingMode, Work};
@@ -77,6 +78,9 @@ pub struct Record {
     pub lab_version: String,
     pub time: String,
     pub command: String,
+    /// Allow-listed environment variables (NCCL_*, CUDA_*, OMPI_*) that change what a run does.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub env: std::collections::BTreeMap<String, String>,
     /// Whether the run used `--quick` sizes and budgets (a rerun repeats it).
     #[serde(default)]
     pub quick: bool,

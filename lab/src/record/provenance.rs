@@ -37,6 +37,11 @@ pub fn git_info() -> GitInfo {
     }
 }
 
+/// The environment variables that change what a GPU or MPI run does, by prefix.
+pub fn env_allow_listed() -> std::collections::BTreeMap<String, String> {
+    std::env::vars().filter(|(k, _)| ["NCCL_", "CUDA_", "OMPI_"].iter().any(|p| k.starts_with(p))).collect()
+}
+
 /// RFC 3339 UTC time to the second.
 pub fn utc_now() -> String {
     humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
