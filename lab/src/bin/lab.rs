@@ -173,6 +173,13 @@ fn fresh_seed() -> u64 {
 
 /// Non-zero when any figure failed its check.
 fn exit_for(records: &[Record]) -> ExitCode {
+    let implausible = records.iter().filter(|r| r.verdict == Verdict::Implausible).count();
+    if implausible > 0 {
+        eprintln!(
+            "{implausible} record(s) beat the measured ceiling and are not results; likely causes: inputs \
+             served from cache, an output nobody checked, or a wrong byte/flop count"
+        );
+    }
     let failed = records.iter().filter(|r| r.verdict == Verdict::Fail).count();
     if failed > 0 {
         eprintln!("{failed} record(s) failed their correctness check");

@@ -332,3 +332,67 @@ pub fn param_str<'a>(case: &'a Value, key: &str) -> Result<&'a str> {
         .and_then(Value::as_str)
         .ok_or_else(|| LabError::Invalid(format!("case {case} has no string `{key}`")))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::TimingMode;
+
+    fn session(dir: &std::path::Path) -> Session {
+        let opts = RunOptions {
+            quick: true,
+            peers: vec![],
+            out: dir.to_path_buf(),
+            seed: 1,
+            variants: vec![],
+            provider: None,
+            progress: false,
+        };
+        let mut s = Session::new(Backend::Cpu, opts).unwrap();
+        s.experiment = "vector_add";
+        s.ceilings.insert("copy_gb_s", Ceiling { value: 100.0, spread: 0.01 });
+        s
+    }
+
+    fn timed(ms: f64, l2: &str) -> Option<(TimeSummary, TimingMode)> {
+        let mode = TimingMode { l2: l2.into(), launch: "eager".into(), warmup: 1, raw_ms: vec![ms] };
+        Some((TimeSummary::of(&[ms]), mode))
+    }
+
+    /// 1 GB in 5 ms is 200 GB/s against a 100 GB/s ceiling.
+    fn too_fast(l2: &str) -> Measurement {
+        let mut m = Measurement::new("cached", "lab", &serde_json::json!({"n": 1}), Work { bytes: 1_000_000_000, flops: 0 });
+        (m.time, m.ceiling) = (timed(5.0, l2), Some("copy_gb_s"));
+        m
+    }
+
+    #[test]
+    fn a_figure_above_the_ceiling_with_cold_caches_is_implausible() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = session(dir.path());
+        let r = s.emit(too_fast("cold")).unwrap();
+        assert_eq!(r.verdict, Verdict::Implausible);
+        assert!((r.fraction_of_ceiling.unwrap() - 2.0).abs() < 1e-9);
+        // A warm host measurement may legitimately beat DRAM: it is not flagged.
+        assert_eq!(s.emit(too_fast("warm")).unwrap().verdict, Verdict::Pass);
+    }
+
+    #[test]
+    fn a_wrong_result_fails_whatever_its_speed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = session(dir.path());
+        let tol = Tolerance { atol: 0.0, rtol: 1e-6 };
+        let mut m = too_fast("cold");
+        m.error = Some(crate::ops::compare::compare(&[1.0, 2.5], &[1.0, 2.0], tol, "test"));
+        let r = s.emit(m).unwrap();
+        assert_eq!(r.verdict, Verdict::Fail);
+        // The report keeps its time but gives it no speed-up over a peer.
+        let mut peer = Measurement::new("peer", "torch", &serde_json::json!({"n": 1}), Work { bytes: 1, flops: 0 });
+        peer.time = timed(50.0, "cold");
+        let p = s.emit(peer).unwrap();
+        let peers = crate::report::model::best_peer_times(&[r.clone(), p]);
+        let row = crate::report::model::row(&r, &peers);
+        assert_eq!((row.speedup.as_str(), row.verdict.as_str(), row.flagged), ("-", "fail", true));
+        assert_ne!(row.median_ms, "-");
+    }
+}

@@ -134,8 +134,9 @@ pub fn best_peer_times(records: &[Record]) -> BTreeMap<(String, String, String),
 pub fn row(r: &Record, peers: &BTreeMap<(String, String, String), (f64, String)>) -> Row {
     let median = r.time_ms.as_ref().map(|t| t.median);
     let peer = peers.get(&(r.run_id.clone(), r.experiment.clone(), r.params.to_string()));
+    // A figure that failed its check or beat the ceiling is kept but never given a speed-up.
     let speedup = match (median, peer, is_peer(r)) {
-        (Some(m), Some((p, _)), false) if m > 0.0 => Some(p / m),
+        (Some(m), Some((p, _)), false) if m > 0.0 && r.verdict == Verdict::Pass => Some(p / m),
         _ => None,
     };
     let mode = match (&r.timing, &r.time_ms) {
