@@ -6,11 +6,11 @@ Reads one JSON request on stdin, runs the op on the GPU with the timing protocol
 op's output as raw little-endian bytes to the requested file, and prints one JSON line:
 {"variant", "raw_ms", "warmup", "torch", "device"}.
 
-Request: {"op": "softmax" | "add" | "bias_gelu" | "layer_norm" | "rms_norm",
+Request: {"op": "softmax" | "add" | "bias_gelu" | "layer_norm" | "rms_norm" | "linear",
           "dtype": "f32" | "bf16" | "f16", "args": {...op arguments...},
           "inputs": [{"path": p, "shape": [...]}], "output": path, "warmup": n, "min_reps": n,
           "max_reps": n, "budget_ms": x, "l2_scrub_bytes": n}
-The output has the shape of the first input.
+The output has the shape of the first input, except linear's ([M, N]).
 """
 import json
 import sys
@@ -63,6 +63,10 @@ def ops(req, inputs):
     elif op == "layer_norm":
         x, g, b = inputs
         fn, name = (lambda: F.layer_norm(x, (x.shape[-1],), g, b, args["eps"])), "torch.layer_norm"
+    elif op == "linear":
+        x, w, b = inputs
+        act = {"relu": F.relu, "gelu": lambda v: F.gelu(v, approximate="tanh"), "none": lambda v: v}[args["act"]]
+        fn, name = (lambda: act(F.linear(x, w, b))), f"torch {args['act']}(linear)"
     elif op == "rms_norm":
         x, g = inputs
         fn, name = (lambda: F.rms_norm(x, (x.shape[-1],), g, args["eps"])), "torch.rms_norm"

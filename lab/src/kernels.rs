@@ -11,6 +11,7 @@ pub const FAMILIES: &[(&str, &str)] = &[
     ("bias_gelu", include_str!("../../kernels/bias_gelu.cu")),
     ("layernorm", include_str!("../../kernels/layernorm.cu")),
     ("rmsnorm", include_str!("../../kernels/rmsnorm.cu")),
+    ("linear", include_str!("../../kernels/linear.cu")),
 ];
 
 /// Storage types a kernel is instantiated for; the suffix of every kernel symbol.

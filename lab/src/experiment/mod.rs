@@ -38,6 +38,7 @@ pub fn registry() -> Vec<&'static dyn Experiment> {
         &crate::ops::bias_gelu::BiasGelu,
         &crate::ops::layernorm::LayerNorm,
         &crate::ops::rmsnorm::RmsNorm,
+        &crate::ops::linear::Linear,
     ]
 }
 

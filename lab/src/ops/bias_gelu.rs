@@ -154,7 +154,7 @@ fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
     let work = Work { bytes: 2 * n * size + cols as u64 * size, flops: 20 * n };
     let tol = tolerance(T::DTYPE);
     let compare_y = |y: &[T]| compare(&widen(y), &expected, tol, "cpu-f64");
-    let check = Check { tol, compare: &compare_y };
+    let check = Check::memory_bound(tol, &compare_y);
     let backend = s.backend.clone();
     match &backend {
         Backend::Cpu => {

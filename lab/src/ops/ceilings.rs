@@ -78,7 +78,7 @@ pub fn measure(s: &mut Session, name: &str) -> Result<()> {
     let cases = Ceilings.cases(&s.backend, s.opts.quick);
     let case = cases
         .iter()
-        .find(|c| c["what"] == what && (what != "tensor" || name.contains(c["dtype"].as_str().unwrap_or("-"))))
+        .find(|c| c["what"] == what && (what != "tensor" || format!("tensor_{}_tflop_s", c["dtype"].as_str().unwrap_or("")) == name))
         .ok_or_else(|| LabError::Invalid(format!("no ceiling named `{name}`")))?;
     Ceilings.run_case(s, case)
 }

@@ -239,7 +239,7 @@ fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
     let expected = reference(&widen(&rc.x), &widen(&gamma), &widen(&beta), EPS as f64);
     let tol = tolerance(T::DTYPE);
     let compare_y = |y: &[T]| compare(&widen(y), &expected, tol, "cpu-f64");
-    let check = Check { tol, compare: &compare_y };
+    let check = Check::memory_bound(tol, &compare_y);
     let backend = s.backend.clone();
     match &backend {
         Backend::Cpu => rc.cpu(s, case, "cpu_two_pass_rows", &check, |y| cpu_two_pass_rows(&rc.x, &gamma, &beta, y, EPS)),

@@ -4,6 +4,7 @@ pub mod bias_gelu;
 pub mod ceilings;
 pub mod compare;
 pub mod layernorm;
+pub mod linear;
 pub mod rmsnorm;
 pub mod softmax;
 pub mod vector_add;
@@ -86,10 +87,19 @@ use crate::Result;
 use cudarc::driver::CudaSlice;
 use serde_json::Value;
 
-/// How one output is judged: its tolerance and the comparison against the reference.
+/// How one output is judged: its tolerance, the comparison against the reference, and the
+/// ceiling its throughput is a fraction of.
 pub struct Check<'a, T> {
     pub tol: Tolerance,
     pub compare: &'a dyn Fn(&[T]) -> ErrorStats,
+    pub ceiling: &'static str,
+}
+
+impl<'a, T> Check<'a, T> {
+    /// For kernels bound by memory: placed under the copy ceiling.
+    pub fn memory_bound(tol: Tolerance, compare: &'a dyn Fn(&[T]) -> ErrorStats) -> Self {
+        Check { tol, compare, ceiling: "copy_gb_s" }
+    }
 }
 
 /// One lab GPU variant, the house way: poison the output, launch once and check, time it
@@ -114,7 +124,7 @@ pub fn measure_gpu<T: Elem>(
     let after = (check.compare)(&gpu.download(out)?);
     let mut m = Measurement::new(variant, "lab", case, work);
     m.error = Some(compare::first_failure(before, after));
-    (m.time, m.tolerance, m.ceiling) = (time, Some(check.tol), Some("copy_gb_s"));
+    (m.time, m.tolerance, m.ceiling) = (time, Some(check.tol), Some(check.ceiling));
     s.emit(m).map(|_| ())
 }
 
@@ -142,7 +152,7 @@ pub fn measure_cpu<T: Elem>(
         m.time = Some(crate::profile::cpu_time(&s.budget, || f(&mut y)));
     }
     m.error = Some(compare::first_failure(before, (check.compare)(&y)));
-    (m.tolerance, m.ceiling) = (Some(check.tol), Some("copy_gb_s"));
+    (m.tolerance, m.ceiling) = (Some(check.tol), Some(check.ceiling));
     s.emit(m).map(|_| ())
 }
 
@@ -161,6 +171,6 @@ pub fn measure_torch<T: Elem>(
     let run = peers::torch(op, T::DTYPE.name(), args, inputs, &s.budget, gpu.info.l2_bytes)?;
     let mut m = Measurement::new(run.variant, "torch", case, work);
     m.error = Some((check.compare)(&T::from_bytes(&run.output)));
-    (m.time, m.tolerance, m.ceiling, m.extra) = (Some(run.time), Some(check.tol), Some("copy_gb_s"), run.extra);
+    (m.time, m.tolerance, m.ceiling, m.extra) = (Some(run.time), Some(check.tol), Some(check.ceiling), run.extra);
     s.emit(m).map(|_| ())
 }

@@ -71,7 +71,7 @@ fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
     let expected = reference(&widen(&rc.x), &widen(&gamma), EPS as f64);
     let tol = tolerance(T::DTYPE);
     let compare_y = |y: &[T]| compare(&widen(y), &expected, tol, "cpu-f64");
-    let check = Check { tol, compare: &compare_y };
+    let check = Check::memory_bound(tol, &compare_y);
     let backend = s.backend.clone();
     match &backend {
         Backend::Cpu => rc.cpu(s, case, "cpu_rows", &check, |y| cpu_rows(&rc.x, &gamma, y, EPS)),

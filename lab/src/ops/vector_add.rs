@@ -62,7 +62,7 @@ impl Experiment for VectorAdd {
             Backend::Cuda(gpu) => run_gpu(s, gpu, case, &a, &b, &expected, work),
             Backend::Cpu => {
                 let compare_c = |c: &[f32]| compare(&widen(c), &expected, TOL, "cpu-f64");
-                let check = Check { tol: TOL, compare: &compare_c };
+                let check = Check::memory_bound(TOL, &compare_c);
                 for &variant in CPU_VARIANTS {
                     measure_cpu(s, case, variant, work, &check, true, n, |c| cpu_add(variant, &a, &b, c))?;
                 }
@@ -95,7 +95,7 @@ fn run_gpu(s: &mut Session, gpu: &Gpu, case: &Value, a: &[f32], b: &[f32], expec
     let (da, db) = (gpu.upload(a)?, gpu.upload(b)?);
     let mut dc = gpu.stream.alloc_zeros::<f32>(n).doing("allocating c")?;
     let compare_c = |c: &[f32]| compare(&widen(c), expected, TOL, "cpu-f64");
-    let check = Check { tol: TOL, compare: &compare_c };
+    let check = Check::memory_bound(TOL, &compare_c);
     for &variant in GPU_VARIANTS {
         if !s.wants(variant, "lab") {
             continue;

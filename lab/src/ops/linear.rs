@@ -1,0 +1,419 @@
+//! `linear`: Y = act(X W^T + b) forward and its backward (grad_input, grad_weight, grad_bias),
+//! f32 and bf16 (kernels/linear.cu). The matrix products run in cuBLAS; the lab's kernels do the
+//! epilogue (bias + ReLU / GeLU, keeping the pre-activation Z for backward), the activation's
+//! backward, and the bias gradient as a two-stage column reduction without atomics.
+//! X is [M, K], W is [N, K] (PyTorch's layout), b is [N].
+
+use super::compare::compare;
+use super::{measure_cpu, measure_gpu, measure_torch, widen, Check, Elem};
+use crate::error::Doing;
+use crate::experiment::{param_str, param_usize, rng_for, Backend, Experiment, Peer, Session};
+use crate::kernels::{symbol, DType};
+use crate::profile::Work;
+use crate::record::{ErrorStats, Tolerance};
+use crate::{LabError, Result};
+use cudarc::cublas::sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
+use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use rand_distr::{Distribution, StandardNormal};
+use rayon::prelude::*;
+use serde_json::{json, Value};
+
+pub struct Linear;
+
+const FAMILY: &str = "linear";
+/// Rows of dZ each block of the bias-gradient reduction sums (stage 1).
+const ROWS_PER_SLAB: usize = 256;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Act {
+    None,
+    Relu,
+    /// GeLU, tanh form.
+    Gelu,
+}
+
+impl Act {
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "none" => Ok(Act::None),
+            "relu" => Ok(Act::Relu),
+            "gelu" => Ok(Act::Gelu),
+            _ => Err(LabError::Invalid(format!("unknown activation `{s}` (none, relu, gelu)"))),
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Act::None => "none",
+            Act::Relu => "relu",
+            Act::Gelu => "gelu",
+        }
+    }
+    pub fn apply(self, v: f64) -> f64 {
+        match self {
+            Act::None => v,
+            Act::Relu => v.max(0.0),
+            Act::Gelu => super::bias_gelu::gelu(v, super::bias_gelu::Approx::Tanh),
+        }
+    }
+    pub fn grad(self, v: f64) -> f64 {
+        match self {
+            Act::None => 1.0,
+            Act::Relu => f64::from(v > 0.0),
+            Act::Gelu => {
+                let c = (2.0 / std::f64::consts::PI).sqrt();
+                let t = (c * (v + 0.044715 * v * v * v)).tanh();
+                0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * v * v)
+            }
+        }
+    }
+}
+
+/// Checks what a caller gives: X is m x k, W is n x k, b has n entries, dY (if any) is m x n.
+pub fn validate(m: usize, n: usize, k: usize, x: usize, w: usize, b: usize, dy: Option<usize>) -> Result<()> {
+    if m == 0 || n == 0 || k == 0 {
+        return Err(LabError::shape("linear", format!("M={m} N={n} K={k}: every dimension must be at least 1")));
+    }
+    for (name, got, want) in [("X", x, m * k), ("W", w, n * k), ("b", b, n)] {
+        if got != want {
+            return Err(LabError::shape("linear", format!("{name} has {got} elements, expected {want} for M={m} N={n} K={k}")));
+        }
+    }
+    if let Some(dy) = dy.filter(|&d| d != m * n) {
+        return Err(LabError::shape("linear", format!("dY has {dy} elements, expected {}", m * n)));
+    }
+    Ok(())
+}
+
+/// A[rows_a, inner] . B[rows_b, inner]^T: every output a contiguous dot product.
+pub fn matmul_nt<T: Copy + Send + Sync + Into<f64>>(a: &[T], b: &[T], rows_a: usize, rows_b: usize, inner: usize) -> Vec<f64> {
+    let mut c = vec![0.0; rows_a * rows_b];
+    c.par_chunks_mut(rows_b).enumerate().for_each(|(i, row)| {
+        let ai = &a[i * inner..(i + 1) * inner];
+        for (j, out) in row.iter_mut().enumerate() {
+            let bj = &b[j * inner..(j + 1) * inner];
+            *out = ai.iter().zip(bj).map(|(&x, &y)| x.into() * y.into()).sum();
+        }
+    });
+    c
+}
+
+pub fn transpose(a: &[f64], rows: usize, cols: usize) -> Vec<f64> {
+    let mut t = vec![0.0; a.len()];
+    for (i, row) in a.chunks(cols).enumerate() {
+        for (j, &v) in row.iter().enumerate() {
+            t[j * rows + i] = v;
+        }
+    }
+    t
+}
+
+/// The f64 reference, forward: (Z, Y).
+pub fn forward(x: &[f64], w: &[f64], b: &[f64], (m, n, k): (usize, usize, usize), act: Act) -> (Vec<f64>, Vec<f64>) {
+    let mut z = matmul_nt(x, w, m, n, k);
+    z.iter_mut().enumerate().for_each(|(i, v)| *v += b[i % n]);
+    let y = z.iter().map(|&v| act.apply(v)).collect();
+    (z, y)
+}
+
+/// The f64 reference, backward from dY: (dX, dW, db).
+pub fn backward(x: &[f64], w: &[f64], z: &[f64], dy: &[f64], (m, n, k): (usize, usize, usize), act: Act) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let dz: Vec<f64> = dy.iter().zip(z).map(|(&g, &v)| g * act.grad(v)).collect();
+    let dx = matmul_nt(&dz, &transpose(w, n, k), m, k, n);
+    let dw = matmul_nt(&transpose(&dz, m, n), &transpose(x, m, k), n, k, m);
+    let db = (0..n).map(|j| (0..m).map(|i| dz[i * n + j]).sum()).collect();
+    (dx, dw, db)
+}
+
+/// Tolerance scaled to the output's own size (an elementwise reading of a relative Frobenius
+/// error): `rel` of its RMS, plus `rel` of each element.
+fn scaled(expected: &[f64], rel: f64) -> Tolerance {
+    let rms = (expected.iter().map(|v| v * v).sum::<f64>() / expected.len().max(1) as f64).sqrt();
+    Tolerance { atol: rel * rms.max(f64::MIN_POSITIVE), rtol: rel }
+}
+
+fn rel(dtype: DType) -> f64 {
+    match dtype {
+        DType::F32 => 1e-5,
+        _ => 1e-2,
+    }
+}
+
+/// Compares [dX | dW | db] part by part, each with its own scaled tolerance, as one result.
+fn compare_parts(got: &[f64], parts: &[&[f64]], dtype: DType) -> ErrorStats {
+    let mut offset = 0;
+    let mut all: Option<ErrorStats> = None;
+    for part in parts {
+        let mut e = compare(&got[offset..offset + part.len()], part, scaled(part, rel(dtype)), "cpu-f64");
+        e.worst_index = e.worst_index.map(|i| i + offset as u64);
+        all = Some(match all {
+            None => e,
+            Some(mut a) => {
+                a.mismatches += e.mismatches;
+                a.max_abs = a.max_abs.max(e.max_abs);
+                a.max_rel = a.max_rel.max(e.max_rel);
+                if e.worst_fraction_of_tolerance > a.worst_fraction_of_tolerance {
+                    (a.worst_fraction_of_tolerance, a.worst_index) = (e.worst_fraction_of_tolerance, e.worst_index);
+                    (a.worst_got, a.worst_expected) = (e.worst_got, e.worst_expected);
+                }
+                a
+            }
+        });
+        offset += part.len();
+    }
+    all.expect("at least one part")
+}
+
+impl Experiment for Linear {
+    fn name(&self) -> &'static str {
+        "linear"
+    }
+    fn description(&self) -> &'static str {
+        "Y = act(X W^T + b) forward and backward, f32/bf16: cuBLAS GEMMs with lab epilogue, activation backward and atomic-free bias gradient"
+    }
+    fn sweep_axis(&self) -> &'static str {
+        "m"
+    }
+    fn cases(&self, backend: &Backend, quick: bool) -> Vec<Value> {
+        let shapes: &[(usize, usize, usize, bool)] = match (backend, quick) {
+            (Backend::Cuda(_), false) => &[(1000, 1000, 1000, false), (16, 4096, 4096, true), (4096, 4096, 4096, true)],
+            (Backend::Cuda(_), true) => &[(1000, 1000, 1000, false), (2048, 2048, 2048, true)],
+            (Backend::Cpu, false) => &[(1, 1, 1, false), (97, 131, 65, false), (256, 256, 256, true)],
+            (Backend::Cpu, true) => &[(1, 1, 1, false), (33, 47, 65, false), (64, 64, 64, true)],
+        };
+        let mut out = Vec::new();
+        for dtype in ["f32", "bf16"] {
+            for act in ["relu", "gelu"] {
+                for &(m, n, k, timed) in shapes {
+                    out.push(json!({"m": m, "n": n, "k": k, "dtype": dtype, "act": act, "timed": timed}));
+                }
+            }
+        }
+        out
+    }
+    fn run_case(&self, s: &mut Session, case: &Value) -> Result<()> {
+        match DType::parse(param_str(case, "dtype")?)? {
+            DType::F32 => run::<f32>(s, case),
+            DType::Bf16 => run::<half::bf16>(s, case),
+            DType::F16 => Err(LabError::Invalid("linear runs in f32 and bf16".into())),
+        }
+    }
+}
+
+fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()>
+where
+    CudaBlas: Gemm<T>,
+{
+    let dims = (param_usize(case, "m")?, param_usize(case, "n")?, param_usize(case, "k")?);
+    let (m, n, k) = dims;
+    let act = Act::parse(param_str(case, "act")?)?;
+    let timed = case.get("timed").and_then(Value::as_bool).unwrap_or(true);
+    let mut rng = rng_for(s.opts.seed, case);
+    let mut normal = |scale: f32| -> T {
+        let z: f32 = StandardNormal.sample(&mut rng);
+        T::from_f32(scale * z)
+    };
+    // W ~ N(0, 1/K) keeps Z ~ N(0, 1) whatever K is.
+    let x: Vec<T> = (0..m * k).map(|_| normal(1.0)).collect();
+    let w: Vec<T> = (0..n * k).map(|_| normal(1.0 / (k as f32).sqrt())).collect();
+    let b: Vec<T> = (0..n).map(|_| normal(0.1)).collect();
+    let dy: Vec<T> = (0..m * n).map(|_| normal(1.0)).collect();
+    validate(m, n, k, x.len(), w.len(), b.len(), Some(dy.len()))?;
+    let (xf, wf) = (widen(&x), widen(&w));
+    let (z, y) = forward(&xf, &wf, &widen(&b), dims, act);
+    let (dx, dw, db) = backward(&xf, &wf, &z, &widen(&dy), dims, act);
+    let dt = T::DTYPE;
+    let size = dt.size() as u64;
+    let (m64, n64, k64) = (m as u64, n as u64, k as u64);
+    // GEMM reads X and W and writes Z; the epilogue reads Z and b, writes Z and Y.
+    let fwd_work = Work { bytes: size * (m64 * k64 + n64 * k64 + 4 * m64 * n64 + n64), flops: 2 * m64 * n64 * k64 };
+    // dZ pass (read dY, Z; write dZ), two GEMMs (each reads dZ and X or W, writes dX or dW), bias.
+    let bwd_work = Work { bytes: size * (6 * m64 * n64 + 2 * m64 * k64 + 2 * n64 * k64 + n64), flops: 4 * m64 * n64 * k64 };
+    let ceiling = match (&s.backend, dt) {
+        (Backend::Cuda(_), DType::Bf16) => "tensor_bf16_tflop_s",
+        _ => "fma_tflop_s",
+    };
+    let compare_y = |got: &[T]| compare(&widen(got), &y, scaled(&y, rel(dt)), "cpu-f64");
+    let fwd_check = Check { tol: scaled(&y, rel(dt)), compare: &compare_y, ceiling };
+    let compare_g = |got: &[T]| compare_parts(&widen(got), &[&dx, &dw, &db], dt);
+    let bwd_check = Check { tol: Tolerance { atol: 0.0, rtol: rel(dt) }, compare: &compare_g, ceiling };
+    let backend = s.backend.clone();
+    match &backend {
+        Backend::Cpu => {
+            measure_cpu(s, case, "cpu_forward", fwd_work, &fwd_check, timed, m * n, |out| cpu_forward(&x, &w, &b, dims, act, out))?;
+            measure_cpu(s, case, "cpu_backward", bwd_work, &bwd_check, timed, m * k + n * k + n, |out| {
+                cpu_backward(&x, &w, &b, &dy, dims, act, out)
+            })?;
+        }
+        Backend::Cuda(gpu) => {
+            let blas = CudaBlas::new(gpu.stream.clone()).doing("creating the cuBLAS handle")?;
+            let (x_dev, w_dev, b_dev, dy_dev) = (gpu.upload(&x)?, gpu.upload(&w)?, gpu.upload(&b)?, gpu.upload(&dy)?);
+            let mut z_out = gpu.stream.alloc_zeros::<T>(m * n).doing("allocating Z")?;
+            let mut y_out = gpu.stream.alloc_zeros::<T>(m * n).doing("allocating Y")?;
+            let grid = |len: usize| LaunchConfig {
+                grid_dim: ((gpu.info.sm_count as usize * 8).min(len.div_ceil(256)).max(1) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let epilogue = gpu.function(FAMILY, &symbol(FAMILY, &format!("bias_act_{}", act.name()), dt))?;
+            let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+            let z_cell = std::cell::RefCell::new(&mut z_out);
+            if s.wants("forward_cublas_epilogue", "lab") {
+                let fwd = |yout: &mut CudaSlice<T>| -> Result<()> {
+                    let mut z = z_cell.borrow_mut();
+                    // Z^T (N x M, column-major) = W (op T of the K x N column-major view) . X^T.
+                    let cfg = gemm(CUBLAS_OP_T, CUBLAS_OP_N, (ni, mi, ki), (ki, ki, ni));
+                    // SAFETY: W is N x K, X is M x K, Z is M x N, as cfg says.
+                    unsafe { blas.gemm(cfg, &w_dev, &x_dev, &mut **z) }.doing("cuBLAS forward GEMM")?;
+                    let rows = m as i64;
+                    // SAFETY: z and y hold m*n elements, b holds n; the kernel bounds by them.
+                    unsafe { gpu.stream.launch_builder(&epilogue).arg(&mut **z).arg(&b_dev).arg(yout).arg(&rows).arg(&ni).launch(grid(m * n)) }
+                        .map(|_| ())
+                        .doing("launching the linear epilogue")
+                };
+                measure_gpu(s, gpu, case, "forward_cublas_epilogue", fwd_work, &fwd_check, timed, &mut y_out, fwd)?;
+            }
+            if s.wants("backward_cublas_bias_reduce", "lab") {
+                // Backward starts from the forward's Z, made fresh here.
+                let zt: Vec<T> = z.iter().map(|&v| T::from_f32(v as f32)).collect();
+                let z_dev = gpu.upload(&zt)?;
+                let mut dz_dev = gpu.stream.alloc_zeros::<T>(m * n).doing("allocating dZ")?;
+                let slabs = m.div_ceil(ROWS_PER_SLAB);
+                let mut partial = gpu.stream.alloc_zeros::<f32>(slabs * n).doing("allocating the bias partial sums")?;
+                let act_bwd = gpu.function(FAMILY, &symbol(FAMILY, &format!("act_backward_{}", act.name()), dt))?;
+                let part = gpu.function(FAMILY, &symbol(FAMILY, "bias_grad_partial", dt))?;
+                let fin = gpu.function(FAMILY, &symbol(FAMILY, "bias_grad_final", dt))?;
+                let cells = std::cell::RefCell::new((&mut dz_dev, &mut partial));
+                let bwd = |grads: &mut CudaSlice<T>| -> Result<()> {
+                    let mut cell = cells.borrow_mut();
+                    let (dz, partial) = &mut *cell;
+                    let nn = (m * n) as i64;
+                    // SAFETY: dY, Z and dZ hold m*n elements.
+                    unsafe { gpu.stream.launch_builder(&act_bwd).arg(&dy_dev).arg(&z_dev).arg(&mut **dz).arg(&nn).launch(grid(m * n)) }
+                        .doing("launching the activation backward")?;
+                    let (mut gx, mut rest) = grads.split_at_mut(m * k);
+                    let (mut gw, mut gb) = rest.split_at_mut(n * k);
+                    // dX^T (K x M) = W^T (K x N) . dZ^T (N x M), all column-major views.
+                    let cfg = gemm(CUBLAS_OP_N, CUBLAS_OP_N, (ki, mi, ni), (ki, ni, ki));
+                    // SAFETY: W is N x K, dZ is M x N, dX is M x K.
+                    unsafe { blas.gemm(cfg, &w_dev, &**dz, &mut gx) }.doing("cuBLAS grad_input GEMM")?;
+                    // dW^T (K x N) = X^T (K x M) . dZ (op T of the N x M view).
+                    let cfg = gemm(CUBLAS_OP_N, CUBLAS_OP_T, (ki, ni, mi), (ki, ni, ki));
+                    // SAFETY: X is M x K, dZ is M x N, dW is N x K.
+                    unsafe { blas.gemm(cfg, &x_dev, &**dz, &mut gw) }.doing("cuBLAS grad_weight GEMM")?;
+                    let slab_rows = ROWS_PER_SLAB as i32;
+                    let cfg1 = LaunchConfig { grid_dim: (n.div_ceil(32) as u32, slabs as u32, 1), block_dim: (32, 8, 1), shared_mem_bytes: 0 };
+                    // SAFETY: dZ holds m*n elements and partial slabs*n floats.
+                    unsafe { gpu.stream.launch_builder(&part).arg(&**dz).arg(&mut **partial).arg(&mi).arg(&ni).arg(&slab_rows).launch(cfg1) }
+                        .doing("launching bias_grad_partial")?;
+                    let cfg2 = LaunchConfig { grid_dim: (n.div_ceil(256) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+                    let slabs_i = slabs as i32;
+                    // SAFETY: partial holds slabs*n floats, db n elements.
+                    unsafe { gpu.stream.launch_builder(&fin).arg(&**partial).arg(&mut gb).arg(&slabs_i).arg(&ni).launch(cfg2) }
+                        .map(|_| ())
+                        .doing("launching bias_grad_final")
+                };
+                let mut grads = gpu.stream.alloc_zeros::<T>(m * k + n * k + n).doing("allocating the gradients")?;
+                measure_gpu(s, gpu, case, "backward_cublas_bias_reduce", bwd_work, &bwd_check, timed, &mut grads, bwd)?;
+            }
+            if timed && s.wants_peer(Peer::Torch, &format!("torch {}(linear)", act.name()), "torch") {
+                let (xb, wb, bb) = (T::bytes(&x), T::bytes(&w), T::bytes(&b));
+                let (xs, ws, bs) = ([m, k], [n, k], [n]);
+                let inputs: [(&[u8], &[usize]); 3] = [(&xb, &xs), (&wb, &ws), (&bb, &bs)];
+                let args = json!({"act": act.name()});
+                measure_torch(s, gpu, case, "linear", args, &inputs, fwd_work, &fwd_check)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A column-major GEMM configuration: C (m x n) = op(A) op(B), with alpha 1 and beta 0.
+fn gemm<T: Elem>(transa: cudarc::cublas::sys::cublasOperation_t, transb: cudarc::cublas::sys::cublasOperation_t, (m, n, k): (i32, i32, i32), (lda, ldb, ldc): (i32, i32, i32)) -> GemmConfig<T> {
+    GemmConfig { transa, transb, m, n, k, alpha: T::from_f32(1.0), lda, ldb, beta: T::from_f32(0.0), ldc }
+}
+
+/// The CPU backend's forward: f64 products of the stored values, rounded once to T.
+pub fn cpu_forward<T: Elem>(x: &[T], w: &[T], b: &[T], dims: (usize, usize, usize), act: Act, y: &mut [T]) {
+    let (_, out) = forward(&widen(x), &widen(w), &widen(b), dims, act);
+    y.iter_mut().zip(out).for_each(|(y, v)| *y = T::from_f32(v as f32));
+}
+
+/// The CPU backend's backward into [dX | dW | db], from Z recomputed and rounded to T as stored.
+pub fn cpu_backward<T: Elem>(x: &[T], w: &[T], b: &[T], dy: &[T], dims: (usize, usize, usize), act: Act, out: &mut [T]) {
+    let (xf, wf) = (widen(x), widen(w));
+    let (z, _) = forward(&xf, &wf, &widen(b), dims, act);
+    let (dx, dw, db) = backward(&xf, &wf, &z, &widen(dy), dims, act);
+    out.iter_mut().zip(dx.into_iter().chain(dw).chain(db)).for_each(|(o, v)| *o = T::from_f32(v as f32));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small() -> (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>, (usize, usize, usize)) {
+        let (m, n, k) = (3, 4, 5);
+        let f = |i: usize, s: f64| (i as f64 * 0.37 + s).sin() * 1.3;
+        ((0..m * k).map(|i| f(i, 0.1)).collect(), (0..n * k).map(|i| f(i, 1.7)).collect(), (0..n).map(|i| f(i, 2.9)).collect(), (0..m * n).map(|i| f(i, 4.2)).collect(), (m, n, k))
+    }
+
+    /// Gradients of L = sum(Y * dY) by central differences against the analytic backward.
+    #[test]
+    fn backward_matches_finite_differences() {
+        let (x, w, b, dy, dims) = small();
+        for act in [Act::None, Act::Relu, Act::Gelu] {
+            let loss = |x: &[f64], w: &[f64], b: &[f64]| -> f64 { forward(x, w, b, dims, act).1.iter().zip(&dy).map(|(y, g)| y * g).sum() };
+            let (z, _) = forward(&x, &w, &b, dims, act);
+            let (dx, dw, db) = backward(&x, &w, &z, &dy, dims, act);
+            let h = 1e-6;
+            let numeric = |which: usize, i: usize| {
+                let (mut xp, mut wp, mut bp) = (x.clone(), w.clone(), b.clone());
+                let (mut xm, mut wm, mut bm) = (x.clone(), w.clone(), b.clone());
+                match which {
+                    0 => (xp[i] += h, xm[i] -= h),
+                    1 => (wp[i] += h, wm[i] -= h),
+                    _ => (bp[i] += h, bm[i] -= h),
+                };
+                (loss(&xp, &wp, &bp) - loss(&xm, &wm, &bm)) / (2.0 * h)
+            };
+            for (which, analytic) in [(0, &dx), (1, &dw), (2, &db)] {
+                for (i, &a) in analytic.iter().enumerate() {
+                    let n = numeric(which, i);
+                    assert!((a - n).abs() < 1e-6 * (1.0 + n.abs()), "{act:?} part {which} index {i}: analytic {a}, numeric {n}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn cpu_variants_match_the_reference() {
+        let (x, w, b, dy, dims) = small();
+        let t = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<f32>>();
+        let (xs, ws, bs, dys) = (t(&x), t(&w), t(&b), t(&dy));
+        for act in [Act::Relu, Act::Gelu] {
+            let (xf, wf) = (widen(&xs), widen(&ws));
+            let (z, y) = forward(&xf, &wf, &widen(&bs), dims, act);
+            let mut out = vec![f32::NAN; y.len()];
+            cpu_forward(&xs, &ws, &bs, dims, act, &mut out);
+            assert!(compare(&widen(&out), &y, scaled(&y, 1e-5), "t").passed());
+            let (dx, dw, db) = backward(&xf, &wf, &z, &widen(&dys), dims, act);
+            let mut g = vec![f32::NAN; dx.len() + dw.len() + db.len()];
+            cpu_backward(&xs, &ws, &bs, &dys, dims, act, &mut g);
+            let e = compare_parts(&widen(&g), &[&dx, &dw, &db], DType::F32);
+            assert!(e.passed(), "{act:?}: {e:?}");
+            // A wrong gradient is caught, with its index.
+            g[dx.len() + 2] += 1.0;
+            let e = compare_parts(&widen(&g), &[&dx, &dw, &db], DType::F32);
+            assert_eq!((e.passed(), e.worst_index), (false, Some(dx.len() as u64 + 2)));
+        }
+    }
+
+    #[test]
+    fn bad_shapes_are_named() {
+        assert!(validate(2, 3, 4, 8, 12, 3, Some(6)).is_ok());
+        assert!(validate(2, 3, 4, 8, 12, 2, None).unwrap_err().to_string().contains("b has 2 elements, expected 3"));
+        assert!(validate(2, 3, 4, 8, 11, 3, None).unwrap_err().to_string().contains("W has 11 elements"));
+        assert!(validate(2, 3, 4, 8, 12, 3, Some(5)).unwrap_err().to_string().contains("dY has 5 elements"));
+        assert!(validate(0, 3, 4, 0, 12, 3, None).unwrap_err().to_string().contains("at least 1"));
+    }
+}
