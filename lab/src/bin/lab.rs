@@ -130,8 +130,8 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
                 return Err(LabError::Invalid(format!("`{a}` and `{b}` share no timed, passing figure")));
             }
             println!(
-                "{:<11} {:<22} {:<12} {:<54} {:>10} {:>10} {:>8} {:>17}  {}",
-                "experiment", "variant", "provider", "params", "A ms", "B ms", "change", "95% interval", "verdict"
+                "{:<11} {:<22} {:<12} {:<54} {:>10} {:>10} {:>8} {:>17}  verdict",
+                "experiment", "variant", "provider", "params", "A ms", "B ms", "change", "95% interval"
             );
             for c in &rows {
                 println!(

@@ -328,6 +328,12 @@ pub fn param_usize(case: &Value, key: &str) -> Result<usize> {
         .ok_or_else(|| LabError::Invalid(format!("case {case} has no unsigned `{key}`")))
 }
 
+/// Whether a case is timed: unless it says `"timed": false`, and never on a hostile fill, whose
+/// time says nothing about the kernel. Untimed cases are correctness gates.
+pub fn param_timed(case: &Value) -> bool {
+    case.get("timed").and_then(Value::as_bool).unwrap_or(true) && case.get("fill").and_then(Value::as_str) != Some("hostile")
+}
+
 pub fn param_str<'a>(case: &'a Value, key: &str) -> Result<&'a str> {
     case.get(key)
         .and_then(Value::as_str)

@@ -6,7 +6,7 @@
 use super::compare::compare;
 use super::{measure_cpu, measure_gpu, measure_torch, widen, Check, Elem};
 use crate::error::Doing;
-use crate::experiment::{param_str, param_usize, rng_for, Backend, Experiment, Peer, Session};
+use crate::experiment::{param_str, param_timed, param_usize, rng_for, Backend, Experiment, Peer, Session};
 use crate::gpu::Gpu;
 use crate::kernels::{symbol, DType};
 use crate::profile::Work;
@@ -141,7 +141,7 @@ impl Experiment for BiasGelu {
 fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
     let (rows, cols) = (param_usize(case, "rows")?, param_usize(case, "cols")?);
     let approx = Approx::parse(param_str(case, "approx")?)?;
-    let timed = case.get("timed").and_then(Value::as_bool).unwrap_or(true);
+    let timed = param_timed(case);
     let mut rng = rng_for(s.opts.seed, case);
     let x: Vec<T> = (0..rows * cols).map(|_| T::from_f32(StandardNormal.sample(&mut rng))).collect();
     let b: Vec<T> = (0..cols).map(|_| T::from_f32(StandardNormal.sample(&mut rng))).collect();

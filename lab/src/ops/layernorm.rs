@@ -6,7 +6,7 @@
 use super::compare::compare;
 use super::{measure_cpu, measure_gpu, measure_torch, widen, Check, Elem};
 use crate::error::Doing;
-use crate::experiment::{param_str, param_usize, rng_for, Backend, Experiment, Peer, Session};
+use crate::experiment::{param_str, param_timed, param_usize, rng_for, Backend, Experiment, Peer, Session};
 use crate::gpu::Gpu;
 use crate::kernels::{symbol, DType};
 use crate::profile::Work;
@@ -183,7 +183,7 @@ impl<T: Elem> RowCase<T> {
         let (n, size) = ((rows * cols) as u64, T::DTYPE.size() as u64);
         // ~8 flops per element: the statistics, the normalisation and the affine map.
         let work = Work { bytes: (2 * n + per_col_vectors * cols as u64) * size, flops: 8 * n };
-        let timed = param_str(case, "fill")? == "normal" && case.get("timed").and_then(Value::as_bool).unwrap_or(true);
+        let timed = param_timed(case);
         Ok(RowCase { rows, cols, timed, x, work })
     }
 

@@ -7,7 +7,7 @@
 use super::compare::compare;
 use super::{measure_cpu, measure_gpu, measure_torch, widen, Check, Elem};
 use crate::error::Doing;
-use crate::experiment::{param_str, param_usize, rng_for, Backend, Experiment, Peer, Session};
+use crate::experiment::{param_str, param_timed, param_usize, rng_for, Backend, Experiment, Peer, Session};
 use crate::kernels::{symbol, DType};
 use crate::profile::Work;
 use crate::record::{ErrorStats, Tolerance};
@@ -207,7 +207,7 @@ where
     let dims = (param_usize(case, "m")?, param_usize(case, "n")?, param_usize(case, "k")?);
     let (m, n, k) = dims;
     let act = Act::parse(param_str(case, "act")?)?;
-    let timed = case.get("timed").and_then(Value::as_bool).unwrap_or(true);
+    let timed = param_timed(case);
     let mut rng = rng_for(s.opts.seed, case);
     let mut normal = |scale: f32| -> T {
         let z: f32 = StandardNormal.sample(&mut rng);

@@ -103,7 +103,7 @@ impl<'a, T> Check<'a, T> {
 }
 
 /// One lab GPU variant, the house way: poison the output, launch once and check, time it
-/// (`timed`), check again, and emit the record against the copy ceiling.
+/// (`timed`), check again, and emit the record against the check's ceiling.
 #[allow(clippy::too_many_arguments)]
 pub fn measure_gpu<T: Elem>(
     s: &mut Session,
@@ -129,7 +129,7 @@ pub fn measure_gpu<T: Elem>(
 }
 
 /// One lab CPU variant, the same way: fill a NaN-poisoned output, check, time it (`timed`), check
-/// again, and emit the record against the copy ceiling.
+/// again, and emit the record against the check's ceiling.
 #[allow(clippy::too_many_arguments)]
 pub fn measure_cpu<T: Elem>(
     s: &mut Session,

@@ -8,7 +8,7 @@
 use super::compare::compare;
 use super::{measure_cpu, measure_gpu, measure_torch, widen, Check, Elem};
 use crate::error::Doing;
-use crate::experiment::{param_str, param_usize, rng_for, Backend, Experiment, Measurement, Peer, Session};
+use crate::experiment::{param_str, param_timed, param_usize, rng_for, Backend, Experiment, Measurement, Peer, Session};
 use crate::kernels::{symbol, DType};
 use crate::profile::{cpu_time, Work};
 use crate::record::Tolerance;
@@ -181,8 +181,7 @@ fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
         return Err(LabError::shape("softmax", format!("{rows} x {cols}: rows and cols must be at least 1")));
     }
     let fill = param_str(case, "fill")?;
-    // Hostile fills are never timed: their time says nothing about the kernel.
-    let timed = fill == "normal" && case.get("timed").and_then(Value::as_bool).unwrap_or(true);
+    let timed = param_timed(case);
     let x: Vec<T> = input(rows, cols, fill, &mut rng_for(s.opts.seed, case))?;
     let expected = reference(&widen(&x), cols);
     let n = (rows * cols) as u64;

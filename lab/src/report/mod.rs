@@ -46,27 +46,13 @@ struct ExperimentLink {
     slug: String,
 }
 
-#[derive(Serialize)]
-struct FigureOut {
-    title: String,
-    path: String,
-    md_path: String,
-    svg: String,
-}
-
-#[derive(Serialize)]
-struct RunOut {
-    #[serde(flatten)]
-    run: RunView,
-    figures_inline: Vec<FigureOut>,
-}
 
 #[derive(Serialize)]
 struct SiteContext<'a> {
     experiments: &'a [ExperimentLink],
     warnings: &'a [String],
     findings: &'a [model::Finding],
-    runs: &'a [RunOut],
+    runs: &'a [RunView],
     has_gpu_run: bool,
     /// Set on an experiment page.
     experiment: Option<&'a str>,
@@ -180,7 +166,7 @@ pub fn render(opts: &ReportOptions) -> Result<Rendered> {
     let peers = model::best_peer_times(&records);
     let md_prefix = relative_prefix(&opts.log, &opts.out);
     let mut files = BTreeMap::new();
-    let mut runs: Vec<RunOut> = Vec::new();
+    let mut runs: Vec<RunView> = Vec::new();
     for (run_id, recs) in by_run.iter().rev() {
         let first = recs[0];
         let mut tables: Vec<Table> = Vec::new();
@@ -192,17 +178,20 @@ pub fn render(opts: &ReportOptions) -> Result<Rendered> {
             }
         }
         let mut figures = Vec::new();
-        let mut add = |what: String, title: String, svg: Option<String>| {
+        let mut add = |experiment: Option<&str>, what: &str, title: String, svg: Option<String>| {
             if let Some(svg) = svg {
-                let path = format!("figures/{}", charts::figure_name(run_id, &what));
+                let name = experiment.map_or(what.to_string(), |e| format!("{e}-{what}"));
+                let path = format!("figures/{}", charts::figure_name(run_id, &name));
                 files.insert(opts.out.join(&path), svg.clone());
-                figures.push(FigureOut { title, md_path: format!("{md_prefix}{path}"), path, svg });
+                let experiment = experiment.map(str::to_string);
+                figures.push(Figure { title, md_path: format!("{md_prefix}{path}"), path, svg, experiment });
             }
         };
-        add("roofline".into(), format!("Roofline, {}", first.device.name), charts::roofline(recs, &first.device.name));
+        add(None, "roofline", format!("Roofline, {}", first.device.name), charts::roofline(recs, &first.device.name));
         for t in &tables {
-            add(format!("{}-speedup", t.experiment), format!("{}: speed-up over peers", t.experiment), charts::speedups(recs, &t.experiment));
-            add(format!("{}-scaling", t.experiment), format!("{}: throughput against size", t.experiment), charts::scaling(recs, &t.experiment, sweep_axis(&t.experiment)));
+            let e = Some(t.experiment.as_str());
+            add(e, "speedup", format!("{}: speed-up over peers", t.experiment), charts::speedups(recs, &t.experiment));
+            add(e, "scaling", format!("{}: throughput against size", t.experiment), charts::scaling(recs, &t.experiment, sweep_axis(&t.experiment)));
         }
         let run = RunView {
             run_id: run_id.to_string(),
@@ -214,9 +203,9 @@ pub fn render(opts: &ReportOptions) -> Result<Rendered> {
             command: first.command.clone(),
             notes: notes.iter().filter(|(ids, _)| ids.iter().any(|i| i == run_id)).map(|(_, n)| n.clone()).collect(),
             tables,
-            figures: figures.iter().map(|f| Figure { title: f.title.clone(), path: f.path.clone() }).collect(),
+            figures,
         };
-        runs.push(RunOut { run, figures_inline: figures });
+        runs.push(run);
     }
 
     let findings = model::findings(&records);
@@ -229,23 +218,19 @@ pub fn render(opts: &ReportOptions) -> Result<Rendered> {
     experiments.sort_by(|a, b| a.name.cmp(&b.name));
     let has_gpu_run = records.iter().any(|r| r.backend == "cuda");
     let tera = templates(&opts.templates)?;
-    let site = |experiment: Option<&str>, runs: &[RunOut], findings: &[model::Finding]| -> Result<String> {
+    let site = |experiment: Option<&str>, runs: &[RunView], findings: &[model::Finding]| -> Result<String> {
         let ctx = SiteContext { experiments: &experiments, warnings: &warnings, findings, runs, has_gpu_run, experiment };
         render_one(&tera, if experiment.is_some() { "experiment.html" } else { "index.html" }, &ctx)
     };
     files.insert(opts.out.join("index.html"), site(None, &runs, &findings)?);
     for e in &experiments {
-        let only: Vec<RunOut> = runs
+        let only: Vec<RunView> = runs
             .iter()
-            .filter(|r| r.run.tables.iter().any(|t| t.experiment == e.name))
-            .map(|r| RunOut {
-                run: RunView { tables: r.run.tables.iter().filter(|t| t.experiment == e.name).cloned().collect(), ..r.run.clone() },
-                figures_inline: r
-                    .figures_inline
-                    .iter()
-                    .filter(|f| f.path.contains(&format!("-{}-", e.slug)) || f.path.ends_with("roofline.svg"))
-                    .map(|f| FigureOut { title: f.title.clone(), path: f.path.clone(), md_path: f.md_path.clone(), svg: f.svg.clone() })
-                    .collect(),
+            .filter(|r| r.tables.iter().any(|t| t.experiment == e.name))
+            .map(|r| RunView {
+                tables: r.tables.iter().filter(|t| t.experiment == e.name).cloned().collect(),
+                figures: r.figures.iter().filter(|f| f.experiment.as_ref().is_none_or(|x| *x == e.name)).cloned().collect(),
+                ..r.clone()
             })
             .collect();
         let fs: Vec<model::Finding> = findings.iter().filter(|f| f.experiment == e.name).cloned().collect();

@@ -36,6 +36,13 @@ pub struct Figure {
     pub title: String,
     /// Path relative to the HTML folder (`figures/...svg`).
     pub path: String,
+    /// The same file as research_log.md links it.
+    pub md_path: String,
+    /// The SVG itself, inlined in the HTML.
+    pub svg: String,
+    /// The experiment it belongs to; None for the run-wide roofline.
+    #[serde(skip)]
+    pub experiment: Option<String>,
 }
 
 #[derive(Serialize, Clone, Debug)]
