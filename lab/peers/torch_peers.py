@@ -2,14 +2,16 @@
 """PyTorch peers for lab, run beside lab's own kernels on the same inputs.
 
 Reads one JSON request on stdin, runs the op on the GPU with the timing protocol lab uses
-(warm-up, L2 scrubbed before every repetition, CUDA events around the op alone), writes the
-op's output as raw little-endian bytes to the requested file, and prints one JSON line:
-{"variant", "raw_ms", "warmup", "torch", "device"}.
+(warm-up rounds until the median settles, L2 scrubbed before every repetition unless "l2" is
+"warm", eager calls or CUDA-graph replay, CUDA events around the op alone), writes the op's
+output as raw little-endian bytes to the requested file, and prints one JSON line:
+{"variant", "raw_ms", "warmup_ms", "launch", "torch", "device"}.
 
 Request: {"op": "softmax" | "add" | "bias_gelu" | "layer_norm" | "rms_norm" | "linear",
           "dtype": "f32" | "bf16" | "f16", "args": {...op arguments...},
           "inputs": [{"path": p, "shape": [...]}], "output": path, "warmup": n, "min_reps": n,
-          "max_reps": n, "budget_ms": x, "l2_scrub_bytes": n}
+          "max_reps": n, "budget_ms": x, "l2_scrub_bytes": n, "l2": "cold" | "warm",
+          "launch": "eager" | "graph", "settled": x, "max_warmup_rounds": n}
 The output has the shape of the first input, except linear's ([M, N]).
 """
 import json
@@ -80,25 +82,57 @@ def ops(req, inputs):
     return f, name, out
 
 
+def capture(f):
+    """f captured as a CUDA graph (after warm-up calls on a side stream, as torch requires),
+    or None when it cannot be captured; the caller then times it eagerly."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                f()
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            f()
+        return g
+    except Exception as e:  # noqa: BLE001 - any capture failure means "time it eagerly"
+        print(f"torch_peers: no graph ({e}); timing eagerly", file=sys.stderr)
+        return None
+
+
 def time_op(f, req):
+    cold = req.get("l2", "cold") == "cold"
     scrub = torch.empty(max(req["l2_scrub_bytes"], 1 << 20), dtype=torch.uint8, device="cuda")
+    graph = capture(f) if req.get("launch") == "graph" else None
+    call = graph.replay if graph is not None else f
 
     def run(n):
         pairs = []
         for _ in range(n):
-            scrub.zero_()
+            if cold:
+                scrub.zero_()
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s.record()
-            f()
+            call()
             e.record()
             pairs.append((s, e))
         torch.cuda.synchronize()
         return [s.elapsed_time(e) for s, e in pairs]
 
-    warm = run(max(req["warmup"], 1))
-    median = float(np.median(warm))
+    # The warm-up rule of lab's Budget::warm_up: rounds until the median settles.
+    per_round, warm, best = max(req["warmup"], 1), [], float("inf")
+    for i in range(req.get("max_warmup_rounds", 1)):
+        r = run(per_round)
+        median = float(np.median(r))
+        warm += r
+        settled = i > 0 and median >= best * (1 - req.get("settled", 0.0))
+        best = min(best, median)
+        if settled or sum(warm) > req["budget_ms"]:
+            break
+    median = float(np.median(warm[-per_round:]))
     reps = int(min(max(req["budget_ms"] / max(median, 1e-6), req["min_reps"]), req["max_reps"]))
-    return warm, run(reps)
+    return warm, run(reps), call, "graph" if graph is not None else "eager"
 
 
 def main():
@@ -107,11 +141,11 @@ def main():
         raise SystemExit("torch_peers: torch sees no CUDA device")
     inputs = [load(i["path"], req["dtype"], i["shape"]) for i in req["inputs"]]
     f, variant, out = ops(req, inputs)
-    warm, raw = time_op(f, req)
-    f()  # the checked output comes from a run after timing, like lab's own
+    warm, raw, call, launch = time_op(f, req)
+    call()  # the checked output comes from a run after timing, like lab's own
     torch.cuda.synchronize()
     save(out["y"], req["output"], req["dtype"])
-    print(json.dumps({"variant": variant, "raw_ms": raw, "warmup": len(warm),
+    print(json.dumps({"variant": variant, "raw_ms": raw, "warmup_ms": warm, "launch": launch,
                       "torch": torch.__version__, "device": torch.cuda.get_device_name()}))
 
 

@@ -2,6 +2,7 @@
 
 use clap::{Parser, Subcommand};
 use lab::experiment::{self, BackendChoice, Peer, RunOptions, Session};
+use lab::profile::{Launch, L2};
 use lab::record::{self, Record, Verdict};
 use lab::{LabError, Result};
 use std::path::PathBuf;
@@ -40,6 +41,12 @@ enum Command {
         /// Only these variants (repeatable).
         #[arg(long = "variant")]
         variants: Vec<String>,
+        /// Scrub L2 before every repetition (cold: inputs come from memory) or not (warm).
+        #[arg(long, value_enum, default_value = "cold")]
+        l2: L2,
+        /// Launch every repetition from the host (eager) or replay a captured CUDA graph.
+        #[arg(long, value_enum, default_value = "eager")]
+        launch: Launch,
     },
     /// Re-execute recorded configurations and compare old with new.
     Rerun {
@@ -100,7 +107,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Run { experiments, backend, quick, peers, out, seed, variants } => {
+        Command::Run { experiments, backend, quick, peers, out, seed, variants, l2, launch } => {
             let exps = if experiments.iter().any(|e| e == "all") {
                 experiment::registry()
             } else {
@@ -108,7 +115,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             };
             let backend = backend.open()?;
             let seed = seed.unwrap_or_else(fresh_seed);
-            let opts = RunOptions { quick, peers, out, seed, variants, provider: None, progress: true };
+            let opts = RunOptions { quick, peers, out, seed, variants, provider: None, progress: true, l2, launch };
             let mut session = Session::new(backend, opts)?;
             let mut result = Ok(());
             for e in exps {
@@ -252,10 +259,13 @@ fn rerun(target: &str, dir: &std::path::Path, backend: BackendChoice, out: PathB
             variants: vec![r.variant.clone()],
             provider: Some(r.provider.clone()),
             progress: false,
+            l2: if r.timing.as_ref().is_some_and(|t| t.l2 == "warm") { L2::Warm } else { L2::Cold },
+            launch: if r.timing.as_ref().is_some_and(|t| t.launch == "graph") { Launch::Graph } else { Launch::Eager },
         };
         let s = match session.as_mut() {
             Some(s) => {
                 s.opts = RunOptions { out: s.opts.out.clone(), ..opts };
+                s.budget = s.opts.budget();
                 s
             }
             None => session.insert(Session::new(backend.clone(), opts)?),

@@ -5,7 +5,7 @@ pub mod doctor;
 pub mod peers;
 
 use crate::gpu::{DeviceInfo, Gpu};
-use crate::profile::{Budget, TimeSummary, TimingMode, Work};
+use crate::profile::{Budget, Launch, TimeSummary, TimingMode, Work, L2};
 use crate::record::{self, ErrorStats, Record, RunWriter, Tolerance, Verdict};
 use crate::{LabError, Result};
 use serde_json::Value;
@@ -75,6 +75,7 @@ impl Backend {
                 l2_bytes: 0,
                 memory_bytes: 0,
                 max_smem_per_block_optin: 0,
+                board: None,
             },
         }
     }
@@ -123,6 +124,15 @@ pub struct RunOptions {
     pub provider: Option<String>,
     /// Show progress bars.
     pub progress: bool,
+    pub l2: L2,
+    pub launch: Launch,
+}
+
+impl RunOptions {
+    /// Repetitions and timing mode for these options.
+    pub fn budget(&self) -> Budget {
+        Budget { l2: self.l2, launch: self.launch, ..Budget::new(self.quick) }
+    }
 }
 
 /// A measured ceiling: the best figure and its own relative spread (p80 / median - 1).
@@ -186,7 +196,7 @@ impl Session {
         let run_id = record::run_id(&device.name, &time);
         let writer = RunWriter::create(&opts.out, &run_id)?;
         Ok(Session {
-            budget: Budget::new(opts.quick),
+            budget: opts.budget(),
             backend,
             opts,
             ceilings: BTreeMap::new(),
@@ -354,6 +364,8 @@ mod tests {
             variants: vec![],
             provider: None,
             progress: false,
+            l2: L2::Cold,
+            launch: Launch::Eager,
         };
         let mut s = Session::new(Backend::Cpu, opts).unwrap();
         s.experiment = "vector_add";
@@ -362,7 +374,7 @@ mod tests {
     }
 
     fn timed(ms: f64, l2: &str) -> Option<(TimeSummary, TimingMode)> {
-        let mode = TimingMode { l2: l2.into(), launch: "eager".into(), warmup: 1, raw_ms: vec![ms] };
+        let mode = TimingMode { l2: l2.into(), launch: "eager".into(), warmup: 1, raw_ms: vec![ms], warmup_ms: vec![], clocks: None };
         Some((TimeSummary::of(&[ms]), mode))
     }
 

@@ -40,6 +40,8 @@ pub fn torch(op: &str, dtype: &str, args: Value, inputs: &[(&[u8], &[usize])], b
         "op": op, "dtype": dtype, "args": args, "inputs": paths, "output": out.display().to_string(),
         "warmup": budget.warmup, "min_reps": budget.min, "max_reps": budget.max,
         "budget_ms": budget.budget_ms, "l2_scrub_bytes": 2 * l2_bytes,
+        "l2": budget.l2.name(), "launch": budget.launch.name(),
+        "settled": crate::profile::SETTLED, "max_warmup_rounds": crate::profile::MAX_WARMUP_ROUNDS,
     });
     let mut child = Command::new(python())
         .arg(&script)
@@ -63,17 +65,17 @@ pub fn torch(op: &str, dtype: &str, args: Value, inputs: &[(&[u8], &[usize])], b
     let stdout = String::from_utf8_lossy(&done.stdout);
     let line = stdout.lines().last().unwrap_or_default();
     let reply: Value = serde_json::from_str(line).map_err(|e| fail(format!("unreadable reply `{line}`: {e}")))?;
-    let raw: Vec<f64> = reply["raw_ms"]
-        .as_array()
-        .map(|a| a.iter().filter_map(Value::as_f64).collect())
-        .filter(|v: &Vec<f64>| !v.is_empty())
-        .ok_or_else(|| fail(format!("reply has no samples: {line}")))?;
+    let samples = |key: &str| -> Vec<f64> { reply[key].as_array().map(|a| a.iter().filter_map(Value::as_f64).collect()).unwrap_or_default() };
+    let raw = Some(samples("raw_ms")).filter(|v| !v.is_empty()).ok_or_else(|| fail(format!("reply has no samples: {line}")))?;
     let output = std::fs::read(&out).map_err(|e| fail(format!("no output file: {e}")))?;
+    let warmup_ms = samples("warmup_ms");
     let mode = TimingMode {
-        l2: "cold".into(),
-        launch: "eager".into(),
-        warmup: reply["warmup"].as_u64().unwrap_or(0) as usize,
+        l2: budget.l2.name().into(),
+        launch: reply["launch"].as_str().unwrap_or("eager").into(),
+        warmup: warmup_ms.len(),
         raw_ms: raw.clone(),
+        warmup_ms,
+        clocks: None,
     };
     let mut extra = serde_json::Map::new();
     for key in ["torch", "device"] {

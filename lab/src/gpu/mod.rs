@@ -2,6 +2,7 @@
 //! the device's own architecture and cached, and CUDA-event timing ([`timing`]).
 
 pub mod compile;
+pub mod nvml;
 pub mod timing;
 
 use crate::error::Doing;
@@ -23,6 +24,9 @@ pub struct DeviceInfo {
     pub l2_bytes: i64,
     pub memory_bytes: i64,
     pub max_smem_per_block_optin: i32,
+    /// Form factor, power limit and maximum clocks (from NVML; absent without it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub board: Option<nvml::Board>,
 }
 
 pub struct Gpu {
@@ -31,6 +35,8 @@ pub struct Gpu {
     pub info: DeviceInfo,
     /// Compute capability as one number: 90 for sm_90.
     pub arch: u32,
+    /// Clock readings for the records; `None` where NVML cannot be loaded.
+    pub nvml: Option<nvml::Nvml>,
     modules: Mutex<HashMap<String, Arc<CudaModule>>>,
 }
 
@@ -54,7 +60,11 @@ impl Gpu {
             return Err(LabError::NoGpu(why));
         }
         let ctx = CudaContext::new(ordinal).doing("creating the CUDA context")?;
-        let stream = ctx.default_stream();
+        // One non-default stream for everything: CUDA graphs cannot capture the legacy default
+        // stream, and with a single stream cudarc's cross-stream event tracking only costs time.
+        // SAFETY: no other stream ever touches our buffers.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().doing("creating a stream")?;
         let (major, minor) = ctx.compute_capability().doing("reading the compute capability")?;
         let attr = |a| ctx.attribute(a).doing("reading a device attribute");
         let mut driver = 0;
@@ -65,8 +75,17 @@ impl Gpu {
         let nvrtc = compile::nvrtc_version()
             .map(|(a, b)| format!("{a}.{b}"))
             .unwrap_or_else(|_| "missing".into());
+        let name = ctx.name().doing("reading the device name")?;
+        let bus = format!(
+            "{:08X}:{:02X}:{:02X}.0",
+            attr(Attr::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID)?,
+            attr(Attr::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID)?,
+            attr(Attr::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)?
+        );
+        let nvml = nvml::Nvml::open(&bus);
         let info = DeviceInfo {
-            name: ctx.name().doing("reading the device name")?,
+            board: nvml.as_ref().map(|n| n.board(&name)),
+            name,
             cc: format!("{major}.{minor}"),
             driver: driver_release().unwrap_or_else(|| format!("cuda-api {driver}")),
             cuda: format!("{}.{}", driver / 1000, (driver % 1000) / 10),
@@ -83,6 +102,7 @@ impl Gpu {
             stream,
             info,
             arch: (major * 10 + minor) as u32,
+            nvml,
             modules: Mutex::new(HashMap::new()),
         }))
     }

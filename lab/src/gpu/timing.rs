@@ -1,24 +1,38 @@
-//! CUDA-event timing: warm-up, L2 scrubbed before every repetition, median and percentiles.
+//! CUDA-event timing: warm-up until the median settles, L2 scrubbed (or not) before every
+//! repetition, eager launches or CUDA-graph replay, clocks read around the timed stretch.
 
 use super::Gpu;
 use crate::error::Doing;
-use crate::profile::{Budget, TimeSummary, TimingMode};
+use crate::profile::{Budget, Launch, TimeSummary, TimingMode, L2};
 use crate::Result;
-use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::CudaGraph;
 
-/// Times `launch` (which enqueues work on `gpu.stream`) with events around each repetition.
-/// Before each repetition a buffer twice the L2 size is cleared so inputs come from HBM.
+/// Times `launch` (which enqueues work on `gpu.stream`) with events around each repetition, as
+/// `budget` says: with `L2::Cold` a buffer twice the L2 size is cleared before each repetition so
+/// inputs come from HBM; with `Launch::Graph` the launch is captured once and replayed.
 pub fn time_gpu(gpu: &Gpu, budget: &Budget, mut launch: impl FnMut() -> Result<()>) -> Result<(TimeSummary, TimingMode)> {
-    let scrub_len = (2 * gpu.info.l2_bytes.max(1 << 20)) as usize;
-    let mut scrub = gpu.stream.alloc_zeros::<u8>(scrub_len).doing("allocating the L2 scrub buffer")?;
-    let mut run = |n: usize| -> Result<Vec<f64>> {
+    let mut scrub = match budget.l2 {
+        L2::Cold => Some(gpu.stream.alloc_zeros::<u8>((2 * gpu.info.l2_bytes.max(1 << 20)) as usize).doing("allocating the L2 scrub buffer")?),
+        L2::Warm => None,
+    };
+    let graph = match budget.launch {
+        Launch::Graph => capture(gpu, &mut launch),
+        Launch::Eager => None,
+    };
+    let mut round = |n: usize| -> Result<Vec<f64>> {
         let mut events = Vec::with_capacity(n);
         for _ in 0..n {
-            gpu.stream.memset_zeros(&mut scrub).doing("scrubbing L2")?;
+            if let Some(scrub) = scrub.as_mut() {
+                gpu.stream.memset_zeros(scrub).doing("scrubbing L2")?;
+            }
             let start = gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).doing("creating an event")?;
             let end = gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).doing("creating an event")?;
             start.record(&gpu.stream).doing("recording an event")?;
-            launch()?;
+            match &graph {
+                Some(g) => g.launch().doing("replaying the captured graph")?,
+                None => launch()?,
+            }
             end.record(&gpu.stream).doing("recording an event")?;
             events.push((start, end));
         }
@@ -28,9 +42,34 @@ pub fn time_gpu(gpu: &Gpu, budget: &Budget, mut launch: impl FnMut() -> Result<(
             .map(|(s, e)| s.elapsed_ms(e).map(|t| t as f64).doing("reading event times"))
             .collect()
     };
-    let warm = run(budget.warmup.max(1))?;
-    let reps = budget.reps(TimeSummary::of(&warm).median);
-    let raw = run(reps)?;
-    let mode = TimingMode { l2: "cold".into(), launch: "eager".into(), warmup: warm.len(), raw_ms: raw.clone() };
+    let warm = budget.warm_up(&mut round)?;
+    let start = gpu.nvml.as_ref().and_then(|n| n.clocks_now());
+    let tail = &warm[warm.len().saturating_sub(budget.warmup.max(1))..];
+    let raw = round(budget.reps(TimeSummary::of(tail).median))?;
+    let mode = TimingMode {
+        l2: budget.l2.name().into(),
+        launch: if graph.is_some() { "graph" } else { "eager" }.into(),
+        warmup: warm.len(),
+        raw_ms: raw.clone(),
+        warmup_ms: warm,
+        clocks: gpu.nvml.as_ref().and_then(|n| super::nvml::clocks_around(start, n)),
+    };
     Ok((TimeSummary::of(&raw), mode))
+}
+
+/// Captures one `launch` into a graph. A provider that cannot be captured (a library call that
+/// allocates, a host sync) is timed eagerly instead; its record then says "eager".
+fn capture(gpu: &Gpu, launch: &mut impl FnMut() -> Result<()>) -> Option<CudaGraph> {
+    let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    gpu.stream.begin_capture(mode).ok()?;
+    let launched = launch();
+    let graph = gpu.stream.end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+    match (launched, graph) {
+        (Ok(()), Ok(Some(g))) if g.upload().is_ok() => Some(g),
+        (launched, graph) => {
+            let why = launched.err().map(|e| e.to_string()).or_else(|| graph.err().map(|e| format!("{e:?}")));
+            eprintln!("note: could not capture a CUDA graph ({}); timing eagerly", why.unwrap_or_else(|| "empty graph".into()));
+            None
+        }
+    }
 }

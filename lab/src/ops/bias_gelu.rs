@@ -3,7 +3,7 @@
 //! x + b (5 tensor-sized transfers: read x, write t, read t, write y, plus the bias); fused it
 //! is one read and one write, so the fused kernel should be ~2x the unfused and ~2x torch eager.
 
-use super::compare::compare;
+use super::compare::compare_elems;
 use super::{measure_cpu, measure_gpu, measure_torch, widen, Check, Elem};
 use crate::error::Doing;
 use crate::experiment::{param_str, param_timed, param_usize, rng_for, Backend, Experiment, Peer, Session};
@@ -153,7 +153,7 @@ fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
     // ~20 flops (the polynomial, tanh or erf, the products).
     let work = Work { bytes: 2 * n * size + cols as u64 * size, flops: 20 * n };
     let tol = tolerance(T::DTYPE);
-    let compare_y = |y: &[T]| compare(&widen(y), &expected, tol, "cpu-f64");
+    let compare_y = |y: &[T]| compare_elems(y, &expected, tol, "cpu-f64");
     let check = Check::memory_bound(tol, &compare_y);
     let backend = s.backend.clone();
     match &backend {
@@ -255,7 +255,7 @@ mod tests {
             let b: Vec<T> = bf.iter().map(|&v| T::from_f32(v)).collect();
             let mut y = vec![T::from_f32(f32::NAN); x.len()];
             cpu_fused_rows(&x, &b, &mut y, a);
-            let e = compare(&widen(&y), &reference(&widen(&x), &widen(&b), a), tolerance(T::DTYPE), "t");
+            let e = compare_elems(&y, &reference(&widen(&x), &widen(&b), a), tolerance(T::DTYPE), "t");
             assert!(e.passed(), "{:?} {a:?}: {e:?}", T::DTYPE);
         }
         for a in [Approx::Tanh, Approx::Erf] {

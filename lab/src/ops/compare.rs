@@ -1,5 +1,6 @@
 //! Compares a result with its f64 reference: max abs/rel error, the worst element, a verdict.
 
+use super::{widen, Elem};
 use crate::record::{ErrorStats, Tolerance};
 use rayon::prelude::*;
 
@@ -16,6 +17,7 @@ pub fn compare(got: &[f64], expected: &[f64], tol: Tolerance, reference: &str) -
         worst_expected: None,
         mismatches: 0,
         reference: reference.to_string(),
+        max_ulp: None,
     };
     for (i, (&g, &e)) in got.iter().zip(expected).enumerate() {
         let fraction = if e.is_nan() || g.is_nan() || e.is_infinite() || g.is_infinite() {
@@ -43,6 +45,23 @@ pub fn compare(got: &[f64], expected: &[f64], tol: Tolerance, reference: &str) -
         s.max_abs = f64::INFINITY;
     }
     s
+}
+
+/// [`compare`] for an output of element type `T`, with its error in ULPs of `T`.
+pub fn compare_elems<T: Elem>(got: &[T], expected: &[f64], tol: Tolerance, reference: &str) -> ErrorStats {
+    let mut s = compare(&widen(got), expected, tol, reference);
+    s.max_ulp = Some(max_ulp(got, expected));
+    s
+}
+
+/// Largest |ordinal(got) - ordinal(round(expected))| over pairs where both are finite.
+pub fn max_ulp<T: Elem>(got: &[T], expected: &[f64]) -> u64 {
+    got.par_iter()
+        .zip(expected)
+        .filter(|(g, e)| g.to_f64().is_finite() && e.is_finite())
+        .map(|(&g, &e)| g.ordinal().abs_diff(T::from_f64(e).ordinal()))
+        .max()
+        .unwrap_or(0)
 }
 
 /// The check made before timing if it failed, else the one after: a kernel must be right both
@@ -83,6 +102,22 @@ mod tests {
     }
 
     #[test]
+    fn ulps_count_representable_steps_of_the_output_type() {
+        use half::bf16;
+        let one = bf16::from_f32(1.0);
+        let next = bf16::from_bits(one.to_bits() + 1);
+        assert_eq!(max_ulp(&[one, next], &[1.0, 1.0]), 1);
+        // Across zero: the smallest negative and positive subnormals are 2 steps apart.
+        assert_eq!(max_ulp(&[bf16::from_bits(0x8001)], &[bf16::from_bits(1).to_f64()]), 2);
+        assert_eq!(max_ulp(&[-0.0f32], &[0.0]), 0);
+        assert_eq!(max_ulp(&[1.0f32 + f32::EPSILON * 3.0], &[1.0]), 3);
+        // Non-finite pairs are the tolerance check's business, not the ULP figure's.
+        assert_eq!(max_ulp(&[f32::NAN], &[1.0]), 0);
+        let s = compare_elems(&[one, next], &[1.0, 1.0], TOL, "t");
+        assert_eq!(s.max_ulp, Some(1));
+    }
+
+    #[test]
     fn a_large_error_fails_with_its_index() {
         let s = compare(&[0.0, 0.1, 0.3], &[0.0, 0.1, 0.2], TOL, "t");
         assert!(!s.passed());
@@ -105,5 +140,6 @@ pub fn compare_bits(got: &[u32], expected: &[u32], reference: &str) -> ErrorStat
         worst_expected: first.map(|i| expected[i] as f64),
         mismatches,
         reference: reference.to_string(),
+        max_ulp: None,
     }
 }

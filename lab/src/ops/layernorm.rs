@@ -3,7 +3,7 @@
 //! read of x and one write of y; the ladder goes from three passes to the row kept on chip.
 //! The row inputs, cases and GPU flow here are shared with `rmsnorm`.
 
-use super::compare::compare;
+use super::compare::compare_elems;
 use super::{measure_cpu, measure_gpu, measure_torch, widen, Check, Elem};
 use crate::error::Doing;
 use crate::experiment::{param_str, param_timed, param_usize, rng_for, Backend, Experiment, Peer, Session};
@@ -238,7 +238,7 @@ fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
     validate("layernorm", rc.x.len(), rc.rows, rc.cols, &[("gamma", gamma.len()), ("beta", beta.len())])?;
     let expected = reference(&widen(&rc.x), &widen(&gamma), &widen(&beta), EPS as f64);
     let tol = tolerance(T::DTYPE);
-    let compare_y = |y: &[T]| compare(&widen(y), &expected, tol, "cpu-f64");
+    let compare_y = |y: &[T]| compare_elems(y, &expected, tol, "cpu-f64");
     let check = Check::memory_bound(tol, &compare_y);
     let backend = s.backend.clone();
     match &backend {
@@ -281,7 +281,7 @@ mod tests {
             let (g, b): (Vec<f32>, Vec<f32>) = (affine(cols, 1.0, &mut rng), affine(cols, 0.0, &mut rng));
             let mut y = vec![f32::NAN; x.len()];
             cpu_two_pass_rows(&x, &g, &b, &mut y, EPS);
-            let e = compare(&widen(&y), &reference(&widen(&x), &widen(&g), &widen(&b), EPS as f64), tolerance(DType::F32), "t");
+            let e = compare_elems(&y, &reference(&widen(&x), &widen(&g), &widen(&b), EPS as f64), tolerance(DType::F32), "t");
             assert!(e.passed(), "{rows}x{cols} {fill}: {e:?}");
         }
     }

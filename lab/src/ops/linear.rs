@@ -4,7 +4,7 @@
 //! backward, and the bias gradient as a two-stage column reduction without atomics.
 //! X is [M, K], W is [N, K] (PyTorch's layout), b is [N].
 
-use super::compare::compare;
+use super::compare::{compare, compare_elems};
 use super::{measure_cpu, measure_gpu, measure_torch, widen, Check, Elem};
 use crate::error::Doing;
 use crate::experiment::{param_str, param_timed, param_usize, rng_for, Backend, Experiment, Peer, Session};
@@ -233,7 +233,7 @@ where
         (Backend::Cuda(_), DType::Bf16) => "tensor_bf16_tflop_s",
         _ => "fma_tflop_s",
     };
-    let compare_y = |got: &[T]| compare(&widen(got), &y, scaled(&y, rel(dt)), "cpu-f64");
+    let compare_y = |got: &[T]| compare_elems(got, &y, scaled(&y, rel(dt)), "cpu-f64");
     let fwd_check = Check { tol: scaled(&y, rel(dt)), compare: &compare_y, ceiling };
     let compare_g = |got: &[T]| compare_parts(&widen(got), &[&dx, &dw, &db], dt);
     let bwd_check = Check { tol: Tolerance { atol: 0.0, rtol: rel(dt) }, compare: &compare_g, ceiling };
@@ -395,7 +395,7 @@ mod tests {
             let (z, y) = forward(&xf, &wf, &widen(&bs), dims, act);
             let mut out = vec![f32::NAN; y.len()];
             cpu_forward(&xs, &ws, &bs, dims, act, &mut out);
-            assert!(compare(&widen(&out), &y, scaled(&y, 1e-5), "t").passed());
+            assert!(compare_elems(&out, &y, scaled(&y, 1e-5), "t").passed());
             let (dx, dw, db) = backward(&xf, &wf, &z, &widen(&dys), dims, act);
             let mut g = vec![f32::NAN; dx.len() + dw.len() + db.len()];
             cpu_backward(&xs, &ws, &bs, &dys, dims, act, &mut g);

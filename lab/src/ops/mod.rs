@@ -20,15 +20,32 @@ pub trait Elem: DeviceRepr + ValidAsZeroBits + Copy + Default + Send + Sync + Un
     fn to_f64(self) -> f64 {
         self.to_f32() as f64
     }
+    /// Rounds an f64 to the nearest value of this type (what a perfect kernel would store).
+    fn from_f64(x: f64) -> Self;
+    /// Position on the number line counted in units in the last place: adjacent values differ
+    /// by 1, and +0 and -0 are both 0. The distance of two ordinals is the error in ULPs.
+    fn ordinal(self) -> i64;
     /// Raw little-endian bytes, as peers read them.
     fn bytes(v: &[Self]) -> Vec<u8>;
     fn from_bytes(b: &[u8]) -> Vec<Self>;
+}
+
+/// Sign-magnitude bits to a monotone integer.
+fn sign_magnitude(bits: u64, sign_bit: u32) -> i64 {
+    let magnitude = (bits & ((1u64 << sign_bit) - 1)) as i64;
+    if bits >> sign_bit & 1 == 1 { -magnitude } else { magnitude }
 }
 
 impl Elem for f32 {
     const DTYPE: DType = DType::F32;
     fn from_f32(x: f32) -> Self {
         x
+    }
+    fn from_f64(x: f64) -> Self {
+        x as f32
+    }
+    fn ordinal(self) -> i64 {
+        sign_magnitude(self.to_bits() as u64, 31)
     }
     fn to_f32(self) -> f32 {
         self
@@ -46,6 +63,12 @@ impl Elem for half::bf16 {
     fn from_f32(x: f32) -> Self {
         half::bf16::from_f32(x)
     }
+    fn from_f64(x: f64) -> Self {
+        half::bf16::from_f64(x)
+    }
+    fn ordinal(self) -> i64 {
+        sign_magnitude(self.to_bits() as u64, 15)
+    }
     fn to_f32(self) -> f32 {
         half::bf16::to_f32(self)
     }
@@ -61,6 +84,12 @@ impl Elem for half::f16 {
     const DTYPE: DType = DType::F16;
     fn from_f32(x: f32) -> Self {
         half::f16::from_f32(x)
+    }
+    fn from_f64(x: f64) -> Self {
+        half::f16::from_f64(x)
+    }
+    fn ordinal(self) -> i64 {
+        sign_magnitude(self.to_bits() as u64, 15)
     }
     fn to_f32(self) -> f32 {
         half::f16::to_f32(self)
@@ -168,7 +197,10 @@ pub fn measure_torch<T: Elem>(
     work: Work,
     check: &Check<T>,
 ) -> Result<()> {
-    let run = peers::torch(op, T::DTYPE.name(), args, inputs, &s.budget, gpu.info.l2_bytes)?;
+    let start = gpu.nvml.as_ref().and_then(|n| n.clocks_now());
+    let mut run = peers::torch(op, T::DTYPE.name(), args, inputs, &s.budget, gpu.info.l2_bytes)?;
+    // The peer is another process: its clocks are read around that process.
+    run.time.1.clocks = gpu.nvml.as_ref().and_then(|n| crate::gpu::nvml::clocks_around(start, n));
     let mut m = Measurement::new(run.variant, "torch", case, work);
     m.error = Some((check.compare)(&T::from_bytes(&run.output)));
     (m.time, m.tolerance, m.ceiling, m.extra) = (Some(run.time), Some(check.tol), Some(check.ceiling), run.extra);

@@ -2,7 +2,7 @@
 //! (kernels/rmsnorm.cu). One statistic instead of two: the same memory floor as LayerNorm.
 //! Inputs, cases and the GPU flow are LayerNorm's (`layernorm::RowCase`).
 
-use super::compare::compare;
+use super::compare::compare_elems;
 use super::layernorm::{affine, tolerance, validate, RowCase, EPS};
 use super::{measure_torch, widen, Check, Elem};
 use crate::experiment::{param_str, rng_for, Backend, Experiment, Peer, Session};
@@ -70,7 +70,7 @@ fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
     validate("rmsnorm", rc.x.len(), rc.rows, rc.cols, &[("gamma", gamma.len())])?;
     let expected = reference(&widen(&rc.x), &widen(&gamma), EPS as f64);
     let tol = tolerance(T::DTYPE);
-    let compare_y = |y: &[T]| compare(&widen(y), &expected, tol, "cpu-f64");
+    let compare_y = |y: &[T]| compare_elems(y, &expected, tol, "cpu-f64");
     let check = Check::memory_bound(tol, &compare_y);
     let backend = s.backend.clone();
     match &backend {
@@ -103,7 +103,7 @@ mod tests {
             let g: Vec<f32> = affine(cols, 1.0, &mut rng);
             let mut y = vec![f32::NAN; x.len()];
             cpu_rows(&x, &g, &mut y, EPS);
-            let e = compare(&widen(&y), &reference(&widen(&x), &widen(&g), EPS as f64), tolerance(DType::F32), "t");
+            let e = compare_elems(&y, &reference(&widen(&x), &widen(&g), EPS as f64), tolerance(DType::F32), "t");
             assert!(e.passed(), "{rows}x{cols} {fill}: {e:?}");
         }
     }

@@ -5,7 +5,7 @@
 //! all -inf (fully masked) gives all zeros; a NaN or +inf anywhere in a row makes the row NaN;
 //! large magnitudes (1e4) do not overflow because the row max is subtracted first.
 
-use super::compare::compare;
+use super::compare::compare_elems;
 use super::{measure_cpu, measure_gpu, measure_torch, widen, Check, Elem};
 use crate::error::Doing;
 use crate::experiment::{param_str, param_timed, param_usize, rng_for, Backend, Experiment, Measurement, Peer, Session};
@@ -188,7 +188,7 @@ fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
     // One read and one write per element; ~5 flops (max, subtract, exp, add, divide).
     let work = Work { bytes: 2 * n * T::DTYPE.size() as u64, flops: 5 * n };
     let tol = tolerance(T::DTYPE);
-    let compare_y = |y: &[T]| compare(&widen(y), &expected, tol, "cpu-f64");
+    let compare_y = |y: &[T]| compare_elems(y, &expected, tol, "cpu-f64");
     let check = Check::memory_bound(tol, &compare_y);
     let backend = s.backend.clone();
     match &backend {
@@ -255,7 +255,7 @@ mod tests {
         let expected = reference(&widen(&x), cols);
         let mut y = vec![T::from_f32(f32::NAN); x.len()];
         cpu_online_rows(&x, &mut y, cols);
-        let e = compare(&widen(&y), &expected, tolerance(T::DTYPE), "cpu-f64");
+        let e = compare_elems(&y, &expected, tolerance(T::DTYPE), "cpu-f64");
         assert!(e.passed(), "{:?} {rows}x{cols} {fill}: {e:?}", T::DTYPE);
     }
 

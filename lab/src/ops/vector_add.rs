@@ -1,8 +1,8 @@
 //! `vector_add`: c = a + b, the bandwidth baseline (kernels/vector_add.cu).
 //! 12 bytes and 1 flop per element: every variant should sit on the copy roof.
 
-use super::compare::compare;
-use super::{measure_cpu, measure_gpu, measure_torch, widen, Check, Elem};
+use super::compare::compare_elems;
+use super::{measure_cpu, measure_gpu, measure_torch, Check, Elem};
 use crate::error::Doing;
 use crate::experiment::{param_usize, Backend, Experiment, Peer, Session};
 use crate::gpu::Gpu;
@@ -61,7 +61,7 @@ impl Experiment for VectorAdd {
         match &backend {
             Backend::Cuda(gpu) => run_gpu(s, gpu, case, &a, &b, &expected, work),
             Backend::Cpu => {
-                let compare_c = |c: &[f32]| compare(&widen(c), &expected, TOL, "cpu-f64");
+                let compare_c = |c: &[f32]| compare_elems(c, &expected, TOL, "cpu-f64");
                 let check = Check::memory_bound(TOL, &compare_c);
                 for &variant in CPU_VARIANTS {
                     measure_cpu(s, case, variant, work, &check, true, n, |c| cpu_add(variant, &a, &b, c))?;
@@ -94,7 +94,7 @@ fn run_gpu(s: &mut Session, gpu: &Gpu, case: &Value, a: &[f32], b: &[f32], expec
     let n = a.len();
     let (da, db) = (gpu.upload(a)?, gpu.upload(b)?);
     let mut dc = gpu.stream.alloc_zeros::<f32>(n).doing("allocating c")?;
-    let compare_c = |c: &[f32]| compare(&widen(c), expected, TOL, "cpu-f64");
+    let compare_c = |c: &[f32]| compare_elems(c, expected, TOL, "cpu-f64");
     let check = Check::memory_bound(TOL, &compare_c);
     for &variant in GPU_VARIANTS {
         if !s.wants(variant, "lab") {
@@ -132,7 +132,7 @@ mod tests {
             for v in CPU_VARIANTS {
                 let mut c = vec![f32::NAN; n];
                 cpu_add(v, &a, &b, &mut c);
-                let e = compare(&widen(&c), &expected, TOL, "cpu-f64");
+                let e = compare_elems(&c, &expected, TOL, "cpu-f64");
                 assert!(e.passed(), "{v} n={n}: {e:?}");
             }
         }

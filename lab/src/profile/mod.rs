@@ -47,33 +47,100 @@ pub struct Throughput {
     pub tflop_s: f64,
 }
 
+/// Whether L2 is scrubbed before every repetition (inputs come from memory) or left warm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum L2 {
+    Cold,
+    Warm,
+}
+
+/// How each repetition is issued: launched from the host, or replayed as a captured CUDA graph
+/// (no launch overhead; a provider that cannot be captured is timed eagerly and says so).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Launch {
+    Eager,
+    Graph,
+}
+
+impl L2 {
+    pub fn name(self) -> &'static str {
+        match self {
+            L2::Cold => "cold",
+            L2::Warm => "warm",
+        }
+    }
+}
+
+impl Launch {
+    pub fn name(self) -> &'static str {
+        match self {
+            Launch::Eager => "eager",
+            Launch::Graph => "graph",
+        }
+    }
+}
+
+/// SM and memory clocks read just before the first timed repetition and just after the last,
+/// and what was holding the clocks down at the end (NVML's clock event reasons).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Clocks {
+    pub sm_mhz: [u32; 2],
+    pub mem_mhz: [u32; 2],
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub limited_by: Vec<String>,
+}
+
 /// How a time was taken; kept in every record.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct TimingMode {
     /// "cold" (L2 scrubbed before every repetition) or "warm".
     pub l2: String,
-    /// "eager" launches (graph replay may come later).
+    /// "eager" launches, "graph" replay, or "host" for CPU code.
     pub launch: String,
     pub warmup: usize,
     /// Raw samples in milliseconds, in the order they were taken.
     pub raw_ms: Vec<f64>,
+    /// Every warm-up sample, in order: the trace that shows when the times settled.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warmup_ms: Vec<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clocks: Option<Clocks>,
 }
 
-/// How many repetitions to take: at least `min`, at most `max`, about `budget_ms` in all.
+impl TimingMode {
+    /// `cold L2, graph` as the report prints it next to a figure.
+    pub fn label(&self) -> String {
+        format!("{} L2, {}", self.l2, self.launch)
+    }
+}
+
+/// How many repetitions to take: at least `min`, at most `max`, about `budget_ms` in all; and
+/// how to take them.
 #[derive(Clone, Copy, Debug)]
 pub struct Budget {
+    /// Repetitions per warm-up round.
     pub warmup: usize,
     pub min: usize,
     pub max: usize,
     pub budget_ms: f64,
+    pub l2: L2,
+    pub launch: Launch,
 }
+
+/// Warm-up stops once a round's median is no more than this much better than the best before.
+pub const SETTLED: f64 = 0.02;
+/// ... or after this many rounds, whatever the trace says.
+pub const MAX_WARMUP_ROUNDS: usize = 8;
 
 impl Budget {
     pub fn new(quick: bool) -> Self {
+        let (l2, launch) = (L2::Cold, Launch::Eager);
         if quick {
-            Budget { warmup: 2, min: 5, max: 20, budget_ms: 200.0 }
+            Budget { warmup: 2, min: 5, max: 20, budget_ms: 200.0, l2, launch }
         } else {
-            Budget { warmup: 5, min: 10, max: 100, budget_ms: 1000.0 }
+            Budget { warmup: 5, min: 10, max: 100, budget_ms: 1000.0, l2, launch }
         }
     }
     /// Repetitions to take after a warm-up whose median took `warm_ms`.
@@ -81,23 +148,91 @@ impl Budget {
         let fit = (self.budget_ms / warm_ms.max(1e-6)) as usize;
         fit.clamp(self.min, self.max)
     }
+
+    /// Warm-up in rounds of `warmup` repetitions until the median stops improving (by more than
+    /// [`SETTLED`]) or [`MAX_WARMUP_ROUNDS`] or the time budget is spent; returns every sample.
+    pub fn warm_up<E>(&self, mut round: impl FnMut(usize) -> Result<Vec<f64>, E>) -> Result<Vec<f64>, E> {
+        let mut trace = Vec::new();
+        let mut best = f64::INFINITY;
+        for i in 0..MAX_WARMUP_ROUNDS {
+            let r = round(self.warmup.max(1))?;
+            let median = TimeSummary::of(&r).median;
+            trace.extend(r);
+            let settled = i > 0 && median >= best * (1.0 - SETTLED);
+            best = best.min(median);
+            if settled || trace.iter().sum::<f64>() > self.budget_ms {
+                break;
+            }
+        }
+        Ok(trace)
+    }
+
+    /// Times `once` (which returns milliseconds): warm-up, then repetitions by the budget.
+    pub fn sample<E>(&self, mut once: impl FnMut(usize) -> Result<Vec<f64>, E>) -> Result<(Vec<f64>, Vec<f64>), E> {
+        let warm = self.warm_up(&mut once)?;
+        let tail = &warm[warm.len().saturating_sub(self.warmup.max(1))..];
+        let raw = once(self.reps(TimeSummary::of(tail).median))?;
+        Ok((warm, raw))
+    }
 }
 
-/// Times a host function: warm-up, then repetitions by the budget.
+/// Times a host function the same way (caches stay warm: host code has no scrub).
 pub fn cpu_time(budget: &Budget, mut f: impl FnMut()) -> (TimeSummary, TimingMode) {
-    let mut once = || {
-        let t = std::time::Instant::now();
-        f();
-        t.elapsed().as_secs_f64() * 1e3
+    let once = |n: usize| -> Result<Vec<f64>, std::convert::Infallible> {
+        Ok((0..n)
+            .map(|_| {
+                let t = std::time::Instant::now();
+                f();
+                t.elapsed().as_secs_f64() * 1e3
+            })
+            .collect())
     };
-    let warm: Vec<f64> = (0..budget.warmup.max(1)).map(|_| once()).collect();
-    let reps = budget.reps(TimeSummary::of(&warm).median);
-    let raw: Vec<f64> = (0..reps).map(|_| once()).collect();
+    let Ok((warm, raw)) = budget.sample(once);
     let mode = TimingMode {
         l2: "warm".into(),
         launch: "host".into(),
         warmup: warm.len(),
         raw_ms: raw.clone(),
+        warmup_ms: warm,
+        clocks: None,
     };
     (TimeSummary::of(&raw), mode)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A round of `n` samples from a scripted sequence of round medians.
+    fn scripted(medians: &[f64]) -> impl FnMut(usize) -> Result<Vec<f64>, ()> + '_ {
+        let mut i = 0;
+        move |n| {
+            let m = medians[i.min(medians.len() - 1)];
+            i += 1;
+            Ok(vec![m; n])
+        }
+    }
+
+    #[test]
+    fn warm_up_goes_on_while_the_median_improves_and_keeps_the_trace() {
+        let b = Budget { budget_ms: 1e9, ..Budget::new(false) };
+        // Improves 10 -> 5 -> 3, then settles at 2.99 (< 2% better): four rounds.
+        let trace = b.warm_up(scripted(&[10.0, 5.0, 3.0, 2.99, 1.0])).unwrap();
+        assert_eq!(trace.len(), 4 * b.warmup);
+        assert_eq!(trace[0], 10.0);
+        assert_eq!(*trace.last().unwrap(), 2.99);
+        // Never settling stops at the round limit; a spent time budget stops it sooner.
+        let falling: Vec<f64> = (0..20).map(|i| 100.0 / (i as f64 + 1.0)).collect();
+        assert_eq!(b.warm_up(scripted(&falling)).unwrap().len(), MAX_WARMUP_ROUNDS * b.warmup);
+        let short = Budget { budget_ms: 600.0, ..b };
+        assert_eq!(short.warm_up(scripted(&falling)).unwrap().len(), 2 * b.warmup);
+    }
+
+    #[test]
+    fn sampling_takes_repetitions_by_the_settled_median() {
+        let b = Budget { budget_ms: 100.0, min: 3, max: 50, ..Budget::new(false) };
+        let (warm, raw) = b.sample(scripted(&[9.0, 4.0, 4.0])).unwrap();
+        assert_eq!(warm.len(), 3 * b.warmup);
+        assert_eq!(raw.len(), 25);
+    }
 }

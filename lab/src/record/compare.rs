@@ -9,7 +9,8 @@ use rand::{Rng, SeedableRng};
 use statrs::statistics::{Data, OrderStatistics};
 use std::collections::BTreeMap;
 
-/// What must match for two runs to be compared: device, driver, host and allow-listed env.
+/// What must match for two runs to be compared: device and board (form factor, power limit),
+/// driver, host and allow-listed env.
 pub fn fingerprint(r: &Record) -> BTreeMap<&'static str, String> {
     let d = &r.device;
     BTreeMap::from([
@@ -20,6 +21,8 @@ pub fn fingerprint(r: &Record) -> BTreeMap<&'static str, String> {
         ("device.memory_bytes", d.memory_bytes.to_string()),
         ("device.driver", d.driver.clone()),
         ("device.cuda", d.cuda.clone()),
+        ("device.form_factor", d.board.as_ref().map(|b| b.form_factor.clone()).unwrap_or_default()),
+        ("device.power_limit_w", d.board.as_ref().and_then(|b| b.power_limit_w).map(|w| w.to_string()).unwrap_or_default()),
         ("host.cpu", r.host.cpu.clone()),
         ("host.cores", r.host.cores.to_string()),
         ("env", format!("{:?}", r.env)),

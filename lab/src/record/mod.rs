@@ -33,6 +33,10 @@ pub struct ErrorStats {
     /// Elements that failed the tolerance (NaN where a number was expected counts).
     pub mismatches: u64,
     pub reference: String,
+    /// Largest distance, in units in the last place of the output type, between an output and
+    /// the reference rounded to that type (finite pairs only). Absent where outputs are not floats.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_ulp: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]

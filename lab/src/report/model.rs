@@ -147,7 +147,10 @@ pub fn row(r: &Record, peers: &BTreeMap<(String, String, String), (f64, String)>
         _ => None,
     };
     let mode = match (&r.timing, &r.time_ms) {
-        (Some(t), Some(s)) => format!("L2 {}, {}, {} samples", t.l2, t.launch, s.samples),
+        (Some(t), Some(s)) => {
+            let clocks = t.clocks.as_ref().map(|c| format!(", SM {}-{} MHz", c.sm_mhz[0], c.sm_mhz[1])).unwrap_or_default();
+            format!("L2 {}, {}, {} samples{clocks}", t.l2, t.launch, s.samples)
+        }
         _ => "untimed (correctness only)".into(),
     };
     Row {
@@ -161,10 +164,18 @@ pub fn row(r: &Record, peers: &BTreeMap<(String, String, String), (f64, String)>
         tflop_s: num(r.throughput.map(|t| t.tflop_s), 3),
         pct_ceiling: num(r.fraction_of_ceiling.map(|f| 100.0 * f), 1),
         speedup: speedup.map(|s| format!("{s:.2}x")).unwrap_or_else(|| "-".into()),
-        max_err: r.error.as_ref().map(|e| format!("{:.2e}", e.max_abs)).unwrap_or_else(|| "-".into()),
+        max_err: r.error.as_ref().map(error_label).unwrap_or_else(|| "-".into()),
         verdict: verdict_name(r.verdict).into(),
         flagged: r.verdict != Verdict::Pass,
         mode,
+    }
+}
+
+/// Largest absolute error, with its size in ULPs of the output type where the record has it.
+fn error_label(e: &crate::record::ErrorStats) -> String {
+    match e.max_ulp {
+        Some(u) => format!("{:.2e} ({u} ulp)", e.max_abs),
+        None => format!("{:.2e}", e.max_abs),
     }
 }
 
