@@ -52,6 +52,8 @@ struct SiteContext<'a> {
     experiments: &'a [ExperimentLink],
     warnings: &'a [String],
     findings: &'a [model::Finding],
+    history: &'a [model::History],
+    cross: &'a model::CrossDevice,
     runs: &'a [RunView],
     has_gpu_run: bool,
     /// Set on an experiment page.
@@ -218,8 +220,11 @@ pub fn render(opts: &ReportOptions) -> Result<Rendered> {
     experiments.sort_by(|a, b| a.name.cmp(&b.name));
     let has_gpu_run = records.iter().any(|r| r.backend == "cuda");
     let tera = templates(&opts.templates)?;
+    let history = model::history(&records);
     let site = |experiment: Option<&str>, runs: &[RunView], findings: &[model::Finding]| -> Result<String> {
-        let ctx = SiteContext { experiments: &experiments, warnings: &warnings, findings, runs, has_gpu_run, experiment };
+        let history: Vec<model::History> = history.iter().filter(|h| experiment.is_none_or(|e| h.experiment == e)).cloned().collect();
+        let cross = model::cross_device(findings);
+        let ctx = SiteContext { experiments: &experiments, warnings: &warnings, findings, history: &history, cross: &cross, runs, has_gpu_run, experiment };
         render_one(&tera, if experiment.is_some() { "experiment.html" } else { "index.html" }, &ctx)
     };
     files.insert(opts.out.join("index.html"), site(None, &runs, &findings)?);
@@ -236,7 +241,8 @@ pub fn render(opts: &ReportOptions) -> Result<Rendered> {
         let fs: Vec<model::Finding> = findings.iter().filter(|f| f.experiment == e.name).cloned().collect();
         files.insert(opts.out.join(format!("{}.html", e.slug)), site(Some(&e.name), &only, &fs)?);
     }
-    let ctx = SiteContext { experiments: &experiments, warnings: &warnings, findings: &findings, runs: &runs, has_gpu_run, experiment: None };
+    let cross = model::cross_device(&findings);
+    let ctx = SiteContext { experiments: &experiments, warnings: &warnings, findings: &findings, history: &history, cross: &cross, runs: &runs, has_gpu_run, experiment: None };
     files.insert(opts.log.clone(), render_one(&tera, "research_log.md", &ctx)?);
     Ok(Rendered { files, warnings })
 }

@@ -240,3 +240,103 @@ pub fn findings(records: &[Record]) -> Vec<Finding> {
     }
     out
 }
+
+/// One run's best passing lab figure for a shape, with its noise band (the rate at the p80 and
+/// p20 times).
+#[derive(Serialize, Clone, Debug)]
+pub struct HistoryPoint {
+    pub run_id: String,
+    pub date: String,
+    pub commit: String,
+    pub variant: String,
+    pub figure: String,
+    pub band: String,
+}
+
+/// An experiment's best figure on one device and shape, run after run (commit after commit).
+#[derive(Serialize, Clone, Debug)]
+pub struct History {
+    pub experiment: String,
+    pub slug: String,
+    pub device: String,
+    pub shape: String,
+    pub unit: String,
+    pub points: Vec<HistoryPoint>,
+}
+
+/// For each experiment, device and shape timed in at least two runs, the best passing lab
+/// variant of each run in run order. Runs in other timing modes (warm L2, graphs) are kept apart:
+/// their figures answer a different question.
+pub fn history(records: &[Record]) -> Vec<History> {
+    let mut best: BTreeMap<(String, String, String, String), BTreeMap<String, &Record>> = BTreeMap::new();
+    for r in records.iter().filter(|r| r.provider == "lab" && r.verdict == Verdict::Pass && headline(r).is_some()) {
+        let (Some(t), Some(mode)) = (&r.time_ms, &r.timing) else { continue };
+        let key = (r.experiment.clone(), r.device.name.clone(), shape(&r.params), mode.label());
+        let runs = best.entry(key).or_default();
+        if runs.get(&r.run_id).is_none_or(|old| t.median < old.time_ms.as_ref().map_or(f64::INFINITY, |o| o.median)) {
+            runs.insert(r.run_id.clone(), r);
+        }
+    }
+    best.into_iter()
+        .filter(|(_, runs)| runs.len() >= 2)
+        .map(|((experiment, device, shape, mode), runs)| {
+            let unit = runs.values().next().and_then(|r| headline(r)).map_or("", |(_, u)| u);
+            let rate = |r: &Record, ms: f64| {
+                let t = r.work.throughput(ms);
+                if unit == "TFLOP/s" { t.tflop_s } else { t.gb_s }
+            };
+            let points = runs
+                .values()
+                .map(|r| {
+                    let t = r.time_ms.as_ref().expect("timed");
+                    HistoryPoint {
+                        run_id: r.run_id.clone(),
+                        date: r.time.clone(),
+                        commit: r.git.commit.chars().take(7).collect(),
+                        variant: r.variant.clone(),
+                        figure: format!("{:.1}", rate(r, t.median)),
+                        band: format!("{:.1}-{:.1}", rate(r, t.p80), rate(r, t.p20)),
+                    }
+                })
+                .collect();
+            History { slug: slug(&experiment), experiment, device, shape: format!("{shape} ({mode})"), unit: unit.into(), points }
+        })
+        .collect()
+}
+
+/// The findings side by side across devices: for each experiment and shape, the best lab
+/// variant's percentage of each device's own ceiling.
+#[derive(Serialize, Clone, Debug)]
+pub struct CrossDevice {
+    pub devices: Vec<String>,
+    pub rows: Vec<CrossRow>,
+}
+
+#[derive(Serialize, Clone, Debug)]
+pub struct CrossRow {
+    pub experiment: String,
+    pub slug: String,
+    pub shape: String,
+    /// One per device, in `devices` order: "93.1% (float4_grid_stride)", a ceiling's own figure,
+    /// or "-".
+    pub cells: Vec<String>,
+}
+
+pub fn cross_device(findings: &[Finding]) -> CrossDevice {
+    let mut devices: Vec<String> = findings.iter().map(|f| f.device.clone()).collect();
+    devices.sort();
+    devices.dedup();
+    let mut rows: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    for f in findings {
+        let cells = rows.entry((f.experiment.clone(), f.shape.clone())).or_insert_with(|| vec!["-".into(); devices.len()]);
+        let i = devices.iter().position(|d| *d == f.device).expect("device listed");
+        // A ceiling is not a fraction of itself: its own figure stands in the cell.
+        let figure = if f.pct_ceiling == "-" { f.lab_figure.clone() } else { format!("{}%", f.pct_ceiling) };
+        cells[i] = format!("{figure} ({})", f.lab_variant);
+    }
+    let rows = rows
+        .into_iter()
+        .map(|((experiment, shape), cells)| CrossRow { slug: slug(&experiment), experiment, shape, cells })
+        .collect();
+    CrossDevice { devices, rows }
+}
