@@ -414,4 +414,24 @@ mod tests {
         assert_eq!((row.speedup.as_str(), row.verdict.as_str(), row.flagged), ("-", "fail", true));
         assert_ne!(row.median_ms, "-");
     }
+
+    /// The whole house path with a real, deliberately wrong kernel (kept here only): a vector add
+    /// that forgets the last element leaves the NaN poison there and fails, however fast it is.
+    #[test]
+    fn a_kernel_that_skips_an_element_fails_through_the_house_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = session(dir.path());
+        let (a, b): (Vec<f32>, Vec<f32>) = ((0..1001).map(|i| i as f32).collect(), (0..1001).map(|i| 0.5 * i as f32).collect());
+        let expected: Vec<f64> = a.iter().zip(&b).map(|(x, y)| (*x + *y) as f64).collect();
+        let compare = |y: &[f32]| crate::ops::compare::compare_elems(y, &expected, Tolerance { atol: 0.0, rtol: 1e-6 }, "cpu-f64");
+        let check = crate::ops::Check::memory_bound(Tolerance { atol: 0.0, rtol: 1e-6 }, &compare);
+        let case = serde_json::json!({"n": 1001});
+        let off_by_one = |y: &mut [f32]| (0..y.len() - 1).for_each(|i| y[i] = a[i] + b[i]);
+        crate::ops::measure_cpu(&mut s, &case, "off_by_one", Work { bytes: 12 * 1001, flops: 1001 }, &check, true, 1001, off_by_one).unwrap();
+        let r = s.records.last().unwrap();
+        assert_eq!(r.verdict, Verdict::Fail);
+        let e = r.error.as_ref().unwrap();
+        assert_eq!((e.mismatches, e.worst_index), (1, Some(1000)));
+        assert!(r.time_ms.is_some(), "the time is kept, never shown as a result");
+    }
 }

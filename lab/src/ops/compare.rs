@@ -29,7 +29,8 @@ pub fn compare(got: &[f64], expected: &[f64], tol: Tolerance, reference: &str) -
             if e != 0.0 {
                 s.max_rel = s.max_rel.max(abs / e.abs());
             }
-            abs / (tol.atol + tol.rtol * e.abs())
+            // Exact agreement is 0 even where the allowance is 0 (atol = 0, expected = 0).
+            if abs == 0.0 { 0.0 } else { abs / (tol.atol + tol.rtol * e.abs()) }
         };
         if fraction > 1.0 {
             s.mismatches += 1;
