@@ -47,6 +47,22 @@ enum Command {
         /// Launch every repetition from the host (eager) or replay a captured CUDA graph.
         #[arg(long, value_enum, default_value = "eager")]
         launch: Launch,
+        /// Also profile each kernel under Nsight Compute (`ncu`, or LAB_NCU), where the
+        /// experiment supports it; the metrics land in the records' `extra.ncu`.
+        #[arg(long)]
+        ncu: bool,
+    },
+    /// Launch one variant of one case once (what `run --ncu` wraps in Nsight Compute).
+    #[command(hide = true)]
+    LaunchOnce {
+        experiment: String,
+        /// The case as JSON, as the record's `params` holds it.
+        #[arg(long)]
+        case: String,
+        #[arg(long)]
+        variant: String,
+        #[arg(long)]
+        seed: u64,
     },
     /// Re-execute recorded configurations and compare old with new.
     Rerun {
@@ -83,6 +99,9 @@ enum Command {
         /// Compute capabilities as numbers, e.g. 80,90 (default: the device's own).
         #[arg(long, value_delimiter = ',')]
         arch: Vec<u32>,
+        /// Also write each family's PTX to DIR/<family>.compute_<arch>.ptx (for ptxas -v, cuobjdump).
+        #[arg(long)]
+        emit: Option<PathBuf>,
     },
 }
 
@@ -107,7 +126,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Run { experiments, backend, quick, peers, out, seed, variants, l2, launch } => {
+        Command::Run { experiments, backend, quick, peers, out, seed, variants, l2, launch, ncu } => {
             let exps = if experiments.iter().any(|e| e == "all") {
                 experiment::registry()
             } else {
@@ -115,7 +134,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             };
             let backend = backend.open()?;
             let seed = seed.unwrap_or_else(fresh_seed);
-            let opts = RunOptions { quick, peers, out, seed, variants, provider: None, progress: true, l2, launch };
+            let opts = RunOptions { quick, peers, out, seed, variants, provider: None, progress: true, l2, launch, ncu };
             let mut session = Session::new(backend, opts)?;
             let mut result = Ok(());
             for e in exps {
@@ -157,16 +176,29 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::LaunchOnce { experiment, case, variant, seed } => {
+            let case: serde_json::Value = serde_json::from_str(&case).map_err(|e| LabError::Invalid(format!("--case is not JSON: {e}")))?;
+            let gpu = lab::gpu::Gpu::new(0)?;
+            experiment::find(&experiment)?.launch_once(&gpu, &case, &variant, seed)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Doctor => {
             lab::experiment::doctor::print();
             Ok(ExitCode::SUCCESS)
         }
-        Command::Compile { arch } => {
+        Command::Compile { arch, emit } => {
             let archs = if arch.is_empty() { vec![lab::gpu::Gpu::new(0)?.arch] } else { arch };
             for a in archs {
                 for (family, _) in lab::kernels::FAMILIES {
-                    lab::gpu::compile::compile_family(family, a)?;
-                    println!("compiled {family} for compute_{a}");
+                    let ptx = lab::gpu::compile::compile_family(family, a)?;
+                    match &emit {
+                        Some(dir) => {
+                            let path = dir.join(format!("{family}.compute_{a}.ptx"));
+                            std::fs::create_dir_all(dir).and_then(|_| std::fs::write(&path, ptx)).map_err(|e| LabError::io(&path, e))?;
+                            println!("compiled {family} for compute_{a} -> {}", path.display());
+                        }
+                        None => println!("compiled {family} for compute_{a}"),
+                    }
                 }
             }
             Ok(ExitCode::SUCCESS)
@@ -261,6 +293,7 @@ fn rerun(target: &str, dir: &std::path::Path, backend: BackendChoice, out: PathB
             progress: false,
             l2: if r.timing.as_ref().is_some_and(|t| t.l2 == "warm") { L2::Warm } else { L2::Cold },
             launch: if r.timing.as_ref().is_some_and(|t| t.launch == "graph") { Launch::Graph } else { Launch::Eager },
+            ncu: false,
         };
         let s = match session.as_mut() {
             Some(s) => {

@@ -26,6 +26,11 @@ pub trait Experiment: Sync {
     /// Runs every variant and peer that `filter` admits on one parameter set, emitting records
     /// through `session`. Variants that do not apply to the shape are skipped silently.
     fn run_case(&self, session: &mut Session, case: &Value) -> Result<()>;
+    /// Launches one variant once on `case`'s inputs, untimed and unchecked: what a profiler
+    /// wrapped around `lab launch-once` sees (see `profile::ncu`).
+    fn launch_once(&self, _gpu: &Gpu, _case: &Value, _variant: &str, _seed: u64) -> Result<()> {
+        Err(LabError::Invalid(format!("experiment `{}` has no single-launch mode for profilers", self.name())))
+    }
 }
 
 /// Every experiment, in the order `lab run all` takes them (ceilings first: the others are
@@ -39,6 +44,7 @@ pub fn registry() -> Vec<&'static dyn Experiment> {
         &crate::ops::layernorm::LayerNorm,
         &crate::ops::rmsnorm::RmsNorm,
         &crate::ops::linear::Linear,
+        &crate::ops::divergence::Divergence,
     ]
 }
 
@@ -126,6 +132,8 @@ pub struct RunOptions {
     pub progress: bool,
     pub l2: L2,
     pub launch: Launch,
+    /// Profile the experiments that support it under Nsight Compute (their records gain `extra.ncu`).
+    pub ncu: bool,
 }
 
 impl RunOptions {
@@ -366,6 +374,7 @@ mod tests {
             progress: false,
             l2: L2::Cold,
             launch: Launch::Eager,
+            ncu: false,
         };
         let mut s = Session::new(Backend::Cpu, opts).unwrap();
         s.experiment = "vector_add";

@@ -3,6 +3,7 @@
 pub mod bias_gelu;
 pub mod ceilings;
 pub mod compare;
+pub mod divergence;
 pub mod layernorm;
 pub mod linear;
 pub mod rmsnorm;

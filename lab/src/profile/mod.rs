@@ -1,6 +1,8 @@
 //! Profilers: sample statistics and work accounting. Timers live beside their backend
 //! (`gpu::timing` for CUDA events, [`cpu_time`] for host code).
 
+pub mod ncu;
+
 use serde::{Deserialize, Serialize};
 use statrs::statistics::{Data, OrderStatistics};
 

@@ -1,0 +1,229 @@
+//! `divergence`: what a warp pays when its lanes take different paths (kernels/divergence.cu).
+//! Every element runs `iters` dependent FMAs whose constants depend on a path; the work per
+//! element is the same on every path, so time per element against the number of distinct paths
+//! per warp (k) shows the serialization directly. On the CPU the same data-dependent branch on
+//! sorted against shuffled input shows branch misprediction instead.
+
+use super::compare::compare_elems;
+use super::{measure_cpu, measure_gpu, Check};
+use crate::error::Doing;
+use crate::experiment::{param_str, param_usize, rng_for, Backend, Experiment, Session};
+use crate::gpu::Gpu;
+use crate::kernels::{symbol, DType};
+use crate::profile::Work;
+use crate::record::Tolerance;
+use crate::{LabError, Result};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use rand::seq::SliceRandom;
+use rand_distr::{Distribution, StandardNormal};
+use rayon::prelude::*;
+use serde_json::{json, Value};
+
+pub struct Divergence;
+
+const FAMILY: &str = "divergence";
+/// k distinct paths per warp, chosen by lane.
+pub const PATH_VARIANTS: &[&str] = &["paths_branch", "paths_select"];
+/// Two paths chosen by the sign of the element.
+pub const DATA_VARIANTS: &[&str] = &["data_branch", "data_select"];
+pub const CPU_VARIANTS: &[&str] = &["cpu_branch", "cpu_select"];
+pub const PATHS: &[usize] = &[1, 2, 4, 8, 16, 32];
+/// Branch and select compute the same fmaf chain: the result must match the reference exactly.
+const EXACT: Tolerance = Tolerance { atol: 0.0, rtol: 0.0 };
+/// The ncu metrics recorded with `--ncu`: average active threads per executed instruction (32
+/// when no lane is masked off), and branch targets, all and divergent.
+pub const NCU_METRICS: &[&str] = &[
+    "smsp__thread_inst_executed_per_inst_executed.ratio",
+    "smsp__sass_branch_targets.sum",
+    "smsp__sass_branch_targets_threads_divergent.sum",
+];
+
+/// Path p's constants, as the kernels spell them (PATH_A, PATH_B).
+fn constants(p: usize) -> (f32, f32) {
+    (0.5 + 0.015625 * p as f32, 0.0009765625 * (p + 1) as f32)
+}
+
+/// The path an element takes: by lane (`paths_*`: lane = index mod 32 with blocks a multiple of
+/// 32 threads) or by sign (`data_*`, `cpu_*`).
+fn path(variant: &str, i: usize, x: f32, k: usize) -> usize {
+    if variant.starts_with("paths") { (i % 32) % k } else { usize::from(x > 0.0) }
+}
+
+fn chain(mut x: f32, (a, b): (f32, f32), iters: usize) -> f32 {
+    for _ in 0..iters {
+        x = x.mul_add(a, b);
+    }
+    x
+}
+
+/// The reference: the same fused multiply-adds in the same order, so exact.
+pub fn reference(variant: &str, x: &[f32], k: usize, iters: usize) -> Vec<f64> {
+    x.par_iter().enumerate().map(|(i, &v)| chain(v, constants(path(variant, i, v, k)), iters) as f64).collect()
+}
+
+/// Normal values, sorted (warps agree on the sign but one) or shuffled (every warp split).
+fn input(n: usize, fill: &str, rng: &mut rand::rngs::StdRng) -> Result<Vec<f32>> {
+    let mut x: Vec<f32> = (0..n).map(|_| StandardNormal.sample(&mut *rng)).collect();
+    match fill {
+        "sorted" => x.sort_by(f32::total_cmp),
+        "shuffled" => x.shuffle(rng),
+        other => return Err(LabError::Invalid(format!("divergence: unknown fill `{other}` (sorted, shuffled)"))),
+    }
+    Ok(x)
+}
+
+/// The CPU analogue: a branch per element on its sign. `black_box` in each arm keeps the branch
+/// a branch (the compiler cannot turn arms with opaque side effects into a conditional move).
+pub fn cpu_run(variant: &str, x: &[f32], y: &mut [f32], iters: usize) {
+    let body = |(y, &v): (&mut f32, &f32)| {
+        *y = match variant {
+            "cpu_branch" => {
+                if v > 0.0 {
+                    chain(std::hint::black_box(v), constants(1), iters)
+                } else {
+                    chain(std::hint::black_box(v), constants(0), iters)
+                }
+            }
+            _ => chain(v, constants(usize::from(v > 0.0)), iters),
+        }
+    };
+    y.iter_mut().zip(x).for_each(body);
+}
+
+impl Experiment for Divergence {
+    fn name(&self) -> &'static str {
+        "divergence"
+    }
+    fn description(&self) -> &'static str {
+        "warp divergence: k = 1..32 distinct paths per warp, sign branches on sorted vs shuffled input, and divergence-free rewrites; on the CPU, branch misprediction"
+    }
+    fn sweep_axis(&self) -> &'static str {
+        "k"
+    }
+    fn cases(&self, backend: &Backend, quick: bool) -> Vec<Value> {
+        let mut out = Vec::new();
+        match backend {
+            Backend::Cuda(_) => {
+                let (n, iters) = if quick { (1 << 20, 64) } else { (1 << 22, 256) };
+                // An odd size first, untimed: the bounds check of every kernel.
+                for &k in PATHS {
+                    out.push(json!({"kind": "paths", "k": k, "n": 1003, "iters": 7, "fill": "shuffled", "timed": false}));
+                    out.push(json!({"kind": "paths", "k": k, "n": n, "iters": iters, "fill": "shuffled"}));
+                }
+                for fill in ["sorted", "shuffled"] {
+                    out.push(json!({"kind": "data", "k": 2, "n": n, "iters": iters, "fill": fill}));
+                }
+            }
+            Backend::Cpu => {
+                // Short chains, so a mispredicted branch (~15-20 cycles) is a visible share.
+                let n = if quick { 1 << 16 } else { 1 << 22 };
+                for fill in ["sorted", "shuffled"] {
+                    out.push(json!({"kind": "data", "k": 2, "n": n, "iters": 2, "fill": fill}));
+                }
+            }
+        }
+        out
+    }
+    fn run_case(&self, s: &mut Session, case: &Value) -> Result<()> {
+        let (n, k, iters) = (param_usize(case, "n")?, param_usize(case, "k")?, param_usize(case, "iters")?);
+        if n == 0 || !(1..=32).contains(&k) {
+            return Err(LabError::shape("divergence", "n must be at least 1 and k in 1..=32"));
+        }
+        let x = input(n, param_str(case, "fill")?, &mut rng_for(s.opts.seed, case))?;
+        // One read and one write per element; 2 flops per FMA (the useful work, whatever k is).
+        let work = Work { bytes: 8 * n as u64, flops: 2 * (iters * n) as u64 };
+        let timed = crate::experiment::param_timed(case);
+        let backend = s.backend.clone();
+        match &backend {
+            Backend::Cuda(gpu) => {
+                let variants = if param_str(case, "kind")? == "paths" { PATH_VARIANTS } else { DATA_VARIANTS };
+                let dx = gpu.upload(&x)?;
+                let mut dy = gpu.stream.alloc_zeros::<f32>(n).doing("allocating y")?;
+                for &variant in variants {
+                    if !s.wants(variant, "lab") {
+                        continue;
+                    }
+                    let expected = reference(variant, &x, k, iters);
+                    let compare = |y: &[f32]| compare_elems(y, &expected, EXACT, "cpu-exact-fma");
+                    let check = Check { tol: EXACT, compare: &compare, ceiling: "fma_tflop_s" };
+                    let ncu = if s.opts.ncu { Some(crate::profile::ncu::measure(&symbol(FAMILY, variant, DType::F32), "divergence", case, variant, s.opts.seed, NCU_METRICS)?) } else { None };
+                    let launch = |dy: &mut CudaSlice<f32>| launch(gpu, variant, &dx, dy, k, iters);
+                    measure_gpu(s, gpu, case, variant, work, &check, timed, &mut dy, launch)?;
+                    if let (Some(metrics), Some(r)) = (ncu, s.records.last_mut()) {
+                        r.extra.insert("ncu".into(), json!(metrics));
+                    }
+                }
+                Ok(())
+            }
+            Backend::Cpu => {
+                for &variant in CPU_VARIANTS {
+                    let expected = reference("data", &x, k, iters);
+                    let compare = |y: &[f32]| compare_elems(y, &expected, EXACT, "cpu-exact-fma");
+                    let check = Check { tol: EXACT, compare: &compare, ceiling: "fma_tflop_s" };
+                    measure_cpu(s, case, variant, work, &check, timed, n, |y| cpu_run(variant, &x, y, iters))?;
+                }
+                Ok(())
+            }
+        }
+    }
+    fn launch_once(&self, gpu: &Gpu, case: &Value, variant: &str, seed: u64) -> Result<()> {
+        let (n, k, iters) = (param_usize(case, "n")?, param_usize(case, "k")?, param_usize(case, "iters")?);
+        let x = input(n, param_str(case, "fill")?, &mut rng_for(seed, case))?;
+        let dx = gpu.upload(&x)?;
+        let mut dy = gpu.stream.alloc_zeros::<f32>(n).doing("allocating y")?;
+        launch(gpu, variant, &dx, &mut dy, k, iters)?;
+        gpu.sync()
+    }
+}
+
+fn launch(gpu: &Gpu, variant: &str, dx: &CudaSlice<f32>, dy: &mut CudaSlice<f32>, k: usize, iters: usize) -> Result<()> {
+    let f = gpu.function(FAMILY, &symbol(FAMILY, variant, DType::F32))?;
+    let n = dx.len();
+    // 256 threads: a multiple of 32, so lane = index mod 32 as the reference assumes.
+    let cfg = LaunchConfig { grid_dim: (n.div_ceil(256) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let (nn, kk, it) = (n as i64, k as i32, iters as i32);
+    // SAFETY: x and y hold n floats and every kernel bounds its index by n.
+    unsafe { gpu.stream.launch_builder(&f).arg(dx).arg(dy).arg(&nn).arg(&kk).arg(&it).launch(cfg) }
+        .map(|_| ())
+        .doing(&format!("launching divergence {variant}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    #[test]
+    fn cpu_variants_are_exact_on_both_fills() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        for fill in ["sorted", "shuffled"] {
+            let x = input(1003, fill, &mut rng).unwrap();
+            let expected = reference("data", &x, 2, 5);
+            for v in CPU_VARIANTS {
+                let mut y = vec![f32::NAN; x.len()];
+                cpu_run(v, &x, &mut y, 5);
+                assert!(compare_elems(&y, &expected, EXACT, "t").passed(), "{v} {fill}");
+            }
+        }
+    }
+
+    #[test]
+    fn lanes_of_a_warp_take_k_distinct_paths() {
+        for &k in PATHS {
+            let taken: std::collections::BTreeSet<usize> = (64..96).map(|i| path("paths_branch", i, 0.0, k)).collect();
+            assert_eq!(taken.len(), k);
+        }
+        // Sorted input leaves at most one warp with both signs.
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let x = input(4096, "sorted", &mut rng).unwrap();
+        let split = x.chunks(32).filter(|w| w.iter().any(|&v| v > 0.0) && w.iter().any(|&v| v <= 0.0)).count();
+        assert!(split <= 1);
+    }
+
+    #[test]
+    fn the_constants_are_the_kernels() {
+        // PATH_A(31) and PATH_B(31) in kernels/divergence.cu, spelled out.
+        assert_eq!(constants(31), (0.984375, 0.03125));
+        assert!(crate::kernels::source(FAMILY).unwrap().contains("#define PATH_A(p) (0.5f + 0.015625f * (float)(p))"));
+    }
+}
