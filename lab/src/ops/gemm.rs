@@ -197,7 +197,8 @@ pub fn cpu_blocked<T: Elem>(a: &[T], b: &[T], c: &mut [T], d: Dims, (alpha, beta
                     for kk in k0..(k0 + KB).min(d.k) {
                         let x = arow[kk];
                         let brow = &bf[kk * d.ldb + n0..kk * d.ldb + n0 + nw];
-                        accr.iter_mut().zip(brow).for_each(|(o, &y)| *o = x.mul_add(y, *o));
+                        // Plain multiply-add (not mul_add: without the fma target feature that is a libm call).
+                        accr.iter_mut().zip(brow).for_each(|(o, &y)| *o += x * y);
                     }
                 }
             }
