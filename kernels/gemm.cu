@@ -26,20 +26,21 @@
 //                  tile, 8 warps of 64x32; register-staged prefetch, two smem buffers; capped at
 //                  128 registers (two blocks per SM) without spilling.
 //   mma_pipelined  f16/bf16: the fastest mma.sync rung: 128x128x64 tile, 8 warps of 64x32, a
-//                  3-stage cp.async pipeline (zero-fill via src-size 0) into an XOR-swizzled smem
+//                  4-stage cp.async pipeline (zero-fill via src-size 0) into an XOR-swizzled smem
 //                  layout (16-byte chunk ^ row%8: conflict-free ldmatrix without padding), fragments
 //                  double-buffered in registers across the four k16 steps, grouped block order
 //                  for L2 reuse. wgmma (sm_90a) would be the next rung; this stays on sm_80 PTX.
 //   mma_pipelined_wide  same with a 128x256x64 tile, 8 warps of 64x64 (twice the reuse per
-//                  fragment, 128 accumulators per thread) and 3 stages (144 KiB smem).
+//                  fragment, 128 accumulators per thread), 4 stages (192 KiB smem).
 //
 // ptxas -v for sm_90 (CUDA 13.0 ptxas on the NVRTC PTX; registers / static smem / spill bytes;
 // the run records the driver's own figures per variant in `extra`):
 //   naive 32 / 0 / 0            smem_tiled 32 / 8 KiB / 0       blocktile_1d 49 / 4 KiB / 0
 //   blocktile_2d 128 / 8 KiB / 0  vectorized 118 / 8 KiB / 0    warptiled 246 / 32 KiB / 0
-//   mma_ldmatrix 125 / 37 KiB / 0   mma_pipelined 170 / 0 (+96 KiB dynamic) / 0
-//   mma_pipelined_wide 251 / 0 (+144 KiB dynamic) / 0   (f16 and bf16 alike)
-// Capping mma_pipelined at 128 registers (two blocks per SM) spills 60 bytes, so it is not.
+//   mma_ldmatrix 125 / 37 KiB / 0   mma_pipelined 170 / 0 (+128 KiB dynamic) / 0
+//   mma_pipelined_wide 251 / 0 (+192 KiB dynamic) / 0   (f16 and bf16 alike)
+// Capping mma_pipelined at 128 registers (two blocks per SM) spills 60 bytes, so it is not;
+// with one block per SM anyway, a fourth stage costs no occupancy and hides more latency.
 #include "common.cuh"
 
 typedef unsigned long long u64;
@@ -607,6 +608,11 @@ __device__ __forceinline__ void mma_pipelined_body(const T* __restrict__ A, cons
     using P = Pipe<T, BM, BN, WM, WN, STAGES>;
     constexpr int BK = P::BK, THREADS = P::THREADS, MI = P::MI, NI = P::NI;
     extern __shared__ __align__(128) unsigned char smem[];
+    // The launcher's dynamic smem size must cover the ring: a mismatch faults loudly here
+    // instead of corrupting memory.
+    unsigned dyn_smem;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn_smem));
+    if (dyn_smem < (unsigned)P::SMEM) __trap();
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     // Grouped order (as in Triton's matmul tutorial): 8 block rows sweep the block columns
     // together, so the A rows and B columns in flight stay in L2.
@@ -690,14 +696,14 @@ extern "C" __global__ void __launch_bounds__(256, 2) gemm_mma_ldmatrix_bf16(GEMM
     mma_ldmatrix_body<__nv_bfloat16>(GEMM_PASS);
 }
 extern "C" __global__ void __launch_bounds__(256) gemm_mma_pipelined_f16(GEMM_ARGS(__half)) {
-    mma_pipelined_body<__half, 128, 128, 64, 32, 3>(GEMM_PASS);
+    mma_pipelined_body<__half, 128, 128, 64, 32, 4>(GEMM_PASS);
 }
 extern "C" __global__ void __launch_bounds__(256) gemm_mma_pipelined_bf16(GEMM_ARGS(__nv_bfloat16)) {
-    mma_pipelined_body<__nv_bfloat16, 128, 128, 64, 32, 3>(GEMM_PASS);
+    mma_pipelined_body<__nv_bfloat16, 128, 128, 64, 32, 4>(GEMM_PASS);
 }
 extern "C" __global__ void __launch_bounds__(256) gemm_mma_pipelined_wide_f16(GEMM_ARGS(__half)) {
-    mma_pipelined_body<__half, 128, 256, 64, 64, 3>(GEMM_PASS);
+    mma_pipelined_body<__half, 128, 256, 64, 64, 4>(GEMM_PASS);
 }
 extern "C" __global__ void __launch_bounds__(256) gemm_mma_pipelined_wide_bf16(GEMM_ARGS(__nv_bfloat16)) {
-    mma_pipelined_body<__nv_bfloat16, 128, 256, 64, 64, 3>(GEMM_PASS);
+    mma_pipelined_body<__nv_bfloat16, 128, 256, 64, 64, 4>(GEMM_PASS);
 }

@@ -136,7 +136,7 @@ mod tests {
         // An element that cancels to ~0 fails elementwise but not norm-wise.
         let expected = [1.0, -2.0, 1e-9, 3.0];
         let got = [1.0, -2.0, 2e-9, 3.0];
-        assert!(!compare(&got, &expected, TOL, "t").passed());
+        assert!(!compare(&got, &expected, Tolerance { atol: 0.0, rtol: 1e-5 }, "t").passed());
         let s = compare_frobenius(&got, &expected, 1e-5, "t");
         assert!(s.passed(), "{s:?}");
         assert!(s.worst_fraction_of_tolerance < 1.0);

@@ -222,11 +222,12 @@ pub fn applies(variant: &str, d: Dims, max_smem_optin: usize) -> bool {
     }
 }
 
-/// Dynamic shared memory of a variant (the pipelined rungs: stages x (A slab + B slab)).
+/// Dynamic shared memory of a variant (the pipelined rungs: stages x (A slab + B slab), as
+/// `Pipe::SMEM` in gemm.cu; the kernel traps when launched with less).
 pub fn dynamic_smem(variant: &str) -> usize {
     match variant {
-        "mma_pipelined" => 3 * (128 * 64 + 64 * 128) * 2,
-        "mma_pipelined_wide" => 3 * (128 * 64 + 64 * 256) * 2,
+        "mma_pipelined" => 4 * (128 * 64 + 64 * 128) * 2,
+        "mma_pipelined_wide" => 4 * (128 * 64 + 64 * 256) * 2,
         _ => 0,
     }
 }
@@ -241,8 +242,8 @@ pub fn tile(variant: &str) -> &'static str {
         "vectorized" => "128x128x8, 256 threads, 8x8 per thread, float4",
         "warptiled" => "128x128x16, 4 warps of 64x64, 8x16 per thread, 2 smem buffers",
         "mma_ldmatrix" => "128x128x32, 8 warps of 64x32, padded smem, 2 buffers",
-        "mma_pipelined" => "128x128x64, 8 warps of 64x32, 3-stage cp.async, XOR swizzle",
-        "mma_pipelined_wide" => "128x256x64, 8 warps of 64x64, 3-stage cp.async, XOR swizzle",
+        "mma_pipelined" => "128x128x64, 8 warps of 64x32, 4-stage cp.async, XOR swizzle",
+        "mma_pipelined_wide" => "128x256x64, 8 warps of 64x64, 4-stage cp.async, XOR swizzle",
         _ => "",
     }
 }
