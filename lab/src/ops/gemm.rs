@@ -399,6 +399,83 @@ where
     Ok(())
 }
 
+/// The GPU ladder a dtype runs.
+pub fn ladder(dtype: DType) -> &'static [&'static str] {
+    if dtype == DType::F32 { F32_VARIANTS } else { HALF_VARIANTS }
+}
+
+/// Is `variant` a GPU variant of this dtype whose shared memory fits the device?
+pub fn check_variant(variant: &str, dtype: DType, max_smem_optin: usize) -> Result<()> {
+    if !ladder(dtype).contains(&variant) {
+        let runs = if F32_VARIANTS.contains(&variant) {
+            "f32 only"
+        } else if HALF_VARIANTS.contains(&variant) {
+            "f16 and bf16 only"
+        } else {
+            return Err(LabError::UnknownVariant { experiment: "gemm".into(), variant: variant.into() });
+        };
+        return Err(LabError::Invalid(format!("gemm variant `{variant}` runs in {runs}, not {}", dtype.name())));
+    }
+    let smem = dynamic_smem(variant);
+    if smem > max_smem_optin {
+        return Err(LabError::Invalid(format!("gemm variant `{variant}` needs {smem} bytes of shared memory per block; this device allows {max_smem_optin}")));
+    }
+    Ok(())
+}
+
+/// A gemm kernel, ready to launch: the variant must belong to the dtype's ladder, and its dynamic
+/// shared memory limit is raised to what [`launch_config`] asks for.
+pub fn kernel(gpu: &Gpu, variant: &str, dtype: DType) -> Result<CudaFunction> {
+    check_variant(variant, dtype, gpu.info.max_smem_per_block_optin as usize)?;
+    let smem = dynamic_smem(variant);
+    let f = gpu.function(FAMILY, &symbol(FAMILY, variant, dtype))?;
+    if smem > 48 * 1024 {
+        f.set_attribute(FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
+            .doing("raising the kernel's dynamic shared memory limit")?;
+    }
+    Ok(f)
+}
+
+/// C = alpha A B + beta C on the GPU with one lab variant (`f` from [`kernel`]); the arguments
+/// are validated first, so a mismatched buffer is an error, never an out-of-bounds access.
+#[allow(clippy::too_many_arguments)]
+pub fn run_kernel<T: Elem>(
+    gpu: &Gpu,
+    f: &CudaFunction,
+    variant: &str,
+    d: Dims,
+    (alpha, beta): (f32, f32),
+    a: &CudaSlice<T>,
+    b: &CudaSlice<T>,
+    c: &mut CudaSlice<T>,
+) -> Result<()> {
+    validate(d, a.len(), b.len(), c.len())?;
+    let cfg = launch_config(variant, d.m, d.n);
+    let (m, n, k) = (d.m as i32, d.n as i32, d.k as i32);
+    let (lda, ldb, ldc) = (d.lda as i32, d.ldb as i32, d.ldc as i32);
+    // SAFETY: validate() checked A (m x lda), B (k x ldb) and C (m x ldc) against M, N, K and the
+    // buffers' lengths; every kernel bounds its loads and stores by M, N, K and the leading
+    // dimensions; cfg is the launch shape (and dynamic smem) the kernel is written for.
+    unsafe {
+        gpu.stream
+            .launch_builder(f)
+            .arg(a)
+            .arg(b)
+            .arg(c)
+            .arg(&m)
+            .arg(&n)
+            .arg(&k)
+            .arg(&lda)
+            .arg(&ldb)
+            .arg(&ldc)
+            .arg(&alpha)
+            .arg(&beta)
+            .launch(cfg)
+    }
+    .map(|_| ())
+    .doing(&format!("launching gemm {variant}"))
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run_gpu<T: Elem>(
     s: &mut Session,
@@ -426,40 +503,15 @@ where
     };
     let (m, n, k) = (d.m as i32, d.n as i32, d.k as i32);
     let (lda, ldb, ldc) = (d.lda as i32, d.ldb as i32, d.ldc as i32);
-    let variants = if T::DTYPE == DType::F32 { F32_VARIANTS } else { HALF_VARIANTS };
+    let variants = ladder(T::DTYPE);
     for &variant in variants {
         if !applies(variant, d, gpu.info.max_smem_per_block_optin as usize) || !s.wants(variant, "lab") {
             continue;
         }
-        let f = gpu.function(FAMILY, &symbol(FAMILY, variant, T::DTYPE))?;
-        let cfg = launch_config(variant, d.m, d.n);
-        if cfg.shared_mem_bytes > 48 * 1024 {
-            f.set_attribute(FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, cfg.shared_mem_bytes as i32)
-                .doing("raising the kernel's dynamic shared memory limit")?;
-        }
+        let f = kernel(gpu, variant, T::DTYPE)?;
         let launch = |c: &mut CudaSlice<T>| -> Result<()> {
             reset(c)?;
-            // SAFETY: validate() checked A (m x lda), B (k x ldb) and C (m x ldc) against M, N, K;
-            // every kernel bounds its loads and stores by M, N, K and the leading dimensions, and
-            // cfg is the launch shape the kernel is written for.
-            unsafe {
-                gpu.stream
-                    .launch_builder(&f)
-                    .arg(&da)
-                    .arg(&db)
-                    .arg(c)
-                    .arg(&m)
-                    .arg(&n)
-                    .arg(&k)
-                    .arg(&lda)
-                    .arg(&ldb)
-                    .arg(&ldc)
-                    .arg(&alpha)
-                    .arg(&beta)
-                    .launch(cfg)
-            }
-            .map(|_| ())
-            .doing(&format!("launching gemm {variant}"))
+            run_kernel(gpu, &f, variant, d, (alpha, beta), &da, &db, c)
         };
         let extra = resources(&f, variant)?;
         measure_gpu_as(s, gpu, case, (variant, "lab"), work, check, timed, &mut dc, extra, launch)?;
@@ -585,6 +637,18 @@ mod tests {
         assert!(err(Dims { lda: 3, ..d }, 8, 12, 6).contains("lda=3 is shorter than a row (K=4)"));
         assert!(err(Dims { ldc: 2, ..d }, 8, 12, 6).contains("ldc=2"));
         assert!(err(Dims::dense(1 << 31, 1, 1), 1 << 31, 1, 1 << 31).contains("below 2^31"));
+        // A variant runs only in its own dtypes, and only where its shared memory fits.
+        assert!(check_variant("warptiled", DType::F32, 227 * 1024).is_ok());
+        assert!(check_variant("mma_pipelined_wide", DType::Bf16, 227 * 1024).is_ok());
+        let e = check_variant("warptiled", DType::F16, 227 * 1024).unwrap_err().to_string();
+        assert!(e.contains("runs in f32 only, not f16"), "{e}");
+        let e = check_variant("mma_pipelined", DType::F32, 227 * 1024).unwrap_err().to_string();
+        assert!(e.contains("runs in f16 and bf16 only, not f32"), "{e}");
+        assert!(check_variant("tiled_by_magic", DType::F32, 1 << 20).unwrap_err().to_string().contains("unknown variant"));
+        let e = check_variant("mma_pipelined_wide", DType::F16, 163 * 1024).unwrap_err().to_string();
+        assert!(e.contains("needs 196608 bytes"), "{e}");
+        assert!(!applies("mma_pipelined_wide", Dims::dense(64, 64, 64), 163 * 1024));
+        assert!(!applies("naive", Dims::dense(4096, 4096, 4096), 1 << 20) && applies("naive", Dims::dense(2048, 2048, 2048), 0));
         // Padded leading dimensions are fine when the buffers hold them.
         assert!(validate(Dims { m: 2, n: 3, k: 4, lda: 5, ldb: 3, ldc: 7 }, 9, 12, 10).is_ok());
     }
