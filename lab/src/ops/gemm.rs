@@ -846,6 +846,53 @@ mod tests {
         check_simulation("mma_pipelined_wide", (128, 256, 64), (64, 64), &sw(8), &sw(32), 256 * 64);
     }
 
+    /// The cp.async ring of mma_pipelined, replayed on the CPU with the kernel's schedule: one
+    /// commit group per prologue step and per iteration, `wait_group STAGES - 2` then a barrier at
+    /// the top of each iteration. At every compute, the slab read must have landed, sit in the slot
+    /// read, and no copy still in flight may target that slot; each prefetch must target a slot
+    /// whose last reader finished before the barrier (iteration kt - 1 or earlier).
+    #[test]
+    fn cp_async_ring_schedule_has_no_hazards() {
+        for stages in [2usize, 3, 4] {
+            for nk in [1usize, 2, 3, 5, 13] {
+                let mut groups: Vec<Option<(usize, usize)>> = Vec::new(); // (slot, slab) per group
+                let mut slot_of = vec![usize::MAX; stages]; // slab held (or arriving) per slot
+                let mut last_read = vec![None::<usize>; stages];
+                let load = |g: &mut Vec<Option<(usize, usize)>>, slot: usize, slab: usize, kt: Option<usize>, slot_of: &mut Vec<usize>, last_read: &[Option<usize>]| {
+                    if let (Some(kt), Some(r)) = (kt, last_read[slot]) {
+                        assert!(r < kt, "S={stages} nk={nk}: slot {slot} overwritten in iteration {kt} while read in {r}");
+                    }
+                    slot_of[slot] = slab;
+                    g.push(Some((slot, slab)));
+                };
+                for st in 0..stages - 1 {
+                    if st < nk {
+                        load(&mut groups, st, st, None, &mut slot_of, &last_read);
+                    } else {
+                        groups.push(None);
+                    }
+                }
+                for kt in 0..nk {
+                    // wait_group(S - 2): all but the newest S - 2 groups are complete.
+                    let complete = groups.len().saturating_sub(stages - 2);
+                    let next = kt + stages - 1;
+                    if next < nk {
+                        load(&mut groups, next % stages, next, Some(kt), &mut slot_of, &last_read);
+                    } else {
+                        groups.push(None);
+                    }
+                    let slot = kt % stages;
+                    assert_eq!(slot_of[slot], kt, "S={stages} nk={nk}: slot {slot} holds the wrong slab at {kt}");
+                    let landed = groups[..complete].iter().any(|g| *g == Some((slot, kt)));
+                    assert!(landed, "S={stages} nk={nk}: slab {kt} read before its copy completed");
+                    let in_flight = groups[complete..].iter().flatten().any(|&(s, _)| s == slot);
+                    assert!(!in_flight, "S={stages} nk={nk}: slot {slot} read while a copy into it is in flight");
+                    last_read[slot] = Some(kt);
+                }
+            }
+        }
+    }
+
     /// The tile loaders of the pipelined kernel write every chunk of a stage exactly once, and the
     /// grouped block order visits every (row, column) tile exactly once.
     #[test]
