@@ -13,6 +13,7 @@ pub const FAMILIES: &[(&str, &str)] = &[
     ("rmsnorm", include_str!("../../kernels/rmsnorm.cu")),
     ("linear", include_str!("../../kernels/linear.cu")),
     ("divergence", include_str!("../../kernels/divergence.cu")),
+    ("gemm", include_str!("../../kernels/gemm.cu")),
 ];
 
 /// Storage types a kernel is instantiated for; the suffix of every kernel symbol.

@@ -58,6 +58,11 @@ fn exported_symbols_are_the_ones_the_launchers_use() {
     assert_eq!(ptx("rmsnorm"), expect("rmsnorm", lab::ops::rmsnorm::GPU_VARIANTS, &[DType::F32, DType::Bf16]));
     let linear = ["bias_act_none", "bias_act_relu", "bias_act_gelu", "act_backward_none", "act_backward_relu", "act_backward_gelu", "bias_grad_partial", "bias_grad_final"];
     assert_eq!(ptx("linear"), expect("linear", &linear, &[DType::F32, DType::Bf16]));
+    let mut gemm = expect("gemm", lab::ops::gemm::F32_VARIANTS, &[DType::F32]);
+    gemm.extend(expect("gemm", lab::ops::gemm::HALF_VARIANTS, &[DType::F16, DType::Bf16]));
+    assert_eq!(ptx("gemm"), gemm);
+    let divergence: Vec<&str> = [lab::ops::divergence::PATH_VARIANTS, lab::ops::divergence::DATA_VARIANTS].concat();
+    assert_eq!(ptx("divergence"), expect("divergence", &divergence, &[DType::F32]));
 }
 
 #[test]

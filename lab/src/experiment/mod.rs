@@ -45,6 +45,7 @@ pub fn registry() -> Vec<&'static dyn Experiment> {
         &crate::ops::rmsnorm::RmsNorm,
         &crate::ops::linear::Linear,
         &crate::ops::divergence::Divergence,
+        &crate::ops::gemm::Gemm,
     ]
 }
 

@@ -65,6 +65,48 @@ pub fn max_ulp<T: Elem>(got: &[T], expected: &[f64]) -> u64 {
         .unwrap_or(0)
 }
 
+/// Relative Frobenius error ||got - expected||_F / ||expected||_F against `rel`: the norm-wise
+/// test for products whose elements may cancel to near zero (GEMM), where an elementwise
+/// relative test would fail on correct results. A non-finite value where a finite one was
+/// expected is always a mismatch, whatever the norm says. `mismatches` counts those elements,
+/// plus one when the norm test fails; `worst_fraction_of_tolerance` is the norm error over `rel`
+/// (infinite with any non-finite mismatch); the worst element is the largest absolute error.
+pub fn compare_frobenius(got: &[f64], expected: &[f64], rel: f64, reference: &str) -> ErrorStats {
+    assert_eq!(got.len(), expected.len(), "compare_frobenius: lengths differ");
+    let mut s = compare(got, expected, Tolerance { atol: 0.0, rtol: f64::INFINITY }, reference);
+    // With rtol = inf only non-finite mismatches count; find the largest absolute error too.
+    let (mut diff2, mut norm2) = (0.0f64, 0.0f64);
+    let mut worst: Option<(usize, f64)> = None;
+    for (i, (&g, &e)) in got.iter().zip(expected).enumerate() {
+        if !(g.is_finite() && e.is_finite()) {
+            continue;
+        }
+        let d = g - e;
+        diff2 += d * d;
+        norm2 += e * e;
+        if worst.is_none_or(|(_, w)| d.abs() > w) {
+            worst = Some((i, d.abs()));
+        }
+    }
+    let frob = if norm2 > 0.0 { (diff2 / norm2).sqrt() } else { diff2.sqrt() };
+    if s.mismatches == 0 {
+        s.worst_fraction_of_tolerance = frob / rel;
+        if let Some((i, _)) = worst {
+            (s.worst_index, s.worst_got, s.worst_expected) = (Some(i as u64), Some(got[i]), Some(expected[i]));
+        }
+        if !(frob <= rel) {
+            s.mismatches = 1;
+        }
+    }
+    s
+}
+
+/// The relative Frobenius error itself (what [`compare_frobenius`] tests), over finite pairs.
+pub fn frobenius_rel(got: &[f64], expected: &[f64]) -> f64 {
+    let (d2, n2) = got.iter().zip(expected).filter(|(g, e)| g.is_finite() && e.is_finite()).fold((0.0, 0.0), |(d, n), (&g, &e)| (d + (g - e) * (g - e), n + e * e));
+    if n2 > 0.0 { (d2 / n2).sqrt() } else { d2.sqrt() }
+}
+
 /// The check made before timing if it failed, else the one after: a kernel must be right both
 /// times, and the first failure is the one worth reading.
 pub fn first_failure(before: ErrorStats, after: ErrorStats) -> ErrorStats {
@@ -124,6 +166,29 @@ mod tests {
         assert!(!s.passed());
         assert_eq!(s.worst_index, Some(2));
         assert_eq!(s.worst_got, Some(0.3));
+    }
+    #[test]
+    fn frobenius_is_norm_wise_and_never_passes_nan() {
+        // An element that cancels to ~0 fails elementwise but not norm-wise.
+        let expected = [1.0, -2.0, 1e-9, 3.0];
+        let got = [1.0, -2.0, 2e-9, 3.0];
+        assert!(!compare(&got, &expected, Tolerance { atol: 0.0, rtol: 1e-5 }, "t").passed());
+        let s = compare_frobenius(&got, &expected, 1e-5, "t");
+        assert!(s.passed(), "{s:?}");
+        assert!(s.worst_fraction_of_tolerance < 1.0);
+        // A uniform 1e-3 relative error fails a 1e-5 norm test, passes 1e-2.
+        let off: Vec<f64> = expected.iter().map(|e| e * 1.001).collect();
+        assert!(!compare_frobenius(&off, &expected, 1e-5, "t").passed());
+        assert!(compare_frobenius(&off, &expected, 1e-2, "t").passed());
+        assert!((frobenius_rel(&off, &expected) - 1e-3).abs() < 1e-9);
+        // NaN or inf where a number was expected fails, whatever the tolerance.
+        for bad in [f64::NAN, f64::INFINITY] {
+            let s = compare_frobenius(&[1.0, bad], &[1.0, 2.0], 1e9, "t");
+            assert_eq!((s.passed(), s.worst_index), (false, Some(1)));
+        }
+        // The worst element is the largest absolute error.
+        let s = compare_frobenius(&[1.0, 2.5, 3.1], &[1.0, 2.0, 3.0], 1.0, "t");
+        assert_eq!(s.worst_index, Some(1));
     }
 }
 

@@ -5,7 +5,7 @@
 //! sorted against shuffled input shows branch misprediction instead.
 
 use super::compare::compare_elems;
-use super::{measure_cpu, measure_gpu, Check};
+use super::{measure_cpu, measure_gpu_as, Check};
 use crate::error::Doing;
 use crate::experiment::{param_str, param_usize, rng_for, Backend, Experiment, Session};
 use crate::gpu::Gpu;
@@ -146,12 +146,13 @@ impl Experiment for Divergence {
                     let expected = reference(variant, &x, k, iters);
                     let compare = |y: &[f32]| compare_elems(y, &expected, EXACT, "cpu-exact-fma");
                     let check = Check { tol: EXACT, compare: &compare, ceiling: "fma_tflop_s" };
-                    let ncu = if s.opts.ncu { Some(crate::profile::ncu::measure(&symbol(FAMILY, variant, DType::F32), "divergence", case, variant, s.opts.seed, NCU_METRICS)?) } else { None };
-                    let launch = |dy: &mut CudaSlice<f32>| launch(gpu, variant, &dx, dy, k, iters);
-                    measure_gpu(s, gpu, case, variant, work, &check, timed, &mut dy, launch)?;
-                    if let (Some(metrics), Some(r)) = (ncu, s.records.last_mut()) {
-                        r.extra.insert("ncu".into(), json!(metrics));
+                    let mut extra = serde_json::Map::new();
+                    if s.opts.ncu {
+                        let kernel = symbol(FAMILY, variant, DType::F32);
+                        extra.insert("ncu".into(), json!(crate::profile::ncu::measure(&kernel, FAMILY, case, variant, s.opts.seed, NCU_METRICS)?));
                     }
+                    let launch = |dy: &mut CudaSlice<f32>| launch(gpu, variant, &dx, dy, k, iters);
+                    measure_gpu_as(s, gpu, case, (variant, "lab"), work, &check, timed, &mut dy, extra, launch)?;
                 }
                 Ok(())
             }

@@ -4,7 +4,7 @@
 //! backward, and the bias gradient as a two-stage column reduction without atomics.
 //! X is [M, K], W is [N, K] (PyTorch's layout), b is [N].
 
-use super::compare::{compare, compare_elems};
+use super::compare::{compare_elems, compare_frobenius};
 use super::{measure_cpu, measure_gpu, measure_torch, widen, Check, Elem};
 use crate::error::Doing;
 use crate::experiment::{param_str, param_timed, param_usize, rng_for, Backend, Experiment, Peer, Session};
@@ -139,12 +139,14 @@ fn rel(dtype: DType) -> f64 {
     }
 }
 
-/// Compares [dX | dW | db] part by part, each with its own scaled tolerance, as one result.
+/// Compares [dX | dW | db] part by part, each by its relative Frobenius error, as one result.
 fn compare_parts(got: &[f64], parts: &[&[f64]], dtype: DType) -> ErrorStats {
     let mut offset = 0;
     let mut all: Option<ErrorStats> = None;
     for part in parts {
-        let mut e = compare(&got[offset..offset + part.len()], part, scaled(part, rel(dtype)), "cpu-f64");
+        // Gradients are GEMM outputs: judged norm-wise, like the gemm family (an element of dW
+        // sums only M products and may cancel to near zero).
+        let mut e = compare_frobenius(&got[offset..offset + part.len()], part, rel(dtype), "cpu-f64");
         e.worst_index = e.worst_index.map(|i| i + offset as u64);
         all = Some(match all {
             None => e,

@@ -4,6 +4,7 @@ pub mod bias_gelu;
 pub mod ceilings;
 pub mod compare;
 pub mod divergence;
+pub mod gemm;
 pub mod layernorm;
 pub mod linear;
 pub mod rmsnorm;
@@ -146,15 +147,33 @@ pub fn measure_gpu<T: Elem>(
     out: &mut CudaSlice<T>,
     launch: impl Fn(&mut CudaSlice<T>) -> Result<()>,
 ) -> Result<()> {
+    measure_gpu_as(s, gpu, case, (variant, "lab"), work, check, timed, out, Default::default(), launch)
+}
+
+/// [`measure_gpu`] for any provider (a peer library run in-process, such as cuBLAS), with
+/// `extra` fields for the record (e.g. the kernel's registers and shared memory).
+#[allow(clippy::too_many_arguments)]
+pub fn measure_gpu_as<T: Elem>(
+    s: &mut Session,
+    gpu: &Gpu,
+    case: &Value,
+    (variant, provider): (&str, &str),
+    work: Work,
+    check: &Check<T>,
+    timed: bool,
+    out: &mut CudaSlice<T>,
+    extra: serde_json::Map<String, Value>,
+    launch: impl Fn(&mut CudaSlice<T>) -> Result<()>,
+) -> Result<()> {
     gpu.poison(out)?;
     launch(out)?;
     gpu.sync()?;
     let before = (check.compare)(&gpu.download(out)?);
     let time = if timed { Some(time_gpu(gpu, &s.budget, || launch(out))?) } else { None };
     let after = (check.compare)(&gpu.download(out)?);
-    let mut m = Measurement::new(variant, "lab", case, work);
+    let mut m = Measurement::new(variant, provider, case, work);
     m.error = Some(compare::first_failure(before, after));
-    (m.time, m.tolerance, m.ceiling) = (time, Some(check.tol), Some(check.ceiling));
+    (m.time, m.tolerance, m.ceiling, m.extra) = (time, Some(check.tol), Some(check.ceiling), extra);
     s.emit(m).map(|_| ())
 }
 

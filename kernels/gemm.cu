@@ -1,0 +1,709 @@
+// gemm: C = alpha * A B + beta * C, row-major A (M x K, leading dim lda), B (K x N, ldb),
+// C (M x N, ldc). fp32 variants are SIMT; fp16/bf16 variants read fp16/bf16, accumulate in fp32
+// and write C in the input dtype (as cuBLAS gemm_ex with CUBLAS_COMPUTE_32F does), alpha and beta
+// in fp32. beta == 0 never reads C (so a NaN-poisoned C is overwritten, as BLAS specifies).
+// Every variant takes any M, N, K >= 1: edge tiles are zero-filled on load and predicated on
+// store; 16-byte loads fall back to element loads where a chunk straddles the edge or its address
+// is not 16-byte aligned (odd K, N or leading dimensions), so no shape is refused.
+//
+// Ladder (symbol gemm_<variant>_<dtype>; launch shapes in lab/src/ops/gemm.rs launch_config):
+//   naive          f32: one thread per output, K-loop straight from global memory; block (32,8).
+//                  Coalesced along N, but every A and B element is re-read M or N times from L2.
+//   smem_tiled     f32: 32x32 output tile per 1024-thread block, A and B tiles staged in shared
+//                  memory: global traffic / 32. Still 2 shared loads per FMA: bound by smem.
+//   blocktile_1d   f32: 64x64 tile, BK=8, each of 512 threads owns 8 outputs in a column: one B
+//                  value from smem feeds 8 FMAs (siboehm's SGEMM worklog, kernel 4).
+//   blocktile_2d   f32: 128x128 tile, BK=8, 256 threads each own an 8x8 outer product held in
+//                  registers: 16 smem loads feed 64 FMAs (kernel 5).
+//   vectorized     f32: blocktile_2d with float4 global loads, A stored transposed in smem so
+//                  the inner loop reads A and B with float4 shared loads, float4 stores (kernel 6).
+//   warptiled      f32: 128x128 tile, BK=16, 128 threads; each warp owns 64x64 and each thread
+//                  an 8x16 patch as 4 subtiles: warp-local smem reads, fewer conflicts, more ILP
+//                  (kernel 10); plus two smem buffers with register-staged prefetch of the next
+//                  slab, so one barrier per slab and global latency hidden behind the FMAs.
+//   mma_ldmatrix   f16/bf16: tensor cores through inline-PTX mma.sync.m16n8k16 (fp32 accumulate)
+//                  fed by ldmatrix.x4 (A) and ldmatrix.x4.trans (B) from padded smem; 128x128x32
+//                  tile, 8 warps of 64x32; register-staged prefetch, two smem buffers; capped at
+//                  128 registers (two blocks per SM) without spilling.
+//   mma_pipelined  f16/bf16: the fastest mma.sync rung: 128x128x64 tile, 8 warps of 64x32, a
+//                  4-stage cp.async pipeline (zero-fill via src-size 0) into an XOR-swizzled smem
+//                  layout (16-byte chunk ^ row%8: conflict-free ldmatrix without padding), fragments
+//                  double-buffered in registers across the four k16 steps, grouped block order
+//                  for L2 reuse. wgmma (sm_90a) would be the next rung; this stays on sm_80 PTX.
+//   mma_pipelined_wide  same with a 128x256x64 tile, 8 warps of 64x64 (twice the reuse per
+//                  fragment, 128 accumulators per thread), 4 stages (192 KiB smem).
+//
+// ptxas -v for sm_90 (CUDA 13.0 ptxas on the NVRTC PTX; registers / static smem / spill bytes;
+// the run records the driver's own figures per variant in `extra`):
+//   naive 32 / 0 / 0            smem_tiled 32 / 8 KiB / 0       blocktile_1d 49 / 4 KiB / 0
+//   blocktile_2d 128 / 8 KiB / 0  vectorized 118 / 8 KiB / 0    warptiled 246 / 32 KiB / 0
+//   mma_ldmatrix 125 / 37 KiB / 0   mma_pipelined 170 / 0 (+128 KiB dynamic) / 0
+//   mma_pipelined_wide 251 / 0 (+192 KiB dynamic) / 0   (f16 and bf16 alike)
+// Capping mma_pipelined at 128 registers (two blocks per SM) spills 60 bytes, so it is not;
+// with one block per SM anyway, a fourth stage costs no occupancy and hides more latency.
+#include "common.cuh"
+
+typedef unsigned long long u64;
+
+// ---------------------------------------------------------------------------------------------
+// Shared pieces
+// ---------------------------------------------------------------------------------------------
+
+template <typename T>
+__device__ __forceinline__ float epilogue(const T* c, float acc, float alpha, float beta) {
+    float v = alpha * acc;
+    if (beta != 0.f) v = fmaf(beta, to_float<T>(*c), v);
+    return v;
+}
+
+template <typename T>
+__device__ __forceinline__ void store_one(T* C, u64 idx, float acc, float alpha, float beta) {
+    C[idx] = from_float<T>(epilogue(C + idx, acc, alpha, beta));
+}
+
+__device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<u64>(p) & 15) == 0; }
+
+// Four floats at p, of which `rem` are in bounds (<= 0: none): one float4 load when all four are
+// in and p is 16-byte aligned, else element loads with zero fill.
+__device__ __forceinline__ float4 load4_guarded(const float* p, int rem) {
+    if (rem >= 4 && aligned16(p)) return *reinterpret_cast<const float4*>(p);
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (rem > 0) v.x = p[0];
+    if (rem > 1) v.y = p[1];
+    if (rem > 2) v.z = p[2];
+    if (rem > 3) v.w = p[3];
+    return v;
+}
+
+// Four consecutive outputs of one row, `rem` of them in bounds.
+__device__ __forceinline__ void store4_guarded(float* c, int rem, const float* acc, float alpha, float beta) {
+    if (rem >= 4 && aligned16(c)) {
+        float4 v = make_float4(alpha * acc[0], alpha * acc[1], alpha * acc[2], alpha * acc[3]);
+        if (beta != 0.f) {
+            const float4 old = *reinterpret_cast<const float4*>(c);
+            v.x = fmaf(beta, old.x, v.x);
+            v.y = fmaf(beta, old.y, v.y);
+            v.z = fmaf(beta, old.z, v.z);
+            v.w = fmaf(beta, old.w, v.w);
+        }
+        *reinterpret_cast<float4*>(c) = v;
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+        if (j < rem) c[j] = epilogue(c + j, acc[j], alpha, beta);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. naive
+// ---------------------------------------------------------------------------------------------
+
+extern "C" __global__ void gemm_naive_f32(const float* __restrict__ A, const float* __restrict__ B, float* C, int M, int N,
+                                          int K, int lda, int ldb, int ldc, float alpha, float beta) {
+    const int col = blockIdx.x * 32 + threadIdx.x;
+    const int row = blockIdx.y * 8 + threadIdx.y;
+    if (row >= M || col >= N) return;
+    const float* a = A + (u64)row * lda;
+    float acc = 0.f;
+    for (int k = 0; k < K; ++k) acc = fmaf(a[k], B[(u64)k * ldb + col], acc);
+    store_one(C, (u64)row * ldc + col, acc, alpha, beta);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. smem_tiled: block (32,32), one output per thread.
+// ---------------------------------------------------------------------------------------------
+
+extern "C" __global__ void __launch_bounds__(1024) gemm_smem_tiled_f32(const float* __restrict__ A, const float* __restrict__ B,
+                                                                      float* C, int M, int N, int K, int lda, int ldb, int ldc,
+                                                                      float alpha, float beta) {
+    __shared__ float As[32][32];
+    __shared__ float Bs[32][32];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int row = blockIdx.y * 32 + ty, col = blockIdx.x * 32 + tx;
+    float acc = 0.f;
+    for (int k0 = 0; k0 < K; k0 += 32) {
+        As[ty][tx] = (row < M && k0 + tx < K) ? A[(u64)row * lda + k0 + tx] : 0.f;
+        Bs[ty][tx] = (k0 + ty < K && col < N) ? B[(u64)(k0 + ty) * ldb + col] : 0.f;
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < 32; ++kk) acc = fmaf(As[ty][kk], Bs[kk][tx], acc);  // As: broadcast in a warp
+        __syncthreads();
+    }
+    if (row < M && col < N) store_one(C, (u64)row * ldc + col, acc, alpha, beta);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3a. blocktile_1d: 64x64 tile, BK = 8, 512 threads, TM = 8 outputs per thread (one column).
+// ---------------------------------------------------------------------------------------------
+
+extern "C" __global__ void __launch_bounds__(512) gemm_blocktile_1d_f32(const float* __restrict__ A, const float* __restrict__ B,
+                                                                       float* C, int M, int N, int K, int lda, int ldb, int ldc,
+                                                                       float alpha, float beta) {
+    constexpr int BM = 64, BN = 64, BK = 8, TM = 8;
+    __shared__ float As[BM * BK];
+    __shared__ float Bs[BK * BN];
+    const int tid = threadIdx.x;
+    const int bm = blockIdx.y * BM, bn = blockIdx.x * BN;
+    const int tcol = tid % BN, trow = tid / BN;            // trow in 0..7: rows trow*8 .. +7
+    const int arow = tid / BK, acol = tid % BK;            // one A element per thread
+    const int brow = tid / BN, bcol = tid % BN;            // one B element per thread
+    float acc[TM] = {0.f};
+    for (int k0 = 0; k0 < K; k0 += BK) {
+        As[arow * BK + acol] = (bm + arow < M && k0 + acol < K) ? A[(u64)(bm + arow) * lda + k0 + acol] : 0.f;
+        Bs[brow * BN + bcol] = (k0 + brow < K && bn + bcol < N) ? B[(u64)(k0 + brow) * ldb + bn + bcol] : 0.f;
+        __syncthreads();
+#pragma unroll
+        for (int d = 0; d < BK; ++d) {
+            const float b = Bs[d * BN + tcol];
+#pragma unroll
+            for (int i = 0; i < TM; ++i) acc[i] = fmaf(As[(trow * TM + i) * BK + d], b, acc[i]);
+        }
+        __syncthreads();
+    }
+    const int col = bn + tcol;
+    if (col >= N) return;
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {
+        const int row = bm + trow * TM + i;
+        if (row < M) store_one(C, (u64)row * ldc + col, acc[i], alpha, beta);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3b. blocktile_2d: 128x128 tile, BK = 8, 256 threads, 8x8 outputs per thread.
+// ---------------------------------------------------------------------------------------------
+
+extern "C" __global__ void __launch_bounds__(256) gemm_blocktile_2d_f32(const float* __restrict__ A, const float* __restrict__ B,
+                                                                       float* C, int M, int N, int K, int lda, int ldb, int ldc,
+                                                                       float alpha, float beta) {
+    constexpr int BM = 128, BN = 128, BK = 8, TM = 8, TN = 8;
+    __shared__ float As[BM * BK];
+    __shared__ float Bs[BK * BN];
+    const int tid = threadIdx.x;
+    const int bm = blockIdx.y * BM, bn = blockIdx.x * BN;
+    const int tcol = tid % (BN / TN), trow = tid / (BN / TN);
+    const int arow = tid / BK, acol = tid % BK;  // rows arow + 32 * i
+    const int brow = tid / BN, bcol = tid % BN;  // rows brow + 2 * i
+    float acc[TM][TN] = {{0.f}};
+    float rm[TM], rn[TN];
+    for (int k0 = 0; k0 < K; k0 += BK) {
+#pragma unroll
+        for (int o = 0; o < BM; o += 32) {
+            const int r = bm + arow + o, k = k0 + acol;
+            As[(arow + o) * BK + acol] = (r < M && k < K) ? A[(u64)r * lda + k] : 0.f;
+        }
+#pragma unroll
+        for (int o = 0; o < BK; o += 2) {
+            const int k = k0 + brow + o, c = bn + bcol;
+            Bs[(brow + o) * BN + bcol] = (k < K && c < N) ? B[(u64)k * ldb + c] : 0.f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int d = 0; d < BK; ++d) {
+#pragma unroll
+            for (int i = 0; i < TM; ++i) rm[i] = As[(trow * TM + i) * BK + d];
+#pragma unroll
+            for (int j = 0; j < TN; ++j) rn[j] = Bs[d * BN + tcol * TN + j];
+#pragma unroll
+            for (int i = 0; i < TM; ++i)
+#pragma unroll
+                for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(rm[i], rn[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {
+        const int row = bm + trow * TM + i;
+        if (row >= M) continue;
+#pragma unroll
+        for (int j = 0; j < TN; ++j) {
+            const int col = bn + tcol * TN + j;
+            if (col < N) store_one(C, (u64)row * ldc + col, acc[i][j], alpha, beta);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. vectorized: blocktile_2d with float4 loads and A transposed in smem (As[k][m]).
+// ---------------------------------------------------------------------------------------------
+
+extern "C" __global__ void __launch_bounds__(256) gemm_vectorized_f32(const float* __restrict__ A, const float* __restrict__ B,
+                                                                     float* C, int M, int N, int K, int lda, int ldb, int ldc,
+                                                                     float alpha, float beta) {
+    constexpr int BM = 128, BN = 128, BK = 8, TM = 8, TN = 8;
+    __shared__ __align__(16) float As[BK * BM];
+    __shared__ __align__(16) float Bs[BK * BN];
+    const int tid = threadIdx.x;
+    const int bm = blockIdx.y * BM, bn = blockIdx.x * BN;
+    const int tcol = tid % (BN / TN), trow = tid / (BN / TN);
+    const int arow = tid / (BK / 4), acol = (tid % (BK / 4)) * 4;  // 128 rows x 2 float4
+    const int brow = tid / (BN / 4), bcol = (tid % (BN / 4)) * 4;  // 8 rows x 32 float4
+    float acc[TM][TN] = {{0.f}};
+    float rm[TM], rn[TN];
+    for (int k0 = 0; k0 < K; k0 += BK) {
+        {
+            const int r = bm + arow;
+            const float4 v = load4_guarded(A + (u64)min(r, M - 1) * lda + k0 + acol, r < M ? K - k0 - acol : 0);
+            As[(acol + 0) * BM + arow] = v.x;
+            As[(acol + 1) * BM + arow] = v.y;
+            As[(acol + 2) * BM + arow] = v.z;
+            As[(acol + 3) * BM + arow] = v.w;
+        }
+        {
+            const int k = k0 + brow;
+            const float4 v = load4_guarded(B + (u64)min(k, K - 1) * ldb + bn + bcol, k < K ? N - bn - bcol : 0);
+            *reinterpret_cast<float4*>(&Bs[brow * BN + bcol]) = v;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int d = 0; d < BK; ++d) {
+            *reinterpret_cast<float4*>(&rm[0]) = *reinterpret_cast<const float4*>(&As[d * BM + trow * TM]);
+            *reinterpret_cast<float4*>(&rm[4]) = *reinterpret_cast<const float4*>(&As[d * BM + trow * TM + 4]);
+            *reinterpret_cast<float4*>(&rn[0]) = *reinterpret_cast<const float4*>(&Bs[d * BN + tcol * TN]);
+            *reinterpret_cast<float4*>(&rn[4]) = *reinterpret_cast<const float4*>(&Bs[d * BN + tcol * TN + 4]);
+#pragma unroll
+            for (int i = 0; i < TM; ++i)
+#pragma unroll
+                for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(rm[i], rn[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {
+        const int row = bm + trow * TM + i;
+        if (row >= M) continue;
+#pragma unroll
+        for (int j = 0; j < TN; j += 4) {
+            const int col = bn + tcol * TN + j;
+            store4_guarded(C + (u64)row * ldc + col, N - col, &acc[i][j], alpha, beta);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. warptiled: 128x128x16 tile, 128 threads = 4 warps of 64x64; each thread 8 rows x (4 x 4
+// columns) as WNITER = 4 subtiles 16 columns apart. Two smem buffers, next slab staged in
+// registers while this one is computed.
+// ---------------------------------------------------------------------------------------------
+
+namespace wt {
+constexpr int BM = 128, BN = 128, BK = 16, WM = 64, WN = 64, WNITER = 4, TM = 8, TN = 4;
+constexpr int THREADS = 128;
+constexpr int WSUBN = WN / WNITER;                     // 16
+constexpr int A_LOADS = BM * BK / 4 / THREADS;         // 4 float4 per thread
+constexpr int B_LOADS = BK * BN / 4 / THREADS;         // 4 float4 per thread
+static_assert(WM * WN == 32 * TM * TN * WNITER, "one M subtile per warp");
+static_assert(WSUBN == (32 / TM) * TN, "a warp row of threads spans one N subtile");
+}  // namespace wt
+
+extern "C" __global__ void __launch_bounds__(wt::THREADS) gemm_warptiled_f32(const float* __restrict__ A,
+                                                                             const float* __restrict__ B, float* C, int M,
+                                                                             int N, int K, int lda, int ldb, int ldc,
+                                                                             float alpha, float beta) {
+    using namespace wt;
+    __shared__ __align__(16) float As[2][BK * BM];  // transposed: As[k][m]
+    __shared__ __align__(16) float Bs[2][BK * BN];
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int bm = blockIdx.y * BM, bn = blockIdx.x * BN;
+    const int wrow = warp / (BN / WN), wcol = warp % (BN / WN);
+    const int trow = lane / (WSUBN / TN), tcol = lane % (WSUBN / TN);  // 8 x 4 threads per subtile
+    const int arow = tid / (BK / 4), acol = (tid % (BK / 4)) * 4;       // rows arow + 32 i
+    const int brow = tid / (BN / 4), bcol = (tid % (BN / 4)) * 4;       // rows brow + 4 i
+    float4 ra[A_LOADS], rb[B_LOADS];
+    auto load_global = [&](int k0) {
+#pragma unroll
+        for (int i = 0; i < A_LOADS; ++i) {
+            const int r = bm + arow + i * (THREADS / (BK / 4));
+            ra[i] = load4_guarded(A + (u64)min(r, M - 1) * lda + k0 + acol, r < M ? K - k0 - acol : 0);
+        }
+#pragma unroll
+        for (int i = 0; i < B_LOADS; ++i) {
+            const int k = k0 + brow + i * (THREADS / (BN / 4));
+            rb[i] = load4_guarded(B + (u64)min(k, K - 1) * ldb + bn + bcol, k < K ? N - bn - bcol : 0);
+        }
+    };
+    auto store_smem = [&](int buf) {
+#pragma unroll
+        for (int i = 0; i < A_LOADS; ++i) {
+            const int r = arow + i * (THREADS / (BK / 4));
+            As[buf][(acol + 0) * BM + r] = ra[i].x;
+            As[buf][(acol + 1) * BM + r] = ra[i].y;
+            As[buf][(acol + 2) * BM + r] = ra[i].z;
+            As[buf][(acol + 3) * BM + r] = ra[i].w;
+        }
+#pragma unroll
+        for (int i = 0; i < B_LOADS; ++i)
+            *reinterpret_cast<float4*>(&Bs[buf][(brow + i * (THREADS / (BN / 4))) * BN + bcol]) = rb[i];
+    };
+    float acc[TM][WNITER * TN] = {{0.f}};
+    float rm[TM], rn[WNITER * TN];
+    const int nk = (K + BK - 1) / BK;
+    load_global(0);
+    store_smem(0);
+    __syncthreads();
+    for (int kt = 0; kt < nk; ++kt) {
+        const int buf = kt & 1;
+        if (kt + 1 < nk) load_global((kt + 1) * BK);  // in flight during the FMAs below
+#pragma unroll
+        for (int d = 0; d < BK; ++d) {
+            const float* as = &As[buf][d * BM + wrow * WM + trow * TM];
+            *reinterpret_cast<float4*>(&rm[0]) = *reinterpret_cast<const float4*>(as);
+            *reinterpret_cast<float4*>(&rm[4]) = *reinterpret_cast<const float4*>(as + 4);
+#pragma unroll
+            for (int s = 0; s < WNITER; ++s)
+                *reinterpret_cast<float4*>(&rn[s * TN]) =
+                    *reinterpret_cast<const float4*>(&Bs[buf][d * BN + wcol * WN + s * WSUBN + tcol * TN]);
+#pragma unroll
+            for (int i = 0; i < TM; ++i)
+#pragma unroll
+                for (int j = 0; j < WNITER * TN; ++j) acc[i][j] = fmaf(rm[i], rn[j], acc[i][j]);
+        }
+        // The other buffer was last read before the previous barrier: safe to overwrite.
+        if (kt + 1 < nk) store_smem(buf ^ 1);
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {
+        const int row = bm + wrow * WM + trow * TM + i;
+        if (row >= M) continue;
+#pragma unroll
+        for (int s = 0; s < WNITER; ++s) {
+            const int col = bn + wcol * WN + s * WSUBN + tcol * TN;
+            store4_guarded(C + (u64)row * ldc + col, N - col, &acc[i][s * TN], alpha, beta);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensor-core pieces (fp16 / bf16 in, fp32 accumulate). Fragment layouts of m16n8k16 (PTX ISA,
+// "Matrix Fragments for mma.m16n8k16"), g = lane / 4, t = lane % 4:
+//   A (16x16, row): a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
+//   B (16x8, col):  b0 (k 2t..2t+1, n g), b1 (k 2t+8.., n g)
+//   C (16x8, f32):  c0 c1 (g, 2t..2t+1), c2 c3 (g+8, 2t..2t+1)
+// ldmatrix.x4: lanes 8i..8i+7 give the row addresses of 8x8 matrix i, and register i of every
+// lane receives matrix i at (row lane/4, cols 2(lane%4)..+1) -- with .trans, at (rows
+// 2(lane%4)..+1, col lane/4), which turns k-major B rows into the b0/b1 pairs.
+// So A: lane l points at (row l%16, col 8(l/16)) -> a0..a3 in order; B (k x n in smem): lane l
+// points at (k l%16, n 8(l/16)) -> {b0, b1} of n-tile 0, then {b0, b1} of n-tile 1.
+// ---------------------------------------------------------------------------------------------
+
+template <typename T> struct Mma;
+template <> struct Mma<__half> {
+    static __device__ __forceinline__ void run(float* c, const unsigned* a, const unsigned* b) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+};
+template <> struct Mma<__nv_bfloat16> {
+    static __device__ __forceinline__ void run(float* c, const unsigned* a, const unsigned* b) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+};
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned* r, unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned* r, unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// Eight 16-bit values at p, `rem` of them in bounds: one 16-byte load when all are in and p is
+// aligned, else element loads with zero fill.
+template <typename T>
+__device__ __forceinline__ uint4 load8_guarded(const T* p, int rem) {
+    if (rem >= 8 && aligned16(p)) return *reinterpret_cast<const uint4*>(p);
+    const unsigned short* q = reinterpret_cast<const unsigned short*>(p);
+    unsigned w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const unsigned lo = 2 * i < rem ? q[2 * i] : 0u;
+        const unsigned hi = 2 * i + 1 < rem ? q[2 * i + 1] : 0u;
+        w[i] = lo | (hi << 16);
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+template <typename T> __device__ __forceinline__ unsigned pack2(float lo, float hi);
+template <> __device__ __forceinline__ unsigned pack2<__half>(float lo, float hi) { return pack_f16x2(lo, hi); }
+template <> __device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float lo, float hi) { return pack_bf16x2(lo, hi); }
+
+// Outputs (row, col) and (row, col + 1) of a C fragment: one 4-byte store when both are in and
+// aligned, else per element.
+template <typename T>
+__device__ __forceinline__ void store2(T* C, int M, int N, int ldc, int row, int col, float v0, float v1, float alpha,
+                                       float beta) {
+    if (row >= M || col >= N) return;
+    T* c = C + (u64)row * ldc + col;
+    if (col + 1 < N && (reinterpret_cast<u64>(c) & 3) == 0) {
+        float x = alpha * v0, y = alpha * v1;
+        if (beta != 0.f) {
+            x = fmaf(beta, to_float<T>(c[0]), x);
+            y = fmaf(beta, to_float<T>(c[1]), y);
+        }
+        *reinterpret_cast<unsigned*>(c) = pack2<T>(x, y);
+        return;
+    }
+    c[0] = from_float<T>(epilogue(c, v0, alpha, beta));
+    if (col + 1 < N) c[1] = from_float<T>(epilogue(c + 1, v1, alpha, beta));
+}
+
+// Writes a warp's MI x NI grid of m16n8 accumulators whose top-left output is (row0, col0).
+template <typename T, int MI, int NI>
+__device__ __forceinline__ void store_acc(T* C, int M, int N, int ldc, int row0, int col0, float (&acc)[MI][NI][4],
+                                          float alpha, float beta) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NI; ++j) {
+            const int r = row0 + i * 16 + g, c = col0 + j * 8 + 2 * t;
+            store2(C, M, N, ldc, r, c, acc[i][j][0], acc[i][j][1], alpha, beta);
+            store2(C, M, N, ldc, r + 8, c, acc[i][j][2], acc[i][j][3], alpha, beta);
+        }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. mma_ldmatrix: 128x128x32 tile, 8 warps (2 along M x 4 along N) of 64x32. Padded rows (+8
+// halves = 16 bytes) put the 8 row addresses of each ldmatrix phase in 8 distinct bank groups.
+// ---------------------------------------------------------------------------------------------
+
+namespace tc1 {
+constexpr int BM = 128, BN = 128, BK = 32, WM = 64, WN = 32, THREADS = 256;
+constexpr int MI = WM / 16, NI = WN / 8;               // 4 x 4 mma tiles per warp
+constexpr int LDA_S = BK + 8, LDB_S = BN + 8;          // padded smem row lengths (halves)
+constexpr int A_CHUNKS = BM * BK / 8 / THREADS;        // 2 x 16 bytes per thread
+constexpr int B_CHUNKS = BK * BN / 8 / THREADS;        // 2
+}  // namespace tc1
+
+template <typename T>
+__device__ __forceinline__ void mma_ldmatrix_body(const T* __restrict__ A, const T* __restrict__ B, T* C, int M, int N,
+                                                  int K, int lda, int ldb, int ldc, float alpha, float beta) {
+    using namespace tc1;
+    __shared__ __align__(16) T As[2][BM * LDA_S];
+    __shared__ __align__(16) T Bs[2][BK * LDB_S];
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int bm = blockIdx.y * BM, bn = blockIdx.x * BN;
+    const int wm = (warp / (BN / WN)) * WM, wn = (warp % (BN / WN)) * WN;
+    uint4 ra[A_CHUNKS], rb[B_CHUNKS];
+    auto load_global = [&](int k0) {
+#pragma unroll
+        for (int i = 0; i < A_CHUNKS; ++i) {
+            const int c = tid + i * THREADS, r = c / (BK / 8), kc = (c % (BK / 8)) * 8;
+            const int gr = bm + r;
+            ra[i] = load8_guarded(A + (u64)min(gr, M - 1) * lda + k0 + kc, gr < M ? K - k0 - kc : 0);
+        }
+#pragma unroll
+        for (int i = 0; i < B_CHUNKS; ++i) {
+            const int c = tid + i * THREADS, r = c / (BN / 8), nc = (c % (BN / 8)) * 8;
+            const int gk = k0 + r;
+            rb[i] = load8_guarded(B + (u64)min(gk, K - 1) * ldb + bn + nc, gk < K ? N - bn - nc : 0);
+        }
+    };
+    auto store_smem = [&](int buf) {
+#pragma unroll
+        for (int i = 0; i < A_CHUNKS; ++i) {
+            const int c = tid + i * THREADS;
+            *reinterpret_cast<uint4*>(&As[buf][(c / (BK / 8)) * LDA_S + (c % (BK / 8)) * 8]) = ra[i];
+        }
+#pragma unroll
+        for (int i = 0; i < B_CHUNKS; ++i) {
+            const int c = tid + i * THREADS;
+            *reinterpret_cast<uint4*>(&Bs[buf][(c / (BN / 8)) * LDB_S + (c % (BN / 8)) * 8]) = rb[i];
+        }
+    };
+    float acc[MI][NI][4] = {};
+    const int nk = (K + BK - 1) / BK;
+    load_global(0);
+    store_smem(0);
+    __syncthreads();
+    for (int kt = 0; kt < nk; ++kt) {
+        const int buf = kt & 1;
+        if (kt + 1 < nk) load_global((kt + 1) * BK);
+#pragma unroll
+        for (int ks = 0; ks < BK / 16; ++ks) {
+            unsigned a[MI][4], b[NI][2];
+#pragma unroll
+            for (int i = 0; i < MI; ++i)
+                ldmatrix_x4(a[i], smem_addr(&As[buf][(wm + i * 16 + lane % 16) * LDA_S + ks * 16 + (lane / 16) * 8]));
+#pragma unroll
+            for (int j = 0; j < NI; j += 2) {
+                unsigned r[4];
+                ldmatrix_x4_trans(r, smem_addr(&Bs[buf][(ks * 16 + lane % 16) * LDB_S + wn + j * 8 + (lane / 16) * 8]));
+                b[j][0] = r[0], b[j][1] = r[1], b[j + 1][0] = r[2], b[j + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int i = 0; i < MI; ++i)
+#pragma unroll
+                for (int j = 0; j < NI; ++j) Mma<T>::run(acc[i][j], a[i], b[j]);
+        }
+        if (kt + 1 < nk) store_smem(buf ^ 1);
+        __syncthreads();
+    }
+    store_acc<T, MI, NI>(C, M, N, ldc, bm + wm, bn + wn, acc, alpha, beta);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. mma_pipelined: STAGES-deep cp.async ring of BK = 64 slabs in dynamic smem, XOR-swizzled.
+// A slab is BM rows of 128 bytes (8 chunks of 16 B); B is BK rows of BN * 2 bytes. The 16-byte
+// chunk c of row r is stored at chunk c ^ (r % 8) of that row: the 8 rows one ldmatrix phase
+// reads (same logical chunk, 8 consecutive rows) land in 8 distinct bank groups, and so do the
+// cp.async writes. Writer (load_stage) and reader (ldmatrix addresses) both go through swz().
+// ---------------------------------------------------------------------------------------------
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a tile whose rows are `chunks_per_row`
+// chunks long (a multiple of 8: the XOR only touches the low three bits of the chunk index).
+__device__ __forceinline__ int swz(int row, int chunk, int chunks_per_row) {
+    return (row * chunks_per_row + (chunk ^ (row & 7))) * 16;
+}
+
+// 16 bytes global -> shared, bypassing L1; src_bytes < 16 zero-fills the rest (0: all zeros).
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// One 16-byte chunk of a tile: cp.async when it is whole and aligned in global memory (or wholly
+// outside: zero fill), else element loads and a plain shared store. The plain store is ordered
+// for the readers by the same barrier that publishes the cp.async data.
+template <typename T>
+__device__ __forceinline__ void load_chunk(unsigned char* smem, int off, const T* src, int rem) {
+    if (rem <= 0 && aligned16(src)) {
+        cp_async16(smem_addr(smem + off), src, 0);
+    } else if (rem >= 8 && aligned16(src)) {
+        cp_async16(smem_addr(smem + off), src, 16);
+    } else {
+        *reinterpret_cast<uint4*>(smem + off) = load8_guarded(src, rem);
+    }
+}
+
+template <typename T, int BM, int BN, int WM, int WN, int STAGES>
+struct Pipe {
+    static constexpr int BK = 64, THREADS = 256;
+    static constexpr int MI = WM / 16, NI = WN / 8;
+    static constexpr int A_BYTES = BM * BK * 2, B_BYTES = BK * BN * 2, STAGE_BYTES = A_BYTES + B_BYTES;
+    static constexpr int SMEM = STAGES * STAGE_BYTES;
+    static constexpr int A_CPR = BK / 8, B_CPR = BN / 8;  // 16-byte chunks per smem row
+    static_assert((BM / WM) * (BN / WN) == THREADS / 32, "8 warps cover the tile");
+    static_assert(A_CPR % 8 == 0 && B_CPR % 8 == 0, "swizzle needs rows of >= 128 bytes");
+    static_assert(NI % 2 == 0, "B fragments come in pairs of n8 tiles");
+};
+
+template <typename T, int BM, int BN, int WM, int WN, int STAGES>
+__device__ __forceinline__ void mma_pipelined_body(const T* __restrict__ A, const T* __restrict__ B, T* C, int M, int N,
+                                                   int K, int lda, int ldb, int ldc, float alpha, float beta) {
+    using P = Pipe<T, BM, BN, WM, WN, STAGES>;
+    constexpr int BK = P::BK, THREADS = P::THREADS, MI = P::MI, NI = P::NI;
+    extern __shared__ __align__(128) unsigned char smem[];
+    // The launcher's dynamic smem size must cover the ring: a mismatch faults loudly here
+    // instead of corrupting memory.
+    unsigned dyn_smem;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn_smem));
+    if (dyn_smem < (unsigned)P::SMEM) __trap();
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    // Grouped order (as in Triton's matmul tutorial): 8 block rows sweep the block columns
+    // together, so the A rows and B columns in flight stay in L2.
+    const int grid_m = (M + BM - 1) / BM, grid_n = (N + BN - 1) / BN;
+    constexpr int GROUP = 8;
+    const int pid = blockIdx.x, per_group = GROUP * grid_n, group = pid / per_group;
+    const int first_m = group * GROUP, group_rows = min(grid_m - first_m, GROUP);
+    const int bm = (first_m + (pid % per_group) % group_rows) * BM;
+    const int bn = ((pid % per_group) / group_rows) * BN;
+    const int wm = (warp / (BN / WN)) * WM, wn = (warp % (BN / WN)) * WN;
+
+    auto load_stage = [&](int stage, int k0) {
+        unsigned char* sa = smem + stage * P::STAGE_BYTES;
+        unsigned char* sb = sa + P::A_BYTES;
+#pragma unroll
+        for (int i = 0; i < BM * P::A_CPR / THREADS; ++i) {
+            const int c = tid + i * THREADS, r = c / P::A_CPR, ch = c % P::A_CPR;
+            const int gr = bm + r, gk = k0 + ch * 8;
+            load_chunk(sa, swz(r, ch, P::A_CPR), A + (u64)min(gr, M - 1) * lda + min(gk, K - 1), gr < M ? K - gk : 0);
+        }
+#pragma unroll
+        for (int i = 0; i < BK * P::B_CPR / THREADS; ++i) {
+            const int c = tid + i * THREADS, r = c / P::B_CPR, ch = c % P::B_CPR;
+            const int gk = k0 + r, gn = bn + ch * 8;
+            load_chunk(sb, swz(r, ch, P::B_CPR), B + (u64)min(gk, K - 1) * ldb + min(gn, N - 1), gk < K ? N - gn : 0);
+        }
+    };
+    // Fragments of k16 step ks of a stage: A m16 tiles by ldmatrix.x4, B n8 pairs by .x4.trans.
+    auto load_frags = [&](int stage, int ks, unsigned (&a)[MI][4], unsigned (&b)[NI][2]) {
+        const unsigned sa = smem_addr(smem + stage * P::STAGE_BYTES);
+        const unsigned sb = sa + P::A_BYTES;
+#pragma unroll
+        for (int i = 0; i < MI; ++i) ldmatrix_x4(a[i], sa + swz(wm + i * 16 + lane % 16, ks * 2 + lane / 16, P::A_CPR));
+#pragma unroll
+        for (int j = 0; j < NI; j += 2) {
+            unsigned r[4];
+            ldmatrix_x4_trans(r, sb + swz(ks * 16 + lane % 16, (wn + j * 8) / 8 + lane / 16, P::B_CPR));
+            b[j][0] = r[0], b[j][1] = r[1], b[j + 1][0] = r[2], b[j + 1][1] = r[3];
+        }
+    };
+
+    float acc[MI][NI][4] = {};
+    const int nk = (K + BK - 1) / BK;
+    // Prologue: STAGES - 1 slabs in flight; a group is committed even when empty so that
+    // "wait until at most STAGES - 2 groups are pending" always means "slab kt has landed".
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < nk) load_stage(s, s * BK);
+        cp_async_commit();
+    }
+    unsigned a[2][MI][4], b[2][NI][2];
+    for (int kt = 0; kt < nk; ++kt) {
+        cp_async_wait<STAGES - 2>();
+        // Slab kt is visible to every thread, and every warp is done with slab kt - 1, whose
+        // slot the prefetch below overwrites.
+        __syncthreads();
+        const int next = kt + STAGES - 1;
+        if (next < nk) load_stage(next % STAGES, next * BK);
+        cp_async_commit();
+        const int stage = kt % STAGES;
+        load_frags(stage, 0, a[0], b[0]);
+#pragma unroll
+        for (int ks = 0; ks < BK / 16; ++ks) {
+            if (ks + 1 < BK / 16) load_frags(stage, ks + 1, a[(ks + 1) & 1], b[(ks + 1) & 1]);  // next step's operands
+#pragma unroll
+            for (int i = 0; i < MI; ++i)
+#pragma unroll
+                for (int j = 0; j < NI; ++j) Mma<T>::run(acc[i][j], a[ks & 1][i], b[ks & 1][j]);
+        }
+    }
+    cp_async_wait<0>();
+    store_acc<T, MI, NI>(C, M, N, ldc, bm + wm, bn + wn, acc, alpha, beta);
+}
+
+#define GEMM_ARGS(T) const T *__restrict__ A, const T *__restrict__ B, T *C, int M, int N, int K, int lda, int ldb, int ldc, \
+                     float alpha, float beta
+#define GEMM_PASS A, B, C, M, N, K, lda, ldb, ldc, alpha, beta
+
+extern "C" __global__ void __launch_bounds__(256, 2) gemm_mma_ldmatrix_f16(GEMM_ARGS(__half)) { mma_ldmatrix_body<__half>(GEMM_PASS); }
+extern "C" __global__ void __launch_bounds__(256, 2) gemm_mma_ldmatrix_bf16(GEMM_ARGS(__nv_bfloat16)) {
+    mma_ldmatrix_body<__nv_bfloat16>(GEMM_PASS);
+}
+extern "C" __global__ void __launch_bounds__(256) gemm_mma_pipelined_f16(GEMM_ARGS(__half)) {
+    mma_pipelined_body<__half, 128, 128, 64, 32, 4>(GEMM_PASS);
+}
+extern "C" __global__ void __launch_bounds__(256) gemm_mma_pipelined_bf16(GEMM_ARGS(__nv_bfloat16)) {
+    mma_pipelined_body<__nv_bfloat16, 128, 128, 64, 32, 4>(GEMM_PASS);
+}
+extern "C" __global__ void __launch_bounds__(256) gemm_mma_pipelined_wide_f16(GEMM_ARGS(__half)) {
+    mma_pipelined_body<__half, 128, 256, 64, 64, 4>(GEMM_PASS);
+}
+extern "C" __global__ void __launch_bounds__(256) gemm_mma_pipelined_wide_bf16(GEMM_ARGS(__nv_bfloat16)) {
+    mma_pipelined_body<__nv_bfloat16, 128, 256, 64, 64, 4>(GEMM_PASS);
+}

@@ -1,0 +1,930 @@
+//! `gemm`: C = alpha A B + beta C, row-major, a ladder from one thread per output to tensor cores
+//! (kernels/gemm.cu), beside cuBLAS in the same run on the same inputs. fp32 variants are SIMT;
+//! fp16/bf16 variants accumulate in fp32 and write C in the input dtype (what cuBLAS gemm_ex with
+//! CUBLAS_COMPUTE_32F does, so the peer and ours produce the same thing).
+//!
+//! Correctness is norm-wise: the relative Frobenius error against an f64 reference computed from
+//! the stored inputs, < 1e-5 for fp32 and < 1e-2 for fp16/bf16; NaN never passes. Products up to
+//! [`FULL_REFERENCE_MACS`] are checked in full (`reference: "cpu-f64"`); larger ones on
+//! [`SAMPLES`] random entries plus the four corners, each computed in f64
+//! (`"cpu-f64-sampled-<count>"`).
+
+use super::compare::compare_frobenius;
+use super::{measure_cpu, measure_gpu_as, Check, Elem};
+use crate::error::Doing;
+use crate::experiment::{param_str, param_timed, param_usize, rng_for, Backend, Experiment, Session};
+use crate::gpu::Gpu;
+use crate::kernels::{symbol, DType};
+use crate::profile::Work;
+use crate::record::{ErrorStats, Tolerance};
+use crate::{LabError, Result};
+use cudarc::cublas::sys::cublasOperation_t::CUBLAS_OP_N;
+use cudarc::cublas::{CudaBlas, Gemm as BlasGemm, GemmConfig};
+use cudarc::driver::sys::CUfunction_attribute_enum as FnAttr;
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use rand::Rng;
+use rand_distr::{Distribution, StandardNormal};
+use rayon::prelude::*;
+use serde_json::{json, Value};
+
+pub struct Gemm;
+
+const FAMILY: &str = "gemm";
+
+/// The fp32 SIMT ladder, in order.
+pub const F32_VARIANTS: &[&str] = &["naive", "smem_tiled", "blocktile_1d", "blocktile_2d", "vectorized", "warptiled"];
+/// The fp16/bf16 tensor-core ladder, in order.
+pub const HALF_VARIANTS: &[&str] = &["mma_ldmatrix", "mma_pipelined", "mma_pipelined_wide"];
+pub const CPU_VARIANTS: &[&str] = &["cpu_blocked"];
+/// The slow rungs (naive, smem_tiled) run only up to this many multiply-adds (2048^3).
+pub const SLOW_MAX_MACS: u64 = 1 << 33;
+/// Up to this many multiply-adds the f64 reference is computed in full.
+pub const FULL_REFERENCE_MACS: u64 = 1 << 31;
+/// Entries checked when the product is too large for a full reference.
+pub const SAMPLES: usize = 4096;
+
+/// Shape and leading dimensions (elements between consecutive rows) of one GEMM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dims {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub lda: usize,
+    pub ldb: usize,
+    pub ldc: usize,
+}
+
+impl Dims {
+    /// Dense row-major operands: lda = K, ldb = ldc = N.
+    pub fn dense(m: usize, n: usize, k: usize) -> Self {
+        Dims { m, n, k, lda: k, ldb: n, ldc: n }
+    }
+    pub fn macs(&self) -> u64 {
+        (self.m * self.n) as u64 * self.k as u64
+    }
+    /// flops = 2 M N K; bytes = A and B read once, C written once (and read once when beta != 0).
+    pub fn work(&self, elem: usize, beta: f32) -> Work {
+        let c = (self.m * self.n) as u64 * if beta != 0.0 { 2 } else { 1 };
+        Work { bytes: elem as u64 * ((self.m * self.k + self.k * self.n) as u64 + c), flops: 2 * self.macs() }
+    }
+}
+
+/// Checks a GEMM's arguments: every dimension >= 1 and < 2^31, each leading dimension at least
+/// its row, and each buffer long enough for the rows it is read or written through.
+/// Leading dimensions need no alignment: 16-byte loads fall back to element loads where a row
+/// start is not 16-byte aligned.
+pub fn validate(d: Dims, a_len: usize, b_len: usize, c_len: usize) -> Result<()> {
+    let Dims { m, n, k, lda, ldb, ldc } = d;
+    if m == 0 || n == 0 || k == 0 {
+        return Err(LabError::shape("gemm", format!("M={m} N={n} K={k}: every dimension must be at least 1")));
+    }
+    if [m, n, k, lda, ldb, ldc].iter().any(|&v| v > i32::MAX as usize) {
+        return Err(LabError::shape("gemm", format!("M={m} N={n} K={k} lda={lda} ldb={ldb} ldc={ldc}: each must be below 2^31")));
+    }
+    for (name, ld, row, what) in [("lda", lda, k, "K"), ("ldb", ldb, n, "N"), ("ldc", ldc, n, "N")] {
+        if ld < row {
+            return Err(LabError::shape("gemm", format!("{name}={ld} is shorter than a row ({what}={row})")));
+        }
+    }
+    for (name, len, rows, ld, row) in [("A", a_len, m, lda, k), ("B", b_len, k, ldb, n), ("C", c_len, m, ldc, n)] {
+        let need = (rows - 1) * ld + row;
+        if len < need {
+            return Err(LabError::shape("gemm", format!("{name} has {len} elements, {rows} rows of leading dimension {ld} need {need}")));
+        }
+    }
+    Ok(())
+}
+
+/// Tolerance on the relative Frobenius error.
+pub fn tolerance(dtype: DType) -> f64 {
+    match dtype {
+        DType::F32 => 1e-5,
+        DType::F16 | DType::Bf16 => 1e-2,
+    }
+}
+
+/// One entry of the f64 reference: alpha * sum_k A[i,k] B[k,j] + beta * C0[i,j].
+pub fn reference_at<T: Elem>(a: &[T], b: &[T], c0: Option<&[T]>, d: Dims, (alpha, beta): (f32, f32), i: usize, j: usize) -> f64 {
+    let ai = &a[i * d.lda..i * d.lda + d.k];
+    let dot: f64 = ai.iter().enumerate().map(|(kk, x)| x.to_f64() * b[kk * d.ldb + j].to_f64()).sum();
+    let old = match c0 {
+        Some(c) if beta != 0.0 => beta as f64 * c[i * d.ldc + j].to_f64(),
+        _ => 0.0,
+    };
+    alpha as f64 * dot + old
+}
+
+/// The full f64 reference, dense M x N (rows in parallel, B transposed once so every entry is a
+/// contiguous dot product with four independent sums).
+pub fn reference<T: Elem>(a: &[T], b: &[T], c0: Option<&[T]>, d: Dims, (alpha, beta): (f32, f32)) -> Vec<f64> {
+    let bt: Vec<f64> = (0..d.n * d.k).into_par_iter().map(|x| b[(x % d.k) * d.ldb + x / d.k].to_f64()).collect();
+    let mut out = vec![0.0; d.m * d.n];
+    out.par_chunks_mut(d.n).enumerate().for_each(|(i, row)| {
+        let ai: Vec<f64> = a[i * d.lda..i * d.lda + d.k].iter().map(|x| x.to_f64()).collect();
+        for (j, o) in row.iter_mut().enumerate() {
+            let bj = &bt[j * d.k..(j + 1) * d.k];
+            let mut s = [0.0f64; 4];
+            let (ac, bc) = (ai.chunks_exact(4), bj.chunks_exact(4));
+            let tail: f64 = ac.remainder().iter().zip(bc.remainder()).map(|(x, y)| x * y).sum();
+            for (x, y) in ac.zip(bc) {
+                for q in 0..4 {
+                    s[q] += x[q] * y[q];
+                }
+            }
+            let dot = (s[0] + s[1]) + (s[2] + s[3]) + tail;
+            let old = match c0 {
+                Some(c) if beta != 0.0 => beta as f64 * c[i * d.ldc + j].to_f64(),
+                _ => 0.0,
+            };
+            *o = alpha as f64 * dot + old;
+        }
+    });
+    out
+}
+
+/// What a result is checked against: the whole product, or sampled entries.
+pub enum Expected {
+    Full(Vec<f64>),
+    Sampled { picks: Vec<(usize, usize)>, values: Vec<f64> },
+}
+
+impl Expected {
+    pub fn new<T: Elem>(a: &[T], b: &[T], c0: Option<&[T]>, d: Dims, ab: (f32, f32), rng: &mut impl Rng) -> Self {
+        if d.macs() <= FULL_REFERENCE_MACS {
+            return Expected::Full(reference(a, b, c0, d, ab));
+        }
+        let mut picks = vec![(0, 0), (0, d.n - 1), (d.m - 1, 0), (d.m - 1, d.n - 1)];
+        picks.extend((0..SAMPLES).map(|_| (rng.random_range(0..d.m), rng.random_range(0..d.n))));
+        let values = picks.par_iter().map(|&(i, j)| reference_at(a, b, c0, d, ab, i, j)).collect();
+        Expected::Sampled { picks, values }
+    }
+    pub fn name(&self) -> String {
+        match self {
+            Expected::Full(_) => "cpu-f64".into(),
+            Expected::Sampled { picks, .. } => format!("cpu-f64-sampled-{}", picks.len()),
+        }
+    }
+    /// Relative Frobenius error of `c` (M rows of leading dimension ldc) against the reference.
+    pub fn check<T: Elem>(&self, c: &[T], d: Dims, rel: f64) -> ErrorStats {
+        let (got, expected): (Vec<f64>, &[f64]) = match self {
+            Expected::Full(e) => ((0..d.m * d.n).into_par_iter().map(|x| c[(x / d.n) * d.ldc + x % d.n].to_f64()).collect(), e),
+            Expected::Sampled { picks, values } => (picks.iter().map(|&(i, j)| c[i * d.ldc + j].to_f64()).collect(), values),
+        };
+        compare_frobenius(&got, expected, rel, &self.name())
+    }
+}
+
+/// The CPU backend's variant: f32 arithmetic, cache-blocked (64-row blocks in parallel; within a
+/// block, 512-column by 256-deep panels of B so the panel stays in L2 while every row of the
+/// block streams over it as vectorisable row updates).
+pub fn cpu_blocked<T: Elem>(a: &[T], b: &[T], c: &mut [T], d: Dims, (alpha, beta): (f32, f32)) {
+    const MB: usize = 64;
+    const NB: usize = 512;
+    const KB: usize = 256;
+    let af: Vec<f32> = a.par_iter().map(|x| x.to_f32()).collect();
+    let bf: Vec<f32> = b.par_iter().map(|x| x.to_f32()).collect();
+    c.par_chunks_mut(MB * d.ldc).enumerate().for_each(|(blk, cblk)| {
+        let r0 = blk * MB;
+        let rows = MB.min(d.m - r0);
+        let mut acc = vec![0f32; rows * NB];
+        for n0 in (0..d.n).step_by(NB) {
+            let nw = NB.min(d.n - n0);
+            acc.iter_mut().for_each(|v| *v = 0.0);
+            for k0 in (0..d.k).step_by(KB) {
+                for r in 0..rows {
+                    let arow = &af[(r0 + r) * d.lda..];
+                    let accr = &mut acc[r * NB..r * NB + nw];
+                    for kk in k0..(k0 + KB).min(d.k) {
+                        let x = arow[kk];
+                        let brow = &bf[kk * d.ldb + n0..kk * d.ldb + n0 + nw];
+                        // Plain multiply-add (not mul_add: without the fma target feature that is a libm call).
+                        accr.iter_mut().zip(brow).for_each(|(o, &y)| *o += x * y);
+                    }
+                }
+            }
+            for r in 0..rows {
+                let out = &mut cblk[r * d.ldc + n0..r * d.ldc + n0 + nw];
+                for (o, &v) in out.iter_mut().zip(&acc[r * NB..r * NB + nw]) {
+                    let old = if beta != 0.0 { beta * o.to_f32() } else { 0.0 };
+                    *o = T::from_f32(alpha * v + old);
+                }
+            }
+        }
+    });
+}
+
+/// Does `variant` run on this shape and device? Slow rungs only up to 2048^3; the dynamic
+/// shared memory of the pipelined rungs must fit the device.
+pub fn applies(variant: &str, d: Dims, max_smem_optin: usize) -> bool {
+    match variant {
+        "naive" | "smem_tiled" => d.macs() <= SLOW_MAX_MACS,
+        _ => dynamic_smem(variant) <= max_smem_optin,
+    }
+}
+
+/// Dynamic shared memory of a variant (the pipelined rungs: stages x (A slab + B slab), as
+/// `Pipe::SMEM` in gemm.cu; the kernel traps when launched with less).
+pub fn dynamic_smem(variant: &str) -> usize {
+    match variant {
+        "mma_pipelined" => 4 * (128 * 64 + 64 * 128) * 2,
+        "mma_pipelined_wide" => 4 * (128 * 64 + 64 * 256) * 2,
+        _ => 0,
+    }
+}
+
+/// The tile each variant's block owns, as kernels/gemm.cu states it (for the record).
+pub fn tile(variant: &str) -> &'static str {
+    match variant {
+        "naive" => "1 output/thread, block 32x8",
+        "smem_tiled" => "32x32x32, 1024 threads",
+        "blocktile_1d" => "64x64x8, 512 threads, 8x1 per thread",
+        "blocktile_2d" => "128x128x8, 256 threads, 8x8 per thread",
+        "vectorized" => "128x128x8, 256 threads, 8x8 per thread, float4",
+        "warptiled" => "128x128x16, 4 warps of 64x64, 8x16 per thread, 2 smem buffers",
+        "mma_ldmatrix" => "128x128x32, 8 warps of 64x32, padded smem, 2 buffers",
+        "mma_pipelined" => "128x128x64, 8 warps of 64x32, 4-stage cp.async, XOR swizzle",
+        "mma_pipelined_wide" => "128x256x64, 8 warps of 64x64, 4-stage cp.async, XOR swizzle",
+        _ => "",
+    }
+}
+
+/// Grid, block and dynamic shared memory per variant, as each kernel's line in gemm.cu states.
+pub fn launch_config(variant: &str, m: usize, n: usize) -> LaunchConfig {
+    let blocks = |bm: usize, bn: usize| (n.div_ceil(bn) as u32, m.div_ceil(bm) as u32, 1);
+    let (grid_dim, block_dim) = match variant {
+        "naive" => ((n.div_ceil(32) as u32, m.div_ceil(8) as u32, 1), (32, 8, 1)),
+        "smem_tiled" => (blocks(32, 32), (32, 32, 1)),
+        "blocktile_1d" => (blocks(64, 64), (512, 1, 1)),
+        "blocktile_2d" | "vectorized" | "mma_ldmatrix" => (blocks(128, 128), (256, 1, 1)),
+        "warptiled" => (blocks(128, 128), (128, 1, 1)),
+        // One block index, unpacked into grouped (row, column) order by the kernel.
+        "mma_pipelined" => (((m.div_ceil(128) * n.div_ceil(128)) as u32, 1, 1), (256, 1, 1)),
+        "mma_pipelined_wide" => (((m.div_ceil(128) * n.div_ceil(256)) as u32, 1, 1), (256, 1, 1)),
+        other => unreachable!("no launch shape for gemm variant `{other}`"),
+    };
+    LaunchConfig { grid_dim, block_dim, shared_mem_bytes: dynamic_smem(variant) as u32 }
+}
+
+/// The compiled kernel's resources as the driver reports them, for the record's `extra`.
+fn resources(f: &CudaFunction, variant: &str) -> Result<serde_json::Map<String, Value>> {
+    let get = |a| f.get_attribute(a).doing("reading a kernel attribute");
+    let mut extra = serde_json::Map::new();
+    extra.insert("registers".into(), json!(get(FnAttr::CU_FUNC_ATTRIBUTE_NUM_REGS)?));
+    extra.insert("static_smem_bytes".into(), json!(get(FnAttr::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?));
+    extra.insert("dynamic_smem_bytes".into(), json!(dynamic_smem(variant)));
+    extra.insert("local_bytes_per_thread".into(), json!(get(FnAttr::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?));
+    extra.insert("tile".into(), json!(tile(variant)));
+    Ok(extra)
+}
+
+impl Experiment for Gemm {
+    fn name(&self) -> &'static str {
+        "gemm"
+    }
+    fn description(&self) -> &'static str {
+        "C = alpha A B + beta C, row-major: fp32 SIMT ladder (naive to warp tiling) and fp16/bf16 mma.sync ladder (ldmatrix, cp.async + swizzle) beside cuBLAS"
+    }
+    fn sweep_axis(&self) -> &'static str {
+        "m"
+    }
+    fn cases(&self, backend: &Backend, quick: bool) -> Vec<Value> {
+        // (m, n, k, alpha, beta, timed): untimed odd shapes are correctness gates.
+        type Shape = (usize, usize, usize, f32, f32, bool);
+        let gates: &[Shape] = match (backend, quick) {
+            (Backend::Cpu, true) => &[(1, 1, 1, 1.0, 0.0, false), (1, 37, 29, 1.0, 0.0, false), (33, 47, 65, 0.5, -1.25, false), (97, 131, 77, 1.0, 0.0, false)],
+            (Backend::Cpu, false) => &[(1, 1, 1, 1.0, 0.0, false), (1, 1000, 777, 1.0, 0.0, false), (1000, 1000, 1000, 1.0, 0.0, false), (4097, 513, 777, 0.5, -1.25, false)],
+            (Backend::Cuda(_), _) => &[(1, 4097, 777, 1.0, 0.0, false), (1000, 1000, 1000, 1.0, 0.0, false), (4097, 513, 777, 0.5, -1.25, false), (130, 260, 72, 1.0, 0.0, false)],
+        };
+        let square = |n: usize| (n, n, n, 1.0, 0.0, true);
+        let mut out = Vec::new();
+        let mut push = |dtype: &str, shapes: &[Shape]| {
+            for &(m, n, k, alpha, beta, timed) in shapes {
+                out.push(json!({"m": m, "n": n, "k": k, "dtype": dtype, "alpha": alpha, "beta": beta, "timed": timed}));
+            }
+        };
+        match (backend, quick) {
+            (Backend::Cpu, true) => {
+                for dtype in ["f32", "bf16"] {
+                    push(dtype, gates);
+                }
+                push("f32", &[square(128)]);
+            }
+            (Backend::Cpu, false) => {
+                for dtype in ["f32", "f16", "bf16"] {
+                    push(dtype, gates);
+                }
+                push("f32", &[square(512), square(1024)]);
+            }
+            (Backend::Cuda(_), true) => {
+                for dtype in ["f32", "f16", "bf16"] {
+                    push(dtype, gates);
+                }
+                push("f32", &[square(1024), square(2048)]);
+                push("f16", &[square(2048), square(4096)]);
+            }
+            (Backend::Cuda(_), false) => {
+                for dtype in ["f32", "f16", "bf16"] {
+                    push(dtype, gates);
+                }
+                push("f32", &[square(1024), square(2048), square(4096), (16, 4096, 4096, 1.0, 0.0, true), (4096, 11008, 4096, 1.0, 0.0, true)]);
+                let squares = [square(1024), square(2048), square(4096), square(8192)];
+                push("f16", &squares);
+                push("bf16", &squares);
+                // Llama-style projections: decode (M = 1, 16) to prefill (M = 4096).
+                let mut llama: Vec<Shape> = [1, 16, 128, 512, 4096].iter().map(|&m| (m, 4096, 4096, 1.0, 0.0, true)).collect();
+                for m in [16, 4096] {
+                    llama.extend([(m, 11008, 4096, 1.0, 0.0, true), (m, 4096, 11008, 1.0, 0.0, true), (m, 14336, 4096, 1.0, 0.0, true)]);
+                }
+                push("f16", &llama);
+                push("bf16", &[(4096, 11008, 4096, 1.0, 0.0, true)]);
+            }
+        }
+        out
+    }
+    fn run_case(&self, s: &mut Session, case: &Value) -> Result<()> {
+        match DType::parse(param_str(case, "dtype")?)? {
+            DType::F32 => run::<f32>(s, case),
+            DType::F16 => run::<half::f16>(s, case),
+            DType::Bf16 => run::<half::bf16>(s, case),
+        }
+    }
+}
+
+fn param_f32(case: &Value, key: &str, default: f32) -> f32 {
+    case.get(key).and_then(Value::as_f64).map_or(default, |v| v as f32)
+}
+
+fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()>
+where
+    CudaBlas: BlasGemm<T>,
+{
+    let d = Dims::dense(param_usize(case, "m")?, param_usize(case, "n")?, param_usize(case, "k")?);
+    let ab = (param_f32(case, "alpha", 1.0), param_f32(case, "beta", 0.0));
+    let timed = param_timed(case);
+    let mut rng = rng_for(s.opts.seed, case);
+    validate(d, d.m * d.k, d.k * d.n, d.m * d.n)?;
+    let fill = |len: usize, rng: &mut rand::rngs::StdRng| -> Vec<T> {
+        (0..len)
+            .map(|_| {
+                let z: f32 = StandardNormal.sample(rng);
+                T::from_f32(z)
+            })
+            .collect()
+    };
+    let a = fill(d.m * d.k, &mut rng);
+    let b = fill(d.k * d.n, &mut rng);
+    let c0 = (ab.1 != 0.0).then(|| fill(d.m * d.n, &mut rng));
+    let expected = Expected::new(&a, &b, c0.as_deref(), d, ab, &mut rng);
+    let rel = tolerance(T::DTYPE);
+    let work = d.work(T::DTYPE.size(), ab.1);
+    let compare_c = |c: &[T]| expected.check(c, d, rel);
+    let backend = s.backend.clone();
+    let ceiling = match (&backend, T::DTYPE) {
+        (Backend::Cuda(_), DType::F16) => "tensor_f16_tflop_s",
+        (Backend::Cuda(_), DType::Bf16) => "tensor_bf16_tflop_s",
+        _ => "fma_tflop_s",
+    };
+    let check = Check { tol: Tolerance { atol: 0.0, rtol: rel }, compare: &compare_c, ceiling };
+    match &backend {
+        Backend::Cpu => {
+            measure_cpu(s, case, "cpu_blocked", work, &check, timed, d.m * d.n, |c| {
+                if let Some(c0) = &c0 {
+                    c.copy_from_slice(c0);
+                }
+                cpu_blocked(&a, &b, c, d, ab)
+            })?;
+        }
+        Backend::Cuda(gpu) => run_gpu(s, gpu, case, d, ab, (&a, &b, c0.as_deref()), work, &check, timed)?,
+    }
+    Ok(())
+}
+
+/// The GPU ladder a dtype runs.
+pub fn ladder(dtype: DType) -> &'static [&'static str] {
+    if dtype == DType::F32 { F32_VARIANTS } else { HALF_VARIANTS }
+}
+
+/// Is `variant` a GPU variant of this dtype whose shared memory fits the device?
+pub fn check_variant(variant: &str, dtype: DType, max_smem_optin: usize) -> Result<()> {
+    if !ladder(dtype).contains(&variant) {
+        let runs = if F32_VARIANTS.contains(&variant) {
+            "f32 only"
+        } else if HALF_VARIANTS.contains(&variant) {
+            "f16 and bf16 only"
+        } else {
+            return Err(LabError::UnknownVariant { experiment: "gemm".into(), variant: variant.into() });
+        };
+        return Err(LabError::Invalid(format!("gemm variant `{variant}` runs in {runs}, not {}", dtype.name())));
+    }
+    let smem = dynamic_smem(variant);
+    if smem > max_smem_optin {
+        return Err(LabError::Invalid(format!("gemm variant `{variant}` needs {smem} bytes of shared memory per block; this device allows {max_smem_optin}")));
+    }
+    Ok(())
+}
+
+/// A gemm kernel, ready to launch: the variant must belong to the dtype's ladder, and its dynamic
+/// shared memory limit is raised to what [`launch_config`] asks for.
+pub fn kernel(gpu: &Gpu, variant: &str, dtype: DType) -> Result<CudaFunction> {
+    check_variant(variant, dtype, gpu.info.max_smem_per_block_optin as usize)?;
+    let smem = dynamic_smem(variant);
+    let f = gpu.function(FAMILY, &symbol(FAMILY, variant, dtype))?;
+    if smem > 48 * 1024 {
+        f.set_attribute(FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
+            .doing("raising the kernel's dynamic shared memory limit")?;
+    }
+    Ok(f)
+}
+
+/// C = alpha A B + beta C on the GPU with one lab variant (`f` from [`kernel`]); the arguments
+/// are validated first, so a mismatched buffer is an error, never an out-of-bounds access.
+#[allow(clippy::too_many_arguments)]
+pub fn run_kernel<T: Elem>(
+    gpu: &Gpu,
+    f: &CudaFunction,
+    variant: &str,
+    d: Dims,
+    (alpha, beta): (f32, f32),
+    a: &CudaSlice<T>,
+    b: &CudaSlice<T>,
+    c: &mut CudaSlice<T>,
+) -> Result<()> {
+    validate(d, a.len(), b.len(), c.len())?;
+    let cfg = launch_config(variant, d.m, d.n);
+    let (m, n, k) = (d.m as i32, d.n as i32, d.k as i32);
+    let (lda, ldb, ldc) = (d.lda as i32, d.ldb as i32, d.ldc as i32);
+    // SAFETY: validate() checked A (m x lda), B (k x ldb) and C (m x ldc) against M, N, K and the
+    // buffers' lengths; every kernel bounds its loads and stores by M, N, K and the leading
+    // dimensions; cfg is the launch shape (and dynamic smem) the kernel is written for.
+    unsafe {
+        gpu.stream
+            .launch_builder(f)
+            .arg(a)
+            .arg(b)
+            .arg(c)
+            .arg(&m)
+            .arg(&n)
+            .arg(&k)
+            .arg(&lda)
+            .arg(&ldb)
+            .arg(&ldc)
+            .arg(&alpha)
+            .arg(&beta)
+            .launch(cfg)
+    }
+    .map(|_| ())
+    .doing(&format!("launching gemm {variant}"))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_gpu<T: Elem>(
+    s: &mut Session,
+    gpu: &Gpu,
+    case: &Value,
+    d: Dims,
+    (alpha, beta): (f32, f32),
+    (a, b, c0): (&[T], &[T], Option<&[T]>),
+    work: Work,
+    check: &Check<T>,
+    timed: bool,
+) -> Result<()>
+where
+    CudaBlas: BlasGemm<T>,
+{
+    let (da, db) = (gpu.upload(a)?, gpu.upload(b)?);
+    let dc0 = c0.map(|c| gpu.upload(c)).transpose()?;
+    let mut dc = gpu.stream.alloc_zeros::<T>(d.m * d.n).doing("allocating C")?;
+    // beta != 0 reads C: every launch starts from the same C0 (such cases are untimed).
+    let reset = |c: &mut CudaSlice<T>| -> Result<()> {
+        match &dc0 {
+            Some(c0) => gpu.stream.memcpy_dtod(c0, c).doing("restoring C before the GEMM"),
+            None => Ok(()),
+        }
+    };
+    let (m, n, k) = (d.m as i32, d.n as i32, d.k as i32);
+    let (lda, ldb, ldc) = (d.lda as i32, d.ldb as i32, d.ldc as i32);
+    let variants = ladder(T::DTYPE);
+    for &variant in variants {
+        if !applies(variant, d, gpu.info.max_smem_per_block_optin as usize) || !s.wants(variant, "lab") {
+            continue;
+        }
+        let f = kernel(gpu, variant, T::DTYPE)?;
+        let launch = |c: &mut CudaSlice<T>| -> Result<()> {
+            reset(c)?;
+            run_kernel(gpu, &f, variant, d, (alpha, beta), &da, &db, c)
+        };
+        let extra = resources(&f, variant)?;
+        measure_gpu_as(s, gpu, case, (variant, "lab"), work, check, timed, &mut dc, extra, launch)?;
+    }
+    let peer = if T::DTYPE == DType::F32 { "cublas_sgemm" } else { "cublas_gemm_ex" };
+    if s.wants(peer, "cublas") {
+        let blas = CudaBlas::new(gpu.stream.clone()).doing("creating the cuBLAS handle")?;
+        // Row-major C = A B is column-major C^T = B^T A^T: pass B first, with the dimensions
+        // swapped. The handle keeps CUBLAS_DEFAULT_MATH: fp32 stays fp32 (no TF32).
+        let cfg = GemmConfig {
+            transa: CUBLAS_OP_N,
+            transb: CUBLAS_OP_N,
+            m: n,
+            n: m,
+            k,
+            alpha: T::from_f32(alpha),
+            lda: ldb,
+            ldb: lda,
+            beta: T::from_f32(beta),
+            ldc,
+        };
+        let launch = |c: &mut CudaSlice<T>| -> Result<()> {
+            reset(c)?;
+            // SAFETY: the same buffers and dimensions the lab kernels were validated for.
+            unsafe { blas.gemm(cfg, &db, &da, c) }.doing("cuBLAS GEMM")
+        };
+        let mut extra = serde_json::Map::new();
+        extra.insert("math".into(), json!(if T::DTYPE == DType::F32 { "sgemm, CUBLAS_DEFAULT_MATH (no TF32)" } else { "gemm_ex, CUBLAS_COMPUTE_32F" }));
+        measure_gpu_as(s, gpu, case, (peer, "cublas"), work, check, timed, &mut dc, extra, launch)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    fn inputs<T: Elem>(d: Dims, seed: u64) -> (Vec<T>, Vec<T>, Vec<T>) {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut f = |len: usize| -> Vec<T> { (0..len).map(|_| T::from_f32(rng.random_range(-1.0..1.0))).collect() };
+        (f((d.m - 1) * d.lda + d.k), f((d.k - 1) * d.ldb + d.n), f((d.m - 1) * d.ldc + d.n))
+    }
+
+    fn check_cpu<T: Elem>(d: Dims, ab: (f32, f32)) {
+        let (a, b, c0) = inputs::<T>(d, d.macs());
+        let expected = Expected::Full(reference(&a, &b, Some(&c0), d, ab));
+        let mut c = c0.clone();
+        cpu_blocked(&a, &b, &mut c, d, ab);
+        let e = expected.check(&c, d, tolerance(T::DTYPE));
+        assert!(e.passed(), "{:?} {d:?}: {e:?}", T::DTYPE);
+        // Padding between rows of C (ldc > N) is never written.
+        for i in 0..d.m.saturating_sub(1) {
+            for j in d.n..d.ldc {
+                assert_eq!(c[i * d.ldc + j].to_f32(), c0[i * d.ldc + j].to_f32(), "padding at ({i}, {j}) changed");
+            }
+        }
+    }
+
+    #[test]
+    fn cpu_variant_matches_the_reference_on_odd_shapes() {
+        for (m, n, k) in [(1, 1, 1), (1, 1000, 777), (33, 47, 65), (97, 131, 600), (1000, 1000, 1000), (4097, 513, 777)] {
+            check_cpu::<f32>(Dims::dense(m, n, k), (1.0, 0.0));
+        }
+        for (m, n, k) in [(1, 37, 29), (65, 130, 300)] {
+            check_cpu::<f32>(Dims::dense(m, n, k), (0.5, -1.25));
+            check_cpu::<half::f16>(Dims::dense(m, n, k), (1.0, 0.0));
+            check_cpu::<half::bf16>(Dims::dense(m, n, k), (0.5, -1.25));
+        }
+        // Leading dimensions longer than the rows.
+        check_cpu::<f32>(Dims { m: 19, n: 23, k: 29, lda: 31, ldb: 27, ldc: 25 }, (2.0, 0.5));
+    }
+
+    #[test]
+    fn reference_agrees_with_an_independent_triple_loop() {
+        let d = Dims { m: 7, n: 5, k: 9, lda: 11, ldb: 6, ldc: 8 };
+        let (a, b, c0) = inputs::<f32>(d, 3);
+        let full = reference(&a, &b, Some(&c0), d, (0.5, 2.0));
+        for i in 0..d.m {
+            for j in 0..d.n {
+                let mut dot = 0.0f64;
+                for kk in 0..d.k {
+                    dot += a[i * d.lda + kk] as f64 * b[kk * d.ldb + j] as f64;
+                }
+                let want = 0.5 * dot + 2.0 * c0[i * d.ldc + j] as f64;
+                assert!((full[i * d.n + j] - want).abs() < 1e-12);
+                assert!((reference_at(&a, &b, Some(&c0), d, (0.5, 2.0), i, j) - want).abs() < 1e-12);
+            }
+        }
+    }
+
+    #[test]
+    fn sampled_checks_catch_a_wrong_entry_and_nan() {
+        let d = Dims::dense(40, 30, 20);
+        let (a, b, _) = inputs::<f32>(d, 5);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        let picks: Vec<(usize, usize)> = (0..200).map(|_| (rng.random_range(0..d.m), rng.random_range(0..d.n))).chain([(39, 29)]).collect();
+        let values = picks.iter().map(|&(i, j)| reference_at(&a, &b, None, d, (1.0, 0.0), i, j)).collect();
+        let expected = Expected::Sampled { picks, values };
+        assert_eq!(expected.name(), "cpu-f64-sampled-201");
+        let mut c = vec![0f32; d.m * d.n];
+        cpu_blocked(&a, &b, &mut c, d, (1.0, 0.0));
+        assert!(expected.check(&c, d, 1e-5).passed());
+        c[39 * 30 + 29] += 10.0;
+        assert!(!expected.check(&c, d, 1e-5).passed());
+        c[39 * 30 + 29] = f32::NAN;
+        assert!(!expected.check(&c, d, 1e9).passed());
+        // Large products use the sampled check, small ones the full one.
+        let mut rng = rand::rngs::StdRng::seed_from_u64(2);
+        let (a, b, _) = inputs::<f32>(Dims::dense(2, 3, 4), 1);
+        assert_eq!(Expected::new(&a, &b, None, Dims::dense(2, 3, 4), (1.0, 0.0), &mut rng).name(), "cpu-f64");
+    }
+
+    #[test]
+    fn bad_arguments_are_named() {
+        let d = Dims::dense(2, 3, 4);
+        assert!(validate(d, 8, 12, 6).is_ok());
+        let err = |d: Dims, a: usize, b: usize, c: usize| validate(d, a, b, c).unwrap_err().to_string();
+        assert!(err(Dims::dense(0, 3, 4), 0, 12, 0).contains("at least 1"));
+        assert!(err(d, 7, 12, 6).contains("A has 7 elements"));
+        assert!(err(d, 8, 11, 6).contains("B has 11 elements"));
+        assert!(err(d, 8, 12, 5).contains("C has 5 elements"));
+        assert!(err(Dims { lda: 3, ..d }, 8, 12, 6).contains("lda=3 is shorter than a row (K=4)"));
+        assert!(err(Dims { ldc: 2, ..d }, 8, 12, 6).contains("ldc=2"));
+        assert!(err(Dims::dense(1 << 31, 1, 1), 1 << 31, 1, 1 << 31).contains("below 2^31"));
+        // A variant runs only in its own dtypes, and only where its shared memory fits.
+        assert!(check_variant("warptiled", DType::F32, 227 * 1024).is_ok());
+        assert!(check_variant("mma_pipelined_wide", DType::Bf16, 227 * 1024).is_ok());
+        let e = check_variant("warptiled", DType::F16, 227 * 1024).unwrap_err().to_string();
+        assert!(e.contains("runs in f32 only, not f16"), "{e}");
+        let e = check_variant("mma_pipelined", DType::F32, 227 * 1024).unwrap_err().to_string();
+        assert!(e.contains("runs in f16 and bf16 only, not f32"), "{e}");
+        assert!(check_variant("tiled_by_magic", DType::F32, 1 << 20).unwrap_err().to_string().contains("unknown variant"));
+        let e = check_variant("mma_pipelined_wide", DType::F16, 163 * 1024).unwrap_err().to_string();
+        assert!(e.contains("needs 196608 bytes"), "{e}");
+        assert!(!applies("mma_pipelined_wide", Dims::dense(64, 64, 64), 163 * 1024));
+        assert!(!applies("naive", Dims::dense(4096, 4096, 4096), 1 << 20) && applies("naive", Dims::dense(2048, 2048, 2048), 0));
+        // Padded leading dimensions are fine when the buffers hold them.
+        assert!(validate(Dims { m: 2, n: 3, k: 4, lda: 5, ldb: 3, ldc: 7 }, 9, 12, 10).is_ok());
+    }
+
+    #[test]
+    fn launch_shapes_cover_every_output() {
+        for (m, n) in [(1, 1), (1, 4097), (4097, 513), (1000, 1000), (8192, 8192), (16, 14336)] {
+            for v in F32_VARIANTS.iter().chain(HALF_VARIANTS) {
+                let cfg = launch_config(v, m, n);
+                let threads = cfg.block_dim.0 * cfg.block_dim.1;
+                let (bm, bn) = match *v {
+                    "naive" => (8, 32),
+                    "smem_tiled" => (32, 32),
+                    "blocktile_1d" => (64, 64),
+                    "mma_pipelined_wide" => (128, 256),
+                    _ => (128, 128),
+                };
+                let blocks = (cfg.grid_dim.0 * cfg.grid_dim.1) as usize;
+                assert_eq!(blocks, m.div_ceil(bm) * n.div_ceil(bn), "{v} {m}x{n}");
+                let per_thread = match *v {
+                    "naive" | "smem_tiled" => 1,
+                    "blocktile_1d" => 8,
+                    "blocktile_2d" | "vectorized" => 64,
+                    "warptiled" => 128,
+                    "mma_ldmatrix" | "mma_pipelined" => 64,
+                    _ => 128,
+                };
+                assert_eq!(threads as usize * per_thread, bm * bn, "{v}: threads x outputs per thread != tile");
+                assert!(cfg.grid_dim.1 < 65536);
+            }
+        }
+    }
+
+    /// The SIMT rungs' thread-to-output and thread-to-tile-load maps (mirrors of gemm.cu) cover
+    /// every output of the block tile and every element of the A and B slabs exactly once.
+    #[test]
+    fn simt_thread_maps_cover_tiles_exactly_once() {
+        fn once(name: &str, size: usize, cells: impl Iterator<Item = usize>) {
+            let mut seen = vec![0u32; size];
+            cells.for_each(|c| seen[c] += 1);
+            assert!(seen.iter().all(|&x| x == 1), "{name}: {:?}", seen.iter().position(|&x| x != 1));
+        }
+        // blocktile_1d: 64x64, BK 8, 512 threads, TM 8.
+        once("1d out", 64 * 64, (0..512).flat_map(|t| (0..8).map(move |i| ((t / 64) * 8 + i) * 64 + t % 64)));
+        once("1d A", 64 * 8, (0..512).map(|t| (t / 8) * 8 + t % 8));
+        once("1d B", 8 * 64, (0..512).map(|t| (t / 64) * 64 + t % 64));
+        // blocktile_2d / vectorized: 128x128, BK 8, 256 threads, 8x8.
+        once("2d out", 128 * 128, (0..256).flat_map(|t| (0..64).map(move |x| ((t / 16) * 8 + x / 8) * 128 + (t % 16) * 8 + x % 8)));
+        once("2d A", 128 * 8, (0..256).flat_map(|t| (0..128).step_by(32).map(move |o| (t / 8 + o) * 8 + t % 8)));
+        once("2d B", 8 * 128, (0..256).flat_map(|t| (0..8).step_by(2).map(move |o| (t / 128 + o) * 128 + t % 128)));
+        once("vec A", 128 * 8, (0..256).flat_map(|t| (0..4).map(move |e| (t / 2) * 8 + (t % 2) * 4 + e)));
+        once("vec B", 8 * 128, (0..256).flat_map(|t| (0..4).map(move |e| (t / 32) * 128 + (t % 32) * 4 + e)));
+        // warptiled: 128x128, BK 16, 128 threads = 4 warps of 64x64, thread 8 x (4 subtiles x 4).
+        let wt_out = (0..128).flat_map(|t: usize| {
+            let (lane, warp) = (t % 32, t / 32);
+            let (wrow, wcol, trow, tcol) = (warp / 2, warp % 2, lane / 4, lane % 4);
+            (0..8).flat_map(move |i| (0..4).flat_map(move |s| (0..4).map(move |j| (wrow * 64 + trow * 8 + i) * 128 + wcol * 64 + s * 16 + tcol * 4 + j)))
+        });
+        once("warptiled out", 128 * 128, wt_out);
+        once("warptiled A", 128 * 16, (0..128).flat_map(|t| (0..4).flat_map(move |i| (0..4).map(move |e| (t / 4 + 32 * i) * 16 + (t % 4) * 4 + e))));
+        once("warptiled B", 16 * 128, (0..128).flat_map(|t| (0..4).flat_map(move |i| (0..4).map(move |e| (t / 32 + 4 * i) * 128 + (t % 32) * 4 + e))));
+    }
+
+    // ---- CPU simulations of the tensor-core index math (mirrors of the expressions in gemm.cu) ----
+
+    /// swz() of gemm.cu: byte offset of 16-byte chunk `chunk` of row `row`.
+    fn swz(row: usize, chunk: usize, cpr: usize) -> usize {
+        (row * cpr + (chunk ^ (row & 7))) * 16
+    }
+
+    #[test]
+    fn swizzle_is_a_bijection_and_ldmatrix_phases_are_conflict_free() {
+        for (rows, cpr) in [(128, 8), (64, 16), (64, 32)] {
+            let mut seen = vec![false; rows * cpr];
+            for r in 0..rows {
+                for c in 0..cpr {
+                    let off = swz(r, c, cpr);
+                    assert_eq!(off / 16 / cpr, r, "a chunk left its row");
+                    assert!(!std::mem::replace(&mut seen[off / 16], true), "two chunks at one place");
+                }
+            }
+            // One ldmatrix phase: 8 consecutive rows (from a multiple of 8) at one logical chunk.
+            // Each 16-byte slot covers 4 banks; 8 distinct slots modulo 128 bytes cover all 32.
+            for r0 in (0..rows).step_by(8) {
+                for c in 0..cpr {
+                    let mut slots: Vec<usize> = (r0..r0 + 8).map(|r| (swz(r, c, cpr) % 128) / 16).collect();
+                    slots.sort();
+                    slots.dedup();
+                    assert_eq!(slots.len(), 8, "bank conflict at rows {r0}.., chunk {c}, {cpr} chunks/row");
+                }
+            }
+        }
+        // The padded layout of mma_ldmatrix: rows of 40 and 136 halves.
+        for stride_bytes in [80, 272] {
+            let mut slots: Vec<usize> = (0..8).map(|r| (r * stride_bytes % 128) / 16).collect();
+            slots.sort();
+            slots.dedup();
+            assert_eq!(slots.len(), 8, "padded stride {stride_bytes} conflicts");
+        }
+    }
+
+    /// Simulates one block of a tensor-core kernel on the CPU: tiles written into a byte-addressed
+    /// "shared memory" through `a_off` / `b_off` (element offsets of (row, col) in the A and B
+    /// tiles), read back by per-lane ldmatrix addresses, combined by the m16n8k16 fragment
+    /// layouts, and stored by the accumulator layout. Values are small integers: exact in f64.
+    #[allow(clippy::too_many_arguments)]
+    fn simulate_block(
+        (bm_tiles, bn_tiles, bk): (usize, usize, usize),
+        (wm, wn): (usize, usize),
+        a_off: &dyn Fn(usize, usize) -> usize,
+        b_off: &dyn Fn(usize, usize) -> usize,
+        a: &dyn Fn(usize, usize) -> f64,
+        b: &dyn Fn(usize, usize) -> f64,
+        smem_elems: usize,
+    ) -> Vec<f64> {
+        let (tile_m, tile_n) = (bm_tiles, bn_tiles);
+        let (mut sa, mut sb) = (vec![f64::NAN; smem_elems], vec![f64::NAN; smem_elems]);
+        for r in 0..tile_m {
+            for c in 0..bk {
+                sa[a_off(r, c)] = a(r, c);
+            }
+        }
+        for r in 0..bk {
+            for c in 0..tile_n {
+                sb[b_off(r, c)] = b(r, c);
+            }
+        }
+        let mut out = vec![0.0; tile_m * tile_n];
+        let warps_n = tile_n / wn;
+        for warp in 0..(tile_m / wm) * warps_n {
+            let (wm0, wn0) = ((warp / warps_n) * wm, (warp % warps_n) * wn);
+            for ks in 0..bk / 16 {
+                // ldmatrix.x4: lane l's register q holds matrix q at (row l/4, cols 2(l%4)..+1),
+                // matrix q's rows addressed by lanes 8q..8q+7. Addresses as in the kernel.
+                for i in 0..wm / 16 {
+                    let addr = |lane: usize| a_off(wm0 + i * 16 + lane % 16, ks * 16 + (lane / 16) * 8);
+                    let frag = |lane: usize, q: usize, h: usize| sa[addr(8 * q + lane / 4) + 2 * (lane % 4) + h];
+                    for jp in (0..wn / 8).step_by(2) {
+                        let baddr = |lane: usize| b_off(ks * 16 + lane % 16, wn0 + jp * 8 + (lane / 16) * 8);
+                        // .trans: lane l's register q holds matrix q at (rows 2(l%4)..+1, col l/4).
+                        let bfrag = |lane: usize, q: usize, h: usize| sb[baddr(8 * q + 2 * (lane % 4) + h) + lane / 4];
+                        for (jt, q0) in [(jp, 0), (jp + 1, 2)] {
+                            // Rebuild A (16x16) and B (16x8) from the fragment layouts and check
+                            // they are the intended sub-matrices, then accumulate C by its layout.
+                            let mut am = [[f64::NAN; 16]; 16];
+                            let mut bmat = [[f64::NAN; 8]; 16];
+                            for lane in 0..32 {
+                                let (g, t) = (lane / 4, lane % 4);
+                                for h in 0..2 {
+                                    am[g][2 * t + h] = frag(lane, 0, h);
+                                    am[g + 8][2 * t + h] = frag(lane, 1, h);
+                                    am[g][2 * t + 8 + h] = frag(lane, 2, h);
+                                    am[g + 8][2 * t + 8 + h] = frag(lane, 3, h);
+                                    bmat[2 * t + h][g] = bfrag(lane, q0, h);
+                                    bmat[2 * t + 8 + h][g] = bfrag(lane, q0 + 1, h);
+                                }
+                            }
+                            for lane in 0..32 {
+                                let (g, t) = (lane / 4, lane % 4);
+                                for (row, col) in [(g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1)] {
+                                    let v: f64 = (0..16).map(|kk| am[row][kk] * bmat[kk][col]).sum();
+                                    out[(wm0 + i * 16 + row) * tile_n + wn0 + jt * 8 + col] += v;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn check_simulation(name: &str, tile: (usize, usize, usize), warp: (usize, usize), a_off: &dyn Fn(usize, usize) -> usize, b_off: &dyn Fn(usize, usize) -> usize, smem: usize) {
+        let (tm, tn, bk) = tile;
+        let a = |r: usize, c: usize| ((r * 7 + c * 3) % 11) as f64 - 5.0;
+        let b = |r: usize, c: usize| ((r * 5 + c * 2) % 13) as f64 - 6.0;
+        let got = simulate_block(tile, warp, a_off, b_off, &a, &b, smem);
+        for r in 0..tm {
+            for c in 0..tn {
+                let want: f64 = (0..bk).map(|kk| a(r, kk) * b(kk, c)).sum();
+                // Each output belongs to one lane of one warp: a gap or an overlap shows here.
+                assert_eq!(got[r * tn + c], want, "{name}: ({r}, {c})");
+            }
+        }
+    }
+
+    #[test]
+    fn tensor_core_fragment_addressing_reproduces_the_tile_product() {
+        // mma_ldmatrix: padded rows of BK + 8 and BN + 8 halves.
+        let (lda_s, ldb_s) = (32 + 8, 128 + 8);
+        check_simulation("mma_ldmatrix", (128, 128, 32), (64, 32), &|r, c| r * lda_s + c, &|r, c| r * ldb_s + c, 128 * ldb_s.max(lda_s));
+        // mma_pipelined(_wide): swizzled 16-byte chunks, offsets in halves.
+        let sw = |cpr: usize| move |r: usize, c: usize| swz(r, c / 8, cpr) / 2 + c % 8;
+        check_simulation("mma_pipelined", (128, 128, 64), (64, 32), &sw(8), &sw(16), 128 * 64);
+        check_simulation("mma_pipelined_wide", (128, 256, 64), (64, 64), &sw(8), &sw(32), 256 * 64);
+    }
+
+    /// The cp.async ring of mma_pipelined, replayed on the CPU with the kernel's schedule: one
+    /// commit group per prologue step and per iteration, `wait_group STAGES - 2` then a barrier at
+    /// the top of each iteration. At every compute, the slab read must have landed, sit in the slot
+    /// read, and no copy still in flight may target that slot; each prefetch must target a slot
+    /// whose last reader finished before the barrier (iteration kt - 1 or earlier).
+    #[test]
+    fn cp_async_ring_schedule_has_no_hazards() {
+        for stages in [2usize, 3, 4] {
+            for nk in [1usize, 2, 3, 5, 13] {
+                let mut groups: Vec<Option<(usize, usize)>> = Vec::new(); // (slot, slab) per group
+                let mut slot_of = vec![usize::MAX; stages]; // slab held (or arriving) per slot
+                let mut last_read = vec![None::<usize>; stages];
+                let load = |g: &mut Vec<Option<(usize, usize)>>, slot: usize, slab: usize, kt: Option<usize>, slot_of: &mut Vec<usize>, last_read: &[Option<usize>]| {
+                    if let (Some(kt), Some(r)) = (kt, last_read[slot]) {
+                        assert!(r < kt, "S={stages} nk={nk}: slot {slot} overwritten in iteration {kt} while read in {r}");
+                    }
+                    slot_of[slot] = slab;
+                    g.push(Some((slot, slab)));
+                };
+                for st in 0..stages - 1 {
+                    if st < nk {
+                        load(&mut groups, st, st, None, &mut slot_of, &last_read);
+                    } else {
+                        groups.push(None);
+                    }
+                }
+                for kt in 0..nk {
+                    // wait_group(S - 2): all but the newest S - 2 groups are complete.
+                    let complete = groups.len().saturating_sub(stages - 2);
+                    let next = kt + stages - 1;
+                    if next < nk {
+                        load(&mut groups, next % stages, next, Some(kt), &mut slot_of, &last_read);
+                    } else {
+                        groups.push(None);
+                    }
+                    let slot = kt % stages;
+                    assert_eq!(slot_of[slot], kt, "S={stages} nk={nk}: slot {slot} holds the wrong slab at {kt}");
+                    let landed = groups[..complete].iter().any(|g| *g == Some((slot, kt)));
+                    assert!(landed, "S={stages} nk={nk}: slab {kt} read before its copy completed");
+                    let in_flight = groups[complete..].iter().flatten().any(|&(s, _)| s == slot);
+                    assert!(!in_flight, "S={stages} nk={nk}: slot {slot} read while a copy into it is in flight");
+                    last_read[slot] = Some(kt);
+                }
+            }
+        }
+    }
+
+    /// The tile loaders of the pipelined kernel write every chunk of a stage exactly once, and the
+    /// grouped block order visits every (row, column) tile exactly once.
+    #[test]
+    fn pipelined_loads_and_block_order_cover_everything_once() {
+        for (bm, bn) in [(128, 128), (128, 256)] {
+            let (a_cpr, b_cpr) = (8, bn / 8);
+            let mut a_seen = vec![0; bm * a_cpr];
+            let mut b_seen = vec![0; 64 * b_cpr];
+            for tid in 0..256 {
+                for i in 0..bm * a_cpr / 256 {
+                    let c = tid + i * 256;
+                    a_seen[swz(c / a_cpr, c % a_cpr, a_cpr) / 16] += 1;
+                }
+                for i in 0..64 * b_cpr / 256 {
+                    let c = tid + i * 256;
+                    b_seen[swz(c / b_cpr, c % b_cpr, b_cpr) / 16] += 1;
+                }
+            }
+            assert!(a_seen.iter().chain(&b_seen).all(|&x| x == 1));
+            for (m, n) in [(1usize, 1usize), (4097, 513), (1000, 1000), (8192, 8192), (16, 14336)] {
+                let (gm, gn) = (m.div_ceil(bm), n.div_ceil(bn));
+                let mut seen = vec![0; gm * gn];
+                for pid in 0..gm * gn {
+                    let per_group = 8 * gn;
+                    let first = (pid / per_group) * 8;
+                    let rows = (gm - first).min(8);
+                    let (r, c) = (first + (pid % per_group) % rows, (pid % per_group) / rows);
+                    assert!(r < gm && c < gn, "{m}x{n}: pid {pid} -> ({r}, {c})");
+                    seen[r * gn + c] += 1;
+                }
+                assert!(seen.iter().all(|&x| x == 1), "{m}x{n} ({bm}x{bn})");
+            }
+        }
+    }
+}
