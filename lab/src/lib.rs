@@ -10,6 +10,7 @@ pub mod gpu;
 pub mod kernels;
 pub mod ops;
 pub mod profile;
+pub mod quant;
 pub mod record;
 pub mod report;
 
