@@ -13,6 +13,7 @@ pub mod profile;
 pub mod quant;
 pub mod record;
 pub mod report;
+pub mod weights;
 
 pub use error::{LabError, Result};
 
