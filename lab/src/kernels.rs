@@ -12,6 +12,7 @@ pub const FAMILIES: &[(&str, &str)] = &[
     ("layernorm", include_str!("../../kernels/layernorm.cu")),
     ("rmsnorm", include_str!("../../kernels/rmsnorm.cu")),
     ("linear", include_str!("../../kernels/linear.cu")),
+    ("quant", include_str!("../../kernels/quant.cu")),
 ];
 
 /// Storage types a kernel is instantiated for; the suffix of every kernel symbol.

@@ -58,6 +58,9 @@ fn exported_symbols_are_the_ones_the_launchers_use() {
     assert_eq!(ptx("rmsnorm"), expect("rmsnorm", lab::ops::rmsnorm::GPU_VARIANTS, &[DType::F32, DType::Bf16]));
     let linear = ["bias_act_none", "bias_act_relu", "bias_act_gelu", "act_backward_none", "act_backward_relu", "act_backward_gelu", "bias_grad_partial", "bias_grad_final"];
     assert_eq!(ptx("linear"), expect("linear", &linear, &[DType::F32, DType::Bf16]));
+    let quant = lab::quant::experiment::gpu_variants();
+    let quant: Vec<&str> = quant.iter().map(String::as_str).collect();
+    assert_eq!(ptx("quant"), expect("quant", &quant, &[DType::F16]));
 }
 
 #[test]

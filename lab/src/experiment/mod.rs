@@ -39,6 +39,7 @@ pub fn registry() -> Vec<&'static dyn Experiment> {
         &crate::ops::layernorm::LayerNorm,
         &crate::ops::rmsnorm::RmsNorm,
         &crate::ops::linear::Linear,
+        &crate::quant::Quant,
     ]
 }
 

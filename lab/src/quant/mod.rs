@@ -4,8 +4,10 @@
 //! GEMV/GEMM kernels of kernels/quant.cu against cuBLAS on the dequantized weights, and the
 //! requantization table of a real model (SmolLM2-135M, when `LAB_SMOLLM2_GGUF` names it).
 
+pub mod experiment;
 pub mod ggml;
 pub mod group;
 pub mod int4;
 
 pub use group::{error_metrics, footprint, Footprint, Format, GroupQuant, QuantError, Scheme};
+pub use experiment::Quant;

@@ -10,6 +10,7 @@
 //! Every length, count and offset is checked against the bytes that remain before it is used,
 //! so a truncated or corrupted file is an [`GgufError`] naming the problem, never a panic or an
 //! out-of-bounds read, and a huge count cannot make it allocate more than the file could hold.
+//! The module depends on nothing else in the crate, so the fuzz target (fuzz/) builds it alone.
 
 use std::path::{Path, PathBuf};
 
@@ -48,12 +49,6 @@ pub enum GgufError {
     TensorOutOfRange { tensor: String, start: u64, end: u64, len: u64 },
     #[error("tensor `{tensor}`: offset {offset} is not a multiple of the alignment {alignment}")]
     Misaligned { tensor: String, offset: u64, alignment: u64 },
-}
-
-impl From<GgufError> for crate::LabError {
-    fn from(e: GgufError) -> Self {
-        crate::LabError::Invalid(format!("GGUF: {e}"))
-    }
 }
 
 pub type Result<T> = std::result::Result<T, GgufError>;
