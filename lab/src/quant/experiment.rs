@@ -563,12 +563,16 @@ fn run_w4a16(s: &mut Session, case: &Value) -> Result<()> {
 fn run_smollm2(s: &mut Session, case: &Value) -> Result<()> {
     let path = std::env::var(SMOLLM2_ENV).map_err(|_| LabError::Invalid(format!("{SMOLLM2_ENV} is not set (scripts/test.sh installs the model; see README)")))?;
     let layers = param_usize(case, "layers")?;
+    // A rerun of one table row names its tensor and format.
+    let only_tensor = case.get("tensor").and_then(Value::as_str).filter(|t| *t != "all");
+    let only_format = case.get("format").and_then(Value::as_str);
     let file = crate::weights::gguf::GgufFile::open(&path)?;
     let g = file.parse()?;
     let tensors: Vec<_> = g
         .tensors
         .iter()
         .filter(|t| t.ty == crate::weights::gguf::GgmlType::Q4_1 && t.dims.len() == 2)
+        .filter(|t| only_tensor.is_none_or(|name| t.name == name))
         .filter(|t| t.name.strip_prefix("blk.").and_then(|r| r.split('.').next()).and_then(|l| l.parse::<usize>().ok()).is_some_and(|l| l < layers))
         .collect();
     if tensors.is_empty() {
@@ -584,7 +588,7 @@ fn run_smollm2(s: &mut Session, case: &Value) -> Result<()> {
         let signal: f64 = x.par_iter().map(|&v| (v as f64).powi(2)).sum();
         for (fi, format) in Format::all().into_iter().enumerate() {
             let variant = format.name();
-            if !s.wants(&variant, "lab") {
+            if !s.wants(&variant, "lab") || only_format.is_some_and(|f| f != variant) {
                 continue;
             }
             // SmolLM2's hidden size, 576, is 4.5 groups of 128: such a tensor is counted as skipped
@@ -596,7 +600,7 @@ fn run_smollm2(s: &mut Session, case: &Value) -> Result<()> {
             let q = Quantized::new(format, &x, rows, cols)?;
             let y = q.dequantize();
             let e = group::error_metrics(&x, &y)?;
-            let params = json!({"op": "smollm2", "tensor": t.name, "rows": rows, "cols": cols, "format": variant, "timed": false});
+            let params = json!({"op": "smollm2", "layers": layers, "tensor": t.name, "rows": rows, "cols": cols, "format": variant, "timed": false});
             let mut m = Measurement::new(&variant, "lab", &params, Work { bytes: q.bytes(), flops: 0 });
             m.error = Some(step_check(&x, &y, &q, format.group()));
             footprint_extra(&mut m, format, (rows * cols) as u64);
@@ -608,7 +612,7 @@ fn run_smollm2(s: &mut Session, case: &Value) -> Result<()> {
         }
     }
     for ((format, (signal, noise, max_abs, bytes, n, mismatches)), skipped) in Format::all().into_iter().zip(totals).zip(skipped) {
-        if n == 0 {
+        if n == 0 || only_tensor.is_some() {
             continue;
         }
         let params = json!({"op": "smollm2", "tensor": "all", "layers": layers, "format": format.name(), "timed": false});

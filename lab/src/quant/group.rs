@@ -198,26 +198,29 @@ pub fn quantize(x: &[f32], rows: usize, cols: usize, scheme: Scheme, group: usiz
 }
 
 impl GroupQuant {
-    /// The stored value of code `q` in group `g`, as every dequantizer computes it: f32 product,
-    /// then f32 sum (two roundings, no fused multiply-add), so CPU and GPU agree to the bit.
-    #[inline]
-    pub fn value(&self, g: usize, q: u8) -> f32 {
-        let d = self.scales[g].to_f32();
-        match self.scheme {
-            Scheme::Sym => (q as f32 - 8.0) * d,
-            Scheme::Asym => q as f32 * d + self.mins[g].to_f32(),
-        }
-    }
-
-    /// Dequantizes to f32, rows in parallel.
+    /// Dequantizes to f32, rows in parallel: `(q - 8) d`, or `q d + m` as an f32 product then an
+    /// f32 sum (two roundings, no fused multiply-add), so the GPU kernels agree to the bit.
     pub fn dequantize(&self) -> Vec<f32> {
         let mut out = vec![0f32; self.rows * self.cols];
-        let gpr = self.cols / self.group;
+        let (gpr, group) = (self.cols / self.group, self.group);
         out.par_chunks_mut(self.cols).zip(self.packed.par_chunks(self.cols / 2)).enumerate().for_each(|(r, (orow, prow))| {
-            for (i, pair) in orow.chunks_exact_mut(2).enumerate() {
-                let g = r * gpr + 2 * i / self.group;
-                pair[0] = self.value(g, prow[i] & 15);
-                pair[1] = self.value(g, prow[i] >> 4);
+            for (g, (og, pg)) in orow.chunks_exact_mut(group).zip(prow.chunks_exact(group / 2)).enumerate() {
+                let d = self.scales[r * gpr + g].to_f32();
+                match self.scheme {
+                    Scheme::Sym => {
+                        for (pair, &b) in og.chunks_exact_mut(2).zip(pg) {
+                            pair[0] = ((b & 15) as f32 - 8.0) * d;
+                            pair[1] = ((b >> 4) as f32 - 8.0) * d;
+                        }
+                    }
+                    Scheme::Asym => {
+                        let m = self.mins[r * gpr + g].to_f32();
+                        for (pair, &b) in og.chunks_exact_mut(2).zip(pg) {
+                            pair[0] = (b & 15) as f32 * d + m;
+                            pair[1] = (b >> 4) as f32 * d + m;
+                        }
+                    }
+                }
             }
         });
         out
