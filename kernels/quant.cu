@@ -214,15 +214,20 @@ __device__ __forceinline__ void w4a16(const u8* __restrict__ wq, const __half* _
         const int chunks = width / 32;
         // This tile's first weights are requested before X is staged: the barrier then waits
         // behind HBM traffic that is already in flight.
+        // Scales (and mins) travel with their codes, so no load waits inside the loop.
         uint4 cur[R];
-        auto load = [&](int c, uint4* dst) {
+        __half dcur[R], mcur[R];
+        auto load = [&](int c, uint4* dst, __half* ds, __half* ms) {
 #pragma unroll
             for (int r = 0; r < R; ++r) {
                 const int row = min(row0 + r, n_rows - 1);  // clamped rows are computed, never stored
                 dst[r] = __ldcs(reinterpret_cast<const uint4*>(wq + row * row_bytes + (k0 + 32 * c) / 2));
+                const long long si = (long long)row * gpr + (k0 + 32 * c) / group;
+                ds[r] = scales[si];
+                ms[r] = ASYM ? mins[si] : ds[r];
             }
         };
-        if (row0 < n_rows && lane < chunks) load(lane, cur);
+        if (row0 < n_rows && lane < chunks) load(lane, cur, dcur, mcur);
         __syncthreads();  // the previous tile is no longer read
         for (int v = threadIdx.x; v < B * chunks * 4; v += W4_THREADS) {
             const int b = v / (chunks * 4), rest = v % (chunks * 4);
@@ -233,14 +238,13 @@ __device__ __forceinline__ void w4a16(const u8* __restrict__ wq, const __half* _
         if (row0 >= n_rows) continue;  // whole warp idle (it still joins every barrier)
         for (int c = lane; c < chunks; c += 32) {
             uint4 nxt[R];
-            if (c + 32 < chunks) load(c + 32, nxt);  // next step's bytes in flight during this one
-            const int g = (k0 + 32 * c) / group;
+            __half dnxt[R], mnxt[R];
+            if (c + 32 < chunks) load(c + 32, nxt, dnxt, mnxt);  // next step's bytes in flight during this one
             float d[R], m[R];
 #pragma unroll
             for (int r = 0; r < R; ++r) {
-                const long long srow = (long long)min(row0 + r, n_rows - 1) * gpr;
-                d[r] = __half2float(scales[srow + g]);
-                m[r] = ASYM ? __half2float(mins[srow + g]) : 0.f;
+                d[r] = __half2float(dcur[r]);
+                m[r] = ASYM ? __half2float(mcur[r]) : 0.f;
             }
             // Symmetric: dot products on q - 8 (exact small integers), scaled once per chunk.
             // Asymmetric: weights q d + m made first (one FMA each), then the products.
@@ -276,7 +280,11 @@ __device__ __forceinline__ void w4a16(const u8* __restrict__ wq, const __half* _
 #pragma unroll
                 for (int b = 0; b < B; ++b) acc[r][b] = ASYM ? acc[r][b] + dot[r][b] : fmaf(dot[r][b], d[r], acc[r][b]);
 #pragma unroll
-            for (int r = 0; r < R; ++r) cur[r] = nxt[r];
+            for (int r = 0; r < R; ++r) {
+                cur[r] = nxt[r];
+                dcur[r] = dnxt[r];
+                mcur[r] = mnxt[r];
+            }
         }
     }
 #pragma unroll
