@@ -1,11 +1,15 @@
 // quant.cu: 4-bit weights (lab/src/quant). Every symbol ends in _f16, the family's activation
 // and dequantized-output type; pack/unpack move raw 4-bit codes.
 //   pack_int4_f16          codes (one per byte) -> two per byte, low nibble first: 2 x 16 B loads, 16 B store
-//   unpack_int4_f16        the inverse: one 16 B load, 2 x 16 B stores
-//   dequant_sym_f16        group-wise symmetric codes + f16 scales -> f16, (q - 8) d, 32 codes per 16 B load
-//   dequant_asym_f16       group-wise asymmetric codes + f16 scales and mins -> f16, q d + m
-//   dequant_q4_0_f16       GGUF Q4_0 blocks (18 B, 2-byte aligned) as stored in the file -> f16
-//   dequant_q4_1_f16       GGUF Q4_1 blocks (20 B, 4-byte aligned) -> f16
+//   unpack_int4_f16        the inverse, staged per warp (below): coalesced 16 B loads and stores
+//   dequant_sym_f16        group-wise symmetric codes + f16 scales -> f16, (q - 8) d, staged per warp
+//   dequant_asym_f16       group-wise asymmetric codes + f16 scales and mins -> f16, q d + m, staged
+//   dequant_q4_0_f16       GGUF Q4_0 blocks (18 B) as stored in the file -> f16, staged per warp
+//   dequant_q4_1_f16       GGUF Q4_1 blocks (20 B) -> f16, staged per warp
+// "Staged per warp": a warp reads 32 x 16 B of input with coalesced loads into shared memory,
+// then each lane turns the slice that maps to ITS 16 B of output into values, so the 2-4x wider
+// output is also written with consecutive lanes on consecutive 16 B (without staging, each lane
+// would write 32-64 contiguous bytes and every store instruction would touch half-sectors).
 //   w4a16_{sym,asym}_b{1,2,4,8,16}_f16
 //                          Y[B, N] = X[B, K] W^T, W as group-wise int4 + f16 scales (mins), X and Y
 //                          f16, fp32 accumulation. Bandwidth design: each warp owns R rows (R = 4 for
@@ -58,23 +62,36 @@ extern "C" __global__ void quant_pack_int4_f16(const u8* __restrict__ codes, u8*
     }
 }
 
-extern "C" __global__ void quant_unpack_int4_f16(const u8* __restrict__ packed, u8* __restrict__ codes, long long n) {
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    const long long n32 = n / 32;
+// Staged kernels: blocks of 8 warps, each warp owning 32 x 16 B input segments, grid-stride.
+#define SEG_WARPS 8
+
+extern "C" __global__ void __launch_bounds__(32 * SEG_WARPS) quant_unpack_int4_f16(const u8* __restrict__ packed, u8* __restrict__ codes, long long n) {
+    __shared__ uint4 stage[SEG_WARPS][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const long long n32 = n / 32;  // whole 16 B chunks of packed codes
+    const long long nseg = (n32 + 31) / 32;
     const uint4* src = reinterpret_cast<const uint4*>(packed);
     uint4* dst = reinterpret_cast<uint4*>(codes);
-    for (long long i = tid; i < n32; i += stride) {
-        const uint4 p = __ldcs(src + i);
-        uint4 a, b;
-        a.x = unpack4(p.x); a.y = unpack4(p.x >> 16);
-        a.z = unpack4(p.y); a.w = unpack4(p.y >> 16);
-        b.x = unpack4(p.z); b.y = unpack4(p.z >> 16);
-        b.z = unpack4(p.w); b.w = unpack4(p.w >> 16);
-        __stcs(dst + 2 * i, a);
-        __stcs(dst + 2 * i + 1, b);
+    for (long long seg = (long long)blockIdx.x * SEG_WARPS + warp; seg < nseg; seg += (long long)gridDim.x * SEG_WARPS) {
+        if (seg * 32 + lane < n32) stage[warp][lane] = __ldcs(src + seg * 32 + lane);
+        __syncwarp();
+        // Output chunk o (16 codes, 16 B) comes from packed bytes 8o .. 8o + 7.
+        const uint2* st = reinterpret_cast<const uint2*>(stage[warp]);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const long long o = seg * 64 + 32 * j + lane;
+            if (o < 2 * n32) {
+                const uint2 p = st[32 * j + lane];
+                uint4 a;
+                a.x = unpack4(p.x); a.y = unpack4(p.x >> 16);
+                a.z = unpack4(p.y); a.w = unpack4(p.y >> 16);
+                __stcs(dst + o, a);
+            }
+        }
+        __syncwarp();  // the stage is rewritten next step
     }
-    for (long long e = 32 * n32 + tid; e < n; e += stride) {
+    const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    for (long long e = 32 * n32 + tid; e < n; e += (long long)gridDim.x * blockDim.x) {
         const unsigned byte = packed[e / 2];
         codes[e] = (u8)((e & 1) ? (byte >> 4) : (byte & 0xFu));
     }
@@ -83,85 +100,101 @@ extern "C" __global__ void quant_unpack_int4_f16(const u8* __restrict__ packed, 
 // 8 f16 values -> one 16 B store.
 __device__ __forceinline__ void store8(__half* p, const float* v) { store_vec16<__half>(p, v); }
 
-// Group-wise formats: n values (n % 32 == 0), group % 32 == 0, so the 32 codes of one 16 B load
-// share one scale (and min).
+// Group-wise formats: n values (n % 32 == 0), group % 32 == 0, so the 8 codes of one u32 word
+// share one scale (and min). Word w of the codes becomes output values 8w .. 8w + 7 (16 B).
 template <bool ASYM>
 __device__ __forceinline__ void dequant_group(const u8* __restrict__ packed, const __half* __restrict__ scales,
                                               const __half* __restrict__ mins, __half* __restrict__ out, long long n, int group) {
-    const long long stride = (long long)gridDim.x * blockDim.x;
+    __shared__ uint4 stage[SEG_WARPS][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const long long n32 = n / 32;
+    const long long nseg = (n32 + 31) / 32;
     const uint4* src = reinterpret_cast<const uint4*>(packed);
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n32; i += stride) {
-        const uint4 p = __ldcs(src + i);
-        const long long g = (32 * i) / group;
-        const float d = __half2float(scales[g]);
-        const float m = ASYM ? __half2float(mins[g]) : 0.f;
-        const unsigned w[4] = {p.x, p.y, p.z, p.w};
+    for (long long seg = (long long)blockIdx.x * SEG_WARPS + warp; seg < nseg; seg += (long long)gridDim.x * SEG_WARPS) {
+        if (seg * 32 + lane < n32) stage[warp][lane] = __ldcs(src + seg * 32 + lane);
+        __syncwarp();
+        const unsigned* words = reinterpret_cast<const unsigned*>(stage[warp]);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            float v[8];
+            const long long w = seg * 128 + 32 * j + lane;
+            if (w < 4 * n32) {
+                const unsigned word = words[32 * j + lane];
+                const long long g = 8 * w / group;
+                const float d = __half2float(scales[g]);
+                const float m = ASYM ? __half2float(mins[g]) : 0.f;
+                float v[8];
 #pragma unroll
-            for (int t = 0; t < 8; ++t) {
-                const unsigned q = (w[j] >> (4 * t)) & 0xFu;
-                v[t] = ASYM ? dq_asym(q, d, m) : dq_sym(q, d);
+                for (int t = 0; t < 8; ++t) {
+                    const unsigned q = (word >> (4 * t)) & 0xFu;
+                    v[t] = ASYM ? dq_asym(q, d, m) : dq_sym(q, d);
+                }
+                store8(out + 8 * w, v);
             }
-            store8(out + 32 * i + 8 * j, v);
         }
+        __syncwarp();
     }
 }
 
-extern "C" __global__ void quant_dequant_sym_f16(const u8* __restrict__ packed, const __half* __restrict__ scales,
+extern "C" __global__ void __launch_bounds__(32 * SEG_WARPS) quant_dequant_sym_f16(const u8* __restrict__ packed, const __half* __restrict__ scales,
                                                  __half* __restrict__ out, long long n, int group) {
     dequant_group<false>(packed, scales, scales, out, n, group);
 }
 
-extern "C" __global__ void quant_dequant_asym_f16(const u8* __restrict__ packed, const __half* __restrict__ scales,
+extern "C" __global__ void __launch_bounds__(32 * SEG_WARPS) quant_dequant_asym_f16(const u8* __restrict__ packed, const __half* __restrict__ scales,
                                                   const __half* __restrict__ mins, __half* __restrict__ out, long long n, int group) {
     dequant_group<true>(packed, scales, mins, out, n, group);
 }
 
 // GGUF blocks: qs[j] holds element j (low nibble) and element j + 16 (high nibble).
-// One block per thread per step; its 32 outputs are 64 contiguous bytes (4 x 16 B stores).
+// A warp stages 32 blocks (576 or 640 B: whole 16 B vectors, 16 B aligned) and lane l then writes
+// the 16 B holding elements 8p .. 8p + 7 of block 8j + l / 4, p = l % 4: low nibbles of
+// qs[0..7] (p = 0) or qs[8..15] (p = 1), high nibbles of the same (p = 2, 3).
 template <int BYTES>
 __device__ __forceinline__ void dequant_ggml(const u8* __restrict__ blocks, __half* __restrict__ out, long long nblocks) {
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < nblocks; i += stride) {
-        const u8* b = blocks + BYTES * i;
-        unsigned qs[4];
-        float d, m = 0.f;
-        if (BYTES == 20) {  // Q4_1: 4-byte aligned, five 32-bit loads
-            const unsigned* w = reinterpret_cast<const unsigned*>(b);
-            const unsigned dm = __ldcs(w);
-            d = __half2float(__ushort_as_half((unsigned short)(dm & 0xFFFFu)));
-            m = __half2float(__ushort_as_half((unsigned short)(dm >> 16)));
-#pragma unroll
-            for (int j = 0; j < 4; ++j) qs[j] = __ldcs(w + 1 + j);
-        } else {  // Q4_0: 2-byte aligned, nine 16-bit loads
-            const unsigned short* h = reinterpret_cast<const unsigned short*>(b);
-            d = __half2float(__ushort_as_half(__ldcs(h)));
-#pragma unroll
-            for (int j = 0; j < 4; ++j) qs[j] = (unsigned)__ldcs(h + 1 + 2 * j) | ((unsigned)__ldcs(h + 2 + 2 * j) << 16);
+    __shared__ uint4 stage[SEG_WARPS][2 * BYTES];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const long long nseg = (nblocks + 31) / 32;
+    const long long total = nblocks * BYTES;
+    for (long long seg = (long long)blockIdx.x * SEG_WARPS + warp; seg < nseg; seg += (long long)gridDim.x * SEG_WARPS) {
+        const long long base = seg * 32 * BYTES;
+        for (int u = lane; u < 2 * BYTES; u += 32) {
+            const long long off = base + 16 * u;
+            if (off + 16 <= total) {
+                stage[warp][u] = __ldcs(reinterpret_cast<const uint4*>(blocks + off));
+            } else if (off < total) {  // the last, partial vector: byte by byte, never past the end
+                u8* sb = reinterpret_cast<u8*>(&stage[warp][u]);
+                for (int b = 0; b < 16; ++b) sb[b] = off + b < total ? blocks[off + b] : 0;
+            }
         }
-        float lo[16], hi[16];
+        __syncwarp();
+        const u8* sb = reinterpret_cast<const u8*>(stage[warp]);
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
-            const unsigned byte = (qs[j / 4] >> (8 * (j % 4))) & 0xFFu;
-            lo[j] = BYTES == 20 ? dq_asym(byte & 0xFu, d, m) : dq_sym(byte & 0xFu, d);
-            hi[j] = BYTES == 20 ? dq_asym(byte >> 4, d, m) : dq_sym(byte >> 4, d);
+        for (int j = 0; j < 4; ++j) {
+            const int local = 8 * j + lane / 4, part = lane % 4;
+            const long long blk = seg * 32 + local;
+            if (blk < nblocks) {
+                const u8* b = sb + local * BYTES;
+                const float d = __half2float(__ushort_as_half((unsigned short)(b[0] | (b[1] << 8))));
+                const float m = BYTES == 20 ? __half2float(__ushort_as_half((unsigned short)(b[2] | (b[3] << 8)))) : 0.f;
+                const u8* qs = b + (BYTES == 20 ? 4 : 2) + 8 * (part & 1);
+                float v[8];
+#pragma unroll
+                for (int t = 0; t < 8; ++t) {
+                    const unsigned q = part >= 2 ? (qs[t] >> 4) : (qs[t] & 0xFu);
+                    v[t] = BYTES == 20 ? dq_asym(q, d, m) : dq_sym(q, d);
+                }
+                store8(out + 32 * blk + 8 * part, v);
+            }
         }
-        __half* o = out + 32 * i;
-        store8(o, lo);
-        store8(o + 8, lo + 8);
-        store8(o + 16, hi);
-        store8(o + 24, hi + 8);
+        __syncwarp();
     }
 }
 
-extern "C" __global__ void quant_dequant_q4_0_f16(const u8* __restrict__ blocks, __half* __restrict__ out, long long nblocks) {
+extern "C" __global__ void __launch_bounds__(32 * SEG_WARPS) quant_dequant_q4_0_f16(const u8* __restrict__ blocks, __half* __restrict__ out, long long nblocks) {
     dequant_ggml<18>(blocks, out, nblocks);
 }
 
-extern "C" __global__ void quant_dequant_q4_1_f16(const u8* __restrict__ blocks, __half* __restrict__ out, long long nblocks) {
+extern "C" __global__ void __launch_bounds__(32 * SEG_WARPS) quant_dequant_q4_1_f16(const u8* __restrict__ blocks, __half* __restrict__ out, long long nblocks) {
     dequant_ggml<20>(blocks, out, nblocks);
 }
 
