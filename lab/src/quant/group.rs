@@ -8,9 +8,10 @@
 //! - Asymmetric (scale + min): `d = (max - min) / 15`, `m = min`,
 //!   `q = clamp(round((x - m) / d), 0, 15)`, value `q d + m`.
 //!
-//! `d` and `m` are rounded to f16 first and the codes are chosen against the rounded values, so
-//! the stored scale is the one the codes were fitted to. Rounding is to nearest, ties away from
-//! zero. An all-equal (e.g. all-zero) group gets `d = 0` and reproduces exactly.
+//! `d` is rounded UP and `m` DOWN to f16 first, and the codes are chosen against those stored
+//! values: every input then lies inside the grid, so no code is clamped and every element is
+//! within half a step of its original (tiny groups with subnormal f16 scales included). Codes
+//! round to nearest, ties away from zero. An all-equal (e.g. all-zero) group gets `d = 0` and reproduces exactly.
 //! Non-finite inputs, a group size that does not divide `cols`, and scales beyond the f16 range
 //! are errors naming the place.
 
@@ -136,8 +137,7 @@ pub fn check_finite(x: &[f32], what: &str) -> Result<()> {
     }
 }
 
-fn to_f16(v: f32, what: &str, group: usize) -> Result<f16> {
-    let h = f16::from_f32(v);
+fn finite_f16(h: f16, v: f32, what: &str, group: usize) -> Result<f16> {
     if h.is_finite() {
         Ok(h)
     } else {
@@ -145,12 +145,34 @@ fn to_f16(v: f32, what: &str, group: usize) -> Result<f16> {
     }
 }
 
+/// The smallest f16 >= v (v >= 0): a scale rounded up keeps the whole group inside the grid.
+fn f16_up(v: f32, what: &str, group: usize) -> Result<f16> {
+    let h = f16::from_f32(v);
+    let h = if h.to_f32() < v { f16::from_bits(h.to_bits() + 1) } else { h };
+    finite_f16(h, v, what, group)
+}
+
+/// The largest f16 <= v: a minimum rounded down keeps every value above it.
+fn f16_down(v: f32, what: &str, group: usize) -> Result<f16> {
+    let h = f16::from_f32(v);
+    let h = if h.to_f32() <= v {
+        h
+    } else if h.to_bits() & 0x7fff == 0 {
+        f16::from_bits(0x8001) // below zero: the smallest negative subnormal
+    } else if h.is_sign_negative() {
+        f16::from_bits(h.to_bits() + 1)
+    } else {
+        f16::from_bits(h.to_bits() - 1)
+    };
+    finite_f16(h, v, what, group)
+}
+
 /// Quantizes one group into codes (unpacked), returning (scale, min).
 fn quantize_group(x: &[f32], scheme: Scheme, codes: &mut [u8], index: usize) -> Result<(f16, f16)> {
     match scheme {
         Scheme::Sym => {
             let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
-            let d = to_f16(amax / 7.0, "scale", index)?;
+            let d = f16_up(amax / 7.0, "scale", index)?;
             let id = if d.to_f32() == 0.0 { 0.0 } else { 1.0 / d.to_f32() };
             for (c, &v) in codes.iter_mut().zip(x) {
                 *c = ((v * id).round().clamp(-8.0, 7.0) as i32 + 8) as u8;
@@ -159,8 +181,8 @@ fn quantize_group(x: &[f32], scheme: Scheme, codes: &mut [u8], index: usize) -> 
         }
         Scheme::Asym => {
             let (lo, hi) = x.iter().fold((f32::MAX, f32::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
-            let m = to_f16(lo, "minimum", index)?;
-            let d = to_f16((hi - lo) / 15.0, "scale", index)?;
+            let m = f16_down(lo, "minimum", index)?;
+            let d = f16_up((hi - m.to_f32()) / 15.0, "scale", index)?;
             let (mf, id) = (m.to_f32(), if d.to_f32() == 0.0 { 0.0 } else { 1.0 / d.to_f32() });
             for (c, &v) in codes.iter_mut().zip(x) {
                 *c = ((v - mf) * id).round().clamp(0.0, 15.0) as u8;
@@ -278,8 +300,8 @@ mod tests {
                 for (i, (&a, &b)) in x.iter().zip(&y).enumerate() {
                     let g = i / group;
                     let d = q.scales[g].to_f32();
-                    // Half a step, plus what rounding the min to f16 moved the grid (asym).
-                    let slack = if scheme == Scheme::Asym { 15.5 * d * 1e-3 + 1e-3 * q.mins[g].to_f32().abs() } else { 0.0 };
+                    // Half a step, plus f32 rounding of q d + m (asym).
+                    let slack = if scheme == Scheme::Asym { 1e-6 * (15.0 * d + q.mins[g].to_f32().abs()) } else { 0.0 };
                     assert!((a - b).abs() <= 0.5 * d * (1.0 + 1e-6) + slack, "{scheme:?} g{group} i{i}: {a} vs {b}, d {d}");
                 }
                 let e = error_metrics(&x, &y).unwrap();
@@ -316,6 +338,20 @@ mod tests {
     }
 
     #[test]
+    fn stored_scales_round_up_and_minimums_down() {
+        for v in [1e-9f32, 3.3e-6, 0.1, 1.0, 1000.3] {
+            let (up, down) = (f16_up(v, "s", 0).unwrap().to_f32(), f16_down(v, "m", 0).unwrap().to_f32());
+            assert!(up >= v && down <= v && up > 0.0, "{v}: {down} {up}");
+            let down = f16_down(-v, "m", 0).unwrap().to_f32();
+            assert!(down <= -v, "{v}: {down}");
+        }
+        assert_eq!(f16_down(0.0, "m", 0).unwrap().to_f32(), 0.0);
+        assert_eq!(f16_up(0.0, "s", 0).unwrap().to_f32(), 0.0);
+        assert!(f16_up(65505.0, "s", 3).unwrap_err().to_string().contains("group 3"));
+        assert!(f16_down(-1e9, "minimum", 0).is_err());
+    }
+
+    #[test]
     fn bad_input_is_named() {
         let x = data(96, 0.0);
         assert!(quantize(&x, 1, 96, Scheme::Sym, 64).unwrap_err().to_string().contains("group size 64 must be even and divide the row length 96"));
@@ -326,5 +362,32 @@ mod tests {
         bad[5] = 1e9;
         assert!(quantize(&bad, 1, 96, Scheme::Sym, 32).unwrap_err().to_string().contains("beyond the f16 range"));
         assert!(error_metrics(&x, &x[1..]).is_err());
+    }
+
+    proptest::proptest! {
+        /// Any finite matrix, any scale of values: every element comes back within half a step
+        /// (plus the f16 rounding of the min, asymmetric), and GGUF blocks re-encode to themselves.
+        #[test]
+        fn random_matrices_stay_within_half_a_step(rows in 1usize..4, groups in 1usize..4, g in 0usize..3, exp in -20i32..10, seed in 0u64..1000) {
+            let group = [32, 64, 128][g];
+            let cols = groups * group;
+            let scale = 2f32.powi(exp);
+            let x: Vec<f32> = (0..rows * cols).map(|i| scale * ((i as u64 * 2654435761 + seed * 97) % 2001) as f32 / 1000.0 - scale).collect();
+            for scheme in [Scheme::Sym, Scheme::Asym] {
+                let q = quantize(&x, rows, cols, scheme, group).unwrap();
+                let y = q.dequantize();
+                for (i, (&a, &b)) in x.iter().zip(&y).enumerate() {
+                    let gi = i / group;
+                    let d = q.scales[gi].to_f32();
+                    let slack = if scheme == Scheme::Asym { 1e-6 * (15.0 * d + q.mins[gi].to_f32().abs()) } else { 0.0 };
+                    proptest::prop_assert!((a - b).abs() <= 0.5 * d * (1.0 + 1e-6) + slack, "{:?} i{} {} vs {}", scheme, i, a, b);
+                }
+            }
+            for block in [super::super::ggml::Block::Q4_0, super::super::ggml::Block::Q4_1] {
+                let b = super::super::ggml::quantize(block, &x).unwrap();
+                let y = super::super::ggml::dequantize(block, &b).unwrap();
+                proptest::prop_assert_eq!(super::super::ggml::quantize(block, &y).unwrap(), b);
+            }
+        }
     }
 }
