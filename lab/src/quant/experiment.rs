@@ -468,7 +468,7 @@ pub fn validate_w4a16(n: usize, k: usize, group: usize, batch: usize) -> Result<
     if n == 0 || k == 0 || !BATCHES.contains(&batch) {
         return Err(LabError::shape("w4a16", format!("N={n} K={k} batch {batch}: N and K at least 1, batch one of {BATCHES:?}")));
     }
-    if k % 32 != 0 || group % 32 != 0 || k % group != 0 {
+    if !k.is_multiple_of(32) || !group.is_multiple_of(32) || !k.is_multiple_of(group) {
         return Err(LabError::shape("w4a16", format!("K={k}, group {group}: both must be multiples of 32 and the group must divide K")));
     }
     Ok(())

@@ -54,7 +54,7 @@ impl Block {
 }
 
 fn check_len(n: usize, what: &str) -> Result<()> {
-    if n % QK == 0 {
+    if n.is_multiple_of(QK) {
         Ok(())
     } else {
         Err(LabError::shape(what, format!("{n} values are not a whole number of {QK}-weight blocks")))
@@ -147,7 +147,7 @@ fn dequantize_block(block: Block, b: &[u8], y: &mut [f32]) {
 /// Dequantizes whole blocks into `out` (32 values per block).
 pub fn dequantize_into(block: Block, blocks: &[u8], out: &mut [f32]) -> Result<()> {
     let bs = block.bytes();
-    if blocks.len() % bs != 0 || blocks.len() / bs * QK != out.len() {
+    if !blocks.len().is_multiple_of(bs) || blocks.len() / bs * QK != out.len() {
         return Err(LabError::shape(block.name(), format!("{} bytes are not {} blocks of {bs} bytes", blocks.len(), out.len() / QK)));
     }
     out.par_chunks_mut(QK * PAR_BLOCKS).zip(blocks.par_chunks(bs * PAR_BLOCKS)).for_each(|(ys, bl)| {
@@ -159,7 +159,7 @@ pub fn dequantize_into(block: Block, blocks: &[u8], out: &mut [f32]) -> Result<(
 }
 
 pub fn dequantize(block: Block, blocks: &[u8]) -> Result<Vec<f32>> {
-    if blocks.len() % block.bytes() != 0 {
+    if !blocks.len().is_multiple_of(block.bytes()) {
         return Err(LabError::shape(block.name(), format!("{} bytes are not a whole number of {}-byte blocks", blocks.len(), block.bytes())));
     }
     let mut out = vec![0f32; blocks.len() / block.bytes() * QK];

@@ -123,7 +123,7 @@ pub fn validate(len: usize, rows: usize, cols: usize, group: usize) -> Result<()
     if rows.checked_mul(cols) != Some(len) {
         return Err(LabError::shape("quantize", format!("{len} values do not make a {rows} x {cols} matrix")));
     }
-    if group == 0 || group % 2 != 0 || cols % group != 0 {
+    if group == 0 || !group.is_multiple_of(2) || !cols.is_multiple_of(group) {
         return Err(LabError::shape("quantize", format!("group size {group} must be even and divide the row length {cols}")));
     }
     Ok(())
