@@ -669,4 +669,15 @@ mod tests {
         assert!(parse_format("q5_0").is_err());
         assert_eq!(parse_format("asym_g64").unwrap(), Format::Group { scheme: Scheme::Asym, group: 64 });
     }
+
+    /// The launch shapes the Rust side assumes are the ones quant.cu instantiates.
+    #[test]
+    fn launch_shapes_match_the_kernel_source() {
+        let src = crate::kernels::source(FAMILY).unwrap();
+        assert!(src.contains(&format!("#define W4_WARPS {W4_WARPS}\n")));
+        for &b in BATCHES {
+            assert!(src.contains(&format!("\nW4A16({b}, {})\n", rows_per_warp(b))), "batch {b}");
+        }
+        assert_eq!(src.matches("\nW4A16(").count(), BATCHES.len());
+    }
 }
