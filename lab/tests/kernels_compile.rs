@@ -63,6 +63,9 @@ fn exported_symbols_are_the_ones_the_launchers_use() {
     assert_eq!(ptx("gemm"), gemm);
     let divergence: Vec<&str> = [lab::ops::divergence::PATH_VARIANTS, lab::ops::divergence::DATA_VARIANTS].concat();
     assert_eq!(ptx("divergence"), expect("divergence", &divergence, &[DType::F32]));
+    let quant = lab::quant::experiment::gpu_variants();
+    let quant: Vec<&str> = quant.iter().map(String::as_str).collect();
+    assert_eq!(ptx("quant"), expect("quant", &quant, &[DType::F16]));
 }
 
 #[test]

@@ -46,6 +46,7 @@ pub fn registry() -> Vec<&'static dyn Experiment> {
         &crate::ops::linear::Linear,
         &crate::ops::divergence::Divergence,
         &crate::ops::gemm::Gemm,
+        &crate::quant::Quant,
     ]
 }
 
