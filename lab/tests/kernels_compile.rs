@@ -52,7 +52,7 @@ fn exported_symbols_are_the_ones_the_launchers_use() {
     assert_eq!(ptx("vector_add"), expect("vector_add", lab::ops::vector_add::GPU_VARIANTS, &[DType::F32]));
     assert_eq!(ptx("ceilings"), expect("ceilings", &["copy_float4", "fma"], &[DType::F32]));
     let all = [DType::F32, DType::F16, DType::Bf16];
-    let gelu_kernels = ["unfused_add", "unfused_gelu_tanh", "unfused_gelu_erf", "fused_tanh", "fused_erf"];
+    let gelu_kernels = ["unfused_add", "unfused_gelu_tanh", "unfused_gelu_erf", "fused_tanh", "fused_erf", "fused_tanh_sigmoid"];
     assert_eq!(ptx("bias_gelu"), expect("bias_gelu", &gelu_kernels, &all));
     assert_eq!(ptx("layernorm"), expect("layernorm", lab::ops::layernorm::GPU_VARIANTS, &[DType::F32, DType::Bf16]));
     assert_eq!(ptx("rmsnorm"), expect("rmsnorm", lab::ops::rmsnorm::GPU_VARIANTS, &[DType::F32, DType::Bf16]));

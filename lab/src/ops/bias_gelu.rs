@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 pub struct BiasGelu;
 
 const FAMILY: &str = "bias_gelu";
-pub const GPU_VARIANTS: &[&str] = &["unfused", "fused"];
+pub const GPU_VARIANTS: &[&str] = &["unfused", "fused", "fused_sigmoid"];
 pub const CPU_VARIANTS: &[&str] = &["cpu_fused_rows"];
 
 /// The two GeLU forms: the tanh approximation (GPT-2, BERT) and the exact erf form.
@@ -170,8 +170,12 @@ fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
                 if !s.wants(variant, "lab") {
                     continue;
                 }
-                if variant == "fused" {
-                    let f = gpu.function(FAMILY, &symbol(FAMILY, &format!("fused_{}", approx.name()), T::DTYPE))?;
+                if variant == "fused_sigmoid" && approx.name() != "tanh" {
+                    continue; // the sigmoid form is an identity of the tanh approximation only
+                }
+                if variant != "unfused" {
+                    let kernel = if variant == "fused" { format!("fused_{}", approx.name()) } else { "fused_tanh_sigmoid".into() };
+                    let f = gpu.function(FAMILY, &symbol(FAMILY, &kernel, T::DTYPE))?;
                     let launch = |dy: &mut CudaSlice<T>| -> Result<()> {
                         // SAFETY: x and y hold rows*cols elements, b holds cols; the kernel bounds by them.
                         unsafe { gpu.stream.launch_builder(&f).arg(&dx).arg(&db).arg(dy).arg(&r).arg(&c).launch(cfg) }
@@ -272,5 +276,21 @@ mod tests {
         assert!(e.contains("bias has 2 elements; rows are 3 wide"), "{e}");
         assert!(validate(0, 3, 0, 3).unwrap_err().to_string().contains("at least 1"));
         assert!(validate(5, 3, 2, 3).unwrap_err().to_string().contains("x has 5 elements"));
+    }
+
+    /// The identity behind `fused_sigmoid` (kernels/bias_gelu.cu): 0.5 v (1 + tanh(u)) equals
+    /// v / (1 + e^(-2u)), and its f32 evaluation stays inside the f32 tolerance everywhere,
+    /// including where 1 + tanh(u) cancels (v << 0). The kernel's exponential is the hardware
+    /// approximation; the GPU run checks that one against the same tolerance.
+    #[test]
+    fn the_sigmoid_form_is_the_tanh_form() {
+        let tol = tolerance(DType::F32);
+        for i in -4000..4000 {
+            let v = i as f32 * 0.005 - 0.0013;
+            let u = v * (0.044715f32 * 0.797_884_6 * v * v + 0.797_884_6);
+            let got = (v / (1.0 + (-2.0 * u).exp())) as f64;
+            let want = reference(&[v as f64], &[0.0], Approx::Tanh)[0];
+            assert!((got - want).abs() <= tol.atol + tol.rtol * want.abs(), "v={v}: {got} vs {want}");
+        }
     }
 }
