@@ -7,12 +7,13 @@ Reads one JSON request on stdin, runs the op on the GPU with the timing protocol
 output as raw little-endian bytes to the requested file, and prints one JSON line:
 {"variant", "raw_ms", "warmup_ms", "launch", "torch", "device"}.
 
-Request: {"op": "softmax" | "add" | "bias_gelu" | "layer_norm" | "rms_norm" | "linear",
+Request: {"op": "softmax" | "add" | "bias_gelu" | "layer_norm" | "rms_norm" | "linear" | "linear_backward",
           "dtype": "f32" | "bf16" | "f16", "args": {...op arguments...},
           "inputs": [{"path": p, "shape": [...]}], "output": path, "warmup": n, "min_reps": n,
           "max_reps": n, "budget_ms": x, "l2_scrub_bytes": n, "l2": "cold" | "warm",
           "launch": "eager" | "graph", "settled": x, "max_warmup_rounds": n}
-The output has the shape of the first input, except linear's ([M, N]).
+The output has the shape of the first input, except linear's ([M, N]) and linear_backward's
+(dX, dW and db flattened and concatenated, in that order).
 """
 import json
 import sys
@@ -32,6 +33,8 @@ def load(path, dtype, shape):
 
 
 def save(t, path, dtype):
+    if isinstance(t, (tuple, list)):
+        t = torch.cat([g.reshape(-1) for g in t])
     t = t.contiguous().cpu()
     if dtype == "bf16":
         t = t.view(torch.int16)
@@ -69,6 +72,14 @@ def ops(req, inputs):
         x, w, b = inputs
         act = {"relu": F.relu, "gelu": lambda v: F.gelu(v, approximate="tanh"), "none": lambda v: v}[args["act"]]
         fn, name = (lambda: act(F.linear(x, w, b))), f"torch {args['act']}(linear)"
+    elif op == "linear_backward":
+        x, w, b, dy = inputs
+        act = {"relu": F.relu, "gelu": lambda v: F.gelu(v, approximate="tanh"), "none": lambda v: v}[args["act"]]
+        leaves = [t.detach().requires_grad_() for t in (x, w, b)]
+        y = act(F.linear(*leaves))
+        # Timed: the backward alone (activation gradient, two GEMMs, bias reduction); the
+        # concatenation for the output file happens after timing.
+        fn, name = (lambda: torch.autograd.grad(y, leaves, dy, retain_graph=True)), f"torch {args['act']}(linear) backward"
     elif op == "rms_norm":
         x, g = inputs
         fn, name = (lambda: F.rms_norm(x, (x.shape[-1],), g, args["eps"])), "torch.rms_norm"

@@ -210,7 +210,17 @@ where
     let (m, n, k) = dims;
     let act = Act::parse(param_str(case, "act")?)?;
     let timed = param_timed(case);
-    let mut rng = rng_for(s.opts.seed, case);
+    // Inputs come from the case without its pass, so both passes (and a rerun of either) see the
+    // same tensors; each record's params name its pass, so each meets only its own peers.
+    let mut base = case.clone();
+    base.as_object_mut().map(|o| o.remove("pass"));
+    let mut rng = rng_for(s.opts.seed, &base);
+    let pass = |p: &str| {
+        let mut c = base.clone();
+        c["pass"] = json!(p);
+        c
+    };
+    let (fwd_case, bwd_case) = (pass("forward"), pass("backward"));
     let mut normal = |scale: f32| -> T {
         let z: f32 = StandardNormal.sample(&mut rng);
         T::from_f32(scale * z)
@@ -242,8 +252,8 @@ where
     let backend = s.backend.clone();
     match &backend {
         Backend::Cpu => {
-            measure_cpu(s, case, "cpu_forward", fwd_work, &fwd_check, timed, m * n, |out| cpu_forward(&x, &w, &b, dims, act, out))?;
-            measure_cpu(s, case, "cpu_backward", bwd_work, &bwd_check, timed, m * k + n * k + n, |out| {
+            measure_cpu(s, &fwd_case, "cpu_forward", fwd_work, &fwd_check, timed, m * n, |out| cpu_forward(&x, &w, &b, dims, act, out))?;
+            measure_cpu(s, &bwd_case, "cpu_backward", bwd_work, &bwd_check, timed, m * k + n * k + n, |out| {
                 cpu_backward(&x, &w, &b, &dy, dims, act, out)
             })?;
         }
@@ -273,7 +283,7 @@ where
                         .map(|_| ())
                         .doing("launching the linear epilogue")
                 };
-                measure_gpu(s, gpu, case, "forward_cublas_epilogue", fwd_work, &fwd_check, timed, &mut y_out, fwd)?;
+                measure_gpu(s, gpu, &fwd_case, "forward_cublas_epilogue", fwd_work, &fwd_check, timed, &mut y_out, fwd)?;
             }
             if s.wants("backward_cublas_bias_reduce", "lab") {
                 // Backward starts from the forward's Z, made fresh here.
@@ -316,14 +326,19 @@ where
                         .doing("launching bias_grad_final")
                 };
                 let mut grads = gpu.stream.alloc_zeros::<T>(m * k + n * k + n).doing("allocating the gradients")?;
-                measure_gpu(s, gpu, case, "backward_cublas_bias_reduce", bwd_work, &bwd_check, timed, &mut grads, bwd)?;
+                measure_gpu(s, gpu, &bwd_case, "backward_cublas_bias_reduce", bwd_work, &bwd_check, timed, &mut grads, bwd)?;
             }
+            let (xb, wb, bb, dyb) = (T::bytes(&x), T::bytes(&w), T::bytes(&b), T::bytes(&dy));
+            let (xs, ws, bs, ys) = ([m, k], [n, k], [n], [m, n]);
+            let args = json!({"act": act.name()});
             if timed && s.wants_peer(Peer::Torch, &format!("torch {}(linear)", act.name()), "torch") {
-                let (xb, wb, bb) = (T::bytes(&x), T::bytes(&w), T::bytes(&b));
-                let (xs, ws, bs) = ([m, k], [n, k], [n]);
                 let inputs: [(&[u8], &[usize]); 3] = [(&xb, &xs), (&wb, &ws), (&bb, &bs)];
-                let args = json!({"act": act.name()});
-                measure_torch(s, gpu, case, "linear", args, &inputs, fwd_work, &fwd_check)?;
+                measure_torch(s, gpu, &fwd_case, "linear", args.clone(), &inputs, fwd_work, &fwd_check)?;
+            }
+            // torch.autograd.grad of the same forward from dY: dX, dW, db, flattened in our order.
+            if timed && s.wants_peer(Peer::Torch, &format!("torch {}(linear) backward", act.name()), "torch") {
+                let inputs: [(&[u8], &[usize]); 4] = [(&xb, &xs), (&wb, &ws), (&bb, &bs), (&dyb, &ys)];
+                measure_torch(s, gpu, &bwd_case, "linear_backward", args, &inputs, bwd_work, &bwd_check)?;
             }
         }
     }
