@@ -280,7 +280,8 @@ fn resources(f: &CudaFunction, variant: &str) -> Result<serde_json::Map<String, 
     extra.insert("dynamic_smem_bytes".into(), json!(dynamic_smem(variant)));
     extra.insert("local_bytes_per_thread".into(), json!(get(FnAttr::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?));
     // Resident blocks per SM as the driver computes them (registers, shared memory, threads).
-    let threads = launch_config(variant, 1, 1).block_dim.0;
+    let (bx, by, bz) = launch_config(variant, 1, 1).block_dim;
+    let threads = bx * by * bz;
     let blocks = f.occupancy_max_active_blocks_per_multiprocessor(threads, dynamic_smem(variant), None).doing("querying occupancy")?;
     extra.insert("blocks_per_sm".into(), json!(blocks));
     extra.insert("tile".into(), json!(tile(variant)));
