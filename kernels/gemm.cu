@@ -32,13 +32,31 @@
 //                  for L2 reuse. wgmma (sm_90a) would be the next rung; this stays on sm_80 PTX.
 //   mma_pipelined_wide  same with a 128x256x64 tile, 8 warps of 64x64 (twice the reuse per
 //                  fragment, 128 accumulators per thread), 4 stages (192 KiB smem).
+//   mma_warp64     f16/bf16: cuts the instructions issued per mma (the main loops of the rungs
+//                  above issue 10-16 per HMMA, see below: issue-bound), with 64x64 warp tiles:
+//                  128x128x32 tile, 4 warps, 4-stage cp.async ring (64 KiB), two blocks per SM,
+//                  one barrier per slab, fragments double-buffered across slabs, bare cp.async
+//                  from precomputed pointers in interior blocks.
+//   mma_warp64_wide  same loop with a 128x256x32 tile, 8 warps of 64x64, 5 stages (120 KiB),
+//                  one block per SM: a third less L2->SM traffic per flop than 128x128.
 //
 // ptxas -v for sm_90 (CUDA 13.0 ptxas on the NVRTC PTX; registers / static smem / spill bytes;
 // the run records the driver's own figures per variant in `extra`):
 //   naive 32 / 0 / 0            smem_tiled 32 / 8 KiB / 0       blocktile_1d 49 / 4 KiB / 0
 //   blocktile_2d 128 / 8 KiB / 0  vectorized 118 / 8 KiB / 0    warptiled 246 / 32 KiB / 0
 //   mma_ldmatrix 125 / 37 KiB / 0   mma_pipelined 170 / 0 (+128 KiB dynamic) / 0
-//   mma_pipelined_wide 251 / 0 (+192 KiB dynamic) / 0   (f16 and bf16 alike)
+//   mma_pipelined_wide 251 / 0 (+192 KiB dynamic) / 0
+//   mma_warp64 238 / 0 (+64 KiB dynamic) / 0       mma_warp64_wide 238 / 0 (+120 KiB dynamic) / 0
+//   (f16 and bf16 alike; sm_80: mma_warp64(_wide) 234 registers, no spills)
+// Main loop in SASS (nvdisasm of the sm_90 cubin; instructions per loop trip / HMMA in it):
+//   mma_ldmatrix 318 / 32 (9.9 per HMMA)   mma_pipelined 1033 / 64 (16.1)
+//   mma_pipelined_wide 1798 / 128 (14.0)   (most of it load_chunk's per-chunk bounds and branches)
+//   mma_warp64 144 / 64 (2.3; edge blocks 285)   mma_warp64_wide 134 / 64 (2.1; edge blocks 297)
+// A warp scheduler issues one instruction per clock. If HMMA.16816 occupies an SMSP's tensor
+// core for 8 clocks (A100's per-SM mma.sync rate; H100's is not documented), 16 instructions per
+// HMMA cap the tensor cores at half rate from issue alone: 1024 flop/clock/SM, 268 TFLOP/s at
+// 1.98 GHz, about where mma_pipelined measured (215-225); at 14 per HMMA, 306 for the wide rung
+// (measured 238-259).
 // Capping mma_pipelined at 128 registers (two blocks per SM) spills 60 bytes, so it is not;
 // with one block per SM anyway, a fourth stage costs no occupancy and hides more latency.
 #include "common.cuh"
@@ -687,6 +705,172 @@ __device__ __forceinline__ void mma_pipelined_body(const T* __restrict__ A, cons
     store_acc<T, MI, NI>(C, M, N, ldc, bm + wm, bn + wn, acc, alpha, beta);
 }
 
+// ---------------------------------------------------------------------------------------------
+// 8. mma_warp64(_wide): 64x64 warp tiles (32 mma per 8 ldmatrix.x4: 128 B of ldmatrix per mma
+// against 192 B for 64x32), BK = 32 slabs in a STAGES-slot cp.async ring, one barrier per slab.
+// Schedule (slab s in slot s % STAGES; the prologue commits STAGES groups, slabs 0..STAGES-1):
+//   iteration kt: ldmatrix step 1 of slab kt | mma step 0 | wait_group(STAGES-2) + barrier
+//   (slab kt+1 landed, and every warp has read all of slab kt) | cp.async slab kt+STAGES into
+//   slab kt's slot, commit | ldmatrix step 0 of slab kt+1 | mma step 1.
+// Fragments are double-buffered across the two k16 steps and across the slab boundary, so the
+// mma of one step always has the next step's ldmatrix in flight.
+// A slab rows are 64 bytes (4 chunks): rows 2l and 2l+1 share 128-byte line l, and chunk
+// (r % 2) * 4 + c of the line is stored at that index ^ (l % 8): an ldmatrix phase (8 rows from a
+// multiple of 8, one logical chunk) and a cp.async warp write (8 rows x 4 chunks) both hit 8
+// distinct 16-byte bank groups per line. B rows (BN * 2 bytes) use swz() as mma_pipelined does.
+// Loads: interior blocks (tile inside M x N, K % 32 == 0, 16-byte aligned rows) issue bare
+// cp.async from per-thread pointers; every other block goes through load_chunk() (zero fill,
+// element fallback), in its own copy of the main loop.
+// ---------------------------------------------------------------------------------------------
+
+// Byte offset of 16-byte chunk `chunk` (0..3) of row `row` in a tile of 64-byte rows.
+__device__ __forceinline__ int swz64(int row, int chunk) {
+    const int line = row >> 1;
+    return (line * 8 + ((((row & 1) << 2) | chunk) ^ (line & 7))) * 16;
+}
+
+template <typename T, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES>
+struct W64 {
+    static constexpr int BK = 32, WM = 64, WN = 64, MI = WM / 16, NI = WN / 8;
+    static constexpr int THREADS = 32 * WARPS_M * WARPS_N;
+    static constexpr int A_BYTES = BM * BK * 2, B_BYTES = BK * BN * 2, STAGE_BYTES = A_BYTES + B_BYTES;
+    static constexpr int SMEM = STAGES * STAGE_BYTES;
+    static constexpr int A_CPR = BK / 8, B_CPR = BN / 8;              // 16-byte chunks per smem row
+    static constexpr int A_ROWS_STEP = THREADS / A_CPR;                // rows between a thread's A chunks
+    static constexpr int B_ROWS_STEP = THREADS / B_CPR;                // ... and its B chunks
+    static constexpr int A_ITERS = BM / A_ROWS_STEP, B_ITERS = BK / B_ROWS_STEP;
+    static_assert(BM == WARPS_M * WM && BN == WARPS_N * WN, "warps tile the block");
+    static_assert(A_CPR == 4 && B_CPR % 8 == 0, "swz64 for A, swz for B");
+    // A thread's later chunks sit a whole number of swizzle periods below its first (16 lines of
+    // A, 8 rows of B), so their offsets are the first one's plus a constant.
+    static_assert(A_ROWS_STEP % 16 == 0 && B_ROWS_STEP % 8 == 0, "constant per-chunk smem stride");
+    static_assert(A_ITERS * A_ROWS_STEP == BM && B_ITERS * B_ROWS_STEP == BK, "loads cover a slab");
+    static_assert(STAGES >= 2, "ring");
+};
+
+template <typename T, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES>
+__device__ __forceinline__ void mma_warp64_body(const T* __restrict__ A, const T* __restrict__ B, T* C, int M, int N, int K,
+                                                int lda, int ldb, int ldc, float alpha, float beta) {
+    using P = W64<T, BM, BN, WARPS_M, WARPS_N, STAGES>;
+    constexpr int BK = P::BK, MI = P::MI, NI = P::NI;
+    extern __shared__ __align__(128) unsigned char smem[];
+    unsigned dyn_smem;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn_smem));
+    if (dyn_smem < (unsigned)P::SMEM) __trap();
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    // Grouped block order, as in mma_pipelined.
+    const int grid_m = (M + BM - 1) / BM, grid_n = (N + BN - 1) / BN;
+    constexpr int GROUP = 8;
+    const int pid = blockIdx.x, per_group = GROUP * grid_n, group = pid / per_group;
+    const int first_m = group * GROUP, group_rows = min(grid_m - first_m, GROUP);
+    const int bm = (first_m + (pid % per_group) % group_rows) * BM;
+    const int bn = ((pid % per_group) / group_rows) * BN;
+    const int wm = (warp / WARPS_N) * P::WM, wn = (warp % WARPS_N) * P::WN;
+
+    // Loader: thread tid owns A chunk column tid % 4 of rows tid / 4 + i * A_ROWS_STEP, and B
+    // chunk column tid % B_CPR of rows tid / B_CPR + i * B_ROWS_STEP.
+    const int a_row = tid / P::A_CPR, a_ch = tid % P::A_CPR;
+    const int b_row = tid / P::B_CPR, b_ch = tid % P::B_CPR;
+    const int a_dst = swz64(a_row, a_ch), b_dst = P::A_BYTES + swz(b_row, b_ch, P::B_CPR);
+    // Interior: every slab of the block is whole and every chunk 16-byte aligned in global memory.
+    const bool interior = bm + BM <= M && bn + BN <= N && K % BK == 0 && lda % 8 == 0 && ldb % 8 == 0 && aligned16(A) &&
+                          aligned16(B);
+    const T* a_src = A + (u64)min(bm + a_row, M - 1) * lda + a_ch * 8;
+    const T* b_src = B + (u64)b_row * ldb + min(bn + b_ch * 8, N - 1);
+    const u64 a_step = (u64)P::A_ROWS_STEP * lda, b_step = (u64)P::B_ROWS_STEP * ldb;
+    const unsigned smem0 = smem_addr(smem);
+    auto load_slab = [&](bool fast, int slot_off, int kt) {
+        const int k0 = kt * BK;
+        if (fast) {
+#pragma unroll
+            for (int i = 0; i < P::A_ITERS; ++i)
+                cp_async16(smem0 + slot_off + a_dst + i * P::A_ROWS_STEP * 64, a_src + k0 + i * a_step, 16);
+            const T* bs = b_src + (u64)k0 * ldb;
+#pragma unroll
+            for (int i = 0; i < P::B_ITERS; ++i)
+                cp_async16(smem0 + slot_off + b_dst + i * P::B_ROWS_STEP * BN * 2, bs + i * b_step, 16);
+        } else {
+            // Not unrolled, so no per-chunk value stays live across the main loop (unrolled,
+            // this path pushed the kernel past 255 registers and spilled).
+            unsigned char* s = smem + slot_off;
+#pragma unroll 1
+            for (int i = 0; i < P::A_ITERS; ++i) {
+                const int gr = bm + a_row + i * P::A_ROWS_STEP, gk = k0 + a_ch * 8;
+                load_chunk(s, a_dst + i * P::A_ROWS_STEP * 64, A + (u64)min(gr, M - 1) * lda + min(gk, K - 1),
+                           gr < M ? K - gk : 0);
+            }
+#pragma unroll 1
+            for (int i = 0; i < P::B_ITERS; ++i) {
+                const int gk = k0 + b_row + i * P::B_ROWS_STEP, gn = bn + b_ch * 8;
+                load_chunk(s, b_dst + i * P::B_ROWS_STEP * BN * 2, B + (u64)min(gk, K - 1) * ldb + min(gn, N - 1),
+                           gk < K ? N - gn : 0);
+            }
+        }
+    };
+    // Reader: lane offsets of the ldmatrix rows (see the derivation in the test mirror).
+    // A, m16 tile i, k16 step ks: row wm + 16 i + lane % 16, chunk 2 ks + lane / 16; the XOR term
+    // (line % 8 = (lane % 16) / 2) does not depend on i or ks, and bit 1 of the chunk is free, so
+    // the offset is a_lane ^ (32 ks) plus 1024 i.
+    const int a_lane = swz64(wm + lane % 16, lane / 16);
+    // B, n8 pair jp (0, 2, 4, 6), step ks: row 16 ks + lane % 16, chunk wn / 8 + jp + lane / 16;
+    // the offset is (b_lane ^ 16 jp) plus 16 ks rows.
+    const int b_lane = P::A_BYTES + swz(lane % 16, wn / 8 + lane / 16, P::B_CPR);
+    auto load_frags = [&](int slot_off, int ks, unsigned (&a)[MI][4], unsigned (&b)[NI][2]) {
+        const unsigned base = smem0 + slot_off;
+#pragma unroll
+        for (int i = 0; i < MI; ++i) ldmatrix_x4(a[i], base + (a_lane ^ (ks * 32)) + i * 1024);
+#pragma unroll
+        for (int j = 0; j < NI; j += 2) {
+            unsigned r[4];
+            ldmatrix_x4_trans(r, base + (b_lane ^ (j * 16)) + ks * 16 * BN * 2);
+            b[j][0] = r[0], b[j][1] = r[1], b[j + 1][0] = r[2], b[j + 1][1] = r[3];
+        }
+    };
+    auto mma_step = [&](float (&acc)[MI][NI][4], const unsigned (&a)[MI][4], const unsigned (&b)[NI][2]) {
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+            for (int jj = 0; jj < NI; ++jj) {
+                const int j = (i & 1) ? NI - 1 - jj : jj;  // serpentine: consecutive mma share a B fragment
+                Mma<T>::run(acc[i][j], a[i], b[j]);
+            }
+    };
+
+    float acc[MI][NI][4] = {};
+    const int nk = (K + BK - 1) / BK;
+    // The main loop, instantiated twice: interior blocks carry only the bare cp.async state
+    // (fewer live registers), edge blocks the bounds-checked loader.
+    auto main_loop = [&](bool fast) {
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            if (s < nk) load_slab(fast, s * P::STAGE_BYTES, s);
+            cp_async_commit();
+        }
+        unsigned a0[MI][4], b0[NI][2], a1[MI][4], b1[NI][2];
+        cp_async_wait<STAGES - 1>();
+        __syncthreads();
+        int rd = 0;  // byte offset of slab kt's slot
+        load_frags(rd, 0, a0, b0);
+        for (int kt = 0; kt < nk; ++kt) {
+            load_frags(rd, 1, a1, b1);
+            mma_step(acc, a0, b0);
+            cp_async_wait<STAGES - 2>();
+            __syncthreads();
+            if (kt + STAGES < nk) load_slab(fast, rd, kt + STAGES);
+            cp_async_commit();
+            rd = rd + P::STAGE_BYTES == P::SMEM ? 0 : rd + P::STAGE_BYTES;
+            if (kt + 1 < nk) load_frags(rd, 0, a0, b0);
+            mma_step(acc, a1, b1);
+        }
+        cp_async_wait<0>();
+    };
+    if (interior)
+        main_loop(true);  // inlined twice: each copy has `fast` constant
+    else
+        main_loop(false);
+    store_acc<T, MI, NI>(C, M, N, ldc, bm + wm, bn + wn, acc, alpha, beta);
+}
+
 #define GEMM_ARGS(T) const T *__restrict__ A, const T *__restrict__ B, T *C, int M, int N, int K, int lda, int ldb, int ldc, \
                      float alpha, float beta
 #define GEMM_PASS A, B, C, M, N, K, lda, ldb, ldc, alpha, beta
@@ -706,4 +890,18 @@ extern "C" __global__ void __launch_bounds__(256) gemm_mma_pipelined_wide_f16(GE
 }
 extern "C" __global__ void __launch_bounds__(256) gemm_mma_pipelined_wide_bf16(GEMM_ARGS(__nv_bfloat16)) {
     mma_pipelined_body<__nv_bfloat16, 128, 256, 64, 64, 4>(GEMM_PASS);
+}
+// mma_warp64: 2.3 instructions per HMMA instead of 10-16, two 4-warp blocks per SM (238 regs).
+extern "C" __global__ void __launch_bounds__(128, 2) gemm_mma_warp64_f16(GEMM_ARGS(__half)) {
+    mma_warp64_body<__half, 128, 128, 2, 2, 4>(GEMM_PASS);
+}
+extern "C" __global__ void __launch_bounds__(128, 2) gemm_mma_warp64_bf16(GEMM_ARGS(__nv_bfloat16)) {
+    mma_warp64_body<__nv_bfloat16, 128, 128, 2, 2, 4>(GEMM_PASS);
+}
+// mma_warp64_wide: the same loop on 128x256 tiles, a third less L2 traffic per flop, one block per SM.
+extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_wide_f16(GEMM_ARGS(__half)) {
+    mma_warp64_body<__half, 128, 256, 2, 4, 5>(GEMM_PASS);
+}
+extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_wide_bf16(GEMM_ARGS(__nv_bfloat16)) {
+    mma_warp64_body<__nv_bfloat16, 128, 256, 2, 4, 5>(GEMM_PASS);
 }

@@ -34,7 +34,7 @@ const FAMILY: &str = "gemm";
 /// The fp32 SIMT ladder, in order.
 pub const F32_VARIANTS: &[&str] = &["naive", "smem_tiled", "blocktile_1d", "blocktile_2d", "vectorized", "warptiled"];
 /// The fp16/bf16 tensor-core ladder, in order.
-pub const HALF_VARIANTS: &[&str] = &["mma_ldmatrix", "mma_pipelined", "mma_pipelined_wide"];
+pub const HALF_VARIANTS: &[&str] = &["mma_ldmatrix", "mma_pipelined", "mma_pipelined_wide", "mma_warp64", "mma_warp64_wide"];
 pub const CPU_VARIANTS: &[&str] = &["cpu_blocked"];
 /// The slow rungs (naive, smem_tiled) run only up to this many multiply-adds (2048^3).
 pub const SLOW_MAX_MACS: u64 = 1 << 33;
@@ -223,11 +223,13 @@ pub fn applies(variant: &str, d: Dims, max_smem_optin: usize) -> bool {
 }
 
 /// Dynamic shared memory of a variant (the pipelined rungs: stages x (A slab + B slab), as
-/// `Pipe::SMEM` in gemm.cu; the kernel traps when launched with less).
+/// `Pipe::SMEM` and `W64::SMEM` in gemm.cu; the kernel traps when launched with less).
 pub fn dynamic_smem(variant: &str) -> usize {
     match variant {
         "mma_pipelined" => 4 * (128 * 64 + 64 * 128) * 2,
         "mma_pipelined_wide" => 4 * (128 * 64 + 64 * 256) * 2,
+        "mma_warp64" => 4 * (128 * 32 + 32 * 128) * 2,
+        "mma_warp64_wide" => 5 * (128 * 32 + 32 * 256) * 2,
         _ => 0,
     }
 }
@@ -244,6 +246,8 @@ pub fn tile(variant: &str) -> &'static str {
         "mma_ldmatrix" => "128x128x32, 8 warps of 64x32, padded smem, 2 buffers",
         "mma_pipelined" => "128x128x64, 8 warps of 64x32, 4-stage cp.async, XOR swizzle",
         "mma_pipelined_wide" => "128x256x64, 8 warps of 64x64, 4-stage cp.async, XOR swizzle",
+        "mma_warp64" => "128x128x32, 4 warps of 64x64, 4-stage cp.async, 2 blocks/SM, one barrier per slab",
+        "mma_warp64_wide" => "128x256x32, 8 warps of 64x64, 5-stage cp.async, one barrier per slab",
         _ => "",
     }
 }
@@ -260,6 +264,8 @@ pub fn launch_config(variant: &str, m: usize, n: usize) -> LaunchConfig {
         // One block index, unpacked into grouped (row, column) order by the kernel.
         "mma_pipelined" => (((m.div_ceil(128) * n.div_ceil(128)) as u32, 1, 1), (256, 1, 1)),
         "mma_pipelined_wide" => (((m.div_ceil(128) * n.div_ceil(256)) as u32, 1, 1), (256, 1, 1)),
+        "mma_warp64" => (((m.div_ceil(128) * n.div_ceil(128)) as u32, 1, 1), (128, 1, 1)),
+        "mma_warp64_wide" => (((m.div_ceil(128) * n.div_ceil(256)) as u32, 1, 1), (256, 1, 1)),
         other => unreachable!("no launch shape for gemm variant `{other}`"),
     };
     LaunchConfig { grid_dim, block_dim, shared_mem_bytes: dynamic_smem(variant) as u32 }
@@ -273,6 +279,11 @@ fn resources(f: &CudaFunction, variant: &str) -> Result<serde_json::Map<String, 
     extra.insert("static_smem_bytes".into(), json!(get(FnAttr::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?));
     extra.insert("dynamic_smem_bytes".into(), json!(dynamic_smem(variant)));
     extra.insert("local_bytes_per_thread".into(), json!(get(FnAttr::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?));
+    // Resident blocks per SM as the driver computes them (registers, shared memory, threads).
+    let (bx, by, bz) = launch_config(variant, 1, 1).block_dim;
+    let threads = bx * by * bz;
+    let blocks = f.occupancy_max_active_blocks_per_multiprocessor(threads, dynamic_smem(variant), None).doing("querying occupancy")?;
+    extra.insert("blocks_per_sm".into(), json!(blocks));
     extra.insert("tile".into(), json!(tile(variant)));
     Ok(extra)
 }
@@ -293,7 +304,9 @@ impl Experiment for Gemm {
         let gates: &[Shape] = match (backend, quick) {
             (Backend::Cpu, true) => &[(1, 1, 1, 1.0, 0.0, false), (1, 37, 29, 1.0, 0.0, false), (33, 47, 65, 0.5, -1.25, false), (97, 131, 77, 1.0, 0.0, false)],
             (Backend::Cpu, false) => &[(1, 1, 1, 1.0, 0.0, false), (1, 1000, 777, 1.0, 0.0, false), (1000, 1000, 1000, 1.0, 0.0, false), (4097, 513, 777, 0.5, -1.25, false)],
-            (Backend::Cuda(_), _) => &[(1, 4097, 777, 1.0, 0.0, false), (1000, 1000, 1000, 1.0, 0.0, false), (4097, 513, 777, 0.5, -1.25, false), (130, 260, 72, 1.0, 0.0, false)],
+            // (300, 520, 96): K % 32 == 0, so interior blocks of mma_warp64(_wide) take the bare
+            // cp.async path while the edge blocks of the same launch take the checked one.
+            (Backend::Cuda(_), _) => &[(1, 4097, 777, 1.0, 0.0, false), (1000, 1000, 1000, 1.0, 0.0, false), (4097, 513, 777, 0.5, -1.25, false), (130, 260, 72, 1.0, 0.0, false), (300, 520, 96, 1.0, 0.0, false)],
         };
         let square = |n: usize| (n, n, n, 1.0, 0.0, true);
         let mut out = Vec::new();
@@ -361,6 +374,14 @@ where
     let d = Dims::dense(param_usize(case, "m")?, param_usize(case, "n")?, param_usize(case, "k")?);
     let ab = (param_f32(case, "alpha", 1.0), param_f32(case, "beta", 0.0));
     let timed = param_timed(case);
+    // A --variant filter that admits nothing of this dtype skips the case before building inputs
+    // and references (`--variant mma_warp64 --variant cublas_gemm_ex` runs no f32 case).
+    if matches!(s.backend, Backend::Cuda(_)) {
+        let peer = if T::DTYPE == DType::F32 { "cublas_sgemm" } else { "cublas_gemm_ex" };
+        if !ladder(T::DTYPE).iter().any(|v| s.wants(v, "lab")) && !s.wants(peer, "cublas") {
+            return Ok(());
+        }
+    }
     let mut rng = rng_for(s.opts.seed, case);
     validate(d, d.m * d.k, d.k * d.n, d.m * d.n)?;
     let fill = |len: usize, rng: &mut rand::rngs::StdRng| -> Vec<T> {
@@ -432,6 +453,9 @@ pub fn kernel(gpu: &Gpu, variant: &str, dtype: DType) -> Result<CudaFunction> {
     if smem > 48 * 1024 {
         f.set_attribute(FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
             .doing("raising the kernel's dynamic shared memory limit")?;
+        // The whole carveout as shared memory, so that mma_warp64's two 64 KiB blocks per SM fit.
+        f.set_attribute(FnAttr::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
+            .doing("preferring the shared-memory carveout")?;
     }
     Ok(f)
 }
@@ -663,7 +687,7 @@ mod tests {
                     "naive" => (8, 32),
                     "smem_tiled" => (32, 32),
                     "blocktile_1d" => (64, 64),
-                    "mma_pipelined_wide" => (128, 256),
+                    "mma_pipelined_wide" | "mma_warp64_wide" => (128, 256),
                     _ => (128, 128),
                 };
                 let blocks = (cfg.grid_dim.0 * cfg.grid_dim.1) as usize;
@@ -889,6 +913,185 @@ mod tests {
                     assert!(!in_flight, "S={stages} nk={nk}: slot {slot} read while a copy into it is in flight");
                     last_read[slot] = Some(kt);
                 }
+            }
+        }
+    }
+
+    // ---- mma_warp64(_wide): 64-byte A rows (swz64), precomputed lane and loader offsets ----
+
+    /// swz64() of gemm.cu: byte offset of chunk `chunk` (0..3) of row `row`, 64-byte rows.
+    fn swz64(row: usize, chunk: usize) -> usize {
+        let line = row >> 1;
+        (line * 8 + ((((row & 1) << 2) | chunk) ^ (line & 7))) * 16
+    }
+
+    /// The two tile shapes: (BM, BN, warps along M, warps along N, stages).
+    const W64_SHAPES: [(usize, usize, usize, usize, usize); 2] = [(128, 128, 2, 2, 4), (128, 256, 2, 4, 5)];
+
+    #[test]
+    fn swz64_is_a_bijection_and_conflict_free_for_ldmatrix_and_cp_async() {
+        let rows = 128;
+        let mut seen = vec![false; rows * 4];
+        for r in 0..rows {
+            for c in 0..4 {
+                let off = swz64(r, c);
+                // Rows 2l and 2l + 1 share 128-byte line l and nothing leaves it.
+                assert_eq!(off / 128, r / 2, "row {r} chunk {c} left its line");
+                assert!(!std::mem::replace(&mut seen[off / 16], true), "two chunks at one place");
+            }
+        }
+        // 16-byte slots modulo 128 bytes: 8 distinct slots cover all 32 banks once.
+        let distinct = |offs: &[usize]| -> usize {
+            let mut s: Vec<usize> = offs.iter().map(|o| (o % 128) / 16).collect();
+            s.sort();
+            s.dedup();
+            s.len()
+        };
+        for r0 in (0..rows).step_by(8) {
+            for c in 0..4 {
+                // One ldmatrix phase: 8 consecutive rows from a multiple of 8, one logical chunk.
+                let phase: Vec<usize> = (r0..r0 + 8).map(|r| swz64(r, c)).collect();
+                assert_eq!(distinct(&phase), 8, "ldmatrix phase at rows {r0}.., chunk {c} conflicts");
+            }
+            // One warp of cp.async writes: 32 consecutive chunks = 8 rows x 4 chunks = 4 lines,
+            // each line written whole (one 128-byte wavefront per line).
+            let mut per_line = std::collections::BTreeMap::<usize, Vec<usize>>::new();
+            for r in r0..r0 + 8 {
+                for c in 0..4 {
+                    per_line.entry(swz64(r, c) / 128).or_default().push(swz64(r, c));
+                }
+            }
+            assert_eq!(per_line.len(), 4);
+            assert!(per_line.values().all(|offs| distinct(offs) == 8));
+        }
+        // Without the XOR, 8 rows of 64 bytes fall on 2 slots (a 4-way conflict): the test can tell.
+        let plain: Vec<usize> = (0..8).map(|r: usize| r * 64).collect();
+        assert_eq!(distinct(&plain), 2);
+    }
+
+    #[test]
+    fn warp64_fragment_addressing_reproduces_the_tile_product() {
+        for (bm, bn, _, _, _) in W64_SHAPES {
+            let b_cpr = bn / 8;
+            let a_off = |r: usize, c: usize| swz64(r, c / 8) / 2 + c % 8;
+            let b_off = move |r: usize, c: usize| swz(r, c / 8, b_cpr) / 2 + c % 8;
+            check_simulation("mma_warp64", (bm, bn, 32), (64, 64), &a_off, &b_off, bm.max(32) * bn.max(32));
+        }
+    }
+
+    /// The kernel does not call swz64()/swz() per ldmatrix or per cp.async: it keeps one lane (or
+    /// thread) offset and derives the rest by XOR and constant strides. Every derived offset must
+    /// equal the direct formula, and the loader must write each chunk of a slab exactly once.
+    #[test]
+    fn warp64_precomputed_offsets_match_the_swizzle() {
+        for (bm, bn, warps_m, warps_n, _) in W64_SHAPES {
+            let threads = 32 * warps_m * warps_n;
+            let (a_cpr, b_cpr) = (4, bn / 8);
+            let a_bytes = bm * 32 * 2;
+            let (a_rows_step, b_rows_step) = (threads / a_cpr, threads / b_cpr);
+            assert!(a_rows_step % 16 == 0 && b_rows_step % 8 == 0);
+            for warp in 0..warps_m * warps_n {
+                let (wm, wn) = ((warp / warps_n) * 64, (warp % warps_n) * 64);
+                for lane in 0..32 {
+                    let a_lane = swz64(wm + lane % 16, lane / 16);
+                    let b_lane = a_bytes + swz(lane % 16, wn / 8 + lane / 16, b_cpr);
+                    for ks in 0..2 {
+                        for i in 0..4 {
+                            let direct = swz64(wm + i * 16 + lane % 16, ks * 2 + lane / 16);
+                            assert_eq!((a_lane ^ (ks * 32)) + i * 1024, direct, "A {bm}x{bn} warp {warp} lane {lane} ks {ks} i {i}");
+                        }
+                        for jp in (0..8).step_by(2) {
+                            let direct = a_bytes + swz(ks * 16 + lane % 16, (wn + jp * 8) / 8 + lane / 16, b_cpr);
+                            assert_eq!((b_lane ^ (jp * 16)) + ks * 16 * bn * 2, direct, "B {bm}x{bn} warp {warp} lane {lane} ks {ks} jp {jp}");
+                        }
+                    }
+                }
+            }
+            let mut a_seen = vec![0; bm * a_cpr];
+            let mut b_seen = vec![0; 32 * b_cpr];
+            for tid in 0..threads {
+                let (a_row, a_ch, b_row, b_ch) = (tid / a_cpr, tid % a_cpr, tid / b_cpr, tid % b_cpr);
+                for i in 0..bm / a_rows_step {
+                    let off = swz64(a_row, a_ch) + i * a_rows_step * 64;
+                    assert_eq!(off, swz64(a_row + i * a_rows_step, a_ch));
+                    a_seen[off / 16] += 1;
+                }
+                for i in 0..32 / b_rows_step {
+                    let off = swz(b_row, b_ch, b_cpr) + i * b_rows_step * bn * 2;
+                    assert_eq!(off, swz(b_row + i * b_rows_step, b_ch, b_cpr));
+                    b_seen[off / 16] += 1;
+                }
+            }
+            assert!(a_seen.iter().chain(&b_seen).all(|&x| x == 1), "{bm}x{bn}: a slab chunk written twice or never");
+            // The serpentine mma order still visits every (i, j) accumulator once per step.
+            let mut hits = [[0; 8]; 4];
+            for (i, row) in hits.iter_mut().enumerate() {
+                for jj in 0..8 {
+                    row[if i & 1 == 1 { 7 - jj } else { jj }] += 1;
+                }
+            }
+            assert!(hits.iter().flatten().all(|&x| x == 1));
+        }
+    }
+
+    /// mma_warp64's ring, replayed with its schedule. Prologue: slabs 0..S-1 into slots 0..S-1, one
+    /// group each; wait_group(S-1), barrier, ldmatrix step 0 of slab 0. Iteration kt: ldmatrix
+    /// step 1 of slab kt; wait_group(S-2); barrier; cp.async slab kt+S into slot kt % S, commit;
+    /// ldmatrix step 0 of slab kt+1. Every ldmatrix must read a slab whose copy completed before a
+    /// barrier that precedes the read, from the slot that holds it, with no copy into that slot in
+    /// flight; every copy into a slot must follow a barrier that follows every read of its previous slab.
+    #[test]
+    fn warp64_ring_schedule_has_no_hazards() {
+        for stages in [2usize, 3, 4, 5] {
+            for nk in [1usize, 2, 3, 4, 5, 6, 7, 13] {
+                let mut groups: Vec<Option<(usize, usize)>> = Vec::new(); // (slot, slab) per commit
+                let mut slot_of = vec![usize::MAX; stages];
+                let mut barriers = 0usize; // barriers so far
+                let mut visible = 0usize; // groups[..visible] completed before the latest barrier
+                let mut last_read_epoch = vec![None::<usize>; stages]; // barrier count at the last read
+                let mut reads = vec![0usize; nk];
+                let mut read = |slab: usize, groups: &[Option<(usize, usize)>], slot_of: &[usize], visible: usize, barriers: usize, lr: &mut Vec<Option<usize>>| {
+                    let slot = slab % stages;
+                    assert_eq!(slot_of[slot], slab, "S={stages} nk={nk}: slot {slot} does not hold slab {slab}");
+                    assert!(groups[..visible].contains(&Some((slot, slab))), "S={stages} nk={nk}: slab {slab} read before it is visible");
+                    assert!(!groups[visible..].iter().flatten().any(|&(s, _)| s == slot), "S={stages} nk={nk}: slot {slot} read while a copy into it is in flight");
+                    lr[slot] = Some(barriers);
+                    reads[slab] += 1;
+                };
+                let copy = |slot: usize, slab: usize, groups: &mut Vec<Option<(usize, usize)>>, slot_of: &mut Vec<usize>, barriers: usize, lr: &[Option<usize>]| {
+                    if let Some(e) = lr[slot] {
+                        assert!(e < barriers, "S={stages} nk={nk}: slot {slot} overwritten before a barrier after its last read");
+                    }
+                    slot_of[slot] = slab;
+                    groups.push(Some((slot, slab)));
+                };
+                for s in 0..stages {
+                    if s < nk {
+                        copy(s, s, &mut groups, &mut slot_of, barriers, &last_read_epoch);
+                    } else {
+                        groups.push(None);
+                    }
+                }
+                // wait_group(n): all but the newest n groups complete; the barrier publishes them.
+                let wait_and_barrier = |groups: &[Option<(usize, usize)>], n: usize, barriers: &mut usize, visible: &mut usize| {
+                    *visible = groups.len().saturating_sub(n);
+                    *barriers += 1;
+                };
+                wait_and_barrier(&groups, stages - 1, &mut barriers, &mut visible);
+                read(0, &groups, &slot_of, visible, barriers, &mut last_read_epoch); // step 0 of slab 0
+                for kt in 0..nk {
+                    read(kt, &groups, &slot_of, visible, barriers, &mut last_read_epoch); // step 1 of slab kt
+                    wait_and_barrier(&groups, stages - 2, &mut barriers, &mut visible);
+                    if kt + stages < nk {
+                        copy(kt % stages, kt + stages, &mut groups, &mut slot_of, barriers, &last_read_epoch);
+                    } else {
+                        groups.push(None);
+                    }
+                    if kt + 1 < nk {
+                        read(kt + 1, &groups, &slot_of, visible, barriers, &mut last_read_epoch); // step 0 of slab kt+1
+                    }
+                }
+                assert!(reads.iter().all(|&r| r == 2), "S={stages} nk={nk}: each slab is read at both k16 steps: {reads:?}");
             }
         }
     }
