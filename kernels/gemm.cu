@@ -25,7 +25,7 @@
 //                  fed by ldmatrix.x4 (A) and ldmatrix.x4.trans (B) from padded smem; 128x128x32
 //                  tile, 8 warps of 64x32; register-staged prefetch, two smem buffers; capped at
 //                  128 registers (two blocks per SM) without spilling.
-//   mma_pipelined  f16/bf16: the fastest mma.sync rung: 128x128x64 tile, 8 warps of 64x32, a
+//   mma_pipelined  f16/bf16: a deeper pipeline (measured slower than mma_ldmatrix): 128x128x64 tile, 8 warps of 64x32, a
 //                  4-stage cp.async pipeline (zero-fill via src-size 0) into an XOR-swizzled smem
 //                  layout (16-byte chunk ^ row%8: conflict-free ldmatrix without padding), fragments
 //                  double-buffered in registers across the four k16 steps, grouped block order
