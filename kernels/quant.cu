@@ -12,10 +12,14 @@
 // would write 32-64 contiguous bytes and every store instruction would touch half-sectors).
 //   w4a16_{sym,asym}_b{1,2,4,8,16}_f16
 //                          Y[B, N] = X[B, K] W^T, W as group-wise int4 + f16 scales (mins), X and Y
-//                          f16, fp32 accumulation. Bandwidth design: each warp owns R rows (R = 4 for
-//                          B <= 4, else 2) for ILP, each lane streams 16 B of every row per step with
-//                          the next step's loads in flight, X staged in shared memory (padded: no
-//                          bank conflicts), warp-shuffle reduction at the end.
+//                          f16, fp32 accumulation. Bandwidth design: a block owns R = 4 rows and
+//                          splits K across all its threads in 4 B code words, every thread issuing
+//                          its U x R word loads (and scales) before any arithmetic; no shared-memory
+//                          prologue (X is read through the read-only path, shared by every block
+//                          from L1/L2), a grid of N / 4 short blocks (several waves, so one block's
+//                          reduction overlaps the others' streaming), warp shuffles + one barrier
+//                          at the end. At B >= 8 the same layout is compute-bound: each dequantized
+//                          word serves B activations and each X load serves R rows.
 // Every grid-stride loop bounds its accesses by the element counts it is given; the vector paths
 // need 16-byte aligned buffers (device allocations are 256-byte aligned) and the launchers check
 // the divisibility each kernel states.
@@ -204,15 +208,12 @@ extern "C" __global__ void __launch_bounds__(32 * SEG_WARPS) quant_dequant_q4_1_
 // 8j..8j+7 in nibbles 0..7); scales (mins): N x K/group f16; X: B x K f16; Y: B x N f16.
 // Needs K % 32 == 0 and group % 32 == 0 (a 32-weight chunk never straddles a group).
 // Napkin math, N = K = 8192, B = 1: 32 MiB of codes + 1 MiB of scales must be read; at ~3 TB/s
-// that is ~11 us, against ~45 us for cuBLAS reading the 128 MiB of f16 weights.
+// that is ~11 us, against ~45 us for cuBLAS reading the 128 MiB of f16 weights. Little's law: at
+// ~3 TB/s and ~1 us of loaded latency, ~3 MB must be in flight, ~23 KB per SM; a block here has
+// 128 x U x R x 4 B = 8 KB of codes outstanding (U = 4) and an SM holds several blocks.
 // ---------------------------------------------------------------------------
 #define W4_WARPS 4
 #define W4_THREADS (32 * W4_WARPS)
-// X is staged in tiles of W4_TILE / B columns for all B rows: 16384 halves, padded by 8 per
-// 32 (a lane's 64 B chunk then starts 80 B after its neighbour's: the 16 B reads of 8 lanes
-// fall in distinct banks) = 40 KiB of static shared memory.
-#define W4_TILE 16384
-#define W4_PAD_CHUNK 40
 
 // The 8 codes of a u32 word as floats minus `bias`: each code lands in the low byte of
 // 0x4B000000 (2^23 + q as a float) through one byte permute; subtracting 2^23 + bias is exact.
@@ -227,126 +228,137 @@ __device__ __forceinline__ void codes8(unsigned w, float bias, float* out) {
     }
 }
 
-template <int B, int R, bool ASYM>
+// 8 f16 activations (16 B, read-only path: every block reads the same X, so it stays in L1/L2).
+__device__ __forceinline__ void x8(const __half* __restrict__ p, float* out) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+    const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // element 2i is the low half of word i
+        out[2 * i] = __half2float(__ushort_as_half((unsigned short)(w[i] & 0xFFFFu)));
+        out[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(w[i] >> 16)));
+    }
+}
+
+// A block of W4_THREADS threads owns R rows; the K axis is split across all its threads in u32
+// code words (8 weights): thread t takes words t, t + W4_THREADS, ... of every row, U words per
+// step with all U x R code loads (and their scales) issued before any arithmetic. A warp's load
+// of one row is 128 contiguous bytes, and its X reads (16 B per lane, consecutive lanes on
+// consecutive 16 B) are dense. Partial sums: warp shuffles, then 4 warps through shared memory.
+// Symmetric: dot on q - 8 (exact small integers), scaled once per word. Asymmetric: W = q d + m,
+// so a word contributes d (x . q) + m (sum x): the sum of x is shared by the R rows.
+template <int B, int R, int U, bool ASYM>
 __device__ __forceinline__ void w4a16(const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ mins,
                                       const __half* __restrict__ x, __half* __restrict__ y, int n_rows, int k, int group) {
-    __shared__ __align__(16) __half xs[W4_TILE / 32 * W4_PAD_CHUNK];
+    __shared__ float part[W4_WARPS][R * B];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int row0 = (blockIdx.x * W4_WARPS + warp) * R;
-    const int kt = min(k, W4_TILE / B);  // tile width: a multiple of 32 (k is)
-    const int gpr = k / group;
-    const long long row_bytes = k / 2;
+    const int row0 = blockIdx.x * R;
+    const int nw = k / 8, wpg = group / 8, gpr = k / group;  // words per row, words per group
+    const unsigned* wrow[R];
+    const __half* srow[R];
+    const __half* mrow[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const long long row = min(row0 + r, n_rows - 1);  // clamped rows are computed, never stored
+        wrow[r] = reinterpret_cast<const unsigned*>(wq + row * (k / 2));
+        srow[r] = scales + row * gpr;
+        mrow[r] = mins + row * gpr;
+    }
     float acc[R][B];
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int b = 0; b < B; ++b) acc[r][b] = 0.f;
 
-    for (int k0 = 0; k0 < k; k0 += kt) {
-        const int width = min(kt, k - k0);
-        const int chunks = width / 32;
-        // This tile's first weights are requested before X is staged: the barrier then waits
-        // behind HBM traffic that is already in flight.
-        // Scales (and mins) travel with their codes, so no load waits inside the loop.
-        uint4 cur[R];
-        __half dcur[R], mcur[R];
-        auto load = [&](int c, uint4* dst, __half* ds, __half* ms) {
+    // Word w = g wpg + rem (g: its group), advanced W4_THREADS words at a time without a division.
+    const int gstep = W4_THREADS / wpg, rstep = W4_THREADS % wpg;
+    int w = threadIdx.x, g = w / wpg, rem = w % wpg;
+    while (w < nw) {
+        unsigned q[U][R];
+        __half d[U][R], m[U][R];
+        int wu[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            wu[u] = w;
 #pragma unroll
             for (int r = 0; r < R; ++r) {
-                const int row = min(row0 + r, n_rows - 1);  // clamped rows are computed, never stored
-                dst[r] = __ldcs(reinterpret_cast<const uint4*>(wq + row * row_bytes + (k0 + 32 * c) / 2));
-                const long long si = (long long)row * gpr + (k0 + 32 * c) / group;
-                ds[r] = scales[si];
-                ms[r] = ASYM ? mins[si] : ds[r];
+                q[u][r] = 0u;
+                d[u][r] = __ushort_as_half((unsigned short)0);
+                m[u][r] = d[u][r];
+                if (w < nw) {
+                    q[u][r] = __ldcs(wrow[r] + w);
+                    d[u][r] = srow[r][g];
+                    if (ASYM) m[u][r] = mrow[r][g];
+                }
             }
-        };
-        if (row0 < n_rows && lane < chunks) load(lane, cur, dcur, mcur);
-        __syncthreads();  // the previous tile is no longer read
-        for (int v = threadIdx.x; v < B * chunks * 4; v += W4_THREADS) {
-            const int b = v / (chunks * 4), rest = v % (chunks * 4);
-            const uint4 val = *reinterpret_cast<const uint4*>(x + (long long)b * k + k0 + 8 * rest);
-            *reinterpret_cast<uint4*>(xs + (b * chunks + rest / 4) * W4_PAD_CHUNK + 8 * (rest % 4)) = val;
+            w += W4_THREADS;
+            g += gstep;
+            rem += rstep;
+            if (rem >= wpg) {
+                rem -= wpg;
+                ++g;
+            }
         }
-        __syncthreads();
-        if (row0 >= n_rows) continue;  // whole warp idle (it still joins every barrier)
-        for (int c = lane; c < chunks; c += 32) {
-            uint4 nxt[R];
-            __half dnxt[R], mnxt[R];
-            if (c + 32 < chunks) load(c + 32, nxt, dnxt, mnxt);  // next step's bytes in flight during this one
-            float d[R], m[R];
 #pragma unroll
-            for (int r = 0; r < R; ++r) {
-                d[r] = __half2float(dcur[r]);
-                m[r] = ASYM ? __half2float(mcur[r]) : 0.f;
-            }
-            // Symmetric: dot products on q - 8 (exact small integers), scaled once per chunk.
-            // Asymmetric: weights q d + m made first (one FMA each), then the products.
-            float dot[R][B];
+        for (int u = 0; u < U; ++u) {
+            if (wu[u] >= nw) break;  // only the last step of a row can be partial
+            float wf[R][8];
 #pragma unroll
-            for (int r = 0; r < R; ++r)
+            for (int r = 0; r < R; ++r) codes8(q[u][r], ASYM ? 0.f : 8.f, wf[r]);
 #pragma unroll
-                for (int b = 0; b < B; ++b) dot[r][b] = 0.f;
+            for (int b = 0; b < B; ++b) {
+                float xv[8];
+                x8(x + (long long)b * k + 8 * wu[u], xv);
+                float sx = 0.f;
+                if (ASYM) {
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                float w[R][8];
+                    for (int t = 0; t < 8; ++t) sx += xv[t];
+                }
 #pragma unroll
                 for (int r = 0; r < R; ++r) {
-                    const unsigned word = j == 0 ? cur[r].x : j == 1 ? cur[r].y : j == 2 ? cur[r].z : cur[r].w;
-                    codes8(word, ASYM ? 0.f : 8.f, w[r]);
-                    if (ASYM) {
+                    float dot = 0.f;
 #pragma unroll
-                        for (int t = 0; t < 8; ++t) w[r][t] = fmaf(w[r][t], d[r], m[r]);
-                    }
+                    for (int t = 0; t < 8; ++t) dot = fmaf(xv[t], wf[r][t], dot);
+                    const float dd = __half2float(d[u][r]);
+                    acc[r][b] = ASYM ? fmaf(dd, dot, fmaf(__half2float(m[u][r]), sx, acc[r][b])) : fmaf(dot, dd, acc[r][b]);
                 }
-#pragma unroll
-                for (int b = 0; b < B; ++b) {
-                    float xv[8];
-                    load_vec16<__half>(xs + (b * chunks + c) * W4_PAD_CHUNK + 8 * j, xv);
-#pragma unroll
-                    for (int r = 0; r < R; ++r)
-#pragma unroll
-                        for (int t = 0; t < 8; ++t) dot[r][b] = fmaf(xv[t], w[r][t], dot[r][b]);
-                }
-            }
-#pragma unroll
-            for (int r = 0; r < R; ++r)
-#pragma unroll
-                for (int b = 0; b < B; ++b) acc[r][b] = ASYM ? acc[r][b] + dot[r][b] : fmaf(dot[r][b], d[r], acc[r][b]);
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                cur[r] = nxt[r];
-                dcur[r] = dnxt[r];
-                mcur[r] = mnxt[r];
             }
         }
     }
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int b = 0; b < B; ++b) acc[r][b] = warp_reduce_sum(acc[r][b]);
-    if (lane == 0) {
+        for (int b = 0; b < B; ++b) {
+            const float v = warp_reduce_sum(acc[r][b]);
+            if (lane == 0) part[warp][r * B + b] = v;
+        }
+    __syncthreads();
+    for (int i = threadIdx.x; i < R * B; i += W4_THREADS) {
+        const int r = i / B, b = i % B;
+        if (row0 + r < n_rows) {
+            float s = 0.f;
 #pragma unroll
-        for (int r = 0; r < R; ++r)
-            if (row0 + r < n_rows)
-#pragma unroll
-                for (int b = 0; b < B; ++b) y[(long long)b * n_rows + row0 + r] = __float2half_rn(acc[r][b]);
+            for (int v = 0; v < W4_WARPS; ++v) s += part[v][i];
+            y[(long long)b * n_rows + row0 + r] = __float2half_rn(s);
+        }
     }
 }
 
+// R rows per block; U words per row in flight per thread (fewer where the accumulators grow).
+// At B = 1, 5 blocks per SM (<= 102 registers, no spills): 40 KB of codes in flight per SM.
 #define W4A16(B, R)                                                                                                         \
-    extern "C" __global__ void __launch_bounds__(W4_THREADS) quant_w4a16_sym_b##B##_f16(                                   \
+    extern "C" __global__ void __launch_bounds__(W4_THREADS, (B == 1 ? 5 : 1)) quant_w4a16_sym_b##B##_f16(                                   \
         const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ x, __half* __restrict__ y, \
         int n_rows, int k, int group) {                                                                                     \
-        w4a16<B, R, false>(wq, scales, scales, x, y, n_rows, k, group);                                                     \
+        w4a16<B, R, (B <= 4 ? 4 : 2), false>(wq, scales, scales, x, y, n_rows, k, group);                                   \
     }                                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(W4_THREADS) quant_w4a16_asym_b##B##_f16(                                  \
+    extern "C" __global__ void __launch_bounds__(W4_THREADS, (B == 1 ? 5 : 1)) quant_w4a16_asym_b##B##_f16(                                  \
         const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ mins,                      \
         const __half* __restrict__ x, __half* __restrict__ y, int n_rows, int k, int group) {                               \
-        w4a16<B, R, true>(wq, scales, mins, x, y, n_rows, k, group);                                                        \
+        w4a16<B, R, (B <= 4 ? 4 : 2), true>(wq, scales, mins, x, y, n_rows, k, group);                                      \
     }
 
 W4A16(1, 4)
 W4A16(2, 4)
 W4A16(4, 4)
-W4A16(8, 2)
-W4A16(16, 2)
+W4A16(8, 4)
+W4A16(16, 4)

@@ -40,10 +40,8 @@ const W4_WARPS: usize = 4;
 /// The W4A16 relative tolerance against the f64 product of the dequantized weights.
 const W4_REL: f64 = 1e-2;
 
-/// Rows each warp owns in `w4a16_*_b{batch}` (R in quant.cu's instantiations).
-pub fn rows_per_warp(batch: usize) -> usize {
-    if batch <= 4 { 4 } else { 2 }
-}
+/// Rows each block of the W4A16 kernels owns, at every batch (R in quant.cu's instantiations).
+const W4_ROWS: usize = 4;
 
 /// Every kernel variant of quant.cu (symbols are `quant_<variant>_f16`).
 pub fn gpu_variants() -> Vec<String> {
@@ -525,8 +523,7 @@ fn run_w4a16(s: &mut Session, case: &Value) -> Result<()> {
         let variant = format!("w4a16_{}_b{b}", scheme.name());
         if s.wants(&variant, "lab") {
             let f = kernel(&gpu, &variant)?;
-            let rows_per_block = W4_WARPS * rows_per_warp(b);
-            let cfg = LaunchConfig { grid_dim: (n.div_ceil(rows_per_block) as u32, 1, 1), block_dim: (32 * W4_WARPS as u32, 1, 1), shared_mem_bytes: 0 };
+            let cfg = LaunchConfig { grid_dim: (n.div_ceil(W4_ROWS) as u32, 1, 1), block_dim: (32 * W4_WARPS as u32, 1, 1), shared_mem_bytes: 0 };
             let (ni, ki, gi) = (n as i32, k as i32, group as i32);
             let launch = |y: &mut CudaSlice<f16>| -> Result<()> {
                 let mut l = gpu.stream.launch_builder(&f);
@@ -677,7 +674,7 @@ mod tests {
         let src = crate::kernels::source(FAMILY).unwrap();
         assert!(src.contains(&format!("#define W4_WARPS {W4_WARPS}\n")));
         for &b in BATCHES {
-            assert!(src.contains(&format!("\nW4A16({b}, {})\n", rows_per_warp(b))), "batch {b}");
+            assert!(src.contains(&format!("\nW4A16({b}, {W4_ROWS})\n")), "batch {b}");
         }
         assert_eq!(src.matches("\nW4A16(").count(), BATCHES.len());
     }
