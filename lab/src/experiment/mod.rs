@@ -257,9 +257,10 @@ impl Session {
             && self.opts.provider.as_deref().is_none_or(|p| p == provider)
     }
 
-    /// Is this peer asked for (and admitted by the filter)?
+    /// Is this peer asked for? `--peers` selects peers; the variant filter applies to them only
+    /// when a provider is named too (a rerun of one peer's record).
     pub fn wants_peer(&self, peer: Peer, variant: &str, provider: &str) -> bool {
-        self.opts.peers.contains(&peer) && self.wants(variant, provider)
+        self.opts.peers.contains(&peer) && (self.opts.provider.is_none() || self.wants(variant, provider))
     }
 
     /// A ceiling of this run, measuring it first when no experiment has yet.
@@ -444,5 +445,20 @@ mod tests {
         let e = r.error.as_ref().unwrap();
         assert_eq!((e.mismatches, e.worst_index), (1, Some(1000)));
         assert!(r.time_ms.is_some(), "the time is kept, never shown as a result");
+    }
+
+    #[test]
+    fn a_variant_filter_keeps_the_peers_unless_a_provider_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = session(dir.path());
+        (s.opts.variants, s.opts.peers) = (vec!["fused".into()], vec![Peer::Torch]);
+        assert!(s.wants("fused", "lab") && !s.wants("unfused", "lab"));
+        assert!(s.wants_peer(Peer::Torch, "torch gelu", "torch"));
+        // A rerun of one peer record names its provider and variant: only that peer runs.
+        (s.opts.variants, s.opts.provider) = (vec!["torch gelu".into()], Some("torch".into()));
+        assert!(s.wants_peer(Peer::Torch, "torch gelu", "torch"));
+        assert!(!s.wants_peer(Peer::Torch, "torch.compile(gelu)", "torch"));
+        s.opts.peers.clear();
+        assert!(!s.wants_peer(Peer::Torch, "torch gelu", "torch"));
     }
 }
