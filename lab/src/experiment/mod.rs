@@ -26,6 +26,12 @@ pub trait Experiment: Sync {
     /// Runs every variant and peer that `filter` admits on one parameter set, emitting records
     /// through `session`. Variants that do not apply to the shape are skipped silently.
     fn run_case(&self, session: &mut Session, case: &Value) -> Result<()>;
+    /// On ranks above 0 of an MPI job (see `collective`): take part in this case's collectives
+    /// and emit nothing; only rank 0 holds a [`Session`]. Experiments without collectives do
+    /// nothing here.
+    fn follow_case(&self, _opts: &RunOptions, _case: &Value) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Every experiment, in the order `lab run all` takes them (ceilings first: the others are
@@ -39,6 +45,8 @@ pub fn registry() -> Vec<&'static dyn Experiment> {
         &crate::ops::layernorm::LayerNorm,
         &crate::ops::rmsnorm::RmsNorm,
         &crate::ops::linear::Linear,
+        &crate::collective::experiment::AllReduce,
+        &crate::collective::bucket::Bucketing,
     ]
 }
 
