@@ -122,8 +122,8 @@ fn bucketed_training_under_mpirun_2_follows_single_process_training() {
 }
 
 #[test]
-fn rank_0_failing_ends_the_job_instead_of_leaving_ranks_waiting() {
-    // A case for 3 ranks on a world of 2: every rank refuses it; the job ends with an error.
+fn a_refused_command_ends_the_whole_job_with_its_reason() {
+    // `lab rerun` is single-process: every rank refuses it and the job ends, none left waiting.
     let o = mpirun(2, &["rerun", "x#0"]);
     assert!(!o.status.success());
     assert!(text(&o).contains("`lab rerun` runs in one process"), "{}", text(&o));
