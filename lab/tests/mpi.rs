@@ -117,6 +117,10 @@ fn bucketed_training_under_mpirun_2_follows_single_process_training() {
     for r in records.iter().filter(|r| r.time_ms.is_some()) {
         assert_eq!(r.verdict, Verdict::Pass, "{} {}: {:?}", r.variant, r.params, r.error);
         assert_eq!(r.params["transport"], "mpi");
+        if r.variant != "compute_only" {
+            let l = r.extra["loss_first_last"].as_array().unwrap();
+            assert!(l.iter().all(|x| x.as_f64().is_some_and(f64::is_finite)), "{l:?}");
+        }
     }
     assert!(records.iter().any(|r| r.variant == "overlap" && r.time_ms.is_some()));
 }

@@ -132,11 +132,10 @@ impl<'t> Ring<'t> {
         if let Some(acc) = as_f32_mut(data) {
             self.reduce_scatter(acc)?;
         } else {
-            let mut acc: Vec<f32> = data.iter().map(|x| x.to_f32()).collect();
+            let mut acc = vec![0.0f32; data.len()];
+            widen_into(data, &mut acc);
             self.reduce_scatter(&mut acc)?;
-            for (d, a) in data[own.clone()].iter_mut().zip(&acc[own]) {
-                *d = T::from_f32(*a);
-            }
+            narrow_into(&acc[own.clone()], &mut data[own]);
         }
         self.all_gather(data)
     }
@@ -257,6 +256,39 @@ fn disjoint<T>(v: &mut [T], a: Range<usize>, b: Range<usize>) -> (&[T], &mut [T]
         let (lo, hi) = v.split_at_mut(a.start);
         (&hi[..a.end - a.start], &mut lo[b])
     }
+}
+
+/// Storage type to f32; half's slice conversions use the CPU's F16C instructions when present.
+fn widen_into<T: Elem>(src: &[T], dst: &mut [f32]) {
+    use half::slice::HalfFloatSliceExt;
+    match T::DTYPE {
+        DType::F16 => cast::<T, half::f16>(src).convert_to_f32_slice(dst),
+        DType::Bf16 => cast::<T, half::bf16>(src).convert_to_f32_slice(dst),
+        DType::F32 => dst.copy_from_slice(cast::<T, f32>(src)),
+    }
+}
+
+/// f32 to the storage type, rounding to nearest even.
+fn narrow_into<T: Elem>(src: &[f32], dst: &mut [T]) {
+    use half::slice::HalfFloatSliceExt;
+    match T::DTYPE {
+        DType::F16 => cast_mut::<T, half::f16>(dst).convert_from_f32_slice(src),
+        DType::Bf16 => cast_mut::<T, half::bf16>(dst).convert_from_f32_slice(src),
+        DType::F32 => cast_mut::<T, f32>(dst).copy_from_slice(src),
+    }
+}
+
+/// `v` as a slice of `U`, which `T::DTYPE` says it is.
+fn cast<T: 'static, U: 'static>(v: &[T]) -> &[U] {
+    assert_eq!(std::any::TypeId::of::<T>(), std::any::TypeId::of::<U>(), "dtype and type disagree");
+    // SAFETY: T and U are the same type.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), v.len()) }
+}
+
+fn cast_mut<T: 'static, U: 'static>(v: &mut [T]) -> &mut [U] {
+    assert_eq!(std::any::TypeId::of::<T>(), std::any::TypeId::of::<U>(), "dtype and type disagree");
+    // SAFETY: T and U are the same type.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast(), v.len()) }
 }
 
 fn as_f32_mut<T: 'static>(v: &mut [T]) -> Option<&mut [f32]> {
