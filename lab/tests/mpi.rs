@@ -14,6 +14,9 @@ fn mpirun(n: usize, args: &[&str]) -> Output {
         .args(args)
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        // Containers often forbid the cross-memory attach Open MPI's shared-memory transport
+        // uses for large messages (open-mpi/ompi#4948); copying through shared memory always works.
+        .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
         .output()
         .expect("mpirun (Open MPI) must be installed to test the collectives: apt-get install openmpi-bin libopenmpi-dev")
 }
