@@ -2,7 +2,8 @@
 # The whole test suite on a fresh machine: installs what it needs, then runs cargo's tests.
 # No GPU needed: kernels are compiled by NVRTC from the PyPI wheels for sm_80 and sm_90, every
 # experiment runs on the CPU backend, the committed report must match a fresh render, and
-# headless Chromium loads it. A missing NVRTC or Chromium fails the suite.
+# headless Chromium loads it; the collectives run under mpirun (Open MPI). A missing NVRTC,
+# Chromium or mpirun fails the suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,6 +15,11 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   command -v git >/dev/null || need+=(git)
   command -v cc >/dev/null || need+=(gcc)
   command -v chromium >/dev/null || need+=(chromium)  # the report's browser test
+  # Open MPI for the collectives' tests under mpirun; libclang for rsmpi's bindgen build.
+  command -v mpirun >/dev/null || need+=(openmpi-bin)
+  dpkg -s libopenmpi-dev >/dev/null 2>&1 || need+=(libopenmpi-dev)
+  dpkg -s libclang-dev >/dev/null 2>&1 || need+=(libclang-dev)
+  command -v pkg-config >/dev/null || need+=(pkg-config)
   if [ ${#need[@]} -gt 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
   fi
@@ -41,4 +47,6 @@ PY
 fi
 export LAB_SMOLLM2_GGUF="$PWD/$model"
 
-cargo test --release --locked --no-fail-fast
+# `--features mpi`: the collectives are also tested under `mpirun -n 2` and `-n 4` against
+# MPI_Allreduce (lab/tests/mpi.rs); a missing mpirun fails those tests.
+cargo test --release --locked --no-fail-fast --features mpi

@@ -4,6 +4,7 @@
 //! each family has a Rust module in [`ops`] holding its CPU reference, launchers and experiment.
 //! Every measurement becomes a [`record::Record`], appended to `reports/records/<run-id>.jsonl`.
 
+pub mod collective;
 pub mod error;
 pub mod experiment;
 pub mod gpu;

@@ -92,6 +92,24 @@ fn rerun_of_a_cpu_record_reproduces_its_correctness() {
 }
 
 #[test]
+fn rerun_of_a_thread_world_allreduce_record_reproduces_its_figure() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = lab(&["run", "allreduce", "--quick", "--backend", "cpu", "--seed", "11", "--variant", "ring_blocking", "--out", dir.path().to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let (records, _) = read_records(dir.path()).unwrap();
+    assert!(records.iter().all(|r| r.variant == "ring_blocking" && r.params["transport"] == "threads"));
+    // Fewer elements than ranks, on 4 ranks: an untimed gate.
+    let target = records.iter().find(|r| r.params["ranks"] == 4 && r.params["len"] == 3).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let o = lab(&["rerun", &target.record_id, "--records", dir.path().to_str().unwrap(), "--backend", "cpu", "--out", out.path().to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let (new, _) = read_records(out.path()).unwrap();
+    assert_eq!(new.len(), 1);
+    assert_eq!((&new[0].params, new[0].verdict), (&target.params, Verdict::Pass));
+    assert_eq!(new[0].error.as_ref().unwrap().max_abs, target.error.as_ref().unwrap().max_abs, "same seed, same inputs, same sums");
+}
+
+#[test]
 fn bad_input_gets_a_clear_error_and_no_backtrace() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();

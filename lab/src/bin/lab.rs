@@ -92,6 +92,12 @@ enum Command {
         #[arg(long)]
         force: bool,
     },
+    /// Check the ring all-reduce on awkward lengths and every dtype: on mpirun's world against
+    /// MPI_Allreduce and the f64 sum, else on thread worlds of 2 and 4 ranks.
+    CollectiveCheck {
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
     /// Say which GPU, driver, NVRTC, cuBLAS, MPI and Python/torch this machine has.
     Doctor,
     /// Compile every kernel family with NVRTC (for the device, or for the given architectures).
@@ -110,9 +116,16 @@ fn main() -> ExitCode {
     // SAFETY: restores the default disposition of one signal before any thread starts.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     match dispatch(Cli::parse()) {
-        Ok(code) => code,
+        Ok(code) => {
+            lab::collective::finish();
+            code
+        }
         Err(e) => {
             eprintln!("error: {e}");
+            // Under mpirun the other ranks may be waiting in a collective: end them too.
+            if lab::collective::under_launcher() {
+                lab::collective::exit_all(2);
+            }
             ExitCode::from(2)
         }
     }
@@ -132,8 +145,15 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             } else {
                 experiments.iter().map(|e| experiment::find(e)).collect::<Result<Vec<_>>>()?
             };
+            // Under mpirun every rank runs this command: all take rank 0's seed, and only rank 0
+            // opens a session and writes records (the others follow: see `lab::collective`).
+            let seed = lab::collective::agree_seed(seed.unwrap_or_else(fresh_seed))?;
+            if lab::collective::is_follower()? {
+                let opts = RunOptions { quick, peers, out, seed, variants, provider: None, progress: false, l2, launch, ncu };
+                lab::collective::follow(&exps, &opts)?;
+                return Ok(ExitCode::SUCCESS);
+            }
             let backend = backend.open()?;
-            let seed = seed.unwrap_or_else(fresh_seed);
             let opts = RunOptions { quick, peers, out, seed, variants, provider: None, progress: true, l2, launch, ncu };
             let mut session = Session::new(backend, opts)?;
             let mut result = Ok(());
@@ -180,6 +200,23 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             let case: serde_json::Value = serde_json::from_str(&case).map_err(|e| LabError::Invalid(format!("--case is not JSON: {e}")))?;
             let gpu = lab::gpu::Gpu::new(0)?;
             experiment::find(&experiment)?.launch_once(&gpu, &case, &variant, seed)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::CollectiveCheck { seed } => {
+            let seed = lab::collective::agree_seed(seed)?;
+            let lines = match lab::collective::launched()? {
+                Some(t) => lab::collective::check::run(t, seed)?,
+                None => {
+                    let mut lines = Vec::new();
+                    for n in [2, 4] {
+                        lines.extend(lab::collective::run_threads(n, |t| lab::collective::check::run(t, seed))?.swap_remove(0));
+                    }
+                    lines
+                }
+            };
+            for l in &lines {
+                println!("{l}");
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Doctor => {
@@ -271,6 +308,11 @@ fn select(target: &str, dir: &std::path::Path) -> Result<Vec<Record>> {
 }
 
 fn rerun(target: &str, dir: &std::path::Path, backend: BackendChoice, out: PathBuf) -> Result<ExitCode> {
+    if lab::collective::under_launcher() {
+        return Err(LabError::Invalid(
+            "`lab rerun` runs in one process; rerun an MPI record with `mpirun -n RANKS lab run EXPERIMENT --seed SEED --variant VARIANT`".into(),
+        ));
+    }
     let old = select(target, dir)?;
     let backend = backend.open()?;
     let mut session: Option<Session> = None;

@@ -52,6 +52,14 @@ pub fn print() {
         if cublas { Ok("libcublas loadable".into()) } else { Err("libcublas.so.13 not found: the tensor ceiling cannot run".into()) },
     );
     line("MPI", run("mpirun", &["--version"]).map_err(|e| format!("{e}; collectives need Open MPI")));
+    line(
+        "collective",
+        if cfg!(feature = "mpi") {
+            Ok("built with `--features mpi`: Open MPI transport and MPI_Allreduce peer".into())
+        } else {
+            Err("built without `--features mpi`: thread transport only (rebuild with it to run under mpirun)".into())
+        },
+    );
     let py = super::peers::python();
     line(
         "torch",

@@ -31,6 +31,12 @@ pub trait Experiment: Sync {
     fn launch_once(&self, _gpu: &Gpu, _case: &Value, _variant: &str, _seed: u64) -> Result<()> {
         Err(LabError::Invalid(format!("experiment `{}` has no single-launch mode for profilers", self.name())))
     }
+    /// On ranks above 0 of an MPI job (see `collective`): take part in this case's collectives
+    /// and emit nothing; only rank 0 holds a [`Session`]. Experiments without collectives do
+    /// nothing here.
+    fn follow_case(&self, _opts: &RunOptions, _case: &Value) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Every experiment, in the order `lab run all` takes them (ceilings first: the others are
@@ -47,6 +53,8 @@ pub fn registry() -> Vec<&'static dyn Experiment> {
         &crate::ops::divergence::Divergence,
         &crate::ops::gemm::Gemm,
         &crate::quant::Quant,
+        &crate::collective::experiment::AllReduce,
+        &crate::collective::bucket::Bucketing,
     ]
 }
 
