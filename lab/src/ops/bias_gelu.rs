@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 pub struct BiasGelu;
 
 const FAMILY: &str = "bias_gelu";
-pub const GPU_VARIANTS: &[&str] = &["unfused", "fused", "fused_sigmoid", "fused_sigmoid_one_pass"];
+pub const GPU_VARIANTS: &[&str] = &["unfused", "fused", "fused_one_pass", "fused_sigmoid", "fused_sigmoid_one_pass"];
 pub const CPU_VARIANTS: &[&str] = &["cpu_fused_rows"];
 
 /// The two GeLU forms: the tanh approximation (GPT-2, BERT) and the exact erf form.
@@ -175,8 +175,8 @@ fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
                     continue; // the sigmoid form is an identity of the tanh approximation only
                 }
                 if variant != "unfused" {
-                    let kernel = if variant == "fused" { format!("fused_{}", approx.name()) } else { "fused_tanh_sigmoid".into() };
-                    let cfg = if variant == "fused_sigmoid_one_pass" { one_pass } else { cfg };
+                    let kernel = if variant.starts_with("fused_sigmoid") { "fused_tanh_sigmoid".into() } else { format!("fused_{}", approx.name()) };
+                    let cfg = if variant.ends_with("one_pass") { one_pass } else { cfg };
                     let f = gpu.function(FAMILY, &symbol(FAMILY, &kernel, T::DTYPE))?;
                     let launch = |dy: &mut CudaSlice<T>| -> Result<()> {
                         // SAFETY: x and y hold rows*cols elements, b holds cols; the kernel bounds by them.
