@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 pub struct VectorAdd;
 
 const FAMILY: &str = "vector_add";
-pub const GPU_VARIANTS: &[&str] = &["scalar", "float4_grid_stride"];
+pub const GPU_VARIANTS: &[&str] = &["scalar", "float4_grid_stride", "float4_one_pass"];
 pub const CPU_VARIANTS: &[&str] = &["cpu_scalar", "cpu_parallel"];
 /// f32 addition is correctly rounded: within half an ulp of the exact f64 sum.
 const TOL: Tolerance = Tolerance { atol: 0.0, rtol: 6.0e-8 };
@@ -81,10 +81,13 @@ pub fn cpu_add(variant: &str, a: &[f32], b: &[f32], c: &mut [f32]) {
     }
 }
 
-/// Launch shape per variant: one thread per element, or a grid sized to fill the chip.
+/// Launch shape per variant: one thread per element, a grid sized to fill the chip, or one
+/// loop trip per thread.
 fn launch_config(gpu: &Gpu, variant: &str, n: usize) -> LaunchConfig {
     let grid = match variant {
         "scalar" => n.div_ceil(256) as u32,
+        // One trip of the unrolled loop per thread: 4 float4 = 16 elements.
+        "float4_one_pass" => n.div_ceil(16 * 256).max(1) as u32,
         _ => (gpu.info.sm_count as u32 * 8).min(n.div_ceil(4 * 256).max(1) as u32),
     };
     LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
