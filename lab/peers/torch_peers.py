@@ -24,6 +24,14 @@ import torch
 DTYPES = {"f32": (torch.float32, np.float32), "bf16": (torch.bfloat16, np.uint16), "f16": (torch.float16, np.float16)}
 
 
+# linear's activations, as the lab's kernels define them (GeLU in its tanh form).
+ACTIVATIONS = {
+    "relu": torch.nn.functional.relu,
+    "gelu": lambda v: torch.nn.functional.gelu(v, approximate="tanh"),
+    "none": lambda v: v,
+}
+
+
 def load(path, dtype, shape):
     tdtype, ndtype = DTYPES[dtype]
     t = torch.from_numpy(np.fromfile(path, dtype=ndtype).reshape(shape))
@@ -70,11 +78,11 @@ def ops(req, inputs):
         fn, name = (lambda: F.layer_norm(x, (x.shape[-1],), g, b, args["eps"])), "torch.layer_norm"
     elif op == "linear":
         x, w, b = inputs
-        act = {"relu": F.relu, "gelu": lambda v: F.gelu(v, approximate="tanh"), "none": lambda v: v}[args["act"]]
+        act = ACTIVATIONS[args["act"]]
         fn, name = (lambda: act(F.linear(x, w, b))), f"torch {args['act']}(linear)"
     elif op == "linear_backward":
         x, w, b, dy = inputs
-        act = {"relu": F.relu, "gelu": lambda v: F.gelu(v, approximate="tanh"), "none": lambda v: v}[args["act"]]
+        act = ACTIVATIONS[args["act"]]
         leaves = [t.detach().requires_grad_() for t in (x, w, b)]
         y = act(F.linear(*leaves))
         # Timed: the backward alone (activation gradient, two GEMMs, bias reduction); the

@@ -12,8 +12,8 @@
 //! floating-point sums.
 
 use super::ring::{Algorithm, Ring};
-use super::transport::{run_threads, Transport};
-use crate::experiment::{param_str, param_timed, param_usize, rng_for, Backend, Experiment, Measurement, RunOptions, Session};
+use super::transport::Transport;
+use crate::experiment::{param_timed, param_usize, rng_for, Backend, Experiment, Measurement, RunOptions, Session};
 use crate::kernels::DType;
 use crate::profile::Work;
 use crate::record::Tolerance;
@@ -419,21 +419,10 @@ impl Experiment for Bucketing {
         cases
     }
     fn run_case(&self, s: &mut Session, case: &Value) -> Result<()> {
-        let ctx = super::experiment::Ctx::new(&s.opts);
-        let n = param_usize(case, "ranks")?;
-        let measurements = match param_str(case, "transport")? {
-            "mpi" => measure(super::experiment::launched_world(n)?, &ctx, case)?,
-            "threads" => run_threads(n, |t| measure(t, &ctx, case))?.swap_remove(0),
-            other => return Err(LabError::Invalid(format!("unknown transport `{other}`"))),
-        };
-        for m in measurements {
-            s.emit(m)?;
-        }
-        Ok(())
+        super::experiment::run_case_with(s, case, measure)
     }
     fn follow_case(&self, opts: &RunOptions, case: &Value) -> Result<()> {
-        let n = param_usize(case, "ranks")?;
-        measure(super::experiment::launched_world(n)?, &super::experiment::Ctx::new(opts), case).map(drop)
+        super::experiment::follow_case_with(opts, case, measure)
     }
 }
 
@@ -536,6 +525,7 @@ const GATE_TOL: Tolerance = Tolerance { atol: 1e-5, rtol: LOSS_RTOL };
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::collective::transport::run_threads;
 
     fn check(n: usize, bucket_bytes: usize, overlap: bool) {
         let (dims, rows, steps) = ([24usize, 40, 32, 8], 3, 6);

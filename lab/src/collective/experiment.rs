@@ -80,22 +80,36 @@ impl Experiment for AllReduce {
         cases
     }
     fn run_case(&self, s: &mut Session, case: &Value) -> Result<()> {
-        let ctx = Ctx::new(&s.opts);
-        let n = param_usize(case, "ranks")?;
-        let measurements = match param_str(case, "transport")? {
-            "mpi" => measure(launched_world(n)?, &ctx, case)?,
-            "threads" => run_threads(n, |t| measure(t, &ctx, case))?.swap_remove(0),
-            other => return Err(LabError::Invalid(format!("unknown transport `{other}`"))),
-        };
-        for m in measurements {
-            s.emit(m)?;
-        }
-        Ok(())
+        run_case_with(s, case, measure)
     }
     fn follow_case(&self, opts: &RunOptions, case: &Value) -> Result<()> {
-        let n = param_usize(case, "ranks")?;
-        measure(launched_world(n)?, &Ctx::new(opts), case).map(drop)
+        follow_case_with(opts, case, measure)
     }
+}
+
+/// What a collective experiment measures on one rank of a world.
+pub type Measure = fn(&dyn Transport, &Ctx, &Value) -> Result<Vec<Measurement>>;
+
+/// Rank 0's side of a collective case: `measure` on the case's world (the MPI job, or a world of
+/// threads), then the records, emitted by rank 0 alone.
+pub fn run_case_with(s: &mut Session, case: &Value, measure: Measure) -> Result<()> {
+    let ctx = Ctx::new(&s.opts);
+    let n = param_usize(case, "ranks")?;
+    let measurements = match param_str(case, "transport")? {
+        "mpi" => measure(launched_world(n)?, &ctx, case)?,
+        "threads" => run_threads(n, |t| measure(t, &ctx, case))?.swap_remove(0),
+        other => return Err(LabError::Invalid(format!("unknown transport `{other}`"))),
+    };
+    for m in measurements {
+        s.emit(m)?;
+    }
+    Ok(())
+}
+
+/// The other ranks' side: take part in the same collectives and keep nothing.
+pub fn follow_case_with(opts: &RunOptions, case: &Value, measure: Measure) -> Result<()> {
+    let n = param_usize(case, "ranks")?;
+    measure(launched_world(n)?, &Ctx::new(opts), case).map(drop)
 }
 
 /// The launched world, which must have `n` ranks.

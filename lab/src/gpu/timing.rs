@@ -44,8 +44,7 @@ pub fn time_gpu(gpu: &Gpu, budget: &Budget, mut launch: impl FnMut() -> Result<(
     };
     let warm = budget.warm_up(&mut round)?;
     let start = gpu.nvml.as_ref().and_then(|n| n.clocks_now());
-    let tail = &warm[warm.len().saturating_sub(budget.warmup.max(1))..];
-    let raw = round(budget.reps(TimeSummary::of(tail).median))?;
+    let raw = round(budget.reps_after(&warm))?;
     let mode = TimingMode {
         l2: budget.l2.name().into(),
         launch: if graph.is_some() { "graph" } else { "eager" }.into(),

@@ -151,6 +151,11 @@ impl Budget {
         fit.clamp(self.min, self.max)
     }
 
+    /// Repetitions to take after a warm-up trace: by the median of its last round.
+    pub fn reps_after(&self, warm: &[f64]) -> usize {
+        self.reps(TimeSummary::of(&warm[warm.len().saturating_sub(self.warmup.max(1))..]).median)
+    }
+
     /// Warm-up in rounds of `warmup` repetitions until the median stops improving (by more than
     /// [`SETTLED`]) or [`MAX_WARMUP_ROUNDS`] or the time budget is spent; returns every sample.
     pub fn warm_up<E>(&self, mut round: impl FnMut(usize) -> Result<Vec<f64>, E>) -> Result<Vec<f64>, E> {
@@ -172,8 +177,7 @@ impl Budget {
     /// Times `once` (which returns milliseconds): warm-up, then repetitions by the budget.
     pub fn sample<E>(&self, mut once: impl FnMut(usize) -> Result<Vec<f64>, E>) -> Result<(Vec<f64>, Vec<f64>), E> {
         let warm = self.warm_up(&mut once)?;
-        let tail = &warm[warm.len().saturating_sub(self.warmup.max(1))..];
-        let raw = once(self.reps(TimeSummary::of(tail).median))?;
+        let raw = once(self.reps_after(&warm))?;
         Ok((warm, raw))
     }
 }
