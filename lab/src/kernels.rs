@@ -15,6 +15,7 @@ pub const FAMILIES: &[(&str, &str)] = &[
     ("divergence", include_str!("../../kernels/divergence.cu")),
     ("gemm", include_str!("../../kernels/gemm.cu")),
     ("quant", include_str!("../../kernels/quant.cu")),
+    ("collective", include_str!("../../kernels/collective.cu")),
 ];
 
 /// Storage types a kernel is instantiated for; the suffix of every kernel symbol.

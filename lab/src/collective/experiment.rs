@@ -38,8 +38,8 @@ impl Ctx {
     }
 }
 
-/// Message sizes of the sweep: 4 B to 256 MB in steps of 4x, as OSU's osu_allreduce (capped).
-fn sizes(max: usize) -> Vec<usize> {
+/// Message sizes of the sweep: 4 B to `max` in steps of 4x, as OSU's osu_allreduce.
+pub(super) fn sizes(max: usize) -> Vec<usize> {
     std::iter::successors(Some(4usize), |b| Some(b * 4)).take_while(|&b| b <= max).collect()
 }
 
@@ -230,8 +230,9 @@ pub fn wire_bytes(len: usize, n: usize, dtype: DType) -> u64 {
     moved * (4 + dtype.size() as u64)
 }
 
+/// A collective's measurement with its bandwidths (nccl-tests' algbw and busbw).
 #[allow(clippy::too_many_arguments)]
-fn figure(
+pub(super) fn figure(
     variant: &str,
     provider: &str,
     case: &Value,

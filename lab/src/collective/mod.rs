@@ -1,6 +1,7 @@
 //! Collectives on CPU ranks: ring all-reduce over a [`Transport`] (threads in one process, or Open
 //! MPI with `--features mpi`), gradient bucketing for data-parallel training, and tensor-parallel
-//! linear layers.
+//! linear layers; and across the GPUs of one host, NCCL's all-reduce beside the same ring over
+//! NCCL send/recv ([`nccl`]).
 //!
 //! Under a launcher (`mpirun -n N lab run allreduce`) every process runs the same command. Only
 //! rank 0 opens a [`crate::experiment::Session`] and writes records; ranks above 0 are followers:
@@ -13,6 +14,8 @@ pub mod check;
 pub mod experiment;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+pub mod nccl;
+pub mod plan;
 pub mod ring;
 pub mod tensor_parallel;
 pub mod transport;

@@ -63,8 +63,27 @@ impl Algorithm {
 /// The `i`-th of `n` nearly equal parts of `0..len` (sizes differ by at most one; some are empty
 /// when `len < n`).
 pub fn part(len: usize, n: usize, i: usize) -> Range<usize> {
-    let at = |i: usize| (i as u128 * len as u128 / n as u128) as usize;
+    part_aligned(len, n, i, 1)
+}
+
+/// [`part`] with every boundary but the last a multiple of `align`, so that each part starts on
+/// a vector boundary (the GPU ring's 16-byte loads).
+pub fn part_aligned(len: usize, n: usize, i: usize, align: usize) -> Range<usize> {
+    let at = |i: usize| if i == n { len } else { (i as u128 * len as u128 / n as u128) as usize / align * align };
     at(i)..at(i + 1)
+}
+
+/// The ring's schedule, shared by every implementation: at reduce-scatter step `step`, rank `r`
+/// sends chunk `.0` to the next rank and folds chunk `.1` from the previous one into its own.
+/// After `n - 1` steps rank r holds the full sum of chunk (r + 1) mod n.
+pub fn reduce_scatter_chunks(r: usize, n: usize, step: usize) -> (usize, usize) {
+    ((r + n - step) % n, (r + 2 * n - step - 1) % n)
+}
+
+/// At all-gather step `step`, rank `r` forwards chunk `.0` and stores chunk `.1`: each rank starts
+/// with its finished chunk (r + 1) mod n.
+pub fn all_gather_chunks(r: usize, n: usize, step: usize) -> (usize, usize) {
+    ((r + 1 + n - step) % n, (r + n - step) % n)
 }
 
 /// A checked all-reduce of `len` elements of one dtype over one transport: made collectively
@@ -169,8 +188,8 @@ impl<'t> Ring<'t> {
         let mut scratch = std::mem::take(&mut self.scratch);
         let result = (|| {
             for step in 0..n - 1 {
-                let send = part(len, n, (r + n - step) % n);
-                let recv = part(len, n, (r + 2 * n - step - 1) % n);
+                let (send, recv) = reduce_scatter_chunks(r, n, step);
+                let (send, recv) = (part(len, n, send), part(len, n, recv));
                 match self.alg {
                     Algorithm::Pipelined { .. } => self.pipelined_step(acc, send, recv, &mut scratch)?,
                     _ => {
@@ -230,8 +249,8 @@ impl<'t> Ring<'t> {
     fn all_gather<T: Wire>(&self, data: &mut [T]) -> Result<()> {
         let (r, n, len) = (self.t.rank(), self.t.size(), self.len);
         for step in 0..n - 1 {
-            let send = part(len, n, (r + 1 + n - step) % n);
-            let recv = part(len, n, (r + n - step) % n);
+            let (send, recv) = all_gather_chunks(r, n, step);
+            let (send, recv) = (part(len, n, send), part(len, n, recv));
             let (s, q) = disjoint(data, send, recv);
             self.exchange(bytes_of(s), bytes_of_mut(q))?;
         }
@@ -415,6 +434,12 @@ mod tests {
             assert_eq!(parts[0].start, 0);
             assert_eq!(parts[n - 1].end, len);
             assert!(parts.windows(2).all(|w| w[0].end == w[1].start && w[1].len().abs_diff(w[0].len()) <= 1));
+        }
+        for (len, n, align) in [(0, 2, 4), (3, 2, 4), (1001, 3, 8), (1 << 20, 7, 4)] {
+            let parts: Vec<_> = (0..n).map(|i| part_aligned(len, n, i, align)).collect();
+            assert_eq!((parts[0].start, parts[n - 1].end), (0, len));
+            assert!(parts.windows(2).all(|w| w[0].end == w[1].start && w[1].start % align == 0));
+            assert!(parts.iter().all(|p| p.len() <= len.div_ceil(n) + align), "{parts:?}");
         }
     }
 }

@@ -55,6 +55,7 @@ pub fn registry() -> Vec<&'static dyn Experiment> {
         &crate::quant::Quant,
         &crate::collective::experiment::AllReduce,
         &crate::collective::bucket::Bucketing,
+        &crate::collective::nccl::NcclAllReduce,
     ]
 }
 

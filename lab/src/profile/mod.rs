@@ -184,16 +184,31 @@ impl Budget {
 
 /// Times a host function the same way (caches stay warm: host code has no scrub).
 pub fn cpu_time(budget: &Budget, mut f: impl FnMut()) -> (TimeSummary, TimingMode) {
-    let once = |n: usize| -> Result<Vec<f64>, std::convert::Infallible> {
-        Ok((0..n)
+    let Ok(timed) = host_time(budget, || Ok::<(), std::convert::Infallible>(()), || {
+        f();
+        Ok(())
+    });
+    timed
+}
+
+/// Times `op` on the host clock, `prepare` running untimed before every repetition (restoring
+/// an in-place input, synchronising devices).
+pub fn host_time<E>(
+    budget: &Budget,
+    mut prepare: impl FnMut() -> Result<(), E>,
+    mut op: impl FnMut() -> Result<(), E>,
+) -> Result<(TimeSummary, TimingMode), E> {
+    let once = |n: usize| -> Result<Vec<f64>, E> {
+        (0..n)
             .map(|_| {
+                prepare()?;
                 let t = std::time::Instant::now();
-                f();
-                t.elapsed().as_secs_f64() * 1e3
+                op()?;
+                Ok(t.elapsed().as_secs_f64() * 1e3)
             })
-            .collect())
+            .collect()
     };
-    let Ok((warm, raw)) = budget.sample(once);
+    let (warm, raw) = budget.sample(once)?;
     let mode = TimingMode {
         l2: "warm".into(),
         launch: "host".into(),
@@ -202,7 +217,7 @@ pub fn cpu_time(budget: &Budget, mut f: impl FnMut()) -> (TimeSummary, TimingMod
         warmup_ms: warm,
         clocks: None,
     };
-    (TimeSummary::of(&raw), mode)
+    Ok((TimeSummary::of(&raw), mode))
 }
 
 #[cfg(test)]
