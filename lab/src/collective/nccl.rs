@@ -36,6 +36,9 @@ pub struct NcclAllReduce;
 
 const FAMILY: &str = "collective";
 
+/// The longest wait for an all-reduce (a 1 GiB one takes milliseconds).
+const DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Segments of the pipelined ring: ~10 us of NVLink each, so a segment's fixed cost (a grouped
 /// NCCL launch, an event pair, an add launch) stays small beside its transfer.
 pub const SEGMENT_BYTES: usize = 4 << 20;
@@ -177,11 +180,25 @@ impl World {
         Ok(World { ranks, comms })
     }
 
-    /// Waits for both streams of every GPU.
+    /// Waits for both streams of every GPU, or fails after [`DEADLINE`]: a transfer whose
+    /// partner was never issued would otherwise hang the run.
     fn sync(&self) -> Result<()> {
-        for r in &self.ranks {
-            r.comm_stream.synchronize().doing("waiting for NCCL")?;
-            r.gpu.sync()?;
+        use cudarc::driver::sys::{cuStreamQuery, CUresult};
+        let start = std::time::Instant::now();
+        for (i, r) in self.ranks.iter().enumerate() {
+            r.gpu.ctx.bind_to_thread().doing("binding a context")?;
+            for stream in [&r.comm_stream, &r.gpu.stream] {
+                loop {
+                    // SAFETY: a live stream of the bound context.
+                    match unsafe { cuStreamQuery(stream.cu_stream()) } {
+                        CUresult::CUDA_ERROR_NOT_READY if start.elapsed() < DEADLINE => std::hint::spin_loop(),
+                        CUresult::CUDA_ERROR_NOT_READY => {
+                            return Err(LabError::Invalid(format!("GPU {i} did not finish within {DEADLINE:?}: an NCCL send or receive without its partner?")))
+                        }
+                        q => break q.result().doing("waiting for a stream (a kernel or NCCL may have failed)")?,
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -221,20 +238,18 @@ fn ring_all_reduce<T: Elem + NcclType>(w: &World, plan: &RingPlan, bufs: &mut [R
             }
         }
         grouped(|| {
-            for (r, send) in phase.sends.iter().enumerate() {
-                if send.range.is_empty() {
-                    continue; // the receiver sees the same empty range and skips too
+            for r in 0..n {
+                // Empty segments are skipped on both sides: the receiver sees the same range.
+                if let Some(out) = phase.outgoing(r) {
+                    w.comms[r].send(&bufs[r].x.slice(out.range.clone()), ((r + 1) % n) as i32).map_err(nccl_error("sending a segment"))?;
                 }
-                let (to, from) = ((r + 1) % n, (r + n - 1) % n);
-                w.comms[r].send(&bufs[r].x.slice(send.range.clone()), to as i32).map_err(nccl_error("sending a segment"))?;
-                let incoming = &phase.sends[from];
-                let b = &mut bufs[r];
-                let (range, len) = (incoming.range.clone(), incoming.range.len());
+                let Some(incoming) = phase.incoming(r) else { continue };
+                let (from, b) = (((r + n - 1) % n) as i32, &mut bufs[r]);
                 if phase.reduce {
-                    let mut dst = b.scratch.slice_mut(incoming.in_chunk..incoming.in_chunk + len);
-                    w.comms[r].recv(&mut dst, from as i32).map_err(nccl_error("receiving a segment"))?;
+                    let mut dst = b.scratch.slice_mut(incoming.in_chunk..incoming.in_chunk + incoming.range.len());
+                    w.comms[r].recv(&mut dst, from).map_err(nccl_error("receiving a segment"))?;
                 } else {
-                    w.comms[r].recv(&mut b.x.slice_mut(range), from as i32).map_err(nccl_error("receiving a segment"))?;
+                    w.comms[r].recv(&mut b.x.slice_mut(incoming.range.clone()), from).map_err(nccl_error("receiving a segment"))?;
                 }
             }
             Ok(())
@@ -243,11 +258,8 @@ fn ring_all_reduce<T: Elem + NcclType>(w: &World, plan: &RingPlan, bufs: &mut [R
             continue;
         }
         for (r, (rank, b)) in w.ranks.iter().zip(bufs.iter_mut()).enumerate() {
-            let incoming = phase.sends[(r + n - 1) % n].clone();
+            let Some(incoming) = phase.incoming(r).cloned() else { continue };
             let len = incoming.range.len();
-            if len == 0 {
-                continue;
-            }
             let stream = &rank.gpu.stream;
             b.landed[k].record(&rank.comm_stream).doing("recording a transfer")?;
             stream.wait(&b.landed[k]).doing("ordering an add after its transfer")?;

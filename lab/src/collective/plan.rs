@@ -47,6 +47,20 @@ pub struct Phase {
     pub sends: Vec<Send>,
 }
 
+impl Phase {
+    /// What rank `r` sends to r + 1 in this phase; `None` when its segment is empty.
+    pub fn outgoing(&self, r: usize) -> Option<&Send> {
+        Some(&self.sends[r]).filter(|s| !s.range.is_empty())
+    }
+
+    /// What rank `r` receives from r - 1 (into the same range of its buffer); `None` when empty.
+    /// A rank with nothing to send may still have something to receive.
+    pub fn incoming(&self, r: usize) -> Option<&Send> {
+        let n = self.sends.len();
+        self.outgoing((r + n - 1) % n)
+    }
+}
+
 impl RingPlan {
     /// A plan whose segments hold at most `segment_elems` elements (`None`: one per chunk).
     pub fn new(len: usize, ranks: usize, segment_elems: Option<usize>, align: usize) -> Self {
@@ -101,13 +115,15 @@ impl RingPlan {
         assert_eq!(bufs.len(), n, "one buffer per rank");
         for phase in self.phases() {
             // Every send of a phase reads the buffers as they were before the phase.
-            let moved: Vec<Vec<f32>> = phase.sends.iter().enumerate().map(|(r, s)| bufs[r][s.range.clone()].to_vec()).collect();
-            for (r, (s, data)) in phase.sends.iter().zip(moved).enumerate() {
-                let dst = &mut bufs[(r + 1) % n][s.range.clone()];
+            let moved: Vec<Option<Vec<f32>>> = (0..n).map(|r| phase.outgoing(r).map(|s| bufs[r][s.range.clone()].to_vec())).collect();
+            for (r, buf) in bufs.iter_mut().enumerate() {
+                let Some(incoming) = phase.incoming(r) else { continue };
+                let data = moved[(r + n - 1) % n].as_ref().expect("an incoming segment was sent");
+                let dst = &mut buf[incoming.range.clone()];
                 if phase.reduce {
-                    dst.iter_mut().zip(&data).for_each(|(a, b)| *a = round(*a + b));
+                    dst.iter_mut().zip(data).for_each(|(a, b)| *a = round(*a + b));
                 } else {
-                    dst.copy_from_slice(&data);
+                    dst.copy_from_slice(data);
                 }
             }
         }
@@ -134,6 +150,15 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_rank_with_nothing_to_send_still_receives() {
+        // One element on two ranks: chunk 0 is empty, chunk 1 holds the element.
+        let plan = RingPlan::new(1, 2, None, 4);
+        let first = &plan.phases()[0];
+        assert!(first.outgoing(0).is_none() && first.incoming(0).is_some());
+        assert!(first.outgoing(1).is_some() && first.incoming(1).is_none());
     }
 
     #[test]
