@@ -39,12 +39,12 @@ const FAMILY: &str = "collective";
 /// The longest wait for an all-reduce (a 1 GiB one takes milliseconds).
 const DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// Segments of the pipelined ring: ~10 us of NVLink each, so a segment's fixed cost (a grouped
-/// NCCL launch, an event pair, an add launch) stays small beside its transfer.
-pub const SEGMENT_BYTES: usize = 4 << 20;
-
-/// The lab's GPU rings: name and segment size (`None`: one segment per chunk).
-const RINGS: [(&str, Option<usize>); 2] = [("ring_p2p", None), ("ring_p2p_pipelined", Some(SEGMENT_BYTES))];
+/// The lab's GPU rings: name and segment size (`None`: one segment per chunk). NCCL's send/recv
+/// has a fixed cost of tens of microseconds per grouped round and ramps up slowly: 4 MiB
+/// segments ran at a third of the link's rate on two H200s, so the pipelined ring needs large
+/// segments (64 MiB) to gain anything from overlapping the adds.
+const RINGS: [(&str, Option<usize>); 3] =
+    [("ring_p2p", None), ("ring_p2p_pipelined", Some(4 << 20)), ("ring_p2p_pipelined_64m", Some(64 << 20))];
 
 /// GPUs usable for NCCL here, or why the experiment falls back to the simulated plan.
 fn gpus_for_nccl(backend: &Backend) -> std::result::Result<usize, String> {
