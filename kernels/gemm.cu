@@ -905,15 +905,16 @@ __device__ __forceinline__ void mma_warp64_body(const T* __restrict__ A, const T
 //   are 64 n (128 bytes) of one k; leading byte offset 8192 (from one 64-column box to the
 //   next), stride byte offset 1024 (from 8 k-rows to the next 8). The k16 step s starts 2048 s
 //   bytes in (16 k-rows of 128 bytes).
-// Pipeline: full[s] (1 arrival + the stage's 49152 transaction bytes) and empty[s] (one arrival
+// Pipeline: full[s] (1 arrival + the stage's 49152 transaction bytes, fewer at the N edge) and empty[s] (one arrival
 // per consumer warp, 8) per stage. Tile kt uses stage kt % 4; the consumer waits full[s] with
 // parity (kt / 4) & 1, the producer waits empty[s] with parity ((kt / 4) & 1) ^ 1 (a fresh
 // barrier's "previous phase" counts as complete, so the first 4 tiles do not wait). Consumers
 // keep one wgmma group in flight: after issuing tile kt they wait for tile kt - 1's group and
 // release its stage.
 // Bounds: TMA zero-fills the parts of a box outside the tensor (M, N and K edges), and still
-// counts the whole box in the transaction bytes; stores are predicated (store2). Requires row
-// strides (lda, ldb) that are multiples of 16 bytes, which the launcher checks.
+// counts the whole box in the transaction bytes; B boxes wholly past N are not issued (and not
+// counted); stores are predicated (store2). Requires row strides (lda, ldb) that are multiples of
+// 16 bytes, which the launcher checks.
 // ---------------------------------------------------------------------------------------------
 
 // A CUtensorMap as cuTensorMapEncodeTiled writes it on the host: 128 opaque bytes, passed by value
@@ -956,9 +957,13 @@ __device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
 __device__ __forceinline__ void mbar_arrive(unsigned bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+// Spins until the phase of parity `parity` has completed. A ring that never completes (a wrong
+// byte count, a lost arrival) traps after 2^30 failed polls, at least ~10 s, far beyond any
+// legitimate wait: a launch error instead of a hung process. Costs one add per failed poll only.
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-    unsigned done;
+    unsigned done, polls = 0;
     do {
+        if (++polls == (1u << 30)) __trap();
         asm volatile(
             "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
             : "=r"(done)
@@ -1045,14 +1050,17 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
         if (tid == 0) {
             asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&ta)) : "memory");
             asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tb)) : "memory");
+            // B boxes wholly right of N are not loaded: their columns feed only outputs >= N, which
+            // are never stored (whatever the slot held stays in those columns).
+            const int b_boxes = min(B_BOXES, (N - bn + B_BOX_N - 1) / B_BOX_N);
+            const unsigned tx = A_BYTES + b_boxes * B_BOX_BYTES;
             for (int kt = 0; kt < nk; ++kt) {
                 const int s = kt % STAGES;
                 const unsigned full = bars + 8 * s, a = ring + s * STAGE_BYTES;
                 mbar_wait(bars + 8 * (STAGES + s), ((kt / STAGES) & 1) ^ 1);
-                mbar_expect_tx(full, STAGE_BYTES);
+                mbar_expect_tx(full, tx);
                 tma_load_2d(a, &ta, kt * BK, bm, full);
-#pragma unroll
-                for (int j = 0; j < B_BOXES; ++j) tma_load_2d(a + A_BYTES + j * B_BOX_BYTES, &tb, bn + j * B_BOX_N, kt * BK, full);
+                for (int j = 0; j < b_boxes; ++j) tma_load_2d(a + A_BYTES + j * B_BOX_BYTES, &tb, bn + j * B_BOX_N, kt * BK, full);
             }
         }
         return;

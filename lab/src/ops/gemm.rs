@@ -1277,6 +1277,17 @@ mod tests {
         let box_bytes = |t: TmaBox| t.boxes[0] as usize * t.boxes[1] as usize * 2;
         assert_eq!(box_bytes(ta) + (BN / B_BOX_N) * box_bytes(tb), STAGE_BYTES);
         assert_eq!(STAGE_BYTES, 49152);
+        // At the N edge the producer issues only the B boxes that reach inside N (gemm.cu:
+        // b_boxes = min(4, ceil((N - bn) / 64))) and expects their bytes alone: every column < N
+        // of the tile is loaded, and no box starts at or past N.
+        for n in [1usize, 8, 64, 65, 256, 264, 520, 1000, 1032, 4096] {
+            for bn in (0..n).step_by(BN) {
+                let boxes = (BN / B_BOX_N).min((n - bn).div_ceil(B_BOX_N));
+                assert!(bn + boxes * B_BOX_N >= n.min(bn + BN), "N={n} bn={bn}: columns left unloaded");
+                assert!(bn + (boxes - 1) * B_BOX_N < n, "N={n} bn={bn}: a box wholly outside N");
+                assert!(box_bytes(ta) + boxes * box_bytes(tb) <= STAGE_BYTES);
+            }
+        }
         assert_eq!(dynamic_smem("wgmma_tma"), 197696);
         assert!(dynamic_smem("wgmma_tma") <= 227 * 1024 && STAGE_BYTES * (STAGES + 1) > 227 * 1024, "4 stages fit, 5 do not");
         // Which of the experiment's odd shapes it takes: K and N multiples of 8.
