@@ -60,6 +60,8 @@
 //   mma_ldmatrix 318 / 32 (9.9 per HMMA)   mma_pipelined 1033 / 64 (16.1)
 //   mma_pipelined_wide 1798 / 128 (14.0)   (most of it load_chunk's per-chunk bounds and branches)
 //   mma_warp64 144 / 64 (2.3; edge blocks 285)   mma_warp64_wide 134 / 64 (2.1; edge blocks 297)
+//   wgmma_tma (sm_90a cubin) consumer: ~91 per k-tile with 4 HGMMA.64x256x16.F32 (.tnspB), each
+//   the work of 32 HMMA.16816 per warp: ~0.7 per HMMA-equivalent; accumulators R24-R151 in place.
 // A warp scheduler issues one instruction per clock. If HMMA.16816 occupies an SMSP's tensor
 // core for 8 clocks (A100's per-SM mma.sync rate; H100's is not documented), 16 instructions per
 // HMMA cap the tensor cores at half rate from issue alone: 1024 flop/clock/SM, 268 TFLOP/s at
@@ -1093,6 +1095,19 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
     // Accumulator layout of m64nNk16: thread (warp w, lane l) holds, for each 8-column block j,
     // d[4j], d[4j+1] at row 16w + l/4, columns 8j + 2(l%4) + {0, 1}, and d[4j+2], d[4j+3] 8 rows below.
     const int row = bm + (wgi - 1) * 64 + warp * 16 + lane / 4, col = bn + 2 * (lane % 4);
+    // Whole tiles with beta == 0 and 4-byte aligned pairs (the common case) store without checks:
+    // 64 packed stores instead of 64 calls of store2 with their bounds and alignment branches.
+    const bool whole = bm + BM <= M && bn + BN <= N && beta == 0.f && (ldc & 1) == 0 && (reinterpret_cast<u64>(C) & 3) == 0;
+    if (whole) {
+        T* c0 = C + (u64)row * ldc + col;
+        T* c8 = c0 + 8 * (u64)ldc;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+            *reinterpret_cast<unsigned*>(c0 + 8 * j) = pack2<T>(alpha * d[4 * j], alpha * d[4 * j + 1]);
+            *reinterpret_cast<unsigned*>(c8 + 8 * j) = pack2<T>(alpha * d[4 * j + 2], alpha * d[4 * j + 3]);
+        }
+        return;
+    }
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j) {
         store2<T>(C, M, N, ldc, row, col + 8 * j, d[4 * j], d[4 * j + 1], alpha, beta);
