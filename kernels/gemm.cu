@@ -960,12 +960,13 @@ __device__ __forceinline__ void mbar_arrive(unsigned bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 // Spins until the phase of parity `parity` has completed. A ring that never completes (a wrong
-// byte count, a lost arrival) traps after 2^30 failed polls, at least ~10 s, far beyond any
-// legitimate wait: a launch error instead of a hung process. Costs one add per failed poll only.
+// byte count, a lost arrival) traps after 2^26 failed polls (at least ~0.5 s of polling, at most
+// about a minute if every try_wait sleeps its full time limit), far beyond any legitimate wait of
+// this kernel (microseconds): a launch error instead of a hung process. One add per failed poll.
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
     unsigned done, polls = 0;
     do {
-        if (++polls == (1u << 30)) __trap();
+        if (++polls == (1u << 26)) __trap();
         asm volatile(
             "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
             : "=r"(done)
