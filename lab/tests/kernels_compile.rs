@@ -1,8 +1,8 @@
-//! Every kernels/*.cu compiles with NVRTC for sm_80 and sm_90, and exports exactly the symbols
+//! Every kernels/*.cu compiles with NVRTC for sm_80, sm_90 and sm_90a, and exports exactly the symbols
 //! the Rust launchers ask for. Needs NVRTC (scripts/test.sh installs the wheels): a missing
 //! NVRTC is a failure here, never a skip.
 
-use lab::gpu::compile::{compile_family, nvrtc_version};
+use lab::gpu::compile::{compile_family, nvrtc_version, Target};
 use lab::kernels::{symbol, DType, FAMILIES};
 use std::collections::BTreeSet;
 
@@ -32,13 +32,30 @@ fn families_match_the_kernels_folder() {
 }
 
 #[test]
-fn every_family_compiles_for_sm80_and_sm90() {
+fn every_family_compiles_for_sm80_sm90_and_sm90a() {
     std::env::set_var("LAB_CACHE_DIR", std::env::temp_dir().join(format!("lab-ptx-test-{}", std::process::id())));
-    for arch in [80, 90] {
+    // 90a is what an H100 compiles (Target::for_device(90)); 80 and plain 90 keep the guarded
+    // sm_90a code out and must still build.
+    for target in [Target::from(80), Target::from(90), Target::for_device(90)] {
         for (family, _) in FAMILIES {
-            let ptx = compile_family(family, arch).unwrap_or_else(|e| panic!("{e}"));
-            assert!(!entries(&ptx).is_empty(), "{family} for compute_{arch} exports no kernel");
+            let ptx = compile_family(family, target).unwrap_or_else(|e| panic!("{e}"));
+            assert!(!entries(&ptx).is_empty(), "{family} for compute_{target} exports no kernel");
         }
+    }
+}
+
+#[test]
+fn the_wgmma_rung_is_built_for_sm90a_only() {
+    let hopper = ["wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16", "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16", "cp.async.bulk.tensor.2d", "mbarrier.try_wait.parity", "setmaxnreg.inc"];
+    let ptx = compile_family("gemm", Target::for_device(90)).unwrap_or_else(|e| panic!("{e}"));
+    assert!(ptx.contains(".target sm_90a"), "not built for sm_90a");
+    for needle in hopper {
+        assert!(ptx.contains(needle), "`{needle}` missing from the sm_90a PTX");
+    }
+    for target in [Target::from(80), Target::from(90)] {
+        let ptx = compile_family("gemm", target).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!ptx.contains("wgmma.mma_async"), "compute_{target} PTX holds wgmma");
+        assert!(entries(&ptx).contains(&symbol("gemm", "wgmma_tma", DType::F16)), "compute_{target} lacks the (trapping) wgmma_tma entry");
     }
 }
 

@@ -102,9 +102,10 @@ enum Command {
     Doctor,
     /// Compile every kernel family with NVRTC (for the device, or for the given architectures).
     Compile {
-        /// Compute capabilities as numbers, e.g. 80,90 (default: the device's own).
+        /// Compute capabilities as numbers, e.g. 80,90,90a (default: the device's own target,
+        /// 90a on 9.0).
         #[arg(long, value_delimiter = ',')]
-        arch: Vec<u32>,
+        arch: Vec<lab::gpu::compile::Target>,
         /// Also write each family's PTX to DIR/<family>.compute_<arch>.ptx (for ptxas -v, cuobjdump).
         #[arg(long)]
         emit: Option<PathBuf>,
@@ -224,7 +225,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Compile { arch, emit } => {
-            let archs = if arch.is_empty() { vec![lab::gpu::Gpu::new(0)?.arch] } else { arch };
+            let archs = if arch.is_empty() { vec![lab::gpu::compile::Target::for_device(lab::gpu::Gpu::new(0)?.arch)] } else { arch };
             for a in archs {
                 for (family, _) in lab::kernels::FAMILIES {
                     let ptx = lab::gpu::compile::compile_family(family, a)?;

@@ -50,20 +50,71 @@ pub fn cuda_include_dir() -> Option<PathBuf> {
     candidates.into_iter().find(|p| p.join("cuda_bf16.h").is_file())
 }
 
-/// Compiles one family to PTX for `compute_<arch>` (e.g. 90), using the disk cache.
-pub fn compile_family(family: &str, arch: u32) -> Result<String> {
-    compile_source(family, &crate::kernels::source(family)?, arch)
+/// What NVRTC compiles for: a compute capability as one number (90 for 9.0) and whether to use its
+/// architecture-specific feature set (`compute_90a`: wgmma, setmaxnreg; kernels/gemm.cu guards
+/// such code with `__CUDA_ARCH_FEAT_SM90_ALL`). PTX built for `90a` loads on devices of exactly
+/// 9.0 and on nothing else, so [`Target::for_device`] picks it for 9.0 alone; every family shares
+/// the one rule (the rest compile to the same code either way). A plain number converts to the
+/// portable target, so `compile_family(f, 90)` is `compute_90`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Target {
+    pub arch: u32,
+    pub specific: bool,
+}
+
+impl Target {
+    /// The target a device of compute capability `arch` runs: `90a` on 9.0, else plain.
+    pub fn for_device(arch: u32) -> Self {
+        Target { arch, specific: arch == 90 }
+    }
+    /// NVRTC's `--gpu-architecture` value, e.g. `compute_90a`.
+    pub fn gpu_architecture(&self) -> String {
+        format!("compute_{self}")
+    }
+}
+
+impl From<u32> for Target {
+    fn from(arch: u32) -> Self {
+        Target { arch, specific: false }
+    }
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}{}", self.arch, if self.specific { "a" } else { "" })
+    }
+}
+
+impl std::str::FromStr for Target {
+    type Err = String;
+    /// `90` or `90a`.
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let (digits, specific) = match s.strip_suffix('a') {
+            Some(d) => (d, true),
+            None => (s, false),
+        };
+        digits
+            .parse()
+            .map(|arch| Target { arch, specific })
+            .map_err(|_| format!("`{s}` is not a compute capability such as 80, 90 or 90a"))
+    }
+}
+
+/// Compiles one family to PTX for a target (`90` is `compute_90`), using the disk cache.
+pub fn compile_family(family: &str, target: impl Into<Target>) -> Result<String> {
+    compile_source(family, &crate::kernels::source(family)?, target)
 }
 
 /// Compiles CUDA source named `family` (errors and cache files carry the name).
-pub fn compile_source(family: &str, src: &str, arch: u32) -> Result<String> {
+pub fn compile_source(family: &str, src: &str, target: impl Into<Target>) -> Result<String> {
+    let arch = target.into().gpu_architecture();
     let include = cuda_include_dir().ok_or_else(|| {
         LabError::NoNvrtc(
             "CUDA headers (cuda_bf16.h) not found: set LAB_CUDA_INCLUDE or CUDA_HOME".into(),
         )
     })?;
     let options = vec![
-        format!("--gpu-architecture=compute_{arch}"),
+        format!("--gpu-architecture={arch}"),
         "-std=c++17".to_string(),
         format!("-I{}", include.display()),
     ];
@@ -87,12 +138,12 @@ pub fn compile_source(family: &str, src: &str, arch: u32) -> Result<String> {
     let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, opts).map_err(|e| match e {
         cudarc::nvrtc::CompileError::CompileError { log, .. } => LabError::Compile {
             family: family.into(),
-            arch: format!("compute_{arch}"),
+            arch: arch.clone(),
             log: log.to_string_lossy().into_owned(),
         },
         other => LabError::Compile {
             family: family.into(),
-            arch: format!("compute_{arch}"),
+            arch: arch.clone(),
             log: other.to_string(),
         },
     })?;

@@ -1,5 +1,5 @@
 //! The CUDA runtime over cudarc: one context and stream per [`Gpu`], NVRTC modules compiled for
-//! the device's own architecture and cached, and CUDA-event timing ([`timing`]).
+//! the device's own architecture (`compute_90a` on 9.0: [`compile::Target::for_device`]) and cached, and CUDA-event timing ([`timing`]).
 
 pub mod compile;
 pub mod nvml;
@@ -114,7 +114,7 @@ impl Gpu {
             match modules.get(family) {
                 Some(m) => m.clone(),
                 None => {
-                    let ptx = compile::compile_family(family, self.arch)?;
+                    let ptx = compile::compile_family(family, compile::Target::for_device(self.arch))?;
                     let m = self
                         .ctx
                         .load_module(cudarc::nvrtc::Ptx::from_src(ptx))

@@ -1,5 +1,7 @@
 //! `gemm`: C = alpha A B + beta C, row-major, a ladder from one thread per output to tensor cores
 //! (kernels/gemm.cu), beside cuBLAS in the same run on the same inputs. fp32 variants are SIMT;
+//! the last fp16/bf16 rung (`wgmma_tma`: TMA, mbarriers, wgmma) exists on compute capability 9.0
+//! only and takes row strides that are multiples of 16 bytes ([`not_applicable`] says why not);
 //! fp16/bf16 variants accumulate in fp32 and write C in the input dtype (what cuBLAS gemm_ex with
 //! CUBLAS_COMPUTE_32F does, so the peer and ours produce the same thing).
 //!
@@ -21,7 +23,7 @@ use crate::{LabError, Result};
 use cudarc::cublas::sys::cublasOperation_t::CUBLAS_OP_N;
 use cudarc::cublas::{CudaBlas, Gemm as BlasGemm, GemmConfig};
 use cudarc::driver::sys::CUfunction_attribute_enum as FnAttr;
-use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use rand::Rng;
 use rand_distr::{Distribution, StandardNormal};
 use rayon::prelude::*;
@@ -33,8 +35,11 @@ const FAMILY: &str = "gemm";
 
 /// The fp32 SIMT ladder, in order.
 pub const F32_VARIANTS: &[&str] = &["naive", "smem_tiled", "blocktile_1d", "blocktile_2d", "vectorized", "warptiled"];
-/// The fp16/bf16 tensor-core ladder, in order.
-pub const HALF_VARIANTS: &[&str] = &["mma_ldmatrix", "mma_pipelined", "mma_pipelined_wide", "mma_warp64", "mma_warp64_wide"];
+/// The fp16/bf16 tensor-core ladder, in order (`wgmma_tma` on compute capability 9.0 only).
+pub const HALF_VARIANTS: &[&str] = &["mma_ldmatrix", "mma_pipelined", "mma_pipelined_wide", "mma_warp64", "mma_warp64_wide", "wgmma_tma"];
+/// Variants built from sm_90a instructions (wgmma, TMA, setmaxnreg): offered on 9.0 alone,
+/// absent elsewhere (their PTX target, `compute_90a`, loads on no other device).
+pub const SM90A_VARIANTS: &[&str] = &["wgmma_tma"];
 pub const CPU_VARIANTS: &[&str] = &["cpu_blocked"];
 /// The slow rungs (naive, smem_tiled) run only up to this many multiply-adds (2048^3).
 pub const SLOW_MAX_MACS: u64 = 1 << 33;
@@ -213,13 +218,144 @@ pub fn cpu_blocked<T: Elem>(a: &[T], b: &[T], c: &mut [T], d: Dims, (alpha, beta
     });
 }
 
-/// Does `variant` run on this shape and device? Slow rungs only up to 2048^3; the dynamic
-/// shared memory of the pipelined rungs must fit the device.
-pub fn applies(variant: &str, d: Dims, max_smem_optin: usize) -> bool {
+/// Does `variant` run on this shape and device (compute capability `arch`, 90 for 9.0)? Slow
+/// rungs only up to 2048^3; the dynamic shared memory of the pipelined rungs must fit the
+/// device; sm_90a rungs only on 9.0. These skips are silent; [`not_applicable`] names the rest.
+pub fn applies(variant: &str, d: Dims, max_smem_optin: usize, arch: u32) -> bool {
+    if SM90A_VARIANTS.contains(&variant) && arch != 90 {
+        return false;
+    }
     match variant {
         "naive" | "smem_tiled" => d.macs() <= SLOW_MAX_MACS,
         _ => dynamic_smem(variant) <= max_smem_optin,
     }
+}
+
+/// Why `variant` cannot take this shape, said once per case and kept in the record's `extra`:
+/// TMA (wgmma_tma) reads rows whose stride is a multiple of 16 bytes, i.e. lda and ldb multiples
+/// of 8 elements (K and N for dense operands). `None` when it can.
+pub fn not_applicable(variant: &str, d: Dims) -> Option<String> {
+    if variant != "wgmma_tma" {
+        return None;
+    }
+    let bad: Vec<String> = [("lda", d.lda, "K", d.k), ("ldb", d.ldb, "N", d.n)]
+        .iter()
+        .filter(|t| !t.1.is_multiple_of(8))
+        .map(|&(name, ld, dim, size)| if ld == size { format!("{dim} = {ld}") } else { format!("{name} = {ld}") })
+        .collect();
+    let verb = if bad.len() == 1 { "is" } else { "are" };
+    (!bad.is_empty()).then(|| format!("TMA needs row strides that are multiples of 16 bytes (8 elements); {} {verb} not", bad.join(" and ")))
+}
+
+/// wgmma_tma's block tile and ring, as `namespace wg` in gemm.cu states them.
+pub mod wg {
+    pub const BM: usize = 128;
+    pub const BN: usize = 256;
+    pub const BK: usize = 64;
+    pub const STAGES: usize = 4;
+    /// B arrives as BN / B_BOX_N boxes of BK rows x 128 bytes (the widest a 128-byte swizzle takes).
+    pub const B_BOX_N: usize = 64;
+    pub const STAGE_BYTES: usize = (BM * BK + BK * BN) * 2;
+    /// The ring, 1 KiB of slack to align it to 1024 bytes, and a full and an empty mbarrier per stage.
+    pub const SMEM: usize = STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8;
+    /// Descriptor byte offsets: A K-major (leading unused for swizzled K-major, encoded 16;
+    /// stride 8 rows x 128 bytes), B N-major (leading: one 64-column box to the next; stride 8 k-rows).
+    pub const A_LBO: u32 = 16;
+    pub const A_SBO: u32 = 1024;
+    pub const B_LBO: u32 = (BK * B_BOX_N * 2) as u32;
+    pub const B_SBO: u32 = 1024;
+    /// Start-address step per k16 slice inside a stage: 16 halves of an A row, 16 rows of a B box.
+    pub const A_K16_STEP: u32 = 32;
+    pub const B_K16_STEP: u32 = 16 * 128;
+
+    /// The 64-bit shared-memory matrix descriptor of wgmma (wg_desc in gemm.cu): bits 0-13 the
+    /// start address / 16, 16-29 the leading byte offset / 16, 32-45 the stride byte offset / 16,
+    /// 49-51 the base offset (0), 62-63 the swizzle mode (1: 128-byte).
+    pub fn desc(addr: u32, lbo: u32, sbo: u32) -> u64 {
+        ((addr as u64 & 0x3FFFF) >> 4) | (((lbo >> 4) as u64) << 16) | (((sbo >> 4) as u64) << 32) | (1u64 << 62)
+    }
+
+    /// Where the 128-byte swizzle puts byte `addr` (TMA writes and wgmma reads agree on it):
+    /// the 16-byte chunk index (bits 4-6) XOR the row within the 1024-byte atom (bits 7-9).
+    pub fn swizzle128(addr: u32) -> u32 {
+        addr ^ (((addr >> 7) & 7) << 4)
+    }
+
+    /// One operand's cuTensorMapEncodeTiled arguments: sizes and box innermost (contiguous)
+    /// dimension first, and the stride of the outer dimension in bytes.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct TmaBox {
+        pub dims: [u64; 2],
+        pub row_stride_bytes: u64,
+        pub boxes: [u32; 2],
+    }
+
+    /// A (M x K, row stride lda) in boxes of BK x BM, B (K x N, row stride ldb) in boxes of B_BOX_N x BK.
+    pub fn tma_boxes(d: super::Dims, elem: usize) -> (TmaBox, TmaBox) {
+        let a = TmaBox { dims: [d.k as u64, d.m as u64], row_stride_bytes: (d.lda * elem) as u64, boxes: [BK as u32, BM as u32] };
+        let b = TmaBox { dims: [d.n as u64, d.k as u64], row_stride_bytes: (d.ldb * elem) as u64, boxes: [B_BOX_N as u32, BK as u32] };
+        (a, b)
+    }
+}
+
+/// A CUtensorMap as a kernel parameter (`const __grid_constant__ TmaDesc` in gemm.cu): 128
+/// bytes, at least 64-byte aligned (CUDA 13's type is 128-byte aligned, which satisfies that).
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+pub struct TensorMap(pub cudarc::driver::sys::CUtensorMap);
+
+// SAFETY: 128 plain bytes that the driver copies into the kernel's parameter space, matching the
+// kernel's 128-byte, 64-byte-aligned TmaDesc parameter.
+unsafe impl DeviceRepr for TensorMap {}
+
+/// Encodes one operand's tensor map: 128-byte swizzle, zero fill outside the tensor, 256-byte L2
+/// promotion. `ptr` must be 16-byte aligned and the row stride a multiple of 16 bytes (checked).
+pub fn encode_tensor_map(ptr: u64, b: wg::TmaBox, dtype: DType) -> Result<TensorMap> {
+    use cudarc::driver::sys::{
+        CUtensorMapDataType as Ty, CUtensorMapFloatOOBfill as Oob, CUtensorMapInterleave as Il, CUtensorMapL2promotion as L2,
+        CUtensorMapSwizzle as Sw,
+    };
+    let ty = match dtype {
+        DType::F16 => Ty::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        DType::Bf16 => Ty::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        DType::F32 => return Err(LabError::Invalid("gemm wgmma_tma runs in f16 and bf16 only".into())),
+    };
+    if !ptr.is_multiple_of(16) || !b.row_stride_bytes.is_multiple_of(16) {
+        return Err(LabError::Invalid(format!("TMA needs 16-byte aligned rows: base {ptr:#x}, row stride {} bytes", b.row_stride_bytes)));
+    }
+    let mut map = std::mem::MaybeUninit::<cudarc::driver::sys::CUtensorMap>::zeroed();
+    let strides = [b.row_stride_bytes];
+    let element_strides = [1u32, 1];
+    // SAFETY: every pointer refers to a live local array of the length rank 2 asks for (rank - 1
+    // strides); the driver only writes the 128-byte map.
+    unsafe {
+        cudarc::driver::sys::cuTensorMapEncodeTiled(
+            map.as_mut_ptr(),
+            ty,
+            2,
+            ptr as *mut std::ffi::c_void,
+            b.dims.as_ptr(),
+            strides.as_ptr(),
+            b.boxes.as_ptr(),
+            element_strides.as_ptr(),
+            Il::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            Sw::CU_TENSOR_MAP_SWIZZLE_128B,
+            L2::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            Oob::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    }
+    .result()
+    .doing(&format!("encoding a TMA tensor map ({b:?})"))?;
+    // SAFETY: zero-initialised plain data, filled by the driver.
+    Ok(TensorMap(unsafe { map.assume_init() }))
+}
+
+/// The tensor maps of A and B for wgmma_tma.
+pub fn tensor_maps<T: Elem>(gpu: &Gpu, d: Dims, a: &CudaSlice<T>, b: &CudaSlice<T>) -> Result<(TensorMap, TensorMap)> {
+    let (ba, bb) = wg::tma_boxes(d, T::DTYPE.size());
+    let (pa, _ga) = a.device_ptr(&gpu.stream);
+    let (pb, _gb) = b.device_ptr(&gpu.stream);
+    Ok((encode_tensor_map(pa, ba, T::DTYPE)?, encode_tensor_map(pb, bb, T::DTYPE)?))
 }
 
 /// Dynamic shared memory of a variant (the pipelined rungs: stages x (A slab + B slab), as
@@ -230,6 +366,7 @@ pub fn dynamic_smem(variant: &str) -> usize {
         "mma_pipelined_wide" => 4 * (128 * 64 + 64 * 256) * 2,
         "mma_warp64" => 4 * (128 * 32 + 32 * 128) * 2,
         "mma_warp64_wide" => 5 * (128 * 32 + 32 * 256) * 2,
+        "wgmma_tma" => wg::SMEM,
         _ => 0,
     }
 }
@@ -248,6 +385,7 @@ pub fn tile(variant: &str) -> &'static str {
         "mma_pipelined_wide" => "128x256x64, 8 warps of 64x64, 4-stage cp.async, XOR swizzle",
         "mma_warp64" => "128x128x32, 4 warps of 64x64, 4-stage cp.async, 2 blocks/SM, one barrier per slab",
         "mma_warp64_wide" => "128x256x32, 8 warps of 64x64, 5-stage cp.async, one barrier per slab",
+        "wgmma_tma" => "128x256x64, 3 warpgroups (1 TMA producer, 2 wgmma consumers of 64x256), 4-stage mbarrier ring, 128B swizzle",
         _ => "",
     }
 }
@@ -266,6 +404,7 @@ pub fn launch_config(variant: &str, m: usize, n: usize) -> LaunchConfig {
         "mma_pipelined_wide" => (((m.div_ceil(128) * n.div_ceil(256)) as u32, 1, 1), (256, 1, 1)),
         "mma_warp64" => (((m.div_ceil(128) * n.div_ceil(128)) as u32, 1, 1), (128, 1, 1)),
         "mma_warp64_wide" => (((m.div_ceil(128) * n.div_ceil(256)) as u32, 1, 1), (256, 1, 1)),
+        "wgmma_tma" => (((m.div_ceil(wg::BM) * n.div_ceil(wg::BN)) as u32, 1, 1), (384, 1, 1)),
         other => unreachable!("no launch shape for gemm variant `{other}`"),
     };
     LaunchConfig { grid_dim, block_dim, shared_mem_bytes: dynamic_smem(variant) as u32 }
@@ -293,7 +432,7 @@ impl Experiment for Gemm {
         "gemm"
     }
     fn description(&self) -> &'static str {
-        "C = alpha A B + beta C, row-major: fp32 SIMT ladder (naive to warp tiling) and fp16/bf16 mma.sync ladder (ldmatrix, cp.async + swizzle) beside cuBLAS"
+        "C = alpha A B + beta C, row-major: fp32 SIMT ladder (naive to warp tiling), fp16/bf16 mma.sync ladder (ldmatrix, cp.async + swizzle) and wgmma + TMA on sm_90a, beside cuBLAS"
     }
     fn sweep_axis(&self) -> &'static str {
         "m"
@@ -306,7 +445,18 @@ impl Experiment for Gemm {
             (Backend::Cpu, false) => &[(1, 1, 1, 1.0, 0.0, false), (1, 1000, 777, 1.0, 0.0, false), (1000, 1000, 1000, 1.0, 0.0, false), (4097, 513, 777, 0.5, -1.25, false)],
             // (300, 520, 96): K % 32 == 0, so interior blocks of mma_warp64(_wide) take the bare
             // cp.async path while the edge blocks of the same launch take the checked one.
-            (Backend::Cuda(_), _) => &[(1, 4097, 777, 1.0, 0.0, false), (1000, 1000, 1000, 1.0, 0.0, false), (4097, 513, 777, 0.5, -1.25, false), (130, 260, 72, 1.0, 0.0, false), (300, 520, 96, 1.0, 0.0, false)],
+            // wgmma_tma takes only K and N multiples of 8 (TMA row strides): of these, 1000^3,
+            // 300x520x96 and the last two, which put its M, N and K edges (a partial last k-tile,
+            // 8 columns past a 256-wide tile, M = 1) and beta != 0 under the check.
+            (Backend::Cuda(_), _) => &[
+                (1, 4097, 777, 1.0, 0.0, false),
+                (1000, 1000, 1000, 1.0, 0.0, false),
+                (4097, 513, 777, 0.5, -1.25, false),
+                (130, 260, 72, 1.0, 0.0, false),
+                (300, 520, 96, 1.0, 0.0, false),
+                (130, 264, 72, 0.5, -1.25, false),
+                (1, 1032, 776, 1.0, 0.0, false),
+            ],
         };
         let square = |n: usize| (n, n, n, 1.0, 0.0, true);
         let mut out = Vec::new();
@@ -448,6 +598,12 @@ pub fn check_variant(variant: &str, dtype: DType, max_smem_optin: usize) -> Resu
 /// shared memory limit is raised to what [`launch_config`] asks for.
 pub fn kernel(gpu: &Gpu, variant: &str, dtype: DType) -> Result<CudaFunction> {
     check_variant(variant, dtype, gpu.info.max_smem_per_block_optin as usize)?;
+    if SM90A_VARIANTS.contains(&variant) && gpu.arch != 90 {
+        return Err(LabError::Invalid(format!(
+            "gemm variant `{variant}` uses sm_90a instructions (wgmma, TMA) and runs on compute capability 9.0 only; this device is {}",
+            gpu.info.cc
+        )));
+    }
     let smem = dynamic_smem(variant);
     let f = gpu.function(FAMILY, &symbol(FAMILY, variant, dtype))?;
     if smem > 48 * 1024 {
@@ -474,6 +630,13 @@ pub fn run_kernel<T: Elem>(
     c: &mut CudaSlice<T>,
 ) -> Result<()> {
     validate(d, a.len(), b.len(), c.len())?;
+    if variant == "wgmma_tma" {
+        if let Some(why) = not_applicable(variant, d) {
+            return Err(LabError::Invalid(format!("gemm wgmma_tma: {why}")));
+        }
+        let maps = tensor_maps(gpu, d, a, b)?;
+        return launch_wgmma_tma(gpu, f, d, (alpha, beta), &maps, c);
+    }
     let cfg = launch_config(variant, d.m, d.n);
     let (m, n, k) = (d.m as i32, d.n as i32, d.k as i32);
     let (lda, ldb, ldc) = (d.lda as i32, d.ldb as i32, d.ldc as i32);
@@ -498,6 +661,32 @@ pub fn run_kernel<T: Elem>(
     }
     .map(|_| ())
     .doing(&format!("launching gemm {variant}"))
+}
+
+/// Launches wgmma_tma with the tensor maps of A and B (from [`tensor_maps`] on buffers that
+/// [`validate`] accepted for `d`).
+pub fn launch_wgmma_tma<T: Elem>(gpu: &Gpu, f: &CudaFunction, d: Dims, (alpha, beta): (f32, f32), maps: &(TensorMap, TensorMap), c: &mut CudaSlice<T>) -> Result<()> {
+    let cfg = launch_config("wgmma_tma", d.m, d.n);
+    let (m, n, k, ldc) = (d.m as i32, d.n as i32, d.k as i32, d.ldc as i32);
+    // SAFETY: the maps describe A (M x K) and B (K x N) inside their buffers (TMA never reads
+    // outside the described tensor); the kernel predicates every C store on M, N and ldc; cfg is
+    // the launch shape and dynamic smem it is written for.
+    unsafe {
+        gpu.stream
+            .launch_builder(f)
+            .arg(&maps.0)
+            .arg(&maps.1)
+            .arg(c)
+            .arg(&m)
+            .arg(&n)
+            .arg(&k)
+            .arg(&ldc)
+            .arg(&alpha)
+            .arg(&beta)
+            .launch(cfg)
+    }
+    .map(|_| ())
+    .doing("launching gemm wgmma_tma")
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -528,16 +717,35 @@ where
     let (m, n, k) = (d.m as i32, d.n as i32, d.k as i32);
     let (lda, ldb, ldc) = (d.lda as i32, d.ldb as i32, d.ldc as i32);
     let variants = ladder(T::DTYPE);
+    let mut skipped = serde_json::Map::new();
     for &variant in variants {
-        if !applies(variant, d, gpu.info.max_smem_per_block_optin as usize) || !s.wants(variant, "lab") {
+        if !applies(variant, d, gpu.info.max_smem_per_block_optin as usize, gpu.arch) || !s.wants(variant, "lab") {
+            continue;
+        }
+        if let Some(why) = not_applicable(variant, d) {
+            eprintln!("note: gemm {variant} not applicable to M={} N={} K={}: {why}", d.m, d.n, d.k);
+            skipped.insert(variant.into(), json!(format!("not applicable: {why}")));
             continue;
         }
         let f = kernel(gpu, variant, T::DTYPE)?;
+        let mut extra = resources(&f, variant)?;
+        if !skipped.is_empty() {
+            extra.insert("not_applicable".into(), Value::Object(skipped.clone()));
+        }
+        if variant == "wgmma_tma" {
+            // The maps are encoded once per case, outside the timed launches.
+            let maps = tensor_maps(gpu, d, &da, &db)?;
+            let launch = |c: &mut CudaSlice<T>| -> Result<()> {
+                reset(c)?;
+                launch_wgmma_tma(gpu, &f, d, (alpha, beta), &maps, c)
+            };
+            measure_gpu_as(s, gpu, case, (variant, "lab"), work, check, timed, &mut dc, extra, launch)?;
+            continue;
+        }
         let launch = |c: &mut CudaSlice<T>| -> Result<()> {
             reset(c)?;
             run_kernel(gpu, &f, variant, d, (alpha, beta), &da, &db, c)
         };
-        let extra = resources(&f, variant)?;
         measure_gpu_as(s, gpu, case, (variant, "lab"), work, check, timed, &mut dc, extra, launch)?;
     }
     let peer = if T::DTYPE == DType::F32 { "cublas_sgemm" } else { "cublas_gemm_ex" };
@@ -564,6 +772,9 @@ where
         };
         let mut extra = serde_json::Map::new();
         extra.insert("math".into(), json!(if T::DTYPE == DType::F32 { "sgemm, CUBLAS_DEFAULT_MATH (no TF32)" } else { "gemm_ex, CUBLAS_COMPUTE_32F" }));
+        if !skipped.is_empty() {
+            extra.insert("not_applicable".into(), Value::Object(skipped));
+        }
         measure_gpu_as(s, gpu, case, (peer, "cublas"), work, check, timed, &mut dc, extra, launch)?;
     }
     Ok(())
@@ -671,8 +882,8 @@ mod tests {
         assert!(check_variant("tiled_by_magic", DType::F32, 1 << 20).unwrap_err().to_string().contains("unknown variant"));
         let e = check_variant("mma_pipelined_wide", DType::F16, 163 * 1024).unwrap_err().to_string();
         assert!(e.contains("needs 196608 bytes"), "{e}");
-        assert!(!applies("mma_pipelined_wide", Dims::dense(64, 64, 64), 163 * 1024));
-        assert!(!applies("naive", Dims::dense(4096, 4096, 4096), 1 << 20) && applies("naive", Dims::dense(2048, 2048, 2048), 0));
+        assert!(!applies("mma_pipelined_wide", Dims::dense(64, 64, 64), 163 * 1024, 90));
+        assert!(!applies("naive", Dims::dense(4096, 4096, 4096), 1 << 20, 90) && applies("naive", Dims::dense(2048, 2048, 2048), 0, 90));
         // Padded leading dimensions are fine when the buffers hold them.
         assert!(validate(Dims { m: 2, n: 3, k: 4, lda: 5, ldb: 3, ldc: 7 }, 9, 12, 10).is_ok());
     }
@@ -682,12 +893,13 @@ mod tests {
         for (m, n) in [(1, 1), (1, 4097), (4097, 513), (1000, 1000), (8192, 8192), (16, 14336)] {
             for v in F32_VARIANTS.iter().chain(HALF_VARIANTS) {
                 let cfg = launch_config(v, m, n);
-                let threads = cfg.block_dim.0 * cfg.block_dim.1;
+                // wgmma_tma's producer warpgroup (128 threads) owns no outputs.
+                let threads = cfg.block_dim.0 * cfg.block_dim.1 - if *v == "wgmma_tma" { 128 } else { 0 };
                 let (bm, bn) = match *v {
                     "naive" => (8, 32),
                     "smem_tiled" => (32, 32),
                     "blocktile_1d" => (64, 64),
-                    "mma_pipelined_wide" | "mma_warp64_wide" => (128, 256),
+                    "mma_pipelined_wide" | "mma_warp64_wide" | "wgmma_tma" => (128, 256),
                     _ => (128, 128),
                 };
                 let blocks = (cfg.grid_dim.0 * cfg.grid_dim.1) as usize;
@@ -912,6 +1124,266 @@ mod tests {
                     let in_flight = groups[complete..].iter().flatten().any(|&(s, _)| s == slot);
                     assert!(!in_flight, "S={stages} nk={nk}: slot {slot} read while a copy into it is in flight");
                     last_read[slot] = Some(kt);
+                }
+            }
+        }
+    }
+
+    // ---- wgmma_tma: swizzle, descriptors, tensor maps, the mbarrier ring (mirrors of gemm.cu) ----
+
+    #[test]
+    fn swizzle128_matches_the_xor_swizzle_of_the_mma_rungs_and_stays_in_its_atom() {
+        // Rows of 128 bytes from a 1024-aligned base: TMA's 128-byte swizzle is swz(row, chunk, 8).
+        for base in [0u32, 1024, 0x1_0400] {
+            let mut seen = std::collections::BTreeSet::new();
+            for row in 0..64usize {
+                for chunk in 0..8usize {
+                    let a = wg::swizzle128(base + (row * 128 + chunk * 16) as u32);
+                    assert_eq!(a - base, swz(row, chunk, 8) as u32, "base {base} row {row} chunk {chunk}");
+                    assert_eq!((a - base) / 1024, (row / 8) as u32, "left its 1024-byte atom");
+                    assert!(seen.insert(a));
+                }
+            }
+        }
+        // Bytes inside a 16-byte chunk keep their order; a 512-aligned but not 1024-aligned base
+        // would give a different pattern (why the ring is aligned to 1024).
+        assert_eq!(wg::swizzle128(128 + 5), 128 + 16 + 5);
+        assert_ne!(wg::swizzle128(512) - 512, wg::swizzle128(0));
+    }
+
+    #[test]
+    fn wgmma_descriptor_bit_fields() {
+        let field = |d: u64, lo: u32, bits: u32| (d >> lo) & ((1u64 << bits) - 1);
+        let d = wg::desc(0x1_2340, wg::B_LBO, wg::B_SBO);
+        assert_eq!(field(d, 0, 14), 0x1_2340 >> 4);
+        assert_eq!(field(d, 16, 14), 8192 >> 4);
+        assert_eq!(field(d, 32, 14), 1024 >> 4);
+        assert_eq!(field(d, 49, 3), 0, "base offset: the ring is 1024-aligned");
+        assert_eq!(field(d, 62, 2), 1, "swizzle mode 1 = 128 bytes");
+        assert_eq!(d & !(0x3FFF | (0x3FFF << 16) | (0x3FFF << 32) | (3u64 << 62)), 0, "reserved bits set");
+        let a = wg::desc(0x3_FFF0, wg::A_LBO, wg::A_SBO);
+        assert_eq!((field(a, 0, 14), field(a, 16, 14), field(a, 32, 14)), (0x3FFF, 1, 64));
+        assert_eq!(wg::desc(0, 0, 0), 1u64 << 62);
+        // Every address of the 227 KiB window and every offset used fits its 14-bit field.
+        assert!((wg::SMEM as u32 + 1024) >> 4 < 1 << 14 && wg::B_LBO >> 4 < 1 << 14);
+        // Exactly the kernel's constants: 1024-byte atoms, 8 KiB B boxes.
+        assert_eq!((wg::A_SBO, wg::B_SBO, wg::B_LBO, wg::A_K16_STEP, wg::B_K16_STEP), (1024, 1024, 8192, 32, 2048));
+    }
+
+    /// Decodes a descriptor and reads element (r, c) of the operand it describes as the PTX ISA's
+    /// canonical 128-byte-swizzled layouts define them (in 16-byte units T):
+    ///   K-major  ((8, m), (T, 2k)) : ((8T, SBO), (1, T))  rows of 128 bytes, 8-row groups SBO apart
+    ///   MN-major ((T, 8, m), (8, k)) : ((1, T, LBO), (8T, SBO))  64-element atoms LBO apart along MN,
+    ///            8-row groups of K SBO apart
+    /// `k_major`: (r, c) = (m, k) of A; else (k, n) of B.
+    fn wgmma_operand_addr(desc: u64, k_major: bool, r: usize, c: usize) -> u32 {
+        let start = ((desc & 0x3FFF) << 4) as u32;
+        let lbo = (((desc >> 16) & 0x3FFF) << 4) as u32;
+        let sbo = (((desc >> 32) & 0x3FFF) << 4) as u32;
+        assert_eq!(desc >> 62, 1, "only the 128-byte swizzle is modelled");
+        let (r, c) = (r as u32, c as u32);
+        let addr = if k_major {
+            assert!(c < 16);
+            start + (r % 8) * 128 + (r / 8) * sbo + c * 2
+        } else {
+            assert!(r < 16);
+            start + (c % 64) * 2 + (c / 64) * lbo + (r % 8) * 128 + (r / 8) * sbo
+        };
+        wg::swizzle128(addr)
+    }
+
+    /// One block of wgmma_tma on the CPU: TMA boxes written through the swizzle into a ring that
+    /// starts at a 1024-aligned address (not 0), each consumer's four k16 wgmmas read through its
+    /// descriptors, the accumulators stored through the m64nNk16 fragment layout. Every output must
+    /// equal the tile product, and each must be stored by exactly one (consumer, thread, register).
+    #[test]
+    fn wgmma_tma_block_reproduces_the_tile_product() {
+        use wg::*;
+        let a = |r: usize, c: usize| ((r * 7 + c * 3) % 11) as f64 - 5.0;
+        let b = |r: usize, c: usize| ((r * 5 + c * 2) % 13) as f64 - 6.0;
+        let ring = 0x400u32 + 2 * STAGE_BYTES as u32; // stage 2 of a ring at 1 KiB
+        assert_eq!(0x400 % 1024, 0);
+        let mut smem = vec![f64::NAN; (ring as usize + STAGE_BYTES) / 2];
+        let mut put = |addr: u32, v: f64| {
+            assert_eq!(addr % 2, 0);
+            let slot = &mut smem[(addr / 2) as usize];
+            assert!(slot.is_nan(), "two elements at byte {addr}");
+            *slot = v;
+        };
+        // TMA: A box (BK x BM), box row r = A row r, 128 bytes; B boxes j (B_BOX_N x BK) after A.
+        for r in 0..BM {
+            for c in 0..BK {
+                put(swizzle128(ring + (r * 128 + c * 2) as u32), a(r, c));
+            }
+        }
+        let b0 = ring + (BM * BK * 2) as u32;
+        for j in 0..BN / B_BOX_N {
+            for r in 0..BK {
+                for c in 0..B_BOX_N {
+                    put(swizzle128(b0 + (j * BK * B_BOX_N * 2 + r * 128 + c * 2) as u32), b(r, j * B_BOX_N + c));
+                }
+            }
+        }
+        let at = |addr: u32| smem[(addr / 2) as usize];
+        let mut out = vec![f64::NAN; BM * BN];
+        for consumer in 0..2usize {
+            let a_rows = ring + (consumer * 64 * BK * 2) as u32;
+            let mut d = vec![0.0f64; 64 * BN]; // the warpgroup's 64 x 256 accumulator, row-major
+            for ks in 0..BK / 16 {
+                let da = desc(a_rows + A_K16_STEP * ks as u32, A_LBO, A_SBO);
+                let db = desc(b0 + B_K16_STEP * ks as u32, B_LBO, B_SBO);
+                for m in 0..64 {
+                    for n in 0..BN {
+                        let dot: f64 = (0..16).map(|k| at(wgmma_operand_addr(da, true, m, k)) * at(wgmma_operand_addr(db, false, k, n))).sum();
+                        d[m * BN + n] += dot;
+                    }
+                }
+            }
+            // Registers of thread (warp w, lane l): d[4j + h] at row 16w + l/4 + 8 (h / 2), column 8j + 2 (l % 4) + h % 2.
+            for tid in 0..128 {
+                let (warp, lane) = (tid / 32, tid % 32);
+                for j in 0..BN / 8 {
+                    for h in 0..4 {
+                        let (row, col) = (warp * 16 + lane / 4 + 8 * (h / 2), 8 * j + 2 * (lane % 4) + h % 2);
+                        let o = &mut out[(consumer * 64 + row) * BN + col];
+                        assert!(o.is_nan(), "output ({row}, {col}) stored twice");
+                        *o = d[row * BN + col];
+                    }
+                }
+            }
+        }
+        for r in 0..BM {
+            for c in 0..BN {
+                let want: f64 = (0..BK).map(|k| a(r, k) * b(k, c)).sum();
+                assert_eq!(out[r * BN + c], want, "({r}, {c})");
+            }
+        }
+    }
+
+    #[test]
+    fn wgmma_tma_tensor_maps_and_shared_memory() {
+        use wg::*;
+        let (ta, tb) = tma_boxes(Dims::dense(1000, 1032, 776), 2);
+        assert_eq!(ta, TmaBox { dims: [776, 1000], row_stride_bytes: 1552, boxes: [64, 128] });
+        assert_eq!(tb, TmaBox { dims: [1032, 776], row_stride_bytes: 2064, boxes: [64, 64] });
+        // Padded leading dimensions are strides, never sizes.
+        let (ta, tb) = tma_boxes(Dims { m: 3, n: 5, k: 7, lda: 16, ldb: 24, ldc: 5 }, 2);
+        assert_eq!((ta.dims, ta.row_stride_bytes, tb.dims, tb.row_stride_bytes), ([7, 3], 32, [5, 7], 48));
+        for t in [ta, tb] {
+            assert_eq!(t.boxes[0] as usize * 2, 128, "a 128-byte swizzle takes boxes of at most 128 bytes along the row");
+            assert!(t.boxes.iter().all(|&x| (1..=256).contains(&x)));
+        }
+        // The transaction bytes the producer expects per stage are the boxes it issues.
+        let box_bytes = |t: TmaBox| t.boxes[0] as usize * t.boxes[1] as usize * 2;
+        assert_eq!(box_bytes(ta) + (BN / B_BOX_N) * box_bytes(tb), STAGE_BYTES);
+        assert_eq!(STAGE_BYTES, 49152);
+        // At the N edge the producer issues only the B boxes that reach inside N (gemm.cu:
+        // b_boxes = min(4, ceil((N - bn) / 64))) and expects their bytes alone: every column < N
+        // of the tile is loaded, and no box starts at or past N.
+        for n in [1usize, 8, 64, 65, 256, 264, 520, 1000, 1032, 4096] {
+            for bn in (0..n).step_by(BN) {
+                let boxes = (BN / B_BOX_N).min((n - bn).div_ceil(B_BOX_N));
+                assert!(bn + boxes * B_BOX_N >= n.min(bn + BN), "N={n} bn={bn}: columns left unloaded");
+                assert!(bn + (boxes - 1) * B_BOX_N < n, "N={n} bn={bn}: a box wholly outside N");
+                assert!(box_bytes(ta) + boxes * box_bytes(tb) <= STAGE_BYTES);
+            }
+        }
+        assert_eq!(dynamic_smem("wgmma_tma"), 197696);
+        assert!(dynamic_smem("wgmma_tma") <= 227 * 1024 && STAGE_BYTES * (STAGES + 1) > 227 * 1024, "4 stages fit, 5 do not");
+        // Which of the experiment's odd shapes it takes: K and N multiples of 8.
+        for ((m, n, k), takes) in [((1000, 1000, 1000), true), ((4097, 513, 777), false), ((130, 260, 72), false), ((300, 520, 96), true), ((1, 4097, 777), false), ((130, 264, 72), true), ((1, 1032, 776), true), ((8192, 8192, 8192), true)] {
+            let why = not_applicable("wgmma_tma", Dims::dense(m, n, k));
+            assert_eq!(why.is_none(), takes, "{m}x{n}x{k}: {why:?}");
+            let (ta, tb) = tma_boxes(Dims::dense(m, n, k), 2);
+            assert_eq!(ta.row_stride_bytes.is_multiple_of(16) && tb.row_stride_bytes.is_multiple_of(16), takes, "{m}x{n}x{k}");
+        }
+        assert_eq!(not_applicable("wgmma_tma", Dims::dense(4097, 513, 777)).unwrap(), "TMA needs row strides that are multiples of 16 bytes (8 elements); K = 777 and N = 513 are not");
+        assert_eq!(not_applicable("wgmma_tma", Dims { m: 2, n: 8, k: 8, lda: 12, ldb: 8, ldc: 8 }).unwrap(), "TMA needs row strides that are multiples of 16 bytes (8 elements); lda = 12 is not");
+        assert_eq!(not_applicable("mma_warp64", Dims::dense(4097, 513, 777)), None);
+        // Offered on compute capability 9.0 only: not 8.x, not 10.x.
+        for (arch, offered) in [(80, false), (89, false), (90, true), (100, false), (120, false)] {
+            assert_eq!(applies("wgmma_tma", Dims::dense(1024, 1024, 1024), 227 * 1024, arch), offered, "sm_{arch}");
+        }
+        assert!(applies("mma_warp64_wide", Dims::dense(1024, 1024, 1024), 227 * 1024, 80));
+        assert_eq!(crate::gpu::compile::Target::for_device(90).gpu_architecture(), "compute_90a");
+        assert_eq!(crate::gpu::compile::Target::for_device(80).gpu_architecture(), "compute_80");
+        assert_eq!(crate::gpu::compile::Target::for_device(100).gpu_architecture(), "compute_100");
+        assert_eq!("90a".parse::<crate::gpu::compile::Target>().unwrap(), crate::gpu::compile::Target { arch: 90, specific: true });
+        assert!("sm90".parse::<crate::gpu::compile::Target>().is_err());
+        assert_eq!(std::mem::size_of::<TensorMap>(), 128);
+        assert_eq!(std::mem::align_of::<TensorMap>() % 64, 0);
+    }
+
+    /// wgmma_tma's ring under random interleavings of the producer, the TMA engine and the eight
+    /// consumer warps, with mbarrier semantics: a phase completes when its arrivals (and, for
+    /// full[s], its transaction bytes) are in; try_wait.parity(p) succeeds when the number of
+    /// completed phases n has n % 2 != p. Every read must find its tile landed in its slot, no
+    /// TMA may overwrite a slot a warp may still read (wgmma groups in flight included).
+    #[test]
+    fn wgmma_tma_mbarrier_ring_has_no_hazards() {
+        use rand::SeedableRng;
+        const WARPS: usize = 8;
+        for stages in [2usize, 3, 4] {
+            for nk in [1usize, 2, 3, 4, 5, 7, 9, 13] {
+                for seed in 0..60u64 {
+                    let mut rng = rand::rngs::StdRng::seed_from_u64(seed * 1000 + nk as u64 * 10 + stages as u64);
+                    // (completed phases, arrivals in the current phase)
+                    let mut full = vec![(0usize, 0usize); stages];
+                    let mut empty = vec![(0usize, 0usize); stages];
+                    let mut slot: Vec<Option<(usize, bool)>> = vec![None; stages]; // (tile, landed)
+                    let mut in_flight: Vec<usize> = Vec::new(); // slots with a TMA under way
+                    let mut producer = 0usize;
+                    let mut warp_kt = [0usize; WARPS];
+                    let mut reading: Vec<Vec<usize>> = vec![Vec::new(); WARPS]; // tiles whose wgmma may still read
+                    let wait_ok = |b: (usize, usize), parity: usize| b.0 % 2 != parity;
+                    let mut steps = 0;
+                    while producer < nk || warp_kt.iter().any(|&k| k < nk) || !in_flight.is_empty() {
+                        steps += 1;
+                        assert!(steps < 100_000, "S={stages} nk={nk}: deadlock");
+                        match rng.random_range(0..WARPS + 2) {
+                            0 if producer < nk => {
+                                let kt = producer;
+                                let s = kt % stages;
+                                if wait_ok(empty[s], ((kt / stages) & 1) ^ 1) {
+                                    for (w, r) in reading.iter().enumerate() {
+                                        assert!(!r.iter().any(|&t| t % stages == s), "S={stages} nk={nk}: tile {kt} overwrites slot {s} while warp {w} may read it");
+                                    }
+                                    slot[s] = Some((kt, false));
+                                    full[s].1 += 1; // arrive.expect_tx: the arrival is in, the bytes are not
+                                    in_flight.push(s);
+                                    producer += 1;
+                                }
+                            }
+                            1 if !in_flight.is_empty() => {
+                                let s = in_flight.remove(rng.random_range(0..in_flight.len()));
+                                slot[s].as_mut().unwrap().1 = true;
+                                assert_eq!(full[s].1, 1);
+                                full[s] = (full[s].0 + 1, 0); // bytes landed: the phase completes
+                            }
+                            w if w >= 2 => {
+                                let w = w - 2;
+                                let kt = warp_kt[w];
+                                if kt < nk {
+                                    let s = kt % stages;
+                                    if wait_ok(full[s], (kt / stages) & 1) {
+                                        assert_eq!(slot[s], Some((kt, true)), "S={stages} nk={nk}: warp {w} reads tile {kt} from slot {s}");
+                                        reading[w].push(kt);
+                                        // wait_group 1: tile kt - 1's group is done; arrive on its empty barrier.
+                                        if kt > 0 {
+                                            reading[w].retain(|&t| t != kt - 1);
+                                            let e = &mut empty[(kt - 1) % stages];
+                                            e.1 += 1;
+                                            if e.1 == WARPS {
+                                                *e = (e.0 + 1, 0);
+                                            }
+                                        }
+                                        warp_kt[w] += 1;
+                                    }
+                                }
+                            }
+                            _ => {}
+                        }
+                    }
                 }
             }
         }
