@@ -6,6 +6,10 @@
 //   dequant_asym_f16       group-wise asymmetric codes + f16 scales and mins -> f16, q d + m, staged
 //   dequant_q4_0_f16       GGUF Q4_0 blocks (18 B) as stored in the file -> f16, staged per warp
 //   dequant_q4_1_f16       GGUF Q4_1 blocks (20 B) -> f16, staged per warp
+//   dequant_q4_{0,1}_cp_async_f16
+//                          the same, 64 blocks per warp step staged with cp.async, every copy in
+//                          flight at once (the loop above waits for a lane's first load before
+//                          issuing its second), and only 16 B stores
 // "Staged per warp": a warp reads 32 x 16 B of input with coalesced loads into shared memory,
 // then each lane turns the slice that maps to ITS 16 B of output into values, so the 2-4x wider
 // output is also written with consecutive lanes on consecutive 16 B (without staging, each lane
@@ -20,6 +24,12 @@
 //                          reduction overlaps the others' streaming), warp shuffles + one barrier
 //                          at the end. At B >= 8 the same layout is compute-bound: each dequantized
 //                          word serves B activations and each X load serves R rows.
+//   w4a16_mma_{sym,asym}_b{1,2,4,8,16}_f16
+//                          the same product on tensor cores, built for bytes in flight: a block of
+//                          4 warps owns 16 rows (one mma.sync M tile), each warp a quarter of K;
+//                          every lane issues 4 steps x 2 x 16 B streaming code loads before decoding
+//                          any (4 KB per warp), codes decoded to f16 in registers, one wave of N / 16
+//                          blocks at 4 per SM, one shared-memory step across the warps (below).
 // Every grid-stride loop bounds its accesses by the element counts it is given; the vector paths
 // need 16-byte aligned buffers (device allocations are 256-byte aligned) and the launchers check
 // the divisibility each kernel states.
@@ -153,6 +163,46 @@ extern "C" __global__ void __launch_bounds__(32 * SEG_WARPS) quant_dequant_asym_
 // A warp stages 32 blocks (576 or 640 B: whole 16 B vectors, 16 B aligned) and lane l then writes
 // the 16 B holding elements 8p .. 8p + 7 of block 8j + l / 4, p = l % 4: low nibbles of
 // qs[0..7] (p = 0) or qs[8..15] (p = 1), high nibbles of the same (p = 2, 3).
+// 8 f16 values -> one 16 B store that NVVM cannot split: through store8, the first of the
+// decode's stores compiles to 4 x st.global.u32 (the other three stay v4).
+__device__ __forceinline__ void store8_v4(__half* p, const float* v) {
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(pack_f16x2(v[0], v[1])), "r"(pack_f16x2(v[2], v[3])),
+                 "r"(pack_f16x2(v[4], v[5])), "r"(pack_f16x2(v[6], v[7])));
+}
+
+// The decode of 32 SEGS staged blocks starting at block 32 SEGS seg (j = 0 .. 4 SEGS - 1).
+template <int BYTES, int SEGS, bool V4>
+__device__ __forceinline__ void ggml_decode(const u8* sb, __half* __restrict__ out, long long seg, long long nblocks, int lane) {
+#pragma unroll
+    for (int j = 0; j < 4 * SEGS; ++j) {
+        const int local = 8 * j + lane / 4, part = lane % 4;
+        const long long blk = seg * 32 * SEGS + local;
+        if (blk < nblocks) {
+            const u8* b = sb + local * BYTES;
+            const float d = __half2float(__ushort_as_half((unsigned short)(b[0] | (b[1] << 8))));
+            const float m = BYTES == 20 ? __half2float(__ushort_as_half((unsigned short)(b[2] | (b[3] << 8)))) : 0.f;
+            const u8* qs = b + (BYTES == 20 ? 4 : 2) + 8 * (part & 1);
+            float v[8];
+#pragma unroll
+            for (int t = 0; t < 8; ++t) {
+                const unsigned q = part >= 2 ? (qs[t] >> 4) : (qs[t] & 0xFu);
+                v[t] = BYTES == 20 ? dq_asym(q, d, m) : dq_sym(q, d);
+            }
+            if (V4) {
+                store8_v4(out + 32 * blk + 8 * part, v);
+            } else {
+                store8(out + 32 * blk + 8 * part, v);
+            }
+        }
+    }
+}
+
+// The last, partial 16 B vector of the input: byte by byte, never past the end.
+__device__ __forceinline__ void stage_tail(uint4* dst, const u8* __restrict__ blocks, long long off, long long total) {
+    u8* sb = reinterpret_cast<u8*>(dst);
+    for (int b = 0; b < 16; ++b) sb[b] = off + b < total ? blocks[off + b] : 0;
+}
+
 template <int BYTES>
 __device__ __forceinline__ void dequant_ggml(const u8* __restrict__ blocks, __half* __restrict__ out, long long nblocks) {
     __shared__ uint4 stage[SEG_WARPS][2 * BYTES];
@@ -165,31 +215,50 @@ __device__ __forceinline__ void dequant_ggml(const u8* __restrict__ blocks, __ha
             const long long off = base + 16 * u;
             if (off + 16 <= total) {
                 stage[warp][u] = __ldcs(reinterpret_cast<const uint4*>(blocks + off));
-            } else if (off < total) {  // the last, partial vector: byte by byte, never past the end
-                u8* sb = reinterpret_cast<u8*>(&stage[warp][u]);
-                for (int b = 0; b < 16; ++b) sb[b] = off + b < total ? blocks[off + b] : 0;
+            } else if (off < total) {
+                stage_tail(&stage[warp][u], blocks, off, total);
             }
         }
         __syncwarp();
-        const u8* sb = reinterpret_cast<const u8*>(stage[warp]);
+        ggml_decode<BYTES, 1, false>(reinterpret_cast<const u8*>(stage[warp]), out, seg, nblocks, lane);
+        __syncwarp();
+    }
+}
+
+// dequant_q4_{0,1}_cp_async: the loop above issues a lane's second 16 B load (36 or 40 vectors
+// per 32 blocks: only lanes 0-3 or 0-7 have one) after its first has landed in shared memory, so
+// a warp waits two round trips per 576-640 B. Here a warp step is 64 blocks and every lane
+// issues all 3 of its copies (1152-1280 B per warp) global -> shared with cp.async, which holds
+// no registers: one round trip for twice the bytes. A partial last vector is copied short and
+// zero-filled (cp.async's src-size), never read past the end. (Loading the 3 vectors into
+// registers first does not work: at 32 registers ptxas stages the first before issuing the third.)
+// And every output store is one 16 B vector (store8_v4), where the loop above writes a quarter
+// of its output in 4-byte stores. ptxas -v, sm_90: 32 registers (8 blocks of 256 per SM, as the
+// 32-block loop), 9216 / 10240 B of static smem (Q4_0 / Q4_1), no spills.
+#define GGML_SEGS 2
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
+}
+
+template <int BYTES>
+__device__ __forceinline__ void dequant_ggml_cp_async(const u8* __restrict__ blocks, __half* __restrict__ out, long long nblocks) {
+    constexpr int NVEC = 2 * BYTES * GGML_SEGS, NV = (NVEC + 31) / 32;  // 16 B vectors per warp step, per lane
+    __shared__ uint4 stage[SEG_WARPS][NVEC];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const long long nseg = (nblocks + 32 * GGML_SEGS - 1) / (32 * GGML_SEGS);
+    const long long total = nblocks * BYTES;
+    for (long long seg = (long long)blockIdx.x * SEG_WARPS + warp; seg < nseg; seg += (long long)gridDim.x * SEG_WARPS) {
+        const long long base = seg * 32 * GGML_SEGS * BYTES;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int local = 8 * j + lane / 4, part = lane % 4;
-            const long long blk = seg * 32 + local;
-            if (blk < nblocks) {
-                const u8* b = sb + local * BYTES;
-                const float d = __half2float(__ushort_as_half((unsigned short)(b[0] | (b[1] << 8))));
-                const float m = BYTES == 20 ? __half2float(__ushort_as_half((unsigned short)(b[2] | (b[3] << 8)))) : 0.f;
-                const u8* qs = b + (BYTES == 20 ? 4 : 2) + 8 * (part & 1);
-                float v[8];
-#pragma unroll
-                for (int t = 0; t < 8; ++t) {
-                    const unsigned q = part >= 2 ? (qs[t] >> 4) : (qs[t] & 0xFu);
-                    v[t] = BYTES == 20 ? dq_asym(q, d, m) : dq_sym(q, d);
-                }
-                store8(out + 32 * blk + 8 * part, v);
-            }
+        for (int i = 0; i < NV; ++i) {
+            const int u = lane + 32 * i;
+            const long long off = base + 16 * u;
+            if (u < NVEC && off < total) cp_async16(&stage[warp][u], blocks + off, (int)min(16LL, total - off));
         }
+        asm volatile("cp.async.wait_all;" ::: "memory");
+        __syncwarp();
+        ggml_decode<BYTES, GGML_SEGS, true>(reinterpret_cast<const u8*>(stage[warp]), out, seg, nblocks, lane);
         __syncwarp();
     }
 }
@@ -200,6 +269,14 @@ extern "C" __global__ void __launch_bounds__(32 * SEG_WARPS) quant_dequant_q4_0_
 
 extern "C" __global__ void __launch_bounds__(32 * SEG_WARPS) quant_dequant_q4_1_f16(const u8* __restrict__ blocks, __half* __restrict__ out, long long nblocks) {
     dequant_ggml<20>(blocks, out, nblocks);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * SEG_WARPS) quant_dequant_q4_0_cp_async_f16(const u8* __restrict__ blocks, __half* __restrict__ out, long long nblocks) {
+    dequant_ggml_cp_async<18>(blocks, out, nblocks);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * SEG_WARPS) quant_dequant_q4_1_cp_async_f16(const u8* __restrict__ blocks, __half* __restrict__ out, long long nblocks) {
+    dequant_ggml_cp_async<20>(blocks, out, nblocks);
 }
 
 // ---------------------------------------------------------------------------
@@ -362,3 +439,213 @@ W4A16(2, 4)
 W4A16(4, 4)
 W4A16(8, 4)
 W4A16(16, 4)
+
+// ---------------------------------------------------------------------------
+// W4A16 on tensor cores, built for bytes in flight: w4a16_mma_{sym,asym}_b{B}_f16.
+// Napkin math (H100 SXM, N = K = 8192, B = 1): 32 MiB of codes + 1 MiB of scales + 16 KiB of X
+// = 34.6 MB: 11.5 us at the measured 3.02 TB/s copy ceiling; the bar (80%) is 14.3 us. Little's
+// law: ~3 TB/s x ~0.7 us of unloaded latency = ~2 MB in flight GPU-wide, ~16 KB per SM.
+// The CUDA-core rung had that on paper (5 blocks x 8 KB per SM) but in 4-byte loads, 2 load
+// rounds per block and 3.1 waves of short blocks, and its inner loop costs ~4 instructions per
+// weight per lane: ~8 us of issue at B = 1, compute-bound from B = 4 (measured).
+// Here a block is one tile of 16 rows, 4 warps; warp w takes a contiguous quarter of K. A step
+// is 128 weights of every row: lane (g = lane / 4, c = lane % 4) loads 16 B of codes of row g
+// and of row g + 8 at chunk 4t + c (each row's 4 lanes read 64 contiguous bytes), and issues
+// U = 4 steps of codes and scales before decoding any: 128 B per lane, 4 KB per warp (8.4 MB,
+// a quarter of W, requested by the first round of the grid), ~62 KB per SM at 15.5 warps: ~4x
+// Little's ask. __launch_bounds__(128, 4): 4 blocks per SM, so N / 16 = 512 blocks fill
+// 132 x 4 = 528 slots in one wave (no tail of a second wave). Codes are read once:
+// ld.global.nc.L1::no_allocate keeps them from evicting X, which every tile reads through L1.
+// The dot products run on mma.sync m16n8k16 (fp32 accumulation); the weights enter it as f16
+// rounded once from (q - 8) d or q d + m, the values cuBLAS reads. SASS per step (sm_90,
+// B = 1, sym): 32 LOP3 + 64 HFMA2 decode 8 code words (LOP3 into f16 1024 + q, an FMA to
+// q - bias exactly, an FMA to (q - bias) d + m), 16 PRMT pair X, 8 HMMA, 4 LDG of X; ~200
+// instructions with the load round: ~6.4 us of issue per SM at 1.98 GHz, half the budget and
+// overlapped with the stream; B = 16 (two MMAs per step, 3 steps in flight): ~10.6 us.
+// Fragments (PTX m16n8k16): A a0a1 (row g, k 2c..2c+1), a2a3 (row g + 8), a4a5 / a6a7 (the same
+// rows, k 2c + 8..2c + 9); B b0b1 (k 2c..2c+1, col g), b2b3 (k 2c + 8..); C c0c1 (row g, cols
+// 2c..2c+1), c2c3 (row g + 8). The K order inside an MMA is free as long as A and B agree:
+// lane class c feeds k 2c.. from its own 32-weight chunk, and code word i, half h of that chunk
+// gives the pairs (q[8i + 2h], q[8i + 2h + 4]) as a0a1 and (q[8i + 2h + 1], q[8i + 2h + 5]) as
+// a4a5, which one mask each picks out of the word shifted right by 8h; X is paired the same way
+// by two byte permutes. Batch b is MMA column b (B = 16: two MMAs per step, columns 0..7 and
+// 8..15); lanes whose column is past B, or whose chunk is past K, feed zeros.
+// lab/src/quant/w4a16_mma_model.rs mirrors this kernel step by step on the CPU for the tests.
+// ptxas -v, sm_90 (CUDA 13.0; registers / static smem, no spills in any):
+//   sym  b1 b2 b4 b8 115 / 256-2048 B   b16 105 / 4 KiB
+//   asym b1 b2 b4 b8 127 / 256-2048 B   b16 116 / 4 KiB     (sm_80: no spills either)
+// ---------------------------------------------------------------------------
+#define MMA_WARPS 4
+#define MMA_ROWS 16
+
+// 16 B of codes, read once: not kept in L1.
+__device__ __forceinline__ uint4 ld_stream16(const uint4* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ unsigned fma_f16x2(unsigned a, unsigned b, unsigned c) {
+    unsigned d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+__device__ __forceinline__ void mma_f16_16816(float* acc, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Two weights of code word w as f16x2 (low half first): HI = false takes nibbles 0 and 4 into
+// f16 1024 + q, HI = true nibbles 1 and 5 into 1024 + 16q; one FMA makes q - bias exactly
+// (x 1 - (1024 + bias), x 1/16 - (64 + bias)), one more (q - bias) d + m, rounded once.
+// f16 constants: 0x3C00 = 1, 0x2C00 = 1/16, 0xE408 = -1032, 0xE400 = -1024, 0xD480 = -72, 0xD400 = -64.
+template <bool HI, bool ASYM>
+__device__ __forceinline__ unsigned w2_f16x2(unsigned w, unsigned d2, unsigned m2) {
+    unsigned v;  // (w & mask) | 0x64006400 in one LOP3 (written plainly, it compiles to two)
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(v) : "r"(w), "n"(HI ? 0x00F000F0u : 0x000F000Fu), "n"(0x64006400u));
+    const unsigned mul = HI ? 0x2C002C00u : 0x3C003C00u;
+    const unsigned off = HI ? (ASYM ? 0xD400D400u : 0xD480D480u) : (ASYM ? 0xE400E400u : 0xE408E408u);
+    return fma_f16x2(fma_f16x2(v, mul, off), d2, m2);
+}
+
+__device__ __forceinline__ unsigned word_of(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+// An f16 scale (or min) as f16x2 (d, d); 0 for a chunk past K (its weights become 0).
+__device__ __forceinline__ unsigned splat_f16(const __half* p, bool ok) {
+    const unsigned s = ok ? (unsigned)__ldg(reinterpret_cast<const unsigned short*>(p)) : 0u;
+    return s | (s << 16);
+}
+
+template <int B, bool ASYM>
+__device__ __forceinline__ void w4a16_mma(const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ mins,
+                                          const __half* __restrict__ x, __half* __restrict__ y, int n_rows, int k, int group) {
+    constexpr int NH = B > 8 ? 2 : 1;  // MMAs per step: batch columns 0..7 (and 8..15)
+    // Steps in flight per warp: 4 (128 B of codes per lane); at B = 16, whose X and second MMA
+    // take ~20 more registers, 3 (with 4 it spills 4-8 bytes at the 128-register cap).
+    constexpr int U = B > 8 ? 3 : 4;
+    __shared__ float part[MMA_WARPS][B][MMA_ROWS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, c = lane & 3;
+    const int row0 = blockIdx.x * MMA_ROWS;
+    const long long rg = min(row0 + g, n_rows - 1), rh = min(row0 + g + 8, n_rows - 1);  // clamped rows are never stored
+    const int nchunks = k / 32, nsteps = (nchunks + 3) / 4, cpg = group / 32, gpr = k / group;
+    // This warp's contiguous slice of steps [t0, t1); step t covers chunks 4t .. 4t + 3.
+    const int per = (nsteps + MMA_WARPS - 1) / MMA_WARPS;
+    const int t0 = warp * per, t1 = min(t0 + per, nsteps);
+    const uint4* qg = reinterpret_cast<const uint4*>(wq + rg * (k / 2));
+    const uint4* qh = reinterpret_cast<const uint4*>(wq + rh * (k / 2));
+    const __half* sg = scales + rg * gpr;
+    const __half* sh = scales + rh * gpr;
+    const __half* mg = mins + rg * gpr;
+    const __half* mh = mins + rh * gpr;
+    // Group of this lane's chunk j = 4t + c, advanced 4 chunks a step without a division.
+    int j = 4 * t0 + c, grp = j / cpg, rem = j % cpg;
+    const int gstep = 4 / cpg, rstep = 4 % cpg;
+    // Accumulators: at B <= 8 two chains (halves h = 0, 1) so that back-to-back MMAs do not wait
+    // on each other; at B = 16 the two column blocks are already two chains.
+    constexpr int CH = NH == 1 ? 2 : 1;
+    float acc[NH][CH][4];
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh)
+#pragma unroll
+        for (int h = 0; h < CH; ++h)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[nh][h][i] = 0.f;
+
+    for (int t = t0; t < t1; t += U) {
+        uint4 cg[U], ch[U];
+        unsigned dg[U], dh[U], m2g[U], m2h[U];
+        int jj[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            jj[u] = j;
+            const bool ok = t + u < t1 && j < nchunks;
+            cg[u] = ch[u] = make_uint4(0u, 0u, 0u, 0u);
+            if (ok) {
+                cg[u] = ld_stream16(qg + j);
+                ch[u] = ld_stream16(qh + j);
+            }
+            dg[u] = splat_f16(sg + grp, ok);
+            dh[u] = splat_f16(sh + grp, ok);
+            m2g[u] = ASYM ? splat_f16(mg + grp, ok) : 0u;
+            m2h[u] = ASYM ? splat_f16(mh + grp, ok) : 0u;
+            j += 4;
+            grp += gstep;
+            rem += rstep;
+            if (rem >= cpg) {
+                rem -= cpg;
+                ++grp;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (t + u >= t1) break;  // warp-uniform: every lane reaches each mma.sync
+            // X of this lane's MMA column(s) over the chunk's 32 weights (zeros past B or K).
+            uint4 xv[NH][4];
+#pragma unroll
+            for (int nh = 0; nh < NH; ++nh) {
+                const int b = g + 8 * nh;
+                const bool ok = b < B && jj[u] < nchunks;
+                const uint4* xp = reinterpret_cast<const uint4*>(x + (long long)b * k + 32 * jj[u]);
+#pragma unroll
+                for (int v = 0; v < 4; ++v) xv[nh][v] = ok ? __ldg(xp + v) : make_uint4(0u, 0u, 0u, 0u);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const unsigned wg = word_of(cg[u], i) >> (8 * h), wh = word_of(ch[u], i) >> (8 * h);
+                    const unsigned a0 = w2_f16x2<false, ASYM>(wg, dg[u], m2g[u]);
+                    const unsigned a1 = w2_f16x2<false, ASYM>(wh, dh[u], m2h[u]);
+                    const unsigned a2 = w2_f16x2<true, ASYM>(wg, dg[u], m2g[u]);
+                    const unsigned a3 = w2_f16x2<true, ASYM>(wh, dh[u], m2h[u]);
+#pragma unroll
+                    for (int nh = 0; nh < NH; ++nh) {
+                        // X words 4i + h and 4i + h + 2 hold x[8i + 2h .. + 1] and x[8i + 2h + 4 .. + 5].
+                        const unsigned xa = word_of(xv[nh][(4 * i + h) / 4], (4 * i + h) % 4);
+                        const unsigned xb = word_of(xv[nh][(4 * i + h + 2) / 4], (4 * i + h + 2) % 4);
+                        mma_f16_16816(acc[nh][h % CH], a0, a1, a2, a3, __byte_perm(xa, xb, 0x5410), __byte_perm(xa, xb, 0x7632));
+                    }
+                }
+            }
+        }
+    }
+    // C fragment -> part[warp][batch][row]; then the 4 K slices are summed in warp order.
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int b = 8 * nh + 2 * c + (i & 1);
+            if (b < B) part[warp][b][g + 8 * (i >> 1)] = CH == 2 ? acc[nh][0][i] + acc[nh][CH - 1][i] : acc[nh][0][i];
+        }
+    __syncthreads();
+    for (int i = threadIdx.x; i < B * MMA_ROWS; i += 32 * MMA_WARPS) {
+        const int b = i / MMA_ROWS, r = i % MMA_ROWS;
+        if (row0 + r < n_rows) {
+            float s = 0.f;
+#pragma unroll
+            for (int w = 0; w < MMA_WARPS; ++w) s += part[w][b][r];
+            y[(long long)b * n_rows + row0 + r] = __float2half_rn(s);
+        }
+    }
+}
+
+#define W4A16_MMA(B)                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * MMA_WARPS, 4) quant_w4a16_mma_sym_b##B##_f16(                         \
+        const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ x, __half* __restrict__ y, \
+        int n_rows, int k, int group) {                                                                                     \
+        w4a16_mma<B, false>(wq, scales, scales, x, y, n_rows, k, group);                                                    \
+    }                                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(32 * MMA_WARPS, 4) quant_w4a16_mma_asym_b##B##_f16(                        \
+        const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ mins,                      \
+        const __half* __restrict__ x, __half* __restrict__ y, int n_rows, int k, int group) {                               \
+        w4a16_mma<B, true>(wq, scales, mins, x, y, n_rows, k, group);                                                       \
+    }
+
+W4A16_MMA(1)
+W4A16_MMA(2)
+W4A16_MMA(4)
+W4A16_MMA(8)
+W4A16_MMA(16)

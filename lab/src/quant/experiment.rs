@@ -4,8 +4,8 @@
 //! - `int4`: pack / unpack `n` codes (bytes moved: `n` codes + `n/2` packed).
 //! - `format`: quantize and dequantize a `rows x cols` matrix in one [`Format`]; on the GPU the
 //!   dequantize kernel (bytes: the quantized form read + f16 written), checked to the bit.
-//! - `w4a16`: Y = X W^T with 4-bit W (group-wise, f16 scales), f16 X and Y, batches 1..16,
-//!   beside cuBLAS fp16 GEMM on the dequantized weights (GPU only). Bytes: everything the
+//! - `w4a16`: Y = X W^T with 4-bit W (group-wise, f16 scales), f16 X and Y, batches 1..16, every
+//!   design of [`W4_DESIGNS`] beside cuBLAS fp16 GEMM on the dequantized weights (GPU only). Bytes: everything the
 //!   kernel must read and write (codes, scales, X, Y); flops `2 B N K`.
 //! - `smollm2`: the per-tensor requantization table of SmolLM2-135M (`LAB_SMOLLM2_GGUF`): each
 //!   Q4_1 tensor dequantized, requantized in every format, and measured (untimed).
@@ -35,19 +35,57 @@ const FAMILY: &str = "quant";
 /// The environment variable naming SmolLM2-135M-Instruct.Q4_1.gguf.
 pub const SMOLLM2_ENV: &str = "LAB_SMOLLM2_GGUF";
 pub const BATCHES: &[usize] = &[1, 2, 4, 8, 16];
-/// Warps per block of the W4A16 kernels (W4_WARPS in quant.cu).
-const W4_WARPS: usize = 4;
 /// The W4A16 relative tolerance against the f64 product of the dequantized weights.
 const W4_REL: f64 = 1e-2;
 
-/// Rows each block of the W4A16 kernels owns, at every batch (R in quant.cu's instantiations).
-const W4_ROWS: usize = 4;
+/// One W4A16 design: kernels `<name>_{sym,asym}_b{B}` with the same arguments, each block of
+/// `warps` warps owning `rows` rows of W (a grid of N / rows blocks).
+#[derive(Clone, Copy, Debug)]
+pub struct W4Design {
+    pub name: &'static str,
+    pub rows: usize,
+    pub warps: usize,
+}
+
+/// The W4A16 rungs, measured side by side on every case (quant.cu's W4A16 and W4A16_MMA).
+pub const W4_DESIGNS: &[W4Design] = &[
+    // CUDA cores: 4 rows per block, K split across 128 threads in 4-byte code words.
+    W4Design { name: "w4a16", rows: 4, warps: 4 },
+    // Tensor cores: 16-row tiles, K split across 4 warps, 16-byte streaming loads, 4 steps in flight.
+    W4Design { name: "w4a16_mma", rows: 16, warps: 4 },
+];
+
+impl W4Design {
+    pub fn variant(&self, scheme: Scheme, batch: usize) -> String {
+        format!("{}_{}_b{batch}", self.name, scheme.name())
+    }
+    fn launch(&self, n: usize) -> LaunchConfig {
+        LaunchConfig { grid_dim: (n.div_ceil(self.rows) as u32, 1, 1), block_dim: (32 * self.warps as u32, 1, 1), shared_mem_bytes: 0 }
+    }
+}
+
+/// The GPU dequantize kernels of a format: one per group scheme (the group size is an argument);
+/// GGUF blocks also as `_cp_async`, 64 blocks per warp step copied global -> shared with cp.async.
+pub fn dequant_variants(format: Format) -> Vec<String> {
+    match format {
+        Format::Group { scheme, .. } => vec![format!("dequant_{}", scheme.name())],
+        Format::Q4_0 | Format::Q4_1 => {
+            let v = format!("dequant_{}", format.name());
+            vec![v.clone(), format!("{v}_cp_async")]
+        }
+    }
+}
 
 /// Every kernel variant of quant.cu (symbols are `quant_<variant>_f16`).
 pub fn gpu_variants() -> Vec<String> {
-    let mut v: Vec<String> = ["pack_int4", "unpack_int4", "dequant_sym", "dequant_asym", "dequant_q4_0", "dequant_q4_1"].map(String::from).to_vec();
-    for scheme in ["sym", "asym"] {
-        v.extend(BATCHES.iter().map(|b| format!("w4a16_{scheme}_b{b}")));
+    let mut v: Vec<String> = ["pack_int4", "unpack_int4"].map(String::from).to_vec();
+    for format in [Format::Group { scheme: Scheme::Sym, group: 128 }, Format::Group { scheme: Scheme::Asym, group: 128 }, Format::Q4_0, Format::Q4_1] {
+        v.extend(dequant_variants(format));
+    }
+    for d in W4_DESIGNS {
+        for scheme in [Scheme::Sym, Scheme::Asym] {
+            v.extend(BATCHES.iter().map(|&b| d.variant(scheme, b)));
+        }
     }
     v
 }
@@ -366,9 +404,9 @@ fn run_format(s: &mut Session, case: &Value) -> Result<()> {
             }
         }
         Backend::Cuda(gpu) => {
-            let v = format!("dequant_{name}").replace("_g128", "").replace("_g64", "").replace("_g32", "");
-            if s.wants(&v, "lab") {
-                let expected: Vec<u16> = f16_bits(&deq.iter().map(|&v| f16::from_f32(v)).collect::<Vec<_>>());
+            let wanted: Vec<String> = dequant_variants(format).into_iter().filter(|v| s.wants(v, "lab")).collect();
+            let expected: Vec<u16> = if wanted.is_empty() { vec![] } else { f16_bits(&deq.iter().map(|&v| f16::from_f32(v)).collect::<Vec<_>>()) };
+            for v in wanted {
                 let f = kernel(gpu, &v)?;
                 let mut out = gpu.stream.alloc_zeros::<f16>(n as usize).doing("allocating the dequantized weights")?;
                 let work = Work { bytes: qbytes + 2 * n, flops: 0 };
@@ -462,6 +500,18 @@ pub fn reference_w4a16(x: &[f64], w: &[f32], batch: usize, n: usize, k: usize) -
     y
 }
 
+/// The W4A16 check's tolerance for a reference product: 1e-2 relative, and 1e-2 of its RMS
+/// absolute (outputs near zero are sums of cancelling terms).
+pub fn w4a16_tolerance(expected: &[f64]) -> Tolerance {
+    let rms = (expected.iter().map(|v| v * v).sum::<f64>() / expected.len() as f64).sqrt();
+    Tolerance { atol: W4_REL * rms.max(f64::MIN_POSITIVE), rtol: W4_REL }
+}
+
+/// A W4A16 output against its reference.
+pub fn check_w4a16(y: &[f16], expected: &[f64], tol: Tolerance) -> ErrorStats {
+    compare(&y.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), expected, tol, "cpu-f64-dequantized")
+}
+
 /// Checks a W4A16 problem: K and the group size multiples of 32, the group dividing K.
 pub fn validate_w4a16(n: usize, k: usize, group: usize, batch: usize) -> Result<()> {
     if n == 0 || k == 0 || !BATCHES.contains(&batch) {
@@ -513,17 +563,19 @@ fn run_w4a16(s: &mut Session, case: &Value) -> Result<()> {
         let x: Vec<f16> = (0..b * k).map(|_| f16::from_f32(StandardNormal.sample(&mut rng))).collect();
         let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
         let expected = reference_w4a16(&xf, &wd, b, n, k);
-        let rms = (expected.iter().map(|v| v * v).sum::<f64>() / expected.len() as f64).sqrt();
-        let tol = Tolerance { atol: W4_REL * rms.max(f64::MIN_POSITIVE), rtol: W4_REL };
-        let check = |y: &[f16]| compare(&y.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), &expected, tol, "cpu-f64-dequantized");
+        let tol = w4a16_tolerance(&expected);
+        let check = |y: &[f16]| check_w4a16(y, &expected, tol);
         let dx = gpu.upload(&x)?;
         let mut dy = gpu.stream.alloc_zeros::<f16>(b * n).doing("allocating Y")?;
         let io = 2 * (b * k + b * n) as u64;
         let flops = 2 * (b * n * k) as u64;
-        let variant = format!("w4a16_{}_b{b}", scheme.name());
-        if s.wants(&variant, "lab") {
+        for design in W4_DESIGNS {
+            let variant = design.variant(scheme, b);
+            if !s.wants(&variant, "lab") {
+                continue;
+            }
             let f = kernel(&gpu, &variant)?;
-            let cfg = LaunchConfig { grid_dim: (n.div_ceil(W4_ROWS) as u32, 1, 1), block_dim: (32 * W4_WARPS as u32, 1, 1), shared_mem_bytes: 0 };
+            let cfg = design.launch(n);
             let (ni, ki, gi) = (n as i32, k as i32, group as i32);
             let launch = |y: &mut CudaSlice<f16>| -> Result<()> {
                 let mut l = gpu.stream.launch_builder(&f);
@@ -668,14 +720,76 @@ mod tests {
         assert_eq!(parse_format("asym_g64").unwrap(), Format::Group { scheme: Scheme::Asym, group: 64 });
     }
 
+    /// quant.cu's dequant_ggml_cp_async on the CPU, index for index: lane l copies 16 B vectors
+    /// u = l + 32 i of a 64-block warp step (src-size min(16, bytes left), zero-filled), then
+    /// writes elements 8p .. 8p + 7 (p = l % 4) of staged block 8j + l / 4 for j < 8. The decode
+    /// of one staged block is the one the 32-block kernel uses (checked to the bit on the GPU).
+    fn model_ggml_cp_async(b: Block, input: &[u8]) -> Vec<f32> {
+        const SEGS: usize = 2; // GGML_SEGS
+        let (bytes, total) = (b.bytes(), input.len());
+        let nblocks = total / bytes;
+        let (nvec, nv) = (2 * bytes * SEGS, (2 * bytes * SEGS).div_ceil(32));
+        let mut out = vec![f32::NAN; nblocks * 32];
+        for seg in 0..nblocks.div_ceil(32 * SEGS) {
+            let base = seg * 32 * SEGS * bytes;
+            let mut stage = vec![0xA5u8; 16 * nvec];
+            for lane in 0..32 {
+                for i in 0..nv {
+                    let (u, off) = (lane + 32 * i, base + 16 * (lane + 32 * i));
+                    if u < nvec && off < total {
+                        let src = 16.min(total - off);
+                        stage[16 * u..16 * u + 16].fill(0);
+                        stage[16 * u..16 * u + src].copy_from_slice(&input[off..off + src]);
+                    }
+                }
+            }
+            for j in 0..4 * SEGS {
+                for lane in 0..32 {
+                    let (local, part) = (8 * j + lane / 4, lane % 4);
+                    let blk = seg * 32 * SEGS + local;
+                    if blk < nblocks {
+                        let vals = ggml::dequantize(b, &stage[local * bytes..(local + 1) * bytes]).unwrap();
+                        let dst = &mut out[32 * blk + 8 * part..32 * blk + 8 * part + 8];
+                        assert!(dst.iter().all(|v| v.is_nan()), "block {blk} part {part} written twice");
+                        dst.copy_from_slice(&vals[8 * part..8 * part + 8]);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_cp_async_block_dequantize_covers_every_block_once() {
+        for b in [Block::Q4_0, Block::Q4_1] {
+            for nblocks in [1, 3, 63, 64, 65, 130, 200] {
+                let x: Vec<f32> = (0..32 * nblocks).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+                let input = ggml::quantize(b, &x).unwrap();
+                let want: Vec<u32> = ggml::dequantize(b, &input).unwrap().iter().map(|v| v.to_bits()).collect();
+                let got: Vec<u32> = model_ggml_cp_async(b, &input).iter().map(|v| v.to_bits()).collect();
+                assert_eq!(got, want, "{b:?}, {nblocks} blocks");
+            }
+        }
+        assert_eq!(dequant_variants(Format::Q4_1), ["dequant_q4_1", "dequant_q4_1_cp_async"]);
+        assert_eq!(dequant_variants(Format::Group { scheme: Scheme::Asym, group: 32 }), ["dequant_asym"]);
+        let src = crate::kernels::source(FAMILY).unwrap();
+        assert!(src.contains("#define GGML_SEGS 2\n"));
+    }
+
     /// The launch shapes the Rust side assumes are the ones quant.cu instantiates.
     #[test]
     fn launch_shapes_match_the_kernel_source() {
         let src = crate::kernels::source(FAMILY).unwrap();
-        assert!(src.contains(&format!("#define W4_WARPS {W4_WARPS}\n")));
+        let [cuda, mma] = W4_DESIGNS else { panic!("two W4A16 designs") };
+        assert_eq!((cuda.name, mma.name), ("w4a16", "w4a16_mma"));
+        assert!(src.contains(&format!("#define W4_WARPS {}\n", cuda.warps)));
+        assert!(src.contains(&format!("#define MMA_WARPS {}\n#define MMA_ROWS {}\n", mma.warps, mma.rows)));
         for &b in BATCHES {
-            assert!(src.contains(&format!("\nW4A16({b}, {W4_ROWS})\n")), "batch {b}");
+            assert!(src.contains(&format!("\nW4A16({b}, {})\n", cuda.rows)), "batch {b}");
+            assert!(src.contains(&format!("\nW4A16_MMA({b})\n")), "batch {b}");
         }
         assert_eq!(src.matches("\nW4A16(").count(), BATCHES.len());
+        assert_eq!(src.matches("\nW4A16_MMA(").count(), BATCHES.len());
+        assert_eq!(gpu_variants().iter().filter(|v| v.starts_with("w4a16_mma_")).count(), 2 * BATCHES.len());
     }
 }

@@ -8,6 +8,8 @@ pub mod experiment;
 pub mod ggml;
 pub mod group;
 pub mod int4;
+#[cfg(test)]
+mod w4a16_mma_model;
 
 pub use group::{error_metrics, footprint, Footprint, Format, GroupQuant, QuantError, Scheme};
 pub use experiment::Quant;

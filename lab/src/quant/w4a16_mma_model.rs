@@ -1,0 +1,316 @@
+//! A CPU model of kernels/quant.cu's `w4a16_mma` kernels, written step by step after the CUDA:
+//! the warps' slices of K, which lane loads which 16-byte chunk and scale, the f16 decode of the
+//! code words, the byte permutes that pair X, the two accumulator chains and the reduction over
+//! warps in warp order. `mma.sync.m16n8k16` itself is computed from the PTX ISA's fragment
+//! layouts, independently of the kernel's K order, so a lane or nibble that feeds the wrong k
+//! gives a wrong sum. There is no GPU in the test suite; this is what checks the index math.
+
+// Lanes and registers are indexed as the kernel indexes them.
+#![allow(clippy::needless_range_loop)]
+
+use super::group::{GroupQuant, Scheme};
+use half::f16;
+
+/// MMA_WARPS and MMA_ROWS in quant.cu.
+pub const MMA_WARPS: usize = 4;
+pub const MMA_ROWS: usize = 16;
+
+/// The f16 constants of `w2_f16x2` in quant.cu, as written there.
+pub const MAGIC: &str = "0x64006400u";
+pub const MASKS: &str = "HI ? 0x00F000F0u : 0x000F000Fu";
+pub const MULS: &str = "HI ? 0x2C002C00u : 0x3C003C00u";
+pub const OFFSETS: &str = "HI ? (ASYM ? 0xD400D400u : 0xD480D480u) : (ASYM ? 0xE400E400u : 0xE408E408u)";
+
+fn half(v: u32, i: u32) -> f64 {
+    f16::from_bits((v >> (16 * i)) as u16).to_f64()
+}
+
+/// fma.rn.f16x2: each half a * b + c, rounded once (exact in f64 for the values used here).
+pub fn fma_f16x2(a: u32, b: u32, c: u32) -> u32 {
+    let r = |i| f16::from_f64(half(a, i) * half(b, i) + half(c, i)).to_bits() as u32;
+    r(0) | (r(1) << 16)
+}
+
+/// CUDA's __byte_perm(a, b, s): byte i of the result is byte (s >> 4i) & 7 of b:a.
+pub fn byte_perm(a: u32, b: u32, s: u32) -> u32 {
+    let ab = a as u64 | ((b as u64) << 32);
+    (0..4).map(|i| (((ab >> (8 * ((s >> (4 * i)) & 7))) & 0xFF) as u32) << (8 * i)).fold(0, |acc, v| acc | v)
+}
+
+/// w2_f16x2<HI, ASYM>(w, d2, m2).
+pub fn w2_f16x2(hi: bool, asym: bool, w: u32, d2: u32, m2: u32) -> u32 {
+    let v = (w & if hi { 0x00F0_00F0 } else { 0x000F_000F }) | 0x6400_6400;
+    let mul = if hi { 0x2C00_2C00 } else { 0x3C00_3C00 };
+    let off = match (hi, asym) {
+        (true, true) => 0xD400_D400,
+        (true, false) => 0xD480_D480,
+        (false, true) => 0xE400_E400,
+        (false, false) => 0xE408_E408,
+    };
+    fma_f16x2(fma_f16x2(v, mul, off), d2, m2)
+}
+
+/// One warp's mma.sync.m16n8k16.row.col.f32.f16.f16.f32 from the PTX ISA fragment layouts
+/// (g = lane / 4, c = lane % 4; halves low first): A a_i at row g + 8 ((i / 2) % 2), col
+/// 2c + i % 2 + 8 (i / 4); B b_i at row (k) 2c + i % 2 + 8 (i / 2), col g; C c_i at row
+/// g + 8 (i / 2), col 2c + i % 2. Sums in f32, k in order.
+pub fn mma_16816(acc: &mut [[f32; 4]; 32], a: &[[u32; 4]; 32], b: &[[u32; 2]; 32]) {
+    let mut am = [[0f32; 16]; 16];
+    let mut bm = [[0f32; 8]; 16];
+    for lane in 0..32 {
+        let (g, c) = (lane / 4, lane % 4);
+        for i in 0..8 {
+            am[g + 8 * ((i / 2) % 2)][2 * c + i % 2 + 8 * (i / 4)] = half(a[lane][i / 2], (i % 2) as u32) as f32;
+        }
+        for i in 0..4 {
+            bm[2 * c + i % 2 + 8 * (i / 2)][g] = half(b[lane][i / 2], (i % 2) as u32) as f32;
+        }
+    }
+    for lane in 0..32 {
+        let (g, c) = (lane / 4, lane % 4);
+        for i in 0..4 {
+            let (r, col) = (g + 8 * (i / 2), 2 * c + i % 2);
+            acc[lane][i] += (0..16).map(|k| am[r][k] * bm[k][col]).sum::<f32>();
+        }
+    }
+}
+
+/// quant_w4a16_mma_{sym,asym}_b{batch}_f16 on the CPU: Y (batch x rows) for X (batch x cols).
+pub fn w4a16_mma(q: &GroupQuant, x: &[f16], batch: usize) -> Vec<f16> {
+    let (n_rows, k, group) = (q.rows, q.cols, q.group);
+    let asym = q.scheme == Scheme::Asym;
+    let mins = if asym { &q.mins } else { &q.scales };
+    let nh_count = if batch > 8 { 2 } else { 1 };
+    let u_steps = if batch > 8 { 3 } else { 4 };
+    let chains = if nh_count == 1 { 2 } else { 1 };
+    let (nchunks, cpg, gpr) = (k / 32, group / 32, k / group);
+    let nsteps = nchunks.div_ceil(4);
+    let per = nsteps.div_ceil(MMA_WARPS);
+    let (gstep, rstep) = (4 / cpg, 4 % cpg);
+    let chunk = |row: usize, j: usize| -> [u32; 4] {
+        let base = row * (k / 2) + 16 * j;
+        std::array::from_fn(|i| u32::from_le_bytes(q.packed[base + 4 * i..base + 4 * i + 4].try_into().unwrap()))
+    };
+    let splat = |v: &[f16], row: usize, grp: usize, ok: bool| -> u32 {
+        let s = if ok { v[row * gpr + grp].to_bits() as u32 } else { 0 };
+        s | (s << 16)
+    };
+    let mut y = vec![f16::ZERO; batch * n_rows];
+    for block in 0..n_rows.div_ceil(MMA_ROWS) {
+        let row0 = block * MMA_ROWS;
+        let mut part = vec![vec![[0f32; MMA_ROWS]; batch]; MMA_WARPS];
+        for (warp, part_w) in part.iter_mut().enumerate() {
+            let t0 = warp * per;
+            let t1 = (t0 + per).min(nsteps);
+            // Per-lane registers.
+            let rg: [usize; 32] = std::array::from_fn(|l| (row0 + l / 4).min(n_rows - 1));
+            let rh: [usize; 32] = std::array::from_fn(|l| (row0 + l / 4 + 8).min(n_rows - 1));
+            let mut j: [usize; 32] = std::array::from_fn(|l| 4 * t0 + l % 4);
+            let mut grp: [usize; 32] = std::array::from_fn(|l| j[l] / cpg);
+            let mut rem: [usize; 32] = std::array::from_fn(|l| j[l] % cpg);
+            let mut acc = vec![vec![[[0f32; 4]; 32]; chains]; nh_count];
+            let mut t = t0;
+            while t < t1 {
+                let mut jj = vec![[0usize; 32]; u_steps];
+                let mut cg = vec![[[0u32; 4]; 32]; u_steps];
+                let mut ch = cg.clone();
+                let (mut dg, mut dh, mut mg, mut mh) = (vec![[0u32; 32]; u_steps], vec![[0u32; 32]; u_steps], vec![[0u32; 32]; u_steps], vec![[0u32; 32]; u_steps]);
+                for u in 0..u_steps {
+                    for l in 0..32 {
+                        jj[u][l] = j[l];
+                        let ok = t + u < t1 && j[l] < nchunks;
+                        if ok {
+                            cg[u][l] = chunk(rg[l], j[l]);
+                            ch[u][l] = chunk(rh[l], j[l]);
+                        }
+                        dg[u][l] = splat(&q.scales, rg[l], grp[l], ok);
+                        dh[u][l] = splat(&q.scales, rh[l], grp[l], ok);
+                        mg[u][l] = if asym { splat(mins, rg[l], grp[l], ok) } else { 0 };
+                        mh[u][l] = if asym { splat(mins, rh[l], grp[l], ok) } else { 0 };
+                        j[l] += 4;
+                        grp[l] += gstep;
+                        rem[l] += rstep;
+                        if rem[l] >= cpg {
+                            rem[l] -= cpg;
+                            grp[l] += 1;
+                        }
+                    }
+                }
+                for u in 0..u_steps {
+                    if t + u >= t1 {
+                        break;
+                    }
+                    // xv[nh][lane]: 16 words of X (the 32 halves of the lane's chunk).
+                    let xv: Vec<Vec<[u32; 16]>> = (0..nh_count)
+                        .map(|nh| {
+                            (0..32)
+                                .map(|l| {
+                                    let b = l / 4 + 8 * nh;
+                                    let ok = b < batch && jj[u][l] < nchunks;
+                                    std::array::from_fn(|w| {
+                                        let e = b * k + 32 * jj[u][l] + 2 * w;
+                                        if ok { x[e].to_bits() as u32 | ((x[e + 1].to_bits() as u32) << 16) } else { 0 }
+                                    })
+                                })
+                                .collect()
+                        })
+                        .collect();
+                    for i in 0..4 {
+                        for h in 0..2 {
+                            let mut a = [[0u32; 4]; 32];
+                            for l in 0..32 {
+                                let wg = cg[u][l][i] >> (8 * h);
+                                let wh = ch[u][l][i] >> (8 * h);
+                                a[l] = [
+                                    w2_f16x2(false, asym, wg, dg[u][l], mg[u][l]),
+                                    w2_f16x2(false, asym, wh, dh[u][l], mh[u][l]),
+                                    w2_f16x2(true, asym, wg, dg[u][l], mg[u][l]),
+                                    w2_f16x2(true, asym, wh, dh[u][l], mh[u][l]),
+                                ];
+                            }
+                            for (nh, acc_nh) in acc.iter_mut().enumerate() {
+                                let b: [[u32; 2]; 32] = std::array::from_fn(|l| {
+                                    let xa = xv[nh][l][4 * i + h];
+                                    let xb = xv[nh][l][4 * i + h + 2];
+                                    [byte_perm(xa, xb, 0x5410), byte_perm(xa, xb, 0x7632)]
+                                });
+                                mma_16816(&mut acc_nh[h % chains], &a, &b);
+                            }
+                        }
+                    }
+                }
+                t += u_steps;
+            }
+            for (nh, acc_nh) in acc.iter().enumerate() {
+                for l in 0..32 {
+                    let (g, c) = (l / 4, l % 4);
+                    for i in 0..4 {
+                        let b = 8 * nh + 2 * c + (i & 1);
+                        if b < batch {
+                            part_w[b][g + 8 * (i >> 1)] = if chains == 2 { acc_nh[0][l][i] + acc_nh[chains - 1][l][i] } else { acc_nh[0][l][i] };
+                        }
+                    }
+                }
+            }
+        }
+        for i in 0..batch * MMA_ROWS {
+            let (b, r) = (i / MMA_ROWS, i % MMA_ROWS);
+            if row0 + r < n_rows {
+                let mut s = 0f32;
+                for p in &part {
+                    s += p[b][r];
+                }
+                y[b * n_rows + row0 + r] = f16::from_f32(s);
+            }
+        }
+    }
+    y
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::experiment::{check_w4a16, reference_w4a16, w4a16_tolerance, BATCHES};
+    use crate::quant::group;
+    use rand::{Rng, SeedableRng};
+
+    #[test]
+    fn the_helpers_do_what_the_cuda_intrinsics_do() {
+        assert_eq!(byte_perm(0x3322_1100, 0x7766_5544, 0x5410), 0x5544_1100);
+        assert_eq!(byte_perm(0x3322_1100, 0x7766_5544, 0x7632), 0x7766_3322);
+        for (bits, v) in [(0x3C00u16, 1.0), (0x2C00, 1.0 / 16.0), (0xE408, -1032.0), (0xE400, -1024.0), (0xD480, -72.0), (0xD400, -64.0), (0x6400, 1024.0)] {
+            assert_eq!(f16::from_bits(bits).to_f64(), v, "{bits:#x}");
+        }
+        // Every code in every nibble decodes to q - 8 (sym) or q (asym) exactly, d = 1, m = 0.
+        let one = 0x3C00_3C00;
+        for q in 0..16u32 {
+            let w = q * 0x1111_1111;
+            for asym in [false, true] {
+                let want = if asym { q as f64 } else { q as f64 - 8.0 };
+                for (hi, shift) in [(false, 0), (true, 0), (false, 8), (true, 8)] {
+                    let p = w2_f16x2(hi, asym, w >> shift, one, 0);
+                    assert_eq!((half(p, 0), half(p, 1)), (want, want), "q {q} asym {asym} hi {hi} shift {shift}");
+                }
+            }
+        }
+        // Pairs: word nibbles n0..n7 = 0..7 give (n0, n4), (n1, n5) and, shifted by 8, (n2, n6), (n3, n7).
+        let w: u32 = 0x7654_3210;
+        let pair = |hi, shift: u32| {
+            let p = w2_f16x2(hi, true, w >> shift, one, 0);
+            (half(p, 0), half(p, 1))
+        };
+        assert_eq!([pair(false, 0), pair(true, 0), pair(false, 8), pair(true, 8)], [(0.0, 4.0), (1.0, 5.0), (2.0, 6.0), (3.0, 7.0)]);
+    }
+
+    /// The model reads the constants the kernel is written with.
+    #[test]
+    fn the_model_mirrors_the_kernel_source() {
+        let src = crate::kernels::source("quant").unwrap();
+        for s in [MAGIC, MASKS, MULS, OFFSETS, "#define MMA_WARPS 4\n#define MMA_ROWS 16\n", "constexpr int U = B > 8 ? 3 : 4;", "constexpr int CH = NH == 1 ? 2 : 1;"] {
+            assert!(src.contains(s), "quant.cu no longer contains `{s}`");
+        }
+        assert_eq!(src.matches("__byte_perm(xa, xb, 0x5410), __byte_perm(xa, xb, 0x7632)").count(), 1);
+    }
+
+    fn random_quant(rng: &mut impl Rng, n: usize, k: usize, scheme: Scheme, group: usize) -> GroupQuant {
+        let w: Vec<f32> = (0..n * k).map(|_| rng.random_range(-1.0f32..1.0) / (k as f32).sqrt()).collect();
+        group::quantize(&w, n, k, scheme, group).unwrap()
+    }
+
+    /// Odd shapes (a partial tile, partial steps, warps with no step, several load rounds per
+    /// warp, groups of 32 to 256 including 96, which advances the group index unevenly, K not a
+    /// multiple of 128) at every batch pass the experiment's own check.
+    #[test]
+    fn the_mma_model_passes_the_w4a16_check_on_odd_shapes() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let shapes = [
+            (37, 992, Scheme::Asym, 32),
+            (37, 992, Scheme::Sym, 32),
+            (40, 576, Scheme::Sym, 64),
+            (21, 1408, Scheme::Asym, 128),
+            (24, 4096, Scheme::Sym, 128),
+            (9, 1536, Scheme::Sym, 96),
+            (7, 2048, Scheme::Asym, 256),
+            (5, 96, Scheme::Sym, 96),
+        ];
+        for (n, k, scheme, group) in shapes {
+            let q = random_quant(&mut rng, n, k, scheme, group);
+            let wd = q.dequantize();
+            for &b in BATCHES {
+                let x: Vec<f16> = (0..b * k).map(|_| f16::from_f32(rng.random_range(-2.0f32..2.0))).collect();
+                let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
+                let expected = reference_w4a16(&xf, &wd, b, n, k);
+                let e = check_w4a16(&w4a16_mma(&q, &x, b), &expected, w4a16_tolerance(&expected));
+                assert!(e.passed(), "N={n} K={k} {scheme:?} g{group} batch {b}: {e:?}");
+            }
+        }
+    }
+
+    /// With integer weights and activations every product and partial sum is exact in f32, so
+    /// the output must be the exact product rounded once to f16: bit for bit.
+    #[test]
+    fn the_mma_model_is_exact_on_integer_data() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        for (n, k, scheme, group) in [(37, 992, Scheme::Asym, 32), (19, 640, Scheme::Sym, 128), (9, 1536, Scheme::Asym, 96), (7, 2048, Scheme::Sym, 256)] {
+            let gprs = n * k / group;
+            let q = GroupQuant {
+                scheme,
+                group,
+                rows: n,
+                cols: k,
+                packed: (0..n * k / 2).map(|_| rng.random::<u8>()).collect(),
+                scales: (0..gprs).map(|_| f16::from_f32([1.0, 2.0, 0.5][rng.random_range(0..3)])).collect(),
+                mins: if scheme == Scheme::Asym { (0..gprs).map(|_| f16::from_f32(rng.random_range(-8i32..0) as f32)).collect() } else { vec![] },
+            };
+            let wd = q.dequantize();
+            for &b in BATCHES {
+                let x: Vec<f16> = (0..b * k).map(|_| f16::from_f32(rng.random_range(-3i32..=3) as f32)).collect();
+                let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
+                let expected: Vec<u16> = reference_w4a16(&xf, &wd, b, n, k).iter().map(|&v| f16::from_f64(v).to_bits()).collect();
+                let got: Vec<u16> = w4a16_mma(&q, &x, b).iter().map(|v| v.to_bits()).collect();
+                let first = got.iter().zip(&expected).position(|(g, e)| g != e);
+                assert!(first.is_none(), "N={n} K={k} batch {b}: first difference at {first:?}");
+            }
+        }
+    }
+}
