@@ -6,7 +6,19 @@
 //                (bytes read + bytes written), beside the driver's own memcpy.
 //   fma          8 independent FMA chains per thread in registers: the FP32 roof
 //                (2 flops per FMA; independent chains hide the 4-cycle FMA latency).
+//   read_scrub   not a ceiling: reads a buffer twice the L2 size before a timed repetition
+//                (`--l2 clean`), so the kernel's inputs come from memory and L2 holds only clean
+//                lines; zeroing the buffer instead leaves dirty lines the kernel must write back.
 #include "common.cuh"
+
+extern "C" __global__ void ceilings_read_scrub_f32(const float4* __restrict__ buf, long long n4, float* __restrict__ sink) {
+    float acc = 0.f;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (long long)gridDim.x * blockDim.x) {
+        const float4 v = buf[i];
+        acc += v.x + v.y + v.z + v.w;
+    }
+    if (acc != 0.f) *sink = acc;  // never true for the zeroed buffer; keeps the loads alive
+}
 
 extern "C" __global__ void ceilings_copy_float4_f32(const float* __restrict__ src, float* __restrict__ dst,
                                                     long long n) {

@@ -41,7 +41,8 @@ enum Command {
         /// Only these variants (repeatable).
         #[arg(long = "variant")]
         variants: Vec<String>,
-        /// Scrub L2 before every repetition (cold: inputs come from memory) or not (warm).
+        /// Scrub L2 before every repetition by zeroing a buffer (cold) or reading one (clean: no
+        /// dirty lines left to write back); or not (warm).
         #[arg(long, value_enum, default_value = "cold")]
         l2: L2,
         /// Launch every repetition from the host (eager) or replay a captured CUDA graph.
@@ -334,7 +335,11 @@ fn rerun(target: &str, dir: &std::path::Path, backend: BackendChoice, out: PathB
             variants: vec![r.variant.clone()],
             provider: Some(r.provider.clone()),
             progress: false,
-            l2: if r.timing.as_ref().is_some_and(|t| t.l2 == "warm") { L2::Warm } else { L2::Cold },
+            l2: match r.timing.as_ref().map(|t| t.l2.as_str()) {
+                Some("warm") => L2::Warm,
+                Some("clean") => L2::Clean,
+                _ => L2::Cold,
+            },
             launch: if r.timing.as_ref().is_some_and(|t| t.launch == "graph") { Launch::Graph } else { Launch::Eager },
             ncu: false,
         };

@@ -300,7 +300,7 @@ impl Session {
         };
         let correct = m.error.as_ref().is_none_or(|e| e.passed());
         // The guard needs cold caches: a warm host run of a cache-sized input may beat DRAM.
-        let cold = m.time.as_ref().is_some_and(|(_, mode)| mode.l2 == "cold");
+        let cold = m.time.as_ref().is_some_and(|(_, mode)| mode.l2 != "warm");
         let verdict = match (correct, fraction, ceiling) {
             (false, _, _) => Verdict::Fail,
             (true, Some(f), Some((_, c))) if cold && f > 1.0 + c.spread.max(0.02) => Verdict::Implausible,

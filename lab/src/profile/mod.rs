@@ -53,7 +53,11 @@ pub struct Throughput {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum L2 {
+    /// Zeroed before every repetition: inputs come from memory, and L2 is full of dirty lines
+    /// whose write-back the timed kernel pays for as it evicts them.
     Cold,
+    /// Read before every repetition: inputs come from memory, and L2 holds only clean lines.
+    Clean,
     Warm,
 }
 
@@ -70,6 +74,7 @@ impl L2 {
     pub fn name(self) -> &'static str {
         match self {
             L2::Cold => "cold",
+            L2::Clean => "clean",
             L2::Warm => "warm",
         }
     }
@@ -97,7 +102,8 @@ pub struct Clocks {
 /// How a time was taken; kept in every record.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct TimingMode {
-    /// "cold" (L2 scrubbed before every repetition) or "warm".
+    /// "cold" (L2 zeroed before every repetition), "clean" (L2 read over before every
+    /// repetition) or "warm".
     pub l2: String,
     /// "eager" launches, "graph" replay, or "host" for CPU code.
     pub launch: String,
