@@ -121,7 +121,7 @@ def capture(f):
 
 
 def time_op(f, req):
-    l2 = req.get("l2", "cold")
+    l2 = req.get("l2", "clean")
     scrub = torch.empty(max(req["l2_scrub_bytes"], 1 << 20), dtype=torch.uint8, device="cuda")
     graph = capture(f) if req.get("launch") == "graph" else None
     call = graph.replay if graph is not None else f

@@ -43,7 +43,7 @@ enum Command {
         variants: Vec<String>,
         /// Scrub L2 before every repetition by zeroing a buffer (cold) or reading one (clean: no
         /// dirty lines left to write back); or not (warm).
-        #[arg(long, value_enum, default_value = "cold")]
+        #[arg(long, value_enum, default_value = "clean")]
         l2: L2,
         /// Launch every repetition from the host (eager) or replay a captured CUDA graph.
         #[arg(long, value_enum, default_value = "eager")]

@@ -144,7 +144,7 @@ pub const MAX_WARMUP_ROUNDS: usize = 8;
 
 impl Budget {
     pub fn new(quick: bool) -> Self {
-        let (l2, launch) = (L2::Cold, Launch::Eager);
+        let (l2, launch) = (L2::Clean, Launch::Eager);
         if quick {
             Budget { warmup: 2, min: 5, max: 20, budget_ms: 200.0, l2, launch }
         } else {
