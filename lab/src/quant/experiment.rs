@@ -39,28 +39,57 @@ pub const BATCHES: &[usize] = &[1, 2, 4, 8, 16];
 const W4_REL: f64 = 1e-2;
 
 /// One W4A16 design: kernels `<name>_{sym,asym}_b{B}` with the same arguments, each block of
-/// `warps` warps owning `rows` rows of W (a grid of N / rows blocks).
+/// `warps` warps owning `rows` rows of W (a grid of N / rows blocks). A split-K design also
+/// splits K over `splitk_slices` blocks per tile (grid.y) and takes an fp32 workspace
+/// (slices x B x N) and a zeroed u32 counter per tile after Y.
 #[derive(Clone, Copy, Debug)]
 pub struct W4Design {
     pub name: &'static str,
     pub rows: usize,
     pub warps: usize,
+    pub split_k: bool,
 }
 
 /// The W4A16 rungs, measured side by side on every case (quant.cu's W4A16 and W4A16_MMA).
 pub const W4_DESIGNS: &[W4Design] = &[
     // CUDA cores: 4 rows per block, K split across 128 threads in 4-byte code words.
-    W4Design { name: "w4a16", rows: 4, warps: 4 },
+    W4Design { name: "w4a16", rows: 4, warps: 4, split_k: false },
     // Tensor cores: 16-row tiles, K split across 4 warps, 16-byte streaming loads, 4 steps in flight.
-    W4Design { name: "w4a16_mma", rows: 16, warps: 4 },
+    W4Design { name: "w4a16_mma", rows: 16, warps: 4, split_k: false },
+    // The same warp step, K split over blocks too so that a warp owns at most the steps it keeps
+    // in flight: one load round per warp, partials summed by the tile's last block.
+    W4Design { name: "w4a16_mma_splitk", rows: 16, warps: 4, split_k: true },
 ];
+
+/// Steps (128 weights of a row) a w4a16_mma warp keeps in flight: quant.cu's MmaSteps<B>::U.
+pub fn mma_steps_in_flight(batch: usize) -> usize {
+    if batch > 8 {
+        3
+    } else {
+        4
+    }
+}
+
+/// Blocks per 16-row tile of w4a16_mma_splitk: enough that each of their 4 warps owns at most
+/// the steps it keeps in flight (one load round).
+pub fn splitk_slices(k: usize, batch: usize) -> usize {
+    (k / 32).div_ceil(4).div_ceil(4 * mma_steps_in_flight(batch)).max(1)
+}
 
 impl W4Design {
     pub fn variant(&self, scheme: Scheme, batch: usize) -> String {
         format!("{}_{}_b{batch}", self.name, scheme.name())
     }
-    fn launch(&self, n: usize) -> LaunchConfig {
-        LaunchConfig { grid_dim: (n.div_ceil(self.rows) as u32, 1, 1), block_dim: (32 * self.warps as u32, 1, 1), shared_mem_bytes: 0 }
+    /// Blocks along K per tile (1 unless split-K).
+    pub fn slices(&self, k: usize, batch: usize) -> usize {
+        if self.split_k {
+            splitk_slices(k, batch)
+        } else {
+            1
+        }
+    }
+    fn launch(&self, n: usize, k: usize, batch: usize) -> LaunchConfig {
+        LaunchConfig { grid_dim: (n.div_ceil(self.rows) as u32, self.slices(k, batch) as u32, 1), block_dim: (32 * self.warps as u32, 1, 1), shared_mem_bytes: 0 }
     }
 }
 
@@ -240,6 +269,8 @@ impl Experiment for Quant {
             out.push(json!({"op": "w4a16", "n": n, "k": k, "scheme": "sym", "group": 32, "batches": [1]}));
             // Odd row count and a K of one chunk short of a full warp step: checked, untimed.
             out.push(json!({"op": "w4a16", "n": 37, "k": 992, "scheme": "asym", "group": 32, "batches": BATCHES, "timed": false}));
+            // The same odd rows with K split over 2 (3 at batch 16) blocks per tile, a partial last step.
+            out.push(json!({"op": "w4a16", "n": 37, "k": 4064, "scheme": "sym", "group": 32, "batches": BATCHES, "timed": false}));
         }
         if std::env::var_os(SMOLLM2_ENV).is_some() {
             out.push(json!({"op": "smollm2", "layers": if quick { 1 } else { 30 }, "timed": false}));
@@ -567,6 +598,11 @@ fn run_w4a16(s: &mut Session, case: &Value) -> Result<()> {
         let check = |y: &[f16]| check_w4a16(y, &expected, tol);
         let dx = gpu.upload(&x)?;
         let mut dy = gpu.stream.alloc_zeros::<f16>(b * n).doing("allocating Y")?;
+        // Split-K designs: fp32 partials (slices x B x N) and one counter per tile, zero at rest.
+        let ws_len = W4_DESIGNS.iter().map(|d| if d.split_k { d.slices(k, b) * b * n } else { 1 }).max().unwrap_or(1);
+        let dws = gpu.stream.alloc_zeros::<f32>(ws_len).doing("allocating the split-K workspace")?;
+        let tiles = W4_DESIGNS.iter().filter(|d| d.split_k).map(|d| n.div_ceil(d.rows)).max().unwrap_or(1);
+        let ddone = gpu.stream.alloc_zeros::<u32>(tiles).doing("allocating the split-K counters")?;
         let io = 2 * (b * k + b * n) as u64;
         let flops = 2 * (b * n * k) as u64;
         for design in W4_DESIGNS {
@@ -575,7 +611,7 @@ fn run_w4a16(s: &mut Session, case: &Value) -> Result<()> {
                 continue;
             }
             let f = kernel(&gpu, &variant)?;
-            let cfg = design.launch(n);
+            let cfg = design.launch(n, k, b);
             let (ni, ki, gi) = (n as i32, k as i32, group as i32);
             let launch = |y: &mut CudaSlice<f16>| -> Result<()> {
                 let mut l = gpu.stream.launch_builder(&f);
@@ -583,9 +619,15 @@ fn run_w4a16(s: &mut Session, case: &Value) -> Result<()> {
                 if scheme == Scheme::Asym {
                     l.arg(&dm);
                 }
+                l.arg(&dx).arg(y);
+                if design.split_k {
+                    l.arg(&dws).arg(&ddone);
+                }
                 // SAFETY: codes n*k/2 bytes, scales (mins) n*k/group halves, X b*k, Y b*n halves;
                 // k and group are multiples of 32 (validated); rows past n are never stored.
-                unsafe { l.arg(&dx).arg(y).arg(&ni).arg(&ki).arg(&gi).launch(cfg) }.map(|_| ()).doing("launching w4a16")
+                // Split-K: the workspace holds grid.y x b x n floats and the counters one per
+                // 16-row tile (grid.x), zeroed here and left zeroed by every launch.
+                unsafe { l.arg(&ni).arg(&ki).arg(&gi).launch(cfg) }.map(|_| ()).doing("launching w4a16")
             };
             let work = Work { bytes: q.bytes() + io, flops };
             let mut m = measure_device(s, &gpu, &params, &variant, "lab", work, timed, &mut dy, launch, check)?;
@@ -780,16 +822,29 @@ mod tests {
     #[test]
     fn launch_shapes_match_the_kernel_source() {
         let src = crate::kernels::source(FAMILY).unwrap();
-        let [cuda, mma] = W4_DESIGNS else { panic!("two W4A16 designs") };
-        assert_eq!((cuda.name, mma.name), ("w4a16", "w4a16_mma"));
+        let [cuda, mma, splitk] = W4_DESIGNS else { panic!("three W4A16 designs") };
+        assert_eq!((cuda.name, mma.name, splitk.name), ("w4a16", "w4a16_mma", "w4a16_mma_splitk"));
         assert!(src.contains(&format!("#define W4_WARPS {}\n", cuda.warps)));
         assert!(src.contains(&format!("#define MMA_WARPS {}\n#define MMA_ROWS {}\n", mma.warps, mma.rows)));
+        assert_eq!((splitk.rows, splitk.warps, splitk.split_k, mma.split_k), (mma.rows, mma.warps, true, false));
         for &b in BATCHES {
             assert!(src.contains(&format!("\nW4A16({b}, {})\n", cuda.rows)), "batch {b}");
             assert!(src.contains(&format!("\nW4A16_MMA({b})\n")), "batch {b}");
+            assert!(src.contains(&format!("\nW4A16_MMA_SPLITK({b})\n")), "batch {b}");
         }
         assert_eq!(src.matches("\nW4A16(").count(), BATCHES.len());
         assert_eq!(src.matches("\nW4A16_MMA(").count(), BATCHES.len());
-        assert_eq!(gpu_variants().iter().filter(|v| v.starts_with("w4a16_mma_")).count(), 2 * BATCHES.len());
+        assert_eq!(src.matches("\nW4A16_MMA_SPLITK(").count(), BATCHES.len());
+        assert!(src.contains("static constexpr int U = B > 8 ? 3 : 4;"));
+        assert_eq!((mma_steps_in_flight(16), mma_steps_in_flight(8)), (3, 4));
+        let v = gpu_variants();
+        assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_") && !v.contains("splitk")).count(), 2 * BATCHES.len());
+        assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_splitk_")).count(), 2 * BATCHES.len());
+        // 8192: 64 steps, 4 slices of 4 warps x 4 steps (6 x 4 x 3 at batch 16); one warp round.
+        assert_eq!((splitk_slices(8192, 1), splitk_slices(8192, 16), splitk_slices(992, 16), splitk_slices(11008, 4)), (4, 6, 1, 6));
+        for (k, b) in [(8192usize, 1), (8192, 16), (11008, 8), (4064, 16), (576, 1), (32, 2)] {
+            let (nsteps, s) = ((k / 32).div_ceil(4), splitk_slices(k, b));
+            assert!(nsteps.div_ceil(4 * s) <= mma_steps_in_flight(b), "K={k} batch {b}");
+        }
     }
 }

@@ -1,5 +1,6 @@
-//! A CPU model of kernels/quant.cu's `w4a16_mma` kernels, written step by step after the CUDA:
-//! the warps' slices of K, which lane loads which 16-byte chunk and scale, the f16 decode of the
+//! A CPU model of kernels/quant.cu's `w4a16_mma` and `w4a16_mma_splitk` kernels, written step
+//! by step after the CUDA: the warps' (and split-K blocks') slices of K, the workspace of
+//! per-slice partials and the order they are added in, which lane loads which 16-byte chunk and scale, the f16 decode of the
 //! code words, the byte permutes that pair X, the two accumulator chains and the reduction over
 //! warps in warp order. `mma.sync.m16n8k16` itself is computed from the PTX ISA's fragment
 //! layouts, independently of the kernel's K order, so a lane or nibble that feeds the wrong k
@@ -75,17 +76,25 @@ pub fn mma_16816(acc: &mut [[f32; 4]; 32], a: &[[u32; 4]; 32], b: &[[u32; 2]; 32
     }
 }
 
-/// quant_w4a16_mma_{sym,asym}_b{batch}_f16 on the CPU: Y (batch x rows) for X (batch x cols).
-pub fn w4a16_mma(q: &GroupQuant, x: &[f16], batch: usize) -> Vec<f16> {
+/// MmaSteps<B>::U in quant.cu: steps a warp keeps in flight.
+pub fn steps_in_flight(batch: usize) -> usize {
+    if batch > 8 {
+        3
+    } else {
+        4
+    }
+}
+
+/// w4a16_mma_warp in quant.cu: one warp's products over steps [t0, t1) of the tile at row0, as
+/// part[batch][row] (the C fragment after the two chains are added).
+fn mma_warp(q: &GroupQuant, x: &[f16], batch: usize, row0: usize, t0: usize, t1: usize) -> Vec<[f32; MMA_ROWS]> {
     let (n_rows, k, group) = (q.rows, q.cols, q.group);
     let asym = q.scheme == Scheme::Asym;
     let mins = if asym { &q.mins } else { &q.scales };
     let nh_count = if batch > 8 { 2 } else { 1 };
-    let u_steps = if batch > 8 { 3 } else { 4 };
+    let u_steps = steps_in_flight(batch);
     let chains = if nh_count == 1 { 2 } else { 1 };
     let (nchunks, cpg, gpr) = (k / 32, group / 32, k / group);
-    let nsteps = nchunks.div_ceil(4);
-    let per = nsteps.div_ceil(MMA_WARPS);
     let (gstep, rstep) = (4 / cpg, 4 % cpg);
     let chunk = |row: usize, j: usize| -> [u32; 4] {
         let base = row * (k / 2) + 16 * j;
@@ -95,112 +104,176 @@ pub fn w4a16_mma(q: &GroupQuant, x: &[f16], batch: usize) -> Vec<f16> {
         let s = if ok { v[row * gpr + grp].to_bits() as u32 } else { 0 };
         s | (s << 16)
     };
-    let mut y = vec![f16::ZERO; batch * n_rows];
-    for block in 0..n_rows.div_ceil(MMA_ROWS) {
-        let row0 = block * MMA_ROWS;
-        let mut part = vec![vec![[0f32; MMA_ROWS]; batch]; MMA_WARPS];
-        for (warp, part_w) in part.iter_mut().enumerate() {
-            let t0 = warp * per;
-            let t1 = (t0 + per).min(nsteps);
-            // Per-lane registers.
-            let rg: [usize; 32] = std::array::from_fn(|l| (row0 + l / 4).min(n_rows - 1));
-            let rh: [usize; 32] = std::array::from_fn(|l| (row0 + l / 4 + 8).min(n_rows - 1));
-            let mut j: [usize; 32] = std::array::from_fn(|l| 4 * t0 + l % 4);
-            let mut grp: [usize; 32] = std::array::from_fn(|l| j[l] / cpg);
-            let mut rem: [usize; 32] = std::array::from_fn(|l| j[l] % cpg);
-            let mut acc = vec![vec![[[0f32; 4]; 32]; chains]; nh_count];
-            let mut t = t0;
-            while t < t1 {
-                let mut jj = vec![[0usize; 32]; u_steps];
-                let mut cg = vec![[[0u32; 4]; 32]; u_steps];
-                let mut ch = cg.clone();
-                let (mut dg, mut dh, mut mg, mut mh) = (vec![[0u32; 32]; u_steps], vec![[0u32; 32]; u_steps], vec![[0u32; 32]; u_steps], vec![[0u32; 32]; u_steps]);
-                for u in 0..u_steps {
-                    for l in 0..32 {
-                        jj[u][l] = j[l];
-                        let ok = t + u < t1 && j[l] < nchunks;
-                        if ok {
-                            cg[u][l] = chunk(rg[l], j[l]);
-                            ch[u][l] = chunk(rh[l], j[l]);
-                        }
-                        dg[u][l] = splat(&q.scales, rg[l], grp[l], ok);
-                        dh[u][l] = splat(&q.scales, rh[l], grp[l], ok);
-                        mg[u][l] = if asym { splat(mins, rg[l], grp[l], ok) } else { 0 };
-                        mh[u][l] = if asym { splat(mins, rh[l], grp[l], ok) } else { 0 };
-                        j[l] += 4;
-                        grp[l] += gstep;
-                        rem[l] += rstep;
-                        if rem[l] >= cpg {
-                            rem[l] -= cpg;
-                            grp[l] += 1;
-                        }
-                    }
+    let mut part_w = vec![[0f32; MMA_ROWS]; batch];
+    // Per-lane registers.
+    let rg: [usize; 32] = std::array::from_fn(|l| (row0 + l / 4).min(n_rows - 1));
+    let rh: [usize; 32] = std::array::from_fn(|l| (row0 + l / 4 + 8).min(n_rows - 1));
+    let mut j: [usize; 32] = std::array::from_fn(|l| 4 * t0 + l % 4);
+    let mut grp: [usize; 32] = std::array::from_fn(|l| j[l] / cpg);
+    let mut rem: [usize; 32] = std::array::from_fn(|l| j[l] % cpg);
+    let mut acc = vec![vec![[[0f32; 4]; 32]; chains]; nh_count];
+    let mut t = t0;
+    while t < t1 {
+        let mut jj = vec![[0usize; 32]; u_steps];
+        let mut cg = vec![[[0u32; 4]; 32]; u_steps];
+        let mut ch = cg.clone();
+        let (mut dg, mut dh, mut mg, mut mh) = (vec![[0u32; 32]; u_steps], vec![[0u32; 32]; u_steps], vec![[0u32; 32]; u_steps], vec![[0u32; 32]; u_steps]);
+        for u in 0..u_steps {
+            for l in 0..32 {
+                jj[u][l] = j[l];
+                let ok = t + u < t1 && j[l] < nchunks;
+                if ok {
+                    cg[u][l] = chunk(rg[l], j[l]);
+                    ch[u][l] = chunk(rh[l], j[l]);
                 }
-                for u in 0..u_steps {
-                    if t + u >= t1 {
-                        break;
-                    }
-                    // xv[nh][lane]: 16 words of X (the 32 halves of the lane's chunk).
-                    let xv: Vec<Vec<[u32; 16]>> = (0..nh_count)
-                        .map(|nh| {
-                            (0..32)
-                                .map(|l| {
-                                    let b = l / 4 + 8 * nh;
-                                    let ok = b < batch && jj[u][l] < nchunks;
-                                    std::array::from_fn(|w| {
-                                        let e = b * k + 32 * jj[u][l] + 2 * w;
-                                        if ok { x[e].to_bits() as u32 | ((x[e + 1].to_bits() as u32) << 16) } else { 0 }
-                                    })
-                                })
-                                .collect()
-                        })
-                        .collect();
-                    for i in 0..4 {
-                        for h in 0..2 {
-                            let mut a = [[0u32; 4]; 32];
-                            for l in 0..32 {
-                                let wg = cg[u][l][i] >> (8 * h);
-                                let wh = ch[u][l][i] >> (8 * h);
-                                a[l] = [
-                                    w2_f16x2(false, asym, wg, dg[u][l], mg[u][l]),
-                                    w2_f16x2(false, asym, wh, dh[u][l], mh[u][l]),
-                                    w2_f16x2(true, asym, wg, dg[u][l], mg[u][l]),
-                                    w2_f16x2(true, asym, wh, dh[u][l], mh[u][l]),
-                                ];
-                            }
-                            for (nh, acc_nh) in acc.iter_mut().enumerate() {
-                                let b: [[u32; 2]; 32] = std::array::from_fn(|l| {
-                                    let xa = xv[nh][l][4 * i + h];
-                                    let xb = xv[nh][l][4 * i + h + 2];
-                                    [byte_perm(xa, xb, 0x5410), byte_perm(xa, xb, 0x7632)]
-                                });
-                                mma_16816(&mut acc_nh[h % chains], &a, &b);
-                            }
-                        }
-                    }
+                dg[u][l] = splat(&q.scales, rg[l], grp[l], ok);
+                dh[u][l] = splat(&q.scales, rh[l], grp[l], ok);
+                mg[u][l] = if asym { splat(mins, rg[l], grp[l], ok) } else { 0 };
+                mh[u][l] = if asym { splat(mins, rh[l], grp[l], ok) } else { 0 };
+                j[l] += 4;
+                grp[l] += gstep;
+                rem[l] += rstep;
+                if rem[l] >= cpg {
+                    rem[l] -= cpg;
+                    grp[l] += 1;
                 }
-                t += u_steps;
             }
-            for (nh, acc_nh) in acc.iter().enumerate() {
-                for l in 0..32 {
-                    let (g, c) = (l / 4, l % 4);
-                    for i in 0..4 {
-                        let b = 8 * nh + 2 * c + (i & 1);
-                        if b < batch {
-                            part_w[b][g + 8 * (i >> 1)] = if chains == 2 { acc_nh[0][l][i] + acc_nh[chains - 1][l][i] } else { acc_nh[0][l][i] };
-                        }
+        }
+        for u in 0..u_steps {
+            if t + u >= t1 {
+                break;
+            }
+            // xv[nh][lane]: 16 words of X (the 32 halves of the lane's chunk).
+            let xv: Vec<Vec<[u32; 16]>> = (0..nh_count)
+                .map(|nh| {
+                    (0..32)
+                        .map(|l| {
+                            let b = l / 4 + 8 * nh;
+                            let ok = b < batch && jj[u][l] < nchunks;
+                            std::array::from_fn(|w| {
+                                let e = b * k + 32 * jj[u][l] + 2 * w;
+                                if ok { x[e].to_bits() as u32 | ((x[e + 1].to_bits() as u32) << 16) } else { 0 }
+                            })
+                        })
+                        .collect()
+                })
+                .collect();
+            for i in 0..4 {
+                for h in 0..2 {
+                    let mut a = [[0u32; 4]; 32];
+                    for l in 0..32 {
+                        let wg = cg[u][l][i] >> (8 * h);
+                        let wh = ch[u][l][i] >> (8 * h);
+                        a[l] = [
+                            w2_f16x2(false, asym, wg, dg[u][l], mg[u][l]),
+                            w2_f16x2(false, asym, wh, dh[u][l], mh[u][l]),
+                            w2_f16x2(true, asym, wg, dg[u][l], mg[u][l]),
+                            w2_f16x2(true, asym, wh, dh[u][l], mh[u][l]),
+                        ];
+                    }
+                    for (nh, acc_nh) in acc.iter_mut().enumerate() {
+                        let b: [[u32; 2]; 32] = std::array::from_fn(|l| {
+                            let xa = xv[nh][l][4 * i + h];
+                            let xb = xv[nh][l][4 * i + h + 2];
+                            [byte_perm(xa, xb, 0x5410), byte_perm(xa, xb, 0x7632)]
+                        });
+                        mma_16816(&mut acc_nh[h % chains], &a, &b);
                     }
                 }
             }
         }
+        t += u_steps;
+    }
+    for (nh, acc_nh) in acc.iter().enumerate() {
+        for l in 0..32 {
+            let (g, c) = (l / 4, l % 4);
+            for i in 0..4 {
+                let b = 8 * nh + 2 * c + (i & 1);
+                if b < batch {
+                    part_w[b][g + 8 * (i >> 1)] = if chains == 2 { acc_nh[0][l][i] + acc_nh[chains - 1][l][i] } else { acc_nh[0][l][i] };
+                }
+            }
+        }
+    }
+    part_w
+}
+
+/// mma_block_sum in quant.cu: a block's 4 warps summed in warp order, for each (batch, row).
+fn block_sum(part: &[Vec<[f32; MMA_ROWS]>], b: usize, r: usize) -> f32 {
+    let mut s = 0f32;
+    for p in part {
+        s += p[b][r];
+    }
+    s
+}
+
+/// quant_w4a16_mma_{sym,asym}_b{batch}_f16 on the CPU: Y (batch x rows) for X (batch x cols).
+pub fn w4a16_mma(q: &GroupQuant, x: &[f16], batch: usize) -> Vec<f16> {
+    let (n_rows, k) = (q.rows, q.cols);
+    let nsteps = (k / 32).div_ceil(4);
+    let per = nsteps.div_ceil(MMA_WARPS);
+    let mut y = vec![f16::ZERO; batch * n_rows];
+    for block in 0..n_rows.div_ceil(MMA_ROWS) {
+        let row0 = block * MMA_ROWS;
+        let part: Vec<_> = (0..MMA_WARPS)
+            .map(|warp| {
+                let t0 = warp * per;
+                mma_warp(q, x, batch, row0, t0, (t0 + per).min(nsteps))
+            })
+            .collect();
         for i in 0..batch * MMA_ROWS {
             let (b, r) = (i / MMA_ROWS, i % MMA_ROWS);
             if row0 + r < n_rows {
-                let mut s = 0f32;
-                for p in &part {
-                    s += p[b][r];
+                y[b * n_rows + row0 + r] = f16::from_f32(block_sum(&part, b, r));
+            }
+        }
+    }
+    y
+}
+
+/// quant_w4a16_mma_splitk_{sym,asym}_b{batch}_f16 on the CPU with `slices` blocks per tile
+/// (grid.y): block (tile, s), warp w owns steps [(4s + w) per, + per), per = ceil(nsteps / 4S);
+/// each block's warp-order sum goes to the workspace ws[s][b][row]; the tile's last block adds
+/// the slices in slice order (one slice: the block writes Y itself). Every workspace entry must
+/// be written exactly once before it is read.
+pub fn w4a16_mma_splitk(q: &GroupQuant, x: &[f16], batch: usize, slices: usize) -> Vec<f16> {
+    let (n_rows, k) = (q.rows, q.cols);
+    let nsteps = (k / 32).div_ceil(4);
+    let per = nsteps.div_ceil(MMA_WARPS * slices);
+    let mut y = vec![f16::ZERO; batch * n_rows];
+    let mut ws = vec![f32::NAN; slices * batch * n_rows];
+    for block in 0..n_rows.div_ceil(MMA_ROWS) {
+        let row0 = block * MMA_ROWS;
+        for s in 0..slices {
+            let part: Vec<_> = (0..MMA_WARPS)
+                .map(|warp| {
+                    let t0 = (s * MMA_WARPS + warp) * per;
+                    mma_warp(q, x, batch, row0, t0, (t0 + per).min(nsteps))
+                })
+                .collect();
+            for i in 0..batch * MMA_ROWS {
+                let (b, r) = (i / MMA_ROWS, i % MMA_ROWS);
+                if row0 + r < n_rows {
+                    if slices == 1 {
+                        y[b * n_rows + row0 + r] = f16::from_f32(block_sum(&part, b, r));
+                    } else {
+                        let e = &mut ws[(s * batch + b) * n_rows + row0 + r];
+                        assert!(e.is_nan(), "slice {s} batch {b} row {} written twice", row0 + r);
+                        *e = block_sum(&part, b, r);
+                    }
                 }
-                y[b * n_rows + row0 + r] = f16::from_f32(s);
+            }
+        }
+        if slices > 1 {
+            for i in 0..batch * MMA_ROWS {
+                let (b, r) = (i / MMA_ROWS, i % MMA_ROWS);
+                if row0 + r < n_rows {
+                    let mut acc = 0f32;
+                    for v in 0..slices {
+                        acc += ws[(v * batch + b) * n_rows + row0 + r];
+                    }
+                    y[b * n_rows + row0 + r] = f16::from_f32(acc);
+                }
             }
         }
     }
@@ -210,7 +283,7 @@ pub fn w4a16_mma(q: &GroupQuant, x: &[f16], batch: usize) -> Vec<f16> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::experiment::{check_w4a16, reference_w4a16, w4a16_tolerance, BATCHES};
+    use crate::quant::experiment::{check_w4a16, mma_steps_in_flight, reference_w4a16, splitk_slices, w4a16_tolerance, BATCHES};
     use crate::quant::group;
     use rand::{Rng, SeedableRng};
 
@@ -246,7 +319,20 @@ mod tests {
     #[test]
     fn the_model_mirrors_the_kernel_source() {
         let src = crate::kernels::source("quant").unwrap();
-        for s in [MAGIC, MASKS, MULS, OFFSETS, "#define MMA_WARPS 4\n#define MMA_ROWS 16\n", "constexpr int U = B > 8 ? 3 : 4;", "constexpr int CH = NH == 1 ? 2 : 1;"] {
+        for s in [
+            MAGIC,
+            MASKS,
+            MULS,
+            OFFSETS,
+            "#define MMA_WARPS 4\n#define MMA_ROWS 16\n",
+            "constexpr int U = B > 8 ? 3 : 4;",
+            "constexpr int CH = NH == 1 ? 2 : 1;",
+            // w4a16_mma_splitk's split of K and its workspace layout, as mirrored in w4a16_mma_splitk.
+            "const int per = (nsteps + MMA_WARPS * slices - 1) / (MMA_WARPS * slices);",
+            "const int t0 = (s * MMA_WARPS + warp) * per, t1 = min(t0 + per, nsteps);",
+            "ws[((long long)s * B + b) * n_rows + row0 + r] = mma_block_sum<B>(part, i);",
+            "for (int v = 0; v < slices; ++v) acc += __ldcg(ws + ((long long)v * B + b) * n_rows + row0 + r);",
+        ] {
             assert!(src.contains(s), "quant.cu no longer contains `{s}`");
         }
         assert_eq!(src.matches("__byte_perm(xa, xb, 0x5410), __byte_perm(xa, xb, 0x7632)").count(), 1);
@@ -255,6 +341,21 @@ mod tests {
     fn random_quant(rng: &mut impl Rng, n: usize, k: usize, scheme: Scheme, group: usize) -> GroupQuant {
         let w: Vec<f32> = (0..n * k).map(|_| rng.random_range(-1.0f32..1.0) / (k as f32).sqrt()).collect();
         group::quantize(&w, n, k, scheme, group).unwrap()
+    }
+
+    /// The launcher's slice count gives every split-K warp one load round, and the split covers
+    /// each step of K exactly once, slices in order.
+    #[test]
+    fn the_split_k_slices_give_one_round_per_warp() {
+        for k in (32usize..=12288).step_by(32) {
+            for &b in BATCHES {
+                assert_eq!(steps_in_flight(b), mma_steps_in_flight(b));
+                let (nsteps, slices) = ((k / 32).div_ceil(4), splitk_slices(k, b));
+                let per = nsteps.div_ceil(MMA_WARPS * slices);
+                assert!(per <= steps_in_flight(b), "K={k} batch {b}: {per} steps per warp");
+                assert!(slices == 1 || nsteps > MMA_WARPS * steps_in_flight(b) * (slices - 1), "K={k} batch {b}: a slice too many");
+            }
+        }
     }
 
     /// Odd shapes (a partial tile, partial steps, warps with no step, several load rounds per
@@ -272,6 +373,8 @@ mod tests {
             (9, 1536, Scheme::Sym, 96),
             (7, 2048, Scheme::Asym, 256),
             (5, 96, Scheme::Sym, 96),
+            (37, 4064, Scheme::Sym, 32),
+            (19, 11008, Scheme::Asym, 128),
         ];
         for (n, k, scheme, group) in shapes {
             let q = random_quant(&mut rng, n, k, scheme, group);
@@ -282,6 +385,12 @@ mod tests {
                 let expected = reference_w4a16(&xf, &wd, b, n, k);
                 let e = check_w4a16(&w4a16_mma(&q, &x, b), &expected, w4a16_tolerance(&expected));
                 assert!(e.passed(), "N={n} K={k} {scheme:?} g{group} batch {b}: {e:?}");
+                // Split-K as launched, and with more and fewer slices than one round asks for
+                // (warps with no step, several rounds per warp).
+                for slices in [splitk_slices(k, b), 1, 2, 3, 7] {
+                    let e = check_w4a16(&w4a16_mma_splitk(&q, &x, b, slices), &expected, w4a16_tolerance(&expected));
+                    assert!(e.passed(), "split-K {slices}: N={n} K={k} {scheme:?} g{group} batch {b}: {e:?}");
+                }
             }
         }
     }
@@ -291,7 +400,7 @@ mod tests {
     #[test]
     fn the_mma_model_is_exact_on_integer_data() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(5);
-        for (n, k, scheme, group) in [(37, 992, Scheme::Asym, 32), (19, 640, Scheme::Sym, 128), (9, 1536, Scheme::Asym, 96), (7, 2048, Scheme::Sym, 256)] {
+        for (n, k, scheme, group) in [(37, 992, Scheme::Asym, 32), (19, 640, Scheme::Sym, 128), (9, 1536, Scheme::Asym, 96), (7, 2048, Scheme::Sym, 256), (21, 4064, Scheme::Asym, 32)] {
             let gprs = n * k / group;
             let q = GroupQuant {
                 scheme,
@@ -310,6 +419,11 @@ mod tests {
                 let got: Vec<u16> = w4a16_mma(&q, &x, b).iter().map(|v| v.to_bits()).collect();
                 let first = got.iter().zip(&expected).position(|(g, e)| g != e);
                 assert!(first.is_none(), "N={n} K={k} batch {b}: first difference at {first:?}");
+                for slices in [splitk_slices(k, b), 2, 5] {
+                    let got: Vec<u16> = w4a16_mma_splitk(&q, &x, b, slices).iter().map(|v| v.to_bits()).collect();
+                    let first = got.iter().zip(&expected).position(|(g, e)| g != e);
+                    assert!(first.is_none(), "split-K {slices}: N={n} K={k} batch {b}: first difference at {first:?}");
+                }
             }
         }
     }
