@@ -67,7 +67,7 @@ fn exported_symbols_are_the_ones_the_launchers_use() {
     let ptx = |family| entries(&compile_family(family, 90).unwrap_or_else(|e| panic!("{e}")));
     assert_eq!(ptx("softmax"), expect("softmax", lab::ops::softmax::GPU_VARIANTS, &[DType::F32, DType::Bf16]));
     assert_eq!(ptx("vector_add"), expect("vector_add", lab::ops::vector_add::GPU_VARIANTS, &[DType::F32]));
-    assert_eq!(ptx("ceilings"), expect("ceilings", &["copy_float4", "fma"], &[DType::F32]));
+    assert_eq!(ptx("ceilings"), expect("ceilings", &["copy_float4", "fma", "read_scrub"], &[DType::F32]));
     let all = [DType::F32, DType::F16, DType::Bf16];
     let gelu_kernels = ["unfused_add", "unfused_gelu_tanh", "unfused_gelu_erf", "fused_tanh", "fused_erf", "fused_tanh_sigmoid"];
     assert_eq!(ptx("bias_gelu"), expect("bias_gelu", &gelu_kernels, &all));
@@ -83,6 +83,7 @@ fn exported_symbols_are_the_ones_the_launchers_use() {
     let quant = lab::quant::experiment::gpu_variants();
     let quant: Vec<&str> = quant.iter().map(String::as_str).collect();
     assert_eq!(ptx("quant"), expect("quant", &quant, &[DType::F16]));
+    assert_eq!(ptx("collective"), expect("collective", &["add"], &all));
 }
 
 #[test]

@@ -18,7 +18,7 @@ pub fn time_gpu(gpu: &Gpu, budget: &Budget, mut launch: impl FnMut() -> Result<(
         L2::Warm => None,
     };
     let reader = match budget.l2 {
-        L2::Clean => Some((gpu.function("ceilings", "ceilings_read_scrub_f32")?, gpu.stream.alloc_zeros::<f32>(1).doing("allocating a sink")?)),
+        L2::Clean => Some((gpu.function("ceilings", &crate::kernels::symbol("ceilings", "read_scrub", crate::kernels::DType::F32))?, gpu.stream.alloc_zeros::<f32>(1).doing("allocating a sink")?)),
         _ => None,
     };
     let graph = match budget.launch {
