@@ -2,8 +2,9 @@
 # The whole test suite on a fresh machine: installs what it needs, then runs cargo's tests.
 # No GPU needed: kernels are compiled by NVRTC from the PyPI wheels for sm_80 and sm_90, every
 # experiment runs on the CPU backend, the committed report must match a fresh render, and
-# headless Chromium loads it; the collectives run under mpirun (Open MPI). A missing NVRTC,
-# Chromium or mpirun fails the suite.
+# headless Chromium loads it; the collectives run under mpirun (Open MPI); every notebook runs
+# headlessly with the Rust kernel and must match its committed outputs. A missing NVRTC, Chromium,
+# mpirun, evcxr_jupyter or Jupyter runner fails the suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -50,3 +51,14 @@ export LAB_SMOLLM2_GGUF="$PWD/$model"
 # `--features mpi`: the collectives are also tested under `mpirun -n 2` and `-n 4` against
 # MPI_Allreduce (lab/tests/mpi.rs); a missing mpirun fails those tests.
 cargo test --release --locked --no-fail-fast --features mpi
+
+# The notebooks: the Rust kernel (evcxr_jupyter; a cold `cargo install` takes ~20 minutes on two
+# cores) and Jupyter's headless runner (nbclient, from requirements-test.txt). Each notebook runs
+# from a clean kernel and must match its committed outputs (scripts/check_notebooks.py). Both
+# share evcxr's build folder and its cache of compiled crates, so only the first compiles lab.
+export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+command -v evcxr_jupyter >/dev/null || cargo install --locked evcxr_jupyter
+evcxr_jupyter --install >/dev/null
+export EVCXR_TMPDIR="$PWD/.cache/evcxr"
+mkdir -p "$EVCXR_TMPDIR"
+.venv/bin/python scripts/check_notebooks.py notebooks/*.ipynb

@@ -17,11 +17,15 @@ pub mod report;
 pub mod weights;
 
 pub use error::{LabError, Result};
+/// The DataFrame library behind [`record::load`], for notebooks and scripts building their own.
+pub use polars;
 
 /// What a notebook or script needs in one `use lab::prelude::*;`.
 pub mod prelude {
     pub use crate::error::{LabError, Result};
-    pub use crate::experiment::{registry, Backend, BackendChoice, RunOptions};
+    pub use crate::experiment::{find, registry, Backend, BackendChoice, Experiment, RunOptions, Session};
     pub use crate::gpu::Gpu;
-    pub use crate::record::{load, load_with_damage, Record};
+    pub use crate::record::{load, load_with_damage, read_records, Record};
+    pub use crate::report::charts;
+    pub use crate::report::show::{Markdown, Svg, Table};
 }

@@ -148,6 +148,23 @@ pub struct RunOptions {
 }
 
 impl RunOptions {
+    /// `lab run`'s defaults: full sizes, no peers, every variant, cold L2, eager launches, no
+    /// profiler, no progress bars; records go to `out`.
+    pub fn new(out: impl Into<PathBuf>, seed: u64) -> Self {
+        RunOptions {
+            quick: false,
+            peers: Vec::new(),
+            out: out.into(),
+            seed,
+            variants: Vec::new(),
+            provider: None,
+            progress: false,
+            l2: L2::Cold,
+            launch: Launch::Eager,
+            ncu: false,
+        }
+    }
+
     /// Repetitions and timing mode for these options.
     pub fn budget(&self) -> Budget {
         Budget { l2: self.l2, launch: self.launch, ..Budget::new(self.quick) }

@@ -6,7 +6,11 @@ use crate::record::{Record, Verdict};
 use plotters::prelude::*;
 use std::collections::BTreeMap;
 
+pub use plotters::chart::SeriesLabelPosition;
+
 const SIZE: (u32, u32) = (960, 560);
+/// Width added for a legend beside a roofline with many points.
+const LEGEND_COLUMN: u32 = 340;
 
 fn color(i: usize) -> RGBColor {
     const PALETTE: [RGBColor; 10] = [
@@ -57,12 +61,36 @@ pub fn ceilings(run: &[&Record]) -> BTreeMap<String, f64> {
     out
 }
 
-/// Roofline on log-log axes: the copy slope, each compute roof, and the best point of every
-/// lab variant at its arithmetic intensity. None when the run has no ceiling or no point.
-pub fn roofline(run: &[&Record], device: &str) -> Option<String> {
+/// One kernel variant on the roofline: its best passing figure, the roof above it (the copy
+/// slope or its compute ceiling, whichever is lower at its intensity) and what bounds it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RooflinePoint {
+    /// `experiment/variant dtype`.
+    pub label: String,
+    /// flop per byte moved.
+    pub intensity: f64,
+    pub tflop_s: f64,
+    pub roof_tflop_s: f64,
+    /// "memory" left of the ridge point, "compute" right of it.
+    pub bound: &'static str,
+    /// The ceiling that makes the roof: `copy_gb_s`, `fma_tflop_s`, `tensor_f16_tflop_s`, ...
+    pub ceiling: String,
+}
+
+impl RooflinePoint {
+    /// Achieved share of the roof above the point.
+    pub fn fraction_of_roof(&self) -> f64 {
+        self.tflop_s / self.roof_tflop_s
+    }
+}
+
+/// The best figure of every lab variant (not the ceilings, not the peers) that does work, placed
+/// under the run's copy slope and its dtype's compute ceiling, in label order. Empty without a
+/// copy ceiling.
+pub fn roofline_points(run: &[&Record]) -> Vec<RooflinePoint> {
     let roofs = ceilings(run);
-    let bw = *roofs.get("copy_gb_s")?;
-    let mut best: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    let Some(&bw) = roofs.get("copy_gb_s") else { return Vec::new() };
+    let mut best: BTreeMap<String, (f64, f64, &str)> = BTreeMap::new();
     for r in run.iter().filter(|r| r.provider == "lab" && r.experiment != "ceilings" && passing_timed(r)) {
         if r.work.flops == 0 || r.work.bytes == 0 {
             continue;
@@ -71,10 +99,38 @@ pub fn roofline(run: &[&Record], device: &str) -> Option<String> {
         let tflops = r.throughput.unwrap().tflop_s;
         let dtype = r.params.get("dtype").and_then(|d| d.as_str()).unwrap_or("");
         let label = format!("{}/{} {}", r.experiment, r.variant, dtype).trim().to_string();
-        if best.get(&label).is_none_or(|(_, old)| *old < tflops) {
-            best.insert(label, (intensity, tflops));
+        if best.get(&label).is_none_or(|(_, old, _)| *old < tflops) {
+            best.insert(label, (intensity, tflops, dtype));
         }
     }
+    best.into_iter()
+        .map(|(label, (intensity, tflop_s, dtype))| {
+            // Half types may run on tensor cores: their roof is that dtype's tensor ceiling; f32
+            // and the rest have the FMA rate.
+            let (ceiling, peak) = [format!("tensor_{dtype}_tflop_s"), "fma_tflop_s".to_string()]
+                .into_iter()
+                .find_map(|name| roofs.get(&name).map(|v| (name, *v)))
+                .unwrap_or_default();
+            let slope = bw / 1000.0 * intensity;
+            let memory = peak == 0.0 || slope < peak;
+            RooflinePoint {
+                label,
+                intensity,
+                tflop_s,
+                roof_tflop_s: if memory { slope } else { peak },
+                bound: if memory { "memory" } else { "compute" },
+                ceiling: if memory { "copy_gb_s".to_string() } else { ceiling },
+            }
+        })
+        .collect()
+}
+
+/// Roofline on log-log axes: the copy slope, each compute roof, and the best point of every
+/// lab variant at its arithmetic intensity. None when the run has no ceiling or no point.
+pub fn roofline(run: &[&Record], device: &str) -> Option<String> {
+    let roofs = ceilings(run);
+    let bw = *roofs.get("copy_gb_s")?;
+    let best: BTreeMap<String, (f64, f64)> = roofline_points(run).into_iter().map(|p| (p.label, (p.intensity, p.tflop_s))).collect();
     if best.is_empty() {
         return None;
     }
@@ -83,13 +139,19 @@ pub fn roofline(run: &[&Record], device: &str) -> Option<String> {
     let (x_lo, x_hi) = (1e-2, 1e4);
     let y_lo = best.values().map(|p| p.1).fold(f64::INFINITY, f64::min).min(bw / 1000.0 * x_lo) / 3.0;
     let y_hi = compute.iter().map(|(_, v)| *v).fold(top, f64::max) * 3.0;
+    // Many points (a whole device's records): the legend gets a column right of the plot and
+    // the figure grows to hold it.
+    let entries = (best.len() + compute.len().max(1)) as u32;
+    let many = entries > 28;
+    let size = if many { (SIZE.0 + LEGEND_COLUMN, SIZE.1.max(60 + 17 * entries)) } else { SIZE };
     let mut svg = String::new();
     {
-        let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
+        let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
         root.fill(&WHITE).ok()?;
         let mut chart = ChartBuilder::on(&root)
             .caption(format!("Roofline: {device}"), ("sans-serif", 22))
             .margin(16)
+            .margin_right(if many { LEGEND_COLUMN + 16 } else { 16 })
             .x_label_area_size(44)
             .y_label_area_size(64)
             .build_cartesian_2d((x_lo..x_hi).log_scale(), (y_lo..y_hi).log_scale())
@@ -126,7 +188,29 @@ pub fn roofline(run: &[&Record], device: &str) -> Option<String> {
                 .label(label.clone())
                 .legend(move |(x, y)| Circle::new((x + 8, y), 4, c.filled()));
         }
-        legend(&mut chart, SeriesLabelPosition::LowerRight, 12)?;
+        if many {
+            // plotters sizes a legend only inside the plot: this one is drawn by hand, one row each.
+            let x = (size.0 - LEGEND_COLUMN) as i32;
+            let row = |i: usize| 48 + 17 * i as i32;
+            let text = |s: String, i: usize| Text::new(s, (x + 22, row(i) - 7), ("sans-serif", 12));
+            let roof_labels: Vec<String> = if compute.is_empty() {
+                vec![format!("copy = {bw:.0} GB/s")]
+            } else {
+                compute.iter().map(|(name, peak)| format!("{name} = {peak:.1}; copy = {bw:.0} GB/s")).collect()
+            };
+            for (i, label) in roof_labels.into_iter().enumerate() {
+                let c = if compute.is_empty() { BLACK } else { color(i + 7) };
+                root.draw(&PathElement::new(vec![(x, row(i)), (x + 16, row(i))], c.stroke_width(2))).ok()?;
+                root.draw(&text(label, i)).ok()?;
+            }
+            let skip = compute.len().max(1);
+            for (i, label) in best.keys().enumerate() {
+                root.draw(&Circle::new((x + 8, row(skip + i)), 4, color(i).filled())).ok()?;
+                root.draw(&text(label.clone(), skip + i)).ok()?;
+            }
+        } else {
+            legend(&mut chart, SeriesLabelPosition::LowerRight, 12)?;
+        }
         root.present().ok()?;
     }
     Some(svg)
@@ -245,7 +329,19 @@ pub fn scaling(run: &[&Record], experiment: &str, axis: &str) -> Option<String> 
         pts.dedup_by(|a, b| a.0 == b.0);
         pts.len() >= 2
     });
-    if series.is_empty() {
+    lines(&format!("{experiment}: {unit} against {axis_name}"), axis_name, unit, &series, SeriesLabelPosition::LowerRight)
+}
+
+/// Named series of (x, y) points as lines on log-log axes, in name order, the legend where
+/// given. None when there is no point.
+pub fn lines(
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+    series: &BTreeMap<String, Vec<(f64, f64)>>,
+    legend_at: SeriesLabelPosition,
+) -> Option<String> {
+    if series.values().all(|pts| pts.is_empty()) {
         return None;
     }
     let all = series.values().flatten();
@@ -256,13 +352,13 @@ pub fn scaling(run: &[&Record], experiment: &str, axis: &str) -> Option<String> 
         let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
         root.fill(&WHITE).ok()?;
         let mut chart = ChartBuilder::on(&root)
-            .caption(format!("{experiment}: {unit} against {axis_name}"), ("sans-serif", 20))
+            .caption(title, ("sans-serif", 20))
             .margin(16)
             .x_label_area_size(44)
             .y_label_area_size(64)
             .build_cartesian_2d((x_lo / 1.5..x_hi * 1.5).log_scale(), (y_lo / 1.5..y_hi * 1.5).log_scale())
             .ok()?;
-        chart.configure_mesh().x_desc(axis_name).y_desc(unit).draw().ok()?;
+        chart.configure_mesh().x_desc(x_desc).y_desc(y_desc).draw().ok()?;
         for (i, (name, pts)) in series.iter().enumerate() {
             let c = color(i);
             chart
@@ -271,7 +367,7 @@ pub fn scaling(run: &[&Record], experiment: &str, axis: &str) -> Option<String> 
                 .label(name.clone())
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
         }
-        legend(&mut chart, SeriesLabelPosition::LowerRight, 11)?;
+        legend(&mut chart, legend_at, 11)?;
         root.present().ok()?;
     }
     Some(svg)

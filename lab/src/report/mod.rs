@@ -1,8 +1,9 @@
 //! The report: research_log.md and a static HTML site rendered from the records, the notes and
 //! the tera templates. A pure function of its inputs: rendering twice gives the same bytes.
 
-mod charts;
+pub mod charts;
 pub mod model;
+pub mod show;
 
 use crate::record::{read_records, Record};
 use crate::{LabError, Result};
