@@ -59,6 +59,7 @@ cargo test --release --locked --no-fail-fast --features mpi
 export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
 command -v evcxr_jupyter >/dev/null || cargo install --locked evcxr_jupyter
 evcxr_jupyter --install >/dev/null
-export EVCXR_TMPDIR="$PWD/.cache/evcxr"
+# Outside the repository: a crate folder inside it would count as a stray member of our workspace.
+export EVCXR_TMPDIR="${XDG_CACHE_HOME:-$HOME/.cache}/lab-evcxr"
 mkdir -p "$EVCXR_TMPDIR"
 .venv/bin/python scripts/check_notebooks.py notebooks/*.ipynb
