@@ -606,14 +606,21 @@ pub fn kernel(gpu: &Gpu, variant: &str, dtype: DType) -> Result<CudaFunction> {
     }
     let smem = dynamic_smem(variant);
     let f = gpu.function(FAMILY, &symbol(FAMILY, variant, dtype))?;
+    raise_dynamic_smem(&f, smem)?;
+    Ok(f)
+}
+
+/// Lets `f` launch with `smem` bytes of dynamic shared memory: above the 48 KiB default the
+/// limit is raised and the whole carveout preferred as shared memory (so that, e.g.,
+/// mma_warp64's two 64 KiB blocks per SM fit). Below it, nothing to do.
+pub fn raise_dynamic_smem(f: &CudaFunction, smem: usize) -> Result<()> {
     if smem > 48 * 1024 {
         f.set_attribute(FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
             .doing("raising the kernel's dynamic shared memory limit")?;
-        // The whole carveout as shared memory, so that mma_warp64's two 64 KiB blocks per SM fit.
         f.set_attribute(FnAttr::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
             .doing("preferring the shared-memory carveout")?;
     }
-    Ok(f)
+    Ok(())
 }
 
 /// C = alpha A B + beta C on the GPU with one lab variant (`f` from [`kernel`]); the arguments

@@ -41,25 +41,51 @@ const W4_REL: f64 = 1e-2;
 /// One W4A16 design: kernels `<name>_{sym,asym}_b{B}` with the same arguments, each block of
 /// `warps` warps owning `rows` rows of W (a grid of N / rows blocks). A split-K design also
 /// splits K over `splitk_slices` blocks per tile (grid.y) and takes an fp32 workspace
-/// (slices x B x N) and a zeroed u32 counter per tile after Y.
+/// (slices x B x N) and a zeroed u32 counter per tile after Y. A pipelined design runs a
+/// persistent grid ([`pipelined_grid`]) with a dynamic shared-memory ring ([`pipelined_smem`]).
 #[derive(Clone, Copy, Debug)]
 pub struct W4Design {
     pub name: &'static str,
     pub rows: usize,
     pub warps: usize,
     pub split_k: bool,
+    pub pipelined: bool,
 }
 
 /// The W4A16 rungs, measured side by side on every case (quant.cu's W4A16 and W4A16_MMA).
 pub const W4_DESIGNS: &[W4Design] = &[
     // CUDA cores: 4 rows per block, K split across 128 threads in 4-byte code words.
-    W4Design { name: "w4a16", rows: 4, warps: 4, split_k: false },
+    W4Design { name: "w4a16", rows: 4, warps: 4, split_k: false, pipelined: false },
     // Tensor cores: 16-row tiles, K split across 4 warps, 16-byte streaming loads, 4 steps in flight.
-    W4Design { name: "w4a16_mma", rows: 16, warps: 4, split_k: false },
+    W4Design { name: "w4a16_mma", rows: 16, warps: 4, split_k: false, pipelined: false },
     // The same warp step, K split over blocks too so that a warp owns at most the steps it keeps
     // in flight: one load round per warp, partials summed by the tile's last block.
-    W4Design { name: "w4a16_mma_splitk", rows: 16, warps: 4, split_k: true },
+    W4Design { name: "w4a16_mma_splitk", rows: 16, warps: 4, split_k: true, pipelined: false },
+    // The same warp step decoding from shared memory: 16-row tiles streamed through an 8-stage
+    // cp.async ring by a persistent grid of 8-warp blocks, 2 per SM.
+    W4Design { name: "w4a16_mma_pipelined", rows: 16, warps: 8, split_k: false, pipelined: true },
 ];
+
+/// quant.cu's PIPE_CHUNKS, PIPE_STAGES, PIPE_SVECS and PIPE_BLOCKS_PER_SM: 16 B code chunks
+/// per row per stage, stages in the ring, 16 B scale vectors per row per stage, blocks per SM.
+pub const PIPE_CHUNKS: usize = 32;
+pub const PIPE_STAGES: usize = 8;
+pub const PIPE_SVECS: usize = 5;
+pub const PIPE_BLOCKS_PER_SM: usize = 2;
+
+/// Dynamic shared memory of w4a16_mma_pipelined: PIPE_STAGES x PipeStage<ASYM>::VECS x 16 B.
+pub fn pipelined_smem(scheme: Scheme) -> usize {
+    let tables = if scheme == Scheme::Asym { 2 } else { 1 };
+    PIPE_STAGES * 16 * (16 * PIPE_CHUNKS + tables * 16 * PIPE_SVECS)
+}
+
+/// The persistent grid of w4a16_mma_pipelined: tiles per block ceil(tiles / slots), then as
+/// few blocks as give every block that many tiles (the last may have fewer).
+pub fn pipelined_grid(n: usize, sms: usize) -> usize {
+    let tiles = n.div_ceil(16);
+    let tpb = tiles.div_ceil(sms * PIPE_BLOCKS_PER_SM);
+    tiles.div_ceil(tpb)
+}
 
 /// Steps (128 weights of a row) a w4a16_mma warp keeps in flight: quant.cu's MmaSteps<B>::U.
 pub fn mma_steps_in_flight(batch: usize) -> usize {
@@ -88,7 +114,10 @@ impl W4Design {
             1
         }
     }
-    fn launch(&self, n: usize, k: usize, batch: usize) -> LaunchConfig {
+    fn launch(&self, n: usize, k: usize, batch: usize, scheme: Scheme, sms: usize) -> LaunchConfig {
+        if self.pipelined {
+            return LaunchConfig { grid_dim: (pipelined_grid(n, sms) as u32, 1, 1), block_dim: (32 * self.warps as u32, 1, 1), shared_mem_bytes: pipelined_smem(scheme) as u32 };
+        }
         LaunchConfig { grid_dim: (n.div_ceil(self.rows) as u32, self.slices(k, batch) as u32, 1), block_dim: (32 * self.warps as u32, 1, 1), shared_mem_bytes: 0 }
     }
 }
@@ -611,7 +640,8 @@ fn run_w4a16(s: &mut Session, case: &Value) -> Result<()> {
                 continue;
             }
             let f = kernel(&gpu, &variant)?;
-            let cfg = design.launch(n, k, b);
+            let cfg = design.launch(n, k, b, scheme, gpu.info.sm_count as usize);
+            crate::ops::gemm::raise_dynamic_smem(&f, cfg.shared_mem_bytes as usize)?;
             let (ni, ki, gi) = (n as i32, k as i32, group as i32);
             let launch = |y: &mut CudaSlice<f16>| -> Result<()> {
                 let mut l = gpu.stream.launch_builder(&f);
@@ -626,7 +656,8 @@ fn run_w4a16(s: &mut Session, case: &Value) -> Result<()> {
                 // SAFETY: codes n*k/2 bytes, scales (mins) n*k/group halves, X b*k, Y b*n halves;
                 // k and group are multiples of 32 (validated); rows past n are never stored.
                 // Split-K: the workspace holds grid.y x b x n floats and the counters one per
-                // 16-row tile (grid.x), zeroed here and left zeroed by every launch.
+                // 16-row tile (grid.x), zeroed here and left zeroed by every launch. Pipelined:
+                // the dynamic shared memory is the ring's size, its limit raised above.
                 unsafe { l.arg(&ni).arg(&ki).arg(&gi).launch(cfg) }.map(|_| ()).doing("launching w4a16")
             };
             let work = Work { bytes: q.bytes() + io, flops };
@@ -822,8 +853,22 @@ mod tests {
     #[test]
     fn launch_shapes_match_the_kernel_source() {
         let src = crate::kernels::source(FAMILY).unwrap();
-        let [cuda, mma, splitk] = W4_DESIGNS else { panic!("three W4A16 designs") };
-        assert_eq!((cuda.name, mma.name, splitk.name), ("w4a16", "w4a16_mma", "w4a16_mma_splitk"));
+        let [cuda, mma, splitk, pipe] = W4_DESIGNS else { panic!("four W4A16 designs") };
+        assert_eq!((cuda.name, mma.name, splitk.name, pipe.name), ("w4a16", "w4a16_mma", "w4a16_mma_splitk", "w4a16_mma_pipelined"));
+        assert!(src.contains(&format!(
+            "#define PIPE_WARPS {}\n#define PIPE_CHUNKS {PIPE_CHUNKS}\n#define PIPE_STAGES {PIPE_STAGES}\n#define PIPE_SVECS {PIPE_SVECS}\n#define PIPE_BLOCKS_PER_SM {PIPE_BLOCKS_PER_SM}\n",
+            pipe.warps
+        )));
+        assert_eq!((pipe.rows, pipe.pipelined, pipe.split_k, mma.pipelined), (mma.rows, true, false, false));
+        assert!(src.contains("static constexpr int VECS = CODES + (ASYM ? 2 : 1) * MMA_ROWS * PIPE_SVECS;"));
+        assert_eq!((pipelined_smem(Scheme::Sym), pipelined_smem(Scheme::Asym)), (75776, 86016));
+        // 132 SMs: 512 tiles in 256 blocks of 2, 256 in 256 of 1, 688 in 230 of 3 (the last 1), 3 in 3.
+        assert_eq!([8192, 4096, 11008, 37].map(|n| pipelined_grid(n, 132)), [256, 256, 230, 3]);
+        for n in (1usize..20000).step_by(7) {
+            let (tiles, grid) = (n.div_ceil(16), pipelined_grid(n, 132));
+            let tpb = tiles.div_ceil(grid);
+            assert!(grid <= 132 * PIPE_BLOCKS_PER_SM && (grid - 1) * tpb < tiles && grid * tpb >= tiles, "N={n}");
+        }
         assert!(src.contains(&format!("#define W4_WARPS {}\n", cuda.warps)));
         assert!(src.contains(&format!("#define MMA_WARPS {}\n#define MMA_ROWS {}\n", mma.warps, mma.rows)));
         assert_eq!((splitk.rows, splitk.warps, splitk.split_k, mma.split_k), (mma.rows, mma.warps, true, false));
@@ -831,6 +876,7 @@ mod tests {
             assert!(src.contains(&format!("\nW4A16({b}, {})\n", cuda.rows)), "batch {b}");
             assert!(src.contains(&format!("\nW4A16_MMA({b})\n")), "batch {b}");
             assert!(src.contains(&format!("\nW4A16_MMA_SPLITK({b})\n")), "batch {b}");
+            assert!(src.contains(&format!("\nW4A16_MMA_PIPELINED({b})\n")), "batch {b}");
         }
         assert_eq!(src.matches("\nW4A16(").count(), BATCHES.len());
         assert_eq!(src.matches("\nW4A16_MMA(").count(), BATCHES.len());
@@ -838,7 +884,9 @@ mod tests {
         assert!(src.contains("static constexpr int U = B > 8 ? 3 : 4;"));
         assert_eq!((mma_steps_in_flight(16), mma_steps_in_flight(8)), (3, 4));
         let v = gpu_variants();
-        assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_") && !v.contains("splitk")).count(), 2 * BATCHES.len());
+        assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_") && !v.contains("splitk") && !v.contains("pipelined")).count(), 2 * BATCHES.len());
+        assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_pipelined_")).count(), 2 * BATCHES.len());
+        assert_eq!(src.matches("\nW4A16_MMA_PIPELINED(").count(), BATCHES.len());
         assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_splitk_")).count(), 2 * BATCHES.len());
         // 8192: 64 steps, 4 slices of 4 warps x 4 steps (6 x 4 x 3 at batch 16); one warp round.
         assert_eq!((splitk_slices(8192, 1), splitk_slices(8192, 16), splitk_slices(992, 16), splitk_slices(11008, 4)), (4, 6, 1, 6));

@@ -1,4 +1,4 @@
-//! A CPU model of kernels/quant.cu's `w4a16_mma` and `w4a16_mma_splitk` kernels, written step
+//! A CPU model of kernels/quant.cu's `w4a16_mma`, `w4a16_mma_splitk` and `w4a16_mma_pipelined` kernels, written step
 //! by step after the CUDA: the warps' (and split-K blocks') slices of K, the workspace of
 //! per-slice partials and the order they are added in, which lane loads which 16-byte chunk and scale, the f16 decode of the
 //! code words, the byte permutes that pair X, the two accumulator chains and the reduction over
@@ -15,6 +15,9 @@ use half::f16;
 /// MMA_WARPS and MMA_ROWS in quant.cu.
 pub const MMA_WARPS: usize = 4;
 pub const MMA_ROWS: usize = 16;
+/// PIPE_WARPS in quant.cu; the other PIPE_ constants live beside the launcher.
+pub const PIPE_WARPS: usize = 8;
+use super::experiment::{PIPE_CHUNKS, PIPE_STAGES, PIPE_SVECS};
 
 /// The f16 constants of `w2_f16x2` in quant.cu, as written there.
 pub const MAGIC: &str = "0x64006400u";
@@ -85,15 +88,94 @@ pub fn steps_in_flight(batch: usize) -> usize {
     }
 }
 
+/// One lane's registers for a warp step: code chunks of rows g and g + 8, scale (min) splats,
+/// chunk index.
+struct Lanes<'a> {
+    cg: &'a [[u32; 4]; 32],
+    ch: &'a [[u32; 4]; 32],
+    dg: &'a [u32; 32],
+    dh: &'a [u32; 32],
+    mg: &'a [u32; 32],
+    mh: &'a [u32; 32],
+    j: &'a [usize; 32],
+}
+
+/// Accumulators acc[nh][chain][lane][i] of a warp.
+type Acc = Vec<Vec<[[f32; 4]; 32]>>;
+
+fn new_acc(batch: usize) -> Acc {
+    let nh_count = if batch > 8 { 2 } else { 1 };
+    vec![vec![[[0f32; 4]; 32]; if nh_count == 1 { 2 } else { 1 }]; nh_count]
+}
+
+/// w4a16_mma_step in quant.cu: X of each lane's chunk, the decode and the MMAs of one step.
+fn mma_step(acc: &mut Acc, r: &Lanes, x: &[f16], batch: usize, k: usize, asym: bool) {
+    let nchunks = k / 32;
+    let nh_count = acc.len();
+    let chains = acc[0].len();
+    // xv[nh][lane]: 16 words of X (the 32 halves of the lane's chunk).
+    let xv: Vec<Vec<[u32; 16]>> = (0..nh_count)
+        .map(|nh| {
+            (0..32)
+                .map(|l| {
+                    let b = l / 4 + 8 * nh;
+                    let ok = b < batch && r.j[l] < nchunks;
+                    std::array::from_fn(|w| {
+                        let e = b * k + 32 * r.j[l] + 2 * w;
+                        if ok { x[e].to_bits() as u32 | ((x[e + 1].to_bits() as u32) << 16) } else { 0 }
+                    })
+                })
+                .collect()
+        })
+        .collect();
+    for i in 0..4 {
+        for h in 0..2 {
+            let mut a = [[0u32; 4]; 32];
+            for l in 0..32 {
+                let wg = r.cg[l][i] >> (8 * h);
+                let wh = r.ch[l][i] >> (8 * h);
+                a[l] = [
+                    w2_f16x2(false, asym, wg, r.dg[l], r.mg[l]),
+                    w2_f16x2(false, asym, wh, r.dh[l], r.mh[l]),
+                    w2_f16x2(true, asym, wg, r.dg[l], r.mg[l]),
+                    w2_f16x2(true, asym, wh, r.dh[l], r.mh[l]),
+                ];
+            }
+            for (nh, acc_nh) in acc.iter_mut().enumerate() {
+                let b: [[u32; 2]; 32] = std::array::from_fn(|l| {
+                    let xa = xv[nh][l][4 * i + h];
+                    let xb = xv[nh][l][4 * i + h + 2];
+                    [byte_perm(xa, xb, 0x5410), byte_perm(xa, xb, 0x7632)]
+                });
+                mma_16816(&mut acc_nh[h % chains], &a, &b);
+            }
+        }
+    }
+}
+
+/// mma_store_part in quant.cu: the C fragments as part[batch][row], the chains added.
+fn store_part(acc: &Acc, part_w: &mut [[f32; MMA_ROWS]], batch: usize) {
+    let chains = acc[0].len();
+    for (nh, acc_nh) in acc.iter().enumerate() {
+        for l in 0..32 {
+            let (g, c) = (l / 4, l % 4);
+            for i in 0..4 {
+                let b = 8 * nh + 2 * c + (i & 1);
+                if b < batch {
+                    part_w[b][g + 8 * (i >> 1)] = if chains == 2 { acc_nh[0][l][i] + acc_nh[chains - 1][l][i] } else { acc_nh[0][l][i] };
+                }
+            }
+        }
+    }
+}
+
 /// w4a16_mma_warp in quant.cu: one warp's products over steps [t0, t1) of the tile at row0, as
 /// part[batch][row] (the C fragment after the two chains are added).
 fn mma_warp(q: &GroupQuant, x: &[f16], batch: usize, row0: usize, t0: usize, t1: usize) -> Vec<[f32; MMA_ROWS]> {
     let (n_rows, k, group) = (q.rows, q.cols, q.group);
     let asym = q.scheme == Scheme::Asym;
     let mins = if asym { &q.mins } else { &q.scales };
-    let nh_count = if batch > 8 { 2 } else { 1 };
     let u_steps = steps_in_flight(batch);
-    let chains = if nh_count == 1 { 2 } else { 1 };
     let (nchunks, cpg, gpr) = (k / 32, group / 32, k / group);
     let (gstep, rstep) = (4 / cpg, 4 % cpg);
     let chunk = |row: usize, j: usize| -> [u32; 4] {
@@ -111,7 +193,7 @@ fn mma_warp(q: &GroupQuant, x: &[f16], batch: usize, row0: usize, t0: usize, t1:
     let mut j: [usize; 32] = std::array::from_fn(|l| 4 * t0 + l % 4);
     let mut grp: [usize; 32] = std::array::from_fn(|l| j[l] / cpg);
     let mut rem: [usize; 32] = std::array::from_fn(|l| j[l] % cpg);
-    let mut acc = vec![vec![[[0f32; 4]; 32]; chains]; nh_count];
+    let mut acc = new_acc(batch);
     let mut t = t0;
     while t < t1 {
         let mut jj = vec![[0usize; 32]; u_steps];
@@ -143,58 +225,12 @@ fn mma_warp(q: &GroupQuant, x: &[f16], batch: usize, row0: usize, t0: usize, t1:
             if t + u >= t1 {
                 break;
             }
-            // xv[nh][lane]: 16 words of X (the 32 halves of the lane's chunk).
-            let xv: Vec<Vec<[u32; 16]>> = (0..nh_count)
-                .map(|nh| {
-                    (0..32)
-                        .map(|l| {
-                            let b = l / 4 + 8 * nh;
-                            let ok = b < batch && jj[u][l] < nchunks;
-                            std::array::from_fn(|w| {
-                                let e = b * k + 32 * jj[u][l] + 2 * w;
-                                if ok { x[e].to_bits() as u32 | ((x[e + 1].to_bits() as u32) << 16) } else { 0 }
-                            })
-                        })
-                        .collect()
-                })
-                .collect();
-            for i in 0..4 {
-                for h in 0..2 {
-                    let mut a = [[0u32; 4]; 32];
-                    for l in 0..32 {
-                        let wg = cg[u][l][i] >> (8 * h);
-                        let wh = ch[u][l][i] >> (8 * h);
-                        a[l] = [
-                            w2_f16x2(false, asym, wg, dg[u][l], mg[u][l]),
-                            w2_f16x2(false, asym, wh, dh[u][l], mh[u][l]),
-                            w2_f16x2(true, asym, wg, dg[u][l], mg[u][l]),
-                            w2_f16x2(true, asym, wh, dh[u][l], mh[u][l]),
-                        ];
-                    }
-                    for (nh, acc_nh) in acc.iter_mut().enumerate() {
-                        let b: [[u32; 2]; 32] = std::array::from_fn(|l| {
-                            let xa = xv[nh][l][4 * i + h];
-                            let xb = xv[nh][l][4 * i + h + 2];
-                            [byte_perm(xa, xb, 0x5410), byte_perm(xa, xb, 0x7632)]
-                        });
-                        mma_16816(&mut acc_nh[h % chains], &a, &b);
-                    }
-                }
-            }
+            let lanes = Lanes { cg: &cg[u], ch: &ch[u], dg: &dg[u], dh: &dh[u], mg: &mg[u], mh: &mh[u], j: &jj[u] };
+            mma_step(&mut acc, &lanes, x, batch, k, asym);
         }
         t += u_steps;
     }
-    for (nh, acc_nh) in acc.iter().enumerate() {
-        for l in 0..32 {
-            let (g, c) = (l / 4, l % 4);
-            for i in 0..4 {
-                let b = 8 * nh + 2 * c + (i & 1);
-                if b < batch {
-                    part_w[b][g + 8 * (i >> 1)] = if chains == 2 { acc_nh[0][l][i] + acc_nh[chains - 1][l][i] } else { acc_nh[0][l][i] };
-                }
-            }
-        }
-    }
+    store_part(&acc, &mut part_w, batch);
     part_w
 }
 
@@ -280,10 +316,146 @@ pub fn w4a16_mma_splitk(q: &GroupQuant, x: &[f16], batch: usize, slices: usize) 
     y
 }
 
+/// pipe_code_slot in quant.cu: row r's chunk jl of a stage, XOR-swizzled by the row's parity.
+pub fn pipe_code_slot(r: usize, jl: usize) -> usize {
+    r * PIPE_CHUNKS + (jl ^ ((r & 1) << 2))
+}
+
+/// pipe_scale_base in quant.cu: the first half of the 16 B vector holding row's group g0.
+pub fn pipe_scale_base(row: usize, gpr: usize, g0: usize) -> usize {
+    (row * gpr + g0) / 8 * 8
+}
+
+/// quant_w4a16_mma_pipelined_{sym,asym}_b{batch}_f16 on the CPU with `grid` blocks: each block
+/// walks the stages of its contiguous tiles through a ring of PIPE_STAGES slots, issuing stage
+/// p + PIPE_STAGES - 1 into its slot before decoding stage p (the slot freed by stage p - 1),
+/// with the copies' zero fill, the swizzled code slots and the per-row scale windows; warp w
+/// decodes steps w, w + PIPE_WARPS, .. of each stage; the warps meet in warp order at a tile's
+/// last stage. A slot read before it was written, or a scale outside its window, panics.
+pub fn w4a16_mma_pipelined(q: &GroupQuant, x: &[f16], batch: usize, grid: usize) -> Vec<f16> {
+    let (n_rows, k, group) = (q.rows, q.cols, q.group);
+    let asym = q.scheme == Scheme::Asym;
+    let (nchunks, cpg, gpr) = (k / 32, group / 32, k / group);
+    let nst = nchunks.div_ceil(PIPE_CHUNKS);
+    let tiles = n_rows.div_ceil(MMA_ROWS);
+    let tpb = tiles.div_ceil(grid);
+    let tables = if asym { 2 } else { 1 };
+    let codes = MMA_ROWS * PIPE_CHUNKS;
+    let vecs = codes + tables * MMA_ROWS * PIPE_SVECS;
+    let scale_bytes = |v: &[f16]| -> Vec<u8> { v.iter().flat_map(|h| h.to_bits().to_le_bytes()).collect() };
+    let tables_b = [scale_bytes(&q.scales), scale_bytes(if asym { &q.mins } else { &q.scales })];
+    let mut y = vec![f16::ZERO; batch * n_rows];
+    let mut written = vec![false; batch * n_rows];
+    for block in 0..grid {
+        let tile0 = block * tpb;
+        let ntiles = tpb.min(tiles.saturating_sub(tile0));
+        let total = ntiles * nst;
+        // The ring: None until a copy lands (every copy lands before its stage is read here).
+        let mut ring: Vec<Option<[u8; 16]>> = vec![None; PIPE_STAGES * vecs];
+        let issue = |ring: &mut Vec<Option<[u8; 16]>>, p: usize| {
+            let (row0, s0) = ((tile0 + p / nst) * MMA_ROWS, p % nst * PIPE_CHUNKS);
+            let st = p % PIPE_STAGES * vecs;
+            for i in 0..codes {
+                let (r, jl) = (i / PIPE_CHUNKS, i % PIPE_CHUNKS);
+                let (j, row) = (s0 + jl, (row0 + r).min(n_rows - 1));
+                let mut v = [0u8; 16];
+                if j < nchunks {
+                    let base = row * (k / 2) + 16 * j;
+                    v.copy_from_slice(&q.packed[base..base + 16]);
+                }
+                ring[st + pipe_code_slot(r, jl)] = Some(v);
+            }
+            let g0 = s0 / cpg;
+            for i in 0..vecs - codes {
+                let (which, r, v) = (i / (MMA_ROWS * PIPE_SVECS), i / PIPE_SVECS % MMA_ROWS, i % PIPE_SVECS);
+                let row = (row0 + r).min(n_rows - 1);
+                let off = 2 * pipe_scale_base(row, gpr, g0) + 16 * v;
+                let src = &tables_b[which];
+                let mut out = [0u8; 16];
+                for (b, o) in out.iter_mut().enumerate() {
+                    if off + b < src.len() {
+                        *o = src[off + b];
+                    }
+                }
+                ring[st + codes + i] = Some(out);
+            }
+        };
+        for p in 0..(PIPE_STAGES - 1).min(total) {
+            issue(&mut ring, p);
+        }
+        let mut accs: Vec<Acc> = (0..PIPE_WARPS).map(|_| new_acc(batch)).collect();
+        for p in 0..total {
+            let qn = p + PIPE_STAGES - 1;
+            if qn < total {
+                issue(&mut ring, qn);
+            }
+            let st = p % PIPE_STAGES * vecs;
+            let (row0, s0) = ((tile0 + p / nst) * MMA_ROWS, p % nst * PIPE_CHUNKS);
+            let g0 = s0 / cpg;
+            let read = |slot: usize| -> [u32; 4] {
+                let v = ring[st + slot].unwrap_or_else(|| panic!("stage {p}: slot {slot} read before it was written"));
+                std::array::from_fn(|i| u32::from_le_bytes(v[4 * i..4 * i + 4].try_into().unwrap()))
+            };
+            let splat = |which: usize, r: usize, row: usize, grp: usize, ok: bool| -> u32 {
+                if !ok {
+                    return 0;
+                }
+                let h = row * gpr + grp - pipe_scale_base(row, gpr, g0);
+                assert!(h < 8 * PIPE_SVECS, "scale {h} outside the window of row {row}, stage {p}");
+                let v = read(codes + which * MMA_ROWS * PIPE_SVECS + r * PIPE_SVECS + h / 8);
+                let s = (v[h % 8 / 2] >> (16 * (h % 2))) & 0xFFFF;
+                s | (s << 16)
+            };
+            for (warp, acc) in accs.iter_mut().enumerate() {
+                let mut tl = warp;
+                while tl < PIPE_CHUNKS / 4 && s0 + 4 * tl < nchunks {
+                    let mut l = (Box::new([[0u32; 4]; 32]), Box::new([[0u32; 4]; 32]), [0u32; 32], [0u32; 32], [0u32; 32], [0u32; 32], [0usize; 32]);
+                    for lane in 0..32 {
+                        let (g, c) = (lane / 4, lane % 4);
+                        let (rg, rh) = ((row0 + g).min(n_rows - 1), (row0 + g + 8).min(n_rows - 1));
+                        let jl = 4 * tl + c;
+                        let j = s0 + jl;
+                        let (grp, ok) = (j / cpg, j < nchunks);
+                        l.0[lane] = read(pipe_code_slot(g, jl));
+                        l.1[lane] = read(pipe_code_slot(g + 8, jl));
+                        l.2[lane] = splat(0, g, rg, grp, ok);
+                        l.3[lane] = splat(0, g + 8, rh, grp, ok);
+                        l.4[lane] = if asym { splat(1, g, rg, grp, ok) } else { 0 };
+                        l.5[lane] = if asym { splat(1, g + 8, rh, grp, ok) } else { 0 };
+                        l.6[lane] = j;
+                    }
+                    let lanes = Lanes { cg: &l.0, ch: &l.1, dg: &l.2, dh: &l.3, mg: &l.4, mh: &l.5, j: &l.6 };
+                    mma_step(acc, &lanes, x, batch, k, asym);
+                    tl += PIPE_WARPS;
+                }
+            }
+            if p % nst == nst - 1 {
+                let mut part = vec![vec![[0f32; MMA_ROWS]; batch]; PIPE_WARPS];
+                for (w, acc) in accs.iter_mut().enumerate() {
+                    store_part(acc, &mut part[w], batch);
+                    *acc = new_acc(batch);
+                }
+                for b in 0..batch {
+                    for r in 0..MMA_ROWS {
+                        if row0 + r < n_rows {
+                            let e = b * n_rows + row0 + r;
+                            assert!(!written[e], "batch {b} row {} written twice", row0 + r);
+                            written[e] = true;
+                            y[e] = f16::from_f32(block_sum(&part, b, r));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(written.iter().all(|&w| w), "an output was never written");
+    y
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::experiment::{check_w4a16, mma_steps_in_flight, reference_w4a16, splitk_slices, w4a16_tolerance, BATCHES};
+    use crate::quant::experiment::{check_w4a16, mma_steps_in_flight, pipelined_grid, reference_w4a16, splitk_slices, w4a16_tolerance, BATCHES};
     use crate::quant::group;
     use rand::{Rng, SeedableRng};
 
@@ -332,6 +504,20 @@ mod tests {
             "const int t0 = (s * MMA_WARPS + warp) * per, t1 = min(t0 + per, nsteps);",
             "ws[((long long)s * B + b) * n_rows + row0 + r] = mma_block_sum<B>(part, i);",
             "for (int v = 0; v < slices; ++v) acc += __ldcg(ws + ((long long)v * B + b) * n_rows + row0 + r);",
+            // w4a16_mma_pipelined's stage layout, scale window and walk, as mirrored in w4a16_mma_pipelined.
+            "#define PIPE_WARPS 8\n",
+            "return r * PIPE_CHUNKS + (jl ^ ((r & 1) << 2));",
+            "return (row * gpr + g0) / 8 * 8;",
+            "const long long off = 2 * pipe_scale_base(row, gpr, g0) + 16LL * v;",
+            "const int which = i / (MMA_ROWS * PIPE_SVECS), r = i / PIPE_SVECS % MMA_ROWS, v = i % PIPE_SVECS;",
+            "h[row * gpr + grp - pipe_scale_base(row, gpr, g0)]",
+            "const int tile0 = blockIdx.x * tpb, ntiles = max(0, min(tpb, tiles - tile0));",
+            "for (int tl = warp; tl < PIPE_CHUNKS / 4 && s0 + 4 * tl < nchunks; tl += PIPE_WARPS) {",
+            "const int q = p + PIPE_STAGES - 1;",
+            "ring + q % PIPE_STAGES * VECS",
+            "ring + p % PIPE_STAGES * VECS",
+            "cp.async.wait_group %0;\" ::\"n\"(PIPE_STAGES - 2)",
+            "win + r * PIPE_SVECS",
         ] {
             assert!(src.contains(s), "quant.cu no longer contains `{s}`");
         }
@@ -391,6 +577,12 @@ mod tests {
                     let e = check_w4a16(&w4a16_mma_splitk(&q, &x, b, slices), &expected, w4a16_tolerance(&expected));
                     assert!(e.passed(), "split-K {slices}: N={n} K={k} {scheme:?} g{group} batch {b}: {e:?}");
                 }
+                // Pipelined: the launched grid (one tile per block here) and grids that give a
+                // block several tiles, so the ring runs across tile boundaries.
+                for grid in [pipelined_grid(n, 132), 1, 2, 3] {
+                    let e = check_w4a16(&w4a16_mma_pipelined(&q, &x, b, grid), &expected, w4a16_tolerance(&expected));
+                    assert!(e.passed(), "pipelined grid {grid}: N={n} K={k} {scheme:?} g{group} batch {b}: {e:?}");
+                }
             }
         }
     }
@@ -423,6 +615,11 @@ mod tests {
                     let got: Vec<u16> = w4a16_mma_splitk(&q, &x, b, slices).iter().map(|v| v.to_bits()).collect();
                     let first = got.iter().zip(&expected).position(|(g, e)| g != e);
                     assert!(first.is_none(), "split-K {slices}: N={n} K={k} batch {b}: first difference at {first:?}");
+                }
+                for grid in [pipelined_grid(n, 132), 1, 2] {
+                    let got: Vec<u16> = w4a16_mma_pipelined(&q, &x, b, grid).iter().map(|v| v.to_bits()).collect();
+                    let first = got.iter().zip(&expected).position(|(g, e)| g != e);
+                    assert!(first.is_none(), "pipelined grid {grid}: N={n} K={k} batch {b}: first difference at {first:?}");
                 }
             }
         }
