@@ -55,11 +55,8 @@ cargo test --release --locked --no-fail-fast --features mpi
 # The notebooks: the Rust kernel (evcxr_jupyter; a cold `cargo install` takes ~20 minutes on two
 # cores) and Jupyter's headless runner (nbclient, from requirements-test.txt). Each notebook runs
 # from a clean kernel and must match its committed outputs (scripts/check_notebooks.py). Both
-# share evcxr's build folder and its cache of compiled crates, so only the first compiles lab.
+# share evcxr's cache of compiled crates (`:cache`), so only the first compiles lab's dependencies.
 export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
 command -v evcxr_jupyter >/dev/null || cargo install --locked evcxr_jupyter
 evcxr_jupyter --install >/dev/null
-# Outside the repository: a crate folder inside it would count as a stray member of our workspace.
-export EVCXR_TMPDIR="${XDG_CACHE_HOME:-$HOME/.cache}/lab-evcxr"
-mkdir -p "$EVCXR_TMPDIR"
 .venv/bin/python scripts/check_notebooks.py notebooks/*.ipynb
