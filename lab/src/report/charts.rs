@@ -358,7 +358,7 @@ pub fn lines(
             .y_label_area_size(64)
             .build_cartesian_2d((x_lo / 1.5..x_hi * 1.5).log_scale(), (y_lo / 1.5..y_hi * 1.5).log_scale())
             .ok()?;
-        chart.configure_mesh().x_desc(x_desc).y_desc(y_desc).draw().ok()?;
+        chart.configure_mesh().x_desc(x_desc).y_desc(y_desc).x_label_formatter(&|v| tick(*v)).y_label_formatter(&|v| tick(*v)).draw().ok()?;
         for (i, (name, pts)) in series.iter().enumerate() {
             let c = color(i);
             chart
@@ -373,7 +373,30 @@ pub fn lines(
     Some(svg)
 }
 
+/// A log-axis tick as a reader writes it: 0.3, not 0.30000000000000004; 2e-5, not 0.0000.
+fn tick(v: f64) -> String {
+    if v != 0.0 && v.abs() < 1e-3 {
+        return format!("{v:.0e}");
+    }
+    let s = format!("{v:.4}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
 /// File name of a run's figure.
 pub fn figure_name(run_id: &str, what: &str) -> String {
     format!("{}-{}.svg", slug(run_id), slug(what))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tick;
+
+    #[test]
+    fn ticks_print_as_written() {
+        assert_eq!(tick(0.1 + 0.2), "0.3");
+        assert_eq!(tick(0.6000000000000001), "0.6");
+        assert_eq!(tick(4096.0), "4096");
+        assert_eq!(tick(2e-5), "2e-5");
+        assert_eq!(tick(0.0015), "0.0015");
+    }
 }
