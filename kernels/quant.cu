@@ -609,11 +609,10 @@ __device__ __forceinline__ void mma_store_part(const MmaAcc<B>& acc, float (*par
 // U steps of codes and scales loaded per round before any is decoded, decoded and multiplied
 // on mma.sync; the C fragment lands in part[batch][row] (this warp's slot). Shared by
 // w4a16_mma (a quarter of K per warp) and w4a16_mma_splitk (at most U steps per warp).
-template <int B, bool ASYM>
+template <int B, bool ASYM, int U = MmaSteps<B>::U>
 __device__ __forceinline__ void w4a16_mma_warp(const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ mins,
                                                const __half* __restrict__ x, int n_rows, int k, int group, int row0, int t0, int t1,
                                                float (*part)[MMA_ROWS]) {
-    constexpr int U = MmaSteps<B>::U;
     const int lane = threadIdx.x & 31;
     const int g = lane >> 2, c = lane & 3;
     const long long rg = min(row0 + g, n_rows - 1), rh = min(row0 + g + 8, n_rows - 1);  // clamped rows are never stored
@@ -665,30 +664,30 @@ __device__ __forceinline__ void w4a16_mma_warp(const u8* __restrict__ wq, const 
 }
 
 // The block's sum of its warps' partials for element i = b * MMA_ROWS + r, in warp order.
-template <int B>
+template <int B, int W = MMA_WARPS>
 __device__ __forceinline__ float mma_block_sum(const float (*part)[B][MMA_ROWS], int i) {
     float s = 0.f;
 #pragma unroll
-    for (int w = 0; w < MMA_WARPS; ++w) s += part[w][i / MMA_ROWS][i % MMA_ROWS];
+    for (int w = 0; w < W; ++w) s += part[w][i / MMA_ROWS][i % MMA_ROWS];
     return s;
 }
 
-template <int B, bool ASYM>
+template <int B, bool ASYM, int U = MmaSteps<B>::U, int W = MMA_WARPS>
 __device__ __forceinline__ void w4a16_mma(const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ mins,
                                           const __half* __restrict__ x, __half* __restrict__ y, int n_rows, int k, int group) {
-    __shared__ float part[MMA_WARPS][B][MMA_ROWS];
+    __shared__ float part[W][B][MMA_ROWS];
     const int warp = threadIdx.x >> 5;
     const int row0 = blockIdx.x * MMA_ROWS;
     const int nsteps = (k / 32 + 3) / 4;
     // This warp's contiguous slice of steps [t0, t1).
-    const int per = (nsteps + MMA_WARPS - 1) / MMA_WARPS;
+    const int per = (nsteps + W - 1) / W;
     const int t0 = warp * per, t1 = min(t0 + per, nsteps);
-    w4a16_mma_warp<B, ASYM>(wq, scales, mins, x, n_rows, k, group, row0, t0, t1, part[warp]);
-    // Then the 4 K slices are summed in warp order.
+    w4a16_mma_warp<B, ASYM, U>(wq, scales, mins, x, n_rows, k, group, row0, t0, t1, part[warp]);
+    // Then the W K slices are summed in warp order.
     __syncthreads();
-    for (int i = threadIdx.x; i < B * MMA_ROWS; i += 32 * MMA_WARPS) {
+    for (int i = threadIdx.x; i < B * MMA_ROWS; i += 32 * W) {
         const int b = i / MMA_ROWS, r = i % MMA_ROWS;
-        if (row0 + r < n_rows) y[(long long)b * n_rows + row0 + r] = __float2half_rn(mma_block_sum<B>(part, i));
+        if (row0 + r < n_rows) y[(long long)b * n_rows + row0 + r] = __float2half_rn(mma_block_sum<B, W>(part, i));
     }
 }
 
@@ -709,6 +708,34 @@ W4A16_MMA(2)
 W4A16_MMA(4)
 W4A16_MMA(8)
 W4A16_MMA(16)
+
+// w4a16_mma_occ8_{sym,asym}_b{B}_f16: w4a16_mma with K split over 8 warps instead of 4 and 2
+// steps in flight per warp instead of 4, so that a thread fits in 64 registers: 4 blocks of 8
+// warps (32 warps) share an SM instead of 4 blocks of 4. Nsight Compute found w4a16_mma
+// latency-bound at a quarter occupancy (4 warps per scheduler, 10 cycles between a warp's
+// issues, 51% of DRAM peak); at 8192 rows its 512 blocks of 4 warps are all the warps there are.
+// This rung has twice the warps for the same bytes in flight per SM (32 warps x 2 KB).
+// ptxas -v, sm_90 (CUDA 13.0): 64 registers, no spills, sym and asym, every batch.
+// Steps in flight: 2, and 1 at B = 8 (sym at 2 spills 4 bytes at the 64-register cap; B = 16 at 1
+// spills, at 2 does not).
+#define OCC8_STEPS(B) ((B) == 8 ? 1 : 2)
+#define W4A16_MMA_OCC8(B)                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_occ8_sym_b##B##_f16(                    \
+        const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ x, __half* __restrict__ y, \
+        int n_rows, int k, int group) {                                                                                     \
+        w4a16_mma<B, false, OCC8_STEPS(B), 2 * MMA_WARPS>(wq, scales, scales, x, y, n_rows, k, group);                                     \
+    }                                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_occ8_asym_b##B##_f16(                   \
+        const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ mins,                      \
+        const __half* __restrict__ x, __half* __restrict__ y, int n_rows, int k, int group) {                               \
+        w4a16_mma<B, true, OCC8_STEPS(B), 2 * MMA_WARPS>(wq, scales, mins, x, y, n_rows, k, group);                                        \
+    }
+
+W4A16_MMA_OCC8(1)
+W4A16_MMA_OCC8(2)
+W4A16_MMA_OCC8(4)
+W4A16_MMA_OCC8(8)
+W4A16_MMA_OCC8(16)
 
 // ---------------------------------------------------------------------------
 // W4A16 on tensor cores, one load round per warp: w4a16_mma_splitk_{sym,asym}_b{B}_f16.

@@ -64,6 +64,9 @@ pub const W4_DESIGNS: &[W4Design] = &[
     // The same warp step decoding from shared memory: 16-row tiles streamed through an 8-stage
     // cp.async ring by a persistent grid of 8-warp blocks, 2 per SM.
     W4Design { name: "w4a16_mma_pipelined", rows: 16, warps: 8, split_k: false, pipelined: true },
+    // w4a16_mma with K over 8 warps, 2 steps in flight per warp and 64 registers: twice the
+    // warps per SM.
+    W4Design { name: "w4a16_mma_occ8", rows: 16, warps: 8, split_k: false, pipelined: false },
 ];
 
 /// quant.cu's PIPE_CHUNKS, PIPE_STAGES, PIPE_SVECS and PIPE_BLOCKS_PER_SM: 16 B code chunks
@@ -853,7 +856,9 @@ mod tests {
     #[test]
     fn launch_shapes_match_the_kernel_source() {
         let src = crate::kernels::source(FAMILY).unwrap();
-        let [cuda, mma, splitk, pipe] = W4_DESIGNS else { panic!("four W4A16 designs") };
+        let [cuda, mma, splitk, pipe, occ8] = W4_DESIGNS else { panic!("five W4A16 designs") };
+        assert_eq!((occ8.rows, occ8.warps, occ8.split_k, occ8.pipelined), (mma.rows, 2 * mma.warps, false, false));
+        assert!(src.contains("__launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_occ8_sym"));
         assert_eq!((cuda.name, mma.name, splitk.name, pipe.name), ("w4a16", "w4a16_mma", "w4a16_mma_splitk", "w4a16_mma_pipelined"));
         assert!(src.contains(&format!(
             "#define PIPE_WARPS {}\n#define PIPE_CHUNKS {PIPE_CHUNKS}\n#define PIPE_STAGES {PIPE_STAGES}\n#define PIPE_SVECS {PIPE_SVECS}\n#define PIPE_BLOCKS_PER_SM {PIPE_BLOCKS_PER_SM}\n",
@@ -877,6 +882,7 @@ mod tests {
             assert!(src.contains(&format!("\nW4A16_MMA({b})\n")), "batch {b}");
             assert!(src.contains(&format!("\nW4A16_MMA_SPLITK({b})\n")), "batch {b}");
             assert!(src.contains(&format!("\nW4A16_MMA_PIPELINED({b})\n")), "batch {b}");
+            assert!(src.contains(&format!("\nW4A16_MMA_OCC8({b})\n")), "batch {b}");
         }
         assert_eq!(src.matches("\nW4A16(").count(), BATCHES.len());
         assert_eq!(src.matches("\nW4A16_MMA(").count(), BATCHES.len());
@@ -884,7 +890,8 @@ mod tests {
         assert!(src.contains("static constexpr int U = B > 8 ? 3 : 4;"));
         assert_eq!((mma_steps_in_flight(16), mma_steps_in_flight(8)), (3, 4));
         let v = gpu_variants();
-        assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_") && !v.contains("splitk") && !v.contains("pipelined")).count(), 2 * BATCHES.len());
+        assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_") && !v.contains("splitk") && !v.contains("pipelined") && !v.contains("occ8")).count(), 2 * BATCHES.len());
+        assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_occ8_")).count(), 2 * BATCHES.len());
         assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_pipelined_")).count(), 2 * BATCHES.len());
         assert_eq!(src.matches("\nW4A16_MMA_PIPELINED(").count(), BATCHES.len());
         assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_splitk_")).count(), 2 * BATCHES.len());
