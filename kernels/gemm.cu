@@ -435,6 +435,25 @@ template <> struct Mma<__nv_bfloat16> {
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 
+// Traps unless the launch gave at least `need` bytes of dynamic shared memory: a launcher whose
+// size disagrees with the kernel's ring faults loudly instead of corrupting memory.
+__device__ __forceinline__ void require_dynamic_smem(unsigned need) {
+    unsigned dyn_smem;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn_smem));
+    if (dyn_smem < need) __trap();
+}
+
+// Grouped block order (as in Triton's matmul tutorial): 8 block rows sweep the block columns
+// together, so the A rows and B columns in flight stay in L2. The origin (row, column) of block
+// `pid`'s BM x BN tile.
+__device__ __forceinline__ int2 grouped_tile(int pid, int M, int N, int BM, int BN) {
+    constexpr int GROUP = 8;
+    const int grid_m = (M + BM - 1) / BM, grid_n = (N + BN - 1) / BN;
+    const int per_group = GROUP * grid_n, group = pid / per_group;
+    const int first_m = group * GROUP, group_rows = min(grid_m - first_m, GROUP);
+    return make_int2((first_m + (pid % per_group) % group_rows) * BM, ((pid % per_group) / group_rows) * BN);
+}
+
 __device__ __forceinline__ void ldmatrix_x4(unsigned* r, unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -636,20 +655,10 @@ __device__ __forceinline__ void mma_pipelined_body(const T* __restrict__ A, cons
     using P = Pipe<T, BM, BN, WM, WN, STAGES>;
     constexpr int BK = P::BK, THREADS = P::THREADS, MI = P::MI, NI = P::NI;
     extern __shared__ __align__(128) unsigned char smem[];
-    // The launcher's dynamic smem size must cover the ring: a mismatch faults loudly here
-    // instead of corrupting memory.
-    unsigned dyn_smem;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn_smem));
-    if (dyn_smem < (unsigned)P::SMEM) __trap();
+    require_dynamic_smem(P::SMEM);
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-    // Grouped order (as in Triton's matmul tutorial): 8 block rows sweep the block columns
-    // together, so the A rows and B columns in flight stay in L2.
-    const int grid_m = (M + BM - 1) / BM, grid_n = (N + BN - 1) / BN;
-    constexpr int GROUP = 8;
-    const int pid = blockIdx.x, per_group = GROUP * grid_n, group = pid / per_group;
-    const int first_m = group * GROUP, group_rows = min(grid_m - first_m, GROUP);
-    const int bm = (first_m + (pid % per_group) % group_rows) * BM;
-    const int bn = ((pid % per_group) / group_rows) * BN;
+    const int2 tile = grouped_tile(blockIdx.x, M, N, BM, BN);
+    const int bm = tile.x, bn = tile.y;
     const int wm = (warp / (BN / WN)) * WM, wn = (warp % (BN / WN)) * WN;
 
     auto load_stage = [&](int stage, int k0) {
@@ -764,17 +773,10 @@ __device__ __forceinline__ void mma_warp64_body(const T* __restrict__ A, const T
     using P = W64<T, BM, BN, WARPS_M, WARPS_N, STAGES>;
     constexpr int BK = P::BK, MI = P::MI, NI = P::NI;
     extern __shared__ __align__(128) unsigned char smem[];
-    unsigned dyn_smem;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn_smem));
-    if (dyn_smem < (unsigned)P::SMEM) __trap();
+    require_dynamic_smem(P::SMEM);
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-    // Grouped block order, as in mma_pipelined.
-    const int grid_m = (M + BM - 1) / BM, grid_n = (N + BN - 1) / BN;
-    constexpr int GROUP = 8;
-    const int pid = blockIdx.x, per_group = GROUP * grid_n, group = pid / per_group;
-    const int first_m = group * GROUP, group_rows = min(grid_m - first_m, GROUP);
-    const int bm = (first_m + (pid % per_group) % group_rows) * BM;
-    const int bn = ((pid % per_group) / group_rows) * BN;
+    const int2 tile = grouped_tile(blockIdx.x, M, N, BM, BN);
+    const int bm = tile.x, bn = tile.y;
     const int wm = (warp / WARPS_N) * P::WM, wn = (warp % WARPS_N) * P::WN;
 
     // Loader: thread tid owns A chunk column tid % 4 of rows tid / 4 + i * A_ROWS_STEP, and B
@@ -1022,20 +1024,13 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using namespace wg;
     extern __shared__ __align__(1024) unsigned char smem[];
-    unsigned dyn_smem;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn_smem));
-    if (dyn_smem < (unsigned)SMEM) __trap();
+    require_dynamic_smem(SMEM);
     const unsigned ring = (smem_addr(smem) + 1023u) & ~1023u;
     const unsigned bars = ring + STAGES * STAGE_BYTES;  // full[s] at bars + 8 s, empty[s] at bars + 8 (STAGES + s)
     const int wgi = threadIdx.x / 128, tid = threadIdx.x % 128;
 
-    // Grouped block order (as mma_pipelined): 8 block rows share each B column tile in L2.
-    constexpr int GROUP = 8;
-    const int grid_m = (M + BM - 1) / BM, grid_n = (N + BN - 1) / BN;
-    const int pid = blockIdx.x, per_group = GROUP * grid_n, group = pid / per_group;
-    const int first_m = group * GROUP, group_rows = min(grid_m - first_m, GROUP);
-    const int bm = (first_m + (pid % per_group) % group_rows) * BM;
-    const int bn = ((pid % per_group) / group_rows) * BN;
+    const int2 tile = grouped_tile(blockIdx.x, M, N, BM, BN);
+    const int bm = tile.x, bn = tile.y;
     const int nk = (K + BK - 1) / BK;
 
     if (threadIdx.x == 0) {
