@@ -157,7 +157,7 @@ fn identical<T: Elem>(outs: &[Vec<T>]) -> bool {
     outs.iter().all(|o| T::bytes(o) == T::bytes(&outs[0]))
 }
 
-/// One GPU of the ring: its runtime, the stream NCCL runs on, and the add kernel.
+/// One GPU of the ring: its runtime (whose stream runs the adds) and the stream NCCL runs on.
 struct Rank {
     gpu: Arc<Gpu>,
     comm_stream: Arc<CudaStream>,
