@@ -1,6 +1,6 @@
 //! The `lab` command line: list, run, rerun, doctor, compile.
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 use lab::experiment::{self, BackendChoice, Peer, RunOptions, Session};
 use lab::profile::{Launch, L2};
 use lab::record::{self, Record, Verdict};
@@ -43,7 +43,7 @@ enum Command {
         variants: Vec<String>,
         /// Scrub L2 before every repetition by zeroing a buffer (cold) or reading one (clean: no
         /// dirty lines left to write back); or not (warm).
-        #[arg(long, value_enum, default_value = "clean")]
+        #[arg(long, value_enum, default_value_t)]
         l2: L2,
         /// Launch every repetition from the host (eager) or replay a captured CUDA graph.
         #[arg(long, value_enum, default_value = "eager")]
@@ -335,12 +335,10 @@ fn rerun(target: &str, dir: &std::path::Path, backend: BackendChoice, out: PathB
             variants: vec![r.variant.clone()],
             provider: Some(r.provider.clone()),
             progress: false,
-            l2: match r.timing.as_ref().map(|t| t.l2.as_str()) {
-                Some("warm") => L2::Warm,
-                Some("clean") => L2::Clean,
-                _ => L2::Cold,
-            },
-            launch: if r.timing.as_ref().is_some_and(|t| t.launch == "graph") { Launch::Graph } else { Launch::Eager },
+            // The recorded mode by name; records from before the mode was kept were scrubbed by
+            // zeroing (cold), and host-timed ones ("host") were launched eagerly.
+            l2: r.timing.as_ref().and_then(|t| L2::from_str(&t.l2, false).ok()).unwrap_or(L2::Cold),
+            launch: r.timing.as_ref().and_then(|t| Launch::from_str(&t.launch, false).ok()).unwrap_or(Launch::Eager),
             ncu: false,
         };
         let s = match session.as_mut() {

@@ -148,8 +148,8 @@ pub struct RunOptions {
 }
 
 impl RunOptions {
-    /// `lab run`'s defaults: full sizes, no peers, every variant, cold L2, eager launches, no
-    /// profiler, no progress bars; records go to `out`.
+    /// `lab run`'s defaults: full sizes, no peers, every variant, the default L2 scrub (clean),
+    /// eager launches, no profiler, no progress bars; records go to `out`.
     pub fn new(out: impl Into<PathBuf>, seed: u64) -> Self {
         RunOptions {
             quick: false,
@@ -159,7 +159,7 @@ impl RunOptions {
             variants: Vec::new(),
             provider: None,
             progress: false,
-            l2: L2::Cold,
+            l2: L2::default(),
             launch: Launch::Eager,
             ncu: false,
         }

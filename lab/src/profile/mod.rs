@@ -50,13 +50,15 @@ pub struct Throughput {
 }
 
 /// Whether L2 is scrubbed before every repetition (inputs come from memory) or left warm.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+/// `Clean` is the default of `lab run`, [`Budget::new`] and `RunOptions::new` alike.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum L2 {
     /// Zeroed before every repetition: inputs come from memory, and L2 is full of dirty lines
     /// whose write-back the timed kernel pays for as it evicts them.
     Cold,
     /// Read before every repetition: inputs come from memory, and L2 holds only clean lines.
+    #[default]
     Clean,
     Warm,
 }
@@ -144,7 +146,7 @@ pub const MAX_WARMUP_ROUNDS: usize = 8;
 
 impl Budget {
     pub fn new(quick: bool) -> Self {
-        let (l2, launch) = (L2::Clean, Launch::Eager);
+        let (l2, launch) = (L2::default(), Launch::Eager);
         if quick {
             Budget { warmup: 2, min: 5, max: 20, budget_ms: 200.0, l2, launch }
         } else {
