@@ -609,7 +609,7 @@ __device__ __forceinline__ void mma_store_part(const MmaAcc<B>& acc, float (*par
 // U steps of codes and scales loaded per round before any is decoded, decoded and multiplied
 // on mma.sync; the C fragment lands in part[batch][row] (this warp's slot). Shared by
 // w4a16_mma (a quarter of K per warp) and w4a16_mma_splitk (at most U steps per warp).
-template <int B, bool ASYM, int U = MmaSteps<B>::U>
+template <int B, bool ASYM, int U = MmaSteps<B>::U, bool TILED = false>
 __device__ __forceinline__ void w4a16_mma_warp(const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ mins,
                                                const __half* __restrict__ x, int n_rows, int k, int group, int row0, int t0, int t1,
                                                float (*part)[MMA_ROWS]) {
@@ -619,10 +619,16 @@ __device__ __forceinline__ void w4a16_mma_warp(const u8* __restrict__ wq, const 
     const int nchunks = k / 32, cpg = group / 32, gpr = k / group;
     const uint4* qg = reinterpret_cast<const uint4*>(wq + rg * (k / 2));
     const uint4* qh = reinterpret_cast<const uint4*>(wq + rh * (k / 2));
-    const __half* sg = scales + rg * gpr;
-    const __half* sh = scales + rh * gpr;
-    const __half* mg = mins + rg * gpr;
-    const __half* mh = mins + rh * gpr;
+    // Tiled (w4a16_mma_tiled): step t's 16 B for this lane at 64 t + lane (row g) and 64 t + 32 +
+    // lane (row g + 8) of the tile's blocks; scales (mins) of group grp at 16 grp + row.
+    const long long tile = row0 / MMA_ROWS, nsteps = (nchunks + 3) / 4;
+    const uint4* qt = reinterpret_cast<const uint4*>(wq) + tile * nsteps * 64 + lane;
+    const int ss = TILED ? MMA_ROWS : 1;  // stride between a row's groups
+    const long long sbase = TILED ? tile * gpr * MMA_ROWS + g : rg * gpr, hbase = TILED ? sbase + 8 : rh * gpr;
+    const __half* sg = scales + sbase;
+    const __half* sh = scales + hbase;
+    const __half* mg = mins + sbase;
+    const __half* mh = mins + hbase;
     // Group of this lane's chunk j = 4t + c, advanced 4 chunks a step without a division.
     int j = 4 * t0 + c, grp = j / cpg, rem = j % cpg;
     const int gstep = 4 / cpg, rstep = 4 % cpg;
@@ -639,13 +645,13 @@ __device__ __forceinline__ void w4a16_mma_warp(const u8* __restrict__ wq, const 
             const bool ok = t + u < t1 && j < nchunks;
             cg[u] = ch[u] = make_uint4(0u, 0u, 0u, 0u);
             if (ok) {
-                cg[u] = ld_stream16(qg + j);
-                ch[u] = ld_stream16(qh + j);
+                cg[u] = ld_stream16(TILED ? qt + 64LL * (t + u) : qg + j);
+                ch[u] = ld_stream16(TILED ? qt + 64LL * (t + u) + 32 : qh + j);
             }
-            dg[u] = splat_f16(sg + grp, ok);
-            dh[u] = splat_f16(sh + grp, ok);
-            m2g[u] = ASYM ? splat_f16(mg + grp, ok) : 0u;
-            m2h[u] = ASYM ? splat_f16(mh + grp, ok) : 0u;
+            dg[u] = splat_f16(sg + ss * grp, ok);
+            dh[u] = splat_f16(sh + ss * grp, ok);
+            m2g[u] = ASYM ? splat_f16(mg + ss * grp, ok) : 0u;
+            m2h[u] = ASYM ? splat_f16(mh + ss * grp, ok) : 0u;
             j += 4;
             grp += gstep;
             rem += rstep;
@@ -672,7 +678,7 @@ __device__ __forceinline__ float mma_block_sum(const float (*part)[B][MMA_ROWS],
     return s;
 }
 
-template <int B, bool ASYM, int U = MmaSteps<B>::U, int W = MMA_WARPS>
+template <int B, bool ASYM, int U = MmaSteps<B>::U, int W = MMA_WARPS, bool TILED = false>
 __device__ __forceinline__ void w4a16_mma(const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ mins,
                                           const __half* __restrict__ x, __half* __restrict__ y, int n_rows, int k, int group) {
     __shared__ float part[W][B][MMA_ROWS];
@@ -682,7 +688,7 @@ __device__ __forceinline__ void w4a16_mma(const u8* __restrict__ wq, const __hal
     // This warp's contiguous slice of steps [t0, t1).
     const int per = (nsteps + W - 1) / W;
     const int t0 = warp * per, t1 = min(t0 + per, nsteps);
-    w4a16_mma_warp<B, ASYM, U>(wq, scales, mins, x, n_rows, k, group, row0, t0, t1, part[warp]);
+    w4a16_mma_warp<B, ASYM, U, TILED>(wq, scales, mins, x, n_rows, k, group, row0, t0, t1, part[warp]);
     // Then the W K slices are summed in warp order.
     __syncthreads();
     for (int i = threadIdx.x; i < B * MMA_ROWS; i += 32 * W) {
@@ -736,6 +742,34 @@ W4A16_MMA_OCC8(2)
 W4A16_MMA_OCC8(4)
 W4A16_MMA_OCC8(8)
 W4A16_MMA_OCC8(16)
+
+// w4a16_mma_tiled_{sym,asym}_b{B}_f16: w4a16_mma_occ8 reading W in the tile layout
+// (lab/src/quant/tiles.rs), where every warp load is 512 contiguous bytes. In the row-major
+// layout a warp's 16 B load touches 8 rows x 64 B, 4 KB apart; reading 32 MiB in that pattern
+// alone (no decode) takes as long as the whole w4a16_mma kernel (~22 us on an H100), against
+// ~15 us when each warp load reads 512 contiguous bytes: the access pattern, not the decode,
+// held every earlier rung. The tile layout stores, per 16-row tile, one 1 KB block per step of
+// 128 weights: first each lane's 16 B of row g = lane / 4 (chunk 4t + lane % 4), then of row
+// g + 8, lanes in order; so a lane loads exactly the two chunks w4a16_mma_step decodes, and a
+// warp's step is 1 KB contiguous. Scales (mins): 16 per (tile, group), rows in order.
+// Tiles past N and chunks past K are zero in the layout and never loaded or stored.
+#define W4A16_MMA_TILED(B)                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_tiled_sym_b##B##_f16(                   \
+        const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ x, __half* __restrict__ y, \
+        int n_rows, int k, int group) {                                                                                     \
+        w4a16_mma<B, false, OCC8_STEPS(B), 2 * MMA_WARPS, true>(wq, scales, scales, x, y, n_rows, k, group);                \
+    }                                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_tiled_asym_b##B##_f16(                  \
+        const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ mins,                      \
+        const __half* __restrict__ x, __half* __restrict__ y, int n_rows, int k, int group) {                               \
+        w4a16_mma<B, true, OCC8_STEPS(B), 2 * MMA_WARPS, true>(wq, scales, mins, x, y, n_rows, k, group);                   \
+    }
+
+W4A16_MMA_TILED(1)
+W4A16_MMA_TILED(2)
+W4A16_MMA_TILED(4)
+W4A16_MMA_TILED(8)
+W4A16_MMA_TILED(16)
 
 // ---------------------------------------------------------------------------
 // W4A16 on tensor cores, one load round per warp: w4a16_mma_splitk_{sym,asym}_b{B}_f16.
@@ -992,3 +1026,36 @@ W4A16_MMA_PIPELINED(2)
 W4A16_MMA_PIPELINED(4)
 W4A16_MMA_PIPELINED(8)
 W4A16_MMA_PIPELINED(16)
+
+// ---------------------------------------------------------------------------
+// stream_read_f16: the floor under every W4A16 kernel of a shape. It reads the bytes such a
+// kernel must read (codes, scales, mins: up to three buffers) once, as the copy ceiling's kernel
+// reads (16 B per lane, consecutive lanes on consecutive 16 B, grid-stride, streaming loads),
+// and decodes nothing. Each block writes the XOR of the little-endian u32 words it read (a
+// partial last word zero-padded), so the host can check that every byte was read.
+// ---------------------------------------------------------------------------
+__device__ __forceinline__ unsigned xor_words(const u8* __restrict__ p, long long bytes) {
+    unsigned acc = 0u;
+    const long long nv = bytes / 16, stride = (long long)gridDim.x * blockDim.x;
+    const long long i0 = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    for (long long i = i0; i < nv; i += stride) {
+        const uint4 w = ld_stream16(reinterpret_cast<const uint4*>(p) + i);
+        acc ^= w.x ^ w.y ^ w.z ^ w.w;
+    }
+    for (long long i = 16 * nv + i0; i < bytes; i += stride) acc ^= (unsigned)p[i] << (8 * (i % 4));
+    return acc;
+}
+
+extern "C" __global__ void __launch_bounds__(256) quant_stream_read_f16(const u8* __restrict__ a, long long na, const u8* __restrict__ b, long long nb,
+                                                                        const u8* __restrict__ c, long long nc, unsigned* __restrict__ out) {
+    __shared__ unsigned part[8];
+    unsigned acc = xor_words(a, na) ^ xor_words(b, nb) ^ xor_words(c, nc);
+    for (int o = 16; o > 0; o >>= 1) acc ^= __shfl_xor_sync(0xFFFFFFFFu, acc, o);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned s = 0u;
+        for (int w = 0; w < 8; ++w) s ^= part[w];
+        out[blockIdx.x] = s;
+    }
+}

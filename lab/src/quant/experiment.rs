@@ -13,6 +13,7 @@
 use super::ggml::{self, Block};
 use super::group::{self, check_finite, footprint, Format, GroupQuant, Scheme};
 use super::int4;
+use super::tiles;
 use crate::error::Doing;
 use crate::experiment::{param_str, param_timed, param_usize, rng_for, Backend, Experiment, Measurement, Session};
 use crate::gpu::{timing::time_gpu, Gpu};
@@ -43,6 +44,7 @@ const W4_REL: f64 = 1e-2;
 /// splits K over `splitk_slices` blocks per tile (grid.y) and takes an fp32 workspace
 /// (slices x B x N) and a zeroed u32 counter per tile after Y. A pipelined design runs a
 /// persistent grid ([`pipelined_grid`]) with a dynamic shared-memory ring ([`pipelined_smem`]).
+/// A tiled design reads W (codes, scales, mins) in the tile layout of [`super::tiles`].
 #[derive(Clone, Copy, Debug)]
 pub struct W4Design {
     pub name: &'static str,
@@ -50,23 +52,26 @@ pub struct W4Design {
     pub warps: usize,
     pub split_k: bool,
     pub pipelined: bool,
+    pub tiled: bool,
 }
 
 /// The W4A16 rungs, measured side by side on every case (quant.cu's W4A16 and W4A16_MMA).
 pub const W4_DESIGNS: &[W4Design] = &[
     // CUDA cores: 4 rows per block, K split across 128 threads in 4-byte code words.
-    W4Design { name: "w4a16", rows: 4, warps: 4, split_k: false, pipelined: false },
+    W4Design { name: "w4a16", rows: 4, warps: 4, split_k: false, pipelined: false, tiled: false },
     // Tensor cores: 16-row tiles, K split across 4 warps, 16-byte streaming loads, 4 steps in flight.
-    W4Design { name: "w4a16_mma", rows: 16, warps: 4, split_k: false, pipelined: false },
+    W4Design { name: "w4a16_mma", rows: 16, warps: 4, split_k: false, pipelined: false, tiled: false },
     // The same warp step, K split over blocks too so that a warp owns at most the steps it keeps
     // in flight: one load round per warp, partials summed by the tile's last block.
-    W4Design { name: "w4a16_mma_splitk", rows: 16, warps: 4, split_k: true, pipelined: false },
+    W4Design { name: "w4a16_mma_splitk", rows: 16, warps: 4, split_k: true, pipelined: false, tiled: false },
     // The same warp step decoding from shared memory: 16-row tiles streamed through an 8-stage
     // cp.async ring by a persistent grid of 8-warp blocks, 2 per SM.
-    W4Design { name: "w4a16_mma_pipelined", rows: 16, warps: 8, split_k: false, pipelined: true },
+    W4Design { name: "w4a16_mma_pipelined", rows: 16, warps: 8, split_k: false, pipelined: true, tiled: false },
     // w4a16_mma with K over 8 warps, 2 steps in flight per warp and 64 registers: twice the
     // warps per SM.
-    W4Design { name: "w4a16_mma_occ8", rows: 16, warps: 8, split_k: false, pipelined: false },
+    W4Design { name: "w4a16_mma_occ8", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: false },
+    // w4a16_mma_occ8 on weights in the tile layout: every warp load is 512 contiguous bytes.
+    W4Design { name: "w4a16_mma_tiled", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: true },
 ];
 
 /// quant.cu's PIPE_CHUNKS, PIPE_STAGES, PIPE_SVECS and PIPE_BLOCKS_PER_SM: 16 B code chunks
@@ -139,7 +144,7 @@ pub fn dequant_variants(format: Format) -> Vec<String> {
 
 /// Every kernel variant of quant.cu (symbols are `quant_<variant>_f16`).
 pub fn gpu_variants() -> Vec<String> {
-    let mut v: Vec<String> = ["pack_int4", "unpack_int4"].map(String::from).to_vec();
+    let mut v: Vec<String> = ["pack_int4", "unpack_int4", "stream_read"].map(String::from).to_vec();
     for format in [Format::Group { scheme: Scheme::Sym, group: 128 }, Format::Group { scheme: Scheme::Asym, group: 128 }, Format::Q4_0, Format::Q4_1] {
         v.extend(dequant_variants(format));
     }
@@ -616,6 +621,11 @@ fn run_w4a16(s: &mut Session, case: &Value) -> Result<()> {
     let wd16: Vec<f16> = wd.par_iter().map(|&v| f16::from_f32(v)).collect();
     let (dq, ds) = (gpu.upload(&q.packed)?, gpu.upload(&q.scales)?);
     let dm = gpu.upload(if q.mins.is_empty() { &q.scales } else { &q.mins })?;
+    // The tile layout, rearranged once like the dequantized weights cuBLAS reads (untimed).
+    let t = tiles::tile(&q);
+    let (tq, ts) = (gpu.upload(&t.codes)?, gpu.upload(&t.scales)?);
+    let tm = gpu.upload(if t.mins.is_empty() { &t.scales } else { &t.mins })?;
+    stream_read(s, &gpu, &shape_case, &q, &dq, &ds, &dm)?;
     let dw16 = gpu.upload(&wd16)?;
     let blas = CudaBlas::new(gpu.stream.clone()).doing("creating the cuBLAS handle")?;
     let format = Format::Group { scheme, group };
@@ -646,18 +656,21 @@ fn run_w4a16(s: &mut Session, case: &Value) -> Result<()> {
             let cfg = design.launch(n, k, b, scheme, gpu.info.sm_count as usize);
             crate::ops::gemm::raise_dynamic_smem(&f, cfg.shared_mem_bytes as usize)?;
             let (ni, ki, gi) = (n as i32, k as i32, group as i32);
+            let (cq, cs, cm) = if design.tiled { (&tq, &ts, &tm) } else { (&dq, &ds, &dm) };
             let launch = |y: &mut CudaSlice<f16>| -> Result<()> {
                 let mut l = gpu.stream.launch_builder(&f);
-                l.arg(&dq).arg(&ds);
+                l.arg(cq).arg(cs);
                 if scheme == Scheme::Asym {
-                    l.arg(&dm);
+                    l.arg(cm);
                 }
                 l.arg(&dx).arg(y);
                 if design.split_k {
                     l.arg(&dws).arg(&ddone);
                 }
-                // SAFETY: codes n*k/2 bytes, scales (mins) n*k/group halves, X b*k, Y b*n halves;
-                // k and group are multiples of 32 (validated); rows past n are never stored.
+                // SAFETY: codes n*k/2 bytes, scales (mins) n*k/group halves (tiled: the padded
+                // tile layout, ceil(n/16) tiles of ceil(k/128) 1 KB blocks and 16 x k/group
+                // scales), X b*k, Y b*n halves; k and group are multiples of 32 (validated);
+                // rows past n are never stored.
                 // Split-K: the workspace holds grid.y x b x n floats and the counters one per
                 // 16-row tile (grid.x), zeroed here and left zeroed by every launch. Pipelined:
                 // the dynamic shared memory is the ring's size, its limit raised above.
@@ -684,6 +697,40 @@ fn run_w4a16(s: &mut Session, case: &Value) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// XOR of the little-endian u32 words of `bytes`, a partial last word zero-padded: what
+/// `quant_stream_read_f16`'s blocks XOR together.
+pub fn xor_words(bytes: &[u8]) -> u32 {
+    bytes.chunks(4).map(|c| c.iter().enumerate().fold(0u32, |w, (i, &b)| w | (b as u32) << (8 * i))).fold(0, |a, w| a ^ w)
+}
+
+/// `stream_read`: the floor under every W4A16 design of a shape, in the same run. It reads the
+/// bytes they must read (codes, scales, and mins when asymmetric) once, as the copy ceiling's
+/// kernel reads, decoding nothing; the host checks the XOR of every word. One record per shape.
+fn stream_read(s: &mut Session, gpu: &Gpu, case: &Value, q: &GroupQuant, dq: &CudaSlice<u8>, ds: &CudaSlice<f16>, dm: &CudaSlice<f16>) -> Result<()> {
+    if !s.wants("stream_read", "lab") {
+        return Ok(());
+    }
+    let (ns, nm) = (2 * q.scales.len() as i64, 2 * q.mins.len() as i64);
+    let want = xor_words(&q.packed) ^ xor_words(&f16_bytes(&q.scales)) ^ xor_words(&f16_bytes(&q.mins));
+    let f = kernel(gpu, "stream_read")?;
+    let cfg = stride_grid(gpu, usize::MAX);
+    let mut out = gpu.stream.alloc_zeros::<u32>(cfg.grid_dim.0 as usize).doing("allocating the block words")?;
+    let nq = q.packed.len() as i64;
+    let launch = |out: &mut CudaSlice<u32>| -> Result<()> {
+        // SAFETY: each buffer holds at least the byte count passed with it (mins: 0 bytes read
+        // when symmetric); out holds one word per block of the grid.
+        unsafe { gpu.stream.launch_builder(&f).arg(dq).arg(&nq).arg(ds).arg(&ns).arg(dm).arg(&nm).arg(out).launch(cfg) }.map(|_| ()).doing("launching stream_read")
+    };
+    let check = |got: &[u32]| bits(&[got.iter().fold(0, |a, &w| a ^ w)], &[want], "cpu-xor");
+    let work = Work { bytes: q.bytes(), flops: 0 };
+    let m = measure_device(s, gpu, case, "stream_read", "lab", work, param_timed(case), &mut out, launch, check)?;
+    s.emit(m).map(|_| ())
+}
+
+fn f16_bytes(v: &[f16]) -> Vec<u8> {
+    v.iter().flat_map(|h| h.to_bits().to_le_bytes()).collect()
 }
 
 fn run_smollm2(s: &mut Session, case: &Value) -> Result<()> {
@@ -852,13 +899,29 @@ mod tests {
         assert!(src.contains("#define GGML_SEGS 2\n"));
     }
 
+    /// The host's XOR folds little-endian words, zero-padding a partial last one, as quant.cu's
+    /// xor_words does for the tail bytes it reads one by one.
+    #[test]
+    fn the_stream_read_check_folds_words_as_the_kernel_does() {
+        assert_eq!(xor_words(&[]), 0);
+        assert_eq!(xor_words(&[0x01, 0x02, 0x03, 0x04]), 0x0403_0201);
+        assert_eq!(xor_words(&[0x01, 0x02, 0x03, 0x04, 0xFF, 0x10]), 0x0403_0201 ^ 0x10FF);
+        assert_eq!(xor_words(&[7; 8]), 0);
+        let src = crate::kernels::source(FAMILY).unwrap();
+        assert!(src.contains("acc ^= (unsigned)p[i] << (8 * (i % 4));"));
+    }
+
     /// The launch shapes the Rust side assumes are the ones quant.cu instantiates.
     #[test]
     fn launch_shapes_match_the_kernel_source() {
         let src = crate::kernels::source(FAMILY).unwrap();
-        let [cuda, mma, splitk, pipe, occ8] = W4_DESIGNS else { panic!("five W4A16 designs") };
+        let [cuda, mma, splitk, pipe, occ8, tiled] = W4_DESIGNS else { panic!("six W4A16 designs") };
         assert_eq!((occ8.rows, occ8.warps, occ8.split_k, occ8.pipelined), (mma.rows, 2 * mma.warps, false, false));
         assert!(src.contains("__launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_occ8_sym"));
+        assert_eq!((tiled.name, tiled.rows, tiled.warps, tiled.split_k, tiled.pipelined), ("w4a16_mma_tiled", occ8.rows, occ8.warps, false, false));
+        assert!(W4_DESIGNS.iter().all(|d| d.tiled == (d.name == "w4a16_mma_tiled")));
+        assert!(src.contains("__launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_tiled_sym"));
+        assert_eq!((tiles::TILE_ROWS, tiles::STEP_WEIGHTS), (mma.rows, 128));
         assert_eq!((cuda.name, mma.name, splitk.name, pipe.name), ("w4a16", "w4a16_mma", "w4a16_mma_splitk", "w4a16_mma_pipelined"));
         assert!(src.contains(&format!(
             "#define PIPE_WARPS {}\n#define PIPE_CHUNKS {PIPE_CHUNKS}\n#define PIPE_STAGES {PIPE_STAGES}\n#define PIPE_SVECS {PIPE_SVECS}\n#define PIPE_BLOCKS_PER_SM {PIPE_BLOCKS_PER_SM}\n",
@@ -883,6 +946,7 @@ mod tests {
             assert!(src.contains(&format!("\nW4A16_MMA_SPLITK({b})\n")), "batch {b}");
             assert!(src.contains(&format!("\nW4A16_MMA_PIPELINED({b})\n")), "batch {b}");
             assert!(src.contains(&format!("\nW4A16_MMA_OCC8({b})\n")), "batch {b}");
+            assert!(src.contains(&format!("\nW4A16_MMA_TILED({b})\n")), "batch {b}");
         }
         assert_eq!(src.matches("\nW4A16(").count(), BATCHES.len());
         assert_eq!(src.matches("\nW4A16_MMA(").count(), BATCHES.len());
@@ -890,7 +954,8 @@ mod tests {
         assert!(src.contains("static constexpr int U = B > 8 ? 3 : 4;"));
         assert_eq!((mma_steps_in_flight(16), mma_steps_in_flight(8)), (3, 4));
         let v = gpu_variants();
-        assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_") && !v.contains("splitk") && !v.contains("pipelined") && !v.contains("occ8")).count(), 2 * BATCHES.len());
+        assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_") && !v.contains("splitk") && !v.contains("pipelined") && !v.contains("occ8") && !v.contains("tiled")).count(), 2 * BATCHES.len());
+        assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_tiled_")).count(), 2 * BATCHES.len());
         assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_occ8_")).count(), 2 * BATCHES.len());
         assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_pipelined_")).count(), 2 * BATCHES.len());
         assert_eq!(src.matches("\nW4A16_MMA_PIPELINED(").count(), BATCHES.len());

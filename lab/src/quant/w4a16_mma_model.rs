@@ -10,6 +10,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::group::{GroupQuant, Scheme};
+use super::tiles::Tiles;
 use half::f16;
 
 /// MMA_WARPS and MMA_ROWS in quant.cu.
@@ -171,7 +172,8 @@ fn store_part(acc: &Acc, part_w: &mut [[f32; MMA_ROWS]], batch: usize) {
 
 /// w4a16_mma_warp in quant.cu: one warp's products over steps [t0, t1) of the tile at row0, as
 /// part[batch][row] (the C fragment after the two chains are added).
-fn mma_warp(q: &GroupQuant, x: &[f16], batch: usize, row0: usize, t0: usize, t1: usize) -> Vec<[f32; MMA_ROWS]> {
+/// With `tiles`, the codes and scales are read from the tile layout at the kernel's TILED offsets.
+fn mma_warp(q: &GroupQuant, tiles: Option<&Tiles>, x: &[f16], batch: usize, row0: usize, t0: usize, t1: usize) -> Vec<[f32; MMA_ROWS]> {
     let (n_rows, k, group) = (q.rows, q.cols, q.group);
     let asym = q.scheme == Scheme::Asym;
     let mins = if asym { &q.mins } else { &q.scales };
@@ -182,8 +184,19 @@ fn mma_warp(q: &GroupQuant, x: &[f16], batch: usize, row0: usize, t0: usize, t1:
         let base = row * (k / 2) + 16 * j;
         std::array::from_fn(|i| u32::from_le_bytes(q.packed[base + 4 * i..base + 4 * i + 4].try_into().unwrap()))
     };
+    let tile = row0 / MMA_ROWS;
+    // quant.cu's qt + 64 (t + u) (+ 32), in bytes, for lane l.
+    let tiled_chunk = |t: &Tiles, step: usize, half: usize, l: usize| -> [u32; 4] {
+        let base = ((tile * t.steps + step) * 64 + 32 * half + l) * 16;
+        std::array::from_fn(|i| u32::from_le_bytes(t.codes[base + 4 * i..base + 4 * i + 4].try_into().unwrap()))
+    };
     let splat = |v: &[f16], row: usize, grp: usize, ok: bool| -> u32 {
         let s = if ok { v[row * gpr + grp].to_bits() as u32 } else { 0 };
+        s | (s << 16)
+    };
+    // quant.cu's sbase / hbase + ss * grp in the tile layout, for the lane's row r of the tile.
+    let tiled_splat = |v: &[f16], r: usize, grp: usize, ok: bool| -> u32 {
+        let s = if ok { v[tile * gpr * MMA_ROWS + r + MMA_ROWS * grp].to_bits() as u32 } else { 0 };
         s | (s << 16)
     };
     let mut part_w = vec![[0f32; MMA_ROWS]; batch];
@@ -204,14 +217,27 @@ fn mma_warp(q: &GroupQuant, x: &[f16], batch: usize, row0: usize, t0: usize, t1:
             for l in 0..32 {
                 jj[u][l] = j[l];
                 let ok = t + u < t1 && j[l] < nchunks;
-                if ok {
-                    cg[u][l] = chunk(rg[l], j[l]);
-                    ch[u][l] = chunk(rh[l], j[l]);
+                if let Some(tl) = tiles {
+                    let g = l / 4;
+                    if ok {
+                        cg[u][l] = tiled_chunk(tl, t + u, 0, l);
+                        ch[u][l] = tiled_chunk(tl, t + u, 1, l);
+                    }
+                    let tmins = if asym { &tl.mins } else { &tl.scales };
+                    dg[u][l] = tiled_splat(&tl.scales, g, grp[l], ok);
+                    dh[u][l] = tiled_splat(&tl.scales, g + 8, grp[l], ok);
+                    mg[u][l] = if asym { tiled_splat(tmins, g, grp[l], ok) } else { 0 };
+                    mh[u][l] = if asym { tiled_splat(tmins, g + 8, grp[l], ok) } else { 0 };
+                } else {
+                    if ok {
+                        cg[u][l] = chunk(rg[l], j[l]);
+                        ch[u][l] = chunk(rh[l], j[l]);
+                    }
+                    dg[u][l] = splat(&q.scales, rg[l], grp[l], ok);
+                    dh[u][l] = splat(&q.scales, rh[l], grp[l], ok);
+                    mg[u][l] = if asym { splat(mins, rg[l], grp[l], ok) } else { 0 };
+                    mh[u][l] = if asym { splat(mins, rh[l], grp[l], ok) } else { 0 };
                 }
-                dg[u][l] = splat(&q.scales, rg[l], grp[l], ok);
-                dh[u][l] = splat(&q.scales, rh[l], grp[l], ok);
-                mg[u][l] = if asym { splat(mins, rg[l], grp[l], ok) } else { 0 };
-                mh[u][l] = if asym { splat(mins, rh[l], grp[l], ok) } else { 0 };
                 j[l] += 4;
                 grp[l] += gstep;
                 rem[l] += rstep;
@@ -243,18 +269,20 @@ fn block_sum(part: &[Vec<[f32; MMA_ROWS]>], b: usize, r: usize) -> f32 {
     s
 }
 
-/// quant_w4a16_mma_{sym,asym}_b{batch}_f16 on the CPU: Y (batch x rows) for X (batch x cols).
-pub fn w4a16_mma(q: &GroupQuant, x: &[f16], batch: usize) -> Vec<f16> {
+/// quant_w4a16_mma_{sym,asym}_b{batch}_f16 on the CPU: Y (batch x rows) for X (batch x cols),
+/// K split over `warps` warps per tile (4; 8 in w4a16_mma_occ8 and w4a16_mma_tiled, which
+/// reads `tiles`). The steps a warp keeps in flight change when it loads, not what it sums.
+pub fn w4a16_mma(q: &GroupQuant, tiles: Option<&Tiles>, x: &[f16], batch: usize, warps: usize) -> Vec<f16> {
     let (n_rows, k) = (q.rows, q.cols);
     let nsteps = (k / 32).div_ceil(4);
-    let per = nsteps.div_ceil(MMA_WARPS);
+    let per = nsteps.div_ceil(warps);
     let mut y = vec![f16::ZERO; batch * n_rows];
     for block in 0..n_rows.div_ceil(MMA_ROWS) {
         let row0 = block * MMA_ROWS;
-        let part: Vec<_> = (0..MMA_WARPS)
+        let part: Vec<_> = (0..warps)
             .map(|warp| {
                 let t0 = warp * per;
-                mma_warp(q, x, batch, row0, t0, (t0 + per).min(nsteps))
+                mma_warp(q, tiles, x, batch, row0, t0, (t0 + per).min(nsteps))
             })
             .collect();
         for i in 0..batch * MMA_ROWS {
@@ -284,7 +312,7 @@ pub fn w4a16_mma_splitk(q: &GroupQuant, x: &[f16], batch: usize, slices: usize) 
             let part: Vec<_> = (0..MMA_WARPS)
                 .map(|warp| {
                     let t0 = (s * MMA_WARPS + warp) * per;
-                    mma_warp(q, x, batch, row0, t0, (t0 + per).min(nsteps))
+                    mma_warp(q, None, x, batch, row0, t0, (t0 + per).min(nsteps))
                 })
                 .collect();
             for i in 0..batch * MMA_ROWS {
@@ -457,6 +485,7 @@ mod tests {
     use super::*;
     use crate::quant::experiment::{check_w4a16, mma_steps_in_flight, pipelined_grid, reference_w4a16, splitk_slices, w4a16_tolerance, BATCHES};
     use crate::quant::group;
+    use crate::quant::tiles::tile;
     use rand::{Rng, SeedableRng};
 
     #[test]
@@ -497,6 +526,14 @@ mod tests {
             MULS,
             OFFSETS,
             "#define MMA_WARPS 4\n#define MMA_ROWS 16\n",
+            // The tile layout's offsets, as mirrored in mma_warp.
+            "const uint4* qt = reinterpret_cast<const uint4*>(wq) + tile * nsteps * 64 + lane;",
+            "ld_stream16(TILED ? qt + 64LL * (t + u) : qg + j);",
+            "ld_stream16(TILED ? qt + 64LL * (t + u) + 32 : qh + j);",
+            "const long long sbase = TILED ? tile * gpr * MMA_ROWS + g : rg * gpr, hbase = TILED ? sbase + 8 : rh * gpr;",
+            "const int ss = TILED ? MMA_ROWS : 1;",
+            "w4a16_mma<B, true, OCC8_STEPS(B), 2 * MMA_WARPS, true>(wq, scales, mins, x, y, n_rows, k, group);",
+            "w4a16_mma<B, false, OCC8_STEPS(B), 2 * MMA_WARPS, true>(wq, scales, scales, x, y, n_rows, k, group);",
             "constexpr int U = B > 8 ? 3 : 4;",
             "constexpr int CH = NH == 1 ? 2 : 1;",
             // w4a16_mma_splitk's split of K and its workspace layout, as mirrored in w4a16_mma_splitk.
@@ -569,8 +606,12 @@ mod tests {
                 let x: Vec<f16> = (0..b * k).map(|_| f16::from_f32(rng.random_range(-2.0f32..2.0))).collect();
                 let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
                 let expected = reference_w4a16(&xf, &wd, b, n, k);
-                let e = check_w4a16(&w4a16_mma(&q, &x, b), &expected, w4a16_tolerance(&expected));
-                assert!(e.passed(), "N={n} K={k} {scheme:?} g{group} batch {b}: {e:?}");
+                // w4a16_mma, w4a16_mma_occ8 (8 warps) and w4a16_mma_tiled (8 warps, tile layout).
+                let tiles = tile(&q);
+                for (warps, t) in [(MMA_WARPS, None), (2 * MMA_WARPS, None), (2 * MMA_WARPS, Some(&tiles))] {
+                    let e = check_w4a16(&w4a16_mma(&q, t, &x, b, warps), &expected, w4a16_tolerance(&expected));
+                    assert!(e.passed(), "{warps} warps, tiled {}: N={n} K={k} {scheme:?} g{group} batch {b}: {e:?}", t.is_some());
+                }
                 // Split-K as launched, and with more and fewer slices than one round asks for
                 // (warps with no step, several rounds per warp).
                 for slices in [splitk_slices(k, b), 1, 2, 3, 7] {
@@ -608,9 +649,12 @@ mod tests {
                 let x: Vec<f16> = (0..b * k).map(|_| f16::from_f32(rng.random_range(-3i32..=3) as f32)).collect();
                 let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
                 let expected: Vec<u16> = reference_w4a16(&xf, &wd, b, n, k).iter().map(|&v| f16::from_f64(v).to_bits()).collect();
-                let got: Vec<u16> = w4a16_mma(&q, &x, b).iter().map(|v| v.to_bits()).collect();
-                let first = got.iter().zip(&expected).position(|(g, e)| g != e);
-                assert!(first.is_none(), "N={n} K={k} batch {b}: first difference at {first:?}");
+                let tiles = tile(&q);
+                for (warps, t) in [(MMA_WARPS, None), (2 * MMA_WARPS, None), (2 * MMA_WARPS, Some(&tiles))] {
+                    let got: Vec<u16> = w4a16_mma(&q, t, &x, b, warps).iter().map(|v| v.to_bits()).collect();
+                    let first = got.iter().zip(&expected).position(|(g, e)| g != e);
+                    assert!(first.is_none(), "{warps} warps, tiled {}: N={n} K={k} batch {b}: first difference at {first:?}", t.is_some());
+                }
                 for slices in [splitk_slices(k, b), 2, 5] {
                     let got: Vec<u16> = w4a16_mma_splitk(&q, &x, b, slices).iter().map(|v| v.to_bits()).collect();
                     let first = got.iter().zip(&expected).position(|(g, e)| g != e);
