@@ -609,7 +609,7 @@ __device__ __forceinline__ void mma_store_part(const MmaAcc<B>& acc, float (*par
 // U steps of codes and scales loaded per round before any is decoded, decoded and multiplied
 // on mma.sync; the C fragment lands in part[batch][row] (this warp's slot). Shared by
 // w4a16_mma (a quarter of K per warp) and w4a16_mma_splitk (at most U steps per warp).
-template <int B, bool ASYM, int U = MmaSteps<B>::U, bool TILED = false>
+template <int B, bool ASYM, int U = MmaSteps<B>::U, bool TILED = false, bool ROLL = false>
 __device__ __forceinline__ void w4a16_mma_warp(const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ mins,
                                                const __half* __restrict__ x, int n_rows, int k, int group, int row0, int t0, int t1,
                                                float (*part)[MMA_ROWS]) {
@@ -635,35 +635,55 @@ __device__ __forceinline__ void w4a16_mma_warp(const u8* __restrict__ wq, const 
     MmaAcc<B> acc;
     acc.zero();
 
-    for (int t = t0; t < t1; t += U) {
-        uint4 cg[U], ch[U];
-        unsigned dg[U], dh[U], m2g[U], m2h[U];
-        int jj[U];
+    uint4 cg[U], ch[U];
+    unsigned dg[U], dh[U], m2g[U], m2h[U];
+    int jj[U];
+    // Loads step t (codes and scales) into slot u, zeros past t1 or K; steps are issued in order,
+    // so the running chunk and group indices are the next step's.
+    auto issue = [&](int u, int t) {
+        jj[u] = j;
+        const bool ok = t < t1 && j < nchunks;
+        cg[u] = ch[u] = make_uint4(0u, 0u, 0u, 0u);
+        if (ok) {
+            cg[u] = ld_stream16(TILED ? qt + 64LL * t : qg + j);
+            ch[u] = ld_stream16(TILED ? qt + 64LL * t + 32 : qh + j);
+        }
+        dg[u] = splat_f16(sg + ss * grp, ok);
+        dh[u] = splat_f16(sh + ss * grp, ok);
+        m2g[u] = ASYM ? splat_f16(mg + ss * grp, ok) : 0u;
+        m2h[u] = ASYM ? splat_f16(mh + ss * grp, ok) : 0u;
+        j += 4;
+        grp += gstep;
+        rem += rstep;
+        if (rem >= cpg) {
+            rem -= cpg;
+            ++grp;
+        }
+    };
+    if (ROLL) {
+        // Rolling: a slot is refilled with the step U ahead as soon as its step is decoded, so
+        // U - 1 to U steps stay in flight while the warp decodes (in rounds: none while it
+        // decodes a round's last step). Refilling before the decode would need a (U + 1)th slot:
+        // at 64 registers that spills 56-260 bytes.
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-            jj[u] = j;
-            const bool ok = t + u < t1 && j < nchunks;
-            cg[u] = ch[u] = make_uint4(0u, 0u, 0u, 0u);
-            if (ok) {
-                cg[u] = ld_stream16(TILED ? qt + 64LL * (t + u) : qg + j);
-                ch[u] = ld_stream16(TILED ? qt + 64LL * (t + u) + 32 : qh + j);
-            }
-            dg[u] = splat_f16(sg + ss * grp, ok);
-            dh[u] = splat_f16(sh + ss * grp, ok);
-            m2g[u] = ASYM ? splat_f16(mg + ss * grp, ok) : 0u;
-            m2h[u] = ASYM ? splat_f16(mh + ss * grp, ok) : 0u;
-            j += 4;
-            grp += gstep;
-            rem += rstep;
-            if (rem >= cpg) {
-                rem -= cpg;
-                ++grp;
+        for (int u = 0; u < U; ++u) issue(u, t0 + u);
+        for (int t = t0; t < t1; t += U) {
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                if (t + u >= t1) break;  // warp-uniform: every lane reaches each mma.sync
+                w4a16_mma_step<B, ASYM>(acc, cg[u], ch[u], dg[u], dh[u], m2g[u], m2h[u], x, k, jj[u], nchunks, g);
+                issue(u, t + u + U);
             }
         }
+    } else {
+        for (int t = t0; t < t1; t += U) {
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-            if (t + u >= t1) break;  // warp-uniform: every lane reaches each mma.sync
-            w4a16_mma_step<B, ASYM>(acc, cg[u], ch[u], dg[u], dh[u], m2g[u], m2h[u], x, k, jj[u], nchunks, g);
+            for (int u = 0; u < U; ++u) issue(u, t + u);
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                if (t + u >= t1) break;  // warp-uniform: every lane reaches each mma.sync
+                w4a16_mma_step<B, ASYM>(acc, cg[u], ch[u], dg[u], dh[u], m2g[u], m2h[u], x, k, jj[u], nchunks, g);
+            }
         }
     }
     mma_store_part<B>(acc, part, g, c);
@@ -678,7 +698,7 @@ __device__ __forceinline__ float mma_block_sum(const float (*part)[B][MMA_ROWS],
     return s;
 }
 
-template <int B, bool ASYM, int U = MmaSteps<B>::U, int W = MMA_WARPS, bool TILED = false>
+template <int B, bool ASYM, int U = MmaSteps<B>::U, int W = MMA_WARPS, bool TILED = false, bool ROLL = false>
 __device__ __forceinline__ void w4a16_mma(const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ mins,
                                           const __half* __restrict__ x, __half* __restrict__ y, int n_rows, int k, int group) {
     __shared__ float part[W][B][MMA_ROWS];
@@ -688,7 +708,7 @@ __device__ __forceinline__ void w4a16_mma(const u8* __restrict__ wq, const __hal
     // This warp's contiguous slice of steps [t0, t1).
     const int per = (nsteps + W - 1) / W;
     const int t0 = warp * per, t1 = min(t0 + per, nsteps);
-    w4a16_mma_warp<B, ASYM, U, TILED>(wq, scales, mins, x, n_rows, k, group, row0, t0, t1, part[warp]);
+    w4a16_mma_warp<B, ASYM, U, TILED, ROLL>(wq, scales, mins, x, n_rows, k, group, row0, t0, t1, part[warp]);
     // Then the W K slices are summed in warp order.
     __syncthreads();
     for (int i = threadIdx.x; i < B * MMA_ROWS; i += 32 * W) {
@@ -770,6 +790,28 @@ W4A16_MMA_TILED(2)
 W4A16_MMA_TILED(4)
 W4A16_MMA_TILED(8)
 W4A16_MMA_TILED(16)
+
+// w4a16_mma_tiled_rolling_{sym,asym}_b{B}_f16: w4a16_mma_tiled with the loads rolling instead
+// of in rounds. A round-based warp issues its U steps, waits, decodes them, and has nothing in
+// flight while it decodes the last; here each slot is refilled with the step U ahead as soon as
+// its step is decoded, so a warp always has loads in flight.
+#define W4A16_MMA_TILED_ROLLING(B)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_tiled_rolling_sym_b##B##_f16(           \
+        const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ x, __half* __restrict__ y, \
+        int n_rows, int k, int group) {                                                                                     \
+        w4a16_mma<B, false, OCC8_STEPS(B), 2 * MMA_WARPS, true, true>(wq, scales, scales, x, y, n_rows, k, group);          \
+    }                                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_tiled_rolling_asym_b##B##_f16(          \
+        const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ mins,                      \
+        const __half* __restrict__ x, __half* __restrict__ y, int n_rows, int k, int group) {                               \
+        w4a16_mma<B, true, OCC8_STEPS(B), 2 * MMA_WARPS, true, true>(wq, scales, mins, x, y, n_rows, k, group);             \
+    }
+
+W4A16_MMA_TILED_ROLLING(1)
+W4A16_MMA_TILED_ROLLING(2)
+W4A16_MMA_TILED_ROLLING(4)
+W4A16_MMA_TILED_ROLLING(8)
+W4A16_MMA_TILED_ROLLING(16)
 
 // ---------------------------------------------------------------------------
 // W4A16 on tensor cores, one load round per warp: w4a16_mma_splitk_{sym,asym}_b{B}_f16.

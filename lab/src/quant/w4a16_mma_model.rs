@@ -270,8 +270,9 @@ fn block_sum(part: &[Vec<[f32; MMA_ROWS]>], b: usize, r: usize) -> f32 {
 }
 
 /// quant_w4a16_mma_{sym,asym}_b{batch}_f16 on the CPU: Y (batch x rows) for X (batch x cols),
-/// K split over `warps` warps per tile (4; 8 in w4a16_mma_occ8 and w4a16_mma_tiled, which
-/// reads `tiles`). The steps a warp keeps in flight change when it loads, not what it sums.
+/// K split over `warps` warps per tile (4; 8 in w4a16_mma_occ8 and w4a16_mma_tiled(_rolling),
+/// which read `tiles`). The steps a warp keeps in flight, in rounds or rolling, change when it
+/// loads, not what it sums.
 pub fn w4a16_mma(q: &GroupQuant, tiles: Option<&Tiles>, x: &[f16], batch: usize, warps: usize) -> Vec<f16> {
     let (n_rows, k) = (q.rows, q.cols);
     let nsteps = (k / 32).div_ceil(4);
@@ -528,8 +529,12 @@ mod tests {
             "#define MMA_WARPS 4\n#define MMA_ROWS 16\n",
             // The tile layout's offsets, as mirrored in mma_warp.
             "const uint4* qt = reinterpret_cast<const uint4*>(wq) + tile * nsteps * 64 + lane;",
-            "ld_stream16(TILED ? qt + 64LL * (t + u) : qg + j);",
-            "ld_stream16(TILED ? qt + 64LL * (t + u) + 32 : qh + j);",
+            "ld_stream16(TILED ? qt + 64LL * t : qg + j);",
+            "ld_stream16(TILED ? qt + 64LL * t + 32 : qh + j);",
+            // Rounds and rolling loads issue the same steps in the same order: one issue() each.
+            "for (int u = 0; u < U; ++u) issue(u, t0 + u);",
+            "issue(u, t + u + U);",
+            "for (int u = 0; u < U; ++u) issue(u, t + u);",
             "const long long sbase = TILED ? tile * gpr * MMA_ROWS + g : rg * gpr, hbase = TILED ? sbase + 8 : rh * gpr;",
             "const int ss = TILED ? MMA_ROWS : 1;",
             "w4a16_mma<B, true, OCC8_STEPS(B), 2 * MMA_WARPS, true>(wq, scales, mins, x, y, n_rows, k, group);",
