@@ -814,6 +814,135 @@ W4A16_MMA_TILED_ROLLING(8)
 W4A16_MMA_TILED_ROLLING(16)
 
 // ---------------------------------------------------------------------------
+// w4a16_mma_tiled_async_{sym,asym}_b{B}_f16: w4a16_mma_tiled with its loads staged through
+// shared memory by cp.async, so that the bytes in flight cost no registers. Each lane copies
+// exactly what it would have loaded (its 16 B of rows g and g + 8, and the 4 B words holding
+// their scales, and mins) into its own slots of a per-warp ring of RING_STEPS steps, and reads
+// back only what it copied itself: cp.async.wait_group orders a lane's own copies, so neither a
+// barrier nor a warp sync is needed. A slot is refilled with the step RING_STEPS ahead as soon as
+// its step has been read, so RING_STEPS - 1 steps stay in flight per warp while it decodes
+// (w4a16_mma_tiled: 2 in rounds). Chunks past K (and steps past the warp's slice) are copied
+// with a source size of 0, which zero-fills them, as the register rungs feed zeros.
+// Slot (1280 B sym, 1536 B asym): codes [2][32] x 16 B, then scale words [2][32] x 4 B, then
+// min words; 32 consecutive lanes on consecutive 16 B (or 4 B): no bank conflicts.
+// Dynamic smem per block: 8 warps x RING_STEPS x slot = 40 KB sym, 48 KB asym at 4 steps:
+// 4 blocks per SM fit (the launcher prefers the whole carveout as shared memory).
+// ---------------------------------------------------------------------------
+#define RING_STEPS 4
+
+template <bool ASYM>
+struct RingSlot {
+    static constexpr int BYTES = 1024 + (ASYM ? 512 : 256);
+};
+
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, int src_bytes) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
+}
+
+// The f16 of row g (or g + 8, the same parity) in the aligned word of rows g & ~1, g | 1, as f16x2.
+__device__ __forceinline__ unsigned splat_word(unsigned w, int g) {
+    const unsigned s = (g & 1) ? w >> 16 : w & 0xFFFFu;
+    return s | (s << 16);
+}
+
+template <int B, bool ASYM>
+__device__ __forceinline__ void w4a16_mma_warp_async(u8* ring, const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ mins,
+                                                     const __half* __restrict__ x, int k, int group, int row0, int t0, int t1,
+                                                     float (*part)[MMA_ROWS]) {
+    constexpr int SLOT = RingSlot<ASYM>::BYTES;
+    const int lane = threadIdx.x & 31;
+    const int g = lane >> 2, c = lane & 3;
+    const int nchunks = k / 32, cpg = group / 32, gpr = k / group;
+    const long long tile = row0 / MMA_ROWS, nsteps = (nchunks + 3) / 4;
+    const uint4* qt = reinterpret_cast<const uint4*>(wq) + tile * nsteps * 64 + lane;
+    // Words of the tile's scales (mins): group grp's rows g & ~1, g | 1 at word 8 grp + g / 2;
+    // rows g + 8 four words on.
+    const unsigned* sw = reinterpret_cast<const unsigned*>(scales + tile * gpr * MMA_ROWS) + g / 2;
+    const unsigned* mw = reinterpret_cast<const unsigned*>(mins + tile * gpr * MMA_ROWS) + g / 2;
+    int j = 4 * t0 + c, grp = j / cpg, rem = j % cpg;
+    const int gstep = 4 / cpg, rstep = 4 % cpg;
+    // Copies step t into slot s (zero-filled past t1 or K), then commits them as one group.
+    auto issue = [&](int s, int t) {
+        const bool ok = t < t1 && j < nchunks;
+        u8* slot = ring + s * SLOT;
+        const long long at = ok ? 64LL * t : 0, gw = ok ? 8LL * grp : 0;
+        cp_async16(slot + 16 * lane, qt + at, ok ? 16 : 0);
+        cp_async16(slot + 512 + 16 * lane, qt + at + 32, ok ? 16 : 0);
+        cp_async4(slot + 1024 + 4 * lane, sw + gw, ok ? 4 : 0);
+        cp_async4(slot + 1152 + 4 * lane, sw + gw + 4, ok ? 4 : 0);
+        if (ASYM) {
+            cp_async4(slot + 1280 + 4 * lane, mw + gw, ok ? 4 : 0);
+            cp_async4(slot + 1408 + 4 * lane, mw + gw + 4, ok ? 4 : 0);
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+        j += 4;
+        grp += gstep;
+        rem += rstep;
+        if (rem >= cpg) {
+            rem -= cpg;
+            ++grp;
+        }
+    };
+    MmaAcc<B> acc;
+    acc.zero();
+#pragma unroll
+    for (int s = 0; s < RING_STEPS; ++s) issue(s, t0 + s);
+    for (int t = t0; t < t1; ++t) {
+        asm volatile("cp.async.wait_group %0;" ::"n"(RING_STEPS - 1) : "memory");  // step t landed
+        const int s = (t - t0) % RING_STEPS;
+        const u8* slot = ring + s * SLOT;
+        const uint4 cg = *reinterpret_cast<const uint4*>(slot + 16 * lane), ch = *reinterpret_cast<const uint4*>(slot + 512 + 16 * lane);
+        const unsigned dg = splat_word(*reinterpret_cast<const unsigned*>(slot + 1024 + 4 * lane), g);
+        const unsigned dh = splat_word(*reinterpret_cast<const unsigned*>(slot + 1152 + 4 * lane), g);
+        const unsigned m2g = ASYM ? splat_word(*reinterpret_cast<const unsigned*>(slot + 1280 + 4 * lane), g) : 0u;
+        const unsigned m2h = ASYM ? splat_word(*reinterpret_cast<const unsigned*>(slot + 1408 + 4 * lane), g) : 0u;
+        issue(s, t + RING_STEPS);  // the slot's values are in registers: refill it
+        w4a16_mma_step<B, ASYM>(acc, cg, ch, dg, dh, m2g, m2h, x, k, 4 * t + c, nchunks, g);
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    mma_store_part<B>(acc, part, g, c);
+}
+
+template <int B, bool ASYM>
+__device__ __forceinline__ void w4a16_mma_async(const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ mins,
+                                                const __half* __restrict__ x, __half* __restrict__ y, int n_rows, int k, int group) {
+    constexpr int W = 2 * MMA_WARPS;
+    extern __shared__ uint4 dyn[];
+    __shared__ float part[W][B][MMA_ROWS];
+    const int warp = threadIdx.x >> 5;
+    const int row0 = blockIdx.x * MMA_ROWS;
+    const int nsteps = (k / 32 + 3) / 4;
+    const int per = (nsteps + W - 1) / W;
+    const int t0 = warp * per, t1 = min(t0 + per, nsteps);
+    u8* ring = reinterpret_cast<u8*>(dyn) + warp * RING_STEPS * RingSlot<ASYM>::BYTES;
+    w4a16_mma_warp_async<B, ASYM>(ring, wq, scales, mins, x, k, group, row0, t0, t1, part[warp]);
+    __syncthreads();
+    for (int i = threadIdx.x; i < B * MMA_ROWS; i += 32 * W) {
+        const int b = i / MMA_ROWS, r = i % MMA_ROWS;
+        if (row0 + r < n_rows) y[(long long)b * n_rows + row0 + r] = __float2half_rn(mma_block_sum<B, W>(part, i));
+    }
+}
+
+#define W4A16_MMA_TILED_ASYNC(B)                                                                                            \
+    extern "C" __global__ void __launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_tiled_async_sym_b##B##_f16(             \
+        const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ x, __half* __restrict__ y, \
+        int n_rows, int k, int group) {                                                                                     \
+        w4a16_mma_async<B, false>(wq, scales, scales, x, y, n_rows, k, group);                                              \
+    }                                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_tiled_async_asym_b##B##_f16(            \
+        const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ mins,                      \
+        const __half* __restrict__ x, __half* __restrict__ y, int n_rows, int k, int group) {                               \
+        w4a16_mma_async<B, true>(wq, scales, mins, x, y, n_rows, k, group);                                                 \
+    }
+
+W4A16_MMA_TILED_ASYNC(1)
+W4A16_MMA_TILED_ASYNC(2)
+W4A16_MMA_TILED_ASYNC(4)
+W4A16_MMA_TILED_ASYNC(8)
+W4A16_MMA_TILED_ASYNC(16)
+
+// ---------------------------------------------------------------------------
 // W4A16 on tensor cores, one load round per warp: w4a16_mma_splitk_{sym,asym}_b{B}_f16.
 // The same warp step as w4a16_mma (w4a16_mma_warp: 16-row tile, U steps of 16 B codes per lane
 // issued before any is decoded, decoded to f16, mma.sync), but K is split so finely that a warp

@@ -44,7 +44,8 @@ const W4_REL: f64 = 1e-2;
 /// splits K over `splitk_slices` blocks per tile (grid.y) and takes an fp32 workspace
 /// (slices x B x N) and a zeroed u32 counter per tile after Y. A pipelined design runs a
 /// persistent grid ([`pipelined_grid`]) with a dynamic shared-memory ring ([`pipelined_smem`]).
-/// A tiled design reads W (codes, scales, mins) in the tile layout of [`super::tiles`].
+/// A tiled design reads W (codes, scales, mins) in the tile layout of [`super::tiles`]; an
+/// async one stages its loads in a per-warp shared-memory ring ([`async_ring_smem`]).
 #[derive(Clone, Copy, Debug)]
 pub struct W4Design {
     pub name: &'static str,
@@ -53,28 +54,40 @@ pub struct W4Design {
     pub split_k: bool,
     pub pipelined: bool,
     pub tiled: bool,
+    pub async_ring: bool,
 }
 
 /// The W4A16 rungs, measured side by side on every case (quant.cu's W4A16 and W4A16_MMA).
 pub const W4_DESIGNS: &[W4Design] = &[
     // CUDA cores: 4 rows per block, K split across 128 threads in 4-byte code words.
-    W4Design { name: "w4a16", rows: 4, warps: 4, split_k: false, pipelined: false, tiled: false },
+    W4Design { name: "w4a16", rows: 4, warps: 4, split_k: false, pipelined: false, tiled: false, async_ring: false },
     // Tensor cores: 16-row tiles, K split across 4 warps, 16-byte streaming loads, 4 steps in flight.
-    W4Design { name: "w4a16_mma", rows: 16, warps: 4, split_k: false, pipelined: false, tiled: false },
+    W4Design { name: "w4a16_mma", rows: 16, warps: 4, split_k: false, pipelined: false, tiled: false, async_ring: false },
     // The same warp step, K split over blocks too so that a warp owns at most the steps it keeps
     // in flight: one load round per warp, partials summed by the tile's last block.
-    W4Design { name: "w4a16_mma_splitk", rows: 16, warps: 4, split_k: true, pipelined: false, tiled: false },
+    W4Design { name: "w4a16_mma_splitk", rows: 16, warps: 4, split_k: true, pipelined: false, tiled: false, async_ring: false },
     // The same warp step decoding from shared memory: 16-row tiles streamed through an 8-stage
     // cp.async ring by a persistent grid of 8-warp blocks, 2 per SM.
-    W4Design { name: "w4a16_mma_pipelined", rows: 16, warps: 8, split_k: false, pipelined: true, tiled: false },
+    W4Design { name: "w4a16_mma_pipelined", rows: 16, warps: 8, split_k: false, pipelined: true, tiled: false, async_ring: false },
     // w4a16_mma with K over 8 warps, 2 steps in flight per warp and 64 registers: twice the
     // warps per SM.
-    W4Design { name: "w4a16_mma_occ8", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: false },
+    W4Design { name: "w4a16_mma_occ8", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: false, async_ring: false },
     // w4a16_mma_occ8 on weights in the tile layout: every warp load is 512 contiguous bytes.
-    W4Design { name: "w4a16_mma_tiled", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: true },
+    W4Design { name: "w4a16_mma_tiled", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: true, async_ring: false },
     // w4a16_mma_tiled with rolling loads: a slot is refilled as soon as its step is decoded.
-    W4Design { name: "w4a16_mma_tiled_rolling", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: true },
+    W4Design { name: "w4a16_mma_tiled_rolling", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: true, async_ring: false },
+    // w4a16_mma_tiled with each lane's loads staged by cp.async through a per-warp ring of
+    // RING_STEPS steps in shared memory: bytes in flight without registers.
+    W4Design { name: "w4a16_mma_tiled_async", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: true, async_ring: true },
 ];
+
+/// quant.cu's RING_STEPS: steps in a w4a16_mma_tiled_async warp's ring.
+pub const RING_STEPS: usize = 4;
+
+/// Dynamic shared memory of w4a16_mma_tiled_async: warps x RING_STEPS x RingSlot<ASYM>::BYTES.
+pub fn async_ring_smem(scheme: Scheme) -> usize {
+    8 * RING_STEPS * if scheme == Scheme::Asym { 1536 } else { 1280 }
+}
 
 /// quant.cu's PIPE_CHUNKS, PIPE_STAGES, PIPE_SVECS and PIPE_BLOCKS_PER_SM: 16 B code chunks
 /// per row per stage, stages in the ring, 16 B scale vectors per row per stage, blocks per SM.
@@ -128,7 +141,8 @@ impl W4Design {
         if self.pipelined {
             return LaunchConfig { grid_dim: (pipelined_grid(n, sms) as u32, 1, 1), block_dim: (32 * self.warps as u32, 1, 1), shared_mem_bytes: pipelined_smem(scheme) as u32 };
         }
-        LaunchConfig { grid_dim: (n.div_ceil(self.rows) as u32, self.slices(k, batch) as u32, 1), block_dim: (32 * self.warps as u32, 1, 1), shared_mem_bytes: 0 }
+        let smem = if self.async_ring { async_ring_smem(scheme) as u32 } else { 0 };
+        LaunchConfig { grid_dim: (n.div_ceil(self.rows) as u32, self.slices(k, batch) as u32, 1), block_dim: (32 * self.warps as u32, 1, 1), shared_mem_bytes: smem }
     }
 }
 
@@ -657,6 +671,10 @@ fn run_w4a16(s: &mut Session, case: &Value) -> Result<()> {
             let f = kernel(&gpu, &variant)?;
             let cfg = design.launch(n, k, b, scheme, gpu.info.sm_count as usize);
             crate::ops::gemm::raise_dynamic_smem(&f, cfg.shared_mem_bytes as usize)?;
+            if design.async_ring {
+                // 4 blocks of 40-48 KB per SM need more than the default shared-memory carveout.
+                f.set_attribute(cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100).doing("preferring the shared-memory carveout")?;
+            }
             let (ni, ki, gi) = (n as i32, k as i32, group as i32);
             let (cq, cs, cm) = if design.tiled { (&tq, &ts, &tm) } else { (&dq, &ds, &dm) };
             let launch = |y: &mut CudaSlice<f16>| -> Result<()> {
@@ -919,7 +937,13 @@ mod tests {
     #[test]
     fn launch_shapes_match_the_kernel_source() {
         let src = crate::kernels::source(FAMILY).unwrap();
-        let [cuda, mma, splitk, pipe, occ8, tiled, rolling] = W4_DESIGNS else { panic!("seven W4A16 designs") };
+        let [cuda, mma, splitk, pipe, occ8, tiled, rolling, ring] = W4_DESIGNS else { panic!("eight W4A16 designs") };
+        assert_eq!((ring.name, ring.rows, ring.warps, ring.tiled, ring.async_ring), ("w4a16_mma_tiled_async", occ8.rows, occ8.warps, true, true));
+        assert!(W4_DESIGNS.iter().all(|d| d.async_ring == (d.name == ring.name)));
+        assert!(src.contains(&format!("#define RING_STEPS {RING_STEPS}\n")));
+        assert!(src.contains("static constexpr int BYTES = 1024 + (ASYM ? 512 : 256);"));
+        assert!(src.contains("__launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_tiled_async_sym"));
+        assert!(4 * async_ring_smem(Scheme::Asym) <= 227 * 1024, "4 blocks per SM");
         assert_eq!((occ8.rows, occ8.warps, occ8.split_k, occ8.pipelined), (mma.rows, 2 * mma.warps, false, false));
         assert!(src.contains("__launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_occ8_sym"));
         assert_eq!((tiled.name, tiled.rows, tiled.warps, tiled.split_k, tiled.pipelined), ("w4a16_mma_tiled", occ8.rows, occ8.warps, false, false));
@@ -954,6 +978,7 @@ mod tests {
             assert!(src.contains(&format!("\nW4A16_MMA_OCC8({b})\n")), "batch {b}");
             assert!(src.contains(&format!("\nW4A16_MMA_TILED({b})\n")), "batch {b}");
             assert!(src.contains(&format!("\nW4A16_MMA_TILED_ROLLING({b})\n")), "batch {b}");
+            assert!(src.contains(&format!("\nW4A16_MMA_TILED_ASYNC({b})\n")), "batch {b}");
         }
         assert_eq!(src.matches("\nW4A16(").count(), BATCHES.len());
         assert_eq!(src.matches("\nW4A16_MMA(").count(), BATCHES.len());
@@ -962,7 +987,7 @@ mod tests {
         assert_eq!((mma_steps_in_flight(16), mma_steps_in_flight(8)), (3, 4));
         let v = gpu_variants();
         assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_") && !v.contains("splitk") && !v.contains("pipelined") && !v.contains("occ8") && !v.contains("tiled")).count(), 2 * BATCHES.len());
-        assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_tiled_")).count(), 4 * BATCHES.len());
+        assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_tiled_")).count(), 6 * BATCHES.len());
         assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_tiled_rolling_")).count(), 2 * BATCHES.len());
         assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_occ8_")).count(), 2 * BATCHES.len());
         assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_pipelined_")).count(), 2 * BATCHES.len());

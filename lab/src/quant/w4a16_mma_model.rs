@@ -566,6 +566,40 @@ mod tests {
         assert_eq!(src.matches("__byte_perm(xa, xb, 0x5410), __byte_perm(xa, xb, 0x7632)").count(), 1);
     }
 
+    /// w4a16_mma_tiled_async reads each scale (min) as the aligned 4-byte word holding it, which
+    /// its lane copies with cp.async, and picks the half by the row's parity: the same value
+    /// mma_warp reads from the tile layout directly, for every tile, group and row.
+    #[test]
+    fn the_async_ring_scale_words_hold_the_lanes_scales() {
+        let src = crate::kernels::source("quant").unwrap();
+        for s in [
+            "const unsigned* sw = reinterpret_cast<const unsigned*>(scales + tile * gpr * MMA_ROWS) + g / 2;",
+            "cp_async4(slot + 1024 + 4 * lane, sw + gw, ok ? 4 : 0);",
+            "cp_async4(slot + 1152 + 4 * lane, sw + gw + 4, ok ? 4 : 0);",
+            "const long long at = ok ? 64LL * t : 0, gw = ok ? 8LL * grp : 0;",
+            "const unsigned s = (g & 1) ? w >> 16 : w & 0xFFFFu;",
+            "cp_async16(slot + 512 + 16 * lane, qt + at + 32, ok ? 16 : 0);",
+        ] {
+            assert!(src.contains(s), "quant.cu no longer contains `{s}`");
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(2);
+        let q = random_quant(&mut rng, 37, 992, Scheme::Asym, 32);
+        let t = tile(&q);
+        let gpr = q.cols / q.group;
+        for tl in 0..t.tiles {
+            // The tile's scales as the little-endian words the kernel's sw points into.
+            let words: Vec<u32> = t.scales[tl * gpr * 16..(tl + 1) * gpr * 16].chunks(2).map(|p| p[0].to_bits() as u32 | (p[1].to_bits() as u32) << 16).collect();
+            for grp in 0..gpr {
+                for g in 0..8 {
+                    for (r, w) in [(g, words[8 * grp + g / 2]), (g + 8, words[8 * grp + g / 2 + 4])] {
+                        let half = if g & 1 == 1 { w >> 16 } else { w & 0xFFFF };
+                        assert_eq!(half as u16, t.scales[(tl * gpr + grp) * 16 + r].to_bits(), "tile {tl} group {grp} row {r}");
+                    }
+                }
+            }
+        }
+    }
+
     fn random_quant(rng: &mut impl Rng, n: usize, k: usize, scheme: Scheme, group: usize) -> GroupQuant {
         let w: Vec<f32> = (0..n * k).map(|_| rng.random_range(-1.0f32..1.0) / (k as f32).sqrt()).collect();
         group::quantize(&w, n, k, scheme, group).unwrap()
