@@ -483,7 +483,8 @@ W4A16(16, 4)
 // lab/src/quant/w4a16_mma_model.rs mirrors this kernel step by step on the CPU for the tests.
 // ptxas -v, sm_90 (CUDA 13.0; registers / static smem, no spills in any):
 //   sym  b1 b2 b4 b8 115 / 256-2048 B   b16 105 / 4 KiB
-//   asym b1 b2 b4 b8 127 / 256-2048 B   b16 116 / 4 KiB     (sm_80: no spills either)
+//   asym b1 b2 b4 123, b8 127 / 256-2048 B   b16 116 / 4 KiB     (sm_80: no spills either; b1-b4 were
+//   127 before the load step became the `issue` lambda shared with the tiled rungs)
 // ---------------------------------------------------------------------------
 #define MMA_WARPS 4
 #define MMA_ROWS 16
@@ -605,6 +606,23 @@ __device__ __forceinline__ void mma_store_part(const MmaAcc<B>& acc, float (*par
         }
 }
 
+// A lane's chunk j = 4t + c and the group it falls in, advanced one step (4 chunks) at a time
+// without a division.
+struct StepWalk {
+    int j, grp, rem;
+    const int cpg, gstep, rstep;
+    __device__ __forceinline__ StepWalk(int j0, int cpg_) : j(j0), grp(j0 / cpg_), rem(j0 % cpg_), cpg(cpg_), gstep(4 / cpg_), rstep(4 % cpg_) {}
+    __device__ __forceinline__ void next() {
+        j += 4;
+        grp += gstep;
+        rem += rstep;
+        if (rem >= cpg) {
+            rem -= cpg;
+            ++grp;
+        }
+    }
+};
+
 // One warp's share of a 16-row tile: steps [t0, t1) of K (step t covers chunks 4t .. 4t + 3),
 // U steps of codes and scales loaded per round before any is decoded, decoded and multiplied
 // on mma.sync; the C fragment lands in part[batch][row] (this warp's slot). Shared by
@@ -629,9 +647,7 @@ __device__ __forceinline__ void w4a16_mma_warp(const u8* __restrict__ wq, const 
     const __half* sh = scales + hbase;
     const __half* mg = mins + sbase;
     const __half* mh = mins + hbase;
-    // Group of this lane's chunk j = 4t + c, advanced 4 chunks a step without a division.
-    int j = 4 * t0 + c, grp = j / cpg, rem = j % cpg;
-    const int gstep = 4 / cpg, rstep = 4 % cpg;
+    StepWalk walk(4 * t0 + c, cpg);
     MmaAcc<B> acc;
     acc.zero();
 
@@ -641,24 +657,18 @@ __device__ __forceinline__ void w4a16_mma_warp(const u8* __restrict__ wq, const 
     // Loads step t (codes and scales) into slot u, zeros past t1 or K; steps are issued in order,
     // so the running chunk and group indices are the next step's.
     auto issue = [&](int u, int t) {
-        jj[u] = j;
-        const bool ok = t < t1 && j < nchunks;
+        jj[u] = walk.j;
+        const bool ok = t < t1 && walk.j < nchunks;
         cg[u] = ch[u] = make_uint4(0u, 0u, 0u, 0u);
         if (ok) {
-            cg[u] = ld_stream16(TILED ? qt + 64LL * t : qg + j);
-            ch[u] = ld_stream16(TILED ? qt + 64LL * t + 32 : qh + j);
+            cg[u] = ld_stream16(TILED ? qt + 64LL * t : qg + walk.j);
+            ch[u] = ld_stream16(TILED ? qt + 64LL * t + 32 : qh + walk.j);
         }
-        dg[u] = splat_f16(sg + ss * grp, ok);
-        dh[u] = splat_f16(sh + ss * grp, ok);
-        m2g[u] = ASYM ? splat_f16(mg + ss * grp, ok) : 0u;
-        m2h[u] = ASYM ? splat_f16(mh + ss * grp, ok) : 0u;
-        j += 4;
-        grp += gstep;
-        rem += rstep;
-        if (rem >= cpg) {
-            rem -= cpg;
-            ++grp;
-        }
+        dg[u] = splat_f16(sg + ss * walk.grp, ok);
+        dh[u] = splat_f16(sh + ss * walk.grp, ok);
+        m2g[u] = ASYM ? splat_f16(mg + ss * walk.grp, ok) : 0u;
+        m2h[u] = ASYM ? splat_f16(mh + ss * walk.grp, ok) : 0u;
+        walk.next();
     };
     if (ROLL) {
         // Rolling: a slot is refilled with the step U ahead as soon as its step is decoded, so
@@ -773,6 +783,7 @@ W4A16_MMA_OCC8(16)
 // g + 8, lanes in order; so a lane loads exactly the two chunks w4a16_mma_step decodes, and a
 // warp's step is 1 KB contiguous. Scales (mins): 16 per (tile, group), rows in order.
 // Tiles past N and chunks past K are zero in the layout and never loaded or stored.
+// ptxas -v, sm_90: 64 registers; spills: sym b16 8 B, asym b1 4 B, b2 b4 b16 8 B, none elsewhere.
 #define W4A16_MMA_TILED(B)                                                                                                  \
     extern "C" __global__ void __launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_tiled_sym_b##B##_f16(                   \
         const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ x, __half* __restrict__ y, \
@@ -795,6 +806,7 @@ W4A16_MMA_TILED(16)
 // of in rounds. A round-based warp issues its U steps, waits, decodes them, and has nothing in
 // flight while it decodes the last; here each slot is refilled with the step U ahead as soon as
 // its step is decoded, so a warp always has loads in flight.
+// ptxas -v, sm_90: 63-64 registers, no spills at b1-b8; b16 spills 16 B (sym) and 100 B (asym).
 #define W4A16_MMA_TILED_ROLLING(B)                                                                                          \
     extern "C" __global__ void __launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_tiled_rolling_sym_b##B##_f16(           \
         const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ x, __half* __restrict__ y, \
@@ -827,6 +839,7 @@ W4A16_MMA_TILED_ROLLING(16)
 // min words; 32 consecutive lanes on consecutive 16 B (or 4 B): no bank conflicts.
 // Dynamic smem per block: 8 warps x RING_STEPS x slot = 40 KB sym, 48 KB asym at 4 steps:
 // 4 blocks per SM fit (the launcher prefers the whole carveout as shared memory).
+// ptxas -v, sm_90: 64 registers, no spills at any batch.
 // ---------------------------------------------------------------------------
 #define RING_STEPS 4
 
@@ -860,13 +873,12 @@ __device__ __forceinline__ void w4a16_mma_warp_async(u8* ring, const u8* __restr
     // rows g + 8 four words on.
     const unsigned* sw = reinterpret_cast<const unsigned*>(scales + tile * gpr * MMA_ROWS) + g / 2;
     const unsigned* mw = reinterpret_cast<const unsigned*>(mins + tile * gpr * MMA_ROWS) + g / 2;
-    int j = 4 * t0 + c, grp = j / cpg, rem = j % cpg;
-    const int gstep = 4 / cpg, rstep = 4 % cpg;
+    StepWalk walk(4 * t0 + c, cpg);
     // Copies step t into slot s (zero-filled past t1 or K), then commits them as one group.
     auto issue = [&](int s, int t) {
-        const bool ok = t < t1 && j < nchunks;
+        const bool ok = t < t1 && walk.j < nchunks;
         u8* slot = ring + s * SLOT;
-        const long long at = ok ? 64LL * t : 0, gw = ok ? 8LL * grp : 0;
+        const long long at = ok ? 64LL * t : 0, gw = ok ? 8LL * walk.grp : 0;
         cp_async16(slot + 16 * lane, qt + at, ok ? 16 : 0);
         cp_async16(slot + 512 + 16 * lane, qt + at + 32, ok ? 16 : 0);
         cp_async4(slot + 1024 + 4 * lane, sw + gw, ok ? 4 : 0);
@@ -876,13 +888,7 @@ __device__ __forceinline__ void w4a16_mma_warp_async(u8* ring, const u8* __restr
             cp_async4(slot + 1408 + 4 * lane, mw + gw + 4, ok ? 4 : 0);
         }
         asm volatile("cp.async.commit_group;" ::: "memory");
-        j += 4;
-        grp += gstep;
-        rem += rstep;
-        if (rem >= cpg) {
-            rem -= cpg;
-            ++grp;
-        }
+        walk.next();
     };
     MmaAcc<B> acc;
     acc.zero();

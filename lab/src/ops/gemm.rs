@@ -610,11 +610,12 @@ pub fn kernel(gpu: &Gpu, variant: &str, dtype: DType) -> Result<CudaFunction> {
     Ok(f)
 }
 
-/// Lets `f` launch with `smem` bytes of dynamic shared memory: above the 48 KiB default the
-/// limit is raised and the whole carveout preferred as shared memory (so that, e.g.,
-/// mma_warp64's two 64 KiB blocks per SM fit). Below it, nothing to do.
+/// Lets `f` launch with `smem` bytes of dynamic shared memory: the limit is raised to it (the
+/// default 48 KiB counts static shared memory too) and the whole carveout preferred as shared
+/// memory (so that, e.g., mma_warp64's two 64 KiB blocks per SM fit). Without dynamic shared
+/// memory, nothing to do.
 pub fn raise_dynamic_smem(f: &CudaFunction, smem: usize) -> Result<()> {
-    if smem > 48 * 1024 {
+    if smem > 0 {
         f.set_attribute(FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
             .doing("raising the kernel's dynamic shared memory limit")?;
         f.set_attribute(FnAttr::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)

@@ -670,14 +670,9 @@ fn run_w4a16(s: &mut Session, case: &Value) -> Result<()> {
             }
             let f = kernel(&gpu, &variant)?;
             let cfg = design.launch(n, k, b, scheme, gpu.info.sm_count as usize);
+            // The asym ring (48 KiB) with its static partials passes the default 48 KiB, and 4
+            // rings per SM need the whole carveout.
             crate::ops::gemm::raise_dynamic_smem(&f, cfg.shared_mem_bytes as usize)?;
-            if design.async_ring {
-                // The asym ring is 48 KiB, which with the static partials passes the 48 KiB a
-                // block gets by default; and 4 blocks per SM need the whole carveout.
-                use cudarc::driver::sys::CUfunction_attribute_enum as A;
-                f.set_attribute(A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, cfg.shared_mem_bytes as i32).doing("raising the ring's shared-memory limit")?;
-                f.set_attribute(A::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100).doing("preferring the shared-memory carveout")?;
-            }
             let (ni, ki, gi) = (n as i32, k as i32, group as i32);
             let (cq, cs, cm) = if design.tiled { (&tq, &ts, &tm) } else { (&dq, &ds, &dm) };
             let launch = |y: &mut CudaSlice<f16>| -> Result<()> {

@@ -529,8 +529,8 @@ mod tests {
             "#define MMA_WARPS 4\n#define MMA_ROWS 16\n",
             // The tile layout's offsets, as mirrored in mma_warp.
             "const uint4* qt = reinterpret_cast<const uint4*>(wq) + tile * nsteps * 64 + lane;",
-            "ld_stream16(TILED ? qt + 64LL * t : qg + j);",
-            "ld_stream16(TILED ? qt + 64LL * t + 32 : qh + j);",
+            "ld_stream16(TILED ? qt + 64LL * t : qg + walk.j);",
+            "ld_stream16(TILED ? qt + 64LL * t + 32 : qh + walk.j);",
             // Rounds and rolling loads issue the same steps in the same order: one issue() each.
             "for (int u = 0; u < U; ++u) issue(u, t0 + u);",
             "issue(u, t + u + U);",
@@ -576,7 +576,7 @@ mod tests {
             "const unsigned* sw = reinterpret_cast<const unsigned*>(scales + tile * gpr * MMA_ROWS) + g / 2;",
             "cp_async4(slot + 1024 + 4 * lane, sw + gw, ok ? 4 : 0);",
             "cp_async4(slot + 1152 + 4 * lane, sw + gw + 4, ok ? 4 : 0);",
-            "const long long at = ok ? 64LL * t : 0, gw = ok ? 8LL * grp : 0;",
+            "const long long at = ok ? 64LL * t : 0, gw = ok ? 8LL * walk.grp : 0;",
             "const unsigned s = (g & 1) ? w >> 16 : w & 0xFFFFu;",
             "cp_async16(slot + 512 + 16 * lane, qt + at + 32, ok ? 16 : 0);",
         ] {
