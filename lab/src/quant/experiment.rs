@@ -79,6 +79,8 @@ pub const W4_DESIGNS: &[W4Design] = &[
     // w4a16_mma_tiled with each lane's loads staged by cp.async through a per-warp ring of
     // RING_STEPS steps in shared memory: bytes in flight without registers.
     W4Design { name: "w4a16_mma_tiled_async", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: true, async_ring: true },
+    // w4a16_mma_tiled with each warp's slice bulk-prefetched into L2, 8 steps ahead of its loads.
+    W4Design { name: "w4a16_mma_tiled_prefetch", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: true, async_ring: false },
 ];
 
 /// quant.cu's RING_STEPS: steps in a w4a16_mma_tiled_async warp's ring.
@@ -935,7 +937,9 @@ mod tests {
     #[test]
     fn launch_shapes_match_the_kernel_source() {
         let src = crate::kernels::source(FAMILY).unwrap();
-        let [cuda, mma, splitk, pipe, occ8, tiled, rolling, ring] = W4_DESIGNS else { panic!("eight W4A16 designs") };
+        let [cuda, mma, splitk, pipe, occ8, tiled, rolling, ring, prefetch] = W4_DESIGNS else { panic!("nine W4A16 designs") };
+        assert_eq!((prefetch.name, prefetch.rows, prefetch.warps, prefetch.tiled, prefetch.async_ring), ("w4a16_mma_tiled_prefetch", occ8.rows, occ8.warps, true, false));
+        assert!(src.contains("__launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_tiled_prefetch_sym"));
         assert_eq!((ring.name, ring.rows, ring.warps, ring.tiled, ring.async_ring), ("w4a16_mma_tiled_async", occ8.rows, occ8.warps, true, true));
         assert!(W4_DESIGNS.iter().all(|d| d.async_ring == (d.name == ring.name)));
         assert!(src.contains(&format!("#define RING_STEPS {RING_STEPS}\n")));
@@ -977,6 +981,7 @@ mod tests {
             assert!(src.contains(&format!("\nW4A16_MMA_TILED({b})\n")), "batch {b}");
             assert!(src.contains(&format!("\nW4A16_MMA_TILED_ROLLING({b})\n")), "batch {b}");
             assert!(src.contains(&format!("\nW4A16_MMA_TILED_ASYNC({b})\n")), "batch {b}");
+            assert!(src.contains(&format!("\nW4A16_MMA_TILED_PREFETCH({b})\n")), "batch {b}");
         }
         assert_eq!(src.matches("\nW4A16(").count(), BATCHES.len());
         assert_eq!(src.matches("\nW4A16_MMA(").count(), BATCHES.len());
@@ -985,7 +990,7 @@ mod tests {
         assert_eq!((mma_steps_in_flight(16), mma_steps_in_flight(8)), (3, 4));
         let v = gpu_variants();
         assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_") && !v.contains("splitk") && !v.contains("pipelined") && !v.contains("occ8") && !v.contains("tiled")).count(), 2 * BATCHES.len());
-        assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_tiled_")).count(), 6 * BATCHES.len());
+        assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_tiled_")).count(), 8 * BATCHES.len());
         assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_tiled_rolling_")).count(), 2 * BATCHES.len());
         assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_occ8_")).count(), 2 * BATCHES.len());
         assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_pipelined_")).count(), 2 * BATCHES.len());

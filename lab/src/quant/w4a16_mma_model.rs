@@ -535,6 +535,8 @@ mod tests {
             "for (int u = 0; u < U; ++u) issue(u, t0 + u);",
             "issue(u, t + u + U);",
             "for (int u = 0; u < U; ++u) issue(u, t + u);",
+            // Prefetches into L2 change when bytes arrive, not which are read.
+            "if (PF > 0 && lane == 0 && t + PF < t1) prefetch_l2(tq0 + 64LL * (t + PF), 1024u);",
             "const long long sbase = TILED ? tile * gpr * MMA_ROWS + g : rg * gpr, hbase = TILED ? sbase + 8 : rh * gpr;",
             "const int ss = TILED ? MMA_ROWS : 1;",
             "w4a16_mma<B, true, OCC8_STEPS(B), 2 * MMA_WARPS, true>(wq, scales, mins, x, y, n_rows, k, group);",
