@@ -656,12 +656,10 @@ __device__ __forceinline__ void w4a16_mma_warp(const u8* __restrict__ wq, const 
     const __half* mg = mins + sbase;
     const __half* mh = mins + hbase;
     StepWalk walk(4 * t0 + c, cpg);
-    // PF > 0 (tiled only): lane 0 asks L2 for the slice's scales (and mins) and its first PF steps
-    // of codes at once, then for step t + PF as it issues step t, so the loads below find their
-    // bytes in L2 and DRAM streams PF steps ahead of them, whatever the registers hold.
+    // PF > 0 (tiled only): lane 0 asks L2 for the slice's scales (and mins) at the start, and for
+    // step t + PF as the warp issues step t, so DRAM streams PF steps ahead of the registers.
     const uint4* tq0 = qt - lane;
     if (PF > 0 && lane == 0 && t0 < t1) {
-        prefetch_l2(tq0 + 64LL * t0, 1024u * (unsigned)min(PF, t1 - t0));
         const int g0 = 4 * t0 / cpg, g1 = (min(4 * t1, nchunks) - 1) / cpg;
         prefetch_l2(scales + (tile * gpr + g0) * MMA_ROWS, 32u * (g1 - g0 + 1));
         if (ASYM) prefetch_l2(mins + (tile * gpr + g0) * MMA_ROWS, 32u * (g1 - g0 + 1));
@@ -844,15 +842,15 @@ W4A16_MMA_TILED_ROLLING(4)
 W4A16_MMA_TILED_ROLLING(8)
 W4A16_MMA_TILED_ROLLING(16)
 
-// w4a16_mma_tiled_prefetch_{sym,asym}_b{B}_f16: w4a16_mma_tiled with each warp's slice fetched
-// into L2 ahead of its loads by bulk prefetches (cp.async.bulk.prefetch.L2, one instruction per
-// 1 KB step from lane 0, PREFETCH_STEPS ahead; the slice's scales at the start). Nsight Compute
-// found w4a16_mma_tiled latency-bound: DRAM at 62% of peak, no warp ready in 44% of the
-// scheduler cycles, each warp waiting on its own 2 steps. Here the DRAM requests run up to 8
-// steps (8 KB) per warp ahead of the registers, and the loads wait on L2 instead of DRAM.
-// At N = K = 8192 a warp's slice is 8 steps: the whole matrix is requested at the start, which
-// L2 (50 MB) holds; larger slices stream through a window of 8 steps per warp.
-#define PREFETCH_STEPS 8
+// w4a16_mma_tiled_prefetch_{sym,asym}_b{B}_f16: w4a16_mma_tiled with each warp's next round
+// fetched into L2 while it decodes this one, by bulk prefetches (cp.async.bulk.prefetch.L2, one
+// instruction per 1 KB step from lane 0, PREFETCH_STEPS ahead of the step it issues; the slice's
+// scales at the start). Nsight Compute found w4a16_mma_tiled latency-bound: DRAM at 62% of peak,
+// no warp ready in 44% of the scheduler cycles, each warp waiting on its own 2 steps from DRAM.
+// Here a round's loads find their bytes in L2. (8 steps ahead, which at N = K = 8192 requests
+// the whole matrix at the start, was 29% slower than no prefetch: DRAM then returns the bytes
+// in no useful order, and the decode waits for the last of them.)
+#define PREFETCH_STEPS 2
 #define W4A16_MMA_TILED_PREFETCH(B)                                                                                         \
     extern "C" __global__ void __launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_tiled_prefetch_sym_b##B##_f16(          \
         const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ x, __half* __restrict__ y, \

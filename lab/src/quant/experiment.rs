@@ -736,8 +736,10 @@ fn stream_read(s: &mut Session, gpu: &Gpu, case: &Value, q: &GroupQuant, dq: &Cu
     let want = xor_words(&q.packed) ^ xor_words(&f16_bytes(&q.scales)) ^ xor_words(&f16_bytes(&q.mins));
     let f = kernel(gpu, "stream_read")?;
     // 32 blocks of 256 per SM (4 waves of resident blocks): the fastest of 8, 16 and 32 in a
-    // probe of 33.6 MB reads on the H100.
-    let cfg = LaunchConfig { grid_dim: (32 * gpu.info.sm_count as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // probe of 33.6 MB reads on the H100; never more than one 16 B vector per thread (4224
+    // blocks for SmolLM2's 166 KB layers cost 2 us more than the layers' GEMVs themselves).
+    let vectors = (q.bytes() as usize).div_ceil(16);
+    let cfg = LaunchConfig { grid_dim: ((32 * gpu.info.sm_count as usize).min(vectors.div_ceil(256)) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     let mut out = gpu.stream.alloc_zeros::<u32>(cfg.grid_dim.0 as usize).doing("allocating the block words")?;
     let nq = q.packed.len() as i64;
     let launch = |out: &mut CudaSlice<u32>| -> Result<()> {
