@@ -39,6 +39,9 @@
 //                  from precomputed pointers in interior blocks.
 //   mma_warp64_wide  same loop with a 128x256x32 tile, 8 warps of 64x64, 5 stages (120 KiB),
 //                  one block per SM: a third less L2->SM traffic per flop than 128x128.
+//   mma_warp64_k64  the wide loop on 64-deep slabs: 128x256x64 tile, 4 stages (192 KiB), four
+//                  k16 steps per barrier: half the barriers, cp.async waits and loop overhead per
+//                  mma, 144 KiB in flight instead of 96.
 //   wgmma_tma      f16/bf16, sm_90a only (offered on compute capability 9.0 alone; a trap in the
 //                  sm_80/sm_90 builds): TMA copies 128-byte-swizzled tiles into a 4-stage mbarrier
 //                  ring, wgmma.mma_async m64n256k16 reads them through smem descriptors (B N-major
@@ -53,13 +56,15 @@
 //   mma_ldmatrix 125 / 37 KiB / 0   mma_pipelined 170 / 0 (+128 KiB dynamic) / 0
 //   mma_pipelined_wide 251 / 0 (+192 KiB dynamic) / 0
 //   mma_warp64 238 / 0 (+64 KiB dynamic) / 0       mma_warp64_wide 238 / 0 (+120 KiB dynamic) / 0
-//   (f16 and bf16 alike; sm_80: mma_warp64(_wide) 234 registers, no spills)
+//   mma_warp64_k64 242 / 0 (+192 KiB dynamic) / 0
+//   (f16 and bf16 alike; sm_80: mma_warp64(_wide, _k64) 234 registers, no spills)
 //   wgmma_tma for sm_90a: 168 / 0 (+197696 dynamic) / 0, no stack frame (the launch-time figure
 //   for 384 threads; setmaxnreg then moves the producer to 40 and the consumers to 232)
 // Main loop in SASS (nvdisasm of the sm_90 cubin; instructions per loop trip / HMMA in it):
 //   mma_ldmatrix 318 / 32 (9.9 per HMMA)   mma_pipelined 1033 / 64 (16.1)
 //   mma_pipelined_wide 1798 / 128 (14.0)   (most of it load_chunk's per-chunk bounds and branches)
 //   mma_warp64 144 / 64 (2.3; edge blocks 285)   mma_warp64_wide 134 / 64 (2.1; edge blocks 297)
+//   mma_warp64_k64 234 / 128 (1.8; edge blocks 376): 32 ldmatrix, 12 cp.async, 1 barrier per trip
 //   wgmma_tma (sm_90a cubin) consumer: ~91 per k-tile with 4 HGMMA.64x256x16.F32 (.tnspB), each
 //   the work of 32 HMMA.16816 per warp: ~0.7 per HMMA-equivalent; accumulators R24-R151 in place.
 // A warp scheduler issues one instruction per clock. If HMMA.16816 occupies an SMSP's tensor
@@ -725,21 +730,30 @@ __device__ __forceinline__ void mma_pipelined_body(const T* __restrict__ A, cons
 }
 
 // ---------------------------------------------------------------------------------------------
-// 8. mma_warp64(_wide): 64x64 warp tiles (32 mma per 8 ldmatrix.x4: 128 B of ldmatrix per mma
-// against 192 B for 64x32), BK = 32 slabs in a STAGES-slot cp.async ring, one barrier per slab.
-// Schedule (slab s in slot s % STAGES; the prologue commits STAGES groups, slabs 0..STAGES-1):
-//   iteration kt: ldmatrix step 1 of slab kt | mma step 0 | wait_group(STAGES-2) + barrier
-//   (slab kt+1 landed, and every warp has read all of slab kt) | cp.async slab kt+STAGES into
-//   slab kt's slot, commit | ldmatrix step 0 of slab kt+1 | mma step 1.
-// Fragments are double-buffered across the two k16 steps and across the slab boundary, so the
-// mma of one step always has the next step's ldmatrix in flight.
-// A slab rows are 64 bytes (4 chunks): rows 2l and 2l+1 share 128-byte line l, and chunk
+// 8. mma_warp64(_wide, _k64): 64x64 warp tiles (32 mma per 8 ldmatrix.x4: 128 B of ldmatrix per
+// mma against 192 B for 64x32), BK = 32 (or 64) slabs in a STAGES-slot cp.async ring, one
+// barrier per slab. Schedule (slab s in slot s % STAGES; the prologue commits STAGES groups,
+// slabs 0..STAGES-1; KS = BK / 16 k16 steps per slab):
+//   iteration kt: for ks < KS - 1: ldmatrix step ks+1 of slab kt | mma step ks; then
+//   wait_group(STAGES-2) + barrier (slab kt+1 landed, and every warp has read all of slab kt) |
+//   cp.async slab kt+STAGES into slab kt's slot, commit | ldmatrix step 0 of slab kt+1 | mma
+//   step KS-1.
+// Fragments are double-buffered across the k16 steps and across the slab boundary, so the mma
+// of one step always has the next step's ldmatrix in flight.
+// BK = 32: A slab rows are 64 bytes (4 chunks): rows 2l and 2l+1 share 128-byte line l, and chunk
 // (r % 2) * 4 + c of the line is stored at that index ^ (l % 8): an ldmatrix phase (8 rows from a
 // multiple of 8, one logical chunk) and a cp.async warp write (8 rows x 4 chunks) both hit 8
-// distinct 16-byte bank groups per line. B rows (BN * 2 bytes) use swz() as mma_pipelined does.
-// Loads: interior blocks (tile inside M x N, K % 32 == 0, 16-byte aligned rows) issue bare
+// distinct 16-byte bank groups per line. BK = 64: A rows are 128 bytes and use swz() (8 chunks).
+// B rows (BN * 2 bytes) use swz() as mma_pipelined does.
+// Loads: interior blocks (tile inside M x N, K % BK == 0, 16-byte aligned rows) issue bare
 // cp.async from per-thread pointers; every other block goes through load_chunk() (zero fill,
 // element fallback), in its own copy of the main loop.
+// Why BK = 64 (mma_warp64_k64): per barrier each warp issues 128 mma instead of 64, so the
+// barrier, the cp.async wait, the loop branch and the ring bookkeeping cost half as much per mma,
+// and a warp that reaches the barrier early idles its tensor pipe half as often; 4 stages of 48
+// KiB keep 3 slabs (144 KiB, 192 k) in flight against 4 x 24 KiB (128 k) for the wide rung, more
+// room for L2 latency under load. Fragments are still two step buffers: 242 registers against
+// 238, the 12-chunk loader's address chain.
 // ---------------------------------------------------------------------------------------------
 
 // Byte offset of 16-byte chunk `chunk` (0..3) of row `row` in a tile of 64-byte rows.
@@ -748,29 +762,39 @@ __device__ __forceinline__ int swz64(int row, int chunk) {
     return (line * 8 + ((((row & 1) << 2) | chunk) ^ (line & 7))) * 16;
 }
 
-template <typename T, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES>
+// Byte offset of chunk `chunk` of row `row` of an A slab BK halves deep (64- or 128-byte rows).
+template <int BK>
+__device__ __forceinline__ int swz_a(int row, int chunk) {
+    return BK == 32 ? swz64(row, chunk) : swz(row, chunk, BK / 8);
+}
+
+template <typename T, int BM, int BN, int BK_, int WARPS_M, int WARPS_N, int STAGES>
 struct W64 {
-    static constexpr int BK = 32, WM = 64, WN = 64, MI = WM / 16, NI = WN / 8;
+    static constexpr int BK = BK_, WM = 64, WN = 64, MI = WM / 16, NI = WN / 8, KS = BK / 16;
     static constexpr int THREADS = 32 * WARPS_M * WARPS_N;
     static constexpr int A_BYTES = BM * BK * 2, B_BYTES = BK * BN * 2, STAGE_BYTES = A_BYTES + B_BYTES;
     static constexpr int SMEM = STAGES * STAGE_BYTES;
+    static constexpr int A_ROW = BK * 2;                                // bytes per A smem row
     static constexpr int A_CPR = BK / 8, B_CPR = BN / 8;              // 16-byte chunks per smem row
     static constexpr int A_ROWS_STEP = THREADS / A_CPR;                // rows between a thread's A chunks
     static constexpr int B_ROWS_STEP = THREADS / B_CPR;                // ... and its B chunks
     static constexpr int A_ITERS = BM / A_ROWS_STEP, B_ITERS = BK / B_ROWS_STEP;
+    static constexpr int A_PERIOD = BK == 32 ? 16 : 8;                 // rows after which swz_a repeats
     static_assert(BM == WARPS_M * WM && BN == WARPS_N * WN, "warps tile the block");
-    static_assert(A_CPR == 4 && B_CPR % 8 == 0, "swz64 for A, swz for B");
+    static_assert((BK == 32 || BK == 64) && B_CPR % 8 == 0, "swz64 or swz for A, swz for B");
+    static_assert(KS % 2 == 0, "the step buffers alternate and step 0 of a slab lands in buffer 0");
     // A thread's later chunks sit a whole number of swizzle periods below its first (16 lines of
-    // A, 8 rows of B), so their offsets are the first one's plus a constant.
-    static_assert(A_ROWS_STEP % 16 == 0 && B_ROWS_STEP % 8 == 0, "constant per-chunk smem stride");
+    // 64-byte A rows, 8 rows of 128-byte A rows or of B), so their offsets are the first one's plus
+    // a constant; so do a warp's m16 tiles (16 rows apart).
+    static_assert(A_ROWS_STEP % A_PERIOD == 0 && B_ROWS_STEP % 8 == 0, "constant per-chunk smem stride");
     static_assert(A_ITERS * A_ROWS_STEP == BM && B_ITERS * B_ROWS_STEP == BK, "loads cover a slab");
-    static_assert(STAGES >= 2, "ring");
+    static_assert(STAGES >= 2 && SMEM <= 232448, "ring, within H100's 227 KiB per block");
 };
 
-template <typename T, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES>
+template <typename T, int BM, int BN, int BK_, int WARPS_M, int WARPS_N, int STAGES>
 __device__ __forceinline__ void mma_warp64_body(const T* __restrict__ A, const T* __restrict__ B, T* C, int M, int N, int K,
                                                 int lda, int ldb, int ldc, float alpha, float beta) {
-    using P = W64<T, BM, BN, WARPS_M, WARPS_N, STAGES>;
+    using P = W64<T, BM, BN, BK_, WARPS_M, WARPS_N, STAGES>;
     constexpr int BK = P::BK, MI = P::MI, NI = P::NI;
     extern __shared__ __align__(128) unsigned char smem[];
     require_dynamic_smem(P::SMEM);
@@ -779,11 +803,11 @@ __device__ __forceinline__ void mma_warp64_body(const T* __restrict__ A, const T
     const int bm = tile.x, bn = tile.y;
     const int wm = (warp / WARPS_N) * P::WM, wn = (warp % WARPS_N) * P::WN;
 
-    // Loader: thread tid owns A chunk column tid % 4 of rows tid / 4 + i * A_ROWS_STEP, and B
-    // chunk column tid % B_CPR of rows tid / B_CPR + i * B_ROWS_STEP.
+    // Loader: thread tid owns A chunk column tid % A_CPR of rows tid / A_CPR + i * A_ROWS_STEP,
+    // and B chunk column tid % B_CPR of rows tid / B_CPR + i * B_ROWS_STEP.
     const int a_row = tid / P::A_CPR, a_ch = tid % P::A_CPR;
     const int b_row = tid / P::B_CPR, b_ch = tid % P::B_CPR;
-    const int a_dst = swz64(a_row, a_ch), b_dst = P::A_BYTES + swz(b_row, b_ch, P::B_CPR);
+    const int a_dst = swz_a<BK>(a_row, a_ch), b_dst = P::A_BYTES + swz(b_row, b_ch, P::B_CPR);
     // Interior: every slab of the block is whole and every chunk 16-byte aligned in global memory.
     const bool interior = bm + BM <= M && bn + BN <= N && K % BK == 0 && lda % 8 == 0 && ldb % 8 == 0 && aligned16(A) &&
                           aligned16(B);
@@ -796,7 +820,7 @@ __device__ __forceinline__ void mma_warp64_body(const T* __restrict__ A, const T
         if (fast) {
 #pragma unroll
             for (int i = 0; i < P::A_ITERS; ++i)
-                cp_async16(smem0 + slot_off + a_dst + i * P::A_ROWS_STEP * 64, a_src + k0 + i * a_step, 16);
+                cp_async16(smem0 + slot_off + a_dst + i * P::A_ROWS_STEP * P::A_ROW, a_src + k0 + i * a_step, 16);
             const T* bs = b_src + (u64)k0 * ldb;
 #pragma unroll
             for (int i = 0; i < P::B_ITERS; ++i)
@@ -808,7 +832,7 @@ __device__ __forceinline__ void mma_warp64_body(const T* __restrict__ A, const T
 #pragma unroll 1
             for (int i = 0; i < P::A_ITERS; ++i) {
                 const int gr = bm + a_row + i * P::A_ROWS_STEP, gk = k0 + a_ch * 8;
-                load_chunk(s, a_dst + i * P::A_ROWS_STEP * 64, A + (u64)min(gr, M - 1) * lda + min(gk, K - 1),
+                load_chunk(s, a_dst + i * P::A_ROWS_STEP * P::A_ROW, A + (u64)min(gr, M - 1) * lda + min(gk, K - 1),
                            gr < M ? K - gk : 0);
             }
 #pragma unroll 1
@@ -821,16 +845,16 @@ __device__ __forceinline__ void mma_warp64_body(const T* __restrict__ A, const T
     };
     // Reader: lane offsets of the ldmatrix rows (see the derivation in the test mirror).
     // A, m16 tile i, k16 step ks: row wm + 16 i + lane % 16, chunk 2 ks + lane / 16; the XOR term
-    // (line % 8 = (lane % 16) / 2) does not depend on i or ks, and bit 1 of the chunk is free, so
-    // the offset is a_lane ^ (32 ks) plus 1024 i.
-    const int a_lane = swz64(wm + lane % 16, lane / 16);
+    // ((lane % 16) / 2 for 64-byte rows, lane % 8 for 128-byte rows) does not depend on i or ks,
+    // and the chunk bits of 2 ks are free of lane / 16, so the offset is a_lane ^ (32 ks) plus 16 i rows.
+    const int a_lane = swz_a<BK>(wm + lane % 16, lane / 16);
     // B, n8 pair jp (0, 2, 4, 6), step ks: row 16 ks + lane % 16, chunk wn / 8 + jp + lane / 16;
     // the offset is (b_lane ^ 16 jp) plus 16 ks rows.
     const int b_lane = P::A_BYTES + swz(lane % 16, wn / 8 + lane / 16, P::B_CPR);
     auto load_frags = [&](int slot_off, int ks, unsigned (&a)[MI][4], unsigned (&b)[NI][2]) {
         const unsigned base = smem0 + slot_off;
 #pragma unroll
-        for (int i = 0; i < MI; ++i) ldmatrix_x4(a[i], base + (a_lane ^ (ks * 32)) + i * 1024);
+        for (int i = 0; i < MI; ++i) ldmatrix_x4(a[i], base + (a_lane ^ (ks * 32)) + i * 16 * P::A_ROW);
 #pragma unroll
         for (int j = 0; j < NI; j += 2) {
             unsigned r[4];
@@ -866,6 +890,14 @@ __device__ __forceinline__ void mma_warp64_body(const T* __restrict__ A, const T
         for (int kt = 0; kt < nk; ++kt) {
             load_frags(rd, 1, a1, b1);
             mma_step(acc, a0, b0);
+            // BK = 64: steps 1 and 2, each with the next step's fragments loading behind it.
+#pragma unroll
+            for (int ks = 1; ks + 1 < P::KS; ks += 2) {
+                load_frags(rd, ks + 1, a0, b0);
+                mma_step(acc, a1, b1);
+                load_frags(rd, ks + 2, a1, b1);
+                mma_step(acc, a0, b0);
+            }
             cp_async_wait<STAGES - 2>();
             __syncthreads();
             if (kt + STAGES < nk) load_slab(fast, rd, kt + STAGES);
@@ -1136,17 +1168,24 @@ extern "C" __global__ void __launch_bounds__(256) gemm_mma_pipelined_wide_bf16(G
 }
 // mma_warp64: 2.3 instructions per HMMA instead of 10-16, two 4-warp blocks per SM (238 regs).
 extern "C" __global__ void __launch_bounds__(128, 2) gemm_mma_warp64_f16(GEMM_ARGS(__half)) {
-    mma_warp64_body<__half, 128, 128, 2, 2, 4>(GEMM_PASS);
+    mma_warp64_body<__half, 128, 128, 32, 2, 2, 4>(GEMM_PASS);
 }
 extern "C" __global__ void __launch_bounds__(128, 2) gemm_mma_warp64_bf16(GEMM_ARGS(__nv_bfloat16)) {
-    mma_warp64_body<__nv_bfloat16, 128, 128, 2, 2, 4>(GEMM_PASS);
+    mma_warp64_body<__nv_bfloat16, 128, 128, 32, 2, 2, 4>(GEMM_PASS);
 }
 // mma_warp64_wide: the same loop on 128x256 tiles, a third less L2 traffic per flop, one block per SM.
 extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_wide_f16(GEMM_ARGS(__half)) {
-    mma_warp64_body<__half, 128, 256, 2, 4, 5>(GEMM_PASS);
+    mma_warp64_body<__half, 128, 256, 32, 2, 4, 5>(GEMM_PASS);
 }
 extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_wide_bf16(GEMM_ARGS(__nv_bfloat16)) {
-    mma_warp64_body<__nv_bfloat16, 128, 256, 2, 4, 5>(GEMM_PASS);
+    mma_warp64_body<__nv_bfloat16, 128, 256, 32, 2, 4, 5>(GEMM_PASS);
+}
+// mma_warp64_k64: the wide loop on 64-deep slabs, half the barriers per mma, 4 stages (192 KiB).
+extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_k64_f16(GEMM_ARGS(__half)) {
+    mma_warp64_body<__half, 128, 256, 64, 2, 4, 4>(GEMM_PASS);
+}
+extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_k64_bf16(GEMM_ARGS(__nv_bfloat16)) {
+    mma_warp64_body<__nv_bfloat16, 128, 256, 64, 2, 4, 4>(GEMM_PASS);
 }
 
 // wgmma_tma: TMA + mbarrier ring + warp-specialised wgmma, sm_90a (a trap elsewhere; never launched there).

@@ -36,7 +36,7 @@ const FAMILY: &str = "gemm";
 /// The fp32 SIMT ladder, in order.
 pub const F32_VARIANTS: &[&str] = &["naive", "smem_tiled", "blocktile_1d", "blocktile_2d", "vectorized", "warptiled"];
 /// The fp16/bf16 tensor-core ladder, in order (`wgmma_tma` on compute capability 9.0 only).
-pub const HALF_VARIANTS: &[&str] = &["mma_ldmatrix", "mma_pipelined", "mma_pipelined_wide", "mma_warp64", "mma_warp64_wide", "wgmma_tma"];
+pub const HALF_VARIANTS: &[&str] = &["mma_ldmatrix", "mma_pipelined", "mma_pipelined_wide", "mma_warp64", "mma_warp64_wide", "mma_warp64_k64", "wgmma_tma"];
 /// Variants built from sm_90a instructions (wgmma, TMA, setmaxnreg): offered on 9.0 alone,
 /// absent elsewhere (their PTX target, `compute_90a`, loads on no other device).
 pub const SM90A_VARIANTS: &[&str] = &["wgmma_tma"];
@@ -366,6 +366,7 @@ pub fn dynamic_smem(variant: &str) -> usize {
         "mma_pipelined_wide" => 4 * (128 * 64 + 64 * 256) * 2,
         "mma_warp64" => 4 * (128 * 32 + 32 * 128) * 2,
         "mma_warp64_wide" => 5 * (128 * 32 + 32 * 256) * 2,
+        "mma_warp64_k64" => 4 * (128 * 64 + 64 * 256) * 2,
         "wgmma_tma" => wg::SMEM,
         _ => 0,
     }
@@ -385,6 +386,7 @@ pub fn tile(variant: &str) -> &'static str {
         "mma_pipelined_wide" => "128x256x64, 8 warps of 64x64, 4-stage cp.async, XOR swizzle",
         "mma_warp64" => "128x128x32, 4 warps of 64x64, 4-stage cp.async, 2 blocks/SM, one barrier per slab",
         "mma_warp64_wide" => "128x256x32, 8 warps of 64x64, 5-stage cp.async, one barrier per slab",
+        "mma_warp64_k64" => "128x256x64, 8 warps of 64x64, 4-stage cp.async, one barrier per 64-deep slab",
         "wgmma_tma" => "128x256x64, 3 warpgroups (1 TMA producer, 2 wgmma consumers of 64x256), 4-stage mbarrier ring, 128B swizzle",
         _ => "",
     }
@@ -403,7 +405,7 @@ pub fn launch_config(variant: &str, m: usize, n: usize) -> LaunchConfig {
         "mma_pipelined" => (((m.div_ceil(128) * n.div_ceil(128)) as u32, 1, 1), (256, 1, 1)),
         "mma_pipelined_wide" => (((m.div_ceil(128) * n.div_ceil(256)) as u32, 1, 1), (256, 1, 1)),
         "mma_warp64" => (((m.div_ceil(128) * n.div_ceil(128)) as u32, 1, 1), (128, 1, 1)),
-        "mma_warp64_wide" => (((m.div_ceil(128) * n.div_ceil(256)) as u32, 1, 1), (256, 1, 1)),
+        "mma_warp64_wide" | "mma_warp64_k64" => (((m.div_ceil(128) * n.div_ceil(256)) as u32, 1, 1), (256, 1, 1)),
         "wgmma_tma" => (((m.div_ceil(wg::BM) * n.div_ceil(wg::BN)) as u32, 1, 1), (384, 1, 1)),
         other => unreachable!("no launch shape for gemm variant `{other}`"),
     };
@@ -444,16 +446,19 @@ impl Experiment for Gemm {
             (Backend::Cpu, true) => &[(1, 1, 1, 1.0, 0.0, false), (1, 37, 29, 1.0, 0.0, false), (33, 47, 65, 0.5, -1.25, false), (97, 131, 77, 1.0, 0.0, false)],
             (Backend::Cpu, false) => &[(1, 1, 1, 1.0, 0.0, false), (1, 1000, 777, 1.0, 0.0, false), (1000, 1000, 1000, 1.0, 0.0, false), (4097, 513, 777, 0.5, -1.25, false)],
             // (300, 520, 96): K % 32 == 0, so interior blocks of mma_warp64(_wide) take the bare
-            // cp.async path while the edge blocks of the same launch take the checked one.
+            // cp.async path while the edge blocks of the same launch take the checked one;
+            // (300, 520, 320) does the same for mma_warp64_k64 (K % 64 == 0), with more slabs
+            // than slots in every ring (the copies wrap around while the edge blocks run).
             // wgmma_tma takes only K and N multiples of 8 (TMA row strides): of these, 1000^3,
-            // 300x520x96 and the last two, which put its M, N and K edges (a partial last k-tile,
-            // 8 columns past a 256-wide tile, M = 1) and beta != 0 under the check.
+            // 300x520x96, 300x520x320 and the last two, which put its M, N and K edges (a partial
+            // last k-tile, 8 columns past a 256-wide tile, M = 1) and beta != 0 under the check.
             (Backend::Cuda(_), _) => &[
                 (1, 4097, 777, 1.0, 0.0, false),
                 (1000, 1000, 1000, 1.0, 0.0, false),
                 (4097, 513, 777, 0.5, -1.25, false),
                 (130, 260, 72, 1.0, 0.0, false),
                 (300, 520, 96, 1.0, 0.0, false),
+                (300, 520, 320, 1.0, 0.0, false),
                 (130, 264, 72, 0.5, -1.25, false),
                 (1, 1032, 776, 1.0, 0.0, false),
             ],
@@ -907,7 +912,7 @@ mod tests {
                     "naive" => (8, 32),
                     "smem_tiled" => (32, 32),
                     "blocktile_1d" => (64, 64),
-                    "mma_pipelined_wide" | "mma_warp64_wide" | "wgmma_tma" => (128, 256),
+                    "mma_pipelined_wide" | "mma_warp64_wide" | "mma_warp64_k64" | "wgmma_tma" => (128, 256),
                     _ => (128, 128),
                 };
                 let blocks = (cfg.grid_dim.0 * cfg.grid_dim.1) as usize;
@@ -1299,7 +1304,7 @@ mod tests {
         assert_eq!(dynamic_smem("wgmma_tma"), 197696);
         assert!(dynamic_smem("wgmma_tma") <= 227 * 1024 && STAGE_BYTES * (STAGES + 1) > 227 * 1024, "4 stages fit, 5 do not");
         // Which of the experiment's odd shapes it takes: K and N multiples of 8.
-        for ((m, n, k), takes) in [((1000, 1000, 1000), true), ((4097, 513, 777), false), ((130, 260, 72), false), ((300, 520, 96), true), ((1, 4097, 777), false), ((130, 264, 72), true), ((1, 1032, 776), true), ((8192, 8192, 8192), true)] {
+        for ((m, n, k), takes) in [((1000, 1000, 1000), true), ((4097, 513, 777), false), ((130, 260, 72), false), ((300, 520, 96), true), ((300, 520, 320), true), ((1, 4097, 777), false), ((130, 264, 72), true), ((1, 1032, 776), true), ((8192, 8192, 8192), true)] {
             let why = not_applicable("wgmma_tma", Dims::dense(m, n, k));
             assert_eq!(why.is_none(), takes, "{m}x{n}x{k}: {why:?}");
             let (ta, tb) = tma_boxes(Dims::dense(m, n, k), 2);
@@ -1397,7 +1402,8 @@ mod tests {
         }
     }
 
-    // ---- mma_warp64(_wide): 64-byte A rows (swz64), precomputed lane and loader offsets ----
+    // ---- mma_warp64(_wide, _k64): 64-byte A rows (swz64) or 128-byte ones (swz), precomputed
+    // lane and loader offsets ----
 
     /// swz64() of gemm.cu: byte offset of chunk `chunk` (0..3) of row `row`, 64-byte rows.
     fn swz64(row: usize, chunk: usize) -> usize {
@@ -1405,8 +1411,22 @@ mod tests {
         (line * 8 + ((((row & 1) << 2) | chunk) ^ (line & 7))) * 16
     }
 
-    /// The two tile shapes: (BM, BN, warps along M, warps along N, stages).
-    const W64_SHAPES: [(usize, usize, usize, usize, usize); 2] = [(128, 128, 2, 2, 4), (128, 256, 2, 4, 5)];
+    /// swz_a<BK>() of gemm.cu: the A slab layout for BK = 32 (64-byte rows) or 64 (128-byte rows).
+    fn swz_a(bk: usize, row: usize, chunk: usize) -> usize {
+        if bk == 32 { swz64(row, chunk) } else { swz(row, chunk, bk / 8) }
+    }
+
+    /// The tile shapes: (BM, BN, BK, warps along M, warps along N, stages), as the kernels instantiate them.
+    const W64_SHAPES: [(usize, usize, usize, usize, usize, usize); 3] = [(128, 128, 32, 2, 2, 4), (128, 256, 32, 2, 4, 5), (128, 256, 64, 2, 4, 4)];
+
+    #[test]
+    fn warp64_shared_memory_matches_the_launcher() {
+        for ((bm, bn, bk, _, _, stages), v) in W64_SHAPES.into_iter().zip(["mma_warp64", "mma_warp64_wide", "mma_warp64_k64"]) {
+            assert_eq!(dynamic_smem(v), stages * (bm * bk + bk * bn) * 2, "{v}");
+            assert!(dynamic_smem(v) <= 227 * 1024, "{v} must fit H100's 227 KiB per block");
+        }
+        assert_eq!(dynamic_smem("mma_warp64_k64"), 196608);
+    }
 
     #[test]
     fn swz64_is_a_bijection_and_conflict_free_for_ldmatrix_and_cp_async() {
@@ -1451,11 +1471,11 @@ mod tests {
 
     #[test]
     fn warp64_fragment_addressing_reproduces_the_tile_product() {
-        for (bm, bn, _, _, _) in W64_SHAPES {
+        for (bm, bn, bk, _, _, _) in W64_SHAPES {
             let b_cpr = bn / 8;
-            let a_off = |r: usize, c: usize| swz64(r, c / 8) / 2 + c % 8;
+            let a_off = move |r: usize, c: usize| swz_a(bk, r, c / 8) / 2 + c % 8;
             let b_off = move |r: usize, c: usize| swz(r, c / 8, b_cpr) / 2 + c % 8;
-            check_simulation("mma_warp64", (bm, bn, 32), (64, 64), &a_off, &b_off, bm.max(32) * bn.max(32));
+            check_simulation("mma_warp64", (bm, bn, bk), (64, 64), &a_off, &b_off, (bm * bk).max(bk * bn));
         }
     }
 
@@ -1464,45 +1484,46 @@ mod tests {
     /// equal the direct formula, and the loader must write each chunk of a slab exactly once.
     #[test]
     fn warp64_precomputed_offsets_match_the_swizzle() {
-        for (bm, bn, warps_m, warps_n, _) in W64_SHAPES {
+        for (bm, bn, bk, warps_m, warps_n, _) in W64_SHAPES {
             let threads = 32 * warps_m * warps_n;
-            let (a_cpr, b_cpr) = (4, bn / 8);
-            let a_bytes = bm * 32 * 2;
+            let (a_cpr, b_cpr) = (bk / 8, bn / 8);
+            let (a_row_bytes, a_bytes) = (bk * 2, bm * bk * 2);
             let (a_rows_step, b_rows_step) = (threads / a_cpr, threads / b_cpr);
-            assert!(a_rows_step % 16 == 0 && b_rows_step % 8 == 0);
+            let a_period = if bk == 32 { 16 } else { 8 };
+            assert!(a_rows_step % a_period == 0 && b_rows_step % 8 == 0);
             for warp in 0..warps_m * warps_n {
                 let (wm, wn) = ((warp / warps_n) * 64, (warp % warps_n) * 64);
                 for lane in 0..32 {
-                    let a_lane = swz64(wm + lane % 16, lane / 16);
+                    let a_lane = swz_a(bk, wm + lane % 16, lane / 16);
                     let b_lane = a_bytes + swz(lane % 16, wn / 8 + lane / 16, b_cpr);
-                    for ks in 0..2 {
+                    for ks in 0..bk / 16 {
                         for i in 0..4 {
-                            let direct = swz64(wm + i * 16 + lane % 16, ks * 2 + lane / 16);
-                            assert_eq!((a_lane ^ (ks * 32)) + i * 1024, direct, "A {bm}x{bn} warp {warp} lane {lane} ks {ks} i {i}");
+                            let direct = swz_a(bk, wm + i * 16 + lane % 16, ks * 2 + lane / 16);
+                            assert_eq!((a_lane ^ (ks * 32)) + i * 16 * a_row_bytes, direct, "A {bm}x{bn}x{bk} warp {warp} lane {lane} ks {ks} i {i}");
                         }
                         for jp in (0..8).step_by(2) {
                             let direct = a_bytes + swz(ks * 16 + lane % 16, (wn + jp * 8) / 8 + lane / 16, b_cpr);
-                            assert_eq!((b_lane ^ (jp * 16)) + ks * 16 * bn * 2, direct, "B {bm}x{bn} warp {warp} lane {lane} ks {ks} jp {jp}");
+                            assert_eq!((b_lane ^ (jp * 16)) + ks * 16 * bn * 2, direct, "B {bm}x{bn}x{bk} warp {warp} lane {lane} ks {ks} jp {jp}");
                         }
                     }
                 }
             }
             let mut a_seen = vec![0; bm * a_cpr];
-            let mut b_seen = vec![0; 32 * b_cpr];
+            let mut b_seen = vec![0; bk * b_cpr];
             for tid in 0..threads {
                 let (a_row, a_ch, b_row, b_ch) = (tid / a_cpr, tid % a_cpr, tid / b_cpr, tid % b_cpr);
                 for i in 0..bm / a_rows_step {
-                    let off = swz64(a_row, a_ch) + i * a_rows_step * 64;
-                    assert_eq!(off, swz64(a_row + i * a_rows_step, a_ch));
+                    let off = swz_a(bk, a_row, a_ch) + i * a_rows_step * a_row_bytes;
+                    assert_eq!(off, swz_a(bk, a_row + i * a_rows_step, a_ch));
                     a_seen[off / 16] += 1;
                 }
-                for i in 0..32 / b_rows_step {
+                for i in 0..bk / b_rows_step {
                     let off = swz(b_row, b_ch, b_cpr) + i * b_rows_step * bn * 2;
                     assert_eq!(off, swz(b_row + i * b_rows_step, b_ch, b_cpr));
                     b_seen[off / 16] += 1;
                 }
             }
-            assert!(a_seen.iter().chain(&b_seen).all(|&x| x == 1), "{bm}x{bn}: a slab chunk written twice or never");
+            assert!(a_seen.iter().chain(&b_seen).all(|&x| x == 1), "{bm}x{bn}x{bk}: a slab chunk written twice or never");
             // The serpentine mma order still visits every (i, j) accumulator once per step.
             let mut hits = [[0; 8]; 4];
             for (i, row) in hits.iter_mut().enumerate() {
@@ -1516,13 +1537,14 @@ mod tests {
 
     /// mma_warp64's ring, replayed with its schedule. Prologue: slabs 0..S-1 into slots 0..S-1, one
     /// group each; wait_group(S-1), barrier, ldmatrix step 0 of slab 0. Iteration kt: ldmatrix
-    /// step 1 of slab kt; wait_group(S-2); barrier; cp.async slab kt+S into slot kt % S, commit;
-    /// ldmatrix step 0 of slab kt+1. Every ldmatrix must read a slab whose copy completed before a
-    /// barrier that precedes the read, from the slot that holds it, with no copy into that slot in
-    /// flight; every copy into a slot must follow a barrier that follows every read of its previous slab.
+    /// steps 1..KS-1 of slab kt (KS = BK / 16: 2, or 4 for mma_warp64_k64); wait_group(S-2);
+    /// barrier; cp.async slab kt+S into slot kt % S, commit; ldmatrix step 0 of slab kt+1. Every
+    /// ldmatrix must read a slab whose copy completed before a barrier that precedes the read, from
+    /// the slot that holds it, with no copy into that slot in flight; every copy into a slot must
+    /// follow a barrier that follows every read of its previous slab.
     #[test]
     fn warp64_ring_schedule_has_no_hazards() {
-        for stages in [2usize, 3, 4, 5] {
+        for (stages, steps) in [2usize, 3, 4, 5].into_iter().flat_map(|s| [(s, 2usize), (s, 4)]) {
             for nk in [1usize, 2, 3, 4, 5, 6, 7, 13] {
                 let mut groups: Vec<Option<(usize, usize)>> = Vec::new(); // (slot, slab) per commit
                 let mut slot_of = vec![usize::MAX; stages];
@@ -1560,7 +1582,9 @@ mod tests {
                 wait_and_barrier(&groups, stages - 1, &mut barriers, &mut visible);
                 read(0, &groups, &slot_of, visible, barriers, &mut last_read_epoch); // step 0 of slab 0
                 for kt in 0..nk {
-                    read(kt, &groups, &slot_of, visible, barriers, &mut last_read_epoch); // step 1 of slab kt
+                    for _step in 1..steps {
+                        read(kt, &groups, &slot_of, visible, barriers, &mut last_read_epoch); // steps 1..KS-1 of slab kt
+                    }
                     wait_and_barrier(&groups, stages - 2, &mut barriers, &mut visible);
                     if kt + stages < nk {
                         copy(kt % stages, kt + stages, &mut groups, &mut slot_of, barriers, &last_read_epoch);
@@ -1571,7 +1595,7 @@ mod tests {
                         read(kt + 1, &groups, &slot_of, visible, barriers, &mut last_read_epoch); // step 0 of slab kt+1
                     }
                 }
-                assert!(reads.iter().all(|&r| r == 2), "S={stages} nk={nk}: each slab is read at both k16 steps: {reads:?}");
+                assert!(reads.iter().all(|&r| r == steps), "S={stages} nk={nk}: each slab is read at all {steps} k16 steps: {reads:?}");
             }
         }
     }
