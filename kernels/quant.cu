@@ -646,15 +646,16 @@ __device__ __forceinline__ void w4a16_mma_warp(const u8* __restrict__ wq, const 
     const uint4* qg = reinterpret_cast<const uint4*>(wq + rg * (k / 2));
     const uint4* qh = reinterpret_cast<const uint4*>(wq + rh * (k / 2));
     // Tiled (w4a16_mma_tiled): step t's 16 B for this lane at 64 t + lane (row g) and 64 t + 32 +
-    // lane (row g + 8) of the tile's blocks; scales (mins) of group grp at 16 grp + row.
+    // lane (row g + 8) of the tile's blocks; the scales (mins) of rows g and g + 8 for group grp
+    // one 4-byte pair, word 8 grp + g of the tile's.
     const long long tile = row0 / MMA_ROWS, nsteps = (nchunks + 3) / 4;
     const uint4* qt = reinterpret_cast<const uint4*>(wq) + tile * nsteps * 64 + lane;
-    const int ss = TILED ? MMA_ROWS : 1;  // stride between a row's groups
-    const long long sbase = TILED ? tile * gpr * MMA_ROWS + g : rg * gpr, hbase = TILED ? sbase + 8 : rh * gpr;
-    const __half* sg = scales + sbase;
-    const __half* sh = scales + hbase;
-    const __half* mg = mins + sbase;
-    const __half* mh = mins + hbase;
+    const unsigned* sp = reinterpret_cast<const unsigned*>(scales + tile * gpr * MMA_ROWS) + g;
+    const unsigned* mp = reinterpret_cast<const unsigned*>(mins + tile * gpr * MMA_ROWS) + g;
+    const __half* sg = scales + rg * gpr;
+    const __half* sh = scales + rh * gpr;
+    const __half* mg = mins + rg * gpr;
+    const __half* mh = mins + rh * gpr;
     StepWalk walk(4 * t0 + c, cpg);
     // PF > 0 (tiled only): lane 0 asks L2 for the slice's scales (and mins) at the start, and for
     // step t + PF as the warp issues step t, so DRAM streams PF steps ahead of the registers.
@@ -680,10 +681,18 @@ __device__ __forceinline__ void w4a16_mma_warp(const u8* __restrict__ wq, const 
             cg[u] = ld_stream16(TILED ? qt + 64LL * t : qg + walk.j);
             ch[u] = ld_stream16(TILED ? qt + 64LL * t + 32 : qh + walk.j);
         }
-        dg[u] = splat_f16(sg + ss * walk.grp, ok);
-        dh[u] = splat_f16(sh + ss * walk.grp, ok);
-        m2g[u] = ASYM ? splat_f16(mg + ss * walk.grp, ok) : 0u;
-        m2h[u] = ASYM ? splat_f16(mh + ss * walk.grp, ok) : 0u;
+        if (TILED) {  // one load per table: the (row g, row g + 8) pair, each half splatted
+            const unsigned s2 = ok ? __ldg(sp + 8 * walk.grp) : 0u, n2 = ASYM && ok ? __ldg(mp + 8 * walk.grp) : 0u;
+            dg[u] = __byte_perm(s2, 0u, 0x1010);
+            dh[u] = __byte_perm(s2, 0u, 0x3232);
+            m2g[u] = __byte_perm(n2, 0u, 0x1010);
+            m2h[u] = __byte_perm(n2, 0u, 0x3232);
+        } else {
+            dg[u] = splat_f16(sg + walk.grp, ok);
+            dh[u] = splat_f16(sh + walk.grp, ok);
+            m2g[u] = ASYM ? splat_f16(mg + walk.grp, ok) : 0u;
+            m2h[u] = ASYM ? splat_f16(mh + walk.grp, ok) : 0u;
+        }
         if (PF > 0 && lane == 0 && t + PF < t1) prefetch_l2(tq0 + 64LL * (t + PF), 1024u);
         walk.next();
     };
@@ -879,9 +888,9 @@ W4A16_MMA_TILED_PREFETCH(16)
 // its step has been read, so RING_STEPS - 1 steps stay in flight per warp while it decodes
 // (w4a16_mma_tiled: 2 in rounds). Chunks past K (and steps past the warp's slice) are copied
 // with a source size of 0, which zero-fills them, as the register rungs feed zeros.
-// Slot (1280 B sym, 1536 B asym): codes [2][32] x 16 B, then scale words [2][32] x 4 B, then
-// min words; 32 consecutive lanes on consecutive 16 B (or 4 B): no bank conflicts.
-// Dynamic smem per block: 8 warps x RING_STEPS x slot = 40 KB sym, 48 KB asym at 4 steps:
+// Slot (1152 B sym, 1280 B asym): codes [2][32] x 16 B, then the lanes' scale pairs [32] x 4 B,
+// then their min pairs; 32 consecutive lanes on consecutive 16 B (or 4 B): no bank conflicts.
+// Dynamic smem per block: 8 warps x RING_STEPS x slot = 36 KB sym, 40 KB asym at 4 steps:
 // 4 blocks per SM fit (the launcher prefers the whole carveout as shared memory).
 // ptxas -v, sm_90: 64 registers, no spills at any batch.
 // ---------------------------------------------------------------------------
@@ -889,18 +898,12 @@ W4A16_MMA_TILED_PREFETCH(16)
 
 template <bool ASYM>
 struct RingSlot {
-    static constexpr int BYTES = 1024 + (ASYM ? 512 : 256);
+    static constexpr int BYTES = 1024 + (ASYM ? 256 : 128);
 };
 
 __device__ __forceinline__ void cp_async4(void* dst, const void* src, int src_bytes) {
     const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
-}
-
-// The f16 of row g (or g + 8, the same parity) in the aligned word of rows g & ~1, g | 1, as f16x2.
-__device__ __forceinline__ unsigned splat_word(unsigned w, int g) {
-    const unsigned s = (g & 1) ? w >> 16 : w & 0xFFFFu;
-    return s | (s << 16);
 }
 
 template <int B, bool ASYM>
@@ -913,10 +916,9 @@ __device__ __forceinline__ void w4a16_mma_warp_async(u8* ring, const u8* __restr
     const int nchunks = k / 32, cpg = group / 32, gpr = k / group;
     const long long tile = row0 / MMA_ROWS, nsteps = (nchunks + 3) / 4;
     const uint4* qt = reinterpret_cast<const uint4*>(wq) + tile * nsteps * 64 + lane;
-    // Words of the tile's scales (mins): group grp's rows g & ~1, g | 1 at word 8 grp + g / 2;
-    // rows g + 8 four words on.
-    const unsigned* sw = reinterpret_cast<const unsigned*>(scales + tile * gpr * MMA_ROWS) + g / 2;
-    const unsigned* mw = reinterpret_cast<const unsigned*>(mins + tile * gpr * MMA_ROWS) + g / 2;
+    // The (row g, row g + 8) scale (min) pair of group grp: word 8 grp + g of the tile's.
+    const unsigned* sw = reinterpret_cast<const unsigned*>(scales + tile * gpr * MMA_ROWS) + g;
+    const unsigned* mw = reinterpret_cast<const unsigned*>(mins + tile * gpr * MMA_ROWS) + g;
     StepWalk walk(4 * t0 + c, cpg);
     // Copies step t into slot s (zero-filled past t1 or K), then commits them as one group.
     auto issue = [&](int s, int t) {
@@ -926,11 +928,7 @@ __device__ __forceinline__ void w4a16_mma_warp_async(u8* ring, const u8* __restr
         cp_async16(slot + 16 * lane, qt + at, ok ? 16 : 0);
         cp_async16(slot + 512 + 16 * lane, qt + at + 32, ok ? 16 : 0);
         cp_async4(slot + 1024 + 4 * lane, sw + gw, ok ? 4 : 0);
-        cp_async4(slot + 1152 + 4 * lane, sw + gw + 4, ok ? 4 : 0);
-        if (ASYM) {
-            cp_async4(slot + 1280 + 4 * lane, mw + gw, ok ? 4 : 0);
-            cp_async4(slot + 1408 + 4 * lane, mw + gw + 4, ok ? 4 : 0);
-        }
+        if (ASYM) cp_async4(slot + 1152 + 4 * lane, mw + gw, ok ? 4 : 0);
         asm volatile("cp.async.commit_group;" ::: "memory");
         walk.next();
     };
@@ -943,10 +941,10 @@ __device__ __forceinline__ void w4a16_mma_warp_async(u8* ring, const u8* __restr
         const int s = (t - t0) % RING_STEPS;
         const u8* slot = ring + s * SLOT;
         const uint4 cg = *reinterpret_cast<const uint4*>(slot + 16 * lane), ch = *reinterpret_cast<const uint4*>(slot + 512 + 16 * lane);
-        const unsigned dg = splat_word(*reinterpret_cast<const unsigned*>(slot + 1024 + 4 * lane), g);
-        const unsigned dh = splat_word(*reinterpret_cast<const unsigned*>(slot + 1152 + 4 * lane), g);
-        const unsigned m2g = ASYM ? splat_word(*reinterpret_cast<const unsigned*>(slot + 1280 + 4 * lane), g) : 0u;
-        const unsigned m2h = ASYM ? splat_word(*reinterpret_cast<const unsigned*>(slot + 1408 + 4 * lane), g) : 0u;
+        const unsigned s2 = *reinterpret_cast<const unsigned*>(slot + 1024 + 4 * lane);
+        const unsigned n2 = ASYM ? *reinterpret_cast<const unsigned*>(slot + 1152 + 4 * lane) : 0u;
+        const unsigned dg = __byte_perm(s2, 0u, 0x1010), dh = __byte_perm(s2, 0u, 0x3232);
+        const unsigned m2g = __byte_perm(n2, 0u, 0x1010), m2h = __byte_perm(n2, 0u, 0x3232);
         issue(s, t + RING_STEPS);  // the slot's values are in registers: refill it
         w4a16_mma_step<B, ASYM>(acc, cg, ch, dg, dh, m2g, m2h, x, k, 4 * t + c, nchunks, g);
     }

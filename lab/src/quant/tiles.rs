@@ -8,7 +8,8 @@
 //! (`g = lane / 4`, `c = lane % 4`) the 16-byte chunk `4t + c` of rows `g` and `g + 8`. Here
 //! each (tile, step) is one 1 KB block: the 32 lanes' chunks of row `g`, lanes in order, then
 //! their chunks of row `g + 8`. Blocks run step by step within a tile, tiles one after another.
-//! Scales (and mins) are stored 16 per (tile, group), rows in order.
+//! Scales (and mins) are stored 16 per (tile, group), as 8 pairs (row r, row r + 8), so that a
+//! lane reads the two it needs in one 4-byte load.
 //!
 //! Rows past the matrix (the last tile) and chunks past K (the last step, when K is not a
 //! multiple of 128) are zero codes with zero scales.
@@ -39,6 +40,12 @@ pub struct Tiles {
 /// Offset in a tile's block of lane `lane`'s 16 bytes of its row `g` (`half` 0) or `g + 8` (1).
 pub fn lane_offset(half: usize, lane: usize) -> usize {
     (half * 32 + lane) * 16
+}
+
+/// Position of row `r` (within the tile) among its tile's 16 scales of one group: pairs
+/// (r, r + 8).
+pub fn scale_slot(r: usize) -> usize {
+    2 * (r % 8) + r / 8
 }
 
 /// The row (within the tile) and the 16-byte chunk of that row that block byte `offset` of step
@@ -73,11 +80,10 @@ pub fn tile(q: &GroupQuant) -> Tiles {
             return Vec::new();
         }
         let mut out = vec![f16::ZERO; tiles * gpr * TILE_ROWS];
-        for (i, o) in out.iter_mut().enumerate() {
-            let (t, grp, r) = (i / (gpr * TILE_ROWS), i / TILE_ROWS % gpr, i % TILE_ROWS);
-            let row = t * TILE_ROWS + r;
-            if row < rows {
-                *o = v[row * gpr + grp];
+        for row in 0..rows {
+            let (t, r) = (row / TILE_ROWS, row % TILE_ROWS);
+            for grp in 0..gpr {
+                out[(t * gpr + grp) * TILE_ROWS + scale_slot(r)] = v[row * gpr + grp];
             }
         }
         out
@@ -120,7 +126,8 @@ mod tests {
                 }
                 for grp in 0..gpr {
                     for r in 0..16 {
-                        let (row, at) = (16 * tile + r, (tile * gpr + grp) * 16 + r);
+                        // Pairs: (r, r + 8) at positions 2r, 2r + 1 for r < 8.
+                        let (row, at) = (16 * tile + r, (tile * gpr + grp) * 16 + if r < 8 { 2 * r } else { 2 * (r - 8) + 1 });
                         let want = |v: &[f16]| if row < rows { v[row * gpr + grp] } else { f16::ZERO };
                         assert_eq!(t.scales[at], want(&q.scales), "scale of row {row} group {grp}");
                         if scheme == Scheme::Asym {

@@ -194,10 +194,11 @@ fn mma_warp(q: &GroupQuant, tiles: Option<&Tiles>, x: &[f16], batch: usize, row0
         let s = if ok { v[row * gpr + grp].to_bits() as u32 } else { 0 };
         s | (s << 16)
     };
-    // quant.cu's sbase / hbase + ss * grp in the tile layout, for the lane's row r of the tile.
-    let tiled_splat = |v: &[f16], r: usize, grp: usize, ok: bool| -> u32 {
-        let s = if ok { v[tile * gpr * MMA_ROWS + r + MMA_ROWS * grp].to_bits() as u32 } else { 0 };
-        s | (s << 16)
+    // quant.cu's sp (mp) + 8 grp in the tile layout: the pair word of rows g and g + 8, as
+    // (dg, dh) splats (__byte_perm 0x1010 and 0x3232).
+    let tiled_pair = |v: &[f16], g: usize, grp: usize, ok: bool| -> (u32, u32) {
+        let w = if ok { u32::from_le_bytes(std::array::from_fn(|i| v[tile * gpr * MMA_ROWS + 16 * grp + 2 * g + i / 2].to_bits().to_le_bytes()[i % 2])) } else { 0 };
+        (byte_perm(w, 0, 0x1010), byte_perm(w, 0, 0x3232))
     };
     let mut part_w = vec![[0f32; MMA_ROWS]; batch];
     // Per-lane registers.
@@ -223,11 +224,8 @@ fn mma_warp(q: &GroupQuant, tiles: Option<&Tiles>, x: &[f16], batch: usize, row0
                         cg[u][l] = tiled_chunk(tl, t + u, 0, l);
                         ch[u][l] = tiled_chunk(tl, t + u, 1, l);
                     }
-                    let tmins = if asym { &tl.mins } else { &tl.scales };
-                    dg[u][l] = tiled_splat(&tl.scales, g, grp[l], ok);
-                    dh[u][l] = tiled_splat(&tl.scales, g + 8, grp[l], ok);
-                    mg[u][l] = if asym { tiled_splat(tmins, g, grp[l], ok) } else { 0 };
-                    mh[u][l] = if asym { tiled_splat(tmins, g + 8, grp[l], ok) } else { 0 };
+                    (dg[u][l], dh[u][l]) = tiled_pair(&tl.scales, g, grp[l], ok);
+                    (mg[u][l], mh[u][l]) = if asym { tiled_pair(&tl.mins, g, grp[l], ok) } else { (0, 0) };
                 } else {
                     if ok {
                         cg[u][l] = chunk(rg[l], j[l]);
@@ -537,8 +535,10 @@ mod tests {
             "for (int u = 0; u < U; ++u) issue(u, t + u);",
             // Prefetches into L2 change when bytes arrive, not which are read.
             "if (PF > 0 && lane == 0 && t + PF < t1) prefetch_l2(tq0 + 64LL * (t + PF), 1024u);",
-            "const long long sbase = TILED ? tile * gpr * MMA_ROWS + g : rg * gpr, hbase = TILED ? sbase + 8 : rh * gpr;",
-            "const int ss = TILED ? MMA_ROWS : 1;",
+            "const unsigned* sp = reinterpret_cast<const unsigned*>(scales + tile * gpr * MMA_ROWS) + g;",
+            "const unsigned s2 = ok ? __ldg(sp + 8 * walk.grp) : 0u, n2 = ASYM && ok ? __ldg(mp + 8 * walk.grp) : 0u;",
+            "dg[u] = __byte_perm(s2, 0u, 0x1010);",
+            "dh[u] = __byte_perm(s2, 0u, 0x3232);",
             "w4a16_mma<B, true, OCC8_STEPS(B), 2 * MMA_WARPS, true>(wq, scales, mins, x, y, n_rows, k, group);",
             "w4a16_mma<B, false, OCC8_STEPS(B), 2 * MMA_WARPS, true>(wq, scales, scales, x, y, n_rows, k, group);",
             "constexpr int U = B > 8 ? 3 : 4;",
@@ -568,18 +568,17 @@ mod tests {
         assert_eq!(src.matches("__byte_perm(xa, xb, 0x5410), __byte_perm(xa, xb, 0x7632)").count(), 1);
     }
 
-    /// w4a16_mma_tiled_async reads each scale (min) as the aligned 4-byte word holding it, which
-    /// its lane copies with cp.async, and picks the half by the row's parity: the same value
-    /// mma_warp reads from the tile layout directly, for every tile, group and row.
+    /// w4a16_mma_tiled_async copies each lane's scale (min) pair word with cp.async and splits
+    /// it as the register rungs do; the word holds the tile layout's scales of rows g and g + 8.
     #[test]
     fn the_async_ring_scale_words_hold_the_lanes_scales() {
         let src = crate::kernels::source("quant").unwrap();
         for s in [
-            "const unsigned* sw = reinterpret_cast<const unsigned*>(scales + tile * gpr * MMA_ROWS) + g / 2;",
+            "const unsigned* sw = reinterpret_cast<const unsigned*>(scales + tile * gpr * MMA_ROWS) + g;",
             "cp_async4(slot + 1024 + 4 * lane, sw + gw, ok ? 4 : 0);",
-            "cp_async4(slot + 1152 + 4 * lane, sw + gw + 4, ok ? 4 : 0);",
+            "if (ASYM) cp_async4(slot + 1152 + 4 * lane, mw + gw, ok ? 4 : 0);",
             "const long long at = ok ? 64LL * t : 0, gw = ok ? 8LL * walk.grp : 0;",
-            "const unsigned s = (g & 1) ? w >> 16 : w & 0xFFFFu;",
+            "const unsigned dg = __byte_perm(s2, 0u, 0x1010), dh = __byte_perm(s2, 0u, 0x3232);",
             "cp_async16(slot + 512 + 16 * lane, qt + at + 32, ok ? 16 : 0);",
         ] {
             assert!(src.contains(s), "quant.cu no longer contains `{s}`");
@@ -593,9 +592,10 @@ mod tests {
             let words: Vec<u32> = t.scales[tl * gpr * 16..(tl + 1) * gpr * 16].chunks(2).map(|p| p[0].to_bits() as u32 | (p[1].to_bits() as u32) << 16).collect();
             for grp in 0..gpr {
                 for g in 0..8 {
-                    for (r, w) in [(g, words[8 * grp + g / 2]), (g + 8, words[8 * grp + g / 2 + 4])] {
-                        let half = if g & 1 == 1 { w >> 16 } else { w & 0xFFFF };
-                        assert_eq!(half as u16, t.scales[(tl * gpr + grp) * 16 + r].to_bits(), "tile {tl} group {grp} row {r}");
+                    let w = words[8 * grp + g];
+                    for (row, half) in [(16 * tl + g, byte_perm(w, 0, 0x1010)), (16 * tl + g + 8, byte_perm(w, 0, 0x3232))] {
+                        let want = if row < q.rows { q.scales[row * gpr + grp].to_bits() as u32 } else { 0 };
+                        assert_eq!(half, want | (want << 16), "tile {tl} group {grp} row {row}");
                     }
                 }
             }
