@@ -593,6 +593,62 @@ __device__ __forceinline__ void w4a16_mma_step(MmaAcc<B>& acc, const uint4& cg, 
     }
 }
 
+// w4a16_mma_step for symmetric codes whose step lies in one group (group % 128 == 0), with the
+// scale applied after the MMAs (w4a16_mma_tiled_post). The codes enter the MMA as the f16 the
+// LOP3 makes of them, 1024 + q (low nibbles, k 0..7 of each MMA) and 1024 + 16q (high, k 8..15),
+// with no FMA; X's k 8..15 half (b1) is scaled by 1/16 to match (exact unless x / 16 is
+// subnormal). A second MMA with the constant A (1032 | 1152) gives C = 1032 sum(x_lo) +
+// 72 sum(x_hi), so that S - C = sum((q - 8) x): the f16 products are exact in fp32, the sums carry
+// fp32 rounding at the scale of 1024 |x| (~1e-5 of a step's sum here). Each row's scale then
+// multiplies its step sum once: acc += d (S - C). Against w4a16_mma_step: no HFMA2 (64 per
+// step), 8 more HMMA and 8 f16 multiplies.
+// d2: this lane's (row g, row g + 8) scale pair; zero past K or past the matrix.
+template <int B>
+__device__ __forceinline__ void w4a16_mma_step_post(MmaAcc<B>& acc, const uint4& cg, const uint4& ch, unsigned d2, const __half* __restrict__ x,
+                                                    int k, int j, int nchunks, int g) {
+    constexpr int NH = MmaAcc<B>::NH;
+    uint4 xv[NH][4];
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh) {
+        const int b = g + 8 * nh;
+        const bool ok = b < B && j < nchunks;
+        const uint4* xp = reinterpret_cast<const uint4*>(x + (long long)b * k + 32 * j);
+#pragma unroll
+        for (int v = 0; v < 4; ++v) xv[nh][v] = ok ? __ldg(xp + v) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    float sum[NH][4], cor[NH][4];
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) sum[nh][i] = cor[nh][i] = 0.f;
+    const unsigned c_lo = 0x64086408u, c_hi = 0x64806480u, sixteenth = 0x2C002C00u;  // f16 1032, 1152, 1/16
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const unsigned wg = word_of(cg, i) >> (8 * h), wh = word_of(ch, i) >> (8 * h);
+            unsigned a0, a1, a2, a3;
+            asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(a0) : "r"(wg), "n"(0x000F000Fu), "n"(0x64006400u));
+            asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(a1) : "r"(wh), "n"(0x000F000Fu), "n"(0x64006400u));
+            asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(a2) : "r"(wg), "n"(0x00F000F0u), "n"(0x64006400u));
+            asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(a3) : "r"(wh), "n"(0x00F000F0u), "n"(0x64006400u));
+#pragma unroll
+            for (int nh = 0; nh < NH; ++nh) {
+                const unsigned xa = word_of(xv[nh][(4 * i + h) / 4], (4 * i + h) % 4);
+                const unsigned xb = word_of(xv[nh][(4 * i + h + 2) / 4], (4 * i + h + 2) % 4);
+                const unsigned b0 = __byte_perm(xa, xb, 0x5410), b1 = fma_f16x2(__byte_perm(xa, xb, 0x7632), sixteenth, 0u);
+                mma_f16_16816(sum[nh], a0, a1, a2, a3, b0, b1);
+                mma_f16_16816(cor[nh], c_lo, c_lo, c_hi, c_hi, b0, b1);
+            }
+        }
+    }
+    const float dg = __half2float(__ushort_as_half((unsigned short)(d2 & 0xFFFFu))), dh = __half2float(__ushort_as_half((unsigned short)(d2 >> 16)));
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc.v[nh][0][i] = fmaf(i < 2 ? dg : dh, sum[nh][i] - cor[nh][i], acc.v[nh][0][i]);
+}
+
 // C fragment -> part[batch][row] (this warp's slot), the two chains added.
 template <int B>
 __device__ __forceinline__ void mma_store_part(const MmaAcc<B>& acc, float (*part)[MMA_ROWS], int g, int c) {
@@ -635,7 +691,7 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 #endif
 }
 
-template <int B, bool ASYM, int U = MmaSteps<B>::U, bool TILED = false, bool ROLL = false, int PF = 0>
+template <int B, bool ASYM, int U = MmaSteps<B>::U, bool TILED = false, bool ROLL = false, int PF = 0, bool POST = false>
 __device__ __forceinline__ void w4a16_mma_warp(const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ mins,
                                                const __half* __restrict__ x, int n_rows, int k, int group, int row0, int t0, int t1,
                                                float (*part)[MMA_ROWS]) {
@@ -683,7 +739,7 @@ __device__ __forceinline__ void w4a16_mma_warp(const u8* __restrict__ wq, const 
         }
         if (TILED) {  // one load per table: the (row g, row g + 8) pair, each half splatted
             const unsigned s2 = ok ? __ldg(sp + 8 * walk.grp) : 0u, n2 = ASYM && ok ? __ldg(mp + 8 * walk.grp) : 0u;
-            dg[u] = __byte_perm(s2, 0u, 0x1010);
+            dg[u] = POST ? s2 : __byte_perm(s2, 0u, 0x1010);  // POST: the raw pair, split after the MMAs
             dh[u] = __byte_perm(s2, 0u, 0x3232);
             m2g[u] = __byte_perm(n2, 0u, 0x1010);
             m2h[u] = __byte_perm(n2, 0u, 0x3232);
@@ -696,6 +752,12 @@ __device__ __forceinline__ void w4a16_mma_warp(const u8* __restrict__ wq, const 
         if (PF > 0 && lane == 0 && t + PF < t1) prefetch_l2(tq0 + 64LL * (t + PF), 1024u);
         walk.next();
     };
+    auto decode = [&](int u) {
+        if (POST)
+            w4a16_mma_step_post<B>(acc, cg[u], ch[u], dg[u], x, k, jj[u], nchunks, g);
+        else
+            w4a16_mma_step<B, ASYM>(acc, cg[u], ch[u], dg[u], dh[u], m2g[u], m2h[u], x, k, jj[u], nchunks, g);
+    };
     if (ROLL) {
         // Rolling: a slot is refilled with the step U ahead as soon as its step is decoded, so
         // U - 1 to U steps stay in flight while the warp decodes (in rounds: none while it
@@ -707,7 +769,7 @@ __device__ __forceinline__ void w4a16_mma_warp(const u8* __restrict__ wq, const 
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 if (t + u >= t1) break;  // warp-uniform: every lane reaches each mma.sync
-                w4a16_mma_step<B, ASYM>(acc, cg[u], ch[u], dg[u], dh[u], m2g[u], m2h[u], x, k, jj[u], nchunks, g);
+                decode(u);
                 issue(u, t + u + U);
             }
         }
@@ -718,7 +780,7 @@ __device__ __forceinline__ void w4a16_mma_warp(const u8* __restrict__ wq, const 
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 if (t + u >= t1) break;  // warp-uniform: every lane reaches each mma.sync
-                w4a16_mma_step<B, ASYM>(acc, cg[u], ch[u], dg[u], dh[u], m2g[u], m2h[u], x, k, jj[u], nchunks, g);
+                decode(u);
             }
         }
     }
@@ -734,7 +796,7 @@ __device__ __forceinline__ float mma_block_sum(const float (*part)[B][MMA_ROWS],
     return s;
 }
 
-template <int B, bool ASYM, int U = MmaSteps<B>::U, int W = MMA_WARPS, bool TILED = false, bool ROLL = false, int PF = 0>
+template <int B, bool ASYM, int U = MmaSteps<B>::U, int W = MMA_WARPS, bool TILED = false, bool ROLL = false, int PF = 0, bool POST = false>
 __device__ __forceinline__ void w4a16_mma(const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ mins,
                                           const __half* __restrict__ x, __half* __restrict__ y, int n_rows, int k, int group) {
     __shared__ float part[W][B][MMA_ROWS];
@@ -744,7 +806,7 @@ __device__ __forceinline__ void w4a16_mma(const u8* __restrict__ wq, const __hal
     // This warp's contiguous slice of steps [t0, t1).
     const int per = (nsteps + W - 1) / W;
     const int t0 = warp * per, t1 = min(t0 + per, nsteps);
-    w4a16_mma_warp<B, ASYM, U, TILED, ROLL, PF>(wq, scales, mins, x, n_rows, k, group, row0, t0, t1, part[warp]);
+    w4a16_mma_warp<B, ASYM, U, TILED, ROLL, PF, POST>(wq, scales, mins, x, n_rows, k, group, row0, t0, t1, part[warp]);
     // Then the W K slices are summed in warp order.
     __syncthreads();
     for (int i = threadIdx.x; i < B * MMA_ROWS; i += 32 * W) {
@@ -877,6 +939,32 @@ W4A16_MMA_TILED_PREFETCH(2)
 W4A16_MMA_TILED_PREFETCH(4)
 W4A16_MMA_TILED_PREFETCH(8)
 W4A16_MMA_TILED_PREFETCH(16)
+
+// w4a16_mma_tiled_post_{sym,asym}_b{B}_f16: w4a16_mma_tiled with the scales applied after the
+// MMAs (w4a16_mma_step_post) where a step lies in one group: symmetric codes, group % 128 == 0.
+// Other groups, and asymmetric codes, run w4a16_mma_tiled's step (the asym kernels are
+// w4a16_mma_tiled's). The SASS of w4a16_mma_tiled_sym_b1 spends 128 of its 417 instructions per
+// round on HFMA2; here the decode is the LOP3 alone.
+#define W4A16_MMA_TILED_POST(B)                                                                                             \
+    extern "C" __global__ void __launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_tiled_post_sym_b##B##_f16(              \
+        const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ x, __half* __restrict__ y, \
+        int n_rows, int k, int group) {                                                                                     \
+        if (group % 128 == 0)                                                                                               \
+            w4a16_mma<B, false, OCC8_STEPS(B), 2 * MMA_WARPS, true, false, 0, true>(wq, scales, scales, x, y, n_rows, k, group); \
+        else                                                                                                                \
+            w4a16_mma<B, false, OCC8_STEPS(B), 2 * MMA_WARPS, true>(wq, scales, scales, x, y, n_rows, k, group);            \
+    }                                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_tiled_post_asym_b##B##_f16(             \
+        const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ mins,                      \
+        const __half* __restrict__ x, __half* __restrict__ y, int n_rows, int k, int group) {                               \
+        w4a16_mma<B, true, OCC8_STEPS(B), 2 * MMA_WARPS, true>(wq, scales, mins, x, y, n_rows, k, group);                   \
+    }
+
+W4A16_MMA_TILED_POST(1)
+W4A16_MMA_TILED_POST(2)
+W4A16_MMA_TILED_POST(4)
+W4A16_MMA_TILED_POST(8)
+W4A16_MMA_TILED_POST(16)
 
 // ---------------------------------------------------------------------------
 // w4a16_mma_tiled_async_{sym,asym}_b{B}_f16: w4a16_mma_tiled with its loads staged through

@@ -81,6 +81,9 @@ pub const W4_DESIGNS: &[W4Design] = &[
     W4Design { name: "w4a16_mma_tiled_async", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: true, async_ring: true },
     // w4a16_mma_tiled with each warp's slice bulk-prefetched into L2, 8 steps ahead of its loads.
     W4Design { name: "w4a16_mma_tiled_prefetch", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: true, async_ring: false },
+    // w4a16_mma_tiled with the scales applied after the MMAs where a step is one group (sym,
+    // group % 128 == 0): the decode is one LOP3 per pair of weights.
+    W4Design { name: "w4a16_mma_tiled_post", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: true, async_ring: false },
 ];
 
 /// quant.cu's RING_STEPS: steps in a w4a16_mma_tiled_async warp's ring.
@@ -938,7 +941,9 @@ mod tests {
     #[test]
     fn launch_shapes_match_the_kernel_source() {
         let src = crate::kernels::source(FAMILY).unwrap();
-        let [cuda, mma, splitk, pipe, occ8, tiled, rolling, ring, prefetch] = W4_DESIGNS else { panic!("nine W4A16 designs") };
+        let [cuda, mma, splitk, pipe, occ8, tiled, rolling, ring, prefetch, post] = W4_DESIGNS else { panic!("ten W4A16 designs") };
+        assert_eq!((post.name, post.rows, post.warps, post.tiled, post.async_ring), ("w4a16_mma_tiled_post", occ8.rows, occ8.warps, true, false));
+        assert!(src.contains("__launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_tiled_post_sym"));
         assert_eq!((prefetch.name, prefetch.rows, prefetch.warps, prefetch.tiled, prefetch.async_ring), ("w4a16_mma_tiled_prefetch", occ8.rows, occ8.warps, true, false));
         assert!(src.contains("__launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_tiled_prefetch_sym"));
         assert_eq!((ring.name, ring.rows, ring.warps, ring.tiled, ring.async_ring), ("w4a16_mma_tiled_async", occ8.rows, occ8.warps, true, true));
@@ -983,6 +988,7 @@ mod tests {
             assert!(src.contains(&format!("\nW4A16_MMA_TILED_ROLLING({b})\n")), "batch {b}");
             assert!(src.contains(&format!("\nW4A16_MMA_TILED_ASYNC({b})\n")), "batch {b}");
             assert!(src.contains(&format!("\nW4A16_MMA_TILED_PREFETCH({b})\n")), "batch {b}");
+            assert!(src.contains(&format!("\nW4A16_MMA_TILED_POST({b})\n")), "batch {b}");
         }
         assert_eq!(src.matches("\nW4A16(").count(), BATCHES.len());
         assert_eq!(src.matches("\nW4A16_MMA(").count(), BATCHES.len());
@@ -991,7 +997,7 @@ mod tests {
         assert_eq!((mma_steps_in_flight(16), mma_steps_in_flight(8)), (3, 4));
         let v = gpu_variants();
         assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_") && !v.contains("splitk") && !v.contains("pipelined") && !v.contains("occ8") && !v.contains("tiled")).count(), 2 * BATCHES.len());
-        assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_tiled_")).count(), 8 * BATCHES.len());
+        assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_tiled_")).count(), 10 * BATCHES.len());
         assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_tiled_rolling_")).count(), 2 * BATCHES.len());
         assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_occ8_")).count(), 2 * BATCHES.len());
         assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_pipelined_")).count(), 2 * BATCHES.len());

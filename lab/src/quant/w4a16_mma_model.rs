@@ -109,13 +109,10 @@ fn new_acc(batch: usize) -> Acc {
     vec![vec![[[0f32; 4]; 32]; if nh_count == 1 { 2 } else { 1 }]; nh_count]
 }
 
-/// w4a16_mma_step in quant.cu: X of each lane's chunk, the decode and the MMAs of one step.
-fn mma_step(acc: &mut Acc, r: &Lanes, x: &[f16], batch: usize, k: usize, asym: bool) {
+/// xv[nh][lane]: 16 words of X (the 32 halves of the lane's chunk; zeros past the batch or K).
+fn x_words(r: &Lanes, x: &[f16], batch: usize, k: usize, nh_count: usize) -> Vec<Vec<[u32; 16]>> {
     let nchunks = k / 32;
-    let nh_count = acc.len();
-    let chains = acc[0].len();
-    // xv[nh][lane]: 16 words of X (the 32 halves of the lane's chunk).
-    let xv: Vec<Vec<[u32; 16]>> = (0..nh_count)
+    (0..nh_count)
         .map(|nh| {
             (0..32)
                 .map(|l| {
@@ -128,7 +125,14 @@ fn mma_step(acc: &mut Acc, r: &Lanes, x: &[f16], batch: usize, k: usize, asym: b
                 })
                 .collect()
         })
-        .collect();
+        .collect()
+}
+
+/// w4a16_mma_step in quant.cu: X of each lane's chunk, the decode and the MMAs of one step.
+fn mma_step(acc: &mut Acc, r: &Lanes, x: &[f16], batch: usize, k: usize, asym: bool) {
+    let nh_count = acc.len();
+    let chains = acc[0].len();
+    let xv = x_words(r, x, batch, k, nh_count);
     for i in 0..4 {
         for h in 0..2 {
             let mut a = [[0u32; 4]; 32];
@@ -154,6 +158,43 @@ fn mma_step(acc: &mut Acc, r: &Lanes, x: &[f16], batch: usize, k: usize, asym: b
     }
 }
 
+/// w4a16_mma_step_post in quant.cu (symmetric, one group per step): the codes as the LOP3 makes
+/// them (1024 + q, 1024 + 16q), X's k 8..15 half times 1/16, a second MMA on the constant A
+/// (1032 | 1152), and acc += d (S - C) with d from the lane's scale pair (r.dg).
+fn mma_step_post(acc: &mut Acc, r: &Lanes, x: &[f16], batch: usize, k: usize) {
+    let nh_count = acc.len();
+    let xv = x_words(r, x, batch, k, nh_count);
+    let lop = |w: u32, hi: bool| (w & if hi { 0x00F0_00F0 } else { 0x000F_000F }) | 0x6400_6400;
+    let constant: [[u32; 4]; 32] = [[0x6408_6408, 0x6408_6408, 0x6480_6480, 0x6480_6480]; 32];
+    let mut sum = vec![[[0f32; 4]; 32]; nh_count];
+    let mut cor = sum.clone();
+    for i in 0..4 {
+        for h in 0..2 {
+            let a: [[u32; 4]; 32] = std::array::from_fn(|l| {
+                let (wg, wh) = (r.cg[l][i] >> (8 * h), r.ch[l][i] >> (8 * h));
+                [lop(wg, false), lop(wh, false), lop(wg, true), lop(wh, true)]
+            });
+            for nh in 0..nh_count {
+                let b: [[u32; 2]; 32] = std::array::from_fn(|l| {
+                    let (xa, xb) = (xv[nh][l][4 * i + h], xv[nh][l][4 * i + h + 2]);
+                    [byte_perm(xa, xb, 0x5410), fma_f16x2(byte_perm(xa, xb, 0x7632), 0x2C00_2C00, 0)]
+                });
+                mma_16816(&mut sum[nh], &a, &b);
+                mma_16816(&mut cor[nh], &constant, &b);
+            }
+        }
+    }
+    for nh in 0..nh_count {
+        for l in 0..32 {
+            let (dg, dh) = (half(r.dg[l], 0) as f32, half(r.dg[l], 1) as f32);
+            for i in 0..4 {
+                let d = if i < 2 { dg } else { dh };
+                acc[nh][0][l][i] = d.mul_add(sum[nh][l][i] - cor[nh][l][i], acc[nh][0][l][i]);
+            }
+        }
+    }
+}
+
 /// mma_store_part in quant.cu: the C fragments as part[batch][row], the chains added.
 fn store_part(acc: &Acc, part_w: &mut [[f32; MMA_ROWS]], batch: usize) {
     let chains = acc[0].len();
@@ -173,7 +214,9 @@ fn store_part(acc: &Acc, part_w: &mut [[f32; MMA_ROWS]], batch: usize) {
 /// w4a16_mma_warp in quant.cu: one warp's products over steps [t0, t1) of the tile at row0, as
 /// part[batch][row] (the C fragment after the two chains are added).
 /// With `tiles`, the codes and scales are read from the tile layout at the kernel's TILED offsets.
-fn mma_warp(q: &GroupQuant, tiles: Option<&Tiles>, x: &[f16], batch: usize, row0: usize, t0: usize, t1: usize) -> Vec<[f32; MMA_ROWS]> {
+/// With `post` (tiled, symmetric, group % 128 == 0), the step is w4a16_mma_step_post's.
+#[allow(clippy::too_many_arguments)]
+fn mma_warp(q: &GroupQuant, tiles: Option<&Tiles>, post: bool, x: &[f16], batch: usize, row0: usize, t0: usize, t1: usize) -> Vec<[f32; MMA_ROWS]> {
     let (n_rows, k, group) = (q.rows, q.cols, q.group);
     let asym = q.scheme == Scheme::Asym;
     let mins = if asym { &q.mins } else { &q.scales };
@@ -225,6 +268,10 @@ fn mma_warp(q: &GroupQuant, tiles: Option<&Tiles>, x: &[f16], batch: usize, row0
                         ch[u][l] = tiled_chunk(tl, t + u, 1, l);
                     }
                     (dg[u][l], dh[u][l]) = tiled_pair(&tl.scales, g, grp[l], ok);
+                    if post {
+                        // The raw pair: the low half of each splat, joined.
+                        dg[u][l] = (dg[u][l] & 0xFFFF) | (dh[u][l] << 16);
+                    }
                     (mg[u][l], mh[u][l]) = if asym { tiled_pair(&tl.mins, g, grp[l], ok) } else { (0, 0) };
                 } else {
                     if ok {
@@ -250,7 +297,11 @@ fn mma_warp(q: &GroupQuant, tiles: Option<&Tiles>, x: &[f16], batch: usize, row0
                 break;
             }
             let lanes = Lanes { cg: &cg[u], ch: &ch[u], dg: &dg[u], dh: &dh[u], mg: &mg[u], mh: &mh[u], j: &jj[u] };
-            mma_step(&mut acc, &lanes, x, batch, k, asym);
+            if post {
+                mma_step_post(&mut acc, &lanes, x, batch, k);
+            } else {
+                mma_step(&mut acc, &lanes, x, batch, k, asym);
+            }
         }
         t += u_steps;
     }
@@ -271,7 +322,10 @@ fn block_sum(part: &[Vec<[f32; MMA_ROWS]>], b: usize, r: usize) -> f32 {
 /// K split over `warps` warps per tile (4; 8 in w4a16_mma_occ8 and w4a16_mma_tiled(_rolling),
 /// which read `tiles`). The steps a warp keeps in flight, in rounds or rolling, change when it
 /// loads, not what it sums.
-pub fn w4a16_mma(q: &GroupQuant, tiles: Option<&Tiles>, x: &[f16], batch: usize, warps: usize) -> Vec<f16> {
+/// With `post`, w4a16_mma_tiled_post: the post-scaled step where the kernel takes it (tiled,
+/// symmetric, group % 128 == 0), w4a16_mma_tiled's elsewhere.
+pub fn w4a16_mma(q: &GroupQuant, tiles: Option<&Tiles>, post: bool, x: &[f16], batch: usize, warps: usize) -> Vec<f16> {
+    let post = post && tiles.is_some() && q.scheme == Scheme::Sym && q.group % 128 == 0;
     let (n_rows, k) = (q.rows, q.cols);
     let nsteps = (k / 32).div_ceil(4);
     let per = nsteps.div_ceil(warps);
@@ -281,7 +335,7 @@ pub fn w4a16_mma(q: &GroupQuant, tiles: Option<&Tiles>, x: &[f16], batch: usize,
         let part: Vec<_> = (0..warps)
             .map(|warp| {
                 let t0 = warp * per;
-                mma_warp(q, tiles, x, batch, row0, t0, (t0 + per).min(nsteps))
+                mma_warp(q, tiles, post, x, batch, row0, t0, (t0 + per).min(nsteps))
             })
             .collect();
         for i in 0..batch * MMA_ROWS {
@@ -311,7 +365,7 @@ pub fn w4a16_mma_splitk(q: &GroupQuant, x: &[f16], batch: usize, slices: usize) 
             let part: Vec<_> = (0..MMA_WARPS)
                 .map(|warp| {
                     let t0 = (s * MMA_WARPS + warp) * per;
-                    mma_warp(q, None, x, batch, row0, t0, (t0 + per).min(nsteps))
+                    mma_warp(q, None, false, x, batch, row0, t0, (t0 + per).min(nsteps))
                 })
                 .collect();
             for i in 0..batch * MMA_ROWS {
@@ -533,11 +587,17 @@ mod tests {
             "for (int u = 0; u < U; ++u) issue(u, t0 + u);",
             "issue(u, t + u + U);",
             "for (int u = 0; u < U; ++u) issue(u, t + u);",
+            // w4a16_mma_step_post, as mirrored in mma_step_post.
+            "const unsigned c_lo = 0x64086408u, c_hi = 0x64806480u, sixteenth = 0x2C002C00u;",
+            "const unsigned b0 = __byte_perm(xa, xb, 0x5410), b1 = fma_f16x2(__byte_perm(xa, xb, 0x7632), sixteenth, 0u);",
+            "mma_f16_16816(cor[nh], c_lo, c_lo, c_hi, c_hi, b0, b1);",
+            "acc.v[nh][0][i] = fmaf(i < 2 ? dg : dh, sum[nh][i] - cor[nh][i], acc.v[nh][0][i]);",
+            "dg[u] = POST ? s2 : __byte_perm(s2, 0u, 0x1010);",
+            "if (group % 128 == 0)",
             // Prefetches into L2 change when bytes arrive, not which are read.
             "if (PF > 0 && lane == 0 && t + PF < t1) prefetch_l2(tq0 + 64LL * (t + PF), 1024u);",
             "const unsigned* sp = reinterpret_cast<const unsigned*>(scales + tile * gpr * MMA_ROWS) + g;",
             "const unsigned s2 = ok ? __ldg(sp + 8 * walk.grp) : 0u, n2 = ASYM && ok ? __ldg(mp + 8 * walk.grp) : 0u;",
-            "dg[u] = __byte_perm(s2, 0u, 0x1010);",
             "dh[u] = __byte_perm(s2, 0u, 0x3232);",
             "w4a16_mma<B, true, OCC8_STEPS(B), 2 * MMA_WARPS, true>(wq, scales, mins, x, y, n_rows, k, group);",
             "w4a16_mma<B, false, OCC8_STEPS(B), 2 * MMA_WARPS, true>(wq, scales, scales, x, y, n_rows, k, group);",
@@ -649,9 +709,9 @@ mod tests {
                 let expected = reference_w4a16(&xf, &wd, b, n, k);
                 // w4a16_mma, w4a16_mma_occ8 (8 warps) and w4a16_mma_tiled (8 warps, tile layout).
                 let tiles = tile(&q);
-                for (warps, t) in [(MMA_WARPS, None), (2 * MMA_WARPS, None), (2 * MMA_WARPS, Some(&tiles))] {
-                    let e = check_w4a16(&w4a16_mma(&q, t, &x, b, warps), &expected, w4a16_tolerance(&expected));
-                    assert!(e.passed(), "{warps} warps, tiled {}: N={n} K={k} {scheme:?} g{group} batch {b}: {e:?}", t.is_some());
+                for (warps, t, post) in [(MMA_WARPS, None, false), (2 * MMA_WARPS, None, false), (2 * MMA_WARPS, Some(&tiles), false), (2 * MMA_WARPS, Some(&tiles), true)] {
+                    let e = check_w4a16(&w4a16_mma(&q, t, post, &x, b, warps), &expected, w4a16_tolerance(&expected));
+                    assert!(e.passed(), "{warps} warps, tiled {}, post {post}: N={n} K={k} {scheme:?} g{group} batch {b}: {e:?}", t.is_some());
                 }
                 // Split-K as launched, and with more and fewer slices than one round asks for
                 // (warps with no step, several rounds per warp).
@@ -691,10 +751,10 @@ mod tests {
                 let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
                 let expected: Vec<u16> = reference_w4a16(&xf, &wd, b, n, k).iter().map(|&v| f16::from_f64(v).to_bits()).collect();
                 let tiles = tile(&q);
-                for (warps, t) in [(MMA_WARPS, None), (2 * MMA_WARPS, None), (2 * MMA_WARPS, Some(&tiles))] {
-                    let got: Vec<u16> = w4a16_mma(&q, t, &x, b, warps).iter().map(|v| v.to_bits()).collect();
+                for (warps, t, post) in [(MMA_WARPS, None, false), (2 * MMA_WARPS, None, false), (2 * MMA_WARPS, Some(&tiles), false), (2 * MMA_WARPS, Some(&tiles), true)] {
+                    let got: Vec<u16> = w4a16_mma(&q, t, post, &x, b, warps).iter().map(|v| v.to_bits()).collect();
                     let first = got.iter().zip(&expected).position(|(g, e)| g != e);
-                    assert!(first.is_none(), "{warps} warps, tiled {}: N={n} K={k} batch {b}: first difference at {first:?}", t.is_some());
+                    assert!(first.is_none(), "{warps} warps, tiled {}, post {post}: N={n} K={k} batch {b}: first difference at {first:?}", t.is_some());
                 }
                 for slices in [splitk_slices(k, b), 2, 5] {
                     let got: Vec<u16> = w4a16_mma_splitk(&q, &x, b, slices).iter().map(|v| v.to_bits()).collect();
