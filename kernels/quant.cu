@@ -40,6 +40,14 @@
 //                          8-warp blocks (2 per SM) streams its 16-row tiles through an 8-stage
 //                          ring of 8 KB stages (codes + scale windows) with cp.async.cg, 7 stages
 //                          in flight per block while the warps decode the oldest.
+//   w4a16_mma_occ8_*       w4a16_mma with K over 8 warps, 2 steps in flight, 64 registers.
+//   w4a16_mma_tiled_*      occ8 reading W in the tile layout (lab/src/quant/tiles.rs): every warp
+//                          load is 512 contiguous bytes, scales in (row r, row r + 8) pairs.
+//   w4a16_mma_tiled_{rolling,async,prefetch,post}_*
+//                          tiled with one change each: loads refilled as each step is decoded; a
+//                          per-warp cp.async ring in shared memory; the next round prefetched into
+//                          L2; the scales applied after the MMAs (sym, group % 128 == 0).
+//   stream_read_f16        the floor: reads a W4A16 kernel's bytes once and decodes nothing.
 // Every grid-stride loop bounds its accesses by the element counts it is given; the vector paths
 // need 16-byte aligned buffers (device allocations are 256-byte aligned) and the launchers check
 // the divisibility each kernel states.
