@@ -804,6 +804,15 @@ __device__ __forceinline__ float mma_block_sum(const float (*part)[B][MMA_ROWS],
     return s;
 }
 
+// Y of the tile at row0: each (batch, row) the block's warp partials in warp order, rows past N skipped.
+template <int B, int W>
+__device__ __forceinline__ void mma_store_y(const float (*part)[B][MMA_ROWS], __half* __restrict__ y, int n_rows, int row0) {
+    for (int i = threadIdx.x; i < B * MMA_ROWS; i += 32 * W) {
+        const int b = i / MMA_ROWS, r = i % MMA_ROWS;
+        if (row0 + r < n_rows) y[(long long)b * n_rows + row0 + r] = __float2half_rn(mma_block_sum<B, W>(part, i));
+    }
+}
+
 template <int B, bool ASYM, int U = MmaSteps<B>::U, int W = MMA_WARPS, bool TILED = false, bool ROLL = false, int PF = 0, bool POST = false>
 __device__ __forceinline__ void w4a16_mma(const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ mins,
                                           const __half* __restrict__ x, __half* __restrict__ y, int n_rows, int k, int group) {
@@ -817,29 +826,35 @@ __device__ __forceinline__ void w4a16_mma(const u8* __restrict__ wq, const __hal
     w4a16_mma_warp<B, ASYM, U, TILED, ROLL, PF, POST>(wq, scales, mins, x, n_rows, k, group, row0, t0, t1, part[warp]);
     // Then the W K slices are summed in warp order.
     __syncthreads();
-    for (int i = threadIdx.x; i < B * MMA_ROWS; i += 32 * W) {
-        const int b = i / MMA_ROWS, r = i % MMA_ROWS;
-        if (row0 + r < n_rows) y[(long long)b * n_rows + row0 + r] = __float2half_rn(mma_block_sum<B, W>(part, i));
-    }
+    mma_store_y<B, W>(part, y, n_rows, row0);
 }
 
-#define W4A16_MMA(B)                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(32 * MMA_WARPS, 4) quant_w4a16_mma_sym_b##B##_f16(                         \
+// The parameters of every W4A16 rung's device body (the symmetric kernels pass scales as mins).
+#define W4A16_ARGS                                                                                                          \
+    const u8 *__restrict__ wq, const __half *__restrict__ scales, const __half *__restrict__ mins, const __half *__restrict__ x, \
+        __half *__restrict__ y, int n_rows, int k, int group
+
+// One rung's kernels quant_<NAME>_{sym,asym}_b<B>_f16, each a call of BODY<B, ASYM>.
+#define W4A16_KERNELS(NAME, BODY, THREADS, MINB, B)                                                                         \
+    extern "C" __global__ void __launch_bounds__(THREADS, MINB) quant_##NAME##_sym_b##B##_f16(                              \
         const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ x, __half* __restrict__ y, \
         int n_rows, int k, int group) {                                                                                     \
-        w4a16_mma<B, false>(wq, scales, scales, x, y, n_rows, k, group);                                                    \
+        BODY<B, false>(wq, scales, scales, x, y, n_rows, k, group);                                                         \
     }                                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(32 * MMA_WARPS, 4) quant_w4a16_mma_asym_b##B##_f16(                        \
+    extern "C" __global__ void __launch_bounds__(THREADS, MINB) quant_##NAME##_asym_b##B##_f16(                             \
         const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ mins,                      \
         const __half* __restrict__ x, __half* __restrict__ y, int n_rows, int k, int group) {                               \
-        w4a16_mma<B, true>(wq, scales, mins, x, y, n_rows, k, group);                                                       \
+        BODY<B, true>(wq, scales, mins, x, y, n_rows, k, group);                                                            \
     }
+// Every batch of a rung: BATCHES in lab/src/quant/experiment.rs.
+#define W4A16_RUNG(NAME, BODY, THREADS, MINB)                                                                               \
+    W4A16_KERNELS(NAME, BODY, THREADS, MINB, 1)                                                                             \
+    W4A16_KERNELS(NAME, BODY, THREADS, MINB, 2)                                                                             \
+    W4A16_KERNELS(NAME, BODY, THREADS, MINB, 4)                                                                             \
+    W4A16_KERNELS(NAME, BODY, THREADS, MINB, 8)                                                                             \
+    W4A16_KERNELS(NAME, BODY, THREADS, MINB, 16)
 
-W4A16_MMA(1)
-W4A16_MMA(2)
-W4A16_MMA(4)
-W4A16_MMA(8)
-W4A16_MMA(16)
+W4A16_RUNG(w4a16_mma, w4a16_mma, 32 * MMA_WARPS, 4)
 
 // w4a16_mma_occ8_{sym,asym}_b{B}_f16: w4a16_mma with K split over 8 warps instead of 4 and 2
 // steps in flight per warp instead of 4, so that a thread fits in 64 registers: 4 blocks of 8
@@ -851,23 +866,11 @@ W4A16_MMA(16)
 // Steps in flight: 2, and 1 at B = 8 (sym at 2 spills 4 bytes at the 64-register cap; B = 16 at 1
 // spills, at 2 does not).
 #define OCC8_STEPS(B) ((B) == 8 ? 1 : 2)
-#define W4A16_MMA_OCC8(B)                                                                                                   \
-    extern "C" __global__ void __launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_occ8_sym_b##B##_f16(                    \
-        const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ x, __half* __restrict__ y, \
-        int n_rows, int k, int group) {                                                                                     \
-        w4a16_mma<B, false, OCC8_STEPS(B), 2 * MMA_WARPS>(wq, scales, scales, x, y, n_rows, k, group);                                     \
-    }                                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_occ8_asym_b##B##_f16(                   \
-        const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ mins,                      \
-        const __half* __restrict__ x, __half* __restrict__ y, int n_rows, int k, int group) {                               \
-        w4a16_mma<B, true, OCC8_STEPS(B), 2 * MMA_WARPS>(wq, scales, mins, x, y, n_rows, k, group);                                        \
-    }
-
-W4A16_MMA_OCC8(1)
-W4A16_MMA_OCC8(2)
-W4A16_MMA_OCC8(4)
-W4A16_MMA_OCC8(8)
-W4A16_MMA_OCC8(16)
+template <int B, bool ASYM>
+__device__ __forceinline__ void w4a16_mma_occ8(W4A16_ARGS) {
+    w4a16_mma<B, ASYM, OCC8_STEPS(B), 2 * MMA_WARPS>(wq, scales, mins, x, y, n_rows, k, group);
+}
+W4A16_RUNG(w4a16_mma_occ8, w4a16_mma_occ8, 64 * MMA_WARPS, 4)
 
 // w4a16_mma_tiled_{sym,asym}_b{B}_f16: w4a16_mma_occ8 reading W in the tile layout
 // (lab/src/quant/tiles.rs), where every warp load is 512 contiguous bytes. In the row-major
@@ -877,49 +880,25 @@ W4A16_MMA_OCC8(16)
 // held every earlier rung. The tile layout stores, per 16-row tile, one 1 KB block per step of
 // 128 weights: first each lane's 16 B of row g = lane / 4 (chunk 4t + lane % 4), then of row
 // g + 8, lanes in order; so a lane loads exactly the two chunks w4a16_mma_step decodes, and a
-// warp's step is 1 KB contiguous. Scales (mins): 16 per (tile, group), rows in order.
+// warp's step is 1 KB contiguous. Scales (mins): 16 per (tile, group), as (row r, row r + 8) pairs.
 // Tiles past N and chunks past K are zero in the layout and never loaded or stored.
 // ptxas -v, sm_90: 64 registers; spills: sym b16 8 B, asym b1 4 B, b2 b4 b16 8 B, none elsewhere.
-#define W4A16_MMA_TILED(B)                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_tiled_sym_b##B##_f16(                   \
-        const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ x, __half* __restrict__ y, \
-        int n_rows, int k, int group) {                                                                                     \
-        w4a16_mma<B, false, OCC8_STEPS(B), 2 * MMA_WARPS, true>(wq, scales, scales, x, y, n_rows, k, group);                \
-    }                                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_tiled_asym_b##B##_f16(                  \
-        const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ mins,                      \
-        const __half* __restrict__ x, __half* __restrict__ y, int n_rows, int k, int group) {                               \
-        w4a16_mma<B, true, OCC8_STEPS(B), 2 * MMA_WARPS, true>(wq, scales, mins, x, y, n_rows, k, group);                   \
-    }
-
-W4A16_MMA_TILED(1)
-W4A16_MMA_TILED(2)
-W4A16_MMA_TILED(4)
-W4A16_MMA_TILED(8)
-W4A16_MMA_TILED(16)
+template <int B, bool ASYM>
+__device__ __forceinline__ void w4a16_mma_tiled(W4A16_ARGS) {
+    w4a16_mma<B, ASYM, OCC8_STEPS(B), 2 * MMA_WARPS, true>(wq, scales, mins, x, y, n_rows, k, group);
+}
+W4A16_RUNG(w4a16_mma_tiled, w4a16_mma_tiled, 64 * MMA_WARPS, 4)
 
 // w4a16_mma_tiled_rolling_{sym,asym}_b{B}_f16: w4a16_mma_tiled with the loads rolling instead
 // of in rounds. A round-based warp issues its U steps, waits, decodes them, and has nothing in
 // flight while it decodes the last; here each slot is refilled with the step U ahead as soon as
 // its step is decoded, so a warp always has loads in flight.
 // ptxas -v, sm_90: 63-64 registers, no spills at b1-b8; b16 spills 16 B (sym) and 100 B (asym).
-#define W4A16_MMA_TILED_ROLLING(B)                                                                                          \
-    extern "C" __global__ void __launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_tiled_rolling_sym_b##B##_f16(           \
-        const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ x, __half* __restrict__ y, \
-        int n_rows, int k, int group) {                                                                                     \
-        w4a16_mma<B, false, OCC8_STEPS(B), 2 * MMA_WARPS, true, true>(wq, scales, scales, x, y, n_rows, k, group);          \
-    }                                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_tiled_rolling_asym_b##B##_f16(          \
-        const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ mins,                      \
-        const __half* __restrict__ x, __half* __restrict__ y, int n_rows, int k, int group) {                               \
-        w4a16_mma<B, true, OCC8_STEPS(B), 2 * MMA_WARPS, true, true>(wq, scales, mins, x, y, n_rows, k, group);             \
-    }
-
-W4A16_MMA_TILED_ROLLING(1)
-W4A16_MMA_TILED_ROLLING(2)
-W4A16_MMA_TILED_ROLLING(4)
-W4A16_MMA_TILED_ROLLING(8)
-W4A16_MMA_TILED_ROLLING(16)
+template <int B, bool ASYM>
+__device__ __forceinline__ void w4a16_mma_tiled_rolling(W4A16_ARGS) {
+    w4a16_mma<B, ASYM, OCC8_STEPS(B), 2 * MMA_WARPS, true, true>(wq, scales, mins, x, y, n_rows, k, group);
+}
+W4A16_RUNG(w4a16_mma_tiled_rolling, w4a16_mma_tiled_rolling, 64 * MMA_WARPS, 4)
 
 // w4a16_mma_tiled_prefetch_{sym,asym}_b{B}_f16: w4a16_mma_tiled with each warp's next round
 // fetched into L2 while it decodes this one, by bulk prefetches (cp.async.bulk.prefetch.L2, one
@@ -930,49 +909,28 @@ W4A16_MMA_TILED_ROLLING(16)
 // the whole matrix at the start, was 29% slower than no prefetch: DRAM then returns the bytes
 // in no useful order, and the decode waits for the last of them.)
 #define PREFETCH_STEPS 2
-#define W4A16_MMA_TILED_PREFETCH(B)                                                                                         \
-    extern "C" __global__ void __launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_tiled_prefetch_sym_b##B##_f16(          \
-        const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ x, __half* __restrict__ y, \
-        int n_rows, int k, int group) {                                                                                     \
-        w4a16_mma<B, false, OCC8_STEPS(B), 2 * MMA_WARPS, true, false, PREFETCH_STEPS>(wq, scales, scales, x, y, n_rows, k, group); \
-    }                                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_tiled_prefetch_asym_b##B##_f16(         \
-        const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ mins,                      \
-        const __half* __restrict__ x, __half* __restrict__ y, int n_rows, int k, int group) {                               \
-        w4a16_mma<B, true, OCC8_STEPS(B), 2 * MMA_WARPS, true, false, PREFETCH_STEPS>(wq, scales, mins, x, y, n_rows, k, group); \
-    }
-
-W4A16_MMA_TILED_PREFETCH(1)
-W4A16_MMA_TILED_PREFETCH(2)
-W4A16_MMA_TILED_PREFETCH(4)
-W4A16_MMA_TILED_PREFETCH(8)
-W4A16_MMA_TILED_PREFETCH(16)
+template <int B, bool ASYM>
+__device__ __forceinline__ void w4a16_mma_tiled_prefetch(W4A16_ARGS) {
+    w4a16_mma<B, ASYM, OCC8_STEPS(B), 2 * MMA_WARPS, true, false, PREFETCH_STEPS>(wq, scales, mins, x, y, n_rows, k, group);
+}
+W4A16_RUNG(w4a16_mma_tiled_prefetch, w4a16_mma_tiled_prefetch, 64 * MMA_WARPS, 4)
 
 // w4a16_mma_tiled_post_{sym,asym}_b{B}_f16: w4a16_mma_tiled with the scales applied after the
 // MMAs (w4a16_mma_step_post) where a step lies in one group: symmetric codes, group % 128 == 0.
 // Other groups, and asymmetric codes, run w4a16_mma_tiled's step (the asym kernels are
 // w4a16_mma_tiled's). The SASS of w4a16_mma_tiled_sym_b1 spends 128 of its 417 instructions per
 // round on HFMA2; here the decode is the LOP3 alone.
-#define W4A16_MMA_TILED_POST(B)                                                                                             \
-    extern "C" __global__ void __launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_tiled_post_sym_b##B##_f16(              \
-        const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ x, __half* __restrict__ y, \
-        int n_rows, int k, int group) {                                                                                     \
-        if (group % 128 == 0)                                                                                               \
-            w4a16_mma<B, false, OCC8_STEPS(B), 2 * MMA_WARPS, true, false, 0, true>(wq, scales, scales, x, y, n_rows, k, group); \
-        else                                                                                                                \
-            w4a16_mma<B, false, OCC8_STEPS(B), 2 * MMA_WARPS, true>(wq, scales, scales, x, y, n_rows, k, group);            \
-    }                                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_tiled_post_asym_b##B##_f16(             \
-        const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ mins,                      \
-        const __half* __restrict__ x, __half* __restrict__ y, int n_rows, int k, int group) {                               \
-        w4a16_mma<B, true, OCC8_STEPS(B), 2 * MMA_WARPS, true>(wq, scales, mins, x, y, n_rows, k, group);                   \
+template <int B, bool ASYM>
+__device__ __forceinline__ void w4a16_mma_tiled_post(W4A16_ARGS) {
+    if constexpr (!ASYM) {
+        if (group % 128 == 0) {
+            w4a16_mma<B, false, OCC8_STEPS(B), 2 * MMA_WARPS, true, false, 0, true>(wq, scales, mins, x, y, n_rows, k, group);
+            return;
+        }
     }
-
-W4A16_MMA_TILED_POST(1)
-W4A16_MMA_TILED_POST(2)
-W4A16_MMA_TILED_POST(4)
-W4A16_MMA_TILED_POST(8)
-W4A16_MMA_TILED_POST(16)
+    w4a16_mma_tiled<B, ASYM>(wq, scales, mins, x, y, n_rows, k, group);
+}
+W4A16_RUNG(w4a16_mma_tiled_post, w4a16_mma_tiled_post, 64 * MMA_WARPS, 4)
 
 // ---------------------------------------------------------------------------
 // w4a16_mma_tiled_async_{sym,asym}_b{B}_f16: w4a16_mma_tiled with its loads staged through
@@ -1049,8 +1007,7 @@ __device__ __forceinline__ void w4a16_mma_warp_async(u8* ring, const u8* __restr
 }
 
 template <int B, bool ASYM>
-__device__ __forceinline__ void w4a16_mma_async(const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ mins,
-                                                const __half* __restrict__ x, __half* __restrict__ y, int n_rows, int k, int group) {
+__device__ __forceinline__ void w4a16_mma_tiled_async(W4A16_ARGS) {
     constexpr int W = 2 * MMA_WARPS;
     extern __shared__ uint4 dyn[];
     __shared__ float part[W][B][MMA_ROWS];
@@ -1062,29 +1019,10 @@ __device__ __forceinline__ void w4a16_mma_async(const u8* __restrict__ wq, const
     u8* ring = reinterpret_cast<u8*>(dyn) + warp * RING_STEPS * RingSlot<ASYM>::BYTES;
     w4a16_mma_warp_async<B, ASYM>(ring, wq, scales, mins, x, k, group, row0, t0, t1, part[warp]);
     __syncthreads();
-    for (int i = threadIdx.x; i < B * MMA_ROWS; i += 32 * W) {
-        const int b = i / MMA_ROWS, r = i % MMA_ROWS;
-        if (row0 + r < n_rows) y[(long long)b * n_rows + row0 + r] = __float2half_rn(mma_block_sum<B, W>(part, i));
-    }
+    mma_store_y<B, W>(part, y, n_rows, row0);
 }
 
-#define W4A16_MMA_TILED_ASYNC(B)                                                                                            \
-    extern "C" __global__ void __launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_tiled_async_sym_b##B##_f16(             \
-        const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ x, __half* __restrict__ y, \
-        int n_rows, int k, int group) {                                                                                     \
-        w4a16_mma_async<B, false>(wq, scales, scales, x, y, n_rows, k, group);                                              \
-    }                                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_tiled_async_asym_b##B##_f16(            \
-        const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ mins,                      \
-        const __half* __restrict__ x, __half* __restrict__ y, int n_rows, int k, int group) {                               \
-        w4a16_mma_async<B, true>(wq, scales, mins, x, y, n_rows, k, group);                                                 \
-    }
-
-W4A16_MMA_TILED_ASYNC(1)
-W4A16_MMA_TILED_ASYNC(2)
-W4A16_MMA_TILED_ASYNC(4)
-W4A16_MMA_TILED_ASYNC(8)
-W4A16_MMA_TILED_ASYNC(16)
+W4A16_RUNG(w4a16_mma_tiled_async, w4a16_mma_tiled_async, 64 * MMA_WARPS, 4)
 
 // ---------------------------------------------------------------------------
 // W4A16 on tensor cores, one load round per warp: w4a16_mma_splitk_{sym,asym}_b{B}_f16.
@@ -1133,10 +1071,7 @@ __device__ __forceinline__ void w4a16_mma_splitk(const u8* __restrict__ wq, cons
     w4a16_mma_warp<B, ASYM>(wq, scales, mins, x, n_rows, k, group, row0, t0, t1, part[warp]);
     __syncthreads();
     if (slices == 1) {
-        for (int i = threadIdx.x; i < B * MMA_ROWS; i += 32 * MMA_WARPS) {
-            const int b = i / MMA_ROWS, r = i % MMA_ROWS;
-            if (row0 + r < n_rows) y[(long long)b * n_rows + row0 + r] = __float2half_rn(mma_block_sum<B>(part, i));
-        }
+        mma_store_y<B, MMA_WARPS>(part, y, n_rows, row0);
         return;
     }
     for (int i = threadIdx.x; i < B * MMA_ROWS; i += 32 * MMA_WARPS) {
@@ -1324,23 +1259,7 @@ __device__ __forceinline__ void w4a16_mma_pipelined(const u8* __restrict__ wq, c
     asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
-#define W4A16_MMA_PIPELINED(B)                                                                                              \
-    extern "C" __global__ void __launch_bounds__(32 * PIPE_WARPS, PIPE_BLOCKS_PER_SM) quant_w4a16_mma_pipelined_sym_b##B##_f16( \
-        const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ x, __half* __restrict__ y, \
-        int n_rows, int k, int group) {                                                                                     \
-        w4a16_mma_pipelined<B, false>(wq, scales, scales, x, y, n_rows, k, group);                                          \
-    }                                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(32 * PIPE_WARPS, PIPE_BLOCKS_PER_SM) quant_w4a16_mma_pipelined_asym_b##B##_f16( \
-        const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ mins,                      \
-        const __half* __restrict__ x, __half* __restrict__ y, int n_rows, int k, int group) {                               \
-        w4a16_mma_pipelined<B, true>(wq, scales, mins, x, y, n_rows, k, group);                                             \
-    }
-
-W4A16_MMA_PIPELINED(1)
-W4A16_MMA_PIPELINED(2)
-W4A16_MMA_PIPELINED(4)
-W4A16_MMA_PIPELINED(8)
-W4A16_MMA_PIPELINED(16)
+W4A16_RUNG(w4a16_mma_pipelined, w4a16_mma_pipelined, 32 * PIPE_WARPS, PIPE_BLOCKS_PER_SM)
 
 // ---------------------------------------------------------------------------
 // stream_read_f16: the floor under every W4A16 kernel of a shape. It reads the bytes such a

@@ -943,22 +943,22 @@ mod tests {
         let src = crate::kernels::source(FAMILY).unwrap();
         let [cuda, mma, splitk, pipe, occ8, tiled, rolling, ring, prefetch, post] = W4_DESIGNS else { panic!("ten W4A16 designs") };
         assert_eq!((post.name, post.rows, post.warps, post.tiled, post.async_ring), ("w4a16_mma_tiled_post", occ8.rows, occ8.warps, true, false));
-        assert!(src.contains("__launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_tiled_post_sym"));
+        assert!(src.contains("\nW4A16_RUNG(w4a16_mma_tiled_post, w4a16_mma_tiled_post, 64 * MMA_WARPS, 4)\n"));
         assert_eq!((prefetch.name, prefetch.rows, prefetch.warps, prefetch.tiled, prefetch.async_ring), ("w4a16_mma_tiled_prefetch", occ8.rows, occ8.warps, true, false));
-        assert!(src.contains("__launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_tiled_prefetch_sym"));
+        assert!(src.contains("\nW4A16_RUNG(w4a16_mma_tiled_prefetch, w4a16_mma_tiled_prefetch, 64 * MMA_WARPS, 4)\n"));
         assert_eq!((ring.name, ring.rows, ring.warps, ring.tiled, ring.async_ring), ("w4a16_mma_tiled_async", occ8.rows, occ8.warps, true, true));
         assert!(W4_DESIGNS.iter().all(|d| d.async_ring == (d.name == ring.name)));
         assert!(src.contains(&format!("#define RING_STEPS {RING_STEPS}\n")));
         assert!(src.contains("static constexpr int BYTES = 1024 + (ASYM ? 256 : 128);"));
-        assert!(src.contains("__launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_tiled_async_sym"));
+        assert!(src.contains("\nW4A16_RUNG(w4a16_mma_tiled_async, w4a16_mma_tiled_async, 64 * MMA_WARPS, 4)\n"));
         assert!(4 * async_ring_smem(Scheme::Asym) <= 227 * 1024, "4 blocks per SM");
         assert_eq!((occ8.rows, occ8.warps, occ8.split_k, occ8.pipelined), (mma.rows, 2 * mma.warps, false, false));
-        assert!(src.contains("__launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_occ8_sym"));
+        assert!(src.contains("\nW4A16_RUNG(w4a16_mma_occ8, w4a16_mma_occ8, 64 * MMA_WARPS, 4)\n"));
         assert_eq!((tiled.name, tiled.rows, tiled.warps, tiled.split_k, tiled.pipelined), ("w4a16_mma_tiled", occ8.rows, occ8.warps, false, false));
         assert_eq!((rolling.name, rolling.rows, rolling.warps, rolling.split_k, rolling.pipelined), ("w4a16_mma_tiled_rolling", occ8.rows, occ8.warps, false, false));
         assert!(W4_DESIGNS.iter().all(|d| d.tiled == d.name.starts_with("w4a16_mma_tiled")));
-        assert!(src.contains("__launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_tiled_rolling_sym"));
-        assert!(src.contains("__launch_bounds__(64 * MMA_WARPS, 4) quant_w4a16_mma_tiled_sym"));
+        assert!(src.contains("\nW4A16_RUNG(w4a16_mma_tiled_rolling, w4a16_mma_tiled_rolling, 64 * MMA_WARPS, 4)\n"));
+        assert!(src.contains("\nW4A16_RUNG(w4a16_mma_tiled, w4a16_mma_tiled, 64 * MMA_WARPS, 4)\n"));
         assert_eq!((tiles::TILE_ROWS, tiles::STEP_WEIGHTS), (mma.rows, 128));
         assert_eq!((cuda.name, mma.name, splitk.name, pipe.name), ("w4a16", "w4a16_mma", "w4a16_mma_splitk", "w4a16_mma_pipelined"));
         assert!(src.contains(&format!(
@@ -980,18 +980,15 @@ mod tests {
         assert_eq!((splitk.rows, splitk.warps, splitk.split_k, mma.split_k), (mma.rows, mma.warps, true, false));
         for &b in BATCHES {
             assert!(src.contains(&format!("\nW4A16({b}, {})\n", cuda.rows)), "batch {b}");
-            assert!(src.contains(&format!("\nW4A16_MMA({b})\n")), "batch {b}");
+            assert!(src.contains(&format!("    W4A16_KERNELS(NAME, BODY, THREADS, MINB, {b})")), "batch {b}");
             assert!(src.contains(&format!("\nW4A16_MMA_SPLITK({b})\n")), "batch {b}");
-            assert!(src.contains(&format!("\nW4A16_MMA_PIPELINED({b})\n")), "batch {b}");
-            assert!(src.contains(&format!("\nW4A16_MMA_OCC8({b})\n")), "batch {b}");
-            assert!(src.contains(&format!("\nW4A16_MMA_TILED({b})\n")), "batch {b}");
-            assert!(src.contains(&format!("\nW4A16_MMA_TILED_ROLLING({b})\n")), "batch {b}");
-            assert!(src.contains(&format!("\nW4A16_MMA_TILED_ASYNC({b})\n")), "batch {b}");
-            assert!(src.contains(&format!("\nW4A16_MMA_TILED_PREFETCH({b})\n")), "batch {b}");
-            assert!(src.contains(&format!("\nW4A16_MMA_TILED_POST({b})\n")), "batch {b}");
         }
         assert_eq!(src.matches("\nW4A16(").count(), BATCHES.len());
-        assert_eq!(src.matches("\nW4A16_MMA(").count(), BATCHES.len());
+        assert_eq!(src.matches("    W4A16_KERNELS(NAME, BODY, THREADS, MINB, ").count(), BATCHES.len());
+        // Every tensor-core rung but split-K, each instantiated once through W4A16_RUNG.
+        assert!(src.contains("\nW4A16_RUNG(w4a16_mma, w4a16_mma, 32 * MMA_WARPS, 4)\n"));
+        assert!(src.contains("\nW4A16_RUNG(w4a16_mma_pipelined, w4a16_mma_pipelined, 32 * PIPE_WARPS, PIPE_BLOCKS_PER_SM)\n"));
+        assert_eq!(src.matches("\nW4A16_RUNG(").count(), W4_DESIGNS.len() - 2);
         assert_eq!(src.matches("\nW4A16_MMA_SPLITK(").count(), BATCHES.len());
         assert!(src.contains("static constexpr int U = B > 8 ? 3 : 4;"));
         assert_eq!((mma_steps_in_flight(16), mma_steps_in_flight(8)), (3, 4));
@@ -1001,7 +998,6 @@ mod tests {
         assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_tiled_rolling_")).count(), 2 * BATCHES.len());
         assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_occ8_")).count(), 2 * BATCHES.len());
         assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_pipelined_")).count(), 2 * BATCHES.len());
-        assert_eq!(src.matches("\nW4A16_MMA_PIPELINED(").count(), BATCHES.len());
         assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_splitk_")).count(), 2 * BATCHES.len());
         // 8192: 64 steps, 4 slices of 4 warps x 4 steps (6 x 4 x 3 at batch 16); one warp round.
         assert_eq!((splitk_slices(8192, 1), splitk_slices(8192, 16), splitk_slices(992, 16), splitk_slices(11008, 4)), (4, 6, 1, 6));

@@ -593,14 +593,14 @@ mod tests {
             "mma_f16_16816(cor[nh], c_lo, c_lo, c_hi, c_hi, b0, b1);",
             "acc.v[nh][0][i] = fmaf(i < 2 ? dg : dh, sum[nh][i] - cor[nh][i], acc.v[nh][0][i]);",
             "dg[u] = POST ? s2 : __byte_perm(s2, 0u, 0x1010);",
-            "if (group % 128 == 0)",
+            "if (group % 128 == 0) {\n            w4a16_mma<B, false, OCC8_STEPS(B), 2 * MMA_WARPS, true, false, 0, true>(wq, scales, mins, x, y, n_rows, k, group);",
             // Prefetches into L2 change when bytes arrive, not which are read.
             "if (PF > 0 && lane == 0 && t + PF < t1) prefetch_l2(tq0 + 64LL * (t + PF), 1024u);",
             "const unsigned* sp = reinterpret_cast<const unsigned*>(scales + tile * gpr * MMA_ROWS) + g;",
             "const unsigned s2 = ok ? __ldg(sp + 8 * walk.grp) : 0u, n2 = ASYM && ok ? __ldg(mp + 8 * walk.grp) : 0u;",
             "dh[u] = __byte_perm(s2, 0u, 0x3232);",
-            "w4a16_mma<B, true, OCC8_STEPS(B), 2 * MMA_WARPS, true>(wq, scales, mins, x, y, n_rows, k, group);",
-            "w4a16_mma<B, false, OCC8_STEPS(B), 2 * MMA_WARPS, true>(wq, scales, scales, x, y, n_rows, k, group);",
+            "    w4a16_mma<B, ASYM, OCC8_STEPS(B), 2 * MMA_WARPS, true>(wq, scales, mins, x, y, n_rows, k, group);",
+            "W4A16_RUNG(w4a16_mma_tiled, w4a16_mma_tiled, 64 * MMA_WARPS, 4)",
             "constexpr int U = B > 8 ? 3 : 4;",
             "constexpr int CH = NH == 1 ? 2 : 1;",
             // w4a16_mma_splitk's split of K and its workspace layout, as mirrored in w4a16_mma_splitk.
