@@ -393,18 +393,7 @@ mod tests {
     use crate::profile::TimingMode;
 
     fn session(dir: &std::path::Path) -> Session {
-        let opts = RunOptions {
-            quick: true,
-            peers: vec![],
-            out: dir.to_path_buf(),
-            seed: 1,
-            variants: vec![],
-            provider: None,
-            progress: false,
-            l2: L2::Cold,
-            launch: Launch::Eager,
-            ncu: false,
-        };
+        let opts = RunOptions { quick: true, l2: L2::Cold, ..RunOptions::new(dir, 1) };
         let mut s = Session::new(Backend::Cpu, opts).unwrap();
         s.experiment = "vector_add";
         s.ceilings.insert("copy_gb_s", Ceiling { value: 100.0, spread: 0.01 });
