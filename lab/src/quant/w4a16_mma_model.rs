@@ -325,7 +325,7 @@ fn block_sum(part: &[Vec<[f32; MMA_ROWS]>], b: usize, r: usize) -> f32 {
 /// With `post`, w4a16_mma_tiled_post: the post-scaled step where the kernel takes it (tiled,
 /// symmetric, group % 128 == 0), w4a16_mma_tiled's elsewhere.
 pub fn w4a16_mma(q: &GroupQuant, tiles: Option<&Tiles>, post: bool, x: &[f16], batch: usize, warps: usize) -> Vec<f16> {
-    let post = post && tiles.is_some() && q.scheme == Scheme::Sym && q.group % 128 == 0;
+    let post = post && tiles.is_some() && q.scheme == Scheme::Sym && q.group.is_multiple_of(128);
     let (n_rows, k) = (q.rows, q.cols);
     let nsteps = (k / 32).div_ceil(4);
     let per = nsteps.div_ceil(warps);
