@@ -368,4 +368,52 @@ __device__ __forceinline__ float gelu_tanh_grad(float v) {
     return 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * GELU_C * fmaf(3.f * GELU_A, v * v, 1.f);
 }
 
+// ---------------------------------------------------------------------------
+// Shared-memory rings filled by the copy engine (TMA): shared-memory addresses, mbarriers and
+// 1D bulk copies, for gemm's wgmma_tma and quant's tiled_bulk. The mbarrier helpers and bulk_load
+// need sm_90.
+// ---------------------------------------------------------------------------
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+// Traps unless the launch gave at least `need` bytes of dynamic shared memory: a launcher whose
+// size disagrees with the kernel's ring faults loudly instead of corrupting memory.
+__device__ __forceinline__ void require_dynamic_smem(unsigned need) {
+    unsigned dyn_smem;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn_smem));
+    if (dyn_smem < need) __trap();
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Spins until the phase of parity `parity` has completed. A ring that never completes (a wrong
+// byte count, a lost arrival) traps after 2^26 failed polls (at least ~0.5 s of polling, at most
+// about a minute if every try_wait sleeps its full time limit), far beyond any legitimate wait of
+// a ring (microseconds): a launch error instead of a hung process. One add per failed poll.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    unsigned done, polls = 0;
+    do {
+        if (++polls == (1u << 26)) __trap();
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+// `bytes` (a multiple of 16) from global src to shared dst (both 16-byte aligned); completion
+// adds them to mbarrier `bar`'s transaction count.
+__device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst), "l"(src), "r"(bytes),
+                 "r"(bar)
+                 : "memory");
+}
+#endif
+
 #endif  // LAB_KERNELS_COMMON_CUH

@@ -438,16 +438,6 @@ template <> struct Mma<__nv_bfloat16> {
     }
 };
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-
-// Traps unless the launch gave at least `need` bytes of dynamic shared memory: a launcher whose
-// size disagrees with the kernel's ring faults loudly instead of corrupting memory.
-__device__ __forceinline__ void require_dynamic_smem(unsigned need) {
-    unsigned dyn_smem;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn_smem));
-    if (dyn_smem < need) __trap();
-}
-
 // Grouped block order (as in Triton's matmul tutorial): 8 block rows sweep the block columns
 // together, so the A rows and B columns in flight stay in L2. The origin (row, column) of block
 // `pid`'s BM x BN tile.
@@ -984,30 +974,6 @@ __device__ __forceinline__ u64 wg_desc(unsigned addr, unsigned lbo, unsigned sbo
     return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(lbo >> 4) << 16) | ((u64)(sbo >> 4) << 32) | (1ull << 62);
 }
 
-__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(unsigned bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// Spins until the phase of parity `parity` has completed. A ring that never completes (a wrong
-// byte count, a lost arrival) traps after 2^26 failed polls (at least ~0.5 s of polling, at most
-// about a minute if every try_wait sleeps its full time limit), far beyond any legitimate wait of
-// this kernel (microseconds): a launch error instead of a hung process. One add per failed poll.
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-    unsigned done, polls = 0;
-    do {
-        if (++polls == (1u << 26)) __trap();
-        asm volatile(
-            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done)
-            : "r"(bar), "r"(parity)
-            : "memory");
-    } while (!done);
-}
 // One 2D box of `map` whose first element is (c0 along the contiguous dimension, c1 along rows)
 // into shared memory at dst; completion adds the box's bytes to mbarrier `bar`.
 __device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaDesc* map, int c0, int c1, unsigned bar) {

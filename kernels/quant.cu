@@ -47,6 +47,8 @@
 //                          tiled with one change each: loads refilled as each step is decoded; a
 //                          per-warp cp.async ring in shared memory; the next round prefetched into
 //                          L2; the scales applied after the MMAs (sym, group % 128 == 0).
+//   w4a16_mma_tiled_bulk_* tiled_post with each warp's steps copied by TMA (one 1 KB bulk copy per
+//                          step) into a per-warp 4-slot ring in shared memory (sm_90).
 //   stream_read_f16        the floor: reads a W4A16 kernel's bytes once and decodes nothing.
 // Every grid-stride loop bounds its accesses by the element counts it is given; the vector paths
 // need 16-byte aligned buffers (device allocations are 256-byte aligned) and the launchers check
@@ -1023,6 +1025,112 @@ __device__ __forceinline__ void w4a16_mma_tiled_async(W4A16_ARGS) {
 }
 
 W4A16_RUNG(w4a16_mma_tiled_async, w4a16_mma_tiled_async, 64 * MMA_WARPS, 4)
+
+// ---------------------------------------------------------------------------
+// w4a16_mma_tiled_bulk_{sym,asym}_b{B}_f16: w4a16_mma_tiled_post with its codes fetched by the
+// copy engine (TMA, sm_90). In the tile layout a warp's step is one contiguous 1 KB block, so
+// lane 0 copies it with one cp.async.bulk into a slot of the warp's ring of BULK_STEPS slots in
+// shared memory, completing on the slot's mbarrier: bytes in flight that cost neither registers
+// nor per-lane instructions (w4a16_mma_tiled_async's cp.async cost 4-6 per lane and step). When
+// a slot's phase completes each lane reads its two 16 B chunks, the warp syncs, and lane 0
+// refills the slot with the step BULK_STEPS ahead before the warp decodes: BULK_STEPS - 1 to
+// BULK_STEPS steps in flight per warp at all times (w4a16_mma_tiled: 0-2, in rounds). Each lane
+// loads its scale (min) pair word into a register ring as its step is issued, BULK_STEPS steps
+// before it decodes. Steps past the warp's slice are neither copied nor waited for, so no copy
+// is in flight when a warp ends. The decode, its order and the sums are w4a16_mma_tiled_post's.
+// Before sm_90 the kernels are w4a16_mma_tiled_post's.
+// Dynamic smem per block: 8 warps x BULK_STEPS x 1 KB = 32 KB; 4 blocks per SM.
+// ---------------------------------------------------------------------------
+#define BULK_STEPS 4
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+template <int B, bool ASYM, bool POST>
+__device__ __forceinline__ void w4a16_mma_warp_bulk(const u8* ring, unsigned bars, const u8* __restrict__ wq, const __half* __restrict__ scales,
+                                                    const __half* __restrict__ mins, const __half* __restrict__ x, int k, int group, int row0,
+                                                    int t0, int t1, float (*part)[MMA_ROWS]) {
+    constexpr int R = BULK_STEPS;
+    const int lane = threadIdx.x & 31;
+    const int g = lane >> 2, c = lane & 3;
+    const int nchunks = k / 32, cpg = group / 32, gpr = k / group;
+    const long long tile = row0 / MMA_ROWS, nsteps = (nchunks + 3) / 4;
+    const u8* qt = wq + tile * nsteps * 1024;
+    const unsigned* sp = reinterpret_cast<const unsigned*>(scales + tile * gpr * MMA_ROWS) + g;
+    const unsigned* mp = reinterpret_cast<const unsigned*>(mins + tile * gpr * MMA_ROWS) + g;
+    const unsigned ring_at = smem_addr(ring);
+    if (lane == 0) {
+#pragma unroll
+        for (int u = 0; u < R; ++u) mbar_init(bars + 8 * u, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncwarp();
+    StepWalk walk(4 * t0 + c, cpg);  // the next step to issue
+    unsigned s2[R], n2[R];
+    // Step t into slot u (no copy past t1), and this lane's scale (min) pair for it (0 past t1 or K).
+    auto issue = [&](int u, int t) {
+        const bool ok = t < t1 && walk.j < nchunks;
+        s2[u] = ok ? __ldg(sp + 8 * walk.grp) : 0u;
+        n2[u] = ASYM && ok ? __ldg(mp + 8 * walk.grp) : 0u;
+        if (lane == 0 && t < t1) {
+            mbar_expect_tx(bars + 8 * u, 1024);
+            bulk_load(ring_at + 1024 * u, qt + 1024LL * t, 1024, bars + 8 * u);
+        }
+        walk.next();
+    };
+    MmaAcc<B> acc;
+    acc.zero();
+#pragma unroll
+    for (int u = 0; u < R; ++u) issue(u, t0 + u);
+    for (int t = t0, round = 0; t < t1; t += R, ++round) {
+#pragma unroll
+        for (int u = 0; u < R; ++u) {
+            if (t + u >= t1) break;  // warp-uniform: every lane reaches each mma.sync
+            mbar_wait(bars + 8 * u, round & 1);
+            const uint4 cg = *reinterpret_cast<const uint4*>(ring + 1024 * u + 16 * lane);
+            const uint4 ch = *reinterpret_cast<const uint4*>(ring + 1024 * u + 512 + 16 * lane);
+            const unsigned sv = s2[u], nv = n2[u];
+            __syncwarp();  // every lane has read the slot: refill it
+            issue(u, t + u + R);
+            const int j = 4 * (t + u) + c;
+            if (POST)
+                w4a16_mma_step_post<B>(acc, cg, ch, sv, x, k, j, nchunks, g);
+            else
+                w4a16_mma_step<B, ASYM>(acc, cg, ch, __byte_perm(sv, 0u, 0x1010), __byte_perm(sv, 0u, 0x3232), __byte_perm(nv, 0u, 0x1010),
+                                        __byte_perm(nv, 0u, 0x3232), x, k, j, nchunks, g);
+        }
+    }
+    mma_store_part<B>(acc, part, g, c);
+}
+#endif
+
+template <int B, bool ASYM>
+__device__ __forceinline__ void w4a16_mma_tiled_bulk(W4A16_ARGS) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr int W = 2 * MMA_WARPS;
+    extern __shared__ uint4 dyn[];
+    __shared__ float part[W][B][MMA_ROWS];
+    __shared__ unsigned long long bars[W][BULK_STEPS];
+    require_dynamic_smem(W * BULK_STEPS * 1024);
+    const int warp = threadIdx.x >> 5;
+    const int row0 = blockIdx.x * MMA_ROWS;
+    const int nsteps = (k / 32 + 3) / 4;
+    const int per = (nsteps + W - 1) / W;
+    const int t0 = warp * per, t1 = min(t0 + per, nsteps);
+    const u8* ring = reinterpret_cast<const u8*>(dyn) + warp * BULK_STEPS * 1024;
+    const unsigned wb = smem_addr(bars[warp]);
+    bool post = false;
+    if constexpr (!ASYM) post = group % 128 == 0;
+    if (post)
+        w4a16_mma_warp_bulk<B, false, true>(ring, wb, wq, scales, mins, x, k, group, row0, t0, t1, part[warp]);
+    else
+        w4a16_mma_warp_bulk<B, ASYM, false>(ring, wb, wq, scales, mins, x, k, group, row0, t0, t1, part[warp]);
+    __syncthreads();
+    mma_store_y<B, W>(part, y, n_rows, row0);
+#else
+    w4a16_mma_tiled_post<B, ASYM>(wq, scales, mins, x, y, n_rows, k, group);
+#endif
+}
+
+W4A16_RUNG(w4a16_mma_tiled_bulk, w4a16_mma_tiled_bulk, 64 * MMA_WARPS, 4)
 
 // ---------------------------------------------------------------------------
 // W4A16 on tensor cores, one load round per warp: w4a16_mma_splitk_{sym,asym}_b{B}_f16.

@@ -44,8 +44,8 @@ const W4_REL: f64 = 1e-2;
 /// splits K over `splitk_slices` blocks per tile (grid.y) and takes an fp32 workspace
 /// (slices x B x N) and a zeroed u32 counter per tile after Y. A pipelined design runs a
 /// persistent grid ([`pipelined_grid`]) with a dynamic shared-memory ring ([`pipelined_smem`]).
-/// A tiled design reads W (codes, scales, mins) in the tile layout of [`super::tiles`]; an
-/// async one stages its loads in a per-warp shared-memory ring ([`async_ring_smem`]).
+/// A tiled design reads W (codes, scales, mins) in the tile layout of [`super::tiles`]; one with
+/// a [`Ring`] stages its loads in per-warp shared-memory rings ([`Ring::smem`]).
 #[derive(Clone, Copy, Debug)]
 pub struct W4Design {
     pub name: &'static str,
@@ -54,44 +54,66 @@ pub struct W4Design {
     pub split_k: bool,
     pub pipelined: bool,
     pub tiled: bool,
-    pub async_ring: bool,
+    pub ring: Ring,
 }
 
 /// The W4A16 rungs, measured side by side on every case (quant.cu's W4A16 and W4A16_MMA).
 pub const W4_DESIGNS: &[W4Design] = &[
     // CUDA cores: 4 rows per block, K split across 128 threads in 4-byte code words.
-    W4Design { name: "w4a16", rows: 4, warps: 4, split_k: false, pipelined: false, tiled: false, async_ring: false },
+    W4Design { name: "w4a16", rows: 4, warps: 4, split_k: false, pipelined: false, tiled: false, ring: Ring::None },
     // Tensor cores: 16-row tiles, K split across 4 warps, 16-byte streaming loads, 4 steps in flight.
-    W4Design { name: "w4a16_mma", rows: 16, warps: 4, split_k: false, pipelined: false, tiled: false, async_ring: false },
+    W4Design { name: "w4a16_mma", rows: 16, warps: 4, split_k: false, pipelined: false, tiled: false, ring: Ring::None },
     // The same warp step, K split over blocks too so that a warp owns at most the steps it keeps
     // in flight: one load round per warp, partials summed by the tile's last block.
-    W4Design { name: "w4a16_mma_splitk", rows: 16, warps: 4, split_k: true, pipelined: false, tiled: false, async_ring: false },
+    W4Design { name: "w4a16_mma_splitk", rows: 16, warps: 4, split_k: true, pipelined: false, tiled: false, ring: Ring::None },
     // The same warp step decoding from shared memory: 16-row tiles streamed through an 8-stage
     // cp.async ring by a persistent grid of 8-warp blocks, 2 per SM.
-    W4Design { name: "w4a16_mma_pipelined", rows: 16, warps: 8, split_k: false, pipelined: true, tiled: false, async_ring: false },
+    W4Design { name: "w4a16_mma_pipelined", rows: 16, warps: 8, split_k: false, pipelined: true, tiled: false, ring: Ring::None },
     // w4a16_mma with K over 8 warps, 2 steps in flight per warp and 64 registers: twice the
     // warps per SM.
-    W4Design { name: "w4a16_mma_occ8", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: false, async_ring: false },
+    W4Design { name: "w4a16_mma_occ8", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: false, ring: Ring::None },
     // w4a16_mma_occ8 on weights in the tile layout: every warp load is 512 contiguous bytes.
-    W4Design { name: "w4a16_mma_tiled", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: true, async_ring: false },
+    W4Design { name: "w4a16_mma_tiled", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: true, ring: Ring::None },
     // w4a16_mma_tiled with rolling loads: a slot is refilled as soon as its step is decoded.
-    W4Design { name: "w4a16_mma_tiled_rolling", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: true, async_ring: false },
+    W4Design { name: "w4a16_mma_tiled_rolling", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: true, ring: Ring::None },
     // w4a16_mma_tiled with each lane's loads staged by cp.async through a per-warp ring of
     // RING_STEPS steps in shared memory: bytes in flight without registers.
-    W4Design { name: "w4a16_mma_tiled_async", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: true, async_ring: true },
+    W4Design { name: "w4a16_mma_tiled_async", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: true, ring: Ring::Async },
     // w4a16_mma_tiled with each warp's slice bulk-prefetched into L2, 8 steps ahead of its loads.
-    W4Design { name: "w4a16_mma_tiled_prefetch", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: true, async_ring: false },
+    W4Design { name: "w4a16_mma_tiled_prefetch", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: true, ring: Ring::None },
     // w4a16_mma_tiled with the scales applied after the MMAs where a step is one group (sym,
     // group % 128 == 0): the decode is one LOP3 per pair of weights.
-    W4Design { name: "w4a16_mma_tiled_post", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: true, async_ring: false },
+    W4Design { name: "w4a16_mma_tiled_post", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: true, ring: Ring::None },
+    // w4a16_mma_tiled_post with each warp's steps copied by TMA, one 1 KB bulk copy per step,
+    // into a ring of BULK_STEPS slots: 3-4 steps in flight per warp at no register cost.
+    W4Design { name: "w4a16_mma_tiled_bulk", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: true, ring: Ring::Bulk },
 ];
+
+/// How a design stages its loads in shared memory: not at all, per lane with cp.async
+/// (w4a16_mma_tiled_async), or per step with one TMA bulk copy (w4a16_mma_tiled_bulk).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ring {
+    None,
+    Async,
+    Bulk,
+}
 
 /// quant.cu's RING_STEPS: steps in a w4a16_mma_tiled_async warp's ring.
 pub const RING_STEPS: usize = 4;
 
-/// Dynamic shared memory of w4a16_mma_tiled_async: warps x RING_STEPS x RingSlot<ASYM>::BYTES.
-pub fn async_ring_smem(scheme: Scheme) -> usize {
-    8 * RING_STEPS * if scheme == Scheme::Asym { 1280 } else { 1152 }
+/// quant.cu's BULK_STEPS: 1 KB slots in a w4a16_mma_tiled_bulk warp's ring.
+pub const BULK_STEPS: usize = 4;
+
+impl Ring {
+    /// Dynamic shared memory per block of 8 warps: RING_STEPS x RingSlot<ASYM>::BYTES per warp
+    /// (async), BULK_STEPS x 1 KB (bulk).
+    pub fn smem(self, scheme: Scheme) -> usize {
+        match self {
+            Ring::None => 0,
+            Ring::Async => 8 * RING_STEPS * if scheme == Scheme::Asym { 1280 } else { 1152 },
+            Ring::Bulk => 8 * BULK_STEPS * 1024,
+        }
+    }
 }
 
 /// quant.cu's PIPE_CHUNKS, PIPE_STAGES, PIPE_SVECS and PIPE_BLOCKS_PER_SM: 16 B code chunks
@@ -146,7 +168,7 @@ impl W4Design {
         if self.pipelined {
             return LaunchConfig { grid_dim: (pipelined_grid(n, sms) as u32, 1, 1), block_dim: (32 * self.warps as u32, 1, 1), shared_mem_bytes: pipelined_smem(scheme) as u32 };
         }
-        let smem = if self.async_ring { async_ring_smem(scheme) as u32 } else { 0 };
+        let smem = self.ring.smem(scheme) as u32;
         LaunchConfig { grid_dim: (n.div_ceil(self.rows) as u32, self.slices(k, batch) as u32, 1), block_dim: (32 * self.warps as u32, 1, 1), shared_mem_bytes: smem }
     }
 }
@@ -941,17 +963,22 @@ mod tests {
     #[test]
     fn launch_shapes_match_the_kernel_source() {
         let src = crate::kernels::source(FAMILY).unwrap();
-        let [cuda, mma, splitk, pipe, occ8, tiled, rolling, ring, prefetch, post] = W4_DESIGNS else { panic!("ten W4A16 designs") };
-        assert_eq!((post.name, post.rows, post.warps, post.tiled, post.async_ring), ("w4a16_mma_tiled_post", occ8.rows, occ8.warps, true, false));
+        let [cuda, mma, splitk, pipe, occ8, tiled, rolling, ring, prefetch, post, bulk] = W4_DESIGNS else { panic!("eleven W4A16 designs") };
+        assert_eq!((bulk.name, bulk.rows, bulk.warps, bulk.tiled, bulk.ring), ("w4a16_mma_tiled_bulk", occ8.rows, occ8.warps, true, Ring::Bulk));
+        assert!(src.contains(&format!("#define BULK_STEPS {BULK_STEPS}\n")));
+        assert!(src.contains("require_dynamic_smem(W * BULK_STEPS * 1024);\n    const int warp"));
+        assert!(src.contains("\nW4A16_RUNG(w4a16_mma_tiled_bulk, w4a16_mma_tiled_bulk, 64 * MMA_WARPS, 4)\n"));
+        assert!(4 * (Ring::Bulk.smem(Scheme::Asym) + 8 * 16 * 16 * 4) <= 227 * 1024, "4 blocks per SM at batch 16");
+        assert_eq!((post.name, post.rows, post.warps, post.tiled, post.ring), ("w4a16_mma_tiled_post", occ8.rows, occ8.warps, true, Ring::None));
         assert!(src.contains("\nW4A16_RUNG(w4a16_mma_tiled_post, w4a16_mma_tiled_post, 64 * MMA_WARPS, 4)\n"));
-        assert_eq!((prefetch.name, prefetch.rows, prefetch.warps, prefetch.tiled, prefetch.async_ring), ("w4a16_mma_tiled_prefetch", occ8.rows, occ8.warps, true, false));
+        assert_eq!((prefetch.name, prefetch.rows, prefetch.warps, prefetch.tiled, prefetch.ring), ("w4a16_mma_tiled_prefetch", occ8.rows, occ8.warps, true, Ring::None));
         assert!(src.contains("\nW4A16_RUNG(w4a16_mma_tiled_prefetch, w4a16_mma_tiled_prefetch, 64 * MMA_WARPS, 4)\n"));
-        assert_eq!((ring.name, ring.rows, ring.warps, ring.tiled, ring.async_ring), ("w4a16_mma_tiled_async", occ8.rows, occ8.warps, true, true));
-        assert!(W4_DESIGNS.iter().all(|d| d.async_ring == (d.name == ring.name)));
+        assert_eq!((ring.name, ring.rows, ring.warps, ring.tiled, ring.ring), ("w4a16_mma_tiled_async", occ8.rows, occ8.warps, true, Ring::Async));
+        assert!(W4_DESIGNS.iter().all(|d| (d.ring != Ring::None) == (d.name == ring.name || d.name == bulk.name)));
         assert!(src.contains(&format!("#define RING_STEPS {RING_STEPS}\n")));
         assert!(src.contains("static constexpr int BYTES = 1024 + (ASYM ? 256 : 128);"));
         assert!(src.contains("\nW4A16_RUNG(w4a16_mma_tiled_async, w4a16_mma_tiled_async, 64 * MMA_WARPS, 4)\n"));
-        assert!(4 * async_ring_smem(Scheme::Asym) <= 227 * 1024, "4 blocks per SM");
+        assert!(4 * Ring::Async.smem(Scheme::Asym) <= 227 * 1024, "4 blocks per SM");
         assert_eq!((occ8.rows, occ8.warps, occ8.split_k, occ8.pipelined), (mma.rows, 2 * mma.warps, false, false));
         assert!(src.contains("\nW4A16_RUNG(w4a16_mma_occ8, w4a16_mma_occ8, 64 * MMA_WARPS, 4)\n"));
         assert_eq!((tiled.name, tiled.rows, tiled.warps, tiled.split_k, tiled.pipelined), ("w4a16_mma_tiled", occ8.rows, occ8.warps, false, false));
@@ -994,7 +1021,7 @@ mod tests {
         assert_eq!((mma_steps_in_flight(16), mma_steps_in_flight(8)), (3, 4));
         let v = gpu_variants();
         assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_") && !v.contains("splitk") && !v.contains("pipelined") && !v.contains("occ8") && !v.contains("tiled")).count(), 2 * BATCHES.len());
-        assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_tiled_")).count(), 10 * BATCHES.len());
+        assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_tiled_")).count(), 12 * BATCHES.len());
         assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_tiled_rolling_")).count(), 2 * BATCHES.len());
         assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_occ8_")).count(), 2 * BATCHES.len());
         assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_pipelined_")).count(), 2 * BATCHES.len());

@@ -322,8 +322,9 @@ fn block_sum(part: &[Vec<[f32; MMA_ROWS]>], b: usize, r: usize) -> f32 {
 /// K split over `warps` warps per tile (4; 8 in w4a16_mma_occ8 and w4a16_mma_tiled(_rolling),
 /// which read `tiles`). The steps a warp keeps in flight, in rounds or rolling, change when it
 /// loads, not what it sums.
-/// With `post`, w4a16_mma_tiled_post: the post-scaled step where the kernel takes it (tiled,
-/// symmetric, group % 128 == 0), w4a16_mma_tiled's elsewhere.
+/// With `post`, w4a16_mma_tiled_post (and w4a16_mma_tiled_bulk, which sums the same steps in the
+/// same order): the post-scaled step where the kernel takes it (tiled, symmetric,
+/// group % 128 == 0), w4a16_mma_tiled's elsewhere.
 pub fn w4a16_mma(q: &GroupQuant, tiles: Option<&Tiles>, post: bool, x: &[f16], batch: usize, warps: usize) -> Vec<f16> {
     let post = post && tiles.is_some() && q.scheme == Scheme::Sym && q.group.is_multiple_of(128);
     let (n_rows, k) = (q.rows, q.cols);
@@ -594,6 +595,16 @@ mod tests {
             "acc.v[nh][0][i] = fmaf(i < 2 ? dg : dh, sum[nh][i] - cor[nh][i], acc.v[nh][0][i]);",
             "dg[u] = POST ? s2 : __byte_perm(s2, 0u, 0x1010);",
             "if (group % 128 == 0) {\n            w4a16_mma<B, false, OCC8_STEPS(B), 2 * MMA_WARPS, true, false, 0, true>(wq, scales, mins, x, y, n_rows, k, group);",
+            // w4a16_mma_tiled_bulk: tiled_post's steps, slices and sums, its codes through a TMA ring
+            // (a slot holds the step's 1 KB block as laid out: lane's row g at 16 lane, row g + 8 at 512 + 16 lane).
+            "const u8* qt = wq + tile * nsteps * 1024;",
+            "bulk_load(ring_at + 1024 * u, qt + 1024LL * t, 1024, bars + 8 * u);",
+            "const uint4 cg = *reinterpret_cast<const uint4*>(ring + 1024 * u + 16 * lane);",
+            "const uint4 ch = *reinterpret_cast<const uint4*>(ring + 1024 * u + 512 + 16 * lane);",
+            "s2[u] = ok ? __ldg(sp + 8 * walk.grp) : 0u;",
+            "w4a16_mma_step_post<B>(acc, cg, ch, sv, x, k, j, nchunks, g);",
+            "if constexpr (!ASYM) post = group % 128 == 0;",
+            "const int per = (nsteps + W - 1) / W;\n    const int t0 = warp * per, t1 = min(t0 + per, nsteps);\n    const u8* ring",
             // Prefetches into L2 change when bytes arrive, not which are read.
             "if (PF > 0 && lane == 0 && t + PF < t1) prefetch_l2(tq0 + 64LL * (t + PF), 1024u);",
             "const unsigned* sp = reinterpret_cast<const unsigned*>(scales + tile * gpr * MMA_ROWS) + g;",
