@@ -22,6 +22,7 @@ use crate::record::{ErrorStats, Tolerance};
 use crate::{LabError, Result};
 use cudarc::cublas::sys::cublasOperation_t::CUBLAS_OP_N;
 use cudarc::cublas::{CudaBlas, Gemm as BlasGemm, GemmConfig};
+use cudarc::driver::sys::CUdevice_attribute as DevAttr;
 use cudarc::driver::sys::CUfunction_attribute_enum as FnAttr;
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use rand::Rng;
@@ -620,11 +621,29 @@ pub fn kernel(gpu: &Gpu, variant: &str, dtype: DType) -> Result<CudaFunction> {
 /// memory (so that, e.g., mma_warp64's two 64 KiB blocks per SM fit). Without dynamic shared
 /// memory, nothing to do.
 pub fn raise_dynamic_smem(f: &CudaFunction, smem: usize) -> Result<()> {
+    set_dynamic_smem(f, smem, 100)
+}
+
+/// [`raise_dynamic_smem`] for a kernel that runs `blocks` blocks per SM and reads other data
+/// through L1: the carveout preferred is only what those blocks need (dynamic and static shared
+/// memory, plus the 1 KiB the system reserves per block), so that the rest of the SM's unified
+/// L1/shared memory stays L1.
+pub fn fit_dynamic_smem(gpu: &Gpu, f: &CudaFunction, smem: usize, blocks: usize) -> Result<()> {
+    if smem == 0 {
+        return Ok(());
+    }
+    let per_sm = gpu.ctx.attribute(DevAttr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR).doing("reading shared memory per SM")? as usize;
+    let static_smem = f.get_attribute(FnAttr::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES).doing("reading the kernel's static shared memory")? as usize;
+    let need = blocks * (smem + static_smem + 1024);
+    set_dynamic_smem(f, smem, (100 * need).div_ceil(per_sm).min(100) as i32)
+}
+
+fn set_dynamic_smem(f: &CudaFunction, smem: usize, carveout_percent: i32) -> Result<()> {
     if smem > 0 {
         f.set_attribute(FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
             .doing("raising the kernel's dynamic shared memory limit")?;
-        f.set_attribute(FnAttr::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
-            .doing("preferring the shared-memory carveout")?;
+        f.set_attribute(FnAttr::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, carveout_percent)
+            .doing("preferring a shared-memory carveout")?;
     }
     Ok(())
 }

@@ -164,6 +164,14 @@ impl W4Design {
             1
         }
     }
+    /// Blocks per SM a design with shared memory is built for (its __launch_bounds__ minimum).
+    fn blocks_per_sm(&self) -> usize {
+        if self.pipelined {
+            PIPE_BLOCKS_PER_SM
+        } else {
+            4
+        }
+    }
     fn launch(&self, n: usize, k: usize, batch: usize, scheme: Scheme, sms: usize) -> LaunchConfig {
         if self.pipelined {
             return LaunchConfig { grid_dim: (pipelined_grid(n, sms) as u32, 1, 1), block_dim: (32 * self.warps as u32, 1, 1), shared_mem_bytes: pipelined_smem(scheme) as u32 };
@@ -697,8 +705,9 @@ fn run_w4a16(s: &mut Session, case: &Value) -> Result<()> {
             }
             let f = kernel(&gpu, &variant)?;
             let cfg = design.launch(n, k, b, scheme, gpu.info.sm_count as usize);
-            // 4 async rings per SM need the whole carveout.
-            crate::ops::gemm::raise_dynamic_smem(&f, cfg.shared_mem_bytes as usize)?;
+            // The rings' blocks per SM get the shared memory they need; the rest stays L1 for X
+            // and the scales.
+            crate::ops::gemm::fit_dynamic_smem(&gpu, &f, cfg.shared_mem_bytes as usize, design.blocks_per_sm())?;
             let (ni, ki, gi) = (n as i32, k as i32, group as i32);
             let (cq, cs, cm) = if design.tiled { (&tq, &ts, &tm) } else { (&dq, &ds, &dm) };
             let launch = |y: &mut CudaSlice<f16>| -> Result<()> {
