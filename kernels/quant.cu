@@ -1041,7 +1041,7 @@ W4A16_RUNG(w4a16_mma_tiled_async, w4a16_mma_tiled_async, 64 * MMA_WARPS, 4)
 // Before sm_90 the kernels are w4a16_mma_tiled_post's.
 // Dynamic smem per block: 8 warps x BULK_STEPS x 1 KB = 32 KB; 4 blocks per SM.
 // ---------------------------------------------------------------------------
-#define BULK_STEPS 4
+#define BULK_STEPS 2
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 template <int B, bool ASYM, bool POST>

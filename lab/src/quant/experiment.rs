@@ -102,7 +102,7 @@ pub enum Ring {
 pub const RING_STEPS: usize = 4;
 
 /// quant.cu's BULK_STEPS: 1 KB slots in a w4a16_mma_tiled_bulk warp's ring.
-pub const BULK_STEPS: usize = 4;
+pub const BULK_STEPS: usize = 2;
 
 impl Ring {
     /// Dynamic shared memory per block of 8 warps: RING_STEPS x RingSlot<ASYM>::BYTES per warp
