@@ -47,8 +47,9 @@
 //                          tiled with one change each: loads refilled as each step is decoded; a
 //                          per-warp cp.async ring in shared memory; the next round prefetched into
 //                          L2; the scales applied after the MMAs (sym, group % 128 == 0).
-//   w4a16_mma_tiled_bulk_* tiled_post with each warp's steps copied by TMA (one 1 KB bulk copy per
-//                          step) into a per-warp 4-slot ring in shared memory (sm_90).
+//   w4a16_mma_tiled_sweep_* tiled_post with the block's warps taking its tile's steps in turn.
+//   w4a16_mma_tiled_bulk_* tiled_sweep with each warp's steps copied by TMA (one 1 KB bulk copy
+//                          per step) into a per-warp 4-slot ring in shared memory (sm_90).
 //   stream_read_f16        the floor: reads a W4A16 kernel's bytes once and decodes nothing.
 // Every grid-stride loop bounds its accesses by the element counts it is given; the vector paths
 // need 16-byte aligned buffers (device allocations are 256-byte aligned) and the launchers check
@@ -672,14 +673,15 @@ __device__ __forceinline__ void mma_store_part(const MmaAcc<B>& acc, float (*par
         }
 }
 
-// A lane's chunk j = 4t + c and the group it falls in, advanced one step (4 chunks) at a time
-// without a division.
+// A lane's chunk j = 4t + c and the group it falls in, advanced `jstep` chunks (one step, or S
+// steps for a warp that takes every S-th step) at a time without a division.
 struct StepWalk {
     int j, grp, rem;
-    const int cpg, gstep, rstep;
-    __device__ __forceinline__ StepWalk(int j0, int cpg_) : j(j0), grp(j0 / cpg_), rem(j0 % cpg_), cpg(cpg_), gstep(4 / cpg_), rstep(4 % cpg_) {}
+    const int cpg, gstep, rstep, jstep;
+    __device__ __forceinline__ StepWalk(int j0, int cpg_, int jstep_ = 4)
+        : j(j0), grp(j0 / cpg_), rem(j0 % cpg_), cpg(cpg_), gstep(jstep_ / cpg_), rstep(jstep_ % cpg_), jstep(jstep_) {}
     __device__ __forceinline__ void next() {
-        j += 4;
+        j += jstep;
         grp += gstep;
         rem += rstep;
         if (rem >= cpg) {
@@ -701,7 +703,7 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 #endif
 }
 
-template <int B, bool ASYM, int U = MmaSteps<B>::U, bool TILED = false, bool ROLL = false, int PF = 0, bool POST = false>
+template <int B, bool ASYM, int U = MmaSteps<B>::U, bool TILED = false, bool ROLL = false, int PF = 0, bool POST = false, int S = 1>
 __device__ __forceinline__ void w4a16_mma_warp(const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ mins,
                                                const __half* __restrict__ x, int n_rows, int k, int group, int row0, int t0, int t1,
                                                float (*part)[MMA_ROWS]) {
@@ -722,7 +724,9 @@ __device__ __forceinline__ void w4a16_mma_warp(const u8* __restrict__ wq, const 
     const __half* sh = scales + rh * gpr;
     const __half* mg = mins + rg * gpr;
     const __half* mh = mins + rh * gpr;
-    StepWalk walk(4 * t0 + c, cpg);
+    // The warp's steps: t0, t0 + S, t0 + 2S, ... below t1 (S = 1: a contiguous slice).
+    StepWalk walk(4 * t0 + c, cpg, 4 * S);
+    static_assert(PF == 0 || S == 1, "prefetches run ahead within a contiguous slice");
     // PF > 0 (tiled only): lane 0 asks L2 for the slice's scales (and mins) at the start, and for
     // step t + PF as the warp issues step t, so DRAM streams PF steps ahead of the registers.
     const uint4* tq0 = qt - lane;
@@ -774,22 +778,22 @@ __device__ __forceinline__ void w4a16_mma_warp(const u8* __restrict__ wq, const 
         // decodes a round's last step). Refilling before the decode would need a (U + 1)th slot:
         // at 64 registers that spills 56-260 bytes.
 #pragma unroll
-        for (int u = 0; u < U; ++u) issue(u, t0 + u);
-        for (int t = t0; t < t1; t += U) {
+        for (int u = 0; u < U; ++u) issue(u, t0 + u * S);
+        for (int t = t0; t < t1; t += U * S) {
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                if (t + u >= t1) break;  // warp-uniform: every lane reaches each mma.sync
+                if (t + u * S >= t1) break;  // warp-uniform: every lane reaches each mma.sync
                 decode(u);
-                issue(u, t + u + U);
+                issue(u, t + (u + U) * S);
             }
         }
     } else {
-        for (int t = t0; t < t1; t += U) {
+        for (int t = t0; t < t1; t += U * S) {
 #pragma unroll
-            for (int u = 0; u < U; ++u) issue(u, t + u);
+            for (int u = 0; u < U; ++u) issue(u, t + u * S);
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                if (t + u >= t1) break;  // warp-uniform: every lane reaches each mma.sync
+                if (t + u * S >= t1) break;  // warp-uniform: every lane reaches each mma.sync
                 decode(u);
             }
         }
@@ -815,17 +819,18 @@ __device__ __forceinline__ void mma_store_y(const float (*part)[B][MMA_ROWS], __
     }
 }
 
-template <int B, bool ASYM, int U = MmaSteps<B>::U, int W = MMA_WARPS, bool TILED = false, bool ROLL = false, int PF = 0, bool POST = false>
+template <int B, bool ASYM, int U = MmaSteps<B>::U, int W = MMA_WARPS, bool TILED = false, bool ROLL = false, int PF = 0, bool POST = false,
+          bool SWEEP = false>
 __device__ __forceinline__ void w4a16_mma(const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ mins,
                                           const __half* __restrict__ x, __half* __restrict__ y, int n_rows, int k, int group) {
     __shared__ float part[W][B][MMA_ROWS];
     const int warp = threadIdx.x >> 5;
     const int row0 = blockIdx.x * MMA_ROWS;
     const int nsteps = (k / 32 + 3) / 4;
-    // This warp's contiguous slice of steps [t0, t1).
+    // This warp's contiguous slice of steps [t0, t1), or (SWEEP) every W-th step from `warp`.
     const int per = (nsteps + W - 1) / W;
-    const int t0 = warp * per, t1 = min(t0 + per, nsteps);
-    w4a16_mma_warp<B, ASYM, U, TILED, ROLL, PF, POST>(wq, scales, mins, x, n_rows, k, group, row0, t0, t1, part[warp]);
+    const int t0 = SWEEP ? warp : warp * per, t1 = SWEEP ? nsteps : min(t0 + per, nsteps);
+    w4a16_mma_warp<B, ASYM, U, TILED, ROLL, PF, POST, SWEEP ? W : 1>(wq, scales, mins, x, n_rows, k, group, row0, t0, t1, part[warp]);
     // Then the W K slices are summed in warp order.
     __syncthreads();
     mma_store_y<B, W>(part, y, n_rows, row0);
@@ -934,6 +939,25 @@ __device__ __forceinline__ void w4a16_mma_tiled_post(W4A16_ARGS) {
 }
 W4A16_RUNG(w4a16_mma_tiled_post, w4a16_mma_tiled_post, 64 * MMA_WARPS, 4)
 
+// w4a16_mma_tiled_sweep_{sym,asym}_b{B}_f16: w4a16_mma_tiled_post with the block's warps taking
+// its tile's steps in turn (warp w: steps w, w + 8, ...) instead of one contiguous slice each.
+// Every way of keeping more steps in flight per warp lost to 2 steps in rounds (rolling loads,
+// rings in shared memory, L2 prefetch, TMA); with contiguous slices an SM's 32 warps each stream
+// a different part of W, 4096 streams over the GPU, and more requests per stream made them
+// slower. Here a block's 8 warps read one window of 16 consecutive KB that moves through its
+// tile: 512 streams. The warps' partial sums change order (still fixed: reproducible).
+template <int B, bool ASYM>
+__device__ __forceinline__ void w4a16_mma_tiled_sweep(W4A16_ARGS) {
+    if constexpr (!ASYM) {
+        if (group % 128 == 0) {
+            w4a16_mma<B, false, OCC8_STEPS(B), 2 * MMA_WARPS, true, false, 0, true, true>(wq, scales, mins, x, y, n_rows, k, group);
+            return;
+        }
+    }
+    w4a16_mma<B, ASYM, OCC8_STEPS(B), 2 * MMA_WARPS, true, false, 0, false, true>(wq, scales, mins, x, y, n_rows, k, group);
+}
+W4A16_RUNG(w4a16_mma_tiled_sweep, w4a16_mma_tiled_sweep, 64 * MMA_WARPS, 4)
+
 // ---------------------------------------------------------------------------
 // w4a16_mma_tiled_async_{sym,asym}_b{B}_f16: w4a16_mma_tiled with its loads staged through
 // shared memory by cp.async, so that the bytes in flight cost no registers. Each lane copies
@@ -1027,7 +1051,7 @@ __device__ __forceinline__ void w4a16_mma_tiled_async(W4A16_ARGS) {
 W4A16_RUNG(w4a16_mma_tiled_async, w4a16_mma_tiled_async, 64 * MMA_WARPS, 4)
 
 // ---------------------------------------------------------------------------
-// w4a16_mma_tiled_bulk_{sym,asym}_b{B}_f16: w4a16_mma_tiled_post with its codes fetched by the
+// w4a16_mma_tiled_bulk_{sym,asym}_b{B}_f16: w4a16_mma_tiled_sweep with its codes fetched by the
 // copy engine (TMA, sm_90). In the tile layout a warp's step is one contiguous 1 KB block, so
 // lane 0 copies it with one cp.async.bulk into a slot of the warp's ring of BULK_STEPS slots in
 // shared memory, completing on the slot's mbarrier: bytes in flight that cost neither registers
@@ -1037,14 +1061,14 @@ W4A16_RUNG(w4a16_mma_tiled_async, w4a16_mma_tiled_async, 64 * MMA_WARPS, 4)
 // BULK_STEPS steps in flight per warp at all times (w4a16_mma_tiled: 0-2, in rounds). Each lane
 // loads its scale (min) pair word into a register ring as its step is issued, BULK_STEPS steps
 // before it decodes. Steps past the warp's slice are neither copied nor waited for, so no copy
-// is in flight when a warp ends. The decode, its order and the sums are w4a16_mma_tiled_post's.
-// Before sm_90 the kernels are w4a16_mma_tiled_post's.
+// is in flight when a warp ends. The decode, its order and the sums are w4a16_mma_tiled_sweep's.
+// Before sm_90 the kernels are w4a16_mma_tiled_sweep's.
 // Dynamic smem per block: 8 warps x BULK_STEPS x 1 KB = 32 KB; 4 blocks per SM.
 // ---------------------------------------------------------------------------
-#define BULK_STEPS 2
+#define BULK_STEPS 4
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-template <int B, bool ASYM, bool POST>
+template <int B, bool ASYM, bool POST, int S>
 __device__ __forceinline__ void w4a16_mma_warp_bulk(const u8* ring, unsigned bars, const u8* __restrict__ wq, const __half* __restrict__ scales,
                                                     const __half* __restrict__ mins, const __half* __restrict__ x, int k, int group, int row0,
                                                     int t0, int t1, float (*part)[MMA_ROWS]) {
@@ -1063,7 +1087,7 @@ __device__ __forceinline__ void w4a16_mma_warp_bulk(const u8* ring, unsigned bar
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncwarp();
-    StepWalk walk(4 * t0 + c, cpg);  // the next step to issue
+    StepWalk walk(4 * t0 + c, cpg, 4 * S);  // the next step to issue: t0, t0 + S, ... below t1
     unsigned s2[R], n2[R];
     // Step t into slot u (no copy past t1), and this lane's scale (min) pair for it (0 past t1 or K).
     auto issue = [&](int u, int t) {
@@ -1079,18 +1103,18 @@ __device__ __forceinline__ void w4a16_mma_warp_bulk(const u8* ring, unsigned bar
     MmaAcc<B> acc;
     acc.zero();
 #pragma unroll
-    for (int u = 0; u < R; ++u) issue(u, t0 + u);
-    for (int t = t0, round = 0; t < t1; t += R, ++round) {
+    for (int u = 0; u < R; ++u) issue(u, t0 + u * S);
+    for (int t = t0, round = 0; t < t1; t += R * S, ++round) {
 #pragma unroll
         for (int u = 0; u < R; ++u) {
-            if (t + u >= t1) break;  // warp-uniform: every lane reaches each mma.sync
+            if (t + u * S >= t1) break;  // warp-uniform: every lane reaches each mma.sync
             mbar_wait(bars + 8 * u, round & 1);
             const uint4 cg = *reinterpret_cast<const uint4*>(ring + 1024 * u + 16 * lane);
             const uint4 ch = *reinterpret_cast<const uint4*>(ring + 1024 * u + 512 + 16 * lane);
             const unsigned sv = s2[u], nv = n2[u];
             __syncwarp();  // every lane has read the slot: refill it
-            issue(u, t + u + R);
-            const int j = 4 * (t + u) + c;
+            issue(u, t + (u + R) * S);
+            const int j = 4 * (t + u * S) + c;
             if (POST)
                 w4a16_mma_step_post<B>(acc, cg, ch, sv, x, k, j, nchunks, g);
             else
@@ -1113,20 +1137,19 @@ __device__ __forceinline__ void w4a16_mma_tiled_bulk(W4A16_ARGS) {
     const int warp = threadIdx.x >> 5;
     const int row0 = blockIdx.x * MMA_ROWS;
     const int nsteps = (k / 32 + 3) / 4;
-    const int per = (nsteps + W - 1) / W;
-    const int t0 = warp * per, t1 = min(t0 + per, nsteps);
     const u8* ring = reinterpret_cast<const u8*>(dyn) + warp * BULK_STEPS * 1024;
     const unsigned wb = smem_addr(bars[warp]);
     bool post = false;
     if constexpr (!ASYM) post = group % 128 == 0;
+    // Warp w takes steps w, w + W, ... (as w4a16_mma_tiled_sweep).
     if (post)
-        w4a16_mma_warp_bulk<B, false, true>(ring, wb, wq, scales, mins, x, k, group, row0, t0, t1, part[warp]);
+        w4a16_mma_warp_bulk<B, false, true, W>(ring, wb, wq, scales, mins, x, k, group, row0, warp, nsteps, part[warp]);
     else
-        w4a16_mma_warp_bulk<B, ASYM, false>(ring, wb, wq, scales, mins, x, k, group, row0, t0, t1, part[warp]);
+        w4a16_mma_warp_bulk<B, ASYM, false, W>(ring, wb, wq, scales, mins, x, k, group, row0, warp, nsteps, part[warp]);
     __syncthreads();
     mma_store_y<B, W>(part, y, n_rows, row0);
 #else
-    w4a16_mma_tiled_post<B, ASYM>(wq, scales, mins, x, y, n_rows, k, group);
+    w4a16_mma_tiled_sweep<B, ASYM>(wq, scales, mins, x, y, n_rows, k, group);
 #endif
 }
 

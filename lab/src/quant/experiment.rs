@@ -84,7 +84,10 @@ pub const W4_DESIGNS: &[W4Design] = &[
     // w4a16_mma_tiled with the scales applied after the MMAs where a step is one group (sym,
     // group % 128 == 0): the decode is one LOP3 per pair of weights.
     W4Design { name: "w4a16_mma_tiled_post", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: true, ring: Ring::None },
-    // w4a16_mma_tiled_post with each warp's steps copied by TMA, one 1 KB bulk copy per step,
+    // w4a16_mma_tiled_post with the block's warps taking its tile's steps in turn, so that they
+    // read one moving window of the tile instead of 8 slices.
+    W4Design { name: "w4a16_mma_tiled_sweep", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: true, ring: Ring::None },
+    // w4a16_mma_tiled_sweep with each warp's steps copied by TMA, one 1 KB bulk copy per step,
     // into a ring of BULK_STEPS slots: 3-4 steps in flight per warp at no register cost.
     W4Design { name: "w4a16_mma_tiled_bulk", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: true, ring: Ring::Bulk },
 ];
@@ -102,7 +105,7 @@ pub enum Ring {
 pub const RING_STEPS: usize = 4;
 
 /// quant.cu's BULK_STEPS: 1 KB slots in a w4a16_mma_tiled_bulk warp's ring.
-pub const BULK_STEPS: usize = 2;
+pub const BULK_STEPS: usize = 4;
 
 impl Ring {
     /// Dynamic shared memory per block of 8 warps: RING_STEPS x RingSlot<ASYM>::BYTES per warp
@@ -972,7 +975,9 @@ mod tests {
     #[test]
     fn launch_shapes_match_the_kernel_source() {
         let src = crate::kernels::source(FAMILY).unwrap();
-        let [cuda, mma, splitk, pipe, occ8, tiled, rolling, ring, prefetch, post, bulk] = W4_DESIGNS else { panic!("eleven W4A16 designs") };
+        let [cuda, mma, splitk, pipe, occ8, tiled, rolling, ring, prefetch, post, sweep, bulk] = W4_DESIGNS else { panic!("twelve W4A16 designs") };
+        assert_eq!((sweep.name, sweep.rows, sweep.warps, sweep.tiled, sweep.ring), ("w4a16_mma_tiled_sweep", occ8.rows, occ8.warps, true, Ring::None));
+        assert!(src.contains("\nW4A16_RUNG(w4a16_mma_tiled_sweep, w4a16_mma_tiled_sweep, 64 * MMA_WARPS, 4)\n"));
         assert_eq!((bulk.name, bulk.rows, bulk.warps, bulk.tiled, bulk.ring), ("w4a16_mma_tiled_bulk", occ8.rows, occ8.warps, true, Ring::Bulk));
         assert!(src.contains(&format!("#define BULK_STEPS {BULK_STEPS}\n")));
         assert!(src.contains("require_dynamic_smem(W * BULK_STEPS * 1024);\n    const int warp"));
@@ -1030,7 +1035,7 @@ mod tests {
         assert_eq!((mma_steps_in_flight(16), mma_steps_in_flight(8)), (3, 4));
         let v = gpu_variants();
         assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_") && !v.contains("splitk") && !v.contains("pipelined") && !v.contains("occ8") && !v.contains("tiled")).count(), 2 * BATCHES.len());
-        assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_tiled_")).count(), 12 * BATCHES.len());
+        assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_tiled_")).count(), 14 * BATCHES.len());
         assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_tiled_rolling_")).count(), 2 * BATCHES.len());
         assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_occ8_")).count(), 2 * BATCHES.len());
         assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_pipelined_")).count(), 2 * BATCHES.len());

@@ -215,14 +215,15 @@ fn store_part(acc: &Acc, part_w: &mut [[f32; MMA_ROWS]], batch: usize) {
 /// part[batch][row] (the C fragment after the two chains are added).
 /// With `tiles`, the codes and scales are read from the tile layout at the kernel's TILED offsets.
 /// With `post` (tiled, symmetric, group % 128 == 0), the step is w4a16_mma_step_post's.
+/// The warp's steps are t0, t0 + stride, ... below t1.
 #[allow(clippy::too_many_arguments)]
-fn mma_warp(q: &GroupQuant, tiles: Option<&Tiles>, post: bool, x: &[f16], batch: usize, row0: usize, t0: usize, t1: usize) -> Vec<[f32; MMA_ROWS]> {
+fn mma_warp(q: &GroupQuant, tiles: Option<&Tiles>, post: bool, x: &[f16], batch: usize, row0: usize, (t0, t1, stride): (usize, usize, usize)) -> Vec<[f32; MMA_ROWS]> {
     let (n_rows, k, group) = (q.rows, q.cols, q.group);
     let asym = q.scheme == Scheme::Asym;
     let mins = if asym { &q.mins } else { &q.scales };
     let u_steps = steps_in_flight(batch);
     let (nchunks, cpg, gpr) = (k / 32, group / 32, k / group);
-    let (gstep, rstep) = (4 / cpg, 4 % cpg);
+    let (gstep, rstep) = (4 * stride / cpg, 4 * stride % cpg);
     let chunk = |row: usize, j: usize| -> [u32; 4] {
         let base = row * (k / 2) + 16 * j;
         std::array::from_fn(|i| u32::from_le_bytes(q.packed[base + 4 * i..base + 4 * i + 4].try_into().unwrap()))
@@ -258,14 +259,15 @@ fn mma_warp(q: &GroupQuant, tiles: Option<&Tiles>, post: bool, x: &[f16], batch:
         let mut ch = cg.clone();
         let (mut dg, mut dh, mut mg, mut mh) = (vec![[0u32; 32]; u_steps], vec![[0u32; 32]; u_steps], vec![[0u32; 32]; u_steps], vec![[0u32; 32]; u_steps]);
         for u in 0..u_steps {
+            let step = t + u * stride;
             for l in 0..32 {
                 jj[u][l] = j[l];
-                let ok = t + u < t1 && j[l] < nchunks;
+                let ok = step < t1 && j[l] < nchunks;
                 if let Some(tl) = tiles {
                     let g = l / 4;
                     if ok {
-                        cg[u][l] = tiled_chunk(tl, t + u, 0, l);
-                        ch[u][l] = tiled_chunk(tl, t + u, 1, l);
+                        cg[u][l] = tiled_chunk(tl, step, 0, l);
+                        ch[u][l] = tiled_chunk(tl, step, 1, l);
                     }
                     (dg[u][l], dh[u][l]) = tiled_pair(&tl.scales, g, grp[l], ok);
                     if post {
@@ -283,7 +285,7 @@ fn mma_warp(q: &GroupQuant, tiles: Option<&Tiles>, post: bool, x: &[f16], batch:
                     mg[u][l] = if asym { splat(mins, rg[l], grp[l], ok) } else { 0 };
                     mh[u][l] = if asym { splat(mins, rh[l], grp[l], ok) } else { 0 };
                 }
-                j[l] += 4;
+                j[l] += 4 * stride;
                 grp[l] += gstep;
                 rem[l] += rstep;
                 if rem[l] >= cpg {
@@ -293,7 +295,7 @@ fn mma_warp(q: &GroupQuant, tiles: Option<&Tiles>, post: bool, x: &[f16], batch:
             }
         }
         for u in 0..u_steps {
-            if t + u >= t1 {
+            if t + u * stride >= t1 {
                 break;
             }
             let lanes = Lanes { cg: &cg[u], ch: &ch[u], dg: &dg[u], dh: &dh[u], mg: &mg[u], mh: &mh[u], j: &jj[u] };
@@ -303,7 +305,7 @@ fn mma_warp(q: &GroupQuant, tiles: Option<&Tiles>, post: bool, x: &[f16], batch:
                 mma_step(&mut acc, &lanes, x, batch, k, asym);
             }
         }
-        t += u_steps;
+        t += u_steps * stride;
     }
     store_part(&acc, &mut part_w, batch);
     part_w
@@ -322,10 +324,11 @@ fn block_sum(part: &[Vec<[f32; MMA_ROWS]>], b: usize, r: usize) -> f32 {
 /// K split over `warps` warps per tile (4; 8 in w4a16_mma_occ8 and w4a16_mma_tiled(_rolling),
 /// which read `tiles`). The steps a warp keeps in flight, in rounds or rolling, change when it
 /// loads, not what it sums.
-/// With `post`, w4a16_mma_tiled_post (and w4a16_mma_tiled_bulk, which sums the same steps in the
-/// same order): the post-scaled step where the kernel takes it (tiled, symmetric,
-/// group % 128 == 0), w4a16_mma_tiled's elsewhere.
-pub fn w4a16_mma(q: &GroupQuant, tiles: Option<&Tiles>, post: bool, x: &[f16], batch: usize, warps: usize) -> Vec<f16> {
+/// With `post`, w4a16_mma_tiled_post: the post-scaled step where the kernel takes it (tiled,
+/// symmetric, group % 128 == 0), w4a16_mma_tiled's elsewhere. With `sweep` too,
+/// w4a16_mma_tiled_sweep (and w4a16_mma_tiled_bulk, which sums the same steps in the same
+/// order): warp w takes steps w, w + warps, ... instead of a contiguous slice.
+pub fn w4a16_mma(q: &GroupQuant, tiles: Option<&Tiles>, (post, sweep): (bool, bool), x: &[f16], batch: usize, warps: usize) -> Vec<f16> {
     let post = post && tiles.is_some() && q.scheme == Scheme::Sym && q.group.is_multiple_of(128);
     let (n_rows, k) = (q.rows, q.cols);
     let nsteps = (k / 32).div_ceil(4);
@@ -335,8 +338,8 @@ pub fn w4a16_mma(q: &GroupQuant, tiles: Option<&Tiles>, post: bool, x: &[f16], b
         let row0 = block * MMA_ROWS;
         let part: Vec<_> = (0..warps)
             .map(|warp| {
-                let t0 = warp * per;
-                mma_warp(q, tiles, post, x, batch, row0, t0, (t0 + per).min(nsteps))
+                let slice = if sweep { (warp, nsteps, warps) } else { (warp * per, (warp * per + per).min(nsteps), 1) };
+                mma_warp(q, tiles, post, x, batch, row0, slice)
             })
             .collect();
         for i in 0..batch * MMA_ROWS {
@@ -366,7 +369,7 @@ pub fn w4a16_mma_splitk(q: &GroupQuant, x: &[f16], batch: usize, slices: usize) 
             let part: Vec<_> = (0..MMA_WARPS)
                 .map(|warp| {
                     let t0 = (s * MMA_WARPS + warp) * per;
-                    mma_warp(q, None, false, x, batch, row0, t0, (t0 + per).min(nsteps))
+                    mma_warp(q, None, false, x, batch, row0, (t0, (t0 + per).min(nsteps), 1))
                 })
                 .collect();
             for i in 0..batch * MMA_ROWS {
@@ -585,9 +588,15 @@ mod tests {
             "ld_stream16(TILED ? qt + 64LL * t : qg + walk.j);",
             "ld_stream16(TILED ? qt + 64LL * t + 32 : qh + walk.j);",
             // Rounds and rolling loads issue the same steps in the same order: one issue() each.
-            "for (int u = 0; u < U; ++u) issue(u, t0 + u);",
-            "issue(u, t + u + U);",
-            "for (int u = 0; u < U; ++u) issue(u, t + u);",
+            "for (int u = 0; u < U; ++u) issue(u, t0 + u * S);",
+            "issue(u, t + (u + U) * S);",
+            "for (int u = 0; u < U; ++u) issue(u, t + u * S);",
+            // The warp's steps t0, t0 + S, ... (sweep: S = W from t0 = warp), the walk S steps at a time.
+            "StepWalk walk(4 * t0 + c, cpg, 4 * S);",
+            "const int t0 = SWEEP ? warp : warp * per, t1 = SWEEP ? nsteps : min(t0 + per, nsteps);",
+            "w4a16_mma_warp<B, ASYM, U, TILED, ROLL, PF, POST, SWEEP ? W : 1>(",
+            "w4a16_mma<B, false, OCC8_STEPS(B), 2 * MMA_WARPS, true, false, 0, true, true>(wq, scales, mins, x, y, n_rows, k, group);",
+            "w4a16_mma<B, ASYM, OCC8_STEPS(B), 2 * MMA_WARPS, true, false, 0, false, true>(wq, scales, mins, x, y, n_rows, k, group);",
             // w4a16_mma_step_post, as mirrored in mma_step_post.
             "const unsigned c_lo = 0x64086408u, c_hi = 0x64806480u, sixteenth = 0x2C002C00u;",
             "const unsigned b0 = __byte_perm(xa, xb, 0x5410), b1 = fma_f16x2(__byte_perm(xa, xb, 0x7632), sixteenth, 0u);",
@@ -595,7 +604,7 @@ mod tests {
             "acc.v[nh][0][i] = fmaf(i < 2 ? dg : dh, sum[nh][i] - cor[nh][i], acc.v[nh][0][i]);",
             "dg[u] = POST ? s2 : __byte_perm(s2, 0u, 0x1010);",
             "if (group % 128 == 0) {\n            w4a16_mma<B, false, OCC8_STEPS(B), 2 * MMA_WARPS, true, false, 0, true>(wq, scales, mins, x, y, n_rows, k, group);",
-            // w4a16_mma_tiled_bulk: tiled_post's steps, slices and sums, its codes through a TMA ring
+            // w4a16_mma_tiled_bulk: tiled_sweep's steps and sums, its codes through a TMA ring
             // (a slot holds the step's 1 KB block as laid out: lane's row g at 16 lane, row g + 8 at 512 + 16 lane).
             "const u8* qt = wq + tile * nsteps * 1024;",
             "bulk_load(ring_at + 1024 * u, qt + 1024LL * t, 1024, bars + 8 * u);",
@@ -604,7 +613,9 @@ mod tests {
             "s2[u] = ok ? __ldg(sp + 8 * walk.grp) : 0u;",
             "w4a16_mma_step_post<B>(acc, cg, ch, sv, x, k, j, nchunks, g);",
             "if constexpr (!ASYM) post = group % 128 == 0;",
-            "const int per = (nsteps + W - 1) / W;\n    const int t0 = warp * per, t1 = min(t0 + per, nsteps);\n    const u8* ring",
+            "w4a16_mma_warp_bulk<B, false, true, W>(ring, wb, wq, scales, mins, x, k, group, row0, warp, nsteps, part[warp]);",
+            "w4a16_mma_warp_bulk<B, ASYM, false, W>(ring, wb, wq, scales, mins, x, k, group, row0, warp, nsteps, part[warp]);",
+            "const int j = 4 * (t + u * S) + c;",
             // Prefetches into L2 change when bytes arrive, not which are read.
             "if (PF > 0 && lane == 0 && t + PF < t1) prefetch_l2(tq0 + 64LL * (t + PF), 1024u);",
             "const unsigned* sp = reinterpret_cast<const unsigned*>(scales + tile * gpr * MMA_ROWS) + g;",
@@ -720,9 +731,15 @@ mod tests {
                 let expected = reference_w4a16(&xf, &wd, b, n, k);
                 // w4a16_mma, w4a16_mma_occ8 (8 warps) and w4a16_mma_tiled (8 warps, tile layout).
                 let tiles = tile(&q);
-                for (warps, t, post) in [(MMA_WARPS, None, false), (2 * MMA_WARPS, None, false), (2 * MMA_WARPS, Some(&tiles), false), (2 * MMA_WARPS, Some(&tiles), true)] {
-                    let e = check_w4a16(&w4a16_mma(&q, t, post, &x, b, warps), &expected, w4a16_tolerance(&expected));
-                    assert!(e.passed(), "{warps} warps, tiled {}, post {post}: N={n} K={k} {scheme:?} g{group} batch {b}: {e:?}", t.is_some());
+                for (warps, t, post, sweep) in [
+                    (MMA_WARPS, None, false, false),
+                    (2 * MMA_WARPS, None, false, false),
+                    (2 * MMA_WARPS, Some(&tiles), false, false),
+                    (2 * MMA_WARPS, Some(&tiles), true, false),
+                    (2 * MMA_WARPS, Some(&tiles), true, true),
+                ] {
+                    let e = check_w4a16(&w4a16_mma(&q, t, (post, sweep), &x, b, warps), &expected, w4a16_tolerance(&expected));
+                    assert!(e.passed(), "{warps} warps, tiled {}, post {post}, sweep {sweep}: N={n} K={k} {scheme:?} g{group} batch {b}: {e:?}", t.is_some());
                 }
                 // Split-K as launched, and with more and fewer slices than one round asks for
                 // (warps with no step, several rounds per warp).
@@ -762,10 +779,16 @@ mod tests {
                 let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
                 let expected: Vec<u16> = reference_w4a16(&xf, &wd, b, n, k).iter().map(|&v| f16::from_f64(v).to_bits()).collect();
                 let tiles = tile(&q);
-                for (warps, t, post) in [(MMA_WARPS, None, false), (2 * MMA_WARPS, None, false), (2 * MMA_WARPS, Some(&tiles), false), (2 * MMA_WARPS, Some(&tiles), true)] {
-                    let got: Vec<u16> = w4a16_mma(&q, t, post, &x, b, warps).iter().map(|v| v.to_bits()).collect();
+                for (warps, t, post, sweep) in [
+                    (MMA_WARPS, None, false, false),
+                    (2 * MMA_WARPS, None, false, false),
+                    (2 * MMA_WARPS, Some(&tiles), false, false),
+                    (2 * MMA_WARPS, Some(&tiles), true, false),
+                    (2 * MMA_WARPS, Some(&tiles), true, true),
+                ] {
+                    let got: Vec<u16> = w4a16_mma(&q, t, (post, sweep), &x, b, warps).iter().map(|v| v.to_bits()).collect();
                     let first = got.iter().zip(&expected).position(|(g, e)| g != e);
-                    assert!(first.is_none(), "{warps} warps, tiled {}, post {post}: N={n} K={k} batch {b}: first difference at {first:?}", t.is_some());
+                    assert!(first.is_none(), "{warps} warps, tiled {}, post {post}, sweep {sweep}: N={n} K={k} batch {b}: first difference at {first:?}", t.is_some());
                 }
                 for slices in [splitk_slices(k, b), 2, 5] {
                     let got: Vec<u16> = w4a16_mma_splitk(&q, &x, b, slices).iter().map(|v| v.to_bits()).collect();
