@@ -47,7 +47,8 @@
 //                          tiled with one change each: loads refilled as each step is decoded; a
 //                          per-warp cp.async ring in shared memory; the next round prefetched into
 //                          L2; the scales applied after the MMAs (sym, group % 128 == 0).
-//   w4a16_mma_tiled_sweep_* tiled_post with the block's warps taking its tile's steps in turn.
+//   w4a16_mma_tiled_sweep_* tiled_post with the block's warps taking its tile's steps in turn, on
+//                          the step-major tile layout: the grid reads W from end to end in order.
 //   w4a16_mma_tiled_bulk_* tiled_sweep with each warp's steps copied by TMA (one 1 KB bulk copy
 //                          per step) into a per-warp 4-slot ring in shared memory (sm_90).
 //   stream_read_f16        the floor: reads a W4A16 kernel's bytes once and decodes nothing.
@@ -716,8 +717,11 @@ __device__ __forceinline__ void w4a16_mma_warp(const u8* __restrict__ wq, const 
     // Tiled (w4a16_mma_tiled): step t's 16 B for this lane at 64 t + lane (row g) and 64 t + 32 +
     // lane (row g + 8) of the tile's blocks; the scales (mins) of rows g and g + 8 for group grp
     // one 4-byte pair, word 8 grp + g of the tile's.
+    // Sweeping warps (S > 1) read the step-major tile layout, where step t of every tile comes
+    // before step t + 1 of any: block (tile, t) at (t ntiles + tile) KB.
     const long long tile = row0 / MMA_ROWS, nsteps = (nchunks + 3) / 4;
-    const uint4* qt = reinterpret_cast<const uint4*>(wq) + tile * nsteps * 64 + lane;
+    const long long tstep = S > 1 ? 64LL * ((n_rows + MMA_ROWS - 1) / MMA_ROWS) : 64;
+    const uint4* qt = reinterpret_cast<const uint4*>(wq) + tile * (S > 1 ? 1 : nsteps) * 64 + lane;
     const unsigned* sp = reinterpret_cast<const unsigned*>(scales + tile * gpr * MMA_ROWS) + g;
     const unsigned* mp = reinterpret_cast<const unsigned*>(mins + tile * gpr * MMA_ROWS) + g;
     const __half* sg = scales + rg * gpr;
@@ -748,8 +752,8 @@ __device__ __forceinline__ void w4a16_mma_warp(const u8* __restrict__ wq, const 
         const bool ok = t < t1 && walk.j < nchunks;
         cg[u] = ch[u] = make_uint4(0u, 0u, 0u, 0u);
         if (ok) {
-            cg[u] = ld_stream16(TILED ? qt + 64LL * t : qg + walk.j);
-            ch[u] = ld_stream16(TILED ? qt + 64LL * t + 32 : qh + walk.j);
+            cg[u] = ld_stream16(TILED ? qt + tstep * t : qg + walk.j);
+            ch[u] = ld_stream16(TILED ? qt + tstep * t + 32 : qh + walk.j);
         }
         if (TILED) {  // one load per table: the (row g, row g + 8) pair, each half splatted
             const unsigned s2 = ok ? __ldg(sp + 8 * walk.grp) : 0u, n2 = ASYM && ok ? __ldg(mp + 8 * walk.grp) : 0u;
@@ -940,12 +944,15 @@ __device__ __forceinline__ void w4a16_mma_tiled_post(W4A16_ARGS) {
 W4A16_RUNG(w4a16_mma_tiled_post, w4a16_mma_tiled_post, 64 * MMA_WARPS, 4)
 
 // w4a16_mma_tiled_sweep_{sym,asym}_b{B}_f16: w4a16_mma_tiled_post with the block's warps taking
-// its tile's steps in turn (warp w: steps w, w + 8, ...) instead of one contiguous slice each.
-// Every way of keeping more steps in flight per warp lost to 2 steps in rounds (rolling loads,
-// rings in shared memory, L2 prefetch, TMA); with contiguous slices an SM's 32 warps each stream
-// a different part of W, 4096 streams over the GPU, and more requests per stream made them
-// slower. Here a block's 8 warps read one window of 16 consecutive KB that moves through its
-// tile: 512 streams. The warps' partial sums change order (still fixed: reproducible).
+// its tile's steps in turn (warp w: steps w, w + 8, ...) instead of one contiguous slice each,
+// on the step-major tile layout (lab/src/quant/tiles.rs: step t of every tile, tile after tile,
+// before step t + 1). Every way of keeping more steps in flight per warp lost to 2 steps in
+// rounds (rolling loads, rings in shared memory, L2 prefetch, TMA): with contiguous slices an
+// SM's 32 warps each stream a different part of W, 4096 streams spread over all of it. The
+// copy-style read that reaches the floor sweeps memory in order with the whole grid. Here the
+// blocks, all resident at once and each taking its tile's steps in order, read one window of
+// the step-major layout that moves through W from end to end. The warps' partial sums change
+// order (still fixed: reproducible).
 template <int B, bool ASYM>
 __device__ __forceinline__ void w4a16_mma_tiled_sweep(W4A16_ARGS) {
     if constexpr (!ASYM) {
@@ -1076,8 +1083,9 @@ __device__ __forceinline__ void w4a16_mma_warp_bulk(const u8* ring, unsigned bar
     const int lane = threadIdx.x & 31;
     const int g = lane >> 2, c = lane & 3;
     const int nchunks = k / 32, cpg = group / 32, gpr = k / group;
-    const long long tile = row0 / MMA_ROWS, nsteps = (nchunks + 3) / 4;
-    const u8* qt = wq + tile * nsteps * 1024;
+    // The step-major tile layout (as w4a16_mma_tiled_sweep reads it): block (tile, t) at (t ntiles + tile) KB.
+    const long long tile = row0 / MMA_ROWS, tstep = 1024LL * gridDim.x;
+    const u8* qt = wq + tile * 1024;
     const unsigned* sp = reinterpret_cast<const unsigned*>(scales + tile * gpr * MMA_ROWS) + g;
     const unsigned* mp = reinterpret_cast<const unsigned*>(mins + tile * gpr * MMA_ROWS) + g;
     const unsigned ring_at = smem_addr(ring);
@@ -1096,7 +1104,7 @@ __device__ __forceinline__ void w4a16_mma_warp_bulk(const u8* ring, unsigned bar
         n2[u] = ASYM && ok ? __ldg(mp + 8 * walk.grp) : 0u;
         if (lane == 0 && t < t1) {
             mbar_expect_tx(bars + 8 * u, 1024);
-            bulk_load(ring_at + 1024 * u, qt + 1024LL * t, 1024, bars + 8 * u);
+            bulk_load(ring_at + 1024 * u, qt + tstep * t, 1024, bars + 8 * u);
         }
         walk.next();
     };

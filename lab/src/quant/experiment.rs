@@ -44,8 +44,8 @@ const W4_REL: f64 = 1e-2;
 /// splits K over `splitk_slices` blocks per tile (grid.y) and takes an fp32 workspace
 /// (slices x B x N) and a zeroed u32 counter per tile after Y. A pipelined design runs a
 /// persistent grid ([`pipelined_grid`]) with a dynamic shared-memory ring ([`pipelined_smem`]).
-/// A tiled design reads W (codes, scales, mins) in the tile layout of [`super::tiles`]; one with
-/// a [`Ring`] stages its loads in per-warp shared-memory rings ([`Ring::smem`]).
+/// A tiled design reads W (codes, scales, mins) in a tile layout of [`super::tiles`] ([`Layout`]);
+/// one with a [`Ring`] stages its loads in per-warp shared-memory rings ([`Ring::smem`]).
 #[derive(Clone, Copy, Debug)]
 pub struct W4Design {
     pub name: &'static str,
@@ -53,44 +53,54 @@ pub struct W4Design {
     pub warps: usize,
     pub split_k: bool,
     pub pipelined: bool,
-    pub tiled: bool,
+    pub layout: Layout,
     pub ring: Ring,
 }
 
 /// The W4A16 rungs, measured side by side on every case (quant.cu's W4A16 and W4A16_MMA).
 pub const W4_DESIGNS: &[W4Design] = &[
     // CUDA cores: 4 rows per block, K split across 128 threads in 4-byte code words.
-    W4Design { name: "w4a16", rows: 4, warps: 4, split_k: false, pipelined: false, tiled: false, ring: Ring::None },
+    W4Design { name: "w4a16", rows: 4, warps: 4, split_k: false, pipelined: false, layout: Layout::Rows, ring: Ring::None },
     // Tensor cores: 16-row tiles, K split across 4 warps, 16-byte streaming loads, 4 steps in flight.
-    W4Design { name: "w4a16_mma", rows: 16, warps: 4, split_k: false, pipelined: false, tiled: false, ring: Ring::None },
+    W4Design { name: "w4a16_mma", rows: 16, warps: 4, split_k: false, pipelined: false, layout: Layout::Rows, ring: Ring::None },
     // The same warp step, K split over blocks too so that a warp owns at most the steps it keeps
     // in flight: one load round per warp, partials summed by the tile's last block.
-    W4Design { name: "w4a16_mma_splitk", rows: 16, warps: 4, split_k: true, pipelined: false, tiled: false, ring: Ring::None },
+    W4Design { name: "w4a16_mma_splitk", rows: 16, warps: 4, split_k: true, pipelined: false, layout: Layout::Rows, ring: Ring::None },
     // The same warp step decoding from shared memory: 16-row tiles streamed through an 8-stage
     // cp.async ring by a persistent grid of 8-warp blocks, 2 per SM.
-    W4Design { name: "w4a16_mma_pipelined", rows: 16, warps: 8, split_k: false, pipelined: true, tiled: false, ring: Ring::None },
+    W4Design { name: "w4a16_mma_pipelined", rows: 16, warps: 8, split_k: false, pipelined: true, layout: Layout::Rows, ring: Ring::None },
     // w4a16_mma with K over 8 warps, 2 steps in flight per warp and 64 registers: twice the
     // warps per SM.
-    W4Design { name: "w4a16_mma_occ8", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: false, ring: Ring::None },
+    W4Design { name: "w4a16_mma_occ8", rows: 16, warps: 8, split_k: false, pipelined: false, layout: Layout::Rows, ring: Ring::None },
     // w4a16_mma_occ8 on weights in the tile layout: every warp load is 512 contiguous bytes.
-    W4Design { name: "w4a16_mma_tiled", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: true, ring: Ring::None },
+    W4Design { name: "w4a16_mma_tiled", rows: 16, warps: 8, split_k: false, pipelined: false, layout: Layout::Tiles, ring: Ring::None },
     // w4a16_mma_tiled with rolling loads: a slot is refilled as soon as its step is decoded.
-    W4Design { name: "w4a16_mma_tiled_rolling", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: true, ring: Ring::None },
+    W4Design { name: "w4a16_mma_tiled_rolling", rows: 16, warps: 8, split_k: false, pipelined: false, layout: Layout::Tiles, ring: Ring::None },
     // w4a16_mma_tiled with each lane's loads staged by cp.async through a per-warp ring of
     // RING_STEPS steps in shared memory: bytes in flight without registers.
-    W4Design { name: "w4a16_mma_tiled_async", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: true, ring: Ring::Async },
+    W4Design { name: "w4a16_mma_tiled_async", rows: 16, warps: 8, split_k: false, pipelined: false, layout: Layout::Tiles, ring: Ring::Async },
     // w4a16_mma_tiled with each warp's slice bulk-prefetched into L2, 8 steps ahead of its loads.
-    W4Design { name: "w4a16_mma_tiled_prefetch", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: true, ring: Ring::None },
+    W4Design { name: "w4a16_mma_tiled_prefetch", rows: 16, warps: 8, split_k: false, pipelined: false, layout: Layout::Tiles, ring: Ring::None },
     // w4a16_mma_tiled with the scales applied after the MMAs where a step is one group (sym,
     // group % 128 == 0): the decode is one LOP3 per pair of weights.
-    W4Design { name: "w4a16_mma_tiled_post", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: true, ring: Ring::None },
+    W4Design { name: "w4a16_mma_tiled_post", rows: 16, warps: 8, split_k: false, pipelined: false, layout: Layout::Tiles, ring: Ring::None },
     // w4a16_mma_tiled_post with the block's warps taking its tile's steps in turn, so that they
     // read one moving window of the tile instead of 8 slices.
-    W4Design { name: "w4a16_mma_tiled_sweep", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: true, ring: Ring::None },
+    W4Design { name: "w4a16_mma_tiled_sweep", rows: 16, warps: 8, split_k: false, pipelined: false, layout: Layout::StepMajor, ring: Ring::None },
     // w4a16_mma_tiled_sweep with each warp's steps copied by TMA, one 1 KB bulk copy per step,
     // into a ring of BULK_STEPS slots: 3-4 steps in flight per warp at no register cost.
-    W4Design { name: "w4a16_mma_tiled_bulk", rows: 16, warps: 8, split_k: false, pipelined: false, tiled: true, ring: Ring::Bulk },
+    W4Design { name: "w4a16_mma_tiled_bulk", rows: 16, warps: 8, split_k: false, pipelined: false, layout: Layout::StepMajor, ring: Ring::Bulk },
 ];
+
+/// Where a design reads W's codes: row-major (as quantized), in the tile layout
+/// ([`tiles::tile`]: one 1 KB block per (tile, step), tile after tile), or in its step-major
+/// order ([`tiles::step_major`]); the tiled layouts share their scales (and mins).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    Rows,
+    Tiles,
+    StepMajor,
+}
 
 /// How a design stages its loads in shared memory: not at all, per lane with cp.async
 /// (w4a16_mma_tiled_async), or per step with one TMA bulk copy (w4a16_mma_tiled_bulk).
@@ -678,6 +688,7 @@ fn run_w4a16(s: &mut Session, case: &Value) -> Result<()> {
     // The tile layout, rearranged once like the dequantized weights cuBLAS reads (untimed).
     let t = tiles::tile(&q);
     let (tq, ts) = (gpu.upload(&t.codes)?, gpu.upload(&t.scales)?);
+    let tsm = gpu.upload(&tiles::step_major(&t))?;
     let tm = gpu.upload(if t.mins.is_empty() { &t.scales } else { &t.mins })?;
     stream_read(s, &gpu, &shape_case, &q, &dq, &ds, &dm)?;
     let dw16 = gpu.upload(&wd16)?;
@@ -712,7 +723,11 @@ fn run_w4a16(s: &mut Session, case: &Value) -> Result<()> {
             // and the scales.
             crate::ops::gemm::fit_dynamic_smem(&gpu, &f, cfg.shared_mem_bytes as usize, design.blocks_per_sm())?;
             let (ni, ki, gi) = (n as i32, k as i32, group as i32);
-            let (cq, cs, cm) = if design.tiled { (&tq, &ts, &tm) } else { (&dq, &ds, &dm) };
+            let (cq, cs, cm) = match design.layout {
+                Layout::Rows => (&dq, &ds, &dm),
+                Layout::Tiles => (&tq, &ts, &tm),
+                Layout::StepMajor => (&tsm, &ts, &tm),
+            };
             let launch = |y: &mut CudaSlice<f16>| -> Result<()> {
                 let mut l = gpu.stream.launch_builder(&f);
                 l.arg(cq).arg(cs);
@@ -724,8 +739,8 @@ fn run_w4a16(s: &mut Session, case: &Value) -> Result<()> {
                     l.arg(&dws).arg(&ddone);
                 }
                 // SAFETY: codes n*k/2 bytes, scales (mins) n*k/group halves (tiled: the padded
-                // tile layout, ceil(n/16) tiles of ceil(k/128) 1 KB blocks and 16 x k/group
-                // scales), X b*k, Y b*n halves; k and group are multiples of 32 (validated);
+                // tile layout, in either order, ceil(n/16) tiles of ceil(k/128) 1 KB blocks and
+                // 16 x k/group scales; the grid is one block per tile), X b*k, Y b*n halves; k and group are multiples of 32 (validated);
                 // rows past n are never stored.
                 // Split-K: the workspace holds grid.y x b x n floats and the counters one per
                 // 16-row tile (grid.x), zeroed here and left zeroed by every launch. Pipelined:
@@ -976,18 +991,18 @@ mod tests {
     fn launch_shapes_match_the_kernel_source() {
         let src = crate::kernels::source(FAMILY).unwrap();
         let [cuda, mma, splitk, pipe, occ8, tiled, rolling, ring, prefetch, post, sweep, bulk] = W4_DESIGNS else { panic!("twelve W4A16 designs") };
-        assert_eq!((sweep.name, sweep.rows, sweep.warps, sweep.tiled, sweep.ring), ("w4a16_mma_tiled_sweep", occ8.rows, occ8.warps, true, Ring::None));
+        assert_eq!((sweep.name, sweep.rows, sweep.warps, sweep.layout, sweep.ring), ("w4a16_mma_tiled_sweep", occ8.rows, occ8.warps, Layout::StepMajor, Ring::None));
         assert!(src.contains("\nW4A16_RUNG(w4a16_mma_tiled_sweep, w4a16_mma_tiled_sweep, 64 * MMA_WARPS, 4)\n"));
-        assert_eq!((bulk.name, bulk.rows, bulk.warps, bulk.tiled, bulk.ring), ("w4a16_mma_tiled_bulk", occ8.rows, occ8.warps, true, Ring::Bulk));
+        assert_eq!((bulk.name, bulk.rows, bulk.warps, bulk.layout, bulk.ring), ("w4a16_mma_tiled_bulk", occ8.rows, occ8.warps, Layout::StepMajor, Ring::Bulk));
         assert!(src.contains(&format!("#define BULK_STEPS {BULK_STEPS}\n")));
         assert!(src.contains("require_dynamic_smem(W * BULK_STEPS * 1024);\n    const int warp"));
         assert!(src.contains("\nW4A16_RUNG(w4a16_mma_tiled_bulk, w4a16_mma_tiled_bulk, 64 * MMA_WARPS, 4)\n"));
         assert!(4 * (Ring::Bulk.smem(Scheme::Asym) + 8 * 16 * 16 * 4) <= 227 * 1024, "4 blocks per SM at batch 16");
-        assert_eq!((post.name, post.rows, post.warps, post.tiled, post.ring), ("w4a16_mma_tiled_post", occ8.rows, occ8.warps, true, Ring::None));
+        assert_eq!((post.name, post.rows, post.warps, post.layout, post.ring), ("w4a16_mma_tiled_post", occ8.rows, occ8.warps, Layout::Tiles, Ring::None));
         assert!(src.contains("\nW4A16_RUNG(w4a16_mma_tiled_post, w4a16_mma_tiled_post, 64 * MMA_WARPS, 4)\n"));
-        assert_eq!((prefetch.name, prefetch.rows, prefetch.warps, prefetch.tiled, prefetch.ring), ("w4a16_mma_tiled_prefetch", occ8.rows, occ8.warps, true, Ring::None));
+        assert_eq!((prefetch.name, prefetch.rows, prefetch.warps, prefetch.layout, prefetch.ring), ("w4a16_mma_tiled_prefetch", occ8.rows, occ8.warps, Layout::Tiles, Ring::None));
         assert!(src.contains("\nW4A16_RUNG(w4a16_mma_tiled_prefetch, w4a16_mma_tiled_prefetch, 64 * MMA_WARPS, 4)\n"));
-        assert_eq!((ring.name, ring.rows, ring.warps, ring.tiled, ring.ring), ("w4a16_mma_tiled_async", occ8.rows, occ8.warps, true, Ring::Async));
+        assert_eq!((ring.name, ring.rows, ring.warps, ring.layout, ring.ring), ("w4a16_mma_tiled_async", occ8.rows, occ8.warps, Layout::Tiles, Ring::Async));
         assert!(W4_DESIGNS.iter().all(|d| (d.ring != Ring::None) == (d.name == ring.name || d.name == bulk.name)));
         assert!(src.contains(&format!("#define RING_STEPS {RING_STEPS}\n")));
         assert!(src.contains("static constexpr int BYTES = 1024 + (ASYM ? 256 : 128);"));
@@ -997,7 +1012,8 @@ mod tests {
         assert!(src.contains("\nW4A16_RUNG(w4a16_mma_occ8, w4a16_mma_occ8, 64 * MMA_WARPS, 4)\n"));
         assert_eq!((tiled.name, tiled.rows, tiled.warps, tiled.split_k, tiled.pipelined), ("w4a16_mma_tiled", occ8.rows, occ8.warps, false, false));
         assert_eq!((rolling.name, rolling.rows, rolling.warps, rolling.split_k, rolling.pipelined), ("w4a16_mma_tiled_rolling", occ8.rows, occ8.warps, false, false));
-        assert!(W4_DESIGNS.iter().all(|d| d.tiled == d.name.starts_with("w4a16_mma_tiled")));
+        assert!(W4_DESIGNS.iter().all(|d| (d.layout != Layout::Rows) == d.name.starts_with("w4a16_mma_tiled")));
+        assert!(W4_DESIGNS.iter().all(|d| (d.layout == Layout::StepMajor) == (d.name == sweep.name || d.name == bulk.name)));
         assert!(src.contains("\nW4A16_RUNG(w4a16_mma_tiled_rolling, w4a16_mma_tiled_rolling, 64 * MMA_WARPS, 4)\n"));
         assert!(src.contains("\nW4A16_RUNG(w4a16_mma_tiled, w4a16_mma_tiled, 64 * MMA_WARPS, 4)\n"));
         assert_eq!((tiles::TILE_ROWS, tiles::STEP_WEIGHTS), (mma.rows, 128));

@@ -91,6 +91,19 @@ pub fn tile(q: &GroupQuant) -> Tiles {
     Tiles { tiles, steps, codes, scales: regroup(&q.scales), mins: regroup(&q.mins) }
 }
 
+/// The codes of `t` in the step-major order that `w4a16_mma_tiled_sweep` reads: block (tile,
+/// step) at `(step * tiles + tile) * BLOCK_BYTES`, so that a grid whose blocks (one per tile)
+/// take their steps in order reads W from end to end.
+pub fn step_major(t: &Tiles) -> Vec<u8> {
+    let mut out = vec![0u8; t.codes.len()];
+    out.par_chunks_mut(BLOCK_BYTES).enumerate().for_each(|(i, block)| {
+        let (step, tile) = (i / t.tiles, i % t.tiles);
+        let at = (tile * t.steps + step) * BLOCK_BYTES;
+        block.copy_from_slice(&t.codes[at..at + BLOCK_BYTES]);
+    });
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,6 +150,15 @@ mod tests {
                 }
             }
             assert!(scheme == Scheme::Asym || t.mins.is_empty());
+            // The step-major order holds the same blocks, step after step.
+            let sm = step_major(&t);
+            assert_eq!(sm.len(), t.codes.len());
+            for tile in 0..t.tiles {
+                for step in 0..t.steps {
+                    let (a, b) = ((step * t.tiles + tile) * BLOCK_BYTES, (tile * t.steps + step) * BLOCK_BYTES);
+                    assert_eq!(sm[a..a + BLOCK_BYTES], t.codes[b..b + BLOCK_BYTES], "tile {tile} step {step}");
+                }
+            }
         }
     }
 }

@@ -584,9 +584,11 @@ mod tests {
             OFFSETS,
             "#define MMA_WARPS 4\n#define MMA_ROWS 16\n",
             // The tile layout's offsets, as mirrored in mma_warp.
-            "const uint4* qt = reinterpret_cast<const uint4*>(wq) + tile * nsteps * 64 + lane;",
-            "ld_stream16(TILED ? qt + 64LL * t : qg + walk.j);",
-            "ld_stream16(TILED ? qt + 64LL * t + 32 : qh + walk.j);",
+            // (Sweeping warps read the step-major order of the same blocks: tiles::step_major.)
+            "const long long tstep = S > 1 ? 64LL * ((n_rows + MMA_ROWS - 1) / MMA_ROWS) : 64;",
+            "const uint4* qt = reinterpret_cast<const uint4*>(wq) + tile * (S > 1 ? 1 : nsteps) * 64 + lane;",
+            "ld_stream16(TILED ? qt + tstep * t : qg + walk.j);",
+            "ld_stream16(TILED ? qt + tstep * t + 32 : qh + walk.j);",
             // Rounds and rolling loads issue the same steps in the same order: one issue() each.
             "for (int u = 0; u < U; ++u) issue(u, t0 + u * S);",
             "issue(u, t + (u + U) * S);",
@@ -606,8 +608,8 @@ mod tests {
             "if (group % 128 == 0) {\n            w4a16_mma<B, false, OCC8_STEPS(B), 2 * MMA_WARPS, true, false, 0, true>(wq, scales, mins, x, y, n_rows, k, group);",
             // w4a16_mma_tiled_bulk: tiled_sweep's steps and sums, its codes through a TMA ring
             // (a slot holds the step's 1 KB block as laid out: lane's row g at 16 lane, row g + 8 at 512 + 16 lane).
-            "const u8* qt = wq + tile * nsteps * 1024;",
-            "bulk_load(ring_at + 1024 * u, qt + 1024LL * t, 1024, bars + 8 * u);",
+            "const long long tile = row0 / MMA_ROWS, tstep = 1024LL * gridDim.x;\n    const u8* qt = wq + tile * 1024;",
+            "bulk_load(ring_at + 1024 * u, qt + tstep * t, 1024, bars + 8 * u);",
             "const uint4 cg = *reinterpret_cast<const uint4*>(ring + 1024 * u + 16 * lane);",
             "const uint4 ch = *reinterpret_cast<const uint4*>(ring + 1024 * u + 512 + 16 * lane);",
             "s2[u] = ok ? __ldg(sp + 8 * walk.grp) : 0u;",
