@@ -952,7 +952,9 @@ W4A16_RUNG(w4a16_mma_tiled_post, w4a16_mma_tiled_post, 64 * MMA_WARPS, 4)
 // copy-style read that reaches the floor sweeps memory in order with the whole grid. Here the
 // blocks, all resident at once and each taking its tile's steps in order, read one window of
 // the step-major layout that moves through W from end to end. The warps' partial sums change
-// order (still fixed: reproducible).
+// order (still fixed: reproducible). Measured within the run-to-run spread of _post (see
+// reports/notes/h100-w4a16-bulk.md).
+// ptxas -v, sm_90: 64 registers; no spills but sym b16 (252 B) and asym b16 (16 B).
 template <int B, bool ASYM>
 __device__ __forceinline__ void w4a16_mma_tiled_sweep(W4A16_ARGS) {
     if constexpr (!ASYM) {
@@ -1067,10 +1069,14 @@ W4A16_RUNG(w4a16_mma_tiled_async, w4a16_mma_tiled_async, 64 * MMA_WARPS, 4)
 // refills the slot with the step BULK_STEPS ahead before the warp decodes: BULK_STEPS - 1 to
 // BULK_STEPS steps in flight per warp at all times (w4a16_mma_tiled: 0-2, in rounds). Each lane
 // loads its scale (min) pair word into a register ring as its step is issued, BULK_STEPS steps
-// before it decodes. Steps past the warp's slice are neither copied nor waited for, so no copy
+// before it decodes. Steps past the warp's last are neither copied nor waited for, so no copy
 // is in flight when a warp ends. The decode, its order and the sums are w4a16_mma_tiled_sweep's.
 // Before sm_90 the kernels are w4a16_mma_tiled_sweep's.
 // Dynamic smem per block: 8 warps x BULK_STEPS x 1 KB = 32 KB; 4 blocks per SM.
+// ptxas -v, sm_90: 64 registers; spills 0-12 B at b1-b8, 36 B (asym) and 380 B (sym) at b16.
+// Measured slower than every register rung at batch 1 (22.5 against 17.8-18.4 us at 8192 x 8192),
+// and faster with 2 slots than with 4: Nsight Compute counts ~40% more instructions issued than
+// tiled_post, most likely the mbarrier polls (reports/notes/h100-w4a16-bulk.md).
 // ---------------------------------------------------------------------------
 #define BULK_STEPS 4
 

@@ -1151,7 +1151,7 @@ mod tests {
                     }
                     let slot = kt % stages;
                     assert_eq!(slot_of[slot], kt, "S={stages} nk={nk}: slot {slot} holds the wrong slab at {kt}");
-                    let landed = groups[..complete].iter().any(|g| *g == Some((slot, kt)));
+                    let landed = groups[..complete].contains(&Some((slot, kt)));
                     assert!(landed, "S={stages} nk={nk}: slab {kt} read before its copy completed");
                     let in_flight = groups[complete..].iter().flatten().any(|&(s, _)| s == slot);
                     assert!(!in_flight, "S={stages} nk={nk}: slot {slot} read while a copy into it is in flight");
