@@ -407,6 +407,30 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
             : "memory");
     } while (!done);
 }
+// mbar_wait for a waiter whose SM has other warps to issue: each try_wait may suspend the thread
+// for up to 10 ms (the hint CUTLASS passes) instead of the system's default time limit, so that
+// a warp waiting on its ring is woken when the phase completes rather than polling. A wait that
+// lasts more than a second (%globaltimer, read only once a first try has failed) traps.
+__device__ __forceinline__ bool mbar_try_sleep(unsigned bar, unsigned parity) {
+    unsigned done;
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity), "n"(10000000)
+        : "memory");
+    return done;
+}
+__device__ __forceinline__ unsigned long long global_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ void mbar_sleep(unsigned bar, unsigned parity) {
+    if (mbar_try_sleep(bar, parity)) return;
+    const unsigned long long t0 = global_ns();
+    while (!mbar_try_sleep(bar, parity))
+        if (global_ns() - t0 > 1000000000ull) __trap();
+}
 // `bytes` (a multiple of 16) from global src to shared dst (both 16-byte aligned); completion
 // adds them to mbarrier `bar`'s transaction count.
 __device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigned bytes, unsigned bar) {

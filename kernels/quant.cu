@@ -1122,7 +1122,7 @@ __device__ __forceinline__ void w4a16_mma_warp_bulk(const u8* ring, unsigned bar
 #pragma unroll
         for (int u = 0; u < R; ++u) {
             if (t + u * S >= t1) break;  // warp-uniform: every lane reaches each mma.sync
-            mbar_wait(bars + 8 * u, round & 1);
+            mbar_sleep(bars + 8 * u, round & 1);
             const uint4 cg = *reinterpret_cast<const uint4*>(ring + 1024 * u + 16 * lane);
             const uint4 ch = *reinterpret_cast<const uint4*>(ring + 1024 * u + 512 + 16 * lane);
             const unsigned sv = s2[u], nv = n2[u];
