@@ -42,6 +42,12 @@
 //   mma_warp64_k64  the wide loop on 64-deep slabs: 128x256x64 tile, 4 stages (192 KiB), four
 //                  k16 steps per barrier: half the barriers, cp.async waits and loop overhead per
 //                  mma, 144 KiB in flight instead of 96.
+//   mma_splitk     f16/bf16 for decode shapes (M of a few tokens, where a 128-row tile leaves
+//                  most of the GPU idle: M = 16, N = 4096 is 32 blocks of 128x128): mma_pipelined's
+//                  loop on a 16x128x64 tile, 8 warps of 16x16, 4 stages (72 KiB), K split over
+//                  grid.y = S blocks per tile (the launcher picks S for >= 2 blocks per SM, each
+//                  slice >= 4 slabs); fp32 partials in a workspace, summed in slice order by the
+//                  tile's last block (a per-tile counter it resets). S = 1 stores directly.
 //   wgmma_tma      f16/bf16, sm_90a only (offered on compute capability 9.0 alone; a trap in the
 //                  sm_80/sm_90 builds): TMA copies 128-byte-swizzled tiles into a 4-stage mbarrier
 //                  ring, wgmma.mma_async m64n256k16 reads them through smem descriptors (B N-major
@@ -644,9 +650,52 @@ struct Pipe {
     static_assert(NI % 2 == 0, "B fragments come in pairs of n8 tiles");
 };
 
-template <typename T, int BM, int BN, int WM, int WN, int STAGES>
+// Split-K (mma_splitk): block (tile, s) of the S = gridDim.y slices writes its fp32 partial tile
+// to ws[s][M][N] and counts itself in on the tile's counter; the last block to arrive sums the S
+// partials in slice order, applies alpha and beta (store2) and resets the counter for the next
+// launch. The order of the sums is fixed: results are reproducible.
+template <typename T, int BM, int BN, int MI, int NI, int THREADS>
+__device__ __forceinline__ void splitk_store(T* C, float* __restrict__ ws, unsigned* __restrict__ done, int M, int N, int ldc, int bm, int bn,
+                                             int wm, int wn, float (&acc)[MI][NI][4], float alpha, float beta) {
+    __shared__ unsigned last;
+    const int S = gridDim.y, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    float* part = ws + (u64)blockIdx.y * M * N;
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NI; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = bm + wm + i * 16 + g + 8 * (e >> 1), c = bn + wn + j * 8 + 2 * t + (e & 1);
+                if (r < M && c < N) part[(u64)r * N + c] = acc[i][j][e];
+            }
+    // Publish the partials, then count this slice in.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(done + blockIdx.x, 1u) == (unsigned)(S - 1);
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int p = threadIdx.x; p < BM * BN / 2; p += THREADS) {
+        const int r = bm + p / (BN / 2), c = bn + 2 * (p % (BN / 2));
+        if (r >= M || c >= N) continue;
+        float v0 = 0.f, v1 = 0.f;
+        for (int v = 0; v < S; ++v) {
+            const float* q = ws + ((u64)v * M + r) * N + c;
+            v0 += __ldcg(q);
+            if (c + 1 < N) v1 += __ldcg(q + 1);
+        }
+        store2<T>(C, M, N, ldc, r, c, v0, v1, alpha, beta);
+    }
+    if (threadIdx.x == 0) done[blockIdx.x] = 0u;  // ready for the next launch
+}
+
+// SPLIT (mma_splitk): the block takes slice blockIdx.y of gridDim.y of the K slabs (ceil(nk / S)
+// each) and finishes through splitk_store; with one slice it stores as the others do.
+template <typename T, int BM, int BN, int WM, int WN, int STAGES, bool SPLIT = false>
 __device__ __forceinline__ void mma_pipelined_body(const T* __restrict__ A, const T* __restrict__ B, T* C, int M, int N,
-                                                   int K, int lda, int ldb, int ldc, float alpha, float beta) {
+                                                   int K, int lda, int ldb, int ldc, float alpha, float beta, float* __restrict__ ws = nullptr,
+                                                   unsigned* __restrict__ done = nullptr) {
     using P = Pipe<T, BM, BN, WM, WN, STAGES>;
     constexpr int BK = P::BK, THREADS = P::THREADS, MI = P::MI, NI = P::NI;
     extern __shared__ __align__(128) unsigned char smem[];
@@ -660,8 +709,9 @@ __device__ __forceinline__ void mma_pipelined_body(const T* __restrict__ A, cons
         unsigned char* sa = smem + stage * P::STAGE_BYTES;
         unsigned char* sb = sa + P::A_BYTES;
 #pragma unroll
-        for (int i = 0; i < BM * P::A_CPR / THREADS; ++i) {
+        for (int i = 0; i < (BM * P::A_CPR + THREADS - 1) / THREADS; ++i) {
             const int c = tid + i * THREADS, r = c / P::A_CPR, ch = c % P::A_CPR;
+            if (BM * P::A_CPR % THREADS != 0 && c >= BM * P::A_CPR) break;  // an A slab of fewer chunks than threads
             const int gr = bm + r, gk = k0 + ch * 8;
             load_chunk(sa, swz(r, ch, P::A_CPR), A + (u64)min(gr, M - 1) * lda + min(gk, K - 1), gr < M ? K - gk : 0);
         }
@@ -687,12 +737,18 @@ __device__ __forceinline__ void mma_pipelined_body(const T* __restrict__ A, cons
     };
 
     float acc[MI][NI][4] = {};
-    const int nk = (K + BK - 1) / BK;
+    // Slabs kb .. kb + nk - 1 (all of K unless SPLIT).
+    int kb = 0, nk = (K + BK - 1) / BK;
+    if constexpr (SPLIT) {
+        const int per = (nk + gridDim.y - 1) / gridDim.y;
+        kb = min(nk, (int)blockIdx.y * per);
+        nk = min(nk, kb + per) - kb;
+    }
     // Prologue: STAGES - 1 slabs in flight; a group is committed even when empty so that
     // "wait until at most STAGES - 2 groups are pending" always means "slab kt has landed".
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < nk) load_stage(s, s * BK);
+        if (s < nk) load_stage(s, (kb + s) * BK);
         cp_async_commit();
     }
     unsigned a[2][MI][4], b[2][NI][2];
@@ -702,7 +758,7 @@ __device__ __forceinline__ void mma_pipelined_body(const T* __restrict__ A, cons
         // slot the prefetch below overwrites.
         __syncthreads();
         const int next = kt + STAGES - 1;
-        if (next < nk) load_stage(next % STAGES, next * BK);
+        if (next < nk) load_stage(next % STAGES, (kb + next) * BK);
         cp_async_commit();
         const int stage = kt % STAGES;
         load_frags(stage, 0, a[0], b[0]);
@@ -716,6 +772,12 @@ __device__ __forceinline__ void mma_pipelined_body(const T* __restrict__ A, cons
         }
     }
     cp_async_wait<0>();
+    if constexpr (SPLIT) {
+        if (gridDim.y > 1) {
+            splitk_store<T, BM, BN, MI, NI, THREADS>(C, ws, done, M, N, ldc, bm, bn, wm, wn, acc, alpha, beta);
+            return;
+        }
+    }
     store_acc<T, MI, NI>(C, M, N, ldc, bm + wm, bn + wn, acc, alpha, beta);
 }
 
@@ -1131,6 +1193,14 @@ extern "C" __global__ void __launch_bounds__(256) gemm_mma_pipelined_wide_f16(GE
 }
 extern "C" __global__ void __launch_bounds__(256) gemm_mma_pipelined_wide_bf16(GEMM_ARGS(__nv_bfloat16)) {
     mma_pipelined_body<__nv_bfloat16, 128, 256, 64, 64, 4>(GEMM_PASS);
+}
+// mma_splitk: mma_pipelined's loop on a 16-row tile, K split over grid.y (decode-sized M).
+extern "C" __global__ void __launch_bounds__(256) gemm_mma_splitk_f16(GEMM_ARGS(__half), float* __restrict__ ws, unsigned* __restrict__ done) {
+    mma_pipelined_body<__half, 16, 128, 16, 16, 4, true>(GEMM_PASS, ws, done);
+}
+extern "C" __global__ void __launch_bounds__(256) gemm_mma_splitk_bf16(GEMM_ARGS(__nv_bfloat16), float* __restrict__ ws,
+                                                                       unsigned* __restrict__ done) {
+    mma_pipelined_body<__nv_bfloat16, 16, 128, 16, 16, 4, true>(GEMM_PASS, ws, done);
 }
 // mma_warp64: 2.3 instructions per HMMA instead of 10-16, two 4-warp blocks per SM (238 regs).
 extern "C" __global__ void __launch_bounds__(128, 2) gemm_mma_warp64_f16(GEMM_ARGS(__half)) {
