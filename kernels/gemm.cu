@@ -676,16 +676,24 @@ __device__ __forceinline__ void splitk_store(T* C, float* __restrict__ ws, unsig
     __syncthreads();
     if (!last) return;
     __threadfence();
-    for (int p = threadIdx.x; p < BM * BN / 2; p += THREADS) {
-        const int r = bm + p / (BN / 2), c = bn + 2 * (p % (BN / 2));
-        if (r >= M || c >= N) continue;
-        float v0 = 0.f, v1 = 0.f;
-        for (int v = 0; v < S; ++v) {
-            const float* q = ws + ((u64)v * M + r) * N + c;
-            v0 += __ldcg(q);
-            if (c + 1 < N) v1 += __ldcg(q + 1);
+    // Each thread sums PAIRS column pairs, all of them one slice at a time, so that a slice's
+    // loads are in flight together (the tile's last block is the kernel's tail).
+    constexpr int PAIRS = BM * BN / 2 / THREADS;
+    static_assert(BM * BN / 2 % THREADS == 0, "whole pairs per thread");
+    float v[PAIRS][2] = {};
+    for (int sl = 0; sl < S; ++sl)
+#pragma unroll
+        for (int q = 0; q < PAIRS; ++q) {
+            const int p = threadIdx.x + q * THREADS, r = bm + p / (BN / 2), c = bn + 2 * (p % (BN / 2));
+            if (r >= M || c >= N) continue;
+            const float* src = ws + ((u64)sl * M + r) * N + c;
+            v[q][0] += __ldcg(src);
+            if (c + 1 < N) v[q][1] += __ldcg(src + 1);
         }
-        store2<T>(C, M, N, ldc, r, c, v0, v1, alpha, beta);
+#pragma unroll
+    for (int q = 0; q < PAIRS; ++q) {
+        const int p = threadIdx.x + q * THREADS, r = bm + p / (BN / 2), c = bn + 2 * (p % (BN / 2));
+        if (r < M && c < N) store2<T>(C, M, N, ldc, r, c, v[q][0], v[q][1], alpha, beta);
     }
     if (threadIdx.x == 0) done[blockIdx.x] = 0u;  // ready for the next launch
 }
