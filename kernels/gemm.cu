@@ -676,46 +676,16 @@ __device__ __forceinline__ void splitk_store(T* C, float* __restrict__ ws, unsig
     __syncthreads();
     if (!last) return;
     __threadfence();
-    // Each thread sums QUADS runs of 4 columns, GROUP slices at a time: the GROUP x QUADS 16-byte
-    // loads of a group are issued before any is added, so the tile's last block (the kernel's
-    // tail) waits for L2 once per group, not once per load. Additions stay in slice order.
-    constexpr int QUADS = BM * BN / 4 / THREADS, GROUP = 4;
-    static_assert(BM * BN / 4 % THREADS == 0, "whole runs of 4 columns per thread");
-    const bool vec = N % 4 == 0;  // 16-byte aligned runs of 4 (ws is 256-byte aligned)
-    float sum[QUADS][4] = {};
-    for (int s0 = 0; s0 < S; s0 += GROUP) {
-        float4 got[GROUP][QUADS];
-#pragma unroll
-        for (int u = 0; u < GROUP; ++u)
-#pragma unroll
-            for (int q = 0; q < QUADS; ++q) {
-                const int p = threadIdx.x + q * THREADS, r = bm + p / (BN / 4), c = bn + 4 * (p % (BN / 4));
-                const float* src = ws + ((u64)(s0 + u) * M + r) * N + c;
-                got[u][q] = make_float4(0.f, 0.f, 0.f, 0.f);
-                if (s0 + u >= S || r >= M || c >= N) continue;
-                if (vec) {
-                    got[u][q] = __ldcg(reinterpret_cast<const float4*>(src));
-                } else {
-                    got[u][q].x = __ldcg(src);
-                    if (c + 1 < N) got[u][q].y = __ldcg(src + 1);
-                    if (c + 2 < N) got[u][q].z = __ldcg(src + 2);
-                    if (c + 3 < N) got[u][q].w = __ldcg(src + 3);
-                }
-            }
-#pragma unroll
-        for (int u = 0; u < GROUP; ++u)
-#pragma unroll
-            for (int q = 0; q < QUADS; ++q) {
-                sum[q][0] += got[u][q].x, sum[q][1] += got[u][q].y;
-                sum[q][2] += got[u][q].z, sum[q][3] += got[u][q].w;
-            }
-    }
-#pragma unroll
-    for (int q = 0; q < QUADS; ++q) {
-        const int p = threadIdx.x + q * THREADS, r = bm + p / (BN / 4), c = bn + 4 * (p % (BN / 4));
-        if (r >= M) continue;
-        if (c < N) store2<T>(C, M, N, ldc, r, c, sum[q][0], sum[q][1], alpha, beta);
-        if (c + 2 < N) store2<T>(C, M, N, ldc, r, c + 2, sum[q][2], sum[q][3], alpha, beta);
+    for (int p = threadIdx.x; p < BM * BN / 2; p += THREADS) {
+        const int r = bm + p / (BN / 2), c = bn + 2 * (p % (BN / 2));
+        if (r >= M || c >= N) continue;
+        float v0 = 0.f, v1 = 0.f;
+        for (int v = 0; v < S; ++v) {
+            const float* q = ws + ((u64)v * M + r) * N + c;
+            v0 += __ldcg(q);
+            if (c + 1 < N) v1 += __ldcg(q + 1);
+        }
+        store2<T>(C, M, N, ldc, r, c, v0, v1, alpha, beta);
     }
     if (threadIdx.x == 0) done[blockIdx.x] = 0u;  // ready for the next launch
 }
@@ -1224,12 +1194,11 @@ extern "C" __global__ void __launch_bounds__(256) gemm_mma_pipelined_wide_f16(GE
 extern "C" __global__ void __launch_bounds__(256) gemm_mma_pipelined_wide_bf16(GEMM_ARGS(__nv_bfloat16)) {
     mma_pipelined_body<__nv_bfloat16, 128, 256, 64, 64, 4>(GEMM_PASS);
 }
-// mma_splitk: mma_pipelined's loop on a 16-row tile, K split over grid.y (decode-sized M); three
-// blocks per SM (72 KiB of smem each), so at most 85 registers.
-extern "C" __global__ void __launch_bounds__(256, 3) gemm_mma_splitk_f16(GEMM_ARGS(__half), float* __restrict__ ws, unsigned* __restrict__ done) {
+// mma_splitk: mma_pipelined's loop on a 16-row tile, K split over grid.y (decode-sized M).
+extern "C" __global__ void __launch_bounds__(256) gemm_mma_splitk_f16(GEMM_ARGS(__half), float* __restrict__ ws, unsigned* __restrict__ done) {
     mma_pipelined_body<__half, 16, 128, 16, 16, 4, true>(GEMM_PASS, ws, done);
 }
-extern "C" __global__ void __launch_bounds__(256, 3) gemm_mma_splitk_bf16(GEMM_ARGS(__nv_bfloat16), float* __restrict__ ws,
+extern "C" __global__ void __launch_bounds__(256) gemm_mma_splitk_bf16(GEMM_ARGS(__nv_bfloat16), float* __restrict__ ws,
                                                                        unsigned* __restrict__ done) {
     mma_pipelined_body<__nv_bfloat16, 16, 128, 16, 16, 4, true>(GEMM_PASS, ws, done);
 }
