@@ -718,14 +718,12 @@ __device__ __forceinline__ void w4a16_mma_warp(const u8* __restrict__ wq, const 
     // lane (row g + 8) of the tile's blocks; the scales (mins) of rows g and g + 8 for group grp
     // one 4-byte pair, word 8 grp + g of the tile's.
     // Sweeping warps (S > 1) read the step-major tile layout, where step t of every tile comes
-    // before step t + 1 of any: block (tile, t) at (t ntiles + tile) KB, and the 16 scales (mins)
-    // of (tile, group) at (group ntiles + tile) x 16.
-    const long long tile = row0 / MMA_ROWS, nsteps = (nchunks + 3) / 4, ntiles = (n_rows + MMA_ROWS - 1) / MMA_ROWS;
-    const long long tstep = S > 1 ? 64 * ntiles : 64;
-    const int gstride = S > 1 ? 8 * (int)ntiles : 8;
+    // before step t + 1 of any: block (tile, t) at (t ntiles + tile) KB.
+    const long long tile = row0 / MMA_ROWS, nsteps = (nchunks + 3) / 4;
+    const long long tstep = S > 1 ? 64LL * ((n_rows + MMA_ROWS - 1) / MMA_ROWS) : 64;
     const uint4* qt = reinterpret_cast<const uint4*>(wq) + tile * (S > 1 ? 1 : nsteps) * 64 + lane;
-    const unsigned* sp = reinterpret_cast<const unsigned*>(scales + tile * (S > 1 ? 1 : gpr) * MMA_ROWS) + g;
-    const unsigned* mp = reinterpret_cast<const unsigned*>(mins + tile * (S > 1 ? 1 : gpr) * MMA_ROWS) + g;
+    const unsigned* sp = reinterpret_cast<const unsigned*>(scales + tile * gpr * MMA_ROWS) + g;
+    const unsigned* mp = reinterpret_cast<const unsigned*>(mins + tile * gpr * MMA_ROWS) + g;
     const __half* sg = scales + rg * gpr;
     const __half* sh = scales + rh * gpr;
     const __half* mg = mins + rg * gpr;
@@ -758,7 +756,7 @@ __device__ __forceinline__ void w4a16_mma_warp(const u8* __restrict__ wq, const 
             ch[u] = ld_stream16(TILED ? qt + tstep * t + 32 : qh + walk.j);
         }
         if (TILED) {  // one load per table: the (row g, row g + 8) pair, each half splatted
-            const unsigned s2 = ok ? __ldg(sp + gstride * walk.grp) : 0u, n2 = ASYM && ok ? __ldg(mp + gstride * walk.grp) : 0u;
+            const unsigned s2 = ok ? __ldg(sp + 8 * walk.grp) : 0u, n2 = ASYM && ok ? __ldg(mp + 8 * walk.grp) : 0u;
             dg[u] = POST ? s2 : __byte_perm(s2, 0u, 0x1010);  // POST: the raw pair, split after the MMAs
             dh[u] = __byte_perm(s2, 0u, 0x3232);
             m2g[u] = __byte_perm(n2, 0u, 0x1010);
@@ -1090,14 +1088,12 @@ __device__ __forceinline__ void w4a16_mma_warp_bulk(const u8* ring, unsigned bar
     constexpr int R = BULK_STEPS;
     const int lane = threadIdx.x & 31;
     const int g = lane >> 2, c = lane & 3;
-    const int nchunks = k / 32, cpg = group / 32;
-    // The step-major tile layout (as w4a16_mma_tiled_sweep reads it): block (tile, t) at (t ntiles + tile) KB,
-    // the scales (mins) of (tile, group) at (group ntiles + tile) x 16.
+    const int nchunks = k / 32, cpg = group / 32, gpr = k / group;
+    // The step-major tile layout (as w4a16_mma_tiled_sweep reads it): block (tile, t) at (t ntiles + tile) KB.
     const long long tile = row0 / MMA_ROWS, tstep = 1024LL * gridDim.x;
-    const int gstride = 8 * (int)gridDim.x;
     const u8* qt = wq + tile * 1024;
-    const unsigned* sp = reinterpret_cast<const unsigned*>(scales + tile * MMA_ROWS) + g;
-    const unsigned* mp = reinterpret_cast<const unsigned*>(mins + tile * MMA_ROWS) + g;
+    const unsigned* sp = reinterpret_cast<const unsigned*>(scales + tile * gpr * MMA_ROWS) + g;
+    const unsigned* mp = reinterpret_cast<const unsigned*>(mins + tile * gpr * MMA_ROWS) + g;
     const unsigned ring_at = smem_addr(ring);
     if (lane == 0) {
 #pragma unroll
@@ -1110,8 +1106,8 @@ __device__ __forceinline__ void w4a16_mma_warp_bulk(const u8* ring, unsigned bar
     // Step t into slot u (no copy past t1), and this lane's scale (min) pair for it (0 past t1 or K).
     auto issue = [&](int u, int t) {
         const bool ok = t < t1 && walk.j < nchunks;
-        s2[u] = ok ? __ldg(sp + gstride * walk.grp) : 0u;
-        n2[u] = ASYM && ok ? __ldg(mp + gstride * walk.grp) : 0u;
+        s2[u] = ok ? __ldg(sp + 8 * walk.grp) : 0u;
+        n2[u] = ASYM && ok ? __ldg(mp + 8 * walk.grp) : 0u;
         if (lane == 0 && t < t1) {
             mbar_expect_tx(bars + 8 * u, 1024);
             bulk_load(ring_at + 1024 * u, qt + tstep * t, 1024, bars + 8 * u);

@@ -94,7 +94,7 @@ pub const W4_DESIGNS: &[W4Design] = &[
 
 /// Where a design reads W's codes: row-major (as quantized), in the tile layout
 /// ([`tiles::tile`]: one 1 KB block per (tile, step), tile after tile), or in its step-major
-/// order ([`tiles::step_major`], scales and mins too).
+/// order ([`tiles::step_major`]); the tiled layouts share their scales (and mins).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Layout {
     Rows,
@@ -688,10 +688,7 @@ fn run_w4a16(s: &mut Session, case: &Value) -> Result<()> {
     // The tile layout, rearranged once like the dequantized weights cuBLAS reads (untimed).
     let t = tiles::tile(&q);
     let (tq, ts) = (gpu.upload(&t.codes)?, gpu.upload(&t.scales)?);
-    // The sweeping rungs' order of the same tables.
-    let sm = tiles::step_major(&t);
-    let (sq, ss) = (gpu.upload(&sm.codes)?, gpu.upload(&sm.scales)?);
-    let smins = gpu.upload(if sm.mins.is_empty() { &sm.scales } else { &sm.mins })?;
+    let tsm = gpu.upload(&tiles::step_major(&t))?;
     let tm = gpu.upload(if t.mins.is_empty() { &t.scales } else { &t.mins })?;
     stream_read(s, &gpu, &shape_case, &q, &dq, &ds, &dm)?;
     let dw16 = gpu.upload(&wd16)?;
@@ -729,7 +726,7 @@ fn run_w4a16(s: &mut Session, case: &Value) -> Result<()> {
             let (cq, cs, cm) = match design.layout {
                 Layout::Rows => (&dq, &ds, &dm),
                 Layout::Tiles => (&tq, &ts, &tm),
-                Layout::StepMajor => (&sq, &ss, &smins),
+                Layout::StepMajor => (&tsm, &ts, &tm),
             };
             let launch = |y: &mut CudaSlice<f16>| -> Result<()> {
                 let mut l = gpu.stream.launch_builder(&f);

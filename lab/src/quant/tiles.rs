@@ -91,27 +91,17 @@ pub fn tile(q: &GroupQuant) -> Tiles {
     Tiles { tiles, steps, codes, scales: regroup(&q.scales), mins: regroup(&q.mins) }
 }
 
-/// `t` in the step-major order that `w4a16_mma_tiled_sweep` reads, so that a grid whose blocks
-/// (one per tile) take their steps in order reads W from end to end: code block (tile, step) at
-/// `(step * tiles + tile) * BLOCK_BYTES`, and the 16 scales (mins) of (tile, group) at
-/// `(group * tiles + tile) * TILE_ROWS`.
-pub fn step_major(t: &Tiles) -> Tiles {
-    let mut codes = vec![0u8; t.codes.len()];
-    codes.par_chunks_mut(BLOCK_BYTES).enumerate().for_each(|(i, block)| {
+/// The codes of `t` in the step-major order that `w4a16_mma_tiled_sweep` reads: block (tile,
+/// step) at `(step * tiles + tile) * BLOCK_BYTES`, so that a grid whose blocks (one per tile)
+/// take their steps in order reads W from end to end.
+pub fn step_major(t: &Tiles) -> Vec<u8> {
+    let mut out = vec![0u8; t.codes.len()];
+    out.par_chunks_mut(BLOCK_BYTES).enumerate().for_each(|(i, block)| {
         let (step, tile) = (i / t.tiles, i % t.tiles);
         let at = (tile * t.steps + step) * BLOCK_BYTES;
         block.copy_from_slice(&t.codes[at..at + BLOCK_BYTES]);
     });
-    let regroup = |v: &[f16]| -> Vec<f16> {
-        let gpr = v.len() / (t.tiles * TILE_ROWS).max(1);
-        let mut out = vec![f16::ZERO; v.len()];
-        for (i, run) in out.chunks_mut(TILE_ROWS).enumerate() {
-            let (grp, tile) = (i / t.tiles, i % t.tiles);
-            run.copy_from_slice(&v[(tile * gpr + grp) * TILE_ROWS..][..TILE_ROWS]);
-        }
-        out
-    };
-    Tiles { tiles: t.tiles, steps: t.steps, codes, scales: regroup(&t.scales), mins: regroup(&t.mins) }
+    out
 }
 
 #[cfg(test)]
@@ -160,21 +150,13 @@ mod tests {
                 }
             }
             assert!(scheme == Scheme::Asym || t.mins.is_empty());
-            // The step-major order holds the same blocks, step after step, and the same scales
-            // (mins), group after group.
+            // The step-major order holds the same blocks, step after step.
             let sm = step_major(&t);
-            assert_eq!((sm.codes.len(), sm.scales.len(), sm.mins.len()), (t.codes.len(), t.scales.len(), t.mins.len()));
+            assert_eq!(sm.len(), t.codes.len());
             for tile in 0..t.tiles {
                 for step in 0..t.steps {
                     let (a, b) = ((step * t.tiles + tile) * BLOCK_BYTES, (tile * t.steps + step) * BLOCK_BYTES);
-                    assert_eq!(sm.codes[a..a + BLOCK_BYTES], t.codes[b..b + BLOCK_BYTES], "tile {tile} step {step}");
-                }
-                for grp in 0..gpr {
-                    let (a, b) = ((grp * t.tiles + tile) * 16, (tile * gpr + grp) * 16);
-                    assert_eq!(sm.scales[a..a + 16], t.scales[b..b + 16], "scales of tile {tile} group {grp}");
-                    if scheme == Scheme::Asym {
-                        assert_eq!(sm.mins[a..a + 16], t.mins[b..b + 16], "mins of tile {tile} group {grp}");
-                    }
+                    assert_eq!(sm[a..a + BLOCK_BYTES], t.codes[b..b + BLOCK_BYTES], "tile {tile} step {step}");
                 }
             }
         }

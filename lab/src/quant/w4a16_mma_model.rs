@@ -585,6 +585,7 @@ mod tests {
             "#define MMA_WARPS 4\n#define MMA_ROWS 16\n",
             // The tile layout's offsets, as mirrored in mma_warp.
             // (Sweeping warps read the step-major order of the same blocks: tiles::step_major.)
+            "const long long tstep = S > 1 ? 64LL * ((n_rows + MMA_ROWS - 1) / MMA_ROWS) : 64;",
             "const uint4* qt = reinterpret_cast<const uint4*>(wq) + tile * (S > 1 ? 1 : nsteps) * 64 + lane;",
             "ld_stream16(TILED ? qt + tstep * t : qg + walk.j);",
             "ld_stream16(TILED ? qt + tstep * t + 32 : qh + walk.j);",
@@ -607,13 +608,11 @@ mod tests {
             "if (group % 128 == 0) {\n            w4a16_mma<B, false, OCC8_STEPS(B), 2 * MMA_WARPS, true, false, 0, true>(wq, scales, mins, x, y, n_rows, k, group);",
             // w4a16_mma_tiled_bulk: tiled_sweep's steps and sums, its codes through a TMA ring
             // (a slot holds the step's 1 KB block as laid out: lane's row g at 16 lane, row g + 8 at 512 + 16 lane).
-            "const u8* qt = wq + tile * 1024;",
+            "const long long tile = row0 / MMA_ROWS, tstep = 1024LL * gridDim.x;\n    const u8* qt = wq + tile * 1024;",
             "bulk_load(ring_at + 1024 * u, qt + tstep * t, 1024, bars + 8 * u);",
             "const uint4 cg = *reinterpret_cast<const uint4*>(ring + 1024 * u + 16 * lane);",
             "const uint4 ch = *reinterpret_cast<const uint4*>(ring + 1024 * u + 512 + 16 * lane);",
-            "s2[u] = ok ? __ldg(sp + gstride * walk.grp) : 0u;",
-            "tstep = 1024LL * gridDim.x;\n    const int gstride = 8 * (int)gridDim.x;",
-            "const unsigned* sp = reinterpret_cast<const unsigned*>(scales + tile * MMA_ROWS) + g;",
+            "s2[u] = ok ? __ldg(sp + 8 * walk.grp) : 0u;",
             "w4a16_mma_step_post<B>(acc, cg, ch, sv, x, k, j, nchunks, g);",
             "if constexpr (!ASYM) post = group % 128 == 0;",
             "w4a16_mma_warp_bulk<B, false, true, W>(ring, wb, wq, scales, mins, x, k, group, row0, warp, nsteps, part[warp]);",
@@ -621,9 +620,8 @@ mod tests {
             "const int j = 4 * (t + u * S) + c;",
             // Prefetches into L2 change when bytes arrive, not which are read.
             "if (PF > 0 && lane == 0 && t + PF < t1) prefetch_l2(tq0 + 64LL * (t + PF), 1024u);",
-            "const unsigned s2 = ok ? __ldg(sp + gstride * walk.grp) : 0u, n2 = ASYM && ok ? __ldg(mp + gstride * walk.grp) : 0u;",
-            "const long long tstep = S > 1 ? 64 * ntiles : 64;\n    const int gstride = S > 1 ? 8 * (int)ntiles : 8;",
-            "const unsigned* sp = reinterpret_cast<const unsigned*>(scales + tile * (S > 1 ? 1 : gpr) * MMA_ROWS) + g;",
+            "const unsigned* sp = reinterpret_cast<const unsigned*>(scales + tile * gpr * MMA_ROWS) + g;",
+            "const unsigned s2 = ok ? __ldg(sp + 8 * walk.grp) : 0u, n2 = ASYM && ok ? __ldg(mp + 8 * walk.grp) : 0u;",
             "dh[u] = __byte_perm(s2, 0u, 0x3232);",
             "    w4a16_mma<B, ASYM, OCC8_STEPS(B), 2 * MMA_WARPS, true>(wq, scales, mins, x, y, n_rows, k, group);",
             "W4A16_RUNG(w4a16_mma_tiled, w4a16_mma_tiled, 64 * MMA_WARPS, 4)",
