@@ -48,8 +48,6 @@
 //                  grid.y = S blocks per tile (the launcher picks S for >= 2 blocks per SM, each
 //                  slice >= 4 slabs); fp32 partials in a workspace, summed in slice order by the
 //                  tile's last block (a per-tile counter it resets). S = 1 stores directly.
-//   mma_splitk_m64 the same split on a 64x128x64 tile, 8 warps of 32x32 (96 KiB, 2 blocks per SM),
-//                  for M of 32-512 tokens, where 16-row tiles re-read B from L2 once per 16 rows.
 //   wgmma_tma      f16/bf16, sm_90a only (offered on compute capability 9.0 alone; a trap in the
 //                  sm_80/sm_90 builds): TMA copies 128-byte-swizzled tiles into a 4-stage mbarrier
 //                  ring, wgmma.mma_async m64n256k16 reads them through smem descriptors (B N-major
@@ -65,7 +63,6 @@
 //   mma_pipelined_wide 251 / 0 (+192 KiB dynamic) / 0
 //   mma_warp64 238 / 0 (+64 KiB dynamic) / 0       mma_warp64_wide 238 / 0 (+120 KiB dynamic) / 0
 //   mma_warp64_k64 242 / 0 (+192 KiB dynamic) / 0      mma_splitk 62 / 128 B (+72 KiB dynamic) / 0
-//   mma_splitk_m64 123 / 128 B (+96 KiB dynamic) / 0
 //   (f16 and bf16 alike; sm_80: mma_warp64(_wide, _k64) 234 registers, no spills)
 //   wgmma_tma for sm_90a: 168 / 0 (+197696 dynamic) / 0, no stack frame (the launch-time figure
 //   for 384 threads; setmaxnreg then moves the producer to 40 and the consumers to 232)
@@ -1197,20 +1194,13 @@ extern "C" __global__ void __launch_bounds__(256) gemm_mma_pipelined_wide_f16(GE
 extern "C" __global__ void __launch_bounds__(256) gemm_mma_pipelined_wide_bf16(GEMM_ARGS(__nv_bfloat16)) {
     mma_pipelined_body<__nv_bfloat16, 128, 256, 64, 64, 4>(GEMM_PASS);
 }
-// mma_splitk(_m64): mma_pipelined's loop on a 16-row (64-row) tile, K split over grid.y (small M).
+// mma_splitk: mma_pipelined's loop on a 16-row tile, K split over grid.y (decode-sized M).
 extern "C" __global__ void __launch_bounds__(256) gemm_mma_splitk_f16(GEMM_ARGS(__half), float* __restrict__ ws, unsigned* __restrict__ done) {
     mma_pipelined_body<__half, 16, 128, 16, 16, 4, true>(GEMM_PASS, ws, done);
 }
 extern "C" __global__ void __launch_bounds__(256) gemm_mma_splitk_bf16(GEMM_ARGS(__nv_bfloat16), float* __restrict__ ws,
                                                                        unsigned* __restrict__ done) {
     mma_pipelined_body<__nv_bfloat16, 16, 128, 16, 16, 4, true>(GEMM_PASS, ws, done);
-}
-extern "C" __global__ void __launch_bounds__(256) gemm_mma_splitk_m64_f16(GEMM_ARGS(__half), float* __restrict__ ws, unsigned* __restrict__ done) {
-    mma_pipelined_body<__half, 64, 128, 32, 32, 4, true>(GEMM_PASS, ws, done);
-}
-extern "C" __global__ void __launch_bounds__(256) gemm_mma_splitk_m64_bf16(GEMM_ARGS(__nv_bfloat16), float* __restrict__ ws,
-                                                                           unsigned* __restrict__ done) {
-    mma_pipelined_body<__nv_bfloat16, 64, 128, 32, 32, 4, true>(GEMM_PASS, ws, done);
 }
 // mma_warp64: 2.3 instructions per HMMA instead of 10-16, two 4-warp blocks per SM (238 regs).
 extern "C" __global__ void __launch_bounds__(128, 2) gemm_mma_warp64_f16(GEMM_ARGS(__half)) {

@@ -37,7 +37,7 @@ const FAMILY: &str = "gemm";
 /// The fp32 SIMT ladder, in order.
 pub const F32_VARIANTS: &[&str] = &["naive", "smem_tiled", "blocktile_1d", "blocktile_2d", "vectorized", "warptiled"];
 /// The fp16/bf16 tensor-core ladder, in order (`wgmma_tma` on compute capability 9.0 only).
-pub const HALF_VARIANTS: &[&str] = &["mma_ldmatrix", "mma_pipelined", "mma_pipelined_wide", "mma_warp64", "mma_warp64_wide", "mma_warp64_k64", "mma_splitk", "mma_splitk_m64", "wgmma_tma"];
+pub const HALF_VARIANTS: &[&str] = &["mma_ldmatrix", "mma_pipelined", "mma_pipelined_wide", "mma_warp64", "mma_warp64_wide", "mma_warp64_k64", "mma_splitk", "wgmma_tma"];
 /// Variants built from sm_90a instructions (wgmma, TMA, setmaxnreg): offered on 9.0 alone,
 /// absent elsewhere (their PTX target, `compute_90a`, loads on no other device).
 pub const SM90A_VARIANTS: &[&str] = &["wgmma_tma"];
@@ -369,7 +369,6 @@ pub fn dynamic_smem(variant: &str) -> usize {
         "mma_warp64_wide" => 5 * (128 * 32 + 32 * 256) * 2,
         "mma_warp64_k64" => 4 * (128 * 64 + 64 * 256) * 2,
         "mma_splitk" => 4 * (16 * 64 + 64 * 128) * 2,
-        "mma_splitk_m64" => 4 * (64 * 64 + 64 * 128) * 2,
         "wgmma_tma" => wg::SMEM,
         _ => 0,
     }
@@ -391,7 +390,6 @@ pub fn tile(variant: &str) -> &'static str {
         "mma_warp64_wide" => "128x256x32, 8 warps of 64x64, 5-stage cp.async, one barrier per slab",
         "mma_warp64_k64" => "128x256x64, 8 warps of 64x64, 4-stage cp.async, one barrier per 64-deep slab",
         "mma_splitk" => "16x128x64, 8 warps of 16x16, 4-stage cp.async, K split over grid.y, fp32 partials summed in slice order",
-        "mma_splitk_m64" => "64x128x64, 8 warps of 32x32, 4-stage cp.async, K split over grid.y, fp32 partials summed in slice order",
         "wgmma_tma" => "128x256x64, 3 warpgroups (1 TMA producer, 2 wgmma consumers of 64x256), 4-stage mbarrier ring, 128B swizzle",
         _ => "",
     }
@@ -412,32 +410,23 @@ pub fn launch_config(variant: &str, m: usize, n: usize) -> LaunchConfig {
         "mma_warp64" => (((m.div_ceil(128) * n.div_ceil(128)) as u32, 1, 1), (128, 1, 1)),
         "mma_warp64_wide" | "mma_warp64_k64" => (((m.div_ceil(128) * n.div_ceil(256)) as u32, 1, 1), (256, 1, 1)),
         // grid.y: the K slices, set by run_kernel from splitk_slices.
-        "mma_splitk" | "mma_splitk_m64" => (((m.div_ceil(splitk_rows(variant)) * n.div_ceil(128)) as u32, 1, 1), (256, 1, 1)),
+        "mma_splitk" => (((m.div_ceil(16) * n.div_ceil(128)) as u32, 1, 1), (256, 1, 1)),
         "wgmma_tma" => (((m.div_ceil(wg::BM) * n.div_ceil(wg::BN)) as u32, 1, 1), (384, 1, 1)),
         other => unreachable!("no launch shape for gemm variant `{other}`"),
     };
     LaunchConfig { grid_dim, block_dim, shared_mem_bytes: dynamic_smem(variant) as u32 }
 }
 
-/// Rows of a split-K variant's tile (its columns are 128); 0 for the others.
-pub fn splitk_rows(variant: &str) -> usize {
-    match variant {
-        "mma_splitk" => 16,
-        "mma_splitk_m64" => 64,
-        _ => 0,
-    }
-}
-
-/// K slices (blocks per tile along K, grid.y) of a split-K variant on `sms` SMs: enough for 2
+/// K slices (blocks per 16x128 tile along K, grid.y) of mma_splitk on `sms` SMs: enough for 2
 /// blocks per SM, each slice at least 4 slabs of 64 deep, none empty; 1 where the tiles alone
 /// fill the GPU twice.
-pub fn splitk_slices(variant: &str, d: Dims, sms: usize) -> usize {
-    let (tiles, slabs) = (d.m.div_ceil(splitk_rows(variant)) * d.n.div_ceil(128), d.k.div_ceil(64));
+pub fn splitk_slices(d: Dims, sms: usize) -> usize {
+    let (tiles, slabs) = (d.m.div_ceil(16) * d.n.div_ceil(128), d.k.div_ceil(64));
     let want = (2 * sms).div_ceil(tiles).min(slabs / 4).max(1);
     slabs.div_ceil(slabs.div_ceil(want))
 }
 
-/// A split-K variant's fp32 partials (slices x M x N) and one counter per tile, zero at rest (the
+/// mma_splitk's fp32 partials (slices x M x N) and one counter per tile, zero at rest (the
 /// tile's last block resets its counter): allocated once per shape, outside the timed launches.
 pub struct SplitK {
     pub slices: usize,
@@ -446,11 +435,11 @@ pub struct SplitK {
 }
 
 impl SplitK {
-    pub fn new(gpu: &Gpu, variant: &str, d: Dims) -> Result<Self> {
-        let slices = splitk_slices(variant, d, gpu.info.sm_count as usize);
+    pub fn new(gpu: &Gpu, d: Dims) -> Result<Self> {
+        let slices = splitk_slices(d, gpu.info.sm_count as usize);
         let ws_len = if slices > 1 { slices * d.m * d.n } else { 1 };
         let ws = gpu.stream.alloc_zeros::<f32>(ws_len).doing("allocating the split-K workspace")?;
-        let done = gpu.stream.alloc_zeros::<u32>(launch_config(variant, d.m, d.n).grid_dim.0 as usize).doing("allocating the split-K counters")?;
+        let done = gpu.stream.alloc_zeros::<u32>(launch_config("mma_splitk", d.m, d.n).grid_dim.0 as usize).doing("allocating the split-K counters")?;
         Ok(SplitK { slices, ws, done })
     }
 }
@@ -717,10 +706,10 @@ pub fn run_kernel<T: Elem>(
     let (lda, ldb, ldc) = (d.lda as i32, d.ldb as i32, d.ldc as i32);
     let mut l = gpu.stream.launch_builder(f);
     l.arg(a).arg(b).arg(c).arg(&m).arg(&n).arg(&k).arg(&lda).arg(&ldb).arg(&ldc).arg(&alpha).arg(&beta);
-    if splitk_rows(variant) > 0 {
-        let sk = splitk.ok_or_else(|| LabError::Invalid(format!("gemm {variant} needs its split-K workspace (SplitK::new for this shape)")))?;
-        if sk.slices != splitk_slices(variant, d, gpu.info.sm_count as usize) || (sk.slices > 1 && sk.ws.len() < sk.slices * d.m * d.n) || sk.done.len() < cfg.grid_dim.0 as usize {
-            return Err(LabError::Invalid(format!("gemm {variant}: the split-K workspace was made for another shape than M={} N={} K={}", d.m, d.n, d.k)));
+    if variant == "mma_splitk" {
+        let sk = splitk.ok_or_else(|| LabError::Invalid("gemm mma_splitk needs its split-K workspace (SplitK::new for this shape)".into()))?;
+        if sk.slices != splitk_slices(d, gpu.info.sm_count as usize) || (sk.slices > 1 && sk.ws.len() < sk.slices * d.m * d.n) || sk.done.len() < cfg.grid_dim.0 as usize {
+            return Err(LabError::Invalid(format!("gemm mma_splitk: the split-K workspace was made for another shape than M={} N={} K={}", d.m, d.n, d.k)));
         }
         cfg.grid_dim.1 = sk.slices as u32;
         l.arg(&sk.ws).arg(&sk.done);
@@ -728,7 +717,7 @@ pub fn run_kernel<T: Elem>(
     // SAFETY: validate() checked A (m x lda), B (k x ldb) and C (m x ldc) against M, N, K and the
     // buffers' lengths; every kernel bounds its loads and stores by M, N, K and the leading
     // dimensions; cfg is the launch shape (and dynamic smem) the kernel is written for.
-    // Split-K: the workspace holds grid.y x M x N floats (when grid.y > 1) and the counters
+    // mma_splitk: the workspace holds grid.y x M x N floats (when grid.y > 1) and the counters
     // one per tile (grid.x), zero at rest, checked above.
     unsafe { l.launch(cfg) }.map(|_| ()).doing(&format!("launching gemm {variant}"))
 }
@@ -812,7 +801,7 @@ where
             measure_gpu_as(s, gpu, case, (variant, "lab"), work, check, timed, &mut dc, extra, launch)?;
             continue;
         }
-        let splitk = if splitk_rows(variant) > 0 { Some(SplitK::new(gpu, variant, d)?) } else { None };
+        let splitk = if variant == "mma_splitk" { Some(SplitK::new(gpu, d)?) } else { None };
         if let Some(sk) = &splitk {
             extra.insert("splitk_slices".into(), json!(sk.slices));
         }
@@ -962,25 +951,21 @@ mod tests {
         assert!(validate(Dims { m: 2, n: 3, k: 4, lda: 5, ldb: 3, ldc: 7 }, 9, 12, 10).is_ok());
     }
 
-    /// Split-K slices: every slice gets at least one slab (none empty, as the kernel's
-    /// ceil(nk / S) split would leave past the last), small-M shapes give every SM a block unless
+    /// mma_splitk's slices: every slice gets at least one slab (none empty, as the kernel's
+    /// ceil(nk / S) split would leave past the last), decode shapes give every SM a block unless
     /// K is short, and shapes whose tiles fill the GPU are not split.
     #[test]
     fn splitk_slices_leave_no_slice_empty() {
-        for v in ["mma_splitk", "mma_splitk_m64"] {
-            for (m, n, k) in [(1, 4096, 4096), (16, 4096, 11008), (16, 14336, 4096), (128, 4096, 4096), (512, 4096, 4096), (4, 4097, 777), (1, 1, 1), (8192, 8192, 8192), (16, 128, 64), (3, 513, 100000)] {
-                let d = Dims::dense(m, n, k);
-                let (s, slabs, tiles) = (splitk_slices(v, d, 132), k.div_ceil(64), m.div_ceil(splitk_rows(v)) * n.div_ceil(128));
-                let per = slabs.div_ceil(s);
-                assert!(s >= 1 && (s - 1) * per < slabs && s * per >= slabs, "{v} {m}x{n}x{k}: {s} slices of {per}");
-                assert!(s == 1 || per >= 4, "{v} {m}x{n}x{k}: slices of {per} slabs");
-                assert!(tiles * s >= 132 || per < 8, "{v} {m}x{n}x{k}: {s} slices of {per} slabs leave SMs idle");
-            }
+        for (m, n, k) in [(1, 4096, 4096), (16, 4096, 11008), (16, 14336, 4096), (4, 4097, 777), (1, 1, 1), (8192, 8192, 8192), (16, 128, 64), (3, 513, 100000)] {
+            let d = Dims::dense(m, n, k);
+            let (s, slabs, tiles) = (splitk_slices(d, 132), k.div_ceil(64), m.div_ceil(16) * n.div_ceil(128));
+            let per = slabs.div_ceil(s);
+            assert!(s >= 1 && (s - 1) * per < slabs && s * per >= slabs, "{m}x{n}x{k}: {s} slices of {per}");
+            assert!(s == 1 || per >= 4, "{m}x{n}x{k}: slices of {per} slabs");
+            assert!(tiles * s >= 132 || per < 8, "{m}x{n}x{k}: {s} slices of {per} slabs leave SMs idle");
         }
-        assert_eq!(splitk_slices("mma_splitk", Dims::dense(16, 4096, 4096), 132), 8);
-        assert_eq!(splitk_slices("mma_splitk_m64", Dims::dense(128, 4096, 4096), 132), 5);
-        assert_eq!(splitk_slices("mma_splitk", Dims::dense(8192, 8192, 8192), 132), 1);
-        assert!(HALF_VARIANTS.iter().all(|v| (splitk_rows(v) > 0) == v.starts_with("mma_splitk")));
+        assert_eq!(splitk_slices(Dims::dense(16, 4096, 4096), 132), 8);
+        assert_eq!(splitk_slices(Dims::dense(8192, 8192, 8192), 132), 1);
     }
 
     #[test]
@@ -996,7 +981,6 @@ mod tests {
                     "blocktile_1d" => (64, 64),
                     "mma_pipelined_wide" | "mma_warp64_wide" | "mma_warp64_k64" | "wgmma_tma" => (128, 256),
                     "mma_splitk" => (16, 128),
-                    "mma_splitk_m64" => (64, 128),
                     _ => (128, 128),
                 };
                 let blocks = (cfg.grid_dim.0 * cfg.grid_dim.1) as usize;
@@ -1008,7 +992,6 @@ mod tests {
                     "warptiled" => 128,
                     "mma_ldmatrix" | "mma_pipelined" => 64,
                     "mma_splitk" => 8,
-                    "mma_splitk_m64" => 32,
                     _ => 128,
                 };
                 assert_eq!(threads as usize * per_thread, bm * bn, "{v}: threads x outputs per thread != tile");
