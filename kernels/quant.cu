@@ -1075,8 +1075,9 @@ W4A16_RUNG(w4a16_mma_tiled_async, w4a16_mma_tiled_async, 64 * MMA_WARPS, 4)
 // Dynamic smem per block: 8 warps x BULK_STEPS x 1 KB = 32 KB; 4 blocks per SM.
 // ptxas -v, sm_90: 64 registers; spills 0-12 B at b1-b8, 36 B (asym) and 380 B (sym) at b16.
 // Measured slower than every register rung at batch 1 (22.5 against 17.8-18.4 us at 8192 x 8192),
-// and faster with 2 slots than with 4: Nsight Compute counts ~40% more instructions issued than
-// tiled_post, most likely the mbarrier polls (reports/notes/h100-w4a16-bulk.md).
+// and faster with 2 slots than with 4. Nsight Compute counts ~40% more instructions issued than
+// tiled_post where the SASS has ~20% more per step; waiting with mbar_sleep instead of polling
+// did not change it (reports/notes/h100-w4a16-bulk.md).
 // ---------------------------------------------------------------------------
 #define BULK_STEPS 4
 
