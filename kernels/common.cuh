@@ -369,6 +369,23 @@ __device__ __forceinline__ float gelu_tanh_grad(float v) {
 }
 
 // ---------------------------------------------------------------------------
+// Split-K across blocks (gemm's mma_splitk, quant's w4a16_mma_splitk): once a block has written
+// its partials, every thread calls this; it publishes them, counts the block in on `counter`,
+// and returns true in the block that arrives last of `slices` (after a fence, so that block
+// sees every slice's partials), which then sums them and resets the counter.
+// ---------------------------------------------------------------------------
+__device__ __forceinline__ bool last_to_arrive(unsigned* counter, int slices) {
+    __shared__ unsigned last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == (unsigned)(slices - 1);
+    __syncthreads();
+    if (!last) return false;
+    __threadfence();
+    return true;
+}
+
+// ---------------------------------------------------------------------------
 // Shared-memory rings filled by the copy engine (TMA): shared-memory addresses, mbarriers and
 // 1D bulk copies, for gemm's wgmma_tma and quant's tiled_bulk. The mbarrier helpers and bulk_load
 // need sm_90.

@@ -657,7 +657,6 @@ struct Pipe {
 template <typename T, int BM, int BN, int MI, int NI, int THREADS>
 __device__ __forceinline__ void splitk_store(T* C, float* __restrict__ ws, unsigned* __restrict__ done, int M, int N, int ldc, int bm, int bn,
                                              int wm, int wn, float (&acc)[MI][NI][4], float alpha, float beta) {
-    __shared__ unsigned last;
     const int S = gridDim.y, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     float* part = ws + (u64)blockIdx.y * M * N;
 #pragma unroll
@@ -669,13 +668,7 @@ __device__ __forceinline__ void splitk_store(T* C, float* __restrict__ ws, unsig
                 const int r = bm + wm + i * 16 + g + 8 * (e >> 1), c = bn + wn + j * 8 + 2 * t + (e & 1);
                 if (r < M && c < N) part[(u64)r * N + c] = acc[i][j][e];
             }
-    // Publish the partials, then count this slice in.
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(done + blockIdx.x, 1u) == (unsigned)(S - 1);
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!last_to_arrive(done + blockIdx.x, S)) return;
     for (int p = threadIdx.x; p < BM * BN / 2; p += THREADS) {
         const int r = bm + p / (BN / 2), c = bn + 2 * (p % (BN / 2));
         if (r >= M || c >= N) continue;

@@ -520,14 +520,22 @@ __device__ __forceinline__ void mma_f16_16816(float* acc, unsigned a0, unsigned 
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// Two weights of code word w as f16x2 (low half first): HI = false takes nibbles 0 and 4 into
-// f16 1024 + q, HI = true nibbles 1 and 5 into 1024 + 16q; one FMA makes q - bias exactly
+// Two codes of word w as f16x2 (low half first): HI = false takes nibbles 0 and 4 into f16
+// 1024 + q, HI = true nibbles 1 and 5 into 1024 + 16q: (w & mask) | 0x64006400 in one LOP3
+// (written plainly, it compiles to two).
+template <bool HI>
+__device__ __forceinline__ unsigned codes_f16x2(unsigned w) {
+    unsigned v;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(v) : "r"(w), "n"(HI ? 0x00F000F0u : 0x000F000Fu), "n"(0x64006400u));
+    return v;
+}
+
+// Two weights of code word w as f16x2: codes_f16x2, then one FMA makes q - bias exactly
 // (x 1 - (1024 + bias), x 1/16 - (64 + bias)), one more (q - bias) d + m, rounded once.
 // f16 constants: 0x3C00 = 1, 0x2C00 = 1/16, 0xE408 = -1032, 0xE400 = -1024, 0xD480 = -72, 0xD400 = -64.
 template <bool HI, bool ASYM>
 __device__ __forceinline__ unsigned w2_f16x2(unsigned w, unsigned d2, unsigned m2) {
-    unsigned v;  // (w & mask) | 0x64006400 in one LOP3 (written plainly, it compiles to two)
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(v) : "r"(w), "n"(HI ? 0x00F000F0u : 0x000F000Fu), "n"(0x64006400u));
+    const unsigned v = codes_f16x2<HI>(w);
     const unsigned mul = HI ? 0x2C002C00u : 0x3C003C00u;
     const unsigned off = HI ? (ASYM ? 0xD400D400u : 0xD480D480u) : (ASYM ? 0xE400E400u : 0xE408E408u);
     return fma_f16x2(fma_f16x2(v, mul, off), d2, m2);
@@ -566,6 +574,28 @@ struct MmaAcc {
     }
 };
 
+// X of this lane's MMA column(s) b = g + 8 nh over chunk j's 32 weights (zeros past B or K).
+template <int B>
+__device__ __forceinline__ void load_x_chunk(uint4 (&xv)[MmaAcc<B>::NH][4], const __half* __restrict__ x, int k, int j, int nchunks, int g) {
+#pragma unroll
+    for (int nh = 0; nh < MmaAcc<B>::NH; ++nh) {
+        const int b = g + 8 * nh;
+        const bool ok = b < B && j < nchunks;
+        const uint4* xp = reinterpret_cast<const uint4*>(x + (long long)b * k + 32 * j);
+#pragma unroll
+        for (int v = 0; v < 4; ++v) xv[nh][v] = ok ? __ldg(xp + v) : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+// The B fragment of MMA (i, h) of a step from one column's X words: words 4i + h and 4i + h + 2
+// hold x[8i + 2h .. + 1] and x[8i + 2h + 4 .. + 5].
+__device__ __forceinline__ void x_frag(const uint4 (&xv)[4], int i, int h, unsigned& b0, unsigned& b1) {
+    const unsigned xa = word_of(xv[(4 * i + h) / 4], (4 * i + h) % 4);
+    const unsigned xb = word_of(xv[(4 * i + h + 2) / 4], (4 * i + h + 2) % 4);
+    b0 = __byte_perm(xa, xb, 0x5410);
+    b1 = __byte_perm(xa, xb, 0x7632);
+}
+
 // One step of a warp (16 rows x 128 weights): this lane's 16 B code chunks cg (row g) and ch
 // (row g + 8), at chunk j of the row, with their scales (mins) as f16x2 splats, decoded to f16
 // and multiplied on mma.sync against X of the same 32 weights (zeros past B or K). Where the
@@ -575,16 +605,8 @@ template <int B, bool ASYM>
 __device__ __forceinline__ void w4a16_mma_step(MmaAcc<B>& acc, const uint4& cg, const uint4& ch, unsigned dg, unsigned dh, unsigned m2g,
                                                unsigned m2h, const __half* __restrict__ x, int k, int j, int nchunks, int g) {
     constexpr int NH = MmaAcc<B>::NH, CH = MmaAcc<B>::CH;
-    // X of this lane's MMA column(s) over the chunk's 32 weights (zeros past B or K).
     uint4 xv[NH][4];
-#pragma unroll
-    for (int nh = 0; nh < NH; ++nh) {
-        const int b = g + 8 * nh;
-        const bool ok = b < B && j < nchunks;
-        const uint4* xp = reinterpret_cast<const uint4*>(x + (long long)b * k + 32 * j);
-#pragma unroll
-        for (int v = 0; v < 4; ++v) xv[nh][v] = ok ? __ldg(xp + v) : make_uint4(0u, 0u, 0u, 0u);
-    }
+    load_x_chunk<B>(xv, x, k, j, nchunks, g);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
 #pragma unroll
@@ -596,10 +618,9 @@ __device__ __forceinline__ void w4a16_mma_step(MmaAcc<B>& acc, const uint4& cg, 
             const unsigned a3 = w2_f16x2<true, ASYM>(wh, dh, m2h);
 #pragma unroll
             for (int nh = 0; nh < NH; ++nh) {
-                // X words 4i + h and 4i + h + 2 hold x[8i + 2h .. + 1] and x[8i + 2h + 4 .. + 5].
-                const unsigned xa = word_of(xv[nh][(4 * i + h) / 4], (4 * i + h) % 4);
-                const unsigned xb = word_of(xv[nh][(4 * i + h + 2) / 4], (4 * i + h + 2) % 4);
-                mma_f16_16816(acc.v[nh][h % CH], a0, a1, a2, a3, __byte_perm(xa, xb, 0x5410), __byte_perm(xa, xb, 0x7632));
+                unsigned b0, b1;
+                x_frag(xv[nh], i, h, b0, b1);
+                mma_f16_16816(acc.v[nh][h % CH], a0, a1, a2, a3, b0, b1);
             }
         }
     }
@@ -620,14 +641,7 @@ __device__ __forceinline__ void w4a16_mma_step_post(MmaAcc<B>& acc, const uint4&
                                                     int k, int j, int nchunks, int g) {
     constexpr int NH = MmaAcc<B>::NH;
     uint4 xv[NH][4];
-#pragma unroll
-    for (int nh = 0; nh < NH; ++nh) {
-        const int b = g + 8 * nh;
-        const bool ok = b < B && j < nchunks;
-        const uint4* xp = reinterpret_cast<const uint4*>(x + (long long)b * k + 32 * j);
-#pragma unroll
-        for (int v = 0; v < 4; ++v) xv[nh][v] = ok ? __ldg(xp + v) : make_uint4(0u, 0u, 0u, 0u);
-    }
+    load_x_chunk<B>(xv, x, k, j, nchunks, g);
     float sum[NH][4], cor[NH][4];
 #pragma unroll
     for (int nh = 0; nh < NH; ++nh)
@@ -639,16 +653,12 @@ __device__ __forceinline__ void w4a16_mma_step_post(MmaAcc<B>& acc, const uint4&
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const unsigned wg = word_of(cg, i) >> (8 * h), wh = word_of(ch, i) >> (8 * h);
-            unsigned a0, a1, a2, a3;
-            asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(a0) : "r"(wg), "n"(0x000F000Fu), "n"(0x64006400u));
-            asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(a1) : "r"(wh), "n"(0x000F000Fu), "n"(0x64006400u));
-            asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(a2) : "r"(wg), "n"(0x00F000F0u), "n"(0x64006400u));
-            asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(a3) : "r"(wh), "n"(0x00F000F0u), "n"(0x64006400u));
+            const unsigned a0 = codes_f16x2<false>(wg), a1 = codes_f16x2<false>(wh), a2 = codes_f16x2<true>(wg), a3 = codes_f16x2<true>(wh);
 #pragma unroll
             for (int nh = 0; nh < NH; ++nh) {
-                const unsigned xa = word_of(xv[nh][(4 * i + h) / 4], (4 * i + h) % 4);
-                const unsigned xb = word_of(xv[nh][(4 * i + h + 2) / 4], (4 * i + h + 2) % 4);
-                const unsigned b0 = __byte_perm(xa, xb, 0x5410), b1 = fma_f16x2(__byte_perm(xa, xb, 0x7632), sixteenth, 0u);
+                unsigned b0, bx;
+                x_frag(xv[nh], i, h, b0, bx);
+                const unsigned b1 = fma_f16x2(bx, sixteenth, 0u);  // the k 8..15 half of X, / 16
                 mma_f16_16816(sum[nh], a0, a1, a2, a3, b0, b1);
                 mma_f16_16816(cor[nh], c_lo, c_lo, c_hi, c_hi, b0, b1);
             }
@@ -1206,7 +1216,6 @@ __device__ __forceinline__ void w4a16_mma_splitk(const u8* __restrict__ wq, cons
                                                  const __half* __restrict__ x, __half* __restrict__ y, float* __restrict__ ws,
                                                  unsigned* __restrict__ done, int n_rows, int k, int group) {
     __shared__ float part[MMA_WARPS][B][MMA_ROWS];
-    __shared__ bool last;
     const int warp = threadIdx.x >> 5;
     const int row0 = blockIdx.x * MMA_ROWS;
     const int slices = gridDim.y, s = blockIdx.y;
@@ -1224,13 +1233,8 @@ __device__ __forceinline__ void w4a16_mma_splitk(const u8* __restrict__ wq, cons
         const int b = i / MMA_ROWS, r = i % MMA_ROWS;
         if (row0 + r < n_rows) ws[((long long)s * B + b) * n_rows + row0 + r] = mma_block_sum<B>(part, i);
     }
-    // Publish the partials, then count this slice in; the tile's last block finishes it.
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(done + blockIdx.x, 1u) == (unsigned)(slices - 1);
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    // The tile's last block finishes it.
+    if (!last_to_arrive(done + blockIdx.x, slices)) return;
     for (int i = threadIdx.x; i < B * MMA_ROWS; i += 32 * MMA_WARPS) {
         const int b = i / MMA_ROWS, r = i % MMA_ROWS;
         if (row0 + r < n_rows) {

@@ -573,6 +573,19 @@ mod tests {
         assert_eq!([pair(false, 0), pair(true, 0), pair(false, 8), pair(true, 8)], [(0.0, 4.0), (1.0, 5.0), (2.0, 6.0), (3.0, 7.0)]);
     }
 
+    /// The w4a16_mma rungs the model mirrors, as (warps, tile layout, post, sweep): w4a16_mma,
+    /// w4a16_mma_occ8 (8 warps), w4a16_mma_tiled (8 warps, tile layout), w4a16_mma_tiled_post and
+    /// w4a16_mma_tiled_sweep (whose sums w4a16_mma_tiled_bulk shares).
+    fn mma_rungs(tiles: &Tiles) -> [(usize, Option<&Tiles>, bool, bool); 5] {
+        [
+            (MMA_WARPS, None, false, false),
+            (2 * MMA_WARPS, None, false, false),
+            (2 * MMA_WARPS, Some(tiles), false, false),
+            (2 * MMA_WARPS, Some(tiles), true, false),
+            (2 * MMA_WARPS, Some(tiles), true, true),
+        ]
+    }
+
     /// The model reads the constants the kernel is written with.
     #[test]
     fn the_model_mirrors_the_kernel_source() {
@@ -601,7 +614,8 @@ mod tests {
             "w4a16_mma<B, ASYM, OCC8_STEPS(B), 2 * MMA_WARPS, true, false, 0, false, true>(wq, scales, mins, x, y, n_rows, k, group);",
             // w4a16_mma_step_post, as mirrored in mma_step_post.
             "const unsigned c_lo = 0x64086408u, c_hi = 0x64806480u, sixteenth = 0x2C002C00u;",
-            "const unsigned b0 = __byte_perm(xa, xb, 0x5410), b1 = fma_f16x2(__byte_perm(xa, xb, 0x7632), sixteenth, 0u);",
+            "x_frag(xv[nh], i, h, b0, bx);\n                const unsigned b1 = fma_f16x2(bx, sixteenth, 0u);",
+            "const unsigned a0 = codes_f16x2<false>(wg), a1 = codes_f16x2<false>(wh), a2 = codes_f16x2<true>(wg), a3 = codes_f16x2<true>(wh);",
             "mma_f16_16816(cor[nh], c_lo, c_lo, c_hi, c_hi, b0, b1);",
             "acc.v[nh][0][i] = fmaf(i < 2 ? dg : dh, sum[nh][i] - cor[nh][i], acc.v[nh][0][i]);",
             "dg[u] = POST ? s2 : __byte_perm(s2, 0u, 0x1010);",
@@ -649,7 +663,9 @@ mod tests {
         ] {
             assert!(src.contains(s), "quant.cu no longer contains `{s}`");
         }
-        assert_eq!(src.matches("__byte_perm(xa, xb, 0x5410), __byte_perm(xa, xb, 0x7632)").count(), 1);
+        // One B fragment builder (x_frag), as mirrored in x_words' byte_perm pairs.
+        assert!(src.contains("b0 = __byte_perm(xa, xb, 0x5410);\n    b1 = __byte_perm(xa, xb, 0x7632);"));
+        assert_eq!(src.matches("__byte_perm(xa, xb, 0x5410)").count(), 1);
     }
 
     /// w4a16_mma_tiled_async copies each lane's scale (min) pair word with cp.async and splits
@@ -731,15 +747,8 @@ mod tests {
                 let x: Vec<f16> = (0..b * k).map(|_| f16::from_f32(rng.random_range(-2.0f32..2.0))).collect();
                 let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
                 let expected = reference_w4a16(&xf, &wd, b, n, k);
-                // w4a16_mma, w4a16_mma_occ8 (8 warps) and w4a16_mma_tiled (8 warps, tile layout).
                 let tiles = tile(&q);
-                for (warps, t, post, sweep) in [
-                    (MMA_WARPS, None, false, false),
-                    (2 * MMA_WARPS, None, false, false),
-                    (2 * MMA_WARPS, Some(&tiles), false, false),
-                    (2 * MMA_WARPS, Some(&tiles), true, false),
-                    (2 * MMA_WARPS, Some(&tiles), true, true),
-                ] {
+                for (warps, t, post, sweep) in mma_rungs(&tiles) {
                     let e = check_w4a16(&w4a16_mma(&q, t, (post, sweep), &x, b, warps), &expected, w4a16_tolerance(&expected));
                     assert!(e.passed(), "{warps} warps, tiled {}, post {post}, sweep {sweep}: N={n} K={k} {scheme:?} g{group} batch {b}: {e:?}", t.is_some());
                 }
@@ -781,13 +790,7 @@ mod tests {
                 let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
                 let expected: Vec<u16> = reference_w4a16(&xf, &wd, b, n, k).iter().map(|&v| f16::from_f64(v).to_bits()).collect();
                 let tiles = tile(&q);
-                for (warps, t, post, sweep) in [
-                    (MMA_WARPS, None, false, false),
-                    (2 * MMA_WARPS, None, false, false),
-                    (2 * MMA_WARPS, Some(&tiles), false, false),
-                    (2 * MMA_WARPS, Some(&tiles), true, false),
-                    (2 * MMA_WARPS, Some(&tiles), true, true),
-                ] {
+                for (warps, t, post, sweep) in mma_rungs(&tiles) {
                     let got: Vec<u16> = w4a16_mma(&q, t, (post, sweep), &x, b, warps).iter().map(|v| v.to_bits()).collect();
                     let first = got.iter().zip(&expected).position(|(g, e)| g != e);
                     assert!(first.is_none(), "{warps} warps, tiled {}, post {post}, sweep {sweep}: N={n} K={k} batch {b}: first difference at {first:?}", t.is_some());
