@@ -426,24 +426,6 @@ extern "C" __global__ void __launch_bounds__(wt::THREADS) gemm_warptiled_f32(con
 // points at (k l%16, n 8(l/16)) -> {b0, b1} of n-tile 0, then {b0, b1} of n-tile 1.
 // ---------------------------------------------------------------------------------------------
 
-template <typename T> struct Mma;
-template <> struct Mma<__half> {
-    static __device__ __forceinline__ void run(float* c, const unsigned* a, const unsigned* b) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-    }
-};
-template <> struct Mma<__nv_bfloat16> {
-    static __device__ __forceinline__ void run(float* c, const unsigned* a, const unsigned* b) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-    }
-};
-
 // Grouped block order (as in Triton's matmul tutorial): 8 block rows sweep the block columns
 // together, so the A rows and B columns in flight stay in L2. The origin (row, column) of block
 // `pid`'s BM x BN tile.

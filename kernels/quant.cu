@@ -52,6 +52,7 @@
 //   w4a16_mma_tiled_bulk_* tiled_sweep with each warp's steps copied by TMA (one 1 KB bulk copy
 //                          per step) into a per-warp 4-slot ring in shared memory (sm_90).
 //   stream_read_f16        the floor: reads a W4A16 kernel's bytes once and decodes nothing.
+//   stream_read_x{4,8}_f16 the floor with 4 or 8 loads in flight per thread.
 // Every grid-stride loop bounds its accesses by the element counts it is given; the vector paths
 // need 16-byte aligned buffers (device allocations are 256-byte aligned) and the launchers check
 // the divisibility each kernel states.
@@ -1417,23 +1418,30 @@ W4A16_RUNG(w4a16_mma_pipelined, w4a16_mma_pipelined, 32 * PIPE_WARPS, PIPE_BLOCK
 // reads (16 B per lane, consecutive lanes on consecutive 16 B, grid-stride, streaming loads),
 // and decodes nothing. Each block writes the XOR of the little-endian u32 words it read (a
 // partial last word zero-padded), so the host can check that every byte was read.
+// stream_read_x{4,8}_f16: the same with U = 4 or 8 loads issued per thread before any is used
+// (U = 1 waits on each load in turn: at 2048 threads an SM has 32 KB in flight).
 // ---------------------------------------------------------------------------
+template <int U>
 __device__ __forceinline__ unsigned xor_words(const u8* __restrict__ p, long long bytes) {
     unsigned acc = 0u;
     const long long nv = bytes / 16, stride = (long long)gridDim.x * blockDim.x;
     const long long i0 = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    for (long long i = i0; i < nv; i += stride) {
-        const uint4 w = ld_stream16(reinterpret_cast<const uint4*>(p) + i);
-        acc ^= w.x ^ w.y ^ w.z ^ w.w;
+    for (long long i = i0; i < nv; i += U * stride) {
+        uint4 w[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) w[u] = i + u * stride < nv ? ld_stream16(reinterpret_cast<const uint4*>(p) + i + u * stride) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+        for (int u = 0; u < U; ++u) acc ^= w[u].x ^ w[u].y ^ w[u].z ^ w[u].w;
     }
     for (long long i = 16 * nv + i0; i < bytes; i += stride) acc ^= (unsigned)p[i] << (8 * (i % 4));
     return acc;
 }
 
-extern "C" __global__ void __launch_bounds__(256) quant_stream_read_f16(const u8* __restrict__ a, long long na, const u8* __restrict__ b, long long nb,
-                                                                        const u8* __restrict__ c, long long nc, unsigned* __restrict__ out) {
+template <int U>
+__device__ __forceinline__ void stream_read(const u8* __restrict__ a, long long na, const u8* __restrict__ b, long long nb, const u8* __restrict__ c,
+                                            long long nc, unsigned* __restrict__ out) {
     __shared__ unsigned part[8];
-    unsigned acc = xor_words(a, na) ^ xor_words(b, nb) ^ xor_words(c, nc);
+    unsigned acc = xor_words<U>(a, na) ^ xor_words<U>(b, nb) ^ xor_words<U>(c, nc);
     for (int o = 16; o > 0; o >>= 1) acc ^= __shfl_xor_sync(0xFFFFFFFFu, acc, o);
     if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = acc;
     __syncthreads();
@@ -1443,3 +1451,13 @@ extern "C" __global__ void __launch_bounds__(256) quant_stream_read_f16(const u8
         out[blockIdx.x] = s;
     }
 }
+
+#define STREAM_READ(NAME, U)                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(256) quant_##NAME##_f16(const u8* __restrict__ a, long long na, const u8* __restrict__ b, \
+                                                                         long long nb, const u8* __restrict__ c, long long nc,          \
+                                                                         unsigned* __restrict__ out) {                                \
+        stream_read<U>(a, na, b, nb, c, nc, out);                                                                                     \
+    }
+STREAM_READ(stream_read, 1)
+STREAM_READ(stream_read_x4, 4)
+STREAM_READ(stream_read_x8, 8)

@@ -1,6 +1,7 @@
 //! `ceilings`: what this device can do, measured in the same run as everything else.
 //! GPU: device-to-device copy bandwidth (driver memcpy and a float4 kernel), the FP32 FMA rate
-//! (kernels/ceilings.cu), and the fp16/bf16 tensor-core rate through cuBLAS GEMM.
+//! (kernels/ceilings.cu), the fp16/bf16 tensor-core rate through cuBLAS GEMM, and the mma.sync
+//! rate from registers (the roof of the mma.sync GEMM rungs).
 //! CPU: memory bandwidth (parallel copy) and the multiply-add rate of the host.
 
 use super::compare::{compare, compare_bits};
@@ -30,7 +31,7 @@ impl Experiment for Ceilings {
         "ceilings"
     }
     fn description(&self) -> &'static str {
-        "measured roofs: copy bandwidth, FP32 FMA rate, fp16/bf16 tensor rate (cuBLAS)"
+        "measured roofs: copy bandwidth, FP32 FMA rate, fp16/bf16 tensor rate (cuBLAS), mma.sync rate"
     }
     fn cases(&self, backend: &Backend, quick: bool) -> Vec<Value> {
         match (backend, quick) {
@@ -44,12 +45,20 @@ impl Experiment for Ceilings {
                 json!({"what": "tensor", "dtype": "f16", "n": 8192}),
                 json!({"what": "tensor", "dtype": "bf16", "n": 4096}),
                 json!({"what": "tensor", "dtype": "bf16", "n": 8192}),
+                // 1024 rounds: ~0.15 ms, as a 4096^3 GEMM; 8192: ~1.1e12 flop, as 8192^3, long
+                // enough for the power cap to set the clock.
+                json!({"what": "mma_sync", "dtype": "f16", "iters": 1024}),
+                json!({"what": "mma_sync", "dtype": "f16", "iters": 8192}),
+                json!({"what": "mma_sync", "dtype": "bf16", "iters": 1024}),
+                json!({"what": "mma_sync", "dtype": "bf16", "iters": 8192}),
             ],
             (Backend::Cuda(_), true) => vec![
                 json!({"what": "copy", "bytes": GIB / 4}),
                 json!({"what": "fma", "iters": 2048}),
                 json!({"what": "tensor", "dtype": "f16", "n": 4096}),
                 json!({"what": "tensor", "dtype": "bf16", "n": 4096}),
+                json!({"what": "mma_sync", "dtype": "f16", "iters": 256}),
+                json!({"what": "mma_sync", "dtype": "bf16", "iters": 256}),
             ],
             (Backend::Cpu, false) => vec![json!({"what": "copy", "bytes": GIB}), json!({"what": "fma", "iters": 1 << 16})],
             (Backend::Cpu, true) => vec![json!({"what": "copy", "bytes": 32 << 20}), json!({"what": "fma", "iters": 1 << 12})],
@@ -65,6 +74,11 @@ impl Experiment for Ceilings {
                 DType::Bf16 => gpu_tensor::<half::bf16>(s, gpu, case),
                 DType::F32 => Err(LabError::Invalid("tensor ceiling is for f16/bf16".into())),
             },
+            ("mma_sync", Backend::Cuda(gpu)) => match DType::parse(param_str(case, "dtype")?)? {
+                DType::F16 => gpu_mma_sync::<half::f16>(s, gpu, case),
+                DType::Bf16 => gpu_mma_sync::<half::bf16>(s, gpu, case),
+                DType::F32 => Err(LabError::Invalid("mma_sync ceiling is for f16/bf16".into())),
+            },
             ("copy", Backend::Cpu) => cpu_copy(s, case),
             ("fma", Backend::Cpu) => cpu_fma(s, case),
             (what, b) => Err(LabError::Invalid(format!("no `{what}` ceiling on the {} backend", b.name()))),
@@ -72,19 +86,20 @@ impl Experiment for Ceilings {
     }
 }
 
+/// The ceiling a case measures: `copy_gb_s`, `fma_tflop_s`, `tensor_{dtype}_tflop_s` or
+/// `mma_sync_{dtype}_tflop_s`.
+fn ceiling_of(case: &Value) -> String {
+    match (case["what"].as_str().unwrap_or(""), case["dtype"].as_str()) {
+        ("copy", _) => "copy_gb_s".into(),
+        (what, Some(dtype)) => format!("{what}_{dtype}_tflop_s"),
+        (what, None) => format!("{what}_tflop_s"),
+    }
+}
+
 /// Measures one ceiling for a run that has not measured it yet (called by [`Session::ceiling`]).
 pub fn measure(s: &mut Session, name: &str) -> Result<()> {
     s.experiment = Ceilings.name();
-    let what = match name {
-        "copy_gb_s" => "copy",
-        "fma_tflop_s" => "fma",
-        _ => "tensor",
-    };
-    let cases: Vec<Value> = Ceilings
-        .cases(&s.backend, s.opts.quick)
-        .into_iter()
-        .filter(|c| c["what"] == what && (what != "tensor" || format!("tensor_{}_tflop_s", c["dtype"].as_str().unwrap_or("")) == name))
-        .collect();
+    let cases: Vec<Value> = Ceilings.cases(&s.backend, s.opts.quick).into_iter().filter(|c| ceiling_of(c) == name).collect();
     if cases.is_empty() {
         return Err(LabError::Invalid(format!("no ceiling named `{name}`")));
     }
@@ -250,6 +265,71 @@ where
     emit_ceiling(s, name, m)
 }
 
+/// The mma.sync roof: every thread of 4 blocks of 256 per SM runs `iters` rounds of 8 HMMAs on
+/// the same random A0, A1 (16 x 16) and B0, B1 (16 x 8) fragments (kernels/ceilings.cu). Every
+/// C fragment is checked: the 8 accumulators hold each product A_s B_r twice, `iters` times.
+fn gpu_mma_sync<T: Elem>(s: &mut Session, gpu: &Gpu, case: &Value) -> Result<()> {
+    if !s.wants("mma_sync", "lab") {
+        return Ok(());
+    }
+    let iters = param_usize(case, "iters")?;
+    let mut rng = crate::experiment::rng_for(s.opts.seed, case);
+    let mut random = |n: usize| -> Vec<T> { (0..n).map(|_| T::from_f32(rng.random_range(-1.0..1.0))).collect() };
+    let (a, b): ([Vec<T>; 2], [Vec<T>; 2]) = ([random(256), random(256)], [random(128), random(128)]);
+    // Fragment registers (m16n8k16 layouts, kernels/gemm.cu), g = lane / 4, t = lane % 4.
+    let pair = |x: T, y: T| u32::from_le_bytes(T::bytes(&[x, y]).try_into().expect("two 16-bit values"));
+    let mut frags = vec![0u32; 12 * 32];
+    for lane in 0..32 {
+        let (g, t) = (lane / 4, 2 * (lane % 4));
+        for m in 0..2 {
+            let at = |r: usize, c: usize| pair(a[m][16 * r + c], a[m][16 * r + c + 1]);
+            let bt = |k: usize| pair(b[m][8 * k + g], b[m][8 * (k + 1) + g]);
+            for (i, w) in [at(g, t), at(g + 8, t), at(g, t + 8), at(g + 8, t + 8)].into_iter().enumerate() {
+                frags[(4 * m + i) * 32 + lane] = w;
+            }
+            frags[(8 + 2 * m) * 32 + lane] = bt(t);
+            frags[(9 + 2 * m) * 32 + lane] = bt(t + 8);
+        }
+    }
+    // Per round, every element of the summed C tile gains 2 (A0 + A1)(B0 + B1).
+    let per_round: Vec<f64> = (0..128)
+        .map(|e| {
+            let (r, n) = (e / 8, e % 8);
+            let a_sum = |k: usize| a[0][16 * r + k].to_f64() + a[1][16 * r + k].to_f64();
+            let b_sum = |k: usize| b[0][8 * k + n].to_f64() + b[1][8 * k + n].to_f64();
+            2.0 * (0..16).map(|k| a_sum(k) * b_sum(k)).sum::<f64>()
+        })
+        .collect();
+    let threads = 4 * 256 * gpu.info.sm_count as usize;
+    let dfrags = gpu.upload(&frags)?;
+    let mut out = gpu.stream.alloc_zeros::<f32>(4 * threads).doing("allocating the C fragments")?;
+    let f = gpu.function(FAMILY, &symbol(FAMILY, "mma_sync", T::DTYPE))?;
+    let cfg = LaunchConfig { grid_dim: (threads as u32 / 256, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let it = iters as i32;
+    let launch = |out: &mut CudaSlice<f32>| -> Result<()> {
+        // SAFETY: frags holds 12 x 32 words; out 4 floats per launched thread.
+        unsafe { gpu.stream.launch_builder(&f).arg(&dfrags).arg(out).arg(&it).launch(cfg) }.map(|_| ()).doing("launching mma_sync")
+    };
+    gpu.poison(&mut out)?;
+    launch(&mut out)?;
+    gpu.sync()?;
+    // Compared per round, where values are O(1): fp32 accumulation of `iters` equal terms
+    // drifts by ~iters x 2^-24 of that.
+    let got: Vec<f64> = gpu.download(&out)?.iter().map(|&v| v as f64 / iters as f64).collect();
+    let expected: Vec<f64> = (0..4 * threads)
+        .map(|j| {
+            let (lane, i) = ((j / 4) % 32, j % 4);
+            per_round[8 * (lane / 4 + 8 * (i / 2)) + 2 * (lane % 4) + i % 2]
+        })
+        .collect();
+    let error = compare(&got, &expected, Tolerance { atol: 1e-2, rtol: 1e-2 }, "cpu-f64-per-round");
+    let time = time_gpu(gpu, &s.budget, || launch(&mut out))?;
+    let work = Work { bytes: (4 * frags.len() + 16 * threads) as u64, flops: (threads * iters * 8 * 4096 / 32) as u64 };
+    let mut m = Measurement::new("mma_sync", "lab", case, work);
+    (m.time, m.error) = (Some(time), Some(error));
+    emit_ceiling(s, if T::DTYPE == DType::F16 { "mma_sync_f16_tflop_s" } else { "mma_sync_bf16_tflop_s" }, m)
+}
+
 fn cpu_copy(s: &mut Session, case: &Value) -> Result<()> {
     if !s.wants("parallel_copy", "lab") {
         return Ok(());
@@ -305,4 +385,18 @@ fn cpu_fma(s: &mut Session, case: &Value) -> Result<()> {
     let mut m = Measurement::new("fma", "lab", case, work);
     (m.time, m.error) = (Some(time), Some(error));
     emit_ceiling(s, "fma_tflop_s", m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_gpu_case_names_a_ceiling_the_lab_reads() {
+        let names: std::collections::BTreeSet<String> = Ceilings.cases(&Backend::Cpu, false).iter().map(ceiling_of).collect();
+        assert_eq!(names, ["copy_gb_s", "fma_tflop_s"].map(String::from).into());
+        let gpu = [json!({"what": "copy", "bytes": 1}), json!({"what": "fma", "iters": 1}), json!({"what": "tensor", "dtype": "f16"}), json!({"what": "mma_sync", "dtype": "bf16"})];
+        let names: Vec<String> = gpu.iter().map(ceiling_of).collect();
+        assert_eq!(names, ["copy_gb_s", "fma_tflop_s", "tensor_f16_tflop_s", "mma_sync_bf16_tflop_s"]);
+    }
 }

@@ -208,7 +208,8 @@ pub fn dequant_variants(format: Format) -> Vec<String> {
 
 /// Every kernel variant of quant.cu (symbols are `quant_<variant>_f16`).
 pub fn gpu_variants() -> Vec<String> {
-    let mut v: Vec<String> = ["pack_int4", "unpack_int4", "stream_read"].map(String::from).to_vec();
+    let mut v: Vec<String> = ["pack_int4", "unpack_int4"].map(String::from).to_vec();
+    v.extend(STREAM_READS.iter().map(|r| r.0.to_string()));
     for format in [Format::Group { scheme: Scheme::Sym, group: 128 }, Format::Group { scheme: Scheme::Asym, group: 128 }, Format::Q4_0, Format::Q4_1] {
         v.extend(dequant_variants(format));
     }
@@ -776,32 +777,41 @@ pub fn xor_words(bytes: &[u8]) -> u32 {
     bytes.chunks(4).map(|c| c.iter().enumerate().fold(0u32, |w, (i, &b)| w | (b as u32) << (8 * i))).fold(0, |a, w| a ^ w)
 }
 
+/// The floor's kernels: (variant, loads in flight per thread, blocks of 256 per SM). One load:
+/// 32 blocks per SM (4 waves of resident blocks), the fastest of 8, 16 and 32 in a probe of
+/// 33.6 MB reads on the H100. More loads per thread: one wave, so that each thread's loads
+/// cover its share in one or two rounds.
+const STREAM_READS: [(&str, usize, usize); 3] = [("stream_read", 1, 32), ("stream_read_x4", 4, 8), ("stream_read_x8", 8, 8)];
+
 /// `stream_read`: the floor under every W4A16 design of a shape, in the same run. It reads the
 /// bytes they must read (codes, scales, and mins when asymmetric) once, as the copy ceiling's
-/// kernel reads, decoding nothing; the host checks the XOR of every word. One record per shape.
+/// kernel reads, decoding nothing; the host checks the XOR of every word. One record per shape
+/// and kernel of [`STREAM_READS`].
 fn stream_read(s: &mut Session, gpu: &Gpu, case: &Value, q: &GroupQuant, dq: &CudaSlice<u8>, ds: &CudaSlice<f16>, dm: &CudaSlice<f16>) -> Result<()> {
-    if !s.wants("stream_read", "lab") {
-        return Ok(());
-    }
-    let (ns, nm) = (2 * q.scales.len() as i64, 2 * q.mins.len() as i64);
+    let (ns, nm, nq) = (2 * q.scales.len() as i64, 2 * q.mins.len() as i64, q.packed.len() as i64);
     let want = xor_words(&q.packed) ^ xor_words(&f16_bytes(&q.scales)) ^ xor_words(&f16_bytes(&q.mins));
-    let f = kernel(gpu, "stream_read")?;
-    // 32 blocks of 256 per SM (4 waves of resident blocks): the fastest of 8, 16 and 32 in a
-    // probe of 33.6 MB reads on the H100; never more than one 16 B vector per thread (4224
-    // blocks for SmolLM2's 166 KB layers cost 2 us more than the layers' GEMVs themselves).
     let vectors = (q.bytes() as usize).div_ceil(16);
-    let cfg = LaunchConfig { grid_dim: ((32 * gpu.info.sm_count as usize).min(vectors.div_ceil(256)) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    let mut out = gpu.stream.alloc_zeros::<u32>(cfg.grid_dim.0 as usize).doing("allocating the block words")?;
-    let nq = q.packed.len() as i64;
-    let launch = |out: &mut CudaSlice<u32>| -> Result<()> {
-        // SAFETY: each buffer holds at least the byte count passed with it (mins: 0 bytes read
-        // when symmetric); out holds one word per block of the grid.
-        unsafe { gpu.stream.launch_builder(&f).arg(dq).arg(&nq).arg(ds).arg(&ns).arg(dm).arg(&nm).arg(out).launch(cfg) }.map(|_| ()).doing("launching stream_read")
-    };
-    let check = |got: &[u32]| bits(&[got.iter().fold(0, |a, &w| a ^ w)], &[want], "cpu-xor");
-    let work = Work { bytes: q.bytes(), flops: 0 };
-    let m = measure_device(s, gpu, case, "stream_read", "lab", work, param_timed(case), &mut out, launch, check)?;
-    s.emit(m).map(|_| ())
+    for (variant, loads, blocks_per_sm) in STREAM_READS {
+        if !s.wants(variant, "lab") {
+            continue;
+        }
+        let f = kernel(gpu, variant)?;
+        // Never more than `loads` 16 B vectors per thread (4224 blocks for SmolLM2's 166 KB
+        // layers cost 2 us more than the layers' GEMVs themselves).
+        let blocks = (blocks_per_sm * gpu.info.sm_count as usize).min(vectors.div_ceil(256 * loads));
+        let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let mut out = gpu.stream.alloc_zeros::<u32>(blocks).doing("allocating the block words")?;
+        let launch = |out: &mut CudaSlice<u32>| -> Result<()> {
+            // SAFETY: each buffer holds at least the byte count passed with it (mins: 0 bytes
+            // read when symmetric); out holds one word per block of the grid.
+            unsafe { gpu.stream.launch_builder(&f).arg(dq).arg(&nq).arg(ds).arg(&ns).arg(dm).arg(&nm).arg(out).launch(cfg) }.map(|_| ()).doing("launching stream_read")
+        };
+        let check = |got: &[u32]| bits(&[got.iter().fold(0, |a, &w| a ^ w)], &[want], "cpu-xor");
+        let work = Work { bytes: q.bytes(), flops: 0 };
+        let m = measure_device(s, gpu, case, variant, "lab", work, param_timed(case), &mut out, launch, check)?;
+        s.emit(m)?;
+    }
+    Ok(())
 }
 
 fn f16_bytes(v: &[f16]) -> Vec<u8> {
