@@ -84,15 +84,19 @@ fn committed_report_is_up_to_date() {
     assert!(o.status.success(), "{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
 }
 
-/// Headless Chromium opens the committed report from disk: the page's script must run to the
-/// end (it marks <body> when done) with no uncaught error, and a screenshot is kept.
+/// Headless Chromium opens the report of the committed records, rendered from disk: the page's
+/// script must run to the end (it marks <body> when done) with no uncaught error, and a
+/// screenshot is kept.
 #[test]
 fn report_loads_in_a_real_browser() {
     let chromium = ["chromium", "chromium-browser", "google-chrome"]
         .into_iter()
         .find(|c| Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success()))
         .expect("headless Chromium is needed for this test: scripts/test.sh installs Debian's `chromium`");
-    let page = format!("file://{}", root().join("reports/index.html").display());
+    let site = tempfile::tempdir().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_report")).arg("--out").arg(site.path()).arg("--log").arg(site.path().join("research_log.md")).current_dir(root()).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let page = format!("file://{}", site.path().join("index.html").display());
     let shots = root().join("target/report-screenshots");
     std::fs::create_dir_all(&shots).unwrap();
     let profile = tempfile::tempdir().unwrap();

@@ -276,11 +276,14 @@ impl Rendered {
         Ok(())
     }
 
-    /// What differs between this render and the files on disk (empty: up to date).
+    /// What differs between this render and the committed files on disk (empty: up to date):
+    /// the log and the figures. The HTML pages are not committed (each embeds every figure
+    /// and table again, megabytes per run); `report` renders them where it is run.
     pub fn check(&self, opts: &ReportOptions) -> Vec<String> {
         let mut diffs: Vec<String> = self
             .files
             .iter()
+            .filter(|(path, _)| path.extension().is_none_or(|x| x != "html"))
             .filter(|(path, content)| std::fs::read_to_string(path).ok().as_deref() != Some(content.as_str()))
             .map(|(path, _)| format!("{} is missing or out of date", path.display()))
             .collect();
