@@ -12,6 +12,9 @@
 //                accumulators per warp hide the HMMA latency; consecutive HMMAs alternate
 //                between two A and two B fragments of random values, so operands toggle as in
 //                a GEMM, which matters once the power cap sets the clock (long runs).
+//   mma_sync_w2  the same at the occupancy of the mma_warp64 GEMM rungs: one block of 8 warps
+//                per SM (2 warps per scheduler), 32 accumulators per warp (a 64 x 64 warp tile's
+//                HMMAs per k16 step): what that occupancy and ILP allow without any load.
 //   read_scrub   not a ceiling: reads a buffer twice the L2 size before a timed repetition
 //                (`--l2 clean`), so the kernel's inputs come from memory and L2 holds only clean
 //                lines; zeroing the buffer instead leaves dirty lines the kernel must write back.
@@ -63,9 +66,9 @@ extern "C" __global__ void ceilings_fma_f32(float* __restrict__ out, int iters, 
     out[tid] = r0 + r1 + r2 + r3 + r4 + r5 + r6 + r7;
 }
 
-// Each thread: `iters` rounds of 8 HMMAs; writes the sum of its 8 accumulators' C fragment.
+// Each thread: `iters` rounds of CH HMMAs on CH accumulators; writes the sum of their C fragments.
 // frags: 12 registers x 32 lanes (A0 a0..a3, A1 a0..a3, B0 b0 b1, B1 b0 b1), shared by every warp.
-template <typename T>
+template <typename T, int CH>
 __device__ __forceinline__ void mma_sync_roof(const unsigned* __restrict__ frags, float* __restrict__ out, int iters) {
     const int lane = threadIdx.x & 31;
     unsigned a[2][4], b[2][2];
@@ -76,24 +79,29 @@ __device__ __forceinline__ void mma_sync_roof(const unsigned* __restrict__ frags
 #pragma unroll
         for (int i = 0; i < 2; ++i) b[s][i] = frags[(8 + 2 * s + i) * 32 + lane];
     }
-    float c[8][4] = {};
+    float c[CH][4] = {};
     for (int it = 0; it < iters; ++it) {
 #pragma unroll
-        for (int u = 0; u < 8; ++u) Mma<T>::run(c[u], a[u & 1], b[(u >> 1) & 1]);
+        for (int u = 0; u < CH; ++u) Mma<T>::run(c[u], a[u & 1], b[(u >> 1) & 1]);
     }
     const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         float s = 0.f;
 #pragma unroll
-        for (int u = 0; u < 8; ++u) s += c[u][i];
+        for (int u = 0; u < CH; ++u) s += c[u][i];
         out[4 * t + i] = s;
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) ceilings_mma_sync_f16(const unsigned* __restrict__ frags, float* __restrict__ out, int iters) {
-    mma_sync_roof<__half>(frags, out, iters);
-}
-extern "C" __global__ void __launch_bounds__(256) ceilings_mma_sync_bf16(const unsigned* __restrict__ frags, float* __restrict__ out, int iters) {
-    mma_sync_roof<__nv_bfloat16>(frags, out, iters);
-}
+#define MMA_SYNC_ROOF(NAME, CH, MINB)                                                                                         \
+    extern "C" __global__ void __launch_bounds__(256, MINB) ceilings_##NAME##_f16(const unsigned* __restrict__ frags, float* __restrict__ out, \
+                                                                                 int iters) {                                 \
+        mma_sync_roof<__half, CH>(frags, out, iters);                                                                         \
+    }                                                                                                                         \
+    extern "C" __global__ void __launch_bounds__(256, MINB) ceilings_##NAME##_bf16(const unsigned* __restrict__ frags,       \
+                                                                                  float* __restrict__ out, int iters) {       \
+        mma_sync_roof<__nv_bfloat16, CH>(frags, out, iters);                                                                  \
+    }
+MMA_SYNC_ROOF(mma_sync, 8, 4)
+MMA_SYNC_ROOF(mma_sync_w2, 32, 1)

@@ -68,7 +68,7 @@ fn exported_symbols_are_the_ones_the_launchers_use() {
     assert_eq!(ptx("softmax"), expect("softmax", lab::ops::softmax::GPU_VARIANTS, &[DType::F32, DType::Bf16]));
     assert_eq!(ptx("vector_add"), expect("vector_add", lab::ops::vector_add::GPU_VARIANTS, &[DType::F32]));
     let mut ceilings = expect("ceilings", &["copy_float4", "fma", "read_scrub"], &[DType::F32]);
-    ceilings.extend(expect("ceilings", &["mma_sync"], &[DType::F16, DType::Bf16]));
+    ceilings.extend(expect("ceilings", &["mma_sync", "mma_sync_w2"], &[DType::F16, DType::Bf16]));
     assert_eq!(ptx("ceilings"), ceilings);
     let all = [DType::F32, DType::F16, DType::Bf16];
     let gelu_kernels = ["unfused_add", "unfused_gelu_tanh", "unfused_gelu_erf", "fused_tanh", "fused_erf", "fused_tanh_sigmoid"];

@@ -47,10 +47,13 @@ impl Experiment for Ceilings {
                 json!({"what": "tensor", "dtype": "bf16", "n": 8192}),
                 // 1024 rounds: ~0.15 ms, as a 4096^3 GEMM; 8192: ~1.1e12 flop, as 8192^3, long
                 // enough for the power cap to set the clock.
+                // w2: the warp64 GEMM rungs' occupancy, at the same flop per launch.
                 json!({"what": "mma_sync", "dtype": "f16", "iters": 1024}),
                 json!({"what": "mma_sync", "dtype": "f16", "iters": 8192}),
                 json!({"what": "mma_sync", "dtype": "bf16", "iters": 1024}),
                 json!({"what": "mma_sync", "dtype": "bf16", "iters": 8192}),
+                json!({"what": "mma_sync", "kernel": "w2", "dtype": "f16", "iters": 8192}),
+                json!({"what": "mma_sync", "kernel": "w2", "dtype": "bf16", "iters": 8192}),
             ],
             (Backend::Cuda(_), true) => vec![
                 json!({"what": "copy", "bytes": GIB / 4}),
@@ -265,11 +268,17 @@ where
     emit_ceiling(s, name, m)
 }
 
-/// The mma.sync roof: every thread of 4 blocks of 256 per SM runs `iters` rounds of 8 HMMAs on
-/// the same random A0, A1 (16 x 16) and B0, B1 (16 x 8) fragments (kernels/ceilings.cu). Every
-/// C fragment is checked: the 8 accumulators hold each product A_s B_r twice, `iters` times.
+/// The mma.sync roof: every thread runs `iters` rounds of one HMMA per accumulator on the same
+/// random A0, A1 (16 x 16) and B0, B1 (16 x 8) fragments (kernels/ceilings.cu): `mma_sync`, 8
+/// accumulators at 4 blocks of 256 per SM; `mma_sync_w2` (case `"kernel": "w2"`), 32 at one.
+/// Every C fragment is checked: the accumulators hold each product A_s B_r equally often.
 fn gpu_mma_sync<T: Elem>(s: &mut Session, gpu: &Gpu, case: &Value) -> Result<()> {
-    if !s.wants("mma_sync", "lab") {
+    let (variant, chains, blocks_per_sm) = match case.get("kernel").and_then(Value::as_str) {
+        None => ("mma_sync", 8, 4),
+        Some("w2") => ("mma_sync_w2", 32, 1),
+        Some(other) => return Err(LabError::Invalid(format!("no mma_sync kernel `{other}` (w2)"))),
+    };
+    if !s.wants(variant, "lab") {
         return Ok(());
     }
     let iters = param_usize(case, "iters")?;
@@ -291,19 +300,21 @@ fn gpu_mma_sync<T: Elem>(s: &mut Session, gpu: &Gpu, case: &Value) -> Result<()>
             frags[(9 + 2 * m) * 32 + lane] = bt(t + 8);
         }
     }
-    // Per round, every element of the summed C tile gains 2 (A0 + A1)(B0 + B1).
-    let per_round: Vec<f64> = (0..128)
+    // Each (A_s, B_r) pair feeds chains / 4 accumulators once per round: the summed C tile is
+    // `products` times (A0 + A1)(B0 + B1).
+    let products = (iters * chains / 4) as f64;
+    let per_product: Vec<f64> = (0..128)
         .map(|e| {
             let (r, n) = (e / 8, e % 8);
             let a_sum = |k: usize| a[0][16 * r + k].to_f64() + a[1][16 * r + k].to_f64();
             let b_sum = |k: usize| b[0][8 * k + n].to_f64() + b[1][8 * k + n].to_f64();
-            2.0 * (0..16).map(|k| a_sum(k) * b_sum(k)).sum::<f64>()
+            (0..16).map(|k| a_sum(k) * b_sum(k)).sum::<f64>()
         })
         .collect();
-    let threads = 4 * 256 * gpu.info.sm_count as usize;
+    let threads = blocks_per_sm * 256 * gpu.info.sm_count as usize;
     let dfrags = gpu.upload(&frags)?;
     let mut out = gpu.stream.alloc_zeros::<f32>(4 * threads).doing("allocating the C fragments")?;
-    let f = gpu.function(FAMILY, &symbol(FAMILY, "mma_sync", T::DTYPE))?;
+    let f = gpu.function(FAMILY, &symbol(FAMILY, variant, T::DTYPE))?;
     let cfg = LaunchConfig { grid_dim: (threads as u32 / 256, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     let it = iters as i32;
     let launch = |out: &mut CudaSlice<f32>| -> Result<()> {
@@ -313,19 +324,19 @@ fn gpu_mma_sync<T: Elem>(s: &mut Session, gpu: &Gpu, case: &Value) -> Result<()>
     gpu.poison(&mut out)?;
     launch(&mut out)?;
     gpu.sync()?;
-    // Compared per round, where values are O(1): fp32 accumulation of `iters` equal terms
-    // drifts by ~iters x 2^-24 of that.
-    let got: Vec<f64> = gpu.download(&out)?.iter().map(|&v| v as f64 / iters as f64).collect();
+    // Compared per product, where values are O(1): fp32 accumulation of n equal terms drifts by
+    // ~n/2 x 2^-24 of one term per accumulator.
+    let got: Vec<f64> = gpu.download(&out)?.iter().map(|&v| v as f64 / products).collect();
     let expected: Vec<f64> = (0..4 * threads)
         .map(|j| {
             let (lane, i) = ((j / 4) % 32, j % 4);
-            per_round[8 * (lane / 4 + 8 * (i / 2)) + 2 * (lane % 4) + i % 2]
+            per_product[8 * (lane / 4 + 8 * (i / 2)) + 2 * (lane % 4) + i % 2]
         })
         .collect();
-    let error = compare(&got, &expected, Tolerance { atol: 1e-2, rtol: 1e-2 }, "cpu-f64-per-round");
+    let error = compare(&got, &expected, Tolerance { atol: 1e-2, rtol: 1e-2 }, "cpu-f64-per-product");
     let time = time_gpu(gpu, &s.budget, || launch(&mut out))?;
-    let work = Work { bytes: (4 * frags.len() + 16 * threads) as u64, flops: (threads * iters * 8 * 4096 / 32) as u64 };
-    let mut m = Measurement::new("mma_sync", "lab", case, work);
+    let work = Work { bytes: (4 * frags.len() + 16 * threads) as u64, flops: (threads * iters * chains * 4096 / 32) as u64 };
+    let mut m = Measurement::new(variant, "lab", case, work);
     (m.time, m.error) = (Some(time), Some(error));
     emit_ceiling(s, if T::DTYPE == DType::F16 { "mma_sync_f16_tflop_s" } else { "mma_sync_bf16_tflop_s" }, m)
 }
