@@ -49,6 +49,8 @@
 //                          L2; the scales applied after the MMAs (sym, group % 128 == 0).
 //   w4a16_mma_tiled_sweep_* tiled_post with the block's warps taking its tile's steps in turn, on
 //                          the step-major tile layout: the grid reads W from end to end in order.
+//   w4a16_mma_tiled_sweep4_* tiled_sweep on 4 warps per block at 128 registers, 3-4 steps per
+//                          warp rolling.
 //   w4a16_mma_tiled_bulk_* tiled_sweep with each warp's steps copied by TMA (one 1 KB bulk copy
 //                          per step) into a per-warp 4-slot ring in shared memory (sm_90).
 //   stream_read_f16        the floor: reads a W4A16 kernel's bytes once and decodes nothing.
@@ -977,6 +979,23 @@ __device__ __forceinline__ void w4a16_mma_tiled_sweep(W4A16_ARGS) {
     w4a16_mma<B, ASYM, OCC8_STEPS(B), 2 * MMA_WARPS, true, false, 0, false, true>(wq, scales, mins, x, y, n_rows, k, group);
 }
 W4A16_RUNG(w4a16_mma_tiled_sweep, w4a16_mma_tiled_sweep, 64 * MMA_WARPS, 4)
+
+// w4a16_mma_tiled_sweep4_{sym,asym}_b{B}_f16: w4a16_mma_tiled_sweep with 4 warps per block (warp
+// w: steps w, w + 4, ...) at up to 128 registers, and MmaSteps<B>::U steps per warp rolling (a
+// slot refilled with the step U ahead as soon as its step is decoded). _sweep's warps hold 2
+// steps each in rounds, none in flight while they decode the second; here each warp keeps U - 1
+// to U steps in flight at all times: 16 warps x 3-4 KB per SM, continuously.
+template <int B, bool ASYM>
+__device__ __forceinline__ void w4a16_mma_tiled_sweep4(W4A16_ARGS) {
+    if constexpr (!ASYM) {
+        if (group % 128 == 0) {
+            w4a16_mma<B, false, MmaSteps<B>::U, MMA_WARPS, true, true, 0, true, true>(wq, scales, mins, x, y, n_rows, k, group);
+            return;
+        }
+    }
+    w4a16_mma<B, ASYM, MmaSteps<B>::U, MMA_WARPS, true, true, 0, false, true>(wq, scales, mins, x, y, n_rows, k, group);
+}
+W4A16_RUNG(w4a16_mma_tiled_sweep4, w4a16_mma_tiled_sweep4, 32 * MMA_WARPS, 4)
 
 // ---------------------------------------------------------------------------
 // w4a16_mma_tiled_async_{sym,asym}_b{B}_f16: w4a16_mma_tiled with its loads staged through

@@ -87,6 +87,9 @@ pub const W4_DESIGNS: &[W4Design] = &[
     // w4a16_mma_tiled_post with the block's warps taking its tile's steps in turn, so that they
     // read one moving window of the tile instead of 8 slices.
     W4Design { name: "w4a16_mma_tiled_sweep", rows: 16, warps: 8, split_k: false, pipelined: false, layout: Layout::StepMajor, ring: Ring::None },
+    // w4a16_mma_tiled_sweep on 4 warps at 128 registers, 3-4 steps per warp rolling: bytes in
+    // flight at all times rather than in rounds.
+    W4Design { name: "w4a16_mma_tiled_sweep4", rows: 16, warps: 4, split_k: false, pipelined: false, layout: Layout::StepMajor, ring: Ring::None },
     // w4a16_mma_tiled_sweep with each warp's steps copied by TMA, one 1 KB bulk copy per step,
     // into a ring of BULK_STEPS slots: 3-4 steps in flight per warp at no register cost.
     W4Design { name: "w4a16_mma_tiled_bulk", rows: 16, warps: 8, split_k: false, pipelined: false, layout: Layout::StepMajor, ring: Ring::Bulk },
@@ -1000,9 +1003,11 @@ mod tests {
     #[test]
     fn launch_shapes_match_the_kernel_source() {
         let src = crate::kernels::source(FAMILY).unwrap();
-        let [cuda, mma, splitk, pipe, occ8, tiled, rolling, ring, prefetch, post, sweep, bulk] = W4_DESIGNS else { panic!("twelve W4A16 designs") };
+        let [cuda, mma, splitk, pipe, occ8, tiled, rolling, ring, prefetch, post, sweep, sweep4, bulk] = W4_DESIGNS else { panic!("thirteen W4A16 designs") };
         assert_eq!((sweep.name, sweep.rows, sweep.warps, sweep.layout, sweep.ring), ("w4a16_mma_tiled_sweep", occ8.rows, occ8.warps, Layout::StepMajor, Ring::None));
         assert!(src.contains("\nW4A16_RUNG(w4a16_mma_tiled_sweep, w4a16_mma_tiled_sweep, 64 * MMA_WARPS, 4)\n"));
+        assert_eq!((sweep4.name, sweep4.rows, sweep4.warps, sweep4.layout, sweep4.ring), ("w4a16_mma_tiled_sweep4", mma.rows, mma.warps, Layout::StepMajor, Ring::None));
+        assert!(src.contains("\nW4A16_RUNG(w4a16_mma_tiled_sweep4, w4a16_mma_tiled_sweep4, 32 * MMA_WARPS, 4)\n"));
         assert_eq!((bulk.name, bulk.rows, bulk.warps, bulk.layout, bulk.ring), ("w4a16_mma_tiled_bulk", occ8.rows, occ8.warps, Layout::StepMajor, Ring::Bulk));
         assert!(src.contains(&format!("#define BULK_STEPS {BULK_STEPS}\n")));
         assert!(src.contains("require_dynamic_smem(W * BULK_STEPS * 1024);\n    const int warp"));
@@ -1023,7 +1028,7 @@ mod tests {
         assert_eq!((tiled.name, tiled.rows, tiled.warps, tiled.split_k, tiled.pipelined), ("w4a16_mma_tiled", occ8.rows, occ8.warps, false, false));
         assert_eq!((rolling.name, rolling.rows, rolling.warps, rolling.split_k, rolling.pipelined), ("w4a16_mma_tiled_rolling", occ8.rows, occ8.warps, false, false));
         assert!(W4_DESIGNS.iter().all(|d| (d.layout != Layout::Rows) == d.name.starts_with("w4a16_mma_tiled")));
-        assert!(W4_DESIGNS.iter().all(|d| (d.layout == Layout::StepMajor) == (d.name == sweep.name || d.name == bulk.name)));
+        assert!(W4_DESIGNS.iter().all(|d| (d.layout == Layout::StepMajor) == [sweep.name, sweep4.name, bulk.name].contains(&d.name)));
         assert!(src.contains("\nW4A16_RUNG(w4a16_mma_tiled_rolling, w4a16_mma_tiled_rolling, 64 * MMA_WARPS, 4)\n"));
         assert!(src.contains("\nW4A16_RUNG(w4a16_mma_tiled, w4a16_mma_tiled, 64 * MMA_WARPS, 4)\n"));
         assert_eq!((tiles::TILE_ROWS, tiles::STEP_WEIGHTS), (mma.rows, 128));
@@ -1061,7 +1066,7 @@ mod tests {
         assert_eq!((mma_steps_in_flight(16), mma_steps_in_flight(8)), (3, 4));
         let v = gpu_variants();
         assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_") && !v.contains("splitk") && !v.contains("pipelined") && !v.contains("occ8") && !v.contains("tiled")).count(), 2 * BATCHES.len());
-        assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_tiled_")).count(), 14 * BATCHES.len());
+        assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_tiled_")).count(), 16 * BATCHES.len());
         assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_tiled_rolling_")).count(), 2 * BATCHES.len());
         assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_occ8_")).count(), 2 * BATCHES.len());
         assert_eq!(v.iter().filter(|v| v.starts_with("w4a16_mma_pipelined_")).count(), 2 * BATCHES.len());

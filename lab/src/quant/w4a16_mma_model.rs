@@ -574,15 +574,17 @@ mod tests {
     }
 
     /// The w4a16_mma rungs the model mirrors, as (warps, tile layout, post, sweep): w4a16_mma,
-    /// w4a16_mma_occ8 (8 warps), w4a16_mma_tiled (8 warps, tile layout), w4a16_mma_tiled_post and
-    /// w4a16_mma_tiled_sweep (whose sums w4a16_mma_tiled_bulk shares).
-    fn mma_rungs(tiles: &Tiles) -> [(usize, Option<&Tiles>, bool, bool); 5] {
+    /// w4a16_mma_occ8 (8 warps), w4a16_mma_tiled (8 warps, tile layout), w4a16_mma_tiled_post,
+    /// w4a16_mma_tiled_sweep (whose sums w4a16_mma_tiled_bulk shares) and w4a16_mma_tiled_sweep4
+    /// (4 warps; rolling loads change no sum).
+    fn mma_rungs(tiles: &Tiles) -> [(usize, Option<&Tiles>, bool, bool); 6] {
         [
             (MMA_WARPS, None, false, false),
             (2 * MMA_WARPS, None, false, false),
             (2 * MMA_WARPS, Some(tiles), false, false),
             (2 * MMA_WARPS, Some(tiles), true, false),
             (2 * MMA_WARPS, Some(tiles), true, true),
+            (MMA_WARPS, Some(tiles), true, true),
         ]
     }
 
