@@ -984,7 +984,10 @@ W4A16_RUNG(w4a16_mma_tiled_sweep, w4a16_mma_tiled_sweep, 64 * MMA_WARPS, 4)
 // w: steps w, w + 4, ...) at up to 128 registers, and MmaSteps<B>::U steps per warp rolling (a
 // slot refilled with the step U ahead as soon as its step is decoded). _sweep's warps hold 2
 // steps each in rounds, none in flight while they decode the second; here each warp keeps U - 1
-// to U steps in flight at all times: 16 warps x 3-4 KB per SM, continuously.
+// to U steps in flight at all times: 16 warps x 3-4 KB per SM, continuously. Measured slower at
+// batch 1-8 (8192 x 8192 b1: 22.4 us against 18.3) and faster at 16 (30.8 against 43.1): with
+// half the warps the decode's latency is hidden less (reports/notes/h100-w4a16-read-floor.md).
+// ptxas -v, sm_90: 118-128 registers; no spills but sym b16 (16 B).
 template <int B, bool ASYM>
 __device__ __forceinline__ void w4a16_mma_tiled_sweep4(W4A16_ARGS) {
     if constexpr (!ASYM) {
