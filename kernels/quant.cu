@@ -1441,7 +1441,9 @@ W4A16_RUNG(w4a16_mma_pipelined, w4a16_mma_pipelined, 32 * PIPE_WARPS, PIPE_BLOCK
 // and decodes nothing. Each block writes the XOR of the little-endian u32 words it read (a
 // partial last word zero-padded), so the host can check that every byte was read.
 // stream_read_x{4,8}_f16: the same with U = 4 or 8 loads issued per thread before any is used
-// (U = 1 waits on each load in turn: at 2048 threads an SM has 32 KB in flight).
+// (U = 1 waits on each load in turn: at 2048 threads an SM has 32 KB in flight). Measured no
+// faster than U = 1 at any size: one load per thread was never short of bytes in flight
+// (reports/notes/h100-w4a16-read-floor.md).
 // ---------------------------------------------------------------------------
 template <int U>
 __device__ __forceinline__ unsigned xor_words(const u8* __restrict__ p, long long bytes) {
