@@ -944,15 +944,23 @@ W4A16_RUNG(w4a16_mma_tiled_prefetch, w4a16_mma_tiled_prefetch, 64 * MMA_WARPS, 4
 // Other groups, and asymmetric codes, run w4a16_mma_tiled's step (the asym kernels are
 // w4a16_mma_tiled's). The SASS of w4a16_mma_tiled_sym_b1 spends 128 of its 417 instructions per
 // round on HFMA2; here the decode is the LOP3 alone.
-template <int B, bool ASYM>
-__device__ __forceinline__ void w4a16_mma_tiled_post(W4A16_ARGS) {
+// A tiled rung with U steps per warp, W warps, loads rolling or in rounds, contiguous slices
+// or sweeping warps, that applies the scales after the MMAs where it can (symmetric codes,
+// group % 128 == 0) and inside them elsewhere.
+template <int B, bool ASYM, int U, int W, bool ROLL, bool SWEEP>
+__device__ __forceinline__ void w4a16_mma_tiled_post_where_possible(W4A16_ARGS) {
     if constexpr (!ASYM) {
         if (group % 128 == 0) {
-            w4a16_mma<B, false, OCC8_STEPS(B), 2 * MMA_WARPS, true, false, 0, true>(wq, scales, mins, x, y, n_rows, k, group);
+            w4a16_mma<B, false, U, W, true, ROLL, 0, true, SWEEP>(wq, scales, mins, x, y, n_rows, k, group);
             return;
         }
     }
-    w4a16_mma_tiled<B, ASYM>(wq, scales, mins, x, y, n_rows, k, group);
+    w4a16_mma<B, ASYM, U, W, true, ROLL, 0, false, SWEEP>(wq, scales, mins, x, y, n_rows, k, group);
+}
+
+template <int B, bool ASYM>
+__device__ __forceinline__ void w4a16_mma_tiled_post(W4A16_ARGS) {
+    w4a16_mma_tiled_post_where_possible<B, ASYM, OCC8_STEPS(B), 2 * MMA_WARPS, false, false>(wq, scales, mins, x, y, n_rows, k, group);
 }
 W4A16_RUNG(w4a16_mma_tiled_post, w4a16_mma_tiled_post, 64 * MMA_WARPS, 4)
 
@@ -970,13 +978,7 @@ W4A16_RUNG(w4a16_mma_tiled_post, w4a16_mma_tiled_post, 64 * MMA_WARPS, 4)
 // ptxas -v, sm_90: 64 registers; no spills but sym b16 (252 B) and asym b16 (16 B).
 template <int B, bool ASYM>
 __device__ __forceinline__ void w4a16_mma_tiled_sweep(W4A16_ARGS) {
-    if constexpr (!ASYM) {
-        if (group % 128 == 0) {
-            w4a16_mma<B, false, OCC8_STEPS(B), 2 * MMA_WARPS, true, false, 0, true, true>(wq, scales, mins, x, y, n_rows, k, group);
-            return;
-        }
-    }
-    w4a16_mma<B, ASYM, OCC8_STEPS(B), 2 * MMA_WARPS, true, false, 0, false, true>(wq, scales, mins, x, y, n_rows, k, group);
+    w4a16_mma_tiled_post_where_possible<B, ASYM, OCC8_STEPS(B), 2 * MMA_WARPS, false, true>(wq, scales, mins, x, y, n_rows, k, group);
 }
 W4A16_RUNG(w4a16_mma_tiled_sweep, w4a16_mma_tiled_sweep, 64 * MMA_WARPS, 4)
 
@@ -990,13 +992,7 @@ W4A16_RUNG(w4a16_mma_tiled_sweep, w4a16_mma_tiled_sweep, 64 * MMA_WARPS, 4)
 // ptxas -v, sm_90: 118-128 registers; no spills but sym b16 (16 B).
 template <int B, bool ASYM>
 __device__ __forceinline__ void w4a16_mma_tiled_sweep4(W4A16_ARGS) {
-    if constexpr (!ASYM) {
-        if (group % 128 == 0) {
-            w4a16_mma<B, false, MmaSteps<B>::U, MMA_WARPS, true, true, 0, true, true>(wq, scales, mins, x, y, n_rows, k, group);
-            return;
-        }
-    }
-    w4a16_mma<B, ASYM, MmaSteps<B>::U, MMA_WARPS, true, true, 0, false, true>(wq, scales, mins, x, y, n_rows, k, group);
+    w4a16_mma_tiled_post_where_possible<B, ASYM, MmaSteps<B>::U, MMA_WARPS, true, true>(wq, scales, mins, x, y, n_rows, k, group);
 }
 W4A16_RUNG(w4a16_mma_tiled_sweep4, w4a16_mma_tiled_sweep4, 32 * MMA_WARPS, 4)
 

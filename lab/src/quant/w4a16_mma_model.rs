@@ -612,8 +612,12 @@ mod tests {
             "StepWalk walk(4 * t0 + c, cpg, 4 * S);",
             "const int t0 = SWEEP ? warp : warp * per, t1 = SWEEP ? nsteps : min(t0 + per, nsteps);",
             "w4a16_mma_warp<B, ASYM, U, TILED, ROLL, PF, POST, SWEEP ? W : 1>(",
-            "w4a16_mma<B, false, OCC8_STEPS(B), 2 * MMA_WARPS, true, false, 0, true, true>(wq, scales, mins, x, y, n_rows, k, group);",
-            "w4a16_mma<B, ASYM, OCC8_STEPS(B), 2 * MMA_WARPS, true, false, 0, false, true>(wq, scales, mins, x, y, n_rows, k, group);",
+            // The post-scaled rungs (post, sweep, sweep4) and their post-or-not choice, as mirrored in w4a16_mma.
+            "if (group % 128 == 0) {\n            w4a16_mma<B, false, U, W, true, ROLL, 0, true, SWEEP>(wq, scales, mins, x, y, n_rows, k, group);",
+            "w4a16_mma<B, ASYM, U, W, true, ROLL, 0, false, SWEEP>(wq, scales, mins, x, y, n_rows, k, group);",
+            "w4a16_mma_tiled_post_where_possible<B, ASYM, OCC8_STEPS(B), 2 * MMA_WARPS, false, false>(",
+            "w4a16_mma_tiled_post_where_possible<B, ASYM, OCC8_STEPS(B), 2 * MMA_WARPS, false, true>(",
+            "w4a16_mma_tiled_post_where_possible<B, ASYM, MmaSteps<B>::U, MMA_WARPS, true, true>(",
             // w4a16_mma_step_post, as mirrored in mma_step_post.
             "const unsigned c_lo = 0x64086408u, c_hi = 0x64806480u, sixteenth = 0x2C002C00u;",
             "x_frag(xv[nh], i, h, b0, bx);\n                const unsigned b1 = fma_f16x2(bx, sixteenth, 0u);",
@@ -621,7 +625,6 @@ mod tests {
             "mma_f16_16816(cor[nh], c_lo, c_lo, c_hi, c_hi, b0, b1);",
             "acc.v[nh][0][i] = fmaf(i < 2 ? dg : dh, sum[nh][i] - cor[nh][i], acc.v[nh][0][i]);",
             "dg[u] = POST ? s2 : __byte_perm(s2, 0u, 0x1010);",
-            "if (group % 128 == 0) {\n            w4a16_mma<B, false, OCC8_STEPS(B), 2 * MMA_WARPS, true, false, 0, true>(wq, scales, mins, x, y, n_rows, k, group);",
             // w4a16_mma_tiled_bulk: tiled_sweep's steps and sums, its codes through a TMA ring
             // (a slot holds the step's 1 KB block as laid out: lane's row g at 16 lane, row g + 8 at 512 + 16 lane).
             "const long long tile = row0 / MMA_ROWS, tstep = 1024LL * gridDim.x;\n    const u8* qt = wq + tile * 1024;",
