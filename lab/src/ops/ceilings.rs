@@ -90,19 +90,23 @@ impl Experiment for Ceilings {
 }
 
 /// The ceiling a case measures: `copy_gb_s`, `fma_tflop_s`, `tensor_{dtype}_tflop_s` or
-/// `mma_sync_{dtype}_tflop_s`.
-fn ceiling_of(case: &Value) -> String {
-    match (case["what"].as_str().unwrap_or(""), case["dtype"].as_str()) {
-        ("copy", _) => "copy_gb_s".into(),
-        (what, Some(dtype)) => format!("{what}_{dtype}_tflop_s"),
-        (what, None) => format!("{what}_tflop_s"),
-    }
+/// `mma_sync_{dtype}_tflop_s`; what each case's record names and what [`raise`] keeps.
+fn ceiling_of(case: &Value) -> Result<&'static str> {
+    Ok(match (case["what"].as_str(), case["dtype"].as_str()) {
+        (Some("copy"), _) => "copy_gb_s",
+        (Some("fma"), _) => "fma_tflop_s",
+        (Some("tensor"), Some("f16")) => "tensor_f16_tflop_s",
+        (Some("tensor"), Some("bf16")) => "tensor_bf16_tflop_s",
+        (Some("mma_sync"), Some("f16")) => "mma_sync_f16_tflop_s",
+        (Some("mma_sync"), Some("bf16")) => "mma_sync_bf16_tflop_s",
+        _ => return Err(LabError::Invalid(format!("no ceiling for the case {case}"))),
+    })
 }
 
 /// Measures one ceiling for a run that has not measured it yet (called by [`Session::ceiling`]).
 pub fn measure(s: &mut Session, name: &str) -> Result<()> {
     s.experiment = Ceilings.name();
-    let cases: Vec<Value> = Ceilings.cases(&s.backend, s.opts.quick).into_iter().filter(|c| ceiling_of(c) == name).collect();
+    let cases: Vec<Value> = Ceilings.cases(&s.backend, s.opts.quick).into_iter().filter(|c| ceiling_of(c).is_ok_and(|n| n == name)).collect();
     if cases.is_empty() {
         return Err(LabError::Invalid(format!("no ceiling named `{name}`")));
     }
@@ -122,7 +126,8 @@ fn raise(s: &mut Session, name: &'static str, work: &Work, t: &TimeSummary) {
     }
 }
 
-fn emit_ceiling(s: &mut Session, name: &'static str, mut m: Measurement) -> Result<()> {
+fn emit_ceiling(s: &mut Session, case: &Value, mut m: Measurement) -> Result<()> {
+    let name = ceiling_of(case)?;
     m.extra.insert("ceiling_name".into(), json!(name));
     let (t, _) = m.time.as_ref().expect("ceilings are timed");
     if m.error.as_ref().is_none_or(|e| e.passed()) {
@@ -168,7 +173,7 @@ fn gpu_copy(s: &mut Session, gpu: &Gpu, case: &Value) -> Result<()> {
         let time = time_gpu(gpu, &s.budget, || launch(&mut dst))?;
         let mut m = Measurement::new(variant, provider, case, work);
         (m.time, m.error) = (Some(time), Some(error));
-        emit_ceiling(s, "copy_gb_s", m)?;
+        emit_ceiling(s, case, m)?;
     }
     Ok(())
 }
@@ -213,7 +218,7 @@ fn gpu_fma(s: &mut Session, gpu: &Gpu, case: &Value) -> Result<()> {
     let work = Work { bytes: 8 * threads as u64, flops: (threads * iters * 32 * 2) as u64 };
     let mut m = Measurement::new("fma", "lab", case, work);
     (m.time, m.error) = (Some(time), Some(error));
-    emit_ceiling(s, "fma_tflop_s", m)
+    emit_ceiling(s, case, m)
 }
 
 fn gpu_tensor<T: Elem>(s: &mut Session, gpu: &Gpu, case: &Value) -> Result<()>
@@ -264,8 +269,7 @@ where
     let work = Work { bytes: 3 * (n * n * T::DTYPE.size()) as u64, flops: 2 * (n as u64).pow(3) };
     let mut m = Measurement::new("gemm", "cublas", case, work);
     (m.time, m.error) = (Some(time), Some(error));
-    let name = if T::DTYPE == DType::F16 { "tensor_f16_tflop_s" } else { "tensor_bf16_tflop_s" };
-    emit_ceiling(s, name, m)
+    emit_ceiling(s, case, m)
 }
 
 /// The mma.sync roof: every thread runs `iters` rounds of one HMMA per accumulator on the same
@@ -338,7 +342,7 @@ fn gpu_mma_sync<T: Elem>(s: &mut Session, gpu: &Gpu, case: &Value) -> Result<()>
     let work = Work { bytes: (4 * frags.len() + 16 * threads) as u64, flops: (threads * iters * chains * 4096 / 32) as u64 };
     let mut m = Measurement::new(variant, "lab", case, work);
     (m.time, m.error) = (Some(time), Some(error));
-    emit_ceiling(s, if T::DTYPE == DType::F16 { "mma_sync_f16_tflop_s" } else { "mma_sync_bf16_tflop_s" }, m)
+    emit_ceiling(s, case, m)
 }
 
 fn cpu_copy(s: &mut Session, case: &Value) -> Result<()> {
@@ -355,7 +359,7 @@ fn cpu_copy(s: &mut Session, case: &Value) -> Result<()> {
     let error = compare_bits(&dst, &src, "source");
     let mut m = Measurement::new("parallel_copy", "lab", case, Work { bytes: 8 * n as u64, flops: 0 });
     (m.time, m.error) = (Some(time), Some(error));
-    emit_ceiling(s, "copy_gb_s", m)
+    emit_ceiling(s, case, m)
 }
 
 fn cpu_fma(s: &mut Session, case: &Value) -> Result<()> {
@@ -395,7 +399,7 @@ fn cpu_fma(s: &mut Session, case: &Value) -> Result<()> {
     let work = Work { bytes: 0, flops: (tasks * iters * 32 * 2) as u64 };
     let mut m = Measurement::new("fma", "lab", case, work);
     (m.time, m.error) = (Some(time), Some(error));
-    emit_ceiling(s, "fma_tflop_s", m)
+    emit_ceiling(s, case, m)
 }
 
 #[cfg(test)]
@@ -404,10 +408,11 @@ mod tests {
 
     #[test]
     fn every_gpu_case_names_a_ceiling_the_lab_reads() {
-        let names: std::collections::BTreeSet<String> = Ceilings.cases(&Backend::Cpu, false).iter().map(ceiling_of).collect();
-        assert_eq!(names, ["copy_gb_s", "fma_tflop_s"].map(String::from).into());
+        let names: std::collections::BTreeSet<&str> = Ceilings.cases(&Backend::Cpu, false).iter().map(|c| ceiling_of(c).unwrap()).collect();
+        assert_eq!(names, ["copy_gb_s", "fma_tflop_s"].into());
         let gpu = [json!({"what": "copy", "bytes": 1}), json!({"what": "fma", "iters": 1}), json!({"what": "tensor", "dtype": "f16"}), json!({"what": "mma_sync", "dtype": "bf16"})];
-        let names: Vec<String> = gpu.iter().map(ceiling_of).collect();
+        let names: Vec<&str> = gpu.iter().map(|c| ceiling_of(c).unwrap()).collect();
         assert_eq!(names, ["copy_gb_s", "fma_tflop_s", "tensor_f16_tflop_s", "mma_sync_bf16_tflop_s"]);
+        assert!(ceiling_of(&json!({"what": "tensor", "dtype": "f32"})).is_err());
     }
 }
