@@ -1207,10 +1207,10 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
 // apart by up to a tile instead of meeting at every slab.
 // No producer warp: a ninth warp would put three warps on one SM sub-partition, whose 16K
 // registers cap every warp at 168 (the consumers need ~240, and ptxas did not give them more
-// after setmaxnreg.inc: 404 bytes of spills in the loop). So thread 0 issues the copies, at the
-// top of each iteration: tile kt + STAGES - 1 into the stage of tile kt - 1, which waits for the
-// other warps to release kt - 1 (they did so at the end of their iteration kt - 1). Three tiles
-// are in flight behind the one read, as in mma_warp64_k64 and wgmma_tma.
+// after setmaxnreg.inc: 404 bytes of spills in the loop). So thread 0 issues the copies, after the
+// first k16 step of each iteration: tile kt + STAGES - 1 into the stage of tile kt - 1, which waits
+// for the other warps to release kt - 1 (they did so at the end of their iteration kt - 1).
+// Three tiles are in flight behind the one read, as in mma_warp64_k64 and wgmma_tma.
 // Stage layout: wgmma_tma's (A box of 128 rows x 128 bytes, B as 4 boxes of 64 k-rows x 128 bytes,
 // 128-byte swizzle = swz(row, chunk, 8) from each 1024-aligned box). A warp's 64 columns are
 // exactly B box wn / 64, so its B rows are 128 bytes where mma_warp64_k64's are 512.
@@ -1246,9 +1246,11 @@ __device__ __forceinline__ void mma_tma_body(const TmaDesc& ta, const TmaDesc& t
     mbar_wait(r.full(0), 0);
     load_frags(0, 0, a0, b0);
     for (int kt = 0; kt < nk; ++kt) {
-        if (producer && kt + STAGES - 1 < nk) tma_issue(ta, tb, r, bm, bn, b_boxes, kt + STAGES - 1);
         load_frags(kt, 1, a1, b1);
         warp64_mma<T>(acc, a0, b0);
+        // A quarter tile after the other warps released tile kt - 1 (at the end of their
+        // iteration kt - 1), so thread 0 rarely waits for them.
+        if (producer && kt + STAGES - 1 < nk) tma_issue(ta, tb, r, bm, bn, b_boxes, kt + STAGES - 1);
         load_frags(kt, 2, a0, b0);
         warp64_mma<T>(acc, a1, b1);
         load_frags(kt, 3, a1, b1);

@@ -1424,8 +1424,8 @@ mod tests {
                 let warp: Vec<RingOp> = (0..nk).flat_map(|kt| std::iter::once(Wait(kt)).chain((kt > 0).then(|| Release(kt - 1)))).collect();
                 ((0..nk).map(Issue).collect(), vec![warp; WARPS])
             }
-            // No producer: thread 0 issues tiles 0..stages-2 first, then tile kt + stages - 1 at
-            // the top of iteration kt. Every warp: wait tile 0; per iteration, wait tile kt + 1
+            // No producer: thread 0 issues tiles 0..stages-2 first, then tile kt + stages - 1
+            // in iteration kt (after its first k16 step, before its wait for tile kt + 1). Every warp: wait tile 0; per iteration, wait tile kt + 1
             // (its step 0 loads before step 3's mma) and release tile kt.
             "mma_tma" => {
                 let warp = |w: usize| {
