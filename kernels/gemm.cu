@@ -42,10 +42,6 @@
 //   mma_warp64_k64  the wide loop on 64-deep slabs: 128x256x64 tile, 4 stages (192 KiB), four
 //                  k16 steps per barrier: half the barriers, cp.async waits and loop overhead per
 //                  mma, 144 KiB in flight instead of 96.
-//   mma_tma        f16/bf16, sm_90a only: mma_warp64_k64's 8 warps, tile and ldmatrix + mma.sync
-//                  loop, fed by wgmma_tma's TMA ring: thread 0 issues the copies, each warp waits
-//                  for its tiles and releases them through mbarriers. No cp.async in the loop and
-//                  no block barrier per slab.
 //   mma_splitk     f16/bf16 for decode shapes (M of a few tokens, where a 128-row tile leaves
 //                  most of the GPU idle: M = 16, N = 4096 is 32 blocks of 128x128): mma_pipelined's
 //                  loop on a 16x128x64 tile, 8 warps of 16x16, 4 stages (72 KiB), K split over
@@ -58,6 +54,8 @@
 //                  via the transpose flag). 128x256x64 tile, 3 warpgroups: 1 TMA producer
 //                  (setmaxnreg 40), 2 consumers of 64x256 (setmaxnreg 232). No per-mma address or
 //                  load instructions at all. Needs lda, ldb multiples of 8 (TMA row strides).
+//                  Where the tiles fill less than one wave (M = 128, N = 4096: 16 blocks for 132
+//                  SMs), K is split over grid.y as in mma_splitk, through the same epilogue.
 //
 // ptxas -v for sm_90 (CUDA 13.0 ptxas on the NVRTC PTX; registers / static smem / spill bytes;
 // the run records the driver's own figures per variant in `extra`):
@@ -68,17 +66,13 @@
 //   mma_warp64 238 / 0 (+64 KiB dynamic) / 0       mma_warp64_wide 238 / 0 (+120 KiB dynamic) / 0
 //   mma_warp64_k64 242 / 0 (+192 KiB dynamic) / 0      mma_splitk 62 / 128 B (+72 KiB dynamic) / 0
 //   (f16 and bf16 alike; sm_80: mma_warp64(_wide, _k64) 234 registers, no spills)
-//   mma_tma for sm_90a: 216 / 0 (+197696 dynamic) / 0
-//   wgmma_tma for sm_90a: 168 / 0 (+197696 dynamic) / 0, no stack frame (the launch-time figure
+//   wgmma_tma for sm_90a: 168 / 1 KiB (split-K flag, 1024-aligned) (+197696 dynamic) / 0, no stack frame (the launch-time figure
 //   for 384 threads; setmaxnreg then moves the producer to 40 and the consumers to 232)
 // Main loop in SASS (nvdisasm of the sm_90 cubin; instructions per loop trip / HMMA in it):
 //   mma_ldmatrix 318 / 32 (9.9 per HMMA)   mma_pipelined 1033 / 64 (16.1)
 //   mma_pipelined_wide 1798 / 128 (14.0)   (most of it load_chunk's per-chunk bounds and branches)
 //   mma_warp64 144 / 64 (2.3; edge blocks 285)   mma_warp64_wide 134 / 64 (2.1; edge blocks 297)
 //   mma_warp64_k64 234 / 128 (1.8; edge blocks 376): 32 ldmatrix, 12 cp.async, 1 barrier per trip
-//   mma_tma 229 / 128 (1.8) on the consumer path: 32 ldmatrix, 2 mbarrier operations, and ~40
-//   integer instructions recomputing lane offsets (the price of 216 registers); thread 0's copies
-//   are a branch around it
 //   wgmma_tma (sm_90a cubin) consumer: ~91 per k-tile with 4 HGMMA.64x256x16.F32 (.tnspB), each
 //   the work of 32 HMMA.16816 per warp: ~0.7 per HMMA-equivalent; accumulators R24-R151 in place.
 // A warp scheduler issues one instruction per clock. If HMMA.16816 occupies an SMSP's tensor
@@ -644,7 +638,8 @@ struct Pipe {
 // to ws[s][M][N] and counts itself in on the tile's counter; the last block to arrive sums the S
 // partials in slice order, applies alpha and beta (store2) and resets the counter for the next
 // launch. The order of the sums is fixed: results are reproducible.
-template <typename T, int BM, int BN, int MI, int NI, int THREADS>
+// The threads taking part are FIRST .. FIRST + THREADS - 1 (wgmma_tma: its two consumer warpgroups).
+template <typename T, int BM, int BN, int MI, int NI, int THREADS, int FIRST = 0>
 __device__ __forceinline__ void splitk_store(T* C, float* __restrict__ ws, unsigned* __restrict__ done, int M, int N, int ldc, int bm, int bn,
                                              int wm, int wn, float (&acc)[MI][NI][4], float alpha, float beta) {
     const int S = gridDim.y, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -658,8 +653,8 @@ __device__ __forceinline__ void splitk_store(T* C, float* __restrict__ ws, unsig
                 const int r = bm + wm + i * 16 + g + 8 * (e >> 1), c = bn + wn + j * 8 + 2 * t + (e & 1);
                 if (r < M && c < N) part[(u64)r * N + c] = acc[i][j][e];
             }
-    if (!last_to_arrive(done + blockIdx.x, S)) return;
-    for (int p = threadIdx.x; p < BM * BN / 2; p += THREADS) {
+    if (!last_to_arrive<FIRST, FIRST == 0 ? 0 : THREADS>(done + blockIdx.x, S)) return;
+    for (int p = threadIdx.x - FIRST; p < BM * BN / 2; p += THREADS) {
         const int r = bm + p / (BN / 2), c = bn + 2 * (p % (BN / 2));
         if (r >= M || c >= N) continue;
         float v0 = 0.f, v1 = 0.f;
@@ -670,7 +665,14 @@ __device__ __forceinline__ void splitk_store(T* C, float* __restrict__ ws, unsig
         }
         store2<T>(C, M, N, ldc, r, c, v0, v1, alpha, beta);
     }
-    if (threadIdx.x == 0) done[blockIdx.x] = 0u;  // ready for the next launch
+    if (threadIdx.x == FIRST) done[blockIdx.x] = 0u;  // ready for the next launch
+}
+
+// Slice blockIdx.y of gridDim.y of `slabs` K slabs, ceil(slabs / S) each: (first slab, count).
+__device__ __forceinline__ int2 k_slice(int slabs) {
+    const int per = (slabs + gridDim.y - 1) / gridDim.y;
+    const int first = min(slabs, (int)blockIdx.y * per);
+    return make_int2(first, min(slabs, first + per) - first);
 }
 
 // SPLIT (mma_splitk): the block takes slice blockIdx.y of gridDim.y of the K slabs (ceil(nk / S)
@@ -723,9 +725,8 @@ __device__ __forceinline__ void mma_pipelined_body(const T* __restrict__ A, cons
     // Slabs kb .. kb + nk - 1 (all of K unless SPLIT).
     int kb = 0, nk = (K + BK - 1) / BK;
     if constexpr (SPLIT) {
-        const int per = (nk + gridDim.y - 1) / gridDim.y;
-        kb = min(nk, (int)blockIdx.y * per);
-        nk = min(nk, kb + per) - kb;
+        const int2 sl = k_slice(nk);
+        kb = sl.x, nk = sl.y;
     }
     // Prologue: STAGES - 1 slabs in flight; a group is committed even when empty so that
     // "wait until at most STAGES - 2 groups are pending" always means "slab kt has landed".
@@ -826,34 +827,6 @@ struct W64 {
     static_assert(STAGES >= 2 && SMEM <= 232448, "ring, within H100's 227 KiB per block");
 };
 
-// The fragments of k16 step ks of a 64x64 warp tile from the stage at `base`: A's four m16 tiles
-// by ldmatrix.x4 (rows A_ROW bytes apart), B's four n8 pairs by .x4.trans (k-rows B_ROW bytes
-// apart). a_lane and b_lane are the lane's step-0 offsets; the swizzle's chunk XOR does not depend
-// on the tile or the step, so the others follow by XOR and constant strides (derivation below).
-template <int A_ROW, int B_ROW>
-__device__ __forceinline__ void warp64_frags(unsigned base, int a_lane, int b_lane, int ks, unsigned (&a)[4][4], unsigned (&b)[8][2]) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) ldmatrix_x4(a[i], base + (a_lane ^ (ks * 32)) + i * 16 * A_ROW);
-#pragma unroll
-    for (int j = 0; j < 8; j += 2) {
-        unsigned r[4];
-        ldmatrix_x4_trans(r, base + (b_lane ^ (j * 16)) + ks * 16 * B_ROW);
-        b[j][0] = r[0], b[j][1] = r[1], b[j + 1][0] = r[2], b[j + 1][1] = r[3];
-    }
-}
-
-// One k16 step of a 64x64 warp tile: 32 mma, in serpentine order so consecutive ones share a B fragment.
-template <typename T>
-__device__ __forceinline__ void warp64_mma(float (&acc)[4][8][4], const unsigned (&a)[4][4], const unsigned (&b)[8][2]) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int jj = 0; jj < 8; ++jj) {
-            const int j = (i & 1) ? 7 - jj : jj;
-            Mma<T>::run(acc[i][j], a[i], b[j]);
-        }
-}
-
 template <typename T, int BM, int BN, int BK_, int WARPS_M, int WARPS_N, int STAGES>
 __device__ __forceinline__ void mma_warp64_body(const T* __restrict__ A, const T* __restrict__ B, T* C, int M, int N, int K,
                                                 int lda, int ldb, int ldc, float alpha, float beta) {
@@ -915,9 +888,25 @@ __device__ __forceinline__ void mma_warp64_body(const T* __restrict__ A, const T
     // the offset is (b_lane ^ 16 jp) plus 16 ks rows.
     const int b_lane = P::A_BYTES + swz(lane % 16, wn / 8 + lane / 16, P::B_CPR);
     auto load_frags = [&](int slot_off, int ks, unsigned (&a)[MI][4], unsigned (&b)[NI][2]) {
-        warp64_frags<P::A_ROW, BN * 2>(smem0 + slot_off, a_lane, b_lane, ks, a, b);
+        const unsigned base = smem0 + slot_off;
+#pragma unroll
+        for (int i = 0; i < MI; ++i) ldmatrix_x4(a[i], base + (a_lane ^ (ks * 32)) + i * 16 * P::A_ROW);
+#pragma unroll
+        for (int j = 0; j < NI; j += 2) {
+            unsigned r[4];
+            ldmatrix_x4_trans(r, base + (b_lane ^ (j * 16)) + ks * 16 * BN * 2);
+            b[j][0] = r[0], b[j][1] = r[1], b[j + 1][0] = r[2], b[j + 1][1] = r[3];
+        }
     };
-    auto mma_step = [&](float (&acc)[MI][NI][4], const unsigned (&a)[MI][4], const unsigned (&b)[NI][2]) { warp64_mma<T>(acc, a, b); };
+    auto mma_step = [&](float (&acc)[MI][NI][4], const unsigned (&a)[MI][4], const unsigned (&b)[NI][2]) {
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+            for (int jj = 0; jj < NI; ++jj) {
+                const int j = (i & 1) ? NI - 1 - jj : jj;  // serpentine: consecutive mma share a B fragment
+                Mma<T>::run(acc[i][j], a[i], b[j]);
+            }
+    };
 
     float acc[MI][NI][4] = {};
     const int nk = (K + BK - 1) / BK;
@@ -994,6 +983,8 @@ __device__ __forceinline__ void mma_warp64_body(const T* __restrict__ A, const T
 // barrier's "previous phase" counts as complete, so the first 4 tiles do not wait). Consumers
 // keep one wgmma group in flight: after issuing tile kt they wait for tile kt - 1's group and
 // release its stage.
+// Split-K: block (tile, s) takes k-tiles slice s of gridDim.y (k_slice) and, when gridDim.y > 1,
+// ends in splitk_store: its consumers' accumulators are the C fragments of mma tiles (see below).
 // Bounds: TMA zero-fills the parts of a box outside the tensor (M, N and K edges), and still
 // counts the whole box in the transaction bytes; B boxes wholly past N are not issued (and not
 // counted); stores are predicated (store2). Requires row strides (lda, ldb) that are multiples of
@@ -1014,8 +1005,6 @@ constexpr int B_BOX_BYTES = BK * B_BOX_N * 2;              // 8 KiB
 constexpr int STAGE_BYTES = A_BYTES + B_BOXES * B_BOX_BYTES;  // 48 KiB
 constexpr int SMEM = STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8;  // 197696 (see above)
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
-constexpr int WARPS = CONSUMERS * 4;  // consumer warps: each releases a stage once (empty[s]'s count)
-constexpr int MMA_TMA_THREADS = 32 * WARPS;  // mma_tma: the 8 warps consume, one thread of them also produces
 static_assert(SMEM <= 232448, "fits H100's 227 KiB per block");
 static_assert(BK * 2 == 128, "one 128-byte swizzle row per k-slab row");
 static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "register file");
@@ -1073,69 +1062,66 @@ __device__ __forceinline__ void wg_pin(float (&d)[128]) {
 #pragma unroll
     for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+#endif
 
-// The TMA rungs' ring: STAGES stages of STAGE_BYTES from a 1024-aligned base (the 128-byte swizzle
-// repeats every 1024 bytes of absolute address), then the mbarriers full[s] (one arrival plus the
-// stage's transaction bytes) and empty[s] (one arrival per consumer warp).
-struct TmaRing {
-    unsigned ring, bars;
-    __device__ unsigned stage(int kt) const { return ring + (kt % wg::STAGES) * wg::STAGE_BYTES; }
-    __device__ unsigned full(int kt) const { return bars + 8 * (kt % wg::STAGES); }
-    __device__ unsigned empty(int kt) const { return bars + 8 * (wg::STAGES + kt % wg::STAGES); }
-};
-
-// Lays out and initialises the ring; every thread of the block must call it (it ends in a barrier).
-__device__ __forceinline__ TmaRing tma_ring_init(unsigned char* smem) {
+template <typename T>
+__device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc& tb, T* C, int M, int N, int K, int ldc,
+                                               float alpha, float beta, float* __restrict__ ws, unsigned* __restrict__ done) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using namespace wg;
+    extern __shared__ __align__(1024) unsigned char smem[];
+    require_dynamic_smem(SMEM);
     const unsigned ring = (smem_addr(smem) + 1023u) & ~1023u;
-    const TmaRing r{ring, ring + STAGES * STAGE_BYTES};
+    const unsigned bars = ring + STAGES * STAGE_BYTES;  // full[s] at bars + 8 s, empty[s] at bars + 8 (STAGES + s)
+    const int wgi = threadIdx.x / 128, tid = threadIdx.x % 128;
+
+    const int2 tile = grouped_tile(blockIdx.x, M, N, BM, BN);
+    const int bm = tile.x, bn = tile.y;
+    // k-tiles kb .. kb + nk - 1: all of K, or this block's slice of it (split-K, grid.y > 1).
+    const int2 slice = k_slice((K + BK - 1) / BK);
+    const int kb = slice.x, nk = slice.y;
+
     if (threadIdx.x == 0) {
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
-            mbar_init(r.full(s), 1);
-            mbar_init(r.empty(s), WARPS);
+            mbar_init(bars + 8 * s, 1);
+            mbar_init(bars + 8 * (STAGES + s), CONSUMERS * 4);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-    return r;
-}
 
-// The producer's step for k-tile kt (one thread): wait until every consumer warp has released the
-// stage's previous tile (kt - STAGES; a fresh barrier's "previous phase" counts as complete, so the
-// first STAGES tiles do not wait), announce the bytes on full and issue the A box and `b_boxes` B
-// boxes. B boxes wholly right of N are not loaded: their columns feed only outputs >= N, which are
-// never stored (whatever the slot held stays in those columns).
-__device__ __forceinline__ void tma_issue(const TmaDesc& ta, const TmaDesc& tb, const TmaRing& r, int bm, int bn, int b_boxes, int kt) {
-    using namespace wg;
-    const unsigned a = r.stage(kt);
-    mbar_wait(r.empty(kt), ((kt / STAGES) & 1) ^ 1);
-    mbar_expect_tx(r.full(kt), A_BYTES + b_boxes * B_BOX_BYTES);
-    tma_load_2d(a, &ta, kt * BK, bm, r.full(kt));
-    for (int j = 0; j < b_boxes; ++j) tma_load_2d(a + A_BYTES + j * B_BOX_BYTES, &tb, bn + j * B_BOX_N, kt * BK, r.full(kt));
-}
+    if (wgi == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
+        if (tid == 0) {
+            asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&ta)) : "memory");
+            asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tb)) : "memory");
+            // B boxes wholly right of N are not loaded: their columns feed only outputs >= N, which
+            // are never stored (whatever the slot held stays in those columns).
+            const int b_boxes = min(B_BOXES, (N - bn + B_BOX_N - 1) / B_BOX_N);
+            const unsigned tx = A_BYTES + b_boxes * B_BOX_BYTES;
+            for (int kt = 0; kt < nk; ++kt) {
+                const int s = kt % STAGES;
+                const unsigned full = bars + 8 * s, a = ring + s * STAGE_BYTES;
+                mbar_wait(bars + 8 * (STAGES + s), ((kt / STAGES) & 1) ^ 1);
+                mbar_expect_tx(full, tx);
+                tma_load_2d(a, &ta, (kb + kt) * BK, bm, full);
+                for (int j = 0; j < b_boxes; ++j) tma_load_2d(a + A_BYTES + j * B_BOX_BYTES, &tb, bn + j * B_BOX_N, (kb + kt) * BK, full);
+            }
+        }
+        return;
+    }
 
-__device__ __forceinline__ int tma_b_boxes(int N, int bn) { return min(wg::B_BOXES, (N - bn + wg::B_BOX_N - 1) / wg::B_BOX_N); }
-
-__device__ __forceinline__ void tma_prefetch_maps(const TmaDesc& ta, const TmaDesc& tb) {
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&ta)) : "memory");
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tb)) : "memory");
-}
-
-// wgmma_tma's consumers: warpgroup wgi (1 or 2) owns rows 64 (wgi - 1) .. + 63 of the block tile.
-template <typename T>
-__device__ __forceinline__ void wgmma_consume(const TmaRing& r, T* C, int M, int N, int ldc, int bm, int bn, int nk, float alpha,
-                                              float beta) {
-    using namespace wg;
-    const int wgi = threadIdx.x / 128, tid = threadIdx.x % 128;
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS));
     const int warp = tid / 32, lane = tid % 32;
     float d[128];
 #pragma unroll
     for (int i = 0; i < 128; ++i) d[i] = 0.f;
     const unsigned a_rows = (wgi - 1) * 64 * BK * 2;  // this warpgroup's 64 rows of the A box
     for (int kt = 0; kt < nk; ++kt) {
-        const unsigned a = r.stage(kt) + a_rows, b = r.stage(kt) + A_BYTES;
-        mbar_wait(r.full(kt), (kt / STAGES) & 1);
+        const int s = kt % STAGES;
+        const unsigned a = ring + s * STAGE_BYTES + a_rows, b = ring + s * STAGE_BYTES + A_BYTES;
+        mbar_wait(bars + 8 * s, (kt / STAGES) & 1);
         wg_pin(d);
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
@@ -1145,12 +1131,21 @@ __device__ __forceinline__ void wgmma_consume(const TmaRing& r, T* C, int M, int
         asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
         wg_pin(d);
         // Tile kt - 1's group has finished reading its stage: hand the stage back (one arrival per warp).
-        if (kt > 0 && lane == 0) mbar_arrive(r.empty(kt - 1));
+        if (kt > 0 && lane == 0) mbar_arrive(bars + 8 * (STAGES + (kt - 1) % STAGES));
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     wg_pin(d);
+
     // Accumulator layout of m64nNk16: thread (warp w, lane l) holds, for each 8-column block j,
     // d[4j], d[4j+1] at row 16w + l/4, columns 8j + 2(l%4) + {0, 1}, and d[4j+2], d[4j+3] 8 rows below.
+    // That is the m16n8 C layout of a warp tile of 1 x 32 mma tiles at (64 (wgi - 1) + 16 w, 0):
+    // split-K blocks hand it to splitk_store as such.
+    if (gridDim.y > 1) {
+        float(&acc)[1][BN / 8][4] = *reinterpret_cast<float(*)[1][BN / 8][4]>(&d);
+        splitk_store<T, BM, BN, 1, BN / 8, 128 * CONSUMERS, 128>(C, ws, done, M, N, ldc, bm, bn, (wgi - 1) * 64 + warp * 16, 0, acc, alpha,
+                                                               beta);
+        return;
+    }
     const int row = bm + (wgi - 1) * 64 + warp * 16 + lane / 4, col = bn + 2 * (lane % 4);
     // Whole tiles with beta == 0 and 4-byte aligned pairs (the common case) store without checks:
     // 64 packed stores instead of 64 calls of store2 with their bounds and alignment branches.
@@ -1170,102 +1165,6 @@ __device__ __forceinline__ void wgmma_consume(const TmaRing& r, T* C, int M, int
         store2<T>(C, M, N, ldc, row, col + 8 * j, d[4 * j], d[4 * j + 1], alpha, beta);
         store2<T>(C, M, N, ldc, row + 8, col + 8 * j, d[4 * j + 2], d[4 * j + 3], alpha, beta);
     }
-}
-#endif
-
-template <typename T>
-__device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc& tb, T* C, int M, int N, int K, int ldc, float alpha,
-                                               float beta) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using namespace wg;
-    extern __shared__ __align__(1024) unsigned char smem[];
-    require_dynamic_smem(SMEM);
-    const TmaRing r = tma_ring_init(smem);
-    const int2 tile = grouped_tile(blockIdx.x, M, N, BM, BN);
-    const int bm = tile.x, bn = tile.y, nk = (K + BK - 1) / BK;
-    if (threadIdx.x < 128) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
-        if (threadIdx.x == 0) {
-            tma_prefetch_maps(ta, tb);
-            const int b_boxes = tma_b_boxes(N, bn);
-            for (int kt = 0; kt < nk; ++kt) tma_issue(ta, tb, r, bm, bn, b_boxes, kt);
-        }
-        return;
-    }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS));
-    wgmma_consume<T>(r, C, M, N, ldc, bm, bn, nk, alpha, beta);
-#else
-    __trap();  // built for another target: the launcher offers this variant on compute capability 9.0 only
-#endif
-}
-
-// ---------------------------------------------------------------------------------------------
-// 12. mma_tma (sm_90a only): mma_warp64_k64's 8 warps of 64x64 and its ldmatrix + mma.sync loop,
-// fed by wgmma_tma's TMA ring instead of cp.async. Nothing per mma changes; what goes is the copy
-// work of every thread (12 cp.async and their addresses per slab) and the block barrier per slab:
-// each warp waits on full[kt] for its tile and releases it on empty[kt] itself, so warps drift
-// apart by up to a tile instead of meeting at every slab.
-// No producer warp: a ninth warp would put three warps on one SM sub-partition, whose 16K
-// registers cap every warp at 168 (the consumers need ~240, and ptxas did not give them more
-// after setmaxnreg.inc: 404 bytes of spills in the loop). So thread 0 issues the copies, after the
-// first k16 step of each iteration: tile kt + STAGES - 1 into the stage of tile kt - 1, which waits
-// for the other warps to release kt - 1 (they did so at the end of their iteration kt - 1).
-// Three tiles are in flight behind the one read, as in mma_warp64_k64 and wgmma_tma.
-// Stage layout: wgmma_tma's (A box of 128 rows x 128 bytes, B as 4 boxes of 64 k-rows x 128 bytes,
-// 128-byte swizzle = swz(row, chunk, 8) from each 1024-aligned box). A warp's 64 columns are
-// exactly B box wn / 64, so its B rows are 128 bytes where mma_warp64_k64's are 512.
-// ---------------------------------------------------------------------------------------------
-
-template <typename T>
-__device__ __forceinline__ void mma_tma_body(const TmaDesc& ta, const TmaDesc& tb, T* C, int M, int N, int K, int ldc, float alpha,
-                                             float beta) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using namespace wg;
-    extern __shared__ __align__(1024) unsigned char smem[];
-    require_dynamic_smem(SMEM);
-    const TmaRing r = tma_ring_init(smem);
-    const int2 tile = grouped_tile(blockIdx.x, M, N, BM, BN);
-    const int bm = tile.x, bn = tile.y, nk = (K + BK - 1) / BK;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int wm = (warp / 4) * 64, wn = (warp % 4) * 64;
-    const bool producer = threadIdx.x == 0;
-    const int b_boxes = tma_b_boxes(N, bn);
-    if (producer) {
-        tma_prefetch_maps(ta, tb);
-        for (int kt = 0; kt < min(nk, STAGES - 1); ++kt) tma_issue(ta, tb, r, bm, bn, b_boxes, kt);
-    }
-    const int a_lane = swz(wm + lane % 16, lane / 16, 8);
-    const int b_lane = A_BYTES + (wn / B_BOX_N) * B_BOX_BYTES + swz(lane % 16, lane / 16, 8);
-    auto load_frags = [&](int kt, int ks, unsigned (&a)[4][4], unsigned (&b)[8][2]) {
-        warp64_frags<128, 128>(r.stage(kt), a_lane, b_lane, ks, a, b);
-    };
-    float acc[4][8][4] = {};
-    unsigned a0[4][4], b0[8][2], a1[4][4], b1[8][2];
-    // mma_warp64_k64's schedule: the next step's fragments load behind each step's mma, across
-    // the tile boundary too.
-    mbar_wait(r.full(0), 0);
-    load_frags(0, 0, a0, b0);
-    for (int kt = 0; kt < nk; ++kt) {
-        load_frags(kt, 1, a1, b1);
-        warp64_mma<T>(acc, a0, b0);
-        // A quarter tile after the other warps released tile kt - 1 (at the end of their
-        // iteration kt - 1), so thread 0 rarely waits for them.
-        if (producer && kt + STAGES - 1 < nk) tma_issue(ta, tb, r, bm, bn, b_boxes, kt + STAGES - 1);
-        load_frags(kt, 2, a0, b0);
-        warp64_mma<T>(acc, a1, b1);
-        load_frags(kt, 3, a1, b1);
-        warp64_mma<T>(acc, a0, b0);
-        if (kt + 1 < nk) {
-            mbar_wait(r.full(kt + 1), ((kt + 1) / STAGES) & 1);
-            load_frags(kt + 1, 0, a0, b0);
-        }
-        warp64_mma<T>(acc, a1, b1);
-        // Step 3's fragments are in registers (the mma above read them): the warp is done with
-        // tile kt's stage. The warp barrier orders every lane's ldmatrix before lane 0's release.
-        __syncwarp();
-        if (lane == 0) mbar_arrive(r.empty(kt));
-    }
-    store_acc<T, 4, 8>(C, M, N, ldc, bm + wm, bn + wn, acc, alpha, beta);
 #else
     __trap();  // built for another target: the launcher offers this variant on compute capability 9.0 only
 #endif
@@ -1323,17 +1222,10 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_k64_bf16(GE
 
 // wgmma_tma: TMA + mbarrier ring + warp-specialised wgmma, sm_90a (a trap elsewhere; never launched there).
 #define WGMMA_TMA_ARGS(T) const __grid_constant__ TmaDesc ta, const __grid_constant__ TmaDesc tb, T *C, int M, int N, int K, \
-                          int ldc, float alpha, float beta
+                          int ldc, float alpha, float beta, float *__restrict__ ws, unsigned *__restrict__ done
 extern "C" __global__ void __launch_bounds__(wg::THREADS, 1) gemm_wgmma_tma_f16(WGMMA_TMA_ARGS(__half)) {
-    wgmma_tma_body<__half>(ta, tb, C, M, N, K, ldc, alpha, beta);
+    wgmma_tma_body<__half>(ta, tb, C, M, N, K, ldc, alpha, beta, ws, done);
 }
 extern "C" __global__ void __launch_bounds__(wg::THREADS, 1) gemm_wgmma_tma_bf16(WGMMA_TMA_ARGS(__nv_bfloat16)) {
-    wgmma_tma_body<__nv_bfloat16>(ta, tb, C, M, N, K, ldc, alpha, beta);
-}
-// mma_tma: mma_warp64_k64's warp tiles and mma.sync, fed by wgmma_tma's TMA producer and ring.
-extern "C" __global__ void __launch_bounds__(wg::MMA_TMA_THREADS, 1) gemm_mma_tma_f16(WGMMA_TMA_ARGS(__half)) {
-    mma_tma_body<__half>(ta, tb, C, M, N, K, ldc, alpha, beta);
-}
-extern "C" __global__ void __launch_bounds__(wg::MMA_TMA_THREADS, 1) gemm_mma_tma_bf16(WGMMA_TMA_ARGS(__nv_bfloat16)) {
-    mma_tma_body<__nv_bfloat16>(ta, tb, C, M, N, K, ldc, alpha, beta);
+    wgmma_tma_body<__nv_bfloat16>(ta, tb, C, M, N, K, ldc, alpha, beta, ws, done);
 }

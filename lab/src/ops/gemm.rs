@@ -1,8 +1,7 @@
 //! `gemm`: C = alpha A B + beta C, row-major, a ladder from one thread per output to tensor cores
 //! (kernels/gemm.cu), beside cuBLAS in the same run on the same inputs. fp32 variants are SIMT;
-//! the TMA-fed fp16/bf16 rungs (`mma_tma`: TMA and mbarriers feeding mma.sync; `wgmma_tma`: the same
-//! with wgmma) exist on compute capability 9.0 only and take row strides that are multiples of 16
-//! bytes ([`not_applicable`] says why not);
+//! the last fp16/bf16 rung (`wgmma_tma`: TMA, mbarriers, wgmma) exists on compute capability 9.0
+//! only and takes row strides that are multiples of 16 bytes ([`not_applicable`] says why not);
 //! fp16/bf16 variants accumulate in fp32 and write C in the input dtype (what cuBLAS gemm_ex with
 //! CUBLAS_COMPUTE_32F does, so the peer and ours produce the same thing).
 //!
@@ -37,12 +36,11 @@ const FAMILY: &str = "gemm";
 
 /// The fp32 SIMT ladder, in order.
 pub const F32_VARIANTS: &[&str] = &["naive", "smem_tiled", "blocktile_1d", "blocktile_2d", "vectorized", "warptiled"];
-/// The fp16/bf16 tensor-core ladder, in order (`mma_tma` and `wgmma_tma` on compute capability 9.0 only).
-pub const HALF_VARIANTS: &[&str] = &["mma_ldmatrix", "mma_pipelined", "mma_pipelined_wide", "mma_warp64", "mma_warp64_wide", "mma_warp64_k64", "mma_tma", "mma_splitk", "wgmma_tma"];
-/// Variants built from sm_90a code (TMA copies into an mbarrier ring; wgmma_tma adds wgmma and
-/// setmaxnreg): offered on 9.0 alone, absent elsewhere (their PTX target, `compute_90a`, loads on
-/// no other device). They take A and B through tensor maps ([`tensor_maps`], [`launch_tma`]).
-pub const SM90A_VARIANTS: &[&str] = &["mma_tma", "wgmma_tma"];
+/// The fp16/bf16 tensor-core ladder, in order (`wgmma_tma` on compute capability 9.0 only).
+pub const HALF_VARIANTS: &[&str] = &["mma_ldmatrix", "mma_pipelined", "mma_pipelined_wide", "mma_warp64", "mma_warp64_wide", "mma_warp64_k64", "mma_splitk", "wgmma_tma"];
+/// Variants built from sm_90a instructions (wgmma, TMA, setmaxnreg): offered on 9.0 alone,
+/// absent elsewhere (their PTX target, `compute_90a`, loads on no other device).
+pub const SM90A_VARIANTS: &[&str] = &["wgmma_tma"];
 pub const CPU_VARIANTS: &[&str] = &["cpu_blocked"];
 /// The slow rungs (naive, smem_tiled) run only up to this many multiply-adds (2048^3).
 pub const SLOW_MAX_MACS: u64 = 1 << 33;
@@ -235,10 +233,10 @@ pub fn applies(variant: &str, d: Dims, max_smem_optin: usize, arch: u32) -> bool
 }
 
 /// Why `variant` cannot take this shape, said once per case and kept in the record's `extra`:
-/// TMA (mma_tma, wgmma_tma) reads rows whose stride is a multiple of 16 bytes, i.e. lda and ldb
-/// multiples of 8 elements (K and N for dense operands). `None` when it can.
+/// TMA (wgmma_tma) reads rows whose stride is a multiple of 16 bytes, i.e. lda and ldb multiples
+/// of 8 elements (K and N for dense operands). `None` when it can.
 pub fn not_applicable(variant: &str, d: Dims) -> Option<String> {
-    if !SM90A_VARIANTS.contains(&variant) {
+    if variant != "wgmma_tma" {
         return None;
     }
     let bad: Vec<String> = [("lda", d.lda, "K", d.k), ("ldb", d.ldb, "N", d.n)]
@@ -250,7 +248,7 @@ pub fn not_applicable(variant: &str, d: Dims) -> Option<String> {
     (!bad.is_empty()).then(|| format!("TMA needs row strides that are multiples of 16 bytes (8 elements); {} {verb} not", bad.join(" and ")))
 }
 
-/// The TMA rungs' block tile and ring (mma_tma and wgmma_tma share them), as `namespace wg` in gemm.cu states them.
+/// wgmma_tma's block tile and ring, as `namespace wg` in gemm.cu states them.
 pub mod wg {
     pub const BM: usize = 128;
     pub const BN: usize = 256;
@@ -321,7 +319,7 @@ pub fn encode_tensor_map(ptr: u64, b: wg::TmaBox, dtype: DType) -> Result<Tensor
     let ty = match dtype {
         DType::F16 => Ty::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
         DType::Bf16 => Ty::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-        DType::F32 => return Err(LabError::Invalid("the TMA gemm rungs run in f16 and bf16 only".into())),
+        DType::F32 => return Err(LabError::Invalid("gemm wgmma_tma runs in f16 and bf16 only".into())),
     };
     if !ptr.is_multiple_of(16) || !b.row_stride_bytes.is_multiple_of(16) {
         return Err(LabError::Invalid(format!("TMA needs 16-byte aligned rows: base {ptr:#x}, row stride {} bytes", b.row_stride_bytes)));
@@ -353,7 +351,7 @@ pub fn encode_tensor_map(ptr: u64, b: wg::TmaBox, dtype: DType) -> Result<Tensor
     Ok(TensorMap(unsafe { map.assume_init() }))
 }
 
-/// The tensor maps of A and B for the TMA rungs.
+/// The tensor maps of A and B for wgmma_tma.
 pub fn tensor_maps<T: Elem>(gpu: &Gpu, d: Dims, a: &CudaSlice<T>, b: &CudaSlice<T>) -> Result<(TensorMap, TensorMap)> {
     let (ba, bb) = wg::tma_boxes(d, T::DTYPE.size());
     let (pa, _ga) = a.device_ptr(&gpu.stream);
@@ -371,7 +369,7 @@ pub fn dynamic_smem(variant: &str) -> usize {
         "mma_warp64_wide" => 5 * (128 * 32 + 32 * 256) * 2,
         "mma_warp64_k64" => 4 * (128 * 64 + 64 * 256) * 2,
         "mma_splitk" => 4 * (16 * 64 + 64 * 128) * 2,
-        "mma_tma" | "wgmma_tma" => wg::SMEM,
+        "wgmma_tma" => wg::SMEM,
         _ => 0,
     }
 }
@@ -391,9 +389,8 @@ pub fn tile(variant: &str) -> &'static str {
         "mma_warp64" => "128x128x32, 4 warps of 64x64, 4-stage cp.async, 2 blocks/SM, one barrier per slab",
         "mma_warp64_wide" => "128x256x32, 8 warps of 64x64, 5-stage cp.async, one barrier per slab",
         "mma_warp64_k64" => "128x256x64, 8 warps of 64x64, 4-stage cp.async, one barrier per 64-deep slab",
-        "mma_tma" => "128x256x64, 8 warps of 64x64 (ldmatrix + mma.sync), 4-stage TMA + mbarrier ring, 128B swizzle, thread 0 issues the copies",
         "mma_splitk" => "16x128x64, 8 warps of 16x16, 4-stage cp.async, K split over grid.y, fp32 partials summed in slice order",
-        "wgmma_tma" => "128x256x64, 3 warpgroups (1 TMA producer, 2 wgmma consumers of 64x256), 4-stage mbarrier ring, 128B swizzle",
+        "wgmma_tma" => "128x256x64, 3 warpgroups (1 TMA producer, 2 wgmma consumers of 64x256), 4-stage mbarrier ring, 128B swizzle, K split over grid.y when the tiles fill less than one wave",
         _ => "",
     }
 }
@@ -411,8 +408,8 @@ pub fn launch_config(variant: &str, m: usize, n: usize) -> LaunchConfig {
         "mma_pipelined" => (((m.div_ceil(128) * n.div_ceil(128)) as u32, 1, 1), (256, 1, 1)),
         "mma_pipelined_wide" => (((m.div_ceil(128) * n.div_ceil(256)) as u32, 1, 1), (256, 1, 1)),
         "mma_warp64" => (((m.div_ceil(128) * n.div_ceil(128)) as u32, 1, 1), (128, 1, 1)),
-        "mma_warp64_wide" | "mma_warp64_k64" | "mma_tma" => (((m.div_ceil(128) * n.div_ceil(256)) as u32, 1, 1), (256, 1, 1)),
-        // grid.y: the K slices, set by run_kernel from splitk_slices.
+        "mma_warp64_wide" | "mma_warp64_k64" => (((m.div_ceil(128) * n.div_ceil(256)) as u32, 1, 1), (256, 1, 1)),
+        // grid.y: the K slices (mma_splitk, wgmma_tma), set at launch from splitk_slices.
         "mma_splitk" => (((m.div_ceil(16) * n.div_ceil(128)) as u32, 1, 1), (256, 1, 1)),
         "wgmma_tma" => (((m.div_ceil(wg::BM) * n.div_ceil(wg::BN)) as u32, 1, 1), (384, 1, 1)),
         other => unreachable!("no launch shape for gemm variant `{other}`"),
@@ -420,17 +417,25 @@ pub fn launch_config(variant: &str, m: usize, n: usize) -> LaunchConfig {
     LaunchConfig { grid_dim, block_dim, shared_mem_bytes: dynamic_smem(variant) as u32 }
 }
 
-/// K slices (blocks per 16x128 tile along K, grid.y) of mma_splitk on `sms` SMs: enough for 2
-/// blocks per SM, each slice at least 4 slabs of 64 deep, none empty; 1 where the tiles alone
-/// fill the GPU twice.
-pub fn splitk_slices(d: Dims, sms: usize) -> usize {
-    let (tiles, slabs) = (d.m.div_ceil(16) * d.n.div_ceil(128), d.k.div_ceil(64));
-    let want = (2 * sms).div_ceil(tiles).min(slabs / 4).max(1);
+/// K slices (blocks per tile along K, grid.y) of the split-K variants on `sms` SMs, each slice
+/// at least 4 slabs of 64 deep, none empty:
+/// - mma_splitk (16x128 tiles): enough for 2 blocks per SM; 1 where the tiles alone fill the GPU twice.
+/// - wgmma_tma (128x256 tiles, one block per SM): as many as fit one wave (M = 128, N = 4096 is
+///   16 tiles: 8 slices, 128 blocks); 1 where the tiles fill the GPU.
+/// - any other variant: 1.
+pub fn splitk_slices(variant: &str, d: Dims, sms: usize) -> usize {
+    let slabs = d.k.div_ceil(64);
+    let want = match variant {
+        "mma_splitk" => (2 * sms).div_ceil(d.m.div_ceil(16) * d.n.div_ceil(128)),
+        "wgmma_tma" => sms / (d.m.div_ceil(wg::BM) * d.n.div_ceil(wg::BN)),
+        _ => 1,
+    };
+    let want = want.min(slabs / 4).max(1);
     slabs.div_ceil(slabs.div_ceil(want))
 }
 
-/// mma_splitk's fp32 partials (slices x M x N) and one counter per tile, zero at rest (the
-/// tile's last block resets its counter): allocated once per shape, outside the timed launches.
+/// The fp32 partials (slices x M x N) and one counter per tile of a split-K variant, zero at rest
+/// (the tile's last block resets its counter): allocated once per shape, outside the timed launches.
 pub struct SplitK {
     pub slices: usize,
     ws: CudaSlice<f32>,
@@ -438,12 +443,22 @@ pub struct SplitK {
 }
 
 impl SplitK {
-    pub fn new(gpu: &Gpu, d: Dims) -> Result<Self> {
-        let slices = splitk_slices(d, gpu.info.sm_count as usize);
+    pub fn new(gpu: &Gpu, variant: &str, d: Dims) -> Result<Self> {
+        let slices = splitk_slices(variant, d, gpu.info.sm_count as usize);
         let ws_len = if slices > 1 { slices * d.m * d.n } else { 1 };
         let ws = gpu.stream.alloc_zeros::<f32>(ws_len).doing("allocating the split-K workspace")?;
-        let done = gpu.stream.alloc_zeros::<u32>(launch_config("mma_splitk", d.m, d.n).grid_dim.0 as usize).doing("allocating the split-K counters")?;
+        let done = gpu.stream.alloc_zeros::<u32>(launch_config(variant, d.m, d.n).grid_dim.0 as usize).doing("allocating the split-K counters")?;
         Ok(SplitK { slices, ws, done })
+    }
+
+    /// Was this workspace made for `variant` at `d` on this GPU? A mismatch is an error, never an
+    /// out-of-bounds partial.
+    fn check(&self, gpu: &Gpu, variant: &str, d: Dims) -> Result<()> {
+        let tiles = launch_config(variant, d.m, d.n).grid_dim.0 as usize;
+        if self.slices != splitk_slices(variant, d, gpu.info.sm_count as usize) || (self.slices > 1 && self.ws.len() < self.slices * d.m * d.n) || self.done.len() < tiles {
+            return Err(LabError::Invalid(format!("gemm {variant}: the split-K workspace was made for another shape than M={} N={} K={}", d.m, d.n, d.k)));
+        }
+        Ok(())
     }
 }
 
@@ -484,9 +499,10 @@ impl Experiment for Gemm {
             // cp.async path while the edge blocks of the same launch take the checked one;
             // (300, 520, 320) does the same for mma_warp64_k64 (K % 64 == 0), with more slabs
             // than slots in every ring (the copies wrap around while the edge blocks run).
-            // The TMA rungs take only K and N multiples of 8 (TMA row strides): of these, 1000^3,
-            // 300x520x96, 300x520x320 and the last two, which put their M, N and K edges (a partial
-            // last k-tile, 8 columns past a 256-wide tile, M = 1) and beta != 0 under the check.
+            // wgmma_tma takes only K and N multiples of 8 (TMA row strides): of these, 1000^3,
+            // 300x520x96, 300x520x320 and the last two, which put its M, N and K edges (a partial
+            // last k-tile, 8 columns past a 256-wide tile, M = 1) and beta != 0 under the check;
+            // 1000^3, 1x1032x776 and 130x264x1024 (beta != 0) are split along K (splitk_slices).
             (Backend::Cuda(_), _) => &[
                 (1, 4097, 777, 1.0, 0.0, false),
                 (1000, 1000, 1000, 1.0, 0.0, false),
@@ -496,6 +512,7 @@ impl Experiment for Gemm {
                 (300, 520, 320, 1.0, 0.0, false),
                 (130, 264, 72, 0.5, -1.25, false),
                 (1, 1032, 776, 1.0, 0.0, false),
+                (130, 264, 1024, 0.5, -1.25, false),
             ],
         };
         let square = |n: usize| (n, n, n, 1.0, 0.0, true);
@@ -697,12 +714,13 @@ pub fn run_kernel<T: Elem>(
     splitk: Option<&SplitK>,
 ) -> Result<()> {
     validate(d, a.len(), b.len(), c.len())?;
-    if SM90A_VARIANTS.contains(&variant) {
+    let workspace = || splitk.ok_or_else(|| LabError::Invalid(format!("gemm {variant} needs its split-K workspace (SplitK::new for this shape)")));
+    if variant == "wgmma_tma" {
         if let Some(why) = not_applicable(variant, d) {
-            return Err(LabError::Invalid(format!("gemm {variant}: {why}")));
+            return Err(LabError::Invalid(format!("gemm wgmma_tma: {why}")));
         }
         let maps = tensor_maps(gpu, d, a, b)?;
-        return launch_tma(gpu, f, variant, d, (alpha, beta), &maps, c);
+        return launch_wgmma_tma(gpu, f, d, (alpha, beta), &maps, workspace()?, c);
     }
     let mut cfg = launch_config(variant, d.m, d.n);
     let (m, n, k) = (d.m as i32, d.n as i32, d.k as i32);
@@ -710,10 +728,8 @@ pub fn run_kernel<T: Elem>(
     let mut l = gpu.stream.launch_builder(f);
     l.arg(a).arg(b).arg(c).arg(&m).arg(&n).arg(&k).arg(&lda).arg(&ldb).arg(&ldc).arg(&alpha).arg(&beta);
     if variant == "mma_splitk" {
-        let sk = splitk.ok_or_else(|| LabError::Invalid("gemm mma_splitk needs its split-K workspace (SplitK::new for this shape)".into()))?;
-        if sk.slices != splitk_slices(d, gpu.info.sm_count as usize) || (sk.slices > 1 && sk.ws.len() < sk.slices * d.m * d.n) || sk.done.len() < cfg.grid_dim.0 as usize {
-            return Err(LabError::Invalid(format!("gemm mma_splitk: the split-K workspace was made for another shape than M={} N={} K={}", d.m, d.n, d.k)));
-        }
+        let sk = workspace()?;
+        sk.check(gpu, variant, d)?;
         cfg.grid_dim.1 = sk.slices as u32;
         l.arg(&sk.ws).arg(&sk.done);
     }
@@ -725,14 +741,17 @@ pub fn run_kernel<T: Elem>(
     unsafe { l.launch(cfg) }.map(|_| ()).doing(&format!("launching gemm {variant}"))
 }
 
-/// Launches a TMA rung (mma_tma, wgmma_tma) with the tensor maps of A and B (from
-/// [`tensor_maps`] on buffers that [`validate`] accepted for `d`).
-pub fn launch_tma<T: Elem>(gpu: &Gpu, f: &CudaFunction, variant: &str, d: Dims, (alpha, beta): (f32, f32), maps: &(TensorMap, TensorMap), c: &mut CudaSlice<T>) -> Result<()> {
-    let cfg = launch_config(variant, d.m, d.n);
+/// Launches wgmma_tma with the tensor maps of A and B (from [`tensor_maps`] on buffers that
+/// [`validate`] accepted for `d`), split along K as `sk` says.
+pub fn launch_wgmma_tma<T: Elem>(gpu: &Gpu, f: &CudaFunction, d: Dims, (alpha, beta): (f32, f32), maps: &(TensorMap, TensorMap), sk: &SplitK, c: &mut CudaSlice<T>) -> Result<()> {
+    sk.check(gpu, "wgmma_tma", d)?;
+    let mut cfg = launch_config("wgmma_tma", d.m, d.n);
+    cfg.grid_dim.1 = sk.slices as u32;
     let (m, n, k, ldc) = (d.m as i32, d.n as i32, d.k as i32, d.ldc as i32);
     // SAFETY: the maps describe A (M x K) and B (K x N) inside their buffers (TMA never reads
     // outside the described tensor); the kernel predicates every C store on M, N and ldc; cfg is
-    // the launch shape and dynamic smem it is written for.
+    // the launch shape and dynamic smem it is written for; the workspace holds grid.y x M x N
+    // floats (when grid.y > 1) and the counters one per tile, zero at rest (checked above).
     unsafe {
         gpu.stream
             .launch_builder(f)
@@ -745,10 +764,12 @@ pub fn launch_tma<T: Elem>(gpu: &Gpu, f: &CudaFunction, variant: &str, d: Dims, 
             .arg(&ldc)
             .arg(&alpha)
             .arg(&beta)
+            .arg(&sk.ws)
+            .arg(&sk.done)
             .launch(cfg)
     }
     .map(|_| ())
-    .doing(&format!("launching gemm {variant}"))
+    .doing("launching gemm wgmma_tma")
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -794,19 +815,19 @@ where
         if !skipped.is_empty() {
             extra.insert("not_applicable".into(), Value::Object(skipped.clone()));
         }
-        if SM90A_VARIANTS.contains(&variant) {
+        let splitk = if matches!(variant, "mma_splitk" | "wgmma_tma") { Some(SplitK::new(gpu, variant, d)?) } else { None };
+        if let Some(sk) = &splitk {
+            extra.insert("splitk_slices".into(), json!(sk.slices));
+        }
+        if let (true, Some(sk)) = (variant == "wgmma_tma", &splitk) {
             // The maps are encoded once per case, outside the timed launches.
             let maps = tensor_maps(gpu, d, &da, &db)?;
             let launch = |c: &mut CudaSlice<T>| -> Result<()> {
                 reset(c)?;
-                launch_tma(gpu, &f, variant, d, (alpha, beta), &maps, c)
+                launch_wgmma_tma(gpu, &f, d, (alpha, beta), &maps, sk, c)
             };
             measure_gpu_as(s, gpu, case, (variant, "lab"), work, check, timed, &mut dc, extra, launch)?;
             continue;
-        }
-        let splitk = if variant == "mma_splitk" { Some(SplitK::new(gpu, d)?) } else { None };
-        if let Some(sk) = &splitk {
-            extra.insert("splitk_slices".into(), json!(sk.slices));
         }
         let launch = |c: &mut CudaSlice<T>| -> Result<()> {
             reset(c)?;
@@ -959,16 +980,29 @@ mod tests {
     /// K is short, and shapes whose tiles fill the GPU are not split.
     #[test]
     fn splitk_slices_leave_no_slice_empty() {
-        for (m, n, k) in [(1, 4096, 4096), (16, 4096, 11008), (16, 14336, 4096), (4, 4097, 777), (1, 1, 1), (8192, 8192, 8192), (16, 128, 64), (3, 513, 100000)] {
+        for (m, n, k) in [(1, 4096, 4096), (16, 4096, 11008), (16, 14336, 4096), (4, 4097, 777), (1, 1, 1), (8192, 8192, 8192), (16, 128, 64), (3, 513, 100000), (128, 4096, 4096), (512, 4096, 4096), (1000, 1000, 1000)] {
             let d = Dims::dense(m, n, k);
-            let (s, slabs, tiles) = (splitk_slices(d, 132), k.div_ceil(64), m.div_ceil(16) * n.div_ceil(128));
-            let per = slabs.div_ceil(s);
-            assert!(s >= 1 && (s - 1) * per < slabs && s * per >= slabs, "{m}x{n}x{k}: {s} slices of {per}");
-            assert!(s == 1 || per >= 4, "{m}x{n}x{k}: slices of {per} slabs");
-            assert!(tiles * s >= 132 || per < 8, "{m}x{n}x{k}: {s} slices of {per} slabs leave SMs idle");
+            for (variant, tile, sms_per_wave) in [("mma_splitk", (16, 128), 2 * 132), ("wgmma_tma", (128, 256), 132)] {
+                let (s, slabs, tiles) = (splitk_slices(variant, d, 132), k.div_ceil(64), m.div_ceil(tile.0) * n.div_ceil(tile.1));
+                let per = slabs.div_ceil(s);
+                assert!(s >= 1 && (s - 1) * per < slabs && s * per >= slabs, "{variant} {m}x{n}x{k}: {s} slices of {per}");
+                assert!(s == 1 || per >= 4, "{variant} {m}x{n}x{k}: slices of {per} slabs");
+                match variant {
+                    // Decode shapes give every SM a block unless K is short.
+                    "mma_splitk" => assert!(tiles * s >= 132 || per < 8, "{m}x{n}x{k}: {s} slices of {per} slabs leave SMs idle"),
+                    // One wave: a second, partial one would leave most SMs idle for a whole slice;
+                    // and a whole one unless K is short.
+                    _ => assert!(tiles * s <= sms_per_wave.max(tiles) && (s == 1 || tiles * (s + 1) > sms_per_wave || per < 8), "{m}x{n}x{k}: {s} slices of {tiles} tiles"),
+                }
+            }
         }
-        assert_eq!(splitk_slices(Dims::dense(16, 4096, 4096), 132), 8);
-        assert_eq!(splitk_slices(Dims::dense(8192, 8192, 8192), 132), 1);
+        assert_eq!(splitk_slices("mma_splitk", Dims::dense(16, 4096, 4096), 132), 8);
+        assert_eq!(splitk_slices("mma_splitk", Dims::dense(8192, 8192, 8192), 132), 1);
+        // wgmma_tma: M = 128 and 512 at N = K = 4096 are 16 and 64 tiles.
+        assert_eq!(splitk_slices("wgmma_tma", Dims::dense(128, 4096, 4096), 132), 8);
+        assert_eq!(splitk_slices("wgmma_tma", Dims::dense(512, 4096, 4096), 132), 2);
+        assert_eq!(splitk_slices("wgmma_tma", Dims::dense(4096, 4096, 4096), 132), 1);
+        assert_eq!(splitk_slices("mma_warp64_k64", Dims::dense(1, 4096, 4096), 132), 1);
     }
 
     #[test]
@@ -982,7 +1016,7 @@ mod tests {
                     "naive" => (8, 32),
                     "smem_tiled" => (32, 32),
                     "blocktile_1d" => (64, 64),
-                    "mma_pipelined_wide" | "mma_warp64_wide" | "mma_warp64_k64" | "mma_tma" | "wgmma_tma" => (128, 256),
+                    "mma_pipelined_wide" | "mma_warp64_wide" | "mma_warp64_k64" | "wgmma_tma" => (128, 256),
                     "mma_splitk" => (16, 128),
                     _ => (128, 128),
                 };
@@ -1214,8 +1248,7 @@ mod tests {
         }
     }
 
-    // ---- the TMA rungs (mma_tma, wgmma_tma): swizzle, descriptors, tensor maps, the mbarrier ring,
-    // fragments (mirrors of gemm.cu) ----
+    // ---- wgmma_tma: swizzle, descriptors, tensor maps, the mbarrier ring (mirrors of gemm.cu) ----
 
     #[test]
     fn swizzle128_matches_the_xor_swizzle_of_the_mma_rungs_and_stays_in_its_atom() {
@@ -1346,8 +1379,27 @@ mod tests {
         }
     }
 
+    /// Split-K wgmma_tma blocks hand their accumulators to splitk_store as the m16n8 C fragments
+    /// of a warp tile of 1 x 32 mma tiles at row 64 (consumer - 1) + 16 w: the same (row, column)
+    /// for every thread and register as the m64n256k16 layout the direct store uses.
     #[test]
-    fn tma_tensor_maps_and_shared_memory() {
+    fn wgmma_accumulators_are_mma_fragments_of_one_by_32_tiles() {
+        for tid in 0..128 {
+            let (warp, lane) = (tid / 32, tid % 32);
+            let (g, t) = (lane / 4, lane % 4);
+            for j in 0..wg::BN / 8 {
+                for e in 0..4 {
+                    let wgmma = (warp * 16 + lane / 4 + 8 * (e / 2), 8 * j + 2 * (lane % 4) + e % 2);
+                    // store_acc / splitk_store: acc[i][j][e] at (wm + 16 i + g + 8 (e >> 1), wn + 8 j + 2 t + (e & 1)), i = 0.
+                    let mma = (warp * 16 + g + 8 * (e >> 1), 8 * j + 2 * t + (e & 1));
+                    assert_eq!(wgmma, mma, "thread {tid} register {}", 4 * j + e);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn wgmma_tma_tensor_maps_and_shared_memory() {
         use wg::*;
         let (ta, tb) = tma_boxes(Dims::dense(1000, 1032, 776), 2);
         assert_eq!(ta, TmaBox { dims: [776, 1000], row_stride_bytes: 1552, boxes: [64, 128] });
@@ -1374,24 +1426,22 @@ mod tests {
                 assert!(box_bytes(ta) + boxes * box_bytes(tb) <= STAGE_BYTES);
             }
         }
-        for v in SM90A_VARIANTS {
-            assert_eq!(dynamic_smem(v), 197696, "{v}");
-            assert!(dynamic_smem(v) <= 227 * 1024 && STAGE_BYTES * (STAGES + 1) > 227 * 1024, "4 stages fit, 5 do not");
-            // Which of the experiment's odd shapes it takes: K and N multiples of 8.
-            for ((m, n, k), takes) in [((1000, 1000, 1000), true), ((4097, 513, 777), false), ((130, 260, 72), false), ((300, 520, 96), true), ((300, 520, 320), true), ((1, 4097, 777), false), ((130, 264, 72), true), ((1, 1032, 776), true), ((8192, 8192, 8192), true)] {
-                let why = not_applicable(v, Dims::dense(m, n, k));
-                assert_eq!(why.is_none(), takes, "{v} {m}x{n}x{k}: {why:?}");
-                let (ta, tb) = tma_boxes(Dims::dense(m, n, k), 2);
-                assert_eq!(ta.row_stride_bytes.is_multiple_of(16) && tb.row_stride_bytes.is_multiple_of(16), takes, "{m}x{n}x{k}");
-            }
-            assert_eq!(not_applicable(v, Dims::dense(4097, 513, 777)).unwrap(), "TMA needs row strides that are multiples of 16 bytes (8 elements); K = 777 and N = 513 are not");
-            assert_eq!(not_applicable(v, Dims { m: 2, n: 8, k: 8, lda: 12, ldb: 8, ldc: 8 }).unwrap(), "TMA needs row strides that are multiples of 16 bytes (8 elements); lda = 12 is not");
-            // Offered on compute capability 9.0 only: not 8.x, not 10.x.
-            for (arch, offered) in [(80, false), (89, false), (90, true), (100, false), (120, false)] {
-                assert_eq!(applies(v, Dims::dense(1024, 1024, 1024), 227 * 1024, arch), offered, "{v} sm_{arch}");
-            }
+        assert_eq!(dynamic_smem("wgmma_tma"), 197696);
+        assert!(dynamic_smem("wgmma_tma") <= 227 * 1024 && STAGE_BYTES * (STAGES + 1) > 227 * 1024, "4 stages fit, 5 do not");
+        // Which of the experiment's odd shapes it takes: K and N multiples of 8.
+        for ((m, n, k), takes) in [((1000, 1000, 1000), true), ((4097, 513, 777), false), ((130, 260, 72), false), ((300, 520, 96), true), ((300, 520, 320), true), ((1, 4097, 777), false), ((130, 264, 72), true), ((1, 1032, 776), true), ((8192, 8192, 8192), true)] {
+            let why = not_applicable("wgmma_tma", Dims::dense(m, n, k));
+            assert_eq!(why.is_none(), takes, "{m}x{n}x{k}: {why:?}");
+            let (ta, tb) = tma_boxes(Dims::dense(m, n, k), 2);
+            assert_eq!(ta.row_stride_bytes.is_multiple_of(16) && tb.row_stride_bytes.is_multiple_of(16), takes, "{m}x{n}x{k}");
         }
+        assert_eq!(not_applicable("wgmma_tma", Dims::dense(4097, 513, 777)).unwrap(), "TMA needs row strides that are multiples of 16 bytes (8 elements); K = 777 and N = 513 are not");
+        assert_eq!(not_applicable("wgmma_tma", Dims { m: 2, n: 8, k: 8, lda: 12, ldb: 8, ldc: 8 }).unwrap(), "TMA needs row strides that are multiples of 16 bytes (8 elements); lda = 12 is not");
         assert_eq!(not_applicable("mma_warp64", Dims::dense(4097, 513, 777)), None);
+        // Offered on compute capability 9.0 only: not 8.x, not 10.x.
+        for (arch, offered) in [(80, false), (89, false), (90, true), (100, false), (120, false)] {
+            assert_eq!(applies("wgmma_tma", Dims::dense(1024, 1024, 1024), 227 * 1024, arch), offered, "sm_{arch}");
+        }
         assert!(applies("mma_warp64_wide", Dims::dense(1024, 1024, 1024), 227 * 1024, 80));
         assert_eq!(crate::gpu::compile::Target::for_device(90).gpu_architecture(), "compute_90a");
         assert_eq!(crate::gpu::compile::Target::for_device(80).gpu_architecture(), "compute_80");
@@ -1402,164 +1452,75 @@ mod tests {
         assert_eq!(std::mem::align_of::<TensorMap>() % 64, 0);
     }
 
-    /// One step of a TMA rung's schedule, as gemm.cu issues them: the producer's copy of tile t
-    /// (wait empty, expect_tx, TMA), a consumer warp's wait for tile t (wait full, then it reads
-    /// the stage) and its release of tile t (arrive on empty: it no longer reads the stage).
-    #[derive(Clone, Copy, Debug)]
-    enum RingOp {
-        Issue(usize),
-        Wait(usize),
-        Release(usize),
-    }
-
-    /// The programs of the TMA rungs (thread 0's copies included in warp 0 for mma_tma; a separate
-    /// producer for wgmma_tma), for `nk` tiles and `stages` slots; `WARPS` consumer warps.
-    fn ring_programs(variant: &str, stages: usize, nk: usize) -> (Vec<RingOp>, Vec<Vec<RingOp>>) {
-        use RingOp::*;
-        const WARPS: usize = 8;
-        match variant {
-            // Producer: every tile in order. Consumers: wait tile kt, and once its wgmma group is
-            // issued (wait_group 1) release tile kt - 1; the last is waited for, never released.
-            "wgmma_tma" => {
-                let warp: Vec<RingOp> = (0..nk).flat_map(|kt| std::iter::once(Wait(kt)).chain((kt > 0).then(|| Release(kt - 1)))).collect();
-                ((0..nk).map(Issue).collect(), vec![warp; WARPS])
-            }
-            // No producer: thread 0 issues tiles 0..stages-2 first, then tile kt + stages - 1
-            // in iteration kt (after its first k16 step, before its wait for tile kt + 1). Every warp: wait tile 0; per iteration, wait tile kt + 1
-            // (its step 0 loads before step 3's mma) and release tile kt.
-            "mma_tma" => {
-                let warp = |w: usize| {
-                    let mut p: Vec<RingOp> = if w == 0 { (0..nk.min(stages - 1)).map(Issue).collect() } else { Vec::new() };
-                    p.push(Wait(0));
-                    for kt in 0..nk {
-                        if w == 0 && kt + stages - 1 < nk {
-                            p.push(Issue(kt + stages - 1));
-                        }
-                        if kt + 1 < nk {
-                            p.push(Wait(kt + 1));
-                        }
-                        p.push(Release(kt));
-                    }
-                    p
-                };
-                (Vec::new(), (0..WARPS).map(warp).collect())
-            }
-            other => unreachable!("{other} has no TMA ring"),
-        }
-    }
-
-    /// The TMA rungs' ring under random interleavings of the producer, the TMA engine and the
-    /// eight consumer warps, with mbarrier semantics: a phase completes when its arrivals (and,
-    /// for full[s], its transaction bytes) are in; try_wait.parity(p) succeeds when the number of
+    /// wgmma_tma's ring under random interleavings of the producer, the TMA engine and the eight
+    /// consumer warps, with mbarrier semantics: a phase completes when its arrivals (and, for
+    /// full[s], its transaction bytes) are in; try_wait.parity(p) succeeds when the number of
     /// completed phases n has n % 2 != p. Every read must find its tile landed in its slot, no
-    /// TMA may overwrite a slot a warp may still read, and the schedule must not deadlock.
+    /// TMA may overwrite a slot a warp may still read (wgmma groups in flight included).
     #[test]
-    fn tma_mbarrier_rings_have_no_hazards() {
+    fn wgmma_tma_mbarrier_ring_has_no_hazards() {
         use rand::SeedableRng;
-        use RingOp::*;
-        for variant in SM90A_VARIANTS {
-            for stages in [2usize, 3, 4] {
-                for nk in [1usize, 2, 3, 4, 5, 7, 9, 13] {
-                    let (producer, warps) = ring_programs(variant, stages, nk);
-                    // Agent 0 is the producer, 1.. the warps; position in each program.
-                    let programs: Vec<Vec<RingOp>> = std::iter::once(producer).chain(warps).collect();
-                    let n_warps = programs.len() - 1;
-                    for seed in 0..60u64 {
-                        let mut rng = rand::rngs::StdRng::seed_from_u64(seed * 1000 + nk as u64 * 10 + stages as u64);
-                        let mut pc = vec![0usize; programs.len()];
-                        // (completed phases, arrivals in the current phase)
-                        let mut full = vec![(0usize, 0usize); stages];
-                        let mut empty = vec![(0usize, 0usize); stages];
-                        let mut slot: Vec<Option<(usize, bool)>> = vec![None; stages]; // (tile, landed)
-                        let mut in_flight: Vec<usize> = Vec::new(); // slots with a TMA under way
-                        let mut reading: Vec<Vec<usize>> = vec![Vec::new(); programs.len()]; // tiles an agent may still read
-                        let wait_ok = |b: (usize, usize), parity: usize| b.0 % 2 != parity;
-                        let mut steps = 0;
-                        while pc.iter().zip(&programs).any(|(&i, p)| i < p.len()) || !in_flight.is_empty() {
-                            steps += 1;
-                            assert!(steps < 200_000, "{variant} S={stages} nk={nk}: deadlock at {pc:?}");
-                            let agent = rng.random_range(0..programs.len() + 1);
-                            if agent == programs.len() {
-                                if !in_flight.is_empty() {
-                                    let s = in_flight.remove(rng.random_range(0..in_flight.len()));
-                                    slot[s].as_mut().unwrap().1 = true;
-                                    assert_eq!(full[s].1, 1);
-                                    full[s] = (full[s].0 + 1, 0); // bytes landed: the phase completes
+        const WARPS: usize = 8;
+        for stages in [2usize, 3, 4] {
+            for nk in [1usize, 2, 3, 4, 5, 7, 9, 13] {
+                for seed in 0..60u64 {
+                    let mut rng = rand::rngs::StdRng::seed_from_u64(seed * 1000 + nk as u64 * 10 + stages as u64);
+                    // (completed phases, arrivals in the current phase)
+                    let mut full = vec![(0usize, 0usize); stages];
+                    let mut empty = vec![(0usize, 0usize); stages];
+                    let mut slot: Vec<Option<(usize, bool)>> = vec![None; stages]; // (tile, landed)
+                    let mut in_flight: Vec<usize> = Vec::new(); // slots with a TMA under way
+                    let mut producer = 0usize;
+                    let mut warp_kt = [0usize; WARPS];
+                    let mut reading: Vec<Vec<usize>> = vec![Vec::new(); WARPS]; // tiles whose wgmma may still read
+                    let wait_ok = |b: (usize, usize), parity: usize| b.0 % 2 != parity;
+                    let mut steps = 0;
+                    while producer < nk || warp_kt.iter().any(|&k| k < nk) || !in_flight.is_empty() {
+                        steps += 1;
+                        assert!(steps < 100_000, "S={stages} nk={nk}: deadlock");
+                        match rng.random_range(0..WARPS + 2) {
+                            0 if producer < nk => {
+                                let kt = producer;
+                                let s = kt % stages;
+                                if wait_ok(empty[s], ((kt / stages) & 1) ^ 1) {
+                                    for (w, r) in reading.iter().enumerate() {
+                                        assert!(!r.iter().any(|&t| t % stages == s), "S={stages} nk={nk}: tile {kt} overwrites slot {s} while warp {w} may read it");
+                                    }
+                                    slot[s] = Some((kt, false));
+                                    full[s].1 += 1; // arrive.expect_tx: the arrival is in, the bytes are not
+                                    in_flight.push(s);
+                                    producer += 1;
                                 }
-                                continue;
                             }
-                            let Some(&op) = programs[agent].get(pc[agent]) else { continue };
-                            let done = match op {
-                                Issue(t) => {
-                                    let s = t % stages;
-                                    let ok = wait_ok(empty[s], ((t / stages) & 1) ^ 1);
-                                    if ok {
-                                        for (a, r) in reading.iter().enumerate() {
-                                            assert!(!r.iter().any(|&u| u % stages == s), "{variant} S={stages} nk={nk}: tile {t} overwrites slot {s} while agent {a} may read it");
+                            1 if !in_flight.is_empty() => {
+                                let s = in_flight.remove(rng.random_range(0..in_flight.len()));
+                                slot[s].as_mut().unwrap().1 = true;
+                                assert_eq!(full[s].1, 1);
+                                full[s] = (full[s].0 + 1, 0); // bytes landed: the phase completes
+                            }
+                            w if w >= 2 => {
+                                let w = w - 2;
+                                let kt = warp_kt[w];
+                                if kt < nk {
+                                    let s = kt % stages;
+                                    if wait_ok(full[s], (kt / stages) & 1) {
+                                        assert_eq!(slot[s], Some((kt, true)), "S={stages} nk={nk}: warp {w} reads tile {kt} from slot {s}");
+                                        reading[w].push(kt);
+                                        // wait_group 1: tile kt - 1's group is done; arrive on its empty barrier.
+                                        if kt > 0 {
+                                            reading[w].retain(|&t| t != kt - 1);
+                                            let e = &mut empty[(kt - 1) % stages];
+                                            e.1 += 1;
+                                            if e.1 == WARPS {
+                                                *e = (e.0 + 1, 0);
+                                            }
                                         }
-                                        slot[s] = Some((t, false));
-                                        full[s].1 += 1; // arrive.expect_tx: the arrival is in, the bytes are not
-                                        in_flight.push(s);
+                                        warp_kt[w] += 1;
                                     }
-                                    ok
                                 }
-                                Wait(t) => {
-                                    let s = t % stages;
-                                    let ok = wait_ok(full[s], (t / stages) & 1);
-                                    if ok {
-                                        assert_eq!(slot[s], Some((t, true)), "{variant} S={stages} nk={nk}: agent {agent} reads tile {t} from slot {s}");
-                                        reading[agent].push(t);
-                                    }
-                                    ok
-                                }
-                                Release(t) => {
-                                    assert!(reading[agent].contains(&t), "{variant}: tile {t} released before it was waited for");
-                                    reading[agent].retain(|&u| u != t);
-                                    let e = &mut empty[t % stages];
-                                    e.1 += 1;
-                                    if e.1 == n_warps {
-                                        *e = (e.0 + 1, 0);
-                                    }
-                                    true
-                                }
-                            };
-                            pc[agent] += done as usize;
+                            }
+                            _ => {}
                         }
-                        // Every tile was issued once and waited for by every warp.
-                        let issues = programs.iter().flatten().filter(|op| matches!(op, Issue(_))).count();
-                        let waits = programs.iter().flatten().filter(|op| matches!(op, Wait(_))).count();
-                        assert_eq!((issues, waits), (nk, nk * n_warps), "{variant} S={stages} nk={nk}");
-                    }
-                }
-            }
-        }
-    }
-
-    /// mma_tma's fragments on the CPU: TMA's stage layout (wgmma_tma's boxes through the 128-byte
-    /// swizzle), read by the kernel's lane offsets (warp64_frags: a_lane ^ 32 ks + 16 i rows,
-    /// b_lane ^ 16 jp + 16 ks rows) must be the ldmatrix addresses that reproduce the tile product.
-    #[test]
-    fn mma_tma_fragment_addressing_reproduces_the_tile_product() {
-        use wg::*;
-        // Element offsets (halves) of A (m, k) and B (k, n) in a stage whose base is 1024-aligned.
-        let a_off = |r: usize, c: usize| swizzle128((r * 128 + c * 2) as u32) as usize / 2;
-        let b_box = |k: usize, n: usize| ((n / B_BOX_N) * BK * B_BOX_N * 2 + k * 128 + (n % B_BOX_N) * 2) as u32;
-        let b_off = |k: usize, n: usize| swizzle128(b_box(k, n)) as usize / 2;
-        check_simulation("mma_tma", (BM, BN, BK), (64, 64), &a_off, &b_off, STAGE_BYTES / 2);
-        let a_bytes = BM * BK * 2;
-        for warp in 0..8 {
-            let (wm, wn) = ((warp / 4) * 64, (warp % 4) * 64);
-            for lane in 0..32 {
-                let a_lane = swz(wm + lane % 16, lane / 16, 8);
-                let b_lane = a_bytes + (wn / B_BOX_N) * BK * B_BOX_N * 2 + swz(lane % 16, lane / 16, 8);
-                for ks in 0..BK / 16 {
-                    for i in 0..4 {
-                        let want = 2 * a_off(wm + i * 16 + lane % 16, ks * 16 + (lane / 16) * 8);
-                        assert_eq!((a_lane ^ (ks * 32)) + i * 16 * 128, want, "A warp {warp} lane {lane} ks {ks} i {i}");
-                    }
-                    for jp in (0..8).step_by(2) {
-                        let want = a_bytes + 2 * b_off(ks * 16 + lane % 16, wn + jp * 8 + (lane / 16) * 8);
-                        assert_eq!((b_lane ^ (jp * 16)) + ks * 16 * 128, want, "B warp {warp} lane {lane} ks {ks} jp {jp}");
                     }
                 }
             }
