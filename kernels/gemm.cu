@@ -644,26 +644,77 @@ __device__ __forceinline__ void splitk_store(T* C, float* __restrict__ ws, unsig
                                              int wm, int wn, float (&acc)[MI][NI][4], float alpha, float beta) {
     const int S = gridDim.y, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     float* part = ws + (u64)blockIdx.y * M * N;
+    // Columns 2t and 2t + 1 of a fragment row are one aligned 8-byte word when N is even (each
+    // row of a warp's store is then a whole 32-byte sector); else one float at a time.
+    const bool pairs = (N & 1) == 0;
 #pragma unroll
     for (int i = 0; i < MI; ++i)
 #pragma unroll
         for (int j = 0; j < NI; ++j)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int r = bm + wm + i * 16 + g + 8 * (e >> 1), c = bn + wn + j * 8 + 2 * t + (e & 1);
-                if (r < M && c < N) part[(u64)r * N + c] = acc[i][j][e];
+            for (int h = 0; h < 2; ++h) {
+                const int r = bm + wm + i * 16 + g + 8 * h, c = bn + wn + j * 8 + 2 * t;
+                if (r >= M || c >= N) continue;
+                float* q = part + (u64)r * N + c;
+                if (pairs) {
+                    *reinterpret_cast<float2*>(q) = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+                } else {
+                    q[0] = acc[i][j][2 * h];
+                    if (c + 1 < N) q[1] = acc[i][j][2 * h + 1];
+                }
             }
     if (!last_to_arrive<FIRST, FIRST == 0 ? 0 : THREADS>(done + blockIdx.x, S)) return;
-    for (int p = threadIdx.x - FIRST; p < BM * BN / 2; p += THREADS) {
-        const int r = bm + p / (BN / 2), c = bn + 2 * (p % (BN / 2));
-        if (r >= M || c >= N) continue;
-        float v0 = 0.f, v1 = 0.f;
-        for (int v = 0; v < S; ++v) {
-            const float* q = ws + ((u64)v * M + r) * N + c;
-            v0 += __ldcg(q);
-            if (c + 1 < N) v1 += __ldcg(q + 1);
+    // The sum: four columns per thread (one 16-byte load per slice) when N % 4 == 0, else two.
+    // A thread takes U such quads at once and loads 4 slices of each before adding them in slice
+    // order: 16 loads in flight instead of one chain of dependent L2 round trips.
+    if ((N & 3) == 0) {
+        // (U = 1 for mma_splitk's 16x128 tiles, 2 quads per thread: more would cost it registers
+        // and with them its third block per SM.)
+        constexpr int QUADS = BM * BN / 4, U = QUADS / THREADS >= 4 ? 4 : 1;
+        for (int p0 = threadIdx.x - FIRST; p0 < QUADS; p0 += U * THREADS) {
+            int r[U], c[U];
+            bool in[U];
+            float4 sum[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int p = p0 + u * THREADS;
+                r[u] = bm + p / (BN / 4), c[u] = bn + 4 * (p % (BN / 4));
+                in[u] = p < QUADS && r[u] < M && c[u] < N;
+                sum[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+            for (int v0 = 0; v0 < S; v0 += 4) {
+                float4 x[4][U];
+#pragma unroll
+                for (int dv = 0; dv < 4; ++dv)
+#pragma unroll
+                    for (int u = 0; u < U; ++u)
+                        x[dv][u] = in[u] && v0 + dv < S ? __ldcg(reinterpret_cast<const float4*>(ws + ((u64)(v0 + dv) * M + r[u]) * N + c[u]))
+                                                        : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+                for (int dv = 0; dv < 4; ++dv)
+#pragma unroll
+                    for (int u = 0; u < U; ++u)
+                        if (v0 + dv < S) sum[u].x += x[dv][u].x, sum[u].y += x[dv][u].y, sum[u].z += x[dv][u].z, sum[u].w += x[dv][u].w;
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                if (!in[u]) continue;
+                store2<T>(C, M, N, ldc, r[u], c[u], sum[u].x, sum[u].y, alpha, beta);
+                store2<T>(C, M, N, ldc, r[u], c[u] + 2, sum[u].z, sum[u].w, alpha, beta);
+            }
         }
-        store2<T>(C, M, N, ldc, r, c, v0, v1, alpha, beta);
+    } else {
+        for (int p = threadIdx.x - FIRST; p < BM * BN / 2; p += THREADS) {
+            const int r = bm + p / (BN / 2), c = bn + 2 * (p % (BN / 2));
+            if (r >= M || c >= N) continue;
+            float v0 = 0.f, v1 = 0.f;
+            for (int v = 0; v < S; ++v) {
+                const float* q = ws + ((u64)v * M + r) * N + c;
+                v0 += __ldcg(q);
+                if (c + 1 < N) v1 += __ldcg(q + 1);
+            }
+            store2<T>(C, M, N, ldc, r, c, v0, v1, alpha, beta);
+        }
     }
     if (threadIdx.x == FIRST) done[blockIdx.x] = 0u;  // ready for the next launch
 }
