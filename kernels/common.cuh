@@ -372,24 +372,14 @@ __device__ __forceinline__ float gelu_tanh_grad(float v) {
 // Split-K across blocks (gemm's mma_splitk, quant's w4a16_mma_splitk): once a block has written
 // its partials, every thread calls this; it publishes them, counts the block in on `counter`,
 // and returns true in the block that arrives last of `slices` (after a fence, so that block
-// sees every slice's partials), which then sums them and resets the counter. With FIRST > 0 only
-// threads FIRST .. FIRST + THREADS - 1 take part (wgmma_tma's consumers: its producer warpgroup
-// has exited), meeting at named barrier 1 instead of the block barrier.
+// sees every slice's partials), which then sums them and resets the counter.
 // ---------------------------------------------------------------------------
-template <int FIRST, int THREADS>
-__device__ __forceinline__ void group_sync() {
-    if constexpr (FIRST == 0)
-        __syncthreads();
-    else
-        asm volatile("bar.sync 1, %0;\n" ::"n"(THREADS) : "memory");
-}
-template <int FIRST = 0, int THREADS = 0>
 __device__ __forceinline__ bool last_to_arrive(unsigned* counter, int slices) {
     __shared__ unsigned last;
     __threadfence();
-    group_sync<FIRST, THREADS>();
-    if (threadIdx.x == FIRST) last = atomicAdd(counter, 1u) == (unsigned)(slices - 1);
-    group_sync<FIRST, THREADS>();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == (unsigned)(slices - 1);
+    __syncthreads();
     if (!last) return false;
     __threadfence();
     return true;

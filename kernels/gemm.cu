@@ -54,8 +54,6 @@
 //                  via the transpose flag). 128x256x64 tile, 3 warpgroups: 1 TMA producer
 //                  (setmaxnreg 40), 2 consumers of 64x256 (setmaxnreg 232). No per-mma address or
 //                  load instructions at all. Needs lda, ldb multiples of 8 (TMA row strides).
-//                  Where the tiles fill less than one wave (M = 128, N = 4096: 16 blocks for 132
-//                  SMs), K is split over grid.y as in mma_splitk, through the same epilogue.
 //
 // ptxas -v for sm_90 (CUDA 13.0 ptxas on the NVRTC PTX; registers / static smem / spill bytes;
 // the run records the driver's own figures per variant in `extra`):
@@ -66,7 +64,7 @@
 //   mma_warp64 238 / 0 (+64 KiB dynamic) / 0       mma_warp64_wide 238 / 0 (+120 KiB dynamic) / 0
 //   mma_warp64_k64 242 / 0 (+192 KiB dynamic) / 0      mma_splitk 62 / 128 B (+72 KiB dynamic) / 0
 //   (f16 and bf16 alike; sm_80: mma_warp64(_wide, _k64) 234 registers, no spills)
-//   wgmma_tma for sm_90a: 168 / 1 KiB (split-K flag, 1024-aligned) (+197696 dynamic) / 0, no stack frame (the launch-time figure
+//   wgmma_tma for sm_90a: 168 / 0 (+197696 dynamic) / 0, no stack frame (the launch-time figure
 //   for 384 threads; setmaxnreg then moves the producer to 40 and the consumers to 232)
 // Main loop in SASS (nvdisasm of the sm_90 cubin; instructions per loop trip / HMMA in it):
 //   mma_ldmatrix 318 / 32 (9.9 per HMMA)   mma_pipelined 1033 / 64 (16.1)
@@ -638,8 +636,7 @@ struct Pipe {
 // to ws[s][M][N] and counts itself in on the tile's counter; the last block to arrive sums the S
 // partials in slice order, applies alpha and beta (store2) and resets the counter for the next
 // launch. The order of the sums is fixed: results are reproducible.
-// The threads taking part are FIRST .. FIRST + THREADS - 1 (wgmma_tma: its two consumer warpgroups).
-template <typename T, int BM, int BN, int MI, int NI, int THREADS, int FIRST = 0>
+template <typename T, int BM, int BN, int MI, int NI, int THREADS>
 __device__ __forceinline__ void splitk_store(T* C, float* __restrict__ ws, unsigned* __restrict__ done, int M, int N, int ldc, int bm, int bn,
                                              int wm, int wn, float (&acc)[MI][NI][4], float alpha, float beta) {
     const int S = gridDim.y, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -663,48 +660,29 @@ __device__ __forceinline__ void splitk_store(T* C, float* __restrict__ ws, unsig
                     if (c + 1 < N) q[1] = acc[i][j][2 * h + 1];
                 }
             }
-    if (!last_to_arrive<FIRST, FIRST == 0 ? 0 : THREADS>(done + blockIdx.x, S)) return;
-    // The sum: four columns per thread (one 16-byte load per slice) when N % 4 == 0, else two.
-    // A thread takes U such quads at once and loads 4 slices of each before adding them in slice
-    // order: 16 loads in flight instead of one chain of dependent L2 round trips.
+    if (!last_to_arrive(done + blockIdx.x, S)) return;
     if ((N & 3) == 0) {
-        // (U = 1 for mma_splitk's 16x128 tiles, 2 quads per thread: more would cost it registers
-        // and with them its third block per SM.)
-        constexpr int QUADS = BM * BN / 4, U = QUADS / THREADS >= 4 ? 4 : 1;
-        for (int p0 = threadIdx.x - FIRST; p0 < QUADS; p0 += U * THREADS) {
-            int r[U], c[U];
-            bool in[U];
-            float4 sum[U];
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const int p = p0 + u * THREADS;
-                r[u] = bm + p / (BN / 4), c[u] = bn + 4 * (p % (BN / 4));
-                in[u] = p < QUADS && r[u] < M && c[u] < N;
-                sum[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-            }
+        // Four columns per thread, one 16-byte load per slice, four slices loaded before they
+        // are added in slice order: four L2 round trips in flight instead of a chain of them.
+        for (int p = threadIdx.x; p < BM * BN / 4; p += THREADS) {
+            const int r = bm + p / (BN / 4), c = bn + 4 * (p % (BN / 4));
+            if (r >= M || c >= N) continue;
+            const float* q = ws + (u64)r * N + c;
+            float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
             for (int v0 = 0; v0 < S; v0 += 4) {
-                float4 x[4][U];
+                float4 x[4];
 #pragma unroll
                 for (int dv = 0; dv < 4; ++dv)
-#pragma unroll
-                    for (int u = 0; u < U; ++u)
-                        x[dv][u] = in[u] && v0 + dv < S ? __ldcg(reinterpret_cast<const float4*>(ws + ((u64)(v0 + dv) * M + r[u]) * N + c[u]))
-                                                        : make_float4(0.f, 0.f, 0.f, 0.f);
+                    x[dv] = v0 + dv < S ? __ldcg(reinterpret_cast<const float4*>(q + (u64)(v0 + dv) * M * N)) : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
                 for (int dv = 0; dv < 4; ++dv)
-#pragma unroll
-                    for (int u = 0; u < U; ++u)
-                        if (v0 + dv < S) sum[u].x += x[dv][u].x, sum[u].y += x[dv][u].y, sum[u].z += x[dv][u].z, sum[u].w += x[dv][u].w;
+                    if (v0 + dv < S) sum.x += x[dv].x, sum.y += x[dv].y, sum.z += x[dv].z, sum.w += x[dv].w;
             }
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                if (!in[u]) continue;
-                store2<T>(C, M, N, ldc, r[u], c[u], sum[u].x, sum[u].y, alpha, beta);
-                store2<T>(C, M, N, ldc, r[u], c[u] + 2, sum[u].z, sum[u].w, alpha, beta);
-            }
+            store2<T>(C, M, N, ldc, r, c, sum.x, sum.y, alpha, beta);
+            store2<T>(C, M, N, ldc, r, c + 2, sum.z, sum.w, alpha, beta);
         }
     } else {
-        for (int p = threadIdx.x - FIRST; p < BM * BN / 2; p += THREADS) {
+        for (int p = threadIdx.x; p < BM * BN / 2; p += THREADS) {
             const int r = bm + p / (BN / 2), c = bn + 2 * (p % (BN / 2));
             if (r >= M || c >= N) continue;
             float v0 = 0.f, v1 = 0.f;
@@ -716,14 +694,7 @@ __device__ __forceinline__ void splitk_store(T* C, float* __restrict__ ws, unsig
             store2<T>(C, M, N, ldc, r, c, v0, v1, alpha, beta);
         }
     }
-    if (threadIdx.x == FIRST) done[blockIdx.x] = 0u;  // ready for the next launch
-}
-
-// Slice blockIdx.y of gridDim.y of `slabs` K slabs, ceil(slabs / S) each: (first slab, count).
-__device__ __forceinline__ int2 k_slice(int slabs) {
-    const int per = (slabs + gridDim.y - 1) / gridDim.y;
-    const int first = min(slabs, (int)blockIdx.y * per);
-    return make_int2(first, min(slabs, first + per) - first);
+    if (threadIdx.x == 0) done[blockIdx.x] = 0u;  // ready for the next launch
 }
 
 // SPLIT (mma_splitk): the block takes slice blockIdx.y of gridDim.y of the K slabs (ceil(nk / S)
@@ -776,8 +747,9 @@ __device__ __forceinline__ void mma_pipelined_body(const T* __restrict__ A, cons
     // Slabs kb .. kb + nk - 1 (all of K unless SPLIT).
     int kb = 0, nk = (K + BK - 1) / BK;
     if constexpr (SPLIT) {
-        const int2 sl = k_slice(nk);
-        kb = sl.x, nk = sl.y;
+        const int per = (nk + gridDim.y - 1) / gridDim.y;
+        kb = min(nk, (int)blockIdx.y * per);
+        nk = min(nk, kb + per) - kb;
     }
     // Prologue: STAGES - 1 slabs in flight; a group is committed even when empty so that
     // "wait until at most STAGES - 2 groups are pending" always means "slab kt has landed".
@@ -1034,8 +1006,6 @@ __device__ __forceinline__ void mma_warp64_body(const T* __restrict__ A, const T
 // barrier's "previous phase" counts as complete, so the first 4 tiles do not wait). Consumers
 // keep one wgmma group in flight: after issuing tile kt they wait for tile kt - 1's group and
 // release its stage.
-// Split-K: block (tile, s) takes k-tiles slice s of gridDim.y (k_slice) and, when gridDim.y > 1,
-// ends in splitk_store: its consumers' accumulators are the C fragments of mma tiles (see below).
 // Bounds: TMA zero-fills the parts of a box outside the tensor (M, N and K edges), and still
 // counts the whole box in the transaction bytes; B boxes wholly past N are not issued (and not
 // counted); stores are predicated (store2). Requires row strides (lda, ldb) that are multiples of
@@ -1117,7 +1087,7 @@ __device__ __forceinline__ void wg_pin(float (&d)[128]) {
 
 template <typename T>
 __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc& tb, T* C, int M, int N, int K, int ldc,
-                                               float alpha, float beta, float* __restrict__ ws, unsigned* __restrict__ done) {
+                                               float alpha, float beta) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using namespace wg;
     extern __shared__ __align__(1024) unsigned char smem[];
@@ -1128,9 +1098,7 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
 
     const int2 tile = grouped_tile(blockIdx.x, M, N, BM, BN);
     const int bm = tile.x, bn = tile.y;
-    // k-tiles kb .. kb + nk - 1: all of K, or this block's slice of it (split-K, grid.y > 1).
-    const int2 slice = k_slice((K + BK - 1) / BK);
-    const int kb = slice.x, nk = slice.y;
+    const int nk = (K + BK - 1) / BK;
 
     if (threadIdx.x == 0) {
 #pragma unroll
@@ -1156,8 +1124,8 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
                 const unsigned full = bars + 8 * s, a = ring + s * STAGE_BYTES;
                 mbar_wait(bars + 8 * (STAGES + s), ((kt / STAGES) & 1) ^ 1);
                 mbar_expect_tx(full, tx);
-                tma_load_2d(a, &ta, (kb + kt) * BK, bm, full);
-                for (int j = 0; j < b_boxes; ++j) tma_load_2d(a + A_BYTES + j * B_BOX_BYTES, &tb, bn + j * B_BOX_N, (kb + kt) * BK, full);
+                tma_load_2d(a, &ta, kt * BK, bm, full);
+                for (int j = 0; j < b_boxes; ++j) tma_load_2d(a + A_BYTES + j * B_BOX_BYTES, &tb, bn + j * B_BOX_N, kt * BK, full);
             }
         }
         return;
@@ -1189,14 +1157,6 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
 
     // Accumulator layout of m64nNk16: thread (warp w, lane l) holds, for each 8-column block j,
     // d[4j], d[4j+1] at row 16w + l/4, columns 8j + 2(l%4) + {0, 1}, and d[4j+2], d[4j+3] 8 rows below.
-    // That is the m16n8 C layout of a warp tile of 1 x 32 mma tiles at (64 (wgi - 1) + 16 w, 0):
-    // split-K blocks hand it to splitk_store as such.
-    if (gridDim.y > 1) {
-        float(&acc)[1][BN / 8][4] = *reinterpret_cast<float(*)[1][BN / 8][4]>(&d);
-        splitk_store<T, BM, BN, 1, BN / 8, 128 * CONSUMERS, 128>(C, ws, done, M, N, ldc, bm, bn, (wgi - 1) * 64 + warp * 16, 0, acc, alpha,
-                                                               beta);
-        return;
-    }
     const int row = bm + (wgi - 1) * 64 + warp * 16 + lane / 4, col = bn + 2 * (lane % 4);
     // Whole tiles with beta == 0 and 4-byte aligned pairs (the common case) store without checks:
     // 64 packed stores instead of 64 calls of store2 with their bounds and alignment branches.
@@ -1273,10 +1233,10 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_k64_bf16(GE
 
 // wgmma_tma: TMA + mbarrier ring + warp-specialised wgmma, sm_90a (a trap elsewhere; never launched there).
 #define WGMMA_TMA_ARGS(T) const __grid_constant__ TmaDesc ta, const __grid_constant__ TmaDesc tb, T *C, int M, int N, int K, \
-                          int ldc, float alpha, float beta, float *__restrict__ ws, unsigned *__restrict__ done
+                          int ldc, float alpha, float beta
 extern "C" __global__ void __launch_bounds__(wg::THREADS, 1) gemm_wgmma_tma_f16(WGMMA_TMA_ARGS(__half)) {
-    wgmma_tma_body<__half>(ta, tb, C, M, N, K, ldc, alpha, beta, ws, done);
+    wgmma_tma_body<__half>(ta, tb, C, M, N, K, ldc, alpha, beta);
 }
 extern "C" __global__ void __launch_bounds__(wg::THREADS, 1) gemm_wgmma_tma_bf16(WGMMA_TMA_ARGS(__nv_bfloat16)) {
-    wgmma_tma_body<__nv_bfloat16>(ta, tb, C, M, N, K, ldc, alpha, beta, ws, done);
+    wgmma_tma_body<__nv_bfloat16>(ta, tb, C, M, N, K, ldc, alpha, beta);
 }

@@ -390,7 +390,7 @@ pub fn tile(variant: &str) -> &'static str {
         "mma_warp64_wide" => "128x256x32, 8 warps of 64x64, 5-stage cp.async, one barrier per slab",
         "mma_warp64_k64" => "128x256x64, 8 warps of 64x64, 4-stage cp.async, one barrier per 64-deep slab",
         "mma_splitk" => "16x128x64, 8 warps of 16x16, 4-stage cp.async, K split over grid.y, fp32 partials summed in slice order",
-        "wgmma_tma" => "128x256x64, 3 warpgroups (1 TMA producer, 2 wgmma consumers of 64x256), 4-stage mbarrier ring, 128B swizzle, K split over grid.y when the tiles fill less than one wave",
+        "wgmma_tma" => "128x256x64, 3 warpgroups (1 TMA producer, 2 wgmma consumers of 64x256), 4-stage mbarrier ring, 128B swizzle",
         _ => "",
     }
 }
@@ -409,7 +409,7 @@ pub fn launch_config(variant: &str, m: usize, n: usize) -> LaunchConfig {
         "mma_pipelined_wide" => (((m.div_ceil(128) * n.div_ceil(256)) as u32, 1, 1), (256, 1, 1)),
         "mma_warp64" => (((m.div_ceil(128) * n.div_ceil(128)) as u32, 1, 1), (128, 1, 1)),
         "mma_warp64_wide" | "mma_warp64_k64" => (((m.div_ceil(128) * n.div_ceil(256)) as u32, 1, 1), (256, 1, 1)),
-        // grid.y: the K slices (mma_splitk, wgmma_tma), set at launch from splitk_slices.
+        // grid.y: the K slices, set by run_kernel from splitk_slices.
         "mma_splitk" => (((m.div_ceil(16) * n.div_ceil(128)) as u32, 1, 1), (256, 1, 1)),
         "wgmma_tma" => (((m.div_ceil(wg::BM) * n.div_ceil(wg::BN)) as u32, 1, 1), (384, 1, 1)),
         other => unreachable!("no launch shape for gemm variant `{other}`"),
@@ -417,25 +417,17 @@ pub fn launch_config(variant: &str, m: usize, n: usize) -> LaunchConfig {
     LaunchConfig { grid_dim, block_dim, shared_mem_bytes: dynamic_smem(variant) as u32 }
 }
 
-/// K slices (blocks per tile along K, grid.y) of the split-K variants on `sms` SMs, each slice
-/// at least 4 slabs of 64 deep, none empty:
-/// - mma_splitk (16x128 tiles): enough for 2 blocks per SM; 1 where the tiles alone fill the GPU twice.
-/// - wgmma_tma (128x256 tiles, one block per SM): as many as fit one wave (M = 128, N = 4096 is
-///   16 tiles: 8 slices, 128 blocks); 1 where the tiles fill the GPU.
-/// - any other variant: 1.
-pub fn splitk_slices(variant: &str, d: Dims, sms: usize) -> usize {
-    let slabs = d.k.div_ceil(64);
-    let want = match variant {
-        "mma_splitk" => (2 * sms).div_ceil(d.m.div_ceil(16) * d.n.div_ceil(128)),
-        "wgmma_tma" => sms / (d.m.div_ceil(wg::BM) * d.n.div_ceil(wg::BN)),
-        _ => 1,
-    };
-    let want = want.min(slabs / 4).max(1);
+/// K slices (blocks per 16x128 tile along K, grid.y) of mma_splitk on `sms` SMs: enough for 2
+/// blocks per SM, each slice at least 4 slabs of 64 deep, none empty; 1 where the tiles alone
+/// fill the GPU twice.
+pub fn splitk_slices(d: Dims, sms: usize) -> usize {
+    let (tiles, slabs) = (d.m.div_ceil(16) * d.n.div_ceil(128), d.k.div_ceil(64));
+    let want = (2 * sms).div_ceil(tiles).min(slabs / 4).max(1);
     slabs.div_ceil(slabs.div_ceil(want))
 }
 
-/// The fp32 partials (slices x M x N) and one counter per tile of a split-K variant, zero at rest
-/// (the tile's last block resets its counter): allocated once per shape, outside the timed launches.
+/// mma_splitk's fp32 partials (slices x M x N) and one counter per tile, zero at rest (the
+/// tile's last block resets its counter): allocated once per shape, outside the timed launches.
 pub struct SplitK {
     pub slices: usize,
     ws: CudaSlice<f32>,
@@ -443,22 +435,12 @@ pub struct SplitK {
 }
 
 impl SplitK {
-    pub fn new(gpu: &Gpu, variant: &str, d: Dims) -> Result<Self> {
-        let slices = splitk_slices(variant, d, gpu.info.sm_count as usize);
+    pub fn new(gpu: &Gpu, d: Dims) -> Result<Self> {
+        let slices = splitk_slices(d, gpu.info.sm_count as usize);
         let ws_len = if slices > 1 { slices * d.m * d.n } else { 1 };
         let ws = gpu.stream.alloc_zeros::<f32>(ws_len).doing("allocating the split-K workspace")?;
-        let done = gpu.stream.alloc_zeros::<u32>(launch_config(variant, d.m, d.n).grid_dim.0 as usize).doing("allocating the split-K counters")?;
+        let done = gpu.stream.alloc_zeros::<u32>(launch_config("mma_splitk", d.m, d.n).grid_dim.0 as usize).doing("allocating the split-K counters")?;
         Ok(SplitK { slices, ws, done })
-    }
-
-    /// Was this workspace made for `variant` at `d` on this GPU? A mismatch is an error, never an
-    /// out-of-bounds partial.
-    fn check(&self, gpu: &Gpu, variant: &str, d: Dims) -> Result<()> {
-        let tiles = launch_config(variant, d.m, d.n).grid_dim.0 as usize;
-        if self.slices != splitk_slices(variant, d, gpu.info.sm_count as usize) || (self.slices > 1 && self.ws.len() < self.slices * d.m * d.n) || self.done.len() < tiles {
-            return Err(LabError::Invalid(format!("gemm {variant}: the split-K workspace was made for another shape than M={} N={} K={}", d.m, d.n, d.k)));
-        }
-        Ok(())
     }
 }
 
@@ -501,8 +483,8 @@ impl Experiment for Gemm {
             // than slots in every ring (the copies wrap around while the edge blocks run).
             // wgmma_tma takes only K and N multiples of 8 (TMA row strides): of these, 1000^3,
             // 300x520x96, 300x520x320 and the last two, which put its M, N and K edges (a partial
-            // last k-tile, 8 columns past a 256-wide tile, M = 1) and beta != 0 under the check;
-            // 1000^3, 1x1032x776 and 130x264x1024 (beta != 0) are split along K (splitk_slices).
+            // last k-tile, 8 columns past a 256-wide tile, M = 1) and beta != 0 under the check.
+            // 130x264x1024 gives mma_splitk 4 slices with beta != 0 (its epilogue applies beta).
             (Backend::Cuda(_), _) => &[
                 (1, 4097, 777, 1.0, 0.0, false),
                 (1000, 1000, 1000, 1.0, 0.0, false),
@@ -714,13 +696,12 @@ pub fn run_kernel<T: Elem>(
     splitk: Option<&SplitK>,
 ) -> Result<()> {
     validate(d, a.len(), b.len(), c.len())?;
-    let workspace = || splitk.ok_or_else(|| LabError::Invalid(format!("gemm {variant} needs its split-K workspace (SplitK::new for this shape)")));
     if variant == "wgmma_tma" {
         if let Some(why) = not_applicable(variant, d) {
             return Err(LabError::Invalid(format!("gemm wgmma_tma: {why}")));
         }
         let maps = tensor_maps(gpu, d, a, b)?;
-        return launch_wgmma_tma(gpu, f, d, (alpha, beta), &maps, workspace()?, c);
+        return launch_wgmma_tma(gpu, f, d, (alpha, beta), &maps, c);
     }
     let mut cfg = launch_config(variant, d.m, d.n);
     let (m, n, k) = (d.m as i32, d.n as i32, d.k as i32);
@@ -728,8 +709,10 @@ pub fn run_kernel<T: Elem>(
     let mut l = gpu.stream.launch_builder(f);
     l.arg(a).arg(b).arg(c).arg(&m).arg(&n).arg(&k).arg(&lda).arg(&ldb).arg(&ldc).arg(&alpha).arg(&beta);
     if variant == "mma_splitk" {
-        let sk = workspace()?;
-        sk.check(gpu, variant, d)?;
+        let sk = splitk.ok_or_else(|| LabError::Invalid("gemm mma_splitk needs its split-K workspace (SplitK::new for this shape)".into()))?;
+        if sk.slices != splitk_slices(d, gpu.info.sm_count as usize) || (sk.slices > 1 && sk.ws.len() < sk.slices * d.m * d.n) || sk.done.len() < cfg.grid_dim.0 as usize {
+            return Err(LabError::Invalid(format!("gemm mma_splitk: the split-K workspace was made for another shape than M={} N={} K={}", d.m, d.n, d.k)));
+        }
         cfg.grid_dim.1 = sk.slices as u32;
         l.arg(&sk.ws).arg(&sk.done);
     }
@@ -742,16 +725,13 @@ pub fn run_kernel<T: Elem>(
 }
 
 /// Launches wgmma_tma with the tensor maps of A and B (from [`tensor_maps`] on buffers that
-/// [`validate`] accepted for `d`), split along K as `sk` says.
-pub fn launch_wgmma_tma<T: Elem>(gpu: &Gpu, f: &CudaFunction, d: Dims, (alpha, beta): (f32, f32), maps: &(TensorMap, TensorMap), sk: &SplitK, c: &mut CudaSlice<T>) -> Result<()> {
-    sk.check(gpu, "wgmma_tma", d)?;
-    let mut cfg = launch_config("wgmma_tma", d.m, d.n);
-    cfg.grid_dim.1 = sk.slices as u32;
+/// [`validate`] accepted for `d`).
+pub fn launch_wgmma_tma<T: Elem>(gpu: &Gpu, f: &CudaFunction, d: Dims, (alpha, beta): (f32, f32), maps: &(TensorMap, TensorMap), c: &mut CudaSlice<T>) -> Result<()> {
+    let cfg = launch_config("wgmma_tma", d.m, d.n);
     let (m, n, k, ldc) = (d.m as i32, d.n as i32, d.k as i32, d.ldc as i32);
     // SAFETY: the maps describe A (M x K) and B (K x N) inside their buffers (TMA never reads
     // outside the described tensor); the kernel predicates every C store on M, N and ldc; cfg is
-    // the launch shape and dynamic smem it is written for; the workspace holds grid.y x M x N
-    // floats (when grid.y > 1) and the counters one per tile, zero at rest (checked above).
+    // the launch shape and dynamic smem it is written for.
     unsafe {
         gpu.stream
             .launch_builder(f)
@@ -764,8 +744,6 @@ pub fn launch_wgmma_tma<T: Elem>(gpu: &Gpu, f: &CudaFunction, d: Dims, (alpha, b
             .arg(&ldc)
             .arg(&alpha)
             .arg(&beta)
-            .arg(&sk.ws)
-            .arg(&sk.done)
             .launch(cfg)
     }
     .map(|_| ())
@@ -815,19 +793,19 @@ where
         if !skipped.is_empty() {
             extra.insert("not_applicable".into(), Value::Object(skipped.clone()));
         }
-        let splitk = if matches!(variant, "mma_splitk" | "wgmma_tma") { Some(SplitK::new(gpu, variant, d)?) } else { None };
-        if let Some(sk) = &splitk {
-            extra.insert("splitk_slices".into(), json!(sk.slices));
-        }
-        if let (true, Some(sk)) = (variant == "wgmma_tma", &splitk) {
+        if variant == "wgmma_tma" {
             // The maps are encoded once per case, outside the timed launches.
             let maps = tensor_maps(gpu, d, &da, &db)?;
             let launch = |c: &mut CudaSlice<T>| -> Result<()> {
                 reset(c)?;
-                launch_wgmma_tma(gpu, &f, d, (alpha, beta), &maps, sk, c)
+                launch_wgmma_tma(gpu, &f, d, (alpha, beta), &maps, c)
             };
             measure_gpu_as(s, gpu, case, (variant, "lab"), work, check, timed, &mut dc, extra, launch)?;
             continue;
+        }
+        let splitk = if variant == "mma_splitk" { Some(SplitK::new(gpu, d)?) } else { None };
+        if let Some(sk) = &splitk {
+            extra.insert("splitk_slices".into(), json!(sk.slices));
         }
         let launch = |c: &mut CudaSlice<T>| -> Result<()> {
             reset(c)?;
@@ -980,29 +958,16 @@ mod tests {
     /// K is short, and shapes whose tiles fill the GPU are not split.
     #[test]
     fn splitk_slices_leave_no_slice_empty() {
-        for (m, n, k) in [(1, 4096, 4096), (16, 4096, 11008), (16, 14336, 4096), (4, 4097, 777), (1, 1, 1), (8192, 8192, 8192), (16, 128, 64), (3, 513, 100000), (128, 4096, 4096), (512, 4096, 4096), (1000, 1000, 1000)] {
+        for (m, n, k) in [(1, 4096, 4096), (16, 4096, 11008), (16, 14336, 4096), (4, 4097, 777), (1, 1, 1), (8192, 8192, 8192), (16, 128, 64), (3, 513, 100000)] {
             let d = Dims::dense(m, n, k);
-            for (variant, tile, sms_per_wave) in [("mma_splitk", (16, 128), 2 * 132), ("wgmma_tma", (128, 256), 132)] {
-                let (s, slabs, tiles) = (splitk_slices(variant, d, 132), k.div_ceil(64), m.div_ceil(tile.0) * n.div_ceil(tile.1));
-                let per = slabs.div_ceil(s);
-                assert!(s >= 1 && (s - 1) * per < slabs && s * per >= slabs, "{variant} {m}x{n}x{k}: {s} slices of {per}");
-                assert!(s == 1 || per >= 4, "{variant} {m}x{n}x{k}: slices of {per} slabs");
-                match variant {
-                    // Decode shapes give every SM a block unless K is short.
-                    "mma_splitk" => assert!(tiles * s >= 132 || per < 8, "{m}x{n}x{k}: {s} slices of {per} slabs leave SMs idle"),
-                    // One wave: a second, partial one would leave most SMs idle for a whole slice;
-                    // and a whole one unless K is short.
-                    _ => assert!(tiles * s <= sms_per_wave.max(tiles) && (s == 1 || tiles * (s + 1) > sms_per_wave || per < 8), "{m}x{n}x{k}: {s} slices of {tiles} tiles"),
-                }
-            }
+            let (s, slabs, tiles) = (splitk_slices(d, 132), k.div_ceil(64), m.div_ceil(16) * n.div_ceil(128));
+            let per = slabs.div_ceil(s);
+            assert!(s >= 1 && (s - 1) * per < slabs && s * per >= slabs, "{m}x{n}x{k}: {s} slices of {per}");
+            assert!(s == 1 || per >= 4, "{m}x{n}x{k}: slices of {per} slabs");
+            assert!(tiles * s >= 132 || per < 8, "{m}x{n}x{k}: {s} slices of {per} slabs leave SMs idle");
         }
-        assert_eq!(splitk_slices("mma_splitk", Dims::dense(16, 4096, 4096), 132), 8);
-        assert_eq!(splitk_slices("mma_splitk", Dims::dense(8192, 8192, 8192), 132), 1);
-        // wgmma_tma: M = 128 and 512 at N = K = 4096 are 16 and 64 tiles.
-        assert_eq!(splitk_slices("wgmma_tma", Dims::dense(128, 4096, 4096), 132), 8);
-        assert_eq!(splitk_slices("wgmma_tma", Dims::dense(512, 4096, 4096), 132), 2);
-        assert_eq!(splitk_slices("wgmma_tma", Dims::dense(4096, 4096, 4096), 132), 1);
-        assert_eq!(splitk_slices("mma_warp64_k64", Dims::dense(1, 4096, 4096), 132), 1);
+        assert_eq!(splitk_slices(Dims::dense(16, 4096, 4096), 132), 8);
+        assert_eq!(splitk_slices(Dims::dense(8192, 8192, 8192), 132), 1);
     }
 
     #[test]
@@ -1375,25 +1340,6 @@ mod tests {
             for c in 0..BN {
                 let want: f64 = (0..BK).map(|k| a(r, k) * b(k, c)).sum();
                 assert_eq!(out[r * BN + c], want, "({r}, {c})");
-            }
-        }
-    }
-
-    /// Split-K wgmma_tma blocks hand their accumulators to splitk_store as the m16n8 C fragments
-    /// of a warp tile of 1 x 32 mma tiles at row 64 (consumer - 1) + 16 w: the same (row, column)
-    /// for every thread and register as the m64n256k16 layout the direct store uses.
-    #[test]
-    fn wgmma_accumulators_are_mma_fragments_of_one_by_32_tiles() {
-        for tid in 0..128 {
-            let (warp, lane) = (tid / 32, tid % 32);
-            let (g, t) = (lane / 4, lane % 4);
-            for j in 0..wg::BN / 8 {
-                for e in 0..4 {
-                    let wgmma = (warp * 16 + lane / 4 + 8 * (e / 2), 8 * j + 2 * (lane % 4) + e % 2);
-                    // store_acc / splitk_store: acc[i][j][e] at (wm + 16 i + g + 8 (e >> 1), wn + 8 j + 2 t + (e & 1)), i = 0.
-                    let mma = (warp * 16 + g + 8 * (e >> 1), 8 * j + 2 * t + (e & 1));
-                    assert_eq!(wgmma, mma, "thread {tid} register {}", 4 * j + e);
-                }
             }
         }
     }
