@@ -54,6 +54,12 @@
 //                  via the transpose flag). 128x256x64 tile, 3 warpgroups: 1 TMA producer
 //                  (setmaxnreg 40), 2 consumers of 64x256 (setmaxnreg 232). No per-mma address or
 //                  load instructions at all. Needs lda, ldb multiples of 8 (TMA row strides).
+// Tried and removed (each slower than the rung it changed; notes in reports/notes):
+//   mma_tma        mma_warp64_k64's loop fed by wgmma_tma's TMA ring, no block barrier: 6-10%
+//                  slower, its warps waiting on late stages (h100-gemm-mma-tma.md).
+//   k64 orderings  16 block rows per grouped sweep; n8-tile-outer mma order (h100-mma-sync-roof.md).
+//   wgmma split-K  K over grid.y for M <= 512: no faster at M = 128, slower at 1024^3
+//                  (h100-gemm-wgmma-splitk.md); its faster epilogue stayed with mma_splitk.
 //
 // ptxas -v for sm_90 (CUDA 13.0 ptxas on the NVRTC PTX; registers / static smem / spill bytes;
 // the run records the driver's own figures per variant in `extra`):
@@ -429,8 +435,8 @@ extern "C" __global__ void __launch_bounds__(wt::THREADS) gemm_warptiled_f32(con
 // Grouped block order (as in Triton's matmul tutorial): 8 block rows sweep the block columns
 // together, so the A rows and B columns in flight stay in L2. The origin (row, column) of block
 // `pid`'s BM x BN tile.
-template <int GROUP = 8>
 __device__ __forceinline__ int2 grouped_tile(int pid, int M, int N, int BM, int BN) {
+    constexpr int GROUP = 8;
     const int grid_m = (M + BM - 1) / BM, grid_n = (N + BN - 1) / BN;
     const int per_group = GROUP * grid_n, group = pid / per_group;
     const int first_m = group * GROUP, group_rows = min(grid_m - first_m, GROUP);
@@ -850,9 +856,7 @@ struct W64 {
     static_assert(STAGES >= 2 && SMEM <= 232448, "ring, within H100's 227 KiB per block");
 };
 
-// GROUP: block rows per grouped_tile sweep; JOUTER: mma order within a step, n8 tiles outer
-// (each B fragment feeds 4 consecutive mma) instead of m16 tiles outer (each A fragment feeds 8).
-template <typename T, int BM, int BN, int BK_, int WARPS_M, int WARPS_N, int STAGES, int GROUP = 8, bool JOUTER = false>
+template <typename T, int BM, int BN, int BK_, int WARPS_M, int WARPS_N, int STAGES>
 __device__ __forceinline__ void mma_warp64_body(const T* __restrict__ A, const T* __restrict__ B, T* C, int M, int N, int K,
                                                 int lda, int ldb, int ldc, float alpha, float beta) {
     using P = W64<T, BM, BN, BK_, WARPS_M, WARPS_N, STAGES>;
@@ -860,7 +864,7 @@ __device__ __forceinline__ void mma_warp64_body(const T* __restrict__ A, const T
     extern __shared__ __align__(128) unsigned char smem[];
     require_dynamic_smem(P::SMEM);
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-    const int2 tile = grouped_tile<GROUP>(blockIdx.x, M, N, BM, BN);
+    const int2 tile = grouped_tile(blockIdx.x, M, N, BM, BN);
     const int bm = tile.x, bn = tile.y;
     const int wm = (warp / WARPS_N) * P::WM, wn = (warp % WARPS_N) * P::WN;
 
@@ -924,23 +928,13 @@ __device__ __forceinline__ void mma_warp64_body(const T* __restrict__ A, const T
         }
     };
     auto mma_step = [&](float (&acc)[MI][NI][4], const unsigned (&a)[MI][4], const unsigned (&b)[NI][2]) {
-        if constexpr (JOUTER) {
 #pragma unroll
-            for (int j = 0; j < NI; ++j)
+        for (int i = 0; i < MI; ++i)
 #pragma unroll
-                for (int ii = 0; ii < MI; ++ii) {
-                    const int i = (j & 1) ? MI - 1 - ii : ii;  // serpentine: consecutive mma share an A fragment
-                    Mma<T>::run(acc[i][j], a[i], b[j]);
-                }
-        } else {
-#pragma unroll
-            for (int i = 0; i < MI; ++i)
-#pragma unroll
-                for (int jj = 0; jj < NI; ++jj) {
-                    const int j = (i & 1) ? NI - 1 - jj : jj;  // serpentine: consecutive mma share a B fragment
-                    Mma<T>::run(acc[i][j], a[i], b[j]);
-                }
-        }
+            for (int jj = 0; jj < NI; ++jj) {
+                const int j = (i & 1) ? NI - 1 - jj : jj;  // serpentine: consecutive mma share a B fragment
+                Mma<T>::run(acc[i][j], a[i], b[j]);
+            }
     };
 
     float acc[MI][NI][4] = {};
@@ -1241,19 +1235,6 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_k64_f16(GEM
 }
 extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_k64_bf16(GEMM_ARGS(__nv_bfloat16)) {
     mma_warp64_body<__nv_bfloat16, 128, 256, 64, 2, 4, 4>(GEMM_PASS);
-}
-// Trials of mma_warp64_k64: block rows of 16 per grouped sweep (g16); n8-tile-outer mma order (jo).
-extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_k64_g16_f16(GEMM_ARGS(__half)) {
-    mma_warp64_body<__half, 128, 256, 64, 2, 4, 4, 16>(GEMM_PASS);
-}
-extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_k64_g16_bf16(GEMM_ARGS(__nv_bfloat16)) {
-    mma_warp64_body<__nv_bfloat16, 128, 256, 64, 2, 4, 4, 16>(GEMM_PASS);
-}
-extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_k64_jo_f16(GEMM_ARGS(__half)) {
-    mma_warp64_body<__half, 128, 256, 64, 2, 4, 4, 8, true>(GEMM_PASS);
-}
-extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_k64_jo_bf16(GEMM_ARGS(__nv_bfloat16)) {
-    mma_warp64_body<__nv_bfloat16, 128, 256, 64, 2, 4, 4, 8, true>(GEMM_PASS);
 }
 
 // wgmma_tma: TMA + mbarrier ring + warp-specialised wgmma, sm_90a (a trap elsewhere; never launched there).

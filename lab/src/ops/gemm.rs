@@ -37,7 +37,7 @@ const FAMILY: &str = "gemm";
 /// The fp32 SIMT ladder, in order.
 pub const F32_VARIANTS: &[&str] = &["naive", "smem_tiled", "blocktile_1d", "blocktile_2d", "vectorized", "warptiled"];
 /// The fp16/bf16 tensor-core ladder, in order (`wgmma_tma` on compute capability 9.0 only).
-pub const HALF_VARIANTS: &[&str] = &["mma_ldmatrix", "mma_pipelined", "mma_pipelined_wide", "mma_warp64", "mma_warp64_wide", "mma_warp64_k64", "mma_warp64_k64_g16", "mma_warp64_k64_jo", "mma_splitk", "wgmma_tma"];
+pub const HALF_VARIANTS: &[&str] = &["mma_ldmatrix", "mma_pipelined", "mma_pipelined_wide", "mma_warp64", "mma_warp64_wide", "mma_warp64_k64", "mma_splitk", "wgmma_tma"];
 /// Variants built from sm_90a instructions (wgmma, TMA, setmaxnreg): offered on 9.0 alone,
 /// absent elsewhere (their PTX target, `compute_90a`, loads on no other device).
 pub const SM90A_VARIANTS: &[&str] = &["wgmma_tma"];
@@ -367,7 +367,7 @@ pub fn dynamic_smem(variant: &str) -> usize {
         "mma_pipelined_wide" => 4 * (128 * 64 + 64 * 256) * 2,
         "mma_warp64" => 4 * (128 * 32 + 32 * 128) * 2,
         "mma_warp64_wide" => 5 * (128 * 32 + 32 * 256) * 2,
-        "mma_warp64_k64" | "mma_warp64_k64_g16" | "mma_warp64_k64_jo" => 4 * (128 * 64 + 64 * 256) * 2,
+        "mma_warp64_k64" => 4 * (128 * 64 + 64 * 256) * 2,
         "mma_splitk" => 4 * (16 * 64 + 64 * 128) * 2,
         "wgmma_tma" => wg::SMEM,
         _ => 0,
@@ -389,8 +389,6 @@ pub fn tile(variant: &str) -> &'static str {
         "mma_warp64" => "128x128x32, 4 warps of 64x64, 4-stage cp.async, 2 blocks/SM, one barrier per slab",
         "mma_warp64_wide" => "128x256x32, 8 warps of 64x64, 5-stage cp.async, one barrier per slab",
         "mma_warp64_k64" => "128x256x64, 8 warps of 64x64, 4-stage cp.async, one barrier per 64-deep slab",
-        "mma_warp64_k64_g16" => "mma_warp64_k64 with 16 block rows per grouped sweep",
-        "mma_warp64_k64_jo" => "mma_warp64_k64 with n8 tiles outer in each step's mma order",
         "mma_splitk" => "16x128x64, 8 warps of 16x16, 4-stage cp.async, K split over grid.y, fp32 partials summed in slice order",
         "wgmma_tma" => "128x256x64, 3 warpgroups (1 TMA producer, 2 wgmma consumers of 64x256), 4-stage mbarrier ring, 128B swizzle",
         _ => "",
@@ -410,7 +408,7 @@ pub fn launch_config(variant: &str, m: usize, n: usize) -> LaunchConfig {
         "mma_pipelined" => (((m.div_ceil(128) * n.div_ceil(128)) as u32, 1, 1), (256, 1, 1)),
         "mma_pipelined_wide" => (((m.div_ceil(128) * n.div_ceil(256)) as u32, 1, 1), (256, 1, 1)),
         "mma_warp64" => (((m.div_ceil(128) * n.div_ceil(128)) as u32, 1, 1), (128, 1, 1)),
-        "mma_warp64_wide" | "mma_warp64_k64" | "mma_warp64_k64_g16" | "mma_warp64_k64_jo" => (((m.div_ceil(128) * n.div_ceil(256)) as u32, 1, 1), (256, 1, 1)),
+        "mma_warp64_wide" | "mma_warp64_k64" => (((m.div_ceil(128) * n.div_ceil(256)) as u32, 1, 1), (256, 1, 1)),
         // grid.y: the K slices, set by run_kernel from splitk_slices.
         "mma_splitk" => (((m.div_ceil(16) * n.div_ceil(128)) as u32, 1, 1), (256, 1, 1)),
         "wgmma_tma" => (((m.div_ceil(wg::BM) * n.div_ceil(wg::BN)) as u32, 1, 1), (384, 1, 1)),
@@ -983,7 +981,7 @@ mod tests {
                     "naive" => (8, 32),
                     "smem_tiled" => (32, 32),
                     "blocktile_1d" => (64, 64),
-                    "mma_pipelined_wide" | "mma_warp64_wide" | "mma_warp64_k64" | "mma_warp64_k64_g16" | "mma_warp64_k64_jo" | "wgmma_tma" => (128, 256),
+                    "mma_pipelined_wide" | "mma_warp64_wide" | "mma_warp64_k64" | "wgmma_tma" => (128, 256),
                     "mma_splitk" => (16, 128),
                     _ => (128, 128),
                 };
@@ -1692,18 +1690,18 @@ mod tests {
                 }
             }
             assert!(a_seen.iter().chain(&b_seen).all(|&x| x == 1));
-            for (m, n, group) in [(1usize, 1usize, 8usize), (4097, 513, 8), (1000, 1000, 8), (8192, 8192, 8), (16, 14336, 8), (8192, 8192, 16), (4097, 513, 16), (1000, 1000, 16)] {
+            for (m, n) in [(1usize, 1usize), (4097, 513), (1000, 1000), (8192, 8192), (16, 14336)] {
                 let (gm, gn) = (m.div_ceil(bm), n.div_ceil(bn));
                 let mut seen = vec![0; gm * gn];
                 for pid in 0..gm * gn {
-                    let per_group = group * gn;
-                    let first = (pid / per_group) * group;
-                    let rows = (gm - first).min(group);
+                    let per_group = 8 * gn;
+                    let first = (pid / per_group) * 8;
+                    let rows = (gm - first).min(8);
                     let (r, c) = (first + (pid % per_group) % rows, (pid % per_group) / rows);
                     assert!(r < gm && c < gn, "{m}x{n}: pid {pid} -> ({r}, {c})");
                     seen[r * gn + c] += 1;
                 }
-                assert!(seen.iter().all(|&x| x == 1), "{m}x{n} ({bm}x{bn}, groups of {group})");
+                assert!(seen.iter().all(|&x| x == 1), "{m}x{n} ({bm}x{bn})");
             }
         }
     }
