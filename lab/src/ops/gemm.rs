@@ -482,9 +482,10 @@ impl Experiment for Gemm {
             // (300, 520, 320) does the same for mma_warp64_k64 (K % 64 == 0), with more slabs
             // than slots in every ring (the copies wrap around while the edge blocks run).
             // wgmma_tma takes only K and N multiples of 8 (TMA row strides): of these, 1000^3,
-            // 300x520x96, 300x520x320 and the last two, which put its M, N and K edges (a partial
-            // last k-tile, 8 columns past a 256-wide tile, M = 1) and beta != 0 under the check.
-            // 130x264x1024 gives mma_splitk 4 slices with beta != 0 (its epilogue applies beta).
+            // 300x520x96, 300x520x320 and the last three, which put its M, N and K edges (a
+            // partial last k-tile, 8 columns past a 256-wide tile, M = 1) and beta != 0 under the
+            // check. 130x264x1024 also gives mma_splitk 4 slices with beta != 0 (its epilogue
+            // applies beta), and 1x4097x777 3 slices with an odd N.
             (Backend::Cuda(_), _) => &[
                 (1, 4097, 777, 1.0, 0.0, false),
                 (1000, 1000, 1000, 1.0, 0.0, false),
