@@ -42,9 +42,6 @@
 //   mma_warp64_k64  the wide loop on 64-deep slabs: 128x256x64 tile, 4 stages (192 KiB), four
 //                  k16 steps per barrier: half the barriers, cp.async waits and loop overhead per
 //                  mma, 144 KiB in flight instead of 96.
-//   mma_warps12    the k64 loop with 3 warps per scheduler instead of 2: 12 warps of 64x48 on
-//                  192x192x64 tiles (4 stages, 192 KiB), 168 registers, so A fragments are
-//                  single-buffered (each m16 row's next fragment loads right after its mma).
 //   mma_splitk     f16/bf16 for decode shapes (M of a few tokens, where a 128-row tile leaves
 //                  most of the GPU idle: M = 16, N = 4096 is 32 blocks of 128x128): mma_pipelined's
 //                  loop on a 16x128x64 tile, 8 warps of 16x16, 4 stages (72 KiB), K split over
@@ -71,8 +68,7 @@
 //   mma_ldmatrix 125 / 37 KiB / 0   mma_pipelined 170 / 0 (+128 KiB dynamic) / 0
 //   mma_pipelined_wide 251 / 0 (+192 KiB dynamic) / 0
 //   mma_warp64 238 / 0 (+64 KiB dynamic) / 0       mma_warp64_wide 238 / 0 (+120 KiB dynamic) / 0
-//   mma_warp64_k64 242 / 0 (+192 KiB dynamic) / 0      mma_splitk 64 / 1 KiB (+72 KiB dynamic) / 0
-//   mma_warps12 168 / 0 (+192 KiB dynamic) / 36 B stored, 80 B loaded (6 reloads per trip)
+//   mma_warp64_k64 242 / 0 (+192 KiB dynamic) / 0      mma_splitk 62 / 128 B (+72 KiB dynamic) / 0
 //   (f16 and bf16 alike; sm_80: mma_warp64(_wide, _k64) 234 registers, no spills)
 //   wgmma_tma for sm_90a: 168 / 0 (+197696 dynamic) / 0, no stack frame (the launch-time figure
 //   for 384 threads; setmaxnreg then moves the producer to 40 and the consumers to 232)
@@ -81,7 +77,6 @@
 //   mma_pipelined_wide 1798 / 128 (14.0)   (most of it load_chunk's per-chunk bounds and branches)
 //   mma_warp64 144 / 64 (2.3; edge blocks 285)   mma_warp64_wide 134 / 64 (2.1; edge blocks 297)
 //   mma_warp64_k64 234 / 128 (1.8; edge blocks 376): 32 ldmatrix, 12 cp.async, 1 barrier per trip
-//   mma_warps12 ~200 / 96 (2.1): 28 ldmatrix, 8 cp.async, 6 spill reloads, 1 barrier per trip
 //   wgmma_tma (sm_90a cubin) consumer: ~91 per k-tile with 4 HGMMA.64x256x16.F32 (.tnspB), each
 //   the work of 32 HMMA.16816 per warp: ~0.7 per HMMA-equivalent; accumulators R24-R151 in place.
 // A warp scheduler issues one instruction per clock. If HMMA.16816 occupies an SMSP's tensor
@@ -838,10 +833,9 @@ __device__ __forceinline__ int swz_a(int row, int chunk) {
     return BK == 32 ? swz64(row, chunk) : swz(row, chunk, BK / 8);
 }
 
-// WN_: the warp tile's width, 64 or 48 (mma_warps12: 64x48, so that 12 warps fit 168 registers).
-template <typename T, int BM, int BN, int BK_, int WARPS_M, int WARPS_N, int STAGES, int WN_ = 64>
+template <typename T, int BM, int BN, int BK_, int WARPS_M, int WARPS_N, int STAGES>
 struct W64 {
-    static constexpr int BK = BK_, WM = 64, WN = WN_, MI = WM / 16, NI = WN / 8, KS = BK / 16;
+    static constexpr int BK = BK_, WM = 64, WN = 64, MI = WM / 16, NI = WN / 8, KS = BK / 16;
     static constexpr int THREADS = 32 * WARPS_M * WARPS_N;
     static constexpr int A_BYTES = BM * BK * 2, B_BYTES = BK * BN * 2, STAGE_BYTES = A_BYTES + B_BYTES;
     static constexpr int SMEM = STAGES * STAGE_BYTES;
@@ -862,10 +856,10 @@ struct W64 {
     static_assert(STAGES >= 2 && SMEM <= 232448, "ring, within H100's 227 KiB per block");
 };
 
-template <typename T, int BM, int BN, int BK_, int WARPS_M, int WARPS_N, int STAGES, int WN_ = 64>
+template <typename T, int BM, int BN, int BK_, int WARPS_M, int WARPS_N, int STAGES>
 __device__ __forceinline__ void mma_warp64_body(const T* __restrict__ A, const T* __restrict__ B, T* C, int M, int N, int K,
                                                 int lda, int ldb, int ldc, float alpha, float beta) {
-    using P = W64<T, BM, BN, BK_, WARPS_M, WARPS_N, STAGES, WN_>;
+    using P = W64<T, BM, BN, BK_, WARPS_M, WARPS_N, STAGES>;
     constexpr int BK = P::BK, MI = P::MI, NI = P::NI;
     extern __shared__ __align__(128) unsigned char smem[];
     require_dynamic_smem(P::SMEM);
@@ -920,15 +914,8 @@ __device__ __forceinline__ void mma_warp64_body(const T* __restrict__ A, const T
     // and the chunk bits of 2 ks are free of lane / 16, so the offset is a_lane ^ (32 ks) plus 16 i rows.
     const int a_lane = swz_a<BK>(wm + lane % 16, lane / 16);
     // B, n8 pair jp (0, 2, 4, 6), step ks: row 16 ks + lane % 16, chunk wn / 8 + jp + lane / 16;
-    // the offset is (b_lane ^ 16 jp) plus 16 ks rows. (64-column warps: wn / 8 is a multiple of
-    // 8, so jp + lane / 16 only touches bits the XOR can set. 48-column warps start mid-group,
-    // so each pair keeps its own lane offset, b_pair[jp / 2].)
+    // the offset is (b_lane ^ 16 jp) plus 16 ks rows.
     const int b_lane = P::A_BYTES + swz(lane % 16, wn / 8 + lane / 16, P::B_CPR);
-    int b_pair[NI / 2];
-    if constexpr (P::WN != 64) {
-#pragma unroll
-        for (int j = 0; j < NI; j += 2) b_pair[j / 2] = P::A_BYTES + swz(lane % 16, wn / 8 + j + lane / 16, P::B_CPR);
-    }
     auto load_frags = [&](int slot_off, int ks, unsigned (&a)[MI][4], unsigned (&b)[NI][2]) {
         const unsigned base = smem0 + slot_off;
 #pragma unroll
@@ -936,10 +923,7 @@ __device__ __forceinline__ void mma_warp64_body(const T* __restrict__ A, const T
 #pragma unroll
         for (int j = 0; j < NI; j += 2) {
             unsigned r[4];
-            if constexpr (P::WN == 64)
-                ldmatrix_x4_trans(r, base + (b_lane ^ (j * 16)) + ks * 16 * BN * 2);
-            else
-                ldmatrix_x4_trans(r, base + b_pair[j / 2] + ks * 16 * BN * 2);
+            ldmatrix_x4_trans(r, base + (b_lane ^ (j * 16)) + ks * 16 * BN * 2);
             b[j][0] = r[0], b[j][1] = r[1], b[j + 1][0] = r[2], b[j + 1][1] = r[3];
         }
     };
@@ -989,64 +973,7 @@ __device__ __forceinline__ void mma_warp64_body(const T* __restrict__ A, const T
         }
         cp_async_wait<0>();
     };
-    // The same schedule for 48-column warps (12 warps, 168 registers): A single-buffered, each
-    // m16 row's fragment for the next step loaded right after that row's mma (3 rows of mma
-    // behind it at least); B double-buffered as above.
-    auto main_loop_48 = [&](bool fast) {
-#pragma unroll
-        for (int s = 0; s < STAGES; ++s) {
-            if (s < nk) load_slab(fast, s * P::STAGE_BYTES, s);
-            cp_async_commit();
-        }
-        unsigned a[MI][4], b0[NI][2], b1[NI][2];
-        auto load_b = [&](int slot_off, int ks, unsigned (&b)[NI][2]) {
-#pragma unroll
-            for (int j = 0; j < NI; j += 2) {
-                unsigned r[4];
-                ldmatrix_x4_trans(r, smem0 + slot_off + b_pair[j / 2] + ks * 16 * BN * 2);
-                b[j][0] = r[0], b[j][1] = r[1], b[j + 1][0] = r[2], b[j + 1][1] = r[3];
-            }
-        };
-        // One k16 step on a and b; row i's A fragment of step (next_off, next_ks) follows row i's mma.
-        auto step = [&](const unsigned (&b)[NI][2], int next_off, int next_ks, bool next) {
-#pragma unroll
-            for (int i = 0; i < MI; ++i) {
-#pragma unroll
-                for (int jj = 0; jj < NI; ++jj) {
-                    const int j = (i & 1) ? NI - 1 - jj : jj;
-                    Mma<T>::run(acc[i][j], a[i], b[j]);
-                }
-                if (next) ldmatrix_x4(a[i], smem0 + next_off + (a_lane ^ (next_ks * 32)) + i * 16 * P::A_ROW);
-            }
-        };
-        cp_async_wait<STAGES - 1>();
-        __syncthreads();
-        int rd = 0;
-#pragma unroll
-        for (int i = 0; i < MI; ++i) ldmatrix_x4(a[i], smem0 + a_lane + i * 16 * P::A_ROW);
-        load_b(rd, 0, b0);
-        for (int kt = 0; kt < nk; ++kt) {
-#pragma unroll
-            for (int ks = 0; ks + 1 < P::KS; ++ks) {
-                load_b(rd, ks + 1, ks & 1 ? b0 : b1);
-                step(ks & 1 ? b1 : b0, rd, ks + 1, true);
-            }
-            cp_async_wait<STAGES - 2>();
-            __syncthreads();
-            if (kt + STAGES < nk) load_slab(fast, rd, kt + STAGES);
-            cp_async_commit();
-            rd = rd + P::STAGE_BYTES == P::SMEM ? 0 : rd + P::STAGE_BYTES;
-            if (kt + 1 < nk) load_b(rd, 0, b0);
-            step(b1, rd, 0, kt + 1 < nk);
-        }
-        cp_async_wait<0>();
-    };
-    if constexpr (P::WN != 64) {
-        if (interior)
-            main_loop_48(true);
-        else
-            main_loop_48(false);
-    } else if (interior)
+    if (interior)
         main_loop(true);  // inlined twice: each copy has `fast` constant
     else
         main_loop(false);
@@ -1308,13 +1235,6 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_k64_f16(GEM
 }
 extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_k64_bf16(GEMM_ARGS(__nv_bfloat16)) {
     mma_warp64_body<__nv_bfloat16, 128, 256, 64, 2, 4, 4>(GEMM_PASS);
-}
-// mma_warps12: the k64 loop with 12 warps of 64x48 (3 per scheduler) on 192x192x64 tiles, 168 registers.
-extern "C" __global__ void __launch_bounds__(384, 1) gemm_mma_warps12_f16(GEMM_ARGS(__half)) {
-    mma_warp64_body<__half, 192, 192, 64, 3, 4, 4, 48>(GEMM_PASS);
-}
-extern "C" __global__ void __launch_bounds__(384, 1) gemm_mma_warps12_bf16(GEMM_ARGS(__nv_bfloat16)) {
-    mma_warp64_body<__nv_bfloat16, 192, 192, 64, 3, 4, 4, 48>(GEMM_PASS);
 }
 
 // wgmma_tma: TMA + mbarrier ring + warp-specialised wgmma, sm_90a (a trap elsewhere; never launched there).

@@ -37,7 +37,7 @@ const FAMILY: &str = "gemm";
 /// The fp32 SIMT ladder, in order.
 pub const F32_VARIANTS: &[&str] = &["naive", "smem_tiled", "blocktile_1d", "blocktile_2d", "vectorized", "warptiled"];
 /// The fp16/bf16 tensor-core ladder, in order (`wgmma_tma` on compute capability 9.0 only).
-pub const HALF_VARIANTS: &[&str] = &["mma_ldmatrix", "mma_pipelined", "mma_pipelined_wide", "mma_warp64", "mma_warp64_wide", "mma_warp64_k64", "mma_warps12", "mma_splitk", "wgmma_tma"];
+pub const HALF_VARIANTS: &[&str] = &["mma_ldmatrix", "mma_pipelined", "mma_pipelined_wide", "mma_warp64", "mma_warp64_wide", "mma_warp64_k64", "mma_splitk", "wgmma_tma"];
 /// Variants built from sm_90a instructions (wgmma, TMA, setmaxnreg): offered on 9.0 alone,
 /// absent elsewhere (their PTX target, `compute_90a`, loads on no other device).
 pub const SM90A_VARIANTS: &[&str] = &["wgmma_tma"];
@@ -368,7 +368,6 @@ pub fn dynamic_smem(variant: &str) -> usize {
         "mma_warp64" => 4 * (128 * 32 + 32 * 128) * 2,
         "mma_warp64_wide" => 5 * (128 * 32 + 32 * 256) * 2,
         "mma_warp64_k64" => 4 * (128 * 64 + 64 * 256) * 2,
-        "mma_warps12" => 4 * (192 * 64 + 64 * 192) * 2,
         "mma_splitk" => 4 * (16 * 64 + 64 * 128) * 2,
         "wgmma_tma" => wg::SMEM,
         _ => 0,
@@ -390,7 +389,6 @@ pub fn tile(variant: &str) -> &'static str {
         "mma_warp64" => "128x128x32, 4 warps of 64x64, 4-stage cp.async, 2 blocks/SM, one barrier per slab",
         "mma_warp64_wide" => "128x256x32, 8 warps of 64x64, 5-stage cp.async, one barrier per slab",
         "mma_warp64_k64" => "128x256x64, 8 warps of 64x64, 4-stage cp.async, one barrier per 64-deep slab",
-        "mma_warps12" => "192x192x64, 12 warps of 64x48 (3 per scheduler), 4-stage cp.async, A fragments single-buffered",
         "mma_splitk" => "16x128x64, 8 warps of 16x16, 4-stage cp.async, K split over grid.y, fp32 partials summed in slice order",
         "wgmma_tma" => "128x256x64, 3 warpgroups (1 TMA producer, 2 wgmma consumers of 64x256), 4-stage mbarrier ring, 128B swizzle",
         _ => "",
@@ -411,7 +409,6 @@ pub fn launch_config(variant: &str, m: usize, n: usize) -> LaunchConfig {
         "mma_pipelined_wide" => (((m.div_ceil(128) * n.div_ceil(256)) as u32, 1, 1), (256, 1, 1)),
         "mma_warp64" => (((m.div_ceil(128) * n.div_ceil(128)) as u32, 1, 1), (128, 1, 1)),
         "mma_warp64_wide" | "mma_warp64_k64" => (((m.div_ceil(128) * n.div_ceil(256)) as u32, 1, 1), (256, 1, 1)),
-        "mma_warps12" => (((m.div_ceil(192) * n.div_ceil(192)) as u32, 1, 1), (384, 1, 1)),
         // grid.y: the K slices, set by run_kernel from splitk_slices.
         "mma_splitk" => (((m.div_ceil(16) * n.div_ceil(128)) as u32, 1, 1), (256, 1, 1)),
         "wgmma_tma" => (((m.div_ceil(wg::BM) * n.div_ceil(wg::BN)) as u32, 1, 1), (384, 1, 1)),
@@ -986,7 +983,6 @@ mod tests {
                     "smem_tiled" => (32, 32),
                     "blocktile_1d" => (64, 64),
                     "mma_pipelined_wide" | "mma_warp64_wide" | "mma_warp64_k64" | "wgmma_tma" => (128, 256),
-                    "mma_warps12" => (192, 192),
                     "mma_splitk" => (16, 128),
                     _ => (128, 128),
                 };
@@ -999,7 +995,6 @@ mod tests {
                     "warptiled" => 128,
                     "mma_ldmatrix" | "mma_pipelined" => 64,
                     "mma_splitk" => 8,
-                    "mma_warps12" => 96,
                     _ => 128,
                 };
                 assert_eq!(threads as usize * per_thread, bm * bn, "{v}: threads x outputs per thread != tile");
@@ -1494,17 +1489,11 @@ mod tests {
     }
 
     /// The tile shapes: (BM, BN, BK, warps along M, warps along N, stages), as the kernels instantiate them.
-    /// (BM, BN, BK, warps along M, warps along N, stages, warp tile width), and the variant.
-    const W64_SHAPES: [(usize, usize, usize, usize, usize, usize, usize, &str); 4] = [
-        (128, 128, 32, 2, 2, 4, 64, "mma_warp64"),
-        (128, 256, 32, 2, 4, 5, 64, "mma_warp64_wide"),
-        (128, 256, 64, 2, 4, 4, 64, "mma_warp64_k64"),
-        (192, 192, 64, 3, 4, 4, 48, "mma_warps12"),
-    ];
+    const W64_SHAPES: [(usize, usize, usize, usize, usize, usize); 3] = [(128, 128, 32, 2, 2, 4), (128, 256, 32, 2, 4, 5), (128, 256, 64, 2, 4, 4)];
 
     #[test]
     fn warp64_shared_memory_matches_the_launcher() {
-        for (bm, bn, bk, _, _, stages, _, v) in W64_SHAPES {
+        for ((bm, bn, bk, _, _, stages), v) in W64_SHAPES.into_iter().zip(["mma_warp64", "mma_warp64_wide", "mma_warp64_k64"]) {
             assert_eq!(dynamic_smem(v), stages * (bm * bk + bk * bn) * 2, "{v}");
             assert!(dynamic_smem(v) <= 227 * 1024, "{v} must fit H100's 227 KiB per block");
         }
@@ -1554,11 +1543,11 @@ mod tests {
 
     #[test]
     fn warp64_fragment_addressing_reproduces_the_tile_product() {
-        for (bm, bn, bk, _, _, _, wn, v) in W64_SHAPES {
+        for (bm, bn, bk, _, _, _) in W64_SHAPES {
             let b_cpr = bn / 8;
             let a_off = move |r: usize, c: usize| swz_a(bk, r, c / 8) / 2 + c % 8;
             let b_off = move |r: usize, c: usize| swz(r, c / 8, b_cpr) / 2 + c % 8;
-            check_simulation(v, (bm, bn, bk), (64, wn), &a_off, &b_off, (bm * bk).max(bk * bn));
+            check_simulation("mma_warp64", (bm, bn, bk), (64, 64), &a_off, &b_off, (bm * bk).max(bk * bn));
         }
     }
 
@@ -1567,7 +1556,7 @@ mod tests {
     /// equal the direct formula, and the loader must write each chunk of a slab exactly once.
     #[test]
     fn warp64_precomputed_offsets_match_the_swizzle() {
-        for (bm, bn, bk, warps_m, warps_n, _, warp_n, _) in W64_SHAPES {
+        for (bm, bn, bk, warps_m, warps_n, _) in W64_SHAPES {
             let threads = 32 * warps_m * warps_n;
             let (a_cpr, b_cpr) = (bk / 8, bn / 8);
             let (a_row_bytes, a_bytes) = (bk * 2, bm * bk * 2);
@@ -1575,21 +1564,18 @@ mod tests {
             let a_period = if bk == 32 { 16 } else { 8 };
             assert!(a_rows_step % a_period == 0 && b_rows_step % 8 == 0);
             for warp in 0..warps_m * warps_n {
-                let (wm, wn) = ((warp / warps_n) * 64, (warp % warps_n) * warp_n);
+                let (wm, wn) = ((warp / warps_n) * 64, (warp % warps_n) * 64);
                 for lane in 0..32 {
                     let a_lane = swz_a(bk, wm + lane % 16, lane / 16);
                     let b_lane = a_bytes + swz(lane % 16, wn / 8 + lane / 16, b_cpr);
-                    // 48-column warps keep one offset per n8 pair (b_pair in gemm.cu).
-                    let b_pair = |jp: usize| a_bytes + swz(lane % 16, wn / 8 + jp + lane / 16, b_cpr);
                     for ks in 0..bk / 16 {
                         for i in 0..4 {
                             let direct = swz_a(bk, wm + i * 16 + lane % 16, ks * 2 + lane / 16);
                             assert_eq!((a_lane ^ (ks * 32)) + i * 16 * a_row_bytes, direct, "A {bm}x{bn}x{bk} warp {warp} lane {lane} ks {ks} i {i}");
                         }
-                        for jp in (0..warp_n / 8).step_by(2) {
+                        for jp in (0..8).step_by(2) {
                             let direct = a_bytes + swz(ks * 16 + lane % 16, (wn + jp * 8) / 8 + lane / 16, b_cpr);
-                            let kernel = if warp_n == 64 { b_lane ^ (jp * 16) } else { b_pair(jp) };
-                            assert_eq!(kernel + ks * 16 * bn * 2, direct, "B {bm}x{bn}x{bk} warp {warp} lane {lane} ks {ks} jp {jp}");
+                            assert_eq!((b_lane ^ (jp * 16)) + ks * 16 * bn * 2, direct, "B {bm}x{bn}x{bk} warp {warp} lane {lane} ks {ks} jp {jp}");
                         }
                     }
                 }
