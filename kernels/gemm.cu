@@ -58,6 +58,8 @@
 //   mma_tma        mma_warp64_k64's loop fed by wgmma_tma's TMA ring, no block barrier: 6-10%
 //                  slower, its warps waiting on late stages (h100-gemm-mma-tma.md).
 //   k64 orderings  16 block rows per grouped sweep; n8-tile-outer mma order (h100-mma-sync-roof.md).
+//   mma_warps12    12 warps of 64x48 (3 per scheduler, 168 registers, A single-buffered) on
+//                  192x192 tiles: 18-40% slower, late fragments and 12-warp barriers (same note).
 //   wgmma split-K  K over grid.y for M <= 512: no faster at M = 128, slower at 1024^3
 //                  (h100-gemm-wgmma-splitk.md); its faster epilogue stayed with mma_splitk.
 //
