@@ -62,6 +62,7 @@
 //                  192x192 tiles: 18-40% slower, late fragments and 12-warp barriers (same note).
 //   wgmma split-K  K over grid.y for M <= 512: no faster at M = 128, slower at 1024^3
 //                  (h100-gemm-wgmma-splitk.md); its faster epilogue stayed with mma_splitk.
+//   wgmma B boxes of 16 k-rows (4x as many copies): 10-25% slower at every shape (same note).
 //
 // ptxas -v for sm_90 (CUDA 13.0 ptxas on the NVRTC PTX; registers / static smem / spill bytes;
 // the run records the driver's own figures per variant in `extra`):
@@ -992,8 +993,7 @@ __device__ __forceinline__ void mma_warp64_body(const T* __restrict__ A, const T
 // owning 64 rows x 256 columns of the 128x256 block tile (128 fp32 accumulators per thread).
 //
 // Shared memory per stage: A 128 x 64 halves = 16 KiB (one TMA box of 128 rows x 128 bytes),
-// B 64 x 256 halves = 32 KiB (four column blocks of 64 k-rows x 64 n = 128 bytes, side by side,
-// each copied as four boxes of 16 k-rows), 48 KiB
+// B 64 x 256 halves = 32 KiB (four boxes of 64 k-rows x 64 n = 128 bytes, side by side), 48 KiB
 // in all. H100 allows 227 KiB (232448 bytes) of dynamic shared memory per block: 4 stages =
 // 192 KiB + 1 KiB of slack to align the ring to 1024 bytes (the 128-byte swizzle repeats every
 // 8 rows x 128 bytes and TMA and wgmma both apply it to absolute address bits 4-6 ^ 7-9) + 64 bytes
@@ -1030,9 +1030,8 @@ struct __align__(64) TmaDesc {
 namespace wg {
 constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2, THREADS = 128 * (1 + CONSUMERS);
 constexpr int A_BYTES = BM * BK * 2;                      // 16 KiB
-constexpr int B_BOX_N = 64, B_BOXES = BN / B_BOX_N;         // 4 column blocks of 64 columns
-constexpr int B_BOX_BYTES = BK * B_BOX_N * 2;              // 8 KiB per column block
-constexpr int B_BOX_K = 16, B_KBOXES = BK / B_BOX_K;         // each copied as 4 boxes of 16 k-rows
+constexpr int B_BOX_N = 64, B_BOXES = BN / B_BOX_N;         // 4 boxes of 64 columns
+constexpr int B_BOX_BYTES = BK * B_BOX_N * 2;              // 8 KiB
 constexpr int STAGE_BYTES = A_BYTES + B_BOXES * B_BOX_BYTES;  // 48 KiB
 constexpr int SMEM = STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8;  // 197696 (see above)
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
@@ -1135,11 +1134,7 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
                 mbar_wait(bars + 8 * (STAGES + s), ((kt / STAGES) & 1) ^ 1);
                 mbar_expect_tx(full, tx);
                 tma_load_2d(a, &ta, kt * BK, bm, full);
-                // The column blocks' boxes of the same 16 k-rows go out together: 512 contiguous
-                // bytes of each B row requested at once (boxes wholly past K are zero-filled).
-                for (int q = 0; q < B_KBOXES; ++q)
-                    for (int j = 0; j < b_boxes; ++j)
-                        tma_load_2d(a + A_BYTES + j * B_BOX_BYTES + q * B_BOX_K * 128, &tb, bn + j * B_BOX_N, kt * BK + q * B_BOX_K, full);
+                for (int j = 0; j < b_boxes; ++j) tma_load_2d(a + A_BYTES + j * B_BOX_BYTES, &tb, bn + j * B_BOX_N, kt * BK, full);
             }
         }
         return;

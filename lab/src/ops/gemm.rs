@@ -254,10 +254,8 @@ pub mod wg {
     pub const BN: usize = 256;
     pub const BK: usize = 64;
     pub const STAGES: usize = 4;
-    /// B arrives as BN / B_BOX_N column blocks of BK rows x 128 bytes (the widest a 128-byte
-    /// swizzle takes), each copied as BK / B_BOX_K boxes of B_BOX_K rows.
+    /// B arrives as BN / B_BOX_N boxes of BK rows x 128 bytes (the widest a 128-byte swizzle takes).
     pub const B_BOX_N: usize = 64;
-    pub const B_BOX_K: usize = 16;
     pub const STAGE_BYTES: usize = (BM * BK + BK * BN) * 2;
     /// The ring, 1 KiB of slack to align it to 1024 bytes, and a full and an empty mbarrier per stage.
     pub const SMEM: usize = STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8;
@@ -293,10 +291,10 @@ pub mod wg {
         pub boxes: [u32; 2],
     }
 
-    /// A (M x K, row stride lda) in boxes of BK x BM, B (K x N, row stride ldb) in boxes of B_BOX_N x B_BOX_K.
+    /// A (M x K, row stride lda) in boxes of BK x BM, B (K x N, row stride ldb) in boxes of B_BOX_N x BK.
     pub fn tma_boxes(d: super::Dims, elem: usize) -> (TmaBox, TmaBox) {
         let a = TmaBox { dims: [d.k as u64, d.m as u64], row_stride_bytes: (d.lda * elem) as u64, boxes: [BK as u32, BM as u32] };
-        let b = TmaBox { dims: [d.n as u64, d.k as u64], row_stride_bytes: (d.ldb * elem) as u64, boxes: [B_BOX_N as u32, B_BOX_K as u32] };
+        let b = TmaBox { dims: [d.n as u64, d.k as u64], row_stride_bytes: (d.ldb * elem) as u64, boxes: [B_BOX_N as u32, BK as u32] };
         (a, b)
     }
 }
@@ -1297,9 +1295,7 @@ mod tests {
             assert!(slot.is_nan(), "two elements at byte {addr}");
             *slot = v;
         };
-        // TMA: A box (BK x BM), box row r = A row r, 128 bytes; after A, B column block j
-        // (B_BOX_N x BK) as boxes q of B_BOX_K rows, box (j, q) at 8 KiB j + 2 KiB q, as the
-        // producer issues them.
+        // TMA: A box (BK x BM), box row r = A row r, 128 bytes; B boxes j (B_BOX_N x BK) after A.
         for r in 0..BM {
             for c in 0..BK {
                 put(swizzle128(ring + (r * 128 + c * 2) as u32), a(r, c));
@@ -1307,12 +1303,9 @@ mod tests {
         }
         let b0 = ring + (BM * BK * 2) as u32;
         for j in 0..BN / B_BOX_N {
-            for q in 0..BK / B_BOX_K {
-                let bx = b0 + (j * BK * B_BOX_N * 2 + q * B_BOX_K * 128) as u32;
-                for r in 0..B_BOX_K {
-                    for c in 0..B_BOX_N {
-                        put(swizzle128(bx + (r * 128 + c * 2) as u32), b(q * B_BOX_K + r, j * B_BOX_N + c));
-                    }
+            for r in 0..BK {
+                for c in 0..B_BOX_N {
+                    put(swizzle128(b0 + (j * BK * B_BOX_N * 2 + r * 128 + c * 2) as u32), b(r, j * B_BOX_N + c));
                 }
             }
         }
@@ -1357,7 +1350,7 @@ mod tests {
         use wg::*;
         let (ta, tb) = tma_boxes(Dims::dense(1000, 1032, 776), 2);
         assert_eq!(ta, TmaBox { dims: [776, 1000], row_stride_bytes: 1552, boxes: [64, 128] });
-        assert_eq!(tb, TmaBox { dims: [1032, 776], row_stride_bytes: 2064, boxes: [64, 16] });
+        assert_eq!(tb, TmaBox { dims: [1032, 776], row_stride_bytes: 2064, boxes: [64, 64] });
         // Padded leading dimensions are strides, never sizes.
         let (ta, tb) = tma_boxes(Dims { m: 3, n: 5, k: 7, lda: 16, ldb: 24, ldc: 5 }, 2);
         assert_eq!((ta.dims, ta.row_stride_bytes, tb.dims, tb.row_stride_bytes), ([7, 3], 32, [5, 7], 48));
@@ -1367,7 +1360,7 @@ mod tests {
         }
         // The transaction bytes the producer expects per stage are the boxes it issues.
         let box_bytes = |t: TmaBox| t.boxes[0] as usize * t.boxes[1] as usize * 2;
-        assert_eq!(box_bytes(ta) + (BN / B_BOX_N) * (BK / B_BOX_K) * box_bytes(tb), STAGE_BYTES);
+        assert_eq!(box_bytes(ta) + (BN / B_BOX_N) * box_bytes(tb), STAGE_BYTES);
         assert_eq!(STAGE_BYTES, 49152);
         // At the N edge the producer issues only the B boxes that reach inside N (gemm.cu:
         // b_boxes = min(4, ceil((N - bn) / 64))) and expects their bytes alone: every column < N
@@ -1377,7 +1370,7 @@ mod tests {
                 let boxes = (BN / B_BOX_N).min((n - bn).div_ceil(B_BOX_N));
                 assert!(bn + boxes * B_BOX_N >= n.min(bn + BN), "N={n} bn={bn}: columns left unloaded");
                 assert!(bn + (boxes - 1) * B_BOX_N < n, "N={n} bn={bn}: a box wholly outside N");
-                assert!(box_bytes(ta) + boxes * (BK / B_BOX_K) * box_bytes(tb) <= STAGE_BYTES);
+                assert!(box_bytes(ta) + boxes * box_bytes(tb) <= STAGE_BYTES);
             }
         }
         assert_eq!(dynamic_smem("wgmma_tma"), 197696);
