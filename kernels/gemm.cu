@@ -62,7 +62,7 @@
 //                  192x192 tiles: 18-40% slower, late fragments and 12-warp barriers (same note).
 //   wgmma split-K  K over grid.y for M <= 512: no faster at M = 128, slower at 1024^3
 //                  (h100-gemm-wgmma-splitk.md); its faster epilogue stayed with mma_splitk.
-//   wgmma B boxes of 16 k-rows (4x as many copies): 10-25% slower at every shape (same note).
+//   wgmma B boxes of 16 k-rows (4x as many copies): 16-25% slower at every shape (same note).
 //
 // ptxas -v for sm_90 (CUDA 13.0 ptxas on the NVRTC PTX; registers / static smem / spill bytes;
 // the run records the driver's own figures per variant in `extra`):
