@@ -68,6 +68,36 @@ fn records_load_into_a_frame_and_damage_is_reported_not_fatal() {
     }
 }
 
+/// A finished run kept gzip-compressed reads as the plain file does, by folder, by file and by
+/// record id; a damaged one is an error that names it.
+#[test]
+fn gzip_compressed_run_files_read_as_the_plain_ones() {
+    use std::io::Write;
+    let plain = tempfile::tempdir().unwrap();
+    assert!(run_quick(plain.path(), "vector_add").status.success());
+    let file = std::fs::read_dir(plain.path()).unwrap().next().unwrap().unwrap().path();
+    let packed = tempfile::tempdir().unwrap();
+    let gz = packed.path().join(format!("{}.gz", file.file_name().unwrap().to_str().unwrap()));
+    let mut enc = flate2::write::GzEncoder::new(std::fs::File::create(&gz).unwrap(), flate2::Compression::best());
+    enc.write_all(&std::fs::read(&file).unwrap()).unwrap();
+    enc.finish().unwrap();
+
+    let (a, damage_a) = read_records(plain.path()).unwrap();
+    let (b, damage_b) = read_records(packed.path()).unwrap();
+    assert!(!a.is_empty() && damage_a.is_empty() && damage_b.is_empty());
+    let ids = |rs: &[lab::record::Record]| rs.iter().map(|r| r.record_id.clone()).collect::<Vec<_>>();
+    assert_eq!(ids(&a), ids(&b));
+    assert_eq!(serde_json::to_string(&a).unwrap(), serde_json::to_string(&b).unwrap());
+    assert_eq!(read_records(&gz).unwrap().0.len(), a.len(), "the one file given");
+    let out = tempfile::tempdir().unwrap();
+    let o = lab(&["rerun", &a[0].record_id, "--records", packed.path().to_str().unwrap(), "--backend", "cpu", "--out", out.path().to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+
+    std::fs::write(packed.path().join("zz.jsonl.gz"), b"not gzip at all").unwrap();
+    let e = read_records(packed.path()).unwrap_err().to_string();
+    assert!(e.contains("zz.jsonl.gz") && e.contains("gzip"), "{e}");
+}
+
 #[test]
 fn rerun_of_a_cpu_record_reproduces_its_correctness() {
     let dir = tempfile::tempdir().unwrap();

@@ -36,7 +36,7 @@ pub fn load_with_damage(dir: impl AsRef<Path>) -> Result<(DataFrame, Vec<Damage>
     Ok((to_frame(&records)?, damage))
 }
 
-/// `.jsonl` files under a folder in name order, or the one file given.
+/// `.jsonl` and `.jsonl.gz` files under a folder in name order, or the one file given.
 pub(super) fn record_files(path: &Path) -> Result<Vec<PathBuf>> {
     if path.is_file() {
         return Ok(vec![path.to_path_buf()]);
@@ -44,7 +44,7 @@ pub(super) fn record_files(path: &Path) -> Result<Vec<PathBuf>> {
     let entries = std::fs::read_dir(path).map_err(|e| LabError::io(path, format!("cannot read the records folder: {e}")))?;
     let mut files: Vec<PathBuf> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .filter(|p| p.to_str().is_some_and(|s| s.ends_with(".jsonl") || s.ends_with(".jsonl.gz")))
         .collect();
     files.sort();
     Ok(files)

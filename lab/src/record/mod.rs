@@ -139,7 +139,7 @@ pub fn read_records(path: &Path) -> Result<(Vec<Record>, Vec<Damage>)> {
     let mut records = Vec::new();
     let mut damage = Vec::new();
     for file in frame::record_files(path)? {
-        let text = std::fs::read_to_string(&file).map_err(|e| LabError::io(&file, e))?;
+        let text = read_run_file(&file)?;
         for (i, line) in text.lines().enumerate() {
             if line.trim().is_empty() {
                 continue;
@@ -151,6 +151,18 @@ pub fn read_records(path: &Path) -> Result<(Vec<Record>, Vec<Damage>)> {
         }
     }
     Ok((records, damage))
+}
+
+/// The text of a run file, gunzipped when its name ends in `.gz`.
+fn read_run_file(file: &Path) -> Result<String> {
+    use std::io::Read;
+    if !file.to_str().is_some_and(|s| s.ends_with(".gz")) {
+        return std::fs::read_to_string(file).map_err(|e| LabError::io(file, e));
+    }
+    let f = std::fs::File::open(file).map_err(|e| LabError::io(file, e))?;
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(f).read_to_string(&mut text).map_err(|e| LabError::io(file, format!("not a readable gzip-compressed run file: {e}")))?;
+    Ok(text)
 }
 
 fn parse_line(line: &str) -> std::result::Result<Record, String> {
