@@ -459,22 +459,16 @@ __device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigne
 
 // mma.sync m16n8k16, fp32 accumulate: C (4 floats) += A (4 regs) B (2 regs), f16 or bf16
 // operands (fragment layouts: kernels/gemm.cu).
+#define MMA_16816(TY)                                                                                               \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TY "." TY ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n" \
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                               \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]))
 template <typename T> struct Mma;
 template <> struct Mma<__half> {
-    static __device__ __forceinline__ void run(float* c, const unsigned* a, const unsigned* b) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-    }
+    static __device__ __forceinline__ void run(float* c, const unsigned* a, const unsigned* b) { MMA_16816("f16"); }
 };
 template <> struct Mma<__nv_bfloat16> {
-    static __device__ __forceinline__ void run(float* c, const unsigned* a, const unsigned* b) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-    }
+    static __device__ __forceinline__ void run(float* c, const unsigned* a, const unsigned* b) { MMA_16816("bf16"); }
 };
 
 #endif  // LAB_KERNELS_COMMON_CUH
