@@ -8,13 +8,20 @@
 //                (2 flops per FMA; independent chains hide the 4-cycle FMA latency).
 //   mma_sync     f16/bf16 mma.sync.m16n8k16 with fp32 accumulation, operands in registers, no
 //                loads in the loop: the roof of the path the mma.sync GEMM rungs take (the
-//                `tensor` roof is cuBLAS, which takes wgmma on sm_90). Eight independent
+//                `tensor` roof is wgmma's, below, or cuBLAS's). Eight independent
 //                accumulators per warp hide the HMMA latency; consecutive HMMAs alternate
 //                between two A and two B fragments of random values, so operands toggle as in
 //                a GEMM, which matters once the power cap sets the clock (long runs).
 //   mma_sync_w2  the same at the occupancy of the mma_warp64 GEMM rungs: one block of 8 warps
 //                per SM (2 warps per scheduler), 32 accumulators per warp (a 64 x 64 warp tile's
 //                HMMAs per k16 step): what that occupancy and ILP allow without any load.
+//   wgmma        sm_90a only: the `tensor` roof without a GEMM's copies. One block of two
+//                warpgroups per SM (as wgmma_tma's consumers) runs rounds of the four m64n256k16
+//                of a 64-deep slab on one A (128 x 64) and one B (64 x 256) tile of random values
+//                written once into shared memory in the layout TMA gives the GEMM, one wgmma
+//                group in flight behind the one issued. cuBLAS at the squares only bounds the
+//                tensor rate from below: a long-K GEMM can run faster than both (measured: 4096 x
+//                4096 x 11008 above 4096^3 and 8192^3), which made it look implausible.
 //   read_scrub   not a ceiling: reads a buffer twice the L2 size before a timed repetition
 //                (`--l2 clean`), so the kernel's inputs come from memory and L2 holds only clean
 //                lines; zeroing the buffer instead leaves dirty lines the kernel must write back.
@@ -105,3 +112,65 @@ __device__ __forceinline__ void mma_sync_roof(const unsigned* __restrict__ frags
     }
 MMA_SYNC_ROOF(mma_sync, 8, 4)
 MMA_SYNC_ROOF(mma_sync_w2, 32, 1)
+
+// Each thread of the two consumer warpgroups: `iters` rounds of the four m64n256k16 wgmmas of a
+// 64-deep slab, reading a 128 x 64 A tile (its warpgroup's 64 rows) and a 64 x 256 B tile that
+// stay in shared memory, one wgmma group in flight behind the one being issued. Every thread
+// writes the sum of its 128 accumulators to sums; block 0 also writes them all to tile0.
+template <typename T>
+__device__ __forceinline__ void wgmma_roof(const uint4* __restrict__ a, const uint4* __restrict__ b, float* __restrict__ sums,
+                                           float* __restrict__ tile0, int iters) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int A_BYTES = 128 * 64 * 2, B_BOX_BYTES = 64 * 64 * 2;
+    extern __shared__ __align__(1024) unsigned char smem[];
+    require_dynamic_smem(A_BYTES + 4 * B_BOX_BYTES + 1024);
+    const unsigned pad = (1024u - (smem_addr(smem) & 1023u)) & 1023u;  // wgmma's swizzle wants 1024-aligned tiles
+    unsigned char* tile = smem + pad;
+    // The layout TMA writes for wgmma_tma (kernels/gemm.cu): A rows of 128 bytes; B in boxes of
+    // 64 columns, rows of 128 bytes; 16-byte chunk c of row r stored at chunk c ^ (r % 8).
+    for (int i = threadIdx.x; i < 1024; i += blockDim.x) {
+        const int m = i / 8, c = i % 8;
+        *reinterpret_cast<uint4*>(tile + m * 128 + ((c ^ (m & 7)) << 4)) = a[i];
+    }
+    for (int i = threadIdx.x; i < 2048; i += blockDim.x) {
+        const int k = i / 32, j = (i % 32) / 8, c = i % 8;
+        *reinterpret_cast<uint4*>(tile + A_BYTES + j * B_BOX_BYTES + k * 128 + ((c ^ (k & 7)) << 4)) = b[i];
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // make the stores visible to wgmma
+    __syncthreads();
+    const unsigned a0 = smem_addr(tile) + (threadIdx.x / 128) * 64 * 128, b0 = smem_addr(tile) + A_BYTES;
+    float d[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) d[i] = 0.f;
+    for (int it = 0; it < iters; ++it) {
+        wg_pin(d);
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) Wgmma<T, 256>::run(d, wg_desc(a0 + 32 * ks, 16, 1024), wg_desc(b0 + 2048 * ks, B_BOX_BYTES, 1024));
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        wg_pin(d);
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    wg_pin(d);
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < 128; ++i) s += d[i];
+    sums[blockIdx.x * blockDim.x + threadIdx.x] = s;
+    if (blockIdx.x == 0) {
+#pragma unroll
+        for (int i = 0; i < 128; ++i) tile0[i * blockDim.x + threadIdx.x] = d[i];
+    }
+#else
+    __trap();  // built for another target: the tensor roof offers this kernel on compute capability 9.0 only
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) ceilings_wgmma_f16(const uint4* __restrict__ a, const uint4* __restrict__ b,
+                                                                      float* __restrict__ sums, float* __restrict__ tile0, int iters) {
+    wgmma_roof<__half>(a, b, sums, tile0, iters);
+}
+extern "C" __global__ void __launch_bounds__(256, 1) ceilings_wgmma_bf16(const uint4* __restrict__ a, const uint4* __restrict__ b,
+                                                                       float* __restrict__ sums, float* __restrict__ tile0, int iters) {
+    wgmma_roof<__nv_bfloat16>(a, b, sums, tile0, iters);
+}

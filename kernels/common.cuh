@@ -471,4 +471,60 @@ template <> struct Mma<__nv_bfloat16> {
     static __device__ __forceinline__ void run(float* c, const unsigned* a, const unsigned* b) { MMA_16816("bf16"); }
 };
 
+// ---------------------------------------------------------------------------
+// wgmma (sm_90a): warpgroup MMAs reading both operands from 128-byte-swizzled shared memory
+// through 64-bit descriptors, fp32 accumulate; for gemm's wgmma rungs and the tensor roof of
+// ceilings.cu. Operand layouts: kernels/gemm.cu (wgmma_tma).
+// ---------------------------------------------------------------------------
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The 64-bit shared-memory matrix descriptor: start address >> 4 (bits 0-13), leading byte offset
+// >> 4 (16-29), stride byte offset >> 4 (32-45), base offset 0 (49-51: tiles are 1024-byte
+// aligned), swizzle mode 1 = 128-byte (62-63).
+__device__ __forceinline__ unsigned long long wg_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+    return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
+           ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
+}
+
+#define WG_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define WG_D64 WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56)
+#define WG_D128 WG_D64, WG_D8(64), WG_D8(72), WG_D8(80), WG_D8(88), WG_D8(96), WG_D8(104), WG_D8(112), WG_D8(120)
+#define WG_REGS64 \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define WG_REGS128 WG_REGS64 ", " \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+// d (N / 2 floats per thread) += A (64x16, K-major) * B (16xN, N-major): scale-d 1, scale-a/b 1,
+// transpose A 0, B 1. DA, DB, ONE: the operand numbers that follow the N / 2 accumulators.
+#define WGMMA_M64NK16(N, TY, DREGS, REGS, DA, DB, ONE)                                                      \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " ONE ", 0;\n"                                          \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " {" REGS "}, " DA ", " DB ", p, 1, 1, 0, 1;\n}\n" \
+                 : DREGS                                                                                  \
+                 : "l"(da), "l"(db), "r"(1)                                                               \
+                 : "memory")
+#define WGMMA_TYPE(T, TY)                                                                                   \
+    template <> struct Wgmma<T, 256> {                                                                      \
+        static __device__ __forceinline__ void run(float (&d)[128], unsigned long long da, unsigned long long db) { \
+            WGMMA_M64NK16(256, TY, WG_D128, WG_REGS128, "%128", "%129", "%130");                           \
+        }                                                                                                   \
+    };                                                                                                      \
+    template <> struct Wgmma<T, 128> {                                                                      \
+        static __device__ __forceinline__ void run(float (&d)[64], unsigned long long da, unsigned long long db) {  \
+            WGMMA_M64NK16(128, TY, WG_D64, WG_REGS64, "%64", "%65", "%66");                                 \
+        }                                                                                                   \
+    };
+// Wgmma<T, N>::run(d, da, db): one m64nNk16 of a warpgroup, N = 256 or 128.
+template <typename T, int N> struct Wgmma;
+WGMMA_TYPE(__half, "f16")
+WGMMA_TYPE(__nv_bfloat16, "bf16")
+
+// Pins the accumulators at this point of the instruction stream, so that the compiler neither
+// reads them before the wgmma that writes them has been waited for nor moves writes across.
+template <int R>
+__device__ __forceinline__ void wg_pin(float (&d)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+#endif
+
 #endif  // LAB_KERNELS_COMMON_CUH

@@ -54,6 +54,9 @@
 //                  via the transpose flag). 128x256x64 tile, 3 warpgroups: 1 TMA producer
 //                  (setmaxnreg 40), 2 consumers of 64x256 (setmaxnreg 232). No per-mma address or
 //                  load instructions at all. Needs lda, ldb multiples of 8 (TMA row strides).
+//   wgmma_n128     wgmma_tma's loop on 128x128x64 tiles (m64n128k16), 3 stages, two blocks per SM
+//                  with a one-warp producer: twice the tiles, for shapes that leave SMs idle at
+//                  128x256 (M <= 512, 1024^3 to 2048^3), and one block's epilogue under the other's loop.
 // Tried and removed (each slower than the rung it changed; notes in reports/notes):
 //   mma_tma        mma_warp64_k64's loop fed by wgmma_tma's TMA ring, no block barrier: 6-10%
 //                  slower, its warps waiting on late stages (h100-gemm-mma-tma.md).
@@ -75,6 +78,7 @@
 //   (f16 and bf16 alike; sm_80: mma_warp64(_wide, _k64) 234 registers, no spills)
 //   wgmma_tma for sm_90a: 168 / 0 (+197696 dynamic) / 0, no stack frame (the launch-time figure
 //   for 384 threads; setmaxnreg then moves the producer to 40 and the consumers to 232)
+//   wgmma_n128 for sm_90a: 90 / 0 (+99376 dynamic) / 0 (288 threads, two blocks per SM)
 // Main loop in SASS (nvdisasm of the sm_90 cubin; instructions per loop trip / HMMA in it):
 //   mma_ldmatrix 318 / 32 (9.9 per HMMA)   mma_pipelined 1033 / 64 (16.1)
 //   mma_pipelined_wide 1798 / 128 (14.0)   (most of it load_chunk's per-chunk bounds and branches)
@@ -988,9 +992,16 @@ __device__ __forceinline__ void mma_warp64_body(const T* __restrict__ A, const T
 // and B tiles into 128-byte-swizzled shared memory and signals an mbarrier with the bytes that
 // landed; warpgroup MMAs (wgmma.mma_async m64n256k16, fp32 accumulate) read both operands straight
 // from shared memory through 64-bit descriptors, so no thread issues a load, an ldmatrix or an
-// address computation per mma. Warp-specialised: warpgroup 0 is the producer (one thread issues
-// the TMA copies; setmaxnreg gives its registers away), warpgroups 1 and 2 are consumers, each
-// owning 64 rows x 256 columns of the 128x256 block tile (128 fp32 accumulators per thread).
+// address computation per mma. Warp-specialised: warpgroups 0 and 1 are consumers, each owning
+// 64 rows x 256 columns of the 128x256 block tile (128 fp32 accumulators per thread); warpgroup 2
+// is the producer (one thread issues the TMA copies; setmaxnreg gives its registers away).
+// 12. wgmma_n128: the same loop on 128x128 tiles (m64n128k16, 64 accumulators per thread), 3
+// stages of 32 KiB, two blocks per SM: twice the tiles of wgmma_tma, for shapes whose 128x256
+// tiles leave SMs idle (M <= 512 at N = 4096: 64 tiles or fewer on 132 SMs; 2048^3: 128) and an
+// SM that overlaps one block's epilogue with the other's main loop. A producer warpgroup plus
+// setmaxnreg cannot work here: ptxas compiles every thread to the launch's limit (65536 / 768
+// threads: 80 registers, too few for a wgmma with 64 accumulators), so the producer is one warp
+// and the block 288 threads (limit 112; ptxas -v: 90 registers).
 //
 // Shared memory per stage: A 128 x 64 halves = 16 KiB (one TMA box of 128 rows x 128 bytes),
 // B 64 x 256 halves = 32 KiB (four boxes of 64 k-rows x 64 n = 128 bytes, side by side), 48 KiB
@@ -998,6 +1009,7 @@ __device__ __forceinline__ void mma_warp64_body(const T* __restrict__ A, const T
 // 192 KiB + 1 KiB of slack to align the ring to 1024 bytes (the 128-byte swizzle repeats every
 // 8 rows x 128 bytes and TMA and wgmma both apply it to absolute address bits 4-6 ^ 7-9) + 64 bytes
 // of mbarriers = 197696 bytes; a fifth stage (240 KiB) does not fit. One block per SM.
+// wgmma_n128: 3 x 32 KiB + 1 KiB + 48 = 99376 bytes per block, two blocks in the SM's 228 KiB.
 // Registers: 384 threads x 168 = 64512 of 65536 at launch; setmaxnreg then moves them to
 // 40 (producer) / 232 (consumers): 128 x 40 + 256 x 232 = 64512.
 //
@@ -1027,30 +1039,35 @@ struct __align__(64) TmaDesc {
     unsigned long long opaque[16];
 };
 
-namespace wg {
-constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2, THREADS = 128 * (1 + CONSUMERS);
-constexpr int A_BYTES = BM * BK * 2;                      // 16 KiB
-constexpr int B_BOX_N = 64, B_BOXES = BN / B_BOX_N;         // 4 boxes of 64 columns
-constexpr int B_BOX_BYTES = BK * B_BOX_N * 2;              // 8 KiB
-constexpr int STAGE_BYTES = A_BYTES + B_BOXES * B_BOX_BYTES;  // 48 KiB
-constexpr int SMEM = STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8;  // 197696 (see above)
-constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
-static_assert(SMEM <= 232448, "fits H100's 227 KiB per block");
-static_assert(BK * 2 == 128, "one 128-byte swizzle row per k-slab row");
-static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "register file");
-}  // namespace wg
+// The block tile and ring of a wgmma rung: BN = 256 (wgmma_tma, one block per SM) or 128
+// (wgmma_n128, two blocks per SM: twice the tiles for shapes that leave SMs idle at 128x256).
+template <int BN_, int STAGES_, int BLOCKS_PER_SM_>
+struct WgTile {
+    static constexpr int BM = 128, BN = BN_, BK = 64, STAGES = STAGES_, BLOCKS_PER_SM = BLOCKS_PER_SM_;
+    static constexpr int CONSUMERS = 2;
+    static constexpr int A_BYTES = BM * BK * 2;                      // 16 KiB
+    static constexpr int B_BOX_N = 64, B_BOXES = BN / B_BOX_N;         // boxes of 64 columns
+    static constexpr int B_BOX_BYTES = BK * B_BOX_N * 2;              // 8 KiB
+    static constexpr int STAGE_BYTES = A_BYTES + B_BOXES * B_BOX_BYTES;  // 48 or 32 KiB
+    static constexpr int SMEM = STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8;  // 197696 or 99376
+    // The producer: a whole warpgroup that gives its registers to the consumers through setmaxnreg
+    // (one block per SM: 384 x 168 at launch, then 40 and 232), or, at two blocks per SM, one
+    // warp: ptxas compiles every thread to the launch's limit (65536 / 576 threads: 112), which
+    // already holds 64 accumulators. Either way it follows the consumer warpgroups.
+    static constexpr int PRODUCER_THREADS = BLOCKS_PER_SM == 1 ? 128 : 32, THREADS = 128 * CONSUMERS + PRODUCER_THREADS;
+    static constexpr bool SETMAXNREG = PRODUCER_THREADS == 128;
+    static constexpr int LAUNCH_REGS = 65536 / (THREADS * BLOCKS_PER_SM) / 8 * 8;
+    static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = SETMAXNREG ? (THREADS * LAUNCH_REGS - 128 * PRODUCER_REGS) / (128 * CONSUMERS) / 8 * 8 : LAUNCH_REGS;
+    static_assert(BLOCKS_PER_SM * (SMEM + 1024) <= 233472, "fits H100's 228 KiB of shared memory per SM");
+    static_assert(BK * 2 == 128, "one 128-byte swizzle row per k-slab row");
+    static_assert(BN / 2 <= CONSUMER_REGS - 24, "accumulators and some room beside them");
+};
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace wg {
-constexpr unsigned A_LBO = 16, A_SBO = 1024, B_LBO = B_BOX_BYTES, B_SBO = 1024;  // descriptor byte offsets
+// Descriptor byte offsets (B: one box of 64 k-rows x 64 columns to the next, 8 KiB).
+constexpr unsigned A_LBO = 16, A_SBO = 1024, B_LBO = 64 * 64 * 2, B_SBO = 1024;
 }  // namespace wg
-
-// The 64-bit shared-memory matrix descriptor: start address >> 4 (bits 0-13), leading byte offset
-// >> 4 (16-29), stride byte offset >> 4 (32-45), base offset 0 (49-51: the ring is 1024-byte
-// aligned), swizzle mode 1 = 128-byte (62-63).
-__device__ __forceinline__ u64 wg_desc(unsigned addr, unsigned lbo, unsigned sbo) {
-    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(lbo >> 4) << 16) | ((u64)(sbo >> 4) << 32) | (1ull << 62);
-}
 
 // One 2D box of `map` whose first element is (c0 along the contiguous dimension, c1 along rows)
 // into shared memory at dst; completion adds the box's bytes to mbarrier `bar`.
@@ -1060,47 +1077,18 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaDesc* map, in
         "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(bar)
         : "memory");
 }
-
-#define WG_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
-#define WG_D128                                                                                                          \
-    WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56), WG_D8(64), WG_D8(72), WG_D8(80), \
-        WG_D8(88), WG_D8(96), WG_D8(104), WG_D8(112), WG_D8(120)
-#define WG_REGS \
-    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
-    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
-    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-// d += A (64x16, K-major) * B (16x256, N-major): scale-d 1, scale-a/b 1, transpose A 0, B 1.
-#define WGMMA_M64N256K16(TY)                                                                            \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                                          \
-                 "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " {" WG_REGS "}, %128, %129, p, 1, 1, 0, 1;\n}\n" \
-                 : WG_D128                                                                              \
-                 : "l"(da), "l"(db), "r"(1)                                                             \
-                 : "memory")
-
-template <typename T> struct Wgmma;
-template <> struct Wgmma<__half> {
-    static __device__ __forceinline__ void run(float (&d)[128], u64 da, u64 db) { WGMMA_M64N256K16("f16"); }
-};
-template <> struct Wgmma<__nv_bfloat16> {
-    static __device__ __forceinline__ void run(float (&d)[128], u64 da, u64 db) { WGMMA_M64N256K16("bf16"); }
-};
-
-// Pins the accumulators at this point of the instruction stream, so that the compiler neither
-// reads them before the wgmma that writes them has been waited for nor moves writes across.
-__device__ __forceinline__ void wg_pin(float (&d)[128]) {
-#pragma unroll
-    for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
 #endif
 
-template <typename T>
+template <typename T, typename P>
 __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc& tb, T* C, int M, int N, int K, int ldc,
                                                float alpha, float beta) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using namespace wg;
+    constexpr int BM = P::BM, BN = P::BN, BK = P::BK, STAGES = P::STAGES, CONSUMERS = P::CONSUMERS;
+    constexpr int A_BYTES = P::A_BYTES, B_BOX_N = P::B_BOX_N, B_BOXES = P::B_BOXES, B_BOX_BYTES = P::B_BOX_BYTES;
+    constexpr int STAGE_BYTES = P::STAGE_BYTES, ACC = BN / 2;  // fp32 accumulators per consumer thread
     extern __shared__ __align__(1024) unsigned char smem[];
-    require_dynamic_smem(SMEM);
+    require_dynamic_smem(P::SMEM);
     const unsigned ring = (smem_addr(smem) + 1023u) & ~1023u;
     const unsigned bars = ring + STAGES * STAGE_BYTES;  // full[s] at bars + 8 s, empty[s] at bars + 8 (STAGES + s)
     const int wgi = threadIdx.x / 128, tid = threadIdx.x % 128;
@@ -1119,8 +1107,8 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
     }
     __syncthreads();
 
-    if (wgi == 0) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
+    if (wgi == CONSUMERS) {
+        if constexpr (P::SETMAXNREG) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(P::PRODUCER_REGS));
         if (tid == 0) {
             asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&ta)) : "memory");
             asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tb)) : "memory");
@@ -1140,12 +1128,12 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
         return;
     }
 
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS));
+    if constexpr (P::SETMAXNREG) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(P::CONSUMER_REGS));
     const int warp = tid / 32, lane = tid % 32;
-    float d[128];
+    float d[ACC];
 #pragma unroll
-    for (int i = 0; i < 128; ++i) d[i] = 0.f;
-    const unsigned a_rows = (wgi - 1) * 64 * BK * 2;  // this warpgroup's 64 rows of the A box
+    for (int i = 0; i < ACC; ++i) d[i] = 0.f;
+    const unsigned a_rows = wgi * 64 * BK * 2;  // this warpgroup's 64 rows of the A box
     for (int kt = 0; kt < nk; ++kt) {
         const int s = kt % STAGES;
         const unsigned a = ring + s * STAGE_BYTES + a_rows, b = ring + s * STAGE_BYTES + A_BYTES;
@@ -1154,7 +1142,7 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
         for (int ks = 0; ks < BK / 16; ++ks)
-            Wgmma<T>::run(d, wg_desc(a + 32 * ks, A_LBO, A_SBO), wg_desc(b + 2048 * ks, B_LBO, B_SBO));
+            Wgmma<T, BN>::run(d, wg_desc(a + 32 * ks, A_LBO, A_SBO), wg_desc(b + 2048 * ks, B_LBO, B_SBO));
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
         wg_pin(d);
@@ -1166,7 +1154,7 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
 
     // Accumulator layout of m64nNk16: thread (warp w, lane l) holds, for each 8-column block j,
     // d[4j], d[4j+1] at row 16w + l/4, columns 8j + 2(l%4) + {0, 1}, and d[4j+2], d[4j+3] 8 rows below.
-    const int row = bm + (wgi - 1) * 64 + warp * 16 + lane / 4, col = bn + 2 * (lane % 4);
+    const int row = bm + wgi * 64 + warp * 16 + lane / 4, col = bn + 2 * (lane % 4);
     // Whole tiles with beta == 0 and 4-byte aligned pairs (the common case) store without checks:
     // 64 packed stores instead of 64 calls of store2 with their bounds and alignment branches.
     const bool whole = bm + BM <= M && bn + BN <= N && beta == 0.f && (ldc & 1) == 0 && (reinterpret_cast<u64>(C) & 3) == 0;
@@ -1243,9 +1231,16 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_k64_bf16(GE
 // wgmma_tma: TMA + mbarrier ring + warp-specialised wgmma, sm_90a (a trap elsewhere; never launched there).
 #define WGMMA_TMA_ARGS(T) const __grid_constant__ TmaDesc ta, const __grid_constant__ TmaDesc tb, T *C, int M, int N, int K, \
                           int ldc, float alpha, float beta
-extern "C" __global__ void __launch_bounds__(wg::THREADS, 1) gemm_wgmma_tma_f16(WGMMA_TMA_ARGS(__half)) {
-    wgmma_tma_body<__half>(ta, tb, C, M, N, K, ldc, alpha, beta);
-}
-extern "C" __global__ void __launch_bounds__(wg::THREADS, 1) gemm_wgmma_tma_bf16(WGMMA_TMA_ARGS(__nv_bfloat16)) {
-    wgmma_tma_body<__nv_bfloat16>(ta, tb, C, M, N, K, ldc, alpha, beta);
-}
+using WgWide = WgTile<256, 4, 1>;
+using WgN128 = WgTile<128, 3, 2>;
+#define WGMMA_RUNG(NAME, P)                                                                                            \
+    extern "C" __global__ void __launch_bounds__(P::THREADS, P::BLOCKS_PER_SM) gemm_##NAME##_f16(WGMMA_TMA_ARGS(__half)) { \
+        wgmma_tma_body<__half, P>(ta, tb, C, M, N, K, ldc, alpha, beta);                                               \
+    }                                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(P::THREADS, P::BLOCKS_PER_SM) gemm_##NAME##_bf16(WGMMA_TMA_ARGS(__nv_bfloat16)) { \
+        wgmma_tma_body<__nv_bfloat16, P>(ta, tb, C, M, N, K, ldc, alpha, beta);                                        \
+    }
+// wgmma_tma: 128x256 tiles, 4 stages, one block per SM.
+WGMMA_RUNG(wgmma_tma, WgWide)
+// wgmma_n128: 128x128 tiles, 3 stages, two blocks per SM.
+WGMMA_RUNG(wgmma_n128, WgN128)

@@ -1,7 +1,8 @@
 //! `ceilings`: what this device can do, measured in the same run as everything else.
 //! GPU: device-to-device copy bandwidth (driver memcpy and a float4 kernel), the FP32 FMA rate
-//! (kernels/ceilings.cu), the fp16/bf16 tensor-core rate through cuBLAS GEMM, and the mma.sync
-//! rate from registers (the roof of the mma.sync GEMM rungs).
+//! (kernels/ceilings.cu), the fp16/bf16 tensor-core rate (the best of cuBLAS GEMM and, on
+//! compute capability 9.0, a wgmma loop on operands that stay in shared memory), and the
+//! mma.sync rate from registers (the roof of the mma.sync GEMM rungs).
 //! CPU: memory bandwidth (parallel copy) and the multiply-add rate of the host.
 
 use super::compare::{compare, compare_bits};
@@ -31,7 +32,7 @@ impl Experiment for Ceilings {
         "ceilings"
     }
     fn description(&self) -> &'static str {
-        "measured roofs: copy bandwidth, FP32 FMA rate, fp16/bf16 tensor rate (cuBLAS), mma.sync rate"
+        "measured roofs: copy bandwidth, FP32 FMA rate, fp16/bf16 tensor rate (cuBLAS, wgmma loop), mma.sync rate"
     }
     fn cases(&self, backend: &Backend, quick: bool) -> Vec<Value> {
         match (backend, quick) {
@@ -45,6 +46,12 @@ impl Experiment for Ceilings {
                 json!({"what": "tensor", "dtype": "f16", "n": 8192}),
                 json!({"what": "tensor", "dtype": "bf16", "n": 4096}),
                 json!({"what": "tensor", "dtype": "bf16", "n": 8192}),
+                // The tensor cores without cuBLAS's loads: a GEMM of another shape (long K) can
+                // beat both squares, never this. 256 rounds ~0.14 ms, 2048 as 8192^3 (sm_90a only).
+                json!({"what": "tensor", "kernel": "wgmma", "dtype": "f16", "iters": 256}),
+                json!({"what": "tensor", "kernel": "wgmma", "dtype": "f16", "iters": 2048}),
+                json!({"what": "tensor", "kernel": "wgmma", "dtype": "bf16", "iters": 256}),
+                json!({"what": "tensor", "kernel": "wgmma", "dtype": "bf16", "iters": 2048}),
                 // 1024 rounds: ~0.15 ms, as a 4096^3 GEMM; 8192: ~1.1e12 flop, as 8192^3, long
                 // enough for the power cap to set the clock.
                 // w2: the warp64 GEMM rungs' occupancy, at the same flop per launch.
@@ -60,6 +67,8 @@ impl Experiment for Ceilings {
                 json!({"what": "fma", "iters": 2048}),
                 json!({"what": "tensor", "dtype": "f16", "n": 4096}),
                 json!({"what": "tensor", "dtype": "bf16", "n": 4096}),
+                json!({"what": "tensor", "kernel": "wgmma", "dtype": "f16", "iters": 64}),
+                json!({"what": "tensor", "kernel": "wgmma", "dtype": "bf16", "iters": 64}),
                 json!({"what": "mma_sync", "dtype": "f16", "iters": 256}),
                 json!({"what": "mma_sync", "dtype": "bf16", "iters": 256}),
             ],
@@ -72,10 +81,13 @@ impl Experiment for Ceilings {
         match (param_str(case, "what")?, &backend) {
             ("copy", Backend::Cuda(gpu)) => gpu_copy(s, gpu, case),
             ("fma", Backend::Cuda(gpu)) => gpu_fma(s, gpu, case),
-            ("tensor", Backend::Cuda(gpu)) => match DType::parse(param_str(case, "dtype")?)? {
-                DType::F16 => gpu_tensor::<half::f16>(s, gpu, case),
-                DType::Bf16 => gpu_tensor::<half::bf16>(s, gpu, case),
-                DType::F32 => Err(LabError::Invalid("tensor ceiling is for f16/bf16".into())),
+            ("tensor", Backend::Cuda(gpu)) => match (DType::parse(param_str(case, "dtype")?)?, case.get("kernel").and_then(Value::as_str)) {
+                (DType::F32, _) => Err(LabError::Invalid("tensor ceiling is for f16/bf16".into())),
+                (DType::F16, None) => gpu_tensor::<half::f16>(s, gpu, case),
+                (DType::Bf16, None) => gpu_tensor::<half::bf16>(s, gpu, case),
+                (DType::F16, Some("wgmma")) => gpu_wgmma::<half::f16>(s, gpu, case),
+                (DType::Bf16, Some("wgmma")) => gpu_wgmma::<half::bf16>(s, gpu, case),
+                (_, Some(other)) => Err(LabError::Invalid(format!("no tensor kernel `{other}` (wgmma)"))),
             },
             ("mma_sync", Backend::Cuda(gpu)) => match DType::parse(param_str(case, "dtype")?)? {
                 DType::F16 => gpu_mma_sync::<half::f16>(s, gpu, case),
@@ -268,6 +280,62 @@ where
     let time = time_gpu(gpu, &s.budget, || launch(&mut dc))?;
     let work = Work { bytes: 3 * (n * n * T::DTYPE.size()) as u64, flops: 2 * (n as u64).pow(3) };
     let mut m = Measurement::new("gemm", "cublas", case, work);
+    (m.time, m.error) = (Some(time), Some(error));
+    emit_ceiling(s, case, m)
+}
+
+/// The wgmma roof (sm_90a): one block of two warpgroups per SM, each running `iters` rounds of
+/// the four m64n256k16 of a 64-deep slab on a 128 x 64 A and a 64 x 256 B tile of random values
+/// that stay in shared memory (kernels/ceilings.cu). Every thread's accumulator sum is checked,
+/// and block 0's accumulators one by one, against `iters` times the f64 tile product.
+fn gpu_wgmma<T: Elem>(s: &mut Session, gpu: &Gpu, case: &Value) -> Result<()> {
+    // wgmma exists on compute capability 9.0 alone (as gemm's sm_90a rungs): elsewhere the
+    // tensor roof is cuBLAS's.
+    if gpu.arch != 90 || !s.wants("wgmma", "lab") {
+        return Ok(());
+    }
+    let iters = param_usize(case, "iters")?;
+    let mut rng = crate::experiment::rng_for(s.opts.seed, case);
+    let a: Vec<T> = (0..128 * 64).map(|_| T::from_f32(rng.random_range(-1.0..1.0))).collect();
+    let b: Vec<T> = (0..64 * 256).map(|_| T::from_f32(rng.random_range(-1.0..1.0))).collect();
+    let product: Vec<f64> = (0..128 * 256).map(|e| (0..64).map(|k| a[(e / 256) * 64 + k].to_f64() * b[k * 256 + e % 256].to_f64()).sum()).collect();
+    // Accumulator i of thread t (warpgroup t / 128, warp (t / 32) % 4, lane t % 32) is output
+    // (row, col) of the m64nNk16 layout (kernels/gemm.cu, wgmma_tma's store).
+    let at = |t: usize, i: usize| {
+        let (w, l, j, h) = (t / 32, t % 32, i / 4, i % 4);
+        let row = 16 * w + l / 4 + 8 * (h / 2);
+        product[row * 256 + 8 * j + 2 * (l % 4) + h % 2]
+    };
+    let blocks = gpu.info.sm_count as usize;
+    let (da, db) = (gpu.upload(&a)?, gpu.upload(&b)?);
+    let mut sums = gpu.stream.alloc_zeros::<f32>(blocks * 256).doing("allocating the accumulator sums")?;
+    let mut tile0 = gpu.stream.alloc_zeros::<f32>(256 * 128).doing("allocating block 0's accumulators")?;
+    let f = gpu.function(FAMILY, &symbol(FAMILY, "wgmma", T::DTYPE))?;
+    let smem = (128 * 64 + 64 * 256) * 2 + 1024;
+    crate::ops::gemm::raise_dynamic_smem(&f, smem)?;
+    let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: smem as u32 };
+    let it = iters as i32;
+    let launch = |sums: &mut CudaSlice<f32>, tile0: &mut CudaSlice<f32>| -> Result<()> {
+        // SAFETY: a and b hold the 128 x 64 and 64 x 256 tiles (read as 16-byte chunks); sums one
+        // float per launched thread, tile0 128 per thread of block 0; smem is what the kernel checks.
+        unsafe { gpu.stream.launch_builder(&f).arg(&da).arg(&db).arg(sums).arg(tile0).arg(&it).launch(cfg) }
+            .map(|_| ())
+            .doing("launching the wgmma roof")
+    };
+    gpu.poison(&mut sums)?;
+    gpu.poison(&mut tile0)?;
+    launch(&mut sums, &mut tile0)?;
+    gpu.sync()?;
+    // Per round, as the mma.sync roof is compared: values O(1) whatever `iters`.
+    let per_round = |v: &f32| *v as f64 / iters as f64;
+    let mut got: Vec<f64> = gpu.download(&tile0)?.iter().map(per_round).collect();
+    let mut expected: Vec<f64> = (0..256 * 128).map(|e| at(e % 256, e / 256)).collect();
+    got.extend(gpu.download(&sums)?.iter().map(per_round));
+    expected.extend((0..blocks * 256).map(|t| (0..128).map(|i| at(t % 256, i)).sum::<f64>()));
+    let error = compare(&got, &expected, Tolerance { atol: 1e-2, rtol: 1e-2 }, "cpu-f64-per-round");
+    let time = time_gpu(gpu, &s.budget, || launch(&mut sums, &mut tile0))?;
+    let work = Work { bytes: (4 * (blocks * 256 + 256 * 128)) as u64, flops: (blocks * 2 * iters * 4 * 2 * 64 * 256 * 16) as u64 };
+    let mut m = Measurement::new("wgmma", "lab", case, work);
     (m.time, m.error) = (Some(time), Some(error));
     emit_ceiling(s, case, m)
 }

@@ -37,10 +37,10 @@ const FAMILY: &str = "gemm";
 /// The fp32 SIMT ladder, in order.
 pub const F32_VARIANTS: &[&str] = &["naive", "smem_tiled", "blocktile_1d", "blocktile_2d", "vectorized", "warptiled"];
 /// The fp16/bf16 tensor-core ladder, in order (`wgmma_tma` on compute capability 9.0 only).
-pub const HALF_VARIANTS: &[&str] = &["mma_ldmatrix", "mma_pipelined", "mma_pipelined_wide", "mma_warp64", "mma_warp64_wide", "mma_warp64_k64", "mma_splitk", "wgmma_tma"];
+pub const HALF_VARIANTS: &[&str] = &["mma_ldmatrix", "mma_pipelined", "mma_pipelined_wide", "mma_warp64", "mma_warp64_wide", "mma_warp64_k64", "mma_splitk", "wgmma_tma", "wgmma_n128"];
 /// Variants built from sm_90a instructions (wgmma, TMA, setmaxnreg): offered on 9.0 alone,
 /// absent elsewhere (their PTX target, `compute_90a`, loads on no other device).
-pub const SM90A_VARIANTS: &[&str] = &["wgmma_tma"];
+pub const SM90A_VARIANTS: &[&str] = &["wgmma_tma", "wgmma_n128"];
 pub const CPU_VARIANTS: &[&str] = &["cpu_blocked"];
 /// The slow rungs (naive, smem_tiled) run only up to this many multiply-adds (2048^3).
 pub const SLOW_MAX_MACS: u64 = 1 << 33;
@@ -233,10 +233,10 @@ pub fn applies(variant: &str, d: Dims, max_smem_optin: usize, arch: u32) -> bool
 }
 
 /// Why `variant` cannot take this shape, said once per case and kept in the record's `extra`:
-/// TMA (wgmma_tma) reads rows whose stride is a multiple of 16 bytes, i.e. lda and ldb multiples
-/// of 8 elements (K and N for dense operands). `None` when it can.
+/// TMA (the wgmma rungs) reads rows whose stride is a multiple of 16 bytes, i.e. lda and ldb
+/// multiples of 8 elements (K and N for dense operands). `None` when it can.
 pub fn not_applicable(variant: &str, d: Dims) -> Option<String> {
-    if variant != "wgmma_tma" {
+    if !SM90A_VARIANTS.contains(&variant) {
         return None;
     }
     let bad: Vec<String> = [("lda", d.lda, "K", d.k), ("ldb", d.ldb, "N", d.n)]
@@ -248,17 +248,47 @@ pub fn not_applicable(variant: &str, d: Dims) -> Option<String> {
     (!bad.is_empty()).then(|| format!("TMA needs row strides that are multiples of 16 bytes (8 elements); {} {verb} not", bad.join(" and ")))
 }
 
-/// wgmma_tma's block tile and ring, as `namespace wg` in gemm.cu states them.
+/// The wgmma rungs' block tiles and rings, as `WgTile` and `namespace wg` in gemm.cu state them.
 pub mod wg {
     pub const BM: usize = 128;
-    pub const BN: usize = 256;
     pub const BK: usize = 64;
-    pub const STAGES: usize = 4;
     /// B arrives as BN / B_BOX_N boxes of BK rows x 128 bytes (the widest a 128-byte swizzle takes).
     pub const B_BOX_N: usize = 64;
-    pub const STAGE_BYTES: usize = (BM * BK + BK * BN) * 2;
-    /// The ring, 1 KiB of slack to align it to 1024 bytes, and a full and an empty mbarrier per stage.
-    pub const SMEM: usize = STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8;
+
+    /// A rung's tile width, ring depth and blocks per SM.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Tile {
+        pub bn: usize,
+        pub stages: usize,
+        pub blocks_per_sm: usize,
+    }
+    /// wgmma_tma: 128x256 tiles, 4 stages, one block per SM.
+    pub const WIDE: Tile = Tile { bn: 256, stages: 4, blocks_per_sm: 1 };
+    /// wgmma_n128: 128x128 tiles, 3 stages, two blocks per SM.
+    pub const N128: Tile = Tile { bn: 128, stages: 3, blocks_per_sm: 2 };
+
+    impl Tile {
+        /// The tile of a wgmma variant, `None` for any other.
+        pub fn of(variant: &str) -> Option<Tile> {
+            match variant {
+                "wgmma_tma" => Some(WIDE),
+                "wgmma_n128" => Some(N128),
+                _ => None,
+            }
+        }
+        pub const fn stage_bytes(self) -> usize {
+            (BM * BK + BK * self.bn) * 2
+        }
+        /// The ring, 1 KiB of slack to align it to 1024 bytes, and a full and an empty mbarrier per stage.
+        pub const fn smem(self) -> usize {
+            self.stages * self.stage_bytes() + 1024 + 2 * self.stages * 8
+        }
+        /// Two consumer warpgroups, then the producer: a warpgroup that gives its registers away
+        /// (setmaxnreg) at one block per SM, one warp at two.
+        pub const fn threads(self) -> u32 {
+            256 + if self.blocks_per_sm == 1 { 128 } else { 32 }
+        }
+    }
     /// Descriptor byte offsets: A K-major (leading unused for swizzled K-major, encoded 16;
     /// stride 8 rows x 128 bytes), B N-major (leading: one 64-column box to the next; stride 8 k-rows).
     pub const A_LBO: u32 = 16;
@@ -369,7 +399,7 @@ pub fn dynamic_smem(variant: &str) -> usize {
         "mma_warp64_wide" => 5 * (128 * 32 + 32 * 256) * 2,
         "mma_warp64_k64" => 4 * (128 * 64 + 64 * 256) * 2,
         "mma_splitk" => 4 * (16 * 64 + 64 * 128) * 2,
-        "wgmma_tma" => wg::SMEM,
+        "wgmma_tma" | "wgmma_n128" => wg::Tile::of(variant).map_or(0, wg::Tile::smem),
         _ => 0,
     }
 }
@@ -391,6 +421,7 @@ pub fn tile(variant: &str) -> &'static str {
         "mma_warp64_k64" => "128x256x64, 8 warps of 64x64, 4-stage cp.async, one barrier per 64-deep slab",
         "mma_splitk" => "16x128x64, 8 warps of 16x16, 4-stage cp.async, K split over grid.y, fp32 partials summed in slice order",
         "wgmma_tma" => "128x256x64, 3 warpgroups (1 TMA producer, 2 wgmma consumers of 64x256), 4-stage mbarrier ring, 128B swizzle",
+        "wgmma_n128" => "128x128x64, 2 wgmma consumer warpgroups of 64x128 + 1 TMA producer warp, 3-stage mbarrier ring, 2 blocks/SM",
         _ => "",
     }
 }
@@ -411,7 +442,10 @@ pub fn launch_config(variant: &str, m: usize, n: usize) -> LaunchConfig {
         "mma_warp64_wide" | "mma_warp64_k64" => (((m.div_ceil(128) * n.div_ceil(256)) as u32, 1, 1), (256, 1, 1)),
         // grid.y: the K slices, set by run_kernel from splitk_slices.
         "mma_splitk" => (((m.div_ceil(16) * n.div_ceil(128)) as u32, 1, 1), (256, 1, 1)),
-        "wgmma_tma" => (((m.div_ceil(wg::BM) * n.div_ceil(wg::BN)) as u32, 1, 1), (384, 1, 1)),
+        "wgmma_tma" | "wgmma_n128" => {
+            let t = wg::Tile::of(variant).expect("a wgmma variant");
+            (((m.div_ceil(wg::BM) * n.div_ceil(t.bn)) as u32, 1, 1), (t.threads(), 1, 1))
+        }
         other => unreachable!("no launch shape for gemm variant `{other}`"),
     };
     LaunchConfig { grid_dim, block_dim, shared_mem_bytes: dynamic_smem(variant) as u32 }
@@ -697,12 +731,12 @@ pub fn run_kernel<T: Elem>(
     splitk: Option<&SplitK>,
 ) -> Result<()> {
     validate(d, a.len(), b.len(), c.len())?;
-    if variant == "wgmma_tma" {
+    if SM90A_VARIANTS.contains(&variant) {
         if let Some(why) = not_applicable(variant, d) {
-            return Err(LabError::Invalid(format!("gemm wgmma_tma: {why}")));
+            return Err(LabError::Invalid(format!("gemm {variant}: {why}")));
         }
         let maps = tensor_maps(gpu, d, a, b)?;
-        return launch_wgmma_tma(gpu, f, d, (alpha, beta), &maps, c);
+        return launch_wgmma(gpu, f, variant, d, (alpha, beta), &maps, c);
     }
     let mut cfg = launch_config(variant, d.m, d.n);
     let (m, n, k) = (d.m as i32, d.n as i32, d.k as i32);
@@ -725,10 +759,10 @@ pub fn run_kernel<T: Elem>(
     unsafe { l.launch(cfg) }.map(|_| ()).doing(&format!("launching gemm {variant}"))
 }
 
-/// Launches wgmma_tma with the tensor maps of A and B (from [`tensor_maps`] on buffers that
+/// Launches a wgmma rung with the tensor maps of A and B (from [`tensor_maps`] on buffers that
 /// [`validate`] accepted for `d`).
-pub fn launch_wgmma_tma<T: Elem>(gpu: &Gpu, f: &CudaFunction, d: Dims, (alpha, beta): (f32, f32), maps: &(TensorMap, TensorMap), c: &mut CudaSlice<T>) -> Result<()> {
-    let cfg = launch_config("wgmma_tma", d.m, d.n);
+pub fn launch_wgmma<T: Elem>(gpu: &Gpu, f: &CudaFunction, variant: &str, d: Dims, (alpha, beta): (f32, f32), maps: &(TensorMap, TensorMap), c: &mut CudaSlice<T>) -> Result<()> {
+    let cfg = launch_config(variant, d.m, d.n);
     let (m, n, k, ldc) = (d.m as i32, d.n as i32, d.k as i32, d.ldc as i32);
     // SAFETY: the maps describe A (M x K) and B (K x N) inside their buffers (TMA never reads
     // outside the described tensor); the kernel predicates every C store on M, N and ldc; cfg is
@@ -748,7 +782,7 @@ pub fn launch_wgmma_tma<T: Elem>(gpu: &Gpu, f: &CudaFunction, d: Dims, (alpha, b
             .launch(cfg)
     }
     .map(|_| ())
-    .doing("launching gemm wgmma_tma")
+    .doing(&format!("launching gemm {variant}"))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -794,12 +828,12 @@ where
         if !skipped.is_empty() {
             extra.insert("not_applicable".into(), Value::Object(skipped.clone()));
         }
-        if variant == "wgmma_tma" {
+        if SM90A_VARIANTS.contains(&variant) {
             // The maps are encoded once per case, outside the timed launches.
             let maps = tensor_maps(gpu, d, &da, &db)?;
             let launch = |c: &mut CudaSlice<T>| -> Result<()> {
                 reset(c)?;
-                launch_wgmma_tma(gpu, &f, d, (alpha, beta), &maps, c)
+                launch_wgmma(gpu, &f, variant, d, (alpha, beta), &maps, c)
             };
             measure_gpu_as(s, gpu, case, (variant, "lab"), work, check, timed, &mut dc, extra, launch)?;
             continue;
@@ -976,13 +1010,14 @@ mod tests {
         for (m, n) in [(1, 1), (1, 4097), (4097, 513), (1000, 1000), (8192, 8192), (16, 14336)] {
             for v in F32_VARIANTS.iter().chain(HALF_VARIANTS) {
                 let cfg = launch_config(v, m, n);
-                // wgmma_tma's producer warpgroup (128 threads) owns no outputs.
-                let threads = cfg.block_dim.0 * cfg.block_dim.1 - if *v == "wgmma_tma" { 128 } else { 0 };
+                // The wgmma rungs' producer (a warpgroup or a warp) owns no outputs.
+                let threads = cfg.block_dim.0 * cfg.block_dim.1 - wg::Tile::of(v).map_or(0, |t| t.threads() - 256);
                 let (bm, bn) = match *v {
                     "naive" => (8, 32),
                     "smem_tiled" => (32, 32),
                     "blocktile_1d" => (64, 64),
                     "mma_pipelined_wide" | "mma_warp64_wide" | "mma_warp64_k64" | "wgmma_tma" => (128, 256),
+                    "wgmma_n128" => (128, 128),
                     "mma_splitk" => (16, 128),
                     _ => (128, 128),
                 };
@@ -995,6 +1030,7 @@ mod tests {
                     "warptiled" => 128,
                     "mma_ldmatrix" | "mma_pipelined" => 64,
                     "mma_splitk" => 8,
+                    "wgmma_n128" => 64,
                     _ => 128,
                 };
                 assert_eq!(threads as usize * per_thread, bm * bn, "{v}: threads x outputs per thread != tile");
@@ -1250,7 +1286,7 @@ mod tests {
         assert_eq!((field(a, 0, 14), field(a, 16, 14), field(a, 32, 14)), (0x3FFF, 1, 64));
         assert_eq!(wg::desc(0, 0, 0), 1u64 << 62);
         // Every address of the 227 KiB window and every offset used fits its 14-bit field.
-        assert!((wg::SMEM as u32 + 1024) >> 4 < 1 << 14 && wg::B_LBO >> 4 < 1 << 14);
+        assert!((wg::WIDE.smem() as u32 + 1024) >> 4 < 1 << 14 && wg::B_LBO >> 4 < 1 << 14);
         // Exactly the kernel's constants: 1024-byte atoms, 8 KiB B boxes.
         assert_eq!((wg::A_SBO, wg::B_SBO, wg::B_LBO, wg::A_K16_STEP, wg::B_K16_STEP), (1024, 1024, 8192, 32, 2048));
     }
@@ -1277,70 +1313,73 @@ mod tests {
         wg::swizzle128(addr)
     }
 
-    /// One block of wgmma_tma on the CPU: TMA boxes written through the swizzle into a ring that
+    /// One block of each wgmma rung on the CPU: TMA boxes written through the swizzle into a ring that
     /// starts at a 1024-aligned address (not 0), each consumer's four k16 wgmmas read through its
     /// descriptors, the accumulators stored through the m64nNk16 fragment layout. Every output must
     /// equal the tile product, and each must be stored by exactly one (consumer, thread, register).
     #[test]
-    fn wgmma_tma_block_reproduces_the_tile_product() {
+    fn wgmma_blocks_reproduce_the_tile_product() {
         use wg::*;
-        let a = |r: usize, c: usize| ((r * 7 + c * 3) % 11) as f64 - 5.0;
-        let b = |r: usize, c: usize| ((r * 5 + c * 2) % 13) as f64 - 6.0;
-        let ring = 0x400u32 + 2 * STAGE_BYTES as u32; // stage 2 of a ring at 1 KiB
-        assert_eq!(0x400 % 1024, 0);
-        let mut smem = vec![f64::NAN; (ring as usize + STAGE_BYTES) / 2];
-        let mut put = |addr: u32, v: f64| {
-            assert_eq!(addr % 2, 0);
-            let slot = &mut smem[(addr / 2) as usize];
-            assert!(slot.is_nan(), "two elements at byte {addr}");
-            *slot = v;
-        };
-        // TMA: A box (BK x BM), box row r = A row r, 128 bytes; B boxes j (B_BOX_N x BK) after A.
-        for r in 0..BM {
-            for c in 0..BK {
-                put(swizzle128(ring + (r * 128 + c * 2) as u32), a(r, c));
-            }
-        }
-        let b0 = ring + (BM * BK * 2) as u32;
-        for j in 0..BN / B_BOX_N {
-            for r in 0..BK {
-                for c in 0..B_BOX_N {
-                    put(swizzle128(b0 + (j * BK * B_BOX_N * 2 + r * 128 + c * 2) as u32), b(r, j * B_BOX_N + c));
+        for tile in [WIDE, N128] {
+            let (bn, stage_bytes) = (tile.bn, tile.stage_bytes());
+            let a = |r: usize, c: usize| ((r * 7 + c * 3) % 11) as f64 - 5.0;
+            let b = |r: usize, c: usize| ((r * 5 + c * 2) % 13) as f64 - 6.0;
+            let ring = 0x400u32 + 2 * stage_bytes as u32; // stage 2 of a ring at 1 KiB
+            assert_eq!(0x400 % 1024, 0);
+            let mut smem = vec![f64::NAN; (ring as usize + stage_bytes) / 2];
+            let mut put = |addr: u32, v: f64| {
+                assert_eq!(addr % 2, 0);
+                let slot = &mut smem[(addr / 2) as usize];
+                assert!(slot.is_nan(), "two elements at byte {addr}");
+                *slot = v;
+            };
+            // TMA: A box (BK x BM), box row r = A row r, 128 bytes; B boxes j (B_BOX_N x BK) after A.
+            for r in 0..BM {
+                for c in 0..BK {
+                    put(swizzle128(ring + (r * 128 + c * 2) as u32), a(r, c));
                 }
             }
-        }
-        let at = |addr: u32| smem[(addr / 2) as usize];
-        let mut out = vec![f64::NAN; BM * BN];
-        for consumer in 0..2usize {
-            let a_rows = ring + (consumer * 64 * BK * 2) as u32;
-            let mut d = vec![0.0f64; 64 * BN]; // the warpgroup's 64 x 256 accumulator, row-major
-            for ks in 0..BK / 16 {
-                let da = desc(a_rows + A_K16_STEP * ks as u32, A_LBO, A_SBO);
-                let db = desc(b0 + B_K16_STEP * ks as u32, B_LBO, B_SBO);
-                for m in 0..64 {
-                    for n in 0..BN {
-                        let dot: f64 = (0..16).map(|k| at(wgmma_operand_addr(da, true, m, k)) * at(wgmma_operand_addr(db, false, k, n))).sum();
-                        d[m * BN + n] += dot;
+            let b0 = ring + (BM * BK * 2) as u32;
+            for j in 0..bn / B_BOX_N {
+                for r in 0..BK {
+                    for c in 0..B_BOX_N {
+                        put(swizzle128(b0 + (j * BK * B_BOX_N * 2 + r * 128 + c * 2) as u32), b(r, j * B_BOX_N + c));
                     }
                 }
             }
-            // Registers of thread (warp w, lane l): d[4j + h] at row 16w + l/4 + 8 (h / 2), column 8j + 2 (l % 4) + h % 2.
-            for tid in 0..128 {
-                let (warp, lane) = (tid / 32, tid % 32);
-                for j in 0..BN / 8 {
-                    for h in 0..4 {
-                        let (row, col) = (warp * 16 + lane / 4 + 8 * (h / 2), 8 * j + 2 * (lane % 4) + h % 2);
-                        let o = &mut out[(consumer * 64 + row) * BN + col];
-                        assert!(o.is_nan(), "output ({row}, {col}) stored twice");
-                        *o = d[row * BN + col];
+            let at = |addr: u32| smem[(addr / 2) as usize];
+            let mut out = vec![f64::NAN; BM * bn];
+            for consumer in 0..2usize {
+                let a_rows = ring + (consumer * 64 * BK * 2) as u32;
+                let mut d = vec![0.0f64; 64 * bn]; // the warpgroup's 64 x BN accumulator, row-major
+                for ks in 0..BK / 16 {
+                    let da = desc(a_rows + A_K16_STEP * ks as u32, A_LBO, A_SBO);
+                    let db = desc(b0 + B_K16_STEP * ks as u32, B_LBO, B_SBO);
+                    for m in 0..64 {
+                        for n in 0..bn {
+                            let dot: f64 = (0..16).map(|k| at(wgmma_operand_addr(da, true, m, k)) * at(wgmma_operand_addr(db, false, k, n))).sum();
+                            d[m * bn + n] += dot;
+                        }
+                    }
+                }
+                // Registers of thread (warp w, lane l): d[4j + h] at row 16w + l/4 + 8 (h / 2), column 8j + 2 (l % 4) + h % 2.
+                for tid in 0..128 {
+                    let (warp, lane) = (tid / 32, tid % 32);
+                    for j in 0..bn / 8 {
+                        for h in 0..4 {
+                            let (row, col) = (warp * 16 + lane / 4 + 8 * (h / 2), 8 * j + 2 * (lane % 4) + h % 2);
+                            let o = &mut out[(consumer * 64 + row) * bn + col];
+                            assert!(o.is_nan(), "output ({row}, {col}) stored twice");
+                            *o = d[row * bn + col];
+                        }
                     }
                 }
             }
-        }
-        for r in 0..BM {
-            for c in 0..BN {
-                let want: f64 = (0..BK).map(|k| a(r, k) * b(k, c)).sum();
-                assert_eq!(out[r * BN + c], want, "({r}, {c})");
+            for r in 0..BM {
+                for c in 0..bn {
+                    let want: f64 = (0..BK).map(|k| a(r, k) * b(k, c)).sum();
+                    assert_eq!(out[r * bn + c], want, "({r}, {c})");
+                }
             }
         }
     }
@@ -1360,21 +1399,29 @@ mod tests {
         }
         // The transaction bytes the producer expects per stage are the boxes it issues.
         let box_bytes = |t: TmaBox| t.boxes[0] as usize * t.boxes[1] as usize * 2;
-        assert_eq!(box_bytes(ta) + (BN / B_BOX_N) * box_bytes(tb), STAGE_BYTES);
-        assert_eq!(STAGE_BYTES, 49152);
-        // At the N edge the producer issues only the B boxes that reach inside N (gemm.cu:
-        // b_boxes = min(4, ceil((N - bn) / 64))) and expects their bytes alone: every column < N
-        // of the tile is loaded, and no box starts at or past N.
-        for n in [1usize, 8, 64, 65, 256, 264, 520, 1000, 1032, 4096] {
-            for bn in (0..n).step_by(BN) {
-                let boxes = (BN / B_BOX_N).min((n - bn).div_ceil(B_BOX_N));
-                assert!(bn + boxes * B_BOX_N >= n.min(bn + BN), "N={n} bn={bn}: columns left unloaded");
-                assert!(bn + (boxes - 1) * B_BOX_N < n, "N={n} bn={bn}: a box wholly outside N");
-                assert!(box_bytes(ta) + boxes * box_bytes(tb) <= STAGE_BYTES);
+        for tile in [WIDE, N128] {
+            let bn = tile.bn;
+            assert_eq!(box_bytes(ta) + (bn / B_BOX_N) * box_bytes(tb), tile.stage_bytes());
+            // At the N edge the producer issues only the B boxes that reach inside N (gemm.cu:
+            // b_boxes = min(BN / 64, ceil((N - bn) / 64))) and expects their bytes alone: every
+            // column < N of the tile is loaded, and no box starts at or past N.
+            for n in [1usize, 8, 64, 65, 128, 136, 256, 264, 520, 1000, 1032, 4096] {
+                for b0 in (0..n).step_by(bn) {
+                    let boxes = (bn / B_BOX_N).min((n - b0).div_ceil(B_BOX_N));
+                    assert!(b0 + boxes * B_BOX_N >= n.min(b0 + bn), "BN={bn} N={n} bn={b0}: columns left unloaded");
+                    assert!(b0 + (boxes - 1) * B_BOX_N < n, "BN={bn} N={n} bn={b0}: a box wholly outside N");
+                    assert!(box_bytes(ta) + boxes * box_bytes(tb) <= tile.stage_bytes());
+                }
             }
+            // The blocks an SM holds fit its 228 KiB (each block also costs 1 KiB the system
+            // reserves), and one more stage would not.
+            let per_sm = |stages: usize| tile.blocks_per_sm * (Tile { stages, ..tile }.smem() + 1024);
+            assert!(per_sm(tile.stages) <= 228 * 1024 && per_sm(tile.stages + 1) > 228 * 1024, "{tile:?}");
+            // Registers: ptxas's limit for the launch shape leaves room for the BN / 2 accumulators.
+            assert!(65536 / (tile.threads() as usize * tile.blocks_per_sm) >= bn / 2 + 24, "{tile:?}");
         }
-        assert_eq!(dynamic_smem("wgmma_tma"), 197696);
-        assert!(dynamic_smem("wgmma_tma") <= 227 * 1024 && STAGE_BYTES * (STAGES + 1) > 227 * 1024, "4 stages fit, 5 do not");
+        assert_eq!((WIDE.stage_bytes(), N128.stage_bytes()), (49152, 32768));
+        assert_eq!((dynamic_smem("wgmma_tma"), dynamic_smem("wgmma_n128")), (197696, 99376));
         // Which of the experiment's odd shapes it takes: K and N multiples of 8.
         for ((m, n, k), takes) in [((1000, 1000, 1000), true), ((4097, 513, 777), false), ((130, 260, 72), false), ((300, 520, 96), true), ((300, 520, 320), true), ((1, 4097, 777), false), ((130, 264, 72), true), ((1, 1032, 776), true), ((8192, 8192, 8192), true)] {
             let why = not_applicable("wgmma_tma", Dims::dense(m, n, k));
