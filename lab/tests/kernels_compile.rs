@@ -45,17 +45,39 @@ fn every_family_compiles_for_sm80_sm90_and_sm90a() {
 }
 
 #[test]
-fn the_wgmma_rung_is_built_for_sm90a_only() {
-    let hopper = ["wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16", "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16", "cp.async.bulk.tensor.2d", "mbarrier.try_wait.parity", "setmaxnreg.inc"];
+fn the_wgmma_kernels_are_built_for_sm90a_only() {
+    let hopper = [
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16",
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16",
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16",
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16",
+        "cp.async.bulk.tensor.2d",
+        "mbarrier.try_wait.parity",
+        "setmaxnreg.inc",
+        // wgmma_multicast: a compile-time cluster of two, B multicast, releases to the peer block.
+        ".reqnctapercluster 2, 1, 1",
+        ".multicast::cluster",
+        "mapa.shared::cluster",
+    ];
     let ptx = compile_family("gemm", Target::for_device(90)).unwrap_or_else(|e| panic!("{e}"));
     assert!(ptx.contains(".target sm_90a"), "not built for sm_90a");
     for needle in hopper {
         assert!(ptx.contains(needle), "`{needle}` missing from the sm_90a PTX");
     }
+    let roof = compile_family("ceilings", Target::for_device(90)).unwrap_or_else(|e| panic!("{e}"));
+    assert!(roof.contains("wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16"), "the wgmma roof is missing from the sm_90a PTX");
     for target in [Target::from(80), Target::from(90)] {
+        for family in ["gemm", "ceilings"] {
+            let ptx = compile_family(family, target).unwrap_or_else(|e| panic!("{e}"));
+            assert!(!ptx.contains("wgmma.mma_async"), "compute_{target} {family} PTX holds wgmma");
+        }
         let ptx = compile_family("gemm", target).unwrap_or_else(|e| panic!("{e}"));
-        assert!(!ptx.contains("wgmma.mma_async"), "compute_{target} PTX holds wgmma");
-        assert!(entries(&ptx).contains(&symbol("gemm", "wgmma_tma", DType::F16)), "compute_{target} lacks the (trapping) wgmma_tma entry");
+        // Clusters exist from sm_90 on (the plain sm_90 build keeps the shape, and traps).
+        assert_eq!(ptx.contains(".reqnctapercluster 2, 1, 1"), target.arch >= 90, "compute_{target}: cluster shape");
+        let ptx = entries(&ptx);
+        for v in lab::ops::gemm::SM90A_VARIANTS {
+            assert!(ptx.contains(&symbol("gemm", v, DType::F16)), "compute_{target} lacks the (trapping) {v} entry");
+        }
     }
 }
 
@@ -68,7 +90,7 @@ fn exported_symbols_are_the_ones_the_launchers_use() {
     assert_eq!(ptx("softmax"), expect("softmax", lab::ops::softmax::GPU_VARIANTS, &[DType::F32, DType::Bf16]));
     assert_eq!(ptx("vector_add"), expect("vector_add", lab::ops::vector_add::GPU_VARIANTS, &[DType::F32]));
     let mut ceilings = expect("ceilings", &["copy_float4", "fma", "read_scrub"], &[DType::F32]);
-    ceilings.extend(expect("ceilings", &["mma_sync", "mma_sync_w2"], &[DType::F16, DType::Bf16]));
+    ceilings.extend(expect("ceilings", &["mma_sync", "mma_sync_w2", "wgmma"], &[DType::F16, DType::Bf16]));
     assert_eq!(ptx("ceilings"), ceilings);
     let all = [DType::F32, DType::F16, DType::Bf16];
     let gelu_kernels = ["unfused_add", "unfused_gelu_tanh", "unfused_gelu_erf", "fused_tanh", "fused_erf", "fused_tanh_sigmoid"];
