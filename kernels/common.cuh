@@ -413,29 +413,22 @@ __device__ __forceinline__ void mbar_arrive(unsigned bar) {
 // byte count, a lost arrival) traps after 2^26 failed polls (at least ~0.5 s of polling, at most
 // about a minute if every try_wait sleeps its full time limit), far beyond any legitimate wait of
 // a ring (microseconds): a launch error instead of a hung process. One add per failed poll.
-// CLUSTER: the phase's arrivals include other blocks of the cluster (acquire at cluster scope).
-template <bool CLUSTER = false>
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
     unsigned done, polls = 0;
     do {
         if (++polls == (1u << 26)) __trap();
-        if constexpr (CLUSTER)
-            asm volatile(
-                "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                : "=r"(done)
-                : "r"(bar), "r"(parity)
-                : "memory");
-        else
-            asm volatile(
-                "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                : "=r"(done)
-                : "r"(bar), "r"(parity)
-                : "memory");
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
     } while (!done);
 }
-// Arrives on the mbarrier at the same shared-memory offset as `bar` in block `rank` of the cluster.
+// Arrives on the mbarrier at the same shared-memory offset as `bar` in block `rank` of the cluster
+// (default .release.cta semantics, as CUTLASS's ClusterBarrier::arrive: a cluster-scope release
+// would wait for every earlier memory operation of the thread on every k-tile).
 __device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned rank) {
-    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\nmbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
+    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\nmbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
                  "r"(rank)
                  : "memory");
 }

@@ -1143,7 +1143,7 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
             for (int kt = 0; kt < nk; ++kt) {
                 const int s = kt % STAGES;
                 const unsigned full = bars + 8 * s, a = ring + s * STAGE_BYTES;
-                mbar_wait<PAIR>(bars + 8 * (STAGES + s), ((kt / STAGES) & 1) ^ 1);
+                mbar_wait(bars + 8 * (STAGES + s), ((kt / STAGES) & 1) ^ 1);
                 mbar_expect_tx(full, tx);
                 tma_load_2d(a, &ta, kt * BK, bm, full);
                 // A pair's B boxes alternate between its blocks, each copied into both (same
