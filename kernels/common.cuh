@@ -424,14 +424,6 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
             : "memory");
     } while (!done);
 }
-// Arrives on the mbarrier at the same shared-memory offset as `bar` in block `rank` of the cluster
-// (default .release.cta semantics, as CUTLASS's ClusterBarrier::arrive: a cluster-scope release
-// would wait for every earlier memory operation of the thread on every k-tile).
-__device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned rank) {
-    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\nmbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
-                 "r"(rank)
-                 : "memory");
-}
 // mbar_wait for a waiter whose SM has other warps to issue: each try_wait may suspend the thread
 // for up to 10 ms (the hint CUTLASS passes) instead of the system's default time limit, so that
 // a warp waiting on its ring is woken when the phase completes rather than polling. A wait that

@@ -66,6 +66,9 @@
 //   wgmma split-K  K over grid.y for M <= 512: no faster at M = 128, slower at 1024^3
 //                  (h100-gemm-wgmma-splitk.md); its faster epilogue stayed with mma_splitk.
 //   wgmma B boxes of 16 k-rows (4x as many copies): 16-25% slower at every shape (same note).
+//   wgmma_multicast  wgmma_tma in clusters of two blocks along M, each B box copied once and
+//                  multicast to both: 3-10% slower once its releases to the peer block used the
+//                  default (cta) scope, 35% slower with cluster-scope ones (h100-gemm-wgmma-multicast.md).
 //
 // ptxas -v for sm_90 (CUDA 13.0 ptxas on the NVRTC PTX; registers / static smem / spill bytes;
 // the run records the driver's own figures per variant in `extra`):
@@ -1041,11 +1044,9 @@ struct __align__(64) TmaDesc {
 
 // The block tile and ring of a wgmma rung: BN = 256 (wgmma_tma, one block per SM) or 128
 // (wgmma_n128, two blocks per SM: twice the tiles for shapes that leave SMs idle at 128x256).
-// CLUSTER = 2 (wgmma_multicast): the two blocks of a cluster own vertically adjacent tiles and
-// share their B tiles through TMA multicast.
-template <int BN_, int STAGES_, int BLOCKS_PER_SM_, int CLUSTER_ = 1>
+template <int BN_, int STAGES_, int BLOCKS_PER_SM_>
 struct WgTile {
-    static constexpr int BM = 128, BN = BN_, BK = 64, STAGES = STAGES_, BLOCKS_PER_SM = BLOCKS_PER_SM_, CLUSTER = CLUSTER_;
+    static constexpr int BM = 128, BN = BN_, BK = 64, STAGES = STAGES_, BLOCKS_PER_SM = BLOCKS_PER_SM_;
     static constexpr int CONSUMERS = 2;
     static constexpr int A_BYTES = BM * BK * 2;                      // 16 KiB
     static constexpr int B_BOX_N = 64, B_BOXES = BN / B_BOX_N;         // boxes of 64 columns
@@ -1063,7 +1064,6 @@ struct WgTile {
     static_assert(BLOCKS_PER_SM * (SMEM + 1024) <= 233472, "fits H100's 228 KiB of shared memory per SM");
     static_assert(BK * 2 == 128, "one 128-byte swizzle row per k-slab row");
     static_assert(BN / 2 <= CONSUMER_REGS - 24, "accumulators and some room beside them");
-    static_assert(CLUSTER == 1 || CLUSTER == 2, "pairs of blocks at most");
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1078,14 +1078,6 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaDesc* map, in
     asm volatile(
         "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
         "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(bar)
-        : "memory");
-}
-// tma_load_2d into the same shared-memory offset of every block of the cluster in `mask`; each
-// destination's mbarrier at offset `bar` receives the bytes.
-__device__ __forceinline__ void tma_load_2d_multicast(unsigned dst, const TmaDesc* map, int c0, int c1, unsigned bar, unsigned short mask) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
-        "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
         : "memory");
 }
 #endif
@@ -1103,33 +1095,20 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
     const unsigned ring = (smem_addr(smem) + 1023u) & ~1023u;
     const unsigned bars = ring + STAGES * STAGE_BYTES;  // full[s] at bars + 8 s, empty[s] at bars + 8 (STAGES + s)
     const int wgi = threadIdx.x / 128, tid = threadIdx.x % 128;
-    constexpr bool PAIR = P::CLUSTER == 2;
-    // Every thread of both blocks of a pair: the peer's mbarriers exist (at the start) and are no
-    // longer written by this block's copies or arrivals (at the end, before either block exits).
-    auto pair_sync = [] {
-        asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-    };
 
-    // A pair (blocks 2p and 2p + 1, one cluster) owns tile p of a 2BM x BN grid, rank r its rows
-    // bm + r BM; a rank-1 block wholly below M still runs, on zero-filled A, storing nothing.
-    const int rank = PAIR ? blockIdx.x % 2 : 0;
-    const int2 tile = grouped_tile(PAIR ? blockIdx.x / 2 : blockIdx.x, M, N, P::CLUSTER * BM, BN);
-    const int bm = tile.x + rank * BM, bn = tile.y;
+    const int2 tile = grouped_tile(blockIdx.x, M, N, BM, BN);
+    const int bm = tile.x, bn = tile.y;
     const int nk = (K + BK - 1) / BK;
 
     if (threadIdx.x == 0) {
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(bars + 8 * s, 1);
-            // A pair's stage is written by both blocks' copies: both blocks' consumers release it.
-            mbar_init(bars + 8 * (STAGES + s), CONSUMERS * 4 * P::CLUSTER);
+            mbar_init(bars + 8 * (STAGES + s), CONSUMERS * 4);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    if constexpr (PAIR)
-        pair_sync();
-    else
-        __syncthreads();
+    __syncthreads();
 
     if (wgi == CONSUMERS) {
         if constexpr (P::SETMAXNREG) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(P::PRODUCER_REGS));
@@ -1146,19 +1125,9 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
                 mbar_wait(bars + 8 * (STAGES + s), ((kt / STAGES) & 1) ^ 1);
                 mbar_expect_tx(full, tx);
                 tma_load_2d(a, &ta, kt * BK, bm, full);
-                // A pair's B boxes alternate between its blocks, each copied into both (same
-                // offset, same mbarrier offset): every block still expects all b_boxes.
-                for (int j = 0; j < b_boxes; ++j) {
-                    const unsigned dst = a + A_BYTES + j * B_BOX_BYTES;
-                    if constexpr (PAIR) {
-                        if (j % 2 == rank) tma_load_2d_multicast(dst, &tb, bn + j * B_BOX_N, kt * BK, full, 0x3);
-                    } else {
-                        tma_load_2d(dst, &tb, bn + j * B_BOX_N, kt * BK, full);
-                    }
-                }
+                for (int j = 0; j < b_boxes; ++j) tma_load_2d(a + A_BYTES + j * B_BOX_BYTES, &tb, bn + j * B_BOX_N, kt * BK, full);
             }
         }
-        if constexpr (PAIR) pair_sync();
         return;
     }
 
@@ -1181,11 +1150,7 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
         asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
         wg_pin(d);
         // Tile kt - 1's group has finished reading its stage: hand the stage back (one arrival per warp).
-        if (kt > 0 && lane == 0) {
-            const unsigned empty = bars + 8 * (STAGES + (kt - 1) % STAGES);
-            mbar_arrive(empty);
-            if constexpr (PAIR) mbar_arrive_cluster(empty, rank ^ 1);  // the peer's copies write here too
-        }
+        if (kt > 0 && lane == 0) mbar_arrive(bars + 8 * (STAGES + (kt - 1) % STAGES));
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     wg_pin(d);
@@ -1204,14 +1169,13 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
             *reinterpret_cast<unsigned*>(c0 + 8 * j) = pack2<T>(alpha * d[4 * j], alpha * d[4 * j + 1]);
             *reinterpret_cast<unsigned*>(c8 + 8 * j) = pack2<T>(alpha * d[4 * j + 2], alpha * d[4 * j + 3]);
         }
-    } else {
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-            store2<T>(C, M, N, ldc, row, col + 8 * j, d[4 * j], d[4 * j + 1], alpha, beta);
-            store2<T>(C, M, N, ldc, row + 8, col + 8 * j, d[4 * j + 2], d[4 * j + 3], alpha, beta);
-        }
+        return;
     }
-    if constexpr (PAIR) pair_sync();
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+        store2<T>(C, M, N, ldc, row, col + 8 * j, d[4 * j], d[4 * j + 1], alpha, beta);
+        store2<T>(C, M, N, ldc, row + 8, col + 8 * j, d[4 * j + 2], d[4 * j + 3], alpha, beta);
+    }
 #else
     __trap();  // built for another target: the launcher offers this variant on compute capability 9.0 only
 #endif
@@ -1272,24 +1236,14 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_k64_bf16(GE
                           int ldc, float alpha, float beta
 using WgWide = WgTile<256, 4, 1>;
 using WgN128 = WgTile<128, 3, 2>;
-using WgPair = WgTile<256, 4, 1, 2>;
-// ATTR: the kernel's cluster shape, if any (compile-time, so a plain launch forms the clusters).
-#define WGMMA_RUNG(NAME, P, ATTR)                                                                                        \
-    extern "C" __global__ void ATTR __launch_bounds__(P::THREADS, P::BLOCKS_PER_SM) gemm_##NAME##_f16(WGMMA_TMA_ARGS(__half)) { \
-        wgmma_tma_body<__half, P>(ta, tb, C, M, N, K, ldc, alpha, beta);                                                 \
-    }                                                                                                                    \
-    extern "C" __global__ void ATTR __launch_bounds__(P::THREADS, P::BLOCKS_PER_SM) gemm_##NAME##_bf16(WGMMA_TMA_ARGS(__nv_bfloat16)) { \
-        wgmma_tma_body<__nv_bfloat16, P>(ta, tb, C, M, N, K, ldc, alpha, beta);                                          \
+#define WGMMA_RUNG(NAME, P)                                                                                            \
+    extern "C" __global__ void __launch_bounds__(P::THREADS, P::BLOCKS_PER_SM) gemm_##NAME##_f16(WGMMA_TMA_ARGS(__half)) { \
+        wgmma_tma_body<__half, P>(ta, tb, C, M, N, K, ldc, alpha, beta);                                               \
+    }                                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(P::THREADS, P::BLOCKS_PER_SM) gemm_##NAME##_bf16(WGMMA_TMA_ARGS(__nv_bfloat16)) { \
+        wgmma_tma_body<__nv_bfloat16, P>(ta, tb, C, M, N, K, ldc, alpha, beta);                                        \
     }
 // wgmma_tma: 128x256 tiles, 4 stages, one block per SM.
-WGMMA_RUNG(wgmma_tma, WgWide, )
+WGMMA_RUNG(wgmma_tma, WgWide)
 // wgmma_n128: 128x128 tiles, 3 stages, two blocks per SM.
-WGMMA_RUNG(wgmma_n128, WgN128, )
-// wgmma_multicast: wgmma_tma in clusters of two blocks along M that multicast B to each other
-// (clusters exist from sm_90 on; elsewhere the kernel is the trap above).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define WG_PAIR_CLUSTER __cluster_dims__(2, 1, 1)
-#else
-#define WG_PAIR_CLUSTER
-#endif
-WGMMA_RUNG(wgmma_multicast, WgPair, WG_PAIR_CLUSTER)
+WGMMA_RUNG(wgmma_n128, WgN128)

@@ -37,10 +37,10 @@ const FAMILY: &str = "gemm";
 /// The fp32 SIMT ladder, in order.
 pub const F32_VARIANTS: &[&str] = &["naive", "smem_tiled", "blocktile_1d", "blocktile_2d", "vectorized", "warptiled"];
 /// The fp16/bf16 tensor-core ladder, in order (`wgmma_tma` on compute capability 9.0 only).
-pub const HALF_VARIANTS: &[&str] = &["mma_ldmatrix", "mma_pipelined", "mma_pipelined_wide", "mma_warp64", "mma_warp64_wide", "mma_warp64_k64", "mma_splitk", "wgmma_tma", "wgmma_n128", "wgmma_multicast"];
+pub const HALF_VARIANTS: &[&str] = &["mma_ldmatrix", "mma_pipelined", "mma_pipelined_wide", "mma_warp64", "mma_warp64_wide", "mma_warp64_k64", "mma_splitk", "wgmma_tma", "wgmma_n128"];
 /// Variants built from sm_90a instructions (wgmma, TMA, setmaxnreg): offered on 9.0 alone,
 /// absent elsewhere (their PTX target, `compute_90a`, loads on no other device).
-pub const SM90A_VARIANTS: &[&str] = &["wgmma_tma", "wgmma_n128", "wgmma_multicast"];
+pub const SM90A_VARIANTS: &[&str] = &["wgmma_tma", "wgmma_n128"];
 pub const CPU_VARIANTS: &[&str] = &["cpu_blocked"];
 /// The slow rungs (naive, smem_tiled) run only up to this many multiply-adds (2048^3).
 pub const SLOW_MAX_MACS: u64 = 1 << 33;
@@ -255,21 +255,17 @@ pub mod wg {
     /// B arrives as BN / B_BOX_N boxes of BK rows x 128 bytes (the widest a 128-byte swizzle takes).
     pub const B_BOX_N: usize = 64;
 
-    /// A rung's tile width, ring depth, blocks per SM and blocks per cluster.
+    /// A rung's tile width, ring depth and blocks per SM.
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     pub struct Tile {
         pub bn: usize,
         pub stages: usize,
         pub blocks_per_sm: usize,
-        /// 2: pairs of blocks own vertically adjacent tiles and multicast B to each other.
-        pub cluster: usize,
     }
     /// wgmma_tma: 128x256 tiles, 4 stages, one block per SM.
-    pub const WIDE: Tile = Tile { bn: 256, stages: 4, blocks_per_sm: 1, cluster: 1 };
+    pub const WIDE: Tile = Tile { bn: 256, stages: 4, blocks_per_sm: 1 };
     /// wgmma_n128: 128x128 tiles, 3 stages, two blocks per SM.
-    pub const N128: Tile = Tile { bn: 128, stages: 3, blocks_per_sm: 2, cluster: 1 };
-    /// wgmma_multicast: wgmma_tma's tiles in clusters of two along M.
-    pub const PAIR: Tile = Tile { cluster: 2, ..WIDE };
+    pub const N128: Tile = Tile { bn: 128, stages: 3, blocks_per_sm: 2 };
 
     impl Tile {
         /// The tile of a wgmma variant, `None` for any other.
@@ -277,7 +273,6 @@ pub mod wg {
             match variant {
                 "wgmma_tma" => Some(WIDE),
                 "wgmma_n128" => Some(N128),
-                "wgmma_multicast" => Some(PAIR),
                 _ => None,
             }
         }
@@ -404,7 +399,7 @@ pub fn dynamic_smem(variant: &str) -> usize {
         "mma_warp64_wide" => 5 * (128 * 32 + 32 * 256) * 2,
         "mma_warp64_k64" => 4 * (128 * 64 + 64 * 256) * 2,
         "mma_splitk" => 4 * (16 * 64 + 64 * 128) * 2,
-        "wgmma_tma" | "wgmma_n128" | "wgmma_multicast" => wg::Tile::of(variant).map_or(0, wg::Tile::smem),
+        "wgmma_tma" | "wgmma_n128" => wg::Tile::of(variant).map_or(0, wg::Tile::smem),
         _ => 0,
     }
 }
@@ -427,7 +422,6 @@ pub fn tile(variant: &str) -> &'static str {
         "mma_splitk" => "16x128x64, 8 warps of 16x16, 4-stage cp.async, K split over grid.y, fp32 partials summed in slice order",
         "wgmma_tma" => "128x256x64, 3 warpgroups (1 TMA producer, 2 wgmma consumers of 64x256), 4-stage mbarrier ring, 128B swizzle",
         "wgmma_n128" => "128x128x64, 2 wgmma consumer warpgroups of 64x128 + 1 TMA producer warp, 3-stage mbarrier ring, 2 blocks/SM",
-        "wgmma_multicast" => "128x256x64 as wgmma_tma, clusters of 2 blocks along M, each B box copied once and multicast to both",
         _ => "",
     }
 }
@@ -448,10 +442,9 @@ pub fn launch_config(variant: &str, m: usize, n: usize) -> LaunchConfig {
         "mma_warp64_wide" | "mma_warp64_k64" => (((m.div_ceil(128) * n.div_ceil(256)) as u32, 1, 1), (256, 1, 1)),
         // grid.y: the K slices, set by run_kernel from splitk_slices.
         "mma_splitk" => (((m.div_ceil(16) * n.div_ceil(128)) as u32, 1, 1), (256, 1, 1)),
-        // Clusters of `cluster` blocks own cluster x BM rows: the grid covers whole clusters.
-        "wgmma_tma" | "wgmma_n128" | "wgmma_multicast" => {
+        "wgmma_tma" | "wgmma_n128" => {
             let t = wg::Tile::of(variant).expect("a wgmma variant");
-            (((t.cluster * m.div_ceil(t.cluster * wg::BM) * n.div_ceil(t.bn)) as u32, 1, 1), (t.threads(), 1, 1))
+            (((m.div_ceil(wg::BM) * n.div_ceil(t.bn)) as u32, 1, 1), (t.threads(), 1, 1))
         }
         other => unreachable!("no launch shape for gemm variant `{other}`"),
     };
@@ -1023,16 +1016,13 @@ mod tests {
                     "naive" => (8, 32),
                     "smem_tiled" => (32, 32),
                     "blocktile_1d" => (64, 64),
-                    "mma_pipelined_wide" | "mma_warp64_wide" | "mma_warp64_k64" | "wgmma_tma" | "wgmma_multicast" => (128, 256),
+                    "mma_pipelined_wide" | "mma_warp64_wide" | "mma_warp64_k64" | "wgmma_tma" => (128, 256),
                     "wgmma_n128" => (128, 128),
                     "mma_splitk" => (16, 128),
                     _ => (128, 128),
                 };
                 let blocks = (cfg.grid_dim.0 * cfg.grid_dim.1) as usize;
-                // A cluster of c blocks owns c x bm rows; its blocks below M store nothing.
-                let c = wg::Tile::of(v).map_or(1, |t| t.cluster);
-                assert_eq!(blocks, c * m.div_ceil(c * bm) * n.div_ceil(bn), "{v} {m}x{n}");
-                assert!(blocks >= m.div_ceil(bm) * n.div_ceil(bn) && blocks.is_multiple_of(c), "{v} {m}x{n}");
+                assert_eq!(blocks, m.div_ceil(bm) * n.div_ceil(bn), "{v} {m}x{n}");
                 let per_thread = match *v {
                     "naive" | "smem_tiled" => 1,
                     "blocktile_1d" => 8,
@@ -1409,7 +1399,7 @@ mod tests {
         }
         // The transaction bytes the producer expects per stage are the boxes it issues.
         let box_bytes = |t: TmaBox| t.boxes[0] as usize * t.boxes[1] as usize * 2;
-        for tile in [WIDE, N128, PAIR] {
+        for tile in [WIDE, N128] {
             let bn = tile.bn;
             assert_eq!(box_bytes(ta) + (bn / B_BOX_N) * box_bytes(tb), tile.stage_bytes());
             // At the N edge the producer issues only the B boxes that reach inside N (gemm.cu:
