@@ -57,6 +57,9 @@
 //   wgmma_n128     wgmma_tma's loop on 128x128x64 tiles (m64n128k16), 3 stages, two blocks per SM
 //                  with a one-warp producer: twice the tiles, for shapes that leave SMs idle at
 //                  128x256 (M <= 512, 1024^3 to 2048^3), and one block's epilogue under the other's loop.
+//   wgmma_persistent  wgmma_tma's kernel on a grid of one block per SM, each looping over tiles
+//                  b, b + grid, ...: the ring runs on across tiles, so the producer fills the next
+//                  tile's stages while the consumers finish and store this one (no prologue per tile).
 // Tried and removed (each slower than the rung it changed; notes in reports/notes):
 //   mma_tma        mma_warp64_k64's loop fed by wgmma_tma's TMA ring, no block barrier: 6-10%
 //                  slower, its warps waiting on late stages (h100-gemm-mma-tma.md).
@@ -81,7 +84,8 @@
 //   (f16 and bf16 alike; sm_80: mma_warp64(_wide, _k64) 234 registers, no spills)
 //   wgmma_tma for sm_90a: 168 / 0 (+197696 dynamic) / 0, no stack frame (the launch-time figure
 //   for 384 threads; setmaxnreg then moves the producer to 40 and the consumers to 232)
-//   wgmma_n128 for sm_90a: 90 / 0 (+99376 dynamic) / 0 (288 threads, two blocks per SM)
+//   wgmma_n128 for sm_90a: 93 / 0 (+99376 dynamic) / 0 (288 threads, two blocks per SM)
+//   wgmma_persistent: as wgmma_tma (168 / 0 (+197696 dynamic) / 0)
 // Main loop in SASS (nvdisasm of the sm_90 cubin; instructions per loop trip / HMMA in it):
 //   mma_ldmatrix 318 / 32 (9.9 per HMMA)   mma_pipelined 1033 / 64 (16.1)
 //   mma_pipelined_wide 1798 / 128 (14.0)   (most of it load_chunk's per-chunk bounds and branches)
@@ -1004,7 +1008,7 @@ __device__ __forceinline__ void mma_warp64_body(const T* __restrict__ A, const T
 // SM that overlaps one block's epilogue with the other's main loop. A producer warpgroup plus
 // setmaxnreg cannot work here: ptxas compiles every thread to the launch's limit (65536 / 768
 // threads: 80 registers, too few for a wgmma with 64 accumulators), so the producer is one warp
-// and the block 288 threads (limit 112; ptxas -v: 90 registers).
+// and the block 288 threads (limit 112; ptxas -v: 93 registers).
 //
 // Shared memory per stage: A 128 x 64 halves = 16 KiB (one TMA box of 128 rows x 128 bytes),
 // B 64 x 256 halves = 32 KiB (four boxes of 64 k-rows x 64 n = 128 bytes, side by side), 48 KiB
@@ -1096,8 +1100,11 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
     const unsigned bars = ring + STAGES * STAGE_BYTES;  // full[s] at bars + 8 s, empty[s] at bars + 8 (STAGES + s)
     const int wgi = threadIdx.x / 128, tid = threadIdx.x % 128;
 
-    const int2 tile = grouped_tile(blockIdx.x, M, N, BM, BN);
-    const int bm = tile.x, bn = tile.y;
+    // Block b owns tiles b, b + gridDim.x, ... of the grouped order: one tile when the grid has a
+    // block per tile (wgmma_tma, wgmma_n128), several when it has one per SM (wgmma_persistent).
+    // The ring runs on across tiles: g counts the k-tiles this block has passed through it, so
+    // the producer fills the next tile's stages while the consumers finish and store this one.
+    const int tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN);
     const int nk = (K + BK - 1) / BK;
 
     if (threadIdx.x == 0) {
@@ -1115,17 +1122,22 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
         if (tid == 0) {
             asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&ta)) : "memory");
             asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tb)) : "memory");
-            // B boxes wholly right of N are not loaded: their columns feed only outputs >= N, which
-            // are never stored (whatever the slot held stays in those columns).
-            const int b_boxes = min(B_BOXES, (N - bn + B_BOX_N - 1) / B_BOX_N);
-            const unsigned tx = A_BYTES + b_boxes * B_BOX_BYTES;
-            for (int kt = 0; kt < nk; ++kt) {
-                const int s = kt % STAGES;
-                const unsigned full = bars + 8 * s, a = ring + s * STAGE_BYTES;
-                mbar_wait(bars + 8 * (STAGES + s), ((kt / STAGES) & 1) ^ 1);
-                mbar_expect_tx(full, tx);
-                tma_load_2d(a, &ta, kt * BK, bm, full);
-                for (int j = 0; j < b_boxes; ++j) tma_load_2d(a + A_BYTES + j * B_BOX_BYTES, &tb, bn + j * B_BOX_N, kt * BK, full);
+            int g = 0;
+            for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+                const int2 tile = grouped_tile(t, M, N, BM, BN);
+                const int bm = tile.x, bn = tile.y;
+                // B boxes wholly right of N are not loaded: their columns feed only outputs >= N,
+                // which are never stored (whatever the slot held stays in those columns).
+                const int b_boxes = min(B_BOXES, (N - bn + B_BOX_N - 1) / B_BOX_N);
+                const unsigned tx = A_BYTES + b_boxes * B_BOX_BYTES;
+                for (int kt = 0; kt < nk; ++kt, ++g) {
+                    const int s = g % STAGES;
+                    const unsigned full = bars + 8 * s, a = ring + s * STAGE_BYTES;
+                    mbar_wait(bars + 8 * (STAGES + s), ((g / STAGES) & 1) ^ 1);
+                    mbar_expect_tx(full, tx);
+                    tma_load_2d(a, &ta, kt * BK, bm, full);
+                    for (int j = 0; j < b_boxes; ++j) tma_load_2d(a + A_BYTES + j * B_BOX_BYTES, &tb, bn + j * B_BOX_N, kt * BK, full);
+                }
             }
         }
         return;
@@ -1133,48 +1145,55 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
 
     if constexpr (P::SETMAXNREG) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(P::CONSUMER_REGS));
     const int warp = tid / 32, lane = tid % 32;
-    float d[ACC];
-#pragma unroll
-    for (int i = 0; i < ACC; ++i) d[i] = 0.f;
     const unsigned a_rows = wgi * 64 * BK * 2;  // this warpgroup's 64 rows of the A box
-    for (int kt = 0; kt < nk; ++kt) {
-        const int s = kt % STAGES;
-        const unsigned a = ring + s * STAGE_BYTES + a_rows, b = ring + s * STAGE_BYTES + A_BYTES;
-        mbar_wait(bars + 8 * s, (kt / STAGES) & 1);
-        wg_pin(d);
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+    float d[ACC];
+    int g = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        const int2 tile = grouped_tile(t, M, N, BM, BN);
+        const int bm = tile.x, bn = tile.y;
 #pragma unroll
-        for (int ks = 0; ks < BK / 16; ++ks)
-            Wgmma<T, BN>::run(d, wg_desc(a + 32 * ks, A_LBO, A_SBO), wg_desc(b + 2048 * ks, B_LBO, B_SBO));
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-        wg_pin(d);
-        // Tile kt - 1's group has finished reading its stage: hand the stage back (one arrival per warp).
-        if (kt > 0 && lane == 0) mbar_arrive(bars + 8 * (STAGES + (kt - 1) % STAGES));
-    }
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-    wg_pin(d);
-
-    // Accumulator layout of m64nNk16: thread (warp w, lane l) holds, for each 8-column block j,
-    // d[4j], d[4j+1] at row 16w + l/4, columns 8j + 2(l%4) + {0, 1}, and d[4j+2], d[4j+3] 8 rows below.
-    const int row = bm + wgi * 64 + warp * 16 + lane / 4, col = bn + 2 * (lane % 4);
-    // Whole tiles with beta == 0 and 4-byte aligned pairs (the common case) store without checks:
-    // 64 packed stores instead of 64 calls of store2 with their bounds and alignment branches.
-    const bool whole = bm + BM <= M && bn + BN <= N && beta == 0.f && (ldc & 1) == 0 && (reinterpret_cast<u64>(C) & 3) == 0;
-    if (whole) {
-        T* c0 = C + (u64)row * ldc + col;
-        T* c8 = c0 + 8 * (u64)ldc;
+        for (int i = 0; i < ACC; ++i) d[i] = 0.f;
+        for (int kt = 0; kt < nk; ++kt, ++g) {
+            const int s = g % STAGES;
+            const unsigned a = ring + s * STAGE_BYTES + a_rows, b = ring + s * STAGE_BYTES + A_BYTES;
+            mbar_wait(bars + 8 * s, (g / STAGES) & 1);
+            wg_pin(d);
+            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-            *reinterpret_cast<unsigned*>(c0 + 8 * j) = pack2<T>(alpha * d[4 * j], alpha * d[4 * j + 1]);
-            *reinterpret_cast<unsigned*>(c8 + 8 * j) = pack2<T>(alpha * d[4 * j + 2], alpha * d[4 * j + 3]);
+            for (int ks = 0; ks < BK / 16; ++ks)
+                Wgmma<T, BN>::run(d, wg_desc(a + 32 * ks, A_LBO, A_SBO), wg_desc(b + 2048 * ks, B_LBO, B_SBO));
+            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+            wg_pin(d);
+            // The previous k-tile's group has finished reading its stage: hand the stage back
+            // (one arrival per warp).
+            if (kt > 0 && lane == 0) mbar_arrive(bars + 8 * (STAGES + (g - 1) % STAGES));
         }
-        return;
-    }
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        wg_pin(d);
+        if (lane == 0) mbar_arrive(bars + 8 * (STAGES + (g - 1) % STAGES));  // the tile's last stage
+
+        // Accumulator layout of m64nNk16: thread (warp w, lane l) holds, for each 8-column block j,
+        // d[4j], d[4j+1] at row 16w + l/4, columns 8j + 2(l%4) + {0, 1}, and d[4j+2], d[4j+3] 8 rows below.
+        const int row = bm + wgi * 64 + warp * 16 + lane / 4, col = bn + 2 * (lane % 4);
+        // Whole tiles with beta == 0 and 4-byte aligned pairs (the common case) store without
+        // checks: packed stores instead of calls of store2 with their bounds and alignment branches.
+        const bool whole = bm + BM <= M && bn + BN <= N && beta == 0.f && (ldc & 1) == 0 && (reinterpret_cast<u64>(C) & 3) == 0;
+        if (whole) {
+            T* c0 = C + (u64)row * ldc + col;
+            T* c8 = c0 + 8 * (u64)ldc;
 #pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
-        store2<T>(C, M, N, ldc, row, col + 8 * j, d[4 * j], d[4 * j + 1], alpha, beta);
-        store2<T>(C, M, N, ldc, row + 8, col + 8 * j, d[4 * j + 2], d[4 * j + 3], alpha, beta);
+            for (int j = 0; j < BN / 8; ++j) {
+                *reinterpret_cast<unsigned*>(c0 + 8 * j) = pack2<T>(alpha * d[4 * j], alpha * d[4 * j + 1]);
+                *reinterpret_cast<unsigned*>(c8 + 8 * j) = pack2<T>(alpha * d[4 * j + 2], alpha * d[4 * j + 3]);
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) {
+                store2<T>(C, M, N, ldc, row, col + 8 * j, d[4 * j], d[4 * j + 1], alpha, beta);
+                store2<T>(C, M, N, ldc, row + 8, col + 8 * j, d[4 * j + 2], d[4 * j + 3], alpha, beta);
+            }
+        }
     }
 #else
     __trap();  // built for another target: the launcher offers this variant on compute capability 9.0 only
@@ -1247,3 +1266,5 @@ using WgN128 = WgTile<128, 3, 2>;
 WGMMA_RUNG(wgmma_tma, WgWide)
 // wgmma_n128: 128x128 tiles, 3 stages, two blocks per SM.
 WGMMA_RUNG(wgmma_n128, WgN128)
+// wgmma_persistent: wgmma_tma's kernel launched with one block per SM, each looping over tiles.
+WGMMA_RUNG(wgmma_persistent, WgWide)

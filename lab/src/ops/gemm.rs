@@ -37,10 +37,10 @@ const FAMILY: &str = "gemm";
 /// The fp32 SIMT ladder, in order.
 pub const F32_VARIANTS: &[&str] = &["naive", "smem_tiled", "blocktile_1d", "blocktile_2d", "vectorized", "warptiled"];
 /// The fp16/bf16 tensor-core ladder, in order (`wgmma_tma` on compute capability 9.0 only).
-pub const HALF_VARIANTS: &[&str] = &["mma_ldmatrix", "mma_pipelined", "mma_pipelined_wide", "mma_warp64", "mma_warp64_wide", "mma_warp64_k64", "mma_splitk", "wgmma_tma", "wgmma_n128"];
+pub const HALF_VARIANTS: &[&str] = &["mma_ldmatrix", "mma_pipelined", "mma_pipelined_wide", "mma_warp64", "mma_warp64_wide", "mma_warp64_k64", "mma_splitk", "wgmma_tma", "wgmma_n128", "wgmma_persistent"];
 /// Variants built from sm_90a instructions (wgmma, TMA, setmaxnreg): offered on 9.0 alone,
 /// absent elsewhere (their PTX target, `compute_90a`, loads on no other device).
-pub const SM90A_VARIANTS: &[&str] = &["wgmma_tma", "wgmma_n128"];
+pub const SM90A_VARIANTS: &[&str] = &["wgmma_tma", "wgmma_n128", "wgmma_persistent"];
 pub const CPU_VARIANTS: &[&str] = &["cpu_blocked"];
 /// The slow rungs (naive, smem_tiled) run only up to this many multiply-adds (2048^3).
 pub const SLOW_MAX_MACS: u64 = 1 << 33;
@@ -255,17 +255,21 @@ pub mod wg {
     /// B arrives as BN / B_BOX_N boxes of BK rows x 128 bytes (the widest a 128-byte swizzle takes).
     pub const B_BOX_N: usize = 64;
 
-    /// A rung's tile width, ring depth and blocks per SM.
+    /// A rung's tile width, ring depth, blocks per SM, and whether its grid has a block per
+    /// tile or per resident slot (each block looping over tiles).
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     pub struct Tile {
         pub bn: usize,
         pub stages: usize,
         pub blocks_per_sm: usize,
+        pub persistent: bool,
     }
     /// wgmma_tma: 128x256 tiles, 4 stages, one block per SM.
-    pub const WIDE: Tile = Tile { bn: 256, stages: 4, blocks_per_sm: 1 };
+    pub const WIDE: Tile = Tile { bn: 256, stages: 4, blocks_per_sm: 1, persistent: false };
     /// wgmma_n128: 128x128 tiles, 3 stages, two blocks per SM.
-    pub const N128: Tile = Tile { bn: 128, stages: 3, blocks_per_sm: 2 };
+    pub const N128: Tile = Tile { bn: 128, stages: 3, blocks_per_sm: 2, persistent: false };
+    /// wgmma_persistent: wgmma_tma's kernel, one block per SM looping over the tiles.
+    pub const PERSISTENT: Tile = Tile { persistent: true, ..WIDE };
 
     impl Tile {
         /// The tile of a wgmma variant, `None` for any other.
@@ -273,6 +277,7 @@ pub mod wg {
             match variant {
                 "wgmma_tma" => Some(WIDE),
                 "wgmma_n128" => Some(N128),
+                "wgmma_persistent" => Some(PERSISTENT),
                 _ => None,
             }
         }
@@ -399,7 +404,7 @@ pub fn dynamic_smem(variant: &str) -> usize {
         "mma_warp64_wide" => 5 * (128 * 32 + 32 * 256) * 2,
         "mma_warp64_k64" => 4 * (128 * 64 + 64 * 256) * 2,
         "mma_splitk" => 4 * (16 * 64 + 64 * 128) * 2,
-        "wgmma_tma" | "wgmma_n128" => wg::Tile::of(variant).map_or(0, wg::Tile::smem),
+        "wgmma_tma" | "wgmma_n128" | "wgmma_persistent" => wg::Tile::of(variant).map_or(0, wg::Tile::smem),
         _ => 0,
     }
 }
@@ -422,12 +427,14 @@ pub fn tile(variant: &str) -> &'static str {
         "mma_splitk" => "16x128x64, 8 warps of 16x16, 4-stage cp.async, K split over grid.y, fp32 partials summed in slice order",
         "wgmma_tma" => "128x256x64, 3 warpgroups (1 TMA producer, 2 wgmma consumers of 64x256), 4-stage mbarrier ring, 128B swizzle",
         "wgmma_n128" => "128x128x64, 2 wgmma consumer warpgroups of 64x128 + 1 TMA producer warp, 3-stage mbarrier ring, 2 blocks/SM",
+        "wgmma_persistent" => "128x256x64 as wgmma_tma, one block per SM looping over tiles, the ring running on across them",
         _ => "",
     }
 }
 
-/// Grid, block and dynamic shared memory per variant, as each kernel's line in gemm.cu states.
-pub fn launch_config(variant: &str, m: usize, n: usize) -> LaunchConfig {
+/// Grid, block and dynamic shared memory per variant on a GPU of `sms` SMs, as each kernel's line
+/// in gemm.cu states.
+pub fn launch_config(variant: &str, m: usize, n: usize, sms: usize) -> LaunchConfig {
     let blocks = |bm: usize, bn: usize| (n.div_ceil(bn) as u32, m.div_ceil(bm) as u32, 1);
     let (grid_dim, block_dim) = match variant {
         "naive" => ((n.div_ceil(32) as u32, m.div_ceil(8) as u32, 1), (32, 8, 1)),
@@ -442,9 +449,12 @@ pub fn launch_config(variant: &str, m: usize, n: usize) -> LaunchConfig {
         "mma_warp64_wide" | "mma_warp64_k64" => (((m.div_ceil(128) * n.div_ceil(256)) as u32, 1, 1), (256, 1, 1)),
         // grid.y: the K slices, set by run_kernel from splitk_slices.
         "mma_splitk" => (((m.div_ceil(16) * n.div_ceil(128)) as u32, 1, 1), (256, 1, 1)),
-        "wgmma_tma" | "wgmma_n128" => {
+        // A block per tile, or (persistent) no more blocks than the SMs hold at once.
+        "wgmma_tma" | "wgmma_n128" | "wgmma_persistent" => {
             let t = wg::Tile::of(variant).expect("a wgmma variant");
-            (((m.div_ceil(wg::BM) * n.div_ceil(t.bn)) as u32, 1, 1), (t.threads(), 1, 1))
+            let tiles = m.div_ceil(wg::BM) * n.div_ceil(t.bn);
+            let blocks = if t.persistent { tiles.min(sms * t.blocks_per_sm) } else { tiles };
+            ((blocks as u32, 1, 1), (t.threads(), 1, 1))
         }
         other => unreachable!("no launch shape for gemm variant `{other}`"),
     };
@@ -473,7 +483,7 @@ impl SplitK {
         let slices = splitk_slices(d, gpu.info.sm_count as usize);
         let ws_len = if slices > 1 { slices * d.m * d.n } else { 1 };
         let ws = gpu.stream.alloc_zeros::<f32>(ws_len).doing("allocating the split-K workspace")?;
-        let done = gpu.stream.alloc_zeros::<u32>(launch_config("mma_splitk", d.m, d.n).grid_dim.0 as usize).doing("allocating the split-K counters")?;
+        let done = gpu.stream.alloc_zeros::<u32>(launch_config("mma_splitk", d.m, d.n, gpu.info.sm_count as usize).grid_dim.0 as usize).doing("allocating the split-K counters")?;
         Ok(SplitK { slices, ws, done })
     }
 }
@@ -487,7 +497,7 @@ fn resources(f: &CudaFunction, variant: &str) -> Result<serde_json::Map<String, 
     extra.insert("dynamic_smem_bytes".into(), json!(dynamic_smem(variant)));
     extra.insert("local_bytes_per_thread".into(), json!(get(FnAttr::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?));
     // Resident blocks per SM as the driver computes them (registers, shared memory, threads).
-    let (bx, by, bz) = launch_config(variant, 1, 1).block_dim;
+    let (bx, by, bz) = launch_config(variant, 1, 1, 1).block_dim;
     let threads = bx * by * bz;
     let blocks = f.occupancy_max_active_blocks_per_multiprocessor(threads, dynamic_smem(variant), None).doing("querying occupancy")?;
     extra.insert("blocks_per_sm".into(), json!(blocks));
@@ -738,7 +748,7 @@ pub fn run_kernel<T: Elem>(
         let maps = tensor_maps(gpu, d, a, b)?;
         return launch_wgmma(gpu, f, variant, d, (alpha, beta), &maps, c);
     }
-    let mut cfg = launch_config(variant, d.m, d.n);
+    let mut cfg = launch_config(variant, d.m, d.n, gpu.info.sm_count as usize);
     let (m, n, k) = (d.m as i32, d.n as i32, d.k as i32);
     let (lda, ldb, ldc) = (d.lda as i32, d.ldb as i32, d.ldc as i32);
     let mut l = gpu.stream.launch_builder(f);
@@ -762,7 +772,7 @@ pub fn run_kernel<T: Elem>(
 /// Launches a wgmma rung with the tensor maps of A and B (from [`tensor_maps`] on buffers that
 /// [`validate`] accepted for `d`).
 pub fn launch_wgmma<T: Elem>(gpu: &Gpu, f: &CudaFunction, variant: &str, d: Dims, (alpha, beta): (f32, f32), maps: &(TensorMap, TensorMap), c: &mut CudaSlice<T>) -> Result<()> {
-    let cfg = launch_config(variant, d.m, d.n);
+    let cfg = launch_config(variant, d.m, d.n, gpu.info.sm_count as usize);
     let (m, n, k, ldc) = (d.m as i32, d.n as i32, d.k as i32, d.ldc as i32);
     // SAFETY: the maps describe A (M x K) and B (K x N) inside their buffers (TMA never reads
     // outside the described tensor); the kernel predicates every C store on M, N and ldc; cfg is
@@ -1009,20 +1019,29 @@ mod tests {
     fn launch_shapes_cover_every_output() {
         for (m, n) in [(1, 1), (1, 4097), (4097, 513), (1000, 1000), (8192, 8192), (16, 14336)] {
             for v in F32_VARIANTS.iter().chain(HALF_VARIANTS) {
-                let cfg = launch_config(v, m, n);
+                let cfg = launch_config(v, m, n, 132);
                 // The wgmma rungs' producer (a warpgroup or a warp) owns no outputs.
                 let threads = cfg.block_dim.0 * cfg.block_dim.1 - wg::Tile::of(v).map_or(0, |t| t.threads() - 256);
                 let (bm, bn) = match *v {
                     "naive" => (8, 32),
                     "smem_tiled" => (32, 32),
                     "blocktile_1d" => (64, 64),
-                    "mma_pipelined_wide" | "mma_warp64_wide" | "mma_warp64_k64" | "wgmma_tma" => (128, 256),
+                    "mma_pipelined_wide" | "mma_warp64_wide" | "mma_warp64_k64" | "wgmma_tma" | "wgmma_persistent" => (128, 256),
                     "wgmma_n128" => (128, 128),
                     "mma_splitk" => (16, 128),
                     _ => (128, 128),
                 };
                 let blocks = (cfg.grid_dim.0 * cfg.grid_dim.1) as usize;
-                assert_eq!(blocks, m.div_ceil(bm) * n.div_ceil(bn), "{v} {m}x{n}");
+                let tiles = m.div_ceil(bm) * n.div_ceil(bn);
+                if *v == "wgmma_persistent" {
+                    // Block b takes tiles b, b + grid, ...: every tile once, none left over.
+                    assert_eq!(blocks, tiles.min(132), "{v} {m}x{n}");
+                    let mut taken = vec![0; tiles];
+                    (0..blocks).for_each(|b| (b..tiles).step_by(blocks).for_each(|t| taken[t] += 1));
+                    assert!(taken.iter().all(|&c| c == 1), "{v} {m}x{n}");
+                } else {
+                    assert_eq!(blocks, tiles, "{v} {m}x{n}");
+                }
                 let per_thread = match *v {
                     "naive" | "smem_tiled" => 1,
                     "blocktile_1d" => 8,
@@ -1399,7 +1418,7 @@ mod tests {
         }
         // The transaction bytes the producer expects per stage are the boxes it issues.
         let box_bytes = |t: TmaBox| t.boxes[0] as usize * t.boxes[1] as usize * 2;
-        for tile in [WIDE, N128] {
+        for tile in [WIDE, N128, PERSISTENT] {
             let bn = tile.bn;
             assert_eq!(box_bytes(ta) + (bn / B_BOX_N) * box_bytes(tb), tile.stage_bytes());
             // At the N edge the producer issues only the B boxes that reach inside N (gemm.cu:
