@@ -284,9 +284,10 @@ pub mod wg {
         pub const fn stage_bytes(self) -> usize {
             (BM * BK + BK * self.bn) * 2
         }
-        /// The ring, 1 KiB of slack to align it to 1024 bytes, and a full and an empty mbarrier per stage.
+        /// The ring, 1 KiB of slack to align it to 1024 bytes, and a full and an empty mbarrier
+        /// and a tile index per stage.
         pub const fn smem(self) -> usize {
-            self.stages * self.stage_bytes() + 1024 + 2 * self.stages * 8
+            self.stages * self.stage_bytes() + 1024 + 2 * self.stages * 8 + self.stages * 4
         }
         /// Two consumer warpgroups, then the producer: a warpgroup that gives its registers away
         /// (setmaxnreg) at one block per SM, one warp at two.
@@ -746,7 +747,8 @@ pub fn run_kernel<T: Elem>(
             return Err(LabError::Invalid(format!("gemm {variant}: {why}")));
         }
         let maps = tensor_maps(gpu, d, a, b)?;
-        return launch_wgmma(gpu, f, variant, d, (alpha, beta), &maps, c);
+        let sched = TileCounters::for_variant(gpu, variant)?;
+        return launch_wgmma(gpu, f, variant, d, (alpha, beta), &maps, sched.as_ref(), c);
     }
     let mut cfg = launch_config(variant, d.m, d.n, gpu.info.sm_count as usize);
     let (m, n, k) = (d.m as i32, d.n as i32, d.k as i32);
@@ -769,30 +771,49 @@ pub fn run_kernel<T: Elem>(
     unsafe { l.launch(cfg) }.map(|_| ()).doing(&format!("launching gemm {variant}"))
 }
 
+/// wgmma_persistent's tile counters: tiles handed out, and blocks that found none left (the last
+/// of which zeroes both, so they are zero at rest). Other wgmma rungs take none.
+pub struct TileCounters(CudaSlice<u32>);
+
+impl TileCounters {
+    pub fn for_variant(gpu: &Gpu, variant: &str) -> Result<Option<Self>> {
+        if !wg::Tile::of(variant).is_some_and(|t| t.persistent) {
+            return Ok(None);
+        }
+        Ok(Some(TileCounters(gpu.stream.alloc_zeros::<u32>(2).doing("allocating the tile counters")?)))
+    }
+}
+
 /// Launches a wgmma rung with the tensor maps of A and B (from [`tensor_maps`] on buffers that
-/// [`validate`] accepted for `d`).
-pub fn launch_wgmma<T: Elem>(gpu: &Gpu, f: &CudaFunction, variant: &str, d: Dims, (alpha, beta): (f32, f32), maps: &(TensorMap, TensorMap), c: &mut CudaSlice<T>) -> Result<()> {
+/// [`validate`] accepted for `d`), and wgmma_persistent with its tile counters.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_wgmma<T: Elem>(
+    gpu: &Gpu,
+    f: &CudaFunction,
+    variant: &str,
+    d: Dims,
+    (alpha, beta): (f32, f32),
+    maps: &(TensorMap, TensorMap),
+    sched: Option<&TileCounters>,
+    c: &mut CudaSlice<T>,
+) -> Result<()> {
     let cfg = launch_config(variant, d.m, d.n, gpu.info.sm_count as usize);
+    if wg::Tile::of(variant).is_some_and(|t| t.persistent) != sched.is_some() {
+        return Err(LabError::Invalid(format!("gemm {variant}: tile counters are for wgmma_persistent alone")));
+    }
     let (m, n, k, ldc) = (d.m as i32, d.n as i32, d.k as i32, d.ldc as i32);
+    let null = 0u64; // the rungs with a block per tile never read their counters
     // SAFETY: the maps describe A (M x K) and B (K x N) inside their buffers (TMA never reads
     // outside the described tensor); the kernel predicates every C store on M, N and ldc; cfg is
-    // the launch shape and dynamic smem it is written for.
-    unsafe {
-        gpu.stream
-            .launch_builder(f)
-            .arg(&maps.0)
-            .arg(&maps.1)
-            .arg(c)
-            .arg(&m)
-            .arg(&n)
-            .arg(&k)
-            .arg(&ldc)
-            .arg(&alpha)
-            .arg(&beta)
-            .launch(cfg)
-    }
-    .map(|_| ())
-    .doing(&format!("launching gemm {variant}"))
+    // the launch shape and dynamic smem it is written for; wgmma_persistent's counters are two
+    // u32, zero at rest, and the other rungs never dereference the null pointer they get.
+    let mut l = gpu.stream.launch_builder(f);
+    l.arg(&maps.0).arg(&maps.1).arg(c).arg(&m).arg(&n).arg(&k).arg(&ldc).arg(&alpha).arg(&beta);
+    match sched {
+        Some(t) => l.arg(&t.0),
+        None => l.arg(&null),
+    };
+    unsafe { l.launch(cfg) }.map(|_| ()).doing(&format!("launching gemm {variant}"))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -839,11 +860,12 @@ where
             extra.insert("not_applicable".into(), Value::Object(skipped.clone()));
         }
         if SM90A_VARIANTS.contains(&variant) {
-            // The maps are encoded once per case, outside the timed launches.
+            // The maps and counters are made once per case, outside the timed launches.
             let maps = tensor_maps(gpu, d, &da, &db)?;
+            let sched = TileCounters::for_variant(gpu, variant)?;
             let launch = |c: &mut CudaSlice<T>| -> Result<()> {
                 reset(c)?;
-                launch_wgmma(gpu, &f, variant, d, (alpha, beta), &maps, c)
+                launch_wgmma(gpu, &f, variant, d, (alpha, beta), &maps, sched.as_ref(), c)
             };
             measure_gpu_as(s, gpu, case, (variant, "lab"), work, check, timed, &mut dc, extra, launch)?;
             continue;
@@ -1015,6 +1037,42 @@ mod tests {
         assert_eq!(splitk_slices(Dims::dense(8192, 8192, 8192), 132), 1);
     }
 
+    /// wgmma_persistent's tile counters (gemm.cu, wgmma_tma_body) under random interleavings of
+    /// the blocks' producers: block b starts at tile b, then takes grid + (counter 0)++ until it
+    /// passes the last tile, then bumps counter 1; the block that brings counter 1 to the grid
+    /// size zeroes both. Every tile goes to exactly one block, and the counters end at zero, ready
+    /// for the next launch (run three times on the same counters).
+    #[test]
+    fn persistent_blocks_take_every_tile_once_and_reset_the_counters() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for (tiles, sms) in [(1usize, 132usize), (131, 132), (132, 132), (133, 132), (512, 132), (1376, 132), (7, 3)] {
+            let grid = launch_config("wgmma_persistent", tiles * wg::BM, wg::PERSISTENT.bn, sms).grid_dim.0 as usize;
+            assert_eq!(grid, tiles.min(sms));
+            let mut sched = [0usize; 2];
+            for _launch in 0..3 {
+                let mut next: Vec<Option<usize>> = (0..grid).map(Some).collect(); // each block's current tile
+                let mut taken = vec![0; tiles];
+                while next.iter().any(Option::is_some) {
+                    let b = rng.random_range(0..grid);
+                    let Some(t) = next[b] else { continue };
+                    taken[t] += 1;
+                    let t = grid + sched[0];
+                    sched[0] += 1;
+                    next[b] = (t < tiles).then_some(t);
+                    if next[b].is_none() {
+                        sched[1] += 1;
+                        if sched[1] == grid {
+                            sched = [0, 0];
+                        }
+                    }
+                }
+                assert!(taken.iter().all(|&c| c == 1), "{tiles} tiles on {sms} SMs");
+                assert_eq!(sched, [0, 0], "{tiles} tiles on {sms} SMs: the counters are not reset");
+            }
+        }
+    }
+
     #[test]
     fn launch_shapes_cover_every_output() {
         for (m, n) in [(1, 1), (1, 4097), (4097, 513), (1000, 1000), (8192, 8192), (16, 14336)] {
@@ -1034,11 +1092,8 @@ mod tests {
                 let blocks = (cfg.grid_dim.0 * cfg.grid_dim.1) as usize;
                 let tiles = m.div_ceil(bm) * n.div_ceil(bn);
                 if *v == "wgmma_persistent" {
-                    // Block b takes tiles b, b + grid, ...: every tile once, none left over.
+                    // A block per SM, taking tiles until none are left (the test above).
                     assert_eq!(blocks, tiles.min(132), "{v} {m}x{n}");
-                    let mut taken = vec![0; tiles];
-                    (0..blocks).for_each(|b| (b..tiles).step_by(blocks).for_each(|t| taken[t] += 1));
-                    assert!(taken.iter().all(|&c| c == 1), "{v} {m}x{n}");
                 } else {
                     assert_eq!(blocks, tiles, "{v} {m}x{n}");
                 }
@@ -1440,7 +1495,7 @@ mod tests {
             assert!(65536 / (tile.threads() as usize * tile.blocks_per_sm) >= bn / 2 + 24, "{tile:?}");
         }
         assert_eq!((WIDE.stage_bytes(), N128.stage_bytes()), (49152, 32768));
-        assert_eq!((dynamic_smem("wgmma_tma"), dynamic_smem("wgmma_n128")), (197696, 99376));
+        assert_eq!((dynamic_smem("wgmma_tma"), dynamic_smem("wgmma_n128")), (197712, 99388));
         // Which of the experiment's odd shapes it takes: K and N multiples of 8.
         for ((m, n, k), takes) in [((1000, 1000, 1000), true), ((4097, 513, 777), false), ((130, 260, 72), false), ((300, 520, 96), true), ((300, 520, 320), true), ((1, 4097, 777), false), ((130, 264, 72), true), ((1, 1032, 776), true), ((8192, 8192, 8192), true)] {
             let why = not_applicable("wgmma_tma", Dims::dense(m, n, k));
