@@ -57,10 +57,6 @@
 //   wgmma_n128     wgmma_tma's loop on 128x128x64 tiles (m64n128k16), 3 stages, two blocks per SM
 //                  with a one-warp producer: twice the tiles, for shapes that leave SMs idle at
 //                  128x256 (M <= 512, 1024^3 to 2048^3), and one block's epilogue under the other's loop.
-//   wgmma_persistent  wgmma_tma's loop on a grid of one block per SM, each taking tiles from a
-//                  global counter until none are left: the ring runs on across tiles, so the
-//                  producer fills the next tile's stages while the consumers finish and store this
-//                  one (no prologue per tile), and a block that finishes early takes the next tile.
 // Tried and removed (each slower than the rung it changed; notes in reports/notes):
 //   mma_tma        mma_warp64_k64's loop fed by wgmma_tma's TMA ring, no block barrier: 6-10%
 //                  slower, its warps waiting on late stages (h100-gemm-mma-tma.md).
@@ -73,6 +69,10 @@
 //   wgmma_multicast  wgmma_tma in clusters of two blocks along M, each B box copied once and
 //                  multicast to both: 3-10% slower once its releases to the peer block used the
 //                  default (cta) scope, 35% slower with cluster-scope ones (h100-gemm-wgmma-multicast.md).
+//   wgmma_persistent  wgmma_tma's loop on one block per SM looping over tiles, the ring running on
+//                  across them (no prologue per tile): +1-3% at 4096^3, but -7% to +3% at 8192^3 and
+//                  -5% to +1% at the Llama prefill shapes, with tiles handed out round-robin or from
+//                  a global counter (h100-gemm-wgmma-persistent.md).
 //
 // ptxas -v for sm_90 (CUDA 13.0 ptxas on the NVRTC PTX; registers / static smem / spill bytes;
 // the run records the driver's own figures per variant in `extra`):
@@ -83,10 +83,9 @@
 //   mma_warp64 238 / 0 (+64 KiB dynamic) / 0       mma_warp64_wide 238 / 0 (+120 KiB dynamic) / 0
 //   mma_warp64_k64 242 / 0 (+192 KiB dynamic) / 0      mma_splitk 62 / 128 B (+72 KiB dynamic) / 0
 //   (f16 and bf16 alike; sm_80: mma_warp64(_wide, _k64) 234 registers, no spills)
-//   wgmma_tma for sm_90a: 168 / 0 (+197712 dynamic) / 0, no stack frame (the launch-time figure
+//   wgmma_tma for sm_90a: 168 / 0 (+197696 dynamic) / 0, no stack frame (the launch-time figure
 //   for 384 threads; setmaxnreg then moves the producer to 40 and the consumers to 232)
-//   wgmma_n128 for sm_90a: 91 / 0 (+99388 dynamic) / 0 (288 threads, two blocks per SM)
-//   wgmma_persistent: as wgmma_tma (168 / 0 (+197712 dynamic) / 0)
+//   wgmma_n128 for sm_90a: 90 / 0 (+99376 dynamic) / 0 (288 threads, two blocks per SM)
 // Main loop in SASS (nvdisasm of the sm_90 cubin; instructions per loop trip / HMMA in it):
 //   mma_ldmatrix 318 / 32 (9.9 per HMMA)   mma_pipelined 1033 / 64 (16.1)
 //   mma_pipelined_wide 1798 / 128 (14.0)   (most of it load_chunk's per-chunk bounds and branches)
@@ -1009,15 +1008,15 @@ __device__ __forceinline__ void mma_warp64_body(const T* __restrict__ A, const T
 // SM that overlaps one block's epilogue with the other's main loop. A producer warpgroup plus
 // setmaxnreg cannot work here: ptxas compiles every thread to the launch's limit (65536 / 768
 // threads: 80 registers, too few for a wgmma with 64 accumulators), so the producer is one warp
-// and the block 288 threads (limit 112; ptxas -v: 91 registers).
+// and the block 288 threads (limit 112; ptxas -v: 90 registers).
 //
 // Shared memory per stage: A 128 x 64 halves = 16 KiB (one TMA box of 128 rows x 128 bytes),
 // B 64 x 256 halves = 32 KiB (four boxes of 64 k-rows x 64 n = 128 bytes, side by side), 48 KiB
 // in all. H100 allows 227 KiB (232448 bytes) of dynamic shared memory per block: 4 stages =
 // 192 KiB + 1 KiB of slack to align the ring to 1024 bytes (the 128-byte swizzle repeats every
 // 8 rows x 128 bytes and TMA and wgmma both apply it to absolute address bits 4-6 ^ 7-9) + 64 bytes
-// of mbarriers + 16 bytes of tile indices = 197712 bytes; a fifth stage (240 KiB) does not fit. One block per SM.
-// wgmma_n128: 3 x 32 KiB + 1 KiB + 48 + 12 = 99388 bytes per block, two blocks in the SM's 228 KiB.
+// of mbarriers = 197696 bytes; a fifth stage (240 KiB) does not fit. One block per SM.
+// wgmma_n128: 3 x 32 KiB + 1 KiB + 48 = 99376 bytes per block, two blocks in the SM's 228 KiB.
 // Registers: 384 threads x 168 = 64512 of 65536 at launch; setmaxnreg then moves them to
 // 40 (producer) / 232 (consumers): 128 x 40 + 256 x 232 = 64512.
 //
@@ -1030,13 +1029,11 @@ __device__ __forceinline__ void mma_warp64_body(const T* __restrict__ A, const T
 //   next), stride byte offset 1024 (from 8 k-rows to the next 8). The k16 step s starts 2048 s
 //   bytes in (16 k-rows of 128 bytes).
 // Pipeline: full[s] (1 arrival + the stage's 49152 transaction bytes, fewer at the N edge) and empty[s] (one arrival
-// per consumer warp, 8) per stage. The g-th k-tile through the ring (counted across the block's
-// output tiles) uses stage g % 4; the consumer waits full[s] with parity (g / 4) & 1, the
-// producer waits empty[s] with parity ((g / 4) & 1) ^ 1 (a fresh barrier's "previous phase"
-// counts as complete, so the first 4 k-tiles do not wait). Consumers keep one wgmma group in
-// flight: after issuing k-tile g they wait for g - 1's group and release its stage; a tile's last
-// stage is released after its final wait. The stage after a block's last k-tile carries no copy,
-// only the end mark (tile index -1) and a plain arrival.
+// per consumer warp, 8) per stage. Tile kt uses stage kt % 4; the consumer waits full[s] with
+// parity (kt / 4) & 1, the producer waits empty[s] with parity ((kt / 4) & 1) ^ 1 (a fresh
+// barrier's "previous phase" counts as complete, so the first 4 tiles do not wait). Consumers
+// keep one wgmma group in flight: after issuing tile kt they wait for tile kt - 1's group and
+// release its stage.
 // Bounds: TMA zero-fills the parts of a box outside the tensor (M, N and K edges), and still
 // counts the whole box in the transaction bytes; B boxes wholly past N are not issued (and not
 // counted); stores are predicated (store2). Requires row strides (lda, ldb) that are multiples of
@@ -1059,8 +1056,7 @@ struct WgTile {
     static constexpr int B_BOX_N = 64, B_BOXES = BN / B_BOX_N;         // boxes of 64 columns
     static constexpr int B_BOX_BYTES = BK * B_BOX_N * 2;              // 8 KiB
     static constexpr int STAGE_BYTES = A_BYTES + B_BOXES * B_BOX_BYTES;  // 48 or 32 KiB
-    // The ring, 1 KiB of slack to align it, a full and an empty mbarrier and a tile index per stage.
-    static constexpr int SMEM = STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8 + STAGES * 4;  // 197712 or 99388
+    static constexpr int SMEM = STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8;  // 197696 or 99376
     // The producer: a whole warpgroup that gives its registers to the consumers through setmaxnreg
     // (one block per SM: 384 x 168 at launch, then 40 and 232), or, at two blocks per SM, one
     // warp: ptxas compiles every thread to the launch's limit (65536 / 576 threads: 112), which
@@ -1090,9 +1086,9 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaDesc* map, in
 }
 #endif
 
-template <typename T, typename P, bool DYNAMIC>
+template <typename T, typename P>
 __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc& tb, T* C, int M, int N, int K, int ldc,
-                                               float alpha, float beta, unsigned* sched) {
+                                               float alpha, float beta) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using namespace wg;
     constexpr int BM = P::BM, BN = P::BN, BK = P::BK, STAGES = P::STAGES, CONSUMERS = P::CONSUMERS;
@@ -1104,17 +1100,8 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
     const unsigned bars = ring + STAGES * STAGE_BYTES;  // full[s] at bars + 8 s, empty[s] at bars + 8 (STAGES + s)
     const int wgi = threadIdx.x / 128, tid = threadIdx.x % 128;
 
-    // Tiles (of the grouped order) come to a block through its ring: the producer writes a tile's
-    // index beside the stage of its first k-tile before that stage's full barrier can complete,
-    // and -1 beside one more stage after its last tile; the consumers read it once the stage is
-    // full. Block b's first tile is b. Its next is b + gridDim.x (static: one tile per block when
-    // the grid has a block per tile, as wgmma_tma and wgmma_n128 do), or (DYNAMIC,
-    // wgmma_persistent: a block per SM) gridDim.x plus the count of tiles taken so far from
-    // sched[0], so a block that finishes early takes the next tile. The ring runs on across
-    // tiles: g counts the k-tiles that have passed through it, so the producer fills the next
-    // tile's stages while the consumers finish and store this one.
-    int* stage_tile = reinterpret_cast<int*>(smem + (bars - smem_addr(smem)) + 16 * STAGES);  // after the mbarriers
-    const int tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN);
+    const int2 tile = grouped_tile(blockIdx.x, M, N, BM, BN);
+    const int bm = tile.x, bn = tile.y;
     const int nk = (K + BK - 1) / BK;
 
     if (threadIdx.x == 0) {
@@ -1132,32 +1119,17 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
         if (tid == 0) {
             asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&ta)) : "memory");
             asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tb)) : "memory");
-            int g = 0;
-            for (int t = blockIdx.x; t < tiles; t = DYNAMIC ? gridDim.x + atomicAdd(&sched[0], 1u) : t + gridDim.x) {
-                const int2 tile = grouped_tile(t, M, N, BM, BN);
-                const int bm = tile.x, bn = tile.y;
-                // B boxes wholly right of N are not loaded: their columns feed only outputs >= N,
-                // which are never stored (whatever the slot held stays in those columns).
-                const int b_boxes = min(B_BOXES, (N - bn + B_BOX_N - 1) / B_BOX_N);
-                const unsigned tx = A_BYTES + b_boxes * B_BOX_BYTES;
-                for (int kt = 0; kt < nk; ++kt, ++g) {
-                    const int s = g % STAGES;
-                    const unsigned full = bars + 8 * s, a = ring + s * STAGE_BYTES;
-                    mbar_wait(bars + 8 * (STAGES + s), ((g / STAGES) & 1) ^ 1);
-                    if (kt == 0) stage_tile[s] = t;  // published by the arrival below
-                    mbar_expect_tx(full, tx);
-                    tma_load_2d(a, &ta, kt * BK, bm, full);
-                    for (int j = 0; j < b_boxes; ++j) tma_load_2d(a + A_BYTES + j * B_BOX_BYTES, &tb, bn + j * B_BOX_N, kt * BK, full);
-                }
-            }
-            const int s = g % STAGES;
-            mbar_wait(bars + 8 * (STAGES + s), ((g / STAGES) & 1) ^ 1);
-            stage_tile[s] = -1;
-            mbar_arrive(bars + 8 * s);
-            // The last block to run out of tiles resets the counters for the next launch.
-            if (DYNAMIC && atomicAdd(&sched[1], 1u) == gridDim.x - 1) {
-                sched[0] = 0;
-                sched[1] = 0;
+            // B boxes wholly right of N are not loaded: their columns feed only outputs >= N, which
+            // are never stored (whatever the slot held stays in those columns).
+            const int b_boxes = min(B_BOXES, (N - bn + B_BOX_N - 1) / B_BOX_N);
+            const unsigned tx = A_BYTES + b_boxes * B_BOX_BYTES;
+            for (int kt = 0; kt < nk; ++kt) {
+                const int s = kt % STAGES;
+                const unsigned full = bars + 8 * s, a = ring + s * STAGE_BYTES;
+                mbar_wait(bars + 8 * (STAGES + s), ((kt / STAGES) & 1) ^ 1);
+                mbar_expect_tx(full, tx);
+                tma_load_2d(a, &ta, kt * BK, bm, full);
+                for (int j = 0; j < b_boxes; ++j) tma_load_2d(a + A_BYTES + j * B_BOX_BYTES, &tb, bn + j * B_BOX_N, kt * BK, full);
             }
         }
         return;
@@ -1165,57 +1137,48 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
 
     if constexpr (P::SETMAXNREG) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(P::CONSUMER_REGS));
     const int warp = tid / 32, lane = tid % 32;
-    const unsigned a_rows = wgi * 64 * BK * 2;  // this warpgroup's 64 rows of the A box
     float d[ACC];
-    for (int g = 0;;) {
-        mbar_wait(bars + 8 * (g % STAGES), (g / STAGES) & 1);
-        const int t = *reinterpret_cast<volatile int*>(&stage_tile[g % STAGES]);
-        if (t < 0) break;
-        const int2 tile = grouped_tile(t, M, N, BM, BN);
-        const int bm = tile.x, bn = tile.y;
 #pragma unroll
-        for (int i = 0; i < ACC; ++i) d[i] = 0.f;
-        for (int kt = 0; kt < nk; ++kt, ++g) {
-            const int s = g % STAGES;
-            const unsigned a = ring + s * STAGE_BYTES + a_rows, b = ring + s * STAGE_BYTES + A_BYTES;
-            if (kt > 0) mbar_wait(bars + 8 * s, (g / STAGES) & 1);  // k-tile 0's stage was waited above
-            wg_pin(d);
-            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-            for (int ks = 0; ks < BK / 16; ++ks)
-                Wgmma<T, BN>::run(d, wg_desc(a + 32 * ks, A_LBO, A_SBO), wg_desc(b + 2048 * ks, B_LBO, B_SBO));
-            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-            wg_pin(d);
-            // The previous k-tile's group has finished reading its stage: hand the stage back
-            // (one arrival per warp).
-            if (kt > 0 && lane == 0) mbar_arrive(bars + 8 * (STAGES + (g - 1) % STAGES));
-        }
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    for (int i = 0; i < ACC; ++i) d[i] = 0.f;
+    const unsigned a_rows = wgi * 64 * BK * 2;  // this warpgroup's 64 rows of the A box
+    for (int kt = 0; kt < nk; ++kt) {
+        const int s = kt % STAGES;
+        const unsigned a = ring + s * STAGE_BYTES + a_rows, b = ring + s * STAGE_BYTES + A_BYTES;
+        mbar_wait(bars + 8 * s, (kt / STAGES) & 1);
         wg_pin(d);
-        if (lane == 0) mbar_arrive(bars + 8 * (STAGES + (g - 1) % STAGES));  // the tile's last stage
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int ks = 0; ks < BK / 16; ++ks)
+            Wgmma<T, BN>::run(d, wg_desc(a + 32 * ks, A_LBO, A_SBO), wg_desc(b + 2048 * ks, B_LBO, B_SBO));
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        wg_pin(d);
+        // Tile kt - 1's group has finished reading its stage: hand the stage back (one arrival per warp).
+        if (kt > 0 && lane == 0) mbar_arrive(bars + 8 * (STAGES + (kt - 1) % STAGES));
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    wg_pin(d);
 
-        // Accumulator layout of m64nNk16: thread (warp w, lane l) holds, for each 8-column block j,
-        // d[4j], d[4j+1] at row 16w + l/4, columns 8j + 2(l%4) + {0, 1}, and d[4j+2], d[4j+3] 8 rows below.
-        const int row = bm + wgi * 64 + warp * 16 + lane / 4, col = bn + 2 * (lane % 4);
-        // Whole tiles with beta == 0 and 4-byte aligned pairs (the common case) store without
-        // checks: packed stores instead of calls of store2 with their bounds and alignment branches.
-        const bool whole = bm + BM <= M && bn + BN <= N && beta == 0.f && (ldc & 1) == 0 && (reinterpret_cast<u64>(C) & 3) == 0;
-        if (whole) {
-            T* c0 = C + (u64)row * ldc + col;
-            T* c8 = c0 + 8 * (u64)ldc;
+    // Accumulator layout of m64nNk16: thread (warp w, lane l) holds, for each 8-column block j,
+    // d[4j], d[4j+1] at row 16w + l/4, columns 8j + 2(l%4) + {0, 1}, and d[4j+2], d[4j+3] 8 rows below.
+    const int row = bm + wgi * 64 + warp * 16 + lane / 4, col = bn + 2 * (lane % 4);
+    // Whole tiles with beta == 0 and 4-byte aligned pairs (the common case) store without checks:
+    // 64 packed stores instead of 64 calls of store2 with their bounds and alignment branches.
+    const bool whole = bm + BM <= M && bn + BN <= N && beta == 0.f && (ldc & 1) == 0 && (reinterpret_cast<u64>(C) & 3) == 0;
+    if (whole) {
+        T* c0 = C + (u64)row * ldc + col;
+        T* c8 = c0 + 8 * (u64)ldc;
 #pragma unroll
-            for (int j = 0; j < BN / 8; ++j) {
-                *reinterpret_cast<unsigned*>(c0 + 8 * j) = pack2<T>(alpha * d[4 * j], alpha * d[4 * j + 1]);
-                *reinterpret_cast<unsigned*>(c8 + 8 * j) = pack2<T>(alpha * d[4 * j + 2], alpha * d[4 * j + 3]);
-            }
-        } else {
-#pragma unroll
-            for (int j = 0; j < BN / 8; ++j) {
-                store2<T>(C, M, N, ldc, row, col + 8 * j, d[4 * j], d[4 * j + 1], alpha, beta);
-                store2<T>(C, M, N, ldc, row + 8, col + 8 * j, d[4 * j + 2], d[4 * j + 3], alpha, beta);
-            }
+        for (int j = 0; j < BN / 8; ++j) {
+            *reinterpret_cast<unsigned*>(c0 + 8 * j) = pack2<T>(alpha * d[4 * j], alpha * d[4 * j + 1]);
+            *reinterpret_cast<unsigned*>(c8 + 8 * j) = pack2<T>(alpha * d[4 * j + 2], alpha * d[4 * j + 3]);
         }
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+        store2<T>(C, M, N, ldc, row, col + 8 * j, d[4 * j], d[4 * j + 1], alpha, beta);
+        store2<T>(C, M, N, ldc, row + 8, col + 8 * j, d[4 * j + 2], d[4 * j + 3], alpha, beta);
     }
 #else
     __trap();  // built for another target: the launcher offers this variant on compute capability 9.0 only
@@ -1273,21 +1236,18 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_k64_bf16(GE
 }
 
 // wgmma_tma: TMA + mbarrier ring + warp-specialised wgmma, sm_90a (a trap elsewhere; never launched there).
-// sched: wgmma_persistent's two tile counters (zero at rest); unused by the other rungs.
 #define WGMMA_TMA_ARGS(T) const __grid_constant__ TmaDesc ta, const __grid_constant__ TmaDesc tb, T *C, int M, int N, int K, \
-                          int ldc, float alpha, float beta, unsigned *sched
+                          int ldc, float alpha, float beta
 using WgWide = WgTile<256, 4, 1>;
 using WgN128 = WgTile<128, 3, 2>;
-#define WGMMA_RUNG(NAME, P, DYNAMIC)                                                                                   \
+#define WGMMA_RUNG(NAME, P)                                                                                            \
     extern "C" __global__ void __launch_bounds__(P::THREADS, P::BLOCKS_PER_SM) gemm_##NAME##_f16(WGMMA_TMA_ARGS(__half)) { \
-        wgmma_tma_body<__half, P, DYNAMIC>(ta, tb, C, M, N, K, ldc, alpha, beta, sched);                              \
+        wgmma_tma_body<__half, P>(ta, tb, C, M, N, K, ldc, alpha, beta);                                               \
     }                                                                                                                  \
     extern "C" __global__ void __launch_bounds__(P::THREADS, P::BLOCKS_PER_SM) gemm_##NAME##_bf16(WGMMA_TMA_ARGS(__nv_bfloat16)) { \
-        wgmma_tma_body<__nv_bfloat16, P, DYNAMIC>(ta, tb, C, M, N, K, ldc, alpha, beta, sched);                       \
+        wgmma_tma_body<__nv_bfloat16, P>(ta, tb, C, M, N, K, ldc, alpha, beta);                                        \
     }
-// wgmma_tma: 128x256 tiles, 4 stages, a block per tile (one per SM at a time).
-WGMMA_RUNG(wgmma_tma, WgWide, false)
-// wgmma_n128: 128x128 tiles, 3 stages, a block per tile (two per SM at a time).
-WGMMA_RUNG(wgmma_n128, WgN128, false)
-// wgmma_persistent: wgmma_tma's tiles, a block per SM taking tiles from a counter until none are left.
-WGMMA_RUNG(wgmma_persistent, WgWide, true)
+// wgmma_tma: 128x256 tiles, 4 stages, one block per SM.
+WGMMA_RUNG(wgmma_tma, WgWide)
+// wgmma_n128: 128x128 tiles, 3 stages, two blocks per SM.
+WGMMA_RUNG(wgmma_n128, WgN128)
