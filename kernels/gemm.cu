@@ -42,10 +42,6 @@
 //   mma_warp64_k64  the wide loop on 64-deep slabs: 128x256x64 tile, 4 stages (192 KiB), four
 //                  k16 steps per barrier: half the barriers, cp.async waits and loop overhead per
 //                  mma, 144 KiB in flight instead of 96.
-//   mma_warp64_spread  k64 with each refill's 12 copies per thread spread over the next slab's
-//                  four k16 steps (3 per step) instead of issued all at once after the barrier,
-//                  where 96 warp-wide cp.async instructions (48 KiB of shared-memory writes) queued
-//                  ahead of the next step's ldmatrix.
 //   mma_splitk     f16/bf16 for decode shapes (M of a few tokens, where a 128-row tile leaves
 //                  most of the GPU idle: M = 16, N = 4096 is 32 blocks of 128x128): mma_pipelined's
 //                  loop on a 16x128x64 tile, 8 warps of 16x16, 4 stages (72 KiB), K split over
@@ -77,6 +73,10 @@
 //                  across them (no prologue per tile): +1-3% at 4096^3, but -7% to +3% at 8192^3 and
 //                  -5% to +1% at the Llama prefill shapes, with tiles handed out round-robin or from
 //                  a global counter (h100-gemm-wgmma-persistent.md).
+//   mma_warp64_spread  k64 with each refill's copies issued a quarter per k16 step instead of all
+//                  after the barrier: the MIO-throttle and short-scoreboard stalls vanish, but the
+//                  HMMA pipe stays ~80% busy (barrier stalls rise instead); equal at 8192^3, 1-11%
+//                  slower elsewhere (h100-gemm-mma-spread.md).
 //
 // ptxas -v for sm_90 (CUDA 13.0 ptxas on the NVRTC PTX; registers / static smem / spill bytes;
 // the run records the driver's own figures per variant in `extra`):
@@ -86,7 +86,6 @@
 //   mma_pipelined_wide 251 / 0 (+192 KiB dynamic) / 0
 //   mma_warp64 238 / 0 (+64 KiB dynamic) / 0       mma_warp64_wide 238 / 0 (+120 KiB dynamic) / 0
 //   mma_warp64_k64 242 / 0 (+192 KiB dynamic) / 0      mma_splitk 62 / 128 B (+72 KiB dynamic) / 0
-//   mma_warp64_spread 250 / 0 (+192 KiB dynamic) / 0
 //   (f16 and bf16 alike; sm_80: mma_warp64(_wide, _k64) 234 registers, no spills)
 //   wgmma_tma for sm_90a: 168 / 0 (+197696 dynamic) / 0, no stack frame (the launch-time figure
 //   for 384 threads; setmaxnreg then moves the producer to 40 and the consumers to 232)
@@ -873,12 +872,9 @@ struct W64 {
     static_assert(A_ROWS_STEP % A_PERIOD == 0 && B_ROWS_STEP % 8 == 0, "constant per-chunk smem stride");
     static_assert(A_ITERS * A_ROWS_STEP == BM && B_ITERS * B_ROWS_STEP == BK, "loads cover a slab");
     static_assert(STAGES >= 2 && SMEM <= 232448, "ring, within H100's 227 KiB per block");
-    static_assert(A_ITERS % KS == 0 && B_ITERS % KS == 0, "SPREAD: a slab's copies split evenly over its k16 steps");
 };
 
-// SPREAD (mma_warp64_spread): the copies of the slab that refills a slot are issued a quarter per
-// k16 step of the next slab, instead of all at once after the barrier.
-template <typename T, int BM, int BN, int BK_, int WARPS_M, int WARPS_N, int STAGES, bool SPREAD = false>
+template <typename T, int BM, int BN, int BK_, int WARPS_M, int WARPS_N, int STAGES>
 __device__ __forceinline__ void mma_warp64_body(const T* __restrict__ A, const T* __restrict__ B, T* C, int M, int N, int K,
                                                 int lda, int ldb, int ldc, float alpha, float beta) {
     using P = W64<T, BM, BN, BK_, WARPS_M, WARPS_N, STAGES>;
@@ -902,36 +898,34 @@ __device__ __forceinline__ void mma_warp64_body(const T* __restrict__ A, const T
     const T* b_src = B + (u64)b_row * ldb + min(bn + b_ch * 8, N - 1);
     const u64 a_step = (u64)P::A_ROWS_STEP * lda, b_step = (u64)P::B_ROWS_STEP * ldb;
     const unsigned smem0 = smem_addr(smem);
-    // Copies of slab kt into the slot at slot_off: the thread's A chunks [a0, a1) and B chunks [b0, b1).
-    auto load_chunks = [&](bool fast, int slot_off, int kt, int a0, int a1, int b0, int b1) {
+    auto load_slab = [&](bool fast, int slot_off, int kt) {
         const int k0 = kt * BK;
         if (fast) {
 #pragma unroll
             for (int i = 0; i < P::A_ITERS; ++i)
-                if (i >= a0 && i < a1) cp_async16(smem0 + slot_off + a_dst + i * P::A_ROWS_STEP * P::A_ROW, a_src + k0 + i * a_step, 16);
+                cp_async16(smem0 + slot_off + a_dst + i * P::A_ROWS_STEP * P::A_ROW, a_src + k0 + i * a_step, 16);
             const T* bs = b_src + (u64)k0 * ldb;
 #pragma unroll
             for (int i = 0; i < P::B_ITERS; ++i)
-                if (i >= b0 && i < b1) cp_async16(smem0 + slot_off + b_dst + i * P::B_ROWS_STEP * BN * 2, bs + i * b_step, 16);
+                cp_async16(smem0 + slot_off + b_dst + i * P::B_ROWS_STEP * BN * 2, bs + i * b_step, 16);
         } else {
             // Not unrolled, so no per-chunk value stays live across the main loop (unrolled,
             // this path pushed the kernel past 255 registers and spilled).
             unsigned char* s = smem + slot_off;
 #pragma unroll 1
-            for (int i = a0; i < a1; ++i) {
+            for (int i = 0; i < P::A_ITERS; ++i) {
                 const int gr = bm + a_row + i * P::A_ROWS_STEP, gk = k0 + a_ch * 8;
                 load_chunk(s, a_dst + i * P::A_ROWS_STEP * P::A_ROW, A + (u64)min(gr, M - 1) * lda + min(gk, K - 1),
                            gr < M ? K - gk : 0);
             }
 #pragma unroll 1
-            for (int i = b0; i < b1; ++i) {
+            for (int i = 0; i < P::B_ITERS; ++i) {
                 const int gk = k0 + b_row + i * P::B_ROWS_STEP, gn = bn + b_ch * 8;
                 load_chunk(s, b_dst + i * P::B_ROWS_STEP * BN * 2, B + (u64)min(gk, K - 1) * ldb + min(gn, N - 1),
                            gk < K ? N - gn : 0);
             }
         }
     };
-    auto load_slab = [&](bool fast, int slot_off, int kt) { load_chunks(fast, slot_off, kt, 0, P::A_ITERS, 0, P::B_ITERS); };
     // Reader: lane offsets of the ldmatrix rows (see the derivation in the test mirror).
     // A, m16 tile i, k16 step ks: row wm + 16 i + lane % 16, chunk 2 ks + lane / 16; the XOR term
     // ((lane % 16) / 2 for 64-byte rows, lane % 8 for 128-byte rows) does not depend on i or ks,
@@ -977,39 +971,20 @@ __device__ __forceinline__ void mma_warp64_body(const T* __restrict__ A, const T
         int rd = 0;  // byte offset of slab kt's slot
         load_frags(rd, 0, a0, b0);
         for (int kt = 0; kt < nk; ++kt) {
-            // SPREAD: slab kt - 1 + STAGES refills the slot slab kt - 1 left (every warp has
-            // passed the barrier after reading it), part ks of its copies beside step ks. The
-            // group is committed before the wait below, one per iteration as without SPREAD, so
-            // wait_group<STAGES - 2> still means "slab kt + 1 has landed".
-            const int fill = (rd == 0 ? P::SMEM : rd) - P::STAGE_BYTES;
-            const bool refill = SPREAD && kt >= 1 && kt - 1 + STAGES < nk;
-            auto part = [&](int ks) {
-                constexpr int AP = P::A_ITERS / P::KS, BP = P::B_ITERS / P::KS;
-                if (refill) load_chunks(fast, fill, kt - 1 + STAGES, ks * AP, (ks + 1) * AP, ks * BP, (ks + 1) * BP);
-            };
             load_frags(rd, 1, a1, b1);
-            part(0);
             mma_step(acc, a0, b0);
             // BK = 64: steps 1 and 2, each with the next step's fragments loading behind it.
 #pragma unroll
             for (int ks = 1; ks + 1 < P::KS; ks += 2) {
                 load_frags(rd, ks + 1, a0, b0);
-                part(ks);
                 mma_step(acc, a1, b1);
                 load_frags(rd, ks + 2, a1, b1);
-                part(ks + 1);
                 mma_step(acc, a0, b0);
-            }
-            if constexpr (SPREAD) {
-                part(P::KS - 1);
-                cp_async_commit();
             }
             cp_async_wait<STAGES - 2>();
             __syncthreads();
-            if constexpr (!SPREAD) {
-                if (kt + STAGES < nk) load_slab(fast, rd, kt + STAGES);
-                cp_async_commit();
-            }
+            if (kt + STAGES < nk) load_slab(fast, rd, kt + STAGES);
+            cp_async_commit();
             rd = rd + P::STAGE_BYTES == P::SMEM ? 0 : rd + P::STAGE_BYTES;
             if (kt + 1 < nk) load_frags(rd, 0, a0, b0);
             mma_step(acc, a1, b1);
@@ -1262,13 +1237,6 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_k64_f16(GEM
 }
 extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_k64_bf16(GEMM_ARGS(__nv_bfloat16)) {
     mma_warp64_body<__nv_bfloat16, 128, 256, 64, 2, 4, 4>(GEMM_PASS);
-}
-// mma_warp64_spread: k64 with each slab's 12 copies per thread spread over the next slab's k16 steps.
-extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_spread_f16(GEMM_ARGS(__half)) {
-    mma_warp64_body<__half, 128, 256, 64, 2, 4, 4, true>(GEMM_PASS);
-}
-extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_spread_bf16(GEMM_ARGS(__nv_bfloat16)) {
-    mma_warp64_body<__nv_bfloat16, 128, 256, 64, 2, 4, 4, true>(GEMM_PASS);
 }
 
 // wgmma_tma: TMA + mbarrier ring + warp-specialised wgmma, sm_90a (a trap elsewhere; never launched there).

@@ -37,7 +37,7 @@ const FAMILY: &str = "gemm";
 /// The fp32 SIMT ladder, in order.
 pub const F32_VARIANTS: &[&str] = &["naive", "smem_tiled", "blocktile_1d", "blocktile_2d", "vectorized", "warptiled"];
 /// The fp16/bf16 tensor-core ladder, in order (`wgmma_tma` on compute capability 9.0 only).
-pub const HALF_VARIANTS: &[&str] = &["mma_ldmatrix", "mma_pipelined", "mma_pipelined_wide", "mma_warp64", "mma_warp64_wide", "mma_warp64_k64", "mma_warp64_spread", "mma_splitk", "wgmma_tma", "wgmma_n128"];
+pub const HALF_VARIANTS: &[&str] = &["mma_ldmatrix", "mma_pipelined", "mma_pipelined_wide", "mma_warp64", "mma_warp64_wide", "mma_warp64_k64", "mma_splitk", "wgmma_tma", "wgmma_n128"];
 /// Variants built from sm_90a instructions (wgmma, TMA, setmaxnreg): offered on 9.0 alone,
 /// absent elsewhere (their PTX target, `compute_90a`, loads on no other device).
 pub const SM90A_VARIANTS: &[&str] = &["wgmma_tma", "wgmma_n128"];
@@ -397,7 +397,7 @@ pub fn dynamic_smem(variant: &str) -> usize {
         "mma_pipelined_wide" => 4 * (128 * 64 + 64 * 256) * 2,
         "mma_warp64" => 4 * (128 * 32 + 32 * 128) * 2,
         "mma_warp64_wide" => 5 * (128 * 32 + 32 * 256) * 2,
-        "mma_warp64_k64" | "mma_warp64_spread" => 4 * (128 * 64 + 64 * 256) * 2,
+        "mma_warp64_k64" => 4 * (128 * 64 + 64 * 256) * 2,
         "mma_splitk" => 4 * (16 * 64 + 64 * 128) * 2,
         "wgmma_tma" | "wgmma_n128" => wg::Tile::of(variant).map_or(0, wg::Tile::smem),
         _ => 0,
@@ -419,7 +419,6 @@ pub fn tile(variant: &str) -> &'static str {
         "mma_warp64" => "128x128x32, 4 warps of 64x64, 4-stage cp.async, 2 blocks/SM, one barrier per slab",
         "mma_warp64_wide" => "128x256x32, 8 warps of 64x64, 5-stage cp.async, one barrier per slab",
         "mma_warp64_k64" => "128x256x64, 8 warps of 64x64, 4-stage cp.async, one barrier per 64-deep slab",
-        "mma_warp64_spread" => "mma_warp64_k64 with each slab's copies issued a quarter per k16 step of the next slab",
         "mma_splitk" => "16x128x64, 8 warps of 16x16, 4-stage cp.async, K split over grid.y, fp32 partials summed in slice order",
         "wgmma_tma" => "128x256x64, 3 warpgroups (1 TMA producer, 2 wgmma consumers of 64x256), 4-stage mbarrier ring, 128B swizzle",
         "wgmma_n128" => "128x128x64, 2 wgmma consumer warpgroups of 64x128 + 1 TMA producer warp, 3-stage mbarrier ring, 2 blocks/SM",
@@ -440,7 +439,7 @@ pub fn launch_config(variant: &str, m: usize, n: usize) -> LaunchConfig {
         "mma_pipelined" => (((m.div_ceil(128) * n.div_ceil(128)) as u32, 1, 1), (256, 1, 1)),
         "mma_pipelined_wide" => (((m.div_ceil(128) * n.div_ceil(256)) as u32, 1, 1), (256, 1, 1)),
         "mma_warp64" => (((m.div_ceil(128) * n.div_ceil(128)) as u32, 1, 1), (128, 1, 1)),
-        "mma_warp64_wide" | "mma_warp64_k64" | "mma_warp64_spread" => (((m.div_ceil(128) * n.div_ceil(256)) as u32, 1, 1), (256, 1, 1)),
+        "mma_warp64_wide" | "mma_warp64_k64" => (((m.div_ceil(128) * n.div_ceil(256)) as u32, 1, 1), (256, 1, 1)),
         // grid.y: the K slices, set by run_kernel from splitk_slices.
         "mma_splitk" => (((m.div_ceil(16) * n.div_ceil(128)) as u32, 1, 1), (256, 1, 1)),
         "wgmma_tma" | "wgmma_n128" => {
@@ -1017,7 +1016,7 @@ mod tests {
                     "naive" => (8, 32),
                     "smem_tiled" => (32, 32),
                     "blocktile_1d" => (64, 64),
-                    "mma_pipelined_wide" | "mma_warp64_wide" | "mma_warp64_k64" | "mma_warp64_spread" | "wgmma_tma" => (128, 256),
+                    "mma_pipelined_wide" | "mma_warp64_wide" | "mma_warp64_k64" | "wgmma_tma" => (128, 256),
                     "wgmma_n128" => (128, 128),
                     "mma_splitk" => (16, 128),
                     _ => (128, 128),
@@ -1546,7 +1545,6 @@ mod tests {
             assert!(dynamic_smem(v) <= 227 * 1024, "{v} must fit H100's 227 KiB per block");
         }
         assert_eq!(dynamic_smem("mma_warp64_k64"), 196608);
-        assert_eq!(dynamic_smem("mma_warp64_spread"), 196608, "k64's tile and ring");
     }
 
     #[test]
@@ -1665,8 +1663,7 @@ mod tests {
     /// follow a barrier that follows every read of its previous slab.
     #[test]
     fn warp64_ring_schedule_has_no_hazards() {
-        let schedules = [2usize, 3, 4, 5].into_iter().flat_map(|s| [(s, 2usize, false), (s, 4, false), (s, 4, true)]);
-        for (stages, steps, spread) in schedules {
+        for (stages, steps) in [2usize, 3, 4, 5].into_iter().flat_map(|s| [(s, 2usize), (s, 4)]) {
             for nk in [1usize, 2, 3, 4, 5, 6, 7, 13] {
                 let mut groups: Vec<Option<(usize, usize)>> = Vec::new(); // (slot, slab) per commit
                 let mut slot_of = vec![usize::MAX; stages];
@@ -1704,25 +1701,14 @@ mod tests {
                 wait_and_barrier(&groups, stages - 1, &mut barriers, &mut visible);
                 read(0, &groups, &slot_of, visible, barriers, &mut last_read_epoch); // step 0 of slab 0
                 for kt in 0..nk {
-                    // SPREAD (mma_warp64_spread): slab kt - 1 + S into slot (kt - 1) % S, in flight
-                    // from the first of slab kt's steps, committed before the wait.
-                    if spread {
-                        if kt >= 1 && kt - 1 + stages < nk {
-                            copy((kt - 1) % stages, kt - 1 + stages, &mut groups, &mut slot_of, barriers, &last_read_epoch);
-                        } else {
-                            groups.push(None);
-                        }
-                    }
                     for _step in 1..steps {
                         read(kt, &groups, &slot_of, visible, barriers, &mut last_read_epoch); // steps 1..KS-1 of slab kt
                     }
                     wait_and_barrier(&groups, stages - 2, &mut barriers, &mut visible);
-                    if !spread {
-                        if kt + stages < nk {
-                            copy(kt % stages, kt + stages, &mut groups, &mut slot_of, barriers, &last_read_epoch);
-                        } else {
-                            groups.push(None);
-                        }
+                    if kt + stages < nk {
+                        copy(kt % stages, kt + stages, &mut groups, &mut slot_of, barriers, &last_read_epoch);
+                    } else {
+                        groups.push(None);
                     }
                     if kt + 1 < nk {
                         read(kt + 1, &groups, &slot_of, visible, barriers, &mut last_read_epoch); // step 0 of slab kt+1
