@@ -1244,6 +1244,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_k64_bf16(GE
                           int ldc, float alpha, float beta
 using WgWide = WgTile<256, 4, 1>;
 using WgN128 = WgTile<128, 3, 2>;
+using WgN128Deep = WgTile<128, 7, 1>;
 #define WGMMA_RUNG(NAME, P)                                                                                            \
     extern "C" __global__ void __launch_bounds__(P::THREADS, P::BLOCKS_PER_SM) gemm_##NAME##_f16(WGMMA_TMA_ARGS(__half)) { \
         wgmma_tma_body<__half, P>(ta, tb, C, M, N, K, ldc, alpha, beta);                                               \
@@ -1255,3 +1256,5 @@ using WgN128 = WgTile<128, 3, 2>;
 WGMMA_RUNG(wgmma_tma, WgWide)
 // wgmma_n128: 128x128 tiles, 3 stages, two blocks per SM.
 WGMMA_RUNG(wgmma_n128, WgN128)
+// wgmma_n128_deep: 128x128 tiles, 7 stages, one block per SM.
+WGMMA_RUNG(wgmma_n128_deep, WgN128Deep)

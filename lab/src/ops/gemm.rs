@@ -37,10 +37,10 @@ const FAMILY: &str = "gemm";
 /// The fp32 SIMT ladder, in order.
 pub const F32_VARIANTS: &[&str] = &["naive", "smem_tiled", "blocktile_1d", "blocktile_2d", "vectorized", "warptiled"];
 /// The fp16/bf16 tensor-core ladder, in order (`wgmma_tma` on compute capability 9.0 only).
-pub const HALF_VARIANTS: &[&str] = &["mma_ldmatrix", "mma_pipelined", "mma_pipelined_wide", "mma_warp64", "mma_warp64_wide", "mma_warp64_k64", "mma_splitk", "wgmma_tma", "wgmma_n128"];
+pub const HALF_VARIANTS: &[&str] = &["mma_ldmatrix", "mma_pipelined", "mma_pipelined_wide", "mma_warp64", "mma_warp64_wide", "mma_warp64_k64", "mma_splitk", "wgmma_tma", "wgmma_n128", "wgmma_n128_deep"];
 /// Variants built from sm_90a instructions (wgmma, TMA, setmaxnreg): offered on 9.0 alone,
 /// absent elsewhere (their PTX target, `compute_90a`, loads on no other device).
-pub const SM90A_VARIANTS: &[&str] = &["wgmma_tma", "wgmma_n128"];
+pub const SM90A_VARIANTS: &[&str] = &["wgmma_tma", "wgmma_n128", "wgmma_n128_deep"];
 pub const CPU_VARIANTS: &[&str] = &["cpu_blocked"];
 /// The slow rungs (naive, smem_tiled) run only up to this many multiply-adds (2048^3).
 pub const SLOW_MAX_MACS: u64 = 1 << 33;
@@ -266,6 +266,8 @@ pub mod wg {
     pub const WIDE: Tile = Tile { bn: 256, stages: 4, blocks_per_sm: 1 };
     /// wgmma_n128: 128x128 tiles, 3 stages, two blocks per SM.
     pub const N128: Tile = Tile { bn: 128, stages: 3, blocks_per_sm: 2 };
+    /// wgmma_n128_deep: 128x128 tiles, 7 stages, one block per SM.
+    pub const N128_DEEP: Tile = Tile { bn: 128, stages: 7, blocks_per_sm: 1 };
 
     impl Tile {
         /// The tile of a wgmma variant, `None` for any other.
@@ -273,6 +275,7 @@ pub mod wg {
             match variant {
                 "wgmma_tma" => Some(WIDE),
                 "wgmma_n128" => Some(N128),
+                "wgmma_n128_deep" => Some(N128_DEEP),
                 _ => None,
             }
         }
@@ -399,7 +402,7 @@ pub fn dynamic_smem(variant: &str) -> usize {
         "mma_warp64_wide" => 5 * (128 * 32 + 32 * 256) * 2,
         "mma_warp64_k64" => 4 * (128 * 64 + 64 * 256) * 2,
         "mma_splitk" => 4 * (16 * 64 + 64 * 128) * 2,
-        "wgmma_tma" | "wgmma_n128" => wg::Tile::of(variant).map_or(0, wg::Tile::smem),
+        "wgmma_tma" | "wgmma_n128" | "wgmma_n128_deep" => wg::Tile::of(variant).map_or(0, wg::Tile::smem),
         _ => 0,
     }
 }
@@ -422,6 +425,7 @@ pub fn tile(variant: &str) -> &'static str {
         "mma_splitk" => "16x128x64, 8 warps of 16x16, 4-stage cp.async, K split over grid.y, fp32 partials summed in slice order",
         "wgmma_tma" => "128x256x64, 3 warpgroups (1 TMA producer, 2 wgmma consumers of 64x256), 4-stage mbarrier ring, 128B swizzle",
         "wgmma_n128" => "128x128x64, 2 wgmma consumer warpgroups of 64x128 + 1 TMA producer warp, 3-stage mbarrier ring, 2 blocks/SM",
+        "wgmma_n128_deep" => "128x128x64, 3 warpgroups (1 TMA producer, 2 wgmma consumers of 64x128), 7-stage mbarrier ring, 1 block/SM",
         _ => "",
     }
 }
@@ -442,7 +446,7 @@ pub fn launch_config(variant: &str, m: usize, n: usize) -> LaunchConfig {
         "mma_warp64_wide" | "mma_warp64_k64" => (((m.div_ceil(128) * n.div_ceil(256)) as u32, 1, 1), (256, 1, 1)),
         // grid.y: the K slices, set by run_kernel from splitk_slices.
         "mma_splitk" => (((m.div_ceil(16) * n.div_ceil(128)) as u32, 1, 1), (256, 1, 1)),
-        "wgmma_tma" | "wgmma_n128" => {
+        "wgmma_tma" | "wgmma_n128" | "wgmma_n128_deep" => {
             let t = wg::Tile::of(variant).expect("a wgmma variant");
             (((m.div_ceil(wg::BM) * n.div_ceil(t.bn)) as u32, 1, 1), (t.threads(), 1, 1))
         }
@@ -1017,7 +1021,7 @@ mod tests {
                     "smem_tiled" => (32, 32),
                     "blocktile_1d" => (64, 64),
                     "mma_pipelined_wide" | "mma_warp64_wide" | "mma_warp64_k64" | "wgmma_tma" => (128, 256),
-                    "wgmma_n128" => (128, 128),
+                    "wgmma_n128" | "wgmma_n128_deep" => (128, 128),
                     "mma_splitk" => (16, 128),
                     _ => (128, 128),
                 };
@@ -1030,7 +1034,7 @@ mod tests {
                     "warptiled" => 128,
                     "mma_ldmatrix" | "mma_pipelined" => 64,
                     "mma_splitk" => 8,
-                    "wgmma_n128" => 64,
+                    "wgmma_n128" | "wgmma_n128_deep" => 64,
                     _ => 128,
                 };
                 assert_eq!(threads as usize * per_thread, bm * bn, "{v}: threads x outputs per thread != tile");
@@ -1320,7 +1324,7 @@ mod tests {
     #[test]
     fn wgmma_blocks_reproduce_the_tile_product() {
         use wg::*;
-        for tile in [WIDE, N128] {
+        for tile in [WIDE, N128, N128_DEEP] {
             let (bn, stage_bytes) = (tile.bn, tile.stage_bytes());
             let a = |r: usize, c: usize| ((r * 7 + c * 3) % 11) as f64 - 5.0;
             let b = |r: usize, c: usize| ((r * 5 + c * 2) % 13) as f64 - 6.0;
@@ -1399,7 +1403,7 @@ mod tests {
         }
         // The transaction bytes the producer expects per stage are the boxes it issues.
         let box_bytes = |t: TmaBox| t.boxes[0] as usize * t.boxes[1] as usize * 2;
-        for tile in [WIDE, N128] {
+        for tile in [WIDE, N128, N128_DEEP] {
             let bn = tile.bn;
             assert_eq!(box_bytes(ta) + (bn / B_BOX_N) * box_bytes(tb), tile.stage_bytes());
             // At the N edge the producer issues only the B boxes that reach inside N (gemm.cu:
