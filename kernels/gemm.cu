@@ -57,6 +57,9 @@
 //   wgmma_n128     wgmma_tma's loop on 128x128x64 tiles (m64n128k16), 3 stages, two blocks per SM
 //                  with a one-warp producer: twice the tiles, for shapes that leave SMs idle at
 //                  128x256 (M <= 512, 1024^3 to 2048^3), and one block's epilogue under the other's loop.
+//   wgmma_n128_deep  the same 128x128 tile with wgmma_tma's warps (a producer warpgroup,
+//                  setmaxnreg) and 7 stages, one block per SM: three times the bytes in flight per
+//                  SM where a skinny shape leaves a block an SM to itself (M <= 512, decode).
 // Tried and removed (each slower than the rung it changed; notes in reports/notes):
 //   mma_tma        mma_warp64_k64's loop fed by wgmma_tma's TMA ring, no block barrier: 6-10%
 //                  slower, its warps waiting on late stages (h100-gemm-mma-tma.md).
@@ -90,6 +93,7 @@
 //   wgmma_tma for sm_90a: 168 / 0 (+197696 dynamic) / 0, no stack frame (the launch-time figure
 //   for 384 threads; setmaxnreg then moves the producer to 40 and the consumers to 232)
 //   wgmma_n128 for sm_90a: 90 / 0 (+99376 dynamic) / 0 (288 threads, two blocks per SM)
+//   wgmma_n128_deep for sm_90a: 168 / 0 (+230512 dynamic) / 0 (384 threads; setmaxnreg 40 / 232)
 // Main loop in SASS (nvdisasm of the sm_90 cubin; instructions per loop trip / HMMA in it):
 //   mma_ldmatrix 318 / 32 (9.9 per HMMA)   mma_pipelined 1033 / 64 (16.1)
 //   mma_pipelined_wide 1798 / 128 (14.0)   (most of it load_chunk's per-chunk bounds and branches)
