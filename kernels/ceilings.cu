@@ -121,7 +121,7 @@ template <typename T>
 __device__ __forceinline__ void wgmma_roof(const uint4* __restrict__ a, const uint4* __restrict__ b, float* __restrict__ sums,
                                            float* __restrict__ tile0, int iters) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int A_BYTES = 128 * 64 * 2, B_BOX_BYTES = 64 * 64 * 2;
+    constexpr int A_BYTES = 128 * 64 * 2, B_BOX_BYTES = WG_B_LBO;
     extern __shared__ __align__(1024) unsigned char smem[];
     require_dynamic_smem(A_BYTES + 4 * B_BOX_BYTES + 1024);
     const unsigned pad = (1024u - (smem_addr(smem) & 1023u)) & 1023u;  // wgmma's swizzle wants 1024-aligned tiles
@@ -146,7 +146,7 @@ __device__ __forceinline__ void wgmma_roof(const uint4* __restrict__ a, const ui
         wg_pin(d);
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-        for (int ks = 0; ks < 4; ++ks) Wgmma<T, 256>::run(d, wg_desc(a0 + 32 * ks, 16, 1024), wg_desc(b0 + 2048 * ks, B_BOX_BYTES, 1024));
+        for (int ks = 0; ks < 4; ++ks) Wgmma<T, 256>::run(d, wg_desc(a0 + 32 * ks, WG_A_LBO, WG_A_SBO), wg_desc(b0 + 2048 * ks, WG_B_LBO, WG_B_SBO));
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
         wg_pin(d);

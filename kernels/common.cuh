@@ -485,6 +485,11 @@ __device__ __forceinline__ unsigned long long wg_desc(unsigned addr, unsigned lb
            ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
 }
 
+// Descriptor byte offsets of tiles laid out as TMA writes them with the 128-byte swizzle: A
+// K-major (leading offset unused, encoded 16; 8-row groups 1024 bytes apart), B N-major in boxes
+// of 64 columns (8 KiB from one box to the next; 8 k-rows 1024 bytes apart).
+constexpr unsigned WG_A_LBO = 16, WG_A_SBO = 1024, WG_B_LBO = 64 * 64 * 2, WG_B_SBO = 1024;
+
 #define WG_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
 #define WG_D64 WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56)
 #define WG_D128 WG_D64, WG_D8(64), WG_D8(72), WG_D8(80), WG_D8(88), WG_D8(96), WG_D8(104), WG_D8(112), WG_D8(120)

@@ -1054,8 +1054,8 @@ struct __align__(64) TmaDesc {
     unsigned long long opaque[16];
 };
 
-// The block tile and ring of a wgmma rung: BN = 256 (wgmma_tma, one block per SM) or 128
-// (wgmma_n128, two blocks per SM: twice the tiles for shapes that leave SMs idle at 128x256).
+// The block tile and ring of a wgmma rung: BN = 256 (wgmma_tma: 4 stages, one block per SM) or
+// 128 (wgmma_n128: 3 stages, two blocks per SM; wgmma_n128_deep: 7 stages, one block per SM).
 template <int BN_, int STAGES_, int BLOCKS_PER_SM_>
 struct WgTile {
     static constexpr int BM = 128, BN = BN_, BK = 64, STAGES = STAGES_, BLOCKS_PER_SM = BLOCKS_PER_SM_;
@@ -1064,7 +1064,7 @@ struct WgTile {
     static constexpr int B_BOX_N = 64, B_BOXES = BN / B_BOX_N;         // boxes of 64 columns
     static constexpr int B_BOX_BYTES = BK * B_BOX_N * 2;              // 8 KiB
     static constexpr int STAGE_BYTES = A_BYTES + B_BOXES * B_BOX_BYTES;  // 48 or 32 KiB
-    static constexpr int SMEM = STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8;  // 197696 or 99376
+    static constexpr int SMEM = STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8;  // 197696, 99376, 230512
     // The producer: a whole warpgroup that gives its registers to the consumers through setmaxnreg
     // (one block per SM: 384 x 168 at launch, then 40 and 232), or, at two blocks per SM, one
     // warp: ptxas compiles every thread to the launch's limit (65536 / 576 threads: 112), which
@@ -1079,11 +1079,6 @@ struct WgTile {
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace wg {
-// Descriptor byte offsets (B: one box of 64 k-rows x 64 columns to the next, 8 KiB).
-constexpr unsigned A_LBO = 16, A_SBO = 1024, B_LBO = 64 * 64 * 2, B_SBO = 1024;
-}  // namespace wg
-
 // One 2D box of `map` whose first element is (c0 along the contiguous dimension, c1 along rows)
 // into shared memory at dst; completion adds the box's bytes to mbarrier `bar`.
 __device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaDesc* map, int c0, int c1, unsigned bar) {
@@ -1098,7 +1093,6 @@ template <typename T, typename P>
 __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc& tb, T* C, int M, int N, int K, int ldc,
                                                float alpha, float beta) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using namespace wg;
     constexpr int BM = P::BM, BN = P::BN, BK = P::BK, STAGES = P::STAGES, CONSUMERS = P::CONSUMERS;
     constexpr int A_BYTES = P::A_BYTES, B_BOX_N = P::B_BOX_N, B_BOXES = P::B_BOXES, B_BOX_BYTES = P::B_BOX_BYTES;
     constexpr int STAGE_BYTES = P::STAGE_BYTES, ACC = BN / 2;  // fp32 accumulators per consumer thread
@@ -1157,7 +1151,7 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
         for (int ks = 0; ks < BK / 16; ++ks)
-            Wgmma<T, BN>::run(d, wg_desc(a + 32 * ks, A_LBO, A_SBO), wg_desc(b + 2048 * ks, B_LBO, B_SBO));
+            Wgmma<T, BN>::run(d, wg_desc(a + 32 * ks, WG_A_LBO, WG_A_SBO), wg_desc(b + 2048 * ks, WG_B_LBO, WG_B_SBO));
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
         wg_pin(d);
