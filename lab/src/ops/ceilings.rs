@@ -482,5 +482,7 @@ mod tests {
         let names: Vec<&str> = gpu.iter().map(|c| ceiling_of(c).unwrap()).collect();
         assert_eq!(names, ["copy_gb_s", "fma_tflop_s", "tensor_f16_tflop_s", "mma_sync_bf16_tflop_s"]);
         assert!(ceiling_of(&json!({"what": "tensor", "dtype": "f32"})).is_err());
+        // The wgmma loop raises the same tensor roof as cuBLAS, for its dtype.
+        assert_eq!(ceiling_of(&json!({"what": "tensor", "kernel": "wgmma", "dtype": "bf16"})).unwrap(), "tensor_bf16_tflop_s");
     }
 }

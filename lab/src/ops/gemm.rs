@@ -36,7 +36,7 @@ const FAMILY: &str = "gemm";
 
 /// The fp32 SIMT ladder, in order.
 pub const F32_VARIANTS: &[&str] = &["naive", "smem_tiled", "blocktile_1d", "blocktile_2d", "vectorized", "warptiled"];
-/// The fp16/bf16 tensor-core ladder, in order (`wgmma_tma` on compute capability 9.0 only).
+/// The fp16/bf16 tensor-core ladder, in order (the wgmma rungs on compute capability 9.0 only).
 pub const HALF_VARIANTS: &[&str] = &["mma_ldmatrix", "mma_pipelined", "mma_pipelined_wide", "mma_warp64", "mma_warp64_wide", "mma_warp64_k64", "mma_splitk", "wgmma_tma", "wgmma_n128", "wgmma_n128_deep"];
 /// Variants built from sm_90a instructions (wgmma, TMA, setmaxnreg): offered on 9.0 alone,
 /// absent elsewhere (their PTX target, `compute_90a`, loads on no other device).
@@ -248,7 +248,8 @@ pub fn not_applicable(variant: &str, d: Dims) -> Option<String> {
     (!bad.is_empty()).then(|| format!("TMA needs row strides that are multiples of 16 bytes (8 elements); {} {verb} not", bad.join(" and ")))
 }
 
-/// The wgmma rungs' block tiles and rings, as `WgTile` and `namespace wg` in gemm.cu state them.
+/// The wgmma rungs' block tiles and rings, as `WgTile` in gemm.cu states them, and the descriptor
+/// offsets of kernels/common.cuh (`WG_A_LBO`, ...).
 pub mod wg {
     pub const BM: usize = 128;
     pub const BK: usize = 64;
@@ -402,7 +403,7 @@ pub fn dynamic_smem(variant: &str) -> usize {
         "mma_warp64_wide" => 5 * (128 * 32 + 32 * 256) * 2,
         "mma_warp64_k64" => 4 * (128 * 64 + 64 * 256) * 2,
         "mma_splitk" => 4 * (16 * 64 + 64 * 128) * 2,
-        "wgmma_tma" | "wgmma_n128" | "wgmma_n128_deep" => wg::Tile::of(variant).map_or(0, wg::Tile::smem),
+        v if SM90A_VARIANTS.contains(&v) => wg::Tile::of(v).map_or(0, wg::Tile::smem),
         _ => 0,
     }
 }
@@ -446,8 +447,8 @@ pub fn launch_config(variant: &str, m: usize, n: usize) -> LaunchConfig {
         "mma_warp64_wide" | "mma_warp64_k64" => (((m.div_ceil(128) * n.div_ceil(256)) as u32, 1, 1), (256, 1, 1)),
         // grid.y: the K slices, set by run_kernel from splitk_slices.
         "mma_splitk" => (((m.div_ceil(16) * n.div_ceil(128)) as u32, 1, 1), (256, 1, 1)),
-        "wgmma_tma" | "wgmma_n128" | "wgmma_n128_deep" => {
-            let t = wg::Tile::of(variant).expect("a wgmma variant");
+        v if SM90A_VARIANTS.contains(&v) => {
+            let t = wg::Tile::of(v).expect("every sm_90a variant is a wgmma rung");
             (((m.div_ceil(wg::BM) * n.div_ceil(t.bn)) as u32, 1, 1), (t.threads(), 1, 1))
         }
         other => unreachable!("no launch shape for gemm variant `{other}`"),
@@ -1324,7 +1325,8 @@ mod tests {
     #[test]
     fn wgmma_blocks_reproduce_the_tile_product() {
         use wg::*;
-        for tile in [WIDE, N128, N128_DEEP] {
+        // The two tile widths (wgmma_n128_deep lays out its stages as wgmma_n128 does).
+        for tile in [WIDE, N128] {
             let (bn, stage_bytes) = (tile.bn, tile.stage_bytes());
             let a = |r: usize, c: usize| ((r * 7 + c * 3) % 11) as f64 - 5.0;
             let b = |r: usize, c: usize| ((r * 5 + c * 2) % 13) as f64 - 6.0;
