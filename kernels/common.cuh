@@ -491,10 +491,11 @@ __device__ __forceinline__ unsigned long long wg_desc(unsigned addr, unsigned lb
 constexpr unsigned WG_A_LBO = 16, WG_A_SBO = 1024, WG_B_LBO = 64 * 64 * 2, WG_B_SBO = 1024;
 
 #define WG_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
-#define WG_D64 WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56)
+#define WG_D32 WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24)
+#define WG_D64 WG_D32, WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56)
 #define WG_D128 WG_D64, WG_D8(64), WG_D8(72), WG_D8(80), WG_D8(88), WG_D8(96), WG_D8(104), WG_D8(112), WG_D8(120)
-#define WG_REGS64 \
-    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+#define WG_REGS32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define WG_REGS64 WG_REGS32 ", " \
     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 #define WG_REGS128 WG_REGS64 ", " \
     "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
@@ -517,8 +518,13 @@ constexpr unsigned WG_A_LBO = 16, WG_A_SBO = 1024, WG_B_LBO = 64 * 64 * 2, WG_B_
         static __device__ __forceinline__ void run(float (&d)[64], unsigned long long da, unsigned long long db) {  \
             WGMMA_M64NK16(128, TY, WG_D64, WG_REGS64, "%64", "%65", "%66");                                 \
         }                                                                                                   \
+    };                                                                                                      \
+    template <> struct Wgmma<T, 64> {                                                                       \
+        static __device__ __forceinline__ void run(float (&d)[32], unsigned long long da, unsigned long long db) {  \
+            WGMMA_M64NK16(64, TY, WG_D32, WG_REGS32, "%32", "%33", "%34");                                  \
+        }                                                                                                   \
     };
-// Wgmma<T, N>::run(d, da, db): one m64nNk16 of a warpgroup, N = 256 or 128.
+// Wgmma<T, N>::run(d, da, db): one m64nNk16 of a warpgroup, N = 256, 128 or 64.
 template <typename T, int N> struct Wgmma;
 WGMMA_TYPE(__half, "f16")
 WGMMA_TYPE(__nv_bfloat16, "bf16")

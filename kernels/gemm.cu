@@ -60,6 +60,9 @@
 //   wgmma_n128_deep  the same 128x128 tile with wgmma_tma's warps (a producer warpgroup,
 //                  setmaxnreg) and 7 stages, one block per SM: three times the bytes in flight per
 //                  SM where a skinny shape leaves a block an SM to itself (M <= 512, decode).
+//   wgmma_n64_deep  128x64 tiles (m64n64k16, one B box), 9 stages of 24 KiB, one block per SM:
+//                  twice the blocks of wgmma_n128_deep again, for M <= 128 (64 blocks at N = 4096),
+//                  each re-reading all of A from L2 for half the B.
 // Tried and removed (each slower than the rung it changed; notes in reports/notes):
 //   mma_tma        mma_warp64_k64's loop fed by wgmma_tma's TMA ring, no block barrier: 6-10%
 //                  slower, its warps waiting on late stages (h100-gemm-mma-tma.md).
@@ -94,6 +97,7 @@
 //   for 384 threads; setmaxnreg then moves the producer to 40 and the consumers to 232)
 //   wgmma_n128 for sm_90a: 90 / 0 (+99376 dynamic) / 0 (288 threads, two blocks per SM)
 //   wgmma_n128_deep for sm_90a: 168 / 0 (+230512 dynamic) / 0 (384 threads; setmaxnreg 40 / 232)
+//   wgmma_n64_deep for sm_90a: 168 / 0 (+222352 dynamic) / 0 (the same)
 // Main loop in SASS (nvdisasm of the sm_90 cubin; instructions per loop trip / HMMA in it):
 //   mma_ldmatrix 318 / 32 (9.9 per HMMA)   mma_pipelined 1033 / 64 (16.1)
 //   mma_pipelined_wide 1798 / 128 (14.0)   (most of it load_chunk's per-chunk bounds and branches)
@@ -1055,7 +1059,8 @@ struct __align__(64) TmaDesc {
 };
 
 // The block tile and ring of a wgmma rung: BN = 256 (wgmma_tma: 4 stages, one block per SM) or
-// 128 (wgmma_n128: 3 stages, two blocks per SM; wgmma_n128_deep: 7 stages, one block per SM).
+// 128 (wgmma_n128: 3 stages, two blocks per SM; wgmma_n128_deep: 7 stages, one block per SM) or
+// 64 (wgmma_n64_deep: 9 stages, one block per SM).
 template <int BN_, int STAGES_, int BLOCKS_PER_SM_>
 struct WgTile {
     static constexpr int BM = 128, BN = BN_, BK = 64, STAGES = STAGES_, BLOCKS_PER_SM = BLOCKS_PER_SM_;
@@ -1064,7 +1069,7 @@ struct WgTile {
     static constexpr int B_BOX_N = 64, B_BOXES = BN / B_BOX_N;         // boxes of 64 columns
     static constexpr int B_BOX_BYTES = BK * B_BOX_N * 2;              // 8 KiB
     static constexpr int STAGE_BYTES = A_BYTES + B_BOXES * B_BOX_BYTES;  // 48 or 32 KiB
-    static constexpr int SMEM = STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8;  // 197696, 99376, 230512
+    static constexpr int SMEM = STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8;  // 197696, 99376, 230512, 222352
     // The producer: a whole warpgroup that gives its registers to the consumers through setmaxnreg
     // (one block per SM: 384 x 168 at launch, then 40 and 232), or, at two blocks per SM, one
     // warp: ptxas compiles every thread to the launch's limit (65536 / 576 threads: 112), which
@@ -1243,6 +1248,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_k64_bf16(GE
 using WgWide = WgTile<256, 4, 1>;
 using WgN128 = WgTile<128, 3, 2>;
 using WgN128Deep = WgTile<128, 7, 1>;
+using WgN64Deep = WgTile<64, 9, 1>;
 #define WGMMA_RUNG(NAME, P)                                                                                            \
     extern "C" __global__ void __launch_bounds__(P::THREADS, P::BLOCKS_PER_SM) gemm_##NAME##_f16(WGMMA_TMA_ARGS(__half)) { \
         wgmma_tma_body<__half, P>(ta, tb, C, M, N, K, ldc, alpha, beta);                                               \
@@ -1256,3 +1262,5 @@ WGMMA_RUNG(wgmma_tma, WgWide)
 WGMMA_RUNG(wgmma_n128, WgN128)
 // wgmma_n128_deep: 128x128 tiles, 7 stages, one block per SM.
 WGMMA_RUNG(wgmma_n128_deep, WgN128Deep)
+// wgmma_n64_deep: 128x64 tiles, 9 stages, one block per SM.
+WGMMA_RUNG(wgmma_n64_deep, WgN64Deep)

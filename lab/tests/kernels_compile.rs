@@ -51,6 +51,8 @@ fn the_wgmma_kernels_are_built_for_sm90a_only() {
         "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16",
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16",
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16",
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16",
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16",
         "cp.async.bulk.tensor.2d",
         "mbarrier.try_wait.parity",
         "setmaxnreg.inc",

@@ -37,10 +37,10 @@ const FAMILY: &str = "gemm";
 /// The fp32 SIMT ladder, in order.
 pub const F32_VARIANTS: &[&str] = &["naive", "smem_tiled", "blocktile_1d", "blocktile_2d", "vectorized", "warptiled"];
 /// The fp16/bf16 tensor-core ladder, in order (the wgmma rungs on compute capability 9.0 only).
-pub const HALF_VARIANTS: &[&str] = &["mma_ldmatrix", "mma_pipelined", "mma_pipelined_wide", "mma_warp64", "mma_warp64_wide", "mma_warp64_k64", "mma_splitk", "wgmma_tma", "wgmma_n128", "wgmma_n128_deep"];
+pub const HALF_VARIANTS: &[&str] = &["mma_ldmatrix", "mma_pipelined", "mma_pipelined_wide", "mma_warp64", "mma_warp64_wide", "mma_warp64_k64", "mma_splitk", "wgmma_tma", "wgmma_n128", "wgmma_n128_deep", "wgmma_n64_deep"];
 /// Variants built from sm_90a instructions (wgmma, TMA, setmaxnreg): offered on 9.0 alone,
 /// absent elsewhere (their PTX target, `compute_90a`, loads on no other device).
-pub const SM90A_VARIANTS: &[&str] = &["wgmma_tma", "wgmma_n128", "wgmma_n128_deep"];
+pub const SM90A_VARIANTS: &[&str] = &["wgmma_tma", "wgmma_n128", "wgmma_n128_deep", "wgmma_n64_deep"];
 pub const CPU_VARIANTS: &[&str] = &["cpu_blocked"];
 /// The slow rungs (naive, smem_tiled) run only up to this many multiply-adds (2048^3).
 pub const SLOW_MAX_MACS: u64 = 1 << 33;
@@ -269,6 +269,8 @@ pub mod wg {
     pub const N128: Tile = Tile { bn: 128, stages: 3, blocks_per_sm: 2 };
     /// wgmma_n128_deep: 128x128 tiles, 7 stages, one block per SM.
     pub const N128_DEEP: Tile = Tile { bn: 128, stages: 7, blocks_per_sm: 1 };
+    /// wgmma_n64_deep: 128x64 tiles, 9 stages, one block per SM.
+    pub const N64_DEEP: Tile = Tile { bn: 64, stages: 9, blocks_per_sm: 1 };
 
     impl Tile {
         /// The tile of a wgmma variant, `None` for any other.
@@ -277,6 +279,7 @@ pub mod wg {
                 "wgmma_tma" => Some(WIDE),
                 "wgmma_n128" => Some(N128),
                 "wgmma_n128_deep" => Some(N128_DEEP),
+                "wgmma_n64_deep" => Some(N64_DEEP),
                 _ => None,
             }
         }
@@ -427,6 +430,7 @@ pub fn tile(variant: &str) -> &'static str {
         "wgmma_tma" => "128x256x64, 3 warpgroups (1 TMA producer, 2 wgmma consumers of 64x256), 4-stage mbarrier ring, 128B swizzle",
         "wgmma_n128" => "128x128x64, 2 wgmma consumer warpgroups of 64x128 + 1 TMA producer warp, 3-stage mbarrier ring, 2 blocks/SM",
         "wgmma_n128_deep" => "128x128x64, 3 warpgroups (1 TMA producer, 2 wgmma consumers of 64x128), 7-stage mbarrier ring, 1 block/SM",
+        "wgmma_n64_deep" => "128x64x64, 3 warpgroups (1 TMA producer, 2 wgmma consumers of 64x64), 9-stage mbarrier ring, 1 block/SM",
         _ => "",
     }
 }
@@ -1023,6 +1027,7 @@ mod tests {
                     "blocktile_1d" => (64, 64),
                     "mma_pipelined_wide" | "mma_warp64_wide" | "mma_warp64_k64" | "wgmma_tma" => (128, 256),
                     "wgmma_n128" | "wgmma_n128_deep" => (128, 128),
+                    "wgmma_n64_deep" => (128, 64),
                     "mma_splitk" => (16, 128),
                     _ => (128, 128),
                 };
@@ -1036,6 +1041,7 @@ mod tests {
                     "mma_ldmatrix" | "mma_pipelined" => 64,
                     "mma_splitk" => 8,
                     "wgmma_n128" | "wgmma_n128_deep" => 64,
+                    "wgmma_n64_deep" => 32,
                     _ => 128,
                 };
                 assert_eq!(threads as usize * per_thread, bm * bn, "{v}: threads x outputs per thread != tile");
@@ -1325,8 +1331,8 @@ mod tests {
     #[test]
     fn wgmma_blocks_reproduce_the_tile_product() {
         use wg::*;
-        // The two tile widths (wgmma_n128_deep lays out its stages as wgmma_n128 does).
-        for tile in [WIDE, N128] {
+        // The three tile widths (wgmma_n128_deep lays out its stages as wgmma_n128 does).
+        for tile in [WIDE, N128, N64_DEEP] {
             let (bn, stage_bytes) = (tile.bn, tile.stage_bytes());
             let a = |r: usize, c: usize| ((r * 7 + c * 3) % 11) as f64 - 5.0;
             let b = |r: usize, c: usize| ((r * 5 + c * 2) % 13) as f64 - 6.0;
@@ -1405,7 +1411,7 @@ mod tests {
         }
         // The transaction bytes the producer expects per stage are the boxes it issues.
         let box_bytes = |t: TmaBox| t.boxes[0] as usize * t.boxes[1] as usize * 2;
-        for tile in [WIDE, N128, N128_DEEP] {
+        for tile in [WIDE, N128, N128_DEEP, N64_DEEP] {
             let bn = tile.bn;
             assert_eq!(box_bytes(ta) + (bn / B_BOX_N) * box_bytes(tb), tile.stage_bytes());
             // At the N edge the producer issues only the B boxes that reach inside N (gemm.cu:
