@@ -68,6 +68,7 @@ fn the_wgmma_kernels_are_built_for_sm90a_only() {
         for family in ["gemm", "ceilings"] {
             let ptx = compile_family(family, target).unwrap_or_else(|e| panic!("{e}"));
             assert!(!ptx.contains("wgmma.mma_async"), "compute_{target} {family} PTX holds wgmma");
+            assert!(!ptx.contains("cp.async.bulk.tensor"), "compute_{target} {family} PTX holds TMA copies");
         }
         let ptx = entries(&compile_family("gemm", target).unwrap_or_else(|e| panic!("{e}")));
         for v in lab::ops::gemm::SM90A_VARIANTS {
