@@ -1068,7 +1068,7 @@ struct WgTile {
     static constexpr int A_BYTES = BM * BK * 2;                      // 16 KiB
     static constexpr int B_BOX_N = 64, B_BOXES = BN / B_BOX_N;         // boxes of 64 columns
     static constexpr int B_BOX_BYTES = BK * B_BOX_N * 2;              // 8 KiB
-    static constexpr int STAGE_BYTES = A_BYTES + B_BOXES * B_BOX_BYTES;  // 48 or 32 KiB
+    static constexpr int STAGE_BYTES = A_BYTES + B_BOXES * B_BOX_BYTES;  // 48, 32 or 24 KiB
     static constexpr int SMEM = STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8;  // 197696, 99376, 230512, 222352
     // The producer: a whole warpgroup that gives its registers to the consumers through setmaxnreg
     // (one block per SM: 384 x 168 at launch, then 40 and 232), or, at two blocks per SM, one
@@ -1170,7 +1170,7 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
     // d[4j], d[4j+1] at row 16w + l/4, columns 8j + 2(l%4) + {0, 1}, and d[4j+2], d[4j+3] 8 rows below.
     const int row = bm + wgi * 64 + warp * 16 + lane / 4, col = bn + 2 * (lane % 4);
     // Whole tiles with beta == 0 and 4-byte aligned pairs (the common case) store without checks:
-    // 64 packed stores instead of 64 calls of store2 with their bounds and alignment branches.
+    // BN / 4 packed stores instead of as many calls of store2 with their bounds and alignment branches.
     const bool whole = bm + BM <= M && bn + BN <= N && beta == 0.f && (ldc & 1) == 0 && (reinterpret_cast<u64>(C) & 3) == 0;
     if (whole) {
         T* c0 = C + (u64)row * ldc + col;

@@ -311,7 +311,7 @@ fn gpu_wgmma<T: Elem>(s: &mut Session, gpu: &Gpu, case: &Value) -> Result<()> {
     let mut sums = gpu.stream.alloc_zeros::<f32>(blocks * 256).doing("allocating the accumulator sums")?;
     let mut tile0 = gpu.stream.alloc_zeros::<f32>(256 * 128).doing("allocating block 0's accumulators")?;
     let f = gpu.function(FAMILY, &symbol(FAMILY, "wgmma", T::DTYPE))?;
-    let smem = (128 * 64 + 64 * 256) * 2 + 1024;
+    let smem = crate::ops::gemm::wg::WIDE.stage_bytes() + 1024;  // one wgmma_tma stage, 1024-aligned
     crate::ops::gemm::raise_dynamic_smem(&f, smem)?;
     let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: smem as u32 };
     let it = iters as i32;

@@ -1,7 +1,8 @@
 //! `gemm`: C = alpha A B + beta C, row-major, a ladder from one thread per output to tensor cores
 //! (kernels/gemm.cu), beside cuBLAS in the same run on the same inputs. fp32 variants are SIMT;
-//! the last fp16/bf16 rung (`wgmma_tma`: TMA, mbarriers, wgmma) exists on compute capability 9.0
-//! only and takes row strides that are multiples of 16 bytes ([`not_applicable`] says why not);
+//! the wgmma rungs (`wgmma_tma` and its narrower tiles: TMA, mbarriers, wgmma) exist on compute
+//! capability 9.0 only and take row strides that are multiples of 16 bytes ([`not_applicable`]
+//! says why not);
 //! fp16/bf16 variants accumulate in fp32 and write C in the input dtype (what cuBLAS gemm_ex with
 //! CUBLAS_COMPUTE_32F does, so the peer and ours produce the same thing).
 //!
@@ -356,7 +357,7 @@ pub fn encode_tensor_map(ptr: u64, b: wg::TmaBox, dtype: DType) -> Result<Tensor
     let ty = match dtype {
         DType::F16 => Ty::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
         DType::Bf16 => Ty::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-        DType::F32 => return Err(LabError::Invalid("gemm wgmma_tma runs in f16 and bf16 only".into())),
+        DType::F32 => return Err(LabError::Invalid("the wgmma gemm rungs run in f16 and bf16 only".into())),
     };
     if !ptr.is_multiple_of(16) || !b.row_stride_bytes.is_multiple_of(16) {
         return Err(LabError::Invalid(format!("TMA needs 16-byte aligned rows: base {ptr:#x}, row stride {} bytes", b.row_stride_bytes)));
@@ -388,7 +389,7 @@ pub fn encode_tensor_map(ptr: u64, b: wg::TmaBox, dtype: DType) -> Result<Tensor
     Ok(TensorMap(unsafe { map.assume_init() }))
 }
 
-/// The tensor maps of A and B for wgmma_tma.
+/// The tensor maps of A and B for the wgmma rungs.
 pub fn tensor_maps<T: Elem>(gpu: &Gpu, d: Dims, a: &CudaSlice<T>, b: &CudaSlice<T>) -> Result<(TensorMap, TensorMap)> {
     let (ba, bb) = wg::tma_boxes(d, T::DTYPE.size());
     let (pa, _ga) = a.device_ptr(&gpu.stream);
@@ -524,10 +525,10 @@ impl Experiment for Gemm {
             // cp.async path while the edge blocks of the same launch take the checked one;
             // (300, 520, 320) does the same for mma_warp64_k64 (K % 64 == 0), with more slabs
             // than slots in every ring (the copies wrap around while the edge blocks run).
-            // wgmma_tma takes only K and N multiples of 8 (TMA row strides): of these, 1000^3,
-            // 300x520x96, 300x520x320 and the last three, which put its M, N and K edges (a
-            // partial last k-tile, 8 columns past a 256-wide tile, M = 1) and beta != 0 under the
-            // check. 130x264x1024 also gives mma_splitk 4 slices with beta != 0 (its epilogue
+            // The wgmma rungs take only K and N multiples of 8 (TMA row strides): of these,
+            // 1000^3, 300x520x96, 300x520x320 and the last three, which put their M, N and K edges
+            // (a partial last k-tile, 8 columns past a 256- or 128-wide tile, M = 1) and
+            // beta != 0 under the check. 130x264x1024 also gives mma_splitk 4 slices with beta != 0 (its epilogue
             // applies beta), and 1x4097x777 3 slices with an odd N.
             (Backend::Cuda(_), _) => &[
                 (1, 4097, 777, 1.0, 0.0, false),
@@ -1261,7 +1262,7 @@ mod tests {
         }
     }
 
-    // ---- wgmma_tma: swizzle, descriptors, tensor maps, the mbarrier ring (mirrors of gemm.cu) ----
+    // ---- the wgmma rungs: swizzle, descriptors, tensor maps, the mbarrier ring (mirrors of gemm.cu) ----
 
     #[test]
     fn swizzle128_matches_the_xor_swizzle_of_the_mma_rungs_and_stays_in_its_atom() {
