@@ -42,6 +42,10 @@
 //   mma_warp64_k64  the wide loop on 64-deep slabs: 128x256x64 tile, 4 stages (192 KiB), four
 //                  k16 steps per barrier: half the barriers, cp.async waits and loop overhead per
 //                  mma, 144 KiB in flight instead of 96.
+//   mma_warp64_tma  f16/bf16, sm_90a only: mma_warp64_k64's warps, loop and barrier per slab,
+//                  the slabs copied by TMA (thread 0, right after the barrier) into wgmma_tma's
+//                  stage layout: none of the 12 cp.async per thread and slab, their address
+//                  registers or their queueing in front of the ldmatrix. Needs lda, ldb multiples of 8.
 //   mma_splitk     f16/bf16 for decode shapes (M of a few tokens, where a 128-row tile leaves
 //                  most of the GPU idle: M = 16, N = 4096 is 32 blocks of 128x128): mma_pipelined's
 //                  loop on a 16x128x64 tile, 8 warps of 16x16, 4 stages (72 KiB), K split over
@@ -93,6 +97,7 @@
 //   mma_warp64 238 / 0 (+64 KiB dynamic) / 0       mma_warp64_wide 238 / 0 (+120 KiB dynamic) / 0
 //   mma_warp64_k64 242 / 0 (+192 KiB dynamic) / 0      mma_splitk 62 / 128 B (+72 KiB dynamic) / 0
 //   (f16 and bf16 alike; sm_80: mma_warp64(_wide, _k64) 234 registers, no spills)
+//   mma_warp64_tma for sm_90a: 205 / 0 (+197696 dynamic) / 0
 //   wgmma_tma for sm_90a: 168 / 0 (+197696 dynamic) / 0, no stack frame (the launch-time figure
 //   for 384 threads; setmaxnreg then moves the producer to 40 and the consumers to 232)
 //   wgmma_n128 for sm_90a: 90 / 0 (+99376 dynamic) / 0 (288 threads, two blocks per SM)
@@ -882,6 +887,35 @@ struct W64 {
     static_assert(STAGES >= 2 && SMEM <= 232448, "ring, within H100's 227 KiB per block");
 };
 
+// A 64x64 warp tile's fragments of k16 step ks from a stage at shared address `stage`, whose A
+// rows are A_ROW bytes and B rows B_ROW bytes, both XOR-swizzled by 16-byte chunk: A m16 tile i
+// by ldmatrix.x4 at (a_lane ^ 32 ks) plus 16 rows per tile, B n8 pair j by .x4.trans at
+// (b_lane ^ 16 j) plus 16 rows per step (a_lane and b_lane: the lane's row and chunk at step 0,
+// derived where each rung lays out its stage).
+template <int A_ROW, int B_ROW>
+__device__ __forceinline__ void warp64_frags(unsigned stage, int a_lane, int b_lane, int ks, unsigned (&a)[4][4], unsigned (&b)[8][2]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) ldmatrix_x4(a[i], stage + (a_lane ^ (ks * 32)) + i * 16 * A_ROW);
+#pragma unroll
+    for (int j = 0; j < 8; j += 2) {
+        unsigned r[4];
+        ldmatrix_x4_trans(r, stage + (b_lane ^ (j * 16)) + ks * 16 * B_ROW);
+        b[j][0] = r[0], b[j][1] = r[1], b[j + 1][0] = r[2], b[j + 1][1] = r[3];
+    }
+}
+
+// The 32 mma of one k16 step of a 64x64 warp tile, serpentine: consecutive mma share a B fragment.
+template <typename T>
+__device__ __forceinline__ void warp64_mma(float (&acc)[4][8][4], const unsigned (&a)[4][4], const unsigned (&b)[8][2]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+            const int j = (i & 1) ? 7 - jj : jj;
+            Mma<T>::run(acc[i][j], a[i], b[j]);
+        }
+}
+
 template <typename T, int BM, int BN, int BK_, int WARPS_M, int WARPS_N, int STAGES>
 __device__ __forceinline__ void mma_warp64_body(const T* __restrict__ A, const T* __restrict__ B, T* C, int M, int N, int K,
                                                 int lda, int ldb, int ldc, float alpha, float beta) {
@@ -943,24 +977,7 @@ __device__ __forceinline__ void mma_warp64_body(const T* __restrict__ A, const T
     // the offset is (b_lane ^ 16 jp) plus 16 ks rows.
     const int b_lane = P::A_BYTES + swz(lane % 16, wn / 8 + lane / 16, P::B_CPR);
     auto load_frags = [&](int slot_off, int ks, unsigned (&a)[MI][4], unsigned (&b)[NI][2]) {
-        const unsigned base = smem0 + slot_off;
-#pragma unroll
-        for (int i = 0; i < MI; ++i) ldmatrix_x4(a[i], base + (a_lane ^ (ks * 32)) + i * 16 * P::A_ROW);
-#pragma unroll
-        for (int j = 0; j < NI; j += 2) {
-            unsigned r[4];
-            ldmatrix_x4_trans(r, base + (b_lane ^ (j * 16)) + ks * 16 * BN * 2);
-            b[j][0] = r[0], b[j][1] = r[1], b[j + 1][0] = r[2], b[j + 1][1] = r[3];
-        }
-    };
-    auto mma_step = [&](float (&acc)[MI][NI][4], const unsigned (&a)[MI][4], const unsigned (&b)[NI][2]) {
-#pragma unroll
-        for (int i = 0; i < MI; ++i)
-#pragma unroll
-            for (int jj = 0; jj < NI; ++jj) {
-                const int j = (i & 1) ? NI - 1 - jj : jj;  // serpentine: consecutive mma share a B fragment
-                Mma<T>::run(acc[i][j], a[i], b[j]);
-            }
+        warp64_frags<P::A_ROW, BN * 2>(smem0 + slot_off, a_lane, b_lane, ks, a, b);
     };
 
     float acc[MI][NI][4] = {};
@@ -980,14 +997,14 @@ __device__ __forceinline__ void mma_warp64_body(const T* __restrict__ A, const T
         load_frags(rd, 0, a0, b0);
         for (int kt = 0; kt < nk; ++kt) {
             load_frags(rd, 1, a1, b1);
-            mma_step(acc, a0, b0);
+            warp64_mma<T>(acc, a0, b0);
             // BK = 64: steps 1 and 2, each with the next step's fragments loading behind it.
 #pragma unroll
             for (int ks = 1; ks + 1 < P::KS; ks += 2) {
                 load_frags(rd, ks + 1, a0, b0);
-                mma_step(acc, a1, b1);
+                warp64_mma<T>(acc, a1, b1);
                 load_frags(rd, ks + 2, a1, b1);
-                mma_step(acc, a0, b0);
+                warp64_mma<T>(acc, a0, b0);
             }
             cp_async_wait<STAGES - 2>();
             __syncthreads();
@@ -995,7 +1012,7 @@ __device__ __forceinline__ void mma_warp64_body(const T* __restrict__ A, const T
             cp_async_commit();
             rd = rd + P::STAGE_BYTES == P::SMEM ? 0 : rd + P::STAGE_BYTES;
             if (kt + 1 < nk) load_frags(rd, 0, a0, b0);
-            mma_step(acc, a1, b1);
+            warp64_mma<T>(acc, a1, b1);
         }
         cp_async_wait<0>();
     };
@@ -1192,6 +1209,88 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
 #endif
 }
 
+// ---------------------------------------------------------------------------------------------
+// 13. mma_warp64_tma (sm_90a only): mma_warp64_k64's 8 warps of 64x64, its ldmatrix + mma.sync
+// schedule and its one block barrier per slab, with the slabs copied by TMA into wgmma_tma's
+// stage layout instead of by cp.async from every thread. What goes: each thread's 12 cp.async per
+// slab, the ~24 address instructions beside them, and their queueing in front of the ldmatrix
+// (Nsight Compute on k64 puts ~13% of its warps' stall samples on those copies: MIO throttle,
+// long-scoreboard waits on reused address registers, late fragments behind the copy burst).
+// What stays: the refill is issued where k64 issues it (by thread 0, right after the barrier
+// that ends every warp's reads of the slot), so three slabs stay in flight behind the one read;
+// mma_tma, removed earlier, instead released stages per warp and had thread 0 wait for the
+// slowest, which left fewer slabs in flight. The full barrier of slab kt + 1 replaces
+// cp.async.wait_group before the block barrier; no empty barriers.
+// Stage layout (WgTile<256, 4, 1>): A one box of 128 rows x 128 bytes, B four boxes of 64 k-rows
+// x 128 bytes, each 128-byte swizzled = swz(row, chunk, 8) from its 1024-aligned start. A is
+// k64's A slab exactly; a warp's B columns are box wn / 64, whose rows are 128 bytes (k64's:
+// 512), so its lane offset is swz(lane % 16, lane / 16, 8) in that box and a k16 step 2048 bytes.
+// Edges: TMA zero-fills past M, N and K; B boxes wholly past N are not issued (their warps compute
+// on stale columns that are never stored); stores are predicated (store_acc). One main loop for
+// every block.
+// ---------------------------------------------------------------------------------------------
+
+template <typename T>
+__device__ __forceinline__ void mma_warp64_tma_body(const TmaDesc& ta, const TmaDesc& tb, T* C, int M, int N, int K, int ldc,
+                                                    float alpha, float beta) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using P = WgTile<256, 4, 1>;
+    constexpr int STAGES = P::STAGES, BK = P::BK;
+    extern __shared__ __align__(1024) unsigned char smem[];
+    require_dynamic_smem(P::SMEM);
+    const unsigned ring = (smem_addr(smem) + 1023u) & ~1023u;
+    const unsigned bars = ring + STAGES * P::STAGE_BYTES;  // full[s] at bars + 8 s
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int2 tile = grouped_tile(blockIdx.x, M, N, P::BM, P::BN);
+    const int bm = tile.x, bn = tile.y, nk = (K + BK - 1) / BK;
+    const int wm = (warp / 4) * 64, wn = (warp % 4) * 64;
+    const int b_boxes = min(P::B_BOXES, (N - bn + P::B_BOX_N - 1) / P::B_BOX_N);
+    auto stage = [&](int kt) { return ring + (kt % STAGES) * P::STAGE_BYTES; };
+    auto full = [&](int kt) { return bars + 8 * (kt % STAGES); };
+    auto issue = [&](int kt) {
+        mbar_expect_tx(full(kt), P::A_BYTES + b_boxes * P::B_BOX_BYTES);
+        tma_load_2d(stage(kt), &ta, kt * BK, bm, full(kt));
+        for (int j = 0; j < b_boxes; ++j) tma_load_2d(stage(kt) + P::A_BYTES + j * P::B_BOX_BYTES, &tb, bn + j * P::B_BOX_N, kt * BK, full(kt));
+    };
+    if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) mbar_init(bars + 8 * s, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&ta)) : "memory");
+        asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tb)) : "memory");
+    }
+    __syncthreads();
+    if (tid == 0)
+        for (int kt = 0; kt < min(nk, STAGES); ++kt) issue(kt);
+    const int a_lane = swz(wm + lane % 16, lane / 16, 8);
+    const int b_lane = P::A_BYTES + (wn / P::B_BOX_N) * P::B_BOX_BYTES + swz(lane % 16, lane / 16, 8);
+    auto frags = [&](int kt, int ks, unsigned (&a)[4][4], unsigned (&b)[8][2]) {
+        warp64_frags<BK * 2, P::B_BOX_N * 2>(stage(kt), a_lane, b_lane, ks, a, b);
+    };
+    float acc[4][8][4] = {};
+    unsigned a0[4][4], b0[8][2], a1[4][4], b1[8][2];
+    mbar_wait(full(0), 0);
+    frags(0, 0, a0, b0);
+    for (int kt = 0; kt < nk; ++kt) {
+        frags(kt, 1, a1, b1);
+        warp64_mma<T>(acc, a0, b0);
+        frags(kt, 2, a0, b0);
+        warp64_mma<T>(acc, a1, b1);
+        frags(kt, 3, a1, b1);
+        warp64_mma<T>(acc, a0, b0);
+        if (kt + 1 < nk) mbar_wait(full(kt + 1), ((kt + 1) / STAGES) & 1);
+        // Every warp has issued its last ldmatrix of slab kt (step 3's, above): its slot is free.
+        __syncthreads();
+        if (tid == 0 && kt + STAGES < nk) issue(kt + STAGES);
+        if (kt + 1 < nk) frags(kt + 1, 0, a0, b0);
+        warp64_mma<T>(acc, a1, b1);
+    }
+    store_acc<T, 4, 8>(C, M, N, ldc, bm + wm, bn + wn, acc, alpha, beta);
+#else
+    __trap();  // built for another target: the launcher offers this variant on compute capability 9.0 only
+#endif
+}
+
 #define GEMM_ARGS(T) const T *__restrict__ A, const T *__restrict__ B, T *C, int M, int N, int K, int lda, int ldb, int ldc, \
                      float alpha, float beta
 #define GEMM_PASS A, B, C, M, N, K, lda, ldb, ldc, alpha, beta
@@ -1264,3 +1363,10 @@ WGMMA_RUNG(wgmma_n128, WgN128)
 WGMMA_RUNG(wgmma_n128_deep, WgN128Deep)
 // wgmma_n64_deep: 128x64 tiles, 9 stages, one block per SM.
 WGMMA_RUNG(wgmma_n64_deep, WgN64Deep)
+// mma_warp64_tma: mma_warp64_k64's loop and block barrier, its slabs copied by TMA (thread 0).
+extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_tma_f16(WGMMA_TMA_ARGS(__half)) {
+    mma_warp64_tma_body<__half>(ta, tb, C, M, N, K, ldc, alpha, beta);
+}
+extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_tma_bf16(WGMMA_TMA_ARGS(__nv_bfloat16)) {
+    mma_warp64_tma_body<__nv_bfloat16>(ta, tb, C, M, N, K, ldc, alpha, beta);
+}

@@ -1,8 +1,8 @@
 //! `gemm`: C = alpha A B + beta C, row-major, a ladder from one thread per output to tensor cores
 //! (kernels/gemm.cu), beside cuBLAS in the same run on the same inputs. fp32 variants are SIMT;
-//! the wgmma rungs (`wgmma_tma` and its narrower tiles: TMA, mbarriers, wgmma) exist on compute
-//! capability 9.0 only and take row strides that are multiples of 16 bytes ([`not_applicable`]
-//! says why not);
+//! the TMA rungs (`mma_warp64_tma`: TMA and mbarriers feeding mma.sync; `wgmma_tma` and its
+//! narrower tiles: the same with wgmma) exist on compute capability 9.0 only and take row
+//! strides that are multiples of 16 bytes ([`not_applicable`] says why not);
 //! fp16/bf16 variants accumulate in fp32 and write C in the input dtype (what cuBLAS gemm_ex with
 //! CUBLAS_COMPUTE_32F does, so the peer and ours produce the same thing).
 //!
@@ -37,11 +37,12 @@ const FAMILY: &str = "gemm";
 
 /// The fp32 SIMT ladder, in order.
 pub const F32_VARIANTS: &[&str] = &["naive", "smem_tiled", "blocktile_1d", "blocktile_2d", "vectorized", "warptiled"];
-/// The fp16/bf16 tensor-core ladder, in order (the wgmma rungs on compute capability 9.0 only).
-pub const HALF_VARIANTS: &[&str] = &["mma_ldmatrix", "mma_pipelined", "mma_pipelined_wide", "mma_warp64", "mma_warp64_wide", "mma_warp64_k64", "mma_splitk", "wgmma_tma", "wgmma_n128", "wgmma_n128_deep", "wgmma_n64_deep"];
-/// Variants built from sm_90a instructions (wgmma, TMA, setmaxnreg): offered on 9.0 alone,
-/// absent elsewhere (their PTX target, `compute_90a`, loads on no other device).
-pub const SM90A_VARIANTS: &[&str] = &["wgmma_tma", "wgmma_n128", "wgmma_n128_deep", "wgmma_n64_deep"];
+/// The fp16/bf16 tensor-core ladder, in order (the TMA rungs on compute capability 9.0 only).
+pub const HALF_VARIANTS: &[&str] = &["mma_ldmatrix", "mma_pipelined", "mma_pipelined_wide", "mma_warp64", "mma_warp64_wide", "mma_warp64_k64", "mma_warp64_tma", "mma_splitk", "wgmma_tma", "wgmma_n128", "wgmma_n128_deep", "wgmma_n64_deep"];
+/// Variants built from sm_90a instructions (TMA and mbarriers; the wgmma rungs add wgmma and
+/// setmaxnreg): offered on 9.0 alone, absent elsewhere (their PTX target, `compute_90a`, loads on
+/// no other device). All take A and B through tensor maps ([`tensor_maps`], [`launch_tma`]).
+pub const SM90A_VARIANTS: &[&str] = &["mma_warp64_tma", "wgmma_tma", "wgmma_n128", "wgmma_n128_deep", "wgmma_n64_deep"];
 pub const CPU_VARIANTS: &[&str] = &["cpu_blocked"];
 /// The slow rungs (naive, smem_tiled) run only up to this many multiply-adds (2048^3).
 pub const SLOW_MAX_MACS: u64 = 1 << 33;
@@ -234,7 +235,7 @@ pub fn applies(variant: &str, d: Dims, max_smem_optin: usize, arch: u32) -> bool
 }
 
 /// Why `variant` cannot take this shape, said once per case and kept in the record's `extra`:
-/// TMA (the wgmma rungs) reads rows whose stride is a multiple of 16 bytes, i.e. lda and ldb
+/// TMA (the sm_90a rungs) reads rows whose stride is a multiple of 16 bytes, i.e. lda and ldb
 /// multiples of 8 elements (K and N for dense operands). `None` when it can.
 pub fn not_applicable(variant: &str, d: Dims) -> Option<String> {
     if !SM90A_VARIANTS.contains(&variant) {
@@ -357,7 +358,7 @@ pub fn encode_tensor_map(ptr: u64, b: wg::TmaBox, dtype: DType) -> Result<Tensor
     let ty = match dtype {
         DType::F16 => Ty::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
         DType::Bf16 => Ty::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-        DType::F32 => return Err(LabError::Invalid("the wgmma gemm rungs run in f16 and bf16 only".into())),
+        DType::F32 => return Err(LabError::Invalid("the TMA gemm rungs run in f16 and bf16 only".into())),
     };
     if !ptr.is_multiple_of(16) || !b.row_stride_bytes.is_multiple_of(16) {
         return Err(LabError::Invalid(format!("TMA needs 16-byte aligned rows: base {ptr:#x}, row stride {} bytes", b.row_stride_bytes)));
@@ -389,7 +390,7 @@ pub fn encode_tensor_map(ptr: u64, b: wg::TmaBox, dtype: DType) -> Result<Tensor
     Ok(TensorMap(unsafe { map.assume_init() }))
 }
 
-/// The tensor maps of A and B for the wgmma rungs.
+/// The tensor maps of A and B for the TMA rungs.
 pub fn tensor_maps<T: Elem>(gpu: &Gpu, d: Dims, a: &CudaSlice<T>, b: &CudaSlice<T>) -> Result<(TensorMap, TensorMap)> {
     let (ba, bb) = wg::tma_boxes(d, T::DTYPE.size());
     let (pa, _ga) = a.device_ptr(&gpu.stream);
@@ -407,6 +408,8 @@ pub fn dynamic_smem(variant: &str) -> usize {
         "mma_warp64_wide" => 5 * (128 * 32 + 32 * 256) * 2,
         "mma_warp64_k64" => 4 * (128 * 64 + 64 * 256) * 2,
         "mma_splitk" => 4 * (16 * 64 + 64 * 128) * 2,
+        // wgmma_tma's ring and stage layout, full barriers only.
+        "mma_warp64_tma" => wg::WIDE.smem(),
         v if SM90A_VARIANTS.contains(&v) => wg::Tile::of(v).map_or(0, wg::Tile::smem),
         _ => 0,
     }
@@ -427,6 +430,7 @@ pub fn tile(variant: &str) -> &'static str {
         "mma_warp64" => "128x128x32, 4 warps of 64x64, 4-stage cp.async, 2 blocks/SM, one barrier per slab",
         "mma_warp64_wide" => "128x256x32, 8 warps of 64x64, 5-stage cp.async, one barrier per slab",
         "mma_warp64_k64" => "128x256x64, 8 warps of 64x64, 4-stage cp.async, one barrier per 64-deep slab",
+        "mma_warp64_tma" => "128x256x64, 8 warps of 64x64, 4-stage TMA ring (128B swizzle) issued by thread 0 after the one barrier per slab",
         "mma_splitk" => "16x128x64, 8 warps of 16x16, 4-stage cp.async, K split over grid.y, fp32 partials summed in slice order",
         "wgmma_tma" => "128x256x64, 3 warpgroups (1 TMA producer, 2 wgmma consumers of 64x256), 4-stage mbarrier ring, 128B swizzle",
         "wgmma_n128" => "128x128x64, 2 wgmma consumer warpgroups of 64x128 + 1 TMA producer warp, 3-stage mbarrier ring, 2 blocks/SM",
@@ -449,11 +453,11 @@ pub fn launch_config(variant: &str, m: usize, n: usize) -> LaunchConfig {
         "mma_pipelined" => (((m.div_ceil(128) * n.div_ceil(128)) as u32, 1, 1), (256, 1, 1)),
         "mma_pipelined_wide" => (((m.div_ceil(128) * n.div_ceil(256)) as u32, 1, 1), (256, 1, 1)),
         "mma_warp64" => (((m.div_ceil(128) * n.div_ceil(128)) as u32, 1, 1), (128, 1, 1)),
-        "mma_warp64_wide" | "mma_warp64_k64" => (((m.div_ceil(128) * n.div_ceil(256)) as u32, 1, 1), (256, 1, 1)),
+        "mma_warp64_wide" | "mma_warp64_k64" | "mma_warp64_tma" => (((m.div_ceil(128) * n.div_ceil(256)) as u32, 1, 1), (256, 1, 1)),
         // grid.y: the K slices, set by run_kernel from splitk_slices.
         "mma_splitk" => (((m.div_ceil(16) * n.div_ceil(128)) as u32, 1, 1), (256, 1, 1)),
         v if SM90A_VARIANTS.contains(&v) => {
-            let t = wg::Tile::of(v).expect("every sm_90a variant is a wgmma rung");
+            let t = wg::Tile::of(v).expect("every other sm_90a variant is a wgmma rung");
             (((m.div_ceil(wg::BM) * n.div_ceil(t.bn)) as u32, 1, 1), (t.threads(), 1, 1))
         }
         other => unreachable!("no launch shape for gemm variant `{other}`"),
@@ -525,7 +529,7 @@ impl Experiment for Gemm {
             // cp.async path while the edge blocks of the same launch take the checked one;
             // (300, 520, 320) does the same for mma_warp64_k64 (K % 64 == 0), with more slabs
             // than slots in every ring (the copies wrap around while the edge blocks run).
-            // The wgmma rungs take only K and N multiples of 8 (TMA row strides): of these,
+            // The TMA rungs take only K and N multiples of 8 (TMA row strides): of these,
             // 1000^3, 300x520x96, 300x520x320 and the last three, which put their M, N and K edges
             // (a partial last k-tile, 8 columns past a 256- or 128-wide tile, M = 1) and
             // beta != 0 under the check. 130x264x1024 also gives mma_splitk 4 slices with beta != 0 (its epilogue
@@ -684,7 +688,7 @@ pub fn kernel(gpu: &Gpu, variant: &str, dtype: DType) -> Result<CudaFunction> {
     check_variant(variant, dtype, gpu.info.max_smem_per_block_optin as usize)?;
     if SM90A_VARIANTS.contains(&variant) && gpu.arch != 90 {
         return Err(LabError::Invalid(format!(
-            "gemm variant `{variant}` uses sm_90a instructions (wgmma, TMA) and runs on compute capability 9.0 only; this device is {}",
+            "gemm variant `{variant}` uses sm_90a instructions (TMA, mbarriers, wgmma) and runs on compute capability 9.0 only; this device is {}",
             gpu.info.cc
         )));
     }
@@ -746,7 +750,7 @@ pub fn run_kernel<T: Elem>(
             return Err(LabError::Invalid(format!("gemm {variant}: {why}")));
         }
         let maps = tensor_maps(gpu, d, a, b)?;
-        return launch_wgmma(gpu, f, variant, d, (alpha, beta), &maps, c);
+        return launch_tma(gpu, f, variant, d, (alpha, beta), &maps, c);
     }
     let mut cfg = launch_config(variant, d.m, d.n);
     let (m, n, k) = (d.m as i32, d.n as i32, d.k as i32);
@@ -769,9 +773,9 @@ pub fn run_kernel<T: Elem>(
     unsafe { l.launch(cfg) }.map(|_| ()).doing(&format!("launching gemm {variant}"))
 }
 
-/// Launches a wgmma rung with the tensor maps of A and B (from [`tensor_maps`] on buffers that
-/// [`validate`] accepted for `d`).
-pub fn launch_wgmma<T: Elem>(gpu: &Gpu, f: &CudaFunction, variant: &str, d: Dims, (alpha, beta): (f32, f32), maps: &(TensorMap, TensorMap), c: &mut CudaSlice<T>) -> Result<()> {
+/// Launches a TMA rung (mma_warp64_tma or a wgmma rung) with the tensor maps of A and B (from
+/// [`tensor_maps`] on buffers that [`validate`] accepted for `d`).
+pub fn launch_tma<T: Elem>(gpu: &Gpu, f: &CudaFunction, variant: &str, d: Dims, (alpha, beta): (f32, f32), maps: &(TensorMap, TensorMap), c: &mut CudaSlice<T>) -> Result<()> {
     let cfg = launch_config(variant, d.m, d.n);
     let (m, n, k, ldc) = (d.m as i32, d.n as i32, d.k as i32, d.ldc as i32);
     // SAFETY: the maps describe A (M x K) and B (K x N) inside their buffers (TMA never reads
@@ -843,7 +847,7 @@ where
             let maps = tensor_maps(gpu, d, &da, &db)?;
             let launch = |c: &mut CudaSlice<T>| -> Result<()> {
                 reset(c)?;
-                launch_wgmma(gpu, &f, variant, d, (alpha, beta), &maps, c)
+                launch_tma(gpu, &f, variant, d, (alpha, beta), &maps, c)
             };
             measure_gpu_as(s, gpu, case, (variant, "lab"), work, check, timed, &mut dc, extra, launch)?;
             continue;
@@ -1026,7 +1030,7 @@ mod tests {
                     "naive" => (8, 32),
                     "smem_tiled" => (32, 32),
                     "blocktile_1d" => (64, 64),
-                    "mma_pipelined_wide" | "mma_warp64_wide" | "mma_warp64_k64" | "wgmma_tma" => (128, 256),
+                    "mma_pipelined_wide" | "mma_warp64_wide" | "mma_warp64_k64" | "mma_warp64_tma" | "wgmma_tma" => (128, 256),
                     "wgmma_n128" | "wgmma_n128_deep" => (128, 128),
                     "wgmma_n64_deep" => (128, 64),
                     "mma_splitk" => (16, 128),
@@ -1728,6 +1732,114 @@ mod tests {
                     }
                 }
                 assert!(reads.iter().all(|&r| r == steps), "S={stages} nk={nk}: each slab is read at all {steps} k16 steps: {reads:?}");
+            }
+        }
+    }
+
+    // ---- mma_warp64_tma: k64's warps and loop on wgmma_tma's TMA stage layout ----
+
+    /// The TMA stage as the kernel reads it: A one box of 128 rows x 128 bytes, B four boxes of 64
+    /// k-rows x 128 bytes, each 128-byte swizzled from its own start (swz(row, chunk, 8)). The
+    /// lane offsets and strides of mma_warp64_tma_body must address the same bytes as the direct
+    /// formula, and the fragments read through them must give the tile product.
+    #[test]
+    fn warp64_tma_fragment_addressing_reproduces_the_tile_product() {
+        let a_bytes = wg::BM * wg::BK * 2;
+        let box_bytes = wg::BK * wg::B_BOX_N * 2;
+        assert_eq!(a_bytes + 4 * box_bytes, wg::WIDE.stage_bytes());
+        let a_off = |r: usize, c: usize| swz(r, c / 8, 8) / 2 + c % 8;
+        let b_off = |r: usize, c: usize| (c / 64) * box_bytes / 2 + swz(r, (c % 64) / 8, 8) / 2 + c % 8;
+        check_simulation("mma_warp64_tma", (128, 256, 64), (64, 64), &a_off, &b_off, 256 * 64);
+        for warp in 0..8 {
+            let (wm, wn) = ((warp / 4) * 64, (warp % 4) * 64);
+            for lane in 0..32 {
+                let a_lane = swz(wm + lane % 16, lane / 16, 8);
+                let b_lane = a_bytes + (wn / 64) * box_bytes + swz(lane % 16, lane / 16, 8);
+                for ks in 0..4 {
+                    for i in 0..4 {
+                        let (row, col) = (wm + i * 16 + lane % 16, ks * 16 + (lane / 16) * 8);
+                        assert_eq!((a_lane ^ (ks * 32)) + i * 16 * 128, 2 * a_off(row, col), "A warp {warp} lane {lane} ks {ks} i {i}");
+                    }
+                    for jp in (0..8).step_by(2) {
+                        let (row, col) = (ks * 16 + lane % 16, wn + jp * 8 + (lane / 16) * 8);
+                        assert_eq!((b_lane ^ (jp * 16)) + ks * 16 * 128, a_bytes + 2 * b_off(row, col), "B warp {warp} lane {lane} ks {ks} jp {jp}");
+                    }
+                }
+            }
+        }
+        assert_eq!(dynamic_smem("mma_warp64_tma"), dynamic_smem("wgmma_tma"));
+        for (arch, offered) in [(80, false), (90, true), (100, false)] {
+            assert_eq!(applies("mma_warp64_tma", Dims::dense(1024, 1024, 1024), 227 * 1024, arch), offered, "sm_{arch}");
+        }
+        assert!(not_applicable("mma_warp64_tma", Dims::dense(4097, 513, 777)).is_some());
+    }
+
+    /// mma_warp64_tma's ring, replayed with its schedule. Prologue: thread 0 issues slabs 0..S-1
+    /// into slots 0..S-1; every thread waits on full[0] (parity 0), reads step 0 of slab 0.
+    /// Iteration kt: steps 1..3 of slab kt; wait on full[kt + 1] with parity ((kt + 1) / S) & 1;
+    /// barrier; thread 0 issues slab kt + S into slot kt % S; step 0 of slab kt + 1. The copy
+    /// engine completes copies at any later time, in any order. A wait passes only once the
+    /// slot's phase of that parity has completed (try_wait.parity: the barrier's completed-phase
+    /// count has the other parity), and must then find its own slab there, never one a lap
+    /// ahead; no copy may land in a slot a warp read after the latest barrier.
+    #[test]
+    fn warp64_tma_ring_schedule_has_no_hazards() {
+        use rand::rngs::StdRng;
+        use rand::SeedableRng;
+        const S: usize = 4;
+        /// Slots' completed phases and slabs, the copies issued and not landed, and which slots a
+        /// warp read since the latest barrier.
+        struct Ring {
+            phases: [usize; S],
+            slab_in: [usize; S],
+            pending: Vec<(usize, usize)>,
+            read_since_barrier: [bool; S],
+        }
+        impl Ring {
+            fn land(&mut self, rng: &mut StdRng, all: bool) {
+                while !self.pending.is_empty() && (all || rng.random_bool(0.5)) {
+                    let (slot, slab) = self.pending.remove(rng.random_range(0..self.pending.len()));
+                    assert!(!self.read_since_barrier[slot], "slab {slab} landed in slot {slot} while a warp may read it");
+                    self.slab_in[slot] = slab;
+                    self.phases[slot] += 1;
+                }
+            }
+            // Polls until the phase completes, the copy engine progressing meanwhile.
+            fn wait(&mut self, rng: &mut StdRng, slab: usize) {
+                let (slot, parity) = (slab % S, (slab / S) & 1);
+                while self.phases[slot] & 1 == parity {
+                    assert!(self.pending.iter().any(|&(s, _)| s == slot), "waiting on slab {slab}, never issued");
+                    self.land(rng, false);
+                }
+                assert_eq!(self.slab_in[slot], slab, "the wait for slab {slab} passed on another slab");
+            }
+            fn read(&mut self, slab: usize) {
+                assert_eq!(self.slab_in[slab % S], slab, "slab {slab} is not in its slot");
+                self.read_since_barrier[slab % S] = true;
+            }
+        }
+        for nk in [1usize, 2, 3, 4, 5, 6, 9, 13] {
+            for seed in 0..50u64 {
+                let mut rng = StdRng::seed_from_u64(seed * 100 + nk as u64);
+                let mut r = Ring { phases: [0; S], slab_in: [usize::MAX; S], pending: (0..nk.min(S)).map(|kt| (kt, kt)).collect(), read_since_barrier: [false; S] };
+                r.wait(&mut rng, 0);
+                r.read(0); // step 0 of slab 0
+                for kt in 0..nk {
+                    r.read(kt); // steps 1..3
+                    if kt + 1 < nk {
+                        r.wait(&mut rng, kt + 1);
+                    }
+                    r.read_since_barrier = [false; S]; // the block barrier
+                    if kt + S < nk {
+                        r.pending.push(((kt + S) % S, kt + S));
+                    }
+                    r.land(&mut rng, false);
+                    if kt + 1 < nk {
+                        r.read(kt + 1); // step 0 of slab kt + 1
+                    }
+                }
+                r.land(&mut rng, true);
+                assert_eq!(r.phases.iter().sum::<usize>(), nk, "nk={nk}: every slab copied once");
             }
         }
     }
