@@ -1247,21 +1247,30 @@ __device__ __forceinline__ void mma_warp64_tma_body(const TmaDesc& ta, const Tma
     const int b_boxes = min(P::B_BOXES, (N - bn + P::B_BOX_N - 1) / P::B_BOX_N);
     auto stage = [&](int kt) { return ring + (kt % STAGES) * P::STAGE_BYTES; };
     auto full = [&](int kt) { return bars + 8 * (kt % STAGES); };
+    // Box w of a slab (the A box for w = 0, B box w - 1 after it) is issued by lane 0 of warp w,
+    // which first announces that box's bytes on the full barrier (one arrival per issuing warp,
+    // so the phase cannot complete before every box is counted). Five short issues in five warps:
+    // one thread issuing all five kept warp 0 ~20% of its time off the mma and every other warp
+    // waiting for it at the next barrier.
+    const bool issuer = lane == 0 && warp <= b_boxes;
     auto issue = [&](int kt) {
-        mbar_expect_tx(full(kt), P::A_BYTES + b_boxes * P::B_BOX_BYTES);
-        tma_load_2d(stage(kt), &ta, kt * BK, bm, full(kt));
-        for (int j = 0; j < b_boxes; ++j) tma_load_2d(stage(kt) + P::A_BYTES + j * P::B_BOX_BYTES, &tb, bn + j * P::B_BOX_N, kt * BK, full(kt));
+        if (!issuer) return;
+        if (warp == 0) {
+            mbar_expect_tx(full(kt), P::A_BYTES);
+            tma_load_2d(stage(kt), &ta, kt * BK, bm, full(kt));
+        } else {
+            mbar_expect_tx(full(kt), P::B_BOX_BYTES);
+            tma_load_2d(stage(kt) + P::A_BYTES + (warp - 1) * P::B_BOX_BYTES, &tb, bn + (warp - 1) * P::B_BOX_N, kt * BK, full(kt));
+        }
     };
     if (tid == 0) {
 #pragma unroll
-        for (int s = 0; s < STAGES; ++s) mbar_init(bars + 8 * s, 1);
+        for (int s = 0; s < STAGES; ++s) mbar_init(bars + 8 * s, 1 + b_boxes);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&ta)) : "memory");
-        asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tb)) : "memory");
     }
+    if (issuer) asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(warp == 0 ? &ta : &tb)) : "memory");
     __syncthreads();
-    if (tid == 0)
-        for (int kt = 0; kt < min(nk, STAGES); ++kt) issue(kt);
+    for (int kt = 0; kt < min(nk, STAGES); ++kt) issue(kt);
     const int a_lane = swz(wm + lane % 16, lane / 16, 8);
     const int b_lane = P::A_BYTES + (wn / P::B_BOX_N) * P::B_BOX_BYTES + swz(lane % 16, lane / 16, 8);
     auto frags = [&](int kt, int ks, unsigned (&a)[4][4], unsigned (&b)[8][2]) {
@@ -1281,7 +1290,7 @@ __device__ __forceinline__ void mma_warp64_tma_body(const TmaDesc& ta, const Tma
         if (kt + 1 < nk) mbar_wait(full(kt + 1), ((kt + 1) / STAGES) & 1);
         // Every warp has issued its last ldmatrix of slab kt (step 3's, above): its slot is free.
         __syncthreads();
-        if (tid == 0 && kt + STAGES < nk) issue(kt + STAGES);
+        if (kt + STAGES < nk) issue(kt + STAGES);
         if (kt + 1 < nk) frags(kt + 1, 0, a0, b0);
         warp64_mma<T>(acc, a1, b1);
     }

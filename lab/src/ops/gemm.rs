@@ -1774,34 +1774,44 @@ mod tests {
         assert!(not_applicable("mma_warp64_tma", Dims::dense(4097, 513, 777)).is_some());
     }
 
-    /// mma_warp64_tma's ring, replayed with its schedule. Prologue: thread 0 issues slabs 0..S-1
-    /// into slots 0..S-1; every thread waits on full[0] (parity 0), reads step 0 of slab 0.
-    /// Iteration kt: steps 1..3 of slab kt; wait on full[kt + 1] with parity ((kt + 1) / S) & 1;
-    /// barrier; thread 0 issues slab kt + S into slot kt % S; step 0 of slab kt + 1. The copy
-    /// engine completes copies at any later time, in any order. A wait passes only once the
-    /// slot's phase of that parity has completed (try_wait.parity: the barrier's completed-phase
-    /// count has the other parity), and must then find its own slab there, never one a lap
-    /// ahead; no copy may land in a slot a warp read after the latest barrier.
+    /// mma_warp64_tma's ring, replayed with its schedule. Prologue: warps 0..=B issue the A box
+    /// and the B boxes of slabs 0..S-1 into slots 0..S-1; every thread waits on full[0] (parity
+    /// 0), reads step 0 of slab 0. Iteration kt: steps 1..3 of slab kt; wait on full[kt + 1] with
+    /// parity ((kt + 1) / S) & 1; barrier; the same warps issue slab kt + S into slot kt % S;
+    /// step 0 of slab kt + 1. The copy engine lands boxes at any later time, in any order; a
+    /// slot's phase completes when the last box of its slab lands (1 + B arrivals, each with its
+    /// box's bytes, made before that box is issued). A wait passes only once the slot's phase of
+    /// that parity has completed (try_wait.parity: the completed-phase count has the other
+    /// parity), and must then find its whole slab there, never one a lap ahead; no box may land
+    /// in a slot a warp read after the latest barrier.
     #[test]
     fn warp64_tma_ring_schedule_has_no_hazards() {
         use rand::rngs::StdRng;
         use rand::SeedableRng;
         const S: usize = 4;
-        /// Slots' completed phases and slabs, the copies issued and not landed, and which slots a
-        /// warp read since the latest barrier.
+        /// Slots' completed phases, slabs and boxes landed in the current phase; the boxes issued
+        /// and not landed; which slots a warp read since the latest barrier.
         struct Ring {
+            boxes: usize,
             phases: [usize; S],
             slab_in: [usize; S],
+            landed: [usize; S],
             pending: Vec<(usize, usize)>,
             read_since_barrier: [bool; S],
         }
         impl Ring {
+            fn issue(&mut self, slab: usize) {
+                self.pending.extend(std::iter::repeat_n((slab % S, slab), self.boxes));
+            }
             fn land(&mut self, rng: &mut StdRng, all: bool) {
                 while !self.pending.is_empty() && (all || rng.random_bool(0.5)) {
                     let (slot, slab) = self.pending.remove(rng.random_range(0..self.pending.len()));
-                    assert!(!self.read_since_barrier[slot], "slab {slab} landed in slot {slot} while a warp may read it");
-                    self.slab_in[slot] = slab;
-                    self.phases[slot] += 1;
+                    assert!(!self.read_since_barrier[slot], "a box of slab {slab} landed in slot {slot} while a warp may read it");
+                    self.landed[slot] += 1;
+                    if self.landed[slot] == self.boxes {
+                        (self.slab_in[slot], self.landed[slot]) = (slab, 0);
+                        self.phases[slot] += 1;
+                    }
                 }
             }
             // Polls until the phase completes, the copy engine progressing meanwhile.
@@ -1818,10 +1828,11 @@ mod tests {
                 self.read_since_barrier[slab % S] = true;
             }
         }
-        for nk in [1usize, 2, 3, 4, 5, 6, 9, 13] {
-            for seed in 0..50u64 {
-                let mut rng = StdRng::seed_from_u64(seed * 100 + nk as u64);
-                let mut r = Ring { phases: [0; S], slab_in: [usize::MAX; S], pending: (0..nk.min(S)).map(|kt| (kt, kt)).collect(), read_since_barrier: [false; S] };
+        for (nk, b_boxes) in [1usize, 2, 3, 4, 5, 6, 9, 13].into_iter().flat_map(|nk| (1..=4).map(move |b| (nk, b))) {
+            for seed in 0..25u64 {
+                let mut rng = StdRng::seed_from_u64(seed * 100 + nk as u64 * 10 + b_boxes as u64);
+                let mut r = Ring { boxes: 1 + b_boxes, phases: [0; S], slab_in: [usize::MAX; S], landed: [0; S], pending: Vec::new(), read_since_barrier: [false; S] };
+                (0..nk.min(S)).for_each(|kt| r.issue(kt));
                 r.wait(&mut rng, 0);
                 r.read(0); // step 0 of slab 0
                 for kt in 0..nk {
@@ -1831,7 +1842,7 @@ mod tests {
                     }
                     r.read_since_barrier = [false; S]; // the block barrier
                     if kt + S < nk {
-                        r.pending.push(((kt + S) % S, kt + S));
+                        r.issue(kt + S);
                     }
                     r.land(&mut rng, false);
                     if kt + 1 < nk {
