@@ -42,10 +42,9 @@
 //   mma_warp64_k64  the wide loop on 64-deep slabs: 128x256x64 tile, 4 stages (192 KiB), four
 //                  k16 steps per barrier: half the barriers, cp.async waits and loop overhead per
 //                  mma, 144 KiB in flight instead of 96.
-//   mma_warp64_tma  f16/bf16, sm_90a only: mma_warp64_k64's warps and loop, the slabs copied by
-//                  TMA into wgmma_tma's stage layout (one thread per slab, warps taking turns) and
-//                  the block barrier replaced by one named barrier per slot that only the issuing
-//                  warp waits on: none of the 12 cp.async per thread and slab, their address
+//   mma_warp64_tma  f16/bf16, sm_90a only: mma_warp64_k64's warps, loop and barrier per slab,
+//                  the slabs copied by TMA (thread 0, right after the barrier) into wgmma_tma's
+//                  stage layout: none of the 12 cp.async per thread and slab, their address
 //                  registers or their queueing in front of the ldmatrix. Needs lda, ldb multiples of 8.
 //   mma_splitk     f16/bf16 for decode shapes (M of a few tokens, where a 128-row tile leaves
 //                  most of the GPU idle: M = 16, N = 4096 is 32 blocks of 128x128): mma_pipelined's
@@ -98,7 +97,7 @@
 //   mma_warp64 238 / 0 (+64 KiB dynamic) / 0       mma_warp64_wide 238 / 0 (+120 KiB dynamic) / 0
 //   mma_warp64_k64 242 / 0 (+192 KiB dynamic) / 0      mma_splitk 62 / 128 B (+72 KiB dynamic) / 0
 //   (f16 and bf16 alike; sm_80: mma_warp64(_wide, _k64) 234 registers, no spills)
-//   mma_warp64_tma for sm_90a: 214 / 0 (+197696 dynamic) / 0
+//   mma_warp64_tma for sm_90a: 208 / 0 (+197696 dynamic) / 0
 //   wgmma_tma for sm_90a: 168 / 0 (+197696 dynamic) / 0, no stack frame (the launch-time figure
 //   for 384 threads; setmaxnreg then moves the producer to 40 and the consumers to 232)
 //   wgmma_n128 for sm_90a: 90 / 0 (+99376 dynamic) / 0 (288 threads, two blocks per SM)
@@ -1211,24 +1210,20 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
 }
 
 // ---------------------------------------------------------------------------------------------
-// 13. mma_warp64_tma (sm_90a only): mma_warp64_k64's 8 warps of 64x64 and its ldmatrix + mma.sync
-// schedule, with the slabs copied by TMA into wgmma_tma's stage layout instead of by cp.async from
-// every thread, and no block barrier. What goes: each thread's 12 cp.async per slab, the ~24
-// address instructions beside them and their queueing in front of the ldmatrix (Nsight Compute
-// puts ~13% of k64's warp stall samples on those copies), and the block barrier that makes every
-// warp wait for the slowest once per slab.
-// Ring: slab kt in slot kt % 4; full[s] (one arrival with the slab's bytes) says it landed, and
-// every warp waits on it before its first ldmatrix of the slab. Refills: once a warp has issued
-// its last ldmatrix of slab kt (step 3's, before step 2's mma), it arrives on named barrier
-// 1 + kt % 4 (bar.arrive, release); warp kt % 8 instead syncs on it (bar.sync, acquire: every
-// warp is done with the slot) and its lane 0 issues slab kt + 4 there. So the refill leaves where
-// k64's does (three slabs stay in flight), only the issuing warp ever waits for the others, and
-// the issue work (~100 instructions, mostly uniform-datapath setup around five TMA copies) falls
-// on each warp once per 8 slabs: issuing every slab from one warp behind a block barrier kept
-// that warp ~20% of its time off the mma and the other warps waiting for it (barrier stalls 7%
-// of samples), and spreading each slab's five copies over five warps, 11%.
-// One named barrier per slot keeps generations apart: a warp's next arrival on barrier 1 + s is
-// for slab kt + 4, which it cannot read before the issuer has passed the barrier for slab kt.
+// 13. mma_warp64_tma (sm_90a only): mma_warp64_k64's 8 warps of 64x64, its ldmatrix + mma.sync
+// schedule and its one block barrier per slab, with the slabs copied by TMA into wgmma_tma's
+// stage layout instead of by cp.async from every thread. What goes: each thread's 12 cp.async per
+// slab, the ~24 address instructions beside them, and their queueing in front of the ldmatrix
+// (Nsight Compute puts ~13% of k64's warp stall samples on those copies: MIO throttle,
+// long-scoreboard waits on reused address registers, late fragments behind the copy burst).
+// The refill is issued where k64 issues it (thread 0, right after the barrier that ends every
+// warp's reads of the slot), so three slabs stay in flight behind the one read. The full barrier
+// of slab kt + 1 replaces cp.async.wait_group before the block barrier; no empty barriers.
+// The cost moves to thread 0: a slab's issue (one expect_tx, five TMA copies, each wrapped in
+// uniform-datapath setup with 9-12-cycle stall counts) keeps warp 0 off the mma for a while, and
+// the other warps wait for it at the next barrier. Spreading the five copies over five warps,
+// or dropping the block barrier for per-slot named barriers with the warps taking turns to issue,
+// was slower still (h100-gemm-mma-warp64-tma.md).
 // Stage layout (WgTile<256, 4, 1>): A one box of 128 rows x 128 bytes, B four boxes of 64 k-rows
 // x 128 bytes, each 128-byte swizzled = swz(row, chunk, 8) from its 1024-aligned start. A is
 // k64's A slab exactly; a warp's B columns are box wn / 64, whose rows are 128 bytes (k64's:
@@ -1238,19 +1233,12 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
 // every block.
 // ---------------------------------------------------------------------------------------------
 
-__device__ __forceinline__ void named_bar_sync(int id, int threads) {
-    asm volatile("barrier.cta.sync.aligned %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
-    asm volatile("barrier.cta.arrive.aligned %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 template <typename T>
 __device__ __forceinline__ void mma_warp64_tma_body(const TmaDesc& ta, const TmaDesc& tb, T* C, int M, int N, int K, int ldc,
                                                     float alpha, float beta) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using P = WgTile<256, 4, 1>;
-    constexpr int STAGES = P::STAGES, BK = P::BK, WARPS = 8;
+    constexpr int STAGES = P::STAGES, BK = P::BK;
     extern __shared__ __align__(1024) unsigned char smem[];
     require_dynamic_smem(P::SMEM);
     const unsigned ring = (smem_addr(smem) + 1023u) & ~1023u;
@@ -1262,10 +1250,15 @@ __device__ __forceinline__ void mma_warp64_tma_body(const TmaDesc& ta, const Tma
     const int b_boxes = min(P::B_BOXES, (N - bn + P::B_BOX_N - 1) / P::B_BOX_N);
     auto stage = [&](int kt) { return ring + (kt % STAGES) * P::STAGE_BYTES; };
     auto full = [&](int kt) { return bars + 8 * (kt % STAGES); };
-    auto issue = [&](int kt) {  // one thread
+    auto issue = [&](int kt) {
         mbar_expect_tx(full(kt), P::A_BYTES + b_boxes * P::B_BOX_BYTES);
         tma_load_2d(stage(kt), &ta, kt * BK, bm, full(kt));
-        for (int j = 0; j < b_boxes; ++j) tma_load_2d(stage(kt) + P::A_BYTES + j * P::B_BOX_BYTES, &tb, bn + j * P::B_BOX_N, kt * BK, full(kt));
+        if (b_boxes == P::B_BOXES) {
+#pragma unroll
+            for (int j = 0; j < P::B_BOXES; ++j) tma_load_2d(stage(kt) + P::A_BYTES + j * P::B_BOX_BYTES, &tb, bn + j * P::B_BOX_N, kt * BK, full(kt));
+        } else {
+            for (int j = 0; j < b_boxes; ++j) tma_load_2d(stage(kt) + P::A_BYTES + j * P::B_BOX_BYTES, &tb, bn + j * P::B_BOX_N, kt * BK, full(kt));
+        }
     };
     if (tid == 0) {
 #pragma unroll
@@ -1293,19 +1286,11 @@ __device__ __forceinline__ void mma_warp64_tma_body(const TmaDesc& ta, const Tma
         warp64_mma<T>(acc, a1, b1);
         frags(kt, 3, a1, b1);
         warp64_mma<T>(acc, a0, b0);
-        // This warp's last ldmatrix of slab kt is issued (step 3's, above): release its slot.
-        if (kt + STAGES < nk) {
-            if (warp == kt % WARPS) {
-                named_bar_sync(1 + kt % STAGES, 32 * WARPS);
-                if (lane == 0) issue(kt + STAGES);
-            } else {
-                named_bar_arrive(1 + kt % STAGES, 32 * WARPS);
-            }
-        }
-        if (kt + 1 < nk) {
-            mbar_wait(full(kt + 1), ((kt + 1) / STAGES) & 1);
-            frags(kt + 1, 0, a0, b0);
-        }
+        if (kt + 1 < nk) mbar_wait(full(kt + 1), ((kt + 1) / STAGES) & 1);
+        // Every warp has issued its last ldmatrix of slab kt (step 3's, above): its slot is free.
+        __syncthreads();
+        if (tid == 0 && kt + STAGES < nk) issue(kt + STAGES);
+        if (kt + 1 < nk) frags(kt + 1, 0, a0, b0);
         warp64_mma<T>(acc, a1, b1);
     }
     store_acc<T, 4, 8>(C, M, N, ldc, bm + wm, bn + wn, acc, alpha, beta);
