@@ -424,6 +424,22 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
             : "memory");
     } while (!done);
 }
+// Has the phase of parity `parity` completed? Never blocks (mbarrier.test_wait).
+__device__ __forceinline__ bool mbar_test(unsigned bar, unsigned parity) {
+    unsigned done;
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    return done;
+}
+// One lane of the (converged) warp, the same for every lane to see (elect.sync).
+__device__ __forceinline__ bool elect_one() {
+    unsigned one;
+    asm volatile("{\n.reg .pred p;\nelect.sync _|p, 0xffffffff;\nselp.u32 %0, 1, 0, p;\n}\n" : "=r"(one));
+    return one;
+}
 // mbar_wait for a waiter whose SM has other warps to issue: each try_wait may suspend the thread
 // for up to 10 ms (the hint CUTLASS passes) instead of the system's default time limit, so that
 // a warp waiting on its ring is woken when the phase completes rather than polling. A wait that

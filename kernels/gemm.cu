@@ -1270,6 +1270,7 @@ __device__ __forceinline__ void mma_warp64_tma_body(const TmaDesc& ta, const Tma
     __syncthreads();
     if (tid == 0)
         for (int kt = 0; kt < min(nk, STAGES); ++kt) issue(kt);
+    const bool leader = warp == 0 && elect_one();  // lane 0 of warp 0, chosen by elect.sync
     const int a_lane = swz(wm + lane % 16, lane / 16, 8);
     const int b_lane = P::A_BYTES + (wn / P::B_BOX_N) * P::B_BOX_BYTES + swz(lane % 16, lane / 16, 8);
     auto frags = [&](int kt, int ks, unsigned (&a)[4][4], unsigned (&b)[8][2]) {
@@ -1285,11 +1286,14 @@ __device__ __forceinline__ void mma_warp64_tma_body(const TmaDesc& ta, const Tma
         frags(kt, 2, a0, b0);
         warp64_mma<T>(acc, a1, b1);
         frags(kt, 3, a1, b1);
+        // Has slab kt + 1 landed? Asked before step 2's mma, answered after it: the mbarrier's
+        // reply takes tens of cycles, which every warp would otherwise wait out at the same time.
+        const bool landed = kt + 1 >= nk || mbar_test(full(kt + 1), ((kt + 1) / STAGES) & 1);
         warp64_mma<T>(acc, a0, b0);
-        if (kt + 1 < nk) mbar_wait(full(kt + 1), ((kt + 1) / STAGES) & 1);
+        if (!landed) mbar_wait(full(kt + 1), ((kt + 1) / STAGES) & 1);
         // Every warp has issued its last ldmatrix of slab kt (step 3's, above): its slot is free.
         __syncthreads();
-        if (tid == 0 && kt + STAGES < nk) issue(kt + STAGES);
+        if (leader && kt + STAGES < nk) issue(kt + STAGES);
         if (kt + 1 < nk) frags(kt + 1, 0, a0, b0);
         warp64_mma<T>(acc, a1, b1);
     }
