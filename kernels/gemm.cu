@@ -1233,12 +1233,19 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
 // every block.
 // ---------------------------------------------------------------------------------------------
 
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+    asm volatile("barrier.cta.sync.aligned %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+    asm volatile("barrier.cta.arrive.aligned %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 template <typename T>
 __device__ __forceinline__ void mma_warp64_tma_body(const TmaDesc& ta, const TmaDesc& tb, T* C, int M, int N, int K, int ldc,
                                                     float alpha, float beta) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using P = WgTile<256, 4, 1>;
-    constexpr int STAGES = P::STAGES, BK = P::BK;
+    constexpr int STAGES = P::STAGES, BK = P::BK, WARPS = 8;
     extern __shared__ __align__(1024) unsigned char smem[];
     require_dynamic_smem(P::SMEM);
     const unsigned ring = (smem_addr(smem) + 1023u) & ~1023u;
@@ -1290,10 +1297,18 @@ __device__ __forceinline__ void mma_warp64_tma_body(const TmaDesc& ta, const Tma
         // reply takes tens of cycles, which every warp would otherwise wait out at the same time.
         const bool landed = kt + 1 >= nk || mbar_test(full(kt + 1), ((kt + 1) / STAGES) & 1);
         warp64_mma<T>(acc, a0, b0);
+        // This warp has issued its last ldmatrix of slab kt (step 3's, above): it releases the
+        // slot on named barrier 1 + kt % STAGES. Warp 0, which refills it, waits there for all
+        // eight; the others go on without waiting.
+        if (kt + STAGES < nk) {
+            if (warp == 0) {
+                named_bar_sync(1 + kt % STAGES, 32 * WARPS);
+                if (leader) issue(kt + STAGES);
+            } else {
+                named_bar_arrive(1 + kt % STAGES, 32 * WARPS);
+            }
+        }
         if (!landed) mbar_wait(full(kt + 1), ((kt + 1) / STAGES) & 1);
-        // Every warp has issued its last ldmatrix of slab kt (step 3's, above): its slot is free.
-        __syncthreads();
-        if (leader && kt + STAGES < nk) issue(kt + STAGES);
         if (kt + 1 < nk) frags(kt + 1, 0, a0, b0);
         warp64_mma<T>(acc, a1, b1);
     }
