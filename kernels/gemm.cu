@@ -43,9 +43,10 @@
 //                  k16 steps per barrier: half the barriers, cp.async waits and loop overhead per
 //                  mma, 144 KiB in flight instead of 96.
 //   mma_warp64_tma  f16/bf16, sm_90a only: mma_warp64_k64's warps, loop and barrier per slab,
-//                  the slabs copied by TMA (thread 0, right after the barrier) into wgmma_tma's
-//                  stage layout: none of the 12 cp.async per thread and slab, their address
-//                  registers or their queueing in front of the ldmatrix. Needs lda, ldb multiples of 8.
+//                  the slabs copied by TMA (one lane of warp 0, right after the barrier) into
+//                  wgmma_tma's stage layout, each warp asking the slab's mbarrier a step early:
+//                  none of the 12 cp.async per thread and slab, their address registers or their
+//                  queueing in front of the ldmatrix. Needs lda, ldb multiples of 8.
 //   mma_splitk     f16/bf16 for decode shapes (M of a few tokens, where a 128-row tile leaves
 //                  most of the GPU idle: M = 16, N = 4096 is 32 blocks of 128x128): mma_pipelined's
 //                  loop on a 16x128x64 tile, 8 warps of 16x16, 4 stages (72 KiB), K split over
@@ -97,7 +98,7 @@
 //   mma_warp64 238 / 0 (+64 KiB dynamic) / 0       mma_warp64_wide 238 / 0 (+120 KiB dynamic) / 0
 //   mma_warp64_k64 242 / 0 (+192 KiB dynamic) / 0      mma_splitk 62 / 128 B (+72 KiB dynamic) / 0
 //   (f16 and bf16 alike; sm_80: mma_warp64(_wide, _k64) 234 registers, no spills)
-//   mma_warp64_tma for sm_90a: 208 / 0 (+197696 dynamic) / 0
+//   mma_warp64_tma for sm_90a: 210 / 0 (+197696 dynamic) / 0
 //   wgmma_tma for sm_90a: 168 / 0 (+197696 dynamic) / 0, no stack frame (the launch-time figure
 //   for 384 threads; setmaxnreg then moves the producer to 40 and the consumers to 232)
 //   wgmma_n128 for sm_90a: 90 / 0 (+99376 dynamic) / 0 (288 threads, two blocks per SM)
@@ -1216,14 +1217,17 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
 // slab, the ~24 address instructions beside them, and their queueing in front of the ldmatrix
 // (Nsight Compute puts ~13% of k64's warp stall samples on those copies: MIO throttle,
 // long-scoreboard waits on reused address registers, late fragments behind the copy burst).
-// The refill is issued where k64 issues it (thread 0, right after the barrier that ends every
-// warp's reads of the slot), so three slabs stay in flight behind the one read. The full barrier
-// of slab kt + 1 replaces cp.async.wait_group before the block barrier; no empty barriers.
-// The cost moves to thread 0: a slab's issue (one expect_tx, five TMA copies, each wrapped in
-// uniform-datapath setup with 9-12-cycle stall counts) keeps warp 0 off the mma for a while, and
-// the other warps wait for it at the next barrier. Spreading the five copies over five warps,
-// or dropping the block barrier for per-slot named barriers with the warps taking turns to issue,
-// was slower still (h100-gemm-mma-warp64-tma.md).
+// The refill is issued where k64 issues it (one lane of warp 0, elected, right after the barrier
+// that ends every warp's reads of the slot), so three slabs stay in flight behind the one read.
+// Each warp asks whether slab kt + 1 has landed (mbarrier.test_wait, which never blocks) before
+// step 2's 32 mma and acts on the reply after them, spinning only if it has not: the reply takes
+// tens of cycles, which every warp waited out at once when the poll came right before the
+// barrier (3-10% at the large shapes). No empty barriers: the block barrier frees the slot.
+// What remains is warp 0's issue work (one expect_tx and five TMA copies, each wrapped by ptxas in
+// uniform-datapath setup with 9-12-cycle stall counts), which the other warps wait for at the
+// next barrier. Spreading the copies over five warps, or replacing the block barrier by per-slot
+// named barriers that only the issuing warp waits on (warps taking turns, or warp 0 alone), was
+// slower (h100-gemm-mma-warp64-tma.md).
 // Stage layout (WgTile<256, 4, 1>): A one box of 128 rows x 128 bytes, B four boxes of 64 k-rows
 // x 128 bytes, each 128-byte swizzled = swz(row, chunk, 8) from its 1024-aligned start. A is
 // k64's A slab exactly; a warp's B columns are box wn / 64, whose rows are 128 bytes (k64's:
@@ -1233,19 +1237,12 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
 // every block.
 // ---------------------------------------------------------------------------------------------
 
-__device__ __forceinline__ void named_bar_sync(int id, int threads) {
-    asm volatile("barrier.cta.sync.aligned %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
-    asm volatile("barrier.cta.arrive.aligned %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 template <typename T>
 __device__ __forceinline__ void mma_warp64_tma_body(const TmaDesc& ta, const TmaDesc& tb, T* C, int M, int N, int K, int ldc,
                                                     float alpha, float beta) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using P = WgTile<256, 4, 1>;
-    constexpr int STAGES = P::STAGES, BK = P::BK, WARPS = 8;
+    constexpr int STAGES = P::STAGES, BK = P::BK;
     extern __shared__ __align__(1024) unsigned char smem[];
     require_dynamic_smem(P::SMEM);
     const unsigned ring = (smem_addr(smem) + 1023u) & ~1023u;
@@ -1297,18 +1294,10 @@ __device__ __forceinline__ void mma_warp64_tma_body(const TmaDesc& ta, const Tma
         // reply takes tens of cycles, which every warp would otherwise wait out at the same time.
         const bool landed = kt + 1 >= nk || mbar_test(full(kt + 1), ((kt + 1) / STAGES) & 1);
         warp64_mma<T>(acc, a0, b0);
-        // This warp has issued its last ldmatrix of slab kt (step 3's, above): it releases the
-        // slot on named barrier 1 + kt % STAGES. Warp 0, which refills it, waits there for all
-        // eight; the others go on without waiting.
-        if (kt + STAGES < nk) {
-            if (warp == 0) {
-                named_bar_sync(1 + kt % STAGES, 32 * WARPS);
-                if (leader) issue(kt + STAGES);
-            } else {
-                named_bar_arrive(1 + kt % STAGES, 32 * WARPS);
-            }
-        }
         if (!landed) mbar_wait(full(kt + 1), ((kt + 1) / STAGES) & 1);
+        // Every warp has issued its last ldmatrix of slab kt (step 3's, above): its slot is free.
+        __syncthreads();
+        if (leader && kt + STAGES < nk) issue(kt + STAGES);
         if (kt + 1 < nk) frags(kt + 1, 0, a0, b0);
         warp64_mma<T>(acc, a1, b1);
     }

@@ -430,7 +430,7 @@ pub fn tile(variant: &str) -> &'static str {
         "mma_warp64" => "128x128x32, 4 warps of 64x64, 4-stage cp.async, 2 blocks/SM, one barrier per slab",
         "mma_warp64_wide" => "128x256x32, 8 warps of 64x64, 5-stage cp.async, one barrier per slab",
         "mma_warp64_k64" => "128x256x64, 8 warps of 64x64, 4-stage cp.async, one barrier per 64-deep slab",
-        "mma_warp64_tma" => "128x256x64, 8 warps of 64x64, 4-stage TMA ring (128B swizzle) issued by thread 0 after the one barrier per slab",
+        "mma_warp64_tma" => "128x256x64, 8 warps of 64x64, 4-stage TMA ring (128B swizzle) issued by one lane of warp 0 after the one barrier per slab",
         "mma_splitk" => "16x128x64, 8 warps of 16x16, 4-stage cp.async, K split over grid.y, fp32 partials summed in slice order",
         "wgmma_tma" => "128x256x64, 3 warpgroups (1 TMA producer, 2 wgmma consumers of 64x256), 4-stage mbarrier ring, 128B swizzle",
         "wgmma_n128" => "128x128x64, 2 wgmma consumer warpgroups of 64x128 + 1 TMA producer warp, 3-stage mbarrier ring, 2 blocks/SM",
@@ -1774,87 +1774,72 @@ mod tests {
         assert!(not_applicable("mma_warp64_tma", Dims::dense(4097, 513, 777)).is_some());
     }
 
-    /// mma_warp64_tma's ring and named barriers under random interleavings of its 8 warps and the
-    /// copy engine. Each warp: wait full[0] (parity 0) and read slab 0; per iteration kt, after its
-    /// last read of slab kt, if kt + 4 < nk, warp 0 syncs on named barrier kt % 4 (counting as an
-    /// arrival, then blocking until the generation has all 8) and issues slab kt + 4 into slot
-    /// kt % 4, every other warp arrives there without waiting; then, if kt + 1 < nk, waits on
-    /// full[kt + 1] with parity ((kt + 1) / 4) & 1 and reads slab kt + 1. Copies land at random
-    /// later times, in any order. Checked: no copy lands in a slot a warp is reading; a wait
-    /// passes only on its own slab (try_wait.parity passes once the completed-phase count has the
-    /// other parity), never one a lap ahead; no warp arrives twice in one generation of a named
-    /// barrier; every run ends (no deadlock) with every slab copied once.
+    /// mma_warp64_tma's ring, replayed with its schedule. Prologue: warp 0 issues slabs 0..S-1
+    /// into slots 0..S-1; every thread waits on full[0] (parity 0), reads step 0 of slab 0.
+    /// Iteration kt: steps 1..3 of slab kt; wait on full[kt + 1] with parity ((kt + 1) / S) & 1;
+    /// barrier; warp 0 issues slab kt + S into slot kt % S; step 0 of slab kt + 1. The copy
+    /// engine completes copies at any later time, in any order. A wait passes only once the
+    /// slot's phase of that parity has completed (try_wait.parity: the barrier's completed-phase
+    /// count has the other parity), and must then find its own slab there, never one a lap
+    /// ahead; no copy may land in a slot a warp read after the latest barrier.
     #[test]
     fn warp64_tma_ring_schedule_has_no_hazards() {
         use rand::rngs::StdRng;
         use rand::SeedableRng;
         const S: usize = 4;
-        const WARPS: usize = 8;
-        #[derive(Clone, Copy, PartialEq, Debug)]
-        enum Pc {
-            Wait(usize),    // about to wait on full[kt] and read slab kt
-            Release(usize), // reading slab kt; next: its release (arrive, or sync + issue)
-            Synced(usize),  // the issuer of slab kt + S, blocked on the named barrier
-            Done,
+        /// Slots' completed phases and slabs, the copies issued and not landed, and which slots a
+        /// warp read since the latest barrier.
+        struct Ring {
+            phases: [usize; S],
+            slab_in: [usize; S],
+            pending: Vec<(usize, usize)>,
+            read_since_barrier: [bool; S],
         }
-        for nk in [1usize, 2, 3, 4, 5, 6, 9, 13, 20] {
-            for seed in 0..40u64 {
-                let mut rng = StdRng::seed_from_u64(seed * 100 + nk as u64);
-                let (mut phases, mut slab_in) = ([0usize; S], [usize::MAX; S]);
-                let mut pending: Vec<(usize, usize)> = (0..nk.min(S)).map(|kt| (kt, kt)).collect();
-                let mut arrived = [[false; WARPS]; S]; // per named barrier, this generation
-                let mut pc = [Pc::Wait(0); WARPS];
-                let mut copies = pending.len();
-                loop {
-                    let runnable: Vec<usize> = (0..WARPS)
-                        .filter(|&w| match pc[w] {
-                            Pc::Wait(kt) => phases[kt % S] & 1 != (kt / S) & 1,
-                            Pc::Release(_) => true,
-                            Pc::Synced(kt) => arrived[kt % S].iter().all(|&a| a),
-                            Pc::Done => false,
-                        })
-                        .collect();
-                    if runnable.is_empty() && pending.is_empty() {
-                        assert!(pc.iter().all(|&p| p == Pc::Done), "nk={nk} seed={seed}: deadlock at {pc:?}");
-                        break;
-                    }
-                    if !pending.is_empty() && (runnable.is_empty() || rng.random_bool(0.3)) {
-                        let (slot, slab) = pending.remove(rng.random_range(0..pending.len()));
-                        let readers: Vec<usize> = (0..WARPS).filter(|&w| matches!(pc[w], Pc::Release(kt) if kt % S == slot)).collect();
-                        assert!(readers.is_empty(), "nk={nk} seed={seed}: slab {slab} landed in slot {slot} while warps {readers:?} read it");
-                        slab_in[slot] = slab;
-                        phases[slot] += 1;
-                        continue;
-                    }
-                    let w = runnable[rng.random_range(0..runnable.len())];
-                    pc[w] = match pc[w] {
-                        Pc::Wait(kt) => {
-                            assert_eq!(slab_in[kt % S], kt, "nk={nk} seed={seed}: warp {w}'s wait for slab {kt} passed on another slab");
-                            Pc::Release(kt)
-                        }
-                        Pc::Release(kt) if kt + S < nk => {
-                            assert!(!arrived[kt % S][w], "nk={nk} seed={seed}: warp {w} arrives twice in one generation of barrier {}", kt % S);
-                            arrived[kt % S][w] = true;
-                            if w == 0 {
-                                Pc::Synced(kt)
-                            } else if kt + 1 < nk {
-                                Pc::Wait(kt + 1)
-                            } else {
-                                Pc::Done
-                            }
-                        }
-                        Pc::Release(kt) | Pc::Synced(kt) => {
-                            if matches!(pc[w], Pc::Synced(_)) {
-                                arrived[kt % S] = [false; WARPS]; // the generation completes
-                                pending.push(((kt + S) % S, kt + S));
-                                copies += 1;
-                            }
-                            if kt + 1 < nk { Pc::Wait(kt + 1) } else { Pc::Done }
-                        }
-                        Pc::Done => unreachable!(),
-                    };
+        impl Ring {
+            fn land(&mut self, rng: &mut StdRng, all: bool) {
+                while !self.pending.is_empty() && (all || rng.random_bool(0.5)) {
+                    let (slot, slab) = self.pending.remove(rng.random_range(0..self.pending.len()));
+                    assert!(!self.read_since_barrier[slot], "slab {slab} landed in slot {slot} while a warp may read it");
+                    self.slab_in[slot] = slab;
+                    self.phases[slot] += 1;
                 }
-                assert_eq!((copies, phases.iter().sum::<usize>()), (nk, nk), "nk={nk}: every slab copied once");
+            }
+            // Polls until the phase completes, the copy engine progressing meanwhile.
+            fn wait(&mut self, rng: &mut StdRng, slab: usize) {
+                let (slot, parity) = (slab % S, (slab / S) & 1);
+                while self.phases[slot] & 1 == parity {
+                    assert!(self.pending.iter().any(|&(s, _)| s == slot), "waiting on slab {slab}, never issued");
+                    self.land(rng, false);
+                }
+                assert_eq!(self.slab_in[slot], slab, "the wait for slab {slab} passed on another slab");
+            }
+            fn read(&mut self, slab: usize) {
+                assert_eq!(self.slab_in[slab % S], slab, "slab {slab} is not in its slot");
+                self.read_since_barrier[slab % S] = true;
+            }
+        }
+        for nk in [1usize, 2, 3, 4, 5, 6, 9, 13] {
+            for seed in 0..50u64 {
+                let mut rng = StdRng::seed_from_u64(seed * 100 + nk as u64);
+                let mut r = Ring { phases: [0; S], slab_in: [usize::MAX; S], pending: (0..nk.min(S)).map(|kt| (kt, kt)).collect(), read_since_barrier: [false; S] };
+                r.wait(&mut rng, 0);
+                r.read(0); // step 0 of slab 0
+                for kt in 0..nk {
+                    r.read(kt); // steps 1..3
+                    if kt + 1 < nk {
+                        r.wait(&mut rng, kt + 1);
+                    }
+                    r.read_since_barrier = [false; S]; // the block barrier
+                    if kt + S < nk {
+                        r.pending.push(((kt + S) % S, kt + S));
+                    }
+                    r.land(&mut rng, false);
+                    if kt + 1 < nk {
+                        r.read(kt + 1); // step 0 of slab kt + 1
+                    }
+                }
+                r.land(&mut rng, true);
+                assert_eq!(r.phases.iter().sum::<usize>(), nk, "nk={nk}: every slab copied once");
             }
         }
     }
