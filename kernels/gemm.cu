@@ -1110,6 +1110,13 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaDesc* map, in
         "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(bar)
         : "memory");
 }
+// The same for a 3D box at (c0, c1, c2), innermost first.
+__device__ __forceinline__ void tma_load_3d(unsigned dst, const TmaDesc* map, int c0, int c1, int c2, unsigned bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+        "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+        : "memory");
+}
 #endif
 
 template <typename T, typename P>
@@ -1232,14 +1239,19 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
 // x 128 bytes, each 128-byte swizzled = swz(row, chunk, 8) from its 1024-aligned start. A is
 // k64's A slab exactly; a warp's B columns are box wn / 64, whose rows are 128 bytes (k64's:
 // 512), so its lane offset is swz(lane % 16, lane / 16, 8) in that box and a k16 step 2048 bytes.
-// Edges: TMA zero-fills past M, N and K; B boxes wholly past N are not issued (their warps compute
-// on stale columns that are never stored); stores are predicated (store_acc). One main loop for
-// every block.
+// B arrives as one 3D box per slab (dimensions: 64 columns, K rows, column blocks; box 64 x 64
+// x 4, whose image is the four 2D boxes side by side) where every
+// column block lies within a row of B (ceil(N / 64) * 64 <= ldb): one copy instead of four, for
+// warp 0 to issue. TMA bounds each dimension on its own, so a partial last block would be read
+// past N from the row; elsewhere B comes in 2D boxes (the map's rank, b_rank, says which).
+// Edges: TMA zero-fills past M, N and K; 2D B boxes wholly past N are not issued (their warps
+// compute on stale columns that are never stored); stores are predicated (store_acc). One main
+// loop for every block.
 // ---------------------------------------------------------------------------------------------
 
 template <typename T>
 __device__ __forceinline__ void mma_warp64_tma_body(const TmaDesc& ta, const TmaDesc& tb, T* C, int M, int N, int K, int ldc,
-                                                    float alpha, float beta) {
+                                                    float alpha, float beta, int b_rank) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using P = WgTile<256, 4, 1>;
     constexpr int STAGES = P::STAGES, BK = P::BK;
@@ -1254,15 +1266,18 @@ __device__ __forceinline__ void mma_warp64_tma_body(const TmaDesc& ta, const Tma
     const int b_boxes = min(P::B_BOXES, (N - bn + P::B_BOX_N - 1) / P::B_BOX_N);
     auto stage = [&](int kt) { return ring + (kt % STAGES) * P::STAGE_BYTES; };
     auto full = [&](int kt) { return bars + 8 * (kt % STAGES); };
+    // One thread: tb is either B's 3D map (all four 64-column boxes of a slab in one copy, zero
+    // fill past N counted in the bytes) or its 2D map (a copy per box, boxes wholly past N skipped).
     auto issue = [&](int kt) {
+        if (b_rank == 3) {
+            mbar_expect_tx(full(kt), P::STAGE_BYTES);
+            tma_load_2d(stage(kt), &ta, kt * BK, bm, full(kt));
+            tma_load_3d(stage(kt) + P::A_BYTES, &tb, 0, kt * BK, bn / P::B_BOX_N, full(kt));
+            return;
+        }
         mbar_expect_tx(full(kt), P::A_BYTES + b_boxes * P::B_BOX_BYTES);
         tma_load_2d(stage(kt), &ta, kt * BK, bm, full(kt));
-        if (b_boxes == P::B_BOXES) {
-#pragma unroll
-            for (int j = 0; j < P::B_BOXES; ++j) tma_load_2d(stage(kt) + P::A_BYTES + j * P::B_BOX_BYTES, &tb, bn + j * P::B_BOX_N, kt * BK, full(kt));
-        } else {
-            for (int j = 0; j < b_boxes; ++j) tma_load_2d(stage(kt) + P::A_BYTES + j * P::B_BOX_BYTES, &tb, bn + j * P::B_BOX_N, kt * BK, full(kt));
-        }
+        for (int j = 0; j < b_boxes; ++j) tma_load_2d(stage(kt) + P::A_BYTES + j * P::B_BOX_BYTES, &tb, bn + j * P::B_BOX_N, kt * BK, full(kt));
     };
     if (tid == 0) {
 #pragma unroll
@@ -1380,9 +1395,10 @@ WGMMA_RUNG(wgmma_n128_deep, WgN128Deep)
 // wgmma_n64_deep: 128x64 tiles, 9 stages, one block per SM.
 WGMMA_RUNG(wgmma_n64_deep, WgN64Deep)
 // mma_warp64_tma: mma_warp64_k64's loop and block barrier, its slabs copied by TMA (thread 0).
-extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_tma_f16(WGMMA_TMA_ARGS(__half)) {
-    mma_warp64_tma_body<__half>(ta, tb, C, M, N, K, ldc, alpha, beta);
+// b_rank: 3 when tb is B's 3D map (one copy per slab), else 2.
+extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_tma_f16(WGMMA_TMA_ARGS(__half), int b_rank) {
+    mma_warp64_tma_body<__half>(ta, tb, C, M, N, K, ldc, alpha, beta, b_rank);
 }
-extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_tma_bf16(WGMMA_TMA_ARGS(__nv_bfloat16)) {
-    mma_warp64_tma_body<__nv_bfloat16>(ta, tb, C, M, N, K, ldc, alpha, beta);
+extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_tma_bf16(WGMMA_TMA_ARGS(__nv_bfloat16), int b_rank) {
+    mma_warp64_tma_body<__nv_bfloat16>(ta, tb, C, M, N, K, ldc, alpha, beta, b_rank);
 }

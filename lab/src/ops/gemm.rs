@@ -322,19 +322,46 @@ pub mod wg {
     }
 
     /// One operand's cuTensorMapEncodeTiled arguments: sizes and box innermost (contiguous)
-    /// dimension first, and the stride of the outer dimension in bytes.
+    /// dimension first, and the strides of the outer dimensions in bytes (rank 2: the row stride;
+    /// rank 3: one more, `strides_bytes[1]`).
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     pub struct TmaBox {
-        pub dims: [u64; 2],
-        pub row_stride_bytes: u64,
-        pub boxes: [u32; 2],
+        pub rank: usize,
+        pub dims: [u64; 3],
+        pub strides_bytes: [u64; 2],
+        pub boxes: [u32; 3],
+    }
+
+    impl TmaBox {
+        fn rank2(dims: [u64; 2], row_stride_bytes: u64, boxes: [u32; 2]) -> Self {
+            TmaBox { rank: 2, dims: [dims[0], dims[1], 1], strides_bytes: [row_stride_bytes, 0], boxes: [boxes[0], boxes[1], 1] }
+        }
+        pub fn row_stride_bytes(&self) -> u64 {
+            self.strides_bytes[0]
+        }
     }
 
     /// A (M x K, row stride lda) in boxes of BK x BM, B (K x N, row stride ldb) in boxes of B_BOX_N x BK.
     pub fn tma_boxes(d: super::Dims, elem: usize) -> (TmaBox, TmaBox) {
-        let a = TmaBox { dims: [d.k as u64, d.m as u64], row_stride_bytes: (d.lda * elem) as u64, boxes: [BK as u32, BM as u32] };
-        let b = TmaBox { dims: [d.n as u64, d.k as u64], row_stride_bytes: (d.ldb * elem) as u64, boxes: [B_BOX_N as u32, BK as u32] };
+        let a = TmaBox::rank2([d.k as u64, d.m as u64], (d.lda * elem) as u64, [BK as u32, BM as u32]);
+        let b = TmaBox::rank2([d.n as u64, d.k as u64], (d.ldb * elem) as u64, [B_BOX_N as u32, BK as u32]);
         (a, b)
+    }
+
+    /// mma_warp64_tma's B as one copy per slab: dimensions (64 columns, K rows, column blocks of
+    /// 64), strides (one row, 64 columns) in bytes, box (64, BK, 4), whose shared-memory image is
+    /// the four 64-column boxes of the 2D map side by side. TMA bounds each dimension on its own,
+    /// so the columns of a last, partial block past N are read from the row, not zero-filled:
+    /// offered only where every block lies within a row (ceil(N / 64) * 64 <= ldb), else `None`
+    /// (the 2D boxes then, one copy per box).
+    pub fn tma_b_3d(d: super::Dims, elem: usize) -> Option<TmaBox> {
+        let blocks = d.n.div_ceil(B_BOX_N);
+        (blocks * B_BOX_N <= d.ldb).then(|| TmaBox {
+            rank: 3,
+            dims: [B_BOX_N as u64, d.k as u64, blocks as u64],
+            strides_bytes: [(d.ldb * elem) as u64, (B_BOX_N * elem) as u64],
+            boxes: [B_BOX_N as u32, BK as u32, (WIDE.bn / B_BOX_N) as u32],
+        })
     }
 }
 
@@ -360,19 +387,20 @@ pub fn encode_tensor_map(ptr: u64, b: wg::TmaBox, dtype: DType) -> Result<Tensor
         DType::Bf16 => Ty::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
         DType::F32 => return Err(LabError::Invalid("the TMA gemm rungs run in f16 and bf16 only".into())),
     };
-    if !ptr.is_multiple_of(16) || !b.row_stride_bytes.is_multiple_of(16) {
-        return Err(LabError::Invalid(format!("TMA needs 16-byte aligned rows: base {ptr:#x}, row stride {} bytes", b.row_stride_bytes)));
+    let strides = &b.strides_bytes[..b.rank - 1];
+    if !ptr.is_multiple_of(16) || strides.iter().any(|s| !s.is_multiple_of(16)) {
+        return Err(LabError::Invalid(format!("TMA needs 16-byte aligned rows: base {ptr:#x}, strides {strides:?} bytes")));
     }
     let mut map = std::mem::MaybeUninit::<cudarc::driver::sys::CUtensorMap>::zeroed();
-    let strides = [b.row_stride_bytes];
-    let element_strides = [1u32, 1];
-    // SAFETY: every pointer refers to a live local array of the length rank 2 asks for (rank - 1
-    // strides); the driver only writes the 128-byte map.
+    let element_strides = [1u32; 3];
+    // SAFETY: every pointer refers to a live local array of at least the length `b.rank` asks for
+    // (rank dims, boxes and element strides, rank - 1 strides); the driver only writes the
+    // 128-byte map.
     unsafe {
         cudarc::driver::sys::cuTensorMapEncodeTiled(
             map.as_mut_ptr(),
             ty,
-            2,
+            b.rank as u32,
             ptr as *mut std::ffi::c_void,
             b.dims.as_ptr(),
             strides.as_ptr(),
@@ -390,12 +418,23 @@ pub fn encode_tensor_map(ptr: u64, b: wg::TmaBox, dtype: DType) -> Result<Tensor
     Ok(TensorMap(unsafe { map.assume_init() }))
 }
 
-/// The tensor maps of A and B for the TMA rungs.
-pub fn tensor_maps<T: Elem>(gpu: &Gpu, d: Dims, a: &CudaSlice<T>, b: &CudaSlice<T>) -> Result<(TensorMap, TensorMap)> {
-    let (ba, bb) = wg::tma_boxes(d, T::DTYPE.size());
+/// The tensor maps of A and B for a TMA rung; mma_warp64_tma takes B as one 3D box per slab
+/// where [`wg::tma_b_3d`] offers it, and the rank of B's map (2 or 3) tells the kernel which.
+pub fn tensor_maps<T: Elem>(gpu: &Gpu, variant: &str, d: Dims, a: &CudaSlice<T>, b: &CudaSlice<T>) -> Result<TmaMaps> {
+    let (ba, mut bb) = wg::tma_boxes(d, T::DTYPE.size());
+    if variant == "mma_warp64_tma" {
+        bb = wg::tma_b_3d(d, T::DTYPE.size()).unwrap_or(bb);
+    }
     let (pa, _ga) = a.device_ptr(&gpu.stream);
     let (pb, _gb) = b.device_ptr(&gpu.stream);
-    Ok((encode_tensor_map(pa, ba, T::DTYPE)?, encode_tensor_map(pb, bb, T::DTYPE)?))
+    Ok(TmaMaps { a: encode_tensor_map(pa, ba, T::DTYPE)?, b: encode_tensor_map(pb, bb, T::DTYPE)?, b_rank: bb.rank as i32 })
+}
+
+/// A TMA rung's tensor maps, and the rank of B's.
+pub struct TmaMaps {
+    pub a: TensorMap,
+    pub b: TensorMap,
+    pub b_rank: i32,
 }
 
 /// Dynamic shared memory of a variant (the pipelined rungs: stages x (A slab + B slab), as
@@ -749,7 +788,7 @@ pub fn run_kernel<T: Elem>(
         if let Some(why) = not_applicable(variant, d) {
             return Err(LabError::Invalid(format!("gemm {variant}: {why}")));
         }
-        let maps = tensor_maps(gpu, d, a, b)?;
+        let maps = tensor_maps(gpu, variant, d, a, b)?;
         return launch_tma(gpu, f, variant, d, (alpha, beta), &maps, c);
     }
     let mut cfg = launch_config(variant, d.m, d.n);
@@ -775,28 +814,19 @@ pub fn run_kernel<T: Elem>(
 
 /// Launches a TMA rung (mma_warp64_tma or a wgmma rung) with the tensor maps of A and B (from
 /// [`tensor_maps`] on buffers that [`validate`] accepted for `d`).
-pub fn launch_tma<T: Elem>(gpu: &Gpu, f: &CudaFunction, variant: &str, d: Dims, (alpha, beta): (f32, f32), maps: &(TensorMap, TensorMap), c: &mut CudaSlice<T>) -> Result<()> {
+pub fn launch_tma<T: Elem>(gpu: &Gpu, f: &CudaFunction, variant: &str, d: Dims, (alpha, beta): (f32, f32), maps: &TmaMaps, c: &mut CudaSlice<T>) -> Result<()> {
     let cfg = launch_config(variant, d.m, d.n);
     let (m, n, k, ldc) = (d.m as i32, d.n as i32, d.k as i32, d.ldc as i32);
-    // SAFETY: the maps describe A (M x K) and B (K x N) inside their buffers (TMA never reads
-    // outside the described tensor); the kernel predicates every C store on M, N and ldc; cfg is
-    // the launch shape and dynamic smem it is written for.
-    unsafe {
-        gpu.stream
-            .launch_builder(f)
-            .arg(&maps.0)
-            .arg(&maps.1)
-            .arg(c)
-            .arg(&m)
-            .arg(&n)
-            .arg(&k)
-            .arg(&ldc)
-            .arg(&alpha)
-            .arg(&beta)
-            .launch(cfg)
+    let mut l = gpu.stream.launch_builder(f);
+    l.arg(&maps.a).arg(&maps.b).arg(c).arg(&m).arg(&n).arg(&k).arg(&ldc).arg(&alpha).arg(&beta);
+    if variant == "mma_warp64_tma" {
+        l.arg(&maps.b_rank);
     }
-    .map(|_| ())
-    .doing(&format!("launching gemm {variant}"))
+    // SAFETY: the maps describe A (M x K) and B (K x N) inside their buffers (TMA never reads
+    // outside the described tensor; B's 3D map only where every column block lies within a
+    // row); the kernel predicates every C store on M, N and ldc; cfg is the launch shape and
+    // dynamic smem it is written for.
+    unsafe { l.launch(cfg) }.map(|_| ()).doing(&format!("launching gemm {variant}"))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -844,7 +874,7 @@ where
         }
         if SM90A_VARIANTS.contains(&variant) {
             // The maps are encoded once per case, outside the timed launches.
-            let maps = tensor_maps(gpu, d, &da, &db)?;
+            let maps = tensor_maps(gpu, variant, d, &da, &db)?;
             let launch = |c: &mut CudaSlice<T>| -> Result<()> {
                 reset(c)?;
                 launch_tma(gpu, &f, variant, d, (alpha, beta), &maps, c)
@@ -1405,11 +1435,11 @@ mod tests {
     fn wgmma_tma_tensor_maps_and_shared_memory() {
         use wg::*;
         let (ta, tb) = tma_boxes(Dims::dense(1000, 1032, 776), 2);
-        assert_eq!(ta, TmaBox { dims: [776, 1000], row_stride_bytes: 1552, boxes: [64, 128] });
-        assert_eq!(tb, TmaBox { dims: [1032, 776], row_stride_bytes: 2064, boxes: [64, 64] });
+        assert_eq!(ta, TmaBox { rank: 2, dims: [776, 1000, 1], strides_bytes: [1552, 0], boxes: [64, 128, 1] });
+        assert_eq!(tb, TmaBox { rank: 2, dims: [1032, 776, 1], strides_bytes: [2064, 0], boxes: [64, 64, 1] });
         // Padded leading dimensions are strides, never sizes.
         let (ta, tb) = tma_boxes(Dims { m: 3, n: 5, k: 7, lda: 16, ldb: 24, ldc: 5 }, 2);
-        assert_eq!((ta.dims, ta.row_stride_bytes, tb.dims, tb.row_stride_bytes), ([7, 3], 32, [5, 7], 48));
+        assert_eq!((ta.dims, ta.row_stride_bytes(), tb.dims, tb.row_stride_bytes()), ([7, 3, 1], 32, [5, 7, 1], 48));
         for t in [ta, tb] {
             assert_eq!(t.boxes[0] as usize * 2, 128, "a 128-byte swizzle takes boxes of at most 128 bytes along the row");
             assert!(t.boxes.iter().all(|&x| (1..=256).contains(&x)));
@@ -1444,7 +1474,7 @@ mod tests {
             let why = not_applicable("wgmma_tma", Dims::dense(m, n, k));
             assert_eq!(why.is_none(), takes, "{m}x{n}x{k}: {why:?}");
             let (ta, tb) = tma_boxes(Dims::dense(m, n, k), 2);
-            assert_eq!(ta.row_stride_bytes.is_multiple_of(16) && tb.row_stride_bytes.is_multiple_of(16), takes, "{m}x{n}x{k}");
+            assert_eq!(ta.row_stride_bytes().is_multiple_of(16) && tb.row_stride_bytes().is_multiple_of(16), takes, "{m}x{n}x{k}");
         }
         assert_eq!(not_applicable("wgmma_tma", Dims::dense(4097, 513, 777)).unwrap(), "TMA needs row strides that are multiples of 16 bytes (8 elements); K = 777 and N = 513 are not");
         assert_eq!(not_applicable("wgmma_tma", Dims { m: 2, n: 8, k: 8, lda: 12, ldb: 8, ldc: 8 }).unwrap(), "TMA needs row strides that are multiples of 16 bytes (8 elements); lda = 12 is not");
@@ -1768,6 +1798,23 @@ mod tests {
             }
         }
         assert_eq!(dynamic_smem("mma_warp64_tma"), dynamic_smem("wgmma_tma"));
+        // B as one 3D box per slab: element (column c, row k, block j) of the box at coordinates
+        // (0, k0, bn / 64) is B[k0 + k][bn + 64 j + c] in global memory (the strides), and lands
+        // where the 2D box j puts B[k0 + k][bn + 64 j + c] in shared memory (the box order:
+        // innermost first).
+        let d = Dims { m: 256, n: 1000, k: 320, lda: 320, ldb: 1024, ldc: 1000 };
+        let b3 = wg::tma_b_3d(d, 2).expect("ceil(1000 / 64) * 64 = 1024 <= ldb");
+        assert_eq!((b3.rank, b3.dims, b3.strides_bytes, b3.boxes), (3, [64, 320, 16], [2048, 128], [64, 64, 4]));
+        let (k0, bn) = (128usize, 512usize);
+        for (c, k, j) in [(0usize, 0usize, 0usize), (5, 7, 1), (63, 63, 3), (17, 40, 2)] {
+            let global = (k0 + k) as u64 * b3.strides_bytes[0] + (bn / 64 + j) as u64 * b3.strides_bytes[1] + 2 * c as u64;
+            assert_eq!(global, 2 * ((k0 + k) * d.ldb + bn + 64 * j + c) as u64);
+            let smem_3d = ((j * b3.boxes[1] as usize + k) * b3.boxes[0] as usize + c) * 2;
+            assert_eq!(smem_3d, j * box_bytes + k * 128 + 2 * c, "not the 2D boxes' layout");
+        }
+        // Dense B with N % 64 != 0: a partial last block would read past the rows, so 2D boxes.
+        assert!(wg::tma_b_3d(Dims::dense(256, 1000, 320), 2).is_none());
+        assert!(wg::tma_b_3d(Dims::dense(8192, 8192, 8192), 2).is_some());
         for (arch, offered) in [(80, false), (90, true), (100, false)] {
             assert_eq!(applies("mma_warp64_tma", Dims::dense(1024, 1024, 1024), 227 * 1024, arch), offered, "sm_{arch}");
         }
