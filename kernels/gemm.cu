@@ -43,8 +43,8 @@
 //                  k16 steps per barrier: half the barriers, cp.async waits and loop overhead per
 //                  mma, 144 KiB in flight instead of 96.
 //   mma_warp64_tma  f16/bf16, sm_90a only: mma_warp64_k64's warps, loop and barrier per slab,
-//                  the slabs copied by TMA (A by warp 0, B by warp 1, right after the barrier)
-//                  into wgmma_tma's stage layout, each warp asking the slab's mbarrier a step early:
+//                  the slabs copied by TMA (one lane of warp 0, right after the barrier) into
+//                  wgmma_tma's stage layout, each warp asking the slab's mbarrier a step early:
 //                  none of the 12 cp.async per thread and slab, their address registers or their
 //                  queueing in front of the ldmatrix. Needs lda, ldb multiples of 8.
 //   mma_splitk     f16/bf16 for decode shapes (M of a few tokens, where a 128-row tile leaves
@@ -1224,27 +1224,26 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
 // slab, the ~24 address instructions beside them, and their queueing in front of the ldmatrix
 // (Nsight Compute puts ~13% of k64's warp stall samples on those copies: MIO throttle,
 // long-scoreboard waits on reused address registers, late fragments behind the copy burst).
-// The refill is issued where k64 issues it (right after the barrier that ends every warp's reads
-// of the slot: A by an elected lane of warp 0, B by one of warp 1), so three slabs stay in flight
-// behind the one read.
+// The refill is issued where k64 issues it (one lane of warp 0, elected, right after the barrier
+// that ends every warp's reads of the slot), so three slabs stay in flight behind the one read.
 // Each warp asks whether slab kt + 1 has landed (mbarrier.test_wait, which never blocks) before
 // step 2's 32 mma and acts on the reply after them, spinning only if it has not: the reply takes
 // tens of cycles, which every warp waited out at once when the poll came right before the
 // barrier (3-10% at the large shapes). No empty barriers: the block barrier frees the slot.
-// What remains is the issuing warps' work (an expect_tx and a TMA copy each, wrapped by ptxas in
+// What remains is warp 0's issue work (one expect_tx and five TMA copies, each wrapped by ptxas in
 // uniform-datapath setup with 9-12-cycle stall counts), which the other warps wait for at the
-// next barrier. Five copies per slab from one thread, or from five warps, or per-slot named
-// barriers that only the issuing warp waits on (warps taking turns, or warp 0 alone), were
+// next barrier. Spreading the copies over five warps, or replacing the block barrier by per-slot
+// named barriers that only the issuing warp waits on (warps taking turns, or warp 0 alone), was
 // slower (h100-gemm-mma-warp64-tma.md).
 // Stage layout (WgTile<256, 4, 1>): A one box of 128 rows x 128 bytes, B four boxes of 64 k-rows
 // x 128 bytes, each 128-byte swizzled = swz(row, chunk, 8) from its 1024-aligned start. A is
 // k64's A slab exactly; a warp's B columns are box wn / 64, whose rows are 128 bytes (k64's:
 // 512), so its lane offset is swz(lane % 16, lane / 16, 8) in that box and a k16 step 2048 bytes.
 // B arrives as one 3D box per slab (dimensions: 64 columns, K rows, column blocks; box 64 x 64
-// x 4, whose image is the four 2D boxes side by side) where every column block lies within a row
-// of B (ceil(N / 64) * 64 <= ldb): one copy instead of four. TMA bounds each dimension on its own,
-// so a partial last block would be read past N from the row; elsewhere B comes in 2D boxes (the
-// map's rank, b_rank, says which).
+// x 4, whose image is the four 2D boxes side by side) where every
+// column block lies within a row of B (ceil(N / 64) * 64 <= ldb): one copy instead of four, for
+// warp 0 to issue. TMA bounds each dimension on its own, so a partial last block would be read
+// past N from the row; elsewhere B comes in 2D boxes (the map's rank, b_rank, says which).
 // Edges: TMA zero-fills past M, N and K; 2D B boxes wholly past N are not issued (their warps
 // compute on stale columns that are never stored); stores are predicated (store_acc). One main
 // loop for every block.
@@ -1267,33 +1266,30 @@ __device__ __forceinline__ void mma_warp64_tma_body(const TmaDesc& ta, const Tma
     const int b_boxes = min(P::B_BOXES, (N - bn + P::B_BOX_N - 1) / P::B_BOX_N);
     auto stage = [&](int kt) { return ring + (kt % STAGES) * P::STAGE_BYTES; };
     auto full = [&](int kt) { return bars + 8 * (kt % STAGES); };
-    // Two threads, each announcing its own bytes on the full barrier (two arrivals per phase):
-    // an elected lane of warp 0 copies A, one of warp 1 copies B, either as one 3D box (tb is B's
-    // 3D map: all four 64-column boxes of a slab in one copy, zero fill past N counted in the
-    // bytes) or as 2D boxes (boxes wholly past N skipped).
+    // One thread: tb is either B's 3D map (all four 64-column boxes of a slab in one copy, zero
+    // fill past N counted in the bytes) or its 2D map (a copy per box, boxes wholly past N skipped).
     auto issue = [&](int kt) {
-        if (warp == 0) {
-            mbar_expect_tx(full(kt), P::A_BYTES);
+        if (b_rank == 3) {
+            mbar_expect_tx(full(kt), P::STAGE_BYTES);
             tma_load_2d(stage(kt), &ta, kt * BK, bm, full(kt));
-        } else if (b_rank == 3) {
-            mbar_expect_tx(full(kt), P::B_BOXES * P::B_BOX_BYTES);
             tma_load_3d(stage(kt) + P::A_BYTES, &tb, 0, kt * BK, bn / P::B_BOX_N, full(kt));
-        } else {
-            mbar_expect_tx(full(kt), b_boxes * P::B_BOX_BYTES);
-            for (int j = 0; j < b_boxes; ++j) tma_load_2d(stage(kt) + P::A_BYTES + j * P::B_BOX_BYTES, &tb, bn + j * P::B_BOX_N, kt * BK, full(kt));
+            return;
         }
+        mbar_expect_tx(full(kt), P::A_BYTES + b_boxes * P::B_BOX_BYTES);
+        tma_load_2d(stage(kt), &ta, kt * BK, bm, full(kt));
+        for (int j = 0; j < b_boxes; ++j) tma_load_2d(stage(kt) + P::A_BYTES + j * P::B_BOX_BYTES, &tb, bn + j * P::B_BOX_N, kt * BK, full(kt));
     };
     if (tid == 0) {
 #pragma unroll
-        for (int s = 0; s < STAGES; ++s) mbar_init(bars + 8 * s, 2);
+        for (int s = 0; s < STAGES; ++s) mbar_init(bars + 8 * s, 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&ta)) : "memory");
         asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tb)) : "memory");
     }
     __syncthreads();
-    const bool issuer = warp < 2 && elect_one();  // one lane of warp 0 (A) and of warp 1 (B)
-    if (issuer)
+    if (tid == 0)
         for (int kt = 0; kt < min(nk, STAGES); ++kt) issue(kt);
+    const bool leader = warp == 0 && elect_one();  // lane 0 of warp 0, chosen by elect.sync
     const int a_lane = swz(wm + lane % 16, lane / 16, 8);
     const int b_lane = P::A_BYTES + (wn / P::B_BOX_N) * P::B_BOX_BYTES + swz(lane % 16, lane / 16, 8);
     auto frags = [&](int kt, int ks, unsigned (&a)[4][4], unsigned (&b)[8][2]) {
@@ -1316,7 +1312,7 @@ __device__ __forceinline__ void mma_warp64_tma_body(const TmaDesc& ta, const Tma
         if (!landed) mbar_wait(full(kt + 1), ((kt + 1) / STAGES) & 1);
         // Every warp has issued its last ldmatrix of slab kt (step 3's, above): its slot is free.
         __syncthreads();
-        if (issuer && kt + STAGES < nk) issue(kt + STAGES);
+        if (leader && kt + STAGES < nk) issue(kt + STAGES);
         if (kt + 1 < nk) frags(kt + 1, 0, a0, b0);
         warp64_mma<T>(acc, a1, b1);
     }

@@ -469,7 +469,7 @@ pub fn tile(variant: &str) -> &'static str {
         "mma_warp64" => "128x128x32, 4 warps of 64x64, 4-stage cp.async, 2 blocks/SM, one barrier per slab",
         "mma_warp64_wide" => "128x256x32, 8 warps of 64x64, 5-stage cp.async, one barrier per slab",
         "mma_warp64_k64" => "128x256x64, 8 warps of 64x64, 4-stage cp.async, one barrier per 64-deep slab",
-        "mma_warp64_tma" => "128x256x64, 8 warps of 64x64, 4-stage TMA ring (128B swizzle) issued by warps 0 (A) and 1 (B) after the one barrier per slab",
+        "mma_warp64_tma" => "128x256x64, 8 warps of 64x64, 4-stage TMA ring (128B swizzle) issued by one lane of warp 0 after the one barrier per slab",
         "mma_splitk" => "16x128x64, 8 warps of 16x16, 4-stage cp.async, K split over grid.y, fp32 partials summed in slice order",
         "wgmma_tma" => "128x256x64, 3 warpgroups (1 TMA producer, 2 wgmma consumers of 64x256), 4-stage mbarrier ring, 128B swizzle",
         "wgmma_n128" => "128x128x64, 2 wgmma consumer warpgroups of 64x128 + 1 TMA producer warp, 3-stage mbarrier ring, 2 blocks/SM",
@@ -1821,43 +1821,34 @@ mod tests {
         assert!(not_applicable("mma_warp64_tma", Dims::dense(4097, 513, 777)).is_some());
     }
 
-    /// mma_warp64_tma's ring, replayed with its schedule. Prologue: warps 0 and 1 issue slabs
-    /// 0..S-1 (A and B) into slots 0..S-1; every thread waits on full[0] (parity 0), reads step 0
-    /// of slab 0. Iteration kt: steps 1..3 of slab kt; wait on full[kt + 1] with parity
-    /// ((kt + 1) / S) & 1; barrier; warps 0 and 1 issue slab kt + S into slot kt % S; step 0 of
-    /// slab kt + 1. The copy engine lands copies at any later time, in any order, and a phase
-    /// completes when both copies of its slab have landed. A wait passes only once the slot's
-    /// phase of that parity has completed (try_wait.parity: the completed-phase count has the
-    /// other parity), and must then find its own slab there, never one a lap ahead; no copy may
-    /// land in a slot a warp read after the latest barrier.
+    /// mma_warp64_tma's ring, replayed with its schedule. Prologue: warp 0 issues slabs 0..S-1
+    /// into slots 0..S-1; every thread waits on full[0] (parity 0), reads step 0 of slab 0.
+    /// Iteration kt: steps 1..3 of slab kt; wait on full[kt + 1] with parity ((kt + 1) / S) & 1;
+    /// barrier; warp 0 issues slab kt + S into slot kt % S; step 0 of slab kt + 1. The copy
+    /// engine completes copies at any later time, in any order. A wait passes only once the
+    /// slot's phase of that parity has completed (try_wait.parity: the barrier's completed-phase
+    /// count has the other parity), and must then find its own slab there, never one a lap
+    /// ahead; no copy may land in a slot a warp read after the latest barrier.
     #[test]
     fn warp64_tma_ring_schedule_has_no_hazards() {
         use rand::rngs::StdRng;
         use rand::SeedableRng;
         const S: usize = 4;
-        /// Slots' completed phases and slabs, and copies landed in the current phase; the copies
-        /// issued and not landed; which slots a warp read since the latest barrier.
+        /// Slots' completed phases and slabs, the copies issued and not landed, and which slots a
+        /// warp read since the latest barrier.
         struct Ring {
             phases: [usize; S],
             slab_in: [usize; S],
-            landed: [usize; S],
             pending: Vec<(usize, usize)>,
             read_since_barrier: [bool; S],
         }
         impl Ring {
-            // Warp 0's A copy and warp 1's B copy, each announced with its bytes: two arrivals.
-            fn issue(&mut self, slab: usize) {
-                self.pending.extend([(slab % S, slab); 2]);
-            }
             fn land(&mut self, rng: &mut StdRng, all: bool) {
                 while !self.pending.is_empty() && (all || rng.random_bool(0.5)) {
                     let (slot, slab) = self.pending.remove(rng.random_range(0..self.pending.len()));
-                    assert!(!self.read_since_barrier[slot], "a copy of slab {slab} landed in slot {slot} while a warp may read it");
-                    self.landed[slot] += 1;
-                    if self.landed[slot] == 2 {
-                        (self.slab_in[slot], self.landed[slot]) = (slab, 0);
-                        self.phases[slot] += 1;
-                    }
+                    assert!(!self.read_since_barrier[slot], "slab {slab} landed in slot {slot} while a warp may read it");
+                    self.slab_in[slot] = slab;
+                    self.phases[slot] += 1;
                 }
             }
             // Polls until the phase completes, the copy engine progressing meanwhile.
@@ -1877,8 +1868,7 @@ mod tests {
         for nk in [1usize, 2, 3, 4, 5, 6, 9, 13] {
             for seed in 0..50u64 {
                 let mut rng = StdRng::seed_from_u64(seed * 100 + nk as u64);
-                let mut r = Ring { phases: [0; S], slab_in: [usize::MAX; S], landed: [0; S], pending: Vec::new(), read_since_barrier: [false; S] };
-                (0..nk.min(S)).for_each(|kt| r.issue(kt));
+                let mut r = Ring { phases: [0; S], slab_in: [usize::MAX; S], pending: (0..nk.min(S)).map(|kt| (kt, kt)).collect(), read_since_barrier: [false; S] };
                 r.wait(&mut rng, 0);
                 r.read(0); // step 0 of slab 0
                 for kt in 0..nk {
@@ -1888,7 +1878,7 @@ mod tests {
                     }
                     r.read_since_barrier = [false; S]; // the block barrier
                     if kt + S < nk {
-                        r.issue(kt + S);
+                        r.pending.push(((kt + S) % S, kt + S));
                     }
                     r.land(&mut rng, false);
                     if kt + 1 < nk {
