@@ -434,7 +434,7 @@ __device__ __forceinline__ bool mbar_test(unsigned bar, unsigned parity) {
         : "memory");
     return done;
 }
-// One lane of the (converged) warp, the same for every lane to see (elect.sync).
+// True in exactly one lane of the (converged) warp (elect.sync).
 __device__ __forceinline__ bool elect_one() {
     unsigned one;
     asm volatile("{\n.reg .pred p;\nelect.sync _|p, 0xffffffff;\nselp.u32 %0, 1, 0, p;\n}\n" : "=r"(one));

@@ -1230,9 +1230,9 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
 // step 2's 32 mma and acts on the reply after them, spinning only if it has not: the reply takes
 // tens of cycles, which every warp waited out at once when the poll came right before the
 // barrier (3-10% at the large shapes). No empty barriers: the block barrier frees the slot.
-// What remains is warp 0's issue work (one expect_tx and five TMA copies, each wrapped by ptxas in
-// uniform-datapath setup with 9-12-cycle stall counts), which the other warps wait for at the
-// next barrier. Spreading the copies over five warps, or replacing the block barrier by per-slot
+// What remains is warp 0's issue work (one expect_tx and two TMA copies, or five with 2D B boxes,
+// each wrapped by ptxas in uniform-datapath setup with 9-12-cycle stall counts), which the other
+// warps wait for at the next barrier. Spreading the copies over five warps, or replacing the block barrier by per-slot
 // named barriers that only the issuing warp waits on (warps taking turns, or warp 0 alone), was
 // slower (h100-gemm-mma-warp64-tma.md).
 // Stage layout (WgTile<256, 4, 1>): A one box of 128 rows x 128 bytes, B four boxes of 64 k-rows
@@ -1240,10 +1240,10 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
 // k64's A slab exactly; a warp's B columns are box wn / 64, whose rows are 128 bytes (k64's:
 // 512), so its lane offset is swz(lane % 16, lane / 16, 8) in that box and a k16 step 2048 bytes.
 // B arrives as one 3D box per slab (dimensions: 64 columns, K rows, column blocks; box 64 x 64
-// x 4, whose image is the four 2D boxes side by side) where every
-// column block lies within a row of B (ceil(N / 64) * 64 <= ldb): one copy instead of four, for
-// warp 0 to issue. TMA bounds each dimension on its own, so a partial last block would be read
-// past N from the row; elsewhere B comes in 2D boxes (the map's rank, b_rank, says which).
+// x 4, whose image is the four 2D boxes side by side) where every column block lies within a row
+// of B (ceil(N / 64) * 64 <= ldb): one copy instead of four for warp 0 to issue. TMA bounds each
+// dimension on its own, so a partial last block would be read past N from the row; elsewhere B
+// comes in 2D boxes (the map's rank, b_rank, says which).
 // Edges: TMA zero-fills past M, N and K; 2D B boxes wholly past N are not issued (their warps
 // compute on stale columns that are never stored); stores are predicated (store_acc). One main
 // loop for every block.
@@ -1289,7 +1289,7 @@ __device__ __forceinline__ void mma_warp64_tma_body(const TmaDesc& ta, const Tma
     __syncthreads();
     if (tid == 0)
         for (int kt = 0; kt < min(nk, STAGES); ++kt) issue(kt);
-    const bool leader = warp == 0 && elect_one();  // lane 0 of warp 0, chosen by elect.sync
+    const bool leader = warp == 0 && elect_one();  // one lane of warp 0, chosen by elect.sync
     const int a_lane = swz(wm + lane % 16, lane / 16, 8);
     const int b_lane = P::A_BYTES + (wn / P::B_BOX_N) * P::B_BOX_BYTES + swz(lane % 16, lane / 16, 8);
     auto frags = [&](int kt, int ks, unsigned (&a)[4][4], unsigned (&b)[8][2]) {
@@ -1394,7 +1394,7 @@ WGMMA_RUNG(wgmma_n128, WgN128)
 WGMMA_RUNG(wgmma_n128_deep, WgN128Deep)
 // wgmma_n64_deep: 128x64 tiles, 9 stages, one block per SM.
 WGMMA_RUNG(wgmma_n64_deep, WgN64Deep)
-// mma_warp64_tma: mma_warp64_k64's loop and block barrier, its slabs copied by TMA (thread 0).
+// mma_warp64_tma: mma_warp64_k64's loop and block barrier, its slabs copied by TMA (one thread).
 // b_rank: 3 when tb is B's 3D map (one copy per slab), else 2.
 extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_tma_f16(WGMMA_TMA_ARGS(__half), int b_rank) {
     mma_warp64_tma_body<__half>(ta, tb, C, M, N, K, ldc, alpha, beta, b_rank);

@@ -572,7 +572,9 @@ impl Experiment for Gemm {
             // 1000^3, 300x520x96, 300x520x320 and the last three, which put their M, N and K edges
             // (a partial last k-tile, 8 columns past a 256- or 128-wide tile, M = 1) and
             // beta != 0 under the check. 130x264x1024 also gives mma_splitk 4 slices with beta != 0 (its epilogue
-            // applies beta), and 1x4097x777 3 slices with an odd N.
+            // applies beta), and 1x4097x777 3 slices with an odd N. 130x320x104 is the one whose N is a
+            // multiple of 64, so mma_warp64_tma takes B as 3D boxes there, with edges in M, K (104 = 64 + 40)
+            // and N (one 64-column block in, three zero-filled) and beta != 0.
             (Backend::Cuda(_), _) => &[
                 (1, 4097, 777, 1.0, 0.0, false),
                 (1000, 1000, 1000, 1.0, 0.0, false),
@@ -583,6 +585,7 @@ impl Experiment for Gemm {
                 (130, 264, 72, 0.5, -1.25, false),
                 (1, 1032, 776, 1.0, 0.0, false),
                 (130, 264, 1024, 0.5, -1.25, false),
+                (130, 320, 104, 0.5, -1.25, false),
             ],
         };
         let square = |n: usize| (n, n, n, 1.0, 0.0, true);
@@ -1815,6 +1818,7 @@ mod tests {
         // Dense B with N % 64 != 0: a partial last block would read past the rows, so 2D boxes.
         assert!(wg::tma_b_3d(Dims::dense(256, 1000, 320), 2).is_none());
         assert!(wg::tma_b_3d(Dims::dense(8192, 8192, 8192), 2).is_some());
+        assert!(wg::tma_b_3d(Dims::dense(130, 320, 104), 2).is_some(), "the gate that puts the 3D boxes' edges under the check");
         for (arch, offered) in [(80, false), (90, true), (100, false)] {
             assert_eq!(applies("mma_warp64_tma", Dims::dense(1024, 1024, 1024), 227 * 1024, arch), offered, "sm_{arch}");
         }
