@@ -1232,9 +1232,9 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
 // barrier (3-10% at the large shapes). No empty barriers: the block barrier frees the slot.
 // What remains is warp 0's issue work (one expect_tx and two TMA copies, or five with 2D B boxes,
 // each wrapped by ptxas in uniform-datapath setup with 9-12-cycle stall counts), which the other
-// warps wait for at the next barrier. Spreading the copies over five warps, or replacing the block barrier by per-slot
-// named barriers that only the issuing warp waits on (warps taking turns, or warp 0 alone), was
-// slower (h100-gemm-mma-warp64-tma.md).
+// warps wait for at the next barrier. Spreading the copies over five warps, or replacing the
+// block barrier by per-slot named barriers that only the issuing warp waits on (warps taking
+// turns, or warp 0 alone), was slower (h100-gemm-mma-warp64-tma.md).
 // Stage layout (WgTile<256, 4, 1>): A one box of 128 rows x 128 bytes, B four boxes of 64 k-rows
 // x 128 bytes, each 128-byte swizzled = swz(row, chunk, 8) from its 1024-aligned start. A is
 // k64's A slab exactly; a warp's B columns are box wn / 64, whose rows are 128 bytes (k64's:

@@ -54,6 +54,9 @@ fn the_wgmma_kernels_are_built_for_sm90a_only() {
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16",
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16",
         "cp.async.bulk.tensor.2d",
+        "cp.async.bulk.tensor.3d",
+        "mbarrier.test_wait.parity",
+        "elect.sync",
         "mbarrier.try_wait.parity",
         "setmaxnreg.inc",
     ];
