@@ -47,6 +47,11 @@
 //                  wgmma_tma's stage layout, each warp asking the slab's mbarrier a step early:
 //                  none of the 12 cp.async per thread and slab, their address registers or their
 //                  queueing in front of the ldmatrix. Needs lda, ldb multiples of 8.
+//   mma_warp64_tail_split  mma_warp64_tma whose last partial wave is split along K: the tiles
+//                  that would leave SMs idle in the grid's last wave (at 8192^3, 68 tiles on 132
+//                  SMs after 15 whole waves: 3% of the run) run as K slices on every SM, their
+//                  fp32 partials summed in slice order by the tile's last block; skinny shapes
+//                  (fewer tiles than SMs) are all tail.
 //   mma_splitk     f16/bf16 for decode shapes (M of a few tokens, where a 128-row tile leaves
 //                  most of the GPU idle: M = 16, N = 4096 is 32 blocks of 128x128): mma_pipelined's
 //                  loop on a 16x128x64 tile, 8 warps of 16x16, 4 stages (72 KiB), K split over
@@ -1249,9 +1254,55 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
 // loop for every block.
 // ---------------------------------------------------------------------------------------------
 
-template <typename T>
+// 14. mma_warp64_tail_split (sm_90a only): the same body with TAIL. A block per tile leaves the
+// SMs without a tile in the grid's last wave idle while the others finish it (at 8192^3, 2048
+// tiles on 132 SMs: 15.5 waves in the time of 16). Here the first dp_tiles tiles (whole waves)
+// run as mma_warp64_tma's blocks do, and each of the rest = tiles - dp_tiles others is cut into
+// `slices` K ranges of ceil(nk / slices) slabs: one block per (slice, tile) after the whole
+// tiles, slice-major, so that the blocks running together walk the same K range, as a wave of
+// whole tiles does (their A and B slabs shared in L2). The host picks dp_tiles and slices from
+// the SM count (tail_plan in gemm.rs). A split block stores its fp32 partial tile in its own
+// workspace slot, in fragment order (thread t's acc[i][j] as one float4 at (i * 8 + j) * 256 + t:
+// every warp store is 512 contiguous bytes), and counts itself in on the tile's counter; the
+// last of the tile's blocks to arrive sums the slots in slice order (the same bits whichever
+// block comes last), stores C with alpha and beta, and resets the counter for the next launch.
+// ---------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ void tail_store_partial(float* __restrict__ ws, int unit, const float (&acc)[4][8][4]) {
+    float4* slot = reinterpret_cast<float4*>(ws) + (u64)unit * (128 * 256 / 4) + threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) __stcg(slot + (i * 8 + j) * 256, make_float4(acc[i][j][0], acc[i][j][1], acc[i][j][2], acc[i][j][3]));
+}
+
+// The sum of the slots of units first, first + stride, ... (slices of them), into acc: half the
+// fragments at a time, 16 float4 loads in flight (all 32 beside the 128 sums would spill).
+__device__ __forceinline__ void tail_sum(const float* __restrict__ ws, int first, int stride, int slices, float (&acc)[4][8][4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+        for (int v = 0; v < slices; ++v) {
+            const float4* slot = reinterpret_cast<const float4*>(ws) + (u64)(first + v * stride) * (128 * 256 / 4) + threadIdx.x;
+#pragma unroll
+            for (int i = 2 * half; i < 2 * half + 2; ++i)
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    const float4 x = __ldcg(slot + (i * 8 + j) * 256);
+                    acc[i][j][0] += x.x, acc[i][j][1] += x.y, acc[i][j][2] += x.z, acc[i][j][3] += x.w;
+                }
+        }
+}
+
+template <typename T, bool TAIL>
 __device__ __forceinline__ void mma_warp64_tma_body(const TmaDesc& ta, const TmaDesc& tb, T* C, int M, int N, int K, int ldc,
-                                                    float alpha, float beta, int b_rank) {
+                                                    float alpha, float beta, int b_rank, int dp_tiles = 0, int slices = 1,
+                                                    float* __restrict__ ws = nullptr, unsigned* __restrict__ done = nullptr) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using P = WgTile<256, 4, 1>;
     constexpr int STAGES = P::STAGES, BK = P::BK;
@@ -1260,8 +1311,20 @@ __device__ __forceinline__ void mma_warp64_tma_body(const TmaDesc& ta, const Tma
     const unsigned ring = (smem_addr(smem) + 1023u) & ~1023u;
     const unsigned bars = ring + STAGES * P::STAGE_BYTES;  // full[s] at bars + 8 s
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-    const int2 tile = grouped_tile(blockIdx.x, M, N, P::BM, P::BN);
-    const int bm = tile.x, bn = tile.y, nk = (K + BK - 1) / BK;
+    // This block's tile and its slabs kb .. kb + nk - 1; unit >= 0: its place among the split blocks.
+    int tile_id = blockIdx.x, kb = 0, nk = (K + BK - 1) / BK, unit = -1, rest = 0;
+    if constexpr (TAIL) {
+        if ((int)blockIdx.x >= dp_tiles) {
+            const int per = (nk + slices - 1) / slices;
+            unit = blockIdx.x - dp_tiles;
+            rest = (gridDim.x - dp_tiles) / slices;
+            tile_id = dp_tiles + unit % rest;
+            kb = (unit / rest) * per;
+            nk = min(nk, kb + per) - kb;
+        }
+    }
+    const int2 tile = grouped_tile(tile_id, M, N, P::BM, P::BN);
+    const int bm = tile.x, bn = tile.y;
     const int wm = (warp / 4) * 64, wn = (warp % 4) * 64;
     const int b_boxes = min(P::B_BOXES, (N - bn + P::B_BOX_N - 1) / P::B_BOX_N);
     auto stage = [&](int kt) { return ring + (kt % STAGES) * P::STAGE_BYTES; };
@@ -1271,13 +1334,13 @@ __device__ __forceinline__ void mma_warp64_tma_body(const TmaDesc& ta, const Tma
     auto issue = [&](int kt) {
         if (b_rank == 3) {
             mbar_expect_tx(full(kt), P::STAGE_BYTES);
-            tma_load_2d(stage(kt), &ta, kt * BK, bm, full(kt));
-            tma_load_3d(stage(kt) + P::A_BYTES, &tb, 0, kt * BK, bn / P::B_BOX_N, full(kt));
+            tma_load_2d(stage(kt), &ta, (kb + kt) * BK, bm, full(kt));
+            tma_load_3d(stage(kt) + P::A_BYTES, &tb, 0, (kb + kt) * BK, bn / P::B_BOX_N, full(kt));
             return;
         }
         mbar_expect_tx(full(kt), P::A_BYTES + b_boxes * P::B_BOX_BYTES);
-        tma_load_2d(stage(kt), &ta, kt * BK, bm, full(kt));
-        for (int j = 0; j < b_boxes; ++j) tma_load_2d(stage(kt) + P::A_BYTES + j * P::B_BOX_BYTES, &tb, bn + j * P::B_BOX_N, kt * BK, full(kt));
+        tma_load_2d(stage(kt), &ta, (kb + kt) * BK, bm, full(kt));
+        for (int j = 0; j < b_boxes; ++j) tma_load_2d(stage(kt) + P::A_BYTES + j * P::B_BOX_BYTES, &tb, bn + j * P::B_BOX_N, (kb + kt) * BK, full(kt));
     };
     if (tid == 0) {
 #pragma unroll
@@ -1315,6 +1378,15 @@ __device__ __forceinline__ void mma_warp64_tma_body(const TmaDesc& ta, const Tma
         if (leader && kt + STAGES < nk) issue(kt + STAGES);
         if (kt + 1 < nk) frags(kt + 1, 0, a0, b0);
         warp64_mma<T>(acc, a1, b1);
+    }
+    if constexpr (TAIL) {
+        if (unit >= 0) {
+            tail_store_partial(ws, unit, acc);
+            unsigned* counter = done + (tile_id - dp_tiles);
+            if (!last_to_arrive(counter, slices)) return;
+            tail_sum(ws, unit % rest, rest, slices, acc);
+            if (threadIdx.x == 0) *counter = 0u;  // ready for the next launch
+        }
     }
     store_acc<T, 4, 8>(C, M, N, ldc, bm + wm, bn + wn, acc, alpha, beta);
 #else
@@ -1397,8 +1469,18 @@ WGMMA_RUNG(wgmma_n64_deep, WgN64Deep)
 // mma_warp64_tma: mma_warp64_k64's loop and block barrier, its slabs copied by TMA (one thread).
 // b_rank: 3 when tb is B's 3D map (one copy per slab), else 2.
 extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_tma_f16(WGMMA_TMA_ARGS(__half), int b_rank) {
-    mma_warp64_tma_body<__half>(ta, tb, C, M, N, K, ldc, alpha, beta, b_rank);
+    mma_warp64_tma_body<__half, false>(ta, tb, C, M, N, K, ldc, alpha, beta, b_rank);
 }
 extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_tma_bf16(WGMMA_TMA_ARGS(__nv_bfloat16), int b_rank) {
-    mma_warp64_tma_body<__nv_bfloat16>(ta, tb, C, M, N, K, ldc, alpha, beta, b_rank);
+    mma_warp64_tma_body<__nv_bfloat16, false>(ta, tb, C, M, N, K, ldc, alpha, beta, b_rank);
+}
+// mma_warp64_tail_split: the first dp_tiles blocks as mma_warp64_tma's, the rest (slice, tile)
+// blocks of the last partial wave's tiles; ws holds a 128x256 fp32 slot per split block, done a
+// counter per split tile (zero at rest).
+#define TAIL_SPLIT_ARGS int b_rank, int dp_tiles, int slices, float *__restrict__ ws, unsigned *__restrict__ done
+extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_tail_split_f16(WGMMA_TMA_ARGS(__half), TAIL_SPLIT_ARGS) {
+    mma_warp64_tma_body<__half, true>(ta, tb, C, M, N, K, ldc, alpha, beta, b_rank, dp_tiles, slices, ws, done);
+}
+extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_tail_split_bf16(WGMMA_TMA_ARGS(__nv_bfloat16), TAIL_SPLIT_ARGS) {
+    mma_warp64_tma_body<__nv_bfloat16, true>(ta, tb, C, M, N, K, ldc, alpha, beta, b_rank, dp_tiles, slices, ws, done);
 }

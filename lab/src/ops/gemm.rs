@@ -1,6 +1,7 @@
 //! `gemm`: C = alpha A B + beta C, row-major, a ladder from one thread per output to tensor cores
 //! (kernels/gemm.cu), beside cuBLAS in the same run on the same inputs. fp32 variants are SIMT;
-//! the TMA rungs (`mma_warp64_tma`: TMA and mbarriers feeding mma.sync; `wgmma_tma` and its
+//! the TMA rungs (`mma_warp64_tma` and `mma_warp64_tail_split`: TMA and mbarriers feeding
+//! mma.sync; `wgmma_tma` and its
 //! narrower tiles: the same with wgmma) exist on compute capability 9.0 only and take row
 //! strides that are multiples of 16 bytes ([`not_applicable`] says why not);
 //! fp16/bf16 variants accumulate in fp32 and write C in the input dtype (what cuBLAS gemm_ex with
@@ -38,11 +39,13 @@ const FAMILY: &str = "gemm";
 /// The fp32 SIMT ladder, in order.
 pub const F32_VARIANTS: &[&str] = &["naive", "smem_tiled", "blocktile_1d", "blocktile_2d", "vectorized", "warptiled"];
 /// The fp16/bf16 tensor-core ladder, in order (the TMA rungs on compute capability 9.0 only).
-pub const HALF_VARIANTS: &[&str] = &["mma_ldmatrix", "mma_pipelined", "mma_pipelined_wide", "mma_warp64", "mma_warp64_wide", "mma_warp64_k64", "mma_warp64_tma", "mma_splitk", "wgmma_tma", "wgmma_n128", "wgmma_n128_deep", "wgmma_n64_deep"];
+pub const HALF_VARIANTS: &[&str] = &["mma_ldmatrix", "mma_pipelined", "mma_pipelined_wide", "mma_warp64", "mma_warp64_wide", "mma_warp64_k64", "mma_warp64_tma", "mma_warp64_tail_split", "mma_splitk", "wgmma_tma", "wgmma_n128", "wgmma_n128_deep", "wgmma_n64_deep"];
 /// Variants built from sm_90a instructions (TMA and mbarriers; the wgmma rungs add wgmma and
 /// setmaxnreg): offered on 9.0 alone, absent elsewhere (their PTX target, `compute_90a`, loads on
 /// no other device). All take A and B through tensor maps ([`tensor_maps`], [`launch_tma`]).
-pub const SM90A_VARIANTS: &[&str] = &["mma_warp64_tma", "wgmma_tma", "wgmma_n128", "wgmma_n128_deep", "wgmma_n64_deep"];
+pub const SM90A_VARIANTS: &[&str] = &["mma_warp64_tma", "mma_warp64_tail_split", "wgmma_tma", "wgmma_n128", "wgmma_n128_deep", "wgmma_n64_deep"];
+/// The mma.sync rungs fed by TMA (mma_warp64_k64's warps and loop on wgmma_tma's stage layout).
+pub const WARP64_TMA_VARIANTS: &[&str] = &["mma_warp64_tma", "mma_warp64_tail_split"];
 pub const CPU_VARIANTS: &[&str] = &["cpu_blocked"];
 /// The slow rungs (naive, smem_tiled) run only up to this many multiply-adds (2048^3).
 pub const SLOW_MAX_MACS: u64 = 1 << 33;
@@ -418,11 +421,11 @@ pub fn encode_tensor_map(ptr: u64, b: wg::TmaBox, dtype: DType) -> Result<Tensor
     Ok(TensorMap(unsafe { map.assume_init() }))
 }
 
-/// The tensor maps of A and B for a TMA rung; mma_warp64_tma takes B as one 3D box per slab
+/// The tensor maps of A and B for a TMA rung; the mma.sync ones take B as one 3D box per slab
 /// where [`wg::tma_b_3d`] offers it, and the rank of B's map (2 or 3) tells the kernel which.
 pub fn tensor_maps<T: Elem>(gpu: &Gpu, variant: &str, d: Dims, a: &CudaSlice<T>, b: &CudaSlice<T>) -> Result<TmaMaps> {
     let (ba, mut bb) = wg::tma_boxes(d, T::DTYPE.size());
-    if variant == "mma_warp64_tma" {
+    if WARP64_TMA_VARIANTS.contains(&variant) {
         bb = wg::tma_b_3d(d, T::DTYPE.size()).unwrap_or(bb);
     }
     let (pa, _ga) = a.device_ptr(&gpu.stream);
@@ -448,7 +451,7 @@ pub fn dynamic_smem(variant: &str) -> usize {
         "mma_warp64_k64" => 4 * (128 * 64 + 64 * 256) * 2,
         "mma_splitk" => 4 * (16 * 64 + 64 * 128) * 2,
         // wgmma_tma's ring and stage layout, full barriers only.
-        "mma_warp64_tma" => wg::WIDE.smem(),
+        "mma_warp64_tma" | "mma_warp64_tail_split" => wg::WIDE.smem(),
         v if SM90A_VARIANTS.contains(&v) => wg::Tile::of(v).map_or(0, wg::Tile::smem),
         _ => 0,
     }
@@ -470,6 +473,7 @@ pub fn tile(variant: &str) -> &'static str {
         "mma_warp64_wide" => "128x256x32, 8 warps of 64x64, 5-stage cp.async, one barrier per slab",
         "mma_warp64_k64" => "128x256x64, 8 warps of 64x64, 4-stage cp.async, one barrier per 64-deep slab",
         "mma_warp64_tma" => "128x256x64, 8 warps of 64x64, 4-stage TMA ring (128B swizzle) issued by one lane of warp 0 after the one barrier per slab",
+        "mma_warp64_tail_split" => "mma_warp64_tma's 128x256x64 blocks; the tiles of the last partial wave split along K, fp32 partials summed in slice order",
         "mma_splitk" => "16x128x64, 8 warps of 16x16, 4-stage cp.async, K split over grid.y, fp32 partials summed in slice order",
         "wgmma_tma" => "128x256x64, 3 warpgroups (1 TMA producer, 2 wgmma consumers of 64x256), 4-stage mbarrier ring, 128B swizzle",
         "wgmma_n128" => "128x128x64, 2 wgmma consumer warpgroups of 64x128 + 1 TMA producer warp, 3-stage mbarrier ring, 2 blocks/SM",
@@ -492,7 +496,8 @@ pub fn launch_config(variant: &str, m: usize, n: usize) -> LaunchConfig {
         "mma_pipelined" => (((m.div_ceil(128) * n.div_ceil(128)) as u32, 1, 1), (256, 1, 1)),
         "mma_pipelined_wide" => (((m.div_ceil(128) * n.div_ceil(256)) as u32, 1, 1), (256, 1, 1)),
         "mma_warp64" => (((m.div_ceil(128) * n.div_ceil(128)) as u32, 1, 1), (128, 1, 1)),
-        "mma_warp64_wide" | "mma_warp64_k64" | "mma_warp64_tma" => (((m.div_ceil(128) * n.div_ceil(256)) as u32, 1, 1), (256, 1, 1)),
+        // mma_warp64_tail_split: a block per tile here; launch_tma adds the split blocks (TailPlan).
+        "mma_warp64_wide" | "mma_warp64_k64" | "mma_warp64_tma" | "mma_warp64_tail_split" => (((m.div_ceil(128) * n.div_ceil(256)) as u32, 1, 1), (256, 1, 1)),
         // grid.y: the K slices, set by run_kernel from splitk_slices.
         "mma_splitk" => (((m.div_ceil(16) * n.div_ceil(128)) as u32, 1, 1), (256, 1, 1)),
         v if SM90A_VARIANTS.contains(&v) => {
@@ -513,21 +518,103 @@ pub fn splitk_slices(d: Dims, sms: usize) -> usize {
     slabs.div_ceil(slabs.div_ceil(want))
 }
 
-/// mma_splitk's fp32 partials (slices x M x N) and one counter per tile, zero at rest (the
-/// tile's last block resets its counter): allocated once per shape, outside the timed launches.
+/// How mma_warp64_tail_split shares its 128x256 tiles (in grouped order) among `sms` SMs of one
+/// block each: the first `dp_tiles` whole, as mma_warp64_tma's blocks; each of the other
+/// `tiles - dp_tiles` as `slices` K ranges of ceil(nk / slices) slabs, one block per (slice,
+/// tile), slice-major (the kernel decodes a block as [`TailPlan::unit`] does).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TailPlan {
+    pub tiles: usize,
+    pub dp_tiles: usize,
+    pub slices: usize,
+}
+
+/// Tail split cost model, in slab-times (one block's 128x256x64 step): a split block adds about
+/// two (its ring's first fill, its 128 KiB partial store) and a split tile's sum about one per
+/// slice (its last block reads every slice's 128 KiB). Slices are at least 4 slabs, at most 16.
+const TAIL_BLOCK_OVERHEAD_SLABS: usize = 2;
+const TAIL_MIN_SLABS: usize = 4;
+const TAIL_MAX_SLICES: usize = 16;
+
+impl TailPlan {
+    /// Blocks in the launch: the whole tiles, then every split tile's slices.
+    pub fn blocks(&self) -> usize {
+        self.dp_tiles + self.split_tiles() * self.slices
+    }
+    pub fn split_tiles(&self) -> usize {
+        self.tiles - self.dp_tiles
+    }
+    /// Block `b`'s tile (grouped order), first slab and number of slabs, for `nk` slabs of K.
+    pub fn unit(&self, b: usize, nk: usize) -> (usize, usize, usize) {
+        if b < self.dp_tiles {
+            return (b, 0, nk);
+        }
+        let (u, per) = (b - self.dp_tiles, nk.div_ceil(self.slices));
+        let kb = (u / self.split_tiles()) * per;
+        (self.dp_tiles + u % self.split_tiles(), kb, nk.min(kb + per) - kb)
+    }
+}
+
+/// The tail split for `d` on `sms` SMs: the tiles past the last whole wave (tiles % sms) are split
+/// into the slice count whose waves of split blocks end soonest by the cost model above, or not
+/// at all when no split beats one more wave of whole tiles (nk slab-times).
+pub fn tail_plan(d: Dims, sms: usize) -> TailPlan {
+    let (tiles, nk) = (d.m.div_ceil(wg::BM) * d.n.div_ceil(256), d.k.div_ceil(wg::BK));
+    let rest = tiles % sms.max(1);
+    let mut best = (nk, 1);
+    for want in 2..=TAIL_MAX_SLICES {
+        let per = nk.div_ceil(want);
+        if rest == 0 || per < TAIL_MIN_SLABS {
+            break;
+        }
+        let slices = nk.div_ceil(per); // none empty
+        let cost = (rest * slices).div_ceil(sms) * (per + TAIL_BLOCK_OVERHEAD_SLABS) + slices;
+        if cost < best.0 {
+            best = (cost, slices);
+        }
+    }
+    let slices = best.1;
+    TailPlan { tiles, dp_tiles: if slices == 1 { tiles } else { tiles - rest }, slices }
+}
+
+/// The fp32 partials and per-tile counters of a split variant, zero at rest (each split tile's
+/// last block resets its counter), allocated once per shape, outside the timed launches:
+/// mma_splitk's slices x M x N floats and a counter per 16x128 tile; mma_warp64_tail_split's
+/// 128 x 256 floats per split block and a counter per split tile.
 pub struct SplitK {
     pub slices: usize,
+    /// mma_warp64_tail_split's plan; `None` for mma_splitk.
+    pub tail: Option<TailPlan>,
     ws: CudaSlice<f32>,
     done: CudaSlice<u32>,
 }
 
 impl SplitK {
-    pub fn new(gpu: &Gpu, d: Dims) -> Result<Self> {
-        let slices = splitk_slices(d, gpu.info.sm_count as usize);
-        let ws_len = if slices > 1 { slices * d.m * d.n } else { 1 };
+    /// The workspace `variant` needs for `d` on this GPU, `None` for a variant that splits nothing.
+    pub fn for_variant(gpu: &Gpu, variant: &str, d: Dims) -> Result<Option<Self>> {
+        let sms = gpu.info.sm_count as usize;
+        let (slices, tail, ws_len, counters) = match variant {
+            "mma_splitk" => {
+                let slices = splitk_slices(d, sms);
+                (slices, None, if slices > 1 { slices * d.m * d.n } else { 1 }, launch_config("mma_splitk", d.m, d.n).grid_dim.0 as usize)
+            }
+            "mma_warp64_tail_split" => {
+                let plan = tail_plan(d, sms);
+                (plan.slices, Some(plan), (plan.blocks() - plan.dp_tiles).max(1) * wg::BM * 256, plan.split_tiles().max(1))
+            }
+            _ => return Ok(None),
+        };
         let ws = gpu.stream.alloc_zeros::<f32>(ws_len).doing("allocating the split-K workspace")?;
-        let done = gpu.stream.alloc_zeros::<u32>(launch_config("mma_splitk", d.m, d.n).grid_dim.0 as usize).doing("allocating the split-K counters")?;
-        Ok(SplitK { slices, ws, done })
+        let done = gpu.stream.alloc_zeros::<u32>(counters).doing("allocating the split-K counters")?;
+        Ok(Some(SplitK { slices, tail, ws, done }))
+    }
+
+    /// The record's account of the split.
+    pub fn describe(&self) -> (&'static str, Value) {
+        match self.tail {
+            Some(p) => ("tail_split", json!({"tiles": p.tiles, "dp_tiles": p.dp_tiles, "slices": p.slices, "blocks": p.blocks()})),
+            None => ("splitk_slices", json!(self.slices)),
+        }
     }
 }
 
@@ -575,6 +662,9 @@ impl Experiment for Gemm {
             // applies beta), and 1x4097x777 3 slices with an odd N. 130x320x104 is the one whose N is a
             // multiple of 64, so mma_warp64_tma takes B as 3D boxes there, with edges in M, K (104 = 64 + 40)
             // and N (one 64-column block in, three zero-filled) and beta != 0.
+            // mma_warp64_tail_split splits every tile of 1000^3 (32 tiles, 4 slices of 4 slabs, the
+            // last one partial) and of 130x264x1024 (beta != 0), and 2176x2048x1024 is 136 of its
+            // tiles: a whole wave on 132 SMs, then 4 tiles in 4 slices, in one launch.
             (Backend::Cuda(_), _) => &[
                 (1, 4097, 777, 1.0, 0.0, false),
                 (1000, 1000, 1000, 1.0, 0.0, false),
@@ -586,6 +676,7 @@ impl Experiment for Gemm {
                 (1, 1032, 776, 1.0, 0.0, false),
                 (130, 264, 1024, 0.5, -1.25, false),
                 (130, 320, 104, 0.5, -1.25, false),
+                (2176, 2048, 1024, 0.5, -1.25, false),
             ],
         };
         let square = |n: usize| (n, n, n, 1.0, 0.0, true);
@@ -792,7 +883,7 @@ pub fn run_kernel<T: Elem>(
             return Err(LabError::Invalid(format!("gemm {variant}: {why}")));
         }
         let maps = tensor_maps(gpu, variant, d, a, b)?;
-        return launch_tma(gpu, f, variant, d, (alpha, beta), &maps, c);
+        return launch_tma(gpu, f, variant, d, (alpha, beta), &maps, c, splitk);
     }
     let mut cfg = launch_config(variant, d.m, d.n);
     let (m, n, k) = (d.m as i32, d.n as i32, d.k as i32);
@@ -800,8 +891,8 @@ pub fn run_kernel<T: Elem>(
     let mut l = gpu.stream.launch_builder(f);
     l.arg(a).arg(b).arg(c).arg(&m).arg(&n).arg(&k).arg(&lda).arg(&ldb).arg(&ldc).arg(&alpha).arg(&beta);
     if variant == "mma_splitk" {
-        let sk = splitk.ok_or_else(|| LabError::Invalid("gemm mma_splitk needs its split-K workspace (SplitK::new for this shape)".into()))?;
-        if sk.slices != splitk_slices(d, gpu.info.sm_count as usize) || (sk.slices > 1 && sk.ws.len() < sk.slices * d.m * d.n) || sk.done.len() < cfg.grid_dim.0 as usize {
+        let sk = splitk.ok_or_else(|| LabError::Invalid("gemm mma_splitk needs its split-K workspace (SplitK::for_variant for this shape)".into()))?;
+        if sk.tail.is_some() || sk.slices != splitk_slices(d, gpu.info.sm_count as usize) || (sk.slices > 1 && sk.ws.len() < sk.slices * d.m * d.n) || sk.done.len() < cfg.grid_dim.0 as usize {
             return Err(LabError::Invalid(format!("gemm mma_splitk: the split-K workspace was made for another shape than M={} N={} K={}", d.m, d.n, d.k)));
         }
         cfg.grid_dim.1 = sk.slices as u32;
@@ -815,20 +906,42 @@ pub fn run_kernel<T: Elem>(
     unsafe { l.launch(cfg) }.map(|_| ()).doing(&format!("launching gemm {variant}"))
 }
 
-/// Launches a TMA rung (mma_warp64_tma or a wgmma rung) with the tensor maps of A and B (from
-/// [`tensor_maps`] on buffers that [`validate`] accepted for `d`).
-pub fn launch_tma<T: Elem>(gpu: &Gpu, f: &CudaFunction, variant: &str, d: Dims, (alpha, beta): (f32, f32), maps: &TmaMaps, c: &mut CudaSlice<T>) -> Result<()> {
-    let cfg = launch_config(variant, d.m, d.n);
+/// Launches a TMA rung (an mma.sync one or a wgmma rung) with the tensor maps of A and B (from
+/// [`tensor_maps`] on buffers that [`validate`] accepted for `d`); mma_warp64_tail_split also
+/// takes its workspace ([`SplitK::for_variant`] for this shape).
+#[allow(clippy::too_many_arguments)]
+pub fn launch_tma<T: Elem>(
+    gpu: &Gpu,
+    f: &CudaFunction,
+    variant: &str,
+    d: Dims,
+    (alpha, beta): (f32, f32),
+    maps: &TmaMaps,
+    c: &mut CudaSlice<T>,
+    splitk: Option<&SplitK>,
+) -> Result<()> {
+    let mut cfg = launch_config(variant, d.m, d.n);
     let (m, n, k, ldc) = (d.m as i32, d.n as i32, d.k as i32, d.ldc as i32);
     let mut l = gpu.stream.launch_builder(f);
     l.arg(&maps.a).arg(&maps.b).arg(c).arg(&m).arg(&n).arg(&k).arg(&ldc).arg(&alpha).arg(&beta);
-    if variant == "mma_warp64_tma" {
+    if WARP64_TMA_VARIANTS.contains(&variant) {
         l.arg(&maps.b_rank);
+    }
+    let (dp_tiles, slices);
+    if variant == "mma_warp64_tail_split" {
+        let plan = tail_plan(d, gpu.info.sm_count as usize);
+        let sk = splitk.filter(|sk| sk.tail == Some(plan)).ok_or_else(|| {
+            LabError::Invalid(format!("gemm {variant} needs the split-K workspace made for M={} N={} K={} (SplitK::for_variant)", d.m, d.n, d.k))
+        })?;
+        (dp_tiles, slices) = (plan.dp_tiles as i32, plan.slices as i32);
+        cfg.grid_dim.0 = plan.blocks() as u32;
+        l.arg(&dp_tiles).arg(&slices).arg(&sk.ws).arg(&sk.done);
     }
     // SAFETY: the maps describe A (M x K) and B (K x N) inside their buffers (TMA never reads
     // outside the described tensor; B's 3D map only where every column block lies within a
     // row); the kernel predicates every C store on M, N and ldc; cfg is the launch shape and
-    // dynamic smem it is written for.
+    // dynamic smem it is written for. mma_warp64_tail_split: the workspace was made for this
+    // plan (a 128x256 slot per split block, a counter per split tile, zero at rest).
     unsafe { l.launch(cfg) }.map(|_| ()).doing(&format!("launching gemm {variant}"))
 }
 
@@ -875,19 +988,20 @@ where
         if !skipped.is_empty() {
             extra.insert("not_applicable".into(), Value::Object(skipped.clone()));
         }
+        let splitk = SplitK::for_variant(gpu, variant, d)?;
+        if let Some(sk) = &splitk {
+            let (key, value) = sk.describe();
+            extra.insert(key.into(), value);
+        }
         if SM90A_VARIANTS.contains(&variant) {
             // The maps are encoded once per case, outside the timed launches.
             let maps = tensor_maps(gpu, variant, d, &da, &db)?;
             let launch = |c: &mut CudaSlice<T>| -> Result<()> {
                 reset(c)?;
-                launch_tma(gpu, &f, variant, d, (alpha, beta), &maps, c)
+                launch_tma(gpu, &f, variant, d, (alpha, beta), &maps, c, splitk.as_ref())
             };
             measure_gpu_as(s, gpu, case, (variant, "lab"), work, check, timed, &mut dc, extra, launch)?;
             continue;
-        }
-        let splitk = if variant == "mma_splitk" { Some(SplitK::new(gpu, d)?) } else { None };
-        if let Some(sk) = &splitk {
-            extra.insert("splitk_slices".into(), json!(sk.slices));
         }
         let launch = |c: &mut CudaSlice<T>| -> Result<()> {
             reset(c)?;
@@ -1063,7 +1177,7 @@ mod tests {
                     "naive" => (8, 32),
                     "smem_tiled" => (32, 32),
                     "blocktile_1d" => (64, 64),
-                    "mma_pipelined_wide" | "mma_warp64_wide" | "mma_warp64_k64" | "mma_warp64_tma" | "wgmma_tma" => (128, 256),
+                    "mma_pipelined_wide" | "mma_warp64_wide" | "mma_warp64_k64" | "mma_warp64_tma" | "mma_warp64_tail_split" | "wgmma_tma" => (128, 256),
                     "wgmma_n128" | "wgmma_n128_deep" => (128, 128),
                     "wgmma_n64_deep" => (128, 64),
                     "mma_splitk" => (16, 128),
@@ -1893,6 +2007,47 @@ mod tests {
                 assert_eq!(r.phases.iter().sum::<usize>(), nk, "nk={nk}: every slab copied once");
             }
         }
+    }
+
+    /// mma_warp64_tail_split's plan: every (tile, slab) is computed by exactly one block, no block
+    /// is empty, only the tiles past the last whole wave are split (slices of >= 4 slabs), and a
+    /// split is chosen only where the model says it ends sooner than one more wave of whole tiles.
+    #[test]
+    fn tail_plan_covers_every_slab_once_and_splits_only_the_last_wave() {
+        let shapes = [(8192, 8192, 8192), (4096, 4096, 4096), (4096, 11008, 4096), (4096, 14336, 4096), (4096, 4096, 11008), (128, 4096, 4096), (16, 4096, 4096), (1000, 1000, 1000), (130, 264, 1024), (2176, 2048, 1024), (1, 1032, 776), (130, 320, 104), (1, 8, 8)];
+        for sms in [132, 114, 78, 1] {
+            for (m, n, k) in shapes {
+                let d = Dims::dense(m, n, k);
+                let (p, nk) = (tail_plan(d, sms), k.div_ceil(64));
+                let tiles = m.div_ceil(128) * n.div_ceil(256);
+                assert_eq!(p.tiles, tiles);
+                let what = format!("{m}x{n}x{k} on {sms} SMs: {p:?}");
+                if p.slices == 1 {
+                    assert_eq!((p.dp_tiles, p.blocks()), (tiles, tiles), "{what}");
+                } else {
+                    assert!(p.dp_tiles.is_multiple_of(sms) && p.split_tiles() == tiles % sms && p.split_tiles() > 0, "{what}");
+                    assert!(nk.div_ceil(p.slices) >= 4 && p.slices <= 16, "{what}");
+                }
+                let mut seen = vec![0u8; tiles * nk];
+                for b in 0..p.blocks() {
+                    let (t, kb, len) = p.unit(b, nk);
+                    assert!(t < tiles && len > 0 && kb + len <= nk, "{what}: block {b} -> {t} {kb}+{len}");
+                    assert!(b < p.dp_tiles || t >= p.dp_tiles, "{what}: block {b} splits a whole-wave tile");
+                    seen[t * nk + kb..t * nk + kb + len].iter_mut().for_each(|x| *x += 1);
+                }
+                assert!(seen.iter().all(|&x| x == 1), "{what}");
+            }
+        }
+        let plan = |m, n, k| {
+            let p = tail_plan(Dims::dense(m, n, k), 132);
+            (p.dp_tiles, p.slices)
+        };
+        // 8192^3: 15 whole waves, the last 68 tiles in 5 slices of 26 slabs (3 waves of them).
+        assert_eq!(plan(8192, 8192, 8192), (1980, 5));
+        assert_eq!(plan(4096, 11008, 4096), (1320, 2));
+        assert_eq!(plan(128, 4096, 4096), (0, 8));
+        // 4096^3: 116 of 132 SMs busy in the last wave; no split beats it.
+        assert_eq!(plan(4096, 4096, 4096), (512, 1));
     }
 
     /// The tile loaders of the pipelined kernel write every chunk of a stage exactly once, and the
