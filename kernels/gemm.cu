@@ -48,10 +48,11 @@
 //                  none of the 12 cp.async per thread and slab, their address registers or their
 //                  queueing in front of the ldmatrix. Needs lda, ldb multiples of 8.
 //   mma_warp64_tail_split  mma_warp64_tma whose last partial wave is split along K: the tiles
-//                  that would leave SMs idle in the grid's last wave (at 8192^3, 68 tiles on 132
-//                  SMs after 15 whole waves: 3% of the run) run as K slices on every SM, their
-//                  fp32 partials summed in slice order by the tile's last block; skinny shapes
-//                  (fewer tiles than SMs) are all tail.
+//                  that would leave SMs idle in the grid's last wave run as K slices on every SM,
+//                  their fp32 partials summed in slice order by the tile's last block; skinny
+//                  shapes (fewer tiles than SMs) are all tail: 1.4-3x faster than mma_warp64_tma
+//                  at M <= 512. At 8192^3 (68 tiles on 132 SMs after 15 whole waves) no faster:
+//                  at the power limit idle SMs cost nothing (h100-gemm-tail-split.md).
 //   mma_splitk     f16/bf16 for decode shapes (M of a few tokens, where a 128-row tile leaves
 //                  most of the GPU idle: M = 16, N = 4096 is 32 blocks of 128x128): mma_pipelined's
 //                  loop on a 16x128x64 tile, 8 warps of 16x16, 4 stages (72 KiB), K split over
@@ -104,6 +105,8 @@
 //   mma_warp64_k64 242 / 0 (+192 KiB dynamic) / 0      mma_splitk 62 / 128 B (+72 KiB dynamic) / 0
 //   (f16 and bf16 alike; sm_80: mma_warp64(_wide, _k64) 234 registers, no spills)
 //   mma_warp64_tma for sm_90a: 208 / 0 (+197696 dynamic) / 0
+//   mma_warp64_tail_split for sm_90a: 208 / 1 KiB (the last-to-arrive flag, 1024-aligned) (+197696
+//   dynamic) / 0; its main loop 374 instructions against mma_warp64_tma's 368 (the K offset)
 //   wgmma_tma for sm_90a: 168 / 0 (+197696 dynamic) / 0, no stack frame (the launch-time figure
 //   for 384 threads; setmaxnreg then moves the producer to 40 and the consumers to 232)
 //   wgmma_n128 for sm_90a: 90 / 0 (+99376 dynamic) / 0 (288 threads, two blocks per SM)
@@ -1256,7 +1259,8 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
 
 // 14. mma_warp64_tail_split (sm_90a only): the same body with TAIL. A block per tile leaves the
 // SMs without a tile in the grid's last wave idle while the others finish it (at 8192^3, 2048
-// tiles on 132 SMs: 15.5 waves in the time of 16). Here the first dp_tiles tiles (whole waves)
+// tiles on 132 SMs: 15.5 waves in the time of 16, though at the board's power limit the idle SMs
+// leave their power to the busy ones: h100-gemm-tail-split.md). Here the first dp_tiles tiles (whole waves)
 // run as mma_warp64_tma's blocks do, and each of the rest = tiles - dp_tiles others is cut into
 // `slices` K ranges of ceil(nk / slices) slabs: one block per (slice, tile) after the whole
 // tiles, slice-major, so that the blocks running together walk the same K range, as a wave of

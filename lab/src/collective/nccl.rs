@@ -333,7 +333,7 @@ fn measure<T: Elem + NcclType>(s: &mut Session, case: &Value) -> Result<Vec<Meas
         let first_outs = download(&bufs)?;
         let before = worst(&first_outs, &expected, tol);
         let time = if timed {
-            let start = first.nvml.as_ref().and_then(|nv| nv.read());
+            let start = first.nvml.as_ref().and_then(|nv| nv.clocks_now());
             let bufs = std::cell::RefCell::new(&mut bufs);
             let restore = || -> Result<()> {
                 for ((rank, b), p) in w.ranks.iter().zip(bufs.borrow_mut().iter_mut()).zip(&pristine) {

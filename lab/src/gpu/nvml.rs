@@ -1,4 +1,4 @@
-//! The few NVML queries a record needs (clocks, clock limiters, energy, power limit), loaded at run time
+//! The few NVML queries a record needs (clocks, clock limiters, power limit), loaded at run time
 //! from the driver's `libnvidia-ml.so.1` like the rest of CUDA: no build-time dependency, and a
 //! host without NVML still runs, its records simply lack these fields.
 
@@ -84,12 +84,11 @@ impl Nvml {
         (status == SUCCESS).then_some(out)
     }
 
-    /// Current SM and memory clocks in MHz, the board's energy counter, and the host's time.
-    pub fn read(&self) -> Option<Reading> {
+    /// Current SM and memory clocks in MHz.
+    pub fn clocks_now(&self) -> Option<(u32, u32)> {
         let sm: c_uint = self.query(b"nvmlDeviceGetClockInfo\0", Some(CLOCK_SM))?;
         let mem: c_uint = self.query(b"nvmlDeviceGetClockInfo\0", Some(CLOCK_MEM))?;
-        let energy_mj: Option<c_ulonglong> = self.query(b"nvmlDeviceGetTotalEnergyConsumption\0", None);
-        Some(Reading { sm_mhz: sm, mem_mhz: mem, energy_mj, at: std::time::Instant::now() })
+        Some((sm, mem))
     }
 
     /// Names of whatever holds the clocks below their maximum right now.
@@ -113,27 +112,10 @@ impl Nvml {
     }
 }
 
-/// One edge of a timed stretch as NVML sees it (the energy counter, in millijoules since the
-/// driver loaded, exists on Volta and later).
-#[derive(Clone, Copy, Debug)]
-pub struct Reading {
-    sm_mhz: u32,
-    mem_mhz: u32,
-    energy_mj: Option<u64>,
-    at: std::time::Instant,
-}
-
-/// Clock and energy readings around a timed stretch: `start` taken before it, the rest after.
-pub fn clocks_around(start: Option<Reading>, nvml: &Nvml) -> Option<Clocks> {
-    let (s, e) = (start?, nvml.read()?);
-    let energy_j = s.energy_mj.zip(e.energy_mj).and_then(|(a, b)| b.checked_sub(a)).map(|mj| mj as f64 / 1000.0);
-    Some(Clocks {
-        sm_mhz: [s.sm_mhz, e.sm_mhz],
-        mem_mhz: [s.mem_mhz, e.mem_mhz],
-        limited_by: nvml.limited_by(),
-        energy_j,
-        wall_s: energy_j.map(|_| e.at.duration_since(s.at).as_secs_f64()),
-    })
+/// Clock readings around a timed stretch: `start` taken before it, the rest after.
+pub fn clocks_around(start: Option<(u32, u32)>, nvml: &Nvml) -> Option<Clocks> {
+    let (s, e) = (start?, nvml.clocks_now()?);
+    Some(Clocks { sm_mhz: [s.0, e.0], mem_mhz: [s.1, e.1], limited_by: nvml.limited_by() })
 }
 
 fn reason_names(bits: u64) -> Vec<String> {

@@ -55,7 +55,7 @@ pub fn time_gpu(gpu: &Gpu, budget: &Budget, mut launch: impl FnMut() -> Result<(
             .collect()
     };
     let warm = budget.warm_up(&mut round)?;
-    let start = gpu.nvml.as_ref().and_then(|n| n.read());
+    let start = gpu.nvml.as_ref().and_then(|n| n.clocks_now());
     let raw = round(budget.reps_after(&warm))?;
     let mode = TimingMode {
         l2: budget.l2.name().into(),

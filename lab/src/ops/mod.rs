@@ -112,7 +112,7 @@ pub fn widen<T: Elem>(v: &[T]) -> Vec<f64> {
 
 use crate::experiment::{peers, Measurement, Session};
 use crate::gpu::{timing::time_gpu, Gpu};
-use crate::profile::{Clocks, Work};
+use crate::profile::Work;
 use crate::record::{ErrorStats, Tolerance};
 use crate::Result;
 use cudarc::driver::CudaSlice;
@@ -217,11 +217,10 @@ pub fn measure_torch<T: Elem>(
     work: Work,
     check: &Check<T>,
 ) -> Result<()> {
-    let start = gpu.nvml.as_ref().and_then(|n| n.read());
+    let start = gpu.nvml.as_ref().and_then(|n| n.clocks_now());
     let mut run = peers::torch(op, T::DTYPE.name(), args, inputs, &s.budget, gpu.info.l2_bytes)?;
-    // The peer is another process: its clocks are read around that process, whose start-up
-    // and warm-up would be in any energy read around it (so none is kept).
-    run.time.1.clocks = gpu.nvml.as_ref().and_then(|n| crate::gpu::nvml::clocks_around(start, n)).map(|c| Clocks { energy_j: None, wall_s: None, ..c });
+    // The peer is another process: its clocks are read around that process.
+    run.time.1.clocks = gpu.nvml.as_ref().and_then(|n| crate::gpu::nvml::clocks_around(start, n));
     let mut m = Measurement::new(run.variant, "torch", case, work);
     m.error = Some((check.compare)(&T::from_bytes(&run.output)));
     (m.time, m.tolerance, m.ceiling, m.extra) = (Some(run.time), Some(check.tol), Some(check.ceiling), run.extra);

@@ -92,27 +92,13 @@ impl Launch {
 }
 
 /// SM and memory clocks read just before the first timed repetition and just after the last,
-/// and what was holding the clocks down at the end (NVML's clock event reasons). Beside them the
-/// board's energy over that stretch (NVML's total energy counter; the L2 scrubs and the gaps
-/// between repetitions included) and its host wall time: energy_j / wall_s is the board's mean
-/// power, which tells a figure made at the power limit from one that was not.
+/// and what was holding the clocks down at the end (NVML's clock event reasons).
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Clocks {
     pub sm_mhz: [u32; 2],
     pub mem_mhz: [u32; 2],
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub limited_by: Vec<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub energy_j: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub wall_s: Option<f64>,
-}
-
-impl Clocks {
-    /// The board's mean power over the timed stretch, in watts.
-    pub fn mean_power_w(&self) -> Option<f64> {
-        Some(self.energy_j? / self.wall_s?).filter(|w| w.is_finite())
-    }
 }
 
 /// How a time was taken; kept in every record.

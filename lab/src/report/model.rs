@@ -148,11 +148,7 @@ pub fn row(r: &Record, peers: &BTreeMap<(String, String, String), (f64, String)>
     };
     let mode = match (&r.timing, &r.time_ms) {
         (Some(t), Some(s)) => {
-            let clocks = t.clocks.as_ref().map(|c| {
-                let power = c.mean_power_w().map(|w| format!(", {w:.0} W")).unwrap_or_default();
-                format!(", SM {}-{} MHz{power}", c.sm_mhz[0], c.sm_mhz[1])
-            });
-            let clocks = clocks.unwrap_or_default();
+            let clocks = t.clocks.as_ref().map(|c| format!(", SM {}-{} MHz", c.sm_mhz[0], c.sm_mhz[1])).unwrap_or_default();
             format!("L2 {}, {}, {} samples{clocks}", t.l2, t.launch, s.samples)
         }
         _ => "untimed (correctness only)".into(),
