@@ -1272,8 +1272,11 @@ __device__ __forceinline__ void wgmma_tma_body(const TmaDesc& ta, const TmaDesc&
 // block comes last), stores C with alpha and beta, and resets the counter for the next launch.
 // ---------------------------------------------------------------------------------------------
 
+// A split block's workspace slot: its 128x256 fp32 partial tile, in float4.
+constexpr int TAIL_SLOT_F4 = 128 * 256 / 4;
+
 __device__ __forceinline__ void tail_store_partial(float* __restrict__ ws, int unit, const float (&acc)[4][8][4]) {
-    float4* slot = reinterpret_cast<float4*>(ws) + (u64)unit * (128 * 256 / 4) + threadIdx.x;
+    float4* slot = reinterpret_cast<float4*>(ws) + (u64)unit * TAIL_SLOT_F4 + threadIdx.x;
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
@@ -1292,7 +1295,7 @@ __device__ __forceinline__ void tail_sum(const float* __restrict__ ws, int first
 #pragma unroll
     for (int half = 0; half < 2; ++half)
         for (int v = 0; v < slices; ++v) {
-            const float4* slot = reinterpret_cast<const float4*>(ws) + (u64)(first + v * stride) * (128 * 256 / 4) + threadIdx.x;
+            const float4* slot = reinterpret_cast<const float4*>(ws) + (u64)(first + v * stride) * TAIL_SLOT_F4 + threadIdx.x;
 #pragma unroll
             for (int i = 2 * half; i < 2 * half + 2; ++i)
 #pragma unroll

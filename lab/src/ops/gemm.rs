@@ -566,7 +566,7 @@ impl TailPlan {
 /// into the slice count whose waves of split blocks end soonest by the cost model above, or not
 /// at all when no split beats one more wave of whole tiles (nk slab-times).
 pub fn tail_plan(d: Dims, sms: usize) -> TailPlan {
-    let (tiles, nk, sms) = (d.m.div_ceil(wg::BM) * d.n.div_ceil(256), d.k.div_ceil(wg::BK), sms.max(1));
+    let (tiles, nk, sms) = (d.m.div_ceil(wg::BM) * d.n.div_ceil(wg::WIDE.bn), d.k.div_ceil(wg::BK), sms.max(1));
     let rest = tiles % sms;
     let mut best = (nk, 1);
     for want in 2..=TAIL_MAX_SLICES {
@@ -607,7 +607,7 @@ impl SplitK {
             }
             "mma_warp64_tail_split" => {
                 let plan = tail_plan(d, sms);
-                (plan.slices, Some(plan), plan.split_blocks().max(1) * wg::BM * 256, plan.split_tiles().max(1))
+                (plan.slices, Some(plan), plan.split_blocks().max(1) * wg::BM * wg::WIDE.bn, plan.split_tiles().max(1))
             }
             _ => return Ok(None),
         };
