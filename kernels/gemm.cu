@@ -1357,20 +1357,25 @@ __device__ __forceinline__ void mma_warp64_tma_body(const TmaDesc& ta, const Tma
     auto empty = [&](int kt) { return bars + 8 * (STAGES + kt % STAGES); };
     // One thread: tb is either B's 3D map (all four 64-column boxes of a slab in one copy, zero
     // fill past N counted in the bytes) or its 2D map (a copy per box, boxes wholly past N skipped).
-    // PAIR: each block copies its own A and half of B (3D: boxes 2r and 2r + 1, one copy with the
-    // pair's map of depth 2; 2D: the boxes j with j % 2 == r) into both blocks' stages, so each
-    // block's full barrier still expects A and all of B.
+    // PAIR: each block copies its own A (issue_a: into its own stage, expecting A and all of B)
+    // and half of B (issue_b: 3D, boxes 2r and 2r + 1 in one copy with the pair's map of depth 2;
+    // 2D, the boxes j with j % 2 == r) into both blocks' stages.
+    auto issue_a = [&](int kt) {
+        mbar_expect_tx(full(kt), b_rank == 3 ? P::STAGE_BYTES : P::A_BYTES + b_boxes * P::B_BOX_BYTES);
+        tma_load_2d(stage(kt), &ta, (kb + kt) * BK, bm, full(kt));
+    };
+    auto issue_b = [&](int kt) {
+        const unsigned b0 = stage(kt) + P::A_BYTES;
+        const int k0 = (kb + kt) * BK;
+        if (b_rank == 3)
+            tma_load_3d_multicast(b0 + 2 * rank * P::B_BOX_BYTES, &tb, 0, k0, bn / P::B_BOX_N + 2 * rank, full(kt), 0x3);
+        else
+            for (int j = rank; j < b_boxes; j += 2) tma_load_2d_multicast(b0 + j * P::B_BOX_BYTES, &tb, bn + j * P::B_BOX_N, k0, full(kt), 0x3);
+    };
     auto issue = [&](int kt) {
         if constexpr (PAIR) {
-            const unsigned b0 = stage(kt) + P::A_BYTES;
-            const int k0 = (kb + kt) * BK;
-            mbar_expect_tx(full(kt), b_rank == 3 ? P::STAGE_BYTES : P::A_BYTES + b_boxes * P::B_BOX_BYTES);
-            tma_load_2d(stage(kt), &ta, k0, bm, full(kt));
-            if (b_rank == 3) {
-                tma_load_3d_multicast(b0 + 2 * rank * P::B_BOX_BYTES, &tb, 0, k0, bn / P::B_BOX_N + 2 * rank, full(kt), 0x3);
-                return;
-            }
-            for (int j = rank; j < b_boxes; j += 2) tma_load_2d_multicast(b0 + j * P::B_BOX_BYTES, &tb, bn + j * P::B_BOX_N, k0, full(kt), 0x3);
+            issue_a(kt);
+            issue_b(kt);
             return;
         }
         if (b_rank == 3) {
@@ -1403,11 +1408,14 @@ __device__ __forceinline__ void mma_warp64_tma_body(const TmaDesc& ta, const Tma
     if (tid == 0)
         for (int kt = 0; kt < min(nk, STAGES); ++kt) issue(kt);
     const bool leader = warp == 0 && elect_one();  // one lane of warp 0, chosen by elect.sync
-    // PAIR: the next slab to copy (leader only). Slab kt + STAGES goes into slab kt's slot once
-    // both blocks have released it: at once if the peer has, else at the next check, and at the
-    // latest before the leader waits for that slab's bytes (the peer releases its slots without
-    // waiting on this block, so that wait always ends).
-    int next = STAGES;
+    // PAIR: the leader copies A alone, right after the barrier, as mma_warp64_tma does; one lane
+    // of warp 1 (the coupler) releases the slot to both blocks and copies the B half of slab
+    // kt + STAGES once the peer has released the slot too: at once if it has, else at a later
+    // check (after each k16 step), and at the latest before the coupler waits for that slab's
+    // bytes (the peer releases its slots without waiting on this block, so that wait ends).
+    // The wait on the peer stays off warp 0's path, which every barrier already waits for.
+    const bool coupler = PAIR && warp == 1 && elect_one();
+    int next = STAGES;  // the coupler's next B half to copy
     auto refill = [&](int upto, bool block) {
         while (next < nk && next <= upto) {
             const int old = next - STAGES;
@@ -1415,7 +1423,7 @@ __device__ __forceinline__ void mma_warp64_tma_body(const TmaDesc& ta, const Tma
                 if (!block) return;
                 mbar_wait(empty(old), (old / STAGES) & 1);
             }
-            issue(next++);
+            issue_b(next++);
         }
     };
     const int a_lane = swz(wm + lane % 16, lane / 16, 8);
@@ -1430,20 +1438,22 @@ __device__ __forceinline__ void mma_warp64_tma_body(const TmaDesc& ta, const Tma
     for (int kt = 0; kt < nk; ++kt) {
         frags(kt, 1, a1, b1);
         warp64_mma<T>(acc, a0, b0);
-        if (PAIR && leader) refill(kt + STAGES - 1, false);
+        if (coupler) refill(kt + STAGES - 1, false);
         frags(kt, 2, a0, b0);
         warp64_mma<T>(acc, a1, b1);
+        if (coupler) refill(kt + STAGES - 1, false);
         frags(kt, 3, a1, b1);
         // Has slab kt + 1 landed? Asked before step 2's mma, answered after it: the mbarrier's
         // reply takes tens of cycles, which every warp would otherwise wait out at the same time.
         const bool landed = kt + 1 >= nk || mbar_test(full(kt + 1), ((kt + 1) / STAGES) & 1);
         warp64_mma<T>(acc, a0, b0);
-        if (PAIR && leader) refill(kt + 1, true);
+        if (coupler) refill(kt + 1, true);
         if (!landed) mbar_wait(full(kt + 1), ((kt + 1) / STAGES) & 1);
         // Every warp has issued its last ldmatrix of slab kt (step 3's, above): its slot is free.
         __syncthreads();
         if constexpr (PAIR) {
-            if (leader) {
+            if (leader && kt + STAGES < nk) issue_a(kt + STAGES);
+            if (coupler) {
                 mbar_arrive(empty(kt));
                 mbar_arrive_cluster(empty(kt), rank ^ 1);
                 refill(kt + STAGES, false);
