@@ -1410,21 +1410,18 @@ __device__ __forceinline__ void mma_warp64_tma_body(const TmaDesc& ta, const Tma
     const bool leader = warp == 0 && elect_one();  // one lane of warp 0, chosen by elect.sync
     // PAIR: the leader copies A alone, right after the barrier, as mma_warp64_tma does; one lane
     // of warp 1 (the coupler) releases the slot to both blocks and copies the B half of slab
-    // kt + STAGES once the peer has released the slot too: at once if it has, else at a later
-    // check (after each k16 step), and at the latest before the coupler waits for that slab's
-    // bytes (the peer releases its slots without waiting on this block, so that wait ends).
-    // The wait on the peer stays off warp 0's path, which every barrier already waits for.
+    // kt + STAGES once the peer has released the slot too. It asks before each k16 step's mma
+    // and acts on the reply after it (as with `landed` below: the reply takes tens of cycles),
+    // and waits only if the slab it is about to wait for is still not copied (the peer releases
+    // its slots without waiting on this block, so that wait ends). The wait on the peer stays
+    // off warp 0's path, which every barrier already waits for.
     const bool coupler = PAIR && warp == 1 && elect_one();
     int next = STAGES;  // the coupler's next B half to copy
-    auto refill = [&](int upto, bool block) {
-        while (next < nk && next <= upto) {
-            const int old = next - STAGES;
-            if (!mbar_test(empty(old), (old / STAGES) & 1)) {
-                if (!block) return;
-                mbar_wait(empty(old), (old / STAGES) & 1);
-            }
-            issue_b(next++);
-        }
+    auto freed = [&](int upto) {
+        return coupler && next < nk && next <= upto && mbar_test(empty(next - STAGES), ((next - STAGES) / STAGES) & 1);
+    };
+    auto refill = [&](bool free) {
+        if (free) issue_b(next++);
     };
     const int a_lane = swz(wm + lane % 16, lane / 16, 8);
     const int b_lane = P::A_BYTES + (wn / P::B_BOX_N) * P::B_BOX_BYTES + swz(lane % 16, lane / 16, 8);
@@ -1437,17 +1434,25 @@ __device__ __forceinline__ void mma_warp64_tma_body(const TmaDesc& ta, const Tma
     frags(0, 0, a0, b0);
     for (int kt = 0; kt < nk; ++kt) {
         frags(kt, 1, a1, b1);
+        bool free = freed(kt + STAGES - 1);
         warp64_mma<T>(acc, a0, b0);
-        if (coupler) refill(kt + STAGES - 1, false);
+        refill(free);
         frags(kt, 2, a0, b0);
+        free = freed(kt + STAGES - 1);
         warp64_mma<T>(acc, a1, b1);
-        if (coupler) refill(kt + STAGES - 1, false);
+        refill(free);
         frags(kt, 3, a1, b1);
         // Has slab kt + 1 landed? Asked before step 2's mma, answered after it: the mbarrier's
         // reply takes tens of cycles, which every warp would otherwise wait out at the same time.
         const bool landed = kt + 1 >= nk || mbar_test(full(kt + 1), ((kt + 1) / STAGES) & 1);
+        free = freed(kt + STAGES - 1);
         warp64_mma<T>(acc, a0, b0);
-        if (coupler) refill(kt + 1, true);
+        refill(free);
+        if (coupler)
+            for (; next < nk && next <= kt + 1; ++next) {
+                mbar_wait(empty(next - STAGES), ((next - STAGES) / STAGES) & 1);
+                issue_b(next);
+            }
         if (!landed) mbar_wait(full(kt + 1), ((kt + 1) / STAGES) & 1);
         // Every warp has issued its last ldmatrix of slab kt (step 3's, above): its slot is free.
         __syncthreads();
@@ -1456,13 +1461,14 @@ __device__ __forceinline__ void mma_warp64_tma_body(const TmaDesc& ta, const Tma
             if (coupler) {
                 mbar_arrive(empty(kt));
                 mbar_arrive_cluster(empty(kt), rank ^ 1);
-                refill(kt + STAGES, false);
             }
         } else if (leader && kt + STAGES < nk) {
             issue(kt + STAGES);
         }
         if (kt + 1 < nk) frags(kt + 1, 0, a0, b0);
+        free = freed(kt + STAGES);
         warp64_mma<T>(acc, a1, b1);
+        refill(free);
     }
     if constexpr (TAIL) {
         if (unit >= 0) {
