@@ -1448,12 +1448,17 @@ __device__ __forceinline__ void mma_warp64_tma_body(const TmaDesc& ta, const Tma
         free = freed(kt + STAGES - 1);
         warp64_mma<T>(acc, a0, b0);
         refill(free);
-        if (coupler)
+        if (coupler) {
             for (; next < nk && next <= kt + 1; ++next) {
                 mbar_wait(empty(next - STAGES), ((next - STAGES) / STAGES) & 1);
                 issue_b(next);
             }
-        if (!landed) mbar_wait(full(kt + 1), ((kt + 1) / STAGES) & 1);
+            // While slab kt + 1 is on its way, the coupler keeps copying the B halves the peer frees.
+            for (unsigned polls = 0; !landed && !mbar_test(full(kt + 1), ((kt + 1) / STAGES) & 1); refill(freed(kt + STAGES - 1)))
+                if (++polls == (1u << 26)) __trap();  // as mbar_wait: a ring that never completes
+        } else if (!landed) {
+            mbar_wait(full(kt + 1), ((kt + 1) / STAGES) & 1);
+        }
         // Every warp has issued its last ldmatrix of slab kt (step 3's, above): its slot is free.
         __syncthreads();
         if constexpr (PAIR) {
