@@ -424,18 +424,6 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
             : "memory");
     } while (!done);
 }
-// Arrives on the mbarrier at the same shared-memory offset as `bar` in block `rank` of the
-// cluster (mapa), with the default .release.cta semantics as CUTLASS's ClusterBarrier::arrive (a
-// cluster-scope release made wgmma_multicast 35% slower: h100-gemm-wgmma-multicast.md).
-__device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned rank) {
-    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\nmbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
-                 "r"(rank)
-                 : "memory");
-}
-// Every thread of every block of the cluster: arrive (release) and wait (acquire), split so that
-// work can go between them.
-__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
 // Has the phase of parity `parity` completed? Never blocks (mbarrier.test_wait).
 __device__ __forceinline__ bool mbar_test(unsigned bar, unsigned parity) {
     unsigned done;

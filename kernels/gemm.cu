@@ -94,6 +94,10 @@
 //                  after the barrier: the MIO-throttle and short-scoreboard stalls vanish, but the
 //                  HMMA pipe stays ~80% busy (barrier stalls rise instead); equal at 8192^3, 1-11%
 //                  slower elsewhere (h100-gemm-mma-spread.md).
+//   mma_warp64_multicast  mma_warp64_tma in clusters of two blocks along M, each copying half of
+//                  the B slab into both (TMA multicast), a slot refilled once both blocks released
+//                  it: 8-11% slower at 8192^3, 11-19% elsewhere, in three versions of the coupling
+//                  (h100-gemm-mma-multicast.md).
 //
 // ptxas -v for sm_90 (CUDA 13.0 ptxas on the NVRTC PTX; registers / static smem / spill bytes;
 // the run records the driver's own figures per variant in `extra`):
@@ -472,10 +476,11 @@ extern "C" __global__ void __launch_bounds__(wt::THREADS) gemm_warptiled_f32(con
 // points at (k l%16, n 8(l/16)) -> {b0, b1} of n-tile 0, then {b0, b1} of n-tile 1.
 // ---------------------------------------------------------------------------------------------
 
-// Grouped block order (as in Triton's matmul tutorial): GROUP block rows sweep the block columns
+// Grouped block order (as in Triton's matmul tutorial): 8 block rows sweep the block columns
 // together, so the A rows and B columns in flight stay in L2. The origin (row, column) of block
 // `pid`'s BM x BN tile.
-__device__ __forceinline__ int2 grouped_tile(int pid, int M, int N, int BM, int BN, int GROUP = 8) {
+__device__ __forceinline__ int2 grouped_tile(int pid, int M, int N, int BM, int BN) {
+    constexpr int GROUP = 8;
     const int grid_m = (M + BM - 1) / BM, grid_n = (N + BN - 1) / BN;
     const int per_group = GROUP * grid_n, group = pid / per_group;
     const int first_m = group * GROUP, group_rows = min(grid_m - first_m, GROUP);
@@ -1124,20 +1129,6 @@ __device__ __forceinline__ void tma_load_3d(unsigned dst, const TmaDesc* map, in
         "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
         : "memory");
 }
-// The same boxes into the same shared-memory offset of every block of the cluster in `mask`,
-// each block's mbarrier at offset `bar` receiving the bytes (multicast).
-__device__ __forceinline__ void tma_load_2d_multicast(unsigned dst, const TmaDesc* map, int c0, int c1, unsigned bar, unsigned short mask) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
-        "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
-        : "memory");
-}
-__device__ __forceinline__ void tma_load_3d_multicast(unsigned dst, const TmaDesc* map, int c0, int c1, int c2, unsigned bar, unsigned short mask) {
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
-        "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(mask)
-        : "memory");
-}
 #endif
 
 template <typename T, typename P>
@@ -1319,7 +1310,7 @@ __device__ __forceinline__ void tail_sum(const float* __restrict__ ws, int first
         }
 }
 
-template <typename T, bool TAIL, bool PAIR = false>
+template <typename T, bool TAIL>
 __device__ __forceinline__ void mma_warp64_tma_body(const TmaDesc& ta, const TmaDesc& tb, T* C, int M, int N, int K, int ldc,
                                                     float alpha, float beta, int b_rank, int dp_tiles = 0, int slices = 1,
                                                     float* __restrict__ ws = nullptr, unsigned* __restrict__ done = nullptr) {
@@ -1329,9 +1320,8 @@ __device__ __forceinline__ void mma_warp64_tma_body(const TmaDesc& ta, const Tma
     extern __shared__ __align__(1024) unsigned char smem[];
     require_dynamic_smem(P::SMEM);
     const unsigned ring = (smem_addr(smem) + 1023u) & ~1023u;
-    const unsigned bars = ring + STAGES * P::STAGE_BYTES;  // full[s] at bars + 8 s, PAIR: empty[s] at bars + 8 (STAGES + s)
+    const unsigned bars = ring + STAGES * P::STAGE_BYTES;  // full[s] at bars + 8 s
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-    static_assert(!(TAIL && PAIR), "one or the other");
     // This block's tile and its slabs kb .. kb + nk - 1; unit >= 0: its place among the split blocks.
     int tile_id = blockIdx.x, kb = 0, nk = (K + BK - 1) / BK, unit = -1, rest = 0;
     if constexpr (TAIL) {
@@ -1344,40 +1334,15 @@ __device__ __forceinline__ void mma_warp64_tma_body(const TmaDesc& ta, const Tma
             nk = min(nk, kb + per) - kb;
         }
     }
-    // PAIR: blocks 2p and 2p + 1 (one cluster) own tile p of a 256 x 256 grid in grouped order
-    // (4 pair rows per sweep: the rows and columns of mma_warp64_tma's 8), rank r its rows
-    // bm + 128 r; a rank-1 block wholly below M still runs, on zero-filled A, and stores nothing.
-    const int rank = PAIR ? blockIdx.x % 2 : 0;
-    const int2 tile = PAIR ? grouped_tile(tile_id / 2, M, N, 2 * P::BM, P::BN, 4) : grouped_tile(tile_id, M, N, P::BM, P::BN);
-    const int bm = tile.x + rank * P::BM, bn = tile.y;
+    const int2 tile = grouped_tile(tile_id, M, N, P::BM, P::BN);
+    const int bm = tile.x, bn = tile.y;
     const int wm = (warp / 4) * 64, wn = (warp % 4) * 64;
     const int b_boxes = min(P::B_BOXES, (N - bn + P::B_BOX_N - 1) / P::B_BOX_N);
     auto stage = [&](int kt) { return ring + (kt % STAGES) * P::STAGE_BYTES; };
     auto full = [&](int kt) { return bars + 8 * (kt % STAGES); };
-    auto empty = [&](int kt) { return bars + 8 * (STAGES + kt % STAGES); };
     // One thread: tb is either B's 3D map (all four 64-column boxes of a slab in one copy, zero
     // fill past N counted in the bytes) or its 2D map (a copy per box, boxes wholly past N skipped).
-    // PAIR: each block copies its own A (issue_a: into its own stage, expecting A and all of B)
-    // and half of B (issue_b: 3D, boxes 2r and 2r + 1 in one copy with the pair's map of depth 2;
-    // 2D, the boxes j with j % 2 == r) into both blocks' stages.
-    auto issue_a = [&](int kt) {
-        mbar_expect_tx(full(kt), b_rank == 3 ? P::STAGE_BYTES : P::A_BYTES + b_boxes * P::B_BOX_BYTES);
-        tma_load_2d(stage(kt), &ta, (kb + kt) * BK, bm, full(kt));
-    };
-    auto issue_b = [&](int kt) {
-        const unsigned b0 = stage(kt) + P::A_BYTES;
-        const int k0 = (kb + kt) * BK;
-        if (b_rank == 3)
-            tma_load_3d_multicast(b0 + 2 * rank * P::B_BOX_BYTES, &tb, 0, k0, bn / P::B_BOX_N + 2 * rank, full(kt), 0x3);
-        else
-            for (int j = rank; j < b_boxes; j += 2) tma_load_2d_multicast(b0 + j * P::B_BOX_BYTES, &tb, bn + j * P::B_BOX_N, k0, full(kt), 0x3);
-    };
     auto issue = [&](int kt) {
-        if constexpr (PAIR) {
-            issue_a(kt);
-            issue_b(kt);
-            return;
-        }
         if (b_rank == 3) {
             mbar_expect_tx(full(kt), P::STAGE_BYTES);
             tma_load_2d(stage(kt), &ta, (kb + kt) * BK, bm, full(kt));
@@ -1390,39 +1355,15 @@ __device__ __forceinline__ void mma_warp64_tma_body(const TmaDesc& ta, const Tma
     };
     if (tid == 0) {
 #pragma unroll
-        for (int s = 0; s < STAGES; ++s) {
-            mbar_init(full(s), 1);
-            if constexpr (PAIR) mbar_init(empty(s), 2);  // released by both blocks of the pair
-        }
+        for (int s = 0; s < STAGES; ++s) mbar_init(bars + 8 * s, 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&ta)) : "memory");
         asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tb)) : "memory");
     }
-    // PAIR: the peer's barriers exist before any copy or arrival of this block reaches them.
-    if constexpr (PAIR) {
-        cluster_arrive();
-        cluster_wait();
-    } else {
-        __syncthreads();
-    }
+    __syncthreads();
     if (tid == 0)
         for (int kt = 0; kt < min(nk, STAGES); ++kt) issue(kt);
     const bool leader = warp == 0 && elect_one();  // one lane of warp 0, chosen by elect.sync
-    // PAIR: the leader copies A alone, right after the barrier, as mma_warp64_tma does; one lane
-    // of warp 1 (the coupler) releases the slot to both blocks and copies the B half of slab
-    // kt + STAGES once the peer has released the slot too. It asks before each k16 step's mma
-    // and acts on the reply after it (as with `landed` below: the reply takes tens of cycles),
-    // and waits only if the slab it is about to wait for is still not copied (the peer releases
-    // its slots without waiting on this block, so that wait ends). The wait on the peer stays
-    // off warp 0's path, which every barrier already waits for.
-    const bool coupler = PAIR && warp == 1 && elect_one();
-    int next = STAGES;  // the coupler's next B half to copy
-    auto freed = [&](int upto) {
-        return coupler && next < nk && next <= upto && mbar_test(empty(next - STAGES), ((next - STAGES) / STAGES) & 1);
-    };
-    auto refill = [&](bool free) {
-        if (free) issue_b(next++);
-    };
     const int a_lane = swz(wm + lane % 16, lane / 16, 8);
     const int b_lane = P::A_BYTES + (wn / P::B_BOX_N) * P::B_BOX_BYTES + swz(lane % 16, lane / 16, 8);
     auto frags = [&](int kt, int ks, unsigned (&a)[4][4], unsigned (&b)[8][2]) {
@@ -1434,46 +1375,20 @@ __device__ __forceinline__ void mma_warp64_tma_body(const TmaDesc& ta, const Tma
     frags(0, 0, a0, b0);
     for (int kt = 0; kt < nk; ++kt) {
         frags(kt, 1, a1, b1);
-        bool free = freed(kt + STAGES - 1);
         warp64_mma<T>(acc, a0, b0);
-        refill(free);
         frags(kt, 2, a0, b0);
-        free = freed(kt + STAGES - 1);
         warp64_mma<T>(acc, a1, b1);
-        refill(free);
         frags(kt, 3, a1, b1);
         // Has slab kt + 1 landed? Asked before step 2's mma, answered after it: the mbarrier's
         // reply takes tens of cycles, which every warp would otherwise wait out at the same time.
         const bool landed = kt + 1 >= nk || mbar_test(full(kt + 1), ((kt + 1) / STAGES) & 1);
-        free = freed(kt + STAGES - 1);
         warp64_mma<T>(acc, a0, b0);
-        refill(free);
-        if (coupler) {
-            for (; next < nk && next <= kt + 1; ++next) {
-                mbar_wait(empty(next - STAGES), ((next - STAGES) / STAGES) & 1);
-                issue_b(next);
-            }
-            // While slab kt + 1 is on its way, the coupler keeps copying the B halves the peer frees.
-            for (unsigned polls = 0; !landed && !mbar_test(full(kt + 1), ((kt + 1) / STAGES) & 1); refill(freed(kt + STAGES - 1)))
-                if (++polls == (1u << 26)) __trap();  // as mbar_wait: a ring that never completes
-        } else if (!landed) {
-            mbar_wait(full(kt + 1), ((kt + 1) / STAGES) & 1);
-        }
+        if (!landed) mbar_wait(full(kt + 1), ((kt + 1) / STAGES) & 1);
         // Every warp has issued its last ldmatrix of slab kt (step 3's, above): its slot is free.
         __syncthreads();
-        if constexpr (PAIR) {
-            if (leader && kt + STAGES < nk) issue_a(kt + STAGES);
-            if (coupler) {
-                mbar_arrive(empty(kt));
-                mbar_arrive_cluster(empty(kt), rank ^ 1);
-            }
-        } else if (leader && kt + STAGES < nk) {
-            issue(kt + STAGES);
-        }
+        if (leader && kt + STAGES < nk) issue(kt + STAGES);
         if (kt + 1 < nk) frags(kt + 1, 0, a0, b0);
-        free = freed(kt + STAGES);
         warp64_mma<T>(acc, a1, b1);
-        refill(free);
     }
     if constexpr (TAIL) {
         if (unit >= 0) {
@@ -1484,11 +1399,7 @@ __device__ __forceinline__ void mma_warp64_tma_body(const TmaDesc& ta, const Tma
             if (threadIdx.x == 0) *counter = 0u;  // ready for the next launch
         }
     }
-    // PAIR: no block exits while the peer may still arrive on its barriers (its last arrivals
-    // come after its loop).
-    if constexpr (PAIR) cluster_arrive();
     store_acc<T, 4, 8>(C, M, N, ldc, bm + wm, bn + wn, acc, alpha, beta);
-    if constexpr (PAIR) cluster_wait();
 #else
     __trap();  // built for another target: the launcher offers this variant on compute capability 9.0 only
 #endif
@@ -1583,12 +1494,4 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_tail_split_
 }
 extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma_warp64_tail_split_bf16(WGMMA_TMA_ARGS(__nv_bfloat16), TAIL_SPLIT_ARGS) {
     mma_warp64_tma_body<__nv_bfloat16, true>(ta, tb, C, M, N, K, ldc, alpha, beta, b_rank, dp_tiles, slices, ws, done);
-}
-// mma_warp64_multicast: mma_warp64_tma in clusters of two blocks along M sharing B by multicast
-// (b_rank 3: tb is B's 3D map with boxes of two 64-column blocks).
-extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 1) gemm_mma_warp64_multicast_f16(WGMMA_TMA_ARGS(__half), int b_rank) {
-    mma_warp64_tma_body<__half, false, true>(ta, tb, C, M, N, K, ldc, alpha, beta, b_rank);
-}
-extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 1) gemm_mma_warp64_multicast_bf16(WGMMA_TMA_ARGS(__nv_bfloat16), int b_rank) {
-    mma_warp64_tma_body<__nv_bfloat16, false, true>(ta, tb, C, M, N, K, ldc, alpha, beta, b_rank);
 }

@@ -39,13 +39,13 @@ const FAMILY: &str = "gemm";
 /// The fp32 SIMT ladder, in order.
 pub const F32_VARIANTS: &[&str] = &["naive", "smem_tiled", "blocktile_1d", "blocktile_2d", "vectorized", "warptiled"];
 /// The fp16/bf16 tensor-core ladder, in order (the TMA rungs on compute capability 9.0 only).
-pub const HALF_VARIANTS: &[&str] = &["mma_ldmatrix", "mma_pipelined", "mma_pipelined_wide", "mma_warp64", "mma_warp64_wide", "mma_warp64_k64", "mma_warp64_tma", "mma_warp64_tail_split", "mma_warp64_multicast", "mma_splitk", "wgmma_tma", "wgmma_n128", "wgmma_n128_deep", "wgmma_n64_deep"];
+pub const HALF_VARIANTS: &[&str] = &["mma_ldmatrix", "mma_pipelined", "mma_pipelined_wide", "mma_warp64", "mma_warp64_wide", "mma_warp64_k64", "mma_warp64_tma", "mma_warp64_tail_split", "mma_splitk", "wgmma_tma", "wgmma_n128", "wgmma_n128_deep", "wgmma_n64_deep"];
 /// Variants built from sm_90a instructions (TMA and mbarriers; the wgmma rungs add wgmma and
 /// setmaxnreg): offered on 9.0 alone, absent elsewhere (their PTX target, `compute_90a`, loads on
 /// no other device). All take A and B through tensor maps ([`tensor_maps`], [`launch_tma`]).
-pub const SM90A_VARIANTS: &[&str] = &["mma_warp64_tma", "mma_warp64_tail_split", "mma_warp64_multicast", "wgmma_tma", "wgmma_n128", "wgmma_n128_deep", "wgmma_n64_deep"];
+pub const SM90A_VARIANTS: &[&str] = &["mma_warp64_tma", "mma_warp64_tail_split", "wgmma_tma", "wgmma_n128", "wgmma_n128_deep", "wgmma_n64_deep"];
 /// The mma.sync rungs fed by TMA (mma_warp64_k64's warps and loop on wgmma_tma's stage layout).
-pub const WARP64_TMA_VARIANTS: &[&str] = &["mma_warp64_tma", "mma_warp64_tail_split", "mma_warp64_multicast"];
+pub const WARP64_TMA_VARIANTS: &[&str] = &["mma_warp64_tma", "mma_warp64_tail_split"];
 pub const CPU_VARIANTS: &[&str] = &["cpu_blocked"];
 /// The slow rungs (naive, smem_tiled) run only up to this many multiply-adds (2048^3).
 pub const SLOW_MAX_MACS: u64 = 1 << 33;
@@ -352,19 +352,18 @@ pub mod wg {
     }
 
     /// mma_warp64_tma's B as one copy per slab: dimensions (64 columns, K rows, column blocks of
-    /// 64), strides (one row, 64 columns) in bytes, box (64, BK, `depth` = 4), whose shared-memory
-    /// image is the four 64-column boxes of the 2D map side by side (mma_warp64_multicast: depth 2,
-    /// the half of the slab each block of a pair copies). TMA bounds each dimension on its own,
+    /// 64), strides (one row, 64 columns) in bytes, box (64, BK, 4), whose shared-memory image is
+    /// the four 64-column boxes of the 2D map side by side. TMA bounds each dimension on its own,
     /// so the columns of a last, partial block past N are read from the row, not zero-filled:
     /// offered only where every block lies within a row (ceil(N / 64) * 64 <= ldb), else `None`
     /// (the 2D boxes then, one copy per box).
-    pub fn tma_b_3d(d: super::Dims, elem: usize, depth: usize) -> Option<TmaBox> {
+    pub fn tma_b_3d(d: super::Dims, elem: usize) -> Option<TmaBox> {
         let blocks = d.n.div_ceil(B_BOX_N);
         (blocks * B_BOX_N <= d.ldb).then(|| TmaBox {
             rank: 3,
             dims: [B_BOX_N as u64, d.k as u64, blocks as u64],
             strides_bytes: [(d.ldb * elem) as u64, (B_BOX_N * elem) as u64],
-            boxes: [B_BOX_N as u32, BK as u32, depth as u32],
+            boxes: [B_BOX_N as u32, BK as u32, (WIDE.bn / B_BOX_N) as u32],
         })
     }
 }
@@ -427,8 +426,7 @@ pub fn encode_tensor_map(ptr: u64, b: wg::TmaBox, dtype: DType) -> Result<Tensor
 pub fn tensor_maps<T: Elem>(gpu: &Gpu, variant: &str, d: Dims, a: &CudaSlice<T>, b: &CudaSlice<T>) -> Result<TmaMaps> {
     let (ba, mut bb) = wg::tma_boxes(d, T::DTYPE.size());
     if WARP64_TMA_VARIANTS.contains(&variant) {
-        let depth = if variant == "mma_warp64_multicast" { 2 } else { wg::WIDE.bn / wg::B_BOX_N };
-        bb = wg::tma_b_3d(d, T::DTYPE.size(), depth).unwrap_or(bb);
+        bb = wg::tma_b_3d(d, T::DTYPE.size()).unwrap_or(bb);
     }
     let (pa, _ga) = a.device_ptr(&gpu.stream);
     let (pb, _gb) = b.device_ptr(&gpu.stream);
@@ -453,7 +451,7 @@ pub fn dynamic_smem(variant: &str) -> usize {
         "mma_warp64_k64" => 4 * (128 * 64 + 64 * 256) * 2,
         "mma_splitk" => 4 * (16 * 64 + 64 * 128) * 2,
         // wgmma_tma's ring and stage layout, full barriers only.
-        "mma_warp64_tma" | "mma_warp64_tail_split" | "mma_warp64_multicast" => wg::WIDE.smem(),
+        "mma_warp64_tma" | "mma_warp64_tail_split" => wg::WIDE.smem(),
         v if SM90A_VARIANTS.contains(&v) => wg::Tile::of(v).map_or(0, wg::Tile::smem),
         _ => 0,
     }
@@ -476,7 +474,6 @@ pub fn tile(variant: &str) -> &'static str {
         "mma_warp64_k64" => "128x256x64, 8 warps of 64x64, 4-stage cp.async, one barrier per 64-deep slab",
         "mma_warp64_tma" => "128x256x64, 8 warps of 64x64, 4-stage TMA ring (128B swizzle) issued by one lane of warp 0 after the one barrier per slab",
         "mma_warp64_tail_split" => "mma_warp64_tma's 128x256x64 blocks; the tiles of the last partial wave split along K, fp32 partials summed in slice order",
-        "mma_warp64_multicast" => "mma_warp64_tma's 128x256x64 blocks in clusters of two along M, each copying half of the shared B slab into both (TMA multicast); a slot refilled once both blocks released it",
         "mma_splitk" => "16x128x64, 8 warps of 16x16, 4-stage cp.async, K split over grid.y, fp32 partials summed in slice order",
         "wgmma_tma" => "128x256x64, 3 warpgroups (1 TMA producer, 2 wgmma consumers of 64x256), 4-stage mbarrier ring, 128B swizzle",
         "wgmma_n128" => "128x128x64, 2 wgmma consumer warpgroups of 64x128 + 1 TMA producer warp, 3-stage mbarrier ring, 2 blocks/SM",
@@ -501,8 +498,6 @@ pub fn launch_config(variant: &str, m: usize, n: usize) -> LaunchConfig {
         "mma_warp64" => (((m.div_ceil(128) * n.div_ceil(128)) as u32, 1, 1), (128, 1, 1)),
         // mma_warp64_tail_split: a block per tile here; launch_tma adds the split blocks (TailPlan).
         "mma_warp64_wide" | "mma_warp64_k64" | "mma_warp64_tma" | "mma_warp64_tail_split" => (((m.div_ceil(128) * n.div_ceil(256)) as u32, 1, 1), (256, 1, 1)),
-        // Two blocks (one cluster) per 256x256 pair tile, the second one also where M ends in the first.
-        "mma_warp64_multicast" => (((2 * m.div_ceil(256) * n.div_ceil(256)) as u32, 1, 1), (256, 1, 1)),
         // grid.y: the K slices, set by run_kernel from splitk_slices.
         "mma_splitk" => (((m.div_ceil(16) * n.div_ceil(128)) as u32, 1, 1), (256, 1, 1)),
         v if SM90A_VARIANTS.contains(&v) => {
@@ -1188,17 +1183,14 @@ mod tests {
                     "naive" => (8, 32),
                     "smem_tiled" => (32, 32),
                     "blocktile_1d" => (64, 64),
-                    "mma_pipelined_wide" | "mma_warp64_wide" | "mma_warp64_k64" | "mma_warp64_tma" | "mma_warp64_tail_split" | "mma_warp64_multicast" | "wgmma_tma" => (128, 256),
+                    "mma_pipelined_wide" | "mma_warp64_wide" | "mma_warp64_k64" | "mma_warp64_tma" | "mma_warp64_tail_split" | "wgmma_tma" => (128, 256),
                     "wgmma_n128" | "wgmma_n128_deep" => (128, 128),
                     "wgmma_n64_deep" => (128, 64),
                     "mma_splitk" => (16, 128),
                     _ => (128, 128),
                 };
                 let blocks = (cfg.grid_dim.0 * cfg.grid_dim.1) as usize;
-                // mma_warp64_multicast: blocks in pairs along M, a pair per 256 rows (clusters of two).
-                let tiles = if *v == "mma_warp64_multicast" { 2 * m.div_ceil(2 * bm) * n.div_ceil(bn) } else { m.div_ceil(bm) * n.div_ceil(bn) };
-                assert_eq!(blocks, tiles, "{v} {m}x{n}");
-                assert!(tiles >= m.div_ceil(bm) * n.div_ceil(bn), "{v} {m}x{n}: outputs without a block");
+                assert_eq!(blocks, m.div_ceil(bm) * n.div_ceil(bn), "{v} {m}x{n}");
                 let per_thread = match *v {
                     "naive" | "smem_tiled" => 1,
                     "blocktile_1d" => 8,
@@ -1934,7 +1926,7 @@ mod tests {
         // where the 2D box j puts B[k0 + k][bn + 64 j + c] in shared memory (the box order:
         // innermost first).
         let d = Dims { m: 256, n: 1000, k: 320, lda: 320, ldb: 1024, ldc: 1000 };
-        let b3 = wg::tma_b_3d(d, 2, 4).expect("ceil(1000 / 64) * 64 = 1024 <= ldb");
+        let b3 = wg::tma_b_3d(d, 2).expect("ceil(1000 / 64) * 64 = 1024 <= ldb");
         assert_eq!((b3.rank, b3.dims, b3.strides_bytes, b3.boxes), (3, [64, 320, 16], [2048, 128], [64, 64, 4]));
         let (k0, bn) = (128usize, 512usize);
         for (c, k, j) in [(0usize, 0usize, 0usize), (5, 7, 1), (63, 63, 3), (17, 40, 2)] {
@@ -1944,9 +1936,9 @@ mod tests {
             assert_eq!(smem_3d, j * box_bytes + k * 128 + 2 * c, "not the 2D boxes' layout");
         }
         // Dense B with N % 64 != 0: a partial last block would read past the rows, so 2D boxes.
-        assert!(wg::tma_b_3d(Dims::dense(256, 1000, 320), 2, 4).is_none());
-        assert!(wg::tma_b_3d(Dims::dense(8192, 8192, 8192), 2, 4).is_some());
-        assert!(wg::tma_b_3d(Dims::dense(130, 320, 104), 2, 4).is_some(), "the gate that puts the 3D boxes' edges under the check");
+        assert!(wg::tma_b_3d(Dims::dense(256, 1000, 320), 2).is_none());
+        assert!(wg::tma_b_3d(Dims::dense(8192, 8192, 8192), 2).is_some());
+        assert!(wg::tma_b_3d(Dims::dense(130, 320, 104), 2).is_some(), "the gate that puts the 3D boxes' edges under the check");
         for (arch, offered) in [(80, false), (90, true), (100, false)] {
             assert_eq!(applies("mma_warp64_tma", Dims::dense(1024, 1024, 1024), 227 * 1024, arch), offered, "sm_{arch}");
         }
