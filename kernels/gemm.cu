@@ -96,7 +96,7 @@
 //                  slower elsewhere (h100-gemm-mma-spread.md).
 //   mma_warp64_multicast  mma_warp64_tma in clusters of two blocks along M, each copying half of
 //                  the B slab into both (TMA multicast), a slot refilled once both blocks released
-//                  it: 8-11% slower at 8192^3, 11-19% elsewhere, in three versions of the coupling
+//                  it: 8-11% slower at 8192^3, 6-19% elsewhere, in four versions of the coupling
 //                  (h100-gemm-mma-multicast.md).
 //
 // ptxas -v for sm_90 (CUDA 13.0 ptxas on the NVRTC PTX; registers / static smem / spill bytes;
@@ -1343,15 +1343,16 @@ __device__ __forceinline__ void mma_warp64_tma_body(const TmaDesc& ta, const Tma
     // One thread: tb is either B's 3D map (all four 64-column boxes of a slab in one copy, zero
     // fill past N counted in the bytes) or its 2D map (a copy per box, boxes wholly past N skipped).
     auto issue = [&](int kt) {
+        const int k0 = (kb + kt) * BK;  // the slab's first row of K
         if (b_rank == 3) {
             mbar_expect_tx(full(kt), P::STAGE_BYTES);
-            tma_load_2d(stage(kt), &ta, (kb + kt) * BK, bm, full(kt));
-            tma_load_3d(stage(kt) + P::A_BYTES, &tb, 0, (kb + kt) * BK, bn / P::B_BOX_N, full(kt));
+            tma_load_2d(stage(kt), &ta, k0, bm, full(kt));
+            tma_load_3d(stage(kt) + P::A_BYTES, &tb, 0, k0, bn / P::B_BOX_N, full(kt));
             return;
         }
         mbar_expect_tx(full(kt), P::A_BYTES + b_boxes * P::B_BOX_BYTES);
-        tma_load_2d(stage(kt), &ta, (kb + kt) * BK, bm, full(kt));
-        for (int j = 0; j < b_boxes; ++j) tma_load_2d(stage(kt) + P::A_BYTES + j * P::B_BOX_BYTES, &tb, bn + j * P::B_BOX_N, (kb + kt) * BK, full(kt));
+        tma_load_2d(stage(kt), &ta, k0, bm, full(kt));
+        for (int j = 0; j < b_boxes; ++j) tma_load_2d(stage(kt) + P::A_BYTES + j * P::B_BOX_BYTES, &tb, bn + j * P::B_BOX_N, k0, full(kt));
     };
     if (tid == 0) {
 #pragma unroll

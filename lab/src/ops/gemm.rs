@@ -1,11 +1,10 @@
 //! `gemm`: C = alpha A B + beta C, row-major, a ladder from one thread per output to tensor cores
 //! (kernels/gemm.cu), beside cuBLAS in the same run on the same inputs. fp32 variants are SIMT;
 //! the TMA rungs (`mma_warp64_tma` and `mma_warp64_tail_split`: TMA and mbarriers feeding
-//! mma.sync; `wgmma_tma` and its
-//! narrower tiles: the same with wgmma) exist on compute capability 9.0 only and take row
-//! strides that are multiples of 16 bytes ([`not_applicable`] says why not);
-//! fp16/bf16 variants accumulate in fp32 and write C in the input dtype (what cuBLAS gemm_ex with
-//! CUBLAS_COMPUTE_32F does, so the peer and ours produce the same thing).
+//! mma.sync; `wgmma_tma` and its narrower tiles: the same with wgmma) exist on compute
+//! capability 9.0 only and take row strides that are multiples of 16 bytes ([`not_applicable`]
+//! says why not); fp16/bf16 variants accumulate in fp32 and write C in the input dtype (what
+//! cuBLAS gemm_ex with CUBLAS_COMPUTE_32F does, so the peer and ours produce the same thing).
 //!
 //! Correctness is norm-wise: the relative Frobenius error against an f64 reference computed from
 //! the stored inputs, < 1e-5 for fp32 and < 1e-2 for fp16/bf16; NaN never passes. Products up to
