@@ -1,22 +1,8 @@
-//! The CUDA sources in `kernels/`, embedded at build time. One entry per family.
+//! The CUDA sources in `kernels/`, embedded at build time: the shared headers here, each
+//! family's files in [`crate::family::FAMILIES`].
 
-/// Shared device helpers, textually included by every family (`#include "common.cuh"`).
-pub const COMMON: &str = include_str!("../../kernels/common.cuh");
-
-/// (family, source) for every `kernels/*.cu`. A test checks this list against the folder.
-pub const FAMILIES: &[(&str, &str)] = &[
-    ("ceilings", include_str!("../../kernels/ceilings.cu")),
-    ("vector_add", include_str!("../../kernels/vector_add.cu")),
-    ("softmax", include_str!("../../kernels/softmax.cu")),
-    ("bias_gelu", include_str!("../../kernels/bias_gelu.cu")),
-    ("layernorm", include_str!("../../kernels/layernorm.cu")),
-    ("rmsnorm", include_str!("../../kernels/rmsnorm.cu")),
-    ("linear", include_str!("../../kernels/linear.cu")),
-    ("divergence", include_str!("../../kernels/divergence.cu")),
-    ("gemm", include_str!("../../kernels/gemm.cu")),
-    ("quant", include_str!("../../kernels/quant.cu")),
-    ("collective", include_str!("../../kernels/collective.cu")),
-];
+/// Headers a kernel file may `#include "..."`; each is inlined once per family.
+pub const HEADERS: &[(&str, &str)] = &[("common.cuh", include_str!("../../kernels/common.cuh"))];
 
 /// Storage types a kernel is instantiated for; the suffix of every kernel symbol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -56,12 +42,46 @@ pub fn symbol(family: &str, variant: &str, dtype: DType) -> String {
     format!("{family}_{variant}_{}", dtype.name())
 }
 
-/// The source of a family with `common.cuh` inlined, so NVRTC needs no header callback and the
-/// disk-cache key covers everything the kernel depends on.
+/// The source of a family: its files in order, each `#include "<header>"` of [`HEADERS`]
+/// inlined at its first appearance and dropped after (as `#pragma once` would), so NVRTC needs no
+/// header callback and the disk-cache key covers everything the kernels depend on.
 pub fn source(family: &str) -> crate::Result<String> {
-    let (_, src) = FAMILIES
-        .iter()
-        .find(|(f, _)| *f == family)
+    let f = crate::family::find(family)
+        .filter(|f| !f.kernels.is_empty())
         .ok_or_else(|| crate::LabError::Invalid(format!("no kernel family `{family}` in kernels/")))?;
-    Ok(src.replace("#include \"common.cuh\"", COMMON))
+    let mut included = std::collections::BTreeSet::new();
+    let mut out = String::new();
+    for (i, (_, text)) in f.kernels.iter().enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        out.push_str(&inline_headers(text, &mut included));
+    }
+    Ok(out)
+}
+
+fn inline_headers(text: &str, included: &mut std::collections::BTreeSet<&'static str>) -> String {
+    let mut out = text.to_string();
+    for (name, header) in HEADERS {
+        let line = format!("#include \"{name}\"");
+        if let Some(at) = out.find(&line) {
+            let body = if included.insert(name) { inline_headers(header, included) } else { String::new() };
+            out.replace_range(at..at + line.len(), &body);
+            out = out.replace(&line, "");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_header_is_inlined_once_and_an_unknown_family_is_named() {
+        let src = super::source("softmax").unwrap();
+        assert!(!src.contains("#include \"common.cuh\""));
+        let file = include_str!("../../kernels/softmax.cu");
+        assert_eq!(src.len(), file.len() - "#include \"common.cuh\"".len() + super::HEADERS[0].1.len());
+        let err = super::source("allreduce").unwrap_err().to_string();
+        assert!(err.contains("no kernel family `allreduce`"), "{err}");
+    }
 }

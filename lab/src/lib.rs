@@ -1,12 +1,14 @@
 //! lab: a GPU-kernel research lab.
 //!
-//! Kernels live in `kernels/*.cu` (one file per family) and are compiled at run time by NVRTC;
-//! each family has a Rust module in [`ops`] holding its CPU reference, launchers and experiment.
+//! Kernels live in `kernels/` (a file or a folder per family) and are compiled at run time by
+//! NVRTC; each family has a Rust module in [`ops`] holding its variant table, CPU reference,
+//! callable ops on [`tensor::Tensor`]s and experiment; [`family::FAMILIES`] lists them all.
 //! Every measurement becomes a [`record::Record`], appended to `reports/records/<run-id>.jsonl`.
 
 pub mod collective;
 pub mod error;
 pub mod experiment;
+pub mod family;
 pub mod gpu;
 pub mod kernels;
 pub mod ops;
@@ -14,6 +16,7 @@ pub mod profile;
 pub mod quant;
 pub mod record;
 pub mod report;
+pub mod tensor;
 pub mod weights;
 
 pub use error::{LabError, Result};
@@ -25,6 +28,9 @@ pub mod prelude {
     pub use crate::error::{LabError, Result};
     pub use crate::experiment::{find, registry, Backend, BackendChoice, Experiment, RunOptions, Session};
     pub use crate::gpu::Gpu;
+    pub use crate::ops::{bias_gelu, gemm, layernorm, linear, rmsnorm, softmax, vector_add};
+    pub use crate::quant;
+    pub use crate::tensor::Tensor;
     pub use crate::record::{load, load_with_damage, read_records, Record};
     pub use crate::report::charts;
     pub use crate::report::show::{Markdown, Svg, Table};

@@ -3,7 +3,7 @@
 //! NVRTC is a failure here, never a skip.
 
 use lab::gpu::compile::{compile_family, nvrtc_version, Target};
-use lab::kernels::{symbol, DType, FAMILIES};
+use lab::kernels::{symbol, DType};
 use std::collections::BTreeSet;
 
 fn entries(ptx: &str) -> BTreeSet<String> {
@@ -19,16 +19,26 @@ fn nvrtc_is_present() {
     assert!(v.0 >= 12, "NVRTC {v:?} is older than CUDA 12");
 }
 
+/// Every .cu file under kernels/ belongs to exactly one family of `lab::family::FAMILIES`.
 #[test]
 fn families_match_the_kernels_folder() {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../kernels");
-    let on_disk: BTreeSet<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter_map(|n| n.strip_suffix(".cu").map(str::to_string))
-        .collect();
-    let listed: BTreeSet<String> = FAMILIES.iter().map(|(f, _)| f.to_string()).collect();
-    assert_eq!(on_disk, listed, "kernels/*.cu and lab::kernels::FAMILIES disagree");
+    fn walk(dir: &std::path::Path, base: &std::path::Path, out: &mut Vec<String>) {
+        for e in std::fs::read_dir(dir).unwrap().map(Result::unwrap) {
+            let path = e.path();
+            if path.is_dir() {
+                walk(&path, base, out);
+            } else if path.extension().is_some_and(|x| x == "cu") {
+                out.push(path.strip_prefix(base).unwrap().to_string_lossy().into_owned());
+            }
+        }
+    }
+    let base = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../kernels"));
+    let mut on_disk = Vec::new();
+    walk(base, base, &mut on_disk);
+    on_disk.sort();
+    let mut listed: Vec<String> = lab::family::FAMILIES.iter().flat_map(|f| f.kernels.iter().map(|(p, _)| p.to_string())).collect();
+    listed.sort();
+    assert_eq!(on_disk, listed, "kernels/**/*.cu and lab::family::FAMILIES disagree");
 }
 
 #[test]
@@ -37,7 +47,7 @@ fn every_family_compiles_for_sm80_sm90_and_sm90a() {
     // 90a is what an H100 compiles (Target::for_device(90)); 80 and plain 90 keep the guarded
     // sm_90a code out and must still build.
     for target in [Target::from(80), Target::from(90), Target::for_device(90)] {
-        for (family, _) in FAMILIES {
+        for family in lab::family::with_kernels().map(|f| f.name) {
             let ptx = compile_family(family, target).unwrap_or_else(|e| panic!("{e}"));
             assert!(!entries(&ptx).is_empty(), "{family} for compute_{target} exports no kernel");
         }
@@ -86,7 +96,8 @@ fn exported_symbols_are_the_ones_the_launchers_use() {
         variants.iter().flat_map(|v| dtypes.iter().map(move |d| symbol(family, v, *d))).collect()
     };
     let ptx = |family| entries(&compile_family(family, 90).unwrap_or_else(|e| panic!("{e}")));
-    assert_eq!(ptx("softmax"), expect("softmax", lab::ops::softmax::GPU_VARIANTS, &[DType::F32, DType::Bf16]));
+    let softmax: Vec<&str> = lab::ops::softmax::VARIANTS.iter().filter(|v| v.requires.on_gpu()).map(|v| v.name).collect();
+    assert_eq!(ptx("softmax"), expect("softmax", &softmax, &[DType::F32, DType::Bf16]));
     assert_eq!(ptx("vector_add"), expect("vector_add", lab::ops::vector_add::GPU_VARIANTS, &[DType::F32]));
     let mut ceilings = expect("ceilings", &["copy_float4", "fma", "read_scrub"], &[DType::F32]);
     ceilings.extend(expect("ceilings", &["mma_sync", "mma_sync_w2", "wgmma"], &[DType::F16, DType::Bf16]));

@@ -228,7 +228,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Compile { arch, emit } => {
             let archs = if arch.is_empty() { vec![lab::gpu::compile::Target::for_device(lab::gpu::Gpu::new(0)?.arch)] } else { arch };
             for a in archs {
-                for (family, _) in lab::kernels::FAMILIES {
+                for family in lab::family::with_kernels().map(|f| f.name) {
                     let ptx = lab::gpu::compile::compile_family(family, a)?;
                     match &emit {
                         Some(dir) => {

@@ -39,24 +39,10 @@ pub trait Experiment: Sync {
     }
 }
 
-/// Every experiment, in the order `lab run all` takes them (ceilings first: the others are
-/// fractions of it).
+/// Every experiment, in the order of [`crate::family::FAMILIES`] (ceilings first: the others
+/// are fractions of it).
 pub fn registry() -> Vec<&'static dyn Experiment> {
-    vec![
-        &crate::ops::ceilings::Ceilings,
-        &crate::ops::vector_add::VectorAdd,
-        &crate::ops::softmax::Softmax,
-        &crate::ops::bias_gelu::BiasGelu,
-        &crate::ops::layernorm::LayerNorm,
-        &crate::ops::rmsnorm::RmsNorm,
-        &crate::ops::linear::Linear,
-        &crate::ops::divergence::Divergence,
-        &crate::ops::gemm::Gemm,
-        &crate::quant::Quant,
-        &crate::collective::experiment::AllReduce,
-        &crate::collective::bucket::Bucketing,
-        &crate::collective::nccl::NcclAllReduce,
-    ]
+    crate::family::FAMILIES.iter().filter_map(|f| f.experiment).collect()
 }
 
 pub fn find(name: &str) -> Result<&'static dyn Experiment> {

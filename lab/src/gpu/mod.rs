@@ -38,6 +38,8 @@ pub struct Gpu {
     /// Clock readings for the records; `None` where NVML cannot be loaded.
     pub nvml: Option<nvml::Nvml>,
     modules: Mutex<HashMap<String, Arc<CudaModule>>>,
+    /// Kernels already looked up, by symbol: ops look theirs up on every call.
+    functions: Mutex<HashMap<String, CudaFunction>>,
 }
 
 /// Why no GPU can be used, in plain words; `None` when one can.
@@ -104,11 +106,15 @@ impl Gpu {
             arch: (major * 10 + minor) as u32,
             nvml,
             modules: Mutex::new(HashMap::new()),
+            functions: Mutex::new(HashMap::new()),
         }))
     }
 
     /// A kernel by family, variant and dtype; the family's module is compiled once per context.
     pub fn function(&self, family: &str, symbol: &str) -> Result<CudaFunction> {
+        if let Some(f) = self.functions.lock().expect("function cache poisoned").get(symbol) {
+            return Ok(f.clone());
+        }
         let module = {
             let mut modules = self.modules.lock().expect("module cache poisoned");
             match modules.get(family) {
@@ -124,7 +130,9 @@ impl Gpu {
                 }
             }
         };
-        module.load_function(symbol).doing(&format!("finding kernel `{symbol}`"))
+        let f = module.load_function(symbol).doing(&format!("finding kernel `{symbol}`"))?;
+        self.functions.lock().expect("function cache poisoned").insert(symbol.to_string(), f.clone());
+        Ok(f)
     }
 
     pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<CudaSlice<T>> {

@@ -1,4 +1,6 @@
-//! One module per kernel family: CPU reference, variants, launchers, the experiment, tests.
+//! One module per kernel family: its variant table, CPU reference, callable ops on
+//! [`crate::tensor::Tensor`], the experiment and the tests. [`measure_op`] is the house way an
+//! experiment measures a callable op.
 
 pub mod bias_gelu;
 pub mod ceilings;
@@ -9,6 +11,7 @@ pub mod layernorm;
 pub mod linear;
 pub mod rmsnorm;
 pub mod softmax;
+pub mod variant;
 pub mod vector_add;
 
 use crate::kernels::DType;
@@ -110,7 +113,9 @@ pub fn widen<T: Elem>(v: &[T]) -> Vec<f64> {
     v.par_iter().map(|x| x.to_f64()).collect()
 }
 
-use crate::experiment::{peers, Measurement, Session};
+use crate::experiment::{peers, Backend, Measurement, Session};
+use crate::tensor::{Buffer, Tensor};
+use crate::LabError;
 use crate::gpu::{timing::time_gpu, Gpu};
 use crate::profile::Work;
 use crate::record::{ErrorStats, Tolerance};
@@ -174,6 +179,43 @@ pub fn measure_gpu_as<T: Elem>(
     let mut m = Measurement::new(variant, provider, case, work);
     m.error = Some(compare::first_failure(before, after));
     (m.time, m.tolerance, m.ceiling, m.extra) = (time, Some(check.tol), Some(check.ceiling), extra);
+    s.emit(m).map(|_| ())
+}
+
+/// One lab variant through its callable op, the house way on either backend: poison the output
+/// (0xFF bytes on the GPU, NaN on the host), run once and check, time it (`timed`), check again,
+/// and emit the record against the check's ceiling.
+#[allow(clippy::too_many_arguments)]
+pub fn measure_op<T: Elem>(
+    s: &mut Session,
+    case: &Value,
+    variant: &str,
+    work: Work,
+    check: &Check<T>,
+    timed: bool,
+    out: &mut Tensor<T>,
+    op: impl Fn(&mut Tensor<T>) -> Result<()>,
+) -> Result<()> {
+    let backend = s.backend.clone();
+    match (&backend, out.buffer_mut()) {
+        (Backend::Cuda(gpu), Buffer::Cuda(d)) => gpu.poison(d)?,
+        (_, Buffer::Host(h)) => h.fill(T::from_f32(f32::NAN)),
+        (Backend::Cpu, Buffer::Cuda(_)) => return Err(LabError::Invalid(format!("{variant}: the output is on a GPU, the backend is the CPU"))),
+    }
+    op(out)?;
+    if let Backend::Cuda(gpu) = &backend {
+        gpu.sync()?;
+    }
+    let before = (check.compare)(&out.to_vec()?);
+    let time = match (&backend, timed) {
+        (_, false) => None,
+        (Backend::Cuda(gpu), true) => Some(time_gpu(gpu, &s.budget, || op(out))?),
+        (Backend::Cpu, true) => Some(crate::profile::host_time(&s.budget, || Ok(()), || op(out))?),
+    };
+    let after = (check.compare)(&out.to_vec()?);
+    let mut m = Measurement::new(variant, "lab", case, work);
+    m.error = Some(compare::first_failure(before, after));
+    (m.time, m.tolerance, m.ceiling) = (time, Some(check.tol), Some(check.ceiling));
     s.emit(m).map(|_| ())
 }
 

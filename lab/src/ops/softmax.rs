@@ -6,14 +6,16 @@
 //! large magnitudes (1e4) do not overflow because the row max is subtracted first.
 
 use super::compare::compare_elems;
-use super::{measure_cpu, measure_gpu, measure_torch, widen, Check, Elem};
+use super::variant::{self, Requires, Variant, VariantInfo};
+use super::{measure_op, measure_torch, widen, Check, Elem};
 use crate::error::Doing;
 use crate::experiment::{param_str, param_timed, param_usize, rng_for, Backend, Experiment, Measurement, Peer, Session};
 use crate::kernels::{symbol, DType};
 use crate::profile::{cpu_time, Work};
 use crate::record::Tolerance;
+use crate::tensor::{check_placement, Tensor};
 use crate::{LabError, Result};
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 use rand::Rng;
 use rand_distr::{Distribution, StandardNormal};
 use rayon::prelude::*;
@@ -23,16 +25,75 @@ pub struct Softmax;
 
 const FAMILY: &str = "softmax";
 
-/// The GPU ladder, in order; `applies` says which shapes each variant takes.
-pub const GPU_VARIANTS: &[&str] = &[
-    "naive_thread_per_row",
-    "block_three_pass",
-    "online_warp_per_row",
-    "online_block_per_row",
-    "onchip_block_per_row",
-    "cluster_per_row",
+/// How a variant runs: a CUDA kernel with its launch shape and the rows it takes, or the CPU path.
+#[derive(Clone, Copy, Debug)]
+pub enum Kernel {
+    /// (grid, block) for (rows, cols), as the kernel's line in kernels/softmax.cu states; rows
+    /// from `min_cols` to `max_cols` wide.
+    Gpu { grid_block: fn(usize, usize) -> (usize, usize), min_cols: usize, max_cols: usize },
+    /// [`cpu_online_rows`].
+    CpuOnlineRows,
+}
+
+const F32_BF16: &[DType] = &[DType::F32, DType::Bf16];
+
+/// The ladder, in order: the only place a softmax variant is named.
+pub const VARIANTS: &[Variant<Kernel>] = &[
+    Variant {
+        name: "naive_thread_per_row",
+        dtypes: F32_BF16,
+        requires: Requires::Gpu,
+        what: "one thread per row, three uncoalesced passes: the baseline",
+        config: Kernel::Gpu { grid_block: |rows, _| (rows.div_ceil(256), 256), min_cols: 1, max_cols: NAIVE_MAX_COLS },
+    },
+    Variant {
+        name: "block_three_pass",
+        dtypes: F32_BF16,
+        requires: Requires::Gpu,
+        what: "a block per row, coalesced loads and block reductions; still three passes",
+        config: Kernel::Gpu { grid_block: |rows, _| (rows, 256), min_cols: 1, max_cols: usize::MAX },
+    },
+    Variant {
+        name: "online_warp_per_row",
+        dtypes: F32_BF16,
+        requires: Requires::Gpu,
+        what: "a warp per row, online (max, sum) fuses two passes; shuffles only",
+        config: Kernel::Gpu { grid_block: |rows, _| (rows.div_ceil(8), 256), min_cols: 1, max_cols: usize::MAX },
+    },
+    Variant {
+        name: "online_block_per_row",
+        dtypes: F32_BF16,
+        requires: Requires::Gpu,
+        what: "512 threads per row with 16 B loads, so long rows keep enough loads in flight",
+        config: Kernel::Gpu { grid_block: |rows, _| (rows, 512), min_cols: 1, max_cols: usize::MAX },
+    },
+    Variant {
+        name: "onchip_block_per_row",
+        dtypes: F32_BF16,
+        requires: Requires::Gpu,
+        what: "the row held in registers: one read and one write, the traffic floor",
+        config: Kernel::Gpu {
+            grid_block: |rows, cols| (rows, (cols.div_ceil(16).div_ceil(32) * 32).clamp(32, 1024)),
+            min_cols: 1,
+            max_cols: ONCHIP_MAX_COLS,
+        },
+    },
+    Variant {
+        name: "cluster_per_row",
+        dtypes: F32_BF16,
+        requires: Requires::Sm90,
+        // Below ONCHIP_MAX_COLS a cluster per row costs more in launch and barriers than it saves.
+        what: "a cluster of 8 blocks splits a long row, exchanging (max, sum) through DSMEM",
+        config: Kernel::Gpu { grid_block: |rows, _| (rows * 8, 1024), min_cols: ONCHIP_MAX_COLS + 1, max_cols: CLUSTER_MAX_COLS },
+    },
+    Variant {
+        name: "cpu_online_rows",
+        dtypes: F32_BF16,
+        requires: Requires::Cpu,
+        what: "online (max, sum) in one pass per row, f32 arithmetic, rows in parallel",
+        config: Kernel::CpuOnlineRows,
+    },
 ];
-pub const CPU_VARIANTS: &[&str] = &["cpu_online_rows"];
 /// Longest row `onchip_block_per_row` holds: 1024 threads x 16 registers.
 pub const ONCHIP_MAX_COLS: usize = 16384;
 /// Longest row `cluster_per_row` holds: 8 blocks x 1024 threads x 32 registers.
@@ -40,14 +101,71 @@ pub const CLUSTER_MAX_COLS: usize = 262144;
 /// Beyond this the one-thread-per-row baseline takes seconds per call and teaches nothing new.
 pub const NAIVE_MAX_COLS: usize = 8192;
 
-/// Does `variant` run on rows `cols` wide on a device of compute capability `arch`?
-pub fn applies(variant: &str, cols: usize, arch: u32) -> bool {
-    match variant {
-        "naive_thread_per_row" => cols <= NAIVE_MAX_COLS,
-        "onchip_block_per_row" => cols <= ONCHIP_MAX_COLS,
-        // Below this a cluster per row costs more in launch and barriers than it saves.
-        "cluster_per_row" => arch >= 90 && cols > ONCHIP_MAX_COLS && cols <= CLUSTER_MAX_COLS,
-        _ => true,
+pub fn variants() -> Vec<VariantInfo> {
+    variant::infos(VARIANTS)
+}
+
+/// The variant [`forward`] runs on `dev` for rows `cols` wide: the fastest that takes the shape
+/// (measured on an H100: onchip_block_per_row up to its capacity, cluster_per_row beyond it on
+/// sm_90, online_block_per_row otherwise).
+pub fn best(dev: &Backend, cols: usize) -> &'static Variant<Kernel> {
+    let name = match dev {
+        Backend::Cpu => "cpu_online_rows",
+        Backend::Cuda(_) if cols <= ONCHIP_MAX_COLS => "onchip_block_per_row",
+        Backend::Cuda(g) if g.arch >= 90 && cols <= CLUSTER_MAX_COLS => "cluster_per_row",
+        Backend::Cuda(_) => "online_block_per_row",
+    };
+    variant::find(FAMILY, VARIANTS, name).expect("the best softmax variant is in the table")
+}
+
+/// Does `v` take rows `cols` wide?
+pub fn takes(v: &Variant<Kernel>, cols: usize) -> bool {
+    match v.config {
+        Kernel::Gpu { min_cols, max_cols, .. } => (min_cols..=max_cols).contains(&cols),
+        Kernel::CpuOnlineRows => true,
+    }
+}
+
+/// y = softmax(x) over the last dimension, with the best variant for the backend and shape.
+pub fn forward<T: Elem>(dev: &Backend, x: &Tensor<T>, y: &mut Tensor<T>) -> Result<()> {
+    forward_with(dev, best(dev, x.cols()).name, x, y)
+}
+
+/// y = softmax(x) over the last dimension with the named variant (any row of [`VARIANTS`]).
+pub fn forward_with<T: Elem>(dev: &Backend, variant: &str, x: &Tensor<T>, y: &mut Tensor<T>) -> Result<()> {
+    let v = variant::find(FAMILY, VARIANTS, variant)?;
+    variant::check_runs(FAMILY, v, dev, T::DTYPE)?;
+    check_placement("softmax", dev, &[("x", x.placement()), ("y", y.placement())])?;
+    let (rows, cols) = (x.rows(), x.cols());
+    if x.shape() != y.shape() {
+        return Err(LabError::shape("softmax", format!("x is {:?} but y is {:?}", x.shape(), y.shape())));
+    }
+    if cols == 0 {
+        return Err(LabError::shape("softmax", format!("x is {:?}: rows must be at least 1 wide", x.shape())));
+    }
+    if !takes(v, cols) {
+        let Kernel::Gpu { min_cols, max_cols, .. } = v.config else { unreachable!("the CPU path takes every width") };
+        return Err(LabError::shape("softmax", format!("`{variant}` takes rows {min_cols} to {max_cols} wide, not {cols}")));
+    }
+    match (v.config, dev) {
+        (Kernel::CpuOnlineRows, _) => {
+            let x = x.host().expect("placement checked");
+            cpu_online_rows(x, y.host_mut().expect("placement checked"), cols);
+            Ok(())
+        }
+        (Kernel::Gpu { grid_block, .. }, Backend::Cuda(gpu)) => {
+            let f = gpu.function(FAMILY, &symbol(FAMILY, v.name, T::DTYPE))?;
+            let (grid, block) = grid_block(rows, cols);
+            let cfg = LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (block as u32, 1, 1), shared_mem_bytes: 0 };
+            let (r, c) = (rows as i32, cols as i32);
+            let (dx, dy) = (x.cuda().expect("placement checked"), y.cuda_mut().expect("placement checked"));
+            // SAFETY: x and y hold rows*cols elements; every variant bounds by rows and cols,
+            // and `takes` kept the width within the variant's on-chip capacity.
+            unsafe { gpu.stream.launch_builder(&f).arg(dx).arg(dy).arg(&r).arg(&c).launch(cfg) }
+                .map(|_| ())
+                .doing(&format!("launching softmax {variant}"))
+        }
+        (Kernel::Gpu { .. }, Backend::Cpu) => unreachable!("check_runs keeps GPU variants off the CPU"),
     }
 }
 
@@ -192,58 +310,30 @@ fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
     let tol = tolerance(T::DTYPE, cols);
     let compare_y = |y: &[T]| compare_elems(y, &expected, tol, "cpu-f64");
     let check = Check::memory_bound(tol, &compare_y);
-    let backend = s.backend.clone();
-    match &backend {
-        Backend::Cpu => {
-            measure_cpu(s, case, "cpu_online_rows", work, &check, timed, x.len(), |y| cpu_online_rows(&x, y, cols))?;
-            if timed && s.wants("reference_f64", "cpu-ref") {
-                let xf = widen(&x);
-                let time = cpu_time(&s.budget, || drop(std::hint::black_box(reference(&xf, cols))));
-                let mut m = Measurement::new("reference_f64", "cpu-ref", case, work);
-                m.time = Some(time);
-                s.emit(m)?;
-            }
+    let dev = s.backend.clone();
+    let dx = Tensor::from_slice(&dev, &[rows, cols], &x)?;
+    let mut dy = Tensor::<T>::zeros(&dev, &[rows, cols])?;
+    for v in VARIANTS {
+        if !v.requires.met_by(&dev) || !takes(v, cols) || !s.wants(v.name, "lab") {
+            continue;
         }
-        Backend::Cuda(gpu) => {
-            let dx = gpu.upload(&x)?;
-            let mut dy = gpu.stream.alloc_zeros::<T>(x.len()).doing("allocating the softmax output")?;
-            for &variant in GPU_VARIANTS {
-                if !applies(variant, cols, gpu.arch) || !s.wants(variant, "lab") {
-                    continue;
-                }
-                let f = gpu.function(FAMILY, &symbol(FAMILY, variant, T::DTYPE))?;
-                let cfg = launch_config(variant, rows, cols);
-                let (r, c) = (rows as i32, cols as i32);
-                let launch = |dy: &mut CudaSlice<T>| -> Result<()> {
-                    // SAFETY: x and y hold rows*cols elements; every variant bounds by rows and cols,
-                    // and `applies` kept the shape within the variant's on-chip capacity.
-                    unsafe { gpu.stream.launch_builder(&f).arg(&dx).arg(dy).arg(&r).arg(&c).launch(cfg) }
-                        .map(|_| ())
-                        .doing(&format!("launching softmax {variant}"))
-                };
-                measure_gpu(s, gpu, case, variant, work, &check, timed, &mut dy, launch)?;
-            }
-            if timed && s.wants_peer(Peer::Torch, "torch.softmax", "torch") {
-                let shape = [rows, cols];
-                measure_torch(s, gpu, case, "softmax", json!({}), &[(&T::bytes(&x), &shape)], work, &check)?;
-            }
+        measure_op(s, case, v.name, work, &check, timed, &mut dy, |dy| forward_with(&dev, v.name, &dx, dy))?;
+    }
+    match &dev {
+        Backend::Cpu if timed && s.wants("reference_f64", "cpu-ref") => {
+            let xf = widen(&x);
+            let time = cpu_time(&s.budget, || drop(std::hint::black_box(reference(&xf, cols))));
+            let mut m = Measurement::new("reference_f64", "cpu-ref", case, work);
+            m.time = Some(time);
+            s.emit(m)?;
         }
+        Backend::Cuda(gpu) if timed && s.wants_peer(Peer::Torch, "torch.softmax", "torch") => {
+            let shape = [rows, cols];
+            measure_torch(s, gpu, case, "softmax", json!({}), &[(&T::bytes(&x), &shape)], work, &check)?;
+        }
+        _ => {}
     }
     Ok(())
-}
-
-/// Grid and block per variant, as each kernel's line in kernels/softmax.cu states.
-pub fn launch_config(variant: &str, rows: usize, cols: usize) -> LaunchConfig {
-    let (grid, block) = match variant {
-        "naive_thread_per_row" => (rows.div_ceil(256), 256),
-        "block_three_pass" => (rows, 256),
-        "online_warp_per_row" => (rows.div_ceil(8), 256),
-        "online_block_per_row" => (rows, 512),
-        "onchip_block_per_row" => (rows, (cols.div_ceil(16).div_ceil(32) * 32).clamp(32, 1024)),
-        "cluster_per_row" => (rows * 8, 1024),
-        other => unreachable!("no launch shape for softmax variant `{other}`"),
-    };
-    LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (block as u32, 1, 1), shared_mem_bytes: 0 }
 }
 
 #[cfg(test)]
@@ -296,23 +386,44 @@ mod tests {
     #[test]
     fn launch_shapes_cover_every_row() {
         for (rows, cols) in [(1, 1), (1823, 781), (7, 65537), (16384, 4096)] {
-            for v in GPU_VARIANTS {
-                if !applies(v, cols, 90) {
+            for v in VARIANTS {
+                let Kernel::Gpu { grid_block, .. } = v.config else { continue };
+                if !takes(v, cols) {
                     continue;
                 }
-                let cfg = launch_config(v, rows, cols);
-                let threads = cfg.grid_dim.0 as usize * cfg.block_dim.0 as usize;
-                let rows_covered = match *v {
-                    "naive_thread_per_row" => threads,
-                    "online_warp_per_row" => threads / 32,
-                    "cluster_per_row" => cfg.grid_dim.0 as usize / 8,
-                    _ => cfg.grid_dim.0 as usize,
+                let (grid, block) = grid_block(rows, cols);
+                let rows_covered = match v.name {
+                    "naive_thread_per_row" => grid * block,
+                    "online_warp_per_row" => grid * block / 32,
+                    "cluster_per_row" => grid / 8,
+                    _ => grid,
                 };
-                assert!(rows_covered >= rows, "{v} {rows}x{cols}");
-                if *v == "onchip_block_per_row" {
-                    assert!(cfg.block_dim.0 as usize * 16 >= cols);
+                assert!(rows_covered >= rows, "{} {rows}x{cols}", v.name);
+                if v.name == "onchip_block_per_row" {
+                    assert!(block * 16 >= cols);
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_callable_op_runs_on_the_cpu_and_names_bad_input() {
+        let dev = Backend::Cpu;
+        let x = Tensor::from_vec(&[2, 3], vec![1f32, 2.0, 3.0, 0.0, 0.0, f32::NEG_INFINITY]).unwrap();
+        let mut y = Tensor::<f32>::zeros(&dev, &[2, 3]).unwrap();
+        forward(&dev, &x, &mut y).unwrap();
+        let expected = reference(&widen(&x.to_vec().unwrap()), 3);
+        let e = compare_elems(&y.to_vec().unwrap(), &expected, tolerance(DType::F32, 3), "cpu-f64");
+        assert!(e.passed(), "{e:?}");
+        let mut wrong = Tensor::<f32>::zeros(&dev, &[3, 2]).unwrap();
+        let err = forward(&dev, &x, &mut wrong).unwrap_err().to_string();
+        assert!(err.contains("x is [2, 3] but y is [3, 2]"), "{err}");
+        let err = forward_with(&dev, "onchip_block_per_row", &x, &mut y).unwrap_err().to_string();
+        assert!(err.contains("`onchip_block_per_row` needs gpu, not the CPU backend"), "{err}");
+        let err = forward_with(&dev, "fastest", &x, &mut y).unwrap_err().to_string();
+        assert!(err.contains("not a softmax variant (one of: naive_thread_per_row,"), "{err}");
+        let h = Tensor::from_vec(&[1, 2], vec![half::f16::ONE; 2]).unwrap();
+        let mut hy = Tensor::<half::f16>::zeros(&dev, &[1, 2]).unwrap();
+        assert!(forward(&dev, &h, &mut hy).unwrap_err().to_string().contains("takes f32, bf16, not f16"));
     }
 }

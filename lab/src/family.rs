@@ -1,0 +1,111 @@
+//! The one list of families: each names its kernel sources, its experiment and its variant
+//! table. `lab run all`, `lab list`, `lab compile`, the kernel tests and the report all read it.
+//! Adding a family is one entry here (see DESIGN.md, "Adding a kernel family").
+
+use crate::experiment::Experiment;
+use crate::ops::variant::VariantInfo;
+
+pub struct Family {
+    /// The kernel-symbol prefix and the name NVRTC modules and caches carry.
+    pub name: &'static str,
+    /// Its CUDA sources as (path under `kernels/`, text), concatenated in this order.
+    pub kernels: &'static [(&'static str, &'static str)],
+    /// Its sweep, when it has one.
+    pub experiment: Option<&'static dyn Experiment>,
+    /// Its variant table, without the launch configs.
+    pub variants: fn() -> Vec<VariantInfo>,
+}
+
+macro_rules! kernel {
+    ($path:literal) => {
+        ($path, include_str!(concat!("../../kernels/", $path)))
+    };
+}
+
+fn none() -> Vec<VariantInfo> {
+    Vec::new()
+}
+
+/// Every family, in the order `lab run all` takes them (ceilings first: the others are
+/// fractions of it).
+pub static FAMILIES: &[Family] = &[
+    Family {
+        name: "ceilings",
+        kernels: &[kernel!("ceilings.cu")],
+        experiment: Some(&crate::ops::ceilings::Ceilings),
+        variants: crate::ops::ceilings::variants,
+    },
+    Family {
+        name: "vector_add",
+        kernels: &[kernel!("vector_add.cu")],
+        experiment: Some(&crate::ops::vector_add::VectorAdd),
+        variants: crate::ops::vector_add::variants,
+    },
+    Family {
+        name: "softmax",
+        kernels: &[kernel!("softmax.cu")],
+        experiment: Some(&crate::ops::softmax::Softmax),
+        variants: crate::ops::softmax::variants,
+    },
+    Family {
+        name: "bias_gelu",
+        kernels: &[kernel!("bias_gelu.cu")],
+        experiment: Some(&crate::ops::bias_gelu::BiasGelu),
+        variants: crate::ops::bias_gelu::variants,
+    },
+    Family {
+        name: "layernorm",
+        kernels: &[kernel!("layernorm.cu")],
+        experiment: Some(&crate::ops::layernorm::LayerNorm),
+        variants: crate::ops::layernorm::variants,
+    },
+    Family {
+        name: "rmsnorm",
+        kernels: &[kernel!("rmsnorm.cu")],
+        experiment: Some(&crate::ops::rmsnorm::RmsNorm),
+        variants: crate::ops::rmsnorm::variants,
+    },
+    Family {
+        name: "linear",
+        kernels: &[kernel!("linear.cu")],
+        experiment: Some(&crate::ops::linear::Linear),
+        variants: crate::ops::linear::variants,
+    },
+    Family {
+        name: "divergence",
+        kernels: &[kernel!("divergence.cu")],
+        experiment: Some(&crate::ops::divergence::Divergence),
+        variants: crate::ops::divergence::variants,
+    },
+    Family {
+        name: "gemm",
+        kernels: &[kernel!("gemm.cu")],
+        experiment: Some(&crate::ops::gemm::Gemm),
+        variants: crate::ops::gemm::variants,
+    },
+    Family {
+        name: "quant",
+        kernels: &[kernel!("quant.cu")],
+        experiment: Some(&crate::quant::Quant),
+        variants: crate::quant::variants,
+    },
+    Family { name: "allreduce", kernels: &[], experiment: Some(&crate::collective::experiment::AllReduce), variants: none },
+    Family { name: "bucketing", kernels: &[], experiment: Some(&crate::collective::bucket::Bucketing), variants: none },
+    // The kernels NCCL's experiment launches beside the collective (a reduction into a buffer).
+    Family {
+        name: "collective",
+        kernels: &[kernel!("collective.cu")],
+        experiment: Some(&crate::collective::nccl::NcclAllReduce),
+        variants: none,
+    },
+];
+
+/// The family called `name`.
+pub fn find(name: &str) -> Option<&'static Family> {
+    FAMILIES.iter().find(|f| f.name == name)
+}
+
+/// The families that have CUDA sources.
+pub fn with_kernels() -> impl Iterator<Item = &'static Family> {
+    FAMILIES.iter().filter(|f| !f.kernels.is_empty())
+}
