@@ -4,15 +4,16 @@
 //! The row inputs, cases and GPU flow here are shared with `rmsnorm`.
 
 use super::compare::compare_elems;
-use super::{measure_cpu, measure_gpu, measure_torch, widen, Check, Elem};
+use super::variant::{self, Requires, Variant, VariantInfo};
+use super::{measure_op, measure_torch, widen, Check, Elem};
 use crate::error::Doing;
 use crate::experiment::{param_str, param_timed, param_usize, rng_for, Backend, Experiment, Peer, Session};
-use crate::gpu::Gpu;
 use crate::kernels::{symbol, DType};
 use crate::profile::Work;
 use crate::record::Tolerance;
+use crate::tensor::{check_placement, Tensor};
 use crate::{LabError, Result};
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 use rand::Rng;
 use rand_distr::{Distribution, StandardNormal};
 use rayon::prelude::*;
@@ -22,13 +23,157 @@ pub struct LayerNorm;
 
 const FAMILY: &str = "layernorm";
 pub const EPS: f32 = 1e-5;
-pub const GPU_VARIANTS: &[&str] = &["two_pass_block", "welford_warp", "onchip_block"];
 /// Longest row the on-chip variants hold: 1024 threads x 16 registers.
 pub const ONCHIP_MAX_COLS: usize = 16384;
 
-/// Does a norm variant run on rows `cols` wide?
-pub fn applies(variant: &str, cols: usize) -> bool {
-    variant != "onchip_block" || cols <= ONCHIP_MAX_COLS
+/// How a row-norm variant (layernorm's or rmsnorm's) runs.
+#[derive(Clone, Copy, Debug)]
+pub enum NormKernel {
+    /// (grid, block) for (rows, cols), as the kernel's line in its .cu file states; rows up to
+    /// `max_cols` wide.
+    Gpu { grid_block: fn(usize, usize) -> (usize, usize), max_cols: usize },
+    /// The family's CPU function.
+    Cpu,
+}
+
+pub const F32_BF16: &[DType] = &[DType::F32, DType::Bf16];
+
+/// The launch shapes the row norms share.
+pub const BLOCK_PER_ROW: NormKernel = NormKernel::Gpu { grid_block: |rows, _| (rows, 512), max_cols: usize::MAX };
+pub const ONCHIP_BLOCK: NormKernel = NormKernel::Gpu {
+    grid_block: |rows, cols| (rows, (cols.div_ceil(16).div_ceil(32) * 32).clamp(32, 1024)),
+    max_cols: ONCHIP_MAX_COLS,
+};
+
+/// The ladder, in order: the only place a layernorm variant is named.
+pub const VARIANTS: &[Variant<NormKernel>] = &[
+    Variant {
+        name: "two_pass_block",
+        dtypes: F32_BF16,
+        requires: Requires::Gpu,
+        what: "a block per row: mean, variance and write in three passes over the row",
+        config: BLOCK_PER_ROW,
+    },
+    Variant {
+        name: "welford_warp",
+        dtypes: F32_BF16,
+        requires: Requires::Gpu,
+        what: "a warp per row folding chunks with Chan's merge: two reads of the row",
+        config: NormKernel::Gpu { grid_block: |rows, _| (rows.div_ceil(8), 256), max_cols: usize::MAX },
+    },
+    Variant {
+        name: "onchip_block",
+        dtypes: F32_BF16,
+        requires: Requires::Gpu,
+        what: "the row held in registers: one read and one write, the floor",
+        config: ONCHIP_BLOCK,
+    },
+    Variant {
+        name: "cpu_two_pass_rows",
+        dtypes: F32_BF16,
+        requires: Requires::Cpu,
+        what: "two passes per row with f64 sums, rows in parallel",
+        config: NormKernel::Cpu,
+    },
+];
+
+pub fn variants() -> Vec<VariantInfo> {
+    variant::infos(VARIANTS)
+}
+
+/// Does a norm variant take rows `cols` wide?
+pub fn takes(v: &Variant<NormKernel>, cols: usize) -> bool {
+    match v.config {
+        NormKernel::Gpu { max_cols, .. } => cols <= max_cols,
+        NormKernel::Cpu => true,
+    }
+}
+
+/// The fastest norm variant of `table` for the backend and width, as measured on an H100
+/// (reports/notes, kernels/*norm.cu): the row on chip where it fits, else a block per row.
+pub fn best<'a>(table: &'a [Variant<NormKernel>], dev: &Backend, cols: usize) -> &'a Variant<NormKernel> {
+    let on_chip = |v: &&Variant<NormKernel>| matches!(v.config, NormKernel::Gpu { max_cols: ONCHIP_MAX_COLS, .. });
+    let found = match dev {
+        Backend::Cpu => table.iter().find(|v| matches!(v.config, NormKernel::Cpu)),
+        Backend::Cuda(_) if cols <= ONCHIP_MAX_COLS => table.iter().find(on_chip),
+        // The first GPU rung is the block-per-row one in both tables.
+        Backend::Cuda(_) => table.iter().find(|v| v.requires == Requires::Gpu),
+    };
+    found.expect("every norm table has a CPU, an on-chip and a block-per-row variant")
+}
+
+/// y = layernorm(x) * gamma + beta over the last dimension, with the best variant.
+pub fn forward<T: Elem>(dev: &Backend, x: &Tensor<T>, gamma: &Tensor<T>, beta: &Tensor<T>, y: &mut Tensor<T>, eps: f32) -> Result<()> {
+    forward_with(dev, best(VARIANTS, dev, x.cols()).name, x, gamma, beta, y, eps)
+}
+
+/// [`forward`] with the named variant (any row of [`VARIANTS`]).
+pub fn forward_with<T: Elem>(
+    dev: &Backend,
+    variant: &str,
+    x: &Tensor<T>,
+    gamma: &Tensor<T>,
+    beta: &Tensor<T>,
+    y: &mut Tensor<T>,
+    eps: f32,
+) -> Result<()> {
+    let cpu = |x: &[T], p: &[&[T]], y: &mut [T]| cpu_two_pass_rows(x, p[0], p[1], y, eps);
+    norm_op(FAMILY, VARIANTS, dev, variant, x, &[("gamma", gamma), ("beta", beta)], y, eps, cpu)
+}
+
+/// The row norms' shared call: checks the variant, the placement and the shapes (x and y alike,
+/// every per-column vector as wide as a row), then runs the kernel (x, the vectors, y, rows,
+/// cols, eps) or `cpu`.
+#[allow(clippy::too_many_arguments)]
+pub fn norm_op<T: Elem>(
+    family: &str,
+    table: &[Variant<NormKernel>],
+    dev: &Backend,
+    variant: &str,
+    x: &Tensor<T>,
+    per_col: &[(&str, &Tensor<T>)],
+    y: &mut Tensor<T>,
+    eps: f32,
+    cpu: impl FnOnce(&[T], &[&[T]], &mut [T]),
+) -> Result<()> {
+    let v = variant::find(family, table, variant)?;
+    variant::check_runs(family, v, dev, T::DTYPE)?;
+    let mut placed = vec![("x", x.placement()), ("y", y.placement())];
+    placed.extend(per_col.iter().map(|(n, t)| (*n, t.placement())));
+    check_placement(family, dev, &placed)?;
+    let (rows, cols) = (x.rows(), x.cols());
+    if x.shape() != y.shape() {
+        return Err(LabError::shape(family, format!("x is {:?} but y is {:?}", x.shape(), y.shape())));
+    }
+    let lens: Vec<(&str, usize)> = per_col.iter().map(|(n, t)| (*n, t.len())).collect();
+    validate(family, x.len(), rows, cols, &lens)?;
+    if !takes(v, cols) {
+        return Err(LabError::shape(family, format!("`{variant}` holds rows up to {ONCHIP_MAX_COLS} wide, not {cols}")));
+    }
+    match (v.config, dev) {
+        (NormKernel::Cpu, _) => {
+            let params: Vec<&[T]> = per_col.iter().map(|(_, t)| t.host().expect("placement checked")).collect();
+            cpu(x.host().expect("placement checked"), &params, y.host_mut().expect("placement checked"));
+            Ok(())
+        }
+        (NormKernel::Gpu { grid_block, .. }, Backend::Cuda(gpu)) => {
+            let f = gpu.function(family, &symbol(family, v.name, T::DTYPE))?;
+            let (grid, block) = grid_block(rows, cols);
+            let cfg = LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (block as u32, 1, 1), shared_mem_bytes: 0 };
+            let (r, c) = (rows as i32, cols as i32);
+            let mut b = gpu.stream.launch_builder(&f);
+            b.arg(x.cuda().expect("placement checked"));
+            for (_, p) in per_col {
+                b.arg(p.cuda().expect("placement checked"));
+            }
+            // SAFETY: x and y hold rows*cols elements and every parameter vector cols; the
+            // kernels bound by rows and cols; `takes` kept the row within on-chip capacity.
+            unsafe { b.arg(y.cuda_mut().expect("placement checked")).arg(&r).arg(&c).arg(&eps).launch(cfg) }
+                .map(|_| ())
+                .doing(&format!("launching {family} {variant}"))
+        }
+        (NormKernel::Gpu { .. }, Backend::Cpu) => unreachable!("check_runs keeps GPU variants off the CPU"),
+    }
 }
 
 /// Checks what a caller gives: x is rows x cols, every per-column vector has cols entries.
@@ -187,44 +332,23 @@ impl<T: Elem> RowCase<T> {
         Ok(RowCase { rows, cols, timed, x, work })
     }
 
-    /// Runs one CPU variant with the house checks.
-    pub fn cpu(&self, s: &mut Session, case: &Value, variant: &str, check: &Check<T>, f: impl Fn(&mut [T])) -> Result<()> {
-        measure_cpu(s, case, variant, self.work, check, self.timed, self.x.len(), f)
-    }
-
-    /// Runs every applicable GPU variant of `family`; `params` are the device buffers after x
-    /// (gamma, then beta when there is one).
-    #[allow(clippy::too_many_arguments)]
-    pub fn gpu(
+    /// Measures every variant of `table` that runs here and takes the width, each through
+    /// `op(variant, x, y)`: the family's callable op.
+    pub fn measure(
         &self,
         s: &mut Session,
-        gpu: &Gpu,
         case: &Value,
-        family: &str,
-        variants: &[&str],
-        params: &[&CudaSlice<T>],
+        table: &[Variant<NormKernel>],
         check: &Check<T>,
+        op: impl Fn(&str, &Tensor<T>, &mut Tensor<T>) -> Result<()>,
     ) -> Result<()> {
-        let dx = gpu.upload(&self.x)?;
-        let mut dy = gpu.stream.alloc_zeros::<T>(self.x.len()).doing("allocating y")?;
-        let (r, c, eps) = (self.rows as i32, self.cols as i32, EPS);
-        for &variant in variants.iter().filter(|v| applies(v, self.cols)) {
-            if !s.wants(variant, "lab") {
-                continue;
+        let dev = s.backend.clone();
+        let x = Tensor::from_slice(&dev, &[self.rows, self.cols], &self.x)?;
+        let mut y = Tensor::<T>::zeros(&dev, &[self.rows, self.cols])?;
+        for v in table {
+            if v.requires.met_by(&dev) && takes(v, self.cols) && s.wants(v.name, "lab") {
+                measure_op(s, case, v.name, self.work, check, self.timed, &mut y, |y| op(v.name, &x, y))?;
             }
-            let f = gpu.function(family, &symbol(family, variant, T::DTYPE))?;
-            let cfg = launch_config(variant, self.rows, self.cols);
-            let launch = |dy: &mut CudaSlice<T>| -> Result<()> {
-                let mut b = gpu.stream.launch_builder(&f);
-                b.arg(&dx);
-                for p in params {
-                    b.arg(*p);
-                }
-                // SAFETY: x and y hold rows*cols elements and every parameter vector cols; the
-                // kernels bound by rows and cols; `applies` kept the row within on-chip capacity.
-                unsafe { b.arg(dy).arg(&r).arg(&c).arg(&eps).launch(cfg) }.map(|_| ()).doing(&format!("launching {family} {variant}"))
-            };
-            measure_gpu(s, gpu, case, variant, self.work, check, self.timed, &mut dy, launch)?;
         }
         Ok(())
     }
@@ -235,37 +359,22 @@ fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
     let rc = RowCase::<T>::new(s, case, 2, &mut rng)?;
     let gamma: Vec<T> = affine(rc.cols, 1.0, &mut rng);
     let beta: Vec<T> = affine(rc.cols, 0.0, &mut rng);
-    validate("layernorm", rc.x.len(), rc.rows, rc.cols, &[("gamma", gamma.len()), ("beta", beta.len())])?;
     let expected = reference(&widen(&rc.x), &widen(&gamma), &widen(&beta), EPS as f64);
     let tol = tolerance(T::DTYPE);
     let compare_y = |y: &[T]| compare_elems(y, &expected, tol, "cpu-f64");
     let check = Check::memory_bound(tol, &compare_y);
-    let backend = s.backend.clone();
-    match &backend {
-        Backend::Cpu => rc.cpu(s, case, "cpu_two_pass_rows", &check, |y| cpu_two_pass_rows(&rc.x, &gamma, &beta, y, EPS)),
-        Backend::Cuda(gpu) => {
-            let (dg, db) = (gpu.upload(&gamma)?, gpu.upload(&beta)?);
-            rc.gpu(s, gpu, case, FAMILY, GPU_VARIANTS, &[&dg, &db], &check)?;
-            if rc.timed && s.wants_peer(Peer::Torch, "torch.layer_norm", "torch") {
-                let (xb, gb, bb) = (T::bytes(&rc.x), T::bytes(&gamma), T::bytes(&beta));
-                let (xs, vs) = ([rc.rows, rc.cols], [rc.cols]);
-                let inputs: [(&[u8], &[usize]); 3] = [(&xb, &xs), (&gb, &vs), (&bb, &vs)];
-                measure_torch(s, gpu, case, "layer_norm", json!({"eps": EPS}), &inputs, rc.work, &check)?;
-            }
-            Ok(())
+    let dev = s.backend.clone();
+    let (g, b) = (Tensor::from_slice(&dev, &[rc.cols], &gamma)?, Tensor::from_slice(&dev, &[rc.cols], &beta)?);
+    rc.measure(s, case, VARIANTS, &check, |v, x, y| forward_with(&dev, v, x, &g, &b, y, EPS))?;
+    if let Backend::Cuda(gpu) = &dev {
+        if rc.timed && s.wants_peer(Peer::Torch, "torch.layer_norm", "torch") {
+            let (xb, gb, bb) = (T::bytes(&rc.x), T::bytes(&gamma), T::bytes(&beta));
+            let (xs, vs) = ([rc.rows, rc.cols], [rc.cols]);
+            let inputs: [(&[u8], &[usize]); 3] = [(&xb, &xs), (&gb, &vs), (&bb, &vs)];
+            measure_torch(s, gpu, case, "layer_norm", json!({"eps": EPS}), &inputs, rc.work, &check)?;
         }
     }
-}
-
-/// Grid and block per variant, as each kernel's line in its .cu file states.
-pub fn launch_config(variant: &str, rows: usize, cols: usize) -> LaunchConfig {
-    let (grid, block) = match variant {
-        "two_pass_block" | "block" => (rows, 512),
-        "welford_warp" => (rows.div_ceil(8), 256),
-        "onchip_block" => (rows, (cols.div_ceil(16).div_ceil(32) * 32).clamp(32, 1024)),
-        other => unreachable!("no launch shape for norm variant `{other}`"),
-    };
-    LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (block as u32, 1, 1), shared_mem_bytes: 0 }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -302,15 +411,32 @@ mod tests {
 
     #[test]
     fn onchip_launch_holds_the_row() {
+        let NormKernel::Gpu { grid_block, .. } = ONCHIP_BLOCK else { unreachable!() };
         for cols in [1, 256, 781, 4096, 16384] {
-            let cfg = launch_config("onchip_block", 3, cols);
-            assert!(cfg.block_dim.0 as usize * 16 >= cols && cfg.block_dim.0 % 32 == 0);
+            let (_, block) = grid_block(3, cols);
+            assert!(block * 16 >= cols && block % 32 == 0);
         }
-        assert!(!applies("onchip_block", 16385) && applies("welford_warp", 65536));
+        let onchip = variant::find(FAMILY, VARIANTS, "onchip_block").unwrap();
+        assert!(!takes(onchip, 16385) && takes(&VARIANTS[1], 65536));
     }
-}
 
-/// TEMPORARY until the table lands.
-pub fn variants() -> Vec<crate::ops::variant::VariantInfo> {
-    Vec::new()
+    #[test]
+    fn the_callable_op_matches_the_reference_and_names_bad_input() {
+        let dev = Backend::Cpu;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let (rows, cols) = (5, 37);
+        let xv: Vec<f32> = input(rows, cols, "normal", &mut rng).unwrap();
+        let (gv, bv): (Vec<f32>, Vec<f32>) = (affine(cols, 1.0, &mut rng), affine(cols, 0.0, &mut rng));
+        let x = Tensor::from_vec(&[rows, cols], xv.clone()).unwrap();
+        let (g, b) = (Tensor::from_vec(&[cols], gv.clone()).unwrap(), Tensor::from_vec(&[cols], bv.clone()).unwrap());
+        let mut y = Tensor::<f32>::zeros(&dev, &[rows, cols]).unwrap();
+        forward(&dev, &x, &g, &b, &mut y, EPS).unwrap();
+        let e = compare_elems(&y.to_vec().unwrap(), &reference(&widen(&xv), &widen(&gv), &widen(&bv), EPS as f64), tolerance(DType::F32), "t");
+        assert!(e.passed(), "{e:?}");
+        let short = Tensor::from_vec(&[cols - 1], vec![1f32; cols - 1]).unwrap();
+        let err = forward(&dev, &x, &short, &b, &mut y, EPS).unwrap_err().to_string();
+        assert!(err.contains("gamma has 36 elements; rows are 37 wide"), "{err}");
+        let err = forward_with(&dev, "welford_warp", &x, &g, &b, &mut y, EPS).unwrap_err().to_string();
+        assert!(err.contains("needs gpu, not the CPU backend"), "{err}");
+    }
 }

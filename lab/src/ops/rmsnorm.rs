@@ -3,10 +3,12 @@
 //! Inputs, cases and the GPU flow are LayerNorm's (`layernorm::RowCase`).
 
 use super::compare::compare_elems;
-use super::layernorm::{affine, tolerance, validate, RowCase, EPS};
+use super::layernorm::{affine, norm_op, tolerance, NormKernel, RowCase, BLOCK_PER_ROW, EPS, F32_BF16, ONCHIP_BLOCK};
+use super::variant::{self, Requires, Variant, VariantInfo};
 use super::{measure_torch, widen, Check, Elem};
 use crate::experiment::{param_str, rng_for, Backend, Experiment, Peer, Session};
 use crate::kernels::DType;
+use crate::tensor::Tensor;
 use crate::{LabError, Result};
 use rayon::prelude::*;
 use serde_json::{json, Value};
@@ -14,7 +16,46 @@ use serde_json::{json, Value};
 pub struct RmsNorm;
 
 const FAMILY: &str = "rmsnorm";
-pub const GPU_VARIANTS: &[&str] = &["block", "onchip_block"];
+
+/// The ladder, in order: the only place an rmsnorm variant is named.
+pub const VARIANTS: &[Variant<NormKernel>] = &[
+    Variant {
+        name: "block",
+        dtypes: F32_BF16,
+        requires: Requires::Gpu,
+        what: "a block per row: sum of squares, then a write pass re-reading the row",
+        config: BLOCK_PER_ROW,
+    },
+    Variant {
+        name: "onchip_block",
+        dtypes: F32_BF16,
+        requires: Requires::Gpu,
+        what: "the row held in registers: one read and one write, the floor",
+        config: ONCHIP_BLOCK,
+    },
+    Variant {
+        name: "cpu_rows",
+        dtypes: F32_BF16,
+        requires: Requires::Cpu,
+        what: "f64 sum of squares per row, f32 scaling, rows in parallel",
+        config: NormKernel::Cpu,
+    },
+];
+
+pub fn variants() -> Vec<VariantInfo> {
+    variant::infos(VARIANTS)
+}
+
+/// y = x / sqrt(mean(x^2) + eps) * gamma over the last dimension, with the best variant.
+pub fn forward<T: Elem>(dev: &Backend, x: &Tensor<T>, gamma: &Tensor<T>, y: &mut Tensor<T>, eps: f32) -> Result<()> {
+    forward_with(dev, super::layernorm::best(VARIANTS, dev, x.cols()).name, x, gamma, y, eps)
+}
+
+/// [`forward`] with the named variant (any row of [`VARIANTS`]).
+pub fn forward_with<T: Elem>(dev: &Backend, variant: &str, x: &Tensor<T>, gamma: &Tensor<T>, y: &mut Tensor<T>, eps: f32) -> Result<()> {
+    let cpu = |x: &[T], p: &[&[T]], y: &mut [T]| cpu_rows(x, p[0], y, eps);
+    norm_op(FAMILY, VARIANTS, dev, variant, x, &[("gamma", gamma)], y, eps, cpu)
+}
 
 /// The f64 reference.
 pub fn reference(x: &[f64], gamma: &[f64], eps: f64) -> Vec<f64> {
@@ -67,26 +108,22 @@ fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
     let mut rng = rng_for(s.opts.seed, case);
     let rc = RowCase::<T>::new(s, case, 1, &mut rng)?;
     let gamma: Vec<T> = affine(rc.cols, 1.0, &mut rng);
-    validate("rmsnorm", rc.x.len(), rc.rows, rc.cols, &[("gamma", gamma.len())])?;
     let expected = reference(&widen(&rc.x), &widen(&gamma), EPS as f64);
     let tol = tolerance(T::DTYPE);
     let compare_y = |y: &[T]| compare_elems(y, &expected, tol, "cpu-f64");
     let check = Check::memory_bound(tol, &compare_y);
-    let backend = s.backend.clone();
-    match &backend {
-        Backend::Cpu => rc.cpu(s, case, "cpu_rows", &check, |y| cpu_rows(&rc.x, &gamma, y, EPS)),
-        Backend::Cuda(gpu) => {
-            let dg = gpu.upload(&gamma)?;
-            rc.gpu(s, gpu, case, FAMILY, GPU_VARIANTS, &[&dg], &check)?;
-            if rc.timed && s.wants_peer(Peer::Torch, "torch.rms_norm", "torch") {
-                let (xb, gb) = (T::bytes(&rc.x), T::bytes(&gamma));
-                let (xs, vs) = ([rc.rows, rc.cols], [rc.cols]);
-                let inputs: [(&[u8], &[usize]); 2] = [(&xb, &xs), (&gb, &vs)];
-                measure_torch(s, gpu, case, "rms_norm", json!({"eps": EPS}), &inputs, rc.work, &check)?;
-            }
-            Ok(())
+    let dev = s.backend.clone();
+    let g = Tensor::from_slice(&dev, &[rc.cols], &gamma)?;
+    rc.measure(s, case, VARIANTS, &check, |v, x, y| forward_with(&dev, v, x, &g, y, EPS))?;
+    if let Backend::Cuda(gpu) = &dev {
+        if rc.timed && s.wants_peer(Peer::Torch, "torch.rms_norm", "torch") {
+            let (xb, gb) = (T::bytes(&rc.x), T::bytes(&gamma));
+            let (xs, vs) = ([rc.rows, rc.cols], [rc.cols]);
+            let inputs: [(&[u8], &[usize]); 2] = [(&xb, &xs), (&gb, &vs)];
+            measure_torch(s, gpu, case, "rms_norm", json!({"eps": EPS}), &inputs, rc.work, &check)?;
         }
     }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -109,13 +146,22 @@ mod tests {
     }
 
     #[test]
+    fn the_callable_op_runs_on_tensors_and_names_bad_input() {
+        let dev = Backend::Cpu;
+        let x = Tensor::from_vec(&[2, 4], vec![1f32, -1.0, 1.0, -1.0, 3.0, 0.0, 0.0, 0.0]).unwrap();
+        let g = Tensor::from_vec(&[4], vec![2f32; 4]).unwrap();
+        let mut y = Tensor::<f32>::zeros(&dev, &[2, 4]).unwrap();
+        forward(&dev, &x, &g, &mut y, 0.0).unwrap();
+        assert_eq!(y.row(0).unwrap(), vec![2.0, -2.0, 2.0, -2.0]);
+        assert_eq!(y.row(1).unwrap(), vec![4.0, 0.0, 0.0, 0.0]);
+        let mut wide = Tensor::<f32>::zeros(&dev, &[2, 5]).unwrap();
+        let err = forward(&dev, &x, &g, &mut wide, EPS).unwrap_err().to_string();
+        assert!(err.contains("rmsnorm: x is [2, 4] but y is [2, 5]"), "{err}");
+    }
+
+    #[test]
     fn unit_rms_rows_are_scaled_by_gamma() {
         let y = reference(&[1.0, -1.0, 1.0, -1.0], &[2.0; 4], 0.0);
         assert_eq!(y, vec![2.0, -2.0, 2.0, -2.0]);
     }
-}
-
-/// TEMPORARY until the table lands.
-pub fn variants() -> Vec<crate::ops::variant::VariantInfo> {
-    Vec::new()
 }
