@@ -190,3 +190,35 @@ fn compare_reads_a_run_against_itself_as_no_change_and_refuses_other_hardware() 
     assert!(text(&o).contains("device.name: `cpu` vs `NVIDIA H100 80GB HBM3`"), "{}", text(&o));
     assert!(lab(&["compare", f, other.to_str().unwrap(), "--force"]).status.success());
 }
+
+#[test]
+fn a_shape_from_the_command_line_is_run_and_recorded_and_a_bad_key_is_a_usage_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_str().unwrap();
+    let o = lab(&["run", "softmax", "--backend", "cpu", "--quick", "--shape", "rows=3,cols=5,dtype=f32", "--out", out]);
+    assert!(o.status.success(), "{}", text(&o));
+    let (records, _) = read_records(dir.path()).unwrap();
+    let mine: Vec<_> = records.iter().filter(|r| r.experiment == "softmax").collect();
+    assert!(!mine.is_empty());
+    for r in mine {
+        assert_eq!((r.params["rows"].as_u64(), r.params["cols"].as_u64(), r.params["dtype"].as_str()), (Some(3), Some(5), Some("f32")));
+        assert_eq!(r.params_from.as_deref(), Some("command line"));
+    }
+    // The run's ceiling is its own measurement, not the command line's.
+    assert!(records.iter().filter(|r| r.experiment == "ceilings").all(|r| r.params_from.is_none()));
+    let o = lab(&["run", "softmax", "--backend", "cpu", "--quick", "--shape", "rows=3,colz=5", "--out", out]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("softmax has no parameter `colz`; it takes cols"), "{}", text(&o));
+    let files = std::fs::read_dir(dir.path()).unwrap().count();
+    assert_eq!(files, 1, "a refused --shape must not leave a run file");
+}
+
+#[test]
+fn variant_tables_are_listed_per_family() {
+    let o = lab(&["list", "--variants", "softmax"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("onchip_block_per_row") && text(&o).contains("sm_90+"), "{}", text(&o));
+    let o = lab(&["list", "--variants", "nope"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("no family `nope` (one of: ceilings,"), "{}", text(&o));
+}

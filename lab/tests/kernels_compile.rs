@@ -96,18 +96,17 @@ fn exported_symbols_are_the_ones_the_launchers_use() {
         variants.iter().flat_map(|v| dtypes.iter().map(move |d| symbol(family, v, *d))).collect()
     };
     let ptx = |family| entries(&compile_family(family, 90).unwrap_or_else(|e| panic!("{e}")));
-    let softmax: Vec<&str> = lab::ops::softmax::VARIANTS.iter().filter(|v| v.requires.on_gpu()).map(|v| v.name).collect();
-    assert_eq!(ptx("softmax"), expect("softmax", &softmax, &[DType::F32, DType::Bf16]));
-    assert_eq!(ptx("vector_add"), expect("vector_add", lab::ops::vector_add::GPU_VARIANTS, &[DType::F32]));
+    use lab::ops::variant::gpu_names;
+    assert_eq!(ptx("softmax"), expect("softmax", &gpu_names(lab::ops::softmax::VARIANTS), &[DType::F32, DType::Bf16]));
+    assert_eq!(ptx("vector_add"), expect("vector_add", &gpu_names(lab::ops::vector_add::VARIANTS), &[DType::F32]));
     let mut ceilings = expect("ceilings", &["copy_float4", "fma", "read_scrub"], &[DType::F32]);
     ceilings.extend(expect("ceilings", &["mma_sync", "mma_sync_w2", "wgmma"], &[DType::F16, DType::Bf16]));
     assert_eq!(ptx("ceilings"), ceilings);
     let all = [DType::F32, DType::F16, DType::Bf16];
     let gelu_kernels = ["unfused_add", "unfused_gelu_tanh", "unfused_gelu_erf", "fused_tanh", "fused_erf", "fused_tanh_sigmoid"];
     assert_eq!(ptx("bias_gelu"), expect("bias_gelu", &gelu_kernels, &all));
-    let gpu_rows = |t: &[lab::ops::variant::Variant<lab::ops::layernorm::NormKernel>]| -> Vec<&str> { t.iter().filter(|v| v.requires.on_gpu()).map(|v| v.name).collect() };
-    assert_eq!(ptx("layernorm"), expect("layernorm", &gpu_rows(lab::ops::layernorm::VARIANTS), &[DType::F32, DType::Bf16]));
-    assert_eq!(ptx("rmsnorm"), expect("rmsnorm", &gpu_rows(lab::ops::rmsnorm::VARIANTS), &[DType::F32, DType::Bf16]));
+    assert_eq!(ptx("layernorm"), expect("layernorm", &gpu_names(lab::ops::layernorm::VARIANTS), &[DType::F32, DType::Bf16]));
+    assert_eq!(ptx("rmsnorm"), expect("rmsnorm", &gpu_names(lab::ops::rmsnorm::VARIANTS), &[DType::F32, DType::Bf16]));
     let linear = ["bias_act_none", "bias_act_relu", "bias_act_gelu", "act_backward_none", "act_backward_relu", "act_backward_gelu", "bias_grad_partial", "bias_grad_final"];
     assert_eq!(ptx("linear"), expect("linear", &linear, &[DType::F32, DType::Bf16]));
     let mut gemm = expect("gemm", lab::ops::gemm::F32_VARIANTS, &[DType::F32]);

@@ -17,8 +17,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// List the experiments.
-    List,
+    /// List the experiments, or one family's variants.
+    List {
+        /// Show this family's variant table: name, dtypes, what it needs, what it changes.
+        #[arg(long, value_name = "FAMILY")]
+        variants: Option<String>,
+    },
     /// Run an experiment (or `all`) and append its records to a new run file.
     Run {
         /// Experiment names from `lab list`, or `all`.
@@ -41,6 +45,10 @@ enum Command {
         /// Only these variants (repeatable).
         #[arg(long = "variant")]
         variants: Vec<String>,
+        /// Run this case instead of the sweep, e.g. `rows=4096,cols=50257,dtype=bf16` (repeatable;
+        /// keys the sweep's cases do not set are an error that lists the ones it takes).
+        #[arg(long = "shape", value_name = "KEY=VALUE,...")]
+        shapes: Vec<String>,
         /// Scrub L2 before every repetition by zeroing a buffer (cold) or reading one (clean: no
         /// dirty lines left to write back); or not (warm).
         #[arg(long, value_enum, default_value_t)]
@@ -135,13 +143,27 @@ fn main() -> ExitCode {
 
 fn dispatch(cli: Cli) -> Result<ExitCode> {
     match cli.command {
-        Command::List => {
+        Command::List { variants: None } => {
             for e in experiment::registry() {
-                println!("{:<12} {}", e.name(), e.description());
+                println!("{:<14} {}", e.name(), e.description());
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Run { experiments, backend, quick, peers, out, seed, variants, l2, launch, ncu } => {
+        Command::List { variants: Some(family) } => {
+            let f = lab::family::find(&family).ok_or_else(|| {
+                let names: Vec<_> = lab::family::FAMILIES.iter().map(|f| f.name).collect();
+                LabError::Invalid(format!("no family `{family}` (one of: {})", names.join(", ")))
+            })?;
+            let table = (f.variants)();
+            if table.is_empty() {
+                println!("{family} has no variant table");
+            }
+            for v in table {
+                println!("{:<26} {:<14} {:<7} {}", v.name, v.dtypes.join(","), v.requires, v.what);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Run { experiments, backend, quick, peers, out, seed, variants, shapes, l2, launch, ncu } => {
             let exps = if experiments.iter().any(|e| e == "all") {
                 experiment::registry()
             } else {
@@ -151,16 +173,19 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             // opens a session and writes records (the others follow: see `lab::collective`).
             let seed = lab::collective::agree_seed(seed.unwrap_or_else(fresh_seed))?;
             if lab::collective::is_follower()? {
-                let opts = RunOptions { quick, peers, out, seed, variants, provider: None, progress: false, l2, launch, ncu };
+                let params_from = (!shapes.is_empty()).then(|| "command line".to_string());
+                let opts = RunOptions { quick, peers, out, seed, variants, provider: None, progress: false, l2, launch, ncu, shapes, params_from };
                 lab::collective::follow(&exps, &opts)?;
                 return Ok(ExitCode::SUCCESS);
             }
             let backend = backend.open()?;
-            let opts = RunOptions { quick, peers, out, seed, variants, provider: None, progress: true, l2, launch, ncu };
+            let params_from = (!shapes.is_empty()).then(|| "command line".to_string());
+            let opts = RunOptions { quick, peers, out, seed, variants, provider: None, progress: true, l2, launch, ncu, shapes, params_from };
+            // Every --shape is checked against every experiment before anything runs.
+            let cases = exps.iter().map(|e| experiment::cases_for(*e, &backend, &opts)).collect::<Result<Vec<_>>>()?;
             let mut session = Session::new(backend, opts)?;
             let mut result = Ok(());
-            for e in exps {
-                let cases = e.cases(&session.backend, quick);
+            for (e, cases) in exps.into_iter().zip(cases) {
                 result = session.run(e, &cases);
                 if result.is_err() {
                     break;
@@ -340,6 +365,8 @@ fn rerun(target: &str, dir: &std::path::Path, backend: BackendChoice, out: PathB
             l2: r.timing.as_ref().and_then(|t| L2::from_str(&t.l2, false).ok()).unwrap_or(L2::Cold),
             launch: r.timing.as_ref().and_then(|t| Launch::from_str(&t.launch, false).ok()).unwrap_or(Launch::Eager),
             ncu: false,
+            shapes: Vec::new(),
+            params_from: r.params_from.clone(),
         };
         let s = match session.as_mut() {
             Some(s) => {

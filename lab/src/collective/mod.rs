@@ -69,7 +69,7 @@ pub fn is_follower() -> Result<bool> {
 /// A follower's whole run: the same experiments and cases as rank 0, nothing written.
 pub fn follow(exps: &[&'static dyn Experiment], opts: &RunOptions) -> Result<()> {
     for e in exps {
-        for case in e.cases(&crate::experiment::Backend::Cpu, opts.quick) {
+        for case in crate::experiment::cases_for(*e, &crate::experiment::Backend::Cpu, opts)? {
             e.follow_case(opts, &case)?;
         }
     }

@@ -131,6 +131,10 @@ pub struct RunOptions {
     pub launch: Launch,
     /// Profile the experiments that support it under Nsight Compute (their records gain `extra.ncu`).
     pub ncu: bool,
+    /// `--shape` specs: run these cases instead of the sweep (see [`shape_case`]).
+    pub shapes: Vec<String>,
+    /// Where the params come from when not from the sweep ("command line"), for the records.
+    pub params_from: Option<String>,
 }
 
 impl RunOptions {
@@ -148,6 +152,8 @@ impl RunOptions {
             l2: L2::default(),
             launch: Launch::Eager,
             ncu: false,
+            shapes: Vec::new(),
+            params_from: None,
         }
     }
 
@@ -205,6 +211,8 @@ pub struct Session {
     /// The experiment being run (set by [`Session::run`]).
     pub experiment: &'static str,
     writer: RunWriter,
+    bar: indicatif::ProgressBar,
+    case: String,
     device: DeviceInfo,
     host: record::HostInfo,
     time: String,
@@ -225,6 +233,8 @@ impl Session {
             records: Vec::new(),
             experiment: "",
             writer,
+            bar: indicatif::ProgressBar::hidden(),
+            case: String::new(),
             device,
             host: record::host_info(),
             time,
@@ -240,22 +250,25 @@ impl Session {
         &self.writer.path
     }
 
-    /// Runs one experiment over the given cases with a progress bar.
+    /// Runs one experiment over the given cases with a progress bar (on a terminal): cases done,
+    /// time spent and left, the case in hand and the last figure recorded.
     pub fn run(&mut self, exp: &'static dyn Experiment, cases: &[Value]) -> Result<()> {
         let bar = if self.opts.progress {
             indicatif::ProgressBar::new(cases.len() as u64)
         } else {
             indicatif::ProgressBar::hidden()
         };
+        self.bar = bar.clone();
         bar.set_style(
-            indicatif::ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {msg}")
+            indicatif::ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {elapsed} elapsed, ~{eta} left  {msg}")
                 .expect("valid template")
                 .progress_chars("=> "),
         );
         bar.set_prefix(exp.name());
         for case in cases {
             self.experiment = exp.name();
-            bar.set_message(case.to_string());
+            self.case = case.to_string();
+            bar.set_message(self.case.clone());
             exp.run_case(self, case)?;
             bar.inc(1);
         }
@@ -280,9 +293,10 @@ impl Session {
         if let Some(c) = self.ceilings.get(name) {
             return Ok(*c);
         }
-        let saved = (self.experiment, std::mem::take(&mut self.opts.variants), self.opts.provider.take());
+        // The ceiling is the run's own measurement: no filter or --shape applies to it.
+        let saved = (self.experiment, std::mem::take(&mut self.opts.variants), self.opts.provider.take(), self.opts.params_from.take());
         let result = crate::ops::ceilings::measure(self, name);
-        (self.experiment, self.opts.variants, self.opts.provider) = saved;
+        (self.experiment, self.opts.variants, self.opts.provider, self.opts.params_from) = saved;
         result?;
         self.ceilings
             .get(name)
@@ -336,12 +350,77 @@ impl Session {
             time: self.time.clone(),
             command: self.command.clone(),
             quick: self.opts.quick,
+            params_from: self.opts.params_from.clone(),
             env: record::env_allow_listed(),
             extra: m.extra,
         };
         self.writer.append(&record)?;
+        self.bar.set_message(format!("{}  (last: {} {})", self.case, record.variant, record.provider));
         self.records.push(record.clone());
         Ok(record)
+    }
+}
+
+/// The cases a run takes for `exp`: its sweep, or one case per `--shape` spec.
+pub fn cases_for(exp: &dyn Experiment, backend: &Backend, opts: &RunOptions) -> Result<Vec<Value>> {
+    if opts.shapes.is_empty() {
+        return Ok(exp.cases(backend, opts.quick));
+    }
+    opts.shapes.iter().map(|spec| shape_case(exp, backend, opts.quick, spec)).collect()
+}
+
+/// A case from a `--shape` spec (`rows=4096,cols=50257,dtype=bf16`). The keys an experiment
+/// takes are those its sweep's cases carry; each value must have the type those cases give it,
+/// and a string one of the values they use. Keys left out take the values of the sweep's first
+/// timed case (its first case, when none is timed); the case is timed unless it says otherwise.
+pub fn shape_case(exp: &dyn Experiment, backend: &Backend, quick: bool, spec: &str) -> Result<Value> {
+    let mut sweep = exp.cases(backend, quick);
+    sweep.extend(exp.cases(backend, !quick));
+    let name = exp.name();
+    let template = sweep.iter().find(|c| param_timed(c)).or(sweep.first()).ok_or_else(|| LabError::Invalid(format!("{name} has no cases to shape")))?;
+    let mut keys: BTreeMap<&str, Vec<&Value>> = BTreeMap::new();
+    for c in &sweep {
+        for (k, v) in c.as_object().into_iter().flatten() {
+            let seen = keys.entry(k.as_str()).or_default();
+            if !seen.contains(&v) {
+                seen.push(v);
+            }
+        }
+    }
+    let accepted = || keys.iter().map(|(k, vs)| format!("{k} ({})", describe(vs))).collect::<Vec<_>>().join(", ");
+    let mut case = template.clone();
+    case["timed"] = Value::Bool(true);
+    for pair in spec.split(',').filter(|p| !p.trim().is_empty()) {
+        let (key, text) = pair.split_once('=').ok_or_else(|| LabError::Invalid(format!("--shape `{pair}` is not key=value; {name} takes {}", accepted())))?;
+        let (key, text) = (key.trim(), text.trim());
+        let seen = keys.get(key).ok_or_else(|| LabError::Invalid(format!("--shape: {name} has no parameter `{key}`; it takes {}", accepted())))?;
+        let bad = || LabError::Invalid(format!("--shape: {name}'s `{key}` takes {}, not `{text}`", describe(seen)));
+        let value = match seen[0] {
+            Value::String(_) => {
+                let v = Value::String(text.to_string());
+                if !seen.contains(&&v) {
+                    return Err(bad());
+                }
+                v
+            }
+            Value::Bool(_) => Value::Bool(text.parse().map_err(|_| bad())?),
+            Value::Number(n) if n.is_u64() => Value::from(text.parse::<u64>().map_err(|_| bad())?),
+            Value::Number(_) => serde_json::Number::from_f64(text.parse::<f64>().map_err(|_| bad())?).map(Value::Number).ok_or_else(bad)?,
+            _ => return Err(bad()),
+        };
+        case[key] = value;
+    }
+    Ok(case)
+}
+
+/// What values a parameter takes, as its sweep's cases show them.
+fn describe(seen: &[&Value]) -> String {
+    match seen[0] {
+        Value::String(_) => seen.iter().filter_map(|v| v.as_str()).collect::<Vec<_>>().join(" | "),
+        Value::Bool(_) => "true | false".into(),
+        Value::Number(n) if n.is_u64() => "an unsigned integer".into(),
+        Value::Number(_) => "a number".into(),
+        _ => "a JSON value".into(),
     }
 }
 
@@ -446,6 +525,21 @@ mod tests {
         let e = r.error.as_ref().unwrap();
         assert_eq!((e.mismatches, e.worst_index), (1, Some(1000)));
         assert!(r.time_ms.is_some(), "the time is kept, never shown as a result");
+    }
+
+    #[test]
+    fn a_shape_spec_becomes_a_case_and_bad_keys_or_values_are_named() {
+        let softmax = find("softmax").unwrap();
+        let case = shape_case(softmax, &Backend::Cpu, true, "rows=3,cols=5,dtype=f32").unwrap();
+        assert_eq!((case["rows"].as_u64(), case["cols"].as_u64(), case["dtype"].as_str()), (Some(3), Some(5), Some("f32")));
+        assert_eq!((case["fill"].as_str(), case["timed"].as_bool()), (Some("normal"), Some(true)));
+        let err = shape_case(softmax, &Backend::Cpu, true, "rows=3,colz=5").unwrap_err().to_string();
+        assert!(err.contains("softmax has no parameter `colz`; it takes cols (an unsigned integer), dtype (f32 | bf16)"), "{err}");
+        let err = shape_case(softmax, &Backend::Cpu, true, "dtype=f16").unwrap_err().to_string();
+        assert!(err.contains("softmax's `dtype` takes f32 | bf16, not `f16`"), "{err}");
+        let err = shape_case(softmax, &Backend::Cpu, true, "rows=-1").unwrap_err().to_string();
+        assert!(err.contains("`rows` takes an unsigned integer, not `-1`"), "{err}");
+        assert!(shape_case(softmax, &Backend::Cpu, true, "rows").unwrap_err().to_string().contains("is not key=value"));
     }
 
     #[test]

@@ -4,15 +4,17 @@
 //! is one read and one write, so the fused kernel should be ~2x the unfused and ~2x torch eager.
 
 use super::compare::compare_elems;
-use super::{measure_cpu, measure_gpu, measure_torch, widen, Check, Elem};
+use super::variant::{self, Requires, Variant, VariantInfo};
+use super::{measure_op, measure_torch, widen, Check, Elem};
 use crate::error::Doing;
 use crate::experiment::{param_str, param_timed, param_usize, rng_for, Backend, Experiment, Peer, Session};
 use crate::gpu::Gpu;
 use crate::kernels::{symbol, DType};
 use crate::profile::Work;
 use crate::record::Tolerance;
+use crate::tensor::{check_placement, Tensor};
 use crate::{LabError, Result};
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 use rand_distr::{Distribution, StandardNormal};
 use rayon::prelude::*;
 use serde_json::{json, Value};
@@ -20,8 +22,6 @@ use serde_json::{json, Value};
 pub struct BiasGelu;
 
 const FAMILY: &str = "bias_gelu";
-pub const GPU_VARIANTS: &[&str] = &["unfused", "fused", "fused_one_pass", "fused_sigmoid", "fused_sigmoid_one_pass"];
-pub const CPU_VARIANTS: &[&str] = &["cpu_fused_rows"];
 
 /// The two GeLU forms: the tanh approximation (GPT-2, BERT) and the exact erf form.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,6 +102,134 @@ pub fn tolerance(dtype: DType) -> Tolerance {
     }
 }
 
+/// How a variant runs.
+#[derive(Clone, Copy, Debug)]
+pub enum Gelu {
+    /// x + b into a scratch tensor, then GeLU of it: two kernels, as eager frameworks run it.
+    Unfused,
+    /// One kernel; `sigmoid`: the tanh form as v / (1 + e^(-2u)) (tanh approximation only);
+    /// `one_pass`: one loop trip per thread instead of a grid-stride loop.
+    Fused { sigmoid: bool, one_pass: bool },
+    /// [`cpu_fused_rows`].
+    Cpu,
+}
+
+const ALL: &[DType] = &[DType::F32, DType::F16, DType::Bf16];
+
+/// The variants, in order: the only place a bias_gelu variant is named.
+pub const VARIANTS: &[Variant<Gelu>] = &[
+    Variant { name: "unfused", dtypes: ALL, requires: Requires::Gpu, what: "two kernels with an HBM round trip of x + b", config: Gelu::Unfused },
+    Variant {
+        name: "fused",
+        dtypes: ALL,
+        requires: Requires::Gpu,
+        what: "one kernel: read x, write y; a grid-stride loop over a few blocks per SM",
+        config: Gelu::Fused { sigmoid: false, one_pass: false },
+    },
+    Variant {
+        name: "fused_one_pass",
+        dtypes: ALL,
+        requires: Requires::Gpu,
+        what: "fused, with enough blocks for one loop trip per thread (as a Triton kernel tiles)",
+        config: Gelu::Fused { sigmoid: false, one_pass: true },
+    },
+    Variant {
+        name: "fused_sigmoid",
+        dtypes: ALL,
+        requires: Requires::Gpu,
+        what: "fused, the tanh form as one exponential and a division (tanh approximation only)",
+        config: Gelu::Fused { sigmoid: true, one_pass: false },
+    },
+    Variant {
+        name: "fused_sigmoid_one_pass",
+        dtypes: ALL,
+        requires: Requires::Gpu,
+        what: "fused_sigmoid with one loop trip per thread",
+        config: Gelu::Fused { sigmoid: true, one_pass: true },
+    },
+    Variant { name: "cpu_fused_rows", dtypes: ALL, requires: Requires::Cpu, what: "fused, f32 arithmetic, rows in parallel", config: Gelu::Cpu },
+];
+
+pub fn variants() -> Vec<VariantInfo> {
+    variant::infos(VARIANTS)
+}
+
+/// Does `v` compute this form of GeLU? (The sigmoid rewrite is an identity of tanh's only.)
+pub fn takes(v: &Variant<Gelu>, approx: Approx) -> bool {
+    !matches!(v.config, Gelu::Fused { sigmoid: true, .. }) || approx == Approx::Tanh
+}
+
+/// y = GeLU(x + b), b broadcast over the rows of x, with the fastest variant measured on an H100
+/// (fused_one_pass; cpu_fused_rows on the CPU).
+pub fn forward<T: Elem>(dev: &Backend, x: &Tensor<T>, b: &Tensor<T>, y: &mut Tensor<T>, approx: Approx) -> Result<()> {
+    forward_with(dev, if matches!(dev, Backend::Cpu) { "cpu_fused_rows" } else { "fused_one_pass" }, x, b, y, approx, None)
+}
+
+/// [`forward`] with the named variant. `unfused` writes x + b to `scratch` (x's shape), or to a
+/// tensor it allocates when none is given.
+pub fn forward_with<T: Elem>(
+    dev: &Backend,
+    variant: &str,
+    x: &Tensor<T>,
+    b: &Tensor<T>,
+    y: &mut Tensor<T>,
+    approx: Approx,
+    scratch: Option<&mut Tensor<T>>,
+) -> Result<()> {
+    let v = variant::find(FAMILY, VARIANTS, variant)?;
+    variant::check_runs(FAMILY, v, dev, T::DTYPE)?;
+    check_placement(FAMILY, dev, &[("x", x.placement()), ("b", b.placement()), ("y", y.placement())])?;
+    if x.shape() != y.shape() {
+        return Err(LabError::shape(FAMILY, format!("x is {:?} but y is {:?}", x.shape(), y.shape())));
+    }
+    let (rows, cols) = (x.rows(), x.cols());
+    validate(x.len(), b.len(), rows, cols)?;
+    if !takes(v, approx) {
+        return Err(LabError::Invalid(format!("`{variant}` computes the tanh approximation only, not {}", approx.name())));
+    }
+    let gpu = match (v.config, dev) {
+        (Gelu::Cpu, _) => {
+            cpu_fused_rows(x.host().expect("placement checked"), b.host().expect("placement checked"), y.host_mut().expect("placement checked"), approx);
+            return Ok(());
+        }
+        (_, Backend::Cuda(gpu)) => gpu,
+        (_, Backend::Cpu) => unreachable!("check_runs keeps GPU variants off the CPU"),
+    };
+    let (r, c, n) = (rows as i64, cols as i32, x.len() as i64);
+    let (dx, db) = (x.cuda().expect("placement checked"), b.cuda().expect("placement checked"));
+    let dy = y.cuda_mut().expect("placement checked");
+    match v.config {
+        Gelu::Fused { sigmoid, one_pass } => {
+            let kernel = if sigmoid { "fused_tanh_sigmoid".to_string() } else { format!("fused_{}", approx.name()) };
+            let f = gpu.function(FAMILY, &symbol(FAMILY, &kernel, T::DTYPE))?;
+            let cfg = launch_config(gpu, T::DTYPE, x.len(), one_pass);
+            // SAFETY: x and y hold rows*cols elements, b holds cols; the kernel bounds by them.
+            unsafe { gpu.stream.launch_builder(&f).arg(dx).arg(db).arg(dy).arg(&r).arg(&c).launch(cfg) }
+                .map(|_| ())
+                .doing("launching bias_gelu fused")
+        }
+        _ => {
+            let mut own = None;
+            let tmp = match scratch {
+                Some(t) if t.len() == x.len() && t.placement() == "cuda" => t,
+                Some(t) => return Err(LabError::shape(FAMILY, format!("the scratch tensor is {:?} on {}; x is {:?}", t.shape(), t.placement(), x.shape()))),
+                None => own.insert(Tensor::zeros(dev, x.shape())?),
+            };
+            let t = tmp.cuda_mut().expect("checked on the GPU");
+            let add = gpu.function(FAMILY, &symbol(FAMILY, "unfused_add", T::DTYPE))?;
+            let act = gpu.function(FAMILY, &symbol(FAMILY, &format!("unfused_gelu_{}", approx.name()), T::DTYPE))?;
+            let cfg = launch_config(gpu, T::DTYPE, x.len(), false);
+            // SAFETY: as the fused kernel; the scratch holds rows*cols elements. One stream orders
+            // the two launches.
+            unsafe { gpu.stream.launch_builder(&add).arg(dx).arg(db).arg(&mut *t).arg(&r).arg(&c).launch(cfg) }
+                .doing("launching bias_gelu unfused_add")?;
+            unsafe { gpu.stream.launch_builder(&act).arg(&*t).arg(dy).arg(&n).launch(cfg) }
+                .map(|_| ())
+                .doing("launching bias_gelu unfused_gelu")
+        }
+    }
+}
+
 impl Experiment for BiasGelu {
     fn name(&self) -> &'static str {
         "bias_gelu"
@@ -155,66 +283,33 @@ fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
     let tol = tolerance(T::DTYPE);
     let compare_y = |y: &[T]| compare_elems(y, &expected, tol, "cpu-f64");
     let check = Check::memory_bound(tol, &compare_y);
-    let backend = s.backend.clone();
-    match &backend {
-        Backend::Cpu => {
-            measure_cpu(s, case, "cpu_fused_rows", work, &check, timed, x.len(), |y| cpu_fused_rows(&x, &b, y, approx))?;
+    let dev = s.backend.clone();
+    let (tx, tb) = (Tensor::from_slice(&dev, &[rows, cols], &x)?, Tensor::from_slice(&dev, &[cols], &b)?);
+    let mut ty = Tensor::<T>::zeros(&dev, &[rows, cols])?;
+    let mut scratch = match &dev {
+        Backend::Cuda(_) => Some(Tensor::<T>::zeros(&dev, &[rows, cols])?),
+        Backend::Cpu => None,
+    };
+    for v in VARIANTS {
+        if !v.requires.met_by(&dev) || !takes(v, approx) || !s.wants(v.name, "lab") {
+            continue;
         }
-        Backend::Cuda(gpu) => {
-            let (dx, db) = (gpu.upload(&x)?, gpu.upload(&b)?);
-            let mut dy = gpu.stream.alloc_zeros::<T>(x.len()).doing("allocating y")?;
-            let mut tmp = gpu.stream.alloc_zeros::<T>(x.len()).doing("allocating the unfused intermediate")?;
-            let cfg = launch_config(gpu, T::DTYPE, x.len(), false);
-            let one_pass = launch_config(gpu, T::DTYPE, x.len(), true);
-            let (r, c, nn) = (rows as i64, cols as i32, x.len() as i64);
-            for &variant in GPU_VARIANTS {
-                if !s.wants(variant, "lab") {
-                    continue;
-                }
-                if variant.starts_with("fused_sigmoid") && approx.name() != "tanh" {
-                    continue; // the sigmoid form is an identity of the tanh approximation only
-                }
-                if variant != "unfused" {
-                    let kernel = if variant.starts_with("fused_sigmoid") { "fused_tanh_sigmoid".into() } else { format!("fused_{}", approx.name()) };
-                    let cfg = if variant.ends_with("one_pass") { one_pass } else { cfg };
-                    let f = gpu.function(FAMILY, &symbol(FAMILY, &kernel, T::DTYPE))?;
-                    let launch = |dy: &mut CudaSlice<T>| -> Result<()> {
-                        // SAFETY: x and y hold rows*cols elements, b holds cols; the kernel bounds by them.
-                        unsafe { gpu.stream.launch_builder(&f).arg(&dx).arg(&db).arg(dy).arg(&r).arg(&c).launch(cfg) }
-                            .map(|_| ())
-                            .doing("launching bias_gelu fused")
-                    };
-                    measure_gpu(s, gpu, case, variant, work, &check, timed, &mut dy, launch)?;
-                } else {
-                    let add = gpu.function(FAMILY, &symbol(FAMILY, "unfused_add", T::DTYPE))?;
-                    let act = gpu.function(FAMILY, &symbol(FAMILY, &format!("unfused_gelu_{}", approx.name()), T::DTYPE))?;
-                    let tmp = &mut tmp;
-                    let launch = |dy: &mut CudaSlice<T>| -> Result<()> {
-                        // SAFETY: as above; tmp holds rows*cols elements. The first kernel writes
-                        // tmp through a shared borrow (the closure must be Fn): one stream orders
-                        // the two launches, and nothing else touches tmp.
-                        let t: &CudaSlice<T> = &*tmp;
-                        unsafe { gpu.stream.launch_builder(&add).arg(&dx).arg(&db).arg(t).arg(&r).arg(&c).launch(cfg) }
-                            .doing("launching bias_gelu unfused_add")?;
-                        unsafe { gpu.stream.launch_builder(&act).arg(t).arg(dy).arg(&nn).launch(cfg) }
-                            .map(|_| ())
-                            .doing("launching bias_gelu unfused_gelu")
-                    };
-                    measure_gpu(s, gpu, case, variant, work, &check, timed, &mut dy, launch)?;
-                }
-            }
-            if timed {
-                let (xb, bb) = (T::bytes(&x), T::bytes(&b));
-                let (xs, bs) = ([rows, cols], [cols]);
-                let inputs: [(&[u8], &[usize]); 2] = [(&xb, &xs), (&bb, &bs)];
-                // torch.compile costs a compile per process: only at the chip-filling shape.
-                let compile_too = rows * cols >= 1 << 27;
-                for compile in [false, true].into_iter().filter(|c| !c || compile_too) {
-                    let args = json!({"approximate": approx.torch_name(), "compile": compile});
-                    if s.wants_peer(Peer::Torch, &torch_variant(approx, compile), "torch") {
-                        measure_torch(s, gpu, case, "bias_gelu", args, &inputs, work, &check)?;
-                    }
-                }
+        // The closure must be Fn: the scratch is borrowed through a cell, one launch at a time.
+        let scratch = std::cell::RefCell::new(scratch.as_mut());
+        measure_op(s, case, v.name, work, &check, timed, &mut ty, |y| {
+            forward_with(&dev, v.name, &tx, &tb, y, approx, scratch.borrow_mut().as_deref_mut())
+        })?;
+    }
+    if let (Backend::Cuda(gpu), true) = (&dev, timed) {
+        let (xb, bb) = (T::bytes(&x), T::bytes(&b));
+        let (xs, bs) = ([rows, cols], [cols]);
+        let inputs: [(&[u8], &[usize]); 2] = [(&xb, &xs), (&bb, &bs)];
+        // torch.compile costs a compile per process: only at the chip-filling shape.
+        let compile_too = rows * cols >= 1 << 27;
+        for compile in [false, true].into_iter().filter(|c| !c || compile_too) {
+            let args = json!({"approximate": approx.torch_name(), "compile": compile});
+            if s.wants_peer(Peer::Torch, &torch_variant(approx, compile), "torch") {
+                measure_torch(s, gpu, case, "bias_gelu", args, &inputs, work, &check)?;
             }
         }
     }
@@ -274,6 +369,24 @@ mod tests {
     }
 
     #[test]
+    fn the_callable_op_runs_on_tensors_and_refuses_what_a_variant_cannot_do() {
+        let dev = Backend::Cpu;
+        let x = Tensor::from_vec(&[2, 3], vec![-1f32, 0.0, 1.0, 2.0, -3.0, 0.5]).unwrap();
+        let b = Tensor::from_vec(&[3], vec![0.5f32, -0.5, 0.0]).unwrap();
+        let mut y = Tensor::<f32>::zeros(&dev, &[2, 3]).unwrap();
+        forward(&dev, &x, &b, &mut y, Approx::Erf).unwrap();
+        let expected = reference(&widen(&x.to_vec().unwrap()), &widen(&b.to_vec().unwrap()), Approx::Erf);
+        assert!(compare_elems(&y.to_vec().unwrap(), &expected, tolerance(DType::F32), "t").passed());
+        let err = forward_with(&dev, "fused", &x, &b, &mut y, Approx::Erf, None).unwrap_err().to_string();
+        assert!(err.contains("needs gpu, not the CPU backend"), "{err}");
+        let sigmoid = variant::find(FAMILY, VARIANTS, "fused_sigmoid").unwrap();
+        assert!(takes(sigmoid, Approx::Tanh) && !takes(sigmoid, Approx::Erf));
+        let short = Tensor::from_vec(&[2], vec![0f32; 2]).unwrap();
+        let err = forward(&dev, &x, &short, &mut y, Approx::Tanh).unwrap_err().to_string();
+        assert!(err.contains("bias has 2 elements; rows are 3 wide"), "{err}");
+    }
+
+    #[test]
     fn bad_shapes_are_named() {
         assert!(validate(6, 3, 2, 3).is_ok());
         let e = validate(6, 2, 2, 3).unwrap_err().to_string();
@@ -297,9 +410,4 @@ mod tests {
             assert!((got - want).abs() <= tol.atol + tol.rtol * want.abs(), "v={v}: {got} vs {want}");
         }
     }
-}
-
-/// TEMPORARY until the table lands.
-pub fn variants() -> Vec<crate::ops::variant::VariantInfo> {
-    Vec::new()
 }

@@ -81,6 +81,11 @@ pub fn names<C>(table: &[Variant<C>]) -> Vec<&'static str> {
     table.iter().map(|v| v.name).collect()
 }
 
+/// The names of the rows that run on a GPU: the kernels a family's module must export.
+pub fn gpu_names<C>(table: &[Variant<C>]) -> Vec<&'static str> {
+    table.iter().filter(|v| v.requires.on_gpu()).map(|v| v.name).collect()
+}
+
 /// The row called `name`, or an error listing the family's variants.
 pub fn find<'a, C>(family: &str, table: &'a [Variant<C>], name: &str) -> Result<&'a Variant<C>> {
     table.iter().find(|v| v.name == name).ok_or_else(|| {

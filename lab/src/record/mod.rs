@@ -88,6 +88,10 @@ pub struct Record {
     /// Whether the run used `--quick` sizes and budgets (a rerun repeats it).
     #[serde(default)]
     pub quick: bool,
+    /// Where the params came from when not from the experiment's sweep: "command line" for a
+    /// `lab run --shape`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub params_from: Option<String>,
     /// Free-form extras (peer versions, notes from the provider).
     #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
     pub extra: serde_json::Map<String, serde_json::Value>,
