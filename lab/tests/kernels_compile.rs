@@ -99,8 +99,8 @@ fn exported_symbols_are_the_ones_the_launchers_use() {
     use lab::ops::variant::gpu_names;
     assert_eq!(ptx("softmax"), expect("softmax", &gpu_names(lab::ops::softmax::VARIANTS), &[DType::F32, DType::Bf16]));
     assert_eq!(ptx("vector_add"), expect("vector_add", &gpu_names(lab::ops::vector_add::VARIANTS), &[DType::F32]));
-    let mut ceilings = expect("ceilings", &["copy_float4", "fma", "read_scrub"], &[DType::F32]);
-    ceilings.extend(expect("ceilings", &["mma_sync", "mma_sync_w2", "wgmma"], &[DType::F16, DType::Bf16]));
+    let ceilings: BTreeSet<String> =
+        lab::ops::ceilings::VARIANTS.iter().filter(|v| v.requires.on_gpu()).flat_map(|v| expect("ceilings", &[v.name], v.dtypes)).collect();
     assert_eq!(ptx("ceilings"), ceilings);
     let all = [DType::F32, DType::F16, DType::Bf16];
     let gelu_kernels = ["unfused_add", "unfused_gelu_tanh", "unfused_gelu_erf", "fused_tanh", "fused_erf", "fused_tanh_sigmoid"];
@@ -112,8 +112,7 @@ fn exported_symbols_are_the_ones_the_launchers_use() {
     let mut gemm = expect("gemm", lab::ops::gemm::F32_VARIANTS, &[DType::F32]);
     gemm.extend(expect("gemm", lab::ops::gemm::HALF_VARIANTS, &[DType::F16, DType::Bf16]));
     assert_eq!(ptx("gemm"), gemm);
-    let divergence: Vec<&str> = [lab::ops::divergence::PATH_VARIANTS, lab::ops::divergence::DATA_VARIANTS].concat();
-    assert_eq!(ptx("divergence"), expect("divergence", &divergence, &[DType::F32]));
+    assert_eq!(ptx("divergence"), expect("divergence", &gpu_names(lab::ops::divergence::VARIANTS), &[DType::F32]));
     let quant = lab::quant::experiment::gpu_variants();
     let quant: Vec<&str> = quant.iter().map(String::as_str).collect();
     assert_eq!(ptx("quant"), expect("quant", &quant, &[DType::F16]));

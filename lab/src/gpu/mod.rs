@@ -40,6 +40,8 @@ pub struct Gpu {
     modules: Mutex<HashMap<String, Arc<CudaModule>>>,
     /// Kernels already looked up, by symbol: ops look theirs up on every call.
     functions: Mutex<HashMap<String, CudaFunction>>,
+    /// One cuBLAS handle on our stream, made on first use.
+    blas: std::sync::OnceLock<cudarc::cublas::CudaBlas>,
 }
 
 /// Why no GPU can be used, in plain words; `None` when one can.
@@ -107,6 +109,7 @@ impl Gpu {
             nvml,
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
+            blas: std::sync::OnceLock::new(),
         }))
     }
 
@@ -133,6 +136,15 @@ impl Gpu {
         let f = module.load_function(symbol).doing(&format!("finding kernel `{symbol}`"))?;
         self.functions.lock().expect("function cache poisoned").insert(symbol.to_string(), f.clone());
         Ok(f)
+    }
+
+    /// The context's cuBLAS handle (on [`Gpu::stream`]), created on first use.
+    pub fn blas(&self) -> Result<&cudarc::cublas::CudaBlas> {
+        if let Some(b) = self.blas.get() {
+            return Ok(b);
+        }
+        let b = cudarc::cublas::CudaBlas::new(self.stream.clone()).doing("creating the cuBLAS handle")?;
+        Ok(self.blas.get_or_init(|| b))
     }
 
     pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<CudaSlice<T>> {

@@ -6,6 +6,7 @@
 //! CPU: memory bandwidth (parallel copy) and the multiply-add rate of the host.
 
 use super::compare::{compare, compare_bits};
+use super::variant::{self, Requires, Variant, VariantInfo};
 use super::Elem;
 use crate::error::Doing;
 use crate::experiment::{param_str, param_usize, Backend, Ceiling, Experiment, Measurement, Session};
@@ -487,7 +488,19 @@ mod tests {
     }
 }
 
-/// TEMPORARY until the table lands.
-pub fn variants() -> Vec<crate::ops::variant::VariantInfo> {
-    Vec::new()
+/// The kernels and host loops that measure the device: a table for listings, not ops (the
+/// ceilings are what the ops are fractions of). Peers beside them: memcpy_dtod (the driver) and
+/// cuBLAS's GEMM.
+pub const VARIANTS: &[Variant<()>] = &[
+    Variant { name: "copy_float4", dtypes: &[DType::F32], requires: Requires::Gpu, what: "a grid-stride 16 B copy: the bandwidth roof", config: () },
+    Variant { name: "fma", dtypes: &[DType::F32], requires: Requires::Gpu, what: "8 independent FMA chains per thread: the FP32 roof (on the CPU backend: every core)", config: () },
+    Variant { name: "mma_sync", dtypes: &[DType::F16, DType::Bf16], requires: Requires::Gpu, what: "mma.sync m16n8k16 from registers, eight accumulators per warp: the roof of the mma.sync GEMM rungs", config: () },
+    Variant { name: "mma_sync_w2", dtypes: &[DType::F16, DType::Bf16], requires: Requires::Gpu, what: "mma_sync at the mma_warp64 rungs' occupancy (8 warps per SM, 32 accumulators per warp)", config: () },
+    Variant { name: "wgmma", dtypes: &[DType::F16, DType::Bf16], requires: Requires::Sm90a, what: "two warpgroups per SM issuing m64n256k16 from shared memory: the tensor roof without a GEMM's copies", config: () },
+    Variant { name: "read_scrub", dtypes: &[DType::F32], requires: Requires::Gpu, what: "not a ceiling: reads a buffer twice the L2 size before a timed repetition (`--l2 clean`)", config: () },
+    Variant { name: "parallel_copy", dtypes: &[DType::F32], requires: Requires::Cpu, what: "a memcpy split over every core: the host's bandwidth roof", config: () },
+];
+
+pub fn variants() -> Vec<VariantInfo> {
+    variant::infos(VARIANTS)
 }

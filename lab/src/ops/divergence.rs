@@ -5,6 +5,7 @@
 //! sorted against shuffled input shows branch misprediction instead.
 
 use super::compare::compare_elems;
+use super::variant::{self, Requires, Variant, VariantInfo};
 use super::{measure_cpu, measure_gpu_as, Check};
 use crate::error::Doing;
 use crate::experiment::{param_str, param_usize, rng_for, Backend, Experiment, Session};
@@ -22,11 +23,37 @@ use serde_json::{json, Value};
 pub struct Divergence;
 
 const FAMILY: &str = "divergence";
-/// k distinct paths per warp, chosen by lane.
-pub const PATH_VARIANTS: &[&str] = &["paths_branch", "paths_select"];
-/// Two paths chosen by the sign of the element.
-pub const DATA_VARIANTS: &[&str] = &["data_branch", "data_select"];
-pub const CPU_VARIANTS: &[&str] = &["cpu_branch", "cpu_select"];
+
+/// What a variant's element chooses its path by, where it runs, and whether it branches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// GPU: k distinct paths per warp, chosen by lane (cases of kind "paths").
+    Paths,
+    /// GPU: two paths chosen by the sign of the element (cases of kind "data").
+    Data,
+    /// CPU: the data-dependent choice, sorted against shuffled input.
+    Cpu,
+}
+
+/// The variants: the only place a divergence variant is named.
+pub const VARIANTS: &[Variant<Kind>] = &[
+    Variant { name: "paths_branch", dtypes: F32, requires: Requires::Gpu, what: "k paths per warp by lane, as a branch: the warp runs them one after another", config: Kind::Paths },
+    Variant { name: "paths_select", dtypes: F32, requires: Requires::Gpu, what: "the same k paths with constants selected, not branched: no divergence", config: Kind::Paths },
+    Variant { name: "data_branch", dtypes: F32, requires: Requires::Gpu, what: "two paths by the element's sign, as a branch", config: Kind::Data },
+    Variant { name: "data_select", dtypes: F32, requires: Requires::Gpu, what: "two paths by the element's sign, selected", config: Kind::Data },
+    Variant { name: "cpu_branch", dtypes: F32, requires: Requires::Cpu, what: "the sign test as a branch: mispredicted on shuffled input", config: Kind::Cpu },
+    Variant { name: "cpu_select", dtypes: F32, requires: Requires::Cpu, what: "the sign test as a select: no branch to mispredict", config: Kind::Cpu },
+];
+const F32: &[DType] = &[DType::F32];
+
+pub fn variants() -> Vec<VariantInfo> {
+    variant::infos(VARIANTS)
+}
+
+/// The rows of one kind.
+fn of(kind: Kind) -> impl Iterator<Item = &'static Variant<Kind>> {
+    VARIANTS.iter().filter(move |v| v.config == kind)
+}
 pub const PATHS: &[usize] = &[1, 2, 4, 8, 16, 32];
 /// Branch and select compute the same fmaf chain: the result must match the reference exactly.
 const EXACT: Tolerance = Tolerance { atol: 0.0, rtol: 0.0 };
@@ -136,10 +163,10 @@ impl Experiment for Divergence {
         let backend = s.backend.clone();
         match &backend {
             Backend::Cuda(gpu) => {
-                let variants = if param_str(case, "kind")? == "paths" { PATH_VARIANTS } else { DATA_VARIANTS };
+                let kind = if param_str(case, "kind")? == "paths" { Kind::Paths } else { Kind::Data };
                 let dx = gpu.upload(&x)?;
                 let mut dy = gpu.stream.alloc_zeros::<f32>(n).doing("allocating y")?;
-                for &variant in variants {
+                for variant in of(kind).map(|v| v.name) {
                     if !s.wants(variant, "lab") {
                         continue;
                     }
@@ -157,7 +184,7 @@ impl Experiment for Divergence {
                 Ok(())
             }
             Backend::Cpu => {
-                for &variant in CPU_VARIANTS {
+                for variant in of(Kind::Cpu).map(|v| v.name) {
                     let expected = reference("data", &x, k, iters);
                     let compare = |y: &[f32]| compare_elems(y, &expected, EXACT, "cpu-exact-fma");
                     let check = Check { tol: EXACT, compare: &compare, ceiling: "fma_tflop_s" };
@@ -200,7 +227,7 @@ mod tests {
         for fill in ["sorted", "shuffled"] {
             let x = input(1003, fill, &mut rng).unwrap();
             let expected = reference("data", &x, 2, 5);
-            for v in CPU_VARIANTS {
+            for v in of(Kind::Cpu).map(|v| v.name) {
                 let mut y = vec![f32::NAN; x.len()];
                 cpu_run(v, &x, &mut y, 5);
                 assert!(compare_elems(&y, &expected, EXACT, "t").passed(), "{v} {fill}");
@@ -227,9 +254,4 @@ mod tests {
         assert_eq!(constants(31), (0.984375, 0.03125));
         assert!(crate::kernels::source(FAMILY).unwrap().contains("#define PATH_A(p) (0.5f + 0.015625f * (float)(p))"));
     }
-}
-
-/// TEMPORARY until the table lands.
-pub fn variants() -> Vec<crate::ops::variant::VariantInfo> {
-    Vec::new()
 }

@@ -5,12 +5,14 @@
 //! X is [M, K], W is [N, K] (PyTorch's layout), b is [N].
 
 use super::compare::{compare_elems, compare_frobenius};
-use super::{measure_cpu, measure_gpu, measure_torch, widen, Check, Elem};
+use super::variant::{self, Requires, Variant, VariantInfo};
+use super::{measure_cpu, measure_gpu, measure_op, measure_torch, widen, Check, Elem};
 use crate::error::Doing;
 use crate::experiment::{param_str, param_timed, param_usize, rng_for, Backend, Experiment, Peer, Session};
 use crate::kernels::{symbol, DType};
 use crate::profile::Work;
 use crate::record::{ErrorStats, Tolerance};
+use crate::tensor::{check_placement, Tensor};
 use crate::{LabError, Result};
 use cudarc::cublas::sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
@@ -24,6 +26,92 @@ pub struct Linear;
 const FAMILY: &str = "linear";
 /// Rows of dZ each block of the bias-gradient reduction sums (stage 1).
 const ROWS_PER_SLAB: usize = 256;
+
+/// Which pass a variant computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pass {
+    Forward,
+    Backward,
+}
+
+const F32_BF16: &[DType] = &[DType::F32, DType::Bf16];
+
+/// The variants: the only place a linear variant is named.
+pub const VARIANTS: &[Variant<Pass>] = &[
+    Variant {
+        name: "forward_cublas_epilogue",
+        dtypes: F32_BF16,
+        requires: Requires::Gpu,
+        what: "Z = X W^T in cuBLAS, then one kernel for Y = act(Z + b)",
+        config: Pass::Forward,
+    },
+    Variant {
+        name: "backward_cublas_bias_reduce",
+        dtypes: F32_BF16,
+        requires: Requires::Gpu,
+        what: "dZ by one kernel, dX and dW in cuBLAS, db as a two-stage column sum without atomics",
+        config: Pass::Backward,
+    },
+    Variant { name: "cpu_forward", dtypes: F32_BF16, requires: Requires::Cpu, what: "f64 products of the stored values, rounded once", config: Pass::Forward },
+    Variant { name: "cpu_backward", dtypes: F32_BF16, requires: Requires::Cpu, what: "f64 gradients from Z recomputed, rounded once", config: Pass::Backward },
+];
+
+pub fn variants() -> Vec<VariantInfo> {
+    variant::infos(VARIANTS)
+}
+
+/// Y = act(X W^T + b), keeping the pre-activation Z for backward. X is [M, K], W [N, K], b [N],
+/// Z and Y [M, N]. On the GPU: cuBLAS and the lab's epilogue; on the CPU: f64 products.
+pub fn forward<T: Elem>(dev: &Backend, x: &Tensor<T>, w: &Tensor<T>, b: &Tensor<T>, z: &mut Tensor<T>, y: &mut Tensor<T>, act: Act) -> Result<()>
+where
+    CudaBlas: Gemm<T>,
+{
+    let name = if matches!(dev, Backend::Cpu) { "cpu_forward" } else { "forward_cublas_epilogue" };
+    let v = variant::find(FAMILY, VARIANTS, name)?;
+    variant::check_runs(FAMILY, v, dev, T::DTYPE)?;
+    check_placement(FAMILY, dev, &[("x", x.placement()), ("w", w.placement()), ("b", b.placement()), ("z", z.placement()), ("y", y.placement())])?;
+    let (m, k, n) = (x.rows(), x.cols(), w.rows());
+    if w.cols() != k {
+        return Err(LabError::shape(FAMILY, format!("x is {:?} and w is {:?}: their last dimensions (K) differ", x.shape(), w.shape())));
+    }
+    validate(m, n, k, x.len(), w.len(), b.len(), None)?;
+    for (name, t) in [("z", &*z), ("y", &*y)] {
+        if t.rows() != m || t.cols() != n {
+            return Err(LabError::shape(FAMILY, format!("{name} is {:?}; it must be [{m}, {n}]", t.shape())));
+        }
+    }
+    let gpu = match dev {
+        Backend::Cpu => {
+            let (xh, wh, bh) = (x.host().expect("placement checked"), w.host().expect("placement checked"), b.host().expect("placement checked"));
+            let (zf, yf) = forward_f64(&widen(xh), &widen(wh), &widen(bh), (m, n, k), act);
+            for (t, vals) in [(z.host_mut().expect("placement checked"), zf), (y.host_mut().expect("placement checked"), yf)] {
+                t.iter_mut().zip(vals).for_each(|(o, v)| *o = T::from_f32(v as f32));
+            }
+            return Ok(());
+        }
+        Backend::Cuda(gpu) => gpu,
+    };
+    let epilogue = gpu.function(FAMILY, &symbol(FAMILY, &format!("bias_act_{}", act.name()), T::DTYPE))?;
+    let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+    let dz = z.cuda_mut().expect("placement checked");
+    // Z^T (N x M, column-major) = W (op T of the K x N column-major view) . X^T.
+    let cfg = gemm(CUBLAS_OP_T, CUBLAS_OP_N, (ni, mi, ki), (ki, ki, ni));
+    // SAFETY: W is N x K, X is M x K, Z is M x N, as cfg says.
+    unsafe { gpu.blas()?.gemm(cfg, w.cuda().expect("placement checked"), x.cuda().expect("placement checked"), &mut *dz) }.doing("cuBLAS forward GEMM")?;
+    let rows = m as i64;
+    let cfg = elementwise(gpu, m * n);
+    // SAFETY: z and y hold m*n elements, b holds n; the kernel bounds by them.
+    unsafe {
+        gpu.stream.launch_builder(&epilogue).arg(&mut *dz).arg(b.cuda().expect("placement checked")).arg(y.cuda_mut().expect("placement checked")).arg(&rows).arg(&ni).launch(cfg)
+    }
+    .map(|_| ())
+    .doing("launching the linear epilogue")
+}
+
+/// A grid of 256-thread blocks for an elementwise pass over `len` elements: 8 blocks per SM at most.
+fn elementwise(gpu: &crate::gpu::Gpu, len: usize) -> LaunchConfig {
+    LaunchConfig { grid_dim: ((gpu.info.sm_count as usize * 8).min(len.div_ceil(256)).max(1) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Act {
@@ -109,7 +197,7 @@ pub fn transpose(a: &[f64], rows: usize, cols: usize) -> Vec<f64> {
 }
 
 /// The f64 reference, forward: (Z, Y).
-pub fn forward(x: &[f64], w: &[f64], b: &[f64], (m, n, k): (usize, usize, usize), act: Act) -> (Vec<f64>, Vec<f64>) {
+pub fn forward_f64(x: &[f64], w: &[f64], b: &[f64], (m, n, k): (usize, usize, usize), act: Act) -> (Vec<f64>, Vec<f64>) {
     let mut z = matmul_nt(x, w, m, n, k);
     z.iter_mut().enumerate().for_each(|(i, v)| *v += b[i % n]);
     let y = z.iter().map(|&v| act.apply(v)).collect();
@@ -117,7 +205,7 @@ pub fn forward(x: &[f64], w: &[f64], b: &[f64], (m, n, k): (usize, usize, usize)
 }
 
 /// The f64 reference, backward from dY: (dX, dW, db).
-pub fn backward(x: &[f64], w: &[f64], z: &[f64], dy: &[f64], (m, n, k): (usize, usize, usize), act: Act) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+pub fn backward_f64(x: &[f64], w: &[f64], z: &[f64], dy: &[f64], (m, n, k): (usize, usize, usize), act: Act) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     let dz: Vec<f64> = dy.iter().zip(z).map(|(&g, &v)| g * act.grad(v)).collect();
     let dx = matmul_nt(&dz, &transpose(w, n, k), m, k, n);
     let dw = matmul_nt(&transpose(&dz, m, n), &transpose(x, m, k), n, k, m);
@@ -232,8 +320,8 @@ where
     let dy: Vec<T> = (0..m * n).map(|_| normal(1.0)).collect();
     validate(m, n, k, x.len(), w.len(), b.len(), Some(dy.len()))?;
     let (xf, wf) = (widen(&x), widen(&w));
-    let (z, y) = forward(&xf, &wf, &widen(&b), dims, act);
-    let (dx, dw, db) = backward(&xf, &wf, &z, &widen(&dy), dims, act);
+    let (z, y) = forward_f64(&xf, &wf, &widen(&b), dims, act);
+    let (dx, dw, db) = backward_f64(&xf, &wf, &z, &widen(&dy), dims, act);
     let dt = T::DTYPE;
     let size = dt.size() as u64;
     let (m64, n64, k64) = (m as u64, n as u64, k as u64);
@@ -249,42 +337,26 @@ where
     let fwd_check = Check { tol: scaled(&y, rel(dt)), compare: &compare_y, ceiling };
     let compare_g = |got: &[T]| compare_parts(&widen(got), &[&dx, &dw, &db], dt);
     let bwd_check = Check { tol: Tolerance { atol: 0.0, rtol: rel(dt) }, compare: &compare_g, ceiling };
-    let backend = s.backend.clone();
-    match &backend {
+    let dev = s.backend.clone();
+    // The forward pass through the callable op, on either backend.
+    let fwd_name = if matches!(dev, Backend::Cpu) { "cpu_forward" } else { "forward_cublas_epilogue" };
+    if s.wants(fwd_name, "lab") {
+        let (tx, tw, tb) = (Tensor::from_slice(&dev, &[m, k], &x)?, Tensor::from_slice(&dev, &[n, k], &w)?, Tensor::from_slice(&dev, &[n], &b)?);
+        let z_out = std::cell::RefCell::new(Tensor::<T>::zeros(&dev, &[m, n])?);
+        let mut y_out = Tensor::<T>::zeros(&dev, &[m, n])?;
+        measure_op(s, &fwd_case, fwd_name, fwd_work, &fwd_check, timed, &mut y_out, |y| forward(&dev, &tx, &tw, &tb, &mut z_out.borrow_mut(), y, act))?;
+    }
+    match &dev {
         Backend::Cpu => {
-            measure_cpu(s, &fwd_case, "cpu_forward", fwd_work, &fwd_check, timed, m * n, |out| cpu_forward(&x, &w, &b, dims, act, out))?;
             measure_cpu(s, &bwd_case, "cpu_backward", bwd_work, &bwd_check, timed, m * k + n * k + n, |out| {
                 cpu_backward(&x, &w, &b, &dy, dims, act, out)
             })?;
         }
         Backend::Cuda(gpu) => {
-            let blas = CudaBlas::new(gpu.stream.clone()).doing("creating the cuBLAS handle")?;
-            let (x_dev, w_dev, b_dev, dy_dev) = (gpu.upload(&x)?, gpu.upload(&w)?, gpu.upload(&b)?, gpu.upload(&dy)?);
-            let mut z_out = gpu.stream.alloc_zeros::<T>(m * n).doing("allocating Z")?;
-            let mut y_out = gpu.stream.alloc_zeros::<T>(m * n).doing("allocating Y")?;
-            let grid = |len: usize| LaunchConfig {
-                grid_dim: ((gpu.info.sm_count as usize * 8).min(len.div_ceil(256)).max(1) as u32, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let epilogue = gpu.function(FAMILY, &symbol(FAMILY, &format!("bias_act_{}", act.name()), dt))?;
+            let blas = gpu.blas()?;
+            let (x_dev, w_dev, dy_dev) = (gpu.upload(&x)?, gpu.upload(&w)?, gpu.upload(&dy)?);
+            let grid = |len: usize| elementwise(gpu, len);
             let (mi, ni, ki) = (m as i32, n as i32, k as i32);
-            let z_cell = std::cell::RefCell::new(&mut z_out);
-            if s.wants("forward_cublas_epilogue", "lab") {
-                let fwd = |yout: &mut CudaSlice<T>| -> Result<()> {
-                    let mut z = z_cell.borrow_mut();
-                    // Z^T (N x M, column-major) = W (op T of the K x N column-major view) . X^T.
-                    let cfg = gemm(CUBLAS_OP_T, CUBLAS_OP_N, (ni, mi, ki), (ki, ki, ni));
-                    // SAFETY: W is N x K, X is M x K, Z is M x N, as cfg says.
-                    unsafe { blas.gemm(cfg, &w_dev, &x_dev, &mut **z) }.doing("cuBLAS forward GEMM")?;
-                    let rows = m as i64;
-                    // SAFETY: z and y hold m*n elements, b holds n; the kernel bounds by them.
-                    unsafe { gpu.stream.launch_builder(&epilogue).arg(&mut **z).arg(&b_dev).arg(yout).arg(&rows).arg(&ni).launch(grid(m * n)) }
-                        .map(|_| ())
-                        .doing("launching the linear epilogue")
-                };
-                measure_gpu(s, gpu, &fwd_case, "forward_cublas_epilogue", fwd_work, &fwd_check, timed, &mut y_out, fwd)?;
-            }
             if s.wants("backward_cublas_bias_reduce", "lab") {
                 // Backward starts from the forward's Z, made fresh here.
                 let zt: Vec<T> = z.iter().map(|&v| T::from_f32(v as f32)).collect();
@@ -352,15 +424,15 @@ fn gemm<T: Elem>(transa: cudarc::cublas::sys::cublasOperation_t, transb: cudarc:
 
 /// The CPU backend's forward: f64 products of the stored values, rounded once to T.
 pub fn cpu_forward<T: Elem>(x: &[T], w: &[T], b: &[T], dims: (usize, usize, usize), act: Act, y: &mut [T]) {
-    let (_, out) = forward(&widen(x), &widen(w), &widen(b), dims, act);
+    let (_, out) = forward_f64(&widen(x), &widen(w), &widen(b), dims, act);
     y.iter_mut().zip(out).for_each(|(y, v)| *y = T::from_f32(v as f32));
 }
 
 /// The CPU backend's backward into [dX | dW | db], from Z recomputed and rounded to T as stored.
 pub fn cpu_backward<T: Elem>(x: &[T], w: &[T], b: &[T], dy: &[T], dims: (usize, usize, usize), act: Act, out: &mut [T]) {
     let (xf, wf) = (widen(x), widen(w));
-    let (z, _) = forward(&xf, &wf, &widen(b), dims, act);
-    let (dx, dw, db) = backward(&xf, &wf, &z, &widen(dy), dims, act);
+    let (z, _) = forward_f64(&xf, &wf, &widen(b), dims, act);
+    let (dx, dw, db) = backward_f64(&xf, &wf, &z, &widen(dy), dims, act);
     out.iter_mut().zip(dx.into_iter().chain(dw).chain(db)).for_each(|(o, v)| *o = T::from_f32(v as f32));
 }
 
@@ -379,9 +451,9 @@ mod tests {
     fn backward_matches_finite_differences() {
         let (x, w, b, dy, dims) = small();
         for act in [Act::None, Act::Relu, Act::Gelu] {
-            let loss = |x: &[f64], w: &[f64], b: &[f64]| -> f64 { forward(x, w, b, dims, act).1.iter().zip(&dy).map(|(y, g)| y * g).sum() };
-            let (z, _) = forward(&x, &w, &b, dims, act);
-            let (dx, dw, db) = backward(&x, &w, &z, &dy, dims, act);
+            let loss = |x: &[f64], w: &[f64], b: &[f64]| -> f64 { forward_f64(x, w, b, dims, act).1.iter().zip(&dy).map(|(y, g)| y * g).sum() };
+            let (z, _) = forward_f64(&x, &w, &b, dims, act);
+            let (dx, dw, db) = backward_f64(&x, &w, &z, &dy, dims, act);
             let h = 1e-6;
             let numeric = |which: usize, i: usize| {
                 let (mut xp, mut wp, mut bp) = (x.clone(), w.clone(), b.clone());
@@ -409,11 +481,11 @@ mod tests {
         let (xs, ws, bs, dys) = (t(&x), t(&w), t(&b), t(&dy));
         for act in [Act::Relu, Act::Gelu] {
             let (xf, wf) = (widen(&xs), widen(&ws));
-            let (z, y) = forward(&xf, &wf, &widen(&bs), dims, act);
+            let (z, y) = forward_f64(&xf, &wf, &widen(&bs), dims, act);
             let mut out = vec![f32::NAN; y.len()];
             cpu_forward(&xs, &ws, &bs, dims, act, &mut out);
             assert!(compare_elems(&out, &y, scaled(&y, 1e-5), "t").passed());
-            let (dx, dw, db) = backward(&xf, &wf, &z, &widen(&dys), dims, act);
+            let (dx, dw, db) = backward_f64(&xf, &wf, &z, &widen(&dys), dims, act);
             let mut g = vec![f32::NAN; dx.len() + dw.len() + db.len()];
             cpu_backward(&xs, &ws, &bs, &dys, dims, act, &mut g);
             let e = compare_parts(&widen(&g), &[&dx, &dw, &db], DType::F32);
@@ -433,9 +505,4 @@ mod tests {
         assert!(validate(2, 3, 4, 8, 12, 3, Some(5)).unwrap_err().to_string().contains("dY has 5 elements"));
         assert!(validate(0, 3, 4, 0, 12, 3, None).unwrap_err().to_string().contains("at least 1"));
     }
-}
-
-/// TEMPORARY until the table lands.
-pub fn variants() -> Vec<crate::ops::variant::VariantInfo> {
-    Vec::new()
 }
