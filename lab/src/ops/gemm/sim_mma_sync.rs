@@ -1,4 +1,4 @@
-//! CPU replays of the mma.sync rungs (kernels/gemm/mma_sync.cu and splitk.cu), tests only: the
+//! CPU replays of the mma.sync rungs (kernels/gemm/mma_sync.cu and warp64.cu), tests only: the
 //! XOR swizzles, the ldmatrix/mma fragment addressing of a whole block, the cp.async rings'
 //! schedules, the loaders and the grouped block order.
 
@@ -6,7 +6,7 @@ use super::variants::find;
 
 // ---- CPU simulations of the tensor-core index math (mirrors of the expressions in kernels/gemm/) ----
 
-/// swz() of kernels/gemm/: byte offset of 16-byte chunk `chunk` of row `row`.
+/// swz() of kernels/gemm/mma_sync.cu: byte offset of 16-byte chunk `chunk` of row `row`.
 pub(super) fn swz(row: usize, chunk: usize, cpr: usize) -> usize {
     (row * cpr + (chunk ^ (row & 7))) * 16
 }
@@ -189,13 +189,13 @@ fn cp_async_ring_schedule_has_no_hazards() {
 // ---- mma_warp64(_wide, _k64): 64-byte A rows (swz64) or 128-byte ones (swz), precomputed
 // lane and loader offsets ----
 
-/// swz64() of kernels/gemm/: byte offset of chunk `chunk` (0..3) of row `row`, 64-byte rows.
+/// swz64() of kernels/gemm/warp64.cu: byte offset of chunk `chunk` (0..3) of row `row`, 64-byte rows.
 fn swz64(row: usize, chunk: usize) -> usize {
     let line = row >> 1;
     (line * 8 + ((((row & 1) << 2) | chunk) ^ (line & 7))) * 16
 }
 
-/// swz_a<BK>() of kernels/gemm/: the A slab layout for BK = 32 (64-byte rows) or 64 (128-byte rows).
+/// swz_a<BK>() of kernels/gemm/warp64.cu: the A slab layout for BK = 32 (64-byte rows) or 64 (128-byte rows).
 fn swz_a(bk: usize, row: usize, chunk: usize) -> usize {
     if bk == 32 { swz64(row, chunk) } else { swz(row, chunk, bk / 8) }
 }

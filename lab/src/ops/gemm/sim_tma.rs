@@ -161,7 +161,7 @@ fn wgmma_tma_tensor_maps_and_shared_memory() {
     for tile in [WIDE, N128, N128_DEEP, N64_DEEP] {
         let bn = tile.bn;
         assert_eq!(box_bytes(ta) + (bn / B_BOX_N) * box_bytes(tb), tile.stage_bytes());
-        // At the N edge the producer issues only the B boxes that reach inside N (gemm.cu:
+        // At the N edge the producer issues only the B boxes that reach inside N (kernels/gemm/wgmma.cu:
         // b_boxes = min(BN / 64, ceil((N - bn) / 64))) and expects their bytes alone: every
         // column < N of the tile is loaded, and no box starts at or past N.
         for n in [1usize, 8, 64, 65, 128, 136, 256, 264, 520, 1000, 1032, 4096] {

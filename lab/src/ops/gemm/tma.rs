@@ -70,7 +70,7 @@ pub mod wg {
     pub const A_K16_STEP: u32 = 32;
     pub const B_K16_STEP: u32 = 16 * 128;
 
-    /// The 64-bit shared-memory matrix descriptor of wgmma (wg_desc in gemm.cu): bits 0-13 the
+    /// The 64-bit shared-memory matrix descriptor of wgmma (wg_desc in kernels/common.cuh): bits 0-13 the
     /// start address / 16, 16-29 the leading byte offset / 16, 32-45 the stride byte offset / 16,
     /// 49-51 the base offset (0), 62-63 the swizzle mode (1: 128-byte).
     pub fn desc(addr: u32, lbo: u32, sbo: u32) -> u64 {
@@ -127,7 +127,7 @@ pub mod wg {
     }
 }
 
-/// A CUtensorMap as a kernel parameter (`const __grid_constant__ TmaDesc` in gemm.cu): 128
+/// A CUtensorMap as a kernel parameter (`const __grid_constant__ TmaDesc`, kernels/mma.cuh): 128
 /// bytes, at least 64-byte aligned (CUDA 13's type is 128-byte aligned, which satisfies that).
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
