@@ -79,7 +79,13 @@ pub static FAMILIES: &[Family] = &[
     },
     Family {
         name: "gemm",
-        kernels: &[kernel!("gemm.cu")],
+        kernels: &[
+            kernel!("gemm/simt.cu"),
+            kernel!("gemm/mma_sync.cu"),
+            kernel!("gemm/warp64.cu"),
+            kernel!("gemm/wgmma.cu"),
+            kernel!("gemm/mma_tma.cu"),
+        ],
         experiment: Some(&crate::ops::gemm::Gemm),
         variants: crate::ops::gemm::variants,
     },

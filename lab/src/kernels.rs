@@ -2,7 +2,10 @@
 //! family's files in [`crate::family::FAMILIES`].
 
 /// Headers a kernel file may `#include "..."`; each is inlined once per family.
-pub const HEADERS: &[(&str, &str)] = &[("common.cuh", include_str!("../../kernels/common.cuh"))];
+pub const HEADERS: &[(&str, &str)] = &[
+    ("common.cuh", include_str!("../../kernels/common.cuh")),
+    ("mma.cuh", include_str!("../../kernels/mma.cuh")),
+];
 
 /// Storage types a kernel is instantiated for; the suffix of every kernel symbol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]

@@ -4,6 +4,7 @@
 
 use lab::gpu::compile::{compile_family, nvrtc_version, Target};
 use lab::kernels::{symbol, DType};
+use lab::ops::variant::Requires;
 use std::collections::BTreeSet;
 
 fn entries(ptx: &str) -> BTreeSet<String> {
@@ -84,8 +85,9 @@ fn the_wgmma_kernels_are_built_for_sm90a_only() {
             assert!(!ptx.contains("cp.async.bulk.tensor"), "compute_{target} {family} PTX holds TMA copies");
         }
         let ptx = entries(&compile_family("gemm", target).unwrap_or_else(|e| panic!("{e}")));
-        for v in lab::ops::gemm::SM90A_VARIANTS {
-            assert!(ptx.contains(&symbol("gemm", v, DType::F16)), "compute_{target} lacks the (trapping) {v} entry");
+        let sm90a = lab::ops::gemm::VARIANTS.iter().filter(|v| v.requires == Requires::Sm90a);
+        for v in sm90a {
+            assert!(ptx.contains(&symbol("gemm", v.name, DType::F16)), "compute_{target} lacks the (trapping) {} entry", v.name);
         }
     }
 }
@@ -109,8 +111,7 @@ fn exported_symbols_are_the_ones_the_launchers_use() {
     assert_eq!(ptx("rmsnorm"), expect("rmsnorm", &gpu_names(lab::ops::rmsnorm::VARIANTS), &[DType::F32, DType::Bf16]));
     let linear = ["bias_act_none", "bias_act_relu", "bias_act_gelu", "act_backward_none", "act_backward_relu", "act_backward_gelu", "bias_grad_partial", "bias_grad_final"];
     assert_eq!(ptx("linear"), expect("linear", &linear, &[DType::F32, DType::Bf16]));
-    let mut gemm = expect("gemm", lab::ops::gemm::F32_VARIANTS, &[DType::F32]);
-    gemm.extend(expect("gemm", lab::ops::gemm::HALF_VARIANTS, &[DType::F16, DType::Bf16]));
+    let gemm: BTreeSet<String> = lab::ops::gemm::VARIANTS.iter().filter(|v| v.requires.on_gpu()).flat_map(|v| expect("gemm", &[v.name], v.dtypes)).collect();
     assert_eq!(ptx("gemm"), gemm);
     assert_eq!(ptx("divergence"), expect("divergence", &gpu_names(lab::ops::divergence::VARIANTS), &[DType::F32]));
     let quant = lab::quant::experiment::gpu_variants();
