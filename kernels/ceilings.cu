@@ -126,7 +126,7 @@ __device__ __forceinline__ void wgmma_roof(const uint4* __restrict__ a, const ui
     require_dynamic_smem(A_BYTES + 4 * B_BOX_BYTES + 1024);
     const unsigned pad = (1024u - (smem_addr(smem) & 1023u)) & 1023u;  // wgmma's swizzle wants 1024-aligned tiles
     unsigned char* tile = smem + pad;
-    // The layout TMA writes for wgmma_tma (kernels/gemm.cu): A rows of 128 bytes; B in boxes of
+    // The layout TMA writes for wgmma_tma (kernels/gemm/wgmma.cu): A rows of 128 bytes; B in boxes of
     // 64 columns, rows of 128 bytes; 16-byte chunk c of row r stored at chunk c ^ (r % 8).
     for (int i = threadIdx.x; i < 1024; i += blockDim.x) {
         const int m = i / 8, c = i % 8;

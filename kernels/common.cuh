@@ -474,7 +474,7 @@ __device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigne
 #endif
 
 // mma.sync m16n8k16, fp32 accumulate: C (4 floats) += A (4 regs) B (2 regs), f16 or bf16
-// operands (fragment layouts: kernels/gemm.cu).
+// operands (fragment layouts: kernels/gemm/mma_sync.cu).
 #define MMA_16816(TY)                                                                                               \
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TY "." TY ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n" \
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                               \
@@ -490,7 +490,7 @@ template <> struct Mma<__nv_bfloat16> {
 // ---------------------------------------------------------------------------
 // wgmma (sm_90a): warpgroup MMAs reading both operands from 128-byte-swizzled shared memory
 // through 64-bit descriptors, fp32 accumulate; for gemm's wgmma rungs and the tensor roof of
-// ceilings.cu. Operand layouts: kernels/gemm.cu (wgmma_tma).
+// ceilings.cu. Operand layouts: kernels/gemm/wgmma.cu (wgmma_tma).
 // ---------------------------------------------------------------------------
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // The 64-bit shared-memory matrix descriptor: start address >> 4 (bits 0-13), leading byte offset

@@ -41,7 +41,7 @@
 // `slices` K ranges of ceil(nk / slices) slabs: one block per (slice, tile) after the whole
 // tiles, slice-major, so that the blocks running together walk the same K range, as a wave of
 // whole tiles does (their A and B slabs shared in L2). The host picks dp_tiles and slices from
-// the SM count (tail_plan in gemm.rs). A split block stores its fp32 partial tile in its own
+// the SM count (tail_plan in ops/gemm/plan.rs). A split block stores its fp32 partial tile in its own
 // workspace slot, in fragment order (thread t's acc[i][j] as one float4 at (i * 8 + j) * 256 + t:
 // every warp store is 512 contiguous bytes), and counts itself in on the tile's counter; the
 // last of the tile's blocks to arrive sums the slots in slice order (the same bits whichever

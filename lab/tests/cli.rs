@@ -222,3 +222,18 @@ fn variant_tables_are_listed_per_family() {
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o).contains("no family `nope` (one of: ceilings,"), "{}", text(&o));
 }
+
+/// The README's promise: softmax, RMSNorm, a GEMM and a W4A16 product on tensors a program made,
+/// through the public functions, checked element by element (here on the CPU backend).
+#[test]
+fn the_ops_example_runs_on_the_cpu_backend() {
+    let exe = Path::new(env!("CARGO_BIN_EXE_lab")).parent().unwrap().join("examples/ops_on_tensors");
+    let o = Command::new(&exe).arg("cpu").output().unwrap_or_else(|e| panic!("{}: {e}", exe.display()));
+    assert!(o.status.success(), "{}", text(&o));
+    for what in ["softmax 5 x 1001", "rmsnorm 5 x 1001", "gemm f16 37 x 72 x 136", "w4a16 2 x 512 -> 96"] {
+        assert!(text(&o).contains(what), "{what} missing: {}", text(&o));
+    }
+    let o = Command::new(&exe).arg("tpu").output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("unknown backend `tpu`"), "{}", text(&o));
+}

@@ -51,7 +51,7 @@ pub fn cuda_include_dir() -> Option<PathBuf> {
 }
 
 /// What NVRTC compiles for: a compute capability as one number (90 for 9.0) and whether to use its
-/// architecture-specific feature set (`compute_90a`: wgmma, setmaxnreg; kernels/gemm.cu guards
+/// architecture-specific feature set (`compute_90a`: wgmma, setmaxnreg; kernels/gemm/ guards
 /// such code with `__CUDA_ARCH_FEAT_SM90_ALL`). PTX built for `90a` loads on devices of exactly
 /// 9.0 and on nothing else, so [`Target::for_device`] picks it for 9.0 alone; every family shares
 /// the one rule (the rest compile to the same code either way). A plain number converts to the

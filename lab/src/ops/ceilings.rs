@@ -301,7 +301,7 @@ fn gpu_wgmma<T: Elem>(s: &mut Session, gpu: &Gpu, case: &Value) -> Result<()> {
     let b: Vec<T> = (0..64 * 256).map(|_| T::from_f32(rng.random_range(-1.0..1.0))).collect();
     let product: Vec<f64> = (0..128 * 256).map(|e| (0..64).map(|k| a[(e / 256) * 64 + k].to_f64() * b[k * 256 + e % 256].to_f64()).sum()).collect();
     // Accumulator i of thread t (warpgroup t / 128, warp (t / 32) % 4, lane t % 32) is output
-    // (row, col) of the m64nNk16 layout (kernels/gemm.cu, wgmma_tma's store).
+    // (row, col) of the m64nNk16 layout (kernels/gemm/wgmma.cu, wgmma_tma's store).
     let at = |t: usize, i: usize| {
         let (w, l, j, h) = (t / 32, t % 32, i / 4, i % 4);
         let row = 16 * w + l / 4 + 8 * (h / 2);
@@ -358,7 +358,7 @@ fn gpu_mma_sync<T: Elem>(s: &mut Session, gpu: &Gpu, case: &Value) -> Result<()>
     let mut rng = crate::experiment::rng_for(s.opts.seed, case);
     let mut random = |n: usize| -> Vec<T> { (0..n).map(|_| T::from_f32(rng.random_range(-1.0..1.0))).collect() };
     let (a, b): ([Vec<T>; 2], [Vec<T>; 2]) = ([random(256), random(256)], [random(128), random(128)]);
-    // Fragment registers (m16n8k16 layouts, kernels/gemm.cu), g = lane / 4, t = lane % 4.
+    // Fragment registers (m16n8k16 layouts, kernels/gemm/mma_sync.cu), g = lane / 4, t = lane % 4.
     let pair = |x: T, y: T| u32::from_le_bytes(T::bytes(&[x, y]).try_into().expect("two 16-bit values"));
     let mut frags = vec![0u32; 12 * 32];
     for lane in 0..32 {
