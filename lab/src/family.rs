@@ -86,8 +86,8 @@ pub static FAMILIES: &[Family] = &[
     Family {
         name: "quant",
         kernels: &[kernel!("quant.cu")],
-        experiment: Some(&crate::quant::Quant),
-        variants: crate::quant::variants,
+        experiment: Some(&crate::ops::quant::Quant),
+        variants: crate::ops::quant::variants,
     },
     Family { name: "allreduce", kernels: &[], experiment: Some(&crate::collective::experiment::AllReduce), variants: none },
     Family { name: "bucketing", kernels: &[], experiment: Some(&crate::collective::bucket::Bucketing), variants: none },

@@ -9,6 +9,7 @@ pub mod divergence;
 pub mod gemm;
 pub mod layernorm;
 pub mod linear;
+pub mod quant;
 pub mod rmsnorm;
 pub mod softmax;
 pub mod variant;
@@ -18,7 +19,7 @@ use crate::kernels::DType;
 use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
 
 /// A storage type kernels are instantiated for; arithmetic is f32, references f64.
-pub trait Elem: DeviceRepr + ValidAsZeroBits + Copy + Default + Send + Sync + Unpin + 'static {
+pub trait Elem: crate::tensor::Scalar {
     const DTYPE: DType;
     fn from_f32(x: f32) -> Self;
     fn to_f32(self) -> f32;
