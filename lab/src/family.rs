@@ -85,7 +85,16 @@ pub static FAMILIES: &[Family] = &[
     },
     Family {
         name: "quant",
-        kernels: &[kernel!("quant.cu")],
+        kernels: &[
+            kernel!("quant/pack_dequant.cu"),
+            kernel!("quant/w4a16.cu"),
+            kernel!("quant/w4a16_mma.cu"),
+            kernel!("quant/w4a16_mma_tiled.cu"),
+            kernel!("quant/w4a16_mma_rings.cu"),
+            kernel!("quant/w4a16_mma_splitk.cu"),
+            kernel!("quant/w4a16_mma_pipelined.cu"),
+            kernel!("quant/stream_read.cu"),
+        ],
         experiment: Some(&crate::ops::quant::Quant),
         variants: crate::ops::quant::variants,
     },
