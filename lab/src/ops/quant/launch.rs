@@ -283,8 +283,14 @@ pub fn dequantize_with<T: Elem>(dev: &Backend, variant: &str, w: &QuantTensor, o
     let n = w.rows * w.cols;
     match (v.config, dev) {
         (Kernel::CpuDequantize, _) => {
-            let values = w.host().expect("placement checked").dequantize();
-            out.host_mut().expect("placement checked").par_iter_mut().zip(values.par_iter()).for_each(|(o, &v)| *o = T::from_f32(v));
+            let (q, o) = (w.host().expect("placement checked"), out.host_mut().expect("placement checked"));
+            if T::DTYPE == DType::F32 {
+                // SAFETY: T is f32 (its DTYPE says so): the same slice, typed as what it is.
+                q.dequantize_into(unsafe { std::slice::from_raw_parts_mut(o.as_mut_ptr().cast::<f32>(), o.len()) });
+            } else {
+                let values = q.dequantize();
+                o.par_iter_mut().zip(values.par_iter()).for_each(|(o, &v)| *o = T::from_f32(v));
+            }
             Ok(())
         }
         (_, Backend::Cuda(gpu)) => {

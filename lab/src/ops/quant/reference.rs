@@ -60,6 +60,13 @@ impl Quantized {
             Quantized::Blocks(b, q) => ggml::dequantize(*b, q).expect("whole blocks by construction"),
         }
     }
+    /// [`Quantized::dequantize`] into `out` (every weight, in order).
+    pub fn dequantize_into(&self, out: &mut [f32]) {
+        match self {
+            Quantized::Group(q) => q.dequantize_into(out),
+            Quantized::Blocks(b, q) => ggml::dequantize_into(*b, q, out).expect("whole blocks by construction"),
+        }
+    }
     pub fn bytes(&self) -> u64 {
         match self {
             Quantized::Group(q) => q.bytes(),
