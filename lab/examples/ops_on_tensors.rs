@@ -6,10 +6,9 @@
 
 use half::f16;
 use lab::ops::compare::compare_elems;
-use lab::ops::quant::QuantTensor;
-use lab::ops::{gemm, quant, rmsnorm, softmax, widen};
+use lab::ops::quant::{Format, QuantTensor, Scheme};
+use lab::ops::widen;
 use lab::prelude::*;
-use lab::quant::{Format, Scheme};
 use lab::record::{ErrorStats, Tolerance};
 
 /// A deterministic spread of values in [-2, 2): no random crate needed to read this example.

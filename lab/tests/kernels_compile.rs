@@ -114,7 +114,7 @@ fn exported_symbols_are_the_ones_the_launchers_use() {
     let gemm: BTreeSet<String> = lab::ops::gemm::VARIANTS.iter().filter(|v| v.requires.on_gpu()).flat_map(|v| expect("gemm", &[v.name], v.dtypes)).collect();
     assert_eq!(ptx("gemm"), gemm);
     assert_eq!(ptx("divergence"), expect("divergence", &gpu_names(lab::ops::divergence::VARIANTS), &[DType::F32]));
-    let quant = lab::quant::experiment::gpu_variants();
+    let quant = lab::ops::quant::variants::gpu_kernels();
     let quant: Vec<&str> = quant.iter().map(String::as_str).collect();
     assert_eq!(ptx("quant"), expect("quant", &quant, &[DType::F16]));
     assert_eq!(ptx("collective"), expect("collective", &["add"], &all));
@@ -129,4 +129,92 @@ fn a_kernel_that_does_not_compile_is_a_clear_error() {
     let err = lab::gpu::compile::compile_source("broken", broken, 90).unwrap_err().to_string();
     assert!(err.contains("`broken` failed to compile for compute_90"), "{err}");
     assert!(err.contains("undeclared_name"), "NVRTC's log is missing: {err}");
+}
+
+/// An entry's header in PTX: (parameter count, `.maxntid` x, `.minnctapersm`).
+fn entry_headers(ptx: &str) -> std::collections::BTreeMap<String, (usize, Option<usize>, Option<usize>)> {
+    let directive = |head: &str, name: &str| head.lines().find_map(|l| l.trim().strip_prefix(name)).and_then(|v| v.split(',').next()).map(|v| v.trim().parse().unwrap());
+    ptx.split(".entry ")
+        .skip(1)
+        .map(|chunk| {
+            let name = chunk.split('(').next().unwrap().trim().to_string();
+            let (params, rest) = chunk.split_once(')').unwrap();
+            let head = rest.split('{').next().unwrap();
+            (name, (params.matches("_param_").count(), directive(head, ".maxntid"), directive(head, ".minnctapersm")))
+        })
+        .collect()
+}
+
+/// The quant launchers' assumptions, read from what NVRTC compiles rather than from the text:
+/// each W4A16 kernel takes the arguments its launcher pushes and is built for the block size
+/// (and, where it reserves shared memory per block, the blocks per SM) the launcher uses.
+#[test]
+fn the_quant_kernels_take_the_launch_the_table_gives() {
+    use lab::ops::quant::variants::{w4_designs, w4_kernel, BATCHES};
+    use lab::quant::Scheme;
+    let headers = entry_headers(&compile_family("quant", 90).unwrap_or_else(|e| panic!("{e}")));
+    for (name, d) in w4_designs() {
+        for scheme in [Scheme::Sym, Scheme::Asym] {
+            for &b in BATCHES {
+                let sym = symbol("quant", &w4_kernel(name, scheme, b), DType::F16);
+                let (params, threads, min_blocks) = headers[&sym];
+                // codes, scales, (mins), x, y, (workspace, counters), n, k, group
+                assert_eq!(params, 7 + usize::from(scheme == Scheme::Asym) + 2 * usize::from(d.split_k), "{sym}");
+                assert_eq!(threads, Some(32 * d.warps), "{sym}");
+                if d.launch_shape(8192, 8192, b, scheme, 132).2 > 0 {
+                    assert_eq!(min_blocks, Some(d.blocks_per_sm()), "{sym}");
+                }
+            }
+        }
+    }
+    for (name, _, _) in lab::ops::quant::variants::stream_reads() {
+        // a, bytes, b, bytes, c, bytes, out; blocks of 256.
+        assert_eq!(headers[&symbol("quant", name, DType::F16)], (7, Some(256), None), "{name}");
+    }
+}
+
+/// The constants the Rust side shares with kernels/quant/, evaluated by NVRTC: a probe kernel
+/// compiled after the family's source stores each one, and the PTX's stores are read back.
+#[test]
+fn the_quant_constants_are_the_kernels() {
+    use lab::ops::quant::variants::*;
+    use lab::quant::Scheme;
+    let exprs = [
+        "MMA_WARPS", "MMA_ROWS", "W4_WARPS", "PIPE_WARPS", "PIPE_CHUNKS", "PIPE_STAGES", "PIPE_SVECS", "PIPE_BLOCKS_PER_SM", "RING_STEPS",
+        "BULK_STEPS", "GGML_SEGS", "RingSlot<false>::BYTES", "RingSlot<true>::BYTES", "PipeStage<false>::VECS", "PipeStage<true>::VECS",
+        "MmaSteps<1>::U", "MmaSteps<2>::U", "MmaSteps<4>::U", "MmaSteps<8>::U", "MmaSteps<16>::U",
+    ];
+    let stores: String = exprs.iter().enumerate().map(|(i, e)| format!("    o[{i}] = {e};\n")).collect();
+    let src = format!("{}\nextern \"C\" __global__ void quant_probe(volatile int* o) {{\n{stores}}}\n", lab::kernels::source("quant").unwrap());
+    let ptx = lab::gpu::compile::compile_source("quant_probe", &src, 90).unwrap_or_else(|e| panic!("{e}"));
+    let body = ptx.split(".entry quant_probe(").nth(1).unwrap();
+    let mut regs = std::collections::HashMap::new();
+    let mut got = vec![None; exprs.len()];
+    for line in body.lines().map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")) {
+        let line = line.as_str();
+        if let Some(rest) = line.strip_prefix("mov.u32 ").or_else(|| line.strip_prefix("mov.b32 ")) {
+            let (reg, v) = rest.trim_end_matches(';').split_once(", ").unwrap();
+            regs.insert(reg.to_string(), v.to_string());
+        } else if let Some(rest) = line.strip_prefix("st.volatile.global.u32 ").or_else(|| line.strip_prefix("st.volatile.global.b32 ")) {
+            let (addr, v) = rest.trim_end_matches(';').split_once("], ").unwrap();
+            let offset: usize = addr.split_once('+').map_or(0, |(_, o)| o.parse().unwrap());
+            let v = regs.get(v).cloned().unwrap_or_else(|| v.to_string());
+            got[offset / 4] = Some(v.parse::<usize>().unwrap_or_else(|_| panic!("`{line}`: not a constant")));
+        }
+    }
+    let (mma, pipe, cuda_cores) = (find("w4a16_mma").unwrap(), find("w4a16_mma_pipelined").unwrap(), find("w4a16").unwrap());
+    let warps = |v: &lab::ops::variant::Variant<Kernel>| match v.config {
+        Kernel::W4(d) => (d.warps, d.rows),
+        _ => unreachable!(),
+    };
+    let want = [
+        warps(mma).0, warps(mma).1, warps(cuda_cores).0, warps(pipe).0, PIPE_CHUNKS, PIPE_STAGES, PIPE_SVECS, PIPE_BLOCKS_PER_SM, RING_STEPS,
+        BULK_STEPS, GGML_SEGS, ring_slot_bytes(Scheme::Sym), ring_slot_bytes(Scheme::Asym), pipe_stage_vecs(Scheme::Sym),
+        pipe_stage_vecs(Scheme::Asym), mma_steps_in_flight(1), mma_steps_in_flight(2), mma_steps_in_flight(4), mma_steps_in_flight(8),
+        mma_steps_in_flight(16),
+    ];
+    for (i, e) in exprs.iter().enumerate() {
+        assert_eq!(got[i], Some(want[i]), "{e}");
+    }
+    assert_eq!((lab::quant::tiles::TILE_ROWS, lab::quant::tiles::STEP_WEIGHTS), (warps(mma).1, 128));
 }

@@ -9,6 +9,7 @@ pub mod divergence;
 pub mod gemm;
 pub mod layernorm;
 pub mod linear;
+pub mod quant;
 pub mod rmsnorm;
 pub mod softmax;
 pub mod variant;

@@ -226,6 +226,13 @@ impl GroupQuant {
     /// f32 sum (two roundings, no fused multiply-add), so the GPU kernels agree to the bit.
     pub fn dequantize(&self) -> Vec<f32> {
         let mut out = vec![0f32; self.rows * self.cols];
+        self.dequantize_into(&mut out);
+        out
+    }
+
+    /// [`GroupQuant::dequantize`] into `out` (rows x cols values).
+    pub fn dequantize_into(&self, out: &mut [f32]) {
+        assert_eq!(out.len(), self.rows * self.cols, "dequantize_into: the output holds rows x cols values");
         let (gpr, group) = (self.cols / self.group, self.group);
         out.par_chunks_mut(self.cols).zip(self.packed.par_chunks(self.cols / 2)).enumerate().for_each(|(r, (orow, prow))| {
             for (g, (og, pg)) in orow.chunks_exact_mut(group).zip(prow.chunks_exact(group / 2)).enumerate() {
@@ -247,7 +254,6 @@ impl GroupQuant {
                 }
             }
         });
-        out
     }
 
     pub fn bytes(&self) -> u64 {

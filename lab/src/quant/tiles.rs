@@ -1,5 +1,5 @@
 //! The W4A16 tile layout: a [`GroupQuant`] rearranged, once and offline, so that the tensor-core
-//! GEMV (`w4a16_mma_tiled` in kernels/quant.cu) reads its weights in 512-byte contiguous warp
+//! GEMV (`w4a16_mma_tiled` in kernels/quant/w4a16_mma_tiled.cu) reads its weights in 512-byte contiguous warp
 //! loads. Marlin (Frantar et al., 2024) and TensorRT-LLM's weight-only kernels repack their
 //! weights for the same reason.
 //!

@@ -1,4 +1,7 @@
-//! A CPU model of kernels/quant.cu's `w4a16_mma`, `w4a16_mma_splitk` and `w4a16_mma_pipelined` kernels, written step
+//! Over 600 lines on purpose: one CPU mirror of the W4A16 tensor-core kernels' index math, read
+//! top to bottom beside the CUDA it follows (kernels/quant/w4a16_mma*.cu).
+//!
+//! A CPU model of kernels/quant/'s `w4a16_mma`, `w4a16_mma_splitk` and `w4a16_mma_pipelined` kernels, written step
 //! by step after the CUDA: the warps' (and split-K blocks') slices of K, the workspace of
 //! per-slice partials and the order they are added in, which lane loads which 16-byte chunk and scale, the f16 decode of the
 //! code words, the byte permutes that pair X, the two accumulator chains and the reduction over
@@ -13,18 +16,12 @@ use super::group::{GroupQuant, Scheme};
 use super::tiles::Tiles;
 use half::f16;
 
-/// MMA_WARPS and MMA_ROWS in quant.cu.
+/// MMA_WARPS and MMA_ROWS of the kernels.
 pub const MMA_WARPS: usize = 4;
 pub const MMA_ROWS: usize = 16;
-/// PIPE_WARPS in quant.cu; the other PIPE_ constants live beside the launcher.
+/// PIPE_WARPS of the kernels; the other PIPE_ constants live beside the launcher.
 pub const PIPE_WARPS: usize = 8;
-use super::experiment::{PIPE_CHUNKS, PIPE_STAGES, PIPE_SVECS};
-
-/// The f16 constants of `w2_f16x2` in quant.cu, as written there.
-pub const MAGIC: &str = "0x64006400u";
-pub const MASKS: &str = "HI ? 0x00F000F0u : 0x000F000Fu";
-pub const MULS: &str = "HI ? 0x2C002C00u : 0x3C003C00u";
-pub const OFFSETS: &str = "HI ? (ASYM ? 0xD400D400u : 0xD480D480u) : (ASYM ? 0xE400E400u : 0xE408E408u)";
+use crate::ops::quant::variants::{PIPE_CHUNKS, PIPE_STAGES, PIPE_SVECS};
 
 fn half(v: u32, i: u32) -> f64 {
     f16::from_bits((v >> (16 * i)) as u16).to_f64()
@@ -80,7 +77,7 @@ pub fn mma_16816(acc: &mut [[f32; 4]; 32], a: &[[u32; 4]; 32], b: &[[u32; 2]; 32
     }
 }
 
-/// MmaSteps<B>::U in quant.cu: steps a warp keeps in flight.
+/// MmaSteps<B>::U in the kernels: steps a warp keeps in flight.
 pub fn steps_in_flight(batch: usize) -> usize {
     if batch > 8 {
         3
@@ -128,7 +125,7 @@ fn x_words(r: &Lanes, x: &[f16], batch: usize, k: usize, nh_count: usize) -> Vec
         .collect()
 }
 
-/// w4a16_mma_step in quant.cu: X of each lane's chunk, the decode and the MMAs of one step.
+/// w4a16_mma_step in the kernels: X of each lane's chunk, the decode and the MMAs of one step.
 fn mma_step(acc: &mut Acc, r: &Lanes, x: &[f16], batch: usize, k: usize, asym: bool) {
     let nh_count = acc.len();
     let chains = acc[0].len();
@@ -158,7 +155,7 @@ fn mma_step(acc: &mut Acc, r: &Lanes, x: &[f16], batch: usize, k: usize, asym: b
     }
 }
 
-/// w4a16_mma_step_post in quant.cu (symmetric, one group per step): the codes as the LOP3 makes
+/// w4a16_mma_step_post in the kernels (symmetric, one group per step): the codes as the LOP3 makes
 /// them (1024 + q, 1024 + 16q), X's k 8..15 half times 1/16, a second MMA on the constant A
 /// (1032 | 1152), and acc += d (S - C) with d from the lane's scale pair (r.dg).
 fn mma_step_post(acc: &mut Acc, r: &Lanes, x: &[f16], batch: usize, k: usize) {
@@ -195,7 +192,7 @@ fn mma_step_post(acc: &mut Acc, r: &Lanes, x: &[f16], batch: usize, k: usize) {
     }
 }
 
-/// mma_store_part in quant.cu: the C fragments as part[batch][row], the chains added.
+/// mma_store_part in the kernels: the C fragments as part[batch][row], the chains added.
 fn store_part(acc: &Acc, part_w: &mut [[f32; MMA_ROWS]], batch: usize) {
     let chains = acc[0].len();
     for (nh, acc_nh) in acc.iter().enumerate() {
@@ -211,7 +208,7 @@ fn store_part(acc: &Acc, part_w: &mut [[f32; MMA_ROWS]], batch: usize) {
     }
 }
 
-/// w4a16_mma_warp in quant.cu: one warp's products over steps [t0, t1) of the tile at row0, as
+/// w4a16_mma_warp in the kernels: one warp's products over steps [t0, t1) of the tile at row0, as
 /// part[batch][row] (the C fragment after the two chains are added).
 /// With `tiles`, the codes and scales are read from the tile layout at the kernel's TILED offsets.
 /// With `post` (tiled, symmetric, group % 128 == 0), the step is w4a16_mma_step_post's.
@@ -229,7 +226,7 @@ fn mma_warp(q: &GroupQuant, tiles: Option<&Tiles>, post: bool, x: &[f16], batch:
         std::array::from_fn(|i| u32::from_le_bytes(q.packed[base + 4 * i..base + 4 * i + 4].try_into().unwrap()))
     };
     let tile = row0 / MMA_ROWS;
-    // quant.cu's qt + 64 (t + u) (+ 32), in bytes, for lane l.
+    // the kernel's qt + 64 (t + u) (+ 32), in bytes, for lane l.
     let tiled_chunk = |t: &Tiles, step: usize, half: usize, l: usize| -> [u32; 4] {
         let base = ((tile * t.steps + step) * 64 + 32 * half + l) * 16;
         std::array::from_fn(|i| u32::from_le_bytes(t.codes[base + 4 * i..base + 4 * i + 4].try_into().unwrap()))
@@ -238,7 +235,7 @@ fn mma_warp(q: &GroupQuant, tiles: Option<&Tiles>, post: bool, x: &[f16], batch:
         let s = if ok { v[row * gpr + grp].to_bits() as u32 } else { 0 };
         s | (s << 16)
     };
-    // quant.cu's sp (mp) + 8 grp in the tile layout: the pair word of rows g and g + 8, as
+    // the kernel's sp (mp) + 8 grp in the tile layout: the pair word of rows g and g + 8, as
     // (dg, dh) splats (__byte_perm 0x1010 and 0x3232).
     let tiled_pair = |v: &[f16], g: usize, grp: usize, ok: bool| -> (u32, u32) {
         let w = if ok { u32::from_le_bytes(std::array::from_fn(|i| v[tile * gpr * MMA_ROWS + 16 * grp + 2 * g + i / 2].to_bits().to_le_bytes()[i % 2])) } else { 0 };
@@ -311,7 +308,7 @@ fn mma_warp(q: &GroupQuant, tiles: Option<&Tiles>, post: bool, x: &[f16], batch:
     part_w
 }
 
-/// mma_block_sum in quant.cu: a block's 4 warps summed in warp order, for each (batch, row).
+/// mma_block_sum in the kernels: a block's 4 warps summed in warp order, for each (batch, row).
 fn block_sum(part: &[Vec<[f32; MMA_ROWS]>], b: usize, r: usize) -> f32 {
     let mut s = 0f32;
     for p in part {
@@ -401,12 +398,12 @@ pub fn w4a16_mma_splitk(q: &GroupQuant, x: &[f16], batch: usize, slices: usize) 
     y
 }
 
-/// pipe_code_slot in quant.cu: row r's chunk jl of a stage, XOR-swizzled by the row's parity.
+/// pipe_code_slot in the kernels: row r's chunk jl of a stage, XOR-swizzled by the row's parity.
 pub fn pipe_code_slot(r: usize, jl: usize) -> usize {
     r * PIPE_CHUNKS + (jl ^ ((r & 1) << 2))
 }
 
-/// pipe_scale_base in quant.cu: the first half of the 16 B vector holding row's group g0.
+/// pipe_scale_base in the kernels: the first half of the 16 B vector holding row's group g0.
 pub fn pipe_scale_base(row: usize, gpr: usize, g0: usize) -> usize {
     (row * gpr + g0) / 8 * 8
 }
@@ -540,7 +537,8 @@ pub fn w4a16_mma_pipelined(q: &GroupQuant, x: &[f16], batch: usize, grid: usize)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::experiment::{check_w4a16, mma_steps_in_flight, pipelined_grid, reference_w4a16, splitk_slices, w4a16_tolerance, BATCHES};
+    use crate::ops::quant::reference::{check_w4a16, reference_w4a16, w4a16_tolerance};
+    use crate::ops::quant::variants::{mma_steps_in_flight, pipelined_grid, splitk_slices, BATCHES};
     use crate::quant::group;
     use crate::quant::tiles::tile;
     use rand::{Rng, SeedableRng};
@@ -588,106 +586,10 @@ mod tests {
         ]
     }
 
-    /// The model reads the constants the kernel is written with.
-    #[test]
-    fn the_model_mirrors_the_kernel_source() {
-        let src = crate::kernels::source("quant").unwrap();
-        for s in [
-            MAGIC,
-            MASKS,
-            MULS,
-            OFFSETS,
-            "#define MMA_WARPS 4\n#define MMA_ROWS 16\n",
-            // The tile layout's offsets, as mirrored in mma_warp.
-            // (Sweeping warps read the step-major order of the same blocks: tiles::step_major.)
-            "const long long tstep = S > 1 ? 64LL * ((n_rows + MMA_ROWS - 1) / MMA_ROWS) : 64;",
-            "const uint4* qt = reinterpret_cast<const uint4*>(wq) + tile * (S > 1 ? 1 : nsteps) * 64 + lane;",
-            "ld_stream16(TILED ? qt + tstep * t : qg + walk.j);",
-            "ld_stream16(TILED ? qt + tstep * t + 32 : qh + walk.j);",
-            // Rounds and rolling loads issue the same steps in the same order: one issue() each.
-            "for (int u = 0; u < U; ++u) issue(u, t0 + u * S);",
-            "issue(u, t + (u + U) * S);",
-            "for (int u = 0; u < U; ++u) issue(u, t + u * S);",
-            // The warp's steps t0, t0 + S, ... (sweep: S = W from t0 = warp), the walk S steps at a time.
-            "StepWalk walk(4 * t0 + c, cpg, 4 * S);",
-            "const int t0 = SWEEP ? warp : warp * per, t1 = SWEEP ? nsteps : min(t0 + per, nsteps);",
-            "w4a16_mma_warp<B, ASYM, U, TILED, ROLL, PF, POST, SWEEP ? W : 1>(",
-            // The post-scaled rungs (post, sweep, sweep4) and their post-or-not choice, as mirrored in w4a16_mma.
-            "if (group % 128 == 0) {\n            w4a16_mma<B, false, U, W, true, ROLL, 0, true, SWEEP>(wq, scales, mins, x, y, n_rows, k, group);",
-            "w4a16_mma<B, ASYM, U, W, true, ROLL, 0, false, SWEEP>(wq, scales, mins, x, y, n_rows, k, group);",
-            "w4a16_mma_tiled_post_where_possible<B, ASYM, OCC8_STEPS(B), 2 * MMA_WARPS, false, false>(",
-            "w4a16_mma_tiled_post_where_possible<B, ASYM, OCC8_STEPS(B), 2 * MMA_WARPS, false, true>(",
-            "w4a16_mma_tiled_post_where_possible<B, ASYM, MmaSteps<B>::U, MMA_WARPS, true, true>(",
-            // w4a16_mma_step_post, as mirrored in mma_step_post.
-            "const unsigned c_lo = 0x64086408u, c_hi = 0x64806480u, sixteenth = 0x2C002C00u;",
-            "x_frag(xv[nh], i, h, b0, bx);\n                const unsigned b1 = fma_f16x2(bx, sixteenth, 0u);",
-            "const unsigned a0 = codes_f16x2<false>(wg), a1 = codes_f16x2<false>(wh), a2 = codes_f16x2<true>(wg), a3 = codes_f16x2<true>(wh);",
-            "mma_f16_16816(cor[nh], c_lo, c_lo, c_hi, c_hi, b0, b1);",
-            "acc.v[nh][0][i] = fmaf(i < 2 ? dg : dh, sum[nh][i] - cor[nh][i], acc.v[nh][0][i]);",
-            "dg[u] = POST ? s2 : __byte_perm(s2, 0u, 0x1010);",
-            // w4a16_mma_tiled_bulk: tiled_sweep's steps and sums, its codes through a TMA ring
-            // (a slot holds the step's 1 KB block as laid out: lane's row g at 16 lane, row g + 8 at 512 + 16 lane).
-            "const long long tile = row0 / MMA_ROWS, tstep = 1024LL * gridDim.x;\n    const u8* qt = wq + tile * 1024;",
-            "bulk_load(ring_at + 1024 * u, qt + tstep * t, 1024, bars + 8 * u);",
-            "const uint4 cg = *reinterpret_cast<const uint4*>(ring + 1024 * u + 16 * lane);",
-            "const uint4 ch = *reinterpret_cast<const uint4*>(ring + 1024 * u + 512 + 16 * lane);",
-            "s2[u] = ok ? __ldg(sp + 8 * walk.grp) : 0u;",
-            "w4a16_mma_step_post<B>(acc, cg, ch, sv, x, k, j, nchunks, g);",
-            "if constexpr (!ASYM) post = group % 128 == 0;",
-            "w4a16_mma_warp_bulk<B, false, true, W>(ring, wb, wq, scales, mins, x, k, group, row0, warp, nsteps, part[warp]);",
-            "w4a16_mma_warp_bulk<B, ASYM, false, W>(ring, wb, wq, scales, mins, x, k, group, row0, warp, nsteps, part[warp]);",
-            "const int j = 4 * (t + u * S) + c;",
-            // Prefetches into L2 change when bytes arrive, not which are read.
-            "if (PF > 0 && lane == 0 && t + PF < t1) prefetch_l2(tq0 + 64LL * (t + PF), 1024u);",
-            "const unsigned* sp = reinterpret_cast<const unsigned*>(scales + tile * gpr * MMA_ROWS) + g;",
-            "const unsigned s2 = ok ? __ldg(sp + 8 * walk.grp) : 0u, n2 = ASYM && ok ? __ldg(mp + 8 * walk.grp) : 0u;",
-            "dh[u] = __byte_perm(s2, 0u, 0x3232);",
-            "    w4a16_mma<B, ASYM, OCC8_STEPS(B), 2 * MMA_WARPS, true>(wq, scales, mins, x, y, n_rows, k, group);",
-            "W4A16_RUNG(w4a16_mma_tiled, w4a16_mma_tiled, 64 * MMA_WARPS, 4)",
-            "constexpr int U = B > 8 ? 3 : 4;",
-            "constexpr int CH = NH == 1 ? 2 : 1;",
-            // w4a16_mma_splitk's split of K and its workspace layout, as mirrored in w4a16_mma_splitk.
-            "const int per = (nsteps + MMA_WARPS * slices - 1) / (MMA_WARPS * slices);",
-            "const int t0 = (s * MMA_WARPS + warp) * per, t1 = min(t0 + per, nsteps);",
-            "ws[((long long)s * B + b) * n_rows + row0 + r] = mma_block_sum<B>(part, i);",
-            "for (int v = 0; v < slices; ++v) acc += __ldcg(ws + ((long long)v * B + b) * n_rows + row0 + r);",
-            // w4a16_mma_pipelined's stage layout, scale window and walk, as mirrored in w4a16_mma_pipelined.
-            "#define PIPE_WARPS 8\n",
-            "return r * PIPE_CHUNKS + (jl ^ ((r & 1) << 2));",
-            "return (row * gpr + g0) / 8 * 8;",
-            "const long long off = 2 * pipe_scale_base(row, gpr, g0) + 16LL * v;",
-            "const int which = i / (MMA_ROWS * PIPE_SVECS), r = i / PIPE_SVECS % MMA_ROWS, v = i % PIPE_SVECS;",
-            "h[row * gpr + grp - pipe_scale_base(row, gpr, g0)]",
-            "const int tile0 = blockIdx.x * tpb, ntiles = max(0, min(tpb, tiles - tile0));",
-            "for (int tl = warp; tl < PIPE_CHUNKS / 4 && s0 + 4 * tl < nchunks; tl += PIPE_WARPS) {",
-            "const int q = p + PIPE_STAGES - 1;",
-            "ring + q % PIPE_STAGES * VECS",
-            "ring + p % PIPE_STAGES * VECS",
-            "cp.async.wait_group %0;\" ::\"n\"(PIPE_STAGES - 2)",
-            "win + r * PIPE_SVECS",
-        ] {
-            assert!(src.contains(s), "quant.cu no longer contains `{s}`");
-        }
-        // One B fragment builder (x_frag), as mirrored in x_words' byte_perm pairs.
-        assert!(src.contains("b0 = __byte_perm(xa, xb, 0x5410);\n    b1 = __byte_perm(xa, xb, 0x7632);"));
-        assert_eq!(src.matches("__byte_perm(xa, xb, 0x5410)").count(), 1);
-    }
-
     /// w4a16_mma_tiled_async copies each lane's scale (min) pair word with cp.async and splits
     /// it as the register rungs do; the word holds the tile layout's scales of rows g and g + 8.
     #[test]
     fn the_async_ring_scale_words_hold_the_lanes_scales() {
-        let src = crate::kernels::source("quant").unwrap();
-        for s in [
-            "const unsigned* sw = reinterpret_cast<const unsigned*>(scales + tile * gpr * MMA_ROWS) + g;",
-            "cp_async4(slot + 1024 + 4 * lane, sw + gw, ok ? 4 : 0);",
-            "if (ASYM) cp_async4(slot + 1152 + 4 * lane, mw + gw, ok ? 4 : 0);",
-            "const long long at = ok ? 64LL * t : 0, gw = ok ? 8LL * walk.grp : 0;",
-            "const unsigned dg = __byte_perm(s2, 0u, 0x1010), dh = __byte_perm(s2, 0u, 0x3232);",
-            "cp_async16(slot + 512 + 16 * lane, qt + at + 32, ok ? 16 : 0);",
-        ] {
-            assert!(src.contains(s), "quant.cu no longer contains `{s}`");
-        }
         let mut rng = rand::rngs::StdRng::seed_from_u64(2);
         let q = random_quant(&mut rng, 37, 992, Scheme::Asym, 32);
         let t = tile(&q);

@@ -93,19 +93,24 @@ pub fn compare_runs(a: &[Record], b: &[Record], threshold: f64, force: bool) -> 
             differ.join("; ")
         )));
     }
-    let key = |r: &Record| (r.experiment.clone(), r.variant.clone(), r.provider.clone(), r.params.to_string());
+    // Old records of a renamed variant are read under today's name (quant's `<design>_<scheme>_b<batch>`).
+    let key = |r: &Record| {
+        let (variant, params) = crate::ops::quant::current_name(&r.experiment, &r.variant, &r.params);
+        (r.experiment.clone(), variant, r.provider.clone(), params.to_string())
+    };
     let usable = |r: &&Record| r.verdict == Verdict::Pass && r.timing.as_ref().is_some_and(|t| !t.raw_ms.is_empty());
     let in_b: BTreeMap<_, &Record> = b.iter().filter(usable).map(|r| (key(r), r)).collect();
     let mut out = Vec::new();
     for ra in a.iter().filter(usable) {
-        let Some(rb) = in_b.get(&key(ra)) else { continue };
+        let ka = key(ra);
+        let Some(rb) = in_b.get(&ka) else { continue };
         let (sa, sb) = (&ra.timing.as_ref().unwrap().raw_ms, &rb.timing.as_ref().unwrap().raw_ms);
         let (ratio, lo, hi) = bootstrap_ratio(sa, sb, 2000);
         out.push(Comparison {
             experiment: ra.experiment.clone(),
-            variant: ra.variant.clone(),
+            variant: ka.1,
             provider: ra.provider.clone(),
-            params: ra.params.clone(),
+            params: serde_json::from_str(&ka.3).unwrap_or_else(|_| ra.params.clone()),
             a_ms: Data::new(sa.clone()).median(),
             b_ms: Data::new(sb.clone()).median(),
             ratio,
@@ -141,6 +146,34 @@ mod tests {
         assert_eq!(classify(lo, hi, 0.02), Change::Slower);
         let (_, lo, hi) = bootstrap_ratio(&b, &a, 2000);
         assert_eq!(classify(lo, hi, 0.02), Change::Faster);
+    }
+
+    /// A real run written before quant's variants lost their parameters, against the same run
+    /// as it would be written today: every timed figure is matched under the new name.
+    #[test]
+    fn old_quant_names_match_todays_across_the_rename() {
+        let path = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../reports/records/2026-11-23T02-11-08Z-h100-4ad7b7b.jsonl.gz"));
+        let (old, damage) = crate::record::read_records(path).unwrap();
+        assert!(damage.is_empty() && old.iter().any(|r| r.variant == "w4a16_mma_tiled_sweep4_sym_b16"));
+        let new: Vec<Record> = old
+            .iter()
+            .cloned()
+            .map(|mut r| {
+                (r.variant, r.params) = crate::ops::quant::current_name(&r.experiment, &r.variant, &r.params);
+                r
+            })
+            .collect();
+        assert!(new.iter().all(|r| !r.variant.ends_with("_b16")));
+        let rows = compare_runs(&old, &new, 0.02, false).unwrap();
+        let timed: std::collections::BTreeSet<_> = old
+            .iter()
+            .filter(|r| r.verdict == Verdict::Pass && r.timing.as_ref().is_some_and(|t| !t.raw_ms.is_empty()))
+            .map(|r| (&r.experiment, &r.variant, &r.provider, r.params.to_string()))
+            .collect();
+        assert_eq!(rows.len(), timed.len());
+        assert!(rows.iter().all(|c| c.ratio == 1.0));
+        let sweep4 = rows.iter().find(|c| c.variant == "w4a16_mma_tiled_sweep4" && c.params["batch"] == 16).unwrap();
+        assert_eq!(sweep4.params["scheme"], "sym");
     }
 
     #[test]

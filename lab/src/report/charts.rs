@@ -1,7 +1,7 @@
 //! SVG figures drawn with plotters from one run's records: a roofline for the run's device,
 //! speed-up bars against the peers, and throughput against size.
 
-use super::model::{headline, is_peer, slug};
+use super::model::{headline, is_peer, slug, variant_name};
 use crate::record::{Record, Verdict};
 use plotters::prelude::*;
 use std::collections::BTreeMap;
@@ -98,7 +98,7 @@ pub fn roofline_points(run: &[&Record]) -> Vec<RooflinePoint> {
         let intensity = r.work.flops as f64 / r.work.bytes as f64;
         let tflops = r.throughput.unwrap().tflop_s;
         let dtype = r.params.get("dtype").and_then(|d| d.as_str()).unwrap_or("");
-        let label = format!("{}/{} {}", r.experiment, r.variant, dtype).trim().to_string();
+        let label = format!("{}/{} {}", r.experiment, variant_name(r), dtype).trim().to_string();
         if best.get(&label).is_none_or(|(_, old, _)| *old < tflops) {
             best.insert(label, (intensity, tflops, dtype));
         }
@@ -244,7 +244,7 @@ pub fn speedups(run: &[&Record], experiment: &str) -> Option<String> {
             shapes.push(s);
             shapes.len() - 1
         });
-        bars.push((idx, r.variant.clone(), peer / r.time_ms.as_ref().unwrap().median));
+        bars.push((idx, variant_name(r), peer / r.time_ms.as_ref().unwrap().median));
     }
     if bars.is_empty() {
         return None;
@@ -321,7 +321,7 @@ pub fn scaling(run: &[&Record], experiment: &str, axis: &str) -> Option<String> 
             }
         };
         let dtype = r.params.get("dtype").and_then(|d| d.as_str()).unwrap_or("");
-        let key = format!("{} ({}) {}", r.variant, r.provider, dtype).trim().to_string();
+        let key = format!("{} ({}) {}", variant_name(r), r.provider, dtype).trim().to_string();
         series.entry(key).or_default().push((x, v));
     }
     series.retain(|_, pts| {

@@ -138,6 +138,12 @@ pub fn best_peer_times(records: &[Record]) -> BTreeMap<(String, String, String),
     best
 }
 
+/// The variant as its table names it today (old quant records carried scheme and batch in the
+/// name; their params already hold both).
+pub fn variant_name(r: &Record) -> String {
+    crate::ops::quant::current_name(&r.experiment, &r.variant, &r.params).0
+}
+
 pub fn row(r: &Record, peers: &BTreeMap<(String, String, String), (f64, String)>) -> Row {
     let median = r.time_ms.as_ref().map(|t| t.median);
     let peer = peers.get(&(r.run_id.clone(), r.experiment.clone(), r.params.to_string()));
@@ -156,7 +162,7 @@ pub fn row(r: &Record, peers: &BTreeMap<(String, String, String), (f64, String)>
     Row {
         record_id: r.record_id.clone(),
         experiment: r.experiment.clone(),
-        variant: r.variant.clone(),
+        variant: variant_name(r),
         provider: r.provider.clone(),
         shape: shape(&r.params),
         median_ms: num(median, 4),
@@ -226,7 +232,7 @@ pub fn findings(records: &[Record]) -> Vec<Finding> {
                 slug: slug(&experiment),
                 device: device.clone(),
                 shape: shape(&lab.params),
-                lab_variant: lab.variant.clone(),
+                lab_variant: variant_name(lab),
                 lab_figure: fig(lab),
                 pct_ceiling: num(lab.fraction_of_ceiling.map(|f| 100.0 * f), 1),
                 peer: peer.map(|p| format!("{} ({})", p.variant, p.provider)).unwrap_or_else(|| "-".into()),
@@ -293,7 +299,7 @@ pub fn history(records: &[Record]) -> Vec<History> {
                         run_id: r.run_id.clone(),
                         date: r.time.clone(),
                         commit: r.git.commit.chars().take(7).collect(),
-                        variant: r.variant.clone(),
+                        variant: variant_name(r),
                         figure: format!("{:.1}", rate(r, t.median)),
                         band: format!("{:.1}-{:.1}", rate(r, t.p80), rate(r, t.p20)),
                     }

@@ -1,0 +1,324 @@
+//! The quant family's references and checks: a matrix in any 4-bit format ([`Quantized`]), the
+//! one-element-at-a-time dequantizer, the f64 W4A16 product, and the comparisons the experiment
+//! and the tests judge outputs with.
+
+use super::variants::BATCHES;
+use crate::ops::compare::{compare, compare_bits};
+use crate::quant::ggml::{self, Block};
+use crate::quant::group::{self, Format, GroupQuant, Scheme};
+use crate::record::{ErrorStats, Tolerance};
+use crate::{LabError, Result};
+use half::f16;
+use rayon::prelude::*;
+
+/// The W4A16 relative tolerance against the f64 product of the dequantized weights.
+const W4_REL: f64 = 1e-2;
+
+pub fn parse_format(name: &str) -> Result<Format> {
+    Format::all().into_iter().find(|f| f.name() == name).ok_or_else(|| LabError::Invalid(format!("unknown 4-bit format `{name}` (sym_g32 .. asym_g128, q4_0, q4_1)")))
+}
+
+/// A matrix in any of the formats.
+#[derive(Clone, Debug)]
+pub enum Quantized {
+    Group(GroupQuant),
+    Blocks(Block, Vec<u8>),
+}
+
+impl Quantized {
+    /// Quantizes a `rows x cols` matrix (Q4_0 / Q4_1: blocks of 32 along each row).
+    pub fn new(format: Format, x: &[f32], rows: usize, cols: usize) -> Result<Self> {
+        match format {
+            Format::Group { scheme, group } => group::quantize(x, rows, cols, scheme, group).map(Quantized::Group),
+            Format::Q4_0 | Format::Q4_1 => {
+                group::validate(x.len(), rows, cols, ggml::QK)?;
+                let b = if format == Format::Q4_0 { Block::Q4_0 } else { Block::Q4_1 };
+                ggml::quantize(b, x).map(|q| Quantized::Blocks(b, q))
+            }
+        }
+    }
+    pub fn format(&self) -> Format {
+        match self {
+            Quantized::Group(q) => Format::Group { scheme: q.scheme, group: q.group },
+            Quantized::Blocks(Block::Q4_0, _) => Format::Q4_0,
+            Quantized::Blocks(Block::Q4_1, _) => Format::Q4_1,
+        }
+    }
+    /// Weights held.
+    pub fn len(&self) -> usize {
+        match self {
+            Quantized::Group(q) => q.rows * q.cols,
+            Quantized::Blocks(b, q) => q.len() / b.bytes() * ggml::QK,
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    pub fn dequantize(&self) -> Vec<f32> {
+        match self {
+            Quantized::Group(q) => q.dequantize(),
+            Quantized::Blocks(b, q) => ggml::dequantize(*b, q).expect("whole blocks by construction"),
+        }
+    }
+    /// [`Quantized::dequantize`] into `out` (every weight, in order).
+    pub fn dequantize_into(&self, out: &mut [f32]) {
+        match self {
+            Quantized::Group(q) => q.dequantize_into(out),
+            Quantized::Blocks(b, q) => ggml::dequantize_into(*b, q, out).expect("whole blocks by construction"),
+        }
+    }
+    pub fn bytes(&self) -> u64 {
+        match self {
+            Quantized::Group(q) => q.bytes(),
+            Quantized::Blocks(_, q) => q.len() as u64,
+        }
+    }
+    /// The quantization step of each group, in order (|d|).
+    pub fn steps(&self) -> Vec<f32> {
+        match self {
+            Quantized::Group(q) => q.scales.iter().map(|d| d.to_f32().abs()).collect(),
+            Quantized::Blocks(b, q) => q.chunks_exact(b.bytes()).map(|blk| ggml::parts(*b, blk).0.abs()).collect(),
+        }
+    }
+}
+
+/// Checks a reconstruction element by element: no value may be further from its original than
+/// one quantization step of its group (round to nearest gives half a step; Q4_0's clamped
+/// extreme and rounding the scale and min to f16 can add up to the other half), plus 1e-3 of
+/// the group's largest magnitude for f16 rounding of the min. Reports the measured error.
+pub fn step_check(original: &[f32], approx: &[f32], q: &Quantized, group: usize) -> ErrorStats {
+    let steps = q.steps();
+    let (worst, mismatches, max_abs, idx) = original
+        .par_chunks(group)
+        .zip(approx.par_chunks(group))
+        .zip(steps.par_iter())
+        .enumerate()
+        .map(|(g, ((xs, ys), &d))| {
+            let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs())) as f64;
+            let bound = d as f64 * (1.0 + 1e-3) + 1e-3 * amax + f64::MIN_POSITIVE;
+            let mut acc = (0f64, 0u64, 0f64, 0usize);
+            for (i, (&x, &y)) in xs.iter().zip(ys).enumerate() {
+                let e = (x as f64 - y as f64).abs();
+                let f = if y.is_finite() { e / bound } else { f64::INFINITY };
+                acc.1 += u64::from(f > 1.0);
+                acc.2 = acc.2.max(e);
+                if f > acc.0 || (i == 0 && g == 0) {
+                    (acc.0, acc.3) = (f, g * group + i);
+                }
+            }
+            acc
+        })
+        .reduce(|| (0.0, 0, 0.0, 0), |a, b| (if b.0 > a.0 { b.0 } else { a.0 }, a.1 + b.1, a.2.max(b.2), if b.0 > a.0 { b.3 } else { a.3 }));
+    let max_rel = original.par_iter().zip(approx).filter(|(x, _)| **x != 0.0).map(|(&x, &y)| ((x - y) as f64 / x as f64).abs()).reduce(|| 0.0, f64::max);
+    ErrorStats {
+        max_abs,
+        max_rel,
+        worst_fraction_of_tolerance: worst,
+        worst_index: Some(idx as u64),
+        worst_got: approx.get(idx).map(|&v| v as f64),
+        worst_expected: original.get(idx).map(|&v| v as f64),
+        mismatches,
+        reference: "original-f32, one step per group".into(),
+        max_ulp: None,
+    }
+}
+
+/// Exact comparison of bit patterns (u8 codes, f16 or f32 values).
+pub fn bits<T: Copy + Into<u32>>(got: &[T], expected: &[T], reference: &str) -> ErrorStats {
+    let g: Vec<u32> = got.iter().map(|&v| v.into()).collect();
+    let e: Vec<u32> = expected.iter().map(|&v| v.into()).collect();
+    compare_bits(&g, &e, reference)
+}
+
+
+pub fn f16_bits(v: &[f16]) -> Vec<u16> {
+    v.iter().map(|h| h.to_bits()).collect()
+}
+
+/// Dequantization read straight from the definitions, one element at a time: the independent
+/// check of the parallel dequantizers.
+pub fn reference_dequantize(q: &Quantized) -> Vec<f32> {
+    match q {
+        Quantized::Group(g) => (0..g.rows * g.cols)
+            .map(|i| {
+                let code = (g.packed[i / 2] >> (4 * (i % 2))) & 15;
+                let d = g.scales[i / g.group].to_f32();
+                match g.scheme {
+                    Scheme::Sym => (code as f32 - 8.0) * d,
+                    Scheme::Asym => code as f32 * d + g.mins[i / g.group].to_f32(),
+                }
+            })
+            .collect(),
+        Quantized::Blocks(b, bytes) => (0..bytes.len() / b.bytes() * 32)
+            .map(|i| {
+                let blk = &bytes[i / 32 * b.bytes()..(i / 32 + 1) * b.bytes()];
+                let (d, m, qs) = ggml::parts(*b, blk);
+                let j = i % 32;
+                let code = if j < 16 { qs[j] & 15 } else { qs[j - 16] >> 4 };
+                match b {
+                    Block::Q4_0 => (code as f32 - 8.0) * d,
+                    Block::Q4_1 => code as f32 * d + m,
+                }
+            })
+            .collect(),
+    }
+}
+
+/// Y[b, r] = sum_k X[b, k] W[r, k] in f64, rows in parallel.
+pub fn reference_w4a16(x: &[f64], w: &[f32], batch: usize, n: usize, k: usize) -> Vec<f64> {
+    let cols: Vec<Vec<f64>> = (0..n)
+        .into_par_iter()
+        .map(|r| {
+            let wr = &w[r * k..(r + 1) * k];
+            (0..batch).map(|b| x[b * k..(b + 1) * k].iter().zip(wr).map(|(&a, &v)| a * v as f64).sum()).collect()
+        })
+        .collect();
+    let mut y = vec![0.0; batch * n];
+    for (r, c) in cols.iter().enumerate() {
+        for (b, v) in c.iter().enumerate() {
+            y[b * n + r] = *v;
+        }
+    }
+    y
+}
+
+/// The W4A16 check's tolerance for a reference product: 1e-2 relative, and 1e-2 of its RMS
+/// absolute (outputs near zero are sums of cancelling terms).
+pub fn w4a16_tolerance(expected: &[f64]) -> Tolerance {
+    let rms = (expected.iter().map(|v| v * v).sum::<f64>() / expected.len() as f64).sqrt();
+    Tolerance { atol: W4_REL * rms.max(f64::MIN_POSITIVE), rtol: W4_REL }
+}
+
+/// A W4A16 output against its reference.
+pub fn check_w4a16(y: &[f16], expected: &[f64], tol: Tolerance) -> ErrorStats {
+    compare(&y.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), expected, tol, "cpu-f64-dequantized")
+}
+
+/// Checks a W4A16 problem: K and the group size multiples of 32, the group dividing K.
+pub fn validate_w4a16(n: usize, k: usize, group: usize, batch: usize) -> Result<()> {
+    if n == 0 || k == 0 || !BATCHES.contains(&batch) {
+        return Err(LabError::shape("w4a16", format!("N={n} K={k} batch {batch}: N and K at least 1, batch one of {BATCHES:?}")));
+    }
+    if !k.is_multiple_of(32) || !group.is_multiple_of(32) || !k.is_multiple_of(group) {
+        return Err(LabError::shape("w4a16", format!("K={k}, group {group}: both must be multiples of 32 and the group must divide K")));
+    }
+    Ok(())
+}
+
+/// XOR of the little-endian u32 words of `bytes`, a partial last word zero-padded: what
+/// `quant_stream_read_f16`'s blocks XOR together.
+pub fn xor_words(bytes: &[u8]) -> u32 {
+    bytes.chunks(4).map(|c| c.iter().enumerate().fold(0u32, |w, (i, &b)| w | (b as u32) << (8 * i))).fold(0, |a, w| a ^ w)
+}
+
+
+pub fn f16_bytes(v: &[f16]) -> Vec<u8> {
+    v.iter().flat_map(|h| h.to_bits().to_le_bytes()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::ggml;
+
+    #[test]
+    fn reference_dequantizers_agree_with_the_parallel_ones_to_the_bit() {
+        let (rows, cols) = (6, 256);
+        let x: Vec<f32> = (0..rows * cols).map(|i| (i as f32 * 0.173).cos() * (1.0 + i as f32 / 500.0)).collect();
+        for format in Format::all() {
+            let q = Quantized::new(format, &x, rows, cols).unwrap();
+            let fast: Vec<u32> = q.dequantize().iter().map(|v| v.to_bits()).collect();
+            let slow: Vec<u32> = reference_dequantize(&q).iter().map(|v| v.to_bits()).collect();
+            assert_eq!(fast, slow, "{}", format.name());
+            let e = step_check(&x, &q.dequantize(), &q, format.group());
+            assert!(e.passed(), "{}: {e:?}", format.name());
+            // A wrong code is caught.
+            let mut y = q.dequantize();
+            y[77] += 3.0 * q.steps()[77 / format.group()];
+            let e = step_check(&x, &y, &q, format.group());
+            assert_eq!((e.passed(), e.worst_index), (false, Some(77)), "{}", format.name());
+        }
+    }
+
+    #[test]
+    fn the_w4a16_reference_is_a_plain_product_and_bad_shapes_are_named() {
+        let (b, n, k) = (2, 3, 4);
+        let x: Vec<f64> = (0..b * k).map(|i| i as f64).collect();
+        let w: Vec<f32> = (0..n * k).map(|i| (i % 5) as f32 - 2.0).collect();
+        let y = reference_w4a16(&x, &w, b, n, k);
+        for bi in 0..b {
+            for r in 0..n {
+                let e: f64 = (0..k).map(|j| x[bi * k + j] * w[r * k + j] as f64).sum();
+                assert_eq!(y[bi * n + r], e);
+            }
+        }
+        assert!(validate_w4a16(8, 4096, 128, 1).is_ok());
+        assert!(validate_w4a16(8, 4016, 32, 1).unwrap_err().to_string().contains("multiples of 32"));
+        assert!(validate_w4a16(8, 4096, 96, 1).unwrap_err().to_string().contains("group must divide K"));
+        assert!(validate_w4a16(8, 4096, 128, 3).unwrap_err().to_string().contains("batch 3"));
+        assert!(parse_format("q5_0").is_err());
+        assert_eq!(parse_format("asym_g64").unwrap(), Format::Group { scheme: Scheme::Asym, group: 64 });
+    }
+
+    /// kernels/quant/pack_dequant.cu's dequant_ggml_cp_async on the CPU, index for index: lane l copies 16 B vectors
+    /// u = l + 32 i of a 64-block warp step (src-size min(16, bytes left), zero-filled), then
+    /// writes elements 8p .. 8p + 7 (p = l % 4) of staged block 8j + l / 4 for j < 8. The decode
+    /// of one staged block is the one the 32-block kernel uses (checked to the bit on the GPU).
+    fn model_ggml_cp_async(b: Block, input: &[u8]) -> Vec<f32> {
+        const SEGS: usize = super::super::variants::GGML_SEGS;
+        let (bytes, total) = (b.bytes(), input.len());
+        let nblocks = total / bytes;
+        let (nvec, nv) = (2 * bytes * SEGS, (2 * bytes * SEGS).div_ceil(32));
+        let mut out = vec![f32::NAN; nblocks * 32];
+        for seg in 0..nblocks.div_ceil(32 * SEGS) {
+            let base = seg * 32 * SEGS * bytes;
+            let mut stage = vec![0xA5u8; 16 * nvec];
+            for lane in 0..32 {
+                for i in 0..nv {
+                    let (u, off) = (lane + 32 * i, base + 16 * (lane + 32 * i));
+                    if u < nvec && off < total {
+                        let src = 16.min(total - off);
+                        stage[16 * u..16 * u + 16].fill(0);
+                        stage[16 * u..16 * u + src].copy_from_slice(&input[off..off + src]);
+                    }
+                }
+            }
+            for j in 0..4 * SEGS {
+                for lane in 0..32 {
+                    let (local, part) = (8 * j + lane / 4, lane % 4);
+                    let blk = seg * 32 * SEGS + local;
+                    if blk < nblocks {
+                        let vals = ggml::dequantize(b, &stage[local * bytes..(local + 1) * bytes]).unwrap();
+                        let dst = &mut out[32 * blk + 8 * part..32 * blk + 8 * part + 8];
+                        assert!(dst.iter().all(|v| v.is_nan()), "block {blk} part {part} written twice");
+                        dst.copy_from_slice(&vals[8 * part..8 * part + 8]);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_cp_async_block_dequantize_covers_every_block_once() {
+        for b in [Block::Q4_0, Block::Q4_1] {
+            for nblocks in [1, 3, 63, 64, 65, 130, 200] {
+                let x: Vec<f32> = (0..32 * nblocks).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+                let input = ggml::quantize(b, &x).unwrap();
+                let want: Vec<u32> = ggml::dequantize(b, &input).unwrap().iter().map(|v| v.to_bits()).collect();
+                let got: Vec<u32> = model_ggml_cp_async(b, &input).iter().map(|v| v.to_bits()).collect();
+                assert_eq!(got, want, "{b:?}, {nblocks} blocks");
+            }
+        }
+    }
+
+    /// The host's XOR folds little-endian words, zero-padding a partial last one, as the
+    /// kernel's xor_words does for the tail bytes it reads one by one.
+    #[test]
+    fn the_stream_read_check_folds_words_as_the_kernel_does() {
+        assert_eq!(xor_words(&[]), 0);
+        assert_eq!(xor_words(&[0x01, 0x02, 0x03, 0x04]), 0x0403_0201);
+        assert_eq!(xor_words(&[0x01, 0x02, 0x03, 0x04, 0xFF, 0x10]), 0x0403_0201 ^ 0x10FF);
+        assert_eq!(xor_words(&[7; 8]), 0);
+    }
+}
