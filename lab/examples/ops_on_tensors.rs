@@ -64,15 +64,17 @@ fn main() -> lab::Result<()> {
 
     // y = x W^T with W quantized to 4 bits (asymmetric, groups of 128) and a batch of 2.
     let (out, inner, batch) = (96, 512, 2);
-    let ws = values(out * inner, 6);
-    let w = QuantTensor::quantize(&dev, &Tensor::from_slice(&Backend::Cpu, &[out, inner], &ws)?, Format::Group { scheme: Scheme::Asym, group: 128 })?;
+    let (ws, format) = (values(out * inner, 6), Format::Group { scheme: Scheme::Asym, group: 128 });
+    let w_host = Tensor::from_slice(&Backend::Cpu, &[out, inner], &ws)?;
+    let w = QuantTensor::quantize(&dev, &w_host, format)?;
     let xs: Vec<f16> = values(batch * inner, 7).iter().map(|&v| f16::from_f32(v)).collect();
     let x = Tensor::from_slice(&dev, &[batch, inner], &xs)?;
     let mut yq = Tensor::<f16>::zeros(&dev, &[batch, out])?;
     quant::w4a16_matvec(&dev, &w, &x, &mut yq)?;
-    // The reference multiplies by the dequantized weights: what the 4-bit matrix holds.
-    let mut wf = Tensor::<f32>::zeros(&dev, &[out, inner])?;
-    quant::dequantize(&dev, &w, &mut wf)?;
+    // The reference multiplies by what the 4-bit matrix holds: the same quantizer's output
+    // (it runs on the host for every backend), dequantized on the CPU.
+    let mut wf = Tensor::<f32>::zeros(&Backend::Cpu, &[out, inner])?;
+    quant::dequantize(&Backend::Cpu, &QuantTensor::quantize(&Backend::Cpu, &w_host, format)?, &mut wf)?;
     let wd = widen(&wf.to_vec()?);
     let expected: Vec<f64> = (0..batch).flat_map(|r| (0..out).map(move |o| (r, o))).map(|(r, o)| (0..inner).map(|i| xs[r * inner + i].to_f64() * wd[o * inner + i]).sum()).collect();
     let e = compare_elems(&yq.to_vec()?, &expected, Tolerance { atol: 1e-2, rtol: 2f64.powi(-9) }, "cpu-f64");
