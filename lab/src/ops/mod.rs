@@ -176,6 +176,22 @@ pub fn measure_gpu_as<T: Elem>(
     let before = (check.compare)(&gpu.download(out)?);
     let time = if timed { Some(time_gpu(gpu, &s.budget, || launch(out))?) } else { None };
     let after = (check.compare)(&gpu.download(out)?);
+    emit_checked(s, case, (variant, provider), work, check, (before, after), time, extra)
+}
+
+/// The record of a checked figure: the worse of the checks before and after timing, the time,
+/// the tolerance, the ceiling and any `extra` fields.
+#[allow(clippy::too_many_arguments)]
+fn emit_checked<T>(
+    s: &mut Session,
+    case: &Value,
+    (variant, provider): (&str, &str),
+    work: Work,
+    check: &Check<T>,
+    (before, after): (ErrorStats, ErrorStats),
+    time: Option<(crate::profile::TimeSummary, crate::profile::TimingMode)>,
+    extra: serde_json::Map<String, Value>,
+) -> Result<()> {
     let mut m = Measurement::new(variant, provider, case, work);
     m.error = Some(compare::first_failure(before, after));
     (m.time, m.tolerance, m.ceiling, m.extra) = (time, Some(check.tol), Some(check.ceiling), extra);
@@ -196,6 +212,22 @@ pub fn measure_op<T: Elem>(
     out: &mut Tensor<T>,
     op: impl Fn(&mut Tensor<T>) -> Result<()>,
 ) -> Result<()> {
+    measure_op_with(s, case, variant, work, check, timed, out, Default::default(), op)
+}
+
+/// [`measure_op`] with `extra` fields for the record (e.g. the kernel's registers and tile).
+#[allow(clippy::too_many_arguments)]
+pub fn measure_op_with<T: Elem>(
+    s: &mut Session,
+    case: &Value,
+    variant: &str,
+    work: Work,
+    check: &Check<T>,
+    timed: bool,
+    out: &mut Tensor<T>,
+    extra: serde_json::Map<String, Value>,
+    op: impl Fn(&mut Tensor<T>) -> Result<()>,
+) -> Result<()> {
     let backend = s.backend.clone();
     match (&backend, out.buffer_mut()) {
         (Backend::Cuda(gpu), Buffer::Cuda(d)) => gpu.poison(d)?,
@@ -213,10 +245,7 @@ pub fn measure_op<T: Elem>(
         (Backend::Cpu, true) => Some(crate::profile::host_time(&s.budget, || Ok(()), || op(out))?),
     };
     let after = (check.compare)(&out.to_vec()?);
-    let mut m = Measurement::new(variant, "lab", case, work);
-    m.error = Some(compare::first_failure(before, after));
-    (m.time, m.tolerance, m.ceiling) = (time, Some(check.tol), Some(check.ceiling));
-    s.emit(m).map(|_| ())
+    emit_checked(s, case, (variant, "lab"), work, check, (before, after), time, extra)
 }
 
 /// One lab CPU variant, the same way: fill a NaN-poisoned output, check, time it (`timed`), check

@@ -4,12 +4,11 @@
 use super::variants::{applies, gpu_ladder, not_applicable, Config, VARIANTS};
 use super::{gemm, tolerance, validate, Dims, Expected, Split};
 use crate::error::Doing;
-use crate::experiment::{param_str, param_timed, param_usize, rng_for, Backend, Experiment, Measurement, Session};
-use crate::gpu::{timing::time_gpu, Gpu};
+use crate::experiment::{param_str, param_timed, param_usize, rng_for, Backend, Experiment, Session};
+use crate::gpu::Gpu;
 use crate::kernels::DType;
 use crate::ops::variant::Variant;
-use crate::ops::{compare, measure_op, Check, Elem};
-use crate::profile::Work;
+use crate::ops::{measure_op, measure_op_with, Check, Elem};
 use crate::record::Tolerance;
 use crate::tensor::Tensor;
 use crate::Result;
@@ -221,7 +220,7 @@ where
                     let (key, value) = split.describe();
                     extra.insert(key.into(), value);
                 }
-                measure_with_extra(s, gpu, case, v.name, work, &check, timed, &mut dc, extra, run_as(v.name))?;
+                measure_op_with(s, case, v.name, work, &check, timed, &mut dc, extra, run_as(v.name))?;
             }
             super::cublas::measure(s, gpu, case, d, ab, (&da, &db, dc0.as_ref()), &mut dc, work, &check, timed, skipped)?;
         }
@@ -229,29 +228,3 @@ where
     Ok(())
 }
 
-/// [`measure_op`] on the GPU with `extra` fields for the record (the kernel's registers, shared
-/// memory, tile and split): poison C, run once and check, time it (`timed`), check again, emit.
-#[allow(clippy::too_many_arguments)]
-fn measure_with_extra<T: Elem>(
-    s: &mut Session,
-    gpu: &Gpu,
-    case: &Value,
-    variant: &str,
-    work: Work,
-    check: &Check<T>,
-    timed: bool,
-    out: &mut Tensor<T>,
-    extra: serde_json::Map<String, Value>,
-    op: impl Fn(&mut Tensor<T>) -> Result<()>,
-) -> Result<()> {
-    gpu.poison(out.cuda_mut().expect("C is on the GPU"))?;
-    op(out)?;
-    gpu.sync()?;
-    let before = (check.compare)(&out.to_vec()?);
-    let time = if timed { Some(time_gpu(gpu, &s.budget, || op(out))?) } else { None };
-    let after = (check.compare)(&out.to_vec()?);
-    let mut m = Measurement::new(variant, "lab", case, work);
-    m.error = Some(compare::first_failure(before, after));
-    (m.time, m.tolerance, m.ceiling, m.extra) = (time, Some(check.tol), Some(check.ceiling), extra);
-    s.emit(m).map(|_| ())
-}
