@@ -173,8 +173,7 @@ fn the_quant_kernels_take_the_launch_the_table_gives() {
     }
 }
 
-/// The constants the Rust side shares with kernels/quant/, evaluated by NVRTC: a probe kernel
-/// compiled after the family's source stores each one, and the PTX's stores are read back.
+/// The constants the Rust side shares with kernels/quant/, as NVRTC evaluates them (probe_u32).
 #[test]
 fn the_quant_constants_are_the_kernels() {
     use lab::ops::quant::variants::*;
@@ -184,24 +183,7 @@ fn the_quant_constants_are_the_kernels() {
         "BULK_STEPS", "GGML_SEGS", "RingSlot<false>::BYTES", "RingSlot<true>::BYTES", "PipeStage<false>::VECS", "PipeStage<true>::VECS",
         "MmaSteps<1>::U", "MmaSteps<2>::U", "MmaSteps<4>::U", "MmaSteps<8>::U", "MmaSteps<16>::U",
     ];
-    let stores: String = exprs.iter().enumerate().map(|(i, e)| format!("    o[{i}] = {e};\n")).collect();
-    let src = format!("{}\nextern \"C\" __global__ void quant_probe(volatile int* o) {{\n{stores}}}\n", lab::kernels::source("quant").unwrap());
-    let ptx = lab::gpu::compile::compile_source("quant_probe", &src, 90).unwrap_or_else(|e| panic!("{e}"));
-    let body = ptx.split(".entry quant_probe(").nth(1).unwrap();
-    let mut regs = std::collections::HashMap::new();
-    let mut got = vec![None; exprs.len()];
-    for line in body.lines().map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")) {
-        let line = line.as_str();
-        if let Some(rest) = line.strip_prefix("mov.u32 ").or_else(|| line.strip_prefix("mov.b32 ")) {
-            let (reg, v) = rest.trim_end_matches(';').split_once(", ").unwrap();
-            regs.insert(reg.to_string(), v.to_string());
-        } else if let Some(rest) = line.strip_prefix("st.volatile.global.u32 ").or_else(|| line.strip_prefix("st.volatile.global.b32 ")) {
-            let (addr, v) = rest.trim_end_matches(';').split_once("], ").unwrap();
-            let offset: usize = addr.split_once('+').map_or(0, |(_, o)| o.parse().unwrap());
-            let v = regs.get(v).cloned().unwrap_or_else(|| v.to_string());
-            got[offset / 4] = Some(v.parse::<usize>().unwrap_or_else(|_| panic!("`{line}`: not a constant")));
-        }
-    }
+    let got = lab::gpu::compile::probe_u32("quant", &exprs).unwrap_or_else(|e| panic!("{e}"));
     let (mma, pipe, cuda_cores) = (find("w4a16_mma").unwrap(), find("w4a16_mma_pipelined").unwrap(), find("w4a16").unwrap());
     let warps = |v: &lab::ops::variant::Variant<Kernel>| match v.config {
         Kernel::W4(d) => (d.warps, d.rows),
@@ -214,7 +196,7 @@ fn the_quant_constants_are_the_kernels() {
         mma_steps_in_flight(16),
     ];
     for (i, e) in exprs.iter().enumerate() {
-        assert_eq!(got[i], Some(want[i]), "{e}");
+        assert_eq!(got[i] as usize, want[i], "{e}");
     }
     assert_eq!((lab::quant::tiles::TILE_ROWS, lab::quant::tiles::STEP_WEIGHTS), (warps(mma).1, 128));
 }

@@ -105,6 +105,39 @@ pub fn compile_family(family: &str, target: impl Into<Target>) -> Result<String>
     compile_source(family, &crate::kernels::source(family)?, target)
 }
 
+/// What NVRTC makes of integer expressions in a family's source (its constants, `sizeof`s,
+/// template members): a probe kernel compiled after the source stores each one, and the stores in
+/// its PTX are read back, so a Rust mirror is tested against the kernel's own values. Each
+/// expression must be a compile-time constant that fits 32 bits (`__float_as_uint(x)` for a float).
+pub fn probe_u32(family: &str, exprs: &[&str]) -> Result<Vec<u32>> {
+    let stores: String = exprs.iter().enumerate().map(|(i, e)| format!("    o[{i}] = (unsigned)({e});\n")).collect();
+    let src = format!("{}\nextern \"C\" __global__ void lab_probe(volatile unsigned* o) {{\n{stores}}}\n", crate::kernels::source(family)?);
+    let ptx = compile_source(&format!("{family}_probe"), &src, 90)?;
+    let body = ptx.split(".entry lab_probe(").nth(1).ok_or_else(|| LabError::Invalid("the probe kernel is missing from its PTX".into()))?;
+    let mut regs = std::collections::HashMap::new();
+    let mut got = vec![None; exprs.len()];
+    for line in body.lines().map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")) {
+        let line = line.as_str();
+        if let Some(rest) = line.strip_prefix("mov.u32 ").or_else(|| line.strip_prefix("mov.b32 ")) {
+            if let Some((reg, v)) = rest.trim_end_matches(';').split_once(", ") {
+                regs.insert(reg.to_string(), v.to_string());
+            }
+        } else if let Some(rest) = line.strip_prefix("st.volatile.global.u32 ").or_else(|| line.strip_prefix("st.volatile.global.b32 ")) {
+            let Some((addr, v)) = rest.trim_end_matches(';').split_once("], ") else { continue };
+            let offset: usize = addr.split_once('+').map_or(Some(0), |(_, o)| o.parse().ok()).unwrap_or(usize::MAX);
+            let v = regs.get(v).cloned().unwrap_or_else(|| v.to_string());
+            if let (Some(slot), Ok(value)) = (got.get_mut(offset / 4), v.parse::<u32>()) {
+                *slot = Some(value);
+            }
+        }
+    }
+    exprs
+        .iter()
+        .zip(got)
+        .map(|(e, v)| v.ok_or_else(|| LabError::Invalid(format!("`{e}` is not a 32-bit compile-time constant of `{family}`"))))
+        .collect()
+}
+
 /// Compiles CUDA source named `family` (errors and cache files carry the name).
 pub fn compile_source(family: &str, src: &str, target: impl Into<Target>) -> Result<String> {
     let arch = target.into().gpu_architecture();

@@ -250,8 +250,14 @@ mod tests {
 
     #[test]
     fn the_constants_are_the_kernels() {
-        // PATH_A(31) and PATH_B(31) in kernels/divergence.cu, spelled out.
-        assert_eq!(constants(31), (0.984375, 0.03125));
-        assert!(crate::kernels::source(FAMILY).unwrap().contains("#define PATH_A(p) (0.5f + 0.015625f * (float)(p))"));
+        // PATH_A(p) and PATH_B(p) as NVRTC evaluates them in kernels/divergence.cu, bit for bit.
+        let paths = [0, 1, 17, 31];
+        let exprs: Vec<String> = paths.iter().flat_map(|p| [format!("__float_as_uint(PATH_A({p}))"), format!("__float_as_uint(PATH_B({p}))")]).collect();
+        let exprs: Vec<&str> = exprs.iter().map(String::as_str).collect();
+        let got = crate::gpu::compile::probe_u32(FAMILY, &exprs).unwrap_or_else(|e| panic!("{e}"));
+        for (i, &p) in paths.iter().enumerate() {
+            let (a, b) = constants(p);
+            assert_eq!((got[2 * i], got[2 * i + 1]), (a.to_bits(), b.to_bits()), "path {p}");
+        }
     }
 }
