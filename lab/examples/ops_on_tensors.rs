@@ -40,7 +40,7 @@ fn main() -> lab::Result<()> {
     let mut y = Tensor::<f32>::zeros(&dev, &[rows, cols])?;
     softmax::forward(&dev, &x, &mut y)?;
     let e = compare_elems(&y.to_vec()?, &softmax::reference(&widen(&xs), cols), softmax::tolerance(DType::F32, cols), "cpu-f64");
-    ok &= report(&format!("softmax {rows} x {cols} ({})", softmax::best(&dev, cols).name), e);
+    ok &= report(&format!("softmax {rows} x {cols} ({})", softmax::best(&dev, DType::F32, cols).name), e);
 
     // RMSNorm with a learned scale.
     let gs: Vec<f32> = values(cols, 2).iter().map(|v| 1.0 + 0.1 * v).collect();

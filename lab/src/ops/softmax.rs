@@ -105,18 +105,22 @@ pub fn variants() -> Vec<VariantInfo> {
     variant::infos(VARIANTS)
 }
 
-/// The variant [`forward`] runs on `dev` for rows `cols` wide: the fastest that takes the shape
-/// (measured on an H100: onchip_block_per_row up to its capacity, cluster_per_row beyond it on
-/// sm_90, online_block_per_row otherwise).
-pub fn best(dev: &Backend, cols: usize) -> &'static Variant<Kernel> {
+/// The variant [`forward`] runs on `dev` for rows `cols` wide: the fastest that takes the shape,
+/// as measured on an H100 (2026-11-25T18-25-39Z-h100-840af7d): the row on chip up to its
+/// capacity; beyond it a cluster per row only for the longest f32 rows (0.81 against 1.10 ms at
+/// 262144 wide; it loses below ~131072 and in bf16), else 512 threads per row.
+pub fn best(dev: &Backend, dtype: DType, cols: usize) -> &'static Variant<Kernel> {
     let name = match dev {
         Backend::Cpu => "cpu_online_rows",
         Backend::Cuda(_) if cols <= ONCHIP_MAX_COLS => "onchip_block_per_row",
-        Backend::Cuda(g) if g.arch >= 90 && cols <= CLUSTER_MAX_COLS => "cluster_per_row",
+        Backend::Cuda(g) if g.arch >= 90 && dtype == DType::F32 && (CLUSTER_MIN_WIN_COLS..=CLUSTER_MAX_COLS).contains(&cols) => "cluster_per_row",
         Backend::Cuda(_) => "online_block_per_row",
     };
     variant::find(FAMILY, VARIANTS, name).expect("the best softmax variant is in the table")
 }
+
+/// Where `cluster_per_row` starts to beat `online_block_per_row` in f32 (kernels/softmax.cu).
+const CLUSTER_MIN_WIN_COLS: usize = 131072;
 
 /// Does `v` take rows `cols` wide?
 pub fn takes(v: &Variant<Kernel>, cols: usize) -> bool {
@@ -128,7 +132,7 @@ pub fn takes(v: &Variant<Kernel>, cols: usize) -> bool {
 
 /// y = softmax(x) over the last dimension, with the best variant for the backend and shape.
 pub fn forward<T: Elem>(dev: &Backend, x: &Tensor<T>, y: &mut Tensor<T>) -> Result<()> {
-    forward_with(dev, best(dev, x.cols()).name, x, y)
+    forward_with(dev, best(dev, T::DTYPE, x.cols()).name, x, y)
 }
 
 /// y = softmax(x) over the last dimension with the named variant (any row of [`VARIANTS`]).
