@@ -104,13 +104,13 @@ pub static FAMILIES: &[Family] = &[
         experiment: Some(&crate::ops::quant::Quant),
         variants: crate::ops::quant::variants,
     },
-    Family { name: "allreduce", kernels: &[], experiment: Some(&crate::collective::experiment::AllReduce), variants: none },
-    Family { name: "bucketing", kernels: &[], experiment: Some(&crate::collective::bucket::Bucketing), variants: none },
+    Family { name: "allreduce", kernels: &[], experiment: Some(&crate::ops::allreduce::AllReduce), variants: none },
+    Family { name: "bucketing", kernels: &[], experiment: Some(&crate::ops::bucketing::Bucketing), variants: none },
     // The kernels NCCL's experiment launches beside the collective (a reduction into a buffer).
     Family {
         name: "collective",
         kernels: &[kernel!("collective.cu")],
-        experiment: Some(&crate::collective::nccl::NcclAllReduce),
+        experiment: Some(&crate::ops::nccl_allreduce::NcclAllReduce),
         variants: none,
     },
 ];

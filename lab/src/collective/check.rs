@@ -3,9 +3,9 @@
 //! inputs and, under MPI, against MPI_Allreduce on the same inputs; then a length mismatch, which
 //! must fail on every rank. Prints one line per check on rank 0.
 
-use super::experiment::{rank_input, ranks_identical, tolerance};
 use super::ring::{all_reduce, Algorithm};
 use super::transport::{Transport, Wire};
+use crate::ops::allreduce::{rank_input, ranks_identical, tolerance};
 use crate::ops::compare::compare_elems;
 use crate::ops::Elem;
 use crate::{LabError, Result};

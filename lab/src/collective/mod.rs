@@ -1,7 +1,8 @@
 //! Collectives on CPU ranks: ring all-reduce over a [`Transport`] (threads in one process, or Open
 //! MPI with `--features mpi`), gradient bucketing for data-parallel training, and tensor-parallel
 //! linear layers; and across the GPUs of one host, NCCL's all-reduce beside the same ring over
-//! NCCL send/recv ([`nccl`]).
+//! NCCL send/recv ([`nccl`]). The experiments that measure them (`allreduce`, `bucketing`,
+//! `nccl_allreduce`) are in [`crate::ops`].
 //!
 //! Under a launcher (`mpirun -n N lab run allreduce`) every process runs the same command. Only
 //! rank 0 opens a [`crate::experiment::Session`] and writes records; ranks above 0 are followers:
@@ -11,7 +12,6 @@
 
 pub mod bucket;
 pub mod check;
-pub mod experiment;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 pub mod nccl;

@@ -8,168 +8,34 @@
 //! segment per chunk (`ring_p2p`) every add sits between two transfers; `ring_p2p_pipelined`
 //! cuts chunks into segments so the add of one overlaps the transfer of the next.
 //!
-//! Figures as nccl-tests defines them (see the `allreduce` experiment); a repetition is timed on
-//! the host from issue to the last stream's completion on every GPU.
-//!
-//! Where there is one GPU or none, or no NCCL library, the experiment checks the same plan on
-//! simulated ranks in host memory (`ring_plan_host`), so the schedule the GPUs run is always
-//! tested.
+//! The `nccl_allreduce` experiment that measures both is [`crate::ops::nccl_allreduce`].
 
-use super::experiment::{figure, rank_input, sizes, tolerance};
-use super::ring::reference_sum;
 use super::plan::RingPlan;
 use crate::error::Doing;
-use crate::experiment::{param_str, param_timed, param_usize, Backend, Experiment, Measurement, Session};
 use crate::gpu::Gpu;
-use crate::kernels::{symbol, DType};
-use crate::ops::compare::{compare_elems, first_failure};
 use crate::ops::Elem;
-use crate::profile::host_time;
-use crate::record::Tolerance;
 use crate::{LabError, Result};
 use cudarc::driver::{CudaEvent, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nccl::safe::{Comm, NcclType, ReduceOp};
-use serde_json::{json, Value};
 use std::sync::Arc;
-
-pub struct NcclAllReduce;
-
-const FAMILY: &str = "collective";
 
 /// The longest wait for an all-reduce (a 1 GiB one takes milliseconds).
 const DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// The lab's GPU rings: name and segment size (`None`: one segment per chunk). NCCL's send/recv
-/// has a fixed cost of tens of microseconds per grouped round and ramps up slowly: 4 MiB
-/// segments ran at a third of the link's rate on two H200s, so the pipelined ring needs large
-/// segments (64 MiB) to gain anything from overlapping the adds.
-const RINGS: [(&str, Option<usize>); 3] =
-    [("ring_p2p", None), ("ring_p2p_pipelined", Some(4 << 20)), ("ring_p2p_pipelined_64m", Some(64 << 20))];
-
-/// GPUs usable for NCCL here, or why the experiment falls back to the simulated plan.
-fn gpus_for_nccl(backend: &Backend) -> std::result::Result<usize, String> {
-    let Backend::Cuda(_) = backend else { return Err("the CPU backend".into()) };
-    // SAFETY: only probes the dynamic loader.
-    if !unsafe { cudarc::nccl::sys::is_culib_present() } {
-        return Err("no NCCL library (libnccl.so.2) found".into());
-    }
-    match cudarc::driver::CudaContext::device_count() {
-        Ok(n) if n >= 2 => Ok(n as usize),
-        Ok(n) => Err(format!("{n} GPU(s); NCCL needs at least 2")),
-        Err(e) => Err(format!("cannot count GPUs ({e:?})")),
-    }
-}
-
-impl Experiment for NcclAllReduce {
-    fn name(&self) -> &'static str {
-        "nccl_allreduce"
-    }
-    fn description(&self) -> &'static str {
-        "all-reduce across a host's GPUs: the lab ring over NCCL send/recv (plain, pipelined) vs ncclAllReduce; busbw by size"
-    }
-    fn cases(&self, backend: &Backend, quick: bool) -> Vec<Value> {
-        let mut cases = Vec::new();
-        let gate = |n: usize, len: usize, dtype: DType, transport: &str| {
-            json!({"bytes": len * dtype.size(), "len": len, "dtype": dtype.name(), "ranks": n, "transport": transport, "timed": false})
-        };
-        match gpus_for_nccl(backend) {
-            Ok(n) => {
-                for len in [0, n - 1, 1001, 1 << 20 | 3] {
-                    cases.push(gate(n, len, DType::F32, "nccl"));
-                }
-                cases.push(gate(n, 1001, DType::Bf16, "nccl"));
-                let max = if quick { 1 << 20 } else { 1 << 30 };
-                for b in sizes(max) {
-                    cases.push(json!({"bytes": b, "len": b / 4, "dtype": "f32", "ranks": n, "transport": "nccl"}));
-                }
-                for b in [64 << 20, 256 << 20].map(|b: usize| b.min(max)) {
-                    cases.push(json!({"bytes": b, "len": b / 2, "dtype": "bf16", "ranks": n, "transport": "nccl"}));
-                }
-            }
-            Err(why) => {
-                eprintln!("note: nccl_allreduce: {why}; checking the GPU ring's plan on simulated ranks only");
-                for n in [2, 3, 4] {
-                    for (len, dtype) in [(0, DType::F32), (n - 1, DType::F32), (1001, DType::F32), (1001, DType::Bf16), (1 << 16 | 5, DType::F16)] {
-                        cases.push(gate(n, len, dtype, "plan"));
-                    }
-                }
-            }
-        }
-        cases
-    }
-    fn run_case(&self, s: &mut Session, case: &Value) -> Result<()> {
-        let transport = param_str(case, "transport")?;
-        let measurements = match (transport, DType::parse(param_str(case, "dtype")?)?) {
-            ("plan", DType::F32) => simulate::<f32>(s, case)?,
-            ("plan", DType::Bf16) => simulate::<half::bf16>(s, case)?,
-            ("plan", DType::F16) => simulate::<half::f16>(s, case)?,
-            ("nccl", DType::F32) => measure::<f32>(s, case)?,
-            ("nccl", DType::Bf16) => measure::<half::bf16>(s, case)?,
-            ("nccl", DType::F16) => measure::<half::f16>(s, case)?,
-            (other, _) => return Err(LabError::Invalid(format!("nccl_allreduce: unknown transport `{other}` (nccl, plan)"))),
-        };
-        for m in measurements {
-            s.emit(m)?;
-        }
-        Ok(())
-    }
-}
-
-/// NCCL and the GPU ring round to the storage type after every hop, not once: up to n - 1
-/// roundings of partial sums no larger than n (inputs lie in [-1, 1)), on top of the final one.
-fn hop_tolerance(dtype: DType, n: usize) -> Tolerance {
-    let once = tolerance(dtype, n);
-    let hops = if dtype == DType::F32 { 0.0 } else { ((n - 1) * n) as f64 * once.rtol };
-    Tolerance { atol: once.atol + hops, rtol: once.rtol }
-}
-
-/// Every rank's input and the exact sum, from the run's seed.
-fn inputs<T: Elem>(seed: u64, case: &Value, n: usize, len: usize) -> (Vec<Vec<T>>, Vec<f64>) {
-    let inputs: Vec<Vec<T>> = (0..n).map(|r| rank_input(seed, case, r, len)).collect();
-    let expected = reference_sum(&inputs);
-    (inputs, expected)
-}
-
-/// The plan on host buffers: the schedule's check without GPUs (rounding to the storage type
-/// after every add, as the GPU kernel does).
-fn simulate<T: Elem>(s: &mut Session, case: &Value) -> Result<Vec<Measurement>> {
-    let (n, len) = (param_usize(case, "ranks")?, param_usize(case, "len")?);
-    if !s.wants("ring_plan_host", "lab") {
-        return Ok(Vec::new());
-    }
-    let (inputs, expected) = inputs::<T>(s.opts.seed, case, n, len);
-    let mut bufs: Vec<Vec<f32>> = inputs.iter().map(|v| v.iter().map(|x| x.to_f32()).collect()).collect();
-    let plan = RingPlan::new(len, n, Some(64), 16 / T::DTYPE.size());
-    plan.simulate(&mut bufs, |x| T::from_f32(x).to_f32());
-    let tol = hop_tolerance(T::DTYPE, n);
-    let outs: Vec<Vec<T>> = bufs.iter().map(|b| b.iter().map(|&x| T::from_f32(x)).collect()).collect();
-    let mut m = figure("ring_plan_host", "lab", case, (len * T::DTYPE.size()) as u64, n, None, worst(&outs, &expected, tol), None, tol, identical(&outs));
-    m.extra.insert("segments".into(), plan.segments.into());
-    Ok(vec![m])
-}
-
-/// The first failing rank's comparison with the exact sum, else rank 0's.
-fn worst<T: Elem>(outs: &[Vec<T>], expected: &[f64], tol: Tolerance) -> Option<crate::record::ErrorStats> {
-    outs.iter().map(|o| compare_elems(o, expected, tol, "f64-sum")).reduce(first_failure)
-}
-
-fn identical<T: Elem>(outs: &[Vec<T>]) -> bool {
-    outs.iter().all(|o| T::bytes(o) == T::bytes(&outs[0]))
-}
-
 /// One GPU of the ring: its runtime (whose stream runs the adds) and the stream NCCL runs on.
-struct Rank {
-    gpu: Arc<Gpu>,
-    comm_stream: Arc<CudaStream>,
+pub(crate) struct Rank {
+    pub(crate) gpu: Arc<Gpu>,
+    pub(crate) comm_stream: Arc<CudaStream>,
 }
 
-struct World {
-    ranks: Vec<Rank>,
-    comms: Vec<Comm>,
+/// Every GPU of the ring, with its NCCL communicator.
+pub(crate) struct World {
+    pub(crate) ranks: Vec<Rank>,
+    pub(crate) comms: Vec<Comm>,
 }
 
 impl World {
-    fn open(first: &Arc<Gpu>, n: usize) -> Result<World> {
+    pub(crate) fn open(first: &Arc<Gpu>, n: usize) -> Result<World> {
         let mut ranks = Vec::with_capacity(n);
         for i in 0..n {
             let gpu = if i == 0 { first.clone() } else { Gpu::new(i)? };
@@ -182,7 +48,7 @@ impl World {
 
     /// Waits for both streams of every GPU, or fails after [`DEADLINE`]: a transfer whose
     /// partner was never issued would otherwise hang the run.
-    fn sync(&self) -> Result<()> {
+    pub(crate) fn sync(&self) -> Result<()> {
         use cudarc::driver::sys::{cuStreamQuery, CUresult};
         let start = std::time::Instant::now();
         for (i, r) in self.ranks.iter().enumerate() {
@@ -204,7 +70,7 @@ impl World {
     }
 }
 
-fn nccl_error(doing: &'static str) -> impl Fn(cudarc::nccl::result::NcclError) -> LabError {
+pub(crate) fn nccl_error(doing: &'static str) -> impl Fn(cudarc::nccl::result::NcclError) -> LabError {
     move |e| LabError::Invalid(format!("NCCL failed while {doing}: {e:?}"))
 }
 
@@ -218,17 +84,17 @@ fn grouped(f: impl FnOnce() -> Result<()>) -> Result<()> {
 }
 
 /// Buffers and events of one rank for the ring.
-struct RingBufs<T> {
-    x: CudaSlice<T>,
-    scratch: CudaSlice<T>,
+pub(crate) struct RingBufs<T> {
+    pub(crate) x: CudaSlice<T>,
+    pub(crate) scratch: CudaSlice<T>,
     /// Per segment: its transfer landed (recorded on the comm stream) / its add is done.
-    landed: Vec<CudaEvent>,
-    added: Vec<CudaEvent>,
-    add: CudaFunction,
+    pub(crate) landed: Vec<CudaEvent>,
+    pub(crate) added: Vec<CudaEvent>,
+    pub(crate) add: CudaFunction,
 }
 
 /// The lab's ring: the plan's phases, one grouped NCCL round each, adds on the compute streams.
-fn ring_all_reduce<T: Elem + NcclType>(w: &World, plan: &RingPlan, bufs: &mut [RingBufs<T>]) -> Result<()> {
+pub(crate) fn ring_all_reduce<T: Elem + NcclType>(w: &World, plan: &RingPlan, bufs: &mut [RingBufs<T>]) -> Result<()> {
     let n = w.ranks.len();
     for phase in plan.phases() {
         let k = phase.segment;
@@ -277,102 +143,11 @@ fn ring_all_reduce<T: Elem + NcclType>(w: &World, plan: &RingPlan, bufs: &mut [R
 }
 
 /// NCCL's all-reduce, in place, on every GPU.
-fn nccl_all_reduce<T: Elem + NcclType>(w: &World, bufs: &mut [RingBufs<T>]) -> Result<()> {
+pub(crate) fn nccl_all_reduce<T: Elem + NcclType>(w: &World, bufs: &mut [RingBufs<T>]) -> Result<()> {
     grouped(|| {
         for (comm, b) in w.comms.iter().zip(bufs.iter_mut()) {
             comm.all_reduce_in_place(&mut b.x, &ReduceOp::Sum).map_err(nccl_error("issuing ncclAllReduce"))?;
         }
         Ok(())
     })
-}
-
-fn measure<T: Elem + NcclType>(s: &mut Session, case: &Value) -> Result<Vec<Measurement>> {
-    let Backend::Cuda(first) = &s.backend else { return Err(LabError::Invalid("nccl_allreduce over NCCL needs the CUDA backend".into())) };
-    let first = first.clone();
-    let (n, len) = (param_usize(case, "ranks")?, param_usize(case, "len")?);
-    let started = std::time::Instant::now();
-    let w = World::open(&first, n)?;
-    let init_ms = started.elapsed().as_secs_f64() * 1e3;
-    let (inputs, expected) = inputs::<T>(s.opts.seed, case, n, len);
-    let tol = hop_tolerance(T::DTYPE, n);
-    let bytes = (len * T::DTYPE.size()) as u64;
-    let timed = param_timed(case);
-    let version = cudarc::nccl::result::get_nccl_version().map_err(nccl_error("reading its version"))?;
-    let align = 16 / T::DTYPE.size();
-
-    let pristine: Vec<CudaSlice<T>> = w.ranks.iter().zip(&inputs).map(|(r, x)| r.gpu.upload(x)).collect::<Result<_>>()?;
-    let mut out = Vec::new();
-    let mut providers: Vec<(&str, &str, Option<RingPlan>)> = vec![("ncclAllReduce", "nccl", None)];
-    providers.extend(RINGS.map(|(name, seg)| (name, "lab", Some(RingPlan::new(len, n, seg.map(|b| b / T::DTYPE.size()), align)))));
-    for (variant, provider, plan) in providers {
-        if !s.wants(variant, provider) {
-            continue;
-        }
-        let mut bufs = Vec::with_capacity(n);
-        let segments = plan.map_or(1, |p| p.segments);
-        for (rank, p) in w.ranks.iter().zip(&pristine) {
-            let stream = &rank.gpu.stream;
-            let x = stream.clone_dtod(p).doing("copying the input")?;
-            // The scratch starts as NaN (0xFF bytes): a segment added before it landed shows.
-            let mut scratch = stream.alloc_zeros::<T>(plan.map_or(1, |p| p.max_chunk()).max(1)).doing("allocating the scratch")?;
-            rank.gpu.poison(&mut scratch)?;
-            let event = || rank.gpu.ctx.new_event(None).doing("creating an event");
-            let landed = (0..segments).map(|_| event()).collect::<Result<_>>()?;
-            let added = (0..segments).map(|_| event()).collect::<Result<_>>()?;
-            let add = rank.gpu.function(FAMILY, &symbol(FAMILY, "add", T::DTYPE))?;
-            bufs.push(RingBufs { x, scratch, landed, added, add });
-        }
-        w.sync()?;
-        let run = |bufs: &mut [RingBufs<T>]| match &plan {
-            Some(p) => ring_all_reduce(&w, p, bufs),
-            None => nccl_all_reduce(&w, bufs),
-        };
-        let download = |bufs: &[RingBufs<T>]| -> Result<Vec<Vec<T>>> { w.ranks.iter().zip(bufs).map(|(r, b)| r.gpu.download(&b.x)).collect() };
-        run(&mut bufs)?;
-        w.sync()?;
-        let first_outs = download(&bufs)?;
-        let before = worst(&first_outs, &expected, tol);
-        let time = if timed {
-            let start = first.nvml.as_ref().and_then(|nv| nv.clocks_now());
-            let bufs = std::cell::RefCell::new(&mut bufs);
-            let restore = || -> Result<()> {
-                for ((rank, b), p) in w.ranks.iter().zip(bufs.borrow_mut().iter_mut()).zip(&pristine) {
-                    rank.gpu.stream.memcpy_dtod(p, &mut b.x).doing("restoring the input")?;
-                }
-                w.sync()
-            };
-            let (summary, mut mode) = host_time(&s.budget, restore, || {
-                run(&mut bufs.borrow_mut())?;
-                w.sync()
-            })?;
-            mode.clocks = first.nvml.as_ref().and_then(|nv| crate::gpu::nvml::clocks_around(start, nv));
-            Some((summary, mode))
-        } else {
-            None
-        };
-        let outs = download(&bufs)?;
-        let after = worst(&outs, &expected, tol);
-        let mut m = figure(variant, provider, case, bytes, n, time, before, after, tol, identical(&outs) && identical(&first_outs));
-        m.extra.insert("nccl_version".into(), version.into());
-        m.extra.insert("nccl_init_ms".into(), init_ms.into());
-        m.extra.insert("gpus".into(), json!(w.ranks.iter().map(|r| r.gpu.info.name.clone()).collect::<Vec<_>>()));
-        if let Some(p) = plan {
-            m.extra.insert("segments".into(), p.segments.into());
-            m.extra.insert("segment_bytes".into(), (p.max_chunk().div_ceil(p.segments) * T::DTYPE.size()).into());
-        }
-        out.push(m);
-    }
-    Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn without_two_gpus_the_cases_check_the_plan_on_simulated_ranks() {
-        let cases = NcclAllReduce.cases(&Backend::Cpu, true);
-        assert!(!cases.is_empty() && cases.iter().all(|c| c["transport"] == "plan" && c["timed"] == false));
-        assert!(cases.iter().any(|c| c["len"] == 1 && c["ranks"] == 2), "fewer elements than ranks");
-    }
 }

@@ -1,14 +1,18 @@
 //! One module per kernel family: its variant table, CPU reference, callable ops on
 //! [`crate::tensor::Tensor`], the experiment and the tests. [`measure_op`] is the house way an
-//! experiment measures a callable op.
+//! experiment measures a callable op. The collective experiments (`allreduce`, `bucketing`,
+//! `nccl_allreduce`) measure the libraries of [`crate::collective`].
 
+pub mod allreduce;
 pub mod bias_gelu;
+pub mod bucketing;
 pub mod ceilings;
 pub mod compare;
 pub mod divergence;
 pub mod gemm;
 pub mod layernorm;
 pub mod linear;
+pub mod nccl_allreduce;
 pub mod quant;
 pub mod rmsnorm;
 pub mod softmax;

@@ -1,13 +1,14 @@
-//! The `allreduce` experiment: an OSU-style size sweep of our rings beside MPI_Allreduce, and the
-//! collective timing every rank takes part in.
+//! The `allreduce` experiment: an OSU-style size sweep of the rings of [`crate::collective`]
+//! beside MPI_Allreduce; and what every collective experiment shares: the per-rank context and
+//! inputs, the tolerance, the case runner, and the collective timing every rank takes part in.
 //!
 //! Figures, as nccl-tests defines them (doc/PERFORMANCE.md in NVIDIA/nccl-tests):
 //! algbw = S / t for a message of S bytes, and busbw = algbw * 2(n-1)/n for an all-reduce, the
 //! rate each rank's link must sustain, comparable across rank counts. `t` is the median over
 //! repetitions of the slowest rank's time, each repetition starting right after a barrier.
 
-use super::ring::{Algorithm, Ring};
-use super::transport::{all_gather_u64, bytes_of, run_threads, Transport, Wire};
+use crate::collective::ring::{Algorithm, Ring};
+use crate::collective::transport::{all_gather_u64, bytes_of, run_threads, Transport, Wire};
 use crate::experiment::{param_str, param_timed, param_usize, rng_for, Backend, Experiment, Measurement, RunOptions, Session};
 use crate::kernels::DType;
 use crate::ops::compare::compare_elems;
@@ -52,7 +53,7 @@ impl Experiment for AllReduce {
     }
     fn cases(&self, _: &Backend, quick: bool) -> Vec<Value> {
         // Under mpirun the world is the launched one; otherwise thread worlds of 2 and 4 ranks.
-        let (worlds, transport, max) = match super::launched().ok().flatten() {
+        let (worlds, transport, max) = match crate::collective::launched().ok().flatten() {
             Some(t) => (vec![t.size()], "mpi", if quick { 1 << 20 } else { 256 << 20 }),
             None => (vec![2, 4], "threads", if quick { 1 << 20 } else { 64 << 20 }),
         };
@@ -114,7 +115,7 @@ pub fn follow_case_with(opts: &RunOptions, case: &Value, measure: Measure) -> Re
 
 /// The launched world, which must have `n` ranks.
 pub fn launched_world(n: usize) -> Result<&'static dyn Transport> {
-    let t = super::launched()?.ok_or_else(|| LabError::Invalid(format!("this case needs an MPI world: run it under `mpirun -n {n}`")))?;
+    let t = crate::collective::launched()?.ok_or_else(|| LabError::Invalid(format!("this case needs an MPI world: run it under `mpirun -n {n}`")))?;
     if t.size() != n {
         return Err(LabError::Invalid(format!("this case needs {n} ranks and the world has {}", t.size())));
     }
@@ -175,7 +176,7 @@ fn measure_typed<T: Elem + Wire>(t: &dyn Transport, ctx: &Ctx, case: &Value) -> 
 
     #[cfg(feature = "mpi")]
     if t.kind() == "mpi" && T::DTYPE == DType::F32 && ctx.wants("MPI_Allreduce", "mpi") {
-        let w = super::mpi::world().expect("an MPI transport implies a world")?;
+        let w = crate::collective::mpi::world().expect("an MPI transport implies a world")?;
         let send: Vec<f32> = input.iter().map(|x| x.to_f32()).collect();
         let mut recv = vec![f32::NAN; len];
         w.all_reduce_f32(&send, &mut recv)?;
@@ -185,7 +186,7 @@ fn measure_typed<T: Elem + Wire>(t: &dyn Transport, ctx: &Ctx, case: &Value) -> 
         let after = check(&as_t(&recv));
         let same = ranks_identical(t, bytes_of(&recv))?;
         let mut m = figure("MPI_Allreduce", "mpi", case, bytes, n, time, before, after, tol, same);
-        m.extra.insert("mpi_library".into(), super::mpi::library_version().into());
+        m.extra.insert("mpi_library".into(), crate::collective::mpi::library_version().into());
         out.push(m);
         peer = Some(recv);
     }
@@ -316,7 +317,7 @@ pub fn time_collective(
     if r == 0 {
         let mut theirs = vec![0f64; raw.len()];
         for q in 1..n {
-            t.recv(q, super::transport::bytes_of_mut(&mut theirs))?;
+            t.recv(q, crate::collective::transport::bytes_of_mut(&mut theirs))?;
             raw.iter_mut().zip(&theirs).for_each(|(a, b)| *a = a.max(*b));
         }
     } else {
