@@ -6,7 +6,7 @@
 
 use super::compare::{compare_elems, compare_frobenius};
 use super::variant::{self, Requires, Variant, VariantInfo};
-use super::{measure_cpu, measure_gpu, measure_op, measure_torch, widen, Check, Elem};
+use super::{measure_op, measure_torch, widen, Check, Elem};
 use crate::error::Doing;
 use crate::experiment::{param_str, param_timed, param_usize, rng_for, Backend, Experiment, Peer, Session};
 use crate::kernels::{symbol, DType};
@@ -16,7 +16,7 @@ use crate::tensor::{check_placement, Tensor};
 use crate::{LabError, Result};
 use cudarc::cublas::sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 use rand_distr::{Distribution, StandardNormal};
 use rayon::prelude::*;
 use serde_json::{json, Value};
@@ -106,6 +106,100 @@ where
     }
     .map(|_| ())
     .doing("launching the linear epilogue")
+}
+
+/// What [`backward`] keeps between calls: dZ (M x N) and the bias gradient's partial sums.
+pub struct BackwardScratch<T: Elem> {
+    dz: Tensor<T>,
+    partial: Tensor<f32>,
+}
+
+impl<T: Elem> BackwardScratch<T> {
+    pub fn new(dev: &Backend, m: usize, n: usize) -> Result<Self> {
+        Ok(BackwardScratch { dz: Tensor::zeros(dev, &[m, n])?, partial: Tensor::zeros(dev, &[m.div_ceil(ROWS_PER_SLAB), n])? })
+    }
+}
+
+/// The gradients of Y = act(X W^T + b) from dY and the forward's Z, packed into `grads` as
+/// [dX (M x K) | dW (N x K) | db (N)]: one buffer, as an optimizer holds them. On the GPU: one
+/// kernel for dZ, cuBLAS for dX and dW, a two-stage column sum for db; on the CPU: f64
+/// arithmetic on the stored values, rounded once.
+#[allow(clippy::too_many_arguments)]
+pub fn backward<T: Elem>(
+    dev: &Backend,
+    x: &Tensor<T>,
+    w: &Tensor<T>,
+    z: &Tensor<T>,
+    dy: &Tensor<T>,
+    act: Act,
+    grads: &mut Tensor<T>,
+    scratch: &mut BackwardScratch<T>,
+) -> Result<()>
+where
+    CudaBlas: Gemm<T>,
+{
+    let name = if matches!(dev, Backend::Cpu) { "cpu_backward" } else { "backward_cublas_bias_reduce" };
+    let v = variant::find(FAMILY, VARIANTS, name)?;
+    variant::check_runs(FAMILY, v, dev, T::DTYPE)?;
+    let placed = [("x", x.placement()), ("w", w.placement()), ("z", z.placement()), ("dy", dy.placement()), ("grads", grads.placement())];
+    check_placement(FAMILY, dev, &placed)?;
+    check_placement(FAMILY, dev, &[("scratch", scratch.dz.placement())])?;
+    let (m, k, n) = (x.rows(), x.cols(), w.rows());
+    if w.cols() != k {
+        return Err(LabError::shape(FAMILY, format!("x is {:?} and w is {:?}: their last dimensions (K) differ", x.shape(), w.shape())));
+    }
+    for (name, t) in [("z", z), ("dy", dy)] {
+        if t.rows() != m || t.cols() != n {
+            return Err(LabError::shape(FAMILY, format!("{name} is {:?}; it must be [{m}, {n}]", t.shape())));
+        }
+    }
+    if grads.len() != m * k + n * k + n || scratch.dz.len() != m * n {
+        let why = format!("grads holds {} elements and the scratch is {:?}; M={m} N={n} K={k} needs {} and [{m}, {n}]", grads.len(), scratch.dz.shape(), m * k + n * k + n);
+        return Err(LabError::shape(FAMILY, why));
+    }
+    let gpu = match dev {
+        Backend::Cpu => {
+            let h = |t: &Tensor<T>| widen(t.host().expect("placement checked"));
+            let (dx, dw, db) = backward_f64(&h(x), &h(w), &h(z), &h(dy), (m, n, k), act);
+            let out = grads.host_mut().expect("placement checked");
+            out.iter_mut().zip(dx.into_iter().chain(dw).chain(db)).for_each(|(o, v)| *o = T::from_f32(v as f32));
+            return Ok(());
+        }
+        Backend::Cuda(gpu) => gpu,
+    };
+    let dt = T::DTYPE;
+    let act_bwd = gpu.function(FAMILY, &symbol(FAMILY, &format!("act_backward_{}", act.name()), dt))?;
+    let part = gpu.function(FAMILY, &symbol(FAMILY, "bias_grad_partial", dt))?;
+    let fin = gpu.function(FAMILY, &symbol(FAMILY, "bias_grad_final", dt))?;
+    let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+    let (dz, partial) = (scratch.dz.cuda_mut().expect("placement checked"), scratch.partial.cuda_mut().expect("placement checked"));
+    let (xd, wd) = (x.cuda().expect("placement checked"), w.cuda().expect("placement checked"));
+    let nn = (m * n) as i64;
+    // SAFETY: dY, Z and dZ hold m*n elements.
+    unsafe { gpu.stream.launch_builder(&act_bwd).arg(dy.cuda().expect("placement checked")).arg(z.cuda().expect("placement checked")).arg(&mut *dz).arg(&nn).launch(elementwise(gpu, m * n)) }
+        .doing("launching the activation backward")?;
+    let (mut gx, mut rest) = grads.cuda_mut().expect("placement checked").split_at_mut(m * k);
+    let (mut gw, mut gb) = rest.split_at_mut(n * k);
+    let blas = gpu.blas()?;
+    // dX^T (K x M) = W^T (K x N) . dZ^T (N x M), all column-major views.
+    let cfg = gemm(CUBLAS_OP_N, CUBLAS_OP_N, (ki, mi, ni), (ki, ni, ki));
+    // SAFETY: W is N x K, dZ is M x N, dX is M x K.
+    unsafe { blas.gemm(cfg, wd, &*dz, &mut gx) }.doing("cuBLAS grad_input GEMM")?;
+    // dW^T (K x N) = X^T (K x M) . dZ (op T of the N x M view).
+    let cfg = gemm(CUBLAS_OP_N, CUBLAS_OP_T, (ki, ni, mi), (ki, ni, ki));
+    // SAFETY: X is M x K, dZ is M x N, dW is N x K.
+    unsafe { blas.gemm(cfg, xd, &*dz, &mut gw) }.doing("cuBLAS grad_weight GEMM")?;
+    let slabs = m.div_ceil(ROWS_PER_SLAB);
+    let (slab_rows, slabs_i) = (ROWS_PER_SLAB as i32, slabs as i32);
+    let cfg1 = LaunchConfig { grid_dim: (n.div_ceil(32) as u32, slabs as u32, 1), block_dim: (32, 8, 1), shared_mem_bytes: 0 };
+    // SAFETY: dZ holds m*n elements and partial slabs*n floats.
+    unsafe { gpu.stream.launch_builder(&part).arg(&*dz).arg(&mut *partial).arg(&mi).arg(&ni).arg(&slab_rows).launch(cfg1) }
+        .doing("launching bias_grad_partial")?;
+    let cfg2 = LaunchConfig { grid_dim: (n.div_ceil(256) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: partial holds slabs*n floats, db n elements.
+    unsafe { gpu.stream.launch_builder(&fin).arg(&*partial).arg(&mut gb).arg(&slabs_i).arg(&ni).launch(cfg2) }
+        .map(|_| ())
+        .doing("launching bias_grad_final")
 }
 
 /// A grid of 256-thread blocks for an elementwise pass over `len` elements: 8 blocks per SM at most.
@@ -338,80 +432,36 @@ where
     let compare_g = |got: &[T]| compare_parts(&widen(got), &[&dx, &dw, &db], dt);
     let bwd_check = Check { tol: Tolerance { atol: 0.0, rtol: rel(dt) }, compare: &compare_g, ceiling };
     let dev = s.backend.clone();
-    // The forward pass through the callable op, on either backend.
+    // Both passes through the callable ops, on either backend.
+    let (tx, tw) = (Tensor::from_slice(&dev, &[m, k], &x)?, Tensor::from_slice(&dev, &[n, k], &w)?);
     let fwd_name = if matches!(dev, Backend::Cpu) { "cpu_forward" } else { "forward_cublas_epilogue" };
     if s.wants(fwd_name, "lab") {
-        let (tx, tw, tb) = (Tensor::from_slice(&dev, &[m, k], &x)?, Tensor::from_slice(&dev, &[n, k], &w)?, Tensor::from_slice(&dev, &[n], &b)?);
+        let tb = Tensor::from_slice(&dev, &[n], &b)?;
         let z_out = std::cell::RefCell::new(Tensor::<T>::zeros(&dev, &[m, n])?);
         let mut y_out = Tensor::<T>::zeros(&dev, &[m, n])?;
         measure_op(s, &fwd_case, fwd_name, fwd_work, &fwd_check, timed, &mut y_out, |y| forward(&dev, &tx, &tw, &tb, &mut z_out.borrow_mut(), y, act))?;
     }
-    match &dev {
-        Backend::Cpu => {
-            measure_cpu(s, &bwd_case, "cpu_backward", bwd_work, &bwd_check, timed, m * k + n * k + n, |out| {
-                cpu_backward(&x, &w, &b, &dy, dims, act, out)
-            })?;
+    let bwd_name = if matches!(dev, Backend::Cpu) { "cpu_backward" } else { "backward_cublas_bias_reduce" };
+    if s.wants(bwd_name, "lab") {
+        // Backward starts from the forward's Z as stored, made fresh here.
+        let zt: Vec<T> = z.iter().map(|&v| T::from_f32(v as f32)).collect();
+        let (tz, tdy) = (Tensor::from_slice(&dev, &[m, n], &zt)?, Tensor::from_slice(&dev, &[m, n], &dy)?);
+        let scratch = std::cell::RefCell::new(BackwardScratch::new(&dev, m, n)?);
+        let mut grads = Tensor::<T>::zeros(&dev, &[m * k + n * k + n])?;
+        measure_op(s, &bwd_case, bwd_name, bwd_work, &bwd_check, timed, &mut grads, |g| backward(&dev, &tx, &tw, &tz, &tdy, act, g, &mut scratch.borrow_mut()))?;
+    }
+    if let Backend::Cuda(gpu) = &dev {
+        let (xb, wb, bb, dyb) = (T::bytes(&x), T::bytes(&w), T::bytes(&b), T::bytes(&dy));
+        let (xs, ws, bs, ys) = ([m, k], [n, k], [n], [m, n]);
+        let args = json!({"act": act.name()});
+        if timed && s.wants_peer(Peer::Torch, &format!("torch {}(linear)", act.name()), "torch") {
+            let inputs: [(&[u8], &[usize]); 3] = [(&xb, &xs), (&wb, &ws), (&bb, &bs)];
+            measure_torch(s, gpu, &fwd_case, "linear", args.clone(), &inputs, fwd_work, &fwd_check)?;
         }
-        Backend::Cuda(gpu) => {
-            let blas = gpu.blas()?;
-            let (x_dev, w_dev, dy_dev) = (gpu.upload(&x)?, gpu.upload(&w)?, gpu.upload(&dy)?);
-            let grid = |len: usize| elementwise(gpu, len);
-            let (mi, ni, ki) = (m as i32, n as i32, k as i32);
-            if s.wants("backward_cublas_bias_reduce", "lab") {
-                // Backward starts from the forward's Z, made fresh here.
-                let zt: Vec<T> = z.iter().map(|&v| T::from_f32(v as f32)).collect();
-                let z_dev = gpu.upload(&zt)?;
-                let mut dz_dev = gpu.stream.alloc_zeros::<T>(m * n).doing("allocating dZ")?;
-                let slabs = m.div_ceil(ROWS_PER_SLAB);
-                let mut partial = gpu.stream.alloc_zeros::<f32>(slabs * n).doing("allocating the bias partial sums")?;
-                let act_bwd = gpu.function(FAMILY, &symbol(FAMILY, &format!("act_backward_{}", act.name()), dt))?;
-                let part = gpu.function(FAMILY, &symbol(FAMILY, "bias_grad_partial", dt))?;
-                let fin = gpu.function(FAMILY, &symbol(FAMILY, "bias_grad_final", dt))?;
-                let cells = std::cell::RefCell::new((&mut dz_dev, &mut partial));
-                let bwd = |grads: &mut CudaSlice<T>| -> Result<()> {
-                    let mut cell = cells.borrow_mut();
-                    let (dz, partial) = &mut *cell;
-                    let nn = (m * n) as i64;
-                    // SAFETY: dY, Z and dZ hold m*n elements.
-                    unsafe { gpu.stream.launch_builder(&act_bwd).arg(&dy_dev).arg(&z_dev).arg(&mut **dz).arg(&nn).launch(grid(m * n)) }
-                        .doing("launching the activation backward")?;
-                    let (mut gx, mut rest) = grads.split_at_mut(m * k);
-                    let (mut gw, mut gb) = rest.split_at_mut(n * k);
-                    // dX^T (K x M) = W^T (K x N) . dZ^T (N x M), all column-major views.
-                    let cfg = gemm(CUBLAS_OP_N, CUBLAS_OP_N, (ki, mi, ni), (ki, ni, ki));
-                    // SAFETY: W is N x K, dZ is M x N, dX is M x K.
-                    unsafe { blas.gemm(cfg, &w_dev, &**dz, &mut gx) }.doing("cuBLAS grad_input GEMM")?;
-                    // dW^T (K x N) = X^T (K x M) . dZ (op T of the N x M view).
-                    let cfg = gemm(CUBLAS_OP_N, CUBLAS_OP_T, (ki, ni, mi), (ki, ni, ki));
-                    // SAFETY: X is M x K, dZ is M x N, dW is N x K.
-                    unsafe { blas.gemm(cfg, &x_dev, &**dz, &mut gw) }.doing("cuBLAS grad_weight GEMM")?;
-                    let slab_rows = ROWS_PER_SLAB as i32;
-                    let cfg1 = LaunchConfig { grid_dim: (n.div_ceil(32) as u32, slabs as u32, 1), block_dim: (32, 8, 1), shared_mem_bytes: 0 };
-                    // SAFETY: dZ holds m*n elements and partial slabs*n floats.
-                    unsafe { gpu.stream.launch_builder(&part).arg(&**dz).arg(&mut **partial).arg(&mi).arg(&ni).arg(&slab_rows).launch(cfg1) }
-                        .doing("launching bias_grad_partial")?;
-                    let cfg2 = LaunchConfig { grid_dim: (n.div_ceil(256) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-                    let slabs_i = slabs as i32;
-                    // SAFETY: partial holds slabs*n floats, db n elements.
-                    unsafe { gpu.stream.launch_builder(&fin).arg(&**partial).arg(&mut gb).arg(&slabs_i).arg(&ni).launch(cfg2) }
-                        .map(|_| ())
-                        .doing("launching bias_grad_final")
-                };
-                let mut grads = gpu.stream.alloc_zeros::<T>(m * k + n * k + n).doing("allocating the gradients")?;
-                measure_gpu(s, gpu, &bwd_case, "backward_cublas_bias_reduce", bwd_work, &bwd_check, timed, &mut grads, bwd)?;
-            }
-            let (xb, wb, bb, dyb) = (T::bytes(&x), T::bytes(&w), T::bytes(&b), T::bytes(&dy));
-            let (xs, ws, bs, ys) = ([m, k], [n, k], [n], [m, n]);
-            let args = json!({"act": act.name()});
-            if timed && s.wants_peer(Peer::Torch, &format!("torch {}(linear)", act.name()), "torch") {
-                let inputs: [(&[u8], &[usize]); 3] = [(&xb, &xs), (&wb, &ws), (&bb, &bs)];
-                measure_torch(s, gpu, &fwd_case, "linear", args.clone(), &inputs, fwd_work, &fwd_check)?;
-            }
-            // torch.autograd.grad of the same forward from dY: dX, dW, db, flattened in our order.
-            if timed && s.wants_peer(Peer::Torch, &format!("torch {}(linear) backward", act.name()), "torch") {
-                let inputs: [(&[u8], &[usize]); 4] = [(&xb, &xs), (&wb, &ws), (&bb, &bs), (&dyb, &ys)];
-                measure_torch(s, gpu, &bwd_case, "linear_backward", args, &inputs, bwd_work, &bwd_check)?;
-            }
+        // torch.autograd.grad of the same forward from dY: dX, dW, db, flattened in our order.
+        if timed && s.wants_peer(Peer::Torch, &format!("torch {}(linear) backward", act.name()), "torch") {
+            let inputs: [(&[u8], &[usize]); 4] = [(&xb, &xs), (&wb, &ws), (&bb, &bs), (&dyb, &ys)];
+            measure_torch(s, gpu, &bwd_case, "linear_backward", args, &inputs, bwd_work, &bwd_check)?;
         }
     }
     Ok(())
@@ -420,20 +470,6 @@ where
 /// A column-major GEMM configuration: C (m x n) = op(A) op(B), with alpha 1 and beta 0.
 fn gemm<T: Elem>(transa: cudarc::cublas::sys::cublasOperation_t, transb: cudarc::cublas::sys::cublasOperation_t, (m, n, k): (i32, i32, i32), (lda, ldb, ldc): (i32, i32, i32)) -> GemmConfig<T> {
     GemmConfig { transa, transb, m, n, k, alpha: T::from_f32(1.0), lda, ldb, beta: T::from_f32(0.0), ldc }
-}
-
-/// The CPU backend's forward: f64 products of the stored values, rounded once to T.
-pub fn cpu_forward<T: Elem>(x: &[T], w: &[T], b: &[T], dims: (usize, usize, usize), act: Act, y: &mut [T]) {
-    let (_, out) = forward_f64(&widen(x), &widen(w), &widen(b), dims, act);
-    y.iter_mut().zip(out).for_each(|(y, v)| *y = T::from_f32(v as f32));
-}
-
-/// The CPU backend's backward into [dX | dW | db], from Z recomputed and rounded to T as stored.
-pub fn cpu_backward<T: Elem>(x: &[T], w: &[T], b: &[T], dy: &[T], dims: (usize, usize, usize), act: Act, out: &mut [T]) {
-    let (xf, wf) = (widen(x), widen(w));
-    let (z, _) = forward_f64(&xf, &wf, &widen(b), dims, act);
-    let (dx, dw, db) = backward_f64(&xf, &wf, &z, &widen(dy), dims, act);
-    out.iter_mut().zip(dx.into_iter().chain(dw).chain(db)).for_each(|(o, v)| *o = T::from_f32(v as f32));
 }
 
 #[cfg(test)]
@@ -475,19 +511,24 @@ mod tests {
     }
 
     #[test]
-    fn cpu_variants_match_the_reference() {
-        let (x, w, b, dy, dims) = small();
+    fn the_ops_match_the_reference_on_the_cpu_and_a_wrong_gradient_is_caught() {
+        let (x, w, b, dy, (m, n, k)) = small();
         let t = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<f32>>();
         let (xs, ws, bs, dys) = (t(&x), t(&w), t(&b), t(&dy));
+        let dev = Backend::Cpu;
+        let (tx, tw, tb) = (Tensor::from_vec(&[m, k], xs.clone()).unwrap(), Tensor::from_vec(&[n, k], ws.clone()).unwrap(), Tensor::from_vec(&[n], bs.clone()).unwrap());
+        let tdy = Tensor::from_vec(&[m, n], dys.clone()).unwrap();
         for act in [Act::Relu, Act::Gelu] {
             let (xf, wf) = (widen(&xs), widen(&ws));
-            let (z, y) = forward_f64(&xf, &wf, &widen(&bs), dims, act);
-            let mut out = vec![f32::NAN; y.len()];
-            cpu_forward(&xs, &ws, &bs, dims, act, &mut out);
-            assert!(compare_elems(&out, &y, scaled(&y, 1e-5), "t").passed());
-            let (dx, dw, db) = backward_f64(&xf, &wf, &z, &widen(&dys), dims, act);
-            let mut g = vec![f32::NAN; dx.len() + dw.len() + db.len()];
-            cpu_backward(&xs, &ws, &bs, &dys, dims, act, &mut g);
+            let (z, y) = forward_f64(&xf, &wf, &widen(&bs), (m, n, k), act);
+            let (mut tz, mut ty) = (Tensor::<f32>::zeros(&dev, &[m, n]).unwrap(), Tensor::<f32>::zeros(&dev, &[m, n]).unwrap());
+            forward(&dev, &tx, &tw, &tb, &mut tz, &mut ty, act).unwrap();
+            assert!(compare_elems(&ty.to_vec().unwrap(), &y, scaled(&y, 1e-5), "t").passed());
+            let (dx, dw, db) = backward_f64(&xf, &wf, &widen(&tz.to_vec().unwrap()), &widen(&dys), (m, n, k), act);
+            let mut grads = Tensor::<f32>::zeros(&dev, &[m * k + n * k + n]).unwrap();
+            let mut scratch = BackwardScratch::new(&dev, m, n).unwrap();
+            backward(&dev, &tx, &tw, &tz, &tdy, act, &mut grads, &mut scratch).unwrap();
+            let mut g = grads.to_vec().unwrap();
             let e = compare_parts(&widen(&g), &[&dx, &dw, &db], DType::F32);
             assert!(e.passed(), "{act:?}: {e:?}");
             // A wrong gradient is caught, with its index.
@@ -495,6 +536,9 @@ mod tests {
             let e = compare_parts(&widen(&g), &[&dx, &dw, &db], DType::F32);
             assert_eq!((e.passed(), e.worst_index), (false, Some(dx.len() as u64 + 2)));
         }
+        let mut short = Tensor::<f32>::zeros(&dev, &[m * k]).unwrap();
+        let err = backward(&dev, &tx, &tw, &tdy, &tdy, Act::Relu, &mut short, &mut BackwardScratch::new(&dev, m, n).unwrap()).unwrap_err().to_string();
+        assert!(err.contains("grads holds 15 elements"), "{err}");
     }
 
     #[test]

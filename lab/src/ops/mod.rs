@@ -142,25 +142,9 @@ impl<'a, T> Check<'a, T> {
     }
 }
 
-/// One lab GPU variant, the house way: poison the output, launch once and check, time it
-/// (`timed`), check again, and emit the record against the check's ceiling.
-#[allow(clippy::too_many_arguments)]
-pub fn measure_gpu<T: Elem>(
-    s: &mut Session,
-    gpu: &Gpu,
-    case: &Value,
-    variant: &str,
-    work: Work,
-    check: &Check<T>,
-    timed: bool,
-    out: &mut CudaSlice<T>,
-    launch: impl Fn(&mut CudaSlice<T>) -> Result<()>,
-) -> Result<()> {
-    measure_gpu_as(s, gpu, case, (variant, "lab"), work, check, timed, out, Default::default(), launch)
-}
-
-/// [`measure_gpu`] for any provider (a peer library run in-process, such as cuBLAS), with
-/// `extra` fields for the record (e.g. the kernel's registers and shared memory).
+/// One GPU figure on a device buffer, the house way (poison the output, launch once and check,
+/// time it, check again, record), for any provider: a peer library run in-process (cuBLAS) or a
+/// study kernel with no callable op, with `extra` fields for the record.
 #[allow(clippy::too_many_arguments)]
 pub fn measure_gpu_as<T: Elem>(
     s: &mut Session,
