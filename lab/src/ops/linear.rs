@@ -415,7 +415,10 @@ where
     validate(m, n, k, x.len(), w.len(), b.len(), Some(dy.len()))?;
     let (xf, wf) = (widen(&x), widen(&w));
     let (z, y) = forward_f64(&xf, &wf, &widen(&b), dims, act);
-    let (dx, dw, db) = backward_f64(&xf, &wf, &z, &widen(&dy), dims, act);
+    // Backward starts from the forward's Z as stored (rounded to T), and so does its reference:
+    // both passes are checked for the inputs they are given.
+    let zt: Vec<T> = z.iter().map(|&v| T::from_f32(v as f32)).collect();
+    let (dx, dw, db) = backward_f64(&xf, &wf, &widen(&zt), &widen(&dy), dims, act);
     let dt = T::DTYPE;
     let size = dt.size() as u64;
     let (m64, n64, k64) = (m as u64, n as u64, k as u64);
@@ -443,8 +446,6 @@ where
     }
     let bwd_name = if matches!(dev, Backend::Cpu) { "cpu_backward" } else { "backward_cublas_bias_reduce" };
     if s.wants(bwd_name, "lab") {
-        // Backward starts from the forward's Z as stored, made fresh here.
-        let zt: Vec<T> = z.iter().map(|&v| T::from_f32(v as f32)).collect();
         let (tz, tdy) = (Tensor::from_slice(&dev, &[m, n], &zt)?, Tensor::from_slice(&dev, &[m, n], &dy)?);
         let scratch = std::cell::RefCell::new(BackwardScratch::new(&dev, m, n)?);
         let mut grads = Tensor::<T>::zeros(&dev, &[m * k + n * k + n])?;
