@@ -81,9 +81,10 @@ pub fn names<C>(table: &[Variant<C>]) -> Vec<&'static str> {
     table.iter().map(|v| v.name).collect()
 }
 
-/// The names of the rows that run on a GPU: the kernels a family's module must export.
-pub fn gpu_names<C>(table: &[Variant<C>]) -> Vec<&'static str> {
-    table.iter().filter(|v| v.requires.on_gpu()).map(|v| v.name).collect()
+/// The kernel symbols a family's module must export for its table: every GPU row in each of its
+/// dtypes (for families whose kernels are named after their variants).
+pub fn gpu_symbols<C>(family: &str, table: &[Variant<C>]) -> std::collections::BTreeSet<String> {
+    table.iter().filter(|v| v.requires.on_gpu()).flat_map(|v| v.dtypes.iter().map(move |&d| crate::kernels::symbol(family, v.name, d))).collect()
 }
 
 /// The row called `name`, or an error listing the family's variants.
