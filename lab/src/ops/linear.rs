@@ -521,7 +521,7 @@ mod tests {
         let tdy = Tensor::from_vec(&[m, n], dys.clone()).unwrap();
         for act in [Act::Relu, Act::Gelu] {
             let (xf, wf) = (widen(&xs), widen(&ws));
-            let (z, y) = forward_f64(&xf, &wf, &widen(&bs), (m, n, k), act);
+            let (_, y) = forward_f64(&xf, &wf, &widen(&bs), (m, n, k), act);
             let (mut tz, mut ty) = (Tensor::<f32>::zeros(&dev, &[m, n]).unwrap(), Tensor::<f32>::zeros(&dev, &[m, n]).unwrap());
             forward(&dev, &tx, &tw, &tb, &mut tz, &mut ty, act).unwrap();
             assert!(compare_elems(&ty.to_vec().unwrap(), &y, scaled(&y, 1e-5), "t").passed());
