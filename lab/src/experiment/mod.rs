@@ -21,6 +21,12 @@ pub trait Experiment: Sync {
     fn sweep_axis(&self) -> &'static str {
         "bytes"
     }
+    /// The shapes the research log leads with: each is `key=value ...`, matched against a
+    /// record's parameters (a record matches when it has every pair; its other parameters split
+    /// the headline into one row group per value). Empty: the largest shape timed.
+    fn headlines(&self) -> &'static [&'static str] {
+        &[]
+    }
     /// The parameter sets of the sweep on this backend (`quick`: small sizes for tests and CI).
     fn cases(&self, backend: &Backend, quick: bool) -> Vec<Value>;
     /// Runs every variant and peer that `filter` admits on one parameter set, emitting records

@@ -51,6 +51,9 @@ impl Experiment for AllReduce {
     fn description(&self) -> &'static str {
         "ring all-reduce (blocking, sendrecv, pipelined) vs MPI_Allreduce: latency, algbw, busbw by size"
     }
+    fn headlines(&self) -> &'static [&'static str] {
+        &["bytes=16777216 dtype=f32", "bytes=268435456 dtype=f32"]
+    }
     fn cases(&self, _: &Backend, quick: bool) -> Vec<Value> {
         // Under mpirun the world is the launched one; otherwise thread worlds of 2 and 4 ranks.
         let (worlds, transport, max) = match crate::collective::launched().ok().flatten() {

@@ -237,6 +237,9 @@ impl Experiment for BiasGelu {
     fn description(&self) -> &'static str {
         "y = GeLU(x + b), tanh and erf, f32/f16/bf16: unfused two kernels vs fused, against torch eager and torch.compile"
     }
+    fn headlines(&self) -> &'static [&'static str] {
+        &["rows=16384 cols=8192 approx=tanh"]
+    }
     fn sweep_axis(&self) -> &'static str {
         "cols"
     }

@@ -30,6 +30,9 @@ impl Experiment for Bucketing {
     fn description(&self) -> &'static str {
         "data-parallel MLP step time: bucketed gradient all-reduce overlapped with backward vs after it"
     }
+    fn headlines(&self) -> &'static [&'static str] {
+        &["bucket_mb=25.0"]
+    }
     fn sweep_axis(&self) -> &'static str {
         "bucket_mb"
     }

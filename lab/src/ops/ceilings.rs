@@ -35,6 +35,9 @@ impl Experiment for Ceilings {
     fn description(&self) -> &'static str {
         "measured roofs: copy bandwidth, FP32 FMA rate, fp16/bf16 tensor rate (cuBLAS, wgmma loop), mma.sync rate"
     }
+    fn headlines(&self) -> &'static [&'static str] {
+        &["what=copy bytes=2147483648", "what=fma iters=16384", "what=tensor iters=2048", "what=mma_sync iters=8192"]
+    }
     fn cases(&self, backend: &Backend, quick: bool) -> Vec<Value> {
         match (backend, quick) {
             // Two GEMM sizes: at 8192^3 an H100 SXM hits its power cap and drops its SM clock

@@ -124,6 +124,9 @@ impl Experiment for Divergence {
     fn description(&self) -> &'static str {
         "warp divergence: k = 1..32 distinct paths per warp, sign branches on sorted vs shuffled input, and divergence-free rewrites; on the CPU, branch misprediction"
     }
+    fn headlines(&self) -> &'static [&'static str] {
+        &["kind=paths n=4194304 k=1", "kind=paths n=4194304 k=32", "kind=data n=4194304"]
+    }
     fn sweep_axis(&self) -> &'static str {
         "k"
     }

@@ -293,6 +293,9 @@ impl Experiment for LayerNorm {
     fn description(&self) -> &'static str {
         "LayerNorm forward, f32 and bf16 with fp32 statistics, rows 256..65536 wide: three passes, Welford warp, row on chip"
     }
+    fn headlines(&self) -> &'static [&'static str] {
+        &["rows=16384 cols=4096"]
+    }
     fn sweep_axis(&self) -> &'static str {
         "cols"
     }

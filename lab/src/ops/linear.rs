@@ -355,6 +355,9 @@ impl Experiment for Linear {
     fn description(&self) -> &'static str {
         "Y = act(X W^T + b) forward and backward, f32/bf16: cuBLAS GEMMs with lab epilogue, activation backward and atomic-free bias gradient"
     }
+    fn headlines(&self) -> &'static [&'static str] {
+        &["m=4096 n=4096 k=4096 act=gelu"]
+    }
     fn sweep_axis(&self) -> &'static str {
         "m"
     }

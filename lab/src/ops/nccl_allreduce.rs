@@ -56,6 +56,9 @@ impl Experiment for NcclAllReduce {
     fn description(&self) -> &'static str {
         "all-reduce across a host's GPUs: the lab ring over NCCL send/recv (plain, pipelined) vs ncclAllReduce; busbw by size"
     }
+    fn headlines(&self) -> &'static [&'static str] {
+        &["bytes=268435456 dtype=f32", "bytes=1073741824 dtype=f32"]
+    }
     fn cases(&self, backend: &Backend, quick: bool) -> Vec<Value> {
         let mut cases = Vec::new();
         let gate = |n: usize, len: usize, dtype: DType, transport: &str| {

@@ -89,6 +89,9 @@ impl Experiment for RmsNorm {
     fn description(&self) -> &'static str {
         "RMSNorm forward, f32 and bf16 with fp32 statistics, rows 256..65536 wide: two passes vs row on chip"
     }
+    fn headlines(&self) -> &'static [&'static str] {
+        &["rows=16384 cols=4096"]
+    }
     fn sweep_axis(&self) -> &'static str {
         "cols"
     }

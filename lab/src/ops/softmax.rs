@@ -255,6 +255,9 @@ impl Experiment for Softmax {
     fn description(&self) -> &'static str {
         "row-wise softmax, f32 and bf16, rows 1..262144 wide: naive three-pass to single-read on-chip and cluster-per-row"
     }
+    fn headlines(&self) -> &'static [&'static str] {
+        &["rows=16384 cols=4096"]
+    }
     fn sweep_axis(&self) -> &'static str {
         "cols"
     }

@@ -121,6 +121,9 @@ impl Experiment for VectorAdd {
     fn description(&self) -> &'static str {
         "c = a + b in f32: the bandwidth baseline (scalar vs float4 grid-stride)"
     }
+    fn headlines(&self) -> &'static [&'static str] {
+        &["n=16777216", "n=268435456"]
+    }
     fn sweep_axis(&self) -> &'static str {
         "n"
     }

@@ -2,6 +2,8 @@
 //! the tera templates. A pure function of its inputs: rendering twice gives the same bytes.
 
 pub mod charts;
+pub mod figures;
+pub mod findings;
 pub mod model;
 pub mod show;
 
@@ -47,18 +49,26 @@ struct ExperimentLink {
     slug: String,
 }
 
-
-#[derive(Serialize)]
+#[derive(Serialize, Default, Clone, Copy)]
 struct SiteContext<'a> {
     experiments: &'a [ExperimentLink],
     warnings: &'a [String],
-    findings: &'a [model::Finding],
+    views: &'a [findings::ExperimentView],
+    cross: Option<&'a model::CrossDevice>,
     history: &'a [model::History],
-    cross: &'a model::CrossDevice,
-    runs: &'a [RunView],
+    runs: &'a [findings::RunLine],
+    /// Per-run detail: the run pages and an experiment's page.
+    details: &'a [RunView],
+    notes: &'a [NoteView],
     has_gpu_run: bool,
-    /// Set on an experiment page.
+    /// Set on an experiment's page.
     experiment: Option<&'a str>,
+    /// Set on a note's page.
+    note: Option<&'a NoteView>,
+    /// Each device's roofline over all its runs.
+    rooflines: &'a [Figure],
+    /// How the log links to the notes folder (`reports/notes/`).
+    notes_prefix: &'a str,
 }
 
 /// A note: `+++` TOML front matter naming its runs, then Markdown.
@@ -88,11 +98,41 @@ fn read_notes(dir: &Path, warnings: &mut Vec<String>) -> Vec<(Vec<String>, NoteV
                 toml::from_str::<FrontMatter>(front).map(|f| (f.runs, body.trim().to_string())).map_err(|e| e.message().to_string())
             });
         match parsed {
-            Ok((runs, body)) => notes.push((runs, NoteView { file: name, html: markdown_to_html(&body), markdown: body })),
+            Ok((runs, body)) => {
+                let (title, status) = title_and_status(&body);
+                if status.is_empty() {
+                    warnings.push(format!("note {name}: no `## Status` paragraph (the answer as it stands) under its title"));
+                }
+                let stem = path.file_stem().unwrap().to_string_lossy().to_string();
+                let view = NoteView {
+                    title: title.unwrap_or_else(|| stem.clone()),
+                    status,
+                    page: format!("note-{}.html", model::slug(&stem)),
+                    html: markdown_to_html(&body),
+                    markdown: body,
+                    file: name,
+                };
+                notes.push((runs, view))
+            }
             Err(why) => warnings.push(format!("note {name}: {why}")),
         }
     }
     notes
+}
+
+/// A note's `# ` title and the first paragraph under its `## Status` heading, joined into one
+/// line.
+fn title_and_status(body: &str) -> (Option<String>, String) {
+    let title = body.lines().find_map(|l| l.strip_prefix("# ")).map(|t| t.trim().to_string());
+    let mut lines = body.lines().skip_while(|l| l.trim() != "## Status").skip(1).skip_while(|l| l.trim().is_empty());
+    let mut status: Vec<&str> = Vec::new();
+    for l in lines.by_ref() {
+        if l.trim().is_empty() || l.starts_with('#') {
+            break;
+        }
+        status.push(l.trim());
+    }
+    (title, status.join(" "))
 }
 
 /// Markdown to HTML with any raw HTML in the note shown as text.
@@ -109,8 +149,15 @@ fn markdown_to_html(md: &str) -> String {
 
 fn templates(dir: &Path) -> Result<tera::Tera> {
     let mut tera = tera::Tera::new();
-    // Markdown table cells: a `|` or a newline from a record must not break the table.
-    tera.register_filter("md", |s: &str, _: tera::Kwargs, _: &tera::State| s.replace('|', "\\|").replace('\n', " "));
+    // Record values in Markdown: as text (`md`) or as a code span (`code`); neither lets a value
+    // open a tag, a link or emphasis, or break a table.
+    tera.register_filter("md", |s: &str, _: tera::Kwargs, _: &tera::State| md_text(s));
+    tera.register_filter("code", |s: &str, _: tera::Kwargs, _: &tera::State| md_code(s));
+    tera.register_filter("slug", |s: &str, _: tera::Kwargs, _: &tera::State| model::slug(s));
+    // A note's own Markdown (its status): kept as written, but no raw HTML.
+    tera.register_filter("prose", |s: &str, _: tera::Kwargs, _: &tera::State| {
+        s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('\n', " ")
+    });
     let entries = std::fs::read_dir(dir).map_err(|e| LabError::io(dir, format!("cannot read the templates folder: {e}")))?;
     let mut files: Vec<PathBuf> = entries.flatten().map(|e| e.path()).filter(|p| p.is_file()).collect();
     files.sort();
@@ -122,6 +169,36 @@ fn templates(dir: &Path) -> Result<tera::Tera> {
     // All at once: templates include and extend each other.
     tera.add_raw_templates(sources).map_err(|e| LabError::io(dir, format!("template error: {e}")))?;
     Ok(tera)
+}
+
+/// Text safe in a Markdown table cell: HTML's specials as entities, Markdown's punctuation
+/// backslash-escaped, one line.
+pub fn md_text(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '\n' | '\r' => out.push(' '),
+            '\\' | '`' | '*' | '_' | '[' | ']' | '|' | '~' | '#' | '!' => {
+                out.push('\\');
+                out.push(c)
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A code span holding `s` literally (CommonMark: a fence longer than any run of backticks in
+/// it), on one line, with `|` escaped as GFM tables need even inside code.
+pub fn md_code(s: &str) -> String {
+    let s = s.replace(['\n', '\r'], " ");
+    let longest = s.split(|c| c != '`').map(str::len).max().unwrap_or(0);
+    let fence = "`".repeat(longest + 1);
+    let pad = if s.starts_with('`') || s.ends_with('`') { " " } else { "" };
+    format!("{fence}{pad}{}{pad}{fence}", s.replace('|', "\\|"))
 }
 
 fn render_one(tera: &tera::Tera, name: &str, ctx: &impl Serialize) -> Result<String> {
@@ -166,86 +243,130 @@ pub fn render(opts: &ReportOptions) -> Result<Rendered> {
         }
     }
 
-    let peers = model::best_peer_times(&records);
-    let md_prefix = relative_prefix(&opts.log, &opts.out);
     let mut files = BTreeMap::new();
-    let mut runs: Vec<RunView> = Vec::new();
+    let md_prefix = relative_prefix(&opts.log, &opts.out);
+    // The committed figures: for each experiment and device, those of the run its status
+    // figure comes from, and each device's roofline over all its runs.
+    let mut views = findings::experiments(&records, &notes);
+    let mut add = |name: String, title: String, svg: Option<String>, figures: &mut Vec<Figure>| {
+        if let Some(svg) = svg {
+            let path = format!("figures/{name}.svg");
+            files.insert(opts.out.join(&path), svg.clone());
+            figures.push(Figure { title, md_path: format!("{md_prefix}{path}"), path, svg, experiment: None });
+        }
+    };
+    let mut rooflines = Vec::new();
+    let mut devices: Vec<&str> = records.iter().map(|r| r.device.name.as_str()).collect();
+    devices.sort();
+    devices.dedup();
+    for device in devices {
+        let recs: Vec<&Record> = records.iter().filter(|r| r.device.name == device).collect();
+        let name = format!("roofline-{}", model::slug(device));
+        add(name, format!("Roofline, {device}, every run"), charts::roofline(&recs, device), &mut rooflines);
+    }
+    for view in &mut views {
+        for d in &mut view.devices {
+            let Some(run) = d.current_run.as_ref().and_then(|id| by_run.get(id.as_str())) else { continue };
+            let stem = format!("{}-{}", view.slug, model::slug(&d.device));
+            let (e, run_id) = (&view.name, &run[0].run_id);
+            add(format!("{stem}-speedup"), format!("{e}: speed-up over peers, run {run_id}"), charts::speedups(run, e), &mut d.figures);
+            let axis = sweep_axis(e);
+            add(format!("{stem}-scaling"), format!("{e}: throughput against {axis}, run {run_id}"), charts::scaling(run, e, axis), &mut d.figures);
+        }
+    }
+
+    // Per-run detail, for the HTML pages only: every table and figure of the run.
+    let peers = model::best_peer_times(&records);
+    let mut details: Vec<RunView> = Vec::new();
     for (run_id, recs) in by_run.iter().rev() {
         let first = recs[0];
         let mut tables: Vec<Table> = Vec::new();
         for r in recs {
-            let slug = model::slug(&r.experiment);
             match tables.iter_mut().find(|t| t.experiment == r.experiment) {
                 Some(t) => t.rows.push(model::row(r, &peers)),
-                None => tables.push(Table { experiment: r.experiment.clone(), slug, rows: vec![model::row(r, &peers)] }),
+                None => tables.push(Table { experiment: r.experiment.clone(), slug: model::slug(&r.experiment), rows: vec![model::row(r, &peers)] }),
             }
         }
         let mut figures = Vec::new();
-        let mut add = |experiment: Option<&str>, what: &str, title: String, svg: Option<String>| {
+        let mut inline = |experiment: Option<&str>, title: String, svg: Option<String>| {
             if let Some(svg) = svg {
-                let name = experiment.map_or(what.to_string(), |e| format!("{e}-{what}"));
-                let path = format!("figures/{}", charts::figure_name(run_id, &name));
-                files.insert(opts.out.join(&path), svg.clone());
                 let experiment = experiment.map(str::to_string);
-                figures.push(Figure { title, md_path: format!("{md_prefix}{path}"), path, svg, experiment });
+                figures.push(Figure { title, md_path: String::new(), path: String::new(), svg, experiment });
             }
         };
-        add(None, "roofline", format!("Roofline, {}", first.device.name), charts::roofline(recs, &first.device.name));
+        inline(None, format!("Roofline, {}", first.device.name), charts::roofline(recs, &first.device.name));
         for t in &tables {
             let e = Some(t.experiment.as_str());
-            add(e, "speedup", format!("{}: speed-up over peers", t.experiment), charts::speedups(recs, &t.experiment));
-            add(e, "scaling", format!("{}: throughput against size", t.experiment), charts::scaling(recs, &t.experiment, sweep_axis(&t.experiment)));
+            inline(e, format!("{}: speed-up over peers", t.experiment), charts::speedups(recs, &t.experiment));
+            inline(e, format!("{}: throughput against size", t.experiment), charts::scaling(recs, &t.experiment, sweep_axis(&t.experiment)));
         }
-        let run = RunView {
+        details.push(RunView {
             run_id: run_id.to_string(),
+            page: run_page(run_id),
             date: first.time.clone(),
             device: first.device.name.clone(),
             backend: first.backend.clone(),
             commit: first.git.commit.chars().take(12).collect(),
             dirty: first.git.dirty,
             command: first.command.clone(),
-            notes: notes.iter().filter(|(ids, _)| ids.iter().any(|i| i == run_id)).map(|(_, n)| n.clone()).collect(),
+            notes: notes.iter().filter(|(ids, _)| ids.iter().any(|i| i == run_id)).map(|(_, n)| findings::note_link(n)).collect(),
             tables,
             figures,
-        };
-        runs.push(run);
+        });
     }
 
-    let findings = model::findings(&records);
-    let mut experiments: Vec<ExperimentLink> = Vec::new();
-    for r in &records {
-        if !experiments.iter().any(|e| e.name == r.experiment) {
-            experiments.push(ExperimentLink { name: r.experiment.clone(), slug: model::slug(&r.experiment) });
-        }
-    }
-    experiments.sort_by(|a, b| a.name.cmp(&b.name));
-    let has_gpu_run = records.iter().any(|r| r.backend == "cuda");
-    let tera = templates(&opts.templates)?;
+    let experiments: Vec<ExperimentLink> = views.iter().map(|v| ExperimentLink { name: v.name.clone(), slug: v.slug.clone() }).collect();
+    let leaders = findings::leaders(&views);
+    let cross = model::cross_device(&leaders);
     let history = model::history(&records);
-    let site = |experiment: Option<&str>, runs: &[RunView], findings: &[model::Finding]| -> Result<String> {
-        let history: Vec<model::History> = history.iter().filter(|h| experiment.is_none_or(|e| h.experiment == e)).cloned().collect();
-        let cross = model::cross_device(findings);
-        let ctx = SiteContext { experiments: &experiments, warnings: &warnings, findings, history: &history, cross: &cross, runs, has_gpu_run, experiment };
-        render_one(&tera, if experiment.is_some() { "experiment.html" } else { "index.html" }, &ctx)
+    let runs = findings::runs(&by_run, &notes);
+    let note_views: Vec<NoteView> = notes.iter().map(|(_, n)| n.clone()).collect();
+    // Notes kept elsewhere than under the log's folder are linked by file name alone: the log
+    // must not depend on where it was rendered.
+    let notes_prefix = if opts.notes.starts_with(opts.log.parent().unwrap_or(Path::new(""))) { relative_prefix(&opts.log, &opts.notes) } else { String::new() };
+    let base = SiteContext {
+        experiments: &experiments,
+        warnings: &warnings,
+        views: &views,
+        cross: Some(&cross),
+        runs: &runs,
+        notes: &note_views,
+        has_gpu_run: records.iter().any(|r| r.backend == "cuda"),
+        rooflines: &rooflines,
+        notes_prefix: &notes_prefix,
+        ..Default::default()
     };
-    files.insert(opts.out.join("index.html"), site(None, &runs, &findings)?);
-    for e in &experiments {
-        let only: Vec<RunView> = runs
+    let tera = templates(&opts.templates)?;
+    files.insert(opts.log.clone(), render_one(&tera, "research_log.md", &base)?);
+    files.insert(opts.out.join("index.html"), render_one(&tera, "index.html", &base)?);
+    for (i, e) in experiments.iter().enumerate() {
+        let only: Vec<RunView> = details
             .iter()
             .filter(|r| r.tables.iter().any(|t| t.experiment == e.name))
             .map(|r| RunView {
                 tables: r.tables.iter().filter(|t| t.experiment == e.name).cloned().collect(),
-                figures: r.figures.iter().filter(|f| f.experiment.as_ref().is_none_or(|x| *x == e.name)).cloned().collect(),
+                figures: r.figures.iter().filter(|f| f.experiment.as_ref().is_some_and(|x| *x == e.name)).cloned().collect(),
                 ..r.clone()
             })
             .collect();
-        let fs: Vec<model::Finding> = findings.iter().filter(|f| f.experiment == e.name).cloned().collect();
-        files.insert(opts.out.join(format!("{}.html", e.slug)), site(Some(&e.name), &only, &fs)?);
+        let history: Vec<model::History> = history.iter().filter(|h| h.experiment == e.name).cloned().collect();
+        let ctx = SiteContext { views: &views[i..=i], history: &history, details: &only, experiment: Some(&e.name), cross: None, ..base };
+        files.insert(opts.out.join(format!("{}.html", e.slug)), render_one(&tera, "experiment.html", &ctx)?);
     }
-    let cross = model::cross_device(&findings);
-    let ctx = SiteContext { experiments: &experiments, warnings: &warnings, findings: &findings, history: &history, cross: &cross, runs: &runs, has_gpu_run, experiment: None };
-    files.insert(opts.log.clone(), render_one(&tera, "research_log.md", &ctx)?);
+    for run in &details {
+        let ctx = SiteContext { details: std::slice::from_ref(run), cross: None, ..base };
+        files.insert(opts.out.join(&run.page), render_one(&tera, "run_page.html", &ctx)?);
+    }
+    for (_, n) in &notes {
+        let ctx = SiteContext { note: Some(n), cross: None, ..base };
+        files.insert(opts.out.join(&n.page), render_one(&tera, "note.html", &ctx)?);
+    }
     Ok(Rendered { files, warnings })
+}
+
+/// A run's own HTML page.
+fn run_page(run_id: &str) -> String {
+    format!("run-{}.html", model::slug(run_id))
 }
 
 /// The parameter an experiment sweeps (from the registry); bytes moved for unknown ones.
@@ -301,5 +422,26 @@ impl Rendered {
             .collect();
         stale.sort();
         stale
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{md_code, md_text, title_and_status};
+
+    #[test]
+    fn record_text_cannot_open_a_tag_a_link_or_a_cell() {
+        assert_eq!(md_text("<b>*x*</b> [a](b) | c\nd"), "&lt;b&gt;\\*x\\*&lt;/b&gt; \\[a\\](b) \\| c d");
+        assert_eq!(md_code("a|b"), "`a\\|b`");
+        // A backtick inside needs a longer fence; one at an edge needs a space.
+        assert_eq!(md_code("a`b"), "``a`b``");
+        assert_eq!(md_code("`x``"), "``` `x`` ```");
+    }
+
+    #[test]
+    fn a_note_gives_its_title_and_first_status_paragraph() {
+        let body = "# Title\n\n## Status\n\nFirst line\nsecond line.\n\nA later paragraph.\n\n## Question\n";
+        assert_eq!(title_and_status(body), (Some("Title".to_string()), "First line second line.".to_string()));
+        assert_eq!(title_and_status("# T\n\n## Question\n\nq"), (Some("T".to_string()), String::new()));
     }
 }

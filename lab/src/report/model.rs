@@ -45,9 +45,14 @@ pub struct Figure {
     pub experiment: Option<String>,
 }
 
+/// A note: its file, title, status paragraph (the current answer), and the whole text.
 #[derive(Serialize, Clone, Debug)]
 pub struct NoteView {
     pub file: String,
+    pub title: String,
+    pub status: String,
+    /// Its own HTML page, beside index.html.
+    pub page: String,
     pub markdown: String,
     pub html: String,
 }
@@ -55,13 +60,15 @@ pub struct NoteView {
 #[derive(Serialize, Clone, Debug)]
 pub struct RunView {
     pub run_id: String,
+    /// Its own HTML page.
+    pub page: String,
     pub date: String,
     pub device: String,
     pub backend: String,
     pub commit: String,
     pub dirty: bool,
     pub command: String,
-    pub notes: Vec<NoteView>,
+    pub notes: Vec<super::findings::NoteLink>,
     pub tables: Vec<Table>,
     pub figures: Vec<Figure>,
 }
@@ -90,12 +97,17 @@ pub fn slug(s: &str) -> String {
     if out.is_empty() { "_".into() } else { out }
 }
 
+/// A parameter's value as a shape prints it: strings bare, numbers as JSON writes them.
+pub fn param_text(v: &serde_json::Value) -> String {
+    v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string())
+}
+
 /// `cols=4096 dtype=f32 rows=16384`: every parameter, sorted by name.
 pub fn shape(params: &serde_json::Value) -> String {
     match params.as_object() {
         Some(map) => map
             .iter()
-            .map(|(k, v)| format!("{k}={}", v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string())))
+            .map(|(k, v)| format!("{k}={}", param_text(v)))
             .collect::<Vec<_>>()
             .join(" "),
         None => params.to_string(),
@@ -192,59 +204,6 @@ pub fn headline(r: &Record) -> Option<(f64, &'static str)> {
     let roof = r.ceiling.as_deref().or_else(|| r.extra.get("ceiling_name").and_then(|v| v.as_str()));
     let compute = roof.is_some_and(|c| c.ends_with("tflop_s")) || (r.work.bytes == 0 && r.work.flops > 0);
     Some(if compute { (t.tflop_s, "TFLOP/s") } else { (t.gb_s, "GB/s") })
-}
-
-/// Findings: for every experiment and device, the newest run's timed parameter sets, each with
-/// the fastest passing lab variant against the fastest passing peer.
-pub fn findings(records: &[Record]) -> Vec<Finding> {
-    let mut newest: BTreeMap<(String, String), String> = BTreeMap::new();
-    for r in records.iter().filter(|r| r.provider == "lab" && r.time_ms.is_some()) {
-        let key = (r.experiment.clone(), r.device.name.clone());
-        if newest.get(&key).is_none_or(|old| *old < r.run_id) {
-            newest.insert(key, r.run_id.clone());
-        }
-    }
-    let mut out = Vec::new();
-    for ((experiment, device), run_id) in newest {
-        let in_run: Vec<&Record> = records
-            .iter()
-            .filter(|r| r.run_id == run_id && r.experiment == experiment && r.time_ms.is_some() && r.verdict == Verdict::Pass)
-            .collect();
-        let mut shapes: Vec<&serde_json::Value> = Vec::new();
-        for r in &in_run {
-            if !shapes.contains(&&r.params) {
-                shapes.push(&r.params);
-            }
-        }
-        for params in shapes {
-            let group: Vec<&&Record> = in_run.iter().filter(|r| r.params == *params).collect();
-            let fastest = |peer: bool| {
-                group
-                    .iter()
-                    .filter(|r| is_peer(r) == peer)
-                    .min_by(|a, b| a.time_ms.as_ref().unwrap().median.total_cmp(&b.time_ms.as_ref().unwrap().median))
-            };
-            let Some(lab) = fastest(false) else { continue };
-            let peer = fastest(true);
-            let fig = |r: &Record| headline(r).map(|(v, unit)| format!("{v:.1} {unit}")).unwrap_or_else(|| "-".into());
-            out.push(Finding {
-                experiment: experiment.clone(),
-                slug: slug(&experiment),
-                device: device.clone(),
-                shape: shape(&lab.params),
-                lab_variant: variant_name(lab),
-                lab_figure: fig(lab),
-                pct_ceiling: num(lab.fraction_of_ceiling.map(|f| 100.0 * f), 1),
-                peer: peer.map(|p| format!("{} ({})", p.variant, p.provider)).unwrap_or_else(|| "-".into()),
-                peer_figure: peer.map(|p| fig(p)).unwrap_or_else(|| "-".into()),
-                speedup: peer
-                    .map(|p| format!("{:.2}x", p.time_ms.as_ref().unwrap().median / lab.time_ms.as_ref().unwrap().median))
-                    .unwrap_or_else(|| "-".into()),
-                run_id: run_id.clone(),
-            });
-        }
-    }
-    out
 }
 
 /// One run's best passing lab figure for a shape, with its noise band (the rate at the p80 and

@@ -44,6 +44,9 @@ impl Experiment for Gemm {
     fn description(&self) -> &'static str {
         "C = alpha A B + beta C, row-major: fp32 SIMT ladder (naive to warp tiling), fp16/bf16 mma.sync ladder (ldmatrix, cp.async + swizzle) and wgmma + TMA on sm_90a, beside cuBLAS"
     }
+    fn headlines(&self) -> &'static [&'static str] {
+        &["m=4096 n=4096 k=4096 dtype=bf16", "m=8192 n=8192 k=8192 dtype=bf16", "m=4096 n=4096 k=4096 dtype=f32"]
+    }
     fn sweep_axis(&self) -> &'static str {
         "m"
     }

@@ -52,6 +52,9 @@ impl Experiment for Quant {
     fn description(&self) -> &'static str {
         "4-bit weights: INT4 pack/unpack, group-wise sym/asym and GGUF Q4_0/Q4_1 (de)quantization, W4A16 GEMV/GEMM vs cuBLAS fp16, SmolLM2 requantization table"
     }
+    fn headlines(&self) -> &'static [&'static str] {
+        &["op=w4a16 batch=1 k=4096 n=4096 group=128 scheme=sym", "op=w4a16 batch=16 k=4096 n=4096 group=128 scheme=sym", "op=w4a16 batch=1 k=576 n=1536 group=64 scheme=sym"]
+    }
     fn cases(&self, backend: &Backend, quick: bool) -> Vec<Value> {
         let mut out = Vec::new();
         let gpu = matches!(backend, Backend::Cuda(_));
