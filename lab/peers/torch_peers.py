@@ -7,7 +7,7 @@ Reads one JSON request on stdin, runs the op on the GPU with the timing protocol
 output as raw little-endian bytes to the requested file, and prints one JSON line:
 {"variant", "raw_ms", "warmup_ms", "launch", "torch", "device"}.
 
-Request: {"op": "softmax" | "add" | "bias_gelu" | "layer_norm" | "rms_norm" | "linear" | "linear_backward",
+Request: {"op": "softmax" | "add" | "bias_gelu" | "layer_norm" | "rms_norm" | "linear" | "linear_backward" | "sdpa",
           "dtype": "f32" | "bf16" | "f16", "args": {...op arguments...},
           "inputs": [{"path": p, "shape": [...]}], "output": path, "warmup": n, "min_reps": n,
           "max_reps": n, "budget_ms": x, "l2_scrub_bytes": n, "l2": "cold" | "warm",
@@ -88,6 +88,22 @@ def ops(req, inputs):
         # Timed: the backward alone (activation gradient, two GEMMs, bias reduction); the
         # concatenation for the output file happens after timing.
         fn, name = (lambda: torch.autograd.grad(y, leaves, dy, retain_graph=True)), f"torch {args['act']}(linear) backward"
+    elif op == "sdpa":
+        # [batch, seq, heads, dim] as FlashAttention stores it; SDPA takes [batch, heads, seq, dim]
+        # views of the same memory. One backend per request, named in the variant.
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        q, k, v = (t.transpose(1, 2) for t in inputs)
+        backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                    "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+        backend, gqa = backends[args["backend"]], q.shape[1] != k.shape[1]
+
+        def sdpa():
+            with sdpa_kernel(backend):
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=args["causal"], enable_gqa=gqa)
+            return y.transpose(1, 2)
+
+        fn, name = sdpa, f"torch sdpa ({args['backend']})"
     elif op == "rms_norm":
         x, g = inputs
         fn, name = (lambda: F.rms_norm(x, (x.shape[-1],), g, args["eps"])), "torch.rms_norm"

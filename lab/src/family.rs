@@ -104,6 +104,12 @@ pub static FAMILIES: &[Family] = &[
         experiment: Some(&crate::ops::quant::Quant),
         variants: crate::ops::quant::variants,
     },
+    Family {
+        name: "attention",
+        kernels: &[kernel!("attention.cu")],
+        experiment: Some(&crate::ops::attention::Attention),
+        variants: crate::ops::attention::variants,
+    },
     Family { name: "allreduce", kernels: &[], experiment: Some(&crate::ops::allreduce::AllReduce), variants: none },
     Family { name: "bucketing", kernels: &[], experiment: Some(&crate::ops::bucketing::Bucketing), variants: none },
     // The kernels NCCL's experiment launches beside the collective (a reduction into a buffer).

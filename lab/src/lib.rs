@@ -29,7 +29,7 @@ pub mod prelude {
     pub use crate::experiment::{find, registry, Backend, BackendChoice, Experiment, RunOptions, Session};
     pub use crate::kernels::DType;
     pub use crate::gpu::Gpu;
-    pub use crate::ops::{bias_gelu, gemm, layernorm, linear, quant, rmsnorm, softmax, vector_add};
+    pub use crate::ops::{attention, bias_gelu, gemm, layernorm, linear, quant, rmsnorm, softmax, vector_add};
     pub use crate::tensor::Tensor;
     pub use crate::record::{load, load_with_damage, read_records, Record};
     pub use crate::report::charts;

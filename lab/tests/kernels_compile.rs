@@ -115,6 +115,7 @@ fn exported_symbols_are_the_ones_the_launchers_use() {
     let quant: Vec<&str> = quant.iter().map(String::as_str).collect();
     assert_eq!(ptx("quant"), expect("quant", &quant, &[DType::F16]));
     assert_eq!(ptx("collective"), expect("collective", &["add"], &all));
+    assert_eq!(ptx("attention"), lab::ops::attention::gpu_symbols());
 }
 
 #[test]

@@ -312,9 +312,11 @@ impl Session {
 
     /// Attaches provenance, throughput, fraction of ceiling and a verdict; appends the record.
     pub fn emit(&mut self, m: Measurement) -> Result<Record> {
-        let ceiling = match m.ceiling {
-            Some(name) => Some((name, self.ceiling(name)?)),
-            None => None,
+        // Only a timed figure is a fraction of its ceiling: an untimed check (a sanitizer run of
+        // odd shapes, say) does not measure one.
+        let ceiling = match (m.ceiling, &m.time) {
+            (Some(name), Some(_)) => Some((name, self.ceiling(name)?)),
+            _ => None,
         };
         let throughput = m.time.as_ref().map(|(t, _)| m.work.throughput(t.median));
         let fraction = match (&throughput, ceiling) {
@@ -343,7 +345,7 @@ impl Session {
             work: m.work,
             throughput,
             fraction_of_ceiling: fraction,
-            ceiling: ceiling.map(|(n, _)| n.to_string()),
+            ceiling: m.ceiling.map(str::to_string),
             error: m.error,
             tolerance: m.tolerance,
             verdict,

@@ -4,6 +4,7 @@
 //! `nccl_allreduce`) measure the libraries of [`crate::collective`].
 
 pub mod allreduce;
+pub mod attention;
 pub mod bias_gelu;
 pub mod bucketing;
 pub mod ceilings;

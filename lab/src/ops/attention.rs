@@ -1,0 +1,547 @@
+//! `attention`: scaled dot-product attention forward (kernels/attention.cu), a ladder from a
+//! naive kernel that materializes the scores to FlashAttention 2's loop on mma.sync, beside
+//! torch SDPA's backends.
+//!
+//! Tensors are [batch, seq, heads, head_dim] (FlashAttention's layout); `lse` is [batch, heads,
+//! seq_q] in fp32. Query head h reads key/value head h / (Hq / Hkv): MHA, GQA and MQA. Key j of
+//! query i is kept when j < Sk, and, when causal, j <= i + Sk - Sq (aligned bottom-right, as
+//! FlashAttention 2 does), and, with a window w > 0, j > i + Sk - Sq - w. A row that keeps no key
+//! gives O = 0 and lse = -inf. The scale is 1 / sqrt(head_dim).
+
+use super::compare::compare_elems;
+use super::gemm::raise_dynamic_smem;
+use super::variant::{self, Requires, Variant, VariantInfo};
+use super::{measure_op, measure_torch, Check, Elem};
+use crate::error::Doing;
+use crate::experiment::{param_str, param_timed, param_usize, rng_for, Backend, Experiment, Measurement, Peer, Session};
+use crate::kernels::{symbol, DType};
+use crate::profile::Work;
+use crate::record::Tolerance;
+use crate::tensor::{check_placement, Tensor};
+use crate::{LabError, Result};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use rand::Rng;
+use rand_distr::{Distribution, StandardNormal};
+use rayon::prelude::*;
+use serde_json::{json, Value};
+
+pub struct Attention;
+
+const FAMILY: &str = "attention";
+
+/// How a variant runs.
+#[derive(Clone, Copy, Debug)]
+pub enum Kernel {
+    /// Scores, softmax and P V as three kernels through an fp32 scratch of B Hq Sq Sk scores.
+    Naive,
+    /// FlashAttention 2 on mma.sync, for the head dims it was instantiated for, with `mt` 16-row
+    /// m-tiles per warp (a block of 4 warps owns 64 mt query rows).
+    Fa2 { head_dims: &'static [usize], mt: usize },
+    /// [`cpu_rows`].
+    CpuRows,
+}
+
+const F16_BF16: &[DType] = &[DType::F16, DType::Bf16];
+
+/// The ladder, in order: the only place an attention variant is named.
+pub const VARIANTS: &[Variant<Kernel>] = &[
+    Variant {
+        name: "naive",
+        dtypes: F16_BF16,
+        requires: Requires::Gpu,
+        what: "S = QK^T written to memory in fp32, a row softmax, then PV: the traffic FlashAttention removes",
+        config: Kernel::Naive,
+    },
+    Variant {
+        name: "fa2",
+        dtypes: F16_BF16,
+        requires: Requires::Gpu,
+        what: "FlashAttention 2: 64-row query tiles on mma.sync, K/V tiles through cp.async, online softmax in registers",
+        config: Kernel::Fa2 { head_dims: &[64, 128], mt: 1 },
+    },
+    Variant {
+        name: "fa2_m32",
+        dtypes: F16_BF16,
+        requires: Requires::Gpu,
+        what: "32 query rows per warp: each K/V fragment from shared memory feeds two mmas",
+        config: Kernel::Fa2 { head_dims: &[64, 128], mt: 2 },
+    },
+    Variant {
+        name: "cpu_rows",
+        dtypes: F16_BF16,
+        requires: Requires::Cpu,
+        what: "one query row at a time, online softmax in f32, rows in parallel",
+        config: Kernel::CpuRows,
+    },
+];
+
+pub fn variants() -> Vec<VariantInfo> {
+    variant::infos(VARIANTS)
+}
+
+/// The kernel symbols the launchers use, for the export check.
+pub fn gpu_symbols() -> std::collections::BTreeSet<String> {
+    let mut out = std::collections::BTreeSet::from([symbol(FAMILY, "naive_softmax", DType::F32)]);
+    for &d in F16_BF16 {
+        for k in ["naive_scores", "naive_pv", "fa2_d64", "fa2_d128", "fa2_m32_d64", "fa2_m32_d128"] {
+            out.insert(symbol(FAMILY, k, d));
+        }
+    }
+    out
+}
+
+/// Beyond this many scores (4 GiB of fp32 scratch) the naive rung is not run.
+pub const NAIVE_MAX_SCORES: usize = 1 << 30;
+
+/// The mask: causal (bottom-right aligned) and a left window (0: none).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Mask {
+    pub causal: bool,
+    pub window: usize,
+}
+
+/// The sizes an attention call works on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dims {
+    pub batch: usize,
+    pub sq: usize,
+    pub sk: usize,
+    pub hq: usize,
+    pub hkv: usize,
+    pub d: usize,
+}
+
+impl Dims {
+    /// Is key j kept for query i?
+    pub fn keep(&self, m: Mask, i: usize, j: usize) -> bool {
+        let (i, j, off) = (i as i64, j as i64, self.sk as i64 - self.sq as i64);
+        j < self.sk as i64 && (!m.causal || j <= i + off) && (m.window == 0 || j > i + off - m.window as i64)
+    }
+    /// Kept (query, key) pairs of one head, counted exactly.
+    pub fn pairs(&self, m: Mask) -> u64 {
+        (0..self.sq).map(|i| (0..self.sk).filter(|&j| self.keep(m, i, j)).count() as u64).sum()
+    }
+    /// FlashAttention 3's count: 4 D flops per kept pair (QK^T and PV); bytes: Q, K, V and O once,
+    /// and the fp32 lse.
+    pub fn work(&self, m: Mask, elem: usize) -> Work {
+        let heads = (self.batch * self.hq) as u64;
+        let flops = 4 * self.d as u64 * heads * self.pairs(m);
+        let (q, kv) = (self.batch * self.sq * self.hq * self.d, self.batch * self.sk * self.hkv * self.d);
+        Work { bytes: ((2 * q + 2 * kv) * elem + 4 * self.batch * self.hq * self.sq) as u64, flops }
+    }
+}
+
+/// The variant [`forward`] runs, as measured on an H200 (2026-11-26T02-14-22Z-h200-4f89ed0):
+/// `fa2_m32` where its 128-row blocks fill the GPU twice over (1.2-1.5x `fa2` from 2048 tokens
+/// up), `fa2` for fewer query tiles (SmolLM2's prefill, 9 heads of 2048 tokens: 64.9 against
+/// 60.8 TFLOP/s), the naive rung for other head dims; the CPU path on the CPU.
+pub fn best(dev: &Backend, d: Dims) -> &'static Variant<Kernel> {
+    let name = match dev {
+        Backend::Cpu => "cpu_rows",
+        Backend::Cuda(_) if !matches!(d.d, 64 | 128) => "naive",
+        Backend::Cuda(g) if d.sq.div_ceil(128) * d.hq * d.batch >= 2 * g.info.sm_count as usize => "fa2_m32",
+        Backend::Cuda(_) => "fa2",
+    };
+    variant::find(FAMILY, VARIANTS, name).expect("the best attention variant is in the table")
+}
+
+/// O = softmax(QK^T / sqrt(D) + mask) V and the rows' log-sum-exp, with the best variant.
+pub fn forward<T: Elem>(dev: &Backend, q: &Tensor<T>, k: &Tensor<T>, v: &Tensor<T>, mask: Mask, o: &mut Tensor<T>, lse: &mut Tensor<f32>) -> Result<()> {
+    let d = dims(q, k, v, o, lse)?;
+    forward_with(dev, best(dev, d).name, q, k, v, mask, o, lse)
+}
+
+/// The shapes of q, k, v, o and lse, checked against each other: clear errors naming the problem.
+pub fn dims<T: Elem>(q: &Tensor<T>, k: &Tensor<T>, v: &Tensor<T>, o: &Tensor<T>, lse: &Tensor<f32>) -> Result<Dims> {
+    let bad = |why: String| LabError::shape("attention", why);
+    for (name, t) in [("q", q.shape()), ("k", k.shape()), ("v", v.shape()), ("o", o.shape())] {
+        if t.len() != 4 {
+            return Err(bad(format!("{name} is {t:?}: tensors are [batch, seq, heads, head_dim]")));
+        }
+    }
+    let (qs, ks) = (q.shape(), k.shape());
+    let d = Dims { batch: qs[0], sq: qs[1], hq: qs[2], d: qs[3], sk: ks[1], hkv: ks[2] };
+    if k.shape() != v.shape() {
+        return Err(bad(format!("k is {:?} but v is {:?}", k.shape(), v.shape())));
+    }
+    if ks[0] != d.batch || ks[3] != d.d {
+        return Err(bad(format!("q is {qs:?} but k is {ks:?}: batch and head_dim must match")));
+    }
+    if d.hkv == 0 || d.hq % d.hkv != 0 {
+        return Err(bad(format!("{} query heads are not a multiple of {} key/value heads", d.hq, d.hkv)));
+    }
+    if o.shape() != qs {
+        return Err(bad(format!("q is {qs:?} but o is {:?}", o.shape())));
+    }
+    if lse.shape() != [d.batch, d.hq, d.sq] {
+        return Err(bad(format!("lse is {:?}, not [batch, heads, seq_q] = {:?}", lse.shape(), [d.batch, d.hq, d.sq])));
+    }
+    if d.batch * d.sq * d.sk * d.hq * d.d == 0 {
+        return Err(bad(format!("q is {qs:?} and k {ks:?}: every size must be at least 1")));
+    }
+    Ok(d)
+}
+
+/// [`forward`] with the named variant (any row of [`VARIANTS`]).
+#[allow(clippy::too_many_arguments)]
+pub fn forward_with<T: Elem>(
+    dev: &Backend,
+    variant: &str,
+    q: &Tensor<T>,
+    k: &Tensor<T>,
+    v: &Tensor<T>,
+    mask: Mask,
+    o: &mut Tensor<T>,
+    lse: &mut Tensor<f32>,
+) -> Result<()> {
+    let var = variant::find(FAMILY, VARIANTS, variant)?;
+    variant::check_runs(FAMILY, var, dev, T::DTYPE)?;
+    let places = [("q", q.placement()), ("k", k.placement()), ("v", v.placement()), ("o", o.placement()), ("lse", lse.placement())];
+    check_placement("attention", dev, &places)?;
+    let d = dims(q, k, v, o, lse)?;
+    let scale = 1.0 / (d.d as f32).sqrt();
+    let (causal, window) = (mask.causal as i32, mask.window as i32);
+    // The kernels' int arguments, kept alive for the launch builders: Sq, Sk, Hq, Hkv, D.
+    let [sq, sk, hq, hkv, hd] = [d.sq, d.sk, d.hq, d.hkv, d.d].map(|x| x as i32);
+    match (var.config, dev) {
+        (Kernel::CpuRows, _) => {
+            let (qh, kh, vh) = (q.host().expect("placed"), k.host().expect("placed"), v.host().expect("placed"));
+            cpu_rows(d, mask, qh, kh, vh, o.host_mut().expect("placed"), lse.host_mut().expect("placed"));
+            Ok(())
+        }
+        (Kernel::Fa2 { head_dims, mt }, Backend::Cuda(gpu)) => {
+            if !head_dims.contains(&d.d) {
+                return Err(LabError::shape("attention", format!("`{variant}` takes head_dim {head_dims:?}, not {}", d.d)));
+            }
+            let f = gpu.function(FAMILY, &symbol(FAMILY, &format!("{variant}_d{}", d.d), T::DTYPE))?;
+            let smem = (64 * mt + 4 * 64) * (d.d + 8) * 2; // FA_SMEM(D, MT) in kernels/attention.cu
+            raise_dynamic_smem(&f, smem)?;
+            let grid = (d.sq.div_ceil(64 * mt) as u32, d.hq as u32, d.batch as u32);
+            let cfg = LaunchConfig { grid_dim: grid, block_dim: (128, 1, 1), shared_mem_bytes: smem as u32 };
+            let (dq, dk, dv) = (q.cuda().expect("placed"), k.cuda().expect("placed"), v.cuda().expect("placed"));
+            let (dl, dout) = (lse.cuda_mut().expect("placed"), o.cuda_mut().expect("placed"));
+            let mut b = gpu.stream.launch_builder(&f);
+            b.arg(dq).arg(dk).arg(dv).arg(dout).arg(dl).arg(&sq).arg(&sk).arg(&hq).arg(&hkv);
+            b.arg(&scale).arg(&causal).arg(&window);
+            // SAFETY: dims() checked every buffer's shape against (B, Sq, Sk, Hq, Hkv, D); the
+            // grid covers ceil(Sq / (64 mt)) query tiles of every head, and the kernel bounds rows by
+            // Sq and keys by Sk.
+            unsafe { b.launch(cfg) }.map(|_| ()).doing(&format!("launching attention {variant}"))
+        }
+        (Kernel::Naive, Backend::Cuda(gpu)) => {
+            let scores = d.batch * d.hq * d.sq * d.sk;
+            if scores > NAIVE_MAX_SCORES {
+                return Err(LabError::shape("attention", format!("`naive` materializes {scores} scores; it takes at most {NAIVE_MAX_SCORES}")));
+            }
+            // SAFETY: every score is written by the scores kernel before it is read.
+            let mut s = unsafe { gpu.stream.alloc::<f32>(scores) }.doing("allocating the naive scores")?;
+            let (dq, dk, dv) = (q.cuda().expect("placed"), k.cuda().expect("placed"), v.cuda().expect("placed"));
+            let heads = (d.batch * d.hq) as u32;
+            let f = gpu.function(FAMILY, &symbol(FAMILY, "naive_scores", T::DTYPE))?;
+            let cfg = LaunchConfig { grid_dim: (d.sk.div_ceil(256) as u32, d.sq as u32, heads), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            let mut b = gpu.stream.launch_builder(&f);
+            b.arg(dq).arg(dk).arg(&mut s).arg(&sq).arg(&sk).arg(&hq).arg(&hkv).arg(&hd);
+            b.arg(&scale).arg(&causal).arg(&window);
+            // SAFETY: the grid covers (key, query, batch x head) once; q, k and s hold their shapes.
+            unsafe { b.launch(cfg) }.doing("launching attention naive scores")?;
+            let f = gpu.function(FAMILY, &symbol(FAMILY, "naive_softmax", DType::F32))?;
+            let cfg = LaunchConfig { grid_dim: ((d.batch * d.hq * d.sq) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            let dl = lse.cuda_mut().expect("placed");
+            // SAFETY: one block per score row; s holds B Hq Sq rows of Sk, lse one per row.
+            unsafe { gpu.stream.launch_builder(&f).arg(&mut s).arg(dl).arg(&sk).launch(cfg) }.doing("launching attention naive softmax")?;
+            let f = gpu.function(FAMILY, &symbol(FAMILY, "naive_pv", T::DTYPE))?;
+            let cfg = LaunchConfig { grid_dim: (d.d.div_ceil(64) as u32, d.sq as u32, heads), block_dim: (64, 1, 1), shared_mem_bytes: 0 };
+            let dout = o.cuda_mut().expect("placed");
+            let mut b = gpu.stream.launch_builder(&f);
+            b.arg(&s).arg(dv).arg(dout).arg(&sq).arg(&sk).arg(&hq).arg(&hkv).arg(&hd);
+            // SAFETY: the grid covers (d, query, batch x head) once; p, v and o hold their shapes.
+            unsafe { b.launch(cfg) }.map(|_| ()).doing("launching attention naive pv")
+        }
+        (_, Backend::Cpu) => unreachable!("check_runs keeps GPU variants off the CPU"),
+    }
+}
+
+/// The CPU backend's variant: each (batch, head, query row) in parallel, online softmax over the
+/// kept keys in f32.
+pub fn cpu_rows<T: Elem>(d: Dims, m: Mask, q: &[T], k: &[T], v: &[T], o: &mut [T], lse: &mut [f32]) {
+    let scale = 1.0 / (d.d as f32).sqrt();
+    let group = d.hq / d.hkv;
+    let rows: Vec<(Vec<T>, f32)> = (0..d.batch * d.hq * d.sq)
+        .into_par_iter()
+        .map(|r| {
+            let (b, h, i) = (r / (d.hq * d.sq), r / d.sq % d.hq, r % d.sq);
+            let qi = &q[((b * d.sq + i) * d.hq + h) * d.d..][..d.d];
+            let (mut mx, mut sum, mut acc) = (f32::NEG_INFINITY, 0f32, vec![0f32; d.d]);
+            for j in (0..d.sk).filter(|&j| d.keep(m, i, j)) {
+                let kv = ((b * d.sk + j) * d.hkv + h / group) * d.d;
+                let s = scale * qi.iter().zip(&k[kv..kv + d.d]).map(|(a, b)| a.to_f32() * b.to_f32()).sum::<f32>();
+                let m_new = mx.max(s);
+                let (alpha, p) = ((mx - m_new).exp(), (s - m_new).exp());
+                sum = sum * alpha + p;
+                for (a, x) in acc.iter_mut().zip(&v[kv..kv + d.d]) {
+                    *a = *a * alpha + p * x.to_f32();
+                }
+                mx = m_new;
+            }
+            let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+            (acc.iter().map(|a| T::from_f32(a * inv)).collect(), if sum > 0.0 { mx + sum.ln() } else { f32::NEG_INFINITY })
+        })
+        .collect();
+    for (r, (row, l)) in rows.into_iter().enumerate() {
+        let (b, h, i) = (r / (d.hq * d.sq), r / d.sq % d.hq, r % d.sq);
+        o[((b * d.sq + i) * d.hq + h) * d.d..][..d.d].copy_from_slice(&row);
+        lse[r] = l;
+    }
+}
+
+/// One (batch, head, query row) computed two ways from the stored inputs: in f64 (the
+/// reference), and naively in the storage precision as an unfused kernel would (fp32 scores and
+/// softmax, P rounded to T, fp32 accumulation, O rounded to T): the baseline error of
+/// FlashAttention's accuracy rule. Returns (o f64, lse f64, o naive).
+pub fn reference_row<T: Elem>(d: Dims, m: Mask, q: &[T], k: &[T], v: &[T], (b, h, i): (usize, usize, usize)) -> (Vec<f64>, f64, Vec<f64>) {
+    let scale = 1.0 / (d.d as f64).sqrt();
+    let qi = &q[((b * d.sq + i) * d.hq + h) * d.d..][..d.d];
+    let kv = |j: usize| ((b * d.sk + j) * d.hkv + h / (d.hq / d.hkv)) * d.d;
+    let keys: Vec<usize> = (0..d.sk).filter(|&j| d.keep(m, i, j)).collect();
+    let s64: Vec<f64> = keys.iter().map(|&j| scale * qi.iter().zip(&k[kv(j)..]).map(|(a, b)| a.to_f64() * b.to_f64()).sum::<f64>()).collect();
+    let s32: Vec<f32> = keys.iter().map(|&j| scale as f32 * qi.iter().zip(&k[kv(j)..]).map(|(a, b)| a.to_f32() * b.to_f32()).sum::<f32>()).collect();
+    let mx64 = s64.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let mx32 = s32.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let sum64: f64 = s64.iter().map(|s| (s - mx64).exp()).sum();
+    let sum32: f32 = s32.iter().map(|s| (s - mx32).exp()).sum();
+    let (mut o64, mut o32) = (vec![0f64; d.d], vec![0f32; d.d]);
+    for (n, &j) in keys.iter().enumerate() {
+        let (p64, p32) = ((s64[n] - mx64).exp() / sum64, T::from_f32((s32[n] - mx32).exp() / sum32).to_f32());
+        for (c, x) in v[kv(j)..kv(j) + d.d].iter().enumerate() {
+            o64[c] += p64 * x.to_f64();
+            o32[c] += p32 * x.to_f32();
+        }
+    }
+    let lse = if keys.is_empty() { f64::NEG_INFINITY } else { mx64 + sum64.ln() };
+    (o64, lse, o32.iter().map(|&x| T::from_f32(x).to_f64()).collect())
+}
+
+/// The rows a check compares: all of them when the problem is small, else 384 drawn at random
+/// plus the first and last of every head's query range ends.
+pub fn check_rows(d: Dims, rng: &mut impl Rng) -> Vec<(usize, usize, usize)> {
+    let all = d.batch * d.hq * d.sq;
+    let rows: Vec<usize> = if all * d.sk * d.d <= 1 << 24 {
+        (0..all).collect()
+    } else {
+        let mut r: Vec<usize> = (0..384).map(|_| rng.random_range(0..all)).chain([0, d.sq - 1, all - d.sq, all - 1]).collect();
+        r.sort_unstable();
+        r.dedup();
+        r
+    };
+    rows.into_iter().map(|r| (r / (d.hq * d.sq), r / d.sq % d.hq, r % d.sq)).collect()
+}
+
+/// What a check compares: the expected O (and lse) at the checked rows, and the tolerance from
+/// the naive baseline.
+pub struct Expected {
+    pub rows: Vec<(usize, usize, usize)>,
+    pub o: Vec<f64>,
+    pub lse: Vec<f64>,
+    pub tol: Tolerance,
+}
+
+impl Expected {
+    pub fn new<T: Elem>(d: Dims, m: Mask, q: &[T], k: &[T], v: &[T], rows: Vec<(usize, usize, usize)>) -> Self {
+        let per: Vec<_> = rows.par_iter().map(|&r| reference_row(d, m, q, k, v, r)).collect();
+        let mut naive_err = 0f64;
+        let (mut o, mut lse) = (Vec::new(), Vec::new());
+        for (o64, l, naive) in per {
+            naive_err = o64.iter().zip(&naive).map(|(a, b)| (a - b).abs()).fold(naive_err, f64::max);
+            o.extend(o64);
+            lse.push(l);
+        }
+        // FlashAttention's rule: within a small multiple (2x) of the same computation done
+        // naively in the storage precision, plus one rounding of the output.
+        let ulp = if T::DTYPE == DType::Bf16 { 2f64.powi(-8) } else { 2f64.powi(-11) };
+        Expected { rows, o, lse, tol: Tolerance { atol: 2.0 * naive_err + 1e-6, rtol: ulp } }
+    }
+    /// The checked rows of an output in [B, Sq, Hq, D].
+    pub fn gather<T: Elem>(&self, d: Dims, out: &[T]) -> Vec<T> {
+        self.rows.iter().flat_map(|&(b, h, i)| out[((b * d.sq + i) * d.hq + h) * d.d..][..d.d].to_vec()).collect()
+    }
+    pub fn gather_lse(&self, d: Dims, lse: &[f32]) -> Vec<f32> {
+        self.rows.iter().map(|&(b, h, i)| lse[(b * d.hq + h) * d.sq + i]).collect()
+    }
+}
+
+/// Inputs: N(0, 1), or "large" (q scaled by 100: scores of order 1e3 to 1e4).
+pub fn input<T: Elem>(len: usize, scale: f32, rng: &mut impl Rng) -> Vec<T> {
+    (0..len)
+        .map(|_| {
+            let z: f32 = StandardNormal.sample(rng);
+            T::from_f32(scale * z)
+        })
+        .collect()
+}
+
+impl Experiment for Attention {
+    fn name(&self) -> &'static str {
+        "attention"
+    }
+    fn description(&self) -> &'static str {
+        "attention forward, f16/bf16, causal or not, MHA/GQA/MQA, head dims 64 and 128: naive (scores in memory) to FlashAttention 2 on mma.sync, beside torch SDPA's backends"
+    }
+    fn headlines(&self) -> &'static [&'static str] {
+        &["batch=4 seq=4096 hq=16 d=128 causal=false", "batch=4 seq=4096 hq=16 d=128 causal=true"]
+    }
+    fn sweep_axis(&self) -> &'static str {
+        "seq"
+    }
+    fn cases(&self, backend: &Backend, quick: bool) -> Vec<Value> {
+        // (batch, sq, sk, hq, hkv, d, causal, window, fill)
+        type C = (usize, usize, usize, usize, usize, usize, bool, usize, &'static str);
+        let checks: &[C] = match (backend, quick) {
+            (Backend::Cpu, true) => &[(1, 1, 1, 2, 1, 64, true, 0, "normal"), (2, 17, 5, 3, 1, 64, true, 0, "normal"), (1, 33, 33, 4, 2, 128, false, 7, "large")],
+            _ => &[
+                (1, 1, 1, 4, 4, 64, true, 0, "normal"),
+                (2, 17, 5, 9, 3, 64, true, 0, "normal"),
+                (1, 1000, 1000, 9, 3, 64, true, 0, "normal"),
+                (1, 4097, 4097, 4, 1, 128, false, 0, "normal"),
+                (2, 17, 1000, 8, 8, 128, true, 0, "normal"),
+                (1, 1000, 1000, 4, 2, 64, true, 128, "normal"),
+                (1, 333, 333, 2, 2, 128, false, 0, "large"),
+                (3, 129, 257, 6, 2, 128, false, 0, "normal"),
+            ],
+        };
+        let timed: Vec<C> = match (backend, quick) {
+            (Backend::Cuda(_), false) => {
+                let mut t = vec![(4, 4096, 4096, 16, 16, 128, false, 0, "normal"), (4, 4096, 4096, 16, 16, 128, true, 0, "normal")];
+                // FlashAttention 3's sweep: 16k tokens, hidden 2048 (D 128 with 16 heads, D 64 with 32).
+                for s in [512, 1024, 2048, 4096, 8192, 16384] {
+                    for causal in [false, true] {
+                        t.push((16384 / s, s, s, 16, 16, 128, causal, 0, "normal"));
+                        t.push((16384 / s, s, s, 32, 32, 64, causal, 0, "normal"));
+                    }
+                }
+                t.push((1, 2048, 2048, 9, 3, 64, true, 0, "normal")); // SmolLM2-135M prefill
+                t.push((1, 4096, 4096, 32, 8, 128, true, 0, "normal")); // Llama-3-8B prefill
+                t
+            }
+            (Backend::Cuda(_), true) => vec![(2, 1024, 1024, 16, 16, 128, true, 0, "normal"), (1, 2048, 2048, 9, 3, 64, true, 0, "normal")],
+            (Backend::Cpu, false) => vec![(1, 256, 256, 9, 3, 64, true, 0, "normal")],
+            (Backend::Cpu, true) => vec![(1, 64, 64, 2, 1, 64, true, 0, "normal")],
+        };
+        let case = |c: &C, dtype: &str, timed: bool| {
+            let (b, sq, sk, hq, hkv, d, causal, window, fill) = *c;
+            let mut v = json!({"batch": b, "hq": hq, "hkv": hkv, "d": d, "causal": causal, "dtype": dtype, "timed": timed});
+            if sq == sk {
+                v["seq"] = json!(sq);
+            } else {
+                (v["sq"], v["sk"]) = (json!(sq), json!(sk));
+            }
+            if window > 0 {
+                v["window"] = json!(window);
+            }
+            if fill != "normal" {
+                v["fill"] = json!(fill);
+            }
+            v
+        };
+        let mut out: Vec<Value> = ["bf16", "f16"].iter().flat_map(|dt| checks.iter().map(move |c| case(c, dt, false))).collect();
+        out.extend(timed.iter().map(|c| case(c, "bf16", true)));
+        if let (Backend::Cuda(_), false) = (backend, quick) {
+            out.push(case(&timed[0], "f16", true));
+        }
+        out
+    }
+    fn run_case(&self, s: &mut Session, case: &Value) -> Result<()> {
+        match DType::parse(param_str(case, "dtype")?)? {
+            DType::Bf16 => run::<half::bf16>(s, case),
+            DType::F16 => run::<half::f16>(s, case),
+            DType::F32 => Err(LabError::Invalid("attention runs in f16 and bf16".into())),
+        }
+    }
+}
+
+fn case_dims(case: &Value) -> Result<(Dims, Mask)> {
+    let seq = |k: &str| case.get(k).map_or_else(|| param_usize(case, "seq"), |_| param_usize(case, k));
+    let d = Dims { batch: param_usize(case, "batch")?, sq: seq("sq")?, sk: seq("sk")?, hq: param_usize(case, "hq")?, hkv: param_usize(case, "hkv")?, d: param_usize(case, "d")? };
+    let causal = case.get("causal").and_then(Value::as_bool).unwrap_or(false);
+    let window = case.get("window").map_or(Ok(0), |_| param_usize(case, "window"))?;
+    Ok((d, Mask { causal, window }))
+}
+
+fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
+    let (d, mask) = case_dims(case)?;
+    let timed = param_timed(case);
+    let fill = case.get("fill").and_then(Value::as_str).unwrap_or("normal");
+    let qscale = match fill {
+        "normal" => 1.0,
+        "large" => 100.0,
+        other => return Err(LabError::Invalid(format!("unknown attention fill `{other}` (normal, large)"))),
+    };
+    let mut rng = rng_for(s.opts.seed, case);
+    let (qn, kn) = (d.batch * d.sq * d.hq * d.d, d.batch * d.sk * d.hkv * d.d);
+    let (q, k, v): (Vec<T>, Vec<T>, Vec<T>) = (input(qn, qscale, &mut rng), input(kn, 1.0, &mut rng), input(kn, 1.0, &mut rng));
+    let expected = Expected::new(d, mask, &q, &k, &v, check_rows(d, &mut rng));
+    let work = d.work(mask, T::DTYPE.size());
+    let compare_o = |o: &[T]| compare_elems(&expected.gather(d, o), &expected.o, expected.tol, "cpu-f64 (sampled rows)");
+    let ceiling = match (&s.backend, T::DTYPE) {
+        (Backend::Cuda(_), DType::F16) => "tensor_f16_tflop_s",
+        (Backend::Cuda(_), _) => "tensor_bf16_tflop_s",
+        _ => "fma_tflop_s",
+    };
+    let check = Check { tol: expected.tol, compare: &compare_o, ceiling };
+    let dev = s.backend.clone();
+    let qt = Tensor::from_slice(&dev, &[d.batch, d.sq, d.hq, d.d], &q)?;
+    let kt = Tensor::from_slice(&dev, &[d.batch, d.sk, d.hkv, d.d], &k)?;
+    let vt = Tensor::from_slice(&dev, &[d.batch, d.sk, d.hkv, d.d], &v)?;
+    let mut o = Tensor::<T>::zeros(&dev, &[d.batch, d.sq, d.hq, d.d])?;
+    let lse = std::cell::RefCell::new(Tensor::<f32>::zeros(&dev, &[d.batch, d.hq, d.sq])?);
+    for var in VARIANTS {
+        let takes = match var.config {
+            Kernel::Naive => d.batch * d.hq * d.sq * d.sk <= NAIVE_MAX_SCORES,
+            Kernel::Fa2 { head_dims, .. } => head_dims.contains(&d.d),
+            Kernel::CpuRows => true,
+        };
+        if !var.requires.met_by(&dev) || !takes || !s.wants(var.name, "lab") {
+            continue;
+        }
+        measure_op(s, case, var.name, work, &check, timed, &mut o, |o| forward_with(&dev, var.name, &qt, &kt, &vt, mask, o, &mut *lse.borrow_mut()))?;
+        // The log-sum-exp the backward will read, checked once per variant (untimed).
+        let got = expected.gather_lse(d, &lse.borrow().to_vec()?);
+        let mut m = Measurement::new(var.name, "lab", &lse_case(case), Work { bytes: 0, flops: 0 });
+        let tol = Tolerance { atol: 1e-3, rtol: 1e-4 };
+        m.error = Some(compare_elems(&got, &expected.lse, tol, "cpu-f64 (sampled rows)"));
+        m.tolerance = Some(tol);
+        s.emit(m)?;
+    }
+    // torch SDPA aligns a causal mask top-left and has no window: peers only where that agrees.
+    if let Backend::Cuda(gpu) = &dev {
+        if timed && d.sq == d.sk && mask.window == 0 {
+            let (qb, kb, vb) = (T::bytes(&q), T::bytes(&k), T::bytes(&v));
+            let (qs, ks) = ([d.batch, d.sq, d.hq, d.d], [d.batch, d.sk, d.hkv, d.d]);
+            // Every backend at the headline shape; elsewhere the two fastest (each peer call is a
+            // Python process of a few seconds).
+            let headline = (d.batch, d.sq, d.hq, d.d) == (4, 4096, 16, 128);
+            let backends: &[&str] = if headline { &["flash", "cudnn", "efficient", "math"] } else { &["flash", "cudnn"] };
+            for backend in backends {
+                let name = format!("torch sdpa ({backend})");
+                if !s.wants_peer(Peer::Torch, &name, "torch") {
+                    continue;
+                }
+                let args = json!({"backend": backend, "causal": mask.causal});
+                // A backend that does not take the shape is said, not fatal: the others still run.
+                if let Err(e) = measure_torch(s, gpu, case, "sdpa", args, &[(&qb, &qs), (&kb, &ks), (&vb, &ks)], work, &check) {
+                    eprintln!("attention: {name} did not run on {case}: {e}");
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The parameters of a case's lse check: the case's, naming the output, untimed.
+fn lse_case(case: &Value) -> Value {
+    let mut c = case.clone();
+    (c["output"], c["timed"]) = (json!("lse"), json!(false));
+    c
+}
+
+#[cfg(test)]
+mod tests;
