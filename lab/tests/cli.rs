@@ -115,10 +115,15 @@ fn rerun_of_a_cpu_record_reproduces_its_correctness() {
     assert_eq!(new[0].error.as_ref().unwrap().max_abs, target.error.as_ref().unwrap().max_abs, "same seed, same inputs, same error");
     assert!(text(&o).contains(&target.record_id));
 
-    // A whole run file reruns too.
+    // A whole run file reruns too, and its timings are read as `lab compare` reads them.
     let file = std::fs::read_dir(dir.path()).unwrap().next().unwrap().unwrap().path();
     let o = lab(&["rerun", file.to_str().unwrap(), "--backend", "cpu", "--out", out.path().to_str().unwrap()]);
     assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("timing, A = the recorded run, B = this rerun:"), "{}", text(&o));
+    assert!(text(&o).contains("against their run's ceiling") && text(&o).contains("relative view (figure over reference"), "{}", text(&o));
+    let o = lab(&["rerun", file.to_str().unwrap(), "--backend", "cpu", "--absolute", "--threshold", "2", "--out", out.path().to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("the threshold is a relative change from 0 up to 1"), "{}", text(&o));
 }
 
 #[test]
@@ -170,16 +175,26 @@ fn list_names_every_experiment() {
     }
 }
 
+/// The table rows of `lab compare`'s output (the header and the summary after the blank line
+/// left out).
+fn table_rows(o: &Output) -> Vec<String> {
+    String::from_utf8_lossy(&o.stdout).lines().skip(1).take_while(|l| !l.is_empty()).map(str::to_string).collect()
+}
+
 #[test]
 fn compare_reads_a_run_against_itself_as_no_change_and_refuses_other_hardware() {
     let dir = tempfile::tempdir().unwrap();
     assert!(run_quick(dir.path(), "vector_add").status.success());
     let file = std::fs::read_dir(dir.path()).unwrap().next().unwrap().unwrap().path();
     let f = file.to_str().unwrap();
-    let o = lab(&["compare", f, f]);
-    assert!(o.status.success(), "{}", text(&o));
-    let lines: Vec<String> = text(&o).lines().skip(1).map(str::to_string).collect();
-    assert!(!lines.is_empty() && lines.iter().all(|l| l.ends_with("no detectable change")), "{}", text(&o));
+    for view in [&[][..], &["--absolute"][..]] {
+        let o = lab(&[&["compare", f, f][..], view].concat());
+        assert!(o.status.success(), "{}", text(&o));
+        let lines = table_rows(&o);
+        let same = |l: &String| l.ends_with("no detectable change") || l.ends_with("reference: its change is drift");
+        assert!(!lines.is_empty() && lines.iter().all(same), "{}", text(&o));
+        assert!(text(&o).contains("0 slower, 0 faster"), "{}", text(&o));
+    }
 
     // The same run, said to come from another GPU: refused, then compared when forced.
     let other = dir.path().join("other.jsonl");
@@ -189,6 +204,49 @@ fn compare_reads_a_run_against_itself_as_no_change_and_refuses_other_hardware() 
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("device.name: `cpu` vs `NVIDIA H100 80GB HBM3`"), "{}", text(&o));
     assert!(lab(&["compare", f, other.to_str().unwrap(), "--force"]).status.success());
+
+    for bad in ["--threshold=1.5", "--threshold=-0.01", "--threshold=NaN"] {
+        let o = lab(&["compare", f, f, bad]);
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        assert!(text(&o).contains("the threshold is a relative change from 0 up to 1"), "{}", text(&o));
+    }
+}
+
+/// A run whose every time is 50% longer (the machine slowed down, the code did not; the CPU
+/// backend's samples on a busy machine are too noisy for less to be certain): the
+/// relative view, the default, reads each kernel against the copy ceiling of its run and flags
+/// nothing; `--absolute` calls every figure slower.
+#[test]
+fn compare_reads_a_uniform_slowdown_as_drift_unless_asked_for_the_absolute_change() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(run_quick(dir.path(), "vector_add").status.success());
+    let file = std::fs::read_dir(dir.path()).unwrap().next().unwrap().unwrap().path();
+    let slowed: String = std::fs::read_to_string(&file)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut r: serde_json::Value = serde_json::from_str(l).unwrap();
+            if let Some(raw) = r["timing"]["raw_ms"].as_array_mut() {
+                raw.iter_mut().for_each(|t| *t = (t.as_f64().unwrap() * 1.5).into());
+            }
+            format!("{r}\n")
+        })
+        .collect();
+    let other = dir.path().join("slowed.jsonl");
+    std::fs::write(&other, slowed).unwrap();
+    let (a, b) = (file.to_str().unwrap(), other.to_str().unwrap());
+
+    let o = lab(&["compare", a, b]);
+    assert!(o.status.success(), "{}", text(&o));
+    let rows = table_rows(&o);
+    let kernels: Vec<_> = rows.iter().filter(|l| l.starts_with("vector_add")).collect();
+    assert!(!kernels.is_empty() && kernels.iter().all(|l| l.contains("copy_gb_s") && l.ends_with("no detectable change")), "{}", text(&o));
+    assert!(rows.iter().filter(|l| l.starts_with("ceilings")).all(|l| l.ends_with("reference: its change is drift")), "{}", text(&o));
+    assert!(text(&o).contains(&format!("relative view (figure over reference, beyond ±2.0%): 0 slower, 0 faster; the absolute view (--absolute) flags {} slower", rows.len())), "{}", text(&o));
+
+    let o = lab(&["compare", a, b, "--absolute"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(table_rows(&o).iter().all(|l| l.ends_with("slower")), "{}", text(&o));
 }
 
 #[test]

@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand, ValueEnum};
 use lab::experiment::{self, BackendChoice, Peer, RunOptions, Session};
 use lab::profile::{Launch, L2};
+use lab::record::compare::{self, View};
 use lab::record::{self, Record, Verdict};
 use lab::{LabError, Result};
 use std::path::PathBuf;
@@ -85,8 +86,15 @@ enum Command {
         /// Folder for the new run's JSONL file.
         #[arg(long, default_value = "reports/records")]
         out: PathBuf,
+        /// Relative changes inside this band are not reported as faster or slower.
+        #[arg(long, default_value_t = 0.02)]
+        threshold: f64,
+        /// Judge the timings on their raw change, not relative to the run's peer or ceiling.
+        #[arg(long)]
+        absolute: bool,
     },
-    /// Compare two runs: per figure, the change in median time with a bootstrap 95% interval.
+    /// Compare two runs: per figure, the change in median time with a bootstrap 95% interval,
+    /// absolute and relative to the peer (else the ceiling) measured in the same run.
     Compare {
         /// The baseline: a run id or a run file.
         a: String,
@@ -100,6 +108,10 @@ enum Command {
         /// Compare even when device, driver, host or environment differ.
         #[arg(long)]
         force: bool,
+        /// Call a figure faster or slower on its raw change in time, which moves with the
+        /// machine, instead of its change relative to the peer or ceiling of its run.
+        #[arg(long)]
+        absolute: bool,
     },
     /// Check the ring all-reduce on awkward lengths and every dtype: on mpirun's world against
     /// MPI_Allreduce and the f64 sum, else on thread worlds of 2 and 4 ranks.
@@ -196,31 +208,13 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             result?;
             Ok(exit_for(&session.records))
         }
-        Command::Rerun { target, records, backend, out } => rerun(&target, &records, backend, out),
-        Command::Compare { a, b, records, threshold, force } => {
-            let rows = lab::record::compare::compare_runs(&select(&a, &records)?, &select(&b, &records)?, threshold, force)?;
+        Command::Rerun { target, records, backend, out, threshold, absolute } => rerun(&target, &records, backend, out, threshold, view(absolute)),
+        Command::Compare { a, b, records, threshold, force, absolute } => {
+            let rows = compare::compare_runs(&select(&a, &records)?, &select(&b, &records)?, threshold, force)?;
             if rows.is_empty() {
                 return Err(LabError::Invalid(format!("`{a}` and `{b}` share no timed, passing figure")));
             }
-            println!(
-                "{:<11} {:<22} {:<12} {:<54} {:>10} {:>10} {:>8} {:>17}  verdict",
-                "experiment", "variant", "provider", "params", "A ms", "B ms", "change", "95% interval"
-            );
-            for c in &rows {
-                println!(
-                    "{:<11} {:<22} {:<12} {:<54} {:>10.4} {:>10.4} {:>+7.1}% {:>+7.1}%..{:>+6.1}%  {}",
-                    c.experiment,
-                    c.variant,
-                    c.provider,
-                    c.params.to_string(),
-                    c.a_ms,
-                    c.b_ms,
-                    100.0 * (c.ratio - 1.0),
-                    100.0 * (c.lo - 1.0),
-                    100.0 * (c.hi - 1.0),
-                    serde_json::to_value(c.change).unwrap().as_str().unwrap().replace('_', " "),
-                );
-            }
+            print!("{}", compare::render(&rows, view(absolute), threshold));
             Ok(ExitCode::SUCCESS)
         }
         Command::LaunchOnce { experiment, case, variant, seed } => {
@@ -268,6 +262,31 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+fn view(absolute: bool) -> View {
+    if absolute {
+        View::Absolute
+    } else {
+        View::Relative
+    }
+}
+
+/// The rerun's timings against the recorded run's, each relative to the peer or ceiling of its
+/// own run (as `lab compare` reads them).
+fn print_timing(old_runs: &[Record], new: &[Record], view: View, threshold: f64) -> Result<()> {
+    let (Some(o), Some(n)) = (old_runs.first(), new.first()) else { return Ok(()) };
+    let rows = compare::compare_runs(old_runs, new, threshold, true)?;
+    if rows.is_empty() {
+        return Ok(());
+    }
+    println!("\ntiming, A = the recorded run, B = this rerun:");
+    let differ = compare::fingerprint_differences(o, n);
+    if !differ.is_empty() {
+        println!("(made on different hardware or environments: {}; the relative change is the one to read)", differ.join("; "));
+    }
+    print!("{}", compare::render(&rows, view, threshold));
+    Ok(())
 }
 
 fn fresh_seed() -> u64 {
@@ -318,29 +337,38 @@ fn print_table(records: &[Record]) {
 
 /// Records a target names: one record id, every record of a run id, or a run file.
 fn select(target: &str, dir: &std::path::Path) -> Result<Vec<Record>> {
+    select_in_runs(target, dir).map(|(chosen, _)| chosen)
+}
+
+/// The records a target names, and every record of the runs they belong to (the peers and
+/// ceilings they are read against).
+fn select_in_runs(target: &str, dir: &std::path::Path) -> Result<(Vec<Record>, Vec<Record>)> {
     let path = PathBuf::from(target);
     let (all, damage) = if path.is_file() { record::read_records(&path)? } else { record::read_records(dir)? };
     for d in &damage {
         eprintln!("skipped a damaged record line: {d}");
     }
     let chosen: Vec<Record> = if path.is_file() {
-        all
+        all.clone()
     } else {
-        all.into_iter().filter(|r| r.record_id == target || r.run_id == target).collect()
+        all.iter().filter(|r| r.record_id == target || r.run_id == target).cloned().collect()
     };
     if chosen.is_empty() {
         return Err(LabError::Invalid(format!("no record, run or run file `{target}` (looked in {})", dir.display())));
     }
-    Ok(chosen)
+    let runs: std::collections::BTreeSet<&str> = chosen.iter().map(|r| r.run_id.as_str()).collect();
+    let context = all.iter().filter(|r| runs.contains(r.run_id.as_str())).cloned().collect();
+    Ok((chosen, context))
 }
 
-fn rerun(target: &str, dir: &std::path::Path, backend: BackendChoice, out: PathBuf) -> Result<ExitCode> {
+fn rerun(target: &str, dir: &std::path::Path, backend: BackendChoice, out: PathBuf, threshold: f64, view: View) -> Result<ExitCode> {
     if lab::collective::under_launcher() {
         return Err(LabError::Invalid(
             "`lab rerun` runs in one process; rerun an MPI record with `mpirun -n RANKS lab run EXPERIMENT --seed SEED --variant VARIANT`".into(),
         ));
     }
-    let old = select(target, dir)?;
+    compare::check_threshold(threshold)?;
+    let (old, old_runs) = select_in_runs(target, dir)?;
     let backend = backend.open()?;
     let mut session: Option<Session> = None;
     let mut pairs = Vec::new();
@@ -407,6 +435,7 @@ fn rerun(target: &str, dir: &std::path::Path, backend: BackendChoice, out: PathB
         }
     }
     if let Some(s) = &session {
+        print_timing(&old_runs, &s.records, view, threshold)?;
         println!("\nnew records -> {}", s.run_file().display());
     }
     if broken > 0 {
