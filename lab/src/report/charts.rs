@@ -12,19 +12,21 @@ const SIZE: (u32, u32) = (960, 560);
 /// Width added for a legend beside a roofline with many points.
 const LEGEND_COLUMN: u32 = 340;
 
+/// The palette every chart draws from (the notebooks' figures add lighter shades after it).
+pub(super) const PALETTE: [RGBColor; 10] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+    RGBColor(188, 189, 34),
+    RGBColor(23, 190, 207),
+];
+
 fn color(i: usize) -> RGBColor {
-    const PALETTE: [RGBColor; 10] = [
-        RGBColor(31, 119, 180),
-        RGBColor(255, 127, 14),
-        RGBColor(44, 160, 44),
-        RGBColor(214, 39, 40),
-        RGBColor(148, 103, 189),
-        RGBColor(140, 86, 75),
-        RGBColor(227, 119, 194),
-        RGBColor(127, 127, 127),
-        RGBColor(188, 189, 34),
-        RGBColor(23, 190, 207),
-    ];
     PALETTE[i % PALETTE.len()]
 }
 
@@ -374,7 +376,7 @@ pub fn lines(
 }
 
 /// A log-axis tick as a reader writes it: 0.3, not 0.30000000000000004; 2e-5, not 0.0000.
-fn tick(v: f64) -> String {
+pub(super) fn tick(v: f64) -> String {
     if v != 0.0 && v.abs() < 1e-3 {
         return format!("{v:.0e}");
     }

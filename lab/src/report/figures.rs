@@ -9,19 +9,11 @@ pub use plotters::chart::SeriesLabelPosition;
 
 const SIZE: (u32, u32) = (960, 560);
 
-/// Twenty colours: ten strong, then ten light, so series 0 and 10 still differ.
+use super::charts::{tick, PALETTE};
+
+/// Twenty colours: the charts' ten, then ten lighter shades, so series 0 and 10 still differ.
 fn color(i: usize) -> RGBColor {
-    const PALETTE: [RGBColor; 20] = [
-        RGBColor(31, 119, 180),
-        RGBColor(255, 127, 14),
-        RGBColor(44, 160, 44),
-        RGBColor(214, 39, 40),
-        RGBColor(148, 103, 189),
-        RGBColor(140, 86, 75),
-        RGBColor(227, 119, 194),
-        RGBColor(127, 127, 127),
-        RGBColor(188, 189, 34),
-        RGBColor(23, 190, 207),
+    const LIGHT: [RGBColor; 10] = [
         RGBColor(174, 199, 232),
         RGBColor(255, 187, 120),
         RGBColor(152, 223, 138),
@@ -33,16 +25,24 @@ fn color(i: usize) -> RGBColor {
         RGBColor(219, 219, 141),
         RGBColor(158, 218, 229),
     ];
-    PALETTE[i % PALETTE.len()]
+    match i % 20 {
+        j if j < 10 => PALETTE[j],
+        j => LIGHT[j - 10],
+    }
 }
 
-/// A tick as a reader writes it: 0.3, not 0.30000000000000004; 2e-5, not 0.0000.
-fn tick(v: f64) -> String {
-    if v != 0.0 && v.abs() < 1e-3 {
-        return format!("{v:.0e}");
+/// Ticks for a log axis over `lo..hi`: 1, 2 and 5 times each power of ten inside it, or every
+/// multiple 1..9 of them where that leaves fewer than four.
+fn log_keys(lo: f64, hi: f64) -> Vec<f64> {
+    if !(lo > 0.0 && hi > lo && hi.is_finite()) {
+        return Vec::new();
     }
-    let s = format!("{v:.4}");
-    s.trim_end_matches('0').trim_end_matches('.').to_string()
+    let decades = (lo.log10().floor() as i32)..=(hi.log10().ceil() as i32);
+    let pick = |ms: &[f64]| -> Vec<f64> {
+        decades.clone().flat_map(|k| ms.iter().map(move |m| m * 10f64.powi(k))).filter(|v| *v >= lo && *v <= hi).collect()
+    };
+    let keys = pick(&[1.0, 2.0, 5.0]);
+    if keys.len() >= 4 { keys } else { pick(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]) }
 }
 
 /// Which axes are logarithmic.
@@ -105,6 +105,7 @@ pub fn lines(spec: &Lines) -> Option<String> {
                     .configure_mesh()
                     .x_desc(spec.x_desc)
                     .y_desc(spec.y_desc)
+                    .max_light_lines(4)
                     .x_label_formatter(&|v| tick(*v))
                     .y_label_formatter(&|v| tick(*v))
                     .draw()
@@ -135,10 +136,13 @@ pub fn lines(spec: &Lines) -> Option<String> {
                     .ok()?;
             }};
         }
+        // Log axes are labelled at 1, 2 and 5 times powers of ten (plotters' own log ticks start
+        // at the first power of ten inside the range and skip everything below it).
+        let (xk, yk) = (if log_x { log_keys(x0, x1) } else { Vec::new() }, if log_y { log_keys(y0, y1) } else { Vec::new() });
         match (log_x, log_y) {
-            (true, true) => draw!((x0..x1).log_scale(), (y0..y1).log_scale()),
-            (true, false) => draw!((x0..x1).log_scale(), y0..y1),
-            (false, true) => draw!(x0..x1, (y0..y1).log_scale()),
+            (true, true) => draw!((x0..x1).log_scale().with_key_points(xk), (y0..y1).log_scale().with_key_points(yk)),
+            (true, false) => draw!((x0..x1).log_scale().with_key_points(xk), y0..y1),
+            (false, true) => draw!(x0..x1, (y0..y1).log_scale().with_key_points(yk)),
             (false, false) => draw!(x0..x1, y0..y1),
         }
         root.present().ok()?;
@@ -215,7 +219,7 @@ pub fn bars(title: &str, x_desc: &str, rows: &[(String, String, f64)], marks: &[
         }
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
+            .position(SeriesLabelPosition::UpperRight)
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK)
             .label_font(("sans-serif", 11))
@@ -245,5 +249,13 @@ mod tests {
         let b = bars("t", "x", &rows, &[("peer".to_string(), 100.0)]).unwrap();
         assert!(b.contains("r1") && b.contains("peer"), "{b}");
         assert!(bars("t", "x", &[], &[]).is_none());
+    }
+
+    #[test]
+    fn log_ticks_are_one_two_five_and_never_for_a_range_through_zero() {
+        assert_eq!(log_keys(3.3, 75.0), vec![5.0, 10.0, 20.0, 50.0]);
+        assert_eq!(log_keys(1.5, 4.5), vec![2.0, 3.0, 4.0]);
+        assert!(log_keys(0.0, 10.0).is_empty());
+        assert!(log_keys(-1.0, 10.0).is_empty());
     }
 }
