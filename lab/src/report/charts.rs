@@ -1,7 +1,7 @@
 //! SVG figures drawn with plotters from one run's records: a roofline for the run's device,
 //! speed-up bars against the peers, and throughput against size.
 
-use super::model::{headline, is_peer, slug, variant_name};
+use super::model::{headline, is_peer, variant_name};
 use crate::record::{Record, Verdict};
 use plotters::prelude::*;
 use std::collections::BTreeMap;
@@ -382,11 +382,6 @@ pub(super) fn tick(v: f64) -> String {
     }
     let s = format!("{v:.4}");
     s.trim_end_matches('0').trim_end_matches('.').to_string()
-}
-
-/// File name of a run's figure.
-pub fn figure_name(run_id: &str, what: &str) -> String {
-    format!("{}-{}.svg", slug(run_id), slug(what))
 }
 
 #[cfg(test)]

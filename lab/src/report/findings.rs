@@ -4,7 +4,7 @@
 //! untimed correctness gates as counts; and one status line. Then one line per run and each note
 //! once, by its status paragraph.
 
-use super::model::{headline, is_peer, param_text, shape, slug, variant_name, Finding, NoteView};
+use super::model::{headline, is_peer, param_text, rate, shape, slug, variant_name, NoteView};
 use crate::record::{Record, Verdict};
 use serde::Serialize;
 use serde_json::Value;
@@ -21,6 +21,8 @@ pub struct Best {
     pub band: String,
     pub pct_ceiling: String,
     pub run_id: String,
+    /// The run's own HTML page.
+    pub run_page: String,
     pub date: String,
     /// The fastest passing peer of that run at that shape, "-" when it had none.
     pub peer: String,
@@ -78,6 +80,8 @@ pub struct ExperimentView {
 pub struct NoteLink {
     pub file: String,
     pub title: String,
+    /// Its status paragraph: the answer as it stands.
+    pub status: String,
     pub page: String,
 }
 
@@ -85,6 +89,8 @@ pub struct NoteLink {
 #[derive(Serialize, Clone, Debug)]
 pub struct RunLine {
     pub run_id: String,
+    /// Its own HTML page, with every table and figure.
+    pub page: String,
     pub date: String,
     pub device: String,
     pub commit: String,
@@ -171,10 +177,6 @@ fn headlines(experiment: &str, recs: &[&Record]) -> Vec<Headline> {
             let mut best: Vec<&Record> = variants.into_values().collect();
             best.sort_by(|a, b| median(a).total_cmp(&median(b)).then(a.variant.cmp(&b.variant)));
             let unit = headline(best[0]).map_or("", |(_, u)| u);
-            let rate = |r: &Record, ms: f64| {
-                let t = r.work.throughput(ms);
-                if unit == "TFLOP/s" { t.tflop_s } else { t.gb_s }
-            };
             let rows = best
                 .iter()
                 .map(|r| {
@@ -184,13 +186,14 @@ fn headlines(experiment: &str, recs: &[&Record]) -> Vec<Headline> {
                     Best {
                         removed: table.as_ref().is_some_and(|t| !t.contains(&variant.as_str())),
                         variant,
-                        figure: format!("{:.1}", rate(r, t.median)),
-                        band: format!("{:.1}-{:.1}", rate(r, t.p80), rate(r, t.p20)),
+                        figure: format!("{:.1}", rate(r, t.median, unit)),
+                        band: format!("{:.1}-{:.1}", rate(r, t.p80, unit), rate(r, t.p20, unit)),
                         pct_ceiling: r.fraction_of_ceiling.map_or("-".into(), |f| format!("{:.1}", 100.0 * f)),
                         run_id: r.run_id.clone(),
+                        run_page: run_page(&r.run_id),
                         date: day(&r.time),
                         peer: peer.map_or("-".into(), |p| format!("{} ({})", p.variant, p.provider)),
-                        peer_figure: peer.map_or("-".into(), |p| format!("{:.1}", rate(r, median(p)))),
+                        peer_figure: peer.map_or("-".into(), |p| format!("{:.1}", rate(r, median(p), unit))),
                         ratio: peer.map_or("-".into(), |p| format!("{:.2}x", median(p) / t.median)),
                     }
                 })
@@ -209,7 +212,6 @@ fn gates(recs: &[&Record]) -> Option<Gates> {
     })?;
     let e = worst.error.as_ref().expect("filtered on error");
     let mut runs: Vec<&str> = untimed.iter().map(|r| r.run_id.as_str()).collect();
-    runs.dedup();
     runs.sort();
     runs.dedup();
     Some(Gates {
@@ -270,34 +272,13 @@ pub fn experiments(records: &[Record], notes: &[(Vec<String>, NoteView)]) -> Vec
         .collect()
 }
 
-/// The best lab variant of each headline, for the table across devices.
-pub fn leaders(views: &[ExperimentView]) -> Vec<Finding> {
-    let mut out = Vec::new();
-    for e in views {
-        for d in &e.devices {
-            for h in d.headlines.iter().filter(|h| !h.rows.is_empty()) {
-                let b = &h.rows[0];
-                out.push(Finding {
-                    experiment: e.name.clone(),
-                    slug: e.slug.clone(),
-                    device: d.device.clone(),
-                    shape: h.shape.clone(),
-                    lab_variant: b.variant.clone(),
-                    lab_figure: format!("{} {}", b.figure, h.unit),
-                    pct_ceiling: b.pct_ceiling.clone(),
-                    peer: b.peer.clone(),
-                    peer_figure: b.peer_figure.clone(),
-                    speedup: b.ratio.clone(),
-                    run_id: b.run_id.clone(),
-                });
-            }
-        }
-    }
-    out
+/// A run's own HTML page, beside index.html.
+pub fn run_page(run_id: &str) -> String {
+    format!("run-{}.html", slug(run_id))
 }
 
 pub fn note_link(n: &NoteView) -> NoteLink {
-    NoteLink { file: n.file.clone(), title: n.title.clone(), page: n.page.clone() }
+    NoteLink { file: n.file.clone(), title: n.title.clone(), status: n.status.clone(), page: n.page.clone() }
 }
 
 /// One line per run, newest first.
@@ -313,6 +294,7 @@ pub fn runs(by_run: &BTreeMap<&str, Vec<&Record>>, notes: &[(Vec<String>, NoteVi
             experiments.dedup();
             RunLine {
                 run_id: run_id.to_string(),
+                page: run_page(run_id),
                 date: first.time.clone(),
                 device: first.device.name.clone(),
                 commit: first.git.commit.chars().take(7).collect(),

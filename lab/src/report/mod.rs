@@ -59,7 +59,7 @@ struct SiteContext<'a> {
     runs: &'a [findings::RunLine],
     /// Per-run detail: the run pages and an experiment's page.
     details: &'a [RunView],
-    notes: &'a [NoteView],
+    notes: &'a [findings::NoteLink],
     has_gpu_run: bool,
     /// Set on an experiment's page.
     experiment: Option<&'a str>,
@@ -109,7 +109,6 @@ fn read_notes(dir: &Path, warnings: &mut Vec<String>) -> Vec<(Vec<String>, NoteV
                     status,
                     page: format!("note-{}.html", model::slug(&stem)),
                     html: markdown_to_html(&body),
-                    markdown: body,
                     file: name,
                 };
                 notes.push((runs, view))
@@ -153,7 +152,6 @@ fn templates(dir: &Path) -> Result<tera::Tera> {
     // open a tag, a link or emphasis, or break a table.
     tera.register_filter("md", |s: &str, _: tera::Kwargs, _: &tera::State| md_text(s));
     tera.register_filter("code", |s: &str, _: tera::Kwargs, _: &tera::State| md_code(s));
-    tera.register_filter("slug", |s: &str, _: tera::Kwargs, _: &tera::State| model::slug(s));
     // A note's own Markdown (its status): kept as written, but no raw HTML.
     tera.register_filter("prose", |s: &str, _: tera::Kwargs, _: &tera::State| {
         s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('\n', " ")
@@ -252,7 +250,7 @@ pub fn render(opts: &ReportOptions) -> Result<Rendered> {
         if let Some(svg) = svg {
             let path = format!("figures/{name}.svg");
             files.insert(opts.out.join(&path), svg.clone());
-            figures.push(Figure { title, md_path: format!("{md_prefix}{path}"), path, svg, experiment: None });
+            figures.push(Figure { title, md_path: format!("{md_prefix}{path}"), svg, experiment: None });
         }
     };
     let mut rooflines = Vec::new();
@@ -277,9 +275,10 @@ pub fn render(opts: &ReportOptions) -> Result<Rendered> {
 
     // Per-run detail, for the HTML pages only: every table and figure of the run.
     let peers = model::best_peer_times(&records);
+    let runs = findings::runs(&by_run, &notes);
     let mut details: Vec<RunView> = Vec::new();
-    for (run_id, recs) in by_run.iter().rev() {
-        let first = recs[0];
+    for line in &runs {
+        let recs = &by_run[line.run_id.as_str()];
         let mut tables: Vec<Table> = Vec::new();
         for r in recs {
             match tables.iter_mut().find(|t| t.experiment == r.experiment) {
@@ -291,51 +290,28 @@ pub fn render(opts: &ReportOptions) -> Result<Rendered> {
         let mut inline = |experiment: Option<&str>, title: String, svg: Option<String>| {
             if let Some(svg) = svg {
                 let experiment = experiment.map(str::to_string);
-                figures.push(Figure { title, md_path: String::new(), path: String::new(), svg, experiment });
+                figures.push(Figure { title, md_path: String::new(), svg, experiment });
             }
         };
-        inline(None, format!("Roofline, {}", first.device.name), charts::roofline(recs, &first.device.name));
+        inline(None, format!("Roofline, {}", line.device), charts::roofline(recs, &line.device));
         for t in &tables {
             let e = Some(t.experiment.as_str());
             inline(e, format!("{}: speed-up over peers", t.experiment), charts::speedups(recs, &t.experiment));
             inline(e, format!("{}: throughput against size", t.experiment), charts::scaling(recs, &t.experiment, sweep_axis(&t.experiment)));
         }
-        details.push(RunView {
-            run_id: run_id.to_string(),
-            page: run_page(run_id),
-            date: first.time.clone(),
-            device: first.device.name.clone(),
-            backend: first.backend.clone(),
-            commit: first.git.commit.chars().take(12).collect(),
-            dirty: first.git.dirty,
-            command: first.command.clone(),
-            notes: notes.iter().filter(|(ids, _)| ids.iter().any(|i| i == run_id)).map(|(_, n)| findings::note_link(n)).collect(),
-            tables,
-            figures,
-        });
+        details.push(RunView { line: line.clone(), backend: recs[0].backend.clone(), tables, figures });
     }
 
     let experiments: Vec<ExperimentLink> = views.iter().map(|v| ExperimentLink { name: v.name.clone(), slug: v.slug.clone() }).collect();
-    let leaders = findings::leaders(&views);
-    let cross = model::cross_device(&leaders);
+    let cross = model::cross_device(&views);
     let history = model::history(&records);
-    let runs = findings::runs(&by_run, &notes);
-    let note_views: Vec<NoteView> = notes.iter().map(|(_, n)| n.clone()).collect();
+    let note_links: Vec<findings::NoteLink> = notes.iter().map(|(_, n)| findings::note_link(n)).collect();
     // Notes kept elsewhere than under the log's folder are linked by file name alone: the log
     // must not depend on where it was rendered.
     let notes_prefix = if opts.notes.starts_with(opts.log.parent().unwrap_or(Path::new(""))) { relative_prefix(&opts.log, &opts.notes) } else { String::new() };
-    let base = SiteContext {
-        experiments: &experiments,
-        warnings: &warnings,
-        views: &views,
-        cross: Some(&cross),
-        runs: &runs,
-        notes: &note_views,
-        has_gpu_run: records.iter().any(|r| r.backend == "cuda"),
-        rooflines: &rooflines,
-        notes_prefix: &notes_prefix,
-        ..Default::default()
-    };
+    // Every page carries the navigation and the warnings; the index and the log the rest.
+    let nav = SiteContext { experiments: &experiments, warnings: &warnings, has_gpu_run: records.iter().any(|r| r.backend == "cuda"), ..Default::default() };
+    let base = SiteContext { views: &views, cross: Some(&cross), runs: &runs, notes: &note_links, rooflines: &rooflines, notes_prefix: &notes_prefix, ..nav };
     let tera = templates(&opts.templates)?;
     files.insert(opts.log.clone(), render_one(&tera, "research_log.md", &base)?);
     files.insert(opts.out.join("index.html"), render_one(&tera, "index.html", &base)?);
@@ -350,23 +326,18 @@ pub fn render(opts: &ReportOptions) -> Result<Rendered> {
             })
             .collect();
         let history: Vec<model::History> = history.iter().filter(|h| h.experiment == e.name).cloned().collect();
-        let ctx = SiteContext { views: &views[i..=i], history: &history, details: &only, experiment: Some(&e.name), cross: None, ..base };
+        let ctx = SiteContext { views: &views[i..=i], history: &history, details: &only, experiment: Some(&e.name), ..nav };
         files.insert(opts.out.join(format!("{}.html", e.slug)), render_one(&tera, "experiment.html", &ctx)?);
     }
     for run in &details {
-        let ctx = SiteContext { details: std::slice::from_ref(run), cross: None, ..base };
-        files.insert(opts.out.join(&run.page), render_one(&tera, "run_page.html", &ctx)?);
+        let ctx = SiteContext { details: std::slice::from_ref(run), ..nav };
+        files.insert(opts.out.join(&run.line.page), render_one(&tera, "run_page.html", &ctx)?);
     }
     for (_, n) in &notes {
-        let ctx = SiteContext { note: Some(n), cross: None, ..base };
+        let ctx = SiteContext { note: Some(n), ..nav };
         files.insert(opts.out.join(&n.page), render_one(&tera, "note.html", &ctx)?);
     }
     Ok(Rendered { files, warnings })
-}
-
-/// A run's own HTML page.
-fn run_page(run_id: &str) -> String {
-    format!("run-{}.html", model::slug(run_id))
 }
 
 /// The parameter an experiment sweeps (from the registry); bytes moved for unknown ones.

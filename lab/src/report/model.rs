@@ -34,8 +34,6 @@ pub struct Table {
 #[derive(Serialize, Clone, Debug)]
 pub struct Figure {
     pub title: String,
-    /// Path relative to the HTML folder (`figures/...svg`).
-    pub path: String,
     /// The same file as research_log.md links it.
     pub md_path: String,
     /// The SVG itself, inlined in the HTML.
@@ -53,39 +51,17 @@ pub struct NoteView {
     pub status: String,
     /// Its own HTML page, beside index.html.
     pub page: String,
-    pub markdown: String,
     pub html: String,
 }
 
+/// A run with all its tables and figures: its own page.
 #[derive(Serialize, Clone, Debug)]
 pub struct RunView {
-    pub run_id: String,
-    /// Its own HTML page.
-    pub page: String,
-    pub date: String,
-    pub device: String,
+    #[serde(flatten)]
+    pub line: super::findings::RunLine,
     pub backend: String,
-    pub commit: String,
-    pub dirty: bool,
-    pub command: String,
-    pub notes: Vec<super::findings::NoteLink>,
     pub tables: Vec<Table>,
     pub figures: Vec<Figure>,
-}
-
-#[derive(Serialize, Clone, Debug)]
-pub struct Finding {
-    pub experiment: String,
-    pub slug: String,
-    pub device: String,
-    pub shape: String,
-    pub lab_variant: String,
-    pub lab_figure: String,
-    pub pct_ceiling: String,
-    pub peer: String,
-    pub peer_figure: String,
-    pub speedup: String,
-    pub run_id: String,
 }
 
 /// A file or folder name safe to write, whatever a record says.
@@ -246,10 +222,6 @@ pub fn history(records: &[Record]) -> Vec<History> {
         .filter(|(_, runs)| runs.len() >= 2)
         .map(|((experiment, device, shape, mode), runs)| {
             let unit = runs.values().next().and_then(|r| headline(r)).map_or("", |(_, u)| u);
-            let rate = |r: &Record, ms: f64| {
-                let t = r.work.throughput(ms);
-                if unit == "TFLOP/s" { t.tflop_s } else { t.gb_s }
-            };
             let points = runs
                 .values()
                 .map(|r| {
@@ -259,14 +231,21 @@ pub fn history(records: &[Record]) -> Vec<History> {
                         date: r.time.clone(),
                         commit: r.git.commit.chars().take(7).collect(),
                         variant: variant_name(r),
-                        figure: format!("{:.1}", rate(r, t.median)),
-                        band: format!("{:.1}-{:.1}", rate(r, t.p80), rate(r, t.p20)),
+                        figure: format!("{:.1}", rate(r, t.median, unit)),
+                        band: format!("{:.1}-{:.1}", rate(r, t.p80, unit), rate(r, t.p20, unit)),
                     }
                 })
                 .collect();
             History { slug: slug(&experiment), experiment, device, shape: format!("{shape} ({mode})"), unit: unit.into(), points }
         })
         .collect()
+}
+
+/// A record's rate at `ms` in `unit` (TFLOP/s, else GB/s): the figure at the median, and the band
+/// at the 80th and 20th percentile times.
+pub fn rate(r: &Record, ms: f64, unit: &str) -> f64 {
+    let t = r.work.throughput(ms);
+    if unit == "TFLOP/s" { t.tflop_s } else { t.gb_s }
 }
 
 /// The findings side by side across devices: for each experiment and shape, the best lab
@@ -287,21 +266,23 @@ pub struct CrossRow {
     pub cells: Vec<String>,
 }
 
-pub fn cross_device(findings: &[Finding]) -> CrossDevice {
-    let mut devices: Vec<String> = findings.iter().map(|f| f.device.clone()).collect();
+pub fn cross_device(views: &[super::findings::ExperimentView]) -> CrossDevice {
+    let mut devices: Vec<String> = views.iter().flat_map(|e| e.devices.iter().map(|d| d.device.clone())).collect();
     devices.sort();
     devices.dedup();
-    let mut rows: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
-    for f in findings {
-        let cells = rows.entry((f.experiment.clone(), f.shape.clone())).or_insert_with(|| vec!["-".into(); devices.len()]);
-        let i = devices.iter().position(|d| *d == f.device).expect("device listed");
-        // A ceiling is not a fraction of itself: its own figure stands in the cell.
-        let figure = if f.pct_ceiling == "-" { f.lab_figure.clone() } else { format!("{}%", f.pct_ceiling) };
-        cells[i] = format!("{figure} ({})", f.lab_variant);
+    let mut rows: BTreeMap<(String, String), (String, Vec<String>)> = BTreeMap::new();
+    for e in views {
+        for d in &e.devices {
+            let i = devices.iter().position(|x| *x == d.device).expect("device listed");
+            for h in &d.headlines {
+                let b = &h.rows[0];
+                let (_, cells) = rows.entry((e.name.clone(), h.shape.clone())).or_insert_with(|| (e.slug.clone(), vec!["-".into(); devices.len()]));
+                // A ceiling is not a fraction of itself: its own figure stands in the cell.
+                let figure = if b.pct_ceiling == "-" { format!("{} {}", b.figure, h.unit) } else { format!("{}%", b.pct_ceiling) };
+                cells[i] = format!("{figure} ({})", b.variant);
+            }
+        }
     }
-    let rows = rows
-        .into_iter()
-        .map(|((experiment, shape), cells)| CrossRow { slug: slug(&experiment), experiment, shape, cells })
-        .collect();
+    let rows = rows.into_iter().map(|((experiment, shape), (slug, cells))| CrossRow { slug, experiment, shape, cells }).collect();
     CrossDevice { devices, rows }
 }
