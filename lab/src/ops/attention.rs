@@ -93,6 +93,17 @@ pub fn gpu_symbols() -> std::collections::BTreeSet<String> {
 /// Beyond this many scores (4 GiB of fp32 scratch) the naive rung is not run.
 pub const NAIVE_MAX_SCORES: usize = 1 << 30;
 
+/// Why `v` does not take shape `d`, or None when it does.
+pub fn refusal(v: &Variant<Kernel>, d: Dims) -> Option<String> {
+    match v.config {
+        Kernel::Fa2 { head_dims, .. } if !head_dims.contains(&d.d) => Some(format!("`{}` takes head_dim {head_dims:?}, not {}", v.name, d.d)),
+        Kernel::Naive if d.batch * d.hq * d.sq * d.sk > NAIVE_MAX_SCORES => {
+            Some(format!("`naive` materializes {} scores; it takes at most {NAIVE_MAX_SCORES}", d.batch * d.hq * d.sq * d.sk))
+        }
+        _ => None,
+    }
+}
+
 /// The mask: causal (bottom-right aligned) and a left window (0: none).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Mask {
@@ -138,7 +149,7 @@ impl Dims {
 pub fn best(dev: &Backend, d: Dims) -> &'static Variant<Kernel> {
     let name = match dev {
         Backend::Cpu => "cpu_rows",
-        Backend::Cuda(_) if !matches!(d.d, 64 | 128) => "naive",
+        Backend::Cuda(_) if refusal(variant::find(FAMILY, VARIANTS, "fa2").expect("in the table"), d).is_some() => "naive",
         Backend::Cuda(g) if d.sq.div_ceil(128) * d.hq * d.batch >= 2 * g.info.sm_count as usize => "fa2_m32",
         Backend::Cuda(_) => "fa2",
     };
@@ -199,6 +210,9 @@ pub fn forward_with<T: Elem>(
     let places = [("q", q.placement()), ("k", k.placement()), ("v", v.placement()), ("o", o.placement()), ("lse", lse.placement())];
     check_placement("attention", dev, &places)?;
     let d = dims(q, k, v, o, lse)?;
+    if let Some(why) = refusal(var, d) {
+        return Err(LabError::shape("attention", why));
+    }
     let scale = 1.0 / (d.d as f32).sqrt();
     let (causal, window) = (mask.causal as i32, mask.window as i32);
     // The kernels' int arguments, kept alive for the launch builders: Sq, Sk, Hq, Hkv, D.
@@ -209,10 +223,7 @@ pub fn forward_with<T: Elem>(
             cpu_rows(d, mask, qh, kh, vh, o.host_mut().expect("placed"), lse.host_mut().expect("placed"));
             Ok(())
         }
-        (Kernel::Fa2 { head_dims, mt }, Backend::Cuda(gpu)) => {
-            if !head_dims.contains(&d.d) {
-                return Err(LabError::shape("attention", format!("`{variant}` takes head_dim {head_dims:?}, not {}", d.d)));
-            }
+        (Kernel::Fa2 { mt, .. }, Backend::Cuda(gpu)) => {
             let f = gpu.function(FAMILY, &symbol(FAMILY, &format!("{variant}_d{}", d.d), T::DTYPE))?;
             let smem = (64 * mt + 4 * 64) * (d.d + 8) * 2; // FA_SMEM(D, MT) in kernels/attention.cu
             raise_dynamic_smem(&f, smem)?;
@@ -230,9 +241,6 @@ pub fn forward_with<T: Elem>(
         }
         (Kernel::Naive, Backend::Cuda(gpu)) => {
             let scores = d.batch * d.hq * d.sq * d.sk;
-            if scores > NAIVE_MAX_SCORES {
-                return Err(LabError::shape("attention", format!("`naive` materializes {scores} scores; it takes at most {NAIVE_MAX_SCORES}")));
-            }
             // SAFETY: every score is written by the scores kernel before it is read.
             let mut s = unsafe { gpu.stream.alloc::<f32>(scores) }.doing("allocating the naive scores")?;
             let (dq, dk, dv) = (q.cuda().expect("placed"), k.cuda().expect("placed"), v.cuda().expect("placed"));
@@ -494,12 +502,7 @@ fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
     let mut o = Tensor::<T>::zeros(&dev, &[d.batch, d.sq, d.hq, d.d])?;
     let lse = std::cell::RefCell::new(Tensor::<f32>::zeros(&dev, &[d.batch, d.hq, d.sq])?);
     for var in VARIANTS {
-        let takes = match var.config {
-            Kernel::Naive => d.batch * d.hq * d.sq * d.sk <= NAIVE_MAX_SCORES,
-            Kernel::Fa2 { head_dims, .. } => head_dims.contains(&d.d),
-            Kernel::CpuRows => true,
-        };
-        if !var.requires.met_by(&dev) || !takes || !s.wants(var.name, "lab") {
+        if !var.requires.met_by(&dev) || refusal(var, d).is_some() || !s.wants(var.name, "lab") {
             continue;
         }
         measure_op(s, case, var.name, work, &check, timed, &mut o, |o| forward_with(&dev, var.name, &qt, &kt, &vt, mask, o, &mut *lse.borrow_mut()))?;

@@ -102,3 +102,14 @@ fn the_callable_op_runs_on_the_cpu_and_names_bad_input() {
     let e = forward_with(&dev, "fa2", &q, &k, &v, Mask::default(), &mut o, &mut lse).unwrap_err().to_string();
     assert!(e.contains("`fa2` needs gpu, not the CPU backend"), "{e}");
 }
+
+#[test]
+fn a_shape_a_rung_cannot_take_is_named() {
+    let fa2 = variant::find(FAMILY, VARIANTS, "fa2").unwrap();
+    let why = refusal(fa2, dims(1, 8, 8, 2, 2, 96)).unwrap();
+    assert_eq!(why, "`fa2` takes head_dim [64, 128], not 96");
+    assert!(refusal(fa2, dims(1, 8, 8, 2, 2, 128)).is_none());
+    let naive = variant::find(FAMILY, VARIANTS, "naive").unwrap();
+    assert!(refusal(naive, dims(4, 4096, 4096, 16, 16, 128)).is_none(), "2^30 scores fit");
+    assert!(refusal(naive, dims(8, 4096, 4096, 16, 16, 128)).unwrap().contains("it takes at most 1073741824"));
+}
