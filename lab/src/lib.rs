@@ -11,6 +11,7 @@ pub mod experiment;
 pub mod family;
 pub mod gpu;
 pub mod kernels;
+pub mod model;
 pub mod ops;
 pub mod profile;
 pub mod quant;

@@ -1,0 +1,3 @@
+//! Models assembled from ops, and what they need around them (tokenizer, chat template).
+
+pub mod tokenizer;
