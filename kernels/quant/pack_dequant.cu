@@ -1,13 +1,15 @@
-// kernels/quant/: 4-bit weights (lab/src/ops/quant, the library in lab/src/quant). The files are
-// one source, concatenated in the order lab/src/family.rs lists them: pack_dequant.cu,
-// w4a16.cu, w4a16_mma.cu (the tensor-core warp step every later file uses), w4a16_mma_tiled.cu,
-// w4a16_mma_rings.cu, w4a16_mma_splitk.cu, w4a16_mma_pipelined.cu, stream_read.cu.
-// Every symbol ends in _f16, the family's activation and dequantized-output type; W4A16 kernels
-// are <design>_{sym,asym}_b{1,2,4,8,16}_f16 (lab/src/ops/quant/variants.rs builds the names).
+// kernels/quant/: 4-bit weights and GGUF's Q8_0 (lab/src/ops/quant, the library in lab/src/quant).
+// The files are one source, concatenated in the order lab/src/family.rs lists them:
+// pack_dequant.cu, w4a16.cu, w4a16_mma.cu (the tensor-core warp step every later file uses),
+// w4a16_mma_tiled.cu, w4a16_mma_rings.cu, w4a16_mma_splitk.cu, w4a16_mma_pipelined.cu,
+// stream_read.cu, w8a16.cu. Every symbol ends in its activation or output type (_f16, and _f32 for
+// the Q8_0 row gather); W4A16 kernels are <design>_{sym,asym}_b{1,2,4,8,16}_f16
+// (lab/src/ops/quant/variants.rs builds the names).
 // One line per variant of the table:
 //   pack_int4                codes (one per byte) -> two per byte, low nibble first: 2 x 16 B loads, 16 B store
 //   unpack_int4              the inverse, staged per warp (below): coalesced 16 B loads and stores
-//   dequant                  group-wise sym ((q - 8) d) / asym (q d + m) codes + f16 scales, or GGUF Q4_0 / Q4_1 blocks -> f16, staged per warp
+//   dequant                  group-wise sym ((q - 8) d) / asym (q d + m) codes + f16 scales, or GGUF Q4_0 / Q4_1 blocks -> f16, staged per warp;
+//                            Q8_0 blocks -> f16 a warp per row (w8a16.cu)
 //   dequant_cp_async         GGUF blocks, 64 per warp step staged with cp.async: every copy in flight at once, only 16 B stores
 //   w4a16                    CUDA cores: a block owns 4 rows, K split across its threads in 4 B code words, all loads before any arithmetic
 //   w4a16_mma                tensor cores: 16-row tiles, K over 4 warps, 4 steps of 16 B streaming loads in flight, one wave
@@ -24,6 +26,8 @@
 //   w4a16_mma_tiled_bulk     tiled_sweep, each warp's steps copied by TMA into a 4-slot ring (sm_90)
 //   stream_read              the floor: reads a W4A16 kernel's bytes once and decodes nothing
 //   stream_read_x4, _x8      the floor with 4 or 8 loads in flight per thread
+//   w8a16                    Q8_0 blocks as stored x f16 -> f32: a warp stages runs of 32 blocks with 16 B loads, one block per lane
+//   embed                    Q8_0 rows at token ids -> f32, a warp per row
 // "Staged per warp": a warp reads 32 x 16 B of input with coalesced loads into shared memory,
 // then each lane turns the slice that maps to ITS 16 B of output into values, so the 2-4x wider
 // output is also written with consecutive lanes on consecutive 16 B (without staging, each lane

@@ -100,6 +100,7 @@ pub static FAMILIES: &[Family] = &[
             kernel!("quant/w4a16_mma_splitk.cu"),
             kernel!("quant/w4a16_mma_pipelined.cu"),
             kernel!("quant/stream_read.cu"),
+            kernel!("quant/w8a16.cu"),
         ],
         experiment: Some(&crate::ops::quant::Quant),
         variants: crate::ops::quant::variants,

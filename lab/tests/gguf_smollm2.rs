@@ -3,6 +3,7 @@
 //! .gguf's path (see README, "Quantization").
 
 use lab::quant::ggml::{self, Block, QK};
+use lab::quant::GroupQuant;
 use lab::weights::gguf::{GgmlType, GgufFile};
 
 fn model() -> GgufFile {
@@ -28,6 +29,22 @@ fn simple_q4_1(bytes: &[u8], n: usize) -> Vec<f32> {
     out
 }
 
+/// Q8_0 straight from the format description: block i of 34 bytes is f16 d, then 32 int8 codes,
+/// weight j is code j (two's complement); value = q * d in f32.
+fn simple_q8_0(bytes: &[u8], n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            let b = &bytes[(i / 32) * 34..(i / 32) * 34 + 34];
+            let d = half::f16::from_bits(u16::from(b[0]) | (u16::from(b[1]) << 8)).to_f32();
+            f32::from(b[2 + i % 32] as i8) * d
+        })
+        .collect()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
 #[test]
 fn smollm2_reads_dequantizes_and_requantizes_bit_exactly() {
     let file = model();
@@ -50,6 +67,19 @@ fn smollm2_reads_dequantizes_and_requantizes_bit_exactly() {
         if t.ty == GgmlType::F32 {
             let v: Vec<f32> = data.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
             assert!(v.iter().all(|x| x.is_finite()), "{}", t.name);
+            assert!(bits(&ggml::to_f32(t.ty, data).unwrap()) == bits(&v), "{}: to_f32 reads F32 data differently", t.name);
+        }
+        if t.ty == GgmlType::Q8_0 {
+            // The token embedding, tied as the LM head: 49152 rows of 576.
+            assert_eq!((t.name.as_str(), t.dims.as_slice()), ("token_embd.weight", &[576, 49152][..]));
+            let n = t.elements() as usize;
+            let ours = ggml::to_f32(t.ty, data).unwrap();
+            let first_diff = ours.iter().zip(&simple_q8_0(data, n)).position(|(a, b)| a.to_bits() != b.to_bits());
+            assert_eq!(first_diff, None, "{}: our dequantizer and the scalar one differ", t.name);
+            assert!(ours.iter().all(|x| x.is_finite()), "{}", t.name);
+            let again = ggml::quantize(Block::Q8_0, &ours).unwrap();
+            let differing = again.chunks(34).zip(data.chunks(34)).filter(|(a, b)| a != b).count();
+            assert_eq!(differing, 0, "{}: blocks re-encode differently", t.name);
         }
         if t.ty != GgmlType::Q4_1 {
             continue;
@@ -65,6 +95,11 @@ fn smollm2_reads_dequantizes_and_requantizes_bit_exactly() {
         let again = ggml::quantize(Block::Q4_1, &ours).unwrap();
         let differing: Vec<usize> = again.chunks(20).zip(data.chunks(20)).enumerate().filter(|(_, (a, b))| a != b).map(|(i, _)| i).collect();
         assert!(differing.is_empty(), "{}: {} of {} blocks re-encode differently, first block {}", t.name, differing.len(), n / QK, differing[0]);
+        // Repacked as asymmetric groups of 32 (what the W4A16 designs read), the same f32 bits.
+        let (cols, rows) = (t.dims[0] as usize, t.dims[1] as usize);
+        let repacked = GroupQuant::from_q4_1(data, rows, cols).unwrap().dequantize();
+        let first_diff = repacked.iter().zip(&ours).position(|(a, b)| a.to_bits() != b.to_bits());
+        assert_eq!(first_diff, None, "{}: the asym g32 repack dequantizes differently", t.name);
         weights += n;
         blocks += n / QK;
     }

@@ -111,9 +111,7 @@ fn exported_symbols_are_the_ones_the_launchers_use() {
     assert_eq!(ptx("linear"), expect("linear", &linear, &[DType::F32, DType::Bf16]));
     assert_eq!(ptx("gemm"), gpu_symbols("gemm", lab::ops::gemm::VARIANTS));
     assert_eq!(ptx("divergence"), gpu_symbols("divergence", lab::ops::divergence::VARIANTS));
-    let quant = lab::ops::quant::variants::gpu_kernels();
-    let quant: Vec<&str> = quant.iter().map(String::as_str).collect();
-    assert_eq!(ptx("quant"), expect("quant", &quant, &[DType::F16]));
+    assert_eq!(ptx("quant"), lab::ops::quant::variants::gpu_kernels().into_iter().collect());
     assert_eq!(ptx("collective"), expect("collective", &["add"], &all));
     assert_eq!(ptx("attention"), lab::ops::attention::gpu_symbols());
 }
@@ -169,6 +167,14 @@ fn the_quant_kernels_take_the_launch_the_table_gives() {
         // a, bytes, b, bytes, c, bytes, out; blocks of 256.
         assert_eq!(headers[&symbol("quant", name, DType::F16)], (7, Some(256), None), "{name}");
     }
+    use lab::ops::quant::variants::{q8_symbol, W8_BATCHES, W8_WARPS};
+    for &b in W8_BATCHES {
+        // w, x, y, n, k, batch, rows per warp.
+        assert_eq!(headers[&q8_symbol("w8a16", b).unwrap()], (7, Some(32 * W8_WARPS), None), "w8a16 b{b}");
+    }
+    // w, ids, out, ids, k, rows / w, out, rows, k.
+    assert_eq!(headers[&q8_symbol("embed", 1).unwrap()].0, 6);
+    assert_eq!(headers[&q8_symbol("dequant", 1).unwrap()].0, 4);
 }
 
 /// The constants the Rust side shares with kernels/quant/, as NVRTC evaluates them (probe_u32).
@@ -179,7 +185,7 @@ fn the_quant_constants_are_the_kernels() {
     let exprs = [
         "MMA_WARPS", "MMA_ROWS", "W4_WARPS", "PIPE_WARPS", "PIPE_CHUNKS", "PIPE_STAGES", "PIPE_SVECS", "PIPE_BLOCKS_PER_SM", "RING_STEPS",
         "BULK_STEPS", "GGML_SEGS", "RingSlot<false>::BYTES", "RingSlot<true>::BYTES", "PipeStage<false>::VECS", "PipeStage<true>::VECS",
-        "MmaSteps<1>::U", "MmaSteps<2>::U", "MmaSteps<4>::U", "MmaSteps<8>::U", "MmaSteps<16>::U",
+        "MmaSteps<1>::U", "MmaSteps<2>::U", "MmaSteps<4>::U", "MmaSteps<8>::U", "MmaSteps<16>::U", "W8_WARPS", "W8_ROWS", "W8_RUN_VECS",
     ];
     let got = lab::gpu::compile::probe_u32("quant", &exprs).unwrap_or_else(|e| panic!("{e}"));
     let (mma, pipe, cuda_cores) = (find("w4a16_mma").unwrap(), find("w4a16_mma_pipelined").unwrap(), find("w4a16").unwrap());
@@ -191,7 +197,7 @@ fn the_quant_constants_are_the_kernels() {
         warps(mma).0, warps(mma).1, warps(cuda_cores).0, warps(pipe).0, PIPE_CHUNKS, PIPE_STAGES, PIPE_SVECS, PIPE_BLOCKS_PER_SM, RING_STEPS,
         BULK_STEPS, GGML_SEGS, ring_slot_bytes(Scheme::Sym), ring_slot_bytes(Scheme::Asym), pipe_stage_vecs(Scheme::Sym),
         pipe_stage_vecs(Scheme::Asym), mma_steps_in_flight(1), mma_steps_in_flight(2), mma_steps_in_flight(4), mma_steps_in_flight(8),
-        mma_steps_in_flight(16),
+        mma_steps_in_flight(16), W8_WARPS, W8_ROWS, W8_RUN_VECS,
     ];
     for (i, e) in exprs.iter().enumerate() {
         assert_eq!(got[i] as usize, want[i], "{e}");

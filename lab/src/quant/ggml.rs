@@ -1,22 +1,29 @@
-//! GGUF / ggml block formats Q4_0 and Q4_1, bit-compatible with llama.cpp.
+//! GGUF / ggml block formats Q4_0, Q4_1 and Q8_0, bit-compatible with llama.cpp, and the
+//! readers of GGUF tensor data into f32 ([`to_f32`]).
 //!
-//! Layout (ggml's `ggml-common.h`: `block_q4_0`, `block_q4_1`; algorithms from
+//! Layout (ggml's `ggml-common.h`: `block_q4_0`, `block_q4_1`, `block_q8_0`; algorithms from
 //! `ggml/src/ggml-quants.c`: `quantize_row_q4_0_ref`, `quantize_row_q4_1_ref`,
-//! `dequantize_row_q4_0`, `dequantize_row_q4_1`), 32 weights per block, little-endian:
+//! `quantize_row_q8_0_ref`, `dequantize_row_q4_0`, `dequantize_row_q4_1`, `dequantize_row_q8_0`),
+//! 32 weights per block, little-endian:
 //!
 //! - Q4_0, 18 bytes: f16 `d`, then 16 bytes `qs`; value = `(q - 8) * d`.
 //! - Q4_1, 20 bytes: f16 `d`, f16 `m`, then 16 bytes `qs`; value = `q * d + m`.
+//! - Q8_0, 34 bytes: f16 `d`, then 32 int8 `qs`, element `j` in `qs[j]`; value = `q * d`.
 //!
-//! Inside a block, byte `qs[j]` holds element `j` in its LOW nibble and element `j + 16` in its
-//! HIGH nibble (unlike [`super::int4`], where neighbours share a byte).
+//! Inside a 4-bit block, byte `qs[j]` holds element `j` in its LOW nibble and element `j + 16` in
+//! its HIGH nibble (unlike [`super::int4`], where neighbours share a byte).
 //!
 //! The writers follow the reference quantizers step by step, so they produce the same bytes:
 //! Q4_0 takes the element of largest magnitude (the first, if tied) as `max`, `d = max / -8`,
 //! `q = min(15, trunc(x / d + 8.5))`; Q4_1 takes `d = (max - min) / 15`, `m = min`,
-//! `q = min(15, trunc((x - min) / d + 0.5))`; both scale by `1/d` computed before `d` is rounded
-//! to f16 (round to nearest even). Dequantizing multiplies then adds in f32 with two roundings
-//! (no fused multiply-add), the formula as written.
+//! `q = min(15, trunc((x - min) / d + 0.5))`; Q8_0 takes `amax = max |x|`, `d = amax / 127` and
+//! `q = roundf(x / d)` (C's `roundf`: halfway cases away from zero, as Rust's `f32::round`). All
+//! scale by `1/d` computed before `d` is rounded to f16 (round to nearest even). Dequantizing
+//! multiplies (then adds, Q4_1) in f32 with one rounding per operation (no fused multiply-add),
+//! the formula as written.
 
+use super::group::{GroupQuant, Scheme};
+use crate::weights::gguf::GgmlType;
 use crate::{LabError, Result};
 use half::f16;
 use rayon::prelude::*;
@@ -25,6 +32,7 @@ use rayon::prelude::*;
 pub const QK: usize = 32;
 pub const Q4_0_BYTES: usize = 18;
 pub const Q4_1_BYTES: usize = 20;
+pub const Q8_0_BYTES: usize = 34;
 /// Blocks per parallel task.
 const PAR_BLOCKS: usize = 4096;
 
@@ -32,6 +40,7 @@ const PAR_BLOCKS: usize = 4096;
 pub enum Block {
     Q4_0,
     Q4_1,
+    Q8_0,
 }
 
 impl Block {
@@ -39,12 +48,14 @@ impl Block {
         match self {
             Block::Q4_0 => Q4_0_BYTES,
             Block::Q4_1 => Q4_1_BYTES,
+            Block::Q8_0 => Q8_0_BYTES,
         }
     }
     pub fn name(self) -> &'static str {
         match self {
             Block::Q4_0 => "q4_0",
             Block::Q4_1 => "q4_1",
+            Block::Q8_0 => "q8_0",
         }
     }
     /// Bytes for `n` weights (`n` a multiple of 32).
@@ -88,6 +99,7 @@ fn quantize_block(block: Block, x: &[f32], out: &mut [u8]) {
             }
             (d, Some(lo))
         }
+        Block::Q8_0 => return quantize_q8_0(x, out),
     };
     out[0..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
     let qs = match m {
@@ -99,6 +111,19 @@ fn quantize_block(block: Block, x: &[f32], out: &mut [u8]) {
     };
     for j in 0..QK / 2 {
         qs[j] = q[j] | (q[j + QK / 2] << 4);
+    }
+}
+
+fn quantize_q8_0(x: &[f32], out: &mut [u8]) {
+    // ggml's MAX(amax, fabsf(v)): the running maximum of the magnitudes.
+    let amax = x.iter().fold(0f32, |a, v| if a > v.abs() { a } else { v.abs() });
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    out[0..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+    for (c, &v) in out[2..Q8_0_BYTES].iter_mut().zip(x) {
+        // |v * id| is 127 at most, up to rounding; C stores roundf's result into an int8_t. (Values
+        // so small that 1/d overflows are undefined behaviour in C; `as` saturates.)
+        *c = (v * id).round() as i8 as u8;
     }
 }
 
@@ -116,29 +141,37 @@ pub fn quantize(block: Block, x: &[f32]) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// Scale, min (0 for Q4_0) and the 16 code bytes of one block.
+/// Scale, min (0 for Q4_0 and Q8_0) and the code bytes of one block (16 packed nibble pairs, or
+/// Q8_0's 32 int8).
 #[inline]
 pub fn parts(block: Block, b: &[u8]) -> (f32, f32, &[u8]) {
     let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
     match block {
         Block::Q4_0 => (d, 0.0, &b[2..18]),
         Block::Q4_1 => (d, f16::from_le_bytes([b[2], b[3]]).to_f32(), &b[4..20]),
+        Block::Q8_0 => (d, 0.0, &b[2..34]),
     }
 }
 
 fn dequantize_block(block: Block, b: &[u8], y: &mut [f32]) {
     let (d, m, qs) = parts(block, b);
     let (lo, hi) = y.split_at_mut(QK / 2);
-    for j in 0..QK / 2 {
-        let (q0, q1) = ((qs[j] & 15) as i32, (qs[j] >> 4) as i32);
-        match block {
-            Block::Q4_0 => {
-                lo[j] = (q0 - 8) as f32 * d;
-                hi[j] = (q1 - 8) as f32 * d;
+    match block {
+        Block::Q4_0 => {
+            for j in 0..QK / 2 {
+                lo[j] = ((qs[j] & 15) as i32 - 8) as f32 * d;
+                hi[j] = ((qs[j] >> 4) as i32 - 8) as f32 * d;
             }
-            Block::Q4_1 => {
-                lo[j] = q0 as f32 * d + m;
-                hi[j] = q1 as f32 * d + m;
+        }
+        Block::Q4_1 => {
+            for j in 0..QK / 2 {
+                lo[j] = (qs[j] & 15) as f32 * d + m;
+                hi[j] = (qs[j] >> 4) as f32 * d + m;
+            }
+        }
+        Block::Q8_0 => {
+            for (y, &q) in y.iter_mut().zip(qs) {
+                *y = q as i8 as f32 * d;
             }
         }
     }
@@ -167,6 +200,62 @@ pub fn dequantize(block: Block, blocks: &[u8]) -> Result<Vec<f32>> {
     Ok(out)
 }
 
+/// GGUF tensor data of type `ty` as f32 values, in order: F32, F16 and BF16 read as stored
+/// (little-endian; BF16 is the high half of an f32), Q4_0, Q4_1 and Q8_0 dequantized. Any other
+/// type is an error naming it.
+pub fn to_f32(ty: GgmlType, bytes: &[u8]) -> Result<Vec<f32>> {
+    let plain = |size: usize, read: fn(&[u8]) -> f32| -> Result<Vec<f32>> {
+        if !bytes.len().is_multiple_of(size) {
+            return Err(LabError::shape(ty.name(), format!("{} bytes are not a whole number of {size}-byte values", bytes.len())));
+        }
+        Ok(bytes.par_chunks_exact(size).map(read).collect())
+    };
+    match ty {
+        GgmlType::F32 => plain(4, |c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        GgmlType::F16 => plain(2, |c| f16::from_le_bytes([c[0], c[1]]).to_f32()),
+        GgmlType::BF16 => plain(2, |c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16)),
+        GgmlType::Q4_0 => dequantize(Block::Q4_0, bytes),
+        GgmlType::Q4_1 => dequantize(Block::Q4_1, bytes),
+        GgmlType::Q8_0 => dequantize(Block::Q8_0, bytes),
+        other => Err(LabError::Invalid(format!("to_f32: GGUF type {} ({}) is not read (F32, F16, BF16, Q4_0, Q4_1, Q8_0 are)", other.name(), other.0))),
+    }
+}
+
+impl GroupQuant {
+    /// The Q4_1 blocks of a `rows x cols` matrix (blocks of 32 along each row, as GGUF stores a
+    /// tensor of dims `[cols, rows]`) as group-wise asymmetric codes with groups of 32, losslessly:
+    /// Q4_1's value is Asym's `q d + m` with the same f16 `d` and `m`, so the scales, minimums and
+    /// codes are copied and only the nibble order changes (`qs[j]` holds elements `j` and
+    /// `j + 16`; here neighbours share a byte). Dequantizes to the same f32 bits as
+    /// [`dequantize`]`(Block::Q4_1, ..)`.
+    pub fn from_q4_1(blocks: &[u8], rows: usize, cols: usize) -> Result<GroupQuant> {
+        let n = rows.checked_mul(cols).filter(|&n| n > 0 && cols.is_multiple_of(QK));
+        let Some(n) = n.filter(|&n| blocks.len() == Block::Q4_1.size_of(n)) else {
+            return Err(LabError::shape(
+                "from_q4_1",
+                format!("{} bytes for a {rows} x {cols} matrix: rows >= 1, cols a multiple of {QK}, {Q4_1_BYTES} bytes per {QK} weights", blocks.len()),
+            ));
+        };
+        let mut packed = vec![0u8; n / 2];
+        let mut scales = vec![f16::ZERO; n / QK];
+        let mut mins = vec![f16::ZERO; n / QK];
+        let tasks = packed.par_chunks_mut(QK / 2 * PAR_BLOCKS).zip(scales.par_chunks_mut(PAR_BLOCKS)).zip(mins.par_chunks_mut(PAR_BLOCKS));
+        tasks.zip(blocks.par_chunks(Q4_1_BYTES * PAR_BLOCKS)).for_each(|(((p, s), m), b)| {
+            for (((p, s), m), b) in p.chunks_exact_mut(QK / 2).zip(s).zip(m).zip(b.chunks_exact(Q4_1_BYTES)) {
+                (*s, *m) = (f16::from_le_bytes([b[0], b[1]]), f16::from_le_bytes([b[2], b[3]]));
+                let qs = &b[4..Q4_1_BYTES];
+                for i in 0..QK / 4 {
+                    // Byte i holds elements 2i, 2i + 1 (low nibbles of qs); byte 8 + i elements
+                    // 16 + 2i, 17 + 2i (their high nibbles).
+                    p[i] = (qs[2 * i] & 15) | (qs[2 * i + 1] << 4);
+                    p[QK / 4 + i] = (qs[2 * i] >> 4) | (qs[2 * i + 1] & 0xF0);
+                }
+            }
+        });
+        Ok(GroupQuant { scheme: Scheme::Asym, group: QK, rows, cols, packed, scales, mins })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,12 +276,32 @@ mod tests {
         b1.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
         let y = dequantize(Block::Q4_1, &b1).unwrap();
         assert_eq!((y[0], y[15], y[16], y[31]), (-1.0, 2.75, 2.75, -1.0));
+        // Q8_0: d = 0.5, element j is the int8 qs[j] = j - 16 (two's complement byte).
+        let mut b8 = f16::from_f32(0.5).to_le_bytes().to_vec();
+        b8.extend((0..32i8).map(|j| (j - 16) as u8));
+        let y = dequantize(Block::Q8_0, &b8).unwrap();
+        assert_eq!(y, (0..32).map(|j| (j as f32 - 16.0) * 0.5).collect::<Vec<_>>());
+    }
+
+    /// Q8_0's codes are roundf(x / d): halfway cases go away from zero (not to even).
+    #[test]
+    fn q8_0_scales_by_the_largest_magnitude_and_rounds_halves_away_from_zero() {
+        let mut x = [0f32; QK];
+        x[..7].copy_from_slice(&[-127.0, 2.5, -2.5, 0.5, -0.5, 1.5, 126.49]);
+        let b = quantize(Block::Q8_0, &x).unwrap();
+        assert_eq!(b.len(), Q8_0_BYTES);
+        assert_eq!(f16::from_le_bytes([b[0], b[1]]).to_f32(), 1.0, "d = amax / 127");
+        let q: Vec<i8> = b[2..9].iter().map(|&c| c as i8).collect();
+        assert_eq!(q, [-127, 3, -3, 1, -1, 2, 126]);
+        assert!(b[9..].iter().all(|&c| c == 0));
+        let zeros = quantize(Block::Q8_0, &[0f32; QK]).unwrap();
+        assert!(zeros.iter().all(|&c| c == 0), "d = 0, id = 0");
     }
 
     #[test]
     fn requantizing_a_dequantized_tensor_gives_the_same_bytes() {
         let x: Vec<f32> = (0..QK * 300).map(|i| (i as f32 * 0.37).sin() * (1.0 + (i / 32) as f32 * 0.01)).collect();
-        for block in [Block::Q4_0, Block::Q4_1] {
+        for block in [Block::Q4_0, Block::Q4_1, Block::Q8_0] {
             let b = quantize(block, &x).unwrap();
             assert_eq!(b.len(), block.size_of(x.len()));
             let y = dequantize(block, &b).unwrap();
@@ -219,5 +328,48 @@ mod tests {
         assert!(quantize(Block::Q4_0, &[f32::INFINITY; 32]).unwrap_err().to_string().contains("not finite"));
         assert!(dequantize(Block::Q4_1, &[0u8; 21]).is_err());
         assert!(dequantize_into(Block::Q4_0, &[0u8; 18], &mut [0f32; 64]).is_err());
+        assert!(dequantize(Block::Q8_0, &[0u8; 35]).unwrap_err().to_string().contains("35 bytes are not a whole number of 34-byte blocks"));
+    }
+
+    #[test]
+    fn gguf_data_reads_as_f32_and_other_types_are_named() {
+        let v = [1.5f32, -0.25, 65504.0, 3.0e-5];
+        let f32s: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        assert_eq!(to_f32(GgmlType::F32, &f32s).unwrap(), v);
+        let f16s: Vec<u8> = v.iter().flat_map(|&x| f16::from_f32(x).to_le_bytes()).collect();
+        assert_eq!(to_f32(GgmlType::F16, &f16s).unwrap(), v.map(|x| f16::from_f32(x).to_f32()));
+        // BF16 keeps an f32's top 16 bits: 1.5 is 0x3FC0, -0.25 is 0xBE80.
+        assert_eq!(to_f32(GgmlType::BF16, &[0xC0, 0x3F, 0x80, 0xBE]).unwrap(), [1.5, -0.25]);
+        let x: Vec<f32> = (0..64).map(|i| (i as f32 * 0.3).cos()).collect();
+        for (ty, block) in [(GgmlType::Q4_0, Block::Q4_0), (GgmlType::Q4_1, Block::Q4_1), (GgmlType::Q8_0, Block::Q8_0)] {
+            let b = quantize(block, &x).unwrap();
+            assert_eq!(to_f32(ty, &b).unwrap(), dequantize(block, &b).unwrap(), "{block:?}");
+        }
+        assert!(to_f32(GgmlType::F32, &[0u8; 6]).unwrap_err().to_string().contains("6 bytes are not a whole number of 4-byte values"));
+        let err = to_f32(GgmlType(6), &[0u8; 22]).unwrap_err().to_string();
+        assert!(err.contains("GGUF type Q5_0 (6) is not read"), "{err}");
+    }
+
+    /// Every nibble and any finite scale and minimum: the repacked matrix dequantizes to the
+    /// blocks' own f32 bits.
+    #[test]
+    fn q4_1_blocks_repack_into_asymmetric_groups_losslessly() {
+        let (rows, cols) = (3, 96);
+        let mut blocks = Vec::new();
+        for i in 0..rows * cols / QK {
+            blocks.extend(f16::from_f32(0.013 * (i as f32 + 1.0)).to_le_bytes());
+            blocks.extend(f16::from_f32(-0.2 + 0.07 * i as f32).to_le_bytes());
+            blocks.extend((0..16).map(|j| ((j * 37 + i * 11) % 256) as u8));
+        }
+        let quantized = quantize(Block::Q4_1, &(0..rows * cols).map(|i| (i as f32 * 0.71).sin()).collect::<Vec<_>>()).unwrap();
+        for b in [blocks, quantized] {
+            let g = GroupQuant::from_q4_1(&b, rows, cols).unwrap();
+            assert_eq!((g.scheme, g.group, g.packed.len(), g.scales.len(), g.mins.len()), (Scheme::Asym, 32, rows * cols / 2, 9, 9));
+            let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+            assert_eq!(bits(g.dequantize()), bits(dequantize(Block::Q4_1, &b).unwrap()));
+        }
+        assert!(GroupQuant::from_q4_1(&[0u8; 80], 1, 96).unwrap_err().to_string().contains("80 bytes for a 1 x 96 matrix"));
+        assert!(GroupQuant::from_q4_1(&[0u8; 60], 2, 48).is_err());
+        assert!(GroupQuant::from_q4_1(&[], 0, 32).is_err());
     }
 }

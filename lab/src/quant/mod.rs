@@ -1,6 +1,6 @@
 //! 4-bit weights, the library: INT4 packing ([`int4`]), group-wise symmetric and asymmetric
-//! quantizers with their error metrics and footprints ([`group`]), GGUF's Q4_0 / Q4_1 blocks
-//! ([`ggml`]) and the tile layout of the tensor-core GEMV's weights ([`tiles`]). The kernels,
+//! quantizers with their error metrics and footprints ([`group`]), GGUF's Q4_0 / Q4_1 blocks and
+//! 8-bit Q8_0 blocks, with the readers of GGUF tensor data into f32 ([`ggml`]) and the tile layout of the tensor-core GEMV's weights ([`tiles`]). The kernels,
 //! callable ops and the `quant` experiment live in [`crate::ops::quant`].
 
 pub mod ggml;

@@ -10,11 +10,19 @@
 //!   and the read floor (`stream_read*`) once per shape. Bytes: everything the kernel must read
 //!   and write (codes, scales, X, Y); flops `2 B N K`. Records carry the design as the variant,
 //!   the scheme and batch as params.
+//! - `q8_0`: SmolLM2's LM head and token embedding in Q8_0 (or an odd shape, checked only): the
+//!   W8A16 product per batch (f16 X, f32 Y; bytes: blocks, X and Y), checked element by element
+//!   within the f32 sum bound of [`check_w8a16`]; the gather of `ids` random rows and the whole
+//!   dequantize (f16 on the GPU, f32 on the CPU), checked to the bit.
 //! - `smollm2`: the per-tensor requantization table of SmolLM2-135M (`LAB_SMOLLM2_GGUF`): each
 //!   Q4_1 tensor dequantized, requantized in every format by `cpu_quantize`, and measured (untimed).
 
 use super::launch::{self, QuantTensor};
-use super::reference::{bits, check_w4a16, f16_bits, f16_bytes, parse_format, reference_dequantize, reference_w4a16, step_check, validate_w4a16, w4a16_tolerance, xor_words, Quantized};
+use super::q8::{self, check_w8a16, reference_w8a16, Q8Tensor};
+use super::reference::{
+    bits, check_w4a16, f16_bits, f16_bytes, parse_format, reference_dequantize, reference_dequantize_blocks, reference_w4a16, step_check, validate_w4a16, w4a16_tolerance,
+    xor_words, Quantized,
+};
 use super::variants::{stream_reads, w4_designs, Layout, BATCHES};
 use crate::error::Doing;
 use crate::experiment::{param_str, param_timed, param_usize, rng_for, Backend, Experiment, Measurement, Session};
@@ -50,7 +58,7 @@ impl Experiment for Quant {
         "quant"
     }
     fn description(&self) -> &'static str {
-        "4-bit weights: INT4 pack/unpack, group-wise sym/asym and GGUF Q4_0/Q4_1 (de)quantization, W4A16 GEMV/GEMM vs cuBLAS fp16, SmolLM2 requantization table"
+        "4-bit weights: INT4 pack/unpack, group-wise sym/asym and GGUF Q4_0/Q4_1 (de)quantization, W4A16 GEMV/GEMM vs cuBLAS fp16, Q8_0 W8A16 and row gather, SmolLM2 requantization table"
     }
     fn headlines(&self) -> &'static [&'static str] {
         &["op=w4a16 batch=1 k=4096 n=4096 group=128 scheme=sym", "op=w4a16 batch=16 k=4096 n=4096 group=128 scheme=sym", "op=w4a16 batch=1 k=576 n=1536 group=64 scheme=sym"]
@@ -96,6 +104,13 @@ impl Experiment for Quant {
             // The same odd rows with K split over 2 (3 at batch 16) blocks per tile, a partial last step.
             out.push(json!({"op": "w4a16", "n": 37, "k": 4064, "scheme": "sym", "group": 32, "batches": BATCHES, "timed": false}));
         }
+        // Q8_0: odd rows, a K of three blocks and batches across the 16-row launches (checked),
+        // then SmolLM2's LM head (GPU).
+        out.push(json!({"op": "q8_0", "n": 37, "k": 96, "ids": 5, "batches": [1, 3, 16, 17], "timed": false}));
+        if gpu {
+            let batches: &[usize] = if quick { &[1, 16] } else { &[1, 2, 4, 8, 16, 64] };
+            out.push(json!({"op": "q8_0", "n": 49152, "k": 576, "ids": 64, "batches": batches}));
+        }
         if std::env::var_os(SMOLLM2_ENV).is_some() {
             out.push(json!({"op": "smollm2", "layers": if quick { 1 } else { 30 }, "timed": false}));
         }
@@ -106,8 +121,9 @@ impl Experiment for Quant {
             "int4" => run_int4(s, case),
             "format" => run_format(s, case),
             "w4a16" => run_w4a16(s, case),
+            "q8_0" => run_q8(s, case),
             "smollm2" => run_smollm2(s, case),
-            op => Err(LabError::Invalid(format!("quant: unknown op `{op}` (int4, format, w4a16, smollm2)"))),
+            op => Err(LabError::Invalid(format!("quant: unknown op `{op}` (int4, format, w4a16, q8_0, smollm2)"))),
         }
     }
 }
@@ -267,20 +283,11 @@ fn run_w4a16(s: &mut Session, case: &Value) -> Result<()> {
         "asym" => Scheme::Asym,
         other => return Err(LabError::Invalid(format!("unknown scheme `{other}` (sym, asym)"))),
     };
-    // One record per batch; a rerun of one record carries `batch` instead of `batches`.
-    let batches: Vec<usize> = match case.get("batch") {
-        Some(_) => vec![param_usize(case, "batch")?],
-        None => case.get("batches").and_then(Value::as_array).map(|a| a.iter().filter_map(|v| v.as_u64().map(|b| b as usize)).collect()).unwrap_or_default(),
-    };
+    let (batches, shape_case) = batches(case)?;
     for &b in &batches {
         validate_w4a16(n, k, group, b)?;
     }
     let timed = param_timed(case);
-    let mut shape_case = case.clone();
-    if let Some(o) = shape_case.as_object_mut() {
-        o.remove("batches");
-        o.remove("batch");
-    }
     let wf = weights(s, &shape_case, n, k);
     let q = group::quantize(&wf, n, k, scheme, group)?;
     let wd = q.dequantize();
@@ -338,6 +345,76 @@ fn run_w4a16(s: &mut Session, case: &Value) -> Result<()> {
             m.tolerance = Some(tol);
             s.emit(m)?;
         }
+    }
+    Ok(())
+}
+
+/// A case's batches, one record each, and the case without them (the shape's params): a rerun of
+/// one record carries `batch` instead of `batches`.
+fn batches(case: &Value) -> Result<(Vec<usize>, Value)> {
+    let batches: Vec<usize> = match case.get("batch") {
+        Some(_) => vec![param_usize(case, "batch")?],
+        None => case.get("batches").and_then(Value::as_array).map(|a| a.iter().filter_map(|v| v.as_u64().map(|b| b as usize)).collect()).unwrap_or_default(),
+    };
+    let mut shape_case = case.clone();
+    if let Some(o) = shape_case.as_object_mut() {
+        o.remove("batches");
+        o.remove("batch");
+    }
+    Ok((batches, shape_case))
+}
+
+fn run_q8(s: &mut Session, case: &Value) -> Result<()> {
+    let (n, k, n_ids) = (param_usize(case, "n")?, param_usize(case, "k")?, param_usize(case, "ids")?);
+    let timed = param_timed(case);
+    let (batches, shape_case) = batches(case)?;
+    let blocks = ggml::quantize(Block::Q8_0, &weights(s, &shape_case, n, k))?;
+    let dev = s.backend.clone();
+    let w = Q8Tensor::from_blocks(&dev, &blocks, n, k)?;
+    let wd = reference_dequantize_blocks(Block::Q8_0, &blocks);
+    let cpu = matches!(dev, Backend::Cpu);
+    let (product, gather, dequant) = if cpu { ("cpu_w8a16", "cpu_embed", "cpu_dequantize") } else { ("w8a16", "embed", "dequant") };
+    let batches = if s.wants(product, "lab") { batches } else { Vec::new() };
+    for b in batches {
+        let mut params = shape_case.clone();
+        params["batch"] = json!(b);
+        let mut rng = rng_for(s.opts.seed, &params);
+        let x: Vec<f16> = (0..b * k).map(|_| f16::from_f32(StandardNormal.sample(&mut rng))).collect();
+        let (expected, abs) = reference_w8a16(&x.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), &wd, b, n, k);
+        let dx = Tensor::from_slice(&dev, &[b, k], &x)?;
+        let mut dy = Tensor::<f32>::zeros(&dev, &[b, n])?;
+        let work = Work { bytes: w.bytes() + 2 * (b * k) as u64 + 4 * (b * n) as u64, flops: 2 * (b * n * k) as u64 };
+        let op = |y: &mut Tensor<f32>| q8::w8a16_matvec_with(&dev, product, &w, &dx, y);
+        let m = measure(s, &params, (product, "lab"), work, timed, &mut dy, op, |y| check_w8a16(y, &expected, &abs, k))?;
+        s.emit(m)?;
+    }
+    if s.wants(gather, "lab") {
+        let mut rng = rng_for(s.opts.seed, &shape_case);
+        let ids: Vec<u32> = (0..n_ids).map(|_| rand::Rng::random_range(&mut rng, 0..n as u32)).collect();
+        let want: Vec<u32> = ids.iter().flat_map(|&id| wd[id as usize * k..(id as usize + 1) * k].iter().map(|v| v.to_bits())).collect();
+        let dids = Tensor::from_slice(&dev, &[n_ids], &ids)?;
+        let mut out = Tensor::<f32>::zeros(&dev, &[n_ids, k])?;
+        let work = Work { bytes: (n_ids * Block::Q8_0.size_of(k) + 4 * n_ids + 4 * n_ids * k) as u64, flops: 0 };
+        let op = |o: &mut Tensor<f32>| q8::embed_q8_0_with(&dev, gather, &w, &dids, o);
+        let check = |o: &[f32]| compare_bits(&o.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), &want, "scalar-dequantize");
+        let m = measure(s, &shape_case, (gather, "lab"), work, timed, &mut out, op, check)?;
+        s.emit(m)?;
+    }
+    if s.wants(dequant, "lab") {
+        let params = &shape_case;
+        let m = if cpu {
+            let mut out = Tensor::<f32>::zeros(&dev, &[n, k])?;
+            let want: Vec<u32> = wd.iter().map(|v| v.to_bits()).collect();
+            let op = |o: &mut Tensor<f32>| q8::dequantize_q8_0_with(&dev, dequant, &w, o);
+            let check = |o: &[f32]| compare_bits(&o.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), &want, "scalar-dequantize");
+            measure(s, params, (dequant, "lab"), Work { bytes: w.bytes() + 4 * (n * k) as u64, flops: 0 }, timed, &mut out, op, check)?
+        } else {
+            let mut out = Tensor::<f16>::zeros(&dev, &[n, k])?;
+            let want = f16_bits(&wd.iter().map(|&v| f16::from_f32(v)).collect::<Vec<_>>());
+            let op = |o: &mut Tensor<f16>| q8::dequantize_q8_0_with(&dev, dequant, &w, o);
+            measure(s, params, (dequant, "lab"), Work { bytes: w.bytes() + 2 * (n * k) as u64, flops: 0 }, timed, &mut out, op, |o| bits(&f16_bits(o), &want, "scalar-dequantize"))?
+        };
+        s.emit(m)?;
     }
     Ok(())
 }

@@ -23,7 +23,7 @@ use crate::gpu::Gpu;
 use crate::kernels::DType;
 use crate::ops::variant::{check_runs, Variant};
 use crate::ops::Elem;
-use crate::quant::group::{Format, Scheme};
+use crate::quant::group::{Format, GroupQuant, Scheme};
 use crate::quant::{int4, tiles};
 use crate::tensor::{check_placement, Tensor};
 use crate::{LabError, Result};
@@ -81,9 +81,20 @@ impl QuantTensor {
         Self::from_quantized(dev, q, (w.rows(), w.cols()), layout)
     }
 
+    /// GGUF Q4_1 blocks of a `rows x cols` matrix (a tensor of dims `[cols, rows]`: `rows` is the
+    /// output dimension) on `dev`, repacked losslessly as asymmetric groups of 32
+    /// ([`GroupQuant::from_q4_1`]) in the layout the fastest W4A16 designs read there.
+    pub fn from_gguf_q4_1(dev: &Backend, blocks: &[u8], rows: usize, cols: usize) -> Result<Self> {
+        let q = Quantized::Group(GroupQuant::from_q4_1(blocks, rows, cols)?);
+        Self::from_quantized(dev, q, (rows, cols), default_layout(dev, Format::Group { scheme: Scheme::Asym, group: 32 }))
+    }
+
     /// Places an already quantized `rows x cols` matrix on `dev` in `layout` (the tile layouts
     /// are built here, on the host, once).
     pub fn from_quantized(dev: &Backend, q: Quantized, (rows, cols): (usize, usize), layout: Layout) -> Result<Self> {
+        if let Quantized::Blocks(crate::quant::ggml::Block::Q8_0, _) = q {
+            return Err(LabError::Invalid("QuantTensor holds 4-bit formats; Q8_0 blocks are a Q8Tensor".into()));
+        }
         let format = q.format();
         if q.len() != rows * cols {
             return Err(LabError::shape("QuantTensor", format!("{rows} x {cols} weights, but the quantized form holds {}", q.len())));
@@ -179,13 +190,13 @@ pub fn default_layout(dev: &Backend, format: Format) -> Layout {
 }
 
 /// A grid-stride launch filling the chip (as vector_add's float4 kernel).
-fn stride_grid(gpu: &Gpu, items: usize) -> LaunchConfig {
+pub(super) fn stride_grid(gpu: &Gpu, items: usize) -> LaunchConfig {
     let grid = (gpu.info.sm_count as usize * 8).min(items.div_ceil(256)).max(1) as u32;
     LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
 }
 
 /// The row `variant`, checked to be one of `kinds` and to run on `dev`.
-fn variant_for(op: &str, dev: &Backend, variant: &str, dtype: DType, kinds: fn(&Kernel) -> bool) -> Result<&'static Variant<Kernel>> {
+pub(super) fn variant_for(op: &str, dev: &Backend, variant: &str, dtype: DType, kinds: fn(&Kernel) -> bool) -> Result<&'static Variant<Kernel>> {
     let v = find(variant)?;
     if !kinds(&v.config) {
         let these: Vec<&str> = variants::VARIANTS.iter().filter(|v| kinds(&v.config)).map(|v| v.name).collect();
@@ -549,6 +560,18 @@ mod tests {
         let err = QuantTensor::quantize_in(&cpu, &matrix(4, 64), format, Layout::Tiles).unwrap_err().to_string();
         assert!(err.contains("the tile layouts are for the GPU designs"), "{err}");
         assert!(QuantTensor::quantize(&cpu, &matrix(4, 60), format).is_err());
+    }
+
+    #[test]
+    fn gguf_q4_1_bytes_become_asymmetric_groups_of_32_in_one_call() {
+        let x: Vec<f32> = matrix(5, 64).to_vec().unwrap();
+        let blocks = crate::quant::ggml::quantize(crate::quant::ggml::Block::Q4_1, &x).unwrap();
+        let w = QuantTensor::from_gguf_q4_1(&Backend::Cpu, &blocks, 5, 64).unwrap();
+        assert_eq!((w.format(), w.layout(), w.rows(), w.cols()), (Format::Group { scheme: Scheme::Asym, group: 32 }, Layout::Rows, 5, 64));
+        assert_eq!(w.host().unwrap().dequantize(), crate::quant::ggml::dequantize(crate::quant::ggml::Block::Q4_1, &blocks).unwrap());
+        assert!(QuantTensor::from_gguf_q4_1(&Backend::Cpu, &blocks, 64, 5).is_err());
+        let q8 = Quantized::Blocks(crate::quant::ggml::Block::Q8_0, vec![0; 34]);
+        assert!(QuantTensor::from_quantized(&Backend::Cpu, q8, (1, 32), Layout::Rows).unwrap_err().to_string().contains("Q8_0 blocks are a Q8Tensor"));
     }
 
     /// Each design's launch covers its rows: a grid of tiles over N, split-K slices that give a

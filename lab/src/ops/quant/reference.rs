@@ -18,7 +18,7 @@ pub fn parse_format(name: &str) -> Result<Format> {
     Format::all().into_iter().find(|f| f.name() == name).ok_or_else(|| LabError::Invalid(format!("unknown 4-bit format `{name}` (sym_g32 .. asym_g128, q4_0, q4_1)")))
 }
 
-/// A matrix in any of the formats.
+/// A matrix in any of the 4-bit formats (Q8_0 weights are a [`super::q8::Q8Tensor`]).
 #[derive(Clone, Debug)]
 pub enum Quantized {
     Group(GroupQuant),
@@ -42,6 +42,7 @@ impl Quantized {
             Quantized::Group(q) => Format::Group { scheme: q.scheme, group: q.group },
             Quantized::Blocks(Block::Q4_0, _) => Format::Q4_0,
             Quantized::Blocks(Block::Q4_1, _) => Format::Q4_1,
+            Quantized::Blocks(Block::Q8_0, _) => unreachable!("Quantized holds 4-bit formats; Q8_0 weights are a Q8Tensor"),
         }
     }
     /// Weights held.
@@ -149,19 +150,25 @@ pub fn reference_dequantize(q: &Quantized) -> Vec<f32> {
                 }
             })
             .collect(),
-        Quantized::Blocks(b, bytes) => (0..bytes.len() / b.bytes() * 32)
-            .map(|i| {
-                let blk = &bytes[i / 32 * b.bytes()..(i / 32 + 1) * b.bytes()];
-                let (d, m, qs) = ggml::parts(*b, blk);
-                let j = i % 32;
-                let code = if j < 16 { qs[j] & 15 } else { qs[j - 16] >> 4 };
-                match b {
-                    Block::Q4_0 => (code as f32 - 8.0) * d,
-                    Block::Q4_1 => code as f32 * d + m,
-                }
-            })
-            .collect(),
+        Quantized::Blocks(b, bytes) => reference_dequantize_blocks(*b, bytes),
     }
+}
+
+/// GGUF blocks (Q4_0, Q4_1 or Q8_0) dequantized one element at a time from the definitions.
+pub fn reference_dequantize_blocks(b: Block, bytes: &[u8]) -> Vec<f32> {
+    (0..bytes.len() / b.bytes() * 32)
+        .map(|i| {
+            let blk = &bytes[i / 32 * b.bytes()..(i / 32 + 1) * b.bytes()];
+            let (d, m, qs) = ggml::parts(b, blk);
+            let j = i % 32;
+            let nibble = || if j < 16 { qs[j] & 15 } else { qs[j - 16] >> 4 };
+            match b {
+                Block::Q4_0 => (nibble() as f32 - 8.0) * d,
+                Block::Q4_1 => nibble() as f32 * d + m,
+                Block::Q8_0 => qs[j] as i8 as f32 * d,
+            }
+        })
+        .collect()
 }
 
 /// Y[b, r] = sum_k X[b, k] W[r, k] in f64, rows in parallel.

@@ -1,6 +1,7 @@
 //! The quant table: every kernel of kernels/quant/ and every CPU path, named once and without
 //! parameters. Scheme, batch and format are case parameters; [`kernel_symbol`] builds the
-//! kernel symbol from (variant, scheme, batch) or (variant, format).
+//! kernel symbol from (variant, scheme, batch) or (variant, format), [`q8_symbol`] those of the
+//! Q8_0 ops.
 
 use crate::kernels::{symbol, DType};
 use crate::ops::variant::{self, Requires, Variant, VariantInfo};
@@ -24,12 +25,17 @@ pub enum Kernel {
     StreamRead { loads: usize, blocks_per_sm: usize },
     /// A W4A16 GEMV/GEMM design.
     W4(W4Design),
+    /// Q8_0 weights as stored: the W8A16 product ([`w8a16_shape`]) and the row gather.
+    W8a16,
+    Embed,
     /// The CPU paths.
     CpuPack,
     CpuUnpack,
     CpuQuantize,
     CpuDequantize,
     CpuW4a16,
+    CpuW8a16,
+    CpuEmbed,
 }
 
 /// One W4A16 design: kernels `<name>_{sym,asym}_b{B}` with the same arguments, each block of
@@ -108,6 +114,45 @@ pub const PIPE_BLOCKS_PER_SM: usize = 2;
 /// GGML_SEGS: 32-block segments per warp step of the cp.async GGUF dequantize.
 pub const GGML_SEGS: usize = 2;
 
+/// W8_WARPS, W8_ROWS and W8_RUN_VECS: warps per w8a16 block, rows a warp owns at most, 16 B
+/// vectors of a warp's staged run.
+pub const W8_WARPS: usize = 8;
+pub const W8_ROWS: usize = 16;
+pub const W8_RUN_VECS: usize = 72;
+/// Batches (rows of X) the w8a16 kernels are instantiated for; a launch takes any batch up to
+/// its instantiation.
+pub const W8_BATCHES: &[usize] = &[1, 2, 4, 8, 16];
+/// The most dynamic shared memory a w8a16 launch gives its copy of X (two blocks still fit an SM).
+pub const W8_X_SMEM_MAX: usize = 96 * 1024;
+
+/// The instantiation a w8a16 launch of `batch` rows of X (1..=16) runs.
+pub fn w8a16_instance(batch: usize) -> usize {
+    W8_BATCHES.iter().copied().find(|&b| b >= batch).unwrap_or(16)
+}
+
+/// Shared memory of a w8a16 launch of instantiation `b` on `batch` rows of X of length K: the
+/// static stage and accumulators, and the dynamic copy of X (each 32 halves padded to 40).
+pub fn w8a16_smem(b: usize, batch: usize, k: usize) -> (usize, usize) {
+    (W8_WARPS * (16 * W8_RUN_VECS + 4 * W8_ROWS * b), 80 * batch * (k / 32))
+}
+
+/// Rows of X one w8a16 launch takes for K: the largest instantiation whose copy of X fits in
+/// [`W8_X_SMEM_MAX`] (larger batches run in launches of that many rows, each reading all of W);
+/// None when not even one row fits (K above 39,000 or so).
+pub fn w8a16_chunk(k: usize) -> Option<usize> {
+    W8_BATCHES.iter().rev().copied().find(|&b| w8a16_smem(b, b, k).1 <= W8_X_SMEM_MAX)
+}
+
+/// (grid, rows per warp) of a w8a16 launch over N rows: the most rows per warp (up to 16) that
+/// still give every SM two blocks of W8_WARPS warps, else one row per warp. A warp's rows are
+/// one run of blocks, so more rows per warp keep its lanes busy when K / 32 is not a multiple
+/// of 32 (SmolLM2's LM head: N = 49152, K = 576, 16 rows = 9 runs of 32 blocks, 384 blocks).
+pub fn w8a16_shape(n: usize, sms: usize) -> (usize, usize) {
+    let blocks = |rows: usize| n.div_ceil(W8_WARPS * rows);
+    let rows = [16, 8, 4, 2].into_iter().find(|&r| blocks(r) >= 2 * sms).unwrap_or(1);
+    (blocks(rows), rows)
+}
+
 /// Dynamic shared memory of w4a16_mma_pipelined: PIPE_STAGES x PipeStage<ASYM>::VECS x 16 B.
 pub fn pipelined_smem(scheme: Scheme) -> usize {
     PIPE_STAGES * 16 * pipe_stage_vecs(scheme)
@@ -172,7 +217,7 @@ const fn gpu(name: &'static str, requires: Requires, what: &'static str, config:
 pub const VARIANTS: &[Variant<Kernel>] = &[
     gpu("pack_int4", Requires::Gpu, "codes (one per byte) -> two per byte, low nibble first, 16 B loads and stores", Kernel::PackInt4),
     gpu("unpack_int4", Requires::Gpu, "the inverse, staged per warp: coalesced 16 B loads and stores", Kernel::UnpackInt4),
-    gpu("dequant", Requires::Gpu, "4-bit weights (group-wise or GGUF blocks) -> f16, staged per warp, bit-exact with the CPU", Kernel::Dequant { cp_async: false }),
+    gpu("dequant", Requires::Gpu, "4-bit weights (group-wise or GGUF blocks) or Q8_0 -> f16, bit-exact with the CPU", Kernel::Dequant { cp_async: false }),
     gpu("dequant_cp_async", Requires::Gpu, "GGUF blocks only: 64 blocks per warp step staged with cp.async, every copy in flight at once", Kernel::Dequant { cp_async: true }),
     gpu("stream_read", Requires::Gpu, "the floor: reads a W4A16 design's bytes once and decodes nothing", Kernel::StreamRead { loads: 1, blocks_per_sm: 32 }),
     gpu("stream_read_x4", Requires::Gpu, "the floor with 4 loads in flight per thread", Kernel::StreamRead { loads: 4, blocks_per_sm: 8 }),
@@ -201,6 +246,8 @@ pub const VARIANTS: &[Variant<Kernel>] = &[
     gpu("w4a16_mma_tiled_sweep", Requires::Gpu, "tiled_post with the block's warps taking its tile's steps in turn (step-major layout)", w4(16, 8, Layout::StepMajor, Ring::None)),
     gpu("w4a16_mma_tiled_sweep4", Requires::Gpu, "tiled_sweep on 4 warps at 128 registers, 3-4 steps per warp rolling", w4(16, 4, Layout::StepMajor, Ring::None)),
     gpu("w4a16_mma_tiled_bulk", Requires::Gpu, "tiled_sweep with each warp's steps copied by TMA into a 4-slot ring (sm_90; tiled_sweep before)", w4(16, 8, Layout::StepMajor, Ring::Bulk)),
+    gpu("w8a16", Requires::Gpu, "Q8_0 as stored, f32 out: a warp stages runs of 32 blocks with 16 B loads, one block per lane", Kernel::W8a16),
+    Variant { name: "embed", dtypes: &[DType::F32], requires: Requires::Gpu, what: "Q8_0 rows at token ids -> f32, a warp per row", config: Kernel::Embed },
     Variant { name: "cpu_pack", dtypes: F16, requires: Requires::Cpu, what: "INT4 packing, eight codes per u64 (SWAR), chunks in parallel", config: Kernel::CpuPack },
     Variant { name: "cpu_unpack", dtypes: F16, requires: Requires::Cpu, what: "the inverse", config: Kernel::CpuUnpack },
     Variant { name: "cpu_quantize", dtypes: F16, requires: Requires::Cpu, what: "group-wise or GGUF-block quantization of an f32 matrix, rows in parallel", config: Kernel::CpuQuantize },
@@ -212,6 +259,8 @@ pub const VARIANTS: &[Variant<Kernel>] = &[
         config: Kernel::CpuDequantize,
     },
     Variant { name: "cpu_w4a16", dtypes: F16, requires: Requires::Cpu, what: "Y = X W^T on the dequantized weights, f64 accumulation, rows in parallel", config: Kernel::CpuW4a16 },
+    Variant { name: "cpu_w8a16", dtypes: F16, requires: Requires::Cpu, what: "the W8A16 product on the dequantized Q8_0 weights, f64 accumulation, f32 out", config: Kernel::CpuW8a16 },
+    Variant { name: "cpu_embed", dtypes: &[DType::F32], requires: Requires::Cpu, what: "Q8_0 rows at token ids -> f32", config: Kernel::CpuEmbed },
 ];
 
 pub fn variants() -> Vec<VariantInfo> {
@@ -265,25 +314,40 @@ pub fn kernel_symbol(variant: &str, scheme: Scheme, batch: usize, format: Format
         Kernel::Dequant { .. } => dequant_kernel(v.name, format)
             .ok_or_else(|| LabError::Invalid(format!("quant variant `{variant}` does not take the {} format", format.name())))?,
         Kernel::PackInt4 | Kernel::UnpackInt4 | Kernel::StreamRead { .. } => v.name.to_string(),
+        Kernel::W8a16 | Kernel::Embed => return q8_symbol(variant, batch),
         _ => return Err(LabError::Invalid(format!("quant variant `{variant}` runs on the CPU: it has no kernel"))),
     };
     Ok(symbol(FAMILY, &kernel, DType::F16))
 }
 
-/// Every kernel the table runs, without the `quant_` prefix and `_f16` suffix: what
-/// kernels/quant/ must export.
+/// The kernel a variant runs on Q8_0 weights: `quant_w8a16_b<B>_f16` (B the instantiation for
+/// `batch`, f16 activations), `quant_embed_q8_0_f32` or `quant_dequant_q8_0_f16`.
+pub fn q8_symbol(variant: &str, batch: usize) -> Result<String> {
+    let v = find(variant)?;
+    Ok(match v.config {
+        Kernel::W8a16 => symbol(FAMILY, &format!("w8a16_b{}", w8a16_instance(batch)), DType::F16),
+        Kernel::Embed => symbol(FAMILY, "embed_q8_0", DType::F32),
+        Kernel::Dequant { cp_async: false } => symbol(FAMILY, "dequant_q8_0", DType::F16),
+        _ => return Err(LabError::Invalid(format!("quant variant `{variant}` does not take Q8_0 weights on the GPU"))),
+    })
+}
+
+/// Every kernel symbol the table runs: what kernels/quant/ must export.
 pub fn gpu_kernels() -> Vec<String> {
     let formats = [Format::Group { scheme: Scheme::Sym, group: 128 }, Format::Group { scheme: Scheme::Asym, group: 128 }, Format::Q4_0, Format::Q4_1];
+    let f16 = |kernel: String| symbol(FAMILY, &kernel, DType::F16);
     let mut out = Vec::new();
     for v in VARIANTS.iter().filter(|v| v.requires.on_gpu()) {
         match v.config {
             Kernel::W4(_) => {
                 for scheme in [Scheme::Sym, Scheme::Asym] {
-                    out.extend(BATCHES.iter().map(|&b| w4_kernel(v.name, scheme, b)));
+                    out.extend(BATCHES.iter().map(|&b| f16(w4_kernel(v.name, scheme, b))));
                 }
             }
-            Kernel::Dequant { .. } => out.extend(formats.iter().filter_map(|&f| dequant_kernel(v.name, f))),
-            _ => out.push(v.name.to_string()),
+            Kernel::Dequant { .. } => out.extend(formats.iter().filter_map(|&f| dequant_kernel(v.name, f)).map(f16).chain(q8_symbol(v.name, 1).ok())),
+            Kernel::W8a16 => out.extend(W8_BATCHES.iter().map(|&b| q8_symbol(v.name, b).expect("a Q8_0 kernel"))),
+            Kernel::Embed => out.push(q8_symbol(v.name, 1).expect("a Q8_0 kernel")),
+            _ => out.push(f16(v.name.to_string())),
         }
     }
     out
@@ -380,9 +444,30 @@ mod tests {
         assert_eq!(kernel_symbol("dequant_cp_async", Scheme::Sym, 1, Format::Q4_1).unwrap(), "quant_dequant_q4_1_cp_async_f16");
         assert!(kernel_symbol("dequant_cp_async", Scheme::Sym, 1, asym).unwrap_err().to_string().contains("does not take the asym_g32 format"));
         assert!(kernel_symbol("cpu_pack", Scheme::Sym, 1, asym).unwrap_err().to_string().contains("runs on the CPU"));
-        // 13 designs x 2 schemes x 5 batches, 6 dequantize kernels, pack, unpack, 3 stream reads.
+        assert_eq!(kernel_symbol("w8a16", Scheme::Sym, 3, asym).unwrap(), "quant_w8a16_b4_f16");
+        assert_eq!(q8_symbol("embed", 1).unwrap(), "quant_embed_q8_0_f32");
+        assert_eq!(q8_symbol("dequant", 1).unwrap(), "quant_dequant_q8_0_f16");
+        assert!(q8_symbol("dequant_cp_async", 1).unwrap_err().to_string().contains("does not take Q8_0"));
+        // 13 designs x 2 schemes x 5 batches, 6 + 1 dequantize kernels, pack, unpack, 3 stream
+        // reads, 5 W8A16 batches and the embedding gather.
         assert_eq!(w4_designs().count(), 13);
-        assert_eq!(gpu_kernels().len(), 13 * 2 * BATCHES.len() + 6 + 2 + 3);
+        assert_eq!(gpu_kernels().len(), 13 * 2 * BATCHES.len() + 7 + 2 + 3 + W8_BATCHES.len() + 1);
+        assert_eq!(gpu_kernels().into_iter().collect::<std::collections::BTreeSet<_>>().len(), gpu_kernels().len());
+    }
+
+    /// A w8a16 grid covers every row with at most W8_ROWS rows per warp, and batches map to the
+    /// smallest instantiation that holds them.
+    #[test]
+    fn w8a16_launches_cover_every_row() {
+        assert_eq!(w8a16_shape(49152, 132), (384, 16));
+        for (n, sms) in [(1, 132), (37, 132), (576, 132), (49152, 132), (49153, 16), (100_000, 1)] {
+            let (grid, rows) = w8a16_shape(n, sms);
+            assert!(grid * W8_WARPS * rows >= n && (grid - 1) * W8_WARPS * rows < n && (1..=W8_ROWS).contains(&rows), "N={n}");
+        }
+        assert_eq!((1..=16).map(w8a16_instance).collect::<Vec<_>>(), [1, 2, 4, 4, 8, 8, 8, 8, 16, 16, 16, 16, 16, 16, 16, 16]);
+        // SmolLM2's K = 576 takes 16 rows of X in 23 KB; K = 4096 8 rows; K = 65536 none.
+        assert_eq!((w8a16_chunk(576), w8a16_chunk(4096), w8a16_chunk(65536)), (Some(16), Some(8), None));
+        assert_eq!(w8a16_smem(16, 16, 576), (8 * (1152 + 1024), 23040));
     }
 
     #[test]
