@@ -107,9 +107,15 @@ pub static FAMILIES: &[Family] = &[
     },
     Family {
         name: "attention",
-        kernels: &[kernel!("attention.cu")],
+        kernels: &[kernel!("attention.cu"), kernel!("attention_decode.cu")],
         experiment: Some(&crate::ops::attention::Attention),
         variants: crate::ops::attention::variants,
+    },
+    Family {
+        name: "llama",
+        kernels: &[kernel!("llama.cu")],
+        experiment: Some(&crate::ops::llama::Llama),
+        variants: crate::ops::llama::variants,
     },
     Family { name: "allreduce", kernels: &[], experiment: Some(&crate::ops::allreduce::AllReduce), variants: none },
     Family { name: "bucketing", kernels: &[], experiment: Some(&crate::ops::bucketing::Bucketing), variants: none },

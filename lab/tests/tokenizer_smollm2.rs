@@ -107,3 +107,18 @@ fn chat_template_is_chatml() {
     let prompt = template.render(&[("user", "Hi")], false).unwrap();
     assert!(prompt.starts_with("<|im_start|>system\n") && prompt.ends_with("<|im_start|>user\nHi<|im_end|>\n"), "{prompt}");
 }
+
+/// llama.cpp's own tokenizer on the same file (lab/tests/fixtures/smollm2_tokens.json, made with
+/// `llama-tokenize --ids`): every id equal, on digits, accents, emoji, code, CJK and runs of
+/// spaces.
+#[test]
+fn ids_equal_llama_cpp_llama_tokenize() {
+    let doc: serde_json::Value = serde_json::from_str(include_str!("fixtures/smollm2_tokens.json")).unwrap();
+    let cases = doc["cases"].as_array().unwrap();
+    assert!(cases.len() >= 8);
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let want: Vec<u32> = case["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        assert_eq!(encode(text), want, "{text:?}");
+    }
+}

@@ -119,6 +119,21 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// Continue a prompt with a Llama-architecture GGUF model (greedy), streaming the text.
+    Generate {
+        /// The .gguf file.
+        #[arg(long)]
+        model: PathBuf,
+        #[arg(long)]
+        prompt: String,
+        /// Wrap the prompt in the model's chat template as a user message.
+        #[arg(long)]
+        chat: bool,
+        #[arg(long, default_value_t = 64)]
+        max_tokens: usize,
+        #[arg(long, value_enum, default_value = "auto")]
+        backend: BackendChoice,
+    },
     /// Say which GPU, driver, NVRTC, cuBLAS, MPI and Python/torch this machine has.
     Doctor,
     /// Compile every kernel family with NVRTC (for the device, or for the given architectures).
@@ -238,6 +253,10 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             for l in &lines {
                 println!("{l}");
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Generate { model, prompt, chat, max_tokens, backend } => {
+            generate(&model, &prompt, chat, max_tokens, backend)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Doctor => {
@@ -443,4 +462,44 @@ fn rerun(target: &str, dir: &std::path::Path, backend: BackendChoice, out: PathB
         return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `lab generate`: tokens stream to stdout as they come, rates to stderr at the end.
+fn generate(model: &std::path::Path, prompt: &str, chat: bool, max_tokens: usize, backend: BackendChoice) -> Result<()> {
+    use lab::model::llama::{greedy, Engine};
+    use lab::model::tokenizer::{ChatTemplate, Tokenizer};
+    use std::io::Write;
+    let file = lab::weights::gguf::GgufFile::open(model).map_err(|e| LabError::Invalid(e.to_string()))?;
+    let g = file.parse().map_err(|e| LabError::Invalid(format!("{}: {e}", model.display())))?;
+    let tok = Tokenizer::from_gguf(&g)?;
+    let text = if chat {
+        let template = ChatTemplate::from_gguf(&g)?.ok_or_else(|| LabError::Invalid(format!("{} has no chat template (tokenizer.chat_template)", model.display())))?;
+        template.render(&[("user", prompt)], true)?
+    } else {
+        prompt.to_string()
+    };
+    let ids = tok.encode(&text, true)?;
+    let engine = Engine::load(&backend.open()?, &g)?;
+    let mut stream = tok.stream();
+    let mut out = std::io::stdout().lock();
+    let done = greedy(&engine, &ids, max_tokens, |t| {
+        if tok.is_eog(t) {
+            return Ok(false);
+        }
+        if let Some(piece) = stream.step(t)? {
+            out.write_all(piece.as_bytes()).and_then(|_| out.flush()).map_err(|e| LabError::io("stdout", e))?;
+        }
+        Ok(true)
+    })?;
+    writeln!(out).map_err(|e| LabError::io("stdout", e))?;
+    let rate = |n: usize, d: std::time::Duration| n as f64 / d.as_secs_f64().max(1e-9);
+    eprintln!(
+        "{} prompt tokens in {:.1} ms ({:.0} tokens/s), {} new tokens at {:.1} tokens/s",
+        ids.len(),
+        done.prompt.as_secs_f64() * 1e3,
+        rate(ids.len(), done.prompt),
+        done.tokens.len(),
+        rate(done.tokens.len().saturating_sub(1), done.decode)
+    );
+    Ok(())
 }

@@ -119,6 +119,10 @@ impl BackendChoice {
 pub enum Peer {
     /// PyTorch through `lab/peers/torch_peers.py` (needs `python3` with torch on the GPU host).
     Torch,
+    /// transformers on the same GGUF (`lab/peers/transformers_llama.py`; needs the `gguf` package).
+    Transformers,
+    /// llama.cpp's `llama-bench` (`LAB_LLAMA_CPP` names the folder of its built tools).
+    LlamaCpp,
 }
 
 #[derive(Clone, Debug)]

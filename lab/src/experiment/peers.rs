@@ -43,28 +43,8 @@ pub fn torch(op: &str, dtype: &str, args: Value, inputs: &[(&[u8], &[usize])], b
         "l2": budget.l2.name(), "launch": budget.launch.name(),
         "settled": crate::profile::SETTLED, "max_warmup_rounds": crate::profile::MAX_WARMUP_ROUNDS,
     });
-    let mut child = Command::new(python())
-        .arg(&script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| fail(format!("cannot start `{}`: {e}", python())))?;
-    child
-        .stdin
-        .take()
-        .expect("piped stdin")
-        .write_all(request.to_string().as_bytes())
-        .map_err(|e| fail(e.to_string()))?;
-    let done = child.wait_with_output().map_err(|e| fail(e.to_string()))?;
-    if !done.status.success() {
-        let err = String::from_utf8_lossy(&done.stderr);
-        let tail: Vec<&str> = err.lines().rev().take(5).collect();
-        return Err(fail(format!("{} exited with {}: {}", python(), done.status, tail.into_iter().rev().collect::<Vec<_>>().join(" | "))));
-    }
-    let stdout = String::from_utf8_lossy(&done.stdout);
-    let line = stdout.lines().last().unwrap_or_default();
-    let reply: Value = serde_json::from_str(line).map_err(|e| fail(format!("unreadable reply `{line}`: {e}")))?;
+    let reply = call_python("torch", &script, &request)?;
+    let line = reply.to_string();
     let samples = |key: &str| -> Vec<f64> { reply[key].as_array().map(|a| a.iter().filter_map(Value::as_f64).collect()).unwrap_or_default() };
     let raw = Some(samples("raw_ms")).filter(|v| !v.is_empty()).ok_or_else(|| fail(format!("reply has no samples: {line}")))?;
     let output = std::fs::read(&out).map_err(|e| fail(format!("no output file: {e}")))?;
@@ -87,4 +67,72 @@ pub fn torch(op: &str, dtype: &str, args: Value, inputs: &[(&[u8], &[usize])], b
         output,
         extra,
     })
+}
+
+/// Runs `script` with `request` as JSON on stdin; its last line of stdout is the JSON reply.
+fn call_python(peer: &str, script: &std::path::Path, request: &Value) -> Result<Value> {
+    let fail = |why: String| LabError::Peer { peer: peer.into(), why };
+    let mut child = Command::new(python())
+        .arg(script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| fail(format!("cannot start `{}`: {e}", python())))?;
+    child.stdin.take().expect("piped stdin").write_all(request.to_string().as_bytes()).map_err(|e| fail(e.to_string()))?;
+    let done = child.wait_with_output().map_err(|e| fail(e.to_string()))?;
+    if !done.status.success() {
+        let err = String::from_utf8_lossy(&done.stderr);
+        let tail: Vec<&str> = err.lines().rev().take(5).collect();
+        return Err(fail(format!("{} exited with {}: {}", python(), done.status, tail.into_iter().rev().collect::<Vec<_>>().join(" | "))));
+    }
+    let stdout = String::from_utf8_lossy(&done.stdout);
+    let line = stdout.lines().last().unwrap_or_default();
+    serde_json::from_str(line).map_err(|e| fail(format!("unreadable reply `{line}`: {e}")))
+}
+
+const TRANSFORMERS_LLAMA: &str = include_str!("../../peers/transformers_llama.py");
+
+/// What transformers makes of a GGUF model (`lab/peers/transformers_llama.py`): the encodings
+/// of `texts`, and per prompt the logits after it, a greedy continuation of `new_tokens` with the
+/// top-2 logit gaps, and the eager decode rate.
+pub struct TransformersRun {
+    pub reply: Value,
+    /// Per prompt, the logits after its last token.
+    pub logits: Vec<Vec<f32>>,
+}
+
+pub fn transformers_llama(gguf: &std::path::Path, texts: &[&str], prompts: &[Vec<u32>], new_tokens: usize) -> Result<TransformersRun> {
+    let fail = |why: String| LabError::Peer { peer: "transformers".into(), why };
+    let dir = tempfile::tempdir().map_err(|e| fail(format!("no temp dir: {e}")))?;
+    let script = dir.path().join("transformers_llama.py");
+    std::fs::write(&script, TRANSFORMERS_LLAMA).map_err(|e| fail(e.to_string()))?;
+    let request = json!({"gguf": gguf.display().to_string(), "texts": texts, "prompts": prompts, "new_tokens": new_tokens, "out_dir": dir.path().display().to_string()});
+    let reply = call_python("transformers", &script, &request)?;
+    let logits = (0..prompts.len())
+        .map(|i| {
+            let bytes = std::fs::read(dir.path().join(format!("logits{i}.bin"))).map_err(|e| fail(format!("no logits for prompt {i}: {e}")))?;
+            Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+        })
+        .collect::<Result<_>>()?;
+    Ok(TransformersRun { reply, logits })
+}
+
+/// `llama-bench` of llama.cpp (`LAB_LLAMA_CPP`: the folder holding the built tools, see
+/// scripts/llama-cpp.sh) on `gguf`: one JSON object per test (pp512, tg128) and flash-attention
+/// setting, as llama-bench writes them.
+pub fn llama_bench(gguf: &std::path::Path, prompt: usize, gen: usize, reps: usize) -> Result<Vec<Value>> {
+    let fail = |why: String| LabError::Peer { peer: "llama.cpp".into(), why };
+    let dir = std::env::var("LAB_LLAMA_CPP").map_err(|_| fail("LAB_LLAMA_CPP must name the folder of llama.cpp's built tools (scripts/llama-cpp.sh build)".into()))?;
+    let bin = std::path::Path::new(&dir).join("llama-bench");
+    let out = Command::new(&bin)
+        .arg("-m")
+        .arg(gguf)
+        .args(["-p", &prompt.to_string(), "-n", &gen.to_string(), "-r", &reps.to_string(), "-fa", "0,1", "-ngl", "99", "-o", "json"])
+        .output()
+        .map_err(|e| fail(format!("cannot start {}: {e}", bin.display())))?;
+    if !out.status.success() {
+        return Err(fail(format!("{} exited with {}: {}", bin.display(), out.status, String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or_default())));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| fail(format!("unreadable llama-bench output: {e}")))
 }

@@ -1,3 +1,4 @@
 //! Models assembled from ops, and what they need around them (tokenizer, chat template).
 
+pub mod llama;
 pub mod tokenizer;

@@ -19,7 +19,7 @@ use crate::profile::Work;
 use crate::record::Tolerance;
 use crate::tensor::{check_placement, Tensor};
 use crate::{LabError, Result};
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 use rand::Rng;
 use rand_distr::{Distribution, StandardNormal};
 use rayon::prelude::*;
@@ -28,6 +28,8 @@ use serde_json::{json, Value};
 pub struct Attention;
 
 const FAMILY: &str = "attention";
+
+pub mod decode;
 
 /// How a variant runs.
 #[derive(Clone, Copy, Debug)]
@@ -39,6 +41,8 @@ pub enum Kernel {
     Fa2 { head_dims: &'static [usize], mt: usize },
     /// [`cpu_rows`].
     CpuRows,
+    /// One query row per sequence over a paged cache: [`decode::Decode`], not [`forward_with`].
+    Decode,
 }
 
 const F16_BF16: &[DType] = &[DType::F16, DType::Bf16];
@@ -67,6 +71,13 @@ pub const VARIANTS: &[Variant<Kernel>] = &[
         config: Kernel::Fa2 { head_dims: &[64, 128], mt: 2 },
     },
     Variant {
+        name: "decode_split",
+        dtypes: F16_BF16,
+        requires: Requires::Gpu,
+        what: "decode: the context split over blocks (flash-decoding), a KV row read once for its query heads, paged cache",
+        config: Kernel::Decode,
+    },
+    Variant {
         name: "cpu_rows",
         dtypes: F16_BF16,
         requires: Requires::Cpu,
@@ -83,7 +94,7 @@ pub fn variants() -> Vec<VariantInfo> {
 pub fn gpu_symbols() -> std::collections::BTreeSet<String> {
     let mut out = std::collections::BTreeSet::from([symbol(FAMILY, "naive_softmax", DType::F32)]);
     for &d in F16_BF16 {
-        for k in ["naive_scores", "naive_pv", "fa2_d64", "fa2_d128", "fa2_m32_d64", "fa2_m32_d128"] {
+        for k in ["naive_scores", "naive_pv", "fa2_d64", "fa2_d128", "fa2_m32_d64", "fa2_m32_d128", "decode_split_d64", "decode_split_d128", "decode_combine"] {
             out.insert(symbol(FAMILY, k, d));
         }
     }
@@ -100,6 +111,7 @@ pub fn refusal(v: &Variant<Kernel>, d: Dims) -> Option<String> {
         Kernel::Naive if d.batch * d.hq * d.sq * d.sk > NAIVE_MAX_SCORES => {
             Some(format!("`naive` materializes {} scores; it takes at most {NAIVE_MAX_SCORES}", d.batch * d.hq * d.sq * d.sk))
         }
+        Kernel::Decode => Some("`decode_split` serves one query row per sequence over a KV cache (attention::decode::Decode)".into()),
         _ => None,
     }
 }
@@ -224,20 +236,9 @@ pub fn forward_with<T: Elem>(
             Ok(())
         }
         (Kernel::Fa2 { mt, .. }, Backend::Cuda(gpu)) => {
-            let f = gpu.function(FAMILY, &symbol(FAMILY, &format!("{variant}_d{}", d.d), T::DTYPE))?;
-            let smem = (64 * mt + 4 * 64) * (d.d + 8) * 2; // FA_SMEM(D, MT) in kernels/attention.cu
-            raise_dynamic_smem(&f, smem)?;
-            let grid = (d.sq.div_ceil(64 * mt) as u32, d.hq as u32, d.batch as u32);
-            let cfg = LaunchConfig { grid_dim: grid, block_dim: (128, 1, 1), shared_mem_bytes: smem as u32 };
             let (dq, dk, dv) = (q.cuda().expect("placed"), k.cuda().expect("placed"), v.cuda().expect("placed"));
             let (dl, dout) = (lse.cuda_mut().expect("placed"), o.cuda_mut().expect("placed"));
-            let mut b = gpu.stream.launch_builder(&f);
-            b.arg(dq).arg(dk).arg(dv).arg(dout).arg(dl).arg(&sq).arg(&sk).arg(&hq).arg(&hkv);
-            b.arg(&scale).arg(&causal).arg(&window);
-            // SAFETY: dims() checked every buffer's shape against (B, Sq, Sk, Hq, Hkv, D); the
-            // grid covers ceil(Sq / (64 mt)) query tiles of every head, and the kernel bounds rows by
-            // Sq and keys by Sk.
-            unsafe { b.launch(cfg) }.map(|_| ()).doing(&format!("launching attention {variant}"))
+            launch_fa2(gpu, variant, mt, d, mask, (&dq.as_view(), &dk.as_view(), &dv.as_view()), &mut dout.as_view_mut(), &mut dl.as_view_mut())
         }
         (Kernel::Naive, Backend::Cuda(gpu)) => {
             let scores = d.batch * d.hq * d.sq * d.sk;
@@ -265,8 +266,43 @@ pub fn forward_with<T: Elem>(
             // SAFETY: the grid covers (d, query, batch x head) once; p, v and o hold their shapes.
             unsafe { b.launch(cfg) }.map(|_| ()).doing("launching attention naive pv")
         }
+        (Kernel::Decode, _) => unreachable!("refusal() turns the decode variant away"),
         (_, Backend::Cpu) => unreachable!("check_runs keeps GPU variants off the CPU"),
     }
+}
+
+/// Launches an fa2 rung (`mt` m-tiles per warp) on device views: what [`forward_with`] runs,
+/// and what a model calls on a slice of its KV cache. The caller checks the views against `d`.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_fa2<T: Elem>(
+    gpu: &crate::gpu::Gpu,
+    variant: &str,
+    mt: usize,
+    d: Dims,
+    mask: Mask,
+    (q, k, v): (&CudaView<T>, &CudaView<T>, &CudaView<T>),
+    o: &mut CudaViewMut<T>,
+    lse: &mut CudaViewMut<f32>,
+) -> Result<()> {
+    let (qn, kn) = (d.batch * d.sq * d.hq * d.d, d.batch * d.sk * d.hkv * d.d);
+    if q.len() < qn || k.len() < kn || v.len() < kn || o.len() < qn || lse.len() < d.batch * d.hq * d.sq {
+        return Err(LabError::shape("attention", format!("{d:?}: q {}, k {}, v {}, o {}, lse {} elements", q.len(), k.len(), v.len(), o.len(), lse.len())));
+    }
+    let scale = 1.0 / (d.d as f32).sqrt();
+    let (causal, window) = (mask.causal as i32, mask.window as i32);
+    let [sq, sk, hq, hkv] = [d.sq, d.sk, d.hq, d.hkv].map(|x| x as i32);
+    let f = gpu.function(FAMILY, &symbol(FAMILY, &format!("{variant}_d{}", d.d), T::DTYPE))?;
+    let smem = (64 * mt + 4 * 64) * (d.d + 8) * 2; // FA_SMEM(D, MT) in kernels/attention.cu
+    raise_dynamic_smem(&f, smem)?;
+    let grid = (d.sq.div_ceil(64 * mt) as u32, d.hq as u32, d.batch as u32);
+    let cfg = LaunchConfig { grid_dim: grid, block_dim: (128, 1, 1), shared_mem_bytes: smem as u32 };
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(q).arg(k).arg(v).arg(o).arg(lse).arg(&sq).arg(&sk).arg(&hq).arg(&hkv);
+    b.arg(&scale).arg(&causal).arg(&window);
+    // SAFETY: every view holds at least its shape's elements (checked above); the grid covers
+    // ceil(Sq / (64 mt)) query tiles of every head, and the kernel bounds rows by Sq and keys by
+    // Sk.
+    unsafe { b.launch(cfg) }.map(|_| ()).doing(&format!("launching attention {variant}"))
 }
 
 /// The CPU backend's variant: each (batch, head, query row) in parallel, online softmax over the

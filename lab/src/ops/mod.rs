@@ -13,6 +13,7 @@ pub mod divergence;
 pub mod gemm;
 pub mod layernorm;
 pub mod linear;
+pub mod llama;
 pub mod nccl_allreduce;
 pub mod quant;
 pub mod rmsnorm;

@@ -1,0 +1,177 @@
+// attention_decode.cu: one query row per sequence against its KV cache (decode), split along the
+// context (flash-decoding: many blocks share one long row, then a combine step merges them).
+// Storage T in {f16, bf16}; scores, softmax statistics and partial outputs in fp32.
+//
+// The cache is paged: page p of P rows holds [P, Hkv, D] keys (and values, a second array),
+// sequence b's row j lives in page table[b * max_pages + j / P] at slot j % P. A contiguous
+// cache is the case P = capacity, table[b] = b. Sequence b attends rows 0..=pos[b]: lengths are
+// read on the device, so one captured CUDA graph serves every step.
+//
+//  decode_split     block (128,1,1), grid (nsplit, Hkv * ceil(G / 8), B); split s owns rows
+//                   [s * chunk, (s + 1) * chunk) of the sequence, up to 8 query heads of one KV
+//                   head (G = Hq / Hkv). Warp w scores 32-row tiles w, w + 4, ...: lane l scores
+//                   row l against every query head (its K row in registers, Q broadcast from
+//                   shared memory), then the warp walks the tile's V rows with each lane owning
+//                   D / 32 columns. Should buy: each K and V row is read once for all the query
+//                   heads of its KV head (GQA), and short batches still fill the chip.
+//                   Writes unnormalized partial O and (max, sum) per (b, h, split), base-2.
+//  decode_combine   block (D,1,1), grid (Hq, B): merges the splits that hold rows.
+
+#include "common.cuh"
+
+#define DEC_WARPS 4
+#define DEC_GMAX 8
+
+// Address of row j of sequence b's head kvh in a paged cache.
+__device__ __forceinline__ long long dec_row(const int* __restrict__ table, int b, int max_pages, int page, int j, int hkv, int kvh,
+                                             int D) {
+    const int p = table[b * max_pages + j / page];
+    return (((long long)p * page + j % page) * hkv + kvh) * D;
+}
+
+template <typename T, int D>
+__device__ void decode_split(const T* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc, const int* __restrict__ table,
+                             const int* __restrict__ pos, float* __restrict__ part_o, float* __restrict__ part_ml, int hq, int hkv,
+                             int page, int max_pages, int chunk, float scale_log2) {
+    constexpr int C = D / 32;  // columns per lane in the PV walk
+    constexpr int V8 = D / 8;  // 16-byte vectors per K row
+    __shared__ float qs[DEC_GMAX][D];
+    __shared__ float wm[DEC_WARPS][DEC_GMAX], wl[DEC_WARPS][DEC_GMAX];
+    __shared__ float wacc[DEC_WARPS][DEC_GMAX][D];
+    const int split = blockIdx.x, b = blockIdx.z, G = hq / hkv, subs = (G + DEC_GMAX - 1) / DEC_GMAX;
+    const int kvh = blockIdx.y / subs, h0 = kvh * G + (blockIdx.y % subs) * DEC_GMAX;
+    const int gn = min(DEC_GMAX, kvh * G + G - h0);
+    const int len = pos[b] + 1, start = split * chunk, end = min(len, start + chunk);
+    if (start >= end) return;  // the combine step reads only splits that hold rows
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int i = threadIdx.x; i < DEC_GMAX * D; i += blockDim.x) {
+        const int g = i / D, d = i % D;
+        qs[g][d] = g < gn ? to_float(q[((long long)b * hq + h0 + g) * D + d]) * scale_log2 : 0.f;
+    }
+    __syncthreads();
+    float m[DEC_GMAX], l[DEC_GMAX], acc[DEC_GMAX][C];
+#pragma unroll
+    for (int g = 0; g < DEC_GMAX; ++g) {
+        m[g] = NEG_INF;
+        l[g] = 0.f;
+#pragma unroll
+        for (int c = 0; c < C; ++c) acc[g][c] = 0.f;
+    }
+    for (int t0 = start + warp * 32; t0 < end; t0 += DEC_WARPS * 32) {
+        const int j = t0 + lane;
+        float s[DEC_GMAX];
+#pragma unroll
+        for (int g = 0; g < DEC_GMAX; ++g) s[g] = 0.f;
+        if (j < end) {
+            const uint4* kr = reinterpret_cast<const uint4*>(kc + dec_row(table, b, max_pages, page, j, hkv, kvh, D));
+#pragma unroll
+            for (int v = 0; v < V8; ++v) {
+                float kf[8];
+                load_vec16<T>(reinterpret_cast<const T*>(kr + v), kf);
+#pragma unroll
+                for (int g = 0; g < DEC_GMAX; ++g) {
+                    if (g < gn) {
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) s[g] += kf[e] * qs[g][v * 8 + e];
+                    }
+                }
+            }
+        }
+        float p[DEC_GMAX];
+#pragma unroll
+        for (int g = 0; g < DEC_GMAX; ++g) {
+            const float sj = j < end ? s[g] : NEG_INF;
+            const float mn = fmax_nan(m[g], warp_reduce_max(sj));
+            const float alpha = exp2f(m[g] - safe_shift(mn));
+            p[g] = exp2f(sj - safe_shift(mn));
+            l[g] = l[g] * alpha + warp_reduce_sum(p[g]);
+            m[g] = mn;
+#pragma unroll
+            for (int c = 0; c < C; ++c) acc[g][c] *= alpha;
+        }
+        const int rows = min(32, end - t0);
+        for (int r = 0; r < rows; ++r) {
+            const T* vr = vc + dec_row(table, b, max_pages, page, t0 + r, hkv, kvh, D) + lane * C;
+            float vf[C];
+#pragma unroll
+            for (int c = 0; c < C; ++c) vf[c] = to_float(vr[c]);
+#pragma unroll
+            for (int g = 0; g < DEC_GMAX; ++g) {
+                const float pr = __shfl_sync(0xffffffffu, p[g], r);
+#pragma unroll
+                for (int c = 0; c < C; ++c) acc[g][c] += pr * vf[c];
+            }
+        }
+    }
+    // Merge the warps (a warp with no tile has m = -inf, l = 0, acc = 0).
+    if (lane == 0) {
+#pragma unroll
+        for (int g = 0; g < DEC_GMAX; ++g) {
+            wm[warp][g] = m[g];
+            wl[warp][g] = l[g];
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < DEC_GMAX; ++g) {
+#pragma unroll
+        for (int c = 0; c < C; ++c) wacc[warp][g][lane * C + c] = acc[g][c];
+    }
+    __syncthreads();
+    const int nsplit = gridDim.x;
+    for (int i = threadIdx.x; i < gn * D; i += blockDim.x) {
+        const int g = i / D, d = i % D;
+        float mx = NEG_INF;
+        for (int w = 0; w < DEC_WARPS; ++w) mx = fmax_nan(mx, wm[w][g]);
+        float o = 0.f, sum = 0.f;
+        for (int w = 0; w < DEC_WARPS; ++w) {
+            const float f = exp2f(wm[w][g] - safe_shift(mx));
+            o += wacc[w][g][d] * f;
+            sum += wl[w][g] * f;
+        }
+        const long long slot = ((long long)b * hq + h0 + g) * nsplit + split;
+        part_o[slot * D + d] = o;
+        if (d == 0) {
+            part_ml[slot * 2] = mx;
+            part_ml[slot * 2 + 1] = sum;
+        }
+    }
+}
+
+template <typename T>
+__device__ void decode_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml, const int* __restrict__ pos,
+                               T* __restrict__ o, float* __restrict__ lse, int hq, int D, int chunk, int nsplit) {
+    const int h = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
+    const int used = min(nsplit, (pos[b] + 1 + chunk - 1) / chunk);
+    const long long base = ((long long)b * hq + h) * nsplit;
+    float mx = NEG_INF;
+    for (int s = 0; s < used; ++s) mx = fmax_nan(mx, part_ml[(base + s) * 2]);
+    float acc = 0.f, sum = 0.f;
+    for (int s = 0; s < used; ++s) {
+        const float f = exp2f(part_ml[(base + s) * 2] - safe_shift(mx));
+        acc += part_o[(base + s) * D + d] * f;
+        sum += part_ml[(base + s) * 2 + 1] * f;
+    }
+    o[((long long)b * hq + h) * D + d] = from_float<T>(acc / sum);
+    // lse in natural log, as the forward kernels save it.
+    if (d == 0 && lse) lse[(long long)b * hq + h] = (mx + log2f(sum)) * 0.69314718055994531f;
+}
+
+#define DECODE_KERNELS(T, SUF, D)                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) attention_decode_split_d##D##_##SUF(                              \
+        const T* q, const T* kc, const T* vc, const int* table, const int* pos, float* part_o, float* part_ml, int hq, int hkv,       \
+        int page, int max_pages, int chunk, float scale_log2) {                                                                      \
+        decode_split<T, D>(q, kc, vc, table, pos, part_o, part_ml, hq, hkv, page, max_pages, chunk, scale_log2);                     \
+    }
+DECODE_KERNELS(__half, f16, 64)
+DECODE_KERNELS(__half, f16, 128)
+DECODE_KERNELS(__nv_bfloat16, bf16, 64)
+DECODE_KERNELS(__nv_bfloat16, bf16, 128)
+
+extern "C" __global__ void attention_decode_combine_f16(const float* part_o, const float* part_ml, const int* pos, __half* o, float* lse,
+                                                         int hq, int D, int chunk, int nsplit) {
+    decode_combine<__half>(part_o, part_ml, pos, o, lse, hq, D, chunk, nsplit);
+}
+extern "C" __global__ void attention_decode_combine_bf16(const float* part_o, const float* part_ml, const int* pos, __nv_bfloat16* o,
+                                                          float* lse, int hq, int D, int chunk, int nsplit) {
+    decode_combine<__nv_bfloat16>(part_o, part_ml, pos, o, lse, hq, D, chunk, nsplit);
+}

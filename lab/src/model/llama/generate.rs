@@ -1,0 +1,97 @@
+//! Greedy generation on either engine, one token at a time, each handed to the caller as soon
+//! as it is known (to stream text, or stop).
+
+use super::{Config, CpuModel, GpuModel};
+use crate::experiment::Backend;
+use crate::weights::gguf::Gguf;
+use crate::{LabError, Result};
+use std::time::{Duration, Instant};
+
+pub enum Engine {
+    Cpu(CpuModel),
+    Gpu(GpuModel),
+}
+
+impl Engine {
+    pub fn load(dev: &Backend, g: &Gguf) -> Result<Self> {
+        Ok(match dev {
+            Backend::Cpu => Engine::Cpu(CpuModel::load(g)?),
+            Backend::Cuda(gpu) => Engine::Gpu(GpuModel::load(gpu, g)?),
+        })
+    }
+    pub fn config(&self) -> &Config {
+        match self {
+            Engine::Cpu(m) => &m.config,
+            Engine::Gpu(m) => &m.config,
+        }
+    }
+}
+
+/// The lowest index of the largest logit (the GPU's argmax rule); a NaN logit is an error.
+pub fn argmax(logits: &[f32]) -> Result<u32> {
+    let mut best = 0;
+    for (i, &v) in logits.iter().enumerate() {
+        if v.is_nan() {
+            return Err(LabError::Invalid(format!("logit {i} is NaN")));
+        }
+        if v > logits[best] {
+            best = i;
+        }
+    }
+    Ok(best as u32)
+}
+
+/// What a generation did and how long it took: the prompt's time runs until the first new
+/// token is known; the rest is decode.
+#[derive(Debug)]
+pub struct Generated {
+    pub tokens: Vec<u32>,
+    pub prompt: Duration,
+    pub decode: Duration,
+}
+
+/// Up to `max_new` greedy tokens after `prompt`; `each(token)` sees every new token and returns
+/// false to stop there.
+pub fn greedy(engine: &Engine, prompt: &[u32], max_new: usize, mut each: impl FnMut(u32) -> Result<bool>) -> Result<Generated> {
+    let c = engine.config();
+    if prompt.is_empty() {
+        return Err(LabError::Invalid("the prompt has no tokens".into()));
+    }
+    if prompt.len() + max_new > c.context {
+        return Err(LabError::Invalid(format!(
+            "{} prompt tokens and {max_new} new ones exceed the model's context of {} tokens",
+            prompt.len(),
+            c.context
+        )));
+    }
+    let start = Instant::now();
+    let mut first = None;
+    let mut out = Vec::new();
+    let mut emit = |t: u32, out: &mut Vec<u32>| -> Result<bool> {
+        first.get_or_insert_with(|| start.elapsed());
+        out.push(t);
+        Ok(each(t)? && out.len() < max_new)
+    };
+    match engine {
+        Engine::Cpu(m) => {
+            let mut cache = m.cache();
+            let mut t = argmax(&m.forward(&mut cache, prompt)?)?;
+            while max_new > 0 && emit(t, &mut out)? {
+                t = argmax(&m.step(&mut cache, t, true)?.expect("logits were asked for"))?;
+            }
+        }
+        Engine::Gpu(m) => {
+            let mut batch = m.batch(1, prompt.len() + max_new + 1)?;
+            batch.start(&[prompt.to_vec()])?;
+            batch.prefill()?;
+            let last = |b: &super::Batch| -> Result<u32> { Ok(*b.tokens()?[0].last().expect("a step writes a token")) };
+            let mut t = last(&batch)?;
+            while max_new > 0 && emit(t, &mut out)? {
+                batch.step()?;
+                t = last(&batch)?;
+            }
+        }
+    }
+    let prompt_time = first.unwrap_or_else(|| start.elapsed());
+    Ok(Generated { tokens: out, prompt: prompt_time, decode: start.elapsed() - prompt_time })
+}

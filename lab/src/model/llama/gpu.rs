@@ -1,0 +1,393 @@
+//! The GPU engine: weights stay in their GGUF blocks on the device (Q4_1 matrices repacked
+//! losslessly for the W4A16 designs, the Q8_0 embedding read as stored), activations in f16
+//! around an f32 residual stream, a paged KV cache per layer, and greedy sampling on the device.
+//!
+//! A step runs one position of every sequence of a [`Batch`]: the token at its position goes
+//! through the model, its keys and values join the cache, and the next token is chosen on the
+//! device (prompt positions keep their token). Nothing in a step reads the host, so the first
+//! step runs eagerly (loading kernels, sizing scratch) and every later one replays a captured
+//! CUDA graph.
+//!
+//! Per layer: add_rmsnorm, the fused QKV product, rope_cache, decode attention (split and
+//! combine), the output product, add_rmsnorm, the fused gate|up product, swiglu, the down
+//! product: ten launches.
+
+use super::config::Config;
+use super::weights::Tensors;
+use crate::error::Doing;
+use crate::experiment::Backend;
+use crate::gpu::Gpu;
+use crate::ops::attention::decode::{Decode, KvCache};
+use crate::ops::attention;
+use crate::ops::gemm;
+use crate::ops::llama::{self as k, Rows};
+use crate::ops::quant::{self, QuantTensor};
+use crate::quant::ggml::Block;
+use crate::tensor::Tensor;
+use crate::weights::gguf::{Gguf, GgmlType, TensorInfo};
+use crate::{LabError, Result};
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaGraph, CudaSlice};
+use half::f16;
+use rayon::prelude::*;
+use std::sync::Arc;
+
+pub struct GpuModel {
+    pub config: Config,
+    gpu: Arc<Gpu>,
+    dev: Backend,
+    /// Q8_0 blocks, `vocab` rows of `dim`.
+    embed: CudaSlice<u8>,
+    /// The LM head (the embedding's blocks again when tied).
+    head: quant::Q8Tensor,
+    layers: Vec<GpuLayer>,
+    out_norm: CudaSlice<f32>,
+    /// base^(-2i / rope_dims) / linear scale, i < rope_dims / 2.
+    inv_freq: CudaSlice<f64>,
+}
+
+struct GpuLayer {
+    /// The products' weights dequantized to f16 and transposed (K x N), for prefill's GEMMs.
+    dense: Dense,
+    attn_norm: CudaSlice<f32>,
+    /// Q, K and V stacked: (hq + 2 hkv) d rows.
+    qkv: QuantTensor,
+    o: QuantTensor,
+    ffn_norm: CudaSlice<f32>,
+    /// gate then up: 2 ffn rows.
+    gate_up: QuantTensor,
+    down: QuantTensor,
+}
+
+struct Dense {
+    qkv: Tensor<f16>,
+    o: Tensor<f16>,
+    gate_up: Tensor<f16>,
+    down: Tensor<f16>,
+}
+
+/// A Q4_1 matrix of `rows x cols` as f16, transposed to `cols x rows` (the B of C = A B).
+fn dense_t(dev: &Backend, blocks: &[u8], rows: usize, cols: usize) -> Result<Tensor<f16>> {
+    let w = crate::quant::ggml::dequantize(Block::Q4_1, blocks)?;
+    let mut t = vec![f16::ZERO; rows * cols];
+    t.par_chunks_mut(rows).enumerate().for_each(|(c, out)| out.iter_mut().enumerate().for_each(|(r, o)| *o = f16::from_f32(w[r * cols + c])));
+    Tensor::from_slice(dev, &[cols, rows], &t)
+}
+
+/// The bytes of these tensors, which must all be of type `ty`, end to end: stacking the rows of
+/// weight matrices that read the same input.
+fn stacked(g: &Gguf, parts: &[(&str, &TensorInfo)], ty: GgmlType) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    for (name, t) in parts {
+        if t.ty != ty {
+            return Err(LabError::Invalid(format!("tensor `{name}` is {}: the GPU engine reads {} matrices", t.ty.name(), ty.name())));
+        }
+        out.extend_from_slice(g.data(t));
+    }
+    Ok(out)
+}
+
+fn f32_vector(gpu: &Gpu, g: &Gguf, name: &str, t: &TensorInfo) -> Result<CudaSlice<f32>> {
+    if t.ty != GgmlType::F32 {
+        return Err(LabError::Invalid(format!("tensor `{name}` is {}: norms are read as F32", t.ty.name())));
+    }
+    let v: Vec<f32> = g.data(t).chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    gpu.upload(&v)
+}
+
+impl GpuModel {
+    pub fn load(gpu: &Arc<Gpu>, g: &Gguf) -> Result<Self> {
+        let config = Config::from_gguf(g)?;
+        let t = Tensors::find(g, &config)?;
+        let c = &config;
+        if ![64, 128].contains(&c.head_dim) {
+            return Err(LabError::Invalid(format!("head size {}: the decode kernels take 64 or 128", c.head_dim)));
+        }
+        let dev = Backend::Cuda(gpu.clone());
+        let matrix = |parts: &[(&str, &TensorInfo)], rows: usize, cols: usize| -> Result<(QuantTensor, Tensor<f16>)> {
+            let bytes = stacked(g, parts, GgmlType::Q4_1)?;
+            Ok((QuantTensor::from_gguf_q4_1(&dev, &bytes, rows, cols)?, dense_t(&dev, &bytes, rows, cols)?))
+        };
+        let mut layers = Vec::with_capacity(c.layers);
+        for (i, l) in t.layers.iter().enumerate() {
+            let n = |s: &str| format!("blk.{i}.{s}.weight");
+            let (q, k, v, o, gate, up, down) = (n("attn_q"), n("attn_k"), n("attn_v"), n("attn_output"), n("ffn_gate"), n("ffn_up"), n("ffn_down"));
+            let (qkv, qkv_t) = matrix(&[(&q, l.q), (&k, l.k), (&v, l.v)], c.dim + 2 * c.kv_dim(), c.dim)?;
+            let (o, o_t) = matrix(&[(&o, l.o)], c.dim, c.dim)?;
+            let (gate_up, gate_up_t) = matrix(&[(&gate, l.gate), (&up, l.up)], 2 * c.ffn, c.dim)?;
+            let (down, down_t) = matrix(&[(&down, l.down)], c.dim, c.ffn)?;
+            layers.push(GpuLayer {
+                dense: Dense { qkv: qkv_t, o: o_t, gate_up: gate_up_t, down: down_t },
+                attn_norm: f32_vector(gpu, g, &n("attn_norm"), l.attn_norm)?,
+                qkv,
+                o,
+                ffn_norm: f32_vector(gpu, g, &n("ffn_norm"), l.ffn_norm)?,
+                gate_up,
+                down,
+            });
+        }
+        let embed = stacked(g, &[("token_embd.weight", t.embed)], GgmlType::Q8_0)?;
+        let head_name = if t.output.is_some() { "output.weight" } else { "token_embd.weight" };
+        let head = quant::Q8Tensor::from_blocks(&dev, &stacked(g, &[(head_name, t.head())], GgmlType::Q8_0)?, c.vocab, c.dim)?;
+        let inv_freq: Vec<f64> = (0..c.rope_dims / 2).map(|i| c.rope_angle(1, i)).collect();
+        Ok(GpuModel {
+            embed: gpu.upload(&embed)?,
+            head,
+            layers,
+            out_norm: f32_vector(gpu, g, "output_norm.weight", t.out_norm)?,
+            inv_freq: gpu.upload(&inv_freq)?,
+            gpu: gpu.clone(),
+            dev,
+            config,
+        })
+    }
+
+    /// Bytes a decode step of `batch` sequences must read at least: every weight once, as the
+    /// step reads it (Q4_1 for the W4A16 batches, f16 through the GEMM otherwise; the Q8_0 head).
+    pub fn weight_bytes(&self, batch: usize) -> u64 {
+        let c = &self.config;
+        let weights = (c.dim * (c.dim + 2 * c.kv_dim()) + c.dim * c.dim + 3 * c.dim * c.ffn) as u64;
+        let per_weight = if quant::variants::BATCHES.contains(&batch) { 20.0 / 32.0 } else { 2.0 };
+        let per_layer = (weights as f64 * per_weight) as u64 + 8 * c.dim as u64;
+        c.layers as u64 * per_layer + (c.vocab * c.dim / 32 * 34) as u64 + 4 * c.dim as u64
+    }
+
+    /// `seqs` sequences of up to `capacity` positions each.
+    pub fn batch(&self, seqs: usize, capacity: usize) -> Result<Batch<'_>> {
+        Batch::new(self, seqs, capacity)
+    }
+}
+
+/// Sequences decoded together, and everything their steps read and write on the device.
+pub struct Batch<'m> {
+    m: &'m GpuModel,
+    seqs: usize,
+    cap: usize,
+    /// Steps taken: every sequence is at this position.
+    steps: usize,
+    prompts: Vec<usize>,
+    tokens: CudaSlice<u32>,
+    pos: CudaSlice<i32>,
+    prompt_len: CudaSlice<i32>,
+    caches: Vec<KvCache<f16>>,
+    decode: Decode,
+    x: CudaSlice<f32>,
+    h: Tensor<f16>,
+    qkv: Tensor<f16>,
+    q: CudaSlice<f16>,
+    att: Tensor<f16>,
+    proj: Tensor<f16>,
+    gu: Tensor<f16>,
+    act: Tensor<f16>,
+    logits: Tensor<f32>,
+    graph: Option<CudaGraph>,
+    /// A step has run eagerly: the next can be captured.
+    warm: bool,
+}
+
+impl<'m> Batch<'m> {
+    fn new(m: &'m GpuModel, seqs: usize, cap: usize) -> Result<Self> {
+        let (c, gpu) = (&m.config, &m.gpu);
+        if seqs == 0 {
+            return Err(LabError::Invalid("a batch of 0 sequences".into()));
+        }
+        if cap < 2 || cap > c.context {
+            return Err(LabError::Invalid(format!("a capacity of {cap} positions: at least 2, at most the model's context of {}", c.context)));
+        }
+        let zeros16 = |cols: usize| Tensor::<f16>::zeros(&m.dev, &[seqs, cols]);
+        let alloc = |n: usize| gpu.stream.alloc_zeros::<f32>(n).doing("allocating the residual stream");
+        Ok(Batch {
+            caches: (0..c.layers).map(|_| KvCache::contiguous(gpu, seqs, cap, c.kv_heads, c.head_dim)).collect::<Result<_>>()?,
+            decode: Decode::new(gpu, seqs, c.heads, c.kv_heads, c.head_dim, cap)?,
+            tokens: gpu.stream.alloc_zeros(seqs * cap).doing("allocating the token buffer")?,
+            pos: gpu.stream.alloc_zeros(seqs).doing("allocating positions")?,
+            prompt_len: gpu.stream.alloc_zeros(seqs).doing("allocating prompt lengths")?,
+            x: alloc(seqs * c.dim)?,
+            h: zeros16(c.dim)?,
+            qkv: zeros16(c.dim + 2 * c.kv_dim())?,
+            q: gpu.stream.alloc_zeros(seqs * c.dim).doing("allocating queries")?,
+            att: zeros16(c.dim)?,
+            proj: zeros16(c.dim)?,
+            gu: zeros16(2 * c.ffn)?,
+            act: zeros16(c.ffn)?,
+            logits: Tensor::<f32>::zeros(&m.dev, &[seqs, c.vocab])?,
+            graph: None,
+            warm: false,
+            m,
+            seqs,
+            cap,
+            steps: 0,
+            prompts: vec![0; seqs],
+        })
+    }
+
+    /// Starts every sequence over with its prompt (at least one token each).
+    pub fn start(&mut self, prompts: &[Vec<u32>]) -> Result<()> {
+        let vocab = self.m.config.vocab;
+        if prompts.len() != self.seqs {
+            return Err(LabError::Invalid(format!("{} prompts for a batch of {}", prompts.len(), self.seqs)));
+        }
+        let mut tokens = vec![0u32; self.seqs * self.cap];
+        for (b, p) in prompts.iter().enumerate() {
+            if p.is_empty() || p.len() >= self.cap {
+                return Err(LabError::Invalid(format!("prompt {b} has {} tokens: at least 1 and fewer than the capacity of {}", p.len(), self.cap)));
+            }
+            if let Some(t) = p.iter().find(|&&t| t as usize >= vocab) {
+                return Err(LabError::Invalid(format!("prompt {b} holds token id {t}, outside the vocabulary of {vocab}")));
+            }
+            tokens[b * self.cap..][..p.len()].copy_from_slice(p);
+        }
+        let gpu = &self.m.gpu;
+        let lens: Vec<i32> = prompts.iter().map(|p| p.len() as i32).collect();
+        gpu.stream.memcpy_htod(&tokens, &mut self.tokens).doing("uploading prompts")?;
+        gpu.stream.memcpy_htod(&lens, &mut self.prompt_len).doing("uploading prompt lengths")?;
+        gpu.stream.memcpy_htod(&vec![0i32; self.seqs], &mut self.pos).doing("resetting positions")?;
+        self.prompts = prompts.iter().map(Vec::len).collect();
+        self.steps = 0;
+        Ok(())
+    }
+
+    /// Back to position 0 with the same prompts (the cache is overwritten as it refills).
+    pub fn rewind(&mut self) -> Result<()> {
+        self.m.gpu.stream.memcpy_htod(&vec![0i32; self.seqs], &mut self.pos).doing("resetting positions")?;
+        self.steps = 0;
+        Ok(())
+    }
+
+    /// Positions left before the cache is full.
+    pub fn room(&self) -> usize {
+        self.cap - 1 - self.steps
+    }
+
+    /// Steps until every sequence has `n` tokens past its prompt.
+    pub fn steps_for(&self, n: usize) -> usize {
+        self.prompts.iter().map(|p| p - 1 + n).max().unwrap_or(0).saturating_sub(self.steps)
+    }
+
+    /// One position of every sequence (replaying the captured graph after the first step).
+    pub fn step(&mut self) -> Result<()> {
+        if self.room() == 0 {
+            return Err(LabError::Invalid(format!("the KV cache of {} positions is full", self.cap)));
+        }
+        if let Some(g) = &self.graph {
+            g.launch().doing("replaying the decode step")?;
+        } else if !self.warm {
+            // The first step loads kernels and sizes scratch, which a capture must not see.
+            self.launch()?;
+            self.warm = true;
+        } else {
+            let gpu = self.m.gpu.clone();
+            gpu.stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).doing("capturing the decode step")?;
+            let launched = self.launch();
+            let graph = gpu.stream.end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH).doing("capturing the decode step")?;
+            launched?;
+            let g = graph.ok_or_else(|| LabError::Invalid("the captured decode step is empty".into()))?;
+            g.launch().doing("replaying the decode step")?;
+            self.graph = Some(g);
+        }
+        self.steps += 1;
+        Ok(())
+    }
+
+    fn launch(&mut self) -> Result<()> {
+        let (m, c, gpu) = (self.m, &self.m.config, &*self.m.gpu);
+        let (b, dim) = (self.seqs, c.dim);
+        let rows = Rows { rows: b, rows_per_seq: 1 };
+        let (dev, eps) = (&m.dev, c.eps);
+        k::embed_q8_0(gpu, &m.embed, &self.tokens, &self.pos, &mut self.x, rows, self.cap, dim)?;
+        k::add_rmsnorm(gpu, &mut self.x, None, &m.layers[0].attn_norm, cuda(&mut self.h), b, dim, eps)?;
+        // The W4A16 designs take batches of 1, 2, 4, 8 and 16; other batches multiply the f16
+        // copies of the weights through the GEMM family.
+        let w4 = quant::variants::BATCHES.contains(&b);
+        let product = |w: &QuantTensor, dense: &Tensor<f16>, x: &Tensor<f16>, y: &mut Tensor<f16>| {
+            if w4 {
+                quant::w4a16_matvec(dev, w, x, y)
+            } else {
+                gemm::matmul(dev, x, dense, y)
+            }
+        };
+        for (i, l) in m.layers.iter().enumerate() {
+            product(&l.qkv, &l.dense.qkv, &self.h, &mut self.qkv)?;
+            k::rope_cache(gpu, self.qkv.cuda().expect("on the GPU"), &mut self.q, &mut self.caches[i], &self.pos, &m.inv_freq, rows, c.heads)?;
+            self.decode.run(&self.q, &self.caches[i], &self.pos, cuda(&mut self.att), None)?;
+            product(&l.o, &l.dense.o, &self.att, &mut self.proj)?;
+            k::add_rmsnorm(gpu, &mut self.x, self.proj.cuda(), &l.ffn_norm, cuda(&mut self.h), b, dim, eps)?;
+            product(&l.gate_up, &l.dense.gate_up, &self.h, &mut self.gu)?;
+            k::swiglu(gpu, self.gu.cuda().expect("on the GPU"), cuda(&mut self.act), b, c.ffn)?;
+            product(&l.down, &l.dense.down, &self.act, &mut self.proj)?;
+            let next = m.layers.get(i + 1).map_or(&m.out_norm, |n| &n.attn_norm);
+            k::add_rmsnorm(gpu, &mut self.x, self.proj.cuda(), next, cuda(&mut self.h), b, dim, eps)?;
+        }
+        quant::w8a16_matvec(dev, &m.head, &self.h, &mut self.logits)?;
+        k::argmax(gpu, self.logits.cuda().expect("on the GPU"), &mut self.tokens, &mut self.pos, &self.prompt_len, b, c.vocab, self.cap)
+    }
+
+    /// Runs every prompt through the model at once (GEMMs over all its tokens, FlashAttention
+    /// over each sequence's cache) and chooses each sequence's first new token: what
+    /// `prompt length` steps do, in one pass. The prompts must have the same length.
+    pub fn prefill(&mut self) -> Result<()> {
+        let n = self.prompts[0];
+        if self.steps != 0 || self.prompts.iter().any(|&p| p != n) {
+            return Err(LabError::Invalid(format!("prefill runs fresh prompts of one length (these have {:?}, {} steps taken)", self.prompts, self.steps)));
+        }
+        let (m, c, gpu) = (self.m, &self.m.config, &*self.m.gpu);
+        let (b, dim, kvd, dev, eps) = (self.seqs, c.dim, c.kv_dim(), &m.dev, c.eps);
+        let rows = Rows { rows: b * n, rows_per_seq: n };
+        let t16 = |cols: usize| Tensor::<f16>::zeros(dev, &[b * n, cols]);
+        let (mut h, mut qkv, mut att, mut proj, mut gu, mut act) = (t16(dim)?, t16(dim + 2 * kvd)?, t16(dim)?, t16(dim)?, t16(2 * c.ffn)?, t16(c.ffn)?);
+        let mut q = gpu.stream.alloc_zeros::<f16>(b * n * dim).doing("allocating prefill queries")?;
+        let mut x = gpu.stream.alloc_zeros::<f32>(b * n * dim).doing("allocating the prefill residual stream")?;
+        let mut lse = gpu.stream.alloc_zeros::<f32>(c.heads * n).doing("allocating prefill statistics")?;
+        let d = attention::Dims { batch: 1, sq: n, sk: n, hq: c.heads, hkv: c.kv_heads, d: c.head_dim };
+        let rung = attention::best(dev, d);
+        let mt = match rung.config {
+            attention::Kernel::Fa2 { mt, .. } => mt,
+            _ => return Err(LabError::Invalid(format!("prefill runs the fa2 rungs; head size {} takes `{}`", c.head_dim, rung.name))),
+        };
+        k::embed_q8_0(gpu, &m.embed, &self.tokens, &self.pos, &mut x, rows, self.cap, dim)?;
+        k::add_rmsnorm(gpu, &mut x, None, &m.layers[0].attn_norm, cuda(&mut h), b * n, dim, eps)?;
+        for (i, l) in m.layers.iter().enumerate() {
+            gemm::matmul(dev, &h, &l.dense.qkv, &mut qkv)?;
+            k::rope_cache(gpu, qkv.cuda().expect("on the GPU"), &mut q, &mut self.caches[i], &self.pos, &m.inv_freq, rows, c.heads)?;
+            let cache = &self.caches[i];
+            for s in 0..b {
+                let (qs, ks) = (s * n * dim, s * self.cap * kvd);
+                let kv = (&q.slice(qs..qs + n * dim), &cache.k.slice(ks..ks + n * kvd), &cache.v.slice(ks..ks + n * kvd));
+                let out = &mut cuda(&mut att).slice_mut(qs..qs + n * dim);
+                attention::launch_fa2(gpu, rung.name, mt, d, attention::Mask { causal: true, window: 0 }, kv, out, &mut lse.slice_mut(..))?;
+            }
+            gemm::matmul(dev, &att, &l.dense.o, &mut proj)?;
+            k::add_rmsnorm(gpu, &mut x, proj.cuda(), &l.ffn_norm, cuda(&mut h), b * n, dim, eps)?;
+            gemm::matmul(dev, &h, &l.dense.gate_up, &mut gu)?;
+            k::swiglu(gpu, gu.cuda().expect("on the GPU"), cuda(&mut act), b * n, c.ffn)?;
+            gemm::matmul(dev, &act, &l.dense.down, &mut proj)?;
+            let next = m.layers.get(i + 1).map_or(&m.out_norm, |nl| &nl.attn_norm);
+            k::add_rmsnorm(gpu, &mut x, proj.cuda(), next, cuda(&mut h), b * n, dim, eps)?;
+        }
+        // The head reads each sequence's last row; argmax then advances every position to n.
+        for s in 0..b {
+            let src = h.cuda().expect("on the GPU").slice((s * n + n - 1) * dim..(s * n + n) * dim);
+            gpu.stream.memcpy_dtod(&src, &mut cuda(&mut self.h).slice_mut(s * dim..(s + 1) * dim)).doing("gathering the last rows")?;
+        }
+        gpu.stream.memcpy_htod(&vec![n as i32 - 1; b], &mut self.pos).doing("setting positions")?;
+        quant::w8a16_matvec(dev, &m.head, &self.h, &mut self.logits)?;
+        k::argmax(gpu, self.logits.cuda().expect("on the GPU"), &mut self.tokens, &mut self.pos, &self.prompt_len, b, c.vocab, self.cap)?;
+        self.steps = n;
+        Ok(())
+    }
+
+    /// Every sequence's tokens so far: its prompt, then what was generated.
+    pub fn tokens(&self) -> Result<Vec<Vec<u32>>> {
+        let all = self.m.gpu.download(&self.tokens)?;
+        Ok(all.chunks(self.cap).zip(&self.prompts).map(|(t, &p)| t[..(self.steps + 1).max(p)].to_vec()).collect())
+    }
+
+    /// The logits of the last step, `seqs x vocab`.
+    pub fn logits(&self) -> Result<Vec<f32>> {
+        self.logits.to_vec()
+    }
+}
+
+fn cuda(t: &mut Tensor<f16>) -> &mut CudaSlice<f16> {
+    t.cuda_mut().expect("the engine's tensors live on the GPU")
+}

@@ -1,0 +1,157 @@
+//! Decode attention (kernels/attention_decode.cu): one query row per sequence against a paged
+//! KV cache, the context split over blocks and merged by a combine step (flash-decoding).
+//! Sequence b attends its rows 0..=pos[b], with `pos` on the device: a captured CUDA graph of a
+//! decode step replays as the sequences grow.
+
+use super::{Elem, FAMILY};
+use crate::error::Doing;
+use crate::gpu::Gpu;
+use crate::kernels::symbol;
+use crate::{LabError, Result};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use std::sync::Arc;
+
+/// Query heads one block serves (DEC_GMAX); a larger group takes several blocks per KV head.
+const GMAX: usize = 8;
+/// Rows per split at least: four warps' tiles of 32.
+const MIN_CHUNK: usize = 128;
+
+/// A paged cache of keys and values, [pages, page, hkv, d] each; sequence b's row j is in page
+/// `table[b * max_pages + j / page]`. [`KvCache::contiguous`] gives each sequence one page.
+pub struct KvCache<T> {
+    pub k: CudaSlice<T>,
+    pub v: CudaSlice<T>,
+    pub table: CudaSlice<i32>,
+    pub batch: usize,
+    pub page: usize,
+    pub max_pages: usize,
+    pub hkv: usize,
+    pub d: usize,
+}
+
+impl<T: Elem> KvCache<T> {
+    /// `batch` sequences of up to `capacity` rows, each its own contiguous page.
+    pub fn contiguous(gpu: &Gpu, batch: usize, capacity: usize, hkv: usize, d: usize) -> Result<Self> {
+        let table: Vec<i32> = (0..batch as i32).collect();
+        Self::paged(gpu, capacity, batch, &table, 1, hkv, d)
+    }
+
+    /// A cache of `pages` pages of `page` rows, and a block table of `max_pages` entries per
+    /// sequence (each entry a page index below `pages`).
+    pub fn paged(gpu: &Gpu, page: usize, pages: usize, table: &[i32], max_pages: usize, hkv: usize, d: usize) -> Result<Self> {
+        if page == 0 || max_pages == 0 || !table.len().is_multiple_of(max_pages) || table.is_empty() {
+            return Err(LabError::shape("KvCache", format!("{} table entries for {max_pages} pages per sequence of {page} rows", table.len())));
+        }
+        if let Some((i, p)) = table.iter().enumerate().find(|(_, &p)| p < 0 || p as usize >= pages) {
+            return Err(LabError::shape("KvCache", format!("block table entry {i} points to page {p}, past the cache's {pages} pages")));
+        }
+        let n = pages * page * hkv * d;
+        Ok(KvCache {
+            k: gpu.stream.alloc_zeros(n).doing("allocating the key cache")?,
+            v: gpu.stream.alloc_zeros(n).doing("allocating the value cache")?,
+            table: gpu.upload(table)?,
+            batch: table.len() / max_pages,
+            page,
+            max_pages,
+            hkv,
+            d,
+        })
+    }
+
+    /// Rows a sequence can hold.
+    pub fn capacity(&self) -> usize {
+        self.page * self.max_pages
+    }
+}
+
+/// The split plan and partial buffers of one decode shape, made once (a graph captures their
+/// addresses).
+pub struct Decode {
+    gpu: Arc<Gpu>,
+    batch: usize,
+    hq: usize,
+    chunk: usize,
+    nsplit: usize,
+    part_o: CudaSlice<f32>,
+    part_ml: CudaSlice<f32>,
+}
+
+impl Decode {
+    /// Splits a sequence of up to `capacity` rows so that `batch x KV heads x splits` blocks
+    /// fill the chip about twice, each split at least [`MIN_CHUNK`] rows.
+    pub fn new(gpu: &Arc<Gpu>, batch: usize, hq: usize, hkv: usize, d: usize, capacity: usize) -> Result<Self> {
+        if hkv == 0 || !hq.is_multiple_of(hkv) || ![64, 128].contains(&d) || batch == 0 || capacity == 0 {
+            return Err(LabError::shape(
+                "attention decode",
+                format!("{hq} query heads over {hkv} KV heads of size {d}, batch {batch}, capacity {capacity}: Hq a multiple of Hkv, head size 64 or 128"),
+            ));
+        }
+        let blocks = batch * hkv * (hq / hkv).div_ceil(GMAX);
+        let want = (2 * gpu.info.sm_count as usize).div_ceil(blocks).max(1);
+        let chunk = capacity.div_ceil(want).max(MIN_CHUNK);
+        let nsplit = capacity.div_ceil(chunk);
+        let slots = batch * hq * nsplit;
+        Ok(Decode {
+            gpu: gpu.clone(),
+            batch,
+            hq,
+            chunk,
+            nsplit,
+            part_o: gpu.stream.alloc_zeros(slots * d).doing("allocating decode partials")?,
+            part_ml: gpu.stream.alloc_zeros(slots * 2).doing("allocating decode partials")?,
+        })
+    }
+
+    /// o [batch, hq, d] = attention of q [batch, hq, d] over rows 0..=pos[b] of each sequence
+    /// (natural-log lse per (b, h) when given). The caller keeps pos[b] below the capacity.
+    pub fn run<T: Elem>(&mut self, q: &CudaSlice<T>, cache: &KvCache<T>, pos: &CudaSlice<i32>, o: &mut CudaSlice<T>, lse: Option<&mut CudaSlice<f32>>) -> Result<()> {
+        let (b, hq, hkv, d) = (self.batch, self.hq, cache.hkv, cache.d);
+        if cache.batch != b || q.len() != b * hq * d || o.len() != b * hq * d || pos.len() != b || lse.as_ref().is_some_and(|l| l.len() != b * hq) {
+            return Err(LabError::shape(
+                "attention decode",
+                format!("planned for batch {b} x {hq} heads of {d}; cache batch {}, q {}, o {}, pos {}", cache.batch, q.len(), o.len(), pos.len()),
+            ));
+        }
+        if cache.capacity() > self.nsplit * self.chunk {
+            return Err(LabError::shape("attention decode", format!("a cache of {} rows, planned for {}", cache.capacity(), self.nsplit * self.chunk)));
+        }
+        let gpu = &self.gpu;
+        let f = gpu.function(FAMILY, &symbol(FAMILY, &format!("decode_split_d{d}"), T::DTYPE))?;
+        let groups = hkv * (hq / hkv).div_ceil(GMAX);
+        let cfg = LaunchConfig { grid_dim: (self.nsplit as u32, groups as u32, b as u32), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let scale_log2 = std::f32::consts::LOG2_E / (d as f32).sqrt();
+        let [hq_i, hkv_i, page, max_pages, chunk, nsplit, d_i] = [hq, hkv, cache.page, cache.max_pages, self.chunk, self.nsplit, d].map(|x| x as i32);
+        let mut l = gpu.stream.launch_builder(&f);
+        l.arg(q).arg(&cache.k).arg(&cache.v).arg(&cache.table).arg(pos).arg(&mut self.part_o).arg(&mut self.part_ml);
+        l.arg(&hq_i).arg(&hkv_i).arg(&page).arg(&max_pages).arg(&chunk).arg(&scale_log2);
+        // SAFETY: q and o hold batch x hq x d, pos batch entries (checked); the table holds
+        // max_pages entries per sequence, each a page of the cache (checked at construction) and
+        // the caller keeps pos[b] < capacity = page x max_pages; the partials hold batch x hq x
+        // nsplit slots and the grid has nsplit splits.
+        unsafe { l.launch(cfg) }.doing("launching attention decode_split")?;
+        let f = gpu.function(FAMILY, &symbol(FAMILY, "decode_combine", T::DTYPE))?;
+        let cfg = LaunchConfig { grid_dim: (hq as u32, b as u32, 1), block_dim: (d as u32, 1, 1), shared_mem_bytes: 0 };
+        let mut l = gpu.stream.launch_builder(&f);
+        l.arg(&self.part_o).arg(&self.part_ml).arg(pos).arg(o);
+        let null = 0u64;
+        match lse {
+            Some(lse) => l.arg(lse),
+            None => l.arg(&null),
+        };
+        l.arg(&hq_i).arg(&d_i).arg(&chunk).arg(&nsplit);
+        // SAFETY: the combine reads the ceil((pos + 1) / chunk) <= nsplit splits decode_split
+        // wrote for each (b, h), and writes o (batch x hq x d) and lse (batch x hq, or null).
+        unsafe { l.launch(cfg) }.map(|_| ()).doing("launching attention decode_combine")
+    }
+}
+
+/// The f64 reference of one decode row: sequence rows 0..len of a contiguous [len, hkv, d]
+/// cache, query head h.
+pub fn reference(q: &[f64], k: &[f64], v: &[f64], hkv: usize, d: usize, kvh: usize) -> Vec<f64> {
+    let n = k.len() / (hkv * d);
+    let s: Vec<f64> = (0..n).map(|j| (0..d).map(|e| q[e] * k[(j * hkv + kvh) * d + e]).sum::<f64>() / (d as f64).sqrt()).collect();
+    let m = s.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b));
+    let p: Vec<f64> = s.iter().map(|&x| (x - m).exp()).collect();
+    let sum: f64 = p.iter().sum();
+    (0..d).map(|e| (0..n).map(|j| p[j] * v[(j * hkv + kvh) * d + e]).sum::<f64>() / sum).collect()
+}

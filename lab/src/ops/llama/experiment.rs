@@ -1,0 +1,361 @@
+//! The `llama` experiment: the engine of [`crate::model::llama`] on a real model, the GGUF named
+//! by `LAB_SMOLLM2_GGUF` (SmolLM2-135M-Instruct in Q4_1; any Llama GGUF the engine takes).
+//!
+//! Cases, by `op`:
+//! - `check` (untimed): after a prompt and at each of 8 greedy steps, the engine's logits against
+//!   the CPU reference's on the same tokens (the reference is fed the engine's choices, so the
+//!   positions stay aligned); cosine and top-1 agreement in `extra`. On the CPU backend, the
+//!   CPU engine's greedy tokens against the reference's own continuation (the plumbing).
+//! - `decode`: `batch` copies of a `context`-token prompt, the cache filled to `context`, then
+//!   one step per repetition (positions advance by one per repetition). Bytes: every weight once
+//!   and the K and V rows read, the bound a step cannot beat; `tokens_s` = batch / step time.
+//!   The logits of the last step are checked against the CPU reference (contexts up to 128) or
+//!   against the batch's first sequence (every row holds the same prompt).
+//! - `peers` (with `--peers transformers` / `llama-cpp`): transformers on the same GGUF (logits
+//!   after each of three prompts against the engine's, greedy continuations of 64 tokens, eager
+//!   decode rate) and llama.cpp's `llama-bench` (pp512 and tg128, flash attention off and on).
+
+use crate::experiment::{param_str, param_usize, Backend, Experiment, Measurement, Peer, Session};
+use crate::gpu::timing::time_gpu;
+use crate::model::llama::generate::argmax;
+use crate::model::llama::{CpuModel, GpuModel};
+use crate::model::tokenizer::Tokenizer;
+use crate::ops::compare::compare_elems;
+use crate::ops::quant::experiment::SMOLLM2_ENV;
+use crate::profile::{cpu_time, Work};
+use crate::record::{ErrorStats, Tolerance};
+use crate::weights::gguf::GgufFile;
+use crate::{LabError, Result};
+use serde_json::{json, Value};
+
+pub struct Llama;
+
+/// Prompts of the checks and peers: prose, code, digits.
+pub const PROMPTS: &[&str] = &[
+    "The capital of France is",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "In 1969, Apollo 11 landed on the Moon. The crew of three astronauts",
+];
+
+/// transformers on the same file, run on a GPU host (peers case): per prompt its greedy tokens
+/// and its 16 best logits after the prompt.
+const TRANSFORMERS: &str = include_str!("smollm2_transformers.json");
+
+/// The CPU reference (f32 weights, f64 sums) against transformers in f32: both keep f32
+/// activations, so they agree to rounding.
+const REFERENCE_TOL: Tolerance = Tolerance { atol: 2e-3, rtol: 1e-4 };
+
+/// Logits are judged against a reference accumulating in f64 while the engine rounds every
+/// activation to f16: a few hundredths on logits of magnitude ~20 (measured, see the note).
+const LOGIT_TOL: Tolerance = Tolerance { atol: 0.25, rtol: 0.02 };
+
+fn model_path() -> Result<std::path::PathBuf> {
+    std::env::var(SMOLLM2_ENV)
+        .map(Into::into)
+        .map_err(|_| LabError::Invalid(format!("{SMOLLM2_ENV} must name a Llama GGUF (SmolLM2-135M-Instruct.Q4_1.gguf; scripts/test.sh fetches it)")))
+}
+
+fn open() -> Result<GgufFile> {
+    let path = model_path()?;
+    GgufFile::open(&path).map_err(|e| LabError::Invalid(e.to_string()))
+}
+
+/// A figure whose only check is that its values are numbers.
+fn finite(v: &[f32], reference: &str) -> ErrorStats {
+    let bad = v.iter().position(|x| !x.is_finite());
+    ErrorStats {
+        max_abs: 0.0,
+        max_rel: 0.0,
+        worst_fraction_of_tolerance: 0.0,
+        worst_index: bad.map(|i| i as u64),
+        worst_got: bad.map(|i| v[i] as f64),
+        worst_expected: None,
+        mismatches: v.iter().filter(|x| !x.is_finite()).count() as u64,
+        reference: reference.into(),
+        max_ulp: None,
+    }
+}
+
+fn cosine(a: &[f32], b: &[f64]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(&x, &y)| x as f64 * y).sum();
+    let na: f64 = a.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|y| y * y).sum::<f64>().sqrt();
+    dot / (na * nb)
+}
+
+impl Experiment for Llama {
+    fn name(&self) -> &'static str {
+        "llama"
+    }
+    fn description(&self) -> &'static str {
+        "a Llama GGUF end to end (SmolLM2-135M): GPU engine against the CPU reference, decode tokens/s against batch and context, beside llama.cpp and transformers"
+    }
+    fn sweep_axis(&self) -> &'static str {
+        "batch"
+    }
+    fn headlines(&self) -> &'static [&'static str] {
+        &["op=decode batch=1 context=128"]
+    }
+    fn cases(&self, backend: &Backend, quick: bool) -> Vec<Value> {
+        let mut out = vec![json!({"op": "check", "timed": false})];
+        match (backend, quick) {
+            (Backend::Cpu, _) => out.push(json!({"op": "decode", "batch": 1, "context": 4})),
+            (Backend::Cuda(_), true) => out.extend([json!({"op": "decode", "batch": 1, "context": 128}), json!({"op": "prefill", "tokens": 128})]),
+            (Backend::Cuda(_), false) => {
+                out.extend([128, 512, 2048].map(|tokens| json!({"op": "prefill", "tokens": tokens})));
+                for context in [128, 2048] {
+                    out.extend([1, 4, 16, 64].map(|batch| json!({"op": "decode", "batch": batch, "context": context})));
+                }
+                out.push(json!({"op": "peers", "timed": false}));
+            }
+        }
+        out
+    }
+    fn run_case(&self, s: &mut Session, case: &Value) -> Result<()> {
+        match param_str(case, "op")? {
+            "check" => check(s, case),
+            "decode" => decode(s, case),
+            "prefill" => prefill(s, case),
+            "peers" => peers(s),
+            op => Err(LabError::Invalid(format!("llama has no op `{op}` (check, decode, prefill, peers)"))),
+        }
+    }
+}
+
+/// The engine's logits against the reference's at the same positions.
+fn check(s: &mut Session, case: &Value) -> Result<()> {
+    if !s.wants("engine", "lab") {
+        return Ok(());
+    }
+    let file = open()?;
+    let g = file.parse().map_err(|e| LabError::Invalid(e.to_string()))?;
+    let tok = Tokenizer::from_gguf(&g)?;
+    let prompt = tok.encode(PROMPTS[0], true)?;
+    let cpu = CpuModel::load(&g)?;
+    let mut cache = cpu.cache();
+    let mut expected = cpu.forward(&mut cache, &prompt)?;
+    let (mut got_all, mut want_all, mut cosines, mut agree): (Vec<f32>, Vec<f64>, Vec<f64>, usize) = (Vec::new(), Vec::new(), Vec::new(), 0);
+    let (steps, reference, tol) = match s.backend {
+        Backend::Cuda(_) => (8, "cpu-f64 reference forward", LOGIT_TOL),
+        Backend::Cpu => (4, "transformers f32 (a GPU run's fixture)", REFERENCE_TOL),
+    };
+    match &s.backend {
+        Backend::Cuda(gpu) => {
+            let m = GpuModel::load(gpu, &g)?;
+            let mut batch = m.batch(1, prompt.len() + steps + 1)?;
+            batch.start(&[prompt.clone()])?;
+            for _ in 1..prompt.len() {
+                batch.step()?;
+            }
+            for _ in 0..steps {
+                batch.step()?;
+                let got = batch.logits()?;
+                let want: Vec<f64> = expected.iter().map(|&v| v as f64).collect();
+                let chosen = *batch.tokens()?[0].last().expect("a step writes a token");
+                cosines.push(cosine(&got, &want));
+                agree += usize::from(chosen == argmax(&expected)?);
+                (got_all.extend(&got), want_all.extend(want));
+                expected = cpu.step(&mut cache, chosen, true)?.expect("logits were asked for");
+            }
+        }
+        Backend::Cpu => {
+            // The reference against transformers' own run of the same file (a fixture from a
+            // GPU run): its 16 best logits after the prompt, then its greedy tokens.
+            let fixture: Value = serde_json::from_str(TRANSFORMERS).map_err(|e| LabError::Invalid(format!("the transformers fixture: {e}")))?;
+            let theirs = &fixture["prompts"][0];
+            for pair in theirs["top"].as_array().into_iter().flatten() {
+                let id = pair[0].as_u64().unwrap_or(u64::MAX) as usize;
+                got_all.push(*expected.get(id).ok_or_else(|| LabError::Invalid(format!("the fixture's token {id} is outside the vocabulary")))?);
+                want_all.push(pair[1].as_f64().unwrap_or(f64::NAN));
+            }
+            let greedy: Vec<u32> = theirs["greedy"].as_array().into_iter().flatten().filter_map(|v| v.as_u64().map(|t| t as u32)).collect();
+            for &want in greedy.iter().take(steps) {
+                let t = argmax(&expected)?;
+                agree += usize::from(t == want);
+                expected = cpu.step(&mut cache, t, true)?.expect("logits were asked for");
+            }
+        }
+    }
+    let mut m = Measurement::new("engine", "lab", case, Work { bytes: 0, flops: 0 });
+    m.error = Some(compare_elems(&got_all, &want_all, tol, reference));
+    m.tolerance = Some(tol);
+    let min_cos = cosines.iter().copied().fold(1.0, f64::min);
+    m.extra.insert("prompt_tokens".into(), json!(prompt.len()));
+    m.extra.insert("steps".into(), json!(steps));
+    m.extra.insert("min_cosine".into(), json!(min_cos));
+    m.extra.insert("top1_agree".into(), json!(agree));
+    if min_cos < 0.999 || agree < steps {
+        m.extra.insert("why".into(), json!(format!("cosine {min_cos:.5}, top-1 agreed at {agree} of {steps} steps")));
+        if let Some(e) = m.error.as_mut() {
+            e.mismatches = e.mismatches.max(1);
+        }
+    }
+    s.emit(m).map(|_| ())
+}
+
+/// Decode steps of `batch` sequences at `context`.
+fn decode(s: &mut Session, case: &Value) -> Result<()> {
+    if !s.wants("engine", "lab") {
+        return Ok(());
+    }
+    let (b, ctx) = (param_usize(case, "batch")?, param_usize(case, "context")?);
+    let file = open()?;
+    let g = file.parse().map_err(|e| LabError::Invalid(e.to_string()))?;
+    let prompt = prompt_of(&Tokenizer::from_gguf(&g)?, ctx)?;
+    match s.backend.clone() {
+        Backend::Cuda(gpu) => {
+            let m = GpuModel::load(&gpu, &g)?;
+            let c = &m.config;
+            // Room for the warm-up and the repetitions the budget may take.
+            let mut batch = m.batch(b, ctx + 2 * (s.budget.max + crate::profile::MAX_WARMUP_ROUNDS * s.budget.warmup) + 2)?;
+            batch.start(&vec![prompt.clone(); b])?;
+            batch.prefill()?;
+            gpu.sync()?;
+            let logits = batch.logits()?;
+            let error = if ctx <= 128 {
+                let cpu = CpuModel::load(&g)?;
+                let want: Vec<f64> = cpu.forward(&mut cpu.cache(), &prompt)?.iter().map(|&v| v as f64).collect();
+                compare_elems(&logits[..c.vocab], &want, LOGIT_TOL, "cpu-f64 reference forward")
+            } else {
+                let first: Vec<f64> = logits[..c.vocab].iter().map(|&v| v as f64).collect();
+                let all: Vec<f64> = first.iter().copied().cycle().take(b * c.vocab).collect();
+                compare_elems(&logits, &all, LOGIT_TOL, "the batch's first sequence")
+            };
+            let time = time_gpu(&gpu, &s.budget, || batch.step())?;
+            let kv = (b * ctx * c.layers * 2 * c.kv_dim() * 2) as u64;
+            let mut rec = Measurement::new("engine", "lab", case, Work { bytes: m.weight_bytes(b) + kv, flops: 2 * params(c) * b as u64 });
+            rec.extra.insert("tokens_s".into(), json!(b as f64 / (time.0.median / 1e3)));
+            rec.extra.insert("weight_bytes".into(), json!(m.weight_bytes(b)));
+            (rec.time, rec.error, rec.tolerance, rec.ceiling) = (Some(time), Some(error), Some(LOGIT_TOL), Some("copy_gb_s"));
+            s.emit(rec).map(|_| ())
+        }
+        Backend::Cpu => {
+            let cpu = CpuModel::load(&g)?;
+            let mut cache = cpu.cache();
+            let mut last = cpu.forward(&mut cache, &prompt)?;
+            let t = argmax(&last)?;
+            let time = cpu_time(&s.budget, || {
+                if cache.len + 1 < cpu.config.context {
+                    last = cpu.step(&mut cache, t, true).expect("a CPU step").expect("logits were asked for");
+                }
+            });
+            let mut rec = Measurement::new("engine", "lab", case, Work { bytes: 0, flops: 0 });
+            rec.extra.insert("tokens_s".into(), json!(b as f64 / (time.0.median / 1e3)));
+            rec.error = Some(finite(&last, "finite logits"));
+            rec.time = Some(time);
+            s.emit(rec).map(|_| ())
+        }
+    }
+}
+
+/// The prompt tokens: the three prompts end to end, repeated to `n` tokens.
+fn prompt_of(tok: &Tokenizer, n: usize) -> Result<Vec<u32>> {
+    let text: Vec<u32> = PROMPTS.iter().map(|p| tok.encode(p, false)).collect::<Result<Vec<_>>>()?.concat();
+    Ok(text.iter().copied().cycle().take(n).collect())
+}
+
+/// Parameters of the model, the multiply-adds of a token apart from attention.
+fn params(c: &crate::model::llama::Config) -> u64 {
+    (c.layers * (c.dim * (c.dim + 2 * c.kv_dim()) + c.dim * c.dim + 3 * c.dim * c.ffn) + c.vocab * c.dim) as u64
+}
+
+/// One sequence's prompt through [`crate::model::llama::Batch::prefill`], its last logits checked
+/// against the step-by-step path (W4A16 products and decode attention: another road to them).
+fn prefill(s: &mut Session, case: &Value) -> Result<()> {
+    let Backend::Cuda(gpu) = s.backend.clone() else { return Ok(()) };
+    if !s.wants("engine", "lab") {
+        return Ok(());
+    }
+    let n = param_usize(case, "tokens")?;
+    let file = open()?;
+    let g = file.parse().map_err(|e| LabError::Invalid(e.to_string()))?;
+    let prompt = prompt_of(&Tokenizer::from_gguf(&g)?, n)?;
+    let m = GpuModel::load(&gpu, &g)?;
+    let c = &m.config;
+    let mut steps = m.batch(1, n + 2)?;
+    steps.start(&[prompt.clone()])?;
+    for _ in 0..n {
+        steps.step()?;
+    }
+    let want: Vec<f64> = steps.logits()?.iter().map(|&v| v as f64).collect();
+    let mut batch = m.batch(1, n + 2)?;
+    batch.start(&[prompt])?;
+    batch.prefill()?;
+    let error = compare_elems(&batch.logits()?, &want, LOGIT_TOL, "the step-by-step engine");
+    let time = time_gpu(&gpu, &s.budget, || {
+        batch.rewind()?;
+        batch.prefill()
+    })?;
+    let attn = 2 * (c.layers * c.heads * c.head_dim * n * (n + 1)) as u64;
+    let mut rec = Measurement::new("engine", "lab", case, Work { bytes: 2 * params(c), flops: 2 * params(c) * n as u64 + attn });
+    rec.extra.insert("tokens_s".into(), json!(n as f64 / (time.0.median / 1e3)));
+    (rec.time, rec.error, rec.tolerance, rec.ceiling) = (Some(time), Some(error), Some(LOGIT_TOL), Some("tensor_f16_tflop_s"));
+    s.emit(rec).map(|_| ())
+}
+
+/// transformers and llama.cpp on the same file, and the engine's logits beside transformers'.
+fn peers(s: &mut Session) -> Result<()> {
+    let Backend::Cuda(gpu) = s.backend.clone() else { return Ok(()) };
+    let path = model_path()?;
+    let file = open()?;
+    let g = file.parse().map_err(|e| LabError::Invalid(e.to_string()))?;
+    let tok = Tokenizer::from_gguf(&g)?;
+    let prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|p| tok.encode(p, true)).collect::<Result<_>>()?;
+    if s.wants_peer(Peer::Transformers, "transformers", "transformers") {
+        let new = 64;
+        let run = crate::experiment::peers::transformers_llama(&path, PROMPTS, &prompts, new)?;
+        let m = GpuModel::load(&gpu, &g)?;
+        for (i, (prompt, want)) in prompts.iter().zip(&run.logits).enumerate() {
+            let mut batch = m.batch(1, prompt.len() + new + 1)?;
+            batch.start(&[prompt.clone()])?;
+            for _ in 0..prompt.len() {
+                batch.step()?;
+            }
+            let got = batch.logits()?;
+            let want64: Vec<f64> = want.iter().map(|&v| v as f64).collect();
+            for _ in 1..new {
+                batch.step()?;
+            }
+            let ours = batch.tokens()?[0][prompt.len()..].to_vec();
+            let p = &run.reply["prompts"][i];
+            let theirs: Vec<u32> = p["greedy"].as_array().map(|a| a.iter().filter_map(|v| v.as_u64().map(|x| x as u32)).collect()).unwrap_or_default();
+            let diverge = ours.iter().zip(&theirs).position(|(a, b)| a != b);
+            let gap_at = diverge.and_then(|d| p["gaps"][d].as_f64());
+            let mut rec = Measurement::new("engine vs transformers", "lab", &json!({"op": "peers", "prompt": i, "timed": false}), Work { bytes: 0, flops: 0 });
+            let mut error = compare_elems(&got, &want64, LOGIT_TOL, "transformers f32 (GGUF dequantized)");
+            let cos = cosine(&got, &want64);
+            // A divergence counts only after a near tie (top-2 gap under 1e-3 in transformers).
+            if cos < 0.999 || argmax(&got)? != argmax(want)? || gap_at.is_some_and(|g| g >= 1e-3) || (diverge.is_some() && gap_at.is_none()) {
+                error.mismatches = error.mismatches.max(1);
+            }
+            rec.error = Some(error);
+            rec.tolerance = Some(LOGIT_TOL);
+            rec.extra.insert("cosine".into(), json!(cos));
+            rec.extra.insert("greedy_lab".into(), json!(ours));
+            rec.extra.insert("greedy_transformers".into(), json!(theirs));
+            rec.extra.insert("first_divergence".into(), json!(diverge));
+            rec.extra.insert("gap_at_divergence".into(), json!(gap_at));
+            rec.extra.insert("transformers_top".into(), p["top"].clone());
+            s.emit(rec)?;
+            let mut rate = Measurement::new("transformers eager", "transformers", &json!({"op": "peers", "prompt": i, "timed": false}), Work { bytes: 0, flops: 0 });
+            rate.extra.insert("tokens_s".into(), p["decode_tokens_s"].clone());
+            rate.extra.insert("versions".into(), run.reply["versions"].clone());
+            rate.error = Some(finite(&run.logits[i], "finite logits"));
+            s.emit(rate)?;
+        }
+    }
+    if s.wants_peer(Peer::LlamaCpp, "llama-bench", "llama.cpp") {
+        for test in crate::experiment::peers::llama_bench(&path, 512, 128, 5)? {
+            let (n_prompt, n_gen) = (test["n_prompt"].as_u64().unwrap_or(0), test["n_gen"].as_u64().unwrap_or(0));
+            let name = if n_gen > 0 { format!("tg{n_gen}") } else { format!("pp{n_prompt}") };
+            let params = json!({"op": "llama.cpp", "test": name, "flash_attn": test["flash_attn"], "timed": false});
+            let mut rec = Measurement::new(format!("llama-bench {name}"), "llama.cpp", &params, Work { bytes: 0, flops: 0 });
+            rec.extra.insert("tokens_s".into(), test["avg_ts"].clone());
+            rec.extra.insert("tokens_s_stddev".into(), test["stddev_ts"].clone());
+            rec.extra.insert("build_commit".into(), test["build_commit"].clone());
+            rec.error = Some(finite(&[test["avg_ts"].as_f64().unwrap_or(f64::NAN) as f32], "a finite rate"));
+            s.emit(rec)?;
+        }
+    }
+    Ok(())
+}
