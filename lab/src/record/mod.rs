@@ -19,12 +19,21 @@ use std::path::{Path, PathBuf};
 
 pub const SCHEMA: u32 = 1;
 
+/// JSON has no NaN: serde_json writes one as null. Read null back as NaN, so that a record whose
+/// statistic is NaN (a reference holding a NaN, say) still loads and still fails.
+fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
 /// Error of a result against its reference.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct ErrorStats {
+    #[serde(deserialize_with = "nan_if_null")]
     pub max_abs: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub max_rel: f64,
     /// Largest |got - expected| / (atol + rtol * |expected|): <= 1 passes.
+    #[serde(deserialize_with = "nan_if_null")]
     pub worst_fraction_of_tolerance: f64,
     /// Flat index of the worst element, what it was and what it should have been.
     pub worst_index: Option<u64>,
@@ -177,4 +186,26 @@ fn parse_line(line: &str) -> std::result::Result<Record, String> {
         None => return Err("no `schema` field".into()),
     }
     serde_json::from_value(value).map_err(|e| format!("not a schema-{SCHEMA} record: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_nan_statistic_is_written_as_null_and_read_back_as_nan() {
+        let e = super::ErrorStats {
+            max_abs: 1.0,
+            max_rel: f64::NAN,
+            worst_fraction_of_tolerance: f64::NAN,
+            worst_index: Some(2),
+            worst_got: Some(1.0),
+            worst_expected: None,
+            mismatches: 1,
+            reference: "a reference holding a NaN".into(),
+            max_ulp: None,
+        };
+        let text = serde_json::to_string(&e).unwrap();
+        assert!(text.contains("\"worst_fraction_of_tolerance\":null"), "{text}");
+        let back: super::ErrorStats = serde_json::from_str(&text).unwrap();
+        assert!(back.max_rel.is_nan() && back.worst_fraction_of_tolerance.is_nan() && back.max_abs == 1.0 && back.mismatches == 1);
+    }
 }

@@ -26,8 +26,17 @@ pub const VARIANTS: &[Variant<()>] = &[
     Variant { name: "argmax", dtypes: &[DType::F32], requires: Requires::Gpu, what: "greedy token per sequence, written and the position advanced on the device", config: () },
 ];
 
+/// The kernels' rows, then the model they make up: the `llama` experiment's records are the
+/// engine's (on the CPU backend, the reference forward).
 pub fn variants() -> Vec<VariantInfo> {
-    variant::infos(VARIANTS)
+    let mut rows = variant::infos(VARIANTS);
+    rows.push(VariantInfo {
+        name: "engine",
+        dtypes: vec!["f16"],
+        requires: "gpu or cpu",
+        what: "the whole model (model::llama): the steps above around W4A16, W8A16 and decode attention as one CUDA graph per step; the f64 reference on the CPU",
+    });
+    rows
 }
 
 fn rows_cfg(rows: usize, threads: u32) -> LaunchConfig {
