@@ -190,7 +190,7 @@ pub fn dims<T: Elem>(q: &Tensor<T>, k: &Tensor<T>, v: &Tensor<T>, o: &Tensor<T>,
     if ks[0] != d.batch || ks[3] != d.d {
         return Err(bad(format!("q is {qs:?} but k is {ks:?}: batch and head_dim must match")));
     }
-    if d.hkv == 0 || d.hq % d.hkv != 0 {
+    if d.hkv == 0 || !d.hq.is_multiple_of(d.hkv) {
         return Err(bad(format!("{} query heads are not a multiple of {} key/value heads", d.hq, d.hkv)));
     }
     if o.shape() != qs {

@@ -259,11 +259,6 @@ impl<'m> Batch<'m> {
         self.cap - 1 - self.steps
     }
 
-    /// Steps until every sequence has `n` tokens past its prompt.
-    pub fn steps_for(&self, n: usize) -> usize {
-        self.prompts.iter().map(|p| p - 1 + n).max().unwrap_or(0).saturating_sub(self.steps)
-    }
-
     /// One position of every sequence (replaying the captured graph after the first step).
     pub fn step(&mut self) -> Result<()> {
         if self.room() == 0 {

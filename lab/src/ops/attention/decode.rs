@@ -144,14 +144,3 @@ impl Decode {
         unsafe { l.launch(cfg) }.map(|_| ()).doing("launching attention decode_combine")
     }
 }
-
-/// The f64 reference of one decode row: sequence rows 0..len of a contiguous [len, hkv, d]
-/// cache, query head h.
-pub fn reference(q: &[f64], k: &[f64], v: &[f64], hkv: usize, d: usize, kvh: usize) -> Vec<f64> {
-    let n = k.len() / (hkv * d);
-    let s: Vec<f64> = (0..n).map(|j| (0..d).map(|e| q[e] * k[(j * hkv + kvh) * d + e]).sum::<f64>() / (d as f64).sqrt()).collect();
-    let m = s.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b));
-    let p: Vec<f64> = s.iter().map(|&x| (x - m).exp()).collect();
-    let sum: f64 = p.iter().sum();
-    (0..d).map(|e| (0..n).map(|j| p[j] * v[(j * hkv + kvh) * d + e]).sum::<f64>() / sum).collect()
-}

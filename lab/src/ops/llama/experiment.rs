@@ -143,7 +143,7 @@ fn check(s: &mut Session, case: &Value) -> Result<()> {
         Backend::Cuda(gpu) => {
             let m = GpuModel::load(gpu, &g)?;
             let mut batch = m.batch(1, prompt.len() + steps + 1)?;
-            batch.start(&[prompt.clone()])?;
+            batch.start(std::slice::from_ref(&prompt))?;
             for _ in 1..prompt.len() {
                 batch.step()?;
             }
@@ -154,7 +154,8 @@ fn check(s: &mut Session, case: &Value) -> Result<()> {
                 let chosen = *batch.tokens()?[0].last().expect("a step writes a token");
                 cosines.push(cosine(&got, &want));
                 agree += usize::from(chosen == argmax(&expected)?);
-                (got_all.extend(&got), want_all.extend(want));
+                got_all.extend(&got);
+                want_all.extend(want);
                 expected = cpu.step(&mut cache, chosen, true)?.expect("logits were asked for");
             }
         }
@@ -273,7 +274,7 @@ fn prefill(s: &mut Session, case: &Value) -> Result<()> {
     let m = GpuModel::load(&gpu, &g)?;
     let c = &m.config;
     let mut steps = m.batch(1, n + 2)?;
-    steps.start(&[prompt.clone()])?;
+    steps.start(std::slice::from_ref(&prompt))?;
     for _ in 0..n {
         steps.step()?;
     }
@@ -307,7 +308,7 @@ fn peers(s: &mut Session) -> Result<()> {
         let m = GpuModel::load(&gpu, &g)?;
         for (i, (prompt, want)) in prompts.iter().zip(&run.logits).enumerate() {
             let mut batch = m.batch(1, prompt.len() + new + 1)?;
-            batch.start(&[prompt.clone()])?;
+            batch.start(std::slice::from_ref(prompt))?;
             for _ in 0..prompt.len() {
                 batch.step()?;
             }

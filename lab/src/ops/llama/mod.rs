@@ -82,6 +82,7 @@ pub fn embed_q8_0(gpu: &Gpu, w: &CudaSlice<u8>, tokens: &CudaSlice<u32>, pos: &C
 }
 
 /// x += y (unless `y` is None), h = x / rms(x) * gamma, per row of `dim`.
+#[allow(clippy::too_many_arguments)]
 pub fn add_rmsnorm(gpu: &Gpu, x: &mut CudaSlice<f32>, y: Option<&CudaSlice<f16>>, gamma: &CudaSlice<f32>, h: &mut CudaSlice<f16>, rows: usize, dim: usize, eps: f32) -> Result<()> {
     let n = rows * dim;
     check("add_rmsnorm", x.len() >= n && h.len() >= n && gamma.len() == dim && y.is_none_or(|y| y.len() >= n), || format!("{rows} rows of {dim}"))?;
@@ -129,6 +130,7 @@ pub fn swiglu(gpu: &Gpu, gu: &CudaSlice<f16>, act: &mut CudaSlice<f16>, rows: us
 
 /// For each of `seqs` rows of logits: the greedy token into tokens[seq][pos + 1] (once past
 /// the prompt) and pos advanced.
+#[allow(clippy::too_many_arguments)]
 pub fn argmax(gpu: &Gpu, logits: &CudaSlice<f32>, tokens: &mut CudaSlice<u32>, pos: &mut CudaSlice<i32>, prompt_len: &CudaSlice<i32>, seqs: usize, vocab: usize, cap: usize) -> Result<()> {
     check("argmax", logits.len() >= seqs * vocab && tokens.len() >= seqs * cap && pos.len() >= seqs && prompt_len.len() >= seqs, || format!("{seqs} rows of {vocab}"))?;
     let f = gpu.function(FAMILY, &symbol(FAMILY, "argmax", DType::F32))?;
