@@ -77,9 +77,13 @@ __device__ void decode_split(const T* __restrict__ q, const T* __restrict__ kc, 
                 }
             }
         }
+        // Only the gn heads of this block: gn is uniform over the block, so the skipped groups
+        // cost no shuffles (SmolLM2's groups of 3 would otherwise pay for 8).
         float p[DEC_GMAX];
 #pragma unroll
         for (int g = 0; g < DEC_GMAX; ++g) {
+            p[g] = 0.f;
+            if (g >= gn) continue;
             const float sj = j < end ? s[g] : NEG_INF;
             const float mn = fmax_nan(m[g], warp_reduce_max(sj));
             const float alpha = exp2f(m[g] - safe_shift(mn));
@@ -97,6 +101,7 @@ __device__ void decode_split(const T* __restrict__ q, const T* __restrict__ kc, 
             for (int c = 0; c < C; ++c) vf[c] = to_float(vr[c]);
 #pragma unroll
             for (int g = 0; g < DEC_GMAX; ++g) {
+                if (g >= gn) continue;
                 const float pr = __shfl_sync(0xffffffffu, p[g], r);
 #pragma unroll
                 for (int c = 0; c < C; ++c) acc[g][c] += pr * vf[c];

@@ -69,9 +69,13 @@ extern "C" __global__ void llama_rope_cache_f16(const __half* __restrict__ qkv, 
         const int e = 2 * i, head = e / D, d = e % D;
         float a = __half2float(in[e]), b = __half2float(in[e + 1]);
         if (d < rope_dims) {
-            double s, c;
-            sincos((double)p * inv_freq[d / 2], &s, &c);
-            const float fs = (float)s, fc = (float)c, a0 = a;
+            // The angle in f64 (positions up to 1e5 times frequencies near 1 keep their digits),
+            // reduced to [-pi, pi] there, then sin and cos in f32: f64 sincos is slow.
+            const double t = (double)p * inv_freq[d / 2];
+            const float r = (float)(t - 6.283185307179586 * rint(t * 0.15915494309189535));
+            float fs, fc;
+            sincosf(r, &fs, &fc);
+            const float a0 = a;
             a = a0 * fc - b * fs;
             b = a0 * fs + b * fc;
         }
