@@ -64,18 +64,6 @@ __device__ __forceinline__ void s8x4(unsigned w, float* out) {
 // copy, converted once, measured slower at B = 16: twice the shared-memory traffic and footprint.)
 __device__ __forceinline__ int w8_xpos(int b, int kb, int c) { return (b * kb + c) * 40; }
 
-// 8 f16 values from shared memory as floats.
-__device__ __forceinline__ void h8(const __half* p, float* out) {
-    const uint4 v = *reinterpret_cast<const uint4*>(p);
-    const unsigned w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
-        out[2 * i] = f.x;
-        out[2 * i + 1] = f.y;
-    }
-}
-
 // A warp owns `rows_per_warp` consecutive rows: rows * K / 32 consecutive blocks of W, taken 32 at
 // a time. Blocks are 34 B (2-byte aligned), so a lane cannot read its own with 16 B loads; the
 // warp reads each run of 32 blocks (1088 B) with coalesced 16 B loads into shared memory (every
@@ -141,7 +129,7 @@ __device__ __forceinline__ void w8a16(const u8* __restrict__ w, const __half* __
                 for (int b = 0; b < B; ++b) {
                     if (b < batch) {
                         float xv[8];
-                        h8(xs + w8_xpos(b, kb, c) + 8 * h, xv);
+                        load_vec16<__half>(xs + w8_xpos(b, kb, c) + 8 * h, xv);
 #pragma unroll
                         for (int t = 0; t < 8; ++t) part[b] = fmaf(xv[t], wf[t], part[b]);
                     }

@@ -8,17 +8,7 @@ use rayon::prelude::*;
 /// reference is NaN, and infinities only where they match exactly.
 pub fn compare(got: &[f64], expected: &[f64], tol: Tolerance, reference: &str) -> ErrorStats {
     assert_eq!(got.len(), expected.len(), "compare: lengths differ");
-    let mut s = ErrorStats {
-        max_abs: 0.0,
-        max_rel: 0.0,
-        worst_fraction_of_tolerance: 0.0,
-        worst_index: None,
-        worst_got: None,
-        worst_expected: None,
-        mismatches: 0,
-        reference: reference.to_string(),
-        max_ulp: None,
-    };
+    let mut s = ErrorStats::empty(reference);
     for (i, (&g, &e)) in got.iter().zip(expected).enumerate() {
         let fraction = if e.is_nan() || g.is_nan() || e.is_infinite() || g.is_infinite() {
             let same = (e.is_nan() && g.is_nan()) || g == e;

@@ -48,6 +48,23 @@ pub struct ErrorStats {
     pub max_ulp: Option<u64>,
 }
 
+impl ErrorStats {
+    /// No element compared yet: nothing wrong, against `reference`.
+    pub fn empty(reference: &str) -> Self {
+        ErrorStats {
+            max_abs: 0.0,
+            max_rel: 0.0,
+            worst_fraction_of_tolerance: 0.0,
+            worst_index: None,
+            worst_got: None,
+            worst_expected: None,
+            mismatches: 0,
+            reference: reference.into(),
+            max_ulp: None,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Tolerance {
     pub atol: f64,

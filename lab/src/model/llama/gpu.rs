@@ -91,8 +91,7 @@ fn f32_vector(gpu: &Gpu, g: &Gguf, name: &str, t: &TensorInfo) -> Result<CudaSli
     if t.ty != GgmlType::F32 {
         return Err(LabError::Invalid(format!("tensor `{name}` is {}: norms are read as F32", t.ty.name())));
     }
-    let v: Vec<f32> = g.data(t).chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-    gpu.upload(&v)
+    gpu.upload(&crate::quant::ggml::to_f32(t.ty, g.data(t))?)
 }
 
 impl GpuModel {

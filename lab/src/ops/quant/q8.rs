@@ -260,17 +260,7 @@ pub fn reference_w8a16(x: &[f64], w: &[f32], batch: usize, n: usize, k: usize) -
 pub fn check_w8a16(y: &[f32], expected: &[f64], abs: &[f64], k: usize) -> ErrorStats {
     let m = (k + 2) as f64 * f64::from(f32::EPSILON) / 2.0;
     let gamma = m / (1.0 - m);
-    let mut s = ErrorStats {
-        max_abs: 0.0,
-        max_rel: 0.0,
-        worst_fraction_of_tolerance: 0.0,
-        worst_index: None,
-        worst_got: None,
-        worst_expected: None,
-        mismatches: 0,
-        reference: "cpu-f64-dequantized, f32 sum bound".into(),
-        max_ulp: None,
-    };
+    let mut s = ErrorStats::empty("cpu-f64-dequantized, f32 sum bound");
     for (i, ((&g, &e), &a)) in y.iter().zip(expected).zip(abs).enumerate() {
         let err = (g as f64 - e).abs();
         let fraction = if !err.is_finite() {
