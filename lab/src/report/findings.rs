@@ -62,9 +62,18 @@ pub struct DeviceView {
     pub gates: Option<Gates>,
     /// The committed figures, drawn from the current run.
     pub figures: Vec<super::model::Figure>,
-    /// The run the status figure comes from: the committed figures are drawn from it.
+    /// Where the status figure comes from: the ladder is drawn at its shape and timing mode, the
+    /// run's figures from its run.
     #[serde(skip)]
-    pub current_run: Option<String>,
+    pub lead: Option<Lead>,
+}
+
+/// The headline shape, timing mode and run of a device's status line.
+#[derive(Clone, Debug)]
+pub struct Lead {
+    pub run_id: String,
+    pub shape: String,
+    pub mode: String,
 }
 
 #[derive(Serialize, Clone, Debug)]
@@ -128,12 +137,12 @@ fn day(time: &str) -> String {
 }
 
 /// The headline specs an experiment declares.
-fn declared(experiment: &str) -> Vec<String> {
+pub(crate) fn declared(experiment: &str) -> Vec<String> {
     crate::experiment::find(experiment).map(|e| e.headlines()).unwrap_or(&[]).iter().map(|s| s.to_string()).collect()
 }
 
 /// The variants an experiment's family table names today; None where it keeps no table.
-fn current_variants(experiment: &str) -> Option<Vec<&'static str>> {
+pub(crate) fn current_variants(experiment: &str) -> Option<Vec<&'static str>> {
     let family = crate::family::FAMILIES.iter().find(|f| f.name == experiment)?;
     let names: Vec<&'static str> = (family.variants)().iter().map(|v| v.name).collect();
     (!names.is_empty()).then_some(names)
@@ -263,8 +272,8 @@ pub fn experiments(records: &[Record], notes: &[(Vec<String>, NoteView)]) -> Vec
                         None if headlines.is_empty() => "no timed, passing lab figure".into(),
                         None => "only variants since removed from the table were timed".into(),
                     };
-                    let current_run = lead.map(|(_, b)| b.run_id.clone());
-                    DeviceView { device: device.to_string(), status, headlines, gates: gates(&recs), figures: Vec::new(), current_run }
+                    let lead = lead.map(|(h, b)| Lead { run_id: b.run_id.clone(), shape: h.shape.clone(), mode: h.mode.clone() });
+                    DeviceView { device: device.to_string(), status, headlines, gates: gates(&recs), figures: Vec::new(), lead }
                 })
                 .collect();
             ExperimentView { name: experiment.to_string(), slug: slug(experiment), devices, notes }

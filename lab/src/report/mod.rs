@@ -2,6 +2,7 @@
 //! the tera templates. A pure function of its inputs: rendering twice gives the same bytes.
 
 pub mod charts;
+mod draw;
 pub mod figures;
 pub mod findings;
 pub mod model;
@@ -243,33 +244,43 @@ pub fn render(opts: &ReportOptions) -> Result<Rendered> {
 
     let mut files = BTreeMap::new();
     let md_prefix = relative_prefix(&opts.log, &opts.out);
-    // The committed figures: for each experiment and device, those of the run its status
-    // figure comes from, and each device's roofline over all its runs.
+    // The committed figures: each device's roofline over all its runs, then for each experiment
+    // and device its ladder, its roofline and the figures of the run its status figure comes from.
     let mut views = findings::experiments(&records, &notes);
-    let mut add = |name: String, title: String, svg: Option<String>, figures: &mut Vec<Figure>| {
+    let mut add = |name: String, title: String, kind: &'static str, svg: Option<String>, figures: &mut Vec<Figure>| {
         if let Some(svg) = svg {
             let path = format!("figures/{name}.svg");
             files.insert(opts.out.join(&path), svg.clone());
-            figures.push(Figure { title, md_path: format!("{md_prefix}{path}"), svg, experiment: None });
+            figures.push(Figure { title, md_path: format!("{md_prefix}{path}"), svg, kind, experiment: None });
         }
     };
     let mut rooflines = Vec::new();
-    let mut devices: Vec<&str> = records.iter().map(|r| r.device.name.as_str()).collect();
-    devices.sort();
-    devices.dedup();
-    for device in devices {
-        let recs: Vec<&Record> = records.iter().filter(|r| r.device.name == device).collect();
-        let name = format!("roofline-{}", model::slug(device));
-        add(name, format!("Roofline, {device}, every run"), charts::roofline(&recs, device), &mut rooflines);
+    let mut by_device: BTreeMap<&str, Vec<&Record>> = BTreeMap::new();
+    for r in &records {
+        by_device.entry(r.device.name.as_str()).or_default().push(r);
     }
+    for (device, recs) in &by_device {
+        let name = format!("roofline-{}", model::slug(device));
+        add(name, format!("Roofline, {device}, every run"), "roofline", charts::roofline(recs, device), &mut rooflines);
+    }
+    // Per experiment and device, the figure a page opens with (the ladder at the status line's
+    // shape), the family on the device's roofline, then the speed-ups and scaling of the run the
+    // status figure comes from.
     for view in &mut views {
         for d in &mut view.devices {
-            let Some(run) = d.current_run.as_ref().and_then(|id| by_run.get(id.as_str())) else { continue };
+            let Some(lead) = d.lead.clone() else { continue };
             let stem = format!("{}-{}", view.slug, model::slug(&d.device));
-            let (e, run_id) = (&view.name, &run[0].run_id);
-            add(format!("{stem}-speedup"), format!("{e}: speed-up over peers, run {run_id}"), charts::speedups(run, e), &mut d.figures);
+            let e = &view.name;
+            let device = by_device.get(d.device.as_str()).map(Vec::as_slice).unwrap_or_default();
+            let ladder = charts::ladder(device, e, &lead.shape, &lead.mode);
+            add(format!("{stem}-ladder"), format!("{e}: each rung at {} ({})", lead.shape, lead.mode), "ladder", ladder, &mut d.figures);
+            let roofline = charts::family_roofline(device, &d.device, e);
+            add(format!("{stem}-roofline"), format!("{e} on the roofline, {}, every run", d.device), "roofline", roofline, &mut d.figures);
+            let Some(run) = by_run.get(lead.run_id.as_str()) else { continue };
+            let run_id = &lead.run_id;
+            add(format!("{stem}-speedup"), format!("{e}: speed-up over peers, run {run_id}"), "speedup", charts::speedups(run, e), &mut d.figures);
             let axis = sweep_axis(e);
-            add(format!("{stem}-scaling"), format!("{e}: throughput against {axis}, run {run_id}"), charts::scaling(run, e, axis), &mut d.figures);
+            add(format!("{stem}-scaling"), format!("{e}: throughput against {axis}, run {run_id}"), "scaling", charts::scaling(run, e, axis), &mut d.figures);
         }
     }
 
@@ -287,17 +298,18 @@ pub fn render(opts: &ReportOptions) -> Result<Rendered> {
             }
         }
         let mut figures = Vec::new();
-        let mut inline = |experiment: Option<&str>, title: String, svg: Option<String>| {
+        let mut inline = |experiment: Option<&str>, title: String, kind: &'static str, svg: Option<String>| {
             if let Some(svg) = svg {
                 let experiment = experiment.map(str::to_string);
-                figures.push(Figure { title, md_path: String::new(), svg, experiment });
+                figures.push(Figure { title, md_path: String::new(), svg, kind, experiment });
             }
         };
-        inline(None, format!("Roofline, {}", line.device), charts::roofline(recs, &line.device));
+        inline(None, format!("Roofline, {}", line.device), "roofline", charts::roofline(recs, &line.device));
         for t in &tables {
             let e = Some(t.experiment.as_str());
-            inline(e, format!("{}: speed-up over peers", t.experiment), charts::speedups(recs, &t.experiment));
-            inline(e, format!("{}: throughput against size", t.experiment), charts::scaling(recs, &t.experiment, sweep_axis(&t.experiment)));
+            inline(e, format!("{}: speed-up over peers", t.experiment), "speedup", charts::speedups(recs, &t.experiment));
+            let scaling = charts::scaling(recs, &t.experiment, sweep_axis(&t.experiment));
+            inline(e, format!("{}: throughput against size", t.experiment), "scaling", scaling);
         }
         details.push(RunView { line: line.clone(), backend: recs[0].backend.clone(), tables, figures });
     }

@@ -38,8 +38,9 @@ pub struct Figure {
     pub md_path: String,
     /// The SVG itself, inlined in the HTML.
     pub svg: String,
+    /// What it shows: `roofline`, `ladder`, `speedup` or `scaling`.
+    pub kind: &'static str,
     /// The experiment it belongs to; None for the run-wide roofline.
-    #[serde(skip)]
     pub experiment: Option<String>,
 }
 
