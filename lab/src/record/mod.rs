@@ -150,8 +150,12 @@ impl RunWriter {
     }
 
     pub fn append(&mut self, record: &Record) -> Result<()> {
-        let line = serde_json::to_string(record).map_err(|e| LabError::Invalid(format!("record not serialisable: {e}")))?;
-        writeln!(self.file, "{line}")
+        let mut line = serde_json::to_string(record).map_err(|e| LabError::Invalid(format!("record not serialisable: {e}")))?;
+        line.push('\n');
+        // One write of the whole line: a run killed mid-way leaves complete lines and at most a
+        // torn last one, which readers report and skip.
+        self.file
+            .write_all(line.as_bytes())
             .and_then(|_| self.file.flush())
             .map_err(|e| LabError::io(&self.path, e))?;
         self.count += 1;
@@ -170,12 +174,18 @@ pub fn read_records(path: &Path) -> Result<(Vec<Record>, Vec<Damage>)> {
     let mut damage = Vec::new();
     for file in frame::record_files(path)? {
         let text = read_run_file(&file)?;
+        let lines = text.lines().count();
         for (i, line) in text.lines().enumerate() {
             if line.trim().is_empty() {
                 continue;
             }
             match parse_line(line) {
                 Ok(r) => records.push(r),
+                // The writer ends every line it finishes: a damaged last line without its end is
+                // one a killed run was writing.
+                Err(why) if i + 1 == lines && !text.ends_with('\n') => {
+                    damage.push(Damage { file: file.clone(), line: i + 1, why: format!("torn last line (the run was killed while writing it?): {why}") })
+                }
                 Err(why) => damage.push(Damage { file: file.clone(), line: i + 1, why }),
             }
         }
