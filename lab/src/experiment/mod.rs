@@ -536,6 +536,16 @@ mod tests {
     }
 
     #[test]
+    fn runs_started_in_the_same_second_get_distinct_ids_and_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (session(dir.path()), session(dir.path()));
+        assert_eq!(a.time, b.time, "the test needs both in one second");
+        assert_ne!(a.run_id(), b.run_id());
+        assert_ne!(a.run_file(), b.run_file());
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
+    }
+
+    #[test]
     fn a_figure_above_the_ceiling_with_cold_caches_is_implausible() {
         let dir = tempfile::tempdir().unwrap();
         let mut s = session(dir.path());

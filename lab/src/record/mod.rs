@@ -136,11 +136,12 @@ impl RunWriter {
     pub fn create(dir: &Path, run_id: &str) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| LabError::io(dir, format!("cannot create the records folder: {e}")))?;
         let path = dir.join(format!("{run_id}.jsonl"));
+        // Never append to another run's file, whatever its id.
         let file = std::fs::OpenOptions::new()
-            .create(true)
+            .create_new(true)
             .append(true)
             .open(&path)
-            .map_err(|e| LabError::io(&path, format!("cannot open for appending: {e}")))?;
+            .map_err(|e| LabError::io(&path, format!("cannot create the run file (another run with this id?): {e}")))?;
         Ok(RunWriter { run_id: run_id.into(), path, file, count: 0 })
     }
 

@@ -5,6 +5,7 @@ pub mod charts;
 pub mod figures;
 pub mod findings;
 pub mod model;
+pub mod safety;
 pub mod show;
 
 use crate::record::{read_records, Record};
@@ -69,6 +70,8 @@ struct SiteContext<'a> {
     rooflines: &'a [Figure],
     /// How the log links to the notes folder (`reports/notes/`).
     notes_prefix: &'a str,
+    /// Memory safety per family (`lab sanitize`).
+    safety: &'a [safety::Family],
 }
 
 /// A note: `+++` TOML front matter naming its runs, then Markdown.
@@ -245,7 +248,10 @@ pub fn render(opts: &ReportOptions) -> Result<Rendered> {
     let md_prefix = relative_prefix(&opts.log, &opts.out);
     // The committed figures: for each experiment and device, those of the run its status
     // figure comes from, and each device's roofline over all its runs.
-    let mut views = findings::experiments(&records, &notes);
+    // Sanitizer records have their own section, not an experiment's findings and figures.
+    let measured: Vec<Record> = records.iter().filter(|r| r.experiment != safety::EXPERIMENT).cloned().collect();
+    let safety = safety::families(&records);
+    let mut views = findings::experiments(&measured, &notes);
     let mut add = |name: String, title: String, svg: Option<String>, figures: &mut Vec<Figure>| {
         if let Some(svg) = svg {
             let path = format!("figures/{name}.svg");
@@ -254,11 +260,11 @@ pub fn render(opts: &ReportOptions) -> Result<Rendered> {
         }
     };
     let mut rooflines = Vec::new();
-    let mut devices: Vec<&str> = records.iter().map(|r| r.device.name.as_str()).collect();
+    let mut devices: Vec<&str> = measured.iter().map(|r| r.device.name.as_str()).collect();
     devices.sort();
     devices.dedup();
     for device in devices {
-        let recs: Vec<&Record> = records.iter().filter(|r| r.device.name == device).collect();
+        let recs: Vec<&Record> = measured.iter().filter(|r| r.device.name == device).collect();
         let name = format!("roofline-{}", model::slug(device));
         add(name, format!("Roofline, {device}, every run"), charts::roofline(&recs, device), &mut rooflines);
     }
@@ -304,14 +310,14 @@ pub fn render(opts: &ReportOptions) -> Result<Rendered> {
 
     let experiments: Vec<ExperimentLink> = views.iter().map(|v| ExperimentLink { name: v.name.clone(), slug: v.slug.clone() }).collect();
     let cross = model::cross_device(&views);
-    let history = model::history(&records);
+    let history = model::history(&measured);
     let note_links: Vec<findings::NoteLink> = notes.iter().map(|(_, n)| findings::note_link(n)).collect();
     // Notes kept elsewhere than under the log's folder are linked by file name alone: the log
     // must not depend on where it was rendered.
     let notes_prefix = if opts.notes.starts_with(opts.log.parent().unwrap_or(Path::new(""))) { relative_prefix(&opts.log, &opts.notes) } else { String::new() };
     // Every page carries the navigation and the warnings; the index and the log the rest.
     let nav = SiteContext { experiments: &experiments, warnings: &warnings, has_gpu_run: records.iter().any(|r| r.backend == "cuda"), ..Default::default() };
-    let base = SiteContext { views: &views, cross: Some(&cross), runs: &runs, notes: &note_links, rooflines: &rooflines, notes_prefix: &notes_prefix, ..nav };
+    let base = SiteContext { views: &views, cross: Some(&cross), runs: &runs, notes: &note_links, rooflines: &rooflines, notes_prefix: &notes_prefix, safety: &safety, ..nav };
     let tera = templates(&opts.templates)?;
     files.insert(opts.log.clone(), render_one(&tera, "research_log.md", &base)?);
     files.insert(opts.out.join("index.html"), render_one(&tera, "index.html", &base)?);
@@ -326,7 +332,9 @@ pub fn render(opts: &ReportOptions) -> Result<Rendered> {
             })
             .collect();
         let history: Vec<model::History> = history.iter().filter(|h| h.experiment == e.name).cloned().collect();
-        let ctx = SiteContext { views: &views[i..=i], history: &history, details: &only, experiment: Some(&e.name), ..nav };
+        let family = crate::family::FAMILIES.iter().find(|f| f.experiment.is_some_and(|x| x.name() == e.name)).map_or(e.name.as_str(), |f| f.name);
+        let safety: Vec<safety::Family> = safety.iter().filter(|s| s.name == family).cloned().collect();
+        let ctx = SiteContext { views: &views[i..=i], history: &history, details: &only, experiment: Some(&e.name), safety: &safety, ..nav };
         files.insert(opts.out.join(format!("{}.html", e.slug)), render_one(&tera, "experiment.html", &ctx)?);
     }
     for run in &details {
