@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One run on a GPU host: `lab doctor`, then `lab run` with torch peers; records land in OUT_DIR.
+# One run on a GPU host: `lab doctor`, `lab run` with torch peers, then `lab sanitize` over the
+# same experiments; records land in OUT_DIR.
 # usage: scripts/gpu-run.sh OUT_DIR [EXPERIMENT...] [lab run flags...]
 set -euo pipefail
 out=${1:?usage: gpu-run.sh OUT_DIR [EXPERIMENT] [flags...]}
@@ -8,3 +9,10 @@ bin=${LAB_BIN:-target/release/lab}
 mkdir -p "$out"
 "$bin" doctor | tee "$out/doctor.txt"
 "$bin" run "${@:-all}" --peers torch --out "$out" 2>&1 | tee "$out/run.log"
+# The experiments named before the first flag (all when none or `all`).
+exps=()
+for a in "$@"; do
+  [[ $a == -* ]] && break
+  [[ $a == all ]] || exps+=("$a")
+done
+"$bin" sanitize ${exps[@]+"${exps[@]}"} --out "$out" 2>&1 | tee "$out/sanitize.log"

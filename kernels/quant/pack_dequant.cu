@@ -232,7 +232,7 @@ __device__ __forceinline__ void dequant_ggml(const u8* __restrict__ blocks, __ha
 // a warp waits two round trips per 576-640 B. Here a warp step is 64 blocks and every lane
 // issues all 3 of its copies (1152-1280 B per warp) global -> shared with cp.async, which holds
 // no registers: one round trip for twice the bytes. A partial last vector is copied short and
-// zero-filled (cp.async's src-size), never read past the end. (Loading the 3 vectors into
+// zero-filled by cp_async16_tail, never read past the end. (Loading the 3 vectors into
 // registers first does not work: at 32 registers ptxas stages the first before issuing the third.)
 // And every output store is one 16 B vector (store8_v4), where the loop above writes a quarter
 // of its output in 4-byte stores. ptxas -v, sm_90: 32 registers (8 blocks of 256 per SM, as the
@@ -241,6 +241,23 @@ __device__ __forceinline__ void dequant_ggml(const u8* __restrict__ blocks, __ha
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
     const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
+}
+
+// A 16 B slot filled from the `bytes` (0..16) left before the end of a buffer, the rest zero.
+// cp.async reads only src-size bytes, but compute-sanitizer's memcheck checks its whole 16 B
+// source window against the allocation: a last, partial vector is loaded byte by byte and
+// stored instead (once per buffer; the barrier that publishes the stage publishes it too).
+__device__ __forceinline__ void cp_async16_tail(void* dst, const void* src, int bytes) {
+    if (bytes >= 16 || bytes <= 0) {
+        cp_async16(dst, src, bytes > 0 ? 16 : 0);
+        return;
+    }
+    const u8* p = static_cast<const u8*>(src);
+    unsigned w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+        if (i < bytes) w[i / 4] |= (unsigned)p[i] << (8 * (i % 4));
+    *static_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 template <int BYTES>
@@ -256,7 +273,7 @@ __device__ __forceinline__ void dequant_ggml_cp_async(const u8* __restrict__ blo
         for (int i = 0; i < NV; ++i) {
             const int u = lane + 32 * i;
             const long long off = base + 16 * u;
-            if (u < NVEC && off < total) cp_async16(&stage[warp][u], blocks + off, (int)min(16LL, total - off));
+            if (u < NVEC && off < total) cp_async16_tail(&stage[warp][u], blocks + off, (int)min(16LL, total - off));
         }
         asm volatile("cp.async.wait_all;" ::: "memory");
         __syncwarp();

@@ -56,7 +56,8 @@ __device__ __forceinline__ int pipe_code_slot(int r, int jl) { return r * PIPE_C
 __device__ __forceinline__ long long pipe_scale_base(long long row, int gpr, int g0) { return (row * gpr + g0) / 8 * 8; }
 
 // Copies of one stage (tile at row0, chunks [s0, s0 + PIPE_CHUNKS)) into `st`, spread over the
-// block's threads; chunks past K and vectors past the scales are zero-filled (src-size 0).
+// block's threads; chunks past K and vectors past the scales are zero-filled (src-size 0), the
+// partial last vector of the scales by cp_async16_tail.
 template <bool ASYM>
 __device__ __forceinline__ void pipe_issue(uint4* st, const u8* __restrict__ wq, const __half* __restrict__ scales, const __half* __restrict__ mins,
                                            int n_rows, int k, int gpr, int cpg, int row0, int s0) {
@@ -75,7 +76,7 @@ __device__ __forceinline__ void pipe_issue(uint4* st, const u8* __restrict__ wq,
         const long long off = 2 * pipe_scale_base(row, gpr, g0) + 16LL * v;
         const long long bytes = max(0LL, min(16LL, total - off));
         const u8* src = reinterpret_cast<const u8*>(which ? mins : scales);
-        cp_async16(st + PipeStage<ASYM>::CODES + i, src + (bytes > 0 ? off : 0), (int)bytes);
+        cp_async16_tail(st + PipeStage<ASYM>::CODES + i, src + (bytes > 0 ? off : 0), (int)bytes);
     }
 }
 

@@ -295,3 +295,123 @@ fn the_ops_example_runs_on_the_cpu_backend() {
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("unknown backend `tpu`"), "{}", text(&o));
 }
+
+/// Stands in for compute-sanitizer: runs the command it wraps and writes a log that reports two
+/// errors for any run that launches gemm's case with m = 33 (a whole gemm run launches it), none
+/// otherwise.
+const STUB_SANITIZER: &str = r#"#!/bin/sh
+while [ "${1#--}" != "$1" ]; do
+  case "$1" in
+    --version) echo "Version 0.0.1 (stub)"; exit 0;;
+    --log-file) log="$2"; shift 2;;
+    *) shift 2;;
+  esac
+done
+"$@"; rc=$?
+n=0
+case "$*" in
+  *'"m":33'*) n=2;;
+  *--case*) ;;
+  *" run gemm "*) n=2;;
+esac
+{
+  echo "========= COMPUTE-SANITIZER"
+  if [ "$n" -gt 0 ]; then
+    echo "========= Invalid __global__ read of size 4 bytes"
+    echo "=========     at planted_kernel+0x10"
+    echo "=========     by thread (0,0,0) in block (0,0,0)"
+    echo "========="
+  fi
+  echo "========= ERROR SUMMARY: $n errors"
+} > "$log"
+exit $rc
+"#;
+
+#[test]
+fn sanitize_pins_each_error_on_its_variant_and_shape_and_exits_1() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let stub = dir.path().join("compute-sanitizer");
+    std::fs::write(&stub, STUB_SANITIZER).unwrap();
+    std::fs::set_permissions(&stub, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = dir.path().join("records");
+    let sanitize = |exp: &str| {
+        Command::new(env!("CARGO_BIN_EXE_lab"))
+            .args(["sanitize", exp, "--tool", "memcheck,racecheck", "--backend", "cpu", "--seed", "3", "--out", out.to_str().unwrap()])
+            .env("LAB_COMPUTE_SANITIZER", &stub)
+            .output()
+            .unwrap()
+    };
+    let o = sanitize("gemm");
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("planted_kernel"), "{}", text(&o));
+    let (records, damage) = read_records(&out).unwrap();
+    assert!(damage.is_empty(), "{damage:?}");
+    // Every gate of cpu_blocked under both tools; only those with m = 33 carry the errors.
+    assert!(!records.is_empty());
+    for r in &records {
+        let s = &r.extra["sanitizer"];
+        assert_eq!((r.experiment.as_str(), r.variant.as_str(), r.params["experiment"].as_str()), ("sanitize", "cpu_blocked", Some("gemm")));
+        let planted = r.params["case"]["m"] == 33;
+        assert_eq!(s["errors"], if planted { 2 } else { 0 }, "{}", r.params);
+        assert_eq!(r.verdict == Verdict::Fail, planted);
+        assert_eq!(s["status"], if planted { "errors" } else { "clean" });
+        if planted {
+            assert_eq!(s["kernels"]["planted_kernel"], 1);
+            assert!(s["first_error"].as_str().unwrap().starts_with("Invalid __global__ read"));
+        }
+    }
+    let tools: std::collections::BTreeSet<_> = records.iter().map(|r| r.params["tool"].as_str().unwrap()).collect();
+    assert_eq!(tools.into_iter().collect::<Vec<_>>(), ["memcheck", "racecheck"]);
+    assert_eq!(records.iter().filter(|r| r.verdict == Verdict::Fail).count(), 4, "m = 33 in f32 and bf16, under each tool");
+    // Where nothing erred, the command passes.
+    let o = sanitize("softmax");
+    assert!(o.status.success(), "{}", text(&o));
+}
+
+/// A run killed mid-way (SIGKILL, nothing flushed on the way out) leaves a file whose complete
+/// lines all read back; a line torn by the kill is reported as such, by the reader and by the
+/// report, and the records before it are kept.
+#[test]
+fn a_killed_run_keeps_every_complete_record_and_a_torn_last_line_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lab"))
+        .args(["run", "softmax", "layernorm", "rmsnorm", "gemm", "--backend", "cpu", "--seed", "5", "--out", dir.path().to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let file = loop {
+        let lines = std::fs::read_dir(dir.path())
+            .ok()
+            .and_then(|mut d| d.next())
+            .and_then(|e| e.ok())
+            .map(|e| (e.path(), std::fs::read_to_string(e.path()).unwrap_or_default().lines().count()));
+        match lines {
+            Some((path, n)) if n >= 3 => break path,
+            _ if started.elapsed().as_secs() > 120 => panic!("the run wrote no 3 records in 120 s"),
+            _ => std::thread::sleep(std::time::Duration::from_millis(20)),
+        }
+    };
+    child.kill().unwrap(); // SIGKILL
+    assert!(!child.wait().unwrap().success(), "the run finished before it was killed; the test needs a longer one");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let complete = text.matches('\n').count();
+    let (records, damage) = read_records(dir.path()).unwrap();
+    assert_eq!(records.len(), complete, "every complete line reads back");
+    assert!(damage.len() <= 1, "{damage:?}");
+
+    // Tear the last line as a kill during its write would, and read again.
+    let last_start = text[..text.len() - 1].rfind('\n').map_or(0, |i| i + 1);
+    let torn = &text[..last_start + (text.len() - last_start) / 2];
+    std::fs::write(&file, torn).unwrap();
+    let (records, damage) = read_records(dir.path()).unwrap();
+    assert_eq!(records.len(), complete - 1);
+    assert_eq!(damage.len(), 1);
+    assert!(damage[0].why.starts_with("torn last line"), "{}", damage[0]);
+    let notes = tempfile::tempdir().unwrap();
+    let templates = concat!(env!("CARGO_MANIFEST_DIR"), "/../templates").into();
+    let opts = lab::report::ReportOptions { records: dir.path().into(), notes: notes.path().into(), templates, ..Default::default() };
+    let rendered = lab::report::render(&opts).unwrap();
+    assert!(rendered.warnings.iter().any(|w| w.contains("torn last line")), "{:?}", rendered.warnings);
+}

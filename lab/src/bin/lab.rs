@@ -61,6 +61,38 @@ enum Command {
         /// experiment supports it; the metrics land in the records' `extra.ncu`.
         #[arg(long)]
         ncu: bool,
+        /// Launch each variant once on the experiment's sanitizer shapes, untimed (what
+        /// `sanitize` runs under compute-sanitizer).
+        #[arg(long, hide = true)]
+        once: bool,
+        /// Run this case, given as JSON as records hold it (repeatable).
+        #[arg(long = "case", hide = true)]
+        cases: Vec<String>,
+    },
+    /// Launch every variant of the named experiments (all by default) once on a few small, odd
+    /// shapes under compute-sanitizer, and record per variant, tool and shape the errors found.
+    /// Exits 1 on any error. Run it after any kernel change.
+    Sanitize {
+        /// Experiment names from `lab list` (default: every experiment with kernels).
+        experiments: Vec<String>,
+        #[arg(long, value_enum, value_delimiter = ',', default_values_t = lab::profile::sanitize::Tool::ALL)]
+        tool: Vec<lab::profile::sanitize::Tool>,
+        /// Only this variant (repeatable).
+        #[arg(long = "variant")]
+        variants: Vec<String>,
+        /// Sanitizer processes at a time.
+        #[arg(long, default_value_t = 4)]
+        jobs: usize,
+        /// Seconds one process may take before it is killed and recorded as incomplete.
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
+        #[arg(long, default_value = "reports/records")]
+        out: PathBuf,
+        #[arg(long)]
+        seed: Option<u64>,
+        /// The backend of the runs under the tool (the CPU one only tests this command).
+        #[arg(long, value_enum, default_value = "cuda", hide = true)]
+        backend: BackendChoice,
     },
     /// Launch one variant of one case once (what `run --ncu` wraps in Nsight Compute).
     #[command(hide = true)]
@@ -190,7 +222,11 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Run { experiments, backend, quick, peers, out, seed, variants, shapes, l2, launch, ncu } => {
+        Command::Run { experiments, backend, quick, peers, out, seed, variants, shapes, l2, launch, ncu, once, cases } => {
+            let cases = cases
+                .iter()
+                .map(|c| serde_json::from_str::<serde_json::Value>(c).map_err(|e| LabError::Invalid(format!("--case `{c}` is not JSON: {e}"))))
+                .collect::<Result<Vec<_>>>()?;
             let exps = if experiments.iter().any(|e| e == "all") {
                 experiment::registry()
             } else {
@@ -201,13 +237,13 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             let seed = lab::collective::agree_seed(seed.unwrap_or_else(fresh_seed))?;
             if lab::collective::is_follower()? {
                 let params_from = (!shapes.is_empty()).then(|| "command line".to_string());
-                let opts = RunOptions { quick, peers, out, seed, variants, provider: None, progress: false, l2, launch, ncu, shapes, params_from };
+                let opts = RunOptions { quick, peers, out, seed, variants, provider: None, progress: false, l2, launch, ncu, shapes, params_from, once, cases };
                 lab::collective::follow(&exps, &opts)?;
                 return Ok(ExitCode::SUCCESS);
             }
             let backend = backend.open()?;
             let params_from = (!shapes.is_empty()).then(|| "command line".to_string());
-            let opts = RunOptions { quick, peers, out, seed, variants, provider: None, progress: true, l2, launch, ncu, shapes, params_from };
+            let opts = RunOptions { quick, peers, out, seed, variants, provider: None, progress: !once, l2, launch, ncu, shapes, params_from, once, cases };
             // Every --shape is checked against every experiment before anything runs.
             let cases = exps.iter().map(|e| experiment::cases_for(*e, &backend, &opts)).collect::<Result<Vec<_>>>()?;
             let mut session = Session::new(backend, opts)?;
@@ -231,6 +267,10 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             }
             print!("{}", compare::render(&rows, view(absolute), threshold));
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Sanitize { experiments, tool, variants, jobs, timeout, out, seed, backend } => {
+            let plan = (tool, variants, jobs, std::time::Duration::from_secs(timeout), seed.unwrap_or_else(fresh_seed));
+            sanitize(experiments, plan, out, backend)
         }
         Command::LaunchOnce { experiment, case, variant, seed } => {
             let case: serde_json::Value = serde_json::from_str(&case).map_err(|e| LabError::Invalid(format!("--case is not JSON: {e}")))?;
@@ -281,6 +321,43 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+type SanitizePlan = (Vec<lab::profile::sanitize::Tool>, Vec<String>, usize, std::time::Duration, u64);
+
+fn sanitize(experiments: Vec<String>, (tools, variants, jobs, timeout, seed): SanitizePlan, out: PathBuf, backend: BackendChoice) -> Result<ExitCode> {
+    use lab::profile::sanitize;
+    let experiments: Vec<&'static str> = if experiments.is_empty() {
+        lab::family::with_kernels().filter_map(|f| f.experiment).map(|e| e.name()).collect()
+    } else {
+        experiments.iter().map(|e| experiment::find(e).map(|e| e.name())).collect::<Result<_>>()?
+    };
+    let mut tools = tools;
+    tools.sort();
+    tools.dedup();
+    let backend = backend.open()?;
+    let plan = sanitize::Plan { experiments, tools, variants, jobs, timeout, seed, backend: backend.name() };
+    let mut session = Session::new(backend, RunOptions::new(out, seed))?;
+    let missing = sanitize::run(&mut session, &plan)?;
+    let bad: Vec<&Record> = session.records.iter().filter(|r| r.verdict == Verdict::Fail).collect();
+    for r in &bad {
+        let s = &r.extra["sanitizer"];
+        let what = s.get("first_error").or(s.get("failure")).and_then(|v| v.as_str()).unwrap_or("");
+        println!("{} {} under {}: {} error(s) on {}
+  {}", r.params["experiment"].as_str().unwrap_or(""), r.variant, s["tool"].as_str().unwrap_or(""), s["errors"], r.params["case"], what.replace('\n', "\n  "));
+        if let Some(cmd) = sanitize::reproduce(r) {
+            println!("  again: {cmd}");
+        }
+    }
+    for (e, vs) in &missing {
+        println!("{e}: no sanitizer shape launches {}", vs.join(", "));
+    }
+    let library = session.records.iter().filter(|r| r.extra["sanitizer"]["status"] == "library").count();
+    if library > 0 {
+        println!("{library} record(s) with reports only in kernels outside the lab (a library the variant calls): kept in the records, not failed");
+    }
+    println!("\n{} records ({} with errors) -> {}", session.records.len(), bad.len(), session.run_file().display());
+    Ok(if bad.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
 fn view(absolute: bool) -> View {
@@ -414,6 +491,8 @@ fn rerun(target: &str, dir: &std::path::Path, backend: BackendChoice, out: PathB
             ncu: false,
             shapes: Vec::new(),
             params_from: r.params_from.clone(),
+            once: false,
+            cases: Vec::new(),
         };
         let s = match session.as_mut() {
             Some(s) => {

@@ -32,6 +32,24 @@ pub trait Experiment: Sync {
     /// Runs every variant and peer that `filter` admits on one parameter set, emitting records
     /// through `session`. Variants that do not apply to the shape are skipped silently.
     fn run_case(&self, session: &mut Session, case: &Value) -> Result<()>;
+    /// The shapes `lab sanitize` launches every variant on, once each under compute-sanitizer:
+    /// small and odd, so that racecheck's slowness stays bounded. By default the quick sweep's
+    /// untimed gates (its first case when it has none); an experiment whose gates are large, or
+    /// leave variants out, lists its own.
+    fn sanitize_cases(&self, backend: &Backend) -> Vec<Value> {
+        let quick = self.cases(backend, true);
+        let gates: Vec<Value> = quick.iter().filter(|c| !param_timed(c)).cloned().collect();
+        if gates.is_empty() {
+            quick.into_iter().take(1).collect()
+        } else {
+            gates
+        }
+    }
+    /// Variants launched only inside another one (a model's engine), as (that variant, family,
+    /// variant it launches): `lab sanitize` counts them checked wherever that one ran.
+    fn sanitize_covers(&self) -> &'static [(&'static str, &'static str, &'static str)] {
+        &[]
+    }
     /// Launches one variant once on `case`'s inputs, untimed and unchecked: what a profiler
     /// wrapped around `lab launch-once` sees (see `profile::ncu`).
     fn launch_once(&self, _gpu: &Gpu, _case: &Value, _variant: &str, _seed: u64) -> Result<()> {
@@ -145,6 +163,12 @@ pub struct RunOptions {
     pub shapes: Vec<String>,
     /// Where the params come from when not from the sweep ("command line"), for the records.
     pub params_from: Option<String>,
+    /// Each variant launched once (a timed figure from a single repetition) on the experiment's
+    /// [`Experiment::sanitize_cases`], every case untimed: what `lab sanitize` runs under
+    /// compute-sanitizer. Records carry `extra.case_index`, the case's place in that list.
+    pub once: bool,
+    /// These cases (JSON, as records hold them) instead of the sweep.
+    pub cases: Vec<Value>,
 }
 
 impl RunOptions {
@@ -164,12 +188,15 @@ impl RunOptions {
             ncu: false,
             shapes: Vec::new(),
             params_from: None,
+            once: false,
+            cases: Vec::new(),
         }
     }
 
     /// Repetitions and timing mode for these options.
     pub fn budget(&self) -> Budget {
-        Budget { l2: self.l2, launch: self.launch, ..Budget::new(self.quick) }
+        let base = if self.once { Budget::once() } else { Budget::new(self.quick) };
+        Budget { l2: self.l2, launch: self.launch, ..base }
     }
 }
 
@@ -223,6 +250,7 @@ pub struct Session {
     writer: RunWriter,
     bar: indicatif::ProgressBar,
     case: String,
+    case_index: usize,
     device: DeviceInfo,
     host: record::HostInfo,
     time: String,
@@ -245,6 +273,7 @@ impl Session {
             writer,
             bar: indicatif::ProgressBar::hidden(),
             case: String::new(),
+            case_index: 0,
             device,
             host: record::host_info(),
             time,
@@ -275,9 +304,10 @@ impl Session {
                 .progress_chars("=> "),
         );
         bar.set_prefix(exp.name());
-        for case in cases {
+        for (i, case) in cases.iter().enumerate() {
             self.experiment = exp.name();
             self.case = case.to_string();
+            self.case_index = i;
             bar.set_message(self.case.clone());
             exp.run_case(self, case)?;
             bar.inc(1);
@@ -336,6 +366,10 @@ impl Session {
             _ => Verdict::Pass,
         };
         let git = record::git_info();
+        let mut extra = m.extra;
+        if self.opts.once {
+            extra.insert("case_index".into(), self.case_index.into());
+        }
         let record = Record {
             schema: record::SCHEMA,
             run_id: self.writer.run_id.clone(),
@@ -364,7 +398,7 @@ impl Session {
             quick: self.opts.quick,
             params_from: self.opts.params_from.clone(),
             env: record::env_allow_listed(),
-            extra: m.extra,
+            extra,
         };
         self.writer.append(&record)?;
         self.bar.set_message(format!("{}  (last: {} {})", self.case, record.variant, record.provider));
@@ -373,12 +407,24 @@ impl Session {
     }
 }
 
-/// The cases a run takes for `exp`: its sweep, or one case per `--shape` spec.
+/// The cases a run takes for `exp`: its sweep, one case per `--shape` spec, the cases given as
+/// JSON, or (once) its sanitizer shapes; every case untimed when each variant runs once.
 pub fn cases_for(exp: &dyn Experiment, backend: &Backend, opts: &RunOptions) -> Result<Vec<Value>> {
-    if opts.shapes.is_empty() {
-        return Ok(exp.cases(backend, opts.quick));
+    let mut cases = if !opts.cases.is_empty() {
+        opts.cases.clone()
+    } else if !opts.shapes.is_empty() {
+        opts.shapes.iter().map(|spec| shape_case(exp, backend, opts.quick, spec)).collect::<Result<_>>()?
+    } else if opts.once {
+        exp.sanitize_cases(backend)
+    } else {
+        exp.cases(backend, opts.quick)
+    };
+    if opts.once {
+        for c in &mut cases {
+            c["timed"] = Value::Bool(false);
+        }
     }
-    opts.shapes.iter().map(|spec| shape_case(exp, backend, opts.quick, spec)).collect()
+    Ok(cases)
 }
 
 /// A case from a `--shape` spec (`rows=4096,cols=50257,dtype=bf16`). The keys an experiment
@@ -487,6 +533,16 @@ mod tests {
         let mut m = Measurement::new("cached", "lab", &serde_json::json!({"n": 1}), Work { bytes: 1_000_000_000, flops: 0 });
         (m.time, m.ceiling) = (timed(5.0, l2), Some("copy_gb_s"));
         m
+    }
+
+    #[test]
+    fn runs_started_in_the_same_second_get_distinct_ids_and_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (session(dir.path()), session(dir.path()));
+        assert_eq!(a.time, b.time, "the test needs both in one second");
+        assert_ne!(a.run_id(), b.run_id());
+        assert_ne!(a.run_file(), b.run_file());
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
     }
 
     #[test]

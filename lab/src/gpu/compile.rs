@@ -182,10 +182,13 @@ pub fn compile_source(family: &str, src: &str, target: impl Into<Target>) -> Res
     })?;
     let text = ptx.to_src();
     if let Some(path) = &cache {
-        // A cache that cannot be written only costs a recompile next time.
+        // A cache that cannot be written only costs a recompile next time. Each process writes
+        // its own temporary file, so processes compiling the same family at once (tests, `lab
+        // sanitize`) never rename a file another is still writing.
+        let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
         let _ = std::fs::create_dir_all(path.parent().unwrap())
-            .and_then(|_| std::fs::write(path.with_extension("tmp"), &text))
-            .and_then(|_| std::fs::rename(path.with_extension("tmp"), path));
+            .and_then(|_| std::fs::write(&tmp, &text))
+            .and_then(|_| std::fs::rename(&tmp, path));
     }
     Ok(text)
 }

@@ -154,6 +154,14 @@ impl Experiment for Divergence {
         }
         out
     }
+    /// The odd-size gates, and the data-dependent kernels on the same odd size.
+    fn sanitize_cases(&self, backend: &Backend) -> Vec<Value> {
+        let mut out: Vec<Value> = self.cases(backend, true).into_iter().filter(|c| !crate::experiment::param_timed(c)).collect();
+        if matches!(backend, Backend::Cuda(_)) {
+            out.extend(["sorted", "shuffled"].map(|fill| json!({"kind": "data", "k": 2, "n": 1003, "iters": 7, "fill": fill, "timed": false})));
+        }
+        out
+    }
     fn run_case(&self, s: &mut Session, case: &Value) -> Result<()> {
         let (n, k, iters) = (param_usize(case, "n")?, param_usize(case, "k")?, param_usize(case, "iters")?);
         if n == 0 || !(1..=32).contains(&k) {

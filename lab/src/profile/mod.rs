@@ -2,6 +2,7 @@
 //! (`gpu::timing` for CUDA events, [`cpu_time`] for host code).
 
 pub mod ncu;
+pub mod sanitize;
 
 use serde::{Deserialize, Serialize};
 use statrs::statistics::{Data, OrderStatistics};
@@ -152,6 +153,10 @@ impl Budget {
         } else {
             Budget { warmup: 5, min: 10, max: 100, budget_ms: 1000.0, l2, launch }
         }
+    }
+    /// One warm-up launch and one timed: a variant launched (nearly) once, as under a sanitizer.
+    pub fn once() -> Self {
+        Budget { warmup: 1, min: 1, max: 1, budget_ms: 0.0, l2: L2::default(), launch: Launch::Eager }
     }
     /// Repetitions to take after a warm-up whose median took `warm_ms`.
     pub fn reps(&self, warm_ms: f64) -> usize {

@@ -136,11 +136,12 @@ impl RunWriter {
     pub fn create(dir: &Path, run_id: &str) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| LabError::io(dir, format!("cannot create the records folder: {e}")))?;
         let path = dir.join(format!("{run_id}.jsonl"));
+        // Never append to another run's file, whatever its id.
         let file = std::fs::OpenOptions::new()
-            .create(true)
+            .create_new(true)
             .append(true)
             .open(&path)
-            .map_err(|e| LabError::io(&path, format!("cannot open for appending: {e}")))?;
+            .map_err(|e| LabError::io(&path, format!("cannot create the run file (another run with this id?): {e}")))?;
         Ok(RunWriter { run_id: run_id.into(), path, file, count: 0 })
     }
 
@@ -150,8 +151,12 @@ impl RunWriter {
     }
 
     pub fn append(&mut self, record: &Record) -> Result<()> {
-        let line = serde_json::to_string(record).map_err(|e| LabError::Invalid(format!("record not serialisable: {e}")))?;
-        writeln!(self.file, "{line}")
+        let mut line = serde_json::to_string(record).map_err(|e| LabError::Invalid(format!("record not serialisable: {e}")))?;
+        line.push('\n');
+        // One write of the whole line: a run killed mid-way leaves complete lines and at most a
+        // torn last one, which readers report and skip.
+        self.file
+            .write_all(line.as_bytes())
             .and_then(|_| self.file.flush())
             .map_err(|e| LabError::io(&self.path, e))?;
         self.count += 1;
@@ -170,12 +175,18 @@ pub fn read_records(path: &Path) -> Result<(Vec<Record>, Vec<Damage>)> {
     let mut damage = Vec::new();
     for file in frame::record_files(path)? {
         let text = read_run_file(&file)?;
+        let lines = text.lines().count();
         for (i, line) in text.lines().enumerate() {
             if line.trim().is_empty() {
                 continue;
             }
             match parse_line(line) {
                 Ok(r) => records.push(r),
+                // The writer ends every line it finishes: a damaged last line without its end is
+                // one a killed run was writing.
+                Err(why) if i + 1 == lines && !text.ends_with('\n') => {
+                    damage.push(Damage { file: file.clone(), line: i + 1, why: format!("torn last line (the run was killed while writing it?): {why}") })
+                }
                 Err(why) => damage.push(Damage { file: file.clone(), line: i + 1, why }),
             }
         }

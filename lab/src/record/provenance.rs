@@ -47,7 +47,8 @@ pub fn utc_now() -> String {
     humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
 }
 
-/// `2026-11-22T14-03-11Z-h100-3f2a9c1`: sortable, names the device and the commit.
+/// `2026-11-22T14-03-11Z-h100-3f2a9c1-07be`: sortable, names the device and the commit, then 16
+/// random bits.
 pub fn run_id(device_name: &str, time: &str) -> String {
     let short = device_name
         .trim_start_matches("NVIDIA ")
@@ -59,5 +60,8 @@ pub fn run_id(device_name: &str, time: &str) -> String {
         .filter(|c| c.is_ascii_alphanumeric())
         .collect::<String>();
     let commit: String = git_info().commit.chars().take(7).collect();
-    format!("{}-{short}-{commit}", time.replace(':', "-"))
+    // Runs started in the same second on the same kind of device and commit (side by side, or on
+    // two hosts whose records are merged later) still get distinct ids and files.
+    let suffix: u16 = rand::random();
+    format!("{}-{short}-{commit}-{suffix:04x}", time.replace(':', "-"))
 }

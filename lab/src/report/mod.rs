@@ -6,6 +6,7 @@ mod draw;
 pub mod figures;
 pub mod findings;
 pub mod model;
+pub mod safety;
 pub mod show;
 
 use crate::record::{read_records, Record};
@@ -70,6 +71,8 @@ struct SiteContext<'a> {
     rooflines: &'a [Figure],
     /// How the log links to the notes folder (`reports/notes/`).
     notes_prefix: &'a str,
+    /// Memory safety per family (`lab sanitize`).
+    safety: &'a [safety::Family],
 }
 
 /// A note: `+++` TOML front matter naming its runs, then Markdown.
@@ -246,7 +249,10 @@ pub fn render(opts: &ReportOptions) -> Result<Rendered> {
     let md_prefix = relative_prefix(&opts.log, &opts.out);
     // The committed figures: each device's roofline over all its runs, then for each experiment
     // and device its ladder, its roofline and the figures of the run its status figure comes from.
-    let mut views = findings::experiments(&records, &notes);
+    // Sanitizer records have their own section, not an experiment's findings and figures.
+    let measured: Vec<Record> = records.iter().filter(|r| r.experiment != safety::EXPERIMENT).cloned().collect();
+    let safety = safety::families(&records);
+    let mut views = findings::experiments(&measured, &notes);
     let mut add = |name: String, title: String, kind: &'static str, svg: Option<String>, figures: &mut Vec<Figure>| {
         if let Some(svg) = svg {
             let path = format!("figures/{name}.svg");
@@ -256,7 +262,7 @@ pub fn render(opts: &ReportOptions) -> Result<Rendered> {
     };
     let mut rooflines = Vec::new();
     let mut by_device: BTreeMap<&str, Vec<&Record>> = BTreeMap::new();
-    for r in &records {
+    for r in &measured {
         by_device.entry(r.device.name.as_str()).or_default().push(r);
     }
     for (device, recs) in &by_device {
@@ -316,14 +322,14 @@ pub fn render(opts: &ReportOptions) -> Result<Rendered> {
 
     let experiments: Vec<ExperimentLink> = views.iter().map(|v| ExperimentLink { name: v.name.clone(), slug: v.slug.clone() }).collect();
     let cross = model::cross_device(&views);
-    let history = model::history(&records);
+    let history = model::history(&measured);
     let note_links: Vec<findings::NoteLink> = notes.iter().map(|(_, n)| findings::note_link(n)).collect();
     // Notes kept elsewhere than under the log's folder are linked by file name alone: the log
     // must not depend on where it was rendered.
     let notes_prefix = if opts.notes.starts_with(opts.log.parent().unwrap_or(Path::new(""))) { relative_prefix(&opts.log, &opts.notes) } else { String::new() };
     // Every page carries the navigation and the warnings; the index and the log the rest.
     let nav = SiteContext { experiments: &experiments, warnings: &warnings, has_gpu_run: records.iter().any(|r| r.backend == "cuda"), ..Default::default() };
-    let base = SiteContext { views: &views, cross: Some(&cross), runs: &runs, notes: &note_links, rooflines: &rooflines, notes_prefix: &notes_prefix, ..nav };
+    let base = SiteContext { views: &views, cross: Some(&cross), runs: &runs, notes: &note_links, rooflines: &rooflines, notes_prefix: &notes_prefix, safety: &safety, ..nav };
     let tera = templates(&opts.templates)?;
     files.insert(opts.log.clone(), render_one(&tera, "research_log.md", &base)?);
     files.insert(opts.out.join("index.html"), render_one(&tera, "index.html", &base)?);
@@ -338,7 +344,9 @@ pub fn render(opts: &ReportOptions) -> Result<Rendered> {
             })
             .collect();
         let history: Vec<model::History> = history.iter().filter(|h| h.experiment == e.name).cloned().collect();
-        let ctx = SiteContext { views: &views[i..=i], history: &history, details: &only, experiment: Some(&e.name), ..nav };
+        let family = crate::family::FAMILIES.iter().find(|f| f.experiment.is_some_and(|x| x.name() == e.name)).map_or(e.name.as_str(), |f| f.name);
+        let safety: Vec<safety::Family> = safety.iter().filter(|s| s.name == family).cloned().collect();
+        let ctx = SiteContext { views: &views[i..=i], history: &history, details: &only, experiment: Some(&e.name), safety: &safety, ..nav };
         files.insert(opts.out.join(format!("{}.html", e.slug)), render_one(&tera, "experiment.html", &ctx)?);
     }
     for run in &details {

@@ -129,6 +129,17 @@ impl Experiment for Gemm {
         }
         out
     }
+    /// The gates, with the tail-split gate's K cut from 4072 to 584 (9 k-tiles, the last partial):
+    /// the same 136 tiles and split tail, an eighth of the work under racecheck.
+    fn sanitize_cases(&self, backend: &Backend) -> Vec<Value> {
+        let mut out: Vec<Value> = self.cases(backend, true).into_iter().filter(|c| !param_timed(c)).collect();
+        for c in &mut out {
+            if c["m"] == 2100 && c["k"] == 4072 {
+                c["k"] = 584.into();
+            }
+        }
+        out
+    }
     fn run_case(&self, s: &mut Session, case: &Value) -> Result<()> {
         match DType::parse(param_str(case, "dtype")?)? {
             DType::F32 => run::<f32>(s, case),

@@ -106,6 +106,21 @@ impl Experiment for Llama {
         }
         out
     }
+    /// The check (a prompt and 8 greedy steps against the reference), a decode step at an odd
+    /// batch (the dense GEMM path) and context, and a prefill of an odd length.
+    fn sanitize_cases(&self, _: &Backend) -> Vec<Value> {
+        vec![json!({"op": "check"}), json!({"op": "decode", "batch": 3, "context": 17}), json!({"op": "prefill", "tokens": 33})]
+    }
+    fn sanitize_covers(&self) -> &'static [(&'static str, &'static str, &'static str)] {
+        &[
+            ("engine", "llama", "embed_q8_0"),
+            ("engine", "llama", "add_rmsnorm"),
+            ("engine", "llama", "rope_cache"),
+            ("engine", "llama", "swiglu"),
+            ("engine", "llama", "argmax"),
+            ("engine", "attention", "decode_split"),
+        ]
+    }
     fn run_case(&self, s: &mut Session, case: &Value) -> Result<()> {
         match param_str(case, "op")? {
             "check" => check(s, case),
