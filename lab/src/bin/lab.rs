@@ -118,15 +118,18 @@ enum Command {
         /// Folder for the new run's JSONL file.
         #[arg(long, default_value = "reports/records")]
         out: PathBuf,
-        /// Relative changes inside this band are not reported as faster or slower.
+        /// Changes inside this band are never reported as faster or slower; the default view
+        /// widens it to 4 x the noise between the runs where that is larger.
         #[arg(long, default_value_t = 0.02)]
         threshold: f64,
-        /// Judge the timings on their raw change, not relative to the run's peer or ceiling.
+        /// Judge the timings on their raw change in median, not net of the drift between the runs.
         #[arg(long)]
         absolute: bool,
     },
-    /// Compare two runs: per figure, the change in median time with a bootstrap 95% interval,
-    /// absolute and relative to the peer (else the ceiling) measured in the same run.
+    /// Compare two runs: per figure, the change in median time (bootstrap 95% interval) and in the
+    /// fastest repetition; absolute, relative to the peer (else the ceiling) of its run, and net
+    /// of the drift between the runs. By default a lab kernel is called faster or slower only when
+    /// both changes, drift divided out, lie beyond max(--threshold, 4 x the runs' noise).
     Compare {
         /// The baseline: a run id or a run file.
         a: String,
@@ -134,14 +137,16 @@ enum Command {
         b: String,
         #[arg(long, default_value = "reports/records")]
         records: PathBuf,
-        /// Relative changes inside this band are not reported as faster or slower.
+        /// Changes inside this band are never reported as faster or slower; the default view
+        /// widens it to 4 x the noise between the runs where that is larger.
         #[arg(long, default_value_t = 0.02)]
         threshold: f64,
         /// Compare even when device, driver, host or environment differ.
         #[arg(long)]
         force: bool,
-        /// Call a figure faster or slower on its raw change in time, which moves with the
-        /// machine, instead of its change relative to the peer or ceiling of its run.
+        /// Call every figure, peers and ceilings too, faster or slower on its raw change in median
+        /// (interval beyond --threshold), which moves with the machine, instead of net of the
+        /// drift and noise between the runs.
         #[arg(long)]
         absolute: bool,
     },
@@ -261,11 +266,11 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
         }
         Command::Rerun { target, records, backend, out, threshold, absolute } => rerun(&target, &records, backend, out, threshold, view(absolute)),
         Command::Compare { a, b, records, threshold, force, absolute } => {
-            let rows = compare::compare_runs(&select(&a, &records)?, &select(&b, &records)?, threshold, force)?;
-            if rows.is_empty() {
+            let cmp = compare::compare_runs(&select(&a, &records)?, &select(&b, &records)?, threshold, force)?;
+            if cmp.rows.is_empty() {
                 return Err(LabError::Invalid(format!("`{a}` and `{b}` share no timed, passing figure")));
             }
-            print!("{}", compare::render(&rows, view(absolute), threshold));
+            print!("{}", compare::render(&cmp, view(absolute)));
             Ok(ExitCode::SUCCESS)
         }
         Command::Sanitize { experiments, tool, variants, jobs, timeout, out, seed, backend } => {
@@ -364,24 +369,24 @@ fn view(absolute: bool) -> View {
     if absolute {
         View::Absolute
     } else {
-        View::Relative
+        View::Noise
     }
 }
 
-/// The rerun's timings against the recorded run's, each relative to the peer or ceiling of its
-/// own run (as `lab compare` reads them).
+/// The rerun's timings against the recorded run's, as `lab compare` reads them: net of the drift
+/// and noise between the two runs where they share enough figures, else absolutely, said so.
 fn print_timing(old_runs: &[Record], new: &[Record], view: View, threshold: f64) -> Result<()> {
     let (Some(o), Some(n)) = (old_runs.first(), new.first()) else { return Ok(()) };
-    let rows = compare::compare_runs(old_runs, new, threshold, true)?;
-    if rows.is_empty() {
+    let cmp = compare::compare_runs(old_runs, new, threshold, true)?;
+    if cmp.rows.is_empty() {
         return Ok(());
     }
     println!("\ntiming, A = the recorded run, B = this rerun:");
     let differ = compare::fingerprint_differences(o, n);
     if !differ.is_empty() {
-        println!("(made on different hardware or environments: {}; the relative change is the one to read)", differ.join("; "));
+        println!("(made on different hardware or environments: {}; the change net of drift is the one to read)", differ.join("; "));
     }
-    print!("{}", compare::render(&rows, view, threshold));
+    print!("{}", compare::render(&cmp, view));
     Ok(())
 }
 
