@@ -170,7 +170,7 @@ pub fn run_job(job: &Job, plan: &Plan) -> Result<Ran> {
     let seconds = start.elapsed().as_secs_f64();
     let outcome = if job.tool.is_some() { parse(&std::fs::read_to_string(&log).unwrap_or_default()) } else { Outcome { finished: true, ..Outcome::default() } };
     let (records, _) = crate::record::read_records(dir.path())?;
-    let last_err = std::fs::read_to_string(&stderr_path).unwrap_or_default().lines().filter(|l| !l.trim().is_empty()).last().unwrap_or("").to_string();
+    let last_err = std::fs::read_to_string(&stderr_path).unwrap_or_default().lines().rfind(|l| !l.trim().is_empty()).unwrap_or("").to_string();
     let failure = match status {
         None => Some(format!("did not finish in {} s", plan.timeout.as_secs())),
         // `lab run` exits 1 when a check failed: the launches still ran under the tool.
@@ -298,7 +298,9 @@ pub fn run(session: &mut Session, plan: &Plan) -> Result<Vec<(String, Vec<String
     });
     let launched: Launched = Default::default();
     // racecheck is by far the slowest tool: one process per case, so that they run side by side.
-    let mut queue: Vec<(&'static str, Tool, Vec<(usize, Value)>, Vec<(usize, String)>)> = Vec::new();
+    // (experiment, tool, its cases, what a plain run of them launched)
+    type Queued = (&'static str, Tool, Vec<(usize, Value)>, Vec<(usize, String)>);
+    let mut queue: Vec<Queued> = Vec::new();
     for ((name, cases), listed) in work.iter().zip(listed) {
         let listed = listed?;
         if let Some(why) = &listed.failure {
