@@ -228,10 +228,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Run { experiments, backend, quick, peers, out, seed, variants, shapes, l2, launch, ncu, once, cases } => {
-            let cases = cases
-                .iter()
-                .map(|c| serde_json::from_str::<serde_json::Value>(c).map_err(|e| LabError::Invalid(format!("--case `{c}` is not JSON: {e}"))))
-                .collect::<Result<Vec<_>>>()?;
+            let cases = cases.iter().map(|c| case_json(c)).collect::<Result<Vec<_>>>()?;
             let exps = if experiments.iter().any(|e| e == "all") {
                 experiment::registry()
             } else {
@@ -278,7 +275,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             sanitize(experiments, plan, out, backend)
         }
         Command::LaunchOnce { experiment, case, variant, seed } => {
-            let case: serde_json::Value = serde_json::from_str(&case).map_err(|e| LabError::Invalid(format!("--case is not JSON: {e}")))?;
+            let case = case_json(&case)?;
             let gpu = lab::gpu::Gpu::new(0)?;
             experiment::find(&experiment)?.launch_once(&gpu, &case, &variant, seed)?;
             Ok(ExitCode::SUCCESS)
@@ -363,6 +360,11 @@ fn sanitize(experiments: Vec<String>, (tools, variants, jobs, timeout, seed): Sa
     }
     println!("\n{} records ({} with errors) -> {}", session.records.len(), bad.len(), session.run_file().display());
     Ok(if bad.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+/// A `--case`: a case as JSON, as records hold it.
+fn case_json(text: &str) -> Result<serde_json::Value> {
+    serde_json::from_str(text).map_err(|e| LabError::Invalid(format!("--case `{text}` is not JSON: {e}")))
 }
 
 fn view(absolute: bool) -> View {

@@ -37,10 +37,9 @@ pub trait Experiment: Sync {
     /// untimed gates (its first case when it has none); an experiment whose gates are large, or
     /// leave variants out, lists its own.
     fn sanitize_cases(&self, backend: &Backend) -> Vec<Value> {
-        let quick = self.cases(backend, true);
-        let gates: Vec<Value> = quick.iter().filter(|c| !param_timed(c)).cloned().collect();
+        let gates = quick_gates(self, backend);
         if gates.is_empty() {
-            quick.into_iter().take(1).collect()
+            self.cases(backend, true).into_iter().take(1).collect()
         } else {
             gates
         }
@@ -405,6 +404,11 @@ impl Session {
         self.records.push(record.clone());
         Ok(record)
     }
+}
+
+/// The untimed gates of `exp`'s quick sweep on this backend: where `sanitize_cases` starts.
+pub fn quick_gates<E: Experiment + ?Sized>(exp: &E, backend: &Backend) -> Vec<Value> {
+    exp.cases(backend, true).into_iter().filter(|c| !param_timed(c)).collect()
 }
 
 /// The cases a run takes for `exp`: its sweep, one case per `--shape` spec, the cases given as

@@ -156,7 +156,7 @@ impl Experiment for Divergence {
     }
     /// The odd-size gates, and the data-dependent kernels on the same odd size.
     fn sanitize_cases(&self, backend: &Backend) -> Vec<Value> {
-        let mut out: Vec<Value> = self.cases(backend, true).into_iter().filter(|c| !crate::experiment::param_timed(c)).collect();
+        let mut out = crate::experiment::quick_gates(self, backend);
         if matches!(backend, Backend::Cuda(_)) {
             out.extend(["sorted", "shuffled"].map(|fill| json!({"kind": "data", "k": 2, "n": 1003, "iters": 7, "fill": fill, "timed": false})));
         }

@@ -283,13 +283,12 @@ pub fn run(session: &mut Session, plan: &Plan) -> Result<Vec<(String, Vec<String
     let variant = plan.variants.first().cloned().filter(|_| plan.variants.len() == 1);
     // Each experiment's cases, and the launches a plain run of them makes (a run under a tool
     // may end at its first fault, before it records what it launched).
+    // The cases exactly as `lab run --once` takes them.
+    let once = crate::experiment::RunOptions { once: true, ..session.opts.clone() };
     let mut work: Vec<(&'static str, Vec<(usize, Value)>)> = Vec::new();
     for &name in &plan.experiments {
-        let cases = crate::experiment::find(name)?.sanitize_cases(&backend).into_iter().enumerate().map(|(i, mut c)| {
-            c["timed"] = Value::Bool(false);
-            (i, c)
-        });
-        work.push((name, cases.collect()));
+        let cases = crate::experiment::cases_for(crate::experiment::find(name)?, &backend, &once)?;
+        work.push((name, cases.into_iter().enumerate().collect()));
     }
     let pool = rayon::ThreadPoolBuilder::new().num_threads(plan.jobs.max(1)).build().map_err(|e| LabError::Invalid(format!("thread pool: {e}")))?;
     let listed: Vec<Result<Ran>> = pool.install(|| {

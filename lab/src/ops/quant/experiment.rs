@@ -119,7 +119,7 @@ impl Experiment for Quant {
     /// The gates, and each format's kernels on an odd row count whose packed Q4_0/Q4_1 blocks
     /// end inside a 16 B vector (37 x 1152: 23,976 and 26,640 bytes).
     fn sanitize_cases(&self, backend: &Backend) -> Vec<Value> {
-        let mut out: Vec<Value> = self.cases(backend, true).into_iter().filter(|c| !param_timed(c)).collect();
+        let mut out = crate::experiment::quick_gates(self, backend);
         if matches!(backend, Backend::Cuda(_)) {
             out.extend(["sym_g128", "asym_g128", "q4_0", "q4_1"].map(|f| json!({"op": "format", "format": f, "rows": 37, "cols": 1152, "timed": false})));
         }
