@@ -14,6 +14,7 @@ use super::draw::{
 use super::findings::{current_variants, declared, matches};
 use super::model::{headline, is_peer, rate, shape, variant_name};
 use crate::record::{Record, Verdict};
+use plotters::coord::{combinators::WithKeyPoints, Shift};
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, VPos};
 use std::collections::BTreeMap;
@@ -97,6 +98,40 @@ const MAX_PEER_SERIES: usize = 2;
 /// The scaling chart's lab colours: PALETTE's first five and its cyan (grey is the peers').
 const SERIES: [RGBColor; 6] = [PALETTE[0], PALETTE[1], PALETTE[2], PALETTE[3], PALETTE[4], PALETTE[9]];
 
+/// Both axes of a log-log chart: ranges with their key points.
+type LogLog = Cartesian2d<WithKeyPoints<LogCoord<f64>>, WithKeyPoints<LogCoord<f64>>>;
+
+/// A log-log chart filling `body` with the figures' grid (faint major lines only), the axes named
+/// by `desc` and their key points written by `fmt`.
+fn log_log_chart<'a, 'b>(
+    body: &'a DrawingArea<SVGBackend<'b>, Shift>,
+    x: (f64, f64, Vec<f64>),
+    y: (f64, f64, Vec<f64>),
+    desc: (&str, &str),
+    fmt: fn(f64) -> String,
+) -> Option<ChartContext<'a, SVGBackend<'b>, LogLog>> {
+    let mut chart = ChartBuilder::on(body)
+        .margin(10)
+        .margin_right(20)
+        .x_label_area_size(46)
+        .y_label_area_size(70)
+        .build_cartesian_2d((x.0..x.1).log_scale().with_key_points(x.2), (y.0..y.1).log_scale().with_key_points(y.2))
+        .ok()?;
+    chart
+        .configure_mesh()
+        .x_desc(desc.0)
+        .y_desc(desc.1)
+        .label_style(("sans-serif", TEXT))
+        .axis_desc_style(("sans-serif", TEXT))
+        .x_label_formatter(&|v| fmt(*v))
+        .y_label_formatter(&|v| fmt(*v))
+        .bold_line_style(BLACK.mix(0.12))
+        .light_line_style(TRANSPARENT)
+        .draw()
+        .ok()?;
+    Some(chart)
+}
+
 /// Throughput against the experiment's sweep parameter (`axis`, e.g. `cols`; bytes moved when a
 /// record lacks it): the fastest lab variants (by their best point) and the fastest peers on the
 /// same log-log axes, peers dashed, each line with its p20-p80 band shaded and a marker per dtype.
@@ -177,25 +212,7 @@ pub fn scaling(run: &[&Record], experiment: &str, axis: &str) -> Option<String> 
         root.fill(&WHITE).ok()?;
         header(&root, &title, &subtitle)?;
         let (_, body) = root.split_vertically(HEADER);
-        let mut chart = ChartBuilder::on(&body)
-            .margin(10)
-            .margin_right(20)
-            .x_label_area_size(46)
-            .y_label_area_size(70)
-            .build_cartesian_2d((x0..x1).log_scale().with_key_points(log_ticks(x0, x1)), (y0..y1).log_scale().with_key_points(log_ticks(y0, y1)))
-            .ok()?;
-        chart
-            .configure_mesh()
-            .x_desc(axis_name.as_str())
-            .y_desc(unit)
-            .label_style(("sans-serif", TEXT))
-            .axis_desc_style(("sans-serif", TEXT))
-            .x_label_formatter(&|v| big_tick(*v))
-            .y_label_formatter(&|v| big_tick(*v))
-            .bold_line_style(BLACK.mix(0.12))
-            .light_line_style(TRANSPARENT)
-            .draw()
-            .ok()?;
+        let mut chart = log_log_chart(&body, (x0, x1, log_ticks(x0, x1)), (y0, y1, log_ticks(y0, y1)), (&axis_name, unit), big_tick)?;
         plot = Bounds::of_area(chart.plotting_area());
         for (key, pts, c) in &drawn {
             let line: Vec<(f64, f64)> = pts.iter().map(|p| (p.x, p.y)).collect();

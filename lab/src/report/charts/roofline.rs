@@ -194,25 +194,8 @@ fn draw_roofline(title: &str, subtitle: &str, roofs: &BTreeMap<String, f64>, poi
         root.fill(&WHITE).ok()?;
         header(&root, title, subtitle)?;
         let (_, body) = root.split_vertically(HEADER);
-        let mut chart = ChartBuilder::on(&body)
-            .margin(10)
-            .margin_right(20)
-            .x_label_area_size(46)
-            .y_label_area_size(70)
-            .build_cartesian_2d((x_lo..x_hi).log_scale().with_key_points(decades(x_lo, x_hi)), (y_lo..y_hi).log_scale().with_key_points(decades(y_lo, y_hi)))
-            .ok()?;
-        chart
-            .configure_mesh()
-            .x_desc("arithmetic intensity (flop / byte)")
-            .y_desc("TFLOP/s")
-            .label_style(("sans-serif", TEXT))
-            .axis_desc_style(("sans-serif", TEXT))
-            .x_label_formatter(&|v| tick(*v))
-            .y_label_formatter(&|v| tick(*v))
-            .bold_line_style(BLACK.mix(0.12))
-            .light_line_style(TRANSPARENT)
-            .draw()
-            .ok()?;
+        let (x, y) = ((x_lo, x_hi, decades(x_lo, x_hi)), (y_lo, y_hi, decades(y_lo, y_hi)));
+        let mut chart = log_log_chart(&body, x, y, ("arithmetic intensity (flop / byte)", "TFLOP/s"), tick)?;
         plot = Bounds::of_area(chart.plotting_area());
 
         // The copy slope up to the highest ceiling, then each compute ceiling from its ridge.
