@@ -260,7 +260,8 @@ pub struct Plan {
 }
 
 /// The entry points of every family's kernels as NVRTC compiles them for `gpu`: which kernels
-/// a report names are the lab's own.
+/// a report names are the lab's own. Compiled once before any process starts, which also fills
+/// the disk cache they all read, instead of each compiling the same family side by side.
 fn lab_kernels(backend: &Backend) -> Result<BTreeSet<String>> {
     let Backend::Cuda(gpu) = backend else { return Ok(BTreeSet::new()) };
     let target = crate::gpu::compile::Target::for_device(gpu.arch);
