@@ -212,30 +212,34 @@ fn compare_reads_a_run_against_itself_as_no_change_and_refuses_other_hardware() 
     }
 }
 
-/// A run whose every time is 50% longer (the machine slowed down, the code did not; the CPU
-/// backend's samples on a busy machine are too noisy for less to be certain): a quick
+/// A run whose every time is 50% longer (the machine slowed down, the code did not): a quick
 /// vector_add run shares too few figures to estimate the drift between the runs, so the default
 /// view reads each kernel against the copy ceiling of its run, says so and flags nothing;
-/// `--absolute` calls every figure slower.
+/// `--absolute` calls every figure slower. The samples of both runs are set to a fixed ±0.2%
+/// spread around each figure's first sample, so the verdicts depend on the comparison alone and
+/// not on how busy the machine running the test is (a 1-element CPU add can vary by 2x).
 #[test]
 fn compare_reads_a_uniform_slowdown_as_drift_unless_asked_for_the_absolute_change() {
     let dir = tempfile::tempdir().unwrap();
     assert!(run_quick(dir.path(), "vector_add").status.success());
     let file = std::fs::read_dir(dir.path()).unwrap().next().unwrap().unwrap().path();
-    let slowed: String = std::fs::read_to_string(&file)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let mut r: serde_json::Value = serde_json::from_str(l).unwrap();
-            if let Some(raw) = r["timing"]["raw_ms"].as_array_mut() {
-                raw.iter_mut().for_each(|t| *t = (t.as_f64().unwrap() * 1.5).into());
-            }
-            format!("{r}\n")
-        })
-        .collect();
-    let other = dir.path().join("slowed.jsonl");
-    std::fs::write(&other, slowed).unwrap();
-    let (a, b) = (file.to_str().unwrap(), other.to_str().unwrap());
+    let retimed = |scale: f64| -> String {
+        let run = std::fs::read_to_string(&file).unwrap();
+        run.lines()
+            .map(|l| {
+                let mut r: serde_json::Value = serde_json::from_str(l).unwrap();
+                if let Some(raw) = r["timing"]["raw_ms"].as_array_mut() {
+                    let first = raw[0].as_f64().unwrap();
+                    raw.iter_mut().enumerate().for_each(|(k, t)| *t = (first * scale * (1.0 + 0.001 * (k % 5) as f64 - 0.002)).into());
+                }
+                format!("{r}\n")
+            })
+            .collect()
+    };
+    let (steady, slowed) = (dir.path().join("steady.jsonl"), dir.path().join("slowed.jsonl"));
+    std::fs::write(&steady, retimed(1.0)).unwrap();
+    std::fs::write(&slowed, retimed(1.5)).unwrap();
+    let (a, b) = (steady.to_str().unwrap(), slowed.to_str().unwrap());
 
     let o = lab(&["compare", a, b]);
     assert!(o.status.success(), "{}", text(&o));
