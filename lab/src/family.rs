@@ -126,6 +126,8 @@ pub static FAMILIES: &[Family] = &[
         experiment: Some(&crate::ops::nccl_allreduce::NcclAllReduce),
         variants: none,
     },
+    // f64 kernels that check others where the CPU reference would be too slow (no sweep of their own).
+    Family { name: "reference", kernels: &[kernel!("reference.cu")], experiment: None, variants: none },
 ];
 
 /// The family called `name`.

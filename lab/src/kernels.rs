@@ -63,6 +63,19 @@ pub fn source(family: &str) -> crate::Result<String> {
     Ok(out)
 }
 
+/// A short hash (SHA-256, 16 hex digits) of a family's source as NVRTC compiles it, headers
+/// inlined: records say which kernels they ran by it, and the report compares it with the
+/// committed kernels' to say whether a family's current kernels have passed on a GPU.
+pub fn hash(family: &str) -> crate::Result<String> {
+    use sha2::{Digest, Sha256};
+    Ok(format!("{:x}", Sha256::digest(source(family)?.as_bytes()))[..16].to_string())
+}
+
+/// [`hash`] of each of `families` (those without kernels are left out).
+pub fn hashes<'a>(families: impl IntoIterator<Item = &'a str>) -> std::collections::BTreeMap<String, String> {
+    families.into_iter().filter_map(|f| hash(f).ok().map(|h| (f.to_string(), h))).collect()
+}
+
 fn inline_headers(text: &str, included: &mut std::collections::BTreeSet<&'static str>) -> String {
     let mut out = text.to_string();
     for (name, header) in HEADERS {
@@ -86,5 +99,18 @@ mod tests {
         assert_eq!(src.len(), file.len() - "#include \"common.cuh\"".len() + super::HEADERS[0].1.len());
         let err = super::source("allreduce").unwrap_err().to_string();
         assert!(err.contains("no kernel family `allreduce`"), "{err}");
+    }
+
+    #[test]
+    fn a_family_hash_covers_its_headers_and_differs_between_families() {
+        let (softmax, rmsnorm) = (super::hash("softmax").unwrap(), super::hash("rmsnorm").unwrap());
+        assert_eq!(softmax.len(), 16);
+        assert_ne!(softmax, rmsnorm);
+        // The hash is of the source with common.cuh inlined, not of softmax.cu alone.
+        use sha2::{Digest, Sha256};
+        let file_only = format!("{:x}", Sha256::digest(include_str!("../../kernels/softmax.cu").as_bytes()));
+        assert_ne!(softmax, file_only[..16]);
+        let h = super::hashes(["softmax", "allreduce"]);
+        assert_eq!(h.keys().collect::<Vec<_>>(), ["softmax"]);
     }
 }

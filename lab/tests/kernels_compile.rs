@@ -115,6 +115,7 @@ fn exported_symbols_are_the_ones_the_launchers_use() {
     assert_eq!(ptx("collective"), expect("collective", &["add"], &all));
     assert_eq!(ptx("attention"), lab::ops::attention::gpu_symbols());
     assert_eq!(ptx("llama"), gpu_symbols("llama", lab::ops::llama::VARIANTS));
+    assert_eq!(ptx("reference"), expect("reference", &["gemm"], &all));
 }
 
 #[test]

@@ -18,6 +18,8 @@ fn fixture_opts(out: &Path) -> ReportOptions {
         templates: root().join("templates"),
         out: out.to_path_buf(),
         log: out.join("research_log.md"),
+        // Fixed, so an edit to a kernel does not change the golden files.
+        kernels: [("softmax", "0123456789abcdef"), ("vector_add", "fedcba9876543210")].into_iter().map(|(f, h)| (f.to_string(), h.to_string())).collect(),
     }
 }
 

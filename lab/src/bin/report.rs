@@ -27,7 +27,7 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let opts = ReportOptions { records: cli.records, notes: cli.notes, templates: cli.templates, out: cli.out, log: cli.log };
+    let opts = ReportOptions { records: cli.records, notes: cli.notes, templates: cli.templates, out: cli.out, log: cli.log, ..Default::default() };
     let rendered = match render(&opts) {
         Ok(r) => r,
         Err(e) => {

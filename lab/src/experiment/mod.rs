@@ -218,6 +218,9 @@ pub struct Measurement {
     /// Which ceiling this is a fraction of: "copy_gb_s" or "fma_tflop_s" (None: not placed).
     pub ceiling: Option<&'static str>,
     pub extra: serde_json::Map<String, Value>,
+    /// The kernels it ran, where another process ran them (a sanitizer's child); else the
+    /// session's GPU says.
+    pub kernels: BTreeMap<String, String>,
 }
 
 impl Measurement {
@@ -232,6 +235,7 @@ impl Measurement {
             tolerance: None,
             ceiling: None,
             extra: Default::default(),
+            kernels: BTreeMap::new(),
         }
     }
 }
@@ -303,6 +307,9 @@ impl Session {
                 .progress_chars("=> "),
         );
         bar.set_prefix(exp.name());
+        if let Backend::Cuda(gpu) = &self.backend {
+            gpu.forget_families();
+        }
         for (i, case) in cases.iter().enumerate() {
             self.experiment = exp.name();
             self.case = case.to_string();
@@ -365,6 +372,10 @@ impl Session {
             _ => Verdict::Pass,
         };
         let git = record::git_info();
+        let kernels = match &self.backend {
+            Backend::Cuda(gpu) if m.kernels.is_empty() => crate::kernels::hashes(gpu.families().iter().map(String::as_str)),
+            _ => m.kernels,
+        };
         let mut extra = m.extra;
         if self.opts.once {
             extra.insert("case_index".into(), self.case_index.into());
@@ -397,6 +408,7 @@ impl Session {
             quick: self.opts.quick,
             params_from: self.opts.params_from.clone(),
             env: record::env_allow_listed(),
+            kernels,
             extra,
         };
         self.writer.append(&record)?;

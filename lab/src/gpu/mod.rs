@@ -42,6 +42,9 @@ pub struct Gpu {
     functions: Mutex<HashMap<String, CudaFunction>>,
     /// One cuBLAS handle on our stream, made on first use.
     blas: std::sync::OnceLock<cudarc::cublas::CudaBlas>,
+    /// The families whose kernels were looked up since [`Gpu::forget_families`]: what the records
+    /// of an experiment say they ran.
+    families: Mutex<std::collections::BTreeSet<String>>,
 }
 
 /// Why no GPU can be used, in plain words; `None` when one can.
@@ -110,11 +113,18 @@ impl Gpu {
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
             blas: std::sync::OnceLock::new(),
+            families: Mutex::new(Default::default()),
         }))
     }
 
     /// A kernel by family, variant and dtype; the family's module is compiled once per context.
     pub fn function(&self, family: &str, symbol: &str) -> Result<CudaFunction> {
+        {
+            let mut used = self.families.lock().expect("family set poisoned");
+            if !used.contains(family) {
+                used.insert(family.to_string());
+            }
+        }
         if let Some(f) = self.functions.lock().expect("function cache poisoned").get(symbol) {
             return Ok(f.clone());
         }
@@ -136,6 +146,15 @@ impl Gpu {
         let f = module.load_function(symbol).doing(&format!("finding kernel `{symbol}`"))?;
         self.functions.lock().expect("function cache poisoned").insert(symbol.to_string(), f.clone());
         Ok(f)
+    }
+
+    /// The families whose kernels were looked up since the last [`Gpu::forget_families`].
+    pub fn families(&self) -> std::collections::BTreeSet<String> {
+        self.families.lock().expect("family set poisoned").clone()
+    }
+
+    pub fn forget_families(&self) {
+        self.families.lock().expect("family set poisoned").clear();
     }
 
     /// The context's cuBLAS handle (on [`Gpu::stream`]), created on first use.

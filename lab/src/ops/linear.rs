@@ -4,7 +4,7 @@
 //! backward, and the bias gradient as a two-stage column reduction without atomics.
 //! X is [M, K], W is [N, K] (PyTorch's layout), b is [N].
 
-use super::compare::{compare_elems, compare_frobenius};
+use super::compare::{compare, compare_elems};
 use super::variant::{self, Requires, Variant, VariantInfo};
 use super::{measure_op, measure_torch, widen, Check, Elem};
 use crate::error::Doing;
@@ -321,14 +321,16 @@ fn rel(dtype: DType) -> f64 {
     }
 }
 
-/// Compares [dX | dW | db] part by part, each by its relative Frobenius error, as one result.
+/// Compares [dX | dW | db] part by part, each element against its part's scale, as one result.
 fn compare_parts(got: &[f64], parts: &[&[f64]], dtype: DType) -> ErrorStats {
     let mut offset = 0;
     let mut all: Option<ErrorStats> = None;
     for part in parts {
-        // Gradients are GEMM outputs: judged norm-wise, like the gemm family (an element of dW
-        // sums only M products and may cancel to near zero).
-        let mut e = compare_frobenius(&got[offset..offset + part.len()], part, rel(dtype), "cpu-f64");
+        // Each element against `rel` of its part's RMS (an element of dW sums only M products and
+        // may cancel to near zero) plus `rel` of itself: a wrong row or column fails here, where
+        // one relative Frobenius error per part would average it away.
+        let mut e = compare(&got[offset..offset + part.len()], part, scaled(part, rel(dtype)), "cpu-f64");
+        e.bound = Some("rel (rms of its part: dX, dW or db) + rel |ref|".into());
         e.worst_index = e.worst_index.map(|i| i + offset as u64);
         all = Some(match all {
             None => e,
@@ -543,6 +545,21 @@ mod tests {
         let mut short = Tensor::<f32>::zeros(&dev, &[m * k]).unwrap();
         let err = backward(&dev, &tx, &tw, &tdy, &tdy, Act::Relu, &mut short, &mut BackwardScratch::new(&dev, m, n).unwrap()).unwrap_err().to_string();
         assert!(err.contains("grads holds 15 elements"), "{err}");
+    }
+
+    /// The planted fault a norm-wise check misses: one row of dX 5% off is 0.6% of dX's norm
+    /// (under a 1e-2 relative Frobenius tolerance) and fails element by element.
+    #[test]
+    fn one_wrong_row_of_a_gradient_is_caught() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let (dx, dw, db): (Vec<f64>, Vec<f64>, Vec<f64>) = ((0..64 * 40).map(|_| rng.random_range(-1.0..1.0)).collect(), (0..30 * 40).map(|_| rng.random_range(-1.0..1.0)).collect(), vec![0.5; 30]);
+        let mut got: Vec<f64> = [&dx[..], &dw[..], &db[..]].concat();
+        assert!(compare_parts(&got, &[&dx, &dw, &db], DType::Bf16).passed());
+        got[17 * 40..18 * 40].iter_mut().for_each(|g| *g *= 1.05);
+        assert!(crate::ops::compare::frobenius_rel(&got[..dx.len()], &dx) < 1e-2);
+        let e = compare_parts(&got, &[&dx, &dw, &db], DType::Bf16);
+        assert!(!e.passed() && e.worst_index.is_some_and(|i| (17 * 40..18 * 40).contains(&(i as usize))), "{e:?}");
     }
 
     #[test]

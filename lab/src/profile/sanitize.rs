@@ -122,6 +122,8 @@ pub struct Ran {
     pub launches: Vec<(usize, String)>,
     pub seconds: f64,
     pub failure: Option<String>,
+    /// The kernel families the process ran, with their hashes (from its records).
+    pub kernels: std::collections::BTreeMap<String, String>,
 }
 
 /// Runs one job; a process still running after the plan's timeout is killed with its group and
@@ -186,7 +188,8 @@ pub fn run_job(job: &Job, plan: &Plan) -> Result<Ran> {
             launches.push(key);
         }
     }
-    Ok(Ran { outcome, launches, seconds, failure })
+    let kernels = records.iter().flat_map(|r| r.kernels.clone()).collect();
+    Ok(Ran { outcome, launches, seconds, failure, kernels })
 }
 
 /// How a (variant, tool, case) came out.
@@ -416,7 +419,9 @@ impl Sanitize<'_> {
     fn record(&self, i: usize, variant: &str, ran: &Ran) -> Measurement {
         let case = self.cases.iter().find(|c| c.0 == i).map(|c| c.1.clone()).unwrap_or(Value::Null);
         let finding = Finding { errors: ran.outcome.errors, outcome: &ran.outcome, seconds: ran.seconds, failure: ran.failure.as_deref() };
-        measurement(self.name, variant, self.tool, &case, self.version, finding, self.lab_kernels)
+        let mut m = measurement(self.name, variant, self.tool, &case, self.version, finding, self.lab_kernels);
+        m.kernels = ran.kernels.clone();
+        m
     }
 }
 

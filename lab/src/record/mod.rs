@@ -46,6 +46,10 @@ pub struct ErrorStats {
     /// the reference rounded to that type (finite pairs only). Absent where outputs are not floats.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_ulp: Option<u64>,
+    /// How each element's allowance was formed where it is more than the record's
+    /// `atol + rtol |expected|` (a product's bound grows with its sum of absolute terms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bound: Option<String>,
 }
 
 impl ErrorStats {
@@ -61,6 +65,7 @@ impl ErrorStats {
             mismatches: 0,
             reference: reference.into(),
             max_ulp: None,
+            bound: None,
         }
     }
 }
@@ -118,6 +123,10 @@ pub struct Record {
     /// `lab run --shape`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub params_from: Option<String>,
+    /// The kernel families the run had launched when it made this record, each with the hash of
+    /// its source ([`crate::kernels::hash`]); empty where no lab kernel ran (CPU, peers alone).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub kernels: std::collections::BTreeMap<String, String>,
     /// Free-form extras (peer versions, notes from the provider).
     #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
     pub extra: serde_json::Map<String, serde_json::Value>,
@@ -230,6 +239,7 @@ mod tests {
             mismatches: 1,
             reference: "a reference holding a NaN".into(),
             max_ulp: None,
+            bound: None,
         };
         let text = serde_json::to_string(&e).unwrap();
         assert!(text.contains("\"worst_fraction_of_tolerance\":null"), "{text}");

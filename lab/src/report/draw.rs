@@ -464,8 +464,10 @@ mod tests {
     #[test]
     fn every_kernel_family_has_a_colour_of_its_own() {
         let mut seen: Vec<RGBColor> = Vec::new();
+        // Families without a sweep of their own (the f64 references) draw nothing.
         for f in crate::family::FAMILIES.iter().filter(|f| !f.kernels.is_empty() && f.name != "ceilings") {
-            let c = family_color(f.experiment.expect("a sweep").name());
+            let Some(exp) = f.experiment else { continue };
+            let c = family_color(exp.name());
             assert!(!seen.contains(&c), "{} shares a colour", f.name);
             seen.push(c);
         }

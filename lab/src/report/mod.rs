@@ -8,6 +8,7 @@ pub mod findings;
 pub mod model;
 pub mod safety;
 pub mod show;
+pub mod verified;
 
 use crate::record::{read_records, Record};
 use crate::{LabError, Result};
@@ -25,6 +26,9 @@ pub struct ReportOptions {
     pub out: PathBuf,
     /// Where research_log.md goes.
     pub log: PathBuf,
+    /// The hash of each family's committed kernels, which the records' are checked against: by
+    /// default those this binary embeds.
+    pub kernels: BTreeMap<String, String>,
 }
 
 impl Default for ReportOptions {
@@ -35,6 +39,7 @@ impl Default for ReportOptions {
             templates: "templates".into(),
             out: "reports".into(),
             log: "research_log.md".into(),
+            kernels: crate::kernels::hashes(crate::family::with_kernels().map(|f| f.name)),
         }
     }
 }
@@ -73,6 +78,8 @@ struct SiteContext<'a> {
     notes_prefix: &'a str,
     /// Memory safety per family (`lab sanitize`).
     safety: &'a [safety::Family],
+    /// Whether each family's committed kernels have passed on a GPU.
+    verified: &'a [verified::Family],
 }
 
 /// A note: `+++` TOML front matter naming its runs, then Markdown.
@@ -252,6 +259,7 @@ pub fn render(opts: &ReportOptions) -> Result<Rendered> {
     // Sanitizer records have their own section, not an experiment's findings and figures.
     let measured: Vec<Record> = records.iter().filter(|r| r.experiment != safety::EXPERIMENT).cloned().collect();
     let safety = safety::families(&records);
+    let verified = verified::families(&records, &opts.kernels);
     let mut views = findings::experiments(&measured, &notes);
     let mut add = |name: String, title: String, kind: &'static str, svg: Option<String>, figures: &mut Vec<Figure>| {
         if let Some(svg) = svg {
@@ -329,7 +337,7 @@ pub fn render(opts: &ReportOptions) -> Result<Rendered> {
     let notes_prefix = if opts.notes.starts_with(opts.log.parent().unwrap_or(Path::new(""))) { relative_prefix(&opts.log, &opts.notes) } else { String::new() };
     // Every page carries the navigation and the warnings; the index and the log the rest.
     let nav = SiteContext { experiments: &experiments, warnings: &warnings, has_gpu_run: records.iter().any(|r| r.backend == "cuda"), ..Default::default() };
-    let base = SiteContext { views: &views, cross: Some(&cross), runs: &runs, notes: &note_links, rooflines: &rooflines, notes_prefix: &notes_prefix, safety: &safety, ..nav };
+    let base = SiteContext { views: &views, cross: Some(&cross), runs: &runs, notes: &note_links, rooflines: &rooflines, notes_prefix: &notes_prefix, safety: &safety, verified: &verified, ..nav };
     let tera = templates(&opts.templates)?;
     files.insert(opts.log.clone(), render_one(&tera, "research_log.md", &base)?);
     files.insert(opts.out.join("index.html"), render_one(&tera, "index.html", &base)?);

@@ -2,14 +2,13 @@
 //! [`super::gemm`] on the same tensors, cuBLAS beside them.
 
 use super::variants::{applies, gpu_ladder, not_applicable, Config, VARIANTS};
-use super::{gemm, tolerance, validate, Dims, Expected, Split};
+use super::{bound, gemm, validate, Dims, Expected, Split, FULL_REFERENCE_MACS};
 use crate::error::Doing;
 use crate::experiment::{param_str, param_timed, param_usize, rng_for, Backend, Experiment, Session};
 use crate::gpu::Gpu;
 use crate::kernels::DType;
 use crate::ops::variant::Variant;
 use crate::ops::{measure_op, measure_op_with, Check, Elem};
-use crate::record::Tolerance;
 use crate::tensor::Tensor;
 use crate::Result;
 use cudarc::cublas::{CudaBlas, Gemm as BlasGemm};
@@ -131,8 +130,13 @@ impl Experiment for Gemm {
     }
     /// The gates, with the tail-split gate's K cut from 4072 to 584 (9 k-tiles, the last partial):
     /// the same 136 tiles and split tail, an eighth of the work under racecheck.
+    /// The quick gates, with the tail-split gate (2100 x 2040 x 4072) at K = 584: the same 136
+    /// tiles and edges, and still above the CPU reference's limit, so the GPU's f64 reference runs
+    /// under the tools too. In f16 and bf16 only: the f32 rungs take no tail split, their edges are
+    /// in the other gates, and racecheck of the f32 ladder on it runs past 8 minutes.
     fn sanitize_cases(&self, backend: &Backend) -> Vec<Value> {
         let mut out = crate::experiment::quick_gates(self, backend);
+        out.retain(|c| !(c["m"] == 2100 && c["dtype"] == "f32"));
         for c in &mut out {
             if c["m"] == 2100 && c["k"] == 4072 {
                 c["k"] = 584.into();
@@ -181,21 +185,28 @@ where
     let a = fill(d.m * d.k, &mut rng);
     let b = fill(d.k * d.n, &mut rng);
     let c0 = (ab.1 != 0.0).then(|| fill(d.m * d.n, &mut rng));
-    let expected = Expected::new(&a, &b, c0.as_deref(), d, ab, &mut rng);
-    let rel = tolerance(T::DTYPE);
+    let bound = bound(T::DTYPE, d.k);
     let work = d.work(T::DTYPE.size(), ab.1);
-    let compare_c = |c: &[T]| expected.check(c, d, rel);
     let backend = s.backend.clone();
     let ceiling = match (&backend, T::DTYPE) {
         (Backend::Cuda(_), DType::F16) => "tensor_f16_tflop_s",
         (Backend::Cuda(_), DType::Bf16) => "tensor_bf16_tflop_s",
         _ => "fma_tflop_s",
     };
-    let check = Check { tol: Tolerance { atol: 0.0, rtol: rel }, compare: &compare_c, ceiling };
     let (alpha, beta) = ab;
     let da = Tensor::from_slice(&backend, &[d.m, d.k], &a)?;
     let db = Tensor::from_slice(&backend, &[d.k, d.n], &b)?;
     let dc0 = c0.as_deref().map(|c| Tensor::from_slice(&backend, &[d.m, d.n], c)).transpose()?;
+    // Products too large for the CPU's f64 reference are checked in full by the GPU's.
+    let expected = match &backend {
+        Backend::Cuda(gpu) if d.macs() > FULL_REFERENCE_MACS => {
+            let on_device = (da.cuda().expect("on the GPU"), db.cuda().expect("on the GPU"), dc0.as_ref().map(|c| c.cuda().expect("on the GPU")));
+            Expected::on_gpu(gpu, (&a, &b, c0.as_deref()), on_device, d, ab, &mut rng)?
+        }
+        _ => Expected::new(&a, &b, c0.as_deref(), d, ab, &mut rng),
+    };
+    let compare_c = |c: &[T]| expected.check(c, d, bound);
+    let check = Check { tol: bound.tolerance(), compare: &compare_c, ceiling };
     let mut dc = Tensor::<T>::zeros(&backend, &[d.m, d.n])?;
     // beta != 0 reads C: every call starts from the same C0 (such cases are untimed).
     let run_as = |variant: &'static str| {

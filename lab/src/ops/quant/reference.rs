@@ -121,6 +121,7 @@ pub fn step_check(original: &[f32], approx: &[f32], q: &Quantized, group: usize)
         mismatches,
         reference: "original-f32, one step per group".into(),
         max_ulp: None,
+        bound: None,
     }
 }
 
