@@ -110,9 +110,16 @@ pub fn compile_family(family: &str, target: impl Into<Target>) -> Result<String>
 /// its PTX are read back, so a Rust mirror is tested against the kernel's own values. Each
 /// expression must be a compile-time constant that fits 32 bits (`__float_as_uint(x)` for a float).
 pub fn probe_u32(family: &str, exprs: &[&str]) -> Result<Vec<u32>> {
+    probe_source_u32(family, &crate::kernels::source(family)?, exprs, 90.into())
+}
+
+/// [`probe_u32`] over any source and target: calls of a kernel's own index functions with
+/// constant arguments fold to constants too, so a Rust mirror of a swizzle or a block order is
+/// compared with what the kernel computes (sm_90a's functions need target `90a`).
+pub fn probe_source_u32(family: &str, source: &str, exprs: &[&str], target: Target) -> Result<Vec<u32>> {
     let stores: String = exprs.iter().enumerate().map(|(i, e)| format!("    o[{i}] = (unsigned)({e});\n")).collect();
-    let src = format!("{}\nextern \"C\" __global__ void lab_probe(volatile unsigned* o) {{\n{stores}}}\n", crate::kernels::source(family)?);
-    let ptx = compile_source(&format!("{family}_probe"), &src, 90)?;
+    let src = format!("{source}\nextern \"C\" __global__ void lab_probe(volatile unsigned* o) {{\n{stores}}}\n");
+    let ptx = compile_source(&format!("{family}_probe"), &src, target)?;
     let body = ptx.split(".entry lab_probe(").nth(1).ok_or_else(|| LabError::Invalid("the probe kernel is missing from its PTX".into()))?;
     let mut regs = std::collections::HashMap::new();
     let mut got = vec![None; exprs.len()];
@@ -126,7 +133,9 @@ pub fn probe_u32(family: &str, exprs: &[&str]) -> Result<Vec<u32>> {
             let Some((addr, v)) = rest.trim_end_matches(';').split_once("], ") else { continue };
             let offset: usize = addr.split_once('+').map_or(Some(0), |(_, o)| o.parse().ok()).unwrap_or(usize::MAX);
             let v = regs.get(v).cloned().unwrap_or_else(|| v.to_string());
-            if let (Some(slot), Ok(value)) = (got.get_mut(offset / 4), v.parse::<u32>()) {
+            // PTX writes an immediate in decimal, negative past 2^31, or in hex.
+            let value = v.parse::<u32>().ok().or_else(|| v.parse::<i32>().ok().map(|x| x as u32)).or_else(|| v.strip_prefix("0x").and_then(|h| u32::from_str_radix(h, 16).ok()));
+            if let (Some(slot), Some(value)) = (got.get_mut(offset / 4), value) {
                 *slot = Some(value);
             }
         }

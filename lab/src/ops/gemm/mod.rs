@@ -43,6 +43,8 @@ pub mod reference;
 pub mod tma;
 pub mod variants;
 #[cfg(test)]
+mod mirrors;
+#[cfg(test)]
 mod sim_mma_sync;
 #[cfg(test)]
 mod sim_simt;

@@ -190,13 +190,13 @@ fn cp_async_ring_schedule_has_no_hazards() {
 // lane and loader offsets ----
 
 /// swz64() of kernels/gemm/warp64.cu: byte offset of chunk `chunk` (0..3) of row `row`, 64-byte rows.
-fn swz64(row: usize, chunk: usize) -> usize {
+pub(super) fn swz64(row: usize, chunk: usize) -> usize {
     let line = row >> 1;
     (line * 8 + ((((row & 1) << 2) | chunk) ^ (line & 7))) * 16
 }
 
 /// swz_a<BK>() of kernels/gemm/warp64.cu: the A slab layout for BK = 32 (64-byte rows) or 64 (128-byte rows).
-fn swz_a(bk: usize, row: usize, chunk: usize) -> usize {
+pub(super) fn swz_a(bk: usize, row: usize, chunk: usize) -> usize {
     if bk == 32 { swz64(row, chunk) } else { swz(row, chunk, bk / 8) }
 }
 
@@ -385,6 +385,16 @@ fn warp64_ring_schedule_has_no_hazards() {
 }
 
 
+/// grouped_tile() of kernels/gemm/mma_sync.cu: the origin (row, column) of block `pid`'s BM x BN
+/// tile, 8 block rows sweeping the block columns together.
+pub(super) fn grouped_tile(pid: usize, m: usize, n: usize, bm: usize, bn: usize) -> (usize, usize) {
+    let (gm, gn) = (m.div_ceil(bm), n.div_ceil(bn));
+    let per_group = 8 * gn;
+    let first = (pid / per_group) * 8;
+    let rows = (gm - first).min(8);
+    ((first + (pid % per_group) % rows) * bm, ((pid % per_group) / rows) * bn)
+}
+
 /// The tile loaders of the pipelined kernel write every chunk of a stage exactly once, and the
 /// grouped block order visits every (row, column) tile exactly once.
 #[test]
@@ -408,10 +418,8 @@ fn pipelined_loads_and_block_order_cover_everything_once() {
             let (gm, gn) = (m.div_ceil(bm), n.div_ceil(bn));
             let mut seen = vec![0; gm * gn];
             for pid in 0..gm * gn {
-                let per_group = 8 * gn;
-                let first = (pid / per_group) * 8;
-                let rows = (gm - first).min(8);
-                let (r, c) = (first + (pid % per_group) % rows, (pid % per_group) / rows);
+                let (r, c) = grouped_tile(pid, m, n, bm, bn);
+                let (r, c) = (r / bm, c / bn);
                 assert!(r < gm && c < gn, "{m}x{n}: pid {pid} -> ({r}, {c})");
                 seen[r * gn + c] += 1;
             }
