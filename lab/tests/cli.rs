@@ -428,3 +428,25 @@ fn a_killed_run_keeps_every_complete_record_and_a_torn_last_line_is_reported() {
     let rendered = lab::report::render(&opts).unwrap();
     assert!(rendered.warnings.iter().any(|w| w.contains("torn last line")), "{:?}", rendered.warnings);
 }
+
+/// `lab quantize` writes a model the reader takes, in the format asked for, and never replaces a
+/// file or writes a format it does not know.
+#[test]
+fn quantize_writes_a_model_and_keeps_an_existing_file() {
+    let model = std::env::var("LAB_SMOLLM2_GGUF").expect("LAB_SMOLLM2_GGUF must name SmolLM2-135M-Instruct.Q4_1.gguf");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("q8.gguf");
+    let o = lab(&["quantize", "--model", &model, "--format", "q8_0", "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("(Q8_0, "), "{}", text(&o));
+    let file = lab::weights::gguf::GgufFile::open(&out).unwrap();
+    let g = file.parse().unwrap();
+    assert_eq!(g.tensor("blk.0.attn_q.weight").unwrap().ty, lab::weights::gguf::GgmlType::Q8_0);
+    let before = std::fs::read(&out).unwrap().len();
+    let o = lab(&["quantize", "--model", &model, "--format", "q4_0", "--out", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("exists: choose another name"), "{}", text(&o));
+    assert_eq!(std::fs::read(&out).unwrap().len(), before);
+    let o = lab(&["quantize", "--model", &model, "--format", "q3_k", "--out", dir.path().join("x.gguf").to_str().unwrap()]);
+    assert!(text(&o).contains("unknown format `q3_k`"), "{}", text(&o));
+}

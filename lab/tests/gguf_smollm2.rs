@@ -106,3 +106,18 @@ fn smollm2_reads_dequantizes_and_requantizes_bit_exactly() {
     assert_eq!(weights, blocks * QK);
     assert!(weights > 100_000_000, "{weights} Q4_1 weights");
 }
+
+/// Read and written back by the lab's writer, the model is the same bytes: the writer lays a file
+/// out as llama.cpp's writer laid this one out.
+#[test]
+fn smollm2_written_back_is_the_same_bytes() {
+    let file = model();
+    let g = file.parse().unwrap();
+    let mut w = lab::weights::gguf_writer::GgufWriter::with_metadata_of(&g);
+    for t in &g.tensors {
+        w.add_tensor(&t.name, &t.dims, t.ty, g.data(t).to_vec()).unwrap();
+    }
+    let bytes = w.to_bytes().unwrap();
+    assert_eq!(bytes.len(), file.bytes().len());
+    assert_eq!(bytes.iter().zip(file.bytes()).position(|(a, b)| a != b), None, "first differing byte");
+}

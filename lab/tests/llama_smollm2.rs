@@ -62,3 +62,69 @@ fn a_file_of_another_architecture_or_missing_a_tensor_is_a_named_error() {
     let err = CpuModel::load(&Gguf::parse(&missing).unwrap()).err().expect("a missing tensor is an error").to_string();
     assert!(err.contains("tensor `blk.3.attn_q.weight` is missing from the model file"), "{err}");
 }
+
+/// The last logits of prompt 0 from `g`'s CPU reference.
+fn last_logits(g: &Gguf) -> Vec<f32> {
+    let prompt = Tokenizer::from_gguf(g).unwrap().encode(lab::ops::llama::experiment::PROMPTS[0], true).unwrap();
+    let model = CpuModel::load(g).unwrap();
+    model.forward(&mut model.cache(), &prompt).unwrap()
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum();
+    let norm = |v: &[f32]| v.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt();
+    dot / (norm(a) * norm(b))
+}
+
+/// Requantized by `lab quantize`'s path to Q8_0 (finer than the shipped Q4_1) the model reads
+/// back with every matrix in Q8_0, and its logits follow the original's; Q4_0 (as coarse,
+/// symmetric, its head kept in Q8_0) strays further. A file whose two layers' down projections were swapped is caught.
+#[test]
+fn a_requantized_model_reads_back_and_follows_the_original() {
+    use lab::weights::gguf::GgmlType;
+    use lab::weights::gguf_writer::requantize;
+    let b = bytes();
+    let g = Gguf::parse(&b).unwrap();
+    let original = last_logits(&g);
+    let mut seen = Vec::new();
+    // Measured: Q8_0 0.9990; Q4_0 0.83 (a second 4-bit rounding of weights already on
+    // Q4_1's grid: llama.cpp warns against requantizing for this reason).
+    for (to, floor) in [(GgmlType::Q8_0, 0.998), (GgmlType::Q4_0, 0.75)] {
+        let written = requantize(&g, to).unwrap().to_bytes().unwrap();
+        let back = Gguf::parse(&written).unwrap();
+        assert_eq!(back.get("general.file_type").and_then(|v| v.as_u64()), Some(if to == GgmlType::Q8_0 { 7 } else { 2 }));
+        assert!(back.tensors.iter().filter(|t| t.dims.len() == 1).all(|t| t.ty == GgmlType::F32), "{}: vectors stay f32", to.name());
+        // The tied head (Q8_0) stays finer than Q4_0; every other matrix takes the format.
+        let head = if to == GgmlType::Q4_0 { GgmlType::Q8_0 } else { to };
+        assert!(back.tensors.iter().filter(|t| t.dims.len() > 1).all(|t| t.ty == if t.name == "token_embd.weight" { head } else { to }), "{}", to.name());
+        let logits = last_logits(&back);
+        let c = cosine(&logits, &original);
+        assert!(c >= floor, "{}: cosine {c} to the original's logits", to.name());
+        if to == GgmlType::Q8_0 {
+            assert_eq!(argmax(&logits).unwrap(), argmax(&original).unwrap(), "{}: top-1", to.name());
+        }
+        eprintln!("{}: cosine {c:.4} to the original's last logits", to.name());
+        seen.push(c);
+    }
+    assert!(seen[0] > seen[1], "Q8_0 ({}) should follow the original more closely than Q4_0 ({})", seen[0], seen[1]);
+
+    // Planted fault: layers 0 and 1 of the Q8_0 file with their down projections swapped.
+    let mut w = lab::weights::gguf_writer::GgufWriter::with_metadata_of(&g);
+    let q8 = requantize(&g, GgmlType::Q8_0).unwrap().to_bytes().unwrap();
+    let back = Gguf::parse(&q8).unwrap();
+    let swap = |name: &str| -> String {
+        match name {
+            "blk.0.ffn_down.weight" => "blk.1.ffn_down.weight".into(),
+            "blk.1.ffn_down.weight" => "blk.0.ffn_down.weight".into(),
+            other => other.into(),
+        }
+    };
+    for t in &back.tensors {
+        let from = back.tensor(&swap(&t.name)).unwrap();
+        w.add_tensor(&t.name, &t.dims, t.ty, back.data(from).to_vec()).unwrap();
+    }
+    let swapped = w.to_bytes().unwrap();
+    let c = cosine(&last_logits(&Gguf::parse(&swapped).unwrap()), &original);
+    eprintln!("Q8_0 with two layers' down projections swapped: cosine {c:.4}");
+    assert!(c < 0.998, "swapped layers went unseen: cosine {c}");
+}

@@ -171,6 +171,19 @@ enum Command {
         #[arg(long, value_enum, default_value = "auto")]
         backend: BackendChoice,
     },
+    /// Write a GGUF model with its matrices in another format (the lab's quantizers; vectors,
+    /// metadata and tokenizer kept), for the lab's engine or llama.cpp.
+    Quantize {
+        /// The .gguf file to read.
+        #[arg(long)]
+        model: PathBuf,
+        /// f32, f16, bf16, q8_0, q4_0 or q4_1.
+        #[arg(long)]
+        format: String,
+        /// The .gguf file to write (never an existing one).
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Say which GPU, driver, NVRTC, cuBLAS, MPI and Python/torch this machine has.
     Doctor,
     /// Compile every kernel family with NVRTC (for the device, or for the given architectures).
@@ -299,6 +312,17 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
         }
         Command::Generate { model, prompt, chat, max_tokens, backend } => {
             generate(&model, &prompt, chat, max_tokens, backend)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Quantize { model, format, out } => {
+            use lab::weights::gguf_writer::{parse_format, requantize};
+            let to = parse_format(&format)?;
+            let file = lab::weights::gguf::GgufFile::open(&model)?;
+            let g = file.parse()?;
+            let w = requantize(&g, to)?;
+            w.write(&out)?;
+            let size = std::fs::metadata(&out).map_err(|e| LabError::io(&out, e))?.len();
+            println!("wrote {} ({}, {:.1} MB, from {:.1} MB)", out.display(), to.name(), size as f64 / 1e6, file.bytes().len() as f64 / 1e6);
             Ok(ExitCode::SUCCESS)
         }
         Command::Doctor => {
