@@ -246,4 +246,31 @@ mod tests {
         let back: super::ErrorStats = serde_json::from_str(&text).unwrap();
         assert!(back.max_rel.is_nan() && back.worst_fraction_of_tolerance.is_nan() && back.max_abs == 1.0 && back.mismatches == 1);
     }
+
+    use proptest::prelude::*;
+
+    const LINE: &str = include_str!("../../tests/fixtures/report/records/2026-11-22T14-00-38Z-h100-14a3904.jsonl");
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+        /// A record line damaged anywhere (bytes replaced, cut short, spliced) reads as a record or
+        /// as an error saying why, never a panic; the line as written reads back.
+        #[test]
+        fn a_damaged_record_line_is_an_error_not_a_panic(edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..8), cut in any::<prop::sample::Index>()) {
+            let line = LINE.lines().next().unwrap();
+            prop_assert!(super::parse_line(line).is_ok());
+            let mut b = line.as_bytes().to_vec();
+            for (at, byte) in edits {
+                let i = at.index(b.len());
+                b[i] = byte;
+            }
+            b.truncate(cut.index(b.len() + 1));
+            let _ = super::parse_line(&String::from_utf8_lossy(&b));
+        }
+
+        #[test]
+        fn any_text_is_an_error_not_a_panic(text in ".{0,400}") {
+            let _ = super::parse_line(&text);
+        }
+    }
 }

@@ -101,13 +101,7 @@ fn read_notes(dir: &Path, warnings: &mut Vec<String>) -> Vec<(Vec<String>, NoteV
             warnings.push(format!("note {name}: unreadable"));
             continue;
         };
-        let parsed = text
-            .strip_prefix("+++\n")
-            .and_then(|rest| rest.split_once("\n+++\n"))
-            .ok_or_else(|| "no `+++` front matter naming its runs".to_string())
-            .and_then(|(front, body)| {
-                toml::from_str::<FrontMatter>(front).map(|f| (f.runs, body.trim().to_string())).map_err(|e| e.message().to_string())
-            });
+        let parsed = parse_note(&text);
         match parsed {
             Ok((runs, body)) => {
                 let (title, status) = title_and_status(&body);
@@ -128,6 +122,14 @@ fn read_notes(dir: &Path, warnings: &mut Vec<String>) -> Vec<(Vec<String>, NoteV
         }
     }
     notes
+}
+
+/// A note's front matter (`+++` TOML naming its runs `+++`) and its Markdown body, or why not.
+pub fn parse_note(text: &str) -> std::result::Result<(Vec<String>, String), String> {
+    text.strip_prefix("+++\n")
+        .and_then(|rest| rest.split_once("\n+++\n"))
+        .ok_or_else(|| "no `+++` front matter naming its runs".to_string())
+        .and_then(|(front, body)| toml::from_str::<FrontMatter>(front).map(|f| (f.runs, body.trim().to_string())).map_err(|e| e.message().to_string()))
 }
 
 /// A note's `# ` title and the first paragraph under its `## Status` heading, joined into one
@@ -442,5 +444,35 @@ mod tests {
         let body = "# Title\n\n## Status\n\nFirst line\nsecond line.\n\nA later paragraph.\n\n## Question\n";
         assert_eq!(title_and_status(body), (Some("Title".to_string()), "First line second line.".to_string()));
         assert_eq!(title_and_status("# T\n\n## Question\n\nq"), (Some("T".to_string()), String::new()));
+    }
+
+    use proptest::prelude::*;
+
+    const NOTE: &str = include_str!("../../../reports/notes/h100-sanitize.md");
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+        /// A note damaged anywhere reads as its runs and body or as an error saying why, never a
+        /// panic; its title and status are found or found missing; the note as written reads.
+        #[test]
+        fn a_damaged_note_is_a_warning_not_a_panic(edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..8), cut in any::<prop::sample::Index>()) {
+            prop_assert!(super::parse_note(NOTE).is_ok_and(|(runs, _)| runs.len() == 2));
+            let mut b = NOTE.as_bytes()[..600].to_vec();
+            for (at, byte) in edits {
+                let i = at.index(b.len());
+                b[i] = byte;
+            }
+            b.truncate(cut.index(b.len() + 1));
+            let text = String::from_utf8_lossy(&b);
+            if let Ok((_, body)) = super::parse_note(&text) {
+                let _ = title_and_status(&body);
+            }
+        }
+
+        #[test]
+        fn any_text_is_a_note_or_an_error(text in "(\\+\\+\\+\n)?[\\PC\n]{0,300}") {
+            let _ = super::parse_note(&text);
+            let _ = title_and_status(&text);
+        }
     }
 }
