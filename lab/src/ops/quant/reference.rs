@@ -83,27 +83,96 @@ impl Quantized {
     }
 }
 
-/// Checks a reconstruction element by element: no value may be further from its original than
-/// one quantization step of its group (round to nearest gives half a step; Q4_0's clamped
-/// extreme and rounding the scale and min to f16 can add up to the other half), plus 1e-3 of
-/// the group's largest magnitude for f16 rounding of the min. Reports the measured error.
-pub fn step_check(original: &[f32], approx: &[f32], q: &Quantized, group: usize) -> ErrorStats {
-    let steps = q.steps();
+/// What [`step_check`] records as its reference.
+pub const STEP_REFERENCE: &str = "original-f32, half the input's step per group";
+
+/// An f16 scale or min is off by less than one unit in its last place (11 significant bits),
+/// rounded to nearest or directed: 2^-10 of its value, or 2^-24 (the subnormal spacing) when tiny.
+const F16_REL: f64 = 1.0 / 1024.0;
+const F16_TINY: f64 = 1.0 / 16_777_216.0;
+/// The quantizers' and dequantizers' own f32 arithmetic (codes picked from (x - m) / d, values
+/// made as q d + m): well inside 16 units of 2^-24 of the group's largest magnitude.
+const F32_SLACK: f64 = 1.0 / 1_048_576.0;
+
+/// How a format lays its grid over a group, read off its quantizer (`quant::group`,
+/// `quant::ggml`): what the input alone says its step is and which values its codes reach.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Grid {
+    /// `q d` with `d = max|x| / qmax`: lab's symmetric groups (qmax 7, codes -8..7) and Q8_0
+    /// (127, codes -127..127). Every input lies inside the grid.
+    Symmetric { qmax: f64 },
+    /// Q4_0: `(q - 8) d` with `d = x_m / -8`, x_m the first element of largest magnitude: the
+    /// codes reach 8 steps on x_m's side and 7 on the other, where a value beyond 7 steps is
+    /// clamped to the 7th (up to a whole step off).
+    SignedMax,
+    /// `q d + m` with `m = min`, `d = (max - min) / levels` (4-bit: 15): the grid spans the group.
+    Asymmetric { levels: f64 },
+}
+
+impl Grid {
+    pub const Q8_0: Grid = Grid::Symmetric { qmax: 127.0 };
+
+    pub fn of(format: Format) -> Grid {
+        match format {
+            Format::Group { scheme: Scheme::Sym, .. } => Grid::Symmetric { qmax: 7.0 },
+            Format::Q4_0 => Grid::SignedMax,
+            Format::Group { scheme: Scheme::Asym, .. } | Format::Q4_1 => Grid::Asymmetric { levels: 15.0 },
+        }
+    }
+
+    /// The most each element of the group `xs` may move, from `xs` alone: half the step (or the
+    /// distance past the grid's last value, Q4_0), plus the stored scale's rounding times the
+    /// largest code it multiplies and the stored min's rounding, plus f32 arithmetic. A quantizer
+    /// that stores a larger scale than the group needs, or a shifted min, exceeds it.
+    fn bounds(self, xs: &[f32]) -> impl Fn(f32) -> f64 {
+        let (mut amax, mut lo, mut hi, mut extreme) = (0f64, f64::MAX, f64::MIN, 0f64);
+        for &v in xs {
+            let v = v as f64;
+            if v.abs() > amax {
+                (amax, extreme) = (v.abs(), v);
+            }
+            (lo, hi) = (lo.min(v), hi.max(v));
+        }
+        let rounding = |v: f64| v * F16_REL + F16_TINY;
+        // (step, the largest code multiplying d, |min| stored, the grid's reach)
+        let (step, codes, min, reach) = match self {
+            Grid::Symmetric { qmax } => (amax / qmax, qmax, None, (-amax, amax)),
+            Grid::SignedMax => {
+                let step = amax / 8.0;
+                (step, 8.0, None, if extreme >= 0.0 { (-7.0 * step, amax) } else { (-amax, 7.0 * step) })
+            }
+            Grid::Asymmetric { levels } => ((hi - lo) / levels, levels, Some(lo.abs()), (lo, hi)),
+        };
+        let fixed = codes * rounding(step) + min.map_or(0.0, rounding) + F32_SLACK * amax;
+        move |x: f32| {
+            let x = x as f64;
+            let outside = (reach.0 - x).max(x - reach.1).max(0.0);
+            (0.5 * step).max(outside) + fixed
+        }
+    }
+}
+
+/// Checks a reconstruction element by element against a bound taken from the original group
+/// alone ([`Grid`]), never from the scale the quantizer stored: a quantizer that keeps an
+/// oversized scale or a shifted min fails it. `worst_fraction_of_tolerance` is the largest
+/// error over its element's bound (a correct quantizer comes close to 1: some element of most
+/// groups lies near half a step); `max_abs` and `max_rel` are the measured error.
+pub fn step_check(original: &[f32], approx: &[f32], grid: Grid, group: usize) -> ErrorStats {
+    assert_eq!(original.len(), approx.len(), "step_check: lengths differ");
+    assert!(group > 0 && original.len().is_multiple_of(group), "step_check: {} values are not whole groups of {group}", original.len());
     let (worst, mismatches, max_abs, idx) = original
         .par_chunks(group)
         .zip(approx.par_chunks(group))
-        .zip(steps.par_iter())
         .enumerate()
-        .map(|(g, ((xs, ys), &d))| {
-            let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs())) as f64;
-            let bound = d as f64 * (1.0 + 1e-3) + 1e-3 * amax + f64::MIN_POSITIVE;
-            let mut acc = (0f64, 0u64, 0f64, 0usize);
+        .map(|(g, (xs, ys))| {
+            let bound = grid.bounds(xs);
+            let mut acc = (0f64, 0u64, 0f64, g * group);
             for (i, (&x, &y)) in xs.iter().zip(ys).enumerate() {
                 let e = (x as f64 - y as f64).abs();
-                let f = if y.is_finite() { e / bound } else { f64::INFINITY };
+                let f = if y.is_finite() { e / bound(x) } else { f64::INFINITY };
                 acc.1 += u64::from(f > 1.0);
                 acc.2 = acc.2.max(e);
-                if f > acc.0 || (i == 0 && g == 0) {
+                if f > acc.0 {
                     (acc.0, acc.3) = (f, g * group + i);
                 }
             }
@@ -119,9 +188,9 @@ pub fn step_check(original: &[f32], approx: &[f32], q: &Quantized, group: usize)
         worst_got: approx.get(idx).map(|&v| v as f64),
         worst_expected: original.get(idx).map(|&v| v as f64),
         mismatches,
-        reference: "original-f32, one step per group".into(),
+        reference: STEP_REFERENCE.into(),
         max_ulp: None,
-        bound: None,
+        bound: Some("max(half the input group's step, distance past its grid) + the stored scale's and min's f16 rounding".into()),
     }
 }
 
@@ -238,13 +307,98 @@ mod tests {
             let fast: Vec<u32> = q.dequantize().iter().map(|v| v.to_bits()).collect();
             let slow: Vec<u32> = reference_dequantize(&q).iter().map(|v| v.to_bits()).collect();
             assert_eq!(fast, slow, "{}", format.name());
-            let e = step_check(&x, &q.dequantize(), &q, format.group());
+            let e = step_check(&x, &q.dequantize(), Grid::of(format), format.group());
             assert!(e.passed(), "{}: {e:?}", format.name());
             // A wrong code is caught.
             let mut y = q.dequantize();
             y[77] += 3.0 * q.steps()[77 / format.group()];
-            let e = step_check(&x, &y, &q, format.group());
+            let e = step_check(&x, &y, Grid::of(format), format.group());
             assert_eq!((e.passed(), e.worst_index), (false, Some(77)), "{}", format.name());
+        }
+    }
+
+    /// Every format under test, with its grid, group and what its quantizer stores per group:
+    /// (format name, grid, group, reconstruction, stored (scale, min) per group, codes' range).
+    #[allow(clippy::type_complexity)]
+    fn quantized_every_way(x: &[f32], rows: usize, cols: usize) -> Vec<(String, Grid, usize, Vec<f32>, Vec<(f32, f32)>, (f32, f32))> {
+        let mut out = Vec::new();
+        for format in Format::all() {
+            let q = Quantized::new(format, x, rows, cols).unwrap();
+            let stored: Vec<(f32, f32)> = match &q {
+                Quantized::Group(g) => (0..g.scales.len()).map(|i| (g.scales[i].to_f32(), g.mins.get(i).map_or(0.0, |m| m.to_f32()))).collect(),
+                Quantized::Blocks(b, bytes) => bytes.chunks_exact(b.bytes()).map(|blk| ggml::parts(*b, blk)).map(|(d, m, _)| (d, m)).collect(),
+            };
+            let codes = match Grid::of(format) {
+                Grid::Asymmetric { .. } => (0.0, 15.0),
+                _ => (-8.0, 7.0),
+            };
+            out.push((format.name(), Grid::of(format), format.group(), q.dequantize(), stored, codes));
+        }
+        let q8 = ggml::quantize(Block::Q8_0, x).unwrap();
+        let stored = q8.chunks_exact(Block::Q8_0.bytes()).map(|blk| ggml::parts(Block::Q8_0, blk)).map(|(d, m, _)| (d, m)).collect();
+        out.push(("q8_0".into(), Grid::Q8_0, ggml::QK, ggml::dequantize(Block::Q8_0, &q8).unwrap(), stored, (-128.0, 127.0)));
+        out
+    }
+
+    /// A quantizer that stores `fault(d, m)` instead of each group's (scale, min) and picks every
+    /// code nearest against what it stored, clamped to the format's codes: its reconstruction.
+    fn faulty(x: &[f32], group: usize, stored: &[(f32, f32)], (lo, hi): (f32, f32), fault: impl Fn(f32, f32) -> (f32, f32)) -> Vec<f32> {
+        x.chunks(group)
+            .zip(stored)
+            .flat_map(|(xs, &(d, m))| {
+                let (d, m) = fault(d, m);
+                xs.iter().map(move |&v| ((v - m) / d).round().clamp(lo, hi) * d + m)
+            })
+            .collect()
+    }
+
+    /// The check as it was: one step of the scale the quantizer stored per group, plus 1e-3 of
+    /// the group's largest magnitude.
+    fn within_stored_step(x: &[f32], y: &[f32], group: usize, steps: &[f32]) -> bool {
+        x.chunks(group).zip(y.chunks(group)).zip(steps).all(|((xs, ys), &d)| {
+            let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs())) as f64;
+            xs.iter().zip(ys).all(|(&a, &b)| ((a - b) as f64).abs() <= d.abs() as f64 * (1.0 + 1e-3) + 1e-3 * amax)
+        })
+    }
+
+    /// Planted faults: in every format a quantizer that stores twice the scale its group needs,
+    /// and in the formats with a min one whose min sits 0.9 of a step low, each choosing its codes
+    /// consistently with what it stored. The bound taken from the input fails both; the bound of
+    /// the stored scale passed both.
+    #[test]
+    fn an_oversized_scale_or_a_shifted_min_fails_the_check_from_the_input() {
+        let (rows, cols) = (8, 256);
+        let x: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919 % 1009) as f32 / 1009.0 - 0.5) * (1.0 + (i as f32 * 0.013).sin())).collect();
+        for (name, grid, group, honest, stored, codes) in quantized_every_way(&x, rows, cols) {
+            let e = step_check(&x, &honest, grid, group);
+            assert!(e.passed() && e.worst_fraction_of_tolerance > 0.8, "{name}: {e:?}");
+            let doubled = faulty(&x, group, &stored, codes, |d, m| (2.0 * d, m));
+            let steps: Vec<f32> = stored.iter().map(|&(d, _)| 2.0 * d).collect();
+            assert!(within_stored_step(&x, &doubled, group, &steps), "{name}: the stored-scale bound should have passed the doubled scale");
+            let e = step_check(&x, &doubled, grid, group);
+            assert!(!e.passed() && e.worst_fraction_of_tolerance > 1.5, "{name}: a doubled scale passed: {e:?}");
+            if let Grid::Asymmetric { .. } = grid {
+                let shifted = faulty(&x, group, &stored, codes, |d, m| (d, m - 0.9 * d));
+                let steps: Vec<f32> = stored.iter().map(|&(d, _)| d).collect();
+                assert!(within_stored_step(&x, &shifted, group, &steps), "{name}: the stored-scale bound should have passed the shifted min");
+                let e = step_check(&x, &shifted, grid, group);
+                assert!(!e.passed() && e.worst_fraction_of_tolerance > 1.5, "{name}: a shifted min passed: {e:?}");
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// The bound is never too tight: any finite matrix at any scale (down to f16's subnormal
+        /// scales), in every format and Q8_0, passes it.
+        #[test]
+        fn random_matrices_pass_the_check_in_every_format(rows in 1usize..4, groups in 1usize..3, exp in -22i32..10, seed in 0u64..1000, offset in -2f32..2.0) {
+            let cols = 128 * groups;
+            let scale = 2f32.powi(exp);
+            let x: Vec<f32> = (0..rows * cols).map(|i| scale * (((i as u64 * 2654435761 + seed * 97) % 2001) as f32 / 1000.0 - 1.0 + offset)).collect();
+            for (name, grid, group, y, _, _) in quantized_every_way(&x, rows, cols) {
+                let e = step_check(&x, &y, grid, group);
+                proptest::prop_assert!(e.passed(), "{} at 2^{}: {:?}", name, exp, e);
+            }
         }
     }
 
