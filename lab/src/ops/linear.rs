@@ -5,6 +5,7 @@
 //! X is [M, K], W is [N, K] (PyTorch's layout), b is [N].
 
 use super::compare::{compare, compare_elems};
+use super::gemm::{cpu_blocked, Dims};
 use super::variant::{self, Requires, Variant, VariantInfo};
 use super::{measure_op, measure_torch, widen, Check, Elem};
 use crate::error::Doing;
@@ -52,8 +53,14 @@ pub const VARIANTS: &[Variant<Pass>] = &[
         what: "dZ by one kernel, dX and dW in cuBLAS, db as a two-stage column sum without atomics",
         config: Pass::Backward,
     },
-    Variant { name: "cpu_forward", dtypes: F32_BF16, requires: Requires::Cpu, what: "f64 products of the stored values, rounded once", config: Pass::Forward },
-    Variant { name: "cpu_backward", dtypes: F32_BF16, requires: Requires::Cpu, what: "f64 gradients from Z recomputed, rounded once", config: Pass::Backward },
+    Variant { name: "cpu_forward", dtypes: F32_BF16, requires: Requires::Cpu, what: "Z = X W^T by gemm's cpu_blocked, bias and activation in f32", config: Pass::Forward },
+    Variant {
+        name: "cpu_backward",
+        dtypes: F32_BF16,
+        requires: Requires::Cpu,
+        what: "dZ in f32, dX and dW by gemm's cpu_blocked, db as f32 column sums",
+        config: Pass::Backward,
+    },
 ];
 
 pub fn variants() -> Vec<VariantInfo> {
@@ -61,7 +68,7 @@ pub fn variants() -> Vec<VariantInfo> {
 }
 
 /// Y = act(X W^T + b), keeping the pre-activation Z for backward. X is [M, K], W [N, K], b [N],
-/// Z and Y [M, N]. On the GPU: cuBLAS and the lab's epilogue; on the CPU: f64 products.
+/// Z and Y [M, N]. On the GPU: cuBLAS and the lab's epilogue; on the CPU: [`cpu_forward`].
 pub fn forward<T: Elem>(dev: &Backend, x: &Tensor<T>, w: &Tensor<T>, b: &Tensor<T>, z: &mut Tensor<T>, y: &mut Tensor<T>, act: Act) -> Result<()>
 where
     CudaBlas: Gemm<T>,
@@ -83,10 +90,7 @@ where
     let gpu = match dev {
         Backend::Cpu => {
             let (xh, wh, bh) = (x.host().expect("placement checked"), w.host().expect("placement checked"), b.host().expect("placement checked"));
-            let (zf, yf) = forward_f64(&widen(xh), &widen(wh), &widen(bh), (m, n, k), act);
-            for (t, vals) in [(z.host_mut().expect("placement checked"), zf), (y.host_mut().expect("placement checked"), yf)] {
-                t.iter_mut().zip(vals).for_each(|(o, v)| *o = T::from_f32(v as f32));
-            }
+            cpu_forward(xh, wh, bh, (m, n, k), act, z.host_mut().expect("placement checked"), y.host_mut().expect("placement checked"));
             return Ok(());
         }
         Backend::Cuda(gpu) => gpu,
@@ -122,8 +126,8 @@ impl<T: Elem> BackwardScratch<T> {
 
 /// The gradients of Y = act(X W^T + b) from dY and the forward's Z, packed into `grads` as
 /// [dX (M x K) | dW (N x K) | db (N)]: one buffer, as an optimizer holds them. On the GPU: one
-/// kernel for dZ, cuBLAS for dX and dW, a two-stage column sum for db; on the CPU: f64
-/// arithmetic on the stored values, rounded once.
+/// kernel for dZ, cuBLAS for dX and dW, a two-stage column sum for db; on the CPU:
+/// [`cpu_backward`].
 #[allow(clippy::too_many_arguments)]
 pub fn backward<T: Elem>(
     dev: &Backend,
@@ -159,10 +163,10 @@ where
     }
     let gpu = match dev {
         Backend::Cpu => {
-            let h = |t: &Tensor<T>| widen(t.host().expect("placement checked"));
-            let (dx, dw, db) = backward_f64(&h(x), &h(w), &h(z), &h(dy), (m, n, k), act);
-            let out = grads.host_mut().expect("placement checked");
-            out.iter_mut().zip(dx.into_iter().chain(dw).chain(db)).for_each(|(o, v)| *o = T::from_f32(v as f32));
+            fn h<T: Elem>(t: &Tensor<T>) -> &[T] {
+                t.host().expect("placement checked")
+            }
+            cpu_backward(h(x), h(w), h(z), h(dy), (m, n, k), act, grads.host_mut().expect("placement checked"));
             return Ok(());
         }
         Backend::Cuda(gpu) => gpu,
@@ -238,6 +242,26 @@ impl Act {
             Act::Gelu => super::bias_gelu::gelu(v, super::bias_gelu::Approx::Tanh),
         }
     }
+    /// [`Act::apply`] in f32, as the epilogue kernel computes it.
+    pub fn apply_f32(self, v: f32) -> f32 {
+        match self {
+            Act::None => v,
+            Act::Relu => v.max(0.0),
+            Act::Gelu => super::bias_gelu::gelu_f32(v, super::bias_gelu::Approx::Tanh),
+        }
+    }
+    /// [`Act::grad`] in f32, as kernels/common.cuh's `gelu_tanh_grad` writes it.
+    pub fn grad_f32(self, v: f32) -> f32 {
+        use super::bias_gelu::{GELU_A, GELU_C};
+        match self {
+            Act::None => 1.0,
+            Act::Relu => f32::from(v > 0.0),
+            Act::Gelu => {
+                let t = libm::tanhf(v * (v * v * (GELU_C * GELU_A) + GELU_C));
+                0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * GELU_C * (3.0 * GELU_A * v * v + 1.0)
+            }
+        }
+    }
     pub fn grad(self, v: f64) -> f64 {
         match self {
             Act::None => 1.0,
@@ -280,8 +304,8 @@ pub fn matmul_nt<T: Copy + Send + Sync + Into<f64>>(a: &[T], b: &[T], rows_a: us
     c
 }
 
-pub fn transpose(a: &[f64], rows: usize, cols: usize) -> Vec<f64> {
-    let mut t = vec![0.0; a.len()];
+pub fn transpose<T: Copy + Default>(a: &[T], rows: usize, cols: usize) -> Vec<T> {
+    let mut t = vec![T::default(); a.len()];
     for (i, row) in a.chunks(cols).enumerate() {
         for (j, &v) in row.iter().enumerate() {
             t[j * rows + i] = v;
@@ -305,6 +329,38 @@ pub fn backward_f64(x: &[f64], w: &[f64], z: &[f64], dy: &[f64], (m, n, k): (usi
     let dw = matmul_nt(&transpose(&dz, m, n), &transpose(x, m, k), n, k, m);
     let db = (0..n).map(|j| (0..m).map(|i| dz[i * n + j]).sum()).collect();
     (dx, dw, db)
+}
+
+/// The CPU backend's forward, a different computation from the f64 reference it is checked
+/// against: X W^T by gemm's `cpu_blocked` (f32 accumulation, cache-blocked), then bias and
+/// activation in f32; Z and Y rounded to T once.
+pub fn cpu_forward<T: Elem>(x: &[T], w: &[T], b: &[T], (m, n, k): (usize, usize, usize), act: Act, z: &mut [T], y: &mut [T]) {
+    let f32s = |v: &[T]| v.par_iter().map(|e| e.to_f32()).collect::<Vec<f32>>();
+    let mut zf = vec![0f32; m * n];
+    cpu_blocked(&f32s(x), &transpose(&f32s(w), n, k), &mut zf, Dims::dense(m, n, k), (1.0, 0.0));
+    let bf = f32s(b);
+    z.par_chunks_mut(n).zip(y.par_chunks_mut(n)).zip(zf.par_chunks(n)).for_each(|((zr, yr), acc)| {
+        for (((zo, yo), &a), &bias) in zr.iter_mut().zip(yr.iter_mut()).zip(acc).zip(&bf) {
+            let v = a + bias;
+            (*zo, *yo) = (T::from_f32(v), T::from_f32(act.apply_f32(v)));
+        }
+    });
+}
+
+/// The CPU backend's backward into [dX | dW | db]: dZ = dY act'(Z) in f32 from the stored Z,
+/// dX = dZ W and dW = dZ^T X by gemm's `cpu_blocked`, db as f32 column sums; each rounded to T
+/// once.
+pub fn cpu_backward<T: Elem>(x: &[T], w: &[T], z: &[T], dy: &[T], (m, n, k): (usize, usize, usize), act: Act, grads: &mut [T]) {
+    let f32s = |v: &[T]| v.par_iter().map(|e| e.to_f32()).collect::<Vec<f32>>();
+    let dz: Vec<f32> = dy.par_iter().zip(z).map(|(&g, &v)| g.to_f32() * act.grad_f32(v.to_f32())).collect();
+    let (mut dx, mut dw) = (vec![0f32; m * k], vec![0f32; n * k]);
+    cpu_blocked(&dz, &f32s(w), &mut dx, Dims::dense(m, k, n), (1.0, 0.0));
+    cpu_blocked(&transpose(&dz, m, n), &f32s(x), &mut dw, Dims::dense(n, k, m), (1.0, 0.0));
+    let mut db = vec![0f32; n];
+    for row in dz.chunks(n) {
+        db.iter_mut().zip(row).for_each(|(s, &v)| *s += v);
+    }
+    grads.par_iter_mut().zip(dx.par_iter().chain(dw.par_iter()).chain(db.par_iter())).for_each(|(o, &v)| *o = T::from_f32(v));
 }
 
 /// Tolerance scaled to the output's own size (an elementwise reading of a relative Frobenius
@@ -560,6 +616,32 @@ mod tests {
         assert!(crate::ops::compare::frobenius_rel(&got[..dx.len()], &dx) < 1e-2);
         let e = compare_parts(&got, &[&dx, &dw, &db], DType::Bf16);
         assert!(!e.passed() && e.worst_index.is_some_and(|i| (17 * 40..18 * 40).contains(&(i as usize))), "{e:?}");
+    }
+
+    /// The CPU variants are f32 computations, not the reference rounded: checked against it as the
+    /// experiment checks any variant, in both dtypes, on a shape crossing cpu_blocked's 512-column
+    /// and 256-deep panels.
+    #[test]
+    fn the_cpu_variants_pass_the_experiments_checks_in_both_dtypes() {
+        fn one<T: Elem>() {
+            let (m, n, k) = (37, 600, 300);
+            let f = |len: usize, s: f32, scale: f32| -> Vec<T> { (0..len).map(|i| T::from_f32(scale * ((i as f32 * 0.7071 + s).sin() + (i % 13) as f32 / 13.0 - 0.5))).collect() };
+            let (x, w, b, dy) = (f(m * k, 0.1, 1.0), f(n * k, 1.7, 1.0 / (k as f32).sqrt()), f(n, 2.9, 0.1), f(m * n, 4.2, 1.0));
+            for act in [Act::None, Act::Relu, Act::Gelu] {
+                let (mut z, mut y) = (vec![T::from_f32(0.0); m * n], vec![T::from_f32(0.0); m * n]);
+                cpu_forward(&x, &w, &b, (m, n, k), act, &mut z, &mut y);
+                let (_, want) = forward_f64(&widen(&x), &widen(&w), &widen(&b), (m, n, k), act);
+                let e = compare_elems(&y, &want, scaled(&want, rel(T::DTYPE)), "t");
+                assert!(e.passed() && (T::DTYPE != DType::F32 || e.max_abs > 0.0), "{:?} {act:?} forward: {e:?}", T::DTYPE);
+                let mut grads = vec![T::from_f32(0.0); m * k + n * k + n];
+                cpu_backward(&x, &w, &z, &dy, (m, n, k), act, &mut grads);
+                let (dx, dw, db) = backward_f64(&widen(&x), &widen(&w), &widen(&z), &widen(&dy), (m, n, k), act);
+                let e = compare_parts(&widen(&grads), &[&dx, &dw, &db], T::DTYPE);
+                assert!(e.passed() && (T::DTYPE != DType::F32 || e.max_abs > 0.0), "{:?} {act:?} backward: {e:?}", T::DTYPE);
+            }
+        }
+        one::<f32>();
+        one::<half::bf16>();
     }
 
     #[test]
