@@ -1,11 +1,21 @@
 //! Every kernels/*.cu compiles with NVRTC for sm_80, sm_90 and sm_90a, and exports exactly the symbols
 //! the Rust launchers ask for. Needs NVRTC (scripts/test.sh installs the wheels): a missing
-//! NVRTC is a failure here, never a skip.
+//! NVRTC is a failure here, never a skip. PTX is cached under cargo's target folder for tests,
+//! never in the user's cache.
 
-use lab::gpu::compile::{compile_family, nvrtc_version, Target};
+use lab::gpu::compile::{compile_family_in, compile_source_in, nvrtc_version, Target};
 use lab::kernels::{symbol, DType};
 use lab::ops::variant::Requires;
 use std::collections::BTreeSet;
+
+/// The tests' PTX cache: cargo's scratch folder for integration tests (removed by `cargo clean`).
+fn cache() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("ptx")
+}
+
+fn compile_family(family: &str, target: impl Into<Target>) -> lab::Result<String> {
+    compile_family_in(Some(&cache()), family, target)
+}
 
 fn entries(ptx: &str) -> BTreeSet<String> {
     ptx.lines()
@@ -44,7 +54,6 @@ fn families_match_the_kernels_folder() {
 
 #[test]
 fn every_family_compiles_for_sm80_sm90_and_sm90a() {
-    std::env::set_var("LAB_CACHE_DIR", std::env::temp_dir().join(format!("lab-ptx-test-{}", std::process::id())));
     // 90a is what an H100 compiles (Target::for_device(90)); 80 and plain 90 keep the guarded
     // sm_90a code out and must still build.
     for target in [Target::from(80), Target::from(90), Target::for_device(90)] {
@@ -97,25 +106,29 @@ fn exported_symbols_are_the_ones_the_launchers_use() {
     let expect = |family: &str, variants: &[&str], dtypes: &[DType]| -> BTreeSet<String> {
         variants.iter().flat_map(|v| dtypes.iter().map(move |d| symbol(family, v, *d))).collect()
     };
-    let ptx = |family| entries(&compile_family(family, 90).unwrap_or_else(|e| panic!("{e}")));
     use lab::ops::variant::gpu_symbols;
-    assert_eq!(ptx("softmax"), gpu_symbols("softmax", lab::ops::softmax::VARIANTS));
-    assert_eq!(ptx("vector_add"), gpu_symbols("vector_add", lab::ops::vector_add::VARIANTS));
-    assert_eq!(ptx("ceilings"), gpu_symbols("ceilings", lab::ops::ceilings::VARIANTS));
-    let all = [DType::F32, DType::F16, DType::Bf16];
-    let gelu_kernels = ["unfused_add", "unfused_gelu_tanh", "unfused_gelu_erf", "fused_tanh", "fused_erf", "fused_tanh_sigmoid"];
-    assert_eq!(ptx("bias_gelu"), expect("bias_gelu", &gelu_kernels, &all));
-    assert_eq!(ptx("layernorm"), gpu_symbols("layernorm", lab::ops::layernorm::VARIANTS));
-    assert_eq!(ptx("rmsnorm"), gpu_symbols("rmsnorm", lab::ops::rmsnorm::VARIANTS));
-    let linear = ["bias_act_none", "bias_act_relu", "bias_act_gelu", "act_backward_none", "act_backward_relu", "act_backward_gelu", "bias_grad_partial", "bias_grad_final"];
-    assert_eq!(ptx("linear"), expect("linear", &linear, &[DType::F32, DType::Bf16]));
-    assert_eq!(ptx("gemm"), gpu_symbols("gemm", lab::ops::gemm::VARIANTS));
-    assert_eq!(ptx("divergence"), gpu_symbols("divergence", lab::ops::divergence::VARIANTS));
-    assert_eq!(ptx("quant"), lab::ops::quant::variants::gpu_kernels().into_iter().collect());
-    assert_eq!(ptx("collective"), expect("collective", &["add"], &all));
-    assert_eq!(ptx("attention"), lab::ops::attention::gpu_symbols());
-    assert_eq!(ptx("llama"), gpu_symbols("llama", lab::ops::llama::VARIANTS));
-    assert_eq!(ptx("reference"), expect("reference", &["gemm"], &all));
+    // What an H100 loads (90a) and the portable targets export the same entries: a launcher never
+    // asks for a symbol one of them lacks.
+    for target in [Target::from(80), Target::from(90), Target::for_device(90)] {
+        let ptx = |family| entries(&compile_family(family, target).unwrap_or_else(|e| panic!("{e}")));
+        assert_eq!(ptx("softmax"), gpu_symbols("softmax", lab::ops::softmax::VARIANTS), "softmax for compute_{target}");
+        assert_eq!(ptx("vector_add"), gpu_symbols("vector_add", lab::ops::vector_add::VARIANTS), "vector_add for compute_{target}");
+        assert_eq!(ptx("ceilings"), gpu_symbols("ceilings", lab::ops::ceilings::VARIANTS), "ceilings for compute_{target}");
+        let all = [DType::F32, DType::F16, DType::Bf16];
+        let gelu_kernels = ["unfused_add", "unfused_gelu_tanh", "unfused_gelu_erf", "fused_tanh", "fused_erf", "fused_tanh_sigmoid"];
+        assert_eq!(ptx("bias_gelu"), expect("bias_gelu", &gelu_kernels, &all), "bias_gelu for compute_{target}");
+        assert_eq!(ptx("layernorm"), gpu_symbols("layernorm", lab::ops::layernorm::VARIANTS), "layernorm for compute_{target}");
+        assert_eq!(ptx("rmsnorm"), gpu_symbols("rmsnorm", lab::ops::rmsnorm::VARIANTS), "rmsnorm for compute_{target}");
+        let linear = ["bias_act_none", "bias_act_relu", "bias_act_gelu", "act_backward_none", "act_backward_relu", "act_backward_gelu", "bias_grad_partial", "bias_grad_final"];
+        assert_eq!(ptx("linear"), expect("linear", &linear, &[DType::F32, DType::Bf16]), "linear for compute_{target}");
+        assert_eq!(ptx("gemm"), gpu_symbols("gemm", lab::ops::gemm::VARIANTS), "gemm for compute_{target}");
+        assert_eq!(ptx("divergence"), gpu_symbols("divergence", lab::ops::divergence::VARIANTS), "divergence for compute_{target}");
+        assert_eq!(ptx("quant"), lab::ops::quant::variants::gpu_kernels().into_iter().collect(), "quant for compute_{target}");
+        assert_eq!(ptx("collective"), expect("collective", &["add"], &all), "collective for compute_{target}");
+        assert_eq!(ptx("attention"), lab::ops::attention::gpu_symbols(), "attention for compute_{target}");
+        assert_eq!(ptx("llama"), gpu_symbols("llama", lab::ops::llama::VARIANTS), "llama for compute_{target}");
+        assert_eq!(ptx("reference"), expect("reference", &["gemm"], &all), "reference for compute_{target}");
+    }
 }
 
 #[test]
@@ -124,7 +137,7 @@ fn a_kernel_that_does_not_compile_is_a_clear_error() {
     assert!(err.contains("no kernel family `no_such_family`"), "{err}");
     // A syntax error comes back with the family, the architecture and NVRTC's own log.
     let broken = "extern \"C\" __global__ void broken_f32(float* y) { y[0] = undeclared_name; }";
-    let err = lab::gpu::compile::compile_source("broken", broken, 90).unwrap_err().to_string();
+    let err = compile_source_in(Some(&cache()), "broken", broken, 90).unwrap_err().to_string();
     assert!(err.contains("`broken` failed to compile for compute_90"), "{err}");
     assert!(err.contains("undeclared_name"), "NVRTC's log is missing: {err}");
 }
@@ -189,7 +202,7 @@ fn the_quant_constants_are_the_kernels() {
         "BULK_STEPS", "GGML_SEGS", "RingSlot<false>::BYTES", "RingSlot<true>::BYTES", "PipeStage<false>::VECS", "PipeStage<true>::VECS",
         "MmaSteps<1>::U", "MmaSteps<2>::U", "MmaSteps<4>::U", "MmaSteps<8>::U", "MmaSteps<16>::U", "W8_WARPS", "W8_ROWS", "W8_RUN_VECS",
     ];
-    let got = lab::gpu::compile::probe_u32("quant", &exprs).unwrap_or_else(|e| panic!("{e}"));
+    let got = lab::gpu::compile::probe_u32(Some(&cache()), "quant", &exprs).unwrap_or_else(|e| panic!("{e}"));
     let (mma, pipe, cuda_cores) = (find("w4a16_mma").unwrap(), find("w4a16_mma_pipelined").unwrap(), find("w4a16").unwrap());
     let warps = |v: &lab::ops::variant::Variant<Kernel>| match v.config {
         Kernel::W4(d) => (d.warps, d.rows),
@@ -205,4 +218,23 @@ fn the_quant_constants_are_the_kernels() {
         assert_eq!(got[i] as usize, want[i], "{e}");
     }
     assert_eq!((lab::quant::tiles::TILE_ROWS, lab::quant::tiles::STEP_WEIGHTS), (warps(mma).1, 128));
+}
+
+/// The cache is the folder given: a compile leaves its PTX there and the next reads it back from
+/// there (a planted file proves which was read); with no folder nothing is read or written.
+#[test]
+fn compiled_ptx_is_cached_in_the_folder_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = "extern \"C\" __global__ void cached_f32(float* y) { y[0] = 1.f; }";
+    let ptx = compile_source_in(Some(dir.path()), "cached", src, 90).unwrap_or_else(|e| panic!("{e}"));
+    assert!(ptx.contains(".entry cached_f32"), "{ptx}");
+    let files: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert!(files[0].file_name().unwrap().to_str().unwrap().starts_with("cached-") && files[0].extension().is_some_and(|e| e == "ptx"), "{files:?}");
+    std::fs::write(&files[0], "// planted").unwrap();
+    assert_eq!(compile_source_in(Some(dir.path()), "cached", src, 90).unwrap(), "// planted");
+    // Another target is another entry; no folder compiles afresh.
+    assert!(compile_source_in(Some(dir.path()), "cached", src, 80).unwrap().contains(".entry cached_f32"));
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
+    assert!(compile_source_in(None, "cached", src, 90).unwrap().contains(".entry cached_f32"));
 }

@@ -2,7 +2,7 @@
 
 use crate::{LabError, Result};
 use sha2::{Digest, Sha256};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Is libnvrtc loadable? cudarc panics on first use when it is not, so ask first.
 pub fn nvrtc_present() -> bool {
@@ -102,24 +102,31 @@ impl std::str::FromStr for Target {
 
 /// Compiles one family to PTX for a target (`90` is `compute_90`), using the disk cache.
 pub fn compile_family(family: &str, target: impl Into<Target>) -> Result<String> {
-    compile_source(family, &crate::kernels::source(family)?, target)
+    compile_family_in(cache_dir().as_deref(), family, target)
+}
+
+/// [`compile_family`] with PTX cached in the folder `cache` (`None`: no disk cache). Tests give
+/// their own folder, so they neither read nor fill the user's cache.
+pub fn compile_family_in(cache: Option<&Path>, family: &str, target: impl Into<Target>) -> Result<String> {
+    compile_source_in(cache, family, &crate::kernels::source(family)?, target)
 }
 
 /// What NVRTC makes of integer expressions in a family's source (its constants, `sizeof`s,
 /// template members): a probe kernel compiled after the source stores each one, and the stores in
 /// its PTX are read back, so a Rust mirror is tested against the kernel's own values. Each
 /// expression must be a compile-time constant that fits 32 bits (`__float_as_uint(x)` for a float).
-pub fn probe_u32(family: &str, exprs: &[&str]) -> Result<Vec<u32>> {
-    probe_source_u32(family, &crate::kernels::source(family)?, exprs, 90.into())
+/// PTX is cached in `cache`, as [`compile_family_in`] does.
+pub fn probe_u32(cache: Option<&Path>, family: &str, exprs: &[&str]) -> Result<Vec<u32>> {
+    probe_source_u32(cache, family, &crate::kernels::source(family)?, exprs, 90.into())
 }
 
 /// [`probe_u32`] over any source and target: calls of a kernel's own index functions with
 /// constant arguments fold to constants too, so a Rust mirror of a swizzle or a block order is
 /// compared with what the kernel computes (sm_90a's functions need target `90a`).
-pub fn probe_source_u32(family: &str, source: &str, exprs: &[&str], target: Target) -> Result<Vec<u32>> {
+pub fn probe_source_u32(cache: Option<&Path>, family: &str, source: &str, exprs: &[&str], target: Target) -> Result<Vec<u32>> {
     let stores: String = exprs.iter().enumerate().map(|(i, e)| format!("    o[{i}] = (unsigned)({e});\n")).collect();
     let src = format!("{source}\nextern \"C\" __global__ void lab_probe(volatile unsigned* o) {{\n{stores}}}\n");
-    let ptx = compile_source(&format!("{family}_probe"), &src, target)?;
+    let ptx = compile_source_in(cache, &format!("{family}_probe"), &src, target)?;
     let body = ptx.split(".entry lab_probe(").nth(1).ok_or_else(|| LabError::Invalid("the probe kernel is missing from its PTX".into()))?;
     let mut regs = std::collections::HashMap::new();
     let mut got = vec![None; exprs.len()];
@@ -149,6 +156,11 @@ pub fn probe_source_u32(family: &str, source: &str, exprs: &[&str], target: Targ
 
 /// Compiles CUDA source named `family` (errors and cache files carry the name).
 pub fn compile_source(family: &str, src: &str, target: impl Into<Target>) -> Result<String> {
+    compile_source_in(cache_dir().as_deref(), family, src, target)
+}
+
+/// [`compile_source`] with PTX cached in the folder `cache` (`None`: no disk cache).
+pub fn compile_source_in(cache: Option<&Path>, family: &str, src: &str, target: impl Into<Target>) -> Result<String> {
     let arch = target.into().gpu_architecture();
     let include = cuda_include_dir().ok_or_else(|| {
         LabError::NoNvrtc(
@@ -170,7 +182,7 @@ pub fn compile_source(family: &str, src: &str, target: impl Into<Target>) -> Res
         h.update(format!("nvrtc {major}.{minor}").as_bytes());
         format!("{family}-{:x}", h.finalize())
     };
-    let cache = cache_dir().map(|d| d.join(format!("{key}.ptx")));
+    let cache = cache.map(|d| d.join(format!("{key}.ptx")));
     if let Some(path) = &cache {
         if let Ok(ptx) = std::fs::read_to_string(path) {
             return Ok(ptx);

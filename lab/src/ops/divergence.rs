@@ -308,7 +308,8 @@ mod tests {
         let paths = [0, 1, 17, 31];
         let exprs: Vec<String> = paths.iter().flat_map(|p| [format!("__float_as_uint(PATH_A({p}))"), format!("__float_as_uint(PATH_B({p}))")]).collect();
         let exprs: Vec<&str> = exprs.iter().map(String::as_str).collect();
-        let got = crate::gpu::compile::probe_u32(FAMILY, &exprs).unwrap_or_else(|e| panic!("{e}"));
+        let cache = tempfile::tempdir().unwrap();
+        let got = crate::gpu::compile::probe_u32(Some(cache.path()), FAMILY, &exprs).unwrap_or_else(|e| panic!("{e}"));
         for (i, &p) in paths.iter().enumerate() {
             let (a, b) = constants(p);
             assert_eq!((got[2 * i], got[2 * i + 1]), (a.to_bits(), b.to_bits()), "path {p}");

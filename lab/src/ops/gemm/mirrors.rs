@@ -68,7 +68,8 @@ fn wgmma_probes() -> Probes {
 /// The probes whose kernel value differs from the mirror's: (expression, kernel, mirror).
 fn mismatches(source: &str, probes: &Probes, target: Target) -> Vec<(String, u32, u32)> {
     let exprs: Vec<&str> = probes.iter().map(|(e, _)| e.as_str()).collect();
-    let got = probe_source_u32("gemm_mirrors", source, &exprs, target).unwrap_or_else(|e| panic!("{e}"));
+    let cache = tempfile::tempdir().unwrap();
+    let got = probe_source_u32(Some(cache.path()), "gemm_mirrors", source, &exprs, target).unwrap_or_else(|e| panic!("{e}"));
     probes.iter().zip(got).filter(|((_, want), got)| got != want).map(|((e, want), got)| (e.clone(), got, *want)).collect()
 }
 
