@@ -126,6 +126,112 @@ fn rerun_of_a_cpu_record_reproduces_its_correctness() {
     assert!(text(&o).contains("the threshold is a relative change from 0 up to 1"), "{}", text(&o));
 }
 
+/// A copy of the one run file in `from`, each record passed through `edit`, as the only file in
+/// a fresh folder (a record id must name one record).
+fn edited_run(from: &Path, edit: impl Fn(&mut serde_json::Value)) -> tempfile::TempDir {
+    let file = std::fs::read_dir(from).unwrap().next().unwrap().unwrap().path();
+    let text: String = std::fs::read_to_string(&file)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut r: serde_json::Value = serde_json::from_str(l).unwrap();
+            edit(&mut r);
+            format!("{r}\n")
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join(file.file_name().unwrap()), text).unwrap();
+    dir
+}
+
+fn rerun_in(records: &Path, target: &str, env: &[(&str, &Path)]) -> Output {
+    let out = tempfile::tempdir().unwrap();
+    let args = ["rerun", target, "--records", records.to_str().unwrap(), "--backend", "cpu", "--out", out.path().to_str().unwrap()];
+    Command::new(env!("CARGO_BIN_EXE_lab")).args(args).envs(env.iter().copied()).output().expect("lab runs")
+}
+
+/// The llama check recorded on SmolLM2 as shipped, rerun on a copy of the file whose final norm
+/// is negated (a changed model file, or a loader that reads it wrong): the figure no longer holds,
+/// and the rerun exits 1 naming the record, its old and new verdicts.
+#[test]
+fn rerun_exits_1_when_a_correctness_figure_no_longer_holds() {
+    let model = std::env::var("LAB_SMOLLM2_GGUF").expect("LAB_SMOLLM2_GGUF must name SmolLM2-135M-Instruct.Q4_1.gguf (scripts/test.sh installs it)");
+    let dir = tempfile::tempdir().unwrap();
+    let o = lab(&["run", "llama", "--quick", "--backend", "cpu", "--seed", "11", "--variant", "engine", "--out", dir.path().to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let (records, _) = read_records(dir.path()).unwrap();
+    let check = records.iter().find(|r| r.params["op"] == "check").expect("a check record");
+    assert_eq!(check.verdict, Verdict::Pass);
+
+    let mut bytes = std::fs::read(&model).unwrap();
+    let g = lab::weights::gguf::Gguf::parse(&bytes).unwrap();
+    let norm = g.tensor("output_norm.weight").unwrap();
+    assert_eq!(norm.ty.name(), "F32");
+    let (at, len) = ((g.data_offset + norm.offset) as usize, 4 * norm.elements() as usize);
+    for w in bytes[at..at + len].chunks_exact_mut(4) {
+        let v = -f32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+        w.copy_from_slice(&v.to_le_bytes());
+    }
+    let damaged = dir.path().join("damaged.gguf");
+    std::fs::write(&damaged, bytes).unwrap();
+
+    let o = rerun_in(dir.path(), &check.record_id, &[("LAB_SMOLLM2_GGUF", &damaged)]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let row = String::from_utf8_lossy(&o.stdout).lines().find(|l| l.starts_with(&check.record_id)).map(str::to_string).unwrap_or_default();
+    assert!(row.trim_end().ends_with("pass      fail"), "old pass, new fail: `{row}`\n{}", text(&o));
+    assert!(text(&o).contains("1 record(s) no longer hold their correctness figures"), "{}", text(&o));
+    // On the file as shipped the same record holds.
+    let o = rerun_in(dir.path(), &check.record_id, &[("LAB_SMOLLM2_GGUF", Path::new(&model))]);
+    assert!(o.status.success(), "{}", text(&o));
+}
+
+/// Records a rerun cannot reproduce: one naming a variant the table no longer has exits 1 and
+/// says so; one whose params the experiment refuses is a usage error naming the problem. A record
+/// much faster than the rerun is reported slower, but only correctness fails a rerun.
+#[test]
+fn rerun_names_what_it_cannot_reproduce_and_reports_a_slowdown_without_failing() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(run_quick(dir.path(), "vector_add").status.success());
+    let (records, _) = read_records(dir.path()).unwrap();
+    let target = records.iter().find(|r| r.variant == "cpu_scalar" && r.params["n"] == 65536).unwrap();
+    let id = target.record_id.clone();
+    let this = |r: &serde_json::Value| r["record_id"] == id.as_str();
+
+    let retired = edited_run(dir.path(), |r| {
+        if this(r) {
+            r["variant"] = "cpu_retired".into();
+        }
+    });
+    let o = rerun_in(retired.path(), &id, &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("cpu_retired") && text(&o).contains("not reproduced: the variant no longer runs on this shape"), "{}", text(&o));
+    assert!(text(&o).contains("1 record(s) no longer hold their correctness figures"), "{}", text(&o));
+
+    let refused = edited_run(dir.path(), |r| {
+        if this(r) {
+            r["params"]["n"] = 0.into();
+        }
+    });
+    let o = rerun_in(refused.path(), &id, &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("error: ") && text(&o).contains("n must be at least 1"), "{}", text(&o));
+
+    let faster = edited_run(dir.path(), |r| {
+        if this(r) {
+            for t in r["timing"]["raw_ms"].as_array_mut().unwrap() {
+                *t = (t.as_f64().unwrap() / 10.0).into();
+            }
+            for k in ["median", "p20", "p80"] {
+                r["time_ms"][k] = (r["time_ms"][k].as_f64().unwrap() / 10.0).into();
+            }
+        }
+    });
+    let o = rerun_in(faster.path(), &id, &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let row = String::from_utf8_lossy(&o.stdout).lines().skip_while(|l| !l.starts_with("timing, A = the recorded run")).find(|l| l.starts_with("vector_add")).map(str::to_string);
+    assert!(row.as_deref().is_some_and(|l| l.contains("cpu_scalar") && l.contains("slower")), "{row:?}\n{}", text(&o));
+}
+
 #[test]
 fn rerun_of_a_thread_world_allreduce_record_reproduces_its_figure() {
     let dir = tempfile::tempdir().unwrap();
