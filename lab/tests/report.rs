@@ -56,7 +56,7 @@ fn record_values_are_escaped_and_problems_are_visible() {
     let html = &r.files[&out.path().join("index.html")];
     assert!(!html.contains("<script>alert(1)</script>"), "a record's markup reached the page");
     assert!(html.contains("&lt;script&gt;alert(1)&lt;&#x2F;script&gt;") || html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
-    assert!(html.contains("<b>Raw HTML shows as text.</b>") == false, "raw HTML in a note must not pass through");
+    assert!(!html.contains("<b>Raw HTML shows as text.</b>"), "raw HTML in a note must not pass through");
     // The damaged line and the orphan note are warned about, and the good records still render.
     for w in ["damaged record line", ":2: not JSON", "orphan.md names run 2020-01-01T00-00-00Z-nowhere-0000000"] {
         assert!(r.warnings.iter().any(|x| x.contains(w)), "no warning containing {w:?}: {:?}", r.warnings);

@@ -94,6 +94,8 @@ pub(crate) struct RingBufs<T> {
 }
 
 /// The lab's ring: the plan's phases, one grouped NCCL round each, adds on the compute streams.
+// Rank r indexes its communicator, its buffers and its phase together.
+#[allow(clippy::needless_range_loop)]
 pub(crate) fn ring_all_reduce<T: Elem + NcclType>(w: &World, plan: &RingPlan, bufs: &mut [RingBufs<T>]) -> Result<()> {
     let n = w.ranks.len();
     for phase in plan.phases() {

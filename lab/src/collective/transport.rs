@@ -68,11 +68,11 @@ impl Threads {
         // chan[i][j] carries messages from i to j.
         let mut senders: Vec<Vec<Sender<Vec<u8>>>> = (0..n).map(|_| Vec::with_capacity(n)).collect();
         let mut receivers: Vec<Vec<Mutex<Receiver<Vec<u8>>>>> = (0..n).map(|_| Vec::with_capacity(n)).collect();
-        for i in 0..n {
-            for j in 0..n {
+        for outbox in senders.iter_mut() {
+            for inbox in receivers.iter_mut() {
                 let (tx, rx) = channel();
-                senders[i].push(tx);
-                receivers[j].push(Mutex::new(rx));
+                outbox.push(tx);
+                inbox.push(Mutex::new(rx));
             }
         }
         let barrier = Arc::new(Barrier::new(n));

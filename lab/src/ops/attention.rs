@@ -541,7 +541,7 @@ fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
         if !var.requires.met_by(&dev) || refusal(var, d).is_some() || !s.wants(var.name, "lab") {
             continue;
         }
-        measure_op(s, case, var.name, work, &check, timed, &mut o, |o| forward_with(&dev, var.name, &qt, &kt, &vt, mask, o, &mut *lse.borrow_mut()))?;
+        measure_op(s, case, var.name, work, &check, timed, &mut o, |o| forward_with(&dev, var.name, &qt, &kt, &vt, mask, o, &mut lse.borrow_mut()))?;
         // The log-sum-exp the backward will read, checked once per variant (untimed).
         let got = expected.gather_lse(d, &lse.borrow().to_vec()?);
         let mut m = Measurement::new(var.name, "lab", &lse_case(case), Work { bytes: 0, flops: 0 });

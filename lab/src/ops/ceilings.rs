@@ -494,23 +494,6 @@ fn cpu_fma(s: &mut Session, case: &Value) -> Result<()> {
     emit_ceiling(s, case, m)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_gpu_case_names_a_ceiling_the_lab_reads() {
-        let names: std::collections::BTreeSet<&str> = Ceilings.cases(&Backend::Cpu, false).iter().map(|c| ceiling_of(c).unwrap()).collect();
-        assert_eq!(names, ["copy_gb_s", "fma_tflop_s"].into());
-        let gpu = [json!({"what": "copy", "bytes": 1}), json!({"what": "fma", "iters": 1}), json!({"what": "tensor", "dtype": "f16"}), json!({"what": "mma_sync", "dtype": "bf16"})];
-        let names: Vec<&str> = gpu.iter().map(|c| ceiling_of(c).unwrap()).collect();
-        assert_eq!(names, ["copy_gb_s", "fma_tflop_s", "tensor_f16_tflop_s", "mma_sync_bf16_tflop_s"]);
-        assert!(ceiling_of(&json!({"what": "tensor", "dtype": "f32"})).is_err());
-        // The wgmma loop raises the same tensor roof as cuBLAS, for its dtype.
-        assert_eq!(ceiling_of(&json!({"what": "tensor", "kernel": "wgmma", "dtype": "bf16"})).unwrap(), "tensor_bf16_tflop_s");
-    }
-}
-
 /// The kernels and host loops that measure the device: a table for listings, not ops (the
 /// ceilings are what the ops are fractions of). Peers beside them: memcpy_dtod (the driver) and
 /// cuBLAS's GEMM.
@@ -526,4 +509,21 @@ pub const VARIANTS: &[Variant<()>] = &[
 
 pub fn variants() -> Vec<VariantInfo> {
     variant::infos(VARIANTS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_gpu_case_names_a_ceiling_the_lab_reads() {
+        let names: std::collections::BTreeSet<&str> = Ceilings.cases(&Backend::Cpu, false).iter().map(|c| ceiling_of(c).unwrap()).collect();
+        assert_eq!(names, ["copy_gb_s", "fma_tflop_s"].into());
+        let gpu = [json!({"what": "copy", "bytes": 1}), json!({"what": "fma", "iters": 1}), json!({"what": "tensor", "dtype": "f16"}), json!({"what": "mma_sync", "dtype": "bf16"})];
+        let names: Vec<&str> = gpu.iter().map(|c| ceiling_of(c).unwrap()).collect();
+        assert_eq!(names, ["copy_gb_s", "fma_tflop_s", "tensor_f16_tflop_s", "mma_sync_bf16_tflop_s"]);
+        assert!(ceiling_of(&json!({"what": "tensor", "dtype": "f32"})).is_err());
+        // The wgmma loop raises the same tensor roof as cuBLAS, for its dtype.
+        assert_eq!(ceiling_of(&json!({"what": "tensor", "kernel": "wgmma", "dtype": "bf16"})).unwrap(), "tensor_bf16_tflop_s");
+    }
 }

@@ -121,6 +121,25 @@ impl ErrorStats {
     }
 }
 
+/// Bit-exact comparison (copies): counts differing elements and names the first.
+pub fn compare_bits(got: &[u32], expected: &[u32], reference: &str) -> ErrorStats {
+    assert_eq!(got.len(), expected.len(), "compare_bits: lengths differ");
+    let mismatches = got.par_iter().zip(expected).filter(|(g, e)| g != e).count() as u64;
+    let first = (mismatches > 0).then(|| got.iter().zip(expected).position(|(g, e)| g != e).unwrap_or(0));
+    ErrorStats {
+        max_abs: if mismatches > 0 { f64::INFINITY } else { 0.0 },
+        max_rel: if mismatches > 0 { f64::INFINITY } else { 0.0 },
+        worst_fraction_of_tolerance: if mismatches > 0 { f64::INFINITY } else { 0.0 },
+        worst_index: first.map(|i| i as u64),
+        worst_got: first.map(|i| got[i] as f64),
+        worst_expected: first.map(|i| expected[i] as f64),
+        mismatches,
+        reference: reference.to_string(),
+        max_ulp: None,
+        bound: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -181,24 +200,5 @@ mod tests {
         assert!(!compare_product(&[f64::NAN], &[1.0], &[1.0], ProductBound { atol: 1e9, rtol: 1e9, per_scale: 1e9 }, "t").passed());
         let off = [1.001, -2.002];
         assert!((frobenius_rel(&off, &[1.0, -2.0]) - 1e-3).abs() < 1e-9);
-    }
-}
-
-/// Bit-exact comparison (copies): counts differing elements and names the first.
-pub fn compare_bits(got: &[u32], expected: &[u32], reference: &str) -> ErrorStats {
-    assert_eq!(got.len(), expected.len(), "compare_bits: lengths differ");
-    let mismatches = got.par_iter().zip(expected).filter(|(g, e)| g != e).count() as u64;
-    let first = (mismatches > 0).then(|| got.iter().zip(expected).position(|(g, e)| g != e).unwrap_or(0));
-    ErrorStats {
-        max_abs: if mismatches > 0 { f64::INFINITY } else { 0.0 },
-        max_rel: if mismatches > 0 { f64::INFINITY } else { 0.0 },
-        worst_fraction_of_tolerance: if mismatches > 0 { f64::INFINITY } else { 0.0 },
-        worst_index: first.map(|i| i as u64),
-        worst_got: first.map(|i| got[i] as f64),
-        worst_expected: first.map(|i| expected[i] as f64),
-        mismatches,
-        reference: reference.to_string(),
-        max_ulp: None,
-        bound: None,
     }
 }

@@ -102,7 +102,7 @@ impl GgufWriter {
             return Err(invalid(format!("tensor `{name}` has dims {dims:?}: 1 to {MAX_DIMS} dimensions, none of them 0")));
         }
         let (per_block, block_bytes) = ty.block().ok_or_else(|| invalid(format!("tensor `{name}` has an unknown ggml type {}", ty.0)))?;
-        if dims[0] % per_block != 0 {
+        if !dims[0].is_multiple_of(per_block) {
             return Err(invalid(format!("tensor `{name}`: rows of {} are not whole {}-weight blocks of {}", dims[0], per_block, ty.name())));
         }
         let need = dims.iter().product::<u64>() / per_block * block_bytes;
