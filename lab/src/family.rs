@@ -117,6 +117,8 @@ pub static FAMILIES: &[Family] = &[
         experiment: Some(&crate::ops::llama::Llama),
         variants: crate::ops::llama::variants,
     },
+    // The softmax as a streaming hardware design, simulated by Verilator (hw/softmax/).
+    Family { name: "fpga", kernels: &[], experiment: Some(&crate::ops::fpga::Fpga), variants: crate::ops::fpga::variants },
     Family { name: "allreduce", kernels: &[], experiment: Some(&crate::ops::allreduce::AllReduce), variants: none },
     Family { name: "bucketing", kernels: &[], experiment: Some(&crate::ops::bucketing::Bucketing), variants: none },
     // The kernels NCCL's experiment launches beside the collective (a reduction into a buffer).
