@@ -24,7 +24,8 @@ use serde_json::{json, Value};
 pub struct Fpga;
 
 pub const VARIANT: &str = "stream_two_pass";
-pub const FORMAT: &str = "bf16 in, Q23.16 / Q.40 inside, fp32 out";
+/// Inputs and outputs; the fixed-point formats inside are in hw/softmax/README.md.
+pub const FORMAT: &str = "bf16-in-fp32-out";
 /// The clock the figures are stated at unless a case names another.
 pub const DEFAULT_CLOCK_MHZ: f64 = 300.0;
 /// Bytes each element moves at the design's ports: read twice as bf16, written once as fp32.
@@ -89,7 +90,7 @@ impl Experiment for Fpga {
         "row-wise softmax as a streaming SystemVerilog design (1, 4, 16 lanes), simulated cycle by cycle with Verilator; time modelled at 300 MHz"
     }
     fn headlines(&self) -> &'static [&'static str] {
-        &["n=4096"]
+        &["n=16384 lanes=16"]
     }
     fn sweep_axis(&self) -> &'static str {
         "n"

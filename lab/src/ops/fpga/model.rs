@@ -82,7 +82,7 @@ impl Tables {
         let (int, frac) = (a >> T_FRAC, (a & 0xFFFF) as usize);
         let (idx, w) = (frac >> 8, (frac & 0xFF) as u64);
         let (lo, hi) = (self.exp2[idx], self.exp2[idx + 1]);
-        let v = lo + ((hi - lo) * w >> 8);
+        let v = lo + (((hi - lo) * w) >> 8);
         let k = (-int) as u64;
         if k > 41 { 0 } else { (v << 10) >> k }
     }
@@ -94,7 +94,7 @@ impl Tables {
         let dn = (d >> (p - 32)) as u128;
         let r0 = self.recip[((dn >> 22) & 0x3FF) as usize] as u128;
         let two_minus = (1u128 << 65) - dn * r0;
-        ((r0 * two_minus >> 64) as u64, p - 40)
+        (((r0 * two_minus) >> 64) as u64, p - 40)
     }
 }
 
