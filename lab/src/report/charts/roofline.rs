@@ -393,7 +393,7 @@ fn draw_roofline(title: &str, subtitle: &str, roofs: &BTreeMap<String, f64>, poi
         }
     }
     if !designs.is_empty() {
-        rows.push((Swatch::Marker(Marker::Star, family_color("fpga")), "fpga design: modelled cycles, dashed roofs".to_string()));
+        rows.push((Swatch::Marker(Marker::Star, family_color("fpga")), "fpga design (modelled)".to_string()));
     }
     let per_column = if rows.len() > 8 && !family { families.len() } else { rows.len() };
     let legend = Legend { rows, per_column };
