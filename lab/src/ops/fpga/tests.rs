@@ -144,3 +144,12 @@ fn an_extra_reduction_cycle_fails_the_cycle_check() {
     assert!(o.bit_exact.passed() && o.f64.passed(), "{}", o.summary());
     assert!(!o.cycles.passed() && !o.passed(), "{}", o.summary());
 }
+
+#[test]
+fn bad_lanes_and_shapes_are_named() {
+    let err = Simulator::build(3).err().unwrap().to_string();
+    assert!(err.contains("lanes must be a power of two, not 3"), "{err}");
+    let sim = Simulator { dir: "/nonexistent".into(), lanes: 4 };
+    let err = sim.run(&[1, 2, 3], 2).err().unwrap().to_string();
+    assert!(err.contains("3 values do not make rows of 2"), "{err}");
+}

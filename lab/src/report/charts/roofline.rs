@@ -451,6 +451,36 @@ fn draw_roofline(title: &str, subtitle: &str, roofs: &BTreeMap<String, f64>, poi
 
 #[cfg(test)]
 mod tests {
+    use crate::record::{read_records, Record, Verdict};
+
+    /// The H100 fixture runs and the committed fpga run.
+    fn h100_and_fpga() -> (Vec<Record>, Vec<Record>) {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let (h100, _) = read_records(&root.join("tests/fixtures/charts")).unwrap();
+        let (all, _) = read_records(&root.join("../reports/records")).unwrap();
+        (h100, all.into_iter().filter(|r| r.provider == super::DESIGN_PROVIDER).collect())
+    }
+
+    #[test]
+    fn the_fpga_design_stands_beside_a_softmax_under_its_own_port_roofs() {
+        let (h100, fpga) = h100_and_fpga();
+        let points = |svg: &str| svg.matches("class=\"point\"").count();
+        let gpu: Vec<&Record> = h100.iter().collect();
+        let with: Vec<&Record> = h100.iter().chain(&fpga).collect();
+        let designs = super::design_points(&with);
+        let lanes: Vec<(u64, f64)> = designs.iter().map(|d| (d.lanes, d.roof_gb_s)).collect();
+        assert_eq!(lanes, vec![(1, 1.2), (4, 4.8), (16, 19.2)]);
+        assert!(designs.iter().all(|d| d.gb_s <= d.roof_gb_s && d.gb_s > 0.5 * d.roof_gb_s), "{designs:?}");
+        let (plain, beside) = (super::roofline(&gpu, "H100").unwrap(), super::roofline(&with, "H100").unwrap());
+        assert_eq!(points(&beside), points(&plain) + 3);
+        assert!(beside.contains("fpga 16 lanes: 19.2 GB/s at 300 MHz") && beside.contains("fpga design (modelled)"));
+        // No softmax on the chart: no design beside it. A failed record: no point.
+        let no_softmax: Vec<&Record> = with.iter().copied().filter(|r| r.experiment != "softmax").collect();
+        assert!(!super::roofline(&no_softmax, "H100").unwrap().contains("fpga design"));
+        let failed: Vec<Record> = fpga.iter().cloned().map(|mut r| (r.verdict = Verdict::Fail, r).1).collect();
+        assert!(super::design_points(&failed.iter().collect::<Vec<_>>()).is_empty());
+    }
+
     #[test]
     fn ceilings_are_named_by_kind_and_dtype() {
         assert_eq!(super::ceiling_kind("tensor_bf16_tflop_s"), ("tensor".to_string(), "bf16".to_string()));
