@@ -4,7 +4,7 @@
 # experiment runs on the CPU backend, the committed report must match a fresh render, and
 # headless Chromium loads it; the collectives run under mpirun (Open MPI); every notebook runs
 # headlessly with the Rust kernel and must match its committed outputs. A missing NVRTC, Chromium,
-# mpirun, evcxr_jupyter or Jupyter runner fails the suite.
+# mpirun, Verilator, evcxr_jupyter or Jupyter runner fails the suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +21,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   dpkg -s libopenmpi-dev >/dev/null 2>&1 || need+=(libopenmpi-dev)
   dpkg -s libclang-dev >/dev/null 2>&1 || need+=(libclang-dev)
   command -v pkg-config >/dev/null || need+=(pkg-config)
+  command -v verilator >/dev/null || need+=(verilator)  # the fpga experiment's simulator
   if [ ${#need[@]} -gt 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
   fi

@@ -128,6 +128,9 @@ pub static FAMILIES: &[Family] = &[
     },
     // f64 kernels that check others where the CPU reference would be too slow (no sweep of their own).
     Family { name: "reference", kernels: &[kernel!("reference.cu")], experiment: None, variants: none },
+    // The softmax as a streaming hardware design, simulated by Verilator (hw/softmax/); last, so
+    // that the families before it keep their colours.
+    Family { name: "fpga", kernels: &[], experiment: Some(&crate::ops::fpga::Fpga), variants: crate::ops::fpga::variants },
 ];
 
 /// The family called `name`.

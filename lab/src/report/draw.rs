@@ -84,6 +84,8 @@ pub(super) enum Marker {
     Triangle,
     Square,
     Diamond,
+    /// A hardware design's modelled figure (not a dtype): see `charts::roofline`.
+    Star,
 }
 
 impl Marker {
@@ -113,6 +115,13 @@ impl Marker {
             Marker::Square => outline(vec![(x - r + 1, y - r + 1), (x + r - 1, y - r + 1), (x + r - 1, y + r - 1), (x - r + 1, y + r - 1)]),
             Marker::Triangle => outline(vec![(x, y - r - 1), (x + r + 1, y + r - 1), (x - r - 1, y + r - 1)]),
             Marker::Diamond => outline(vec![(x, y - r - 1), (x + r + 1, y), (x, y + r + 1), (x - r - 1, y)]),
+            Marker::Star => {
+                let at = |i: i32| {
+                    let (radius, angle) = (if i % 2 == 0 { r as f64 + 2.0 } else { r as f64 * 0.45 }, std::f64::consts::PI * (i as f64 / 5.0 - 0.5));
+                    (x + (radius * angle.cos()).round() as i32, y + (radius * angle.sin()).round() as i32)
+                };
+                outline((0..10).map(at).collect())
+            }
         }
     }
 }

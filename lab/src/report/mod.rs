@@ -275,9 +275,12 @@ pub fn render(opts: &ReportOptions) -> Result<Rendered> {
     for r in &measured {
         by_device.entry(r.device.name.as_str()).or_default().push(r);
     }
+    // Simulated hardware designs (made on the host) stand beside every device's softmax.
+    let designs: Vec<&Record> = measured.iter().filter(|r| r.provider == charts::DESIGN_PROVIDER).collect();
     for (device, recs) in &by_device {
         let name = format!("roofline-{}", model::slug(device));
-        add(name, format!("Roofline, {device}, every run"), "roofline", charts::roofline(recs, device), &mut rooflines);
+        let recs: Vec<&Record> = recs.iter().copied().filter(|r| r.provider != charts::DESIGN_PROVIDER).chain(designs.iter().copied()).collect();
+        add(name, format!("Roofline, {device}, every run"), "roofline", charts::roofline(&recs, device), &mut rooflines);
     }
     // Per experiment and device, the figure a page opens with (the ladder at the status line's
     // shape), the family on the device's roofline, then the speed-ups and scaling of the run the

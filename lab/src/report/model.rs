@@ -107,9 +107,9 @@ pub fn verdict_name(v: Verdict) -> &'static str {
     }
 }
 
-/// Is this a peer's figure (anything that is not our own kernel)?
+/// Is this a peer's figure (anything that is not our own kernel or our own simulated design)?
 pub fn is_peer(r: &Record) -> bool {
-    r.provider != "lab"
+    r.provider != "lab" && r.provider != super::charts::DESIGN_PROVIDER
 }
 
 /// The best passing peer time for each (run, experiment, params) group.

@@ -24,7 +24,7 @@ mod roofline;
 
 pub use bars::{ladder, speedups};
 pub use plotters::chart::SeriesLabelPosition;
-pub use roofline::{family_roofline, roofline, roofline_points, RooflinePoint};
+pub use roofline::{design_points, family_roofline, roofline, roofline_points, DesignPoint, RooflinePoint, DESIGN_PROVIDER};
 
 const SIZE: (u32, u32) = (960, 560);
 

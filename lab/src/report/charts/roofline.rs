@@ -111,6 +111,67 @@ pub fn roofline_points(run: &[&Record]) -> Vec<RooflinePoint> {
         .collect()
 }
 
+/// Records of hardware designs simulated cycle by cycle: their time is modelled from cycles at
+/// a stated clock, and their roof is their own ports, not the device's copy slope.
+pub const DESIGN_PROVIDER: &str = "verilator";
+
+/// The `fpga` design's best modelled figure at each lane count, with its port roof (lanes x
+/// bytes an element moves per pass x clock, `extra.port_roof_gb_s` of its records).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DesignPoint {
+    pub lanes: u64,
+    pub clock_mhz: f64,
+    pub intensity: f64,
+    pub tflop_s: f64,
+    pub gb_s: f64,
+    pub roof_gb_s: f64,
+    pub shape: String,
+    pub run_id: String,
+}
+
+impl DesignPoint {
+    fn title(&self) -> String {
+        format!(
+            "fpga/{} lanes (Verilator, modelled at {} MHz)\n{}\n{} TFLOP/s, {} GB/s at {} flop/byte\n{:.1}% of its port roof ({} GB/s)\nrun {}",
+            self.lanes,
+            figure(self.clock_mhz),
+            self.shape,
+            figure(self.tflop_s),
+            figure(self.gb_s),
+            figure(self.intensity),
+            100.0 * self.gb_s / self.roof_gb_s,
+            figure(self.roof_gb_s),
+            self.run_id
+        )
+    }
+}
+
+/// The passing timed records of [`DESIGN_PROVIDER`], the best of each lane count.
+pub fn design_points(run: &[&Record]) -> Vec<DesignPoint> {
+    let mut best: BTreeMap<u64, &Record> = BTreeMap::new();
+    for r in run.iter().copied().filter(|r| r.provider == DESIGN_PROVIDER && passing_timed(r) && r.work.flops > 0 && r.work.bytes > 0) {
+        let Some(lanes) = r.params.get("lanes").and_then(|v| v.as_u64()) else { continue };
+        if best.get(&lanes).is_none_or(|old| old.throughput.unwrap().tflop_s < r.throughput.unwrap().tflop_s) {
+            best.insert(lanes, r);
+        }
+    }
+    best.into_iter()
+        .filter_map(|(lanes, r)| {
+            let tp = r.throughput.unwrap();
+            Some(DesignPoint {
+                lanes,
+                clock_mhz: r.extra.get("clock_mhz")?.as_f64()?,
+                intensity: r.work.flops as f64 / r.work.bytes as f64,
+                tflop_s: tp.tflop_s,
+                gb_s: tp.gb_s,
+                roof_gb_s: r.extra.get("port_roof_gb_s")?.as_f64()?,
+                shape: shape(&r.params),
+                run_id: r.run_id.clone(),
+            })
+        })
+        .collect()
+}
+
 /// Roofline on log-log axes: the measured ceilings, each labelled on its line, and the best
 /// point of every lab variant at its arithmetic intensity, one colour per family and one marker
 /// per dtype; the best point of each family is labelled. None when the run has no copy ceiling
@@ -120,12 +181,15 @@ pub fn roofline(run: &[&Record], device: &str) -> Option<String> {
     let mut families: Vec<&str> = points.iter().map(|p| p.family.as_str()).collect();
     families.sort();
     families.dedup();
+    // The fpga design stands beside the GPU's softmax, on its own roofs (`run` may hold its
+    // records, made on another device).
+    let designs = if families.contains(&"softmax") { design_points(run) } else { Vec::new() };
     let subtitle = format!(
         "{} variants of {} families, each at its best passing figure; one colour per family, one marker per dtype; hover a point for its record",
         points.len(),
         families.len()
     );
-    draw_roofline(&format!("Roofline: {device}"), &subtitle, &ceilings(run), &points, false)
+    draw_roofline(&format!("Roofline: {device}"), &subtitle, &ceilings(run), &points, &designs, false)
 }
 
 /// One family's rungs on the roofline, each labelled, the axes around them. None when the
@@ -138,7 +202,7 @@ pub fn family_roofline(run: &[&Record], device: &str, experiment: &str) -> Optio
         runs.dedup();
         runs.len()
     });
-    draw_roofline(&format!("{experiment} on the roofline: {device}"), &subtitle, &ceilings(run), &points, true)
+    draw_roofline(&format!("{experiment} on the roofline: {device}"), &subtitle, &ceilings(run), &points, &[], true)
 }
 
 /// `tensor_bf16_tflop_s` as its line is labelled: kind `tensor`, dtype `bf16`.
@@ -165,7 +229,7 @@ fn ceil_decade(v: f64) -> f64 {
 }
 
 /// The roofline itself; `family` zooms the axes on the points and labels every variant.
-fn draw_roofline(title: &str, subtitle: &str, roofs: &BTreeMap<String, f64>, points: &[RooflinePoint], family: bool) -> Option<String> {
+fn draw_roofline(title: &str, subtitle: &str, roofs: &BTreeMap<String, f64>, points: &[RooflinePoint], designs: &[DesignPoint], family: bool) -> Option<String> {
     let bw = roofs.get("copy_gb_s")? / 1000.0;
     if points.is_empty() || bw.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
         return None;
@@ -173,8 +237,9 @@ fn draw_roofline(title: &str, subtitle: &str, roofs: &BTreeMap<String, f64>, poi
     let peaks: Vec<(&str, f64)> = roofs.iter().filter(|(k, v)| k.ends_with("tflop_s") && **v > 0.0).map(|(k, v)| (k.as_str(), *v)).collect();
     let top_peak = peaks.iter().map(|p| p.1).fold(0.0, f64::max);
     let roof_at = |x: f64| if top_peak > 0.0 { (bw * x).min(top_peak) } else { bw * x };
-    let (i_lo, i_hi) = points.iter().fold((f64::INFINITY, 0f64), |(lo, hi), p| (lo.min(p.intensity), hi.max(p.intensity)));
-    let (t_lo, t_hi) = points.iter().fold((f64::INFINITY, 0f64), |(lo, hi), p| (lo.min(p.tflop_s), hi.max(p.tflop_s)));
+    let xy = points.iter().map(|p| (p.intensity, p.tflop_s)).chain(designs.iter().map(|d| (d.intensity, d.tflop_s)));
+    let (i_lo, i_hi) = xy.clone().fold((f64::INFINITY, 0f64), |(lo, hi), p| (lo.min(p.0), hi.max(p.0)));
+    let (t_lo, t_hi) = xy.fold((f64::INFINITY, 0f64), |(lo, hi), p| (lo.min(p.1), hi.max(p.1)));
     let x_lo = floor_decade(i_lo / 2.0);
     let mut x_hi = ceil_decade(i_hi * 2.0);
     if !family {
@@ -188,6 +253,7 @@ fn draw_roofline(title: &str, subtitle: &str, roofs: &BTreeMap<String, f64>, poi
     let mut svg = String::new();
     let plot: Bounds;
     let at: Vec<(i32, i32)>;
+    let design_at: Vec<(i32, i32)>;
     let mut taken: Vec<Bounds> = Vec::new();
     {
         let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
@@ -212,6 +278,15 @@ fn draw_roofline(title: &str, subtitle: &str, roofs: &BTreeMap<String, f64>, poi
             chart.draw_series(LineSeries::new(vec![((peak / bw).max(x_lo), *peak), (x_hi, *peak)], line)).ok()?;
             let (kind, dtype) = ceiling_kind(name);
             kinds.entry(kind).or_default().push((dtype, *peak));
+        }
+        // Each design's port roof, dashed in its colour.
+        let design_color = family_color("fpga");
+        for d in designs {
+            let bw = d.roof_gb_s / 1000.0;
+            let (xa, xb) = (x_lo.max(y_lo / bw), x_hi.min(y_hi / bw));
+            if xa < xb {
+                chart.draw_series(DashedLineSeries::new(vec![(xa, bw * xa), (xb, bw * xb)], 6, 4, design_color.stroke_width(1))).ok()?;
+            }
         }
         let px = |x: f64, y: f64| chart.backend_coord(&(x, y));
         // Each kind labelled once above its line, left of its ridge point (where the roofline
@@ -264,7 +339,24 @@ fn draw_roofline(title: &str, subtitle: &str, roofs: &BTreeMap<String, f64>, poi
                 break;
             }
         }
+        // Each design's port roof labelled in its colour, right of its point, where it fits.
+        for d in designs {
+            let bw = d.roof_gb_s / 1000.0;
+            let xa = x_lo.max(y_lo / bw);
+            if xa >= x_hi.min(y_hi / bw) {
+                continue;
+            }
+            let text = format!("fpga {} lanes: {} GB/s at {} MHz", d.lanes, figure(d.roof_gb_s), figure(d.clock_mhz));
+            let w = text_width(&text, SMALL);
+            let (x, y) = px(xa.max(d.intensity * 1.6), bw * xa.max(d.intensity * 1.6));
+            let bx = Bounds { x0: x + 4, y0: y - text_height(SMALL) - 2, x1: x + 4 + w, y1: y - 2 };
+            if bx.inside(&plot) && !taken.iter().any(|t| t.overlaps(&bx)) {
+                root.draw(&Text::new(text, (bx.x0, bx.y1), style(SMALL, text_color(design_color), HPos::Left, VPos::Bottom))).ok()?;
+                taken.push(bx);
+            }
+        }
         at = points.iter().map(|p| px(p.intensity, p.tflop_s)).collect();
+        design_at = designs.iter().map(|d| px(d.intensity, d.tflop_s)).collect();
         root.present().ok()?;
     }
 
@@ -277,7 +369,10 @@ fn draw_roofline(title: &str, subtitle: &str, roofs: &BTreeMap<String, f64>, poi
         let c = family_color(&p.family);
         overlay.group("point", Some(&p.title()), |a| Marker::of(&p.dtype).draw(a, at[i], 6, c))?;
     }
-    let marks: Vec<Bounds> = at.iter().map(|&xy| Bounds::around(xy, 7)).collect();
+    for (d, &xy) in designs.iter().zip(&design_at) {
+        overlay.group("point", Some(&d.title()), |a| Marker::Star.draw(a, xy, 6, family_color("fpga")))?;
+    }
+    let marks: Vec<Bounds> = at.iter().chain(&design_at).map(|&xy| Bounds::around(xy, 7)).collect();
 
     // The legend: families and dtypes, never variants.
     let mut families: Vec<&str> = points.iter().map(|p| p.family.as_str()).collect();
@@ -296,6 +391,9 @@ fn draw_roofline(title: &str, subtitle: &str, roofs: &BTreeMap<String, f64>, poi
         if !rows.iter().any(|(s, _)| matches!(s, Swatch::Marker(x, _) if x == m)) {
             rows.push((Swatch::Marker(*m, MUTED), dtype_label(if *m == Marker::Diamond { "" } else { d }).to_string()));
         }
+    }
+    if !designs.is_empty() {
+        rows.push((Swatch::Marker(Marker::Star, family_color("fpga")), "fpga design (modelled)".to_string()));
     }
     let per_column = if rows.len() > 8 && !family { families.len() } else { rows.len() };
     let legend = Legend { rows, per_column };
@@ -353,6 +451,36 @@ fn draw_roofline(title: &str, subtitle: &str, roofs: &BTreeMap<String, f64>, poi
 
 #[cfg(test)]
 mod tests {
+    use crate::record::{read_records, Record, Verdict};
+
+    /// The H100 fixture runs and the committed fpga run.
+    fn h100_and_fpga() -> (Vec<Record>, Vec<Record>) {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let (h100, _) = read_records(&root.join("tests/fixtures/charts")).unwrap();
+        let (all, _) = read_records(&root.join("../reports/records")).unwrap();
+        (h100, all.into_iter().filter(|r| r.provider == super::DESIGN_PROVIDER).collect())
+    }
+
+    #[test]
+    fn the_fpga_design_stands_beside_a_softmax_under_its_own_port_roofs() {
+        let (h100, fpga) = h100_and_fpga();
+        let points = |svg: &str| svg.matches("class=\"point\"").count();
+        let gpu: Vec<&Record> = h100.iter().collect();
+        let with: Vec<&Record> = h100.iter().chain(&fpga).collect();
+        let designs = super::design_points(&with);
+        let lanes: Vec<(u64, f64)> = designs.iter().map(|d| (d.lanes, d.roof_gb_s)).collect();
+        assert_eq!(lanes, vec![(1, 1.2), (4, 4.8), (16, 19.2)]);
+        assert!(designs.iter().all(|d| d.gb_s <= d.roof_gb_s && d.gb_s > 0.5 * d.roof_gb_s), "{designs:?}");
+        let (plain, beside) = (super::roofline(&gpu, "H100").unwrap(), super::roofline(&with, "H100").unwrap());
+        assert_eq!(points(&beside), points(&plain) + 3);
+        assert!(beside.contains("fpga 16 lanes: 19.2 GB/s at 300 MHz") && beside.contains("fpga design (modelled)"));
+        // No softmax on the chart: no design beside it. A failed record: no point.
+        let no_softmax: Vec<&Record> = with.iter().copied().filter(|r| r.experiment != "softmax").collect();
+        assert!(!super::roofline(&no_softmax, "H100").unwrap().contains("fpga design"));
+        let failed: Vec<Record> = fpga.iter().cloned().map(|mut r| (r.verdict = Verdict::Fail, r).1).collect();
+        assert!(super::design_points(&failed.iter().collect::<Vec<_>>()).is_empty());
+    }
+
     #[test]
     fn ceilings_are_named_by_kind_and_dtype() {
         assert_eq!(super::ceiling_kind("tensor_bf16_tflop_s"), ("tensor".to_string(), "bf16".to_string()));
