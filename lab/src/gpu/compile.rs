@@ -216,8 +216,11 @@ pub fn compile_source_in(cache: Option<&Path>, family: &str, src: &str, target: 
 
 /// `LAB_CACHE_DIR`, else `~/.cache/lab/ptx`.
 fn cache_dir() -> Option<PathBuf> {
-    std::env::var_os("LAB_CACHE_DIR")
-        .map(PathBuf::from)
-        .or_else(|| dirs::cache_dir().map(|d| d.join("lab")))
-        .map(|d| d.join("ptx"))
+    lab_cache_dir().map(|d| d.join("ptx"))
+}
+
+/// Where the lab caches what it builds at run time (PTX, simulators): `LAB_CACHE_DIR`, else
+/// `~/.cache/lab`.
+pub fn lab_cache_dir() -> Option<PathBuf> {
+    std::env::var_os("LAB_CACHE_DIR").map(PathBuf::from).or_else(|| dirs::cache_dir().map(|d| d.join("lab")))
 }

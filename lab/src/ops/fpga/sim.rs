@@ -36,13 +36,9 @@ pub fn version_of(bin: &str) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-/// `LAB_CACHE_DIR`, else `~/.cache/lab`, then `verilator/` (beside NVRTC's `ptx/`).
+/// The lab's cache folder, then `verilator/` (beside NVRTC's `ptx/`).
 fn cache_dir() -> PathBuf {
-    std::env::var_os("LAB_CACHE_DIR")
-        .map(PathBuf::from)
-        .or_else(|| dirs::cache_dir().map(|d| d.join("lab")))
-        .unwrap_or_else(std::env::temp_dir)
-        .join("verilator")
+    crate::gpu::compile::lab_cache_dir().unwrap_or_else(std::env::temp_dir).join("verilator")
 }
 
 /// A built simulator of the design with `lanes` lanes.
