@@ -82,12 +82,14 @@ pub fn roofline_points(run: &[&Record]) -> Vec<RooflinePoint> {
         .map(|(label, r)| {
             let dtype = dtype(r);
             let intensity = r.work.flops as f64 / r.work.bytes as f64;
-            // Half types may run on tensor cores: their roof is that dtype's tensor ceiling; f32
-            // and the rest have the FMA rate.
-            let (ceiling, peak) = [format!("tensor_{dtype}_tflop_s"), "fma_tflop_s".to_string()]
-                .into_iter()
-                .find_map(|name| roofs.get(&name).map(|v| (name, *v)))
-                .unwrap_or_default();
+            // The compute roof: the record's own when it is judged against one; else, for half
+            // types, that dtype's tensor ceiling, for f32 the FMA rate; a record that names no
+            // dtype (a whole model, a mix of kernels) gets the run's highest compute roof, so no
+            // point is drawn above a roof it may legitimately use.
+            let highest = roofs.iter().filter(|(k, _)| k.ends_with("tflop_s")).max_by(|a, b| a.1.total_cmp(b.1)).map(|(k, v)| (k.clone(), *v));
+            let own = r.ceiling.as_ref().filter(|c| c.ends_with("tflop_s")).and_then(|c| roofs.get(c).map(|v| (c.clone(), *v)));
+            let by_dtype = [format!("tensor_{dtype}_tflop_s"), "fma_tflop_s".to_string()].into_iter().find_map(|name| roofs.get(&name).map(|v| (name, *v)));
+            let (ceiling, peak) = own.or(if dtype.is_empty() { highest } else { by_dtype }).unwrap_or_default();
             let slope = bw / 1000.0 * intensity;
             let memory = peak == 0.0 || slope < peak;
             let tp = r.throughput.unwrap();
@@ -479,6 +481,27 @@ mod tests {
         assert!(!super::roofline(&no_softmax, "H100").unwrap().contains("fpga design"));
         let failed: Vec<Record> = fpga.iter().cloned().map(|mut r| (r.verdict = Verdict::Fail, r).1).collect();
         assert!(super::design_points(&failed.iter().collect::<Vec<_>>()).is_empty());
+    }
+
+    /// Every committed run's points lie under the compute roof they are drawn against (within
+    /// the roofs' own run-to-run spread): a record naming no dtype (the llama engine, a mix of
+    /// tensor-core GEMMs) was once drawn against the FMA roof at twice its height.
+    #[test]
+    fn no_committed_point_is_drawn_above_its_compute_roof() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let (all, _) = read_records(&root.join("../reports/records")).unwrap();
+        let mut runs: std::collections::BTreeMap<&str, Vec<&Record>> = Default::default();
+        for r in &all {
+            runs.entry(r.run_id.as_str()).or_default().push(r);
+        }
+        let mut checked = 0;
+        for (id, run) in &runs {
+            for p in super::roofline_points(run).iter().filter(|p| p.bound == "compute") {
+                assert!(p.tflop_s <= p.roof_tflop_s * 1.05, "{id}: {} at {:.1} TFLOP/s under a {} roof of {:.1}", p.label, p.tflop_s, p.ceiling, p.roof_tflop_s);
+                checked += 1;
+            }
+        }
+        assert!(checked > 50, "{checked} compute-bound points");
     }
 
     #[test]
