@@ -65,10 +65,16 @@ pub fn source(family: &str) -> crate::Result<String> {
 
 /// A short hash (SHA-256, 16 hex digits) of a family's source as NVRTC compiles it, headers
 /// inlined: records say which kernels they ran by it, and the report compares it with the
-/// committed kernels' to say whether a family's current kernels have passed on a GPU.
+/// committed kernels' to say whether a family's current kernels have passed on a GPU. The
+/// sources are built into the binary, so each family's hash is computed once per process.
 pub fn hash(family: &str) -> crate::Result<String> {
-    use sha2::{Digest, Sha256};
-    Ok(format!("{:x}", Sha256::digest(source(family)?.as_bytes()))[..16].to_string())
+    static ALL: std::sync::OnceLock<std::collections::BTreeMap<&'static str, String>> = std::sync::OnceLock::new();
+    let all = ALL.get_or_init(|| {
+        use sha2::{Digest, Sha256};
+        let digest = |f: &str| source(f).map(|s| format!("{:x}", Sha256::digest(s.as_bytes()))[..16].to_string());
+        crate::family::with_kernels().filter_map(|f| digest(f.name).ok().map(|h| (f.name, h))).collect()
+    });
+    all.get(family).cloned().ok_or_else(|| crate::LabError::Invalid(format!("no kernel family `{family}` in kernels/")))
 }
 
 /// [`hash`] of each of `families` (those without kernels are left out).

@@ -334,11 +334,15 @@ pub fn backward_f64(x: &[f64], w: &[f64], z: &[f64], dy: &[f64], (m, n, k): (usi
     (dx, dw, db)
 }
 
+/// The stored values as f32, the CPU variants' arithmetic type.
+fn f32s<T: Elem>(v: &[T]) -> Vec<f32> {
+    v.par_iter().map(|e| e.to_f32()).collect()
+}
+
 /// The CPU backend's forward, a different computation from the f64 reference it is checked
 /// against: X W^T by gemm's `cpu_blocked` (f32 accumulation, cache-blocked), then bias and
 /// activation in f32; Z and Y rounded to T once.
 pub fn cpu_forward<T: Elem>(x: &[T], w: &[T], b: &[T], (m, n, k): (usize, usize, usize), act: Act, z: &mut [T], y: &mut [T]) {
-    let f32s = |v: &[T]| v.par_iter().map(|e| e.to_f32()).collect::<Vec<f32>>();
     let mut zf = vec![0f32; m * n];
     cpu_blocked(&f32s(x), &transpose(&f32s(w), n, k), &mut zf, Dims::dense(m, n, k), (1.0, 0.0));
     let bf = f32s(b);
@@ -354,7 +358,6 @@ pub fn cpu_forward<T: Elem>(x: &[T], w: &[T], b: &[T], (m, n, k): (usize, usize,
 /// dX = dZ W and dW = dZ^T X by gemm's `cpu_blocked`, db as f32 column sums; each rounded to T
 /// once.
 pub fn cpu_backward<T: Elem>(x: &[T], w: &[T], z: &[T], dy: &[T], (m, n, k): (usize, usize, usize), act: Act, grads: &mut [T]) {
-    let f32s = |v: &[T]| v.par_iter().map(|e| e.to_f32()).collect::<Vec<f32>>();
     let dz: Vec<f32> = dy.par_iter().zip(z).map(|(&g, &v)| g.to_f32() * act.grad_f32(v.to_f32())).collect();
     let (mut dx, mut dw) = (vec![0f32; m * k], vec![0f32; n * k]);
     cpu_blocked(&dz, &f32s(w), &mut dx, Dims::dense(m, k, n), (1.0, 0.0));

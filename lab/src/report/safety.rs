@@ -30,7 +30,8 @@ pub struct Row {
     pub clean: bool,
 }
 
-fn status(r: &Record) -> &str {
+/// A sanitizer record's status: clean, library, errors, incomplete.
+pub(super) fn status(r: &Record) -> &str {
     r.extra.get("sanitizer").and_then(|s| s.get("status")).and_then(|s| s.as_str()).unwrap_or("unknown")
 }
 

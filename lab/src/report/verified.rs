@@ -4,7 +4,7 @@
 //! of it found nothing in the lab's kernels. A family whose source changed since is unverified,
 //! whatever its older runs said (`scripts/gpu-test-pass.sh` makes both runs).
 
-use super::safety::EXPERIMENT as SANITIZE;
+use super::safety::{status, EXPERIMENT as SANITIZE};
 use crate::record::{Record, Verdict};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -28,10 +28,6 @@ fn newest<'a>(records: &[&'a Record], family: &str, hash: &str, sanitizer: bool)
         runs.entry(r.run_id.as_str()).or_default().push(r);
     }
     runs.into_iter().next_back().map(|(id, recs)| (id.to_string(), recs))
-}
-
-fn status(r: &Record) -> &str {
-    r.extra.get("sanitizer").and_then(|s| s.get("status")).and_then(|s| s.as_str()).unwrap_or("unknown")
 }
 
 /// Every family with kernels, against `hashes` (family -> hash of its committed source).

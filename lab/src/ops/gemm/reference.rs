@@ -20,11 +20,16 @@ pub fn reference_at<T: Elem>(a: &[T], b: &[T], c0: Option<&[T]>, d: Dims, (alpha
         let p = x.to_f64() * b[kk * d.ldb + j].to_f64();
         (s + p, t + p.abs())
     });
-    let old = match c0 {
+    let old = old_term(c0, beta, d, i, j);
+    (alpha as f64 * dot + old, (alpha as f64).abs() * abs + old.abs())
+}
+
+/// beta C0[i,j] in f64, 0 without C0 or with beta = 0 (C0 is then never read).
+fn old_term<T: Elem>(c0: Option<&[T]>, beta: f32, d: Dims, i: usize, j: usize) -> f64 {
+    match c0 {
         Some(c) if beta != 0.0 => beta as f64 * c[i * d.ldc + j].to_f64(),
         _ => 0.0,
-    };
-    (alpha as f64 * dot + old, (alpha as f64).abs() * abs + old.abs())
+    }
 }
 
 /// The full f64 reference, dense M x N: the values and their sums of absolute terms (rows in
@@ -48,10 +53,7 @@ pub fn reference_terms<T: Elem>(a: &[T], b: &[T], c0: Option<&[T]>, d: Dims, (al
             }
             let dot = (s[0] + s[1]) + (s[2] + s[3]) + tail.0;
             let abs = (t[0] + t[1]) + (t[2] + t[3]) + tail.1;
-            let old = match c0 {
-                Some(c) if beta != 0.0 => beta as f64 * c[i * d.ldc + j].to_f64(),
-                _ => 0.0,
-            };
+            let old = old_term(c0, beta, d, i, j);
             *o = (alpha as f64 * dot + old, (alpha as f64).abs() * abs + old.abs());
         }
     });

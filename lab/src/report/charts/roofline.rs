@@ -78,6 +78,7 @@ pub fn roofline_points(run: &[&Record]) -> Vec<RooflinePoint> {
             best.insert(label, r);
         }
     }
+    let highest = roofs.iter().filter(|(k, _)| k.ends_with("tflop_s")).max_by(|a, b| a.1.total_cmp(b.1)).map(|(k, v)| (k.clone(), *v));
     best.into_iter()
         .map(|(label, r)| {
             let dtype = dtype(r);
@@ -86,10 +87,9 @@ pub fn roofline_points(run: &[&Record]) -> Vec<RooflinePoint> {
             // types, that dtype's tensor ceiling, for f32 the FMA rate; a record that names no
             // dtype (a whole model, a mix of kernels) gets the run's highest compute roof, so no
             // point is drawn above a roof it may legitimately use.
-            let highest = roofs.iter().filter(|(k, _)| k.ends_with("tflop_s")).max_by(|a, b| a.1.total_cmp(b.1)).map(|(k, v)| (k.clone(), *v));
             let own = r.ceiling.as_ref().filter(|c| c.ends_with("tflop_s")).and_then(|c| roofs.get(c).map(|v| (c.clone(), *v)));
             let by_dtype = [format!("tensor_{dtype}_tflop_s"), "fma_tflop_s".to_string()].into_iter().find_map(|name| roofs.get(&name).map(|v| (name, *v)));
-            let (ceiling, peak) = own.or(if dtype.is_empty() { highest } else { by_dtype }).unwrap_or_default();
+            let (ceiling, peak) = own.or(if dtype.is_empty() { highest.clone() } else { by_dtype }).unwrap_or_default();
             let slope = bw / 1000.0 * intensity;
             let memory = peak == 0.0 || slope < peak;
             let tp = r.throughput.unwrap();
