@@ -33,6 +33,13 @@ impl ProductBound {
         };
         ProductBound { atol: half_subnormal, rtol: eps, per_scale: 2.0 * (k as f64 + 2.0) * 2f64.powi(-23) }
     }
+    /// The same, for a GEMM that may round partial sums to the output type before adding them
+    /// (cuBLAS's default math allows split-K reductions in the output type): each rounding adds
+    /// up to eps_out / 2 of its partial, at most eps_out / 2 of the sum of terms; two such
+    /// roundings are allowed (the partials, then their sum).
+    pub fn with_output_type_reduction(self) -> Self {
+        ProductBound { per_scale: self.per_scale + self.rtol, ..self }
+    }
     /// The part a record's `tolerance` can hold (the rest is said in `error.bound`).
     pub fn tolerance(&self) -> Tolerance {
         Tolerance { atol: self.atol, rtol: self.rtol }
