@@ -206,6 +206,9 @@ fn launch_fa2<T: Elem>(gpu: &crate::gpu::Gpu, d: Dims, mask: Mask, s: &Saved<T>,
         .doing("launching attention fa2_bwd dq")
 }
 
+/// dQ, dK, dV on the host.
+pub type HostGrads<T> = (Vec<T>, Vec<T>, Vec<T>);
+
 /// The backward's inputs on the host.
 #[derive(Clone, Copy)]
 pub struct CpuIn<'a, T> {
@@ -223,7 +226,7 @@ pub struct CpuIn<'a, T> {
 /// lse in log2 units, P and dS rounded to T where the mma reads them, fp32 accumulation, dQ
 /// summed over key tiles in an fp32 accumulator and scaled at the end. `drop_last_kv_tile` plants
 /// the fault the tests must catch. Returns (dq, dk, dv).
-pub fn cpu_bwd<T: Elem>(d: Dims, m: Mask, x: CpuIn<T>, drop_last_kv_tile: bool) -> (Vec<T>, Vec<T>, Vec<T>) {
+pub fn cpu_bwd<T: Elem>(d: Dims, m: Mask, x: CpuIn<T>, drop_last_kv_tile: bool) -> HostGrads<T> {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     let (dd, group, off) = (d.d, d.hq / d.hkv, d.sk as i64 - d.sq as i64);
     let scale = 1.0 / (dd as f32).sqrt();

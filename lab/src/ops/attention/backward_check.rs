@@ -67,6 +67,12 @@ impl RowStats {
     }
 }
 
+/// A checked row: (batch, head, row) of dQ, or (batch, KV head, key) of dK and dV.
+pub type Row = (usize, usize, usize);
+
+/// A case: (batch, sq, sk, hq, hkv, d, causal, window, fill).
+type C = (usize, usize, usize, usize, usize, usize, bool, usize, &'static str);
+
 fn dot<T: Elem>(a: &[T], b: &[T]) -> f64 {
     a.iter().zip(b).map(|(x, y)| x.to_f64() * y.to_f64()).sum()
 }
@@ -77,8 +83,8 @@ fn dot32<T: Elem>(a: &[T], b: &[T]) -> f32 {
 /// The gradients at the checked rows: (b, h, i) query rows of dQ, (b, hk, j) key rows of dK and
 /// dV, each row in f64 and as the naive storage-precision computation gives it.
 pub struct ExpectedGrads {
-    pub qrows: Vec<(usize, usize, usize)>,
-    pub krows: Vec<(usize, usize, usize)>,
+    pub qrows: Vec<Row>,
+    pub krows: Vec<Row>,
     /// dQ, dK, dV at the checked rows, f64.
     pub parts: [Vec<f64>; 3],
     pub tol: [Tolerance; 3],
@@ -86,7 +92,7 @@ pub struct ExpectedGrads {
 }
 
 impl ExpectedGrads {
-    pub fn new<T: Elem>(d: Dims, m: Mask, x: &CpuIn<T>, stats: &RowStats, qrows: Vec<(usize, usize, usize)>, krows: Vec<(usize, usize, usize)>, reference: &'static str) -> Self {
+    pub fn new<T: Elem>(d: Dims, m: Mask, x: &CpuIn<T>, stats: &RowStats, qrows: Vec<Row>, krows: Vec<Row>, reference: &'static str) -> Self {
         let scale = 1.0 / (d.d as f64).sqrt();
         let group = d.hq / d.hkv;
         let round = |a: f32| T::from_f32(a).to_f32();
@@ -180,7 +186,7 @@ impl ExpectedGrads {
 
 /// The rows a check compares: every query and key row of a small problem, else a sample
 /// ([`check_rows`]).
-pub fn rows(d: Dims, rng: &mut impl rand::Rng) -> (Vec<(usize, usize, usize)>, Vec<(usize, usize, usize)>) {
+pub fn rows(d: Dims, rng: &mut impl rand::Rng) -> (Vec<Row>, Vec<Row>) {
     let keys = Dims { sq: d.sk, sk: d.sq * d.hq / d.hkv, hq: d.hkv, ..d };
     (check_rows(d, rng), check_rows(keys, rng))
 }
@@ -198,8 +204,6 @@ pub fn work(d: Dims, m: Mask, elem: usize) -> Work {
 
 /// The backward cases of the attention sweep.
 pub fn cases(backend: &Backend, quick: bool) -> Vec<Value> {
-    // (batch, sq, sk, hq, hkv, d, causal, window, fill)
-    type C = (usize, usize, usize, usize, usize, usize, bool, usize, &'static str);
     let checks: &[C] = match backend {
         Backend::Cpu => &[(1, 1, 1, 2, 1, 64, true, 0, "normal"), (2, 17, 5, 3, 1, 64, true, 0, "normal"), (1, 33, 33, 4, 2, 128, false, 7, "large")],
         Backend::Cuda(_) => &[
@@ -226,7 +230,7 @@ pub fn cases(backend: &Backend, quick: bool) -> Vec<Value> {
 /// Small odd backward cases for `lab sanitize`: every edge (one key, rows keeping no key, Sq
 /// != Sk, a window, GQA, a partial last tile of both sizes) at a few tiles each.
 pub fn sanitize_cases() -> Vec<Value> {
-    let c: [(usize, usize, usize, usize, usize, usize, bool, usize, &str); 4] = [
+    let c: [C; 4] = [
         (1, 1, 1, 2, 1, 64, true, 0, "normal"),
         (2, 17, 5, 3, 1, 64, true, 0, "normal"),
         (1, 77, 130, 4, 2, 128, false, 40, "normal"),
@@ -237,7 +241,7 @@ pub fn sanitize_cases() -> Vec<Value> {
     out
 }
 
-fn case(c: &(usize, usize, usize, usize, usize, usize, bool, usize, &str), dtype: &str, timed: bool) -> Value {
+fn case(c: &C, dtype: &str, timed: bool) -> Value {
     let &(b, sq, sk, hq, hkv, d, causal, window, fill) = c;
     let mut v = json!({"pass": "backward", "batch": b, "hq": hq, "hkv": hkv, "d": d, "causal": causal, "dtype": dtype, "timed": timed});
     if sq == sk {

@@ -39,7 +39,7 @@ impl<T: Elem> Case<T> {
 }
 
 /// cpu_bwd (fa2_bwd's tiling) against the reference; returns the judgement and the gradients.
-fn judge<T: Elem>(d: Dims, m: Mask, c: &Case<T>, e: &ExpectedGrads, drop_last_kv_tile: bool) -> (crate::record::ErrorStats, (Vec<T>, Vec<T>, Vec<T>)) {
+fn judge<T: Elem>(d: Dims, m: Mask, c: &Case<T>, e: &ExpectedGrads, drop_last_kv_tile: bool) -> (crate::record::ErrorStats, HostGrads<T>) {
     let g = cpu_bwd(d, m, c.x(), drop_last_kv_tile);
     (e.compare(&e.gather(d, &g.0, &g.1, &g.2)), g)
 }
