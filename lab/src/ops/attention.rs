@@ -1,12 +1,15 @@
 //! `attention`: scaled dot-product attention forward (kernels/attention.cu), a ladder from a
 //! naive kernel that materializes the scores to FlashAttention 2's loop on mma.sync, beside
-//! torch SDPA's backends.
+//! torch SDPA's backends; its backward in [`backward`] (kernels/attention_backward.cu).
 //!
 //! Tensors are [batch, seq, heads, head_dim] (FlashAttention's layout); `lse` is [batch, heads,
 //! seq_q] in fp32. Query head h reads key/value head h / (Hq / Hkv): MHA, GQA and MQA. Key j of
 //! query i is kept when j < Sk, and, when causal, j <= i + Sk - Sq (aligned bottom-right, as
 //! FlashAttention 2 does), and, with a window w > 0, j > i + Sk - Sq - w. A row that keeps no key
 //! gives O = 0 and lse = -inf. The scale is 1 / sqrt(head_dim).
+//!
+//! Past 600 lines because the family's one variant table, forward and backward, lives here with
+//! the forward's op, reference and experiment; the backward's are in its own two modules.
 
 use super::compare::compare_elems;
 use super::gemm::raise_dynamic_smem;
@@ -468,7 +471,7 @@ impl Experiment for Attention {
         "attention"
     }
     fn description(&self) -> &'static str {
-        "attention forward, f16/bf16, causal or not, MHA/GQA/MQA, head dims 64 and 128: naive (scores in memory) to FlashAttention 2 on mma.sync, beside torch SDPA's backends"
+        "attention forward and backward, f16/bf16, causal or not, MHA/GQA/MQA, head dims 64 and 128: naive (scores in memory) to FlashAttention 2 on mma.sync, beside torch SDPA's backends"
     }
     fn headlines(&self) -> &'static [&'static str] {
         &["batch=4 seq=4096 hq=16 d=128 causal=false", "batch=4 seq=4096 hq=16 d=128 causal=true"]
