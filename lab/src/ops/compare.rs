@@ -118,6 +118,31 @@ pub fn frobenius_rel(got: &[f64], expected: &[f64]) -> f64 {
 
 /// The check made before timing if it failed, else the one after: a kernel must be right both
 /// times, and the first failure is the one worth reading.
+/// One judgement of several outputs compared part by part (each with its own tolerance), laid
+/// end to end: mismatches add up, the worst element is the worst part's, its index counted from
+/// the start of the first part. `parts` are (stats, that part's offset).
+pub fn merge_parts(parts: Vec<(ErrorStats, usize)>) -> ErrorStats {
+    let mut all: Option<ErrorStats> = None;
+    for (mut e, offset) in parts {
+        e.worst_index = e.worst_index.map(|i| i + offset as u64);
+        all = Some(match all {
+            None => e,
+            Some(mut a) => {
+                a.mismatches += e.mismatches;
+                a.max_abs = a.max_abs.max(e.max_abs);
+                a.max_rel = a.max_rel.max(e.max_rel);
+                a.max_ulp = a.max_ulp.max(e.max_ulp);
+                if e.worst_fraction_of_tolerance > a.worst_fraction_of_tolerance {
+                    (a.worst_fraction_of_tolerance, a.worst_index) = (e.worst_fraction_of_tolerance, e.worst_index);
+                    (a.worst_got, a.worst_expected) = (e.worst_got, e.worst_expected);
+                }
+                a
+            }
+        });
+    }
+    all.expect("at least one part")
+}
+
 pub fn first_failure(before: ErrorStats, after: ErrorStats) -> ErrorStats {
     if before.passed() { after } else { before }
 }
