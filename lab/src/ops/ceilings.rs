@@ -222,7 +222,7 @@ fn gpu_copy(s: &mut Session, gpu: &Gpu, case: &Value) -> Result<()> {
 /// positions, checked exactly against the same sums on the host.
 fn gpu_read(s: &mut Session, gpu: &Gpu, case: &Value, src: &CudaSlice<u32>, host: &[u32], cfg: LaunchConfig) -> Result<()> {
     let threads = (cfg.grid_dim.0 * cfg.block_dim.0) as usize;
-    if host.len() % 4 != 0 {
+    if !host.len().is_multiple_of(4) {
         return Err(LabError::Invalid(format!("read_float4 reads 16-byte words: {} bytes is not a multiple of 16", host.len() * 4)));
     }
     let n4 = host.len() / 4;

@@ -69,11 +69,18 @@ pub fn families(records: &[Record], hashes: &BTreeMap<String, String>) -> Vec<Fa
             (never("sanitizer run"), false)
         } else {
             let bad = recs.iter().filter(|r| !matches!(status(r), "clean" | "library")).count();
-            // (variant, experiment, shape) each tool ran; every tool should have run all of them.
+            // (variant, shape) of the family's own experiment each tool ran: every tool should
+            // have run all of them. A record names every family its process launched, and a tool
+            // runs one process per experiment or per shape, so launches of other experiments
+            // (a model's engine) say only that each tool ran the family at all.
+            let own: Vec<&&Record> = recs.iter().filter(|r| r.params["experiment"] == name.as_str()).collect();
             let mut by_tool: BTreeMap<String, BTreeSet<(String, String)>> = BTreeMap::new();
-            for r in &recs {
-                let launch = (r.variant.clone(), format!("{}{}", r.params["experiment"], r.params["case"]));
+            for r in if own.is_empty() { recs.iter().collect() } else { own } {
+                let launch = if r.params["experiment"] == name.as_str() { (r.variant.clone(), r.params["case"].to_string()) } else { Default::default() };
                 by_tool.entry(r.params["tool"].as_str().unwrap_or("").to_string()).or_default().insert(launch);
+            }
+            for tool in crate::profile::sanitize::Tool::ALL {
+                by_tool.entry(tool.name().to_string()).or_default();
             }
             let all: BTreeSet<&(String, String)> = by_tool.values().flatten().collect();
             let short: Vec<String> = by_tool.iter().filter(|(_, l)| l.len() < all.len()).map(|(t, l)| format!("{t} {} of {}", l.len(), all.len())).collect();
@@ -111,10 +118,16 @@ mod tests {
         r
     }
 
+    /// One sanitizer launch under every tool.
+    fn sanitized(run: &str, hash: &str, verdict: Verdict, status: &str) -> Vec<Record> {
+        crate::profile::sanitize::Tool::ALL.iter().map(|t| with(record(run, SANITIZE, hash, verdict, Some(status)), "tool", t.name().into())).collect()
+    }
+
     #[test]
     fn a_family_is_verified_only_at_the_source_its_passing_runs_ran() {
         let now: BTreeMap<String, String> = [("softmax".to_string(), "bbbb".to_string())].into();
-        let old = vec![record("r1", "softmax", "aaaa", Verdict::Pass, None), record("r1", SANITIZE, "aaaa", Verdict::Pass, Some("clean"))];
+        let mut old = vec![record("r1", "softmax", "aaaa", Verdict::Pass, None)];
+        old.extend(sanitized("r1", "aaaa", Verdict::Pass, "clean"));
         let f = &families(&old, &now)[0];
         assert!(!f.verified);
         assert_eq!(f.checks, "none at this source (changed since run r1)");
@@ -122,10 +135,10 @@ mod tests {
 
         let mut both = old.clone();
         both.extend([record("r2", "softmax", "bbbb", Verdict::Pass, None), with(record("r2", "softmax", "bbbb", Verdict::Implausible, None), "n", 7.into())]);
-        both.push(record("r3", SANITIZE, "bbbb", Verdict::Pass, Some("library")));
+        both.extend(sanitized("r3", "bbbb", Verdict::Pass, "library"));
         let f = &families(&both, &now)[0];
         assert!(f.verified, "{f:?}");
-        assert_eq!((f.checks.as_str(), f.sanitizer.as_str()), ("2 of 2 passed in run r2", "clean on 1 launches in run r3"));
+        assert_eq!((f.checks.as_str(), f.sanitizer.as_str()), ("2 of 2 passed in run r2", "clean on 4 launches in run r3"));
 
         // A failed check or an erring sanitizer record, newest of its figure, unverifies it.
         let mut failed = both.clone();
@@ -145,7 +158,8 @@ mod tests {
         assert!(families(&again, &now)[0].verified);
         // A dirty build or a CPU run says nothing about the committed kernels.
         let mut dirty = old.clone();
-        dirty.extend([record("r2", "softmax", "bbbb", Verdict::Pass, None), record("r2", SANITIZE, "bbbb", Verdict::Pass, Some("clean"))]);
+        dirty.push(record("r2", "softmax", "bbbb", Verdict::Pass, None));
+        dirty.extend(sanitized("r2", "bbbb", Verdict::Pass, "clean"));
         dirty.iter_mut().filter(|r| r.run_id == "r2").for_each(|r| r.git.dirty = true);
         assert!(!families(&dirty, &now)[0].verified);
     }
@@ -160,12 +174,16 @@ mod tests {
             with(with(r, "tool", tool.into()), "case", serde_json::json!({ "n": n }))
         };
         let mut recs = vec![record("r1", "softmax", "bbbb", Verdict::Pass, None), san("r1", "memcheck", 1), san("r1", "memcheck", 2), san("r1", "racecheck", 1)];
+        recs.extend(["initcheck", "synccheck"].iter().flat_map(|t| [san("r1", t, 1), san("r1", t, 2)]));
         let f = &families(&recs, &now)[0];
         assert!(!f.verified);
         assert_eq!(f.sanitizer, "clean, but incomplete (racecheck 1 of 2) in run r1");
         recs.push(san("r2", "racecheck", 2));
         let f = &families(&recs, &now)[0];
         assert!(f.verified, "{f:?}");
-        assert_eq!(f.sanitizer, "clean on 4 launches in runs r1, r2");
+        assert_eq!(f.sanitizer, "clean on 8 launches in runs r1, r2");
+        // A tool that never ran the family leaves it unverified.
+        recs.retain(|r| r.params["tool"] != "synccheck");
+        assert_eq!(families(&recs, &now)[0].sanitizer, "clean, but incomplete (synccheck 0 of 2) in runs r1, r2");
     }
 }

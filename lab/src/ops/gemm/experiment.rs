@@ -169,10 +169,11 @@ where
     let timed = param_timed(case);
     // A --variant filter that admits nothing of this dtype skips the case before building inputs
     // and references (`--variant mma_warp64 --variant cublas_gemm_ex` runs no f32 case).
-    if matches!(s.backend, Backend::Cuda(_)) {
-        if !gpu_ladder(T::DTYPE).any(|v| s.wants(v.name, "lab")) && !super::cublas::peers(T::DTYPE).iter().any(|p| s.wants(p.0, "cublas")) {
-            return Ok(());
-        }
+    if matches!(s.backend, Backend::Cuda(_))
+        && !gpu_ladder(T::DTYPE).any(|v| s.wants(v.name, "lab"))
+        && !super::cublas::peers(T::DTYPE).iter().any(|p| s.wants(p.0, "cublas"))
+    {
+        return Ok(());
     }
     let mut rng = rng_for(s.opts.seed, case);
     validate(d, d.m * d.k, d.k * d.n, d.m * d.n)?;
