@@ -12,9 +12,11 @@
 
 pub mod bucket;
 pub mod check;
+pub mod group;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 pub mod nccl;
+pub mod nccl_log;
 pub mod plan;
 pub mod ring;
 pub mod tensor_parallel;
