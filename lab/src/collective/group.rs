@@ -82,18 +82,44 @@ impl Group {
 
     /// Sums every rank's `xs[r]` in place (ncclAllReduce, or the lab's ring on threads).
     pub fn all_reduce<T: GroupElem>(&self, xs: &mut [Tensor<T>]) -> Result<()> {
-        self.check_len(xs, "all-reduce")?;
+        let len = self.check_len(xs, "all-reduce")?;
+        self.all_reduce_queued(xs, 0..len)?;
+        self.join()
+    }
+
+    /// Sums elements `range` of every rank's `xs[r]` in place. On GPUs the sum is queued on the
+    /// comm streams after the work queued so far on the compute streams, and work queued there
+    /// later does not wait for it until [`Group::join`]: what lets a bucket's sum overlap the rest
+    /// of a backward pass. On the host it is done on return.
+    pub fn all_reduce_queued<T: GroupElem>(&self, xs: &mut [Tensor<T>], range: std::ops::Range<usize>) -> Result<()> {
+        let len = self.check_len(xs, "all-reduce")?;
+        if range.end > len {
+            return Err(LabError::Invalid(format!("all-reduce of elements {range:?} of tensors of {len}")));
+        }
         match &self.world {
             None if self.size() == 1 => Ok(()),
-            None => on_threads(xs, |t, x| all_reduce(t, x, Algorithm::SendRecv)),
-            Some(w) => on_comm_streams(w, || {
-                for (comm, x) in w.comms.iter().zip(xs.iter_mut()) {
-                    let x = x.cuda_mut().ok_or_else(|| placement("all-reduce"))?;
-                    comm.all_reduce_in_place(x, &ReduceOp::Sum).map_err(nccl_error("issuing ncclAllReduce"))?;
+            None => on_threads(xs, |t, x| all_reduce(t, &mut x[range.clone()], Algorithm::SendRecv)),
+            Some(w) => {
+                for r in &w.ranks {
+                    r.comm_stream.join(&r.gpu.stream).doing("ordering a collective after its inputs")?;
                 }
-                Ok(())
-            }),
+                grouped(|| {
+                    for (comm, x) in w.comms.iter().zip(xs.iter_mut()) {
+                        let x = x.cuda_mut().ok_or_else(|| placement("all-reduce"))?;
+                        comm.all_reduce_in_place(&mut x.slice_mut(range.clone()), &ReduceOp::Sum).map_err(nccl_error("issuing ncclAllReduce"))?;
+                    }
+                    Ok(())
+                })
+            }
         }
+    }
+
+    /// Makes the work queued next on every GPU's compute stream wait for its comm stream.
+    pub fn join(&self) -> Result<()> {
+        for r in self.world.iter().flat_map(|w| &w.ranks) {
+            r.gpu.stream.join(&r.comm_stream).doing("ordering work after a collective")?;
+        }
+        Ok(())
     }
 
     /// Every rank's `xs[r]` concatenated in rank order into `out[r]` (n times as long).
@@ -157,8 +183,8 @@ pub struct Block {
 /// Copies a `rows` x `width` block from `src` into `dst` on the tensors' device (one 2D copy on
 /// a GPU): how a column-parallel layer places each rank's columns into the whole output.
 pub fn copy_block<T: GroupElem>(dev: &Backend, src: &Tensor<T>, from: Block, dst: &mut Tensor<T>, to: Block, (rows, width): (usize, usize)) -> Result<()> {
-    // Each row inside its pitch, the last inside the buffer.
-    let fits = |len: usize, b: Block| rows == 0 || (b.at % b.pitch.max(1) + width <= b.pitch && b.at + (rows - 1) * b.pitch + width <= len);
+    // Each row inside its pitch (one row: any run of elements), the last inside the buffer.
+    let fits = |len: usize, b: Block| rows == 0 || ((rows == 1 || b.at % b.pitch.max(1) + width <= b.pitch) && b.at + (rows - 1) * b.pitch + width <= len);
     if !fits(src.len(), from) || !fits(dst.len(), to) {
         return Err(LabError::shape("copy_block", format!("{rows} x {width} from {from:?} of {:?} to {to:?} of {:?}", src.shape(), dst.shape())));
     }

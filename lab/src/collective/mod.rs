@@ -12,6 +12,7 @@
 
 pub mod bucket;
 pub mod check;
+pub mod data_parallel;
 pub mod group;
 #[cfg(feature = "mpi")]
 pub mod mpi;

@@ -145,8 +145,10 @@ pub(crate) struct RingBufs<T> {
 /// The lab's ring: the plan's phases, one grouped NCCL round each, adds on the compute streams.
 // Rank r indexes its communicator, its buffers and its phase together.
 #[allow(clippy::needless_range_loop)]
-pub(crate) fn ring_all_reduce<T: Elem + NcclType>(w: &World, plan: &RingPlan, bufs: &mut [RingBufs<T>]) -> Result<()> {
+/// The plan covers elements `base..base + plan.len` of each rank's `x`.
+pub(crate) fn ring_all_reduce<T: Elem + NcclType>(w: &World, plan: &RingPlan, bufs: &mut [RingBufs<T>], base: usize) -> Result<()> {
     let n = w.ranks.len();
+    let at = |r: &std::ops::Range<usize>| base + r.start..base + r.end;
     for phase in plan.phases() {
         let k = phase.segment;
         if !(phase.reduce && phase.step == 0) {
@@ -158,7 +160,7 @@ pub(crate) fn ring_all_reduce<T: Elem + NcclType>(w: &World, plan: &RingPlan, bu
             for r in 0..n {
                 // Empty segments are skipped on both sides: the receiver sees the same range.
                 if let Some(out) = phase.outgoing(r) {
-                    w.comms[r].send(&bufs[r].x.slice(out.range.clone()), ((r + 1) % n) as i32).map_err(nccl_error("sending a segment"))?;
+                    w.comms[r].send(&bufs[r].x.slice(at(&out.range)), ((r + 1) % n) as i32).map_err(nccl_error("sending a segment"))?;
                 }
                 let Some(incoming) = phase.incoming(r) else { continue };
                 let (from, b) = (((r + n - 1) % n) as i32, &mut bufs[r]);
@@ -166,7 +168,7 @@ pub(crate) fn ring_all_reduce<T: Elem + NcclType>(w: &World, plan: &RingPlan, bu
                     let mut dst = b.scratch.slice_mut(incoming.in_chunk..incoming.in_chunk + incoming.range.len());
                     w.comms[r].recv(&mut dst, from).map_err(nccl_error("receiving a segment"))?;
                 } else {
-                    w.comms[r].recv(&mut b.x.slice_mut(incoming.range.clone()), from).map_err(nccl_error("receiving a segment"))?;
+                    w.comms[r].recv(&mut b.x.slice_mut(at(&incoming.range)), from).map_err(nccl_error("receiving a segment"))?;
                 }
             }
             Ok(())
@@ -182,7 +184,7 @@ pub(crate) fn ring_all_reduce<T: Elem + NcclType>(w: &World, plan: &RingPlan, bu
             stream.wait(&b.landed[k]).doing("ordering an add after its transfer")?;
             let words = len / (16 / T::DTYPE.size());
             let cfg = LaunchConfig { grid_dim: (words.div_ceil(256).max(1) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-            let mut acc = b.x.slice_mut(incoming.range);
+            let mut acc = b.x.slice_mut(at(&incoming.range));
             let x = b.scratch.slice(incoming.in_chunk..incoming.in_chunk + len);
             let nn = len as i64;
             // SAFETY: acc and x hold `len` elements; the kernel bounds every access by n.

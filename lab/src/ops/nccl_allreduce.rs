@@ -178,7 +178,7 @@ fn measure<T: Elem + NcclType>(s: &mut Session, case: &Value) -> Result<Vec<Meas
         }
         w.sync()?;
         let run = |bufs: &mut [RingBufs<T>]| match &plan {
-            Some(p) => ring_all_reduce(&w, p, bufs),
+            Some(p) => ring_all_reduce(&w, p, bufs, 0),
             None => nccl_all_reduce(&w, bufs),
         };
         let download = |bufs: &[RingBufs<T>]| -> Result<Vec<Vec<T>>> { w.ranks.iter().zip(bufs).map(|(r, b)| r.gpu.download(&b.x)).collect() };
