@@ -70,6 +70,8 @@ pub struct DataParallel {
     /// The GPU ring's scratch and events per rank, and its plan per bucket.
     ring: Vec<RingBufs<f32>>,
     plans: Vec<RingPlan>,
+    /// False: no bucket is summed (the step's compute alone, for timing).
+    sum: bool,
     /// A planted fault for the tests: this bucket is never summed.
     pub(crate) skip_bucket: Option<usize>,
 }
@@ -120,7 +122,12 @@ impl DataParallel {
             }
         }
         let data = Data::new(dims[0], dims[dims.len() - 1], seed);
-        Ok(DataParallel { g, dims: dims.to_vec(), rows_per_rank, lr, how, reducer, params, buckets: bk, replicas, grads, data, batch: None, ring, plans, skip_bucket: None })
+        Ok(DataParallel { g, dims: dims.to_vec(), rows_per_rank, lr, how, reducer, params, buckets: bk, replicas, grads, data, batch: None, ring, plans, sum: true, skip_bucket: None })
+    }
+
+    /// Leaves every gradient unsummed from now on: the step without communication.
+    pub fn skip_all_buckets(&mut self) {
+        self.sum = false;
     }
 
     pub fn buckets(&self) -> &[Range<usize>] {
@@ -133,7 +140,7 @@ impl DataParallel {
 
     /// Queues the sum of bucket `i` across ranks.
     fn reduce(&mut self, i: usize) -> Result<()> {
-        if self.skip_bucket == Some(i) {
+        if !self.sum || self.skip_bucket == Some(i) {
             return Ok(());
         }
         let range = self.buckets[i].clone();

@@ -10,6 +10,7 @@ pub mod bucketing;
 pub mod ceilings;
 pub mod compare;
 pub mod divergence;
+pub mod dp_step;
 pub mod fpga;
 pub mod gemm;
 pub mod layernorm;
