@@ -52,6 +52,9 @@ struct Replica {
     dy: Vec<Tensor<f32>>,
 }
 
+/// Each rank's inputs and targets.
+type Batch = Vec<(Vec<f32>, Vec<f32>)>;
+
 pub struct DataParallel {
     pub g: Group,
     pub dims: Vec<usize>,
@@ -66,7 +69,7 @@ pub struct DataParallel {
     grads: Vec<Tensor<f32>>,
     data: Data,
     /// The last batch drawn: (step, each rank's inputs and targets).
-    batch: Option<(usize, Vec<(Vec<f32>, Vec<f32>)>)>,
+    batch: Option<(usize, Batch)>,
     /// The GPU ring's scratch and events per rank, and its plan per bucket.
     ring: Vec<RingBufs<f32>>,
     plans: Vec<RingPlan>,

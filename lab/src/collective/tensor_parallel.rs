@@ -128,6 +128,8 @@ where
 
     /// Each rank's slice of y into `bufs.shard`, no communication (what a row-parallel layer
     /// after this one takes, `width` columns of which this rank's first `rows[q].len()` are real).
+    // Rank q indexes its device, input, shard and buffers together.
+    #[allow(clippy::needless_range_loop)]
     pub fn forward_sharded(&self, g: &Group, x: &[Tensor<T>], bufs: &mut ColumnBufs<T>) -> Result<()> {
         check_input(x, g, bufs.tokens, self.fan_in)?;
         for q in 0..g.size() {
@@ -224,6 +226,7 @@ where
     }
 
     /// Each rank's partial product (rank 0's with the bias) into `bufs.y`, not yet summed.
+    #[allow(clippy::needless_range_loop)]
     pub fn partial(&self, g: &Group, x_shards: &[Tensor<T>], bufs: &mut RowBufs<T>) -> Result<()> {
         if x_shards.len() != g.size() {
             return Err(LabError::shape("row-parallel linear", format!("{} input shards for a group of {}", x_shards.len(), g.size())));
