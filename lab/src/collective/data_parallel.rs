@@ -109,6 +109,10 @@ impl DataParallel {
         }
         let (mut ring, mut plans) = (Vec::new(), Vec::new());
         if let (Reducer::Ring, Some(w)) = (reducer, &g.world) {
+            // The ring's add loads 16 bytes at a time from the bucket's start.
+            if let Some(b) = bk.iter().find(|b| b.start % 4 != 0) {
+                return Err(LabError::shape("data-parallel mlp", format!("the ring needs every bucket to start on 4 floats; widths {dims:?} start one at {}", b.start)));
+            }
             plans = bk.iter().map(|b| RingPlan::new(b.len(), g.size(), None, 4)).collect();
             let scratch = plans.iter().map(RingPlan::max_chunk).max().unwrap_or(1).max(1);
             for r in &w.ranks {
@@ -258,6 +262,7 @@ fn axpy(dev: &Backend, alpha: f32, x: &Tensor<f32>, at: usize, y: &mut Tensor<f3
         Backend::Cuda(gpu) => {
             use cudarc::driver::{DevicePtr, DevicePtrMut};
             let blas = gpu.blas()?;
+            gpu.ctx.bind_to_thread().doing("binding a context")?;
             let (xp, _) = x.cuda().expect("a GPU rank's tensor").device_ptr(&gpu.stream);
             let (yp, _) = y.cuda_mut().expect("a GPU rank's tensor").device_ptr_mut(&gpu.stream);
             // SAFETY: x holds at + len floats and y len, on the handle's stream; alpha is a host
