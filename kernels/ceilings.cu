@@ -4,6 +4,10 @@
 // Variants:
 //   copy_float4  grid-stride 16-byte copy, four loads in flight per thread: the memory roof
 //                (bytes read + bytes written), beside the driver's own memcpy.
+//   read_float4  grid-stride 16-byte reads, four in flight per thread, each thread's wrapping
+//                integer sum of its words written once (exact, so checkable): a read-only stream, which HBM serves faster than
+//                a copy's even mix (vector_add's two reads per write beat the copy by 2% on an
+//                H100), so the memory roof is the fastest of the copy and this.
 //   fma          8 independent FMA chains per thread in registers: the FP32 roof
 //                (2 flops per FMA; independent chains hide the 4-cycle FMA latency).
 //   mma_sync     f16/bf16 mma.sync.m16n8k16 with fp32 accumulation, operands in registers, no
@@ -54,6 +58,25 @@ extern "C" __global__ void ceilings_copy_float4_f32(const float* __restrict__ sr
     for (; i < n4; i += stride) d4[i] = s4[i];
     long long t = n4 * 4 + (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (t < n) dst[t] = src[t];
+}
+
+extern "C" __global__ void ceilings_read_float4_f32(const uint4* __restrict__ src, long long n4, unsigned* __restrict__ sums) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    unsigned acc = 0u;
+    long long i = t;
+    for (; i + 3 * stride < n4; i += 4 * stride) {
+        uint4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) v[u] = src[i + u * stride];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) acc += v[u].x + v[u].y + v[u].z + v[u].w;
+    }
+    for (; i < n4; i += stride) {
+        const uint4 v = src[i];
+        acc += v.x + v.y + v.z + v.w;
+    }
+    sums[t] = acc;
 }
 
 // Each thread: `iters` rounds of 8 FMAs. The seed comes from memory and the sum goes back so

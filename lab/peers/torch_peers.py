@@ -7,13 +7,14 @@ Reads one JSON request on stdin, runs the op on the GPU with the timing protocol
 output as raw little-endian bytes to the requested file, and prints one JSON line:
 {"variant", "raw_ms", "warmup_ms", "launch", "torch", "device"}.
 
-Request: {"op": "softmax" | "add" | "bias_gelu" | "layer_norm" | "rms_norm" | "linear" | "linear_backward" | "sdpa",
+Request: {"op": "softmax" | "add" | "bias_gelu" | "layer_norm" | "rms_norm" | "linear" | "linear_backward" | "sdpa"
+                | "sdpa_backward",
           "dtype": "f32" | "bf16" | "f16", "args": {...op arguments...},
           "inputs": [{"path": p, "shape": [...]}], "output": path, "warmup": n, "min_reps": n,
           "max_reps": n, "budget_ms": x, "l2_scrub_bytes": n, "l2": "cold" | "warm",
           "launch": "eager" | "graph", "settled": x, "max_warmup_rounds": n}
-The output has the shape of the first input, except linear's ([M, N]) and linear_backward's
-(dX, dW and db flattened and concatenated, in that order).
+The output has the shape of the first input, except linear's ([M, N]), linear_backward's
+(dX, dW and db flattened and concatenated, in that order) and sdpa_backward's (dQ, dK, dV).
 """
 import json
 import sys
@@ -104,6 +105,25 @@ def ops(req, inputs):
             return y.transpose(1, 2)
 
         fn, name = sdpa, f"torch sdpa ({args['backend']})"
+    elif op == "sdpa_backward":
+        # Inputs q, k, v, dO as for sdpa; timed: the backward alone (autograd from dO through one
+        # forward kept alive), dQ, dK, dV returned in [batch, seq, heads, dim].
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                    "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+        backend = backends[args["backend"]]
+        leaves = [t.detach().requires_grad_() for t in inputs[:3]]
+        q, k, v = (t.transpose(1, 2) for t in leaves)
+        dy = inputs[3].transpose(1, 2)
+        with sdpa_kernel(backend):
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=args["causal"], enable_gqa=q.shape[1] != k.shape[1])
+
+        def sdpa_backward():
+            with sdpa_kernel(backend):
+                return torch.autograd.grad(y, leaves, dy, retain_graph=True)
+
+        fn, name = sdpa_backward, f"torch sdpa ({args['backend']}) backward"
     elif op == "rms_norm":
         x, g = inputs
         fn, name = (lambda: F.rms_norm(x, (x.shape[-1],), g, args["eps"])), "torch.rms_norm"

@@ -80,6 +80,10 @@ enum Command {
         /// Only this variant (repeatable).
         #[arg(long = "variant")]
         variants: Vec<String>,
+        /// This case instead of the experiment's sanitizer shapes (JSON, as records hold it;
+        /// repeatable; one experiment only).
+        #[arg(long = "case")]
+        cases: Vec<String>,
         /// Sanitizer processes at a time.
         #[arg(long, default_value_t = 4)]
         jobs: usize,
@@ -283,9 +287,13 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             print!("{}", compare::render(&cmp, view(absolute)));
             Ok(ExitCode::SUCCESS)
         }
-        Command::Sanitize { experiments, tool, variants, jobs, timeout, out, seed, backend } => {
+        Command::Sanitize { experiments, tool, variants, cases, jobs, timeout, out, seed, backend } => {
+            let cases = cases.iter().map(|c| case_json(c)).collect::<Result<Vec<_>>>()?;
+            if !cases.is_empty() && experiments.len() != 1 {
+                return Err(LabError::Invalid(format!("--case needs exactly one experiment, not {}", experiments.len())));
+            }
             let plan = (tool, variants, jobs, std::time::Duration::from_secs(timeout), seed.unwrap_or_else(fresh_seed));
-            sanitize(experiments, plan, out, backend)
+            sanitize(experiments, plan, cases, out, backend)
         }
         Command::LaunchOnce { experiment, case, variant, seed } => {
             let case = case_json(&case)?;
@@ -351,7 +359,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
 
 type SanitizePlan = (Vec<lab::profile::sanitize::Tool>, Vec<String>, usize, std::time::Duration, u64);
 
-fn sanitize(experiments: Vec<String>, (tools, variants, jobs, timeout, seed): SanitizePlan, out: PathBuf, backend: BackendChoice) -> Result<ExitCode> {
+fn sanitize(experiments: Vec<String>, (tools, variants, jobs, timeout, seed): SanitizePlan, cases: Vec<serde_json::Value>, out: PathBuf, backend: BackendChoice) -> Result<ExitCode> {
     use lab::profile::sanitize;
     let experiments: Vec<&'static str> = if experiments.is_empty() {
         lab::family::with_kernels().filter_map(|f| f.experiment).map(|e| e.name()).collect()
@@ -363,7 +371,7 @@ fn sanitize(experiments: Vec<String>, (tools, variants, jobs, timeout, seed): Sa
     tools.dedup();
     let backend = backend.open()?;
     let plan = sanitize::Plan { experiments, tools, variants, jobs, timeout, seed, backend: backend.name() };
-    let mut session = Session::new(backend, RunOptions::new(out, seed))?;
+    let mut session = Session::new(backend, RunOptions { cases, ..RunOptions::new(out, seed) })?;
     let missing = sanitize::run(&mut session, &plan)?;
     let bad: Vec<&Record> = session.records.iter().filter(|r| r.verdict == Verdict::Fail).collect();
     for r in &bad {

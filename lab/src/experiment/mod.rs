@@ -44,6 +44,12 @@ pub trait Experiment: Sync {
             gates
         }
     }
+    /// Under racecheck, one process per (case, variant) instead of per case: for an experiment
+    /// whose cases launch many variants that each take long under the tool (a GEMM ladder on its
+    /// 1000^3 gates: ~6 minutes per case in one process), so they run side by side.
+    fn sanitize_racecheck_per_variant(&self) -> bool {
+        false
+    }
     /// Variants launched only inside another one (a model's engine), as (that variant, family,
     /// variant it launches): `lab sanitize` counts them checked wherever that one ran.
     fn sanitize_covers(&self) -> &'static [(&'static str, &'static str, &'static str)] {

@@ -1,12 +1,15 @@
 //! `attention`: scaled dot-product attention forward (kernels/attention.cu), a ladder from a
 //! naive kernel that materializes the scores to FlashAttention 2's loop on mma.sync, beside
-//! torch SDPA's backends.
+//! torch SDPA's backends; its backward in [`backward`] (kernels/attention_backward.cu).
 //!
 //! Tensors are [batch, seq, heads, head_dim] (FlashAttention's layout); `lse` is [batch, heads,
 //! seq_q] in fp32. Query head h reads key/value head h / (Hq / Hkv): MHA, GQA and MQA. Key j of
 //! query i is kept when j < Sk, and, when causal, j <= i + Sk - Sq (aligned bottom-right, as
 //! FlashAttention 2 does), and, with a window w > 0, j > i + Sk - Sq - w. A row that keeps no key
 //! gives O = 0 and lse = -inf. The scale is 1 / sqrt(head_dim).
+//!
+//! Past 600 lines because the family's one variant table, forward and backward, lives here with
+//! the forward's op, reference and experiment; the backward's are in its own two modules.
 
 use super::compare::compare_elems;
 use super::gemm::raise_dynamic_smem;
@@ -29,6 +32,8 @@ pub struct Attention;
 
 const FAMILY: &str = "attention";
 
+pub mod backward;
+pub mod backward_check;
 pub mod decode;
 
 /// How a variant runs.
@@ -43,6 +48,19 @@ pub enum Kernel {
     CpuRows,
     /// One query row per sequence over a paged cache: [`decode::Decode`], not [`forward_with`].
     Decode,
+    /// Backward ([`backward::backward_with`]): P, dP and dS through fp32 scratches of B Hq Sq Sk.
+    NaiveBwd,
+    /// Backward: FlashAttention 2's loop over query tiles per 64-key tile, for these head dims.
+    Fa2Bwd { head_dims: &'static [usize] },
+    /// Backward: [`backward::cpu_bwd`], fa2_bwd's tiling on the CPU.
+    CpuBwd,
+}
+
+impl Kernel {
+    /// Does the variant compute the backward?
+    pub fn is_backward(&self) -> bool {
+        matches!(self, Kernel::NaiveBwd | Kernel::Fa2Bwd { .. } | Kernel::CpuBwd)
+    }
 }
 
 const F16_BF16: &[DType] = &[DType::F16, DType::Bf16];
@@ -84,6 +102,27 @@ pub const VARIANTS: &[Variant<Kernel>] = &[
         what: "one query row at a time, online softmax in f32, rows in parallel",
         config: Kernel::CpuRows,
     },
+    Variant {
+        name: "naive_bwd",
+        dtypes: F16_BF16,
+        requires: Requires::Gpu,
+        what: "backward: P and dP written to memory in fp32, dS in place, then dQ and dK/dV one thread per output",
+        config: Kernel::NaiveBwd,
+    },
+    Variant {
+        name: "fa2_bwd",
+        dtypes: F16_BF16,
+        requires: Requires::Gpu,
+        what: "backward: FlashAttention 2's loop, a block per 64-key tile over query tiles, P recomputed from lse, dQ by fp32 atomics",
+        config: Kernel::Fa2Bwd { head_dims: &[64, 128] },
+    },
+    Variant {
+        name: "cpu_bwd",
+        dtypes: F16_BF16,
+        requires: Requires::Cpu,
+        what: "backward: fa2_bwd's tiling on the CPU in f32, (batch, KV head) pairs in parallel",
+        config: Kernel::CpuBwd,
+    },
 ];
 
 pub fn variants() -> Vec<VariantInfo> {
@@ -92,9 +131,12 @@ pub fn variants() -> Vec<VariantInfo> {
 
 /// The kernel symbols the launchers use, for the export check.
 pub fn gpu_symbols() -> std::collections::BTreeSet<String> {
-    let mut out = std::collections::BTreeSet::from([symbol(FAMILY, "naive_softmax", DType::F32)]);
+    let mut out = std::collections::BTreeSet::from([symbol(FAMILY, "naive_softmax", DType::F32), symbol(FAMILY, "naive_bwd_ds", DType::F32)]);
     for &d in F16_BF16 {
         for k in ["naive_scores", "naive_pv", "fa2_d64", "fa2_d128", "fa2_m32_d64", "fa2_m32_d128", "decode_split_d64", "decode_split_d128", "decode_combine"] {
+            out.insert(symbol(FAMILY, k, d));
+        }
+        for k in ["naive_bwd_pdp", "naive_bwd_dq", "naive_bwd_dkv", "fa2_bwd_pre", "fa2_bwd_d64", "fa2_bwd_d128", "fa2_bwd_dq"] {
             out.insert(symbol(FAMILY, k, d));
         }
     }
@@ -112,6 +154,7 @@ pub fn refusal(v: &Variant<Kernel>, d: Dims) -> Option<String> {
             Some(format!("`naive` materializes {} scores; it takes at most {NAIVE_MAX_SCORES}", d.batch * d.hq * d.sq * d.sk))
         }
         Kernel::Decode => Some("`decode_split` serves one query row per sequence over a KV cache (attention::decode::Decode)".into()),
+        k if k.is_backward() => Some(format!("`{}` is a backward variant (attention::backward::backward_with)", v.name)),
         _ => None,
     }
 }
@@ -266,7 +309,7 @@ pub fn forward_with<T: Elem>(
             // SAFETY: the grid covers (d, query, batch x head) once; p, v and o hold their shapes.
             unsafe { b.launch(cfg) }.map(|_| ()).doing("launching attention naive pv")
         }
-        (Kernel::Decode, _) => unreachable!("refusal() turns the decode variant away"),
+        (Kernel::Decode | Kernel::NaiveBwd | Kernel::Fa2Bwd { .. } | Kernel::CpuBwd, _) => unreachable!("refusal() turns the decode and backward variants away"),
         (_, Backend::Cpu) => unreachable!("check_runs keeps GPU variants off the CPU"),
     }
 }
@@ -428,7 +471,7 @@ impl Experiment for Attention {
         "attention"
     }
     fn description(&self) -> &'static str {
-        "attention forward, f16/bf16, causal or not, MHA/GQA/MQA, head dims 64 and 128: naive (scores in memory) to FlashAttention 2 on mma.sync, beside torch SDPA's backends"
+        "attention forward and backward, f16/bf16, causal or not, MHA/GQA/MQA, head dims 64 and 128: naive (scores in memory) to FlashAttention 2 on mma.sync, beside torch SDPA's backends"
     }
     fn headlines(&self) -> &'static [&'static str] {
         &["batch=4 seq=4096 hq=16 d=128 causal=false", "batch=4 seq=4096 hq=16 d=128 causal=true"]
@@ -491,13 +534,29 @@ impl Experiment for Attention {
         if let (Backend::Cuda(_), false) = (backend, quick) {
             out.push(case(&timed[0], "f16", true));
         }
+        out.extend(backward_check::cases(backend, quick));
+        out
+    }
+    /// The forward's quick gates, and small odd backward shapes (the backward's quick gates reach
+    /// 4097 tokens, too long for racecheck).
+    fn sanitize_cases(&self, backend: &Backend) -> Vec<Value> {
+        let mut out = crate::experiment::quick_gates(self, backend);
+        out.retain(|c| c.get("pass").is_none());
+        out.extend(backward_check::sanitize_cases());
         out
     }
     fn run_case(&self, s: &mut Session, case: &Value) -> Result<()> {
-        match DType::parse(param_str(case, "dtype")?)? {
-            DType::Bf16 => run::<half::bf16>(s, case),
-            DType::F16 => run::<half::f16>(s, case),
-            DType::F32 => Err(LabError::Invalid("attention runs in f16 and bf16".into())),
+        let backward = match case.get("pass").and_then(Value::as_str) {
+            None | Some("forward") => false,
+            Some("backward") => true,
+            Some(other) => return Err(LabError::Invalid(format!("unknown attention pass `{other}` (forward, backward)"))),
+        };
+        match (DType::parse(param_str(case, "dtype")?)?, backward) {
+            (DType::Bf16, false) => run::<half::bf16>(s, case),
+            (DType::F16, false) => run::<half::f16>(s, case),
+            (DType::Bf16, true) => backward_check::run::<half::bf16>(s, case),
+            (DType::F16, true) => backward_check::run::<half::f16>(s, case),
+            (DType::F32, _) => Err(LabError::Invalid("attention runs in f16 and bf16".into())),
         }
     }
 }

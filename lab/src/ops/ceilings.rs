@@ -1,5 +1,6 @@
 //! `ceilings`: what this device can do, measured in the same run as everything else.
-//! GPU: device-to-device copy bandwidth (driver memcpy and a float4 kernel), the FP32 FMA rate
+//! GPU: memory bandwidth (the fastest of a device-to-device copy, by the driver and by a float4
+//! kernel, and a float4 read stream: `copy_gb_s`, the memory roof), the FP32 FMA rate
 //! (kernels/ceilings.cu), the fp16/bf16 tensor-core rate (the best of cuBLAS GEMM and, on
 //! compute capability 9.0, a wgmma loop on operands that stay in shared memory), and the
 //! mma.sync rate from registers (the roof of the mma.sync GEMM rungs).
@@ -211,7 +212,41 @@ fn gpu_copy(s: &mut Session, gpu: &Gpu, case: &Value) -> Result<()> {
         (m.time, m.error) = (Some(time), Some(error));
         emit_ceiling(s, case, m)?;
     }
+    if s.wants("read_float4", "lab") {
+        gpu_read(s, gpu, case, &src, &host, cfg)?;
+    }
     Ok(())
+}
+
+/// The read stream: every thread's wrapping sum of the words at its grid-stride 16-byte
+/// positions, checked exactly against the same sums on the host.
+fn gpu_read(s: &mut Session, gpu: &Gpu, case: &Value, src: &CudaSlice<u32>, host: &[u32], cfg: LaunchConfig) -> Result<()> {
+    let threads = (cfg.grid_dim.0 * cfg.block_dim.0) as usize;
+    if host.len() % 4 != 0 {
+        return Err(LabError::Invalid(format!("read_float4 reads 16-byte words: {} bytes is not a multiple of 16", host.len() * 4)));
+    }
+    let n4 = host.len() / 4;
+    let mut sums = gpu.stream.alloc_zeros::<u32>(threads).doing("allocating the per-thread sums")?;
+    let f = gpu.function(FAMILY, &symbol(FAMILY, "read_float4", DType::F32))?;
+    let n4_arg = n4 as i64;
+    let launch = |sums: &mut CudaSlice<u32>| -> Result<()> {
+        // SAFETY: src holds 4 n4 words; sums holds one word per launched thread.
+        unsafe { gpu.stream.launch_builder(&f).arg(src).arg(&n4_arg).arg(sums).launch(cfg) }.map(|_| ()).doing("launching read_float4")
+    };
+    let mut expected = vec![0u32; threads];
+    for (i, w) in host.chunks_exact(4).enumerate() {
+        let e = &mut expected[i % threads];
+        *e = w.iter().fold(*e, |a, &x| a.wrapping_add(x));
+    }
+    gpu.poison(&mut sums)?;
+    launch(&mut sums)?;
+    gpu.sync()?;
+    let error = compare_bits(&gpu.download(&sums)?, &expected, "host sums");
+    let time = time_gpu(gpu, &s.budget, || launch(&mut sums))?;
+    let work = Work { bytes: 4 * host.len() as u64 + 4 * threads as u64, flops: 0 };
+    let mut m = Measurement::new("read_float4", "lab", case, work);
+    (m.time, m.error) = (Some(time), Some(error));
+    emit_ceiling(s, case, m)
 }
 
 /// One FMA chain as the kernel runs it, in f32 with fused multiply-add.
@@ -498,7 +533,8 @@ fn cpu_fma(s: &mut Session, case: &Value) -> Result<()> {
 /// ceilings are what the ops are fractions of). Peers beside them: memcpy_dtod (the driver) and
 /// cuBLAS's GEMM.
 pub const VARIANTS: &[Variant<()>] = &[
-    Variant { name: "copy_float4", dtypes: &[DType::F32], requires: Requires::Gpu, what: "a grid-stride 16 B copy: the bandwidth roof", config: () },
+    Variant { name: "copy_float4", dtypes: &[DType::F32], requires: Requires::Gpu, what: "a grid-stride 16 B copy: the bandwidth roof (with read_float4)", config: () },
+    Variant { name: "read_float4", dtypes: &[DType::F32], requires: Requires::Gpu, what: "a grid-stride 16 B read stream: the bandwidth roof for read-heavy kernels", config: () },
     Variant { name: "fma", dtypes: &[DType::F32], requires: Requires::Gpu, what: "8 independent FMA chains per thread: the FP32 roof (on the CPU backend: every core)", config: () },
     Variant { name: "mma_sync", dtypes: &[DType::F16, DType::Bf16], requires: Requires::Gpu, what: "mma.sync m16n8k16 from registers, eight accumulators per warp: the roof of the mma.sync GEMM rungs", config: () },
     Variant { name: "mma_sync_w2", dtypes: &[DType::F16, DType::Bf16], requires: Requires::Gpu, what: "mma_sync at the mma_warp64 rungs' occupancy (8 warps per SM, 32 accumulators per warp)", config: () },

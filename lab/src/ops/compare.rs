@@ -33,6 +33,13 @@ impl ProductBound {
         };
         ProductBound { atol: half_subnormal, rtol: eps, per_scale: 2.0 * (k as f64 + 2.0) * 2f64.powi(-23) }
     }
+    /// The same, for a GEMM that may round partial sums to the output type before adding them
+    /// (cuBLAS's default math allows split-K reductions in the output type): each rounding adds
+    /// up to eps_out / 2 of its partial, at most eps_out / 2 of the sum of terms; two such
+    /// roundings are allowed (the partials, then their sum).
+    pub fn with_output_type_reduction(self) -> Self {
+        ProductBound { per_scale: self.per_scale + self.rtol, ..self }
+    }
     /// The part a record's `tolerance` can hold (the rest is said in `error.bound`).
     pub fn tolerance(&self) -> Tolerance {
         Tolerance { atol: self.atol, rtol: self.rtol }
@@ -111,6 +118,31 @@ pub fn frobenius_rel(got: &[f64], expected: &[f64]) -> f64 {
 
 /// The check made before timing if it failed, else the one after: a kernel must be right both
 /// times, and the first failure is the one worth reading.
+/// One judgement of several outputs compared part by part (each with its own tolerance), laid
+/// end to end: mismatches add up, the worst element is the worst part's, its index counted from
+/// the start of the first part. `parts` are (stats, that part's offset).
+pub fn merge_parts(parts: Vec<(ErrorStats, usize)>) -> ErrorStats {
+    let mut all: Option<ErrorStats> = None;
+    for (mut e, offset) in parts {
+        e.worst_index = e.worst_index.map(|i| i + offset as u64);
+        all = Some(match all {
+            None => e,
+            Some(mut a) => {
+                a.mismatches += e.mismatches;
+                a.max_abs = a.max_abs.max(e.max_abs);
+                a.max_rel = a.max_rel.max(e.max_rel);
+                a.max_ulp = a.max_ulp.max(e.max_ulp);
+                if e.worst_fraction_of_tolerance > a.worst_fraction_of_tolerance {
+                    (a.worst_fraction_of_tolerance, a.worst_index) = (e.worst_fraction_of_tolerance, e.worst_index);
+                    (a.worst_got, a.worst_expected) = (e.worst_got, e.worst_expected);
+                }
+                a
+            }
+        });
+    }
+    all.expect("at least one part")
+}
+
 pub fn first_failure(before: ErrorStats, after: ErrorStats) -> ErrorStats {
     if before.passed() { after } else { before }
 }

@@ -386,30 +386,17 @@ fn rel(dtype: DType) -> f64 {
 /// Compares [dX | dW | db] part by part, each element against its part's scale, as one result.
 fn compare_parts(got: &[f64], parts: &[&[f64]], dtype: DType) -> ErrorStats {
     let mut offset = 0;
-    let mut all: Option<ErrorStats> = None;
+    let mut all = Vec::new();
     for part in parts {
         // Each element against `rel` of its part's RMS (an element of dW sums only M products and
         // may cancel to near zero) plus `rel` of itself: a wrong row or column fails here, where
         // one relative Frobenius error per part would average it away.
         let mut e = compare(&got[offset..offset + part.len()], part, scaled(part, rel(dtype)), "cpu-f64");
         e.bound = Some("rel (rms of its part: dX, dW or db) + rel |ref|".into());
-        e.worst_index = e.worst_index.map(|i| i + offset as u64);
-        all = Some(match all {
-            None => e,
-            Some(mut a) => {
-                a.mismatches += e.mismatches;
-                a.max_abs = a.max_abs.max(e.max_abs);
-                a.max_rel = a.max_rel.max(e.max_rel);
-                if e.worst_fraction_of_tolerance > a.worst_fraction_of_tolerance {
-                    (a.worst_fraction_of_tolerance, a.worst_index) = (e.worst_fraction_of_tolerance, e.worst_index);
-                    (a.worst_got, a.worst_expected) = (e.worst_got, e.worst_expected);
-                }
-                a
-            }
-        });
+        all.push((e, offset));
         offset += part.len();
     }
-    all.expect("at least one part")
+    super::compare::merge_parts(all)
 }
 
 impl Experiment for Linear {

@@ -300,9 +300,10 @@ pub fn run(session: &mut Session, plan: &Plan) -> Result<Vec<(String, Vec<String
         work.par_iter().map(|(name, cases)| run_job(&Job { experiment: name, tool: None, cases: cases.clone(), variant: variant.clone() }, plan)).collect()
     });
     let launched: Launched = Default::default();
-    // racecheck is by far the slowest tool: one process per case, so that they run side by side.
-    // (experiment, tool, its cases, what a plain run of them launched)
-    type Queued = (&'static str, Tool, Vec<(usize, Value)>, Vec<(usize, String)>);
+    // racecheck is by far the slowest tool: one process per case (or per case and variant where
+    // the experiment asks), so that they run side by side.
+    // (experiment, tool, its cases, what a plain run of them launched, the one variant it runs)
+    type Queued = (&'static str, Tool, Vec<(usize, Value)>, Vec<(usize, String)>, Option<String>);
     let mut queue: Vec<Queued> = Vec::new();
     for ((name, cases), listed) in work.iter().zip(listed) {
         let listed = listed?;
@@ -311,10 +312,16 @@ pub fn run(session: &mut Session, plan: &Plan) -> Result<Vec<(String, Vec<String
         }
         launched.lock().unwrap_or_else(|p| p.into_inner()).entry(name).or_default().extend(listed.launches.iter().map(|(_, v)| v.clone()));
         for &tool in &plan.tools {
-            if tool == Tool::Racecheck {
-                queue.extend(cases.iter().map(|c| (*name, tool, vec![c.clone()], listed.launches.iter().filter(|l| l.0 == c.0).cloned().collect())));
+            let per_variant = tool == Tool::Racecheck && variant.is_none() && crate::experiment::find(name)?.sanitize_racecheck_per_variant();
+            if per_variant {
+                for l in &listed.launches {
+                    let case = cases.iter().find(|c| c.0 == l.0).cloned().into_iter().collect();
+                    queue.push((name, tool, case, vec![l.clone()], Some(l.1.clone())));
+                }
+            } else if tool == Tool::Racecheck {
+                queue.extend(cases.iter().map(|c| (*name, tool, vec![c.clone()], listed.launches.iter().filter(|l| l.0 == c.0).cloned().collect(), variant.clone())));
             } else {
-                queue.push((name, tool, cases.clone(), listed.launches.clone()));
+                queue.push((name, tool, cases.clone(), listed.launches.clone(), variant.clone()));
             }
         }
     }
@@ -323,7 +330,7 @@ pub fn run(session: &mut Session, plan: &Plan) -> Result<Vec<(String, Vec<String
         scope.spawn(|| {
             pool.install(|| {
                 use rayon::prelude::*;
-                queue.par_iter().for_each_with(tx, |tx, (name, tool, cases, launches)| {
+                queue.par_iter().for_each_with(tx, |tx, (name, tool, cases, launches, variant)| {
                     let job = Sanitize { name, tool: *tool, cases, launches, variant: variant.clone(), version: &version, lab_kernels: &lab_kernels };
                     let _ = tx.send(job.run(plan));
                 });
@@ -384,8 +391,9 @@ impl Sanitize<'_> {
         let job = |cases: Vec<(usize, Value)>, variant: Option<String>| Job { experiment: self.name, tool: Some(self.tool), cases, variant };
         let whole = run_job(&job(self.cases.to_vec(), self.variant.clone()), plan)?;
         eprintln!(
-            "sanitize: {} under {} on {} case(s) in {:.0} s: {} error(s){}",
+            "sanitize: {}{} under {} on {} case(s) in {:.0} s: {} error(s){}",
             self.name,
+            self.variant.as_deref().map(|v| format!(" {v}")).unwrap_or_default(),
             self.tool.name(),
             self.cases.len(),
             whole.seconds,

@@ -144,6 +144,9 @@ impl Experiment for Gemm {
         }
         out
     }
+    fn sanitize_racecheck_per_variant(&self) -> bool {
+        true
+    }
     fn run_case(&self, s: &mut Session, case: &Value) -> Result<()> {
         match DType::parse(param_str(case, "dtype")?)? {
             DType::F32 => run::<f32>(s, case),
@@ -167,8 +170,7 @@ where
     // A --variant filter that admits nothing of this dtype skips the case before building inputs
     // and references (`--variant mma_warp64 --variant cublas_gemm_ex` runs no f32 case).
     if matches!(s.backend, Backend::Cuda(_)) {
-        let peer = if T::DTYPE == DType::F32 { "cublas_sgemm" } else { "cublas_gemm_ex" };
-        if !gpu_ladder(T::DTYPE).any(|v| s.wants(v.name, "lab")) && !s.wants(peer, "cublas") {
+        if !gpu_ladder(T::DTYPE).any(|v| s.wants(v.name, "lab")) && !super::cublas::peers(T::DTYPE).iter().any(|p| s.wants(p.0, "cublas")) {
             return Ok(());
         }
     }
@@ -207,6 +209,9 @@ where
     };
     let compare_c = |c: &[T]| expected.check(c, d, bound);
     let check = Check { tol: bound.tolerance(), compare: &compare_c, ceiling };
+    let reduced = bound.with_output_type_reduction();
+    let compare_reduced = |c: &[T]| expected.check(c, d, reduced);
+    let check_reduced = Check { tol: reduced.tolerance(), compare: &compare_reduced, ceiling };
     let mut dc = Tensor::<T>::zeros(&backend, &[d.m, d.n])?;
     // beta != 0 reads C: every call starts from the same C0 (such cases are untimed).
     let run_as = |variant: &'static str| {
@@ -247,7 +252,7 @@ where
                 }
                 measure_op_with(s, case, v.name, work, &check, timed, &mut dc, extra, run_as(v.name))?;
             }
-            super::cublas::measure(s, gpu, case, d, ab, (&da, &db, dc0.as_ref()), &mut dc, work, &check, timed, skipped)?;
+            super::cublas::measure(s, gpu, case, d, ab, (&da, &db, dc0.as_ref()), &mut dc, work, (&check, &check_reduced), timed, skipped)?;
         }
     }
     Ok(())
