@@ -131,6 +131,9 @@ pub static FAMILIES: &[Family] = &[
     // The softmax as a streaming hardware design, simulated by Verilator (hw/softmax/); last, so
     // that the families before it keep their colours.
     Family { name: "fpga", kernels: &[], experiment: Some(&crate::ops::fpga::Fpga), variants: crate::ops::fpga::variants },
+    // Multi-GPU layers and training over NCCL (the `collective` family's kernels and cuBLAS).
+    Family { name: "tp_linear", kernels: &[], experiment: Some(&crate::ops::tp_linear::TpLinear), variants: none },
+    Family { name: "dp_step", kernels: &[], experiment: Some(&crate::ops::dp_step::DpStep), variants: none },
 ];
 
 /// The family called `name`.

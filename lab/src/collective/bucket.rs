@@ -37,9 +37,9 @@ pub struct Mlp {
 /// One parameter tensor: its layer (0-based), whether it is the bias, its place in the flat buffer.
 #[derive(Clone, Debug)]
 pub(crate) struct Tensor {
-    layer: usize,
-    bias: bool,
-    at: std::ops::Range<usize>,
+    pub(crate) layer: usize,
+    pub(crate) bias: bool,
+    pub(crate) at: std::ops::Range<usize>,
 }
 
 impl Mlp {
@@ -130,7 +130,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// The loss and dL/dy of the mean squared error 1/(2 B m) sum (y - target)^2 over a global batch
 /// of `global_rows` rows of `m` outputs, for this rank's rows. (The mean over outputs too keeps
 /// one learning rate stable from 16 outputs to 1024.)
-fn mse(y: &[f32], target: &[f32], global_rows: usize, outputs: usize) -> (f64, Vec<f32>) {
+pub(crate) fn mse(y: &[f32], target: &[f32], global_rows: usize, outputs: usize) -> (f64, Vec<f32>) {
     let count = (global_rows * outputs) as f64;
     let loss = y.iter().zip(target).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>() / (2.0 * count);
     let dy = y.iter().zip(target).map(|(a, b)| ((a - b) as f64 / count) as f32).collect();

@@ -1,8 +1,11 @@
 //! Collectives on CPU ranks: ring all-reduce over a [`Transport`] (threads in one process, or Open
-//! MPI with `--features mpi`), gradient bucketing for data-parallel training, and tensor-parallel
-//! linear layers; and across the GPUs of one host, NCCL's all-reduce beside the same ring over
-//! NCCL send/recv ([`nccl`]). The experiments that measure them (`allreduce`, `bucketing`,
-//! `nccl_allreduce`) are in [`crate::ops`].
+//! MPI with `--features mpi`) and gradient bucketing for data-parallel training; across the GPUs
+//! of one host, NCCL's all-reduce beside the same ring over NCCL send/recv ([`nccl`], NCCL's own
+//! choices read from its log by [`nccl_log`]). A [`group::Group`] drives several devices from one
+//! thread (GPUs over NCCL, or host ranks over the ring on threads): the tensor-parallel layers
+//! ([`tensor_parallel`]) and data-parallel training ([`data_parallel`]) run on it. The
+//! experiments that measure them (`allreduce`, `bucketing`, `nccl_allreduce`, `tp_linear`,
+//! `dp_step`) are in [`crate::ops`].
 //!
 //! Under a launcher (`mpirun -n N lab run allreduce`) every process runs the same command. Only
 //! rank 0 opens a [`crate::experiment::Session`] and writes records; ranks above 0 are followers:
@@ -12,9 +15,12 @@
 
 pub mod bucket;
 pub mod check;
+pub mod data_parallel;
+pub mod group;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 pub mod nccl;
+pub mod nccl_log;
 pub mod plan;
 pub mod ring;
 pub mod tensor_parallel;

@@ -17,6 +17,7 @@ use crate::ops::Elem;
 use crate::{LabError, Result};
 use cudarc::driver::{CudaEvent, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nccl::safe::{Comm, NcclType, ReduceOp};
+use std::rc::Rc;
 use std::sync::Arc;
 
 /// The longest wait for an all-reduce (a 1 GiB one takes milliseconds).
@@ -34,8 +35,56 @@ pub(crate) struct World {
     pub(crate) comms: Vec<Comm>,
 }
 
+/// The world sizes a scaling sweep visits on a host of `count` GPUs: 1, each power of two below
+/// `count`, and `count` itself.
+pub fn world_sizes(count: usize) -> Vec<usize> {
+    let mut sizes: Vec<usize> = std::iter::successors(Some(1usize), |n| Some(n * 2)).take_while(|&n| n < count).collect();
+    if count >= 1 {
+        sizes.push(count);
+    }
+    sizes
+}
+
+/// GPUs usable for NCCL on `backend`, or why there are none.
+pub fn gpus_for_nccl(backend: &crate::experiment::Backend) -> std::result::Result<usize, String> {
+    let crate::experiment::Backend::Cuda(_) = backend else { return Err("the CPU backend".into()) };
+    // SAFETY: only probes the dynamic loader.
+    if !unsafe { cudarc::nccl::sys::is_culib_present() } {
+        return Err("no NCCL library (libnccl.so.2) found".into());
+    }
+    match cudarc::driver::CudaContext::device_count() {
+        Ok(n) if n >= 2 => Ok(n as usize),
+        Ok(n) => Err(format!("{n} GPU(s); NCCL needs at least 2")),
+        Err(e) => Err(format!("cannot count GPUs ({e:?})")),
+    }
+}
+
+thread_local! {
+    /// Worlds already opened on this thread, by size and first GPU: a communicator takes up to
+    /// seconds to set up, and a sweep asks for the same few worlds case after case. Never dropped
+    /// (`ManuallyDrop`): NCCL's teardown must not run from a destructor at process exit.
+    static WORLDS: std::cell::RefCell<std::mem::ManuallyDrop<Vec<Rc<World>>>> = Default::default();
+}
+
+/// The world of GPUs 0..n with `first` as GPU 0, opened once per thread.
+pub(crate) fn world(first: &Arc<Gpu>, n: usize) -> Result<Rc<World>> {
+    if let Some(w) = WORLDS.with_borrow(|ws| ws.iter().find(|w| w.ranks.len() == n && Arc::ptr_eq(&w.ranks[0].gpu, first)).cloned()) {
+        return Ok(w);
+    }
+    let w = Rc::new(World::open(first, n)?);
+    WORLDS.with_borrow_mut(|ws| ws.push(w.clone()));
+    Ok(w)
+}
+
 impl World {
+    /// Opens GPUs 0..n (`first` is GPU 0) and their communicators; see also [`world`].
     pub(crate) fn open(first: &Arc<Gpu>, n: usize) -> Result<World> {
+        let count = cudarc::driver::CudaContext::device_count().doing("counting GPUs")? as usize;
+        if n < 2 || n > count {
+            return Err(LabError::Invalid(format!("an NCCL world of {n} GPUs: this host has {count} (at least 2 are needed)")));
+        }
+        // NCCL reads its environment at its first call.
+        let _ = super::nccl_log::prepare_env();
         let mut ranks = Vec::with_capacity(n);
         for i in 0..n {
             let gpu = if i == 0 { first.clone() } else { Gpu::new(i)? };
@@ -76,7 +125,7 @@ pub(crate) fn nccl_error(doing: &'static str) -> impl Fn(cudarc::nccl::result::N
 
 /// Runs `f` between ncclGroupStart and ncclGroupEnd: one thread drives every rank, so each
 /// round of calls must be grouped or the first blocking call would wait for ranks not yet issued.
-fn grouped(f: impl FnOnce() -> Result<()>) -> Result<()> {
+pub(crate) fn grouped(f: impl FnOnce() -> Result<()>) -> Result<()> {
     cudarc::nccl::safe::group_start().map_err(nccl_error("starting a group"))?;
     let r = f();
     cudarc::nccl::safe::group_end().map_err(nccl_error("ending a group"))?;
@@ -96,8 +145,10 @@ pub(crate) struct RingBufs<T> {
 /// The lab's ring: the plan's phases, one grouped NCCL round each, adds on the compute streams.
 // Rank r indexes its communicator, its buffers and its phase together.
 #[allow(clippy::needless_range_loop)]
-pub(crate) fn ring_all_reduce<T: Elem + NcclType>(w: &World, plan: &RingPlan, bufs: &mut [RingBufs<T>]) -> Result<()> {
+/// The plan covers elements `base..base + plan.len` of each rank's `x`.
+pub(crate) fn ring_all_reduce<T: Elem + NcclType>(w: &World, plan: &RingPlan, bufs: &mut [RingBufs<T>], base: usize) -> Result<()> {
     let n = w.ranks.len();
+    let at = |r: &std::ops::Range<usize>| base + r.start..base + r.end;
     for phase in plan.phases() {
         let k = phase.segment;
         if !(phase.reduce && phase.step == 0) {
@@ -109,7 +160,7 @@ pub(crate) fn ring_all_reduce<T: Elem + NcclType>(w: &World, plan: &RingPlan, bu
             for r in 0..n {
                 // Empty segments are skipped on both sides: the receiver sees the same range.
                 if let Some(out) = phase.outgoing(r) {
-                    w.comms[r].send(&bufs[r].x.slice(out.range.clone()), ((r + 1) % n) as i32).map_err(nccl_error("sending a segment"))?;
+                    w.comms[r].send(&bufs[r].x.slice(at(&out.range)), ((r + 1) % n) as i32).map_err(nccl_error("sending a segment"))?;
                 }
                 let Some(incoming) = phase.incoming(r) else { continue };
                 let (from, b) = (((r + n - 1) % n) as i32, &mut bufs[r]);
@@ -117,7 +168,7 @@ pub(crate) fn ring_all_reduce<T: Elem + NcclType>(w: &World, plan: &RingPlan, bu
                     let mut dst = b.scratch.slice_mut(incoming.in_chunk..incoming.in_chunk + incoming.range.len());
                     w.comms[r].recv(&mut dst, from).map_err(nccl_error("receiving a segment"))?;
                 } else {
-                    w.comms[r].recv(&mut b.x.slice_mut(incoming.range.clone()), from).map_err(nccl_error("receiving a segment"))?;
+                    w.comms[r].recv(&mut b.x.slice_mut(at(&incoming.range)), from).map_err(nccl_error("receiving a segment"))?;
                 }
             }
             Ok(())
@@ -133,7 +184,7 @@ pub(crate) fn ring_all_reduce<T: Elem + NcclType>(w: &World, plan: &RingPlan, bu
             stream.wait(&b.landed[k]).doing("ordering an add after its transfer")?;
             let words = len / (16 / T::DTYPE.size());
             let cfg = LaunchConfig { grid_dim: (words.div_ceil(256).max(1) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-            let mut acc = b.x.slice_mut(incoming.range);
+            let mut acc = b.x.slice_mut(at(&incoming.range));
             let x = b.scratch.slice(incoming.in_chunk..incoming.in_chunk + len);
             let nn = len as i64;
             // SAFETY: acc and x hold `len` elements; the kernel bounds every access by n.
@@ -152,4 +203,15 @@ pub(crate) fn nccl_all_reduce<T: Elem + NcclType>(w: &World, bufs: &mut [RingBuf
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_sweep_visits_one_gpu_each_power_of_two_and_the_whole_host() {
+        assert_eq!(super::world_sizes(1), [1]);
+        assert_eq!(super::world_sizes(4), [1, 2, 4]);
+        assert_eq!(super::world_sizes(6), [1, 2, 4, 6]);
+        assert_eq!(super::world_sizes(8), [1, 2, 4, 8]);
+    }
 }

@@ -1,7 +1,7 @@
 //! One module per kernel family: its variant table, CPU reference, callable ops on
 //! [`crate::tensor::Tensor`], the experiment and the tests. [`measure_op`] is the house way an
 //! experiment measures a callable op. The collective experiments (`allreduce`, `bucketing`,
-//! `nccl_allreduce`) measure the libraries of [`crate::collective`].
+//! `nccl_allreduce`, `tp_linear`, `dp_step`) measure the libraries of [`crate::collective`].
 
 pub mod allreduce;
 pub mod attention;
@@ -10,6 +10,7 @@ pub mod bucketing;
 pub mod ceilings;
 pub mod compare;
 pub mod divergence;
+pub mod dp_step;
 pub mod fpga;
 pub mod gemm;
 pub mod layernorm;
@@ -19,6 +20,7 @@ pub mod nccl_allreduce;
 pub mod quant;
 pub mod rmsnorm;
 pub mod softmax;
+pub mod tp_linear;
 pub mod variant;
 pub mod vector_add;
 

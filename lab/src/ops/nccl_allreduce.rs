@@ -8,7 +8,8 @@
 //! simulated ranks in host memory (`ring_plan_host`), so the schedule the GPUs run is always
 //! tested.
 
-use crate::collective::nccl::{nccl_all_reduce, nccl_error, ring_all_reduce, RingBufs, World};
+use crate::collective::nccl::{gpus_for_nccl, nccl_all_reduce, nccl_error, ring_all_reduce, world_sizes, RingBufs};
+use crate::collective::nccl_log;
 use crate::collective::plan::RingPlan;
 use crate::collective::ring::reference_sum;
 use crate::error::Doing;
@@ -35,20 +36,6 @@ const FAMILY: &str = "collective";
 const RINGS: [(&str, Option<usize>); 3] =
     [("ring_p2p", None), ("ring_p2p_pipelined", Some(4 << 20)), ("ring_p2p_pipelined_64m", Some(64 << 20))];
 
-/// GPUs usable for NCCL here, or why the experiment falls back to the simulated plan.
-fn gpus_for_nccl(backend: &Backend) -> std::result::Result<usize, String> {
-    let Backend::Cuda(_) = backend else { return Err("the CPU backend".into()) };
-    // SAFETY: only probes the dynamic loader.
-    if !unsafe { cudarc::nccl::sys::is_culib_present() } {
-        return Err("no NCCL library (libnccl.so.2) found".into());
-    }
-    match cudarc::driver::CudaContext::device_count() {
-        Ok(n) if n >= 2 => Ok(n as usize),
-        Ok(n) => Err(format!("{n} GPU(s); NCCL needs at least 2")),
-        Err(e) => Err(format!("cannot count GPUs ({e:?})")),
-    }
-}
-
 impl Experiment for NcclAllReduce {
     fn name(&self) -> &'static str {
         "nccl_allreduce"
@@ -65,17 +52,19 @@ impl Experiment for NcclAllReduce {
             json!({"bytes": len * dtype.size(), "len": len, "dtype": dtype.name(), "ranks": n, "transport": transport, "timed": false})
         };
         match gpus_for_nccl(backend) {
-            Ok(n) => {
-                for len in [0, n - 1, 1001, 1 << 20 | 3] {
-                    cases.push(gate(n, len, DType::F32, "nccl"));
-                }
-                cases.push(gate(n, 1001, DType::Bf16, "nccl"));
+            Ok(count) => {
+                // Every world size: gates first, then 4 B to 1 GiB in f32 and in bf16.
                 let max = if quick { 1 << 20 } else { 1 << 30 };
-                for b in sizes(max) {
-                    cases.push(json!({"bytes": b, "len": b / 4, "dtype": "f32", "ranks": n, "transport": "nccl"}));
-                }
-                for b in [64 << 20, 256 << 20].map(|b: usize| b.min(max)) {
-                    cases.push(json!({"bytes": b, "len": b / 2, "dtype": "bf16", "ranks": n, "transport": "nccl"}));
+                for n in world_sizes(count).into_iter().filter(|&n| n >= 2) {
+                    for len in [0, n - 1, 1001, 1 << 20 | 3] {
+                        cases.push(gate(n, len, DType::F32, "nccl"));
+                    }
+                    cases.push(gate(n, 1001, DType::Bf16, "nccl"));
+                    for dtype in [DType::F32, DType::Bf16] {
+                        for b in sizes(max) {
+                            cases.push(json!({"bytes": b, "len": b / dtype.size(), "dtype": dtype.name(), "ranks": n, "transport": "nccl"}));
+                        }
+                    }
                 }
             }
             Err(why) => {
@@ -154,8 +143,10 @@ fn measure<T: Elem + NcclType>(s: &mut Session, case: &Value) -> Result<Vec<Meas
     let first = first.clone();
     let (n, len) = (param_usize(case, "ranks")?, param_usize(case, "len")?);
     let started = std::time::Instant::now();
-    let w = World::open(&first, n)?;
+    let w = crate::collective::nccl::world(&first, n)?;
+    // Zero when the world was opened by an earlier case.
     let init_ms = started.elapsed().as_secs_f64() * 1e3;
+    let mut log = nccl_log::prepare_env().as_ref().ok().map(|p| nccl_log::Log::open(p.clone()));
     let (inputs, expected) = inputs::<T>(s.opts.seed, case, n, len);
     let tol = hop_tolerance(T::DTYPE, n);
     let bytes = (len * T::DTYPE.size()) as u64;
@@ -187,12 +178,20 @@ fn measure<T: Elem + NcclType>(s: &mut Session, case: &Value) -> Result<Vec<Meas
         }
         w.sync()?;
         let run = |bufs: &mut [RingBufs<T>]| match &plan {
-            Some(p) => ring_all_reduce(&w, p, bufs),
+            Some(p) => ring_all_reduce(&w, p, bufs, 0),
             None => nccl_all_reduce(&w, bufs),
         };
         let download = |bufs: &[RingBufs<T>]| -> Result<Vec<Vec<T>>> { w.ranks.iter().zip(bufs).map(|(r, b)| r.gpu.download(&b.x)).collect() };
+        if let Some(log) = &mut log {
+            log.take()?;
+        }
         run(&mut bufs)?;
         w.sync()?;
+        // The algorithm and protocol NCCL chose for this call (rank 0 logs one line per call).
+        let choice = match (&mut log, plan) {
+            (Some(log), None) => nccl_log::all_reduce_choice(&log.take()?, bytes).cloned(),
+            _ => None,
+        };
         let first_outs = download(&bufs)?;
         let before = worst(&first_outs, &expected, tol);
         let time = if timed {
@@ -219,6 +218,16 @@ fn measure<T: Elem + NcclType>(s: &mut Session, case: &Value) -> Result<Vec<Meas
         m.extra.insert("nccl_version".into(), version.into());
         m.extra.insert("nccl_init_ms".into(), init_ms.into());
         m.extra.insert("gpus".into(), json!(w.ranks.iter().map(|r| r.gpu.info.name.clone()).collect::<Vec<_>>()));
+        if plan.is_none() {
+            match (&choice, nccl_log::prepare_env()) {
+                (Some(c), _) => {
+                    m.extra.insert("nccl_algo".into(), c.algo.clone().into());
+                    m.extra.insert("nccl_proto".into(), c.proto.clone().into());
+                }
+                (None, Err(why)) => _ = m.extra.insert("nccl_choice_missing".into(), why.clone().into()),
+                (None, Ok(p)) => _ = m.extra.insert("nccl_choice_missing".into(), format!("no tuning line for {bytes} bytes in {}", p.display()).into()),
+            }
+        }
         if let Some(p) = plan {
             m.extra.insert("segments".into(), p.segments.into());
             m.extra.insert("segment_bytes".into(), (p.max_chunk().div_ceil(p.segments) * T::DTYPE.size()).into());

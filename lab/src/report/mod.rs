@@ -313,8 +313,11 @@ pub fn render(opts: &ReportOptions) -> Result<Rendered> {
         for r in recs {
             match tables.iter_mut().find(|t| t.experiment == r.experiment) {
                 Some(t) => t.rows.push(model::row(r, &peers)),
-                None => tables.push(Table { experiment: r.experiment.clone(), slug: model::slug(&r.experiment), rows: vec![model::row(r, &peers)] }),
+                None => tables.push(Table { experiment: r.experiment.clone(), slug: model::slug(&r.experiment), rows: vec![model::row(r, &peers)], scaling: None }),
             }
+        }
+        for t in tables.iter_mut().filter(|t| sweep_axis(&t.experiment) == "ranks") {
+            t.scaling = model::scaling(recs, &t.experiment);
         }
         let mut figures = Vec::new();
         let mut inline = |experiment: Option<&str>, title: String, kind: &'static str, svg: Option<String>| {

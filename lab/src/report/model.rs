@@ -29,6 +29,59 @@ pub struct Table {
     pub experiment: String,
     pub slug: String,
     pub rows: Vec<Row>,
+    /// For experiments that sweep the world size: the same figures by number of ranks.
+    pub scaling: Option<Scaling>,
+}
+
+/// A run's timed, passing figures of one experiment by world size (`params.ranks`): a row per
+/// variant and shape (the params but `ranks`), a cell per world size with the median time and the
+/// throughput against one rank's (the row's own, else the same shape's first variant at one rank:
+/// a data-parallel step's compute alone).
+#[derive(Serialize, Clone, Debug, PartialEq)]
+pub struct Scaling {
+    pub ranks: Vec<u64>,
+    pub rows: Vec<ScalingRow>,
+}
+
+#[derive(Serialize, Clone, Debug, PartialEq)]
+pub struct ScalingRow {
+    pub variant: String,
+    pub shape: String,
+    pub cells: Vec<String>,
+}
+
+/// See [`Scaling`]; `None` when no record names its ranks.
+pub fn scaling(recs: &[&Record], experiment: &str) -> Option<Scaling> {
+    let mut by_row: BTreeMap<(String, String), BTreeMap<u64, (f64, f64)>> = BTreeMap::new();
+    for r in recs.iter().filter(|r| r.experiment == experiment && r.verdict == Verdict::Pass) {
+        let (Some(n), Some(t), Some(tp)) = (r.params.get("ranks").and_then(serde_json::Value::as_u64), &r.time_ms, &r.throughput) else { continue };
+        let mut p = r.params.clone();
+        p.as_object_mut().map(|o| o.remove("ranks"));
+        // Throughput as work per time, or 1 / time where the record counts no flops.
+        let rate = if tp.tflop_s > 0.0 { tp.tflop_s } else { 1.0 / t.median };
+        by_row.entry((shape(&p), r.variant.clone())).or_default().insert(n, (t.median, rate));
+    }
+    let ranks: Vec<u64> = by_row.values().flat_map(|c| c.keys().copied()).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+    if ranks.is_empty() {
+        return None;
+    }
+    let one_rank = |shape: &str| by_row.iter().find(|((s, _), c)| s == shape && c.contains_key(&1)).map(|(_, c)| c[&1].1);
+    let rows = by_row
+        .iter()
+        .map(|((shape, variant), cells)| {
+            let base = cells.get(&1).map(|c| c.1).or_else(|| one_rank(shape));
+            let cells = ranks
+                .iter()
+                .map(|n| match (cells.get(n), base) {
+                    (Some((ms, rate)), Some(b)) => format!("{} ms ({:.2}x)", num(Some(*ms), 3), rate / b),
+                    (Some((ms, _)), None) => format!("{} ms", num(Some(*ms), 3)),
+                    (None, _) => String::new(),
+                })
+                .collect();
+            ScalingRow { variant: variant.clone(), shape: shape.clone(), cells }
+        })
+        .collect();
+    Some(Scaling { ranks, rows })
 }
 
 #[derive(Serialize, Clone, Debug)]
@@ -286,4 +339,33 @@ pub fn cross_device(views: &[super::findings::ExperimentView]) -> CrossDevice {
     }
     let rows = rows.into_iter().map(|((experiment, shape), (slug, cells))| CrossRow { slug, experiment, shape, cells }).collect();
     CrossDevice { devices, rows }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(variant: &str, ranks: u64, tokens: u64, ms: f64, tflop_s: f64) -> Record {
+        let line = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/report/records/2026-11-22T14-00-38Z-h100-14a3904.jsonl")).unwrap();
+        let mut r: Record = serde_json::from_str(line.lines().next().unwrap()).unwrap();
+        (r.experiment, r.variant, r.verdict) = ("tp".into(), variant.into(), Verdict::Pass);
+        r.params = serde_json::json!({"tokens": tokens, "ranks": ranks});
+        r.time_ms.as_mut().unwrap().median = ms;
+        r.throughput.as_mut().unwrap().tflop_s = tflop_s;
+        r
+    }
+
+    #[test]
+    fn a_scaling_table_has_a_column_per_world_size_and_throughput_against_one_rank() {
+        let recs = [record("col", 1, 8, 4.0, 10.0), record("col", 2, 8, 2.5, 16.0), record("col", 4, 8, 1.0, 40.0), record("dp", 4, 8, 1.0, 30.0), record("col", 2, 1, 1.0, 1.0)];
+        let refs: Vec<&Record> = recs.iter().collect();
+        let t = scaling(&refs, "tp").unwrap();
+        assert_eq!(t.ranks, [1, 2, 4]);
+        let row = |v: &str, s: &str| t.rows.iter().find(|r| r.variant == v && r.shape == s).unwrap().cells.clone();
+        assert_eq!(row("col", "tokens=8")[1..], ["2.500 ms (1.60x)".to_string(), "1.000 ms (4.00x)".to_string()]);
+        // No one-rank figure of its own: against the shape's one-rank figure; none at all: time only.
+        assert_eq!(row("dp", "tokens=8")[2], "1.000 ms (3.00x)");
+        assert_eq!(row("col", "tokens=1"), ["", "1.000 ms", ""]);
+        assert_eq!(scaling(&refs, "other"), None);
+    }
 }
