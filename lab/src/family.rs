@@ -131,6 +131,13 @@ pub static FAMILIES: &[Family] = &[
     // The softmax as a streaming hardware design, simulated by Verilator (hw/softmax/); last, so
     // that the families before it keep their colours.
     Family { name: "fpga", kernels: &[], experiment: Some(&crate::ops::fpga::Fpga), variants: crate::ops::fpga::variants },
+    // lab::data's loader (file to GPU) and the kernel its overlap case consumes batches with.
+    Family {
+        name: "loader",
+        kernels: &[kernel!("loader.cu")],
+        experiment: Some(&crate::ops::loader::LoaderExp),
+        variants: crate::ops::loader::variants,
+    },
 ];
 
 /// The family called `name`.
