@@ -224,6 +224,7 @@ fn read_ceiling(s: &mut Session, case: &Value, path: &Path) -> Result<Option<Cei
             s.ceilings.insert(READ_CEILING, Ceiling { value: gb_s, spread: work.throughput(t.p20).gb_s / gb_s - 1.0 });
         }
         m.time = Some((t, mode));
+        m.ceiling = s.ceilings.contains_key(READ_CEILING).then_some(READ_CEILING);
         s.emit(m)?;
     }
     Ok(s.ceilings.get(READ_CEILING).copied())
