@@ -46,7 +46,7 @@ pub struct ReadPath {
 }
 
 enum Kind {
-    Direct(IoUring),
+    Direct(Box<IoUring>),
     Buffered,
     Mmap(memmap2::Mmap),
 }
@@ -107,11 +107,11 @@ impl Source {
                 let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| LabError::io(path, format!("cannot map: {e}")))?;
                 plain(Kind::Mmap(map), ReadMode::Mmap, None)
             }
-            ReadMode::Direct if sample_bytes % DIRECT_ALIGN != 0 => {
+            ReadMode::Direct if !sample_bytes.is_multiple_of(DIRECT_ALIGN) => {
                 plain(Kind::Buffered, ReadMode::Buffered, Some(format!("O_DIRECT needs samples in multiples of {DIRECT_ALIGN} B, not {sample_bytes} B")))
             }
             ReadMode::Direct => match open_direct(path, queue_depth) {
-                Ok((file, ring)) => Ok(Source { path: path.into(), file, len, kind: Kind::Direct(ring), queue_depth, pool: None, read_path: ReadPath { mode: "direct", fallback: None } }),
+                Ok((file, ring)) => Ok(Source { path: path.into(), file, len, kind: Kind::Direct(Box::new(ring)), queue_depth, pool: None, read_path: ReadPath { mode: "direct", fallback: None } }),
                 Err(why) => plain(Kind::Buffered, ReadMode::Buffered, Some(why)),
             },
         }
@@ -182,8 +182,10 @@ impl Source {
     fn read_direct(&mut self, reads: &mut [(u64, &mut [u8])]) -> Result<()> {
         let Kind::Direct(ring) = &mut self.kind else { unreachable!("read_direct on a direct source") };
         let fd = types::Fd(self.file.as_raw_fd());
-        // The first failure, as (offset, bytes read or the OS error); reads in flight finish first.
-        let (mut next, mut in_flight, mut failure): (usize, usize, Option<(u64, std::result::Result<usize, std::io::Error>, usize)>) = (0, 0, None);
+        // The first failure, as (offset, bytes read or the OS error, bytes wanted); reads in
+        // flight finish first.
+        type Failure = (u64, std::result::Result<usize, std::io::Error>, usize);
+        let (mut next, mut in_flight, mut failure): (usize, usize, Option<Failure>) = (0, 0, None);
         while next < reads.len() || in_flight > 0 {
             while next < reads.len() && in_flight < self.queue_depth && failure.is_none() {
                 let (offset, buf) = &mut reads[next];

@@ -64,6 +64,9 @@ impl Sink {
             host.push(h);
         }
         let dev = (0..devs).map(|_| gpu.stream.alloc_zeros::<u8>(batch_bytes).doing("allocating a device batch buffer")).collect::<Result<_>>()?;
+        // Stream-ordered allocations and their zeroing are on the compute stream: finish them
+        // before the copy stream writes the buffers.
+        gpu.sync()?;
         Ok(Sink::Cuda(Box::new(CudaSink {
             copy: ctx.new_stream().doing("creating the copy stream")?,
             compute: gpu.stream.clone(),
