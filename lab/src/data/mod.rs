@@ -13,6 +13,26 @@
 //! file order or in a seeded permutation of it; the last batch of an epoch holds what is left
 //! (fewer than `batch_samples` when they do not divide). A read that comes back short is an
 //! error naming the file and the offset, never a short batch.
+//!
+//! ```no_run
+//! use lab::data::{BatchData, Config, Loader};
+//! use lab::experiment::Backend;
+//! # fn main() -> lab::Result<()> {
+//! let backend = Backend::Cpu; // or Backend::Cuda(gpu): batches arrive in device buffers
+//! let cfg = Config { shuffle: Some(7), ..Config::tokens(2048, 2, 64) };
+//! let mut loader = Loader::open("tokens.bin".as_ref(), cfg, &backend)?;
+//! for epoch in 0..2 {
+//!     let mut batches = loader.epoch(epoch)?;
+//!     while let Some(batch) = batches.next_batch()? {
+//!         match batch.data {
+//!             BatchData::Host(bytes) => assert_eq!(bytes.len(), batch.samples.len() * 4096),
+//!             BatchData::Cuda(_view) => { /* launch on loader.compute_stream() reading it */ }
+//!         }
+//!     }
+//! }
+//! # Ok(())
+//! # }
+//! ```
 
 pub mod read;
 mod sink;

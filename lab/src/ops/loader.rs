@@ -53,7 +53,7 @@ impl Experiment for LoaderExp {
         "sample"
     }
     fn headlines(&self) -> &'static [&'static str] {
-        &["what=load cache=warm", "what=load cache=cold", "what=overlap"]
+        &["what=read", "what=load cache=warm", "what=load cache=cold", "what=overlap"]
     }
     fn cases(&self, backend: &Backend, quick: bool) -> Vec<Value> {
         let gpu = matches!(backend, Backend::Cuda(_));
@@ -66,6 +66,8 @@ impl Experiment for LoaderExp {
         // 64 KiB samples (32 Ki u16 tokens) in 8 MiB batches; 1 MiB samples for the cold file,
         // where each sample is one request of the read ceiling's size.
         let mut cases = vec![
+            // The read ceiling on the data file's file system, before the cold cases need it.
+            json!({"what": "read", "file_bytes": file}),
             json!({"what": "load", "cache": "warm", "sample": 64 << 10, "batch": 128, "file_bytes": file}),
             json!({"what": "load", "cache": "cold", "sample": 64 << 10, "batch": 128, "file_bytes": file}),
             json!({"what": "load", "cache": "cold", "sample": MIB, "batch": 8, "file_bytes": file}),
@@ -87,12 +89,13 @@ impl Experiment for LoaderExp {
     fn run_case(&self, s: &mut Session, case: &Value) -> Result<()> {
         let file = DataFile::create(s, case)?;
         match param_str(case, "what")? {
+            "read" => read_ceiling(s, case, &file.path).map(|_| ()),
             "load" => load(s, case, &file.path),
             "overlap" => match s.backend.clone() {
                 Backend::Cuda(gpu) => overlap(s, &gpu, case, &file.path),
                 Backend::Cpu => Err(LabError::Invalid("the overlap case needs a GPU".into())),
             },
-            other => Err(LabError::Invalid(format!("no loader case `{other}` (load | overlap)"))),
+            other => Err(LabError::Invalid(format!("no loader case `{other}` (read | load | overlap)"))),
         }
     }
 }
@@ -202,11 +205,15 @@ fn time_epochs(budget: &Budget, loader: &mut Loader, mut prepare: impl FnMut() -
     })
 }
 
-/// The run's O_DIRECT read ceiling on `path`'s file system: measured on first use, a record per
-/// queue depth, the best kept; None where the file system refuses O_DIRECT.
+/// The run's O_DIRECT read ceiling on `path`'s file system: measured on first use (the `read`
+/// case, or the first cold case run without it), a record per queue depth, the best kept; None
+/// where the file system refuses O_DIRECT.
 fn read_ceiling(s: &mut Session, case: &Value, path: &Path) -> Result<Option<Ceiling>> {
     if let Some(c) = s.ceilings.get(READ_CEILING) {
         return Ok(Some(*c));
+    }
+    if !param_timed(case) {
+        return Ok(None);
     }
     let bytes = std::fs::metadata(path).map_err(|e| LabError::io(path, e))?.len();
     for depth in QUEUE_DEPTHS {
@@ -411,6 +418,7 @@ mod tests {
         s.run(&LoaderExp, &cases).unwrap();
         let loads: Vec<_> = s.records.iter().filter(|r| r.experiment == "loader" && r.variant == "host_ring").collect();
         assert_eq!(loads.len(), 3);
+        assert_eq!(s.records.first().map(|r| r.params["what"].clone()), Some(json!("read")), "the read ceiling comes first");
         for r in &loads {
             assert_eq!(r.verdict, crate::record::Verdict::Pass, "{:?}", r.error);
             assert_eq!(r.extra["dropped_tail_bytes"], json!(123));
