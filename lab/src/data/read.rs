@@ -73,46 +73,62 @@ fn open_plain(path: &Path) -> Result<(File, u64)> {
     Ok((file, meta.len()))
 }
 
-/// An O_DIRECT descriptor and a ring of `depth` entries, or why there cannot be one.
-fn open_direct(path: &Path, depth: usize) -> std::result::Result<(File, IoUring), String> {
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(path)
-        .map_err(|e| format!("the file system refuses O_DIRECT ({e})"))?;
-    let ring = IoUring::new(depth.next_power_of_two() as u32).map_err(|e| format!("io_uring is not available ({e})"))?;
-    Ok((file, ring))
+/// An O_DIRECT descriptor, or why there cannot be one.
+fn open_direct(path: &Path) -> std::result::Result<File, String> {
+    std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path).map_err(|e| format!("the file system refuses O_DIRECT ({e})"))
+}
+
+/// A pool of `n` read threads (None for one: the reader's own thread).
+fn read_pool(n: usize) -> Result<Option<rayon::ThreadPool>> {
+    match n {
+        0 | 1 => Ok(None),
+        n => rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .thread_name(|i| format!("lab-data-read-{i}"))
+            .build()
+            .map(Some)
+            .map_err(|e| LabError::Invalid(format!("cannot start {n} read threads: {e}"))),
+    }
 }
 
 impl Source {
     /// Opens `path` to read samples of `sample_bytes` with `mode`: `queue_depth` reads in flight
     /// with O_DIRECT, `threads` copying at once with the other modes. O_DIRECT falls back to
-    /// buffered reads when the sample size is not a multiple of [`DIRECT_ALIGN`] or the system
-    /// refuses it.
+    /// buffered reads when the sample size is not a multiple of [`DIRECT_ALIGN`] or the file
+    /// system refuses it, and to O_DIRECT preads from `queue_depth` threads where io_uring is
+    /// refused (containers often block it); `read_path` says which and why.
     pub fn open(path: &Path, mode: ReadMode, sample_bytes: usize, queue_depth: usize, threads: usize) -> Result<Source> {
+        Self::open_with(path, mode, sample_bytes, queue_depth, threads, true)
+    }
+
+    /// [`Source::open`], with io_uring allowed or not (the tests take the pread path).
+    pub(super) fn open_with(path: &Path, mode: ReadMode, sample_bytes: usize, queue_depth: usize, threads: usize, uring: bool) -> Result<Source> {
         let (file, len) = open_plain(path)?;
         let queue_depth = queue_depth.max(1);
-        let pool = || match threads {
-            0 | 1 => Ok(None),
-            n => rayon::ThreadPoolBuilder::new().num_threads(n).thread_name(|i| format!("lab-data-read-{i}")).build().map(Some).map_err(|e| LabError::Invalid(format!("cannot start {n} read threads: {e}"))),
-        };
-        let plain = |kind, mode: ReadMode, fallback| -> Result<Source> {
-            let file = file.try_clone().map_err(|e| LabError::io(path, format!("cannot duplicate the descriptor: {e}")))?;
-            Ok(Source { path: path.into(), file, len, kind, queue_depth, pool: pool()?, read_path: ReadPath { mode: mode.name(), fallback } })
-        };
+        let source = |file, kind, pool, mode: &'static str, fallback| Source { path: path.into(), file, len, kind, queue_depth, pool, read_path: ReadPath { mode, fallback } };
         match mode {
-            ReadMode::Buffered => plain(Kind::Buffered, ReadMode::Buffered, None),
+            ReadMode::Buffered => Ok(source(file, Kind::Buffered, read_pool(threads)?, "buffered", None)),
             ReadMode::Mmap => {
                 // SAFETY: a shrinking file would fault the map: every read checks the length first.
                 let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| LabError::io(path, format!("cannot map: {e}")))?;
-                plain(Kind::Mmap(map), ReadMode::Mmap, None)
+                Ok(source(file, Kind::Mmap(map), read_pool(threads)?, "mmap", None))
             }
             ReadMode::Direct if !sample_bytes.is_multiple_of(DIRECT_ALIGN) => {
-                plain(Kind::Buffered, ReadMode::Buffered, Some(format!("O_DIRECT needs samples in multiples of {DIRECT_ALIGN} B, not {sample_bytes} B")))
+                let why = format!("O_DIRECT needs samples in multiples of {DIRECT_ALIGN} B, not {sample_bytes} B");
+                Ok(source(file, Kind::Buffered, read_pool(threads)?, "buffered", Some(why)))
             }
-            ReadMode::Direct => match open_direct(path, queue_depth) {
-                Ok((file, ring)) => Ok(Source { path: path.into(), file, len, kind: Kind::Direct(Box::new(ring)), queue_depth, pool: None, read_path: ReadPath { mode: "direct", fallback: None } }),
-                Err(why) => plain(Kind::Buffered, ReadMode::Buffered, Some(why)),
+            ReadMode::Direct => match open_direct(path) {
+                Err(why) => Ok(source(file, Kind::Buffered, read_pool(threads)?, "buffered", Some(why))),
+                Ok(direct) => {
+                    let ring = if uring { IoUring::new(queue_depth.next_power_of_two() as u32).map_err(|e| e.to_string()) } else { Err("not asked for".into()) };
+                    match ring {
+                        Ok(ring) => Ok(source(direct, Kind::Direct(Box::new(ring)), None, "direct", None)),
+                        Err(e) => {
+                            let why = format!("io_uring is not available ({e}): O_DIRECT preads from {queue_depth} threads");
+                            Ok(source(direct, Kind::Buffered, read_pool(queue_depth)?, "direct", Some(why)))
+                        }
+                    }
+                }
             },
         }
     }

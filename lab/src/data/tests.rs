@@ -93,6 +93,33 @@ fn direct_reads_are_used_or_their_absence_is_said() {
     eprintln!("read path here: {rp:?}");
 }
 
+/// Where io_uring is refused, O_DIRECT reads go through preads from a pool of threads: the
+/// same bytes, and the source says so.
+#[test]
+fn without_io_uring_direct_reads_use_threads_and_say_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = data_file(dir.path(), 24 * 4096);
+    let mut src = Source::open_with(&path, ReadMode::Direct, 4096, 4, 1, false).unwrap();
+    let rp = src.read_path.clone();
+    if rp.fallback.as_deref().is_some_and(|w| w.contains("refuses O_DIRECT")) {
+        return eprintln!("no O_DIRECT here: {rp:?}");
+    }
+    assert_eq!(rp.mode, "direct");
+    assert!(rp.fallback.as_deref().unwrap().contains("io_uring is not available (not asked for): O_DIRECT preads from 4 threads"), "{rp:?}");
+    let file = std::fs::read(&path).unwrap();
+    let mut bufs: Vec<read::AlignedBuf> = (0..6).map(|_| read::AlignedBuf::zeroed(2 * 4096)).collect();
+    let offsets = [0u64, 5, 9, 11, 17, 22].map(|i| i * 4096);
+    let mut reads: Vec<(u64, &mut [u8])> = offsets.iter().zip(bufs.iter_mut()).map(|(&o, b)| (o, &mut b[..])).collect();
+    src.read(&mut reads).unwrap();
+    for (o, b) in offsets.iter().zip(&bufs) {
+        assert_eq!(&b[..], &file[*o as usize..*o as usize + 2 * 4096], "the block at {o}");
+    }
+    // Past the end: a short read, named.
+    let mut tail = read::AlignedBuf::zeroed(2 * 4096);
+    let err = src.read(&mut [(23 * 4096, &mut tail[..])]).unwrap_err().to_string();
+    assert!(err.contains("ends at offset 98304"), "{err}");
+}
+
 #[test]
 fn a_file_truncated_under_the_loader_is_an_error_naming_file_and_offset() {
     let dir = tempfile::tempdir().unwrap();
