@@ -284,7 +284,8 @@ pub struct Batch<'a> {
 impl Epoch<'_> {
     /// The next batch, once it is on the device (ordered on the compute stream), or `None` at
     /// the end of the epoch. Work the caller enqueued on the previous batch's buffer is waited
-    /// for before that buffer is written again.
+    /// for before that buffer is written again. A failed read is returned once the batches
+    /// before it have been; the epoch ends there.
     pub fn next_batch(&mut self) -> Result<Option<Batch<'_>>> {
         if let Some((d, _)) = &self.last {
             self.loader.sink.consumed(*d)?;
