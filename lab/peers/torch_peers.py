@@ -15,9 +15,18 @@ Request: {"op": "softmax" | "add" | "bias_gelu" | "layer_norm" | "rms_norm" | "l
           "launch": "eager" | "graph", "settled": x, "max_warmup_rounds": n}
 The output has the shape of the first input, except linear's ([M, N]), linear_backward's
 (dX, dW and db flattened and concatenated, in that order) and sdpa_backward's (dQ, dK, dV).
+
+"dataloader" is the loader's peer and reads no inputs: torch.utils.data.DataLoader over the
+file args["path"] cut into samples of args["sample_bytes"], in the order of args["order"]
+(u64 sample indices), args["workers"] workers, batches of args["batch"], pinned and copied with
+non_blocking=True or pageable and copied as they come (args["pin_memory"]). Each repetition is
+one epoch on the host clock, ending with the device synchronised; the output is one int64 per
+delivered sample, sum(byte_j * (j % 251 + 1)), computed on the GPU after timing.
 """
 import json
+import os
 import sys
+import time
 
 import numpy as np
 import torch
@@ -192,10 +201,57 @@ def time_op(f, req):
     return warm, run(reps), call, "graph" if graph is not None else "eager"
 
 
+class Samples(torch.utils.data.Dataset):
+    """Fixed-size samples of a file, read with pread (each worker opens its own descriptor)."""
+
+    def __init__(self, path, sample_bytes):
+        self.path, self.size, self.fd = path, sample_bytes, None
+        self.n = os.path.getsize(path) // sample_bytes
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.fd is None:
+            self.fd = os.open(self.path, os.O_RDONLY)
+        return torch.frombuffer(bytearray(os.pread(self.fd, self.size, i * self.size)), dtype=torch.uint8)
+
+
+def dataloader(req):
+    args = req["args"]
+    pinned, workers, size = bool(args["pin_memory"]), int(args["workers"]), int(args["sample_bytes"])
+    order = np.fromfile(args["order"], dtype=np.uint64).astype(np.int64).tolist()
+    loader = torch.utils.data.DataLoader(
+        Samples(args["path"], size), batch_size=int(args["batch"]), sampler=order, num_workers=workers,
+        pin_memory=pinned, persistent_workers=workers > 0, prefetch_factor=4 if workers > 0 else None)
+    weights = torch.arange(size, device="cuda", dtype=torch.int64) % 251 + 1
+
+    def epoch(sums=None):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for x in loader:
+            y = x.to("cuda", non_blocking=pinned)
+            if sums is not None:
+                sums.append((y.to(torch.int64) * weights).sum(1))
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t) * 1e3
+
+    warm = [epoch() for _ in range(max(1, min(req["warmup"], 2)))]
+    raw = [epoch() for _ in range(req["min_reps"])]
+    sums = []
+    epoch(sums)
+    torch.cat(sums).cpu().numpy().astype("<i8").tofile(req["output"])
+    name = f"torch DataLoader ({'pin_memory, non_blocking' if pinned else 'pageable'})"
+    print(json.dumps({"variant": name, "raw_ms": raw, "warmup_ms": warm, "launch": "host",
+                      "torch": torch.__version__, "device": torch.cuda.get_device_name()}))
+
+
 def main():
     req = json.load(sys.stdin)
     if not torch.cuda.is_available():
         raise SystemExit("torch_peers: torch sees no CUDA device")
+    if req["op"] == "dataloader":
+        return dataloader(req)
     inputs = [load(i["path"], req["dtype"], i["shape"]) for i in req["inputs"]]
     f, variant, out = ops(req, inputs)
     warm, raw, call, launch = time_op(f, req)

@@ -134,6 +134,13 @@ pub static FAMILIES: &[Family] = &[
     // Multi-GPU layers and training over NCCL (the `collective` family's kernels and cuBLAS).
     Family { name: "tp_linear", kernels: &[], experiment: Some(&crate::ops::tp_linear::TpLinear), variants: none },
     Family { name: "dp_step", kernels: &[], experiment: Some(&crate::ops::dp_step::DpStep), variants: none },
+    // lab::data's loader (file to GPU) and the kernel its overlap case consumes batches with.
+    Family {
+        name: "loader",
+        kernels: &[kernel!("loader.cu")],
+        experiment: Some(&crate::ops::loader::LoaderExp),
+        variants: crate::ops::loader::variants,
+    },
 ];
 
 /// The family called `name`.

@@ -6,6 +6,7 @@
 //! Every measurement becomes a [`record::Record`], appended to `reports/records/<run-id>.jsonl`.
 
 pub mod collective;
+pub mod data;
 pub mod error;
 pub mod experiment;
 pub mod family;

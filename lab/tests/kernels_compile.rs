@@ -114,6 +114,7 @@ fn exported_symbols_are_the_ones_the_launchers_use() {
         assert_eq!(ptx("softmax"), gpu_symbols("softmax", lab::ops::softmax::VARIANTS), "softmax for compute_{target}");
         assert_eq!(ptx("vector_add"), gpu_symbols("vector_add", lab::ops::vector_add::VARIANTS), "vector_add for compute_{target}");
         assert_eq!(ptx("ceilings"), gpu_symbols("ceilings", lab::ops::ceilings::VARIANTS), "ceilings for compute_{target}");
+        assert_eq!(ptx("loader"), expect("loader", &["consume"], &[DType::F32]), "loader for compute_{target}");
         let all = [DType::F32, DType::F16, DType::Bf16];
         let gelu_kernels = ["unfused_add", "unfused_gelu_tanh", "unfused_gelu_erf", "fused_tanh", "fused_erf", "fused_tanh_sigmoid"];
         assert_eq!(ptx("bias_gelu"), expect("bias_gelu", &gelu_kernels, &all), "bias_gelu for compute_{target}");

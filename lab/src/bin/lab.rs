@@ -68,6 +68,10 @@ enum Command {
         /// Run this case, given as JSON as records hold it (repeatable).
         #[arg(long = "case", hide = true)]
         cases: Vec<String>,
+        /// Folder for the data files experiments write and read (`loader`; default: a temp dir
+        /// per case). It must be on the file system to measure.
+        #[arg(long, value_name = "DIR")]
+        data_dir: Option<PathBuf>,
     },
     /// Launch every variant of the named experiments (all by default) once on a few small, odd
     /// shapes under compute-sanitizer, and record per variant, tool and shape the errors found.
@@ -244,7 +248,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Run { experiments, backend, quick, peers, out, seed, variants, shapes, l2, launch, ncu, once, cases } => {
+        Command::Run { experiments, backend, quick, peers, out, seed, variants, shapes, l2, launch, ncu, once, cases, data_dir } => {
             let cases = cases.iter().map(|c| case_json(c)).collect::<Result<Vec<_>>>()?;
             let exps = if experiments.iter().any(|e| e == "all") {
                 experiment::registry()
@@ -256,13 +260,13 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             let seed = lab::collective::agree_seed(seed.unwrap_or_else(fresh_seed))?;
             if lab::collective::is_follower()? {
                 let params_from = (!shapes.is_empty()).then(|| "command line".to_string());
-                let opts = RunOptions { quick, peers, out, seed, variants, provider: None, progress: false, l2, launch, ncu, shapes, params_from, once, cases };
+                let opts = RunOptions { quick, peers, out, seed, variants, provider: None, progress: false, l2, launch, ncu, shapes, params_from, once, cases, data_dir };
                 lab::collective::follow(&exps, &opts)?;
                 return Ok(ExitCode::SUCCESS);
             }
             let backend = backend.open()?;
             let params_from = (!shapes.is_empty()).then(|| "command line".to_string());
-            let opts = RunOptions { quick, peers, out, seed, variants, provider: None, progress: !once, l2, launch, ncu, shapes, params_from, once, cases };
+            let opts = RunOptions { quick, peers, out, seed, variants, provider: None, progress: !once, l2, launch, ncu, shapes, params_from, once, cases, data_dir };
             // Every --shape is checked against every experiment before anything runs.
             let cases = exps.iter().map(|e| experiment::cases_for(*e, &backend, &opts)).collect::<Result<Vec<_>>>()?;
             let mut session = Session::new(backend, opts)?;
@@ -532,6 +536,7 @@ fn rerun(target: &str, dir: &std::path::Path, backend: BackendChoice, out: PathB
             params_from: r.params_from.clone(),
             once: false,
             cases: Vec::new(),
+            data_dir: None,
         };
         let s = match session.as_mut() {
             Some(s) => {

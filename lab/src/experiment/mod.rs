@@ -174,6 +174,8 @@ pub struct RunOptions {
     pub once: bool,
     /// These cases (JSON, as records hold them) instead of the sweep.
     pub cases: Vec<Value>,
+    /// Where experiments that stream from a file write it (`loader`); None: a temp dir.
+    pub data_dir: Option<PathBuf>,
 }
 
 impl RunOptions {
@@ -195,6 +197,7 @@ impl RunOptions {
             params_from: None,
             once: false,
             cases: Vec::new(),
+            data_dir: None,
         }
     }
 

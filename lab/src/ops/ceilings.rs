@@ -4,6 +4,8 @@
 //! (kernels/ceilings.cu), the fp16/bf16 tensor-core rate (the best of cuBLAS GEMM and, on
 //! compute capability 9.0, a wgmma loop on operands that stay in shared memory), and the
 //! mma.sync rate from registers (the roof of the mma.sync GEMM rungs).
+//! Host <-> device: copy bandwidth each way from pinned and from pageable host memory (the
+//! roofs of `lab::data`'s loader).
 //! CPU: memory bandwidth (parallel copy) and the multiply-add rate of the host.
 
 use super::compare::{compare, compare_bits};
@@ -34,10 +36,10 @@ impl Experiment for Ceilings {
         "ceilings"
     }
     fn description(&self) -> &'static str {
-        "measured roofs: copy bandwidth, FP32 FMA rate, fp16/bf16 tensor rate (cuBLAS, wgmma loop), mma.sync rate"
+        "measured roofs: copy bandwidth, FP32 FMA rate, fp16/bf16 tensor rate (cuBLAS, wgmma loop), mma.sync rate, host<->device copies"
     }
     fn headlines(&self) -> &'static [&'static str] {
-        &["what=copy bytes=2147483648", "what=fma iters=16384", "what=tensor iters=2048", "what=mma_sync iters=8192"]
+        &["what=copy bytes=2147483648", "what=fma iters=16384", "what=tensor iters=2048", "what=mma_sync iters=8192", "what=h2d bytes=1073741824", "what=d2h bytes=1073741824"]
     }
     fn cases(&self, backend: &Backend, quick: bool) -> Vec<Value> {
         match (backend, quick) {
@@ -66,7 +68,10 @@ impl Experiment for Ceilings {
                 json!({"what": "mma_sync", "dtype": "bf16", "iters": 8192}),
                 json!({"what": "mma_sync", "kernel": "w2", "dtype": "f16", "iters": 8192}),
                 json!({"what": "mma_sync", "kernel": "w2", "dtype": "bf16", "iters": 8192}),
-            ],
+            ]
+            .into_iter()
+            .chain(transfer_cases(GIB))
+            .collect(),
             (Backend::Cuda(_), true) => vec![
                 json!({"what": "copy", "bytes": GIB / 4}),
                 json!({"what": "fma", "iters": 2048}),
@@ -76,7 +81,10 @@ impl Experiment for Ceilings {
                 json!({"what": "tensor", "kernel": "wgmma", "dtype": "bf16", "iters": 64}),
                 json!({"what": "mma_sync", "dtype": "f16", "iters": 256}),
                 json!({"what": "mma_sync", "dtype": "bf16", "iters": 256}),
-            ],
+            ]
+            .into_iter()
+            .chain(transfer_cases(GIB / 4))
+            .collect(),
             (Backend::Cpu, false) => vec![json!({"what": "copy", "bytes": GIB}), json!({"what": "fma", "iters": 1 << 16})],
             (Backend::Cpu, true) => vec![json!({"what": "copy", "bytes": 32 << 20}), json!({"what": "fma", "iters": 1 << 12})],
         }
@@ -94,7 +102,10 @@ impl Experiment for Ceilings {
                 json!({"what": "mma_sync", "dtype": "f16", "iters": 8}),
                 json!({"what": "mma_sync", "dtype": "bf16", "iters": 8}),
                 json!({"what": "mma_sync", "kernel": "w2", "dtype": "f16", "iters": 8}),
-            ],
+            ]
+            .into_iter()
+            .chain(transfer_cases((1 << 20) + 4 * 999))
+            .collect(),
         }
     }
     /// The L2 scrub of every timed repetition (`--l2 clean`, the default) runs before the copy.
@@ -119,6 +130,7 @@ impl Experiment for Ceilings {
                 DType::Bf16 => gpu_mma_sync::<half::bf16>(s, gpu, case),
                 DType::F32 => Err(LabError::Invalid("mma_sync ceiling is for f16/bf16".into())),
             },
+            ("h2d" | "d2h", Backend::Cuda(gpu)) => gpu_transfer(s, gpu, case),
             ("copy", Backend::Cpu) => cpu_copy(s, case),
             ("fma", Backend::Cpu) => cpu_fma(s, case),
             (what, b) => Err(LabError::Invalid(format!("no `{what}` ceiling on the {} backend", b.name()))),
@@ -136,8 +148,24 @@ fn ceiling_of(case: &Value) -> Result<&'static str> {
         (Some("tensor"), Some("bf16")) => "tensor_bf16_tflop_s",
         (Some("mma_sync"), Some("f16")) => "mma_sync_f16_tflop_s",
         (Some("mma_sync"), Some("bf16")) => "mma_sync_bf16_tflop_s",
+        _ => return transfer_ceiling(case),
+    })
+}
+
+/// `{h2d,d2h}_{pinned,pageable}_gb_s`: the host-device roofs.
+fn transfer_ceiling(case: &Value) -> Result<&'static str> {
+    Ok(match (case["what"].as_str(), case["memory"].as_str()) {
+        (Some("h2d"), Some("pinned")) => "h2d_pinned_gb_s",
+        (Some("h2d"), Some("pageable")) => "h2d_pageable_gb_s",
+        (Some("d2h"), Some("pinned")) => "d2h_pinned_gb_s",
+        (Some("d2h"), Some("pageable")) => "d2h_pageable_gb_s",
         _ => return Err(LabError::Invalid(format!("no ceiling for the case {case}"))),
     })
+}
+
+/// Host <-> device copies of `bytes` each way, from page-locked and from pageable memory.
+fn transfer_cases(bytes: usize) -> Vec<Value> {
+    ["h2d", "d2h"].iter().flat_map(|w| ["pinned", "pageable"].map(|m| json!({"what": w, "memory": m, "bytes": bytes}))).collect()
 }
 
 /// Measures one ceiling for a run that has not measured it yet (called by [`Session::ceiling`]).
@@ -245,6 +273,65 @@ fn gpu_read(s: &mut Session, gpu: &Gpu, case: &Value, src: &CudaSlice<u32>, host
     let time = time_gpu(gpu, &s.budget, || launch(&mut sums))?;
     let work = Work { bytes: 4 * host.len() as u64 + 4 * threads as u64, flops: 0 };
     let mut m = Measurement::new("read_float4", "lab", case, work);
+    (m.time, m.error) = (Some(time), Some(error));
+    emit_ceiling(s, case, m)
+}
+
+/// One host <-> device copy of `bytes` (driver memcpy on the stream, events around it), from
+/// page-locked memory (`cuMemHostAlloc`, not write-combined) or from a plain Vec, which the
+/// driver stages through its own pinned buffers. Checked by moving the data back the other way.
+fn gpu_transfer(s: &mut Session, gpu: &Gpu, case: &Value) -> Result<()> {
+    use cudarc::driver::PinnedHostSlice;
+    let (to_device, memory) = (param_str(case, "what")? == "h2d", param_str(case, "memory")?);
+    let variant = format!("memcpy_{}_{memory}", if to_device { "htod" } else { "dtoh" });
+    if !s.wants(&variant, "cuda-driver") {
+        return Ok(());
+    }
+    let n = param_usize(case, "bytes")? / 4;
+    let expected = pattern(n);
+    enum Host {
+        Pinned(PinnedHostSlice<u32>),
+        Pageable(Vec<u32>),
+    }
+    let mut host = match memory {
+        "pinned" => {
+            // SAFETY: filled below before any copy reads it.
+            let mut p = unsafe { gpu.ctx.alloc_pinned_with_flags::<u32>(n, 0) }.doing("allocating pinned host memory")?;
+            p.as_mut_slice().doing("mapping pinned host memory")?.copy_from_slice(&expected);
+            Host::Pinned(p)
+        }
+        "pageable" => Host::Pageable(expected.clone()),
+        other => return Err(LabError::Invalid(format!("no host memory `{other}` (pinned | pageable)"))),
+    };
+    let mut dev = gpu.stream.alloc_zeros::<u32>(n).doing("allocating the transfer buffer")?;
+    if !to_device {
+        gpu.stream.memcpy_htod(&expected, &mut dev).doing("filling the device side")?;
+    }
+    let copy = |host: &mut Host, dev: &mut CudaSlice<u32>| -> Result<()> {
+        let what = if to_device { "copying host to device" } else { "copying device to host" };
+        match (host, to_device) {
+            (Host::Pinned(h), true) => gpu.stream.memcpy_htod(&*h, dev).doing(what),
+            (Host::Pageable(h), true) => gpu.stream.memcpy_htod(&*h, dev).doing(what),
+            (Host::Pinned(h), false) => gpu.stream.memcpy_dtoh(&*dev, h).doing(what),
+            (Host::Pageable(h), false) => gpu.stream.memcpy_dtoh(&*dev, h).doing(what),
+        }
+    };
+    // The destination poisoned, one copy, then its bytes against the pattern.
+    match (&mut host, to_device) {
+        (_, true) => gpu.poison(&mut dev)?,
+        (Host::Pinned(h), false) => h.as_mut_slice().doing("mapping pinned host memory")?.fill(u32::MAX),
+        (Host::Pageable(h), false) => h.fill(u32::MAX),
+    }
+    copy(&mut host, &mut dev)?;
+    gpu.sync()?;
+    let got = match (&host, to_device) {
+        (_, true) => gpu.download(&dev)?,
+        (Host::Pinned(h), false) => h.as_slice().doing("reading pinned host memory")?.to_vec(),
+        (Host::Pageable(h), false) => h.clone(),
+    };
+    let error = compare_bits(&got, &expected, "source");
+    let time = time_gpu(gpu, &s.budget, || copy(&mut host, &mut dev))?;
+    let mut m = Measurement::new(variant, "cuda-driver", case, Work { bytes: 4 * n as u64, flops: 0 });
     (m.time, m.error) = (Some(time), Some(error));
     emit_ceiling(s, case, m)
 }
@@ -561,5 +648,8 @@ mod tests {
         assert!(ceiling_of(&json!({"what": "tensor", "dtype": "f32"})).is_err());
         // The wgmma loop raises the same tensor roof as cuBLAS, for its dtype.
         assert_eq!(ceiling_of(&json!({"what": "tensor", "kernel": "wgmma", "dtype": "bf16"})).unwrap(), "tensor_bf16_tflop_s");
+        let transfers: Vec<&str> = transfer_cases(4).iter().map(|c| ceiling_of(c).unwrap()).collect();
+        assert_eq!(transfers, ["h2d_pinned_gb_s", "h2d_pageable_gb_s", "d2h_pinned_gb_s", "d2h_pageable_gb_s"]);
+        assert!(ceiling_of(&json!({"what": "h2d", "memory": "managed"})).is_err());
     }
 }

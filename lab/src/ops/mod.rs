@@ -16,6 +16,7 @@ pub mod gemm;
 pub mod layernorm;
 pub mod linear;
 pub mod llama;
+pub mod loader;
 pub mod nccl_allreduce;
 pub mod quant;
 pub mod rmsnorm;
