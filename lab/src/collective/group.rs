@@ -216,8 +216,15 @@ pub fn copy_block<T: GroupElem>(dev: &Backend, src: &Tensor<T>, from: Block, dst
                 dstPitch: to.pitch * size,
                 WidthInBytes: width * size,
                 Height: rows,
-                // SAFETY: all-zero is a valid CUDA_MEMCPY2D (host pointers null, offsets 0).
-                ..unsafe { std::mem::zeroed() }
+                // Every field named: CUmemorytype has no zero value, so a zeroed struct is invalid.
+                srcXInBytes: 0,
+                srcY: 0,
+                srcHost: std::ptr::null(),
+                srcArray: std::ptr::null_mut(),
+                dstXInBytes: 0,
+                dstY: 0,
+                dstHost: std::ptr::null_mut(),
+                dstArray: std::ptr::null_mut(),
             };
             gpu.ctx.bind_to_thread().doing("binding a context")?;
             // SAFETY: both blocks were checked to lie inside their allocations, on this stream.
