@@ -131,6 +131,13 @@ pub static FAMILIES: &[Family] = &[
     // The softmax as a streaming hardware design, simulated by Verilator (hw/softmax/); last, so
     // that the families before it keep their colours.
     Family { name: "fpga", kernels: &[], experiment: Some(&crate::ops::fpga::Fpga), variants: crate::ops::fpga::variants },
+    // After fpga, so that the families before it keep their colours.
+    Family {
+        name: "moe",
+        kernels: &[kernel!("moe.cu")],
+        experiment: Some(&crate::ops::moe::Moe),
+        variants: crate::ops::moe::variants,
+    },
 ];
 
 /// The family called `name`.

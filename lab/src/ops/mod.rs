@@ -15,6 +15,7 @@ pub mod gemm;
 pub mod layernorm;
 pub mod linear;
 pub mod llama;
+pub mod moe;
 pub mod nccl_allreduce;
 pub mod quant;
 pub mod rmsnorm;
