@@ -6,9 +6,10 @@
 //                an expert's segment are zero-filled on load and masked on store. Epilogue:
 //                store, or SwiGLU over interleaved gate/up columns (a thread's c0/c1 pair).
 // Around it, with no host synchronisation (counts and offsets stay on the device):
-//   route        one warp per token: scores (softmax or sigmoid, noisy h = l + eps softplus(n)),
+//   route        a warp per token, 64 per block: scores (softmax or sigmoid, noisy h = l + eps softplus(n)),
 //                top-k by k warp argmax rounds (ties to the lower expert), per-expert load and
-//                probability sums and the lse^2 sum by atomics; losses finishes the two losses.
+//                probability sums and the lse^2 sum in shared memory, then one global atomic
+//                per expert and block; losses finishes the two losses.
 //   chunk_counts / scan / scatter   a stable counting sort of the T k assignments (slot-major:
 //                first choices first) into per-expert segments, capacity applied in scan.
 //   gather / combine   rows into segment order; weighted sum back per token (f32, j in order).
@@ -22,14 +23,17 @@ __device__ __forceinline__ float moe_softplus(float x) { return x > 20.f ? x : l
 __device__ __forceinline__ float moe_silu(float g) { return g / (1.f + __expf(-g)); }
 
 // ---------------------------------------------------------------------------------------------
-// Router: one warp per token; lane l holds experts l, l + 32, ... (E <= 256: 8 per lane).
-// acc[0..E) sums each token's normalised scores, acc[E] the squared log-sum-exp of the logits.
+// Router: a warp per token, 64 tokens per block (8 warps, 8 each); lane l holds experts l, l + 32,
+// ... (E <= 256: 8 per lane). The block sums each token's normalised scores, its squared
+// log-sum-exp and the load in shared memory, then adds them to acc[0..E), acc[E] and load with
+// one atomic per expert: global atomics per address drop from T to T / 64.
 // ---------------------------------------------------------------------------------------------
+#define MOE_ROUTE_TOKENS 64
+
 template <typename T>
-__device__ __forceinline__ void route_body(const T* logits, const T* noise, const float* eps, int tokens, int E, int K,
-                                           int sigmoid, int renorm, int* experts, float* weights, int* load, float* acc) {
-    const int t = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
-    if (t >= tokens) return;  // whole warps leave together
+__device__ __forceinline__ void route_token(const T* logits, const T* noise, const float* eps, int t, int E, int K, int sigmoid,
+                                            int renorm, int* experts, float* weights, int* s_load, float* s_acc) {
+    const int lane = threadIdx.x % 32;
     const unsigned long long row = (unsigned long long)t * E;
     float l[8], h[8], s[8];
 #pragma unroll
@@ -61,10 +65,10 @@ __device__ __forceinline__ void route_body(const T* logits, const T* noise, cons
     const float total = sigmoid ? zsum : 1.f;
 #pragma unroll
     for (int q = 0; q < 8; ++q)
-        if (lane + 32 * q < E) atomicAdd(&acc[lane + 32 * q], s[q] / total);
+        if (lane + 32 * q < E) atomicAdd(&s_acc[lane + 32 * q], s[q] / total);
     if (lane == 0) {
         const float lse = lmax + logf(lsum);
-        atomicAdd(&acc[E], lse * lse);
+        atomicAdd(&s_acc[E], lse * lse);
     }
     // Top-k: k rounds of a warp argmax over the experts not yet taken.
     bool taken[8] = {};
@@ -101,8 +105,29 @@ __device__ __forceinline__ void route_body(const T* logits, const T* noise, cons
             if (j >= K) break;
             experts[(unsigned long long)t * K + j] = ek[j];
             weights[(unsigned long long)t * K + j] = renorm ? wk[j] / wsum : wk[j];
-            atomicAdd(&load[ek[j]], 1);
+            atomicAdd(&s_load[ek[j]], 1);
         }
+    }
+}
+
+// Blocks of 256 threads, ceil(T / 64) of them.
+template <typename T>
+__device__ __forceinline__ void route_body(const T* logits, const T* noise, const float* eps, int tokens, int E, int K,
+                                           int sigmoid, int renorm, int* experts, float* weights, int* load, float* acc) {
+    __shared__ float s_acc[257];
+    __shared__ int s_load[256];
+    for (int e = threadIdx.x; e <= E; e += blockDim.x) {
+        s_acc[e] = 0.f;
+        if (e < E) s_load[e] = 0;
+    }
+    __syncthreads();
+    const int first = blockIdx.x * MOE_ROUTE_TOKENS, last = min(tokens, first + MOE_ROUTE_TOKENS);
+    for (int t = first + threadIdx.x / 32; t < last; t += blockDim.x / 32)  // warp-uniform
+        route_token<T>(logits, noise, eps, t, E, K, sigmoid, renorm, experts, weights, s_load, s_acc);
+    __syncthreads();
+    for (int e = threadIdx.x; e <= E; e += blockDim.x) {
+        atomicAdd(&acc[e], s_acc[e]);
+        if (e < E && s_load[e]) atomicAdd(&load[e], s_load[e]);
     }
 }
 

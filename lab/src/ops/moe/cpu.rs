@@ -23,6 +23,9 @@ pub fn top_k(h: &[f32], k: usize) -> Vec<usize> {
     idx
 }
 
+/// One token's kept experts, their weights, its normalised scores and its logits' lse.
+type TokenRoute = (Vec<usize>, Vec<f32>, Vec<f32>, f32);
+
 pub struct RouteOut {
     pub experts: Vec<i32>,
     pub weights: Vec<f32>,
@@ -33,7 +36,7 @@ pub struct RouteOut {
 
 /// Routing in f32 from the logits [T, E] (and the noise logits and eps).
 pub fn route<T: Elem>(logits: &[T], noise: Option<(&[T], &[f32])>, t: usize, e: usize, r: &Router) -> RouteOut {
-    let per: Vec<(Vec<usize>, Vec<f32>, Vec<f32>, f32)> = (0..t)
+    let per: Vec<TokenRoute> = (0..t)
         .into_par_iter()
         .map(|i| {
             let l: Vec<f32> = logits[i * e..][..e].iter().map(|x| x.to_f32()).collect();

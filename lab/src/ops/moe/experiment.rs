@@ -85,6 +85,15 @@ impl Experiment for Moe {
         out.extend(timed.iter().map(|c| case(c, "bf16", true)));
         out
     }
+    /// The quick gates (bf16) and one in f16, so that every kernel symbol launches under the
+    /// sanitizer: at most 1000 tokens and 256 columns, each case a fraction of a second.
+    fn sanitize_cases(&self, backend: &Backend) -> Vec<Value> {
+        let mut cases = crate::experiment::quick_gates(self, backend);
+        let mut f16 = cases[1].clone();
+        f16["dtype"] = json!("f16");
+        cases.push(f16);
+        cases
+    }
     fn run_case(&self, s: &mut Session, case: &Value) -> Result<()> {
         match DType::parse(param_str(case, "dtype")?)? {
             DType::Bf16 => run::<half::bf16>(s, case),

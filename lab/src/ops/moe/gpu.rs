@@ -9,6 +9,8 @@ use crate::tensor::Tensor;
 use crate::Result;
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
+/// Tokens per block of the router (MOE_ROUTE_TOKENS in kernels/moe.cu).
+const ROUTE_TOKENS: usize = 64;
 /// Assignments per block of the counting sort (MOE_CHUNK in kernels/moe.cu).
 const CHUNK: usize = 256;
 /// Rows per m-tile of grouped_mma (gmm::BM), columns per n-tile (gmm::BN).
@@ -19,7 +21,7 @@ fn cfg(grid: usize, block: u32) -> LaunchConfig {
     LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 }
 }
 
-fn placed<'a, U: crate::tensor::Scalar>(t: &'a Tensor<U>) -> &'a cudarc::driver::CudaSlice<U> {
+fn placed<U: crate::tensor::Scalar>(t: &Tensor<U>) -> &cudarc::driver::CudaSlice<U> {
     t.cuda().expect("placement checked")
 }
 
@@ -41,9 +43,10 @@ pub fn route<T: Elem>(g: &Gpu, logits: &Tensor<T>, noise: Option<(&Tensor<T>, &T
         None => b.arg(&null).arg(&null),
     };
     b.arg(&ti).arg(&ei).arg(&ki).arg(&sigmoid).arg(&renorm).arg(&mut experts).arg(&mut weights).arg(&mut load).arg(&mut acc);
-    // SAFETY: a warp per token (8 per block of 256); logits, noise and eps hold T x E elements
-    // (checked by route_logits), the outputs T x k, E and E + 1; k <= 8 and E <= 256 (validated).
-    unsafe { b.launch(cfg(t.div_ceil(8), 256)) }.doing("launching moe route")?;
+    // SAFETY: blocks of 256 threads over 64 tokens each (ROUTE_TOKENS); logits, noise and eps
+    // hold T x E elements (checked by route_logits), the outputs T x k, E and E + 1; k <= 8 and
+    // E <= 256 (validated).
+    unsafe { b.launch(cfg(t.div_ceil(ROUTE_TOKENS), 256)) }.doing("launching moe route")?;
     let f = g.function(FAMILY, &symbol(FAMILY, "losses", DType::F32))?;
     let alpha = r.aux_alpha as f32;
     // SAFETY: one block reads E loads and E + 1 sums and writes two losses.

@@ -236,8 +236,11 @@ pub fn route<T: Elem>(dev: &Backend, x: &Tensor<T>, w: &Weights<T>, r: &Router) 
     route_logits(dev, &logits, noisy.as_ref().map(|(n, e)| (n, e)), r)
 }
 
+/// Noisy gating's noise logits x W_noise and eps, both [T, E].
+pub type NoisyLogits<T> = (Tensor<T>, Tensor<f32>);
+
 /// The router's logits [T, E] and, when noisy, its noise logits and eps.
-pub fn router_logits<T: Elem>(dev: &Backend, x: &Tensor<T>, w: &Weights<T>, r: &Router) -> Result<(Tensor<T>, Option<(Tensor<T>, Tensor<f32>)>)> {
+pub fn router_logits<T: Elem>(dev: &Backend, x: &Tensor<T>, w: &Weights<T>, r: &Router) -> Result<(Tensor<T>, Option<NoisyLogits<T>>)> {
     if x.shape().len() != 2 {
         return Err(LabError::shape(FAMILY, format!("x is {:?}; it must be [tokens, hidden]", x.shape())));
     }
@@ -428,7 +431,7 @@ pub fn layer_dims<T: Elem>(x: &Tensor<T>, w: &Weights<T>) -> Result<(usize, usiz
         return bad(format!("the router weight is {:?} but x is {:?}: it must be [hidden = {h}, experts]", w.router.shape(), x.shape()));
     }
     let gu = w.gate_up.shape();
-    if gu.len() != 3 || gu[0] != e || gu[1] != h || gu[2] % 2 != 0 || gu[2] == 0 {
+    if gu.len() != 3 || gu[0] != e || gu[1] != h || !gu[2].is_multiple_of(2) || gu[2] == 0 {
         return bad(format!("gate_up is {gu:?}; it must be [experts = {e}, hidden = {h}, 2 x intermediate]"));
     }
     let i = gu[2] / 2;
