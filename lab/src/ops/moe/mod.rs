@@ -27,12 +27,14 @@
 //!   the rest are dropped. Dropless keeps all. Within an expert's segment rows follow that rank.
 //!
 //! Files: `cpu` (the CPU variant, f32), `gpu` (launches), `reference` (f64, the layer's bound),
-//! `experiment`, `tests`.
+//! `experiment`, `tests`; `mirrors` replays the kernels' index math on the CPU (tests only).
 
 mod cpu;
 mod experiment;
 mod gpu;
 pub mod reference;
+#[cfg(test)]
+mod mirrors;
 #[cfg(test)]
 mod tests;
 
