@@ -56,13 +56,12 @@ pub(super) const FAMILY_PALETTE: [RGBColor; 14] = [
 pub(super) fn family_color(experiment: &str) -> RGBColor {
     let families = crate::family::FAMILIES;
     let named = |f: &&crate::family::Family| f.experiment.is_some_and(|e| e.name() == experiment);
-    let i = families
-        .iter()
-        .filter(|f| !f.kernels.is_empty() && f.name != "ceilings")
-        .position(|f| named(&f))
-        .or_else(|| families.iter().position(|f| named(&f)))
-        .unwrap_or(0);
-    FAMILY_PALETTE[i % FAMILY_PALETTE.len()]
+    match families.iter().filter(|f| !f.kernels.is_empty() && f.name != "ceilings").position(|f| named(&f)) {
+        Some(i) => FAMILY_PALETTE[i % FAMILY_PALETTE.len()],
+        // The others cycle through the first twelve, the palette they were first drawn in, so
+        // that a longer palette leaves their colours as they were.
+        None => FAMILY_PALETTE[families.iter().position(|f| named(&f)).unwrap_or(0) % 12],
+    }
 }
 
 /// A colour for text: light palette colours (olive, cyan) darkened until they read on white.
