@@ -82,7 +82,7 @@ fn lcg_experts(n: usize, e: usize, seed: u64, skew: bool) -> Vec<i32> {
             s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             let r = (s >> 33) as usize;
             // Skewed: half the assignments on expert 0 and none on the upper half of the experts.
-            (if skew && r % 2 == 0 { 0 } else if skew { r % (e / 2).max(1) } else { r % e }) as i32
+            (if skew && r.is_multiple_of(2) { 0 } else if skew { r % (e / 2).max(1) } else { r % e }) as i32
         })
         .collect()
 }
