@@ -8,13 +8,14 @@ output as raw little-endian bytes to the requested file, and prints one JSON lin
 {"variant", "raw_ms", "warmup_ms", "launch", "torch", "device"}.
 
 Request: {"op": "softmax" | "add" | "bias_gelu" | "layer_norm" | "rms_norm" | "linear" | "linear_backward" | "sdpa"
-                | "sdpa_backward",
+                | "sdpa_backward" | "moe_loop" | "moe_grouped_mm" | "moe_dense",
           "dtype": "f32" | "bf16" | "f16", "args": {...op arguments...},
           "inputs": [{"path": p, "shape": [...]}], "output": path, "warmup": n, "min_reps": n,
           "max_reps": n, "budget_ms": x, "l2_scrub_bytes": n, "l2": "cold" | "warm",
           "launch": "eager" | "graph", "settled": x, "max_warmup_rounds": n}
 The output has the shape of the first input, except linear's ([M, N]), linear_backward's
-(dX, dW and db flattened and concatenated, in that order) and sdpa_backward's (dQ, dK, dV).
+(dX, dW and db flattened and concatenated, in that order), sdpa_backward's (dQ, dK, dV) and moe_dense's (its first rows).
+"args": {"input_dtypes": [...]} gives an input a dtype of its own ("i32", "f32"; null: "dtype").
 
 "dataloader" is the loader's peer and reads no inputs: torch.utils.data.DataLoader over the
 file args["path"] cut into samples of args["sample_bytes"], in the order of args["order"]
@@ -31,7 +32,8 @@ import time
 import numpy as np
 import torch
 
-DTYPES = {"f32": (torch.float32, np.float32), "bf16": (torch.bfloat16, np.uint16), "f16": (torch.float16, np.float16)}
+DTYPES = {"f32": (torch.float32, np.float32), "bf16": (torch.bfloat16, np.uint16), "f16": (torch.float16, np.float16),
+          "i32": (torch.int32, np.int32)}
 
 
 # linear's activations, as the lab's kernels define them (GeLU in its tanh form).
@@ -133,6 +135,54 @@ def ops(req, inputs):
                 return torch.autograd.grad(y, leaves, dy, retain_graph=True)
 
         fn, name = sdpa_backward, f"torch sdpa ({args['backend']}) backward"
+    elif op in ("moe_loop", "moe_grouped_mm"):
+        # The lab's layer on its routing: x [T, H], gate/up [E, H, 2I] interleaved (column 2i is
+        # gate i), down [E, I, H], experts and weights [T, k]; combine in f32 as the lab does.
+        x, w13, w2, idx, wts = inputs
+        E, k = w13.shape[0], idx.shape[1]
+
+        def swiglu(gu):
+            return F.silu(gu[:, 0::2]) * gu[:, 1::2]
+
+        if op == "moe_loop":
+            # transformers' Mixtral loop: a boolean mask per expert, a host sync in torch.where.
+            mask = F.one_hot(idx.long(), E).permute(2, 1, 0)
+
+            def moe():
+                acc = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+                for e in range(E):
+                    slot, tok = torch.where(mask[e])
+                    if tok.numel() == 0:
+                        continue
+                    y = swiglu(x[tok] @ w13[e]) @ w2[e]
+                    acc.index_add_(0, tok, y.float() * wts[tok, slot, None])
+                return acc.to(x.dtype)
+
+            fn, name = moe, "torch per-expert loop"
+        else:
+            if not hasattr(torch, "_grouped_mm"):
+                raise SystemExit(f"torch_peers: torch {torch.__version__} has no torch._grouped_mm")
+            flat = idx.reshape(-1).long()
+
+            def moe():
+                order = torch.argsort(flat, stable=True)
+                offs = torch.cumsum(torch.bincount(flat, minlength=E), 0).to(torch.int32)
+                tok = order // k
+                xs = x[tok]
+                h = swiglu(torch._grouped_mm(xs, w13, offs=offs)).contiguous()
+                y = torch._grouped_mm(h, w2, offs=offs)
+                acc = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+                acc.index_add_(0, tok, y.float() * wts.reshape(-1)[order, None])
+                return acc.to(x.dtype)
+
+            fn, name = moe, "torch._grouped_mm"
+    elif op == "moe_dense":
+        # A dense GEMM of the layer's flops: x repeated k times times expert 0's [gate up down^T].
+        x, w13, w2 = inputs
+        xr = x.repeat_interleave(args["k"], dim=0).contiguous()
+        w = torch.cat([w13[0], w2[0].t()], dim=1).contiguous()
+        rows = args["rows"]
+        fn, name = (lambda: (xr @ w)[:rows]), "torch dense GEMM (same flops)"
     elif op == "rms_norm":
         x, g = inputs
         fn, name = (lambda: F.rms_norm(x, (x.shape[-1],), g, args["eps"])), "torch.rms_norm"
@@ -253,6 +303,8 @@ def main():
     if req["op"] == "dataloader":
         return dataloader(req)
     inputs = [load(i["path"], req["dtype"], i["shape"]) for i in req["inputs"]]
+    own = req.get("args", {}).get("input_dtypes") or []
+    inputs = [load(i["path"], (own[n] if n < len(own) else None) or req["dtype"], i["shape"]) for n, i in enumerate(req["inputs"])]
     f, variant, out = ops(req, inputs)
     warm, raw, call, launch = time_op(f, req)
     call()  # the checked output comes from a run after timing, like lab's own

@@ -141,6 +141,13 @@ pub static FAMILIES: &[Family] = &[
         experiment: Some(&crate::ops::loader::LoaderExp),
         variants: crate::ops::loader::variants,
     },
+    // After fpga, so that the families before it keep their colours.
+    Family {
+        name: "moe",
+        kernels: &[kernel!("moe.cu")],
+        experiment: Some(&crate::ops::moe::Moe),
+        variants: crate::ops::moe::variants,
+    },
 ];
 
 /// The family called `name`.

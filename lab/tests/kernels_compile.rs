@@ -129,6 +129,7 @@ fn exported_symbols_are_the_ones_the_launchers_use() {
         assert_eq!(ptx("attention"), lab::ops::attention::gpu_symbols(), "attention for compute_{target}");
         assert_eq!(ptx("llama"), gpu_symbols("llama", lab::ops::llama::VARIANTS), "llama for compute_{target}");
         assert_eq!(ptx("reference"), expect("reference", &["gemm"], &all), "reference for compute_{target}");
+        assert_eq!(ptx("moe"), lab::ops::moe::gpu_symbols(), "moe for compute_{target}");
     }
 }
 

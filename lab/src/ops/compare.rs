@@ -59,6 +59,15 @@ pub fn compare_product(got: &[f64], expected: &[f64], scale: &[f64], bound: Prod
     s
 }
 
+/// Each element within its own allowance `allow[i]` (a bound derived for that element, e.g. the
+/// moe layer's), said in `bound`.
+pub fn compare_within(got: &[f64], expected: &[f64], allow: &[f64], bound: &str, reference: &str) -> ErrorStats {
+    assert_eq!(expected.len(), allow.len(), "compare_within: lengths differ");
+    let mut s = compare_with(got, expected, |i, _| allow[i], reference);
+    s.bound = Some(bound.to_string());
+    s
+}
+
 /// [`compare`] with each element's allowance from `allow(index, expected)`.
 fn compare_with(got: &[f64], expected: &[f64], allow: impl Fn(usize, f64) -> f64, reference: &str) -> ErrorStats {
     assert_eq!(got.len(), expected.len(), "compare: lengths differ");

@@ -17,6 +17,7 @@ pub mod layernorm;
 pub mod linear;
 pub mod llama;
 pub mod loader;
+pub mod moe;
 pub mod nccl_allreduce;
 pub mod quant;
 pub mod rmsnorm;

@@ -31,10 +31,10 @@ pub(super) const MUTED: RGBColor = RGBColor(90, 90, 90);
 /// The peers' bars and lines.
 pub(super) const PEER: RGBColor = RGBColor(110, 110, 110);
 
-/// Twelve colours that stay apart on white (Tableau's ten, indigo and black), one per kernel
-/// family in the order `family::FAMILIES` lists them, so a family has the same colour on every
-/// chart.
-pub(super) const FAMILY_PALETTE: [RGBColor; 12] = [
+/// Fourteen colours that stay apart on white (Tableau's ten, indigo, black, teal and wine), one
+/// per kernel family in the order `family::FAMILIES` lists them, so a family has the same colour
+/// on every chart.
+pub(super) const FAMILY_PALETTE: [RGBColor; 14] = [
     RGBColor(31, 119, 180),  // blue
     RGBColor(255, 127, 14),  // orange
     RGBColor(188, 189, 34),  // olive
@@ -47,6 +47,8 @@ pub(super) const FAMILY_PALETTE: [RGBColor; 12] = [
     RGBColor(148, 103, 189), // purple
     RGBColor(57, 59, 121),   // indigo
     RGBColor(0, 0, 0),       // black
+    RGBColor(0, 128, 128),   // teal
+    RGBColor(150, 20, 80),   // wine
 ];
 
 /// A family's colour: its place among the families with kernels (the ceilings aside), and for
@@ -54,13 +56,12 @@ pub(super) const FAMILY_PALETTE: [RGBColor; 12] = [
 pub(super) fn family_color(experiment: &str) -> RGBColor {
     let families = crate::family::FAMILIES;
     let named = |f: &&crate::family::Family| f.experiment.is_some_and(|e| e.name() == experiment);
-    let i = families
-        .iter()
-        .filter(|f| !f.kernels.is_empty() && f.name != "ceilings")
-        .position(|f| named(&f))
-        .or_else(|| families.iter().position(|f| named(&f)))
-        .unwrap_or(0);
-    FAMILY_PALETTE[i % FAMILY_PALETTE.len()]
+    match families.iter().filter(|f| !f.kernels.is_empty() && f.name != "ceilings").position(|f| named(&f)) {
+        Some(i) => FAMILY_PALETTE[i % FAMILY_PALETTE.len()],
+        // The others cycle through the first twelve, the palette they were first drawn in, so
+        // that a longer palette leaves their colours as they were.
+        None => FAMILY_PALETTE[families.iter().position(|f| named(&f)).unwrap_or(0) % 12],
+    }
 }
 
 /// A colour for text: light palette colours (olive, cyan) darkened until they read on white.

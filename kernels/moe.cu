@@ -1,0 +1,399 @@
+// moe: a Mixture-of-Experts layer (lab/src/ops/moe). The grouped GEMM's ladder:
+//   cublas_loop  (no kernel here) one cuBLAS GEMM per expert; the host reads the offsets first.
+//   grouped_mma  one launch of 128x128x32 mma.sync tiles (8 warps of 64x32, ldmatrix, register-
+//                staged double buffer); block (n-tile, y) finds its expert by binary search in a
+//                tile prefix built on the device (moe_schedule), so M is never padded: rows past
+//                an expert's segment are zero-filled on load and masked on store. Epilogue:
+//                store, or SwiGLU over interleaved gate/up columns (a thread's c0/c1 pair).
+// Around it, with no host synchronisation (counts and offsets stay on the device):
+//   route        a warp per token, 64 per block: scores (softmax or sigmoid, noisy h = l + eps softplus(n)),
+//                top-k by k warp argmax rounds (ties to the lower expert), per-expert load and
+//                probability sums and the lse^2 sum in shared memory, then one global atomic
+//                per expert and block; losses finishes the two losses.
+//   chunk_counts / scan / scatter   a stable counting sort of the T k assignments (slot-major:
+//                first choices first) into per-expert segments, capacity applied in scan.
+//   gather / combine   rows into segment order; weighted sum back per token (f32, j in order).
+//   swiglu       cublas_loop's separate epilogue.
+// Index-only kernels carry the f32 suffix (they have no element type).
+#include "mma.cuh"
+
+#define MOE_CHUNK 256
+
+__device__ __forceinline__ float moe_softplus(float x) { return x > 20.f ? x : log1pf(__expf(x)); }
+__device__ __forceinline__ float moe_silu(float g) { return g / (1.f + __expf(-g)); }
+
+// ---------------------------------------------------------------------------------------------
+// Router: a warp per token, 64 tokens per block (8 warps, 8 each); lane l holds experts l, l + 32,
+// ... (E <= 256: 8 per lane). The block sums each token's normalised scores, its squared
+// log-sum-exp and the load in shared memory, then adds them to acc[0..E), acc[E] and load with
+// one atomic per expert: global atomics per address drop from T to T / 64.
+// ---------------------------------------------------------------------------------------------
+#define MOE_ROUTE_TOKENS 64
+
+template <typename T>
+__device__ __forceinline__ void route_token(const T* logits, const T* noise, const float* eps, int t, int E, int K, int sigmoid,
+                                            int renorm, int* experts, float* weights, int* s_load, float* s_acc) {
+    const int lane = threadIdx.x % 32;
+    const unsigned long long row = (unsigned long long)t * E;
+    float l[8], h[8], s[8];
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+        const int e = lane + 32 * q;
+        l[q] = h[q] = NEG_INF;
+        if (e < E) {
+            l[q] = to_float<T>(logits[row + e]);
+            h[q] = noise ? l[q] + eps[row + e] * moe_softplus(to_float<T>(noise[row + e])) : l[q];
+        }
+    }
+    float hmax = NEG_INF, lmax = NEG_INF;
+#pragma unroll
+    for (int q = 0; q < 8; ++q) hmax = fmax_nan(hmax, h[q]), lmax = fmax_nan(lmax, l[q]);
+    hmax = warp_reduce_max(hmax), lmax = warp_reduce_max(lmax);
+    float zsum = 0.f, lsum = 0.f;
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+        const bool in = lane + 32 * q < E;
+        s[q] = !in ? 0.f : sigmoid ? 1.f / (1.f + __expf(-h[q])) : __expf(h[q] - hmax);
+        zsum += s[q];
+        lsum += in ? __expf(l[q] - lmax) : 0.f;
+    }
+    zsum = warp_reduce_sum(zsum), lsum = warp_reduce_sum(lsum);
+    if (!sigmoid) {
+#pragma unroll
+        for (int q = 0; q < 8; ++q) s[q] /= zsum;
+    }
+    const float total = sigmoid ? zsum : 1.f;
+#pragma unroll
+    for (int q = 0; q < 8; ++q)
+        if (lane + 32 * q < E) atomicAdd(&s_acc[lane + 32 * q], s[q] / total);
+    if (lane == 0) {
+        const float lse = lmax + logf(lsum);
+        atomicAdd(&s_acc[E], lse * lse);
+    }
+    // Top-k: k rounds of a warp argmax over the experts not yet taken.
+    bool taken[8] = {};
+    int ek[8];
+    float wk[8], wsum = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        if (j >= K) break;
+        float bv = NEG_INF;
+        int bi = 0x7fffffff;
+#pragma unroll
+        for (int q = 0; q < 8; ++q) {
+            const int e = lane + 32 * q;
+            if (e < E && !taken[q] && (bi == 0x7fffffff || h[q] > bv)) bv = h[q], bi = e;
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (oi != 0x7fffffff && (bi == 0x7fffffff || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
+        }
+        float sv = 0.f;
+#pragma unroll
+        for (int q = 0; q < 8; ++q) {
+            const float v = __shfl_sync(0xffffffffu, s[q], bi % 32);
+            if (q == bi / 32) sv = v;
+            if (q == bi / 32 && lane == bi % 32) taken[q] = true;
+        }
+        ek[j] = bi, wk[j] = sv, wsum += sv;
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            if (j >= K) break;
+            experts[(unsigned long long)t * K + j] = ek[j];
+            weights[(unsigned long long)t * K + j] = renorm ? wk[j] / wsum : wk[j];
+            atomicAdd(&s_load[ek[j]], 1);
+        }
+    }
+}
+
+// Blocks of 256 threads, ceil(T / 64) of them.
+template <typename T>
+__device__ __forceinline__ void route_body(const T* logits, const T* noise, const float* eps, int tokens, int E, int K,
+                                           int sigmoid, int renorm, int* experts, float* weights, int* load, float* acc) {
+    __shared__ float s_acc[257];
+    __shared__ int s_load[256];
+    for (int e = threadIdx.x; e <= E; e += blockDim.x) {
+        s_acc[e] = 0.f;
+        if (e < E) s_load[e] = 0;
+    }
+    __syncthreads();
+    const int first = blockIdx.x * MOE_ROUTE_TOKENS, last = min(tokens, first + MOE_ROUTE_TOKENS);
+    for (int t = first + threadIdx.x / 32; t < last; t += blockDim.x / 32)  // warp-uniform
+        route_token<T>(logits, noise, eps, t, E, K, sigmoid, renorm, experts, weights, s_load, s_acc);
+    __syncthreads();
+    for (int e = threadIdx.x; e <= E; e += blockDim.x) {
+        atomicAdd(&acc[e], s_acc[e]);
+        if (e < E && s_load[e]) atomicAdd(&load[e], s_load[e]);
+    }
+}
+
+// The two losses from the sums: alpha E sum_i (load_i / (T K)) (acc_i / T), and acc[E] / T.
+extern "C" __global__ void moe_losses_f32(const int* load, const float* acc, int tokens, int E, int K, float alpha, float* losses) {
+    float v = 0.f;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) v += (float)load[e] / ((float)tokens * K) * (acc[e] / tokens);
+    v = block_reduce_sum(v);
+    if (threadIdx.x == 0) losses[0] = alpha * E * v, losses[1] = acc[E] / tokens;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Permutation: assignment a = j T + t (slot-major), chunks of MOE_CHUNK assignments.
+// ---------------------------------------------------------------------------------------------
+
+// Per chunk, how many of its assignments each expert received (out-of-range experts: none).
+extern "C" __global__ void moe_chunk_counts_f32(const int* experts, int tokens, int K, int E, int* chunk_hist) {
+    __shared__ int hist[256];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) hist[e] = 0;
+    __syncthreads();
+    const int a = blockIdx.x * MOE_CHUNK + threadIdx.x;
+    if (a < tokens * K) {
+        const int e = experts[(unsigned long long)(a % tokens) * K + a / tokens];
+        if (e >= 0 && e < E) atomicAdd(&hist[e], 1);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) chunk_hist[(unsigned long long)blockIdx.x * E + e] = hist[e];
+}
+
+// Exclusive prefix of 256 values over a block of 256 threads; *total gets their sum.
+__device__ __forceinline__ int block_exclusive_scan256(int v, int* total) {
+    __shared__ int s[256];
+    s[threadIdx.x] = v;
+    __syncthreads();
+    for (int o = 1; o < 256; o <<= 1) {
+        const int add = threadIdx.x >= o ? s[threadIdx.x - o] : 0;
+        __syncthreads();
+        s[threadIdx.x] += add;
+        __syncthreads();
+    }
+    *total = s[255];
+    return s[threadIdx.x] - v;
+}
+
+// One block of 256 threads: each chunk's count becomes the expert's rank base at that chunk;
+// an expert keeps min(count, cap); offsets is their exclusive prefix, offsets[E] the total.
+extern "C" __global__ void moe_scan_f32(int* chunk_hist, int chunks, int E, int cap, int* offsets) {
+    const int e = threadIdx.x;
+    int run = 0;
+    if (e < E)
+        for (int c = 0; c < chunks; ++c) {
+            const unsigned long long i = (unsigned long long)c * E + e;
+            const int v = chunk_hist[i];
+            chunk_hist[i] = run;
+            run += v;
+        }
+    int total;
+    const int base = block_exclusive_scan256(e < E ? min(run, cap) : 0, &total);
+    if (e < E) offsets[e] = base;
+    if (e == 0) offsets[E] = total;
+}
+
+// Each assignment's rank among its expert's (chunk base + earlier ones in the chunk): kept
+// below cap, at row offsets[e] + rank; else slot -1.
+extern "C" __global__ void moe_scatter_f32(const int* experts, int tokens, int K, int E, int cap, const int* chunk_base,
+                                           const int* offsets, int* slot, int* rows) {
+    __shared__ int ex[MOE_CHUNK];
+    const int a = blockIdx.x * MOE_CHUNK + threadIdx.x;
+    const bool live = a < tokens * K;
+    const int t = live ? a % tokens : 0, j = live ? a / tokens : 0;
+    int e = live ? experts[(unsigned long long)t * K + j] : -1;
+    if (e >= E) e = -1;
+    ex[threadIdx.x] = e;
+    __syncthreads();
+    if (!live) return;
+    int s = -1;
+    if (e >= 0) {
+        int rank = 0;
+        for (int i = 0; i < threadIdx.x; ++i) rank += ex[i] == e;
+        const int pos = chunk_base[(unsigned long long)blockIdx.x * E + e] + rank;
+        if (pos < cap) s = offsets[e] + pos;
+    }
+    slot[(unsigned long long)t * K + j] = s;
+    if (s >= 0) rows[s] = t;
+}
+
+template <typename T>
+__device__ __forceinline__ void gather_body(const T* x, const int* rows, const int* offsets, int E, int H, T* xp) {
+    const int s = blockIdx.x;
+    if (s >= offsets[E]) return;
+    const T* src = x + (unsigned long long)rows[s] * H;
+    T* dst = xp + (unsigned long long)s * H;
+    for (int c = threadIdx.x; c < H; c += blockDim.x) dst[c] = src[c];
+}
+
+template <typename T>
+__device__ __forceinline__ void combine_body(const T* y, const int* slot, const float* w, int K, int N, T* out) {
+    const unsigned long long t = blockIdx.x;
+    for (int c = threadIdx.x; c < N; c += blockDim.x) {
+        float acc = 0.f;
+        for (int j = 0; j < K; ++j) {
+            const int s = slot[t * K + j];
+            if (s >= 0) acc += w[t * K + j] * to_float<T>(y[(unsigned long long)s * N + c]);
+        }
+        out[t * N + c] = from_float<T>(acc);
+    }
+}
+
+// h[s, i] = silu(gu[s, 2i]) gu[s, 2i + 1] for the live rows s < offsets[E].
+template <typename T>
+__device__ __forceinline__ void swiglu_body(const T* gu, const int* offsets, int E, int I, T* h) {
+    const int s = blockIdx.x;
+    if (s >= offsets[E]) return;
+    for (int i = threadIdx.x; i < I; i += blockDim.x) {
+        const unsigned long long r = (unsigned long long)s * 2 * I;
+        h[(unsigned long long)s * I + i] = from_float<T>(moe_silu(to_float<T>(gu[r + 2 * i])) * to_float<T>(gu[r + 2 * i + 1]));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// grouped_mma
+// ---------------------------------------------------------------------------------------------
+namespace gmm {
+constexpr int BM = 128, BN = 128, BK = 32, WM = 64, WN = 32, THREADS = 256;
+constexpr int MI = WM / 16, NI = WN / 8;
+constexpr int LDA_S = BK + 8, LDB_S = BN + 8;  // +16 bytes per row: ldmatrix phases conflict-free
+constexpr int A_CHUNKS = BM * BK / 8 / THREADS, B_CHUNKS = BK * BN / 8 / THREADS;
+}  // namespace gmm
+
+// One block of 256 threads: tile_start[e] = m-tiles (of BM rows) of the experts before e,
+// tile_start[E] their total. Segments are clamped to the `rows` rows A holds.
+extern "C" __global__ void moe_schedule_f32(const int* offsets, int E, int rows, int* tile_start) {
+    const int e = threadIdx.x;
+    const int m = e < E ? min(offsets[e + 1], rows) - min(offsets[e], rows) : 0;
+    int total;
+    const int start = block_exclusive_scan256(m > 0 ? (m + gmm::BM - 1) / gmm::BM : 0, &total);
+    if (e < E) tile_start[e] = start;
+    if (e == 0) tile_start[E] = total;
+}
+
+__device__ __forceinline__ bool moe_aligned16(const void* p) { return (reinterpret_cast<u64>(p) & 15) == 0; }
+
+// Eight 16-bit values at p, `rem` of them in bounds (zero fill past them).
+template <typename T>
+__device__ __forceinline__ uint4 moe_load8(const T* p, int rem) {
+    if (rem >= 8 && moe_aligned16(p)) return *reinterpret_cast<const uint4*>(p);
+    const unsigned short* q = reinterpret_cast<const unsigned short*>(p);
+    unsigned w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = (2 * i < rem ? q[2 * i] : 0u) | ((2 * i + 1 < rem ? q[2 * i + 1] : 0u) << 16);
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Grid (n-tiles, an upper bound of the m-tiles); blocks past tile_start[E] leave at once.
+template <typename T>
+__device__ __forceinline__ void grouped_mma_body(const T* __restrict__ A, const T* __restrict__ B, T* C, const int* offsets,
+                                                 const int* tile_start, int E, int rows, int K, int N, int swiglu) {
+    using namespace gmm;
+    const int y = blockIdx.y;
+    if (y >= tile_start[E]) return;
+    int lo = 0, hi = E - 1;  // the last expert whose first tile is at or before y: it owns y
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (tile_start[mid] <= y) lo = mid; else hi = mid - 1;
+    }
+    const int e = lo, r0 = min(offsets[e], rows), M = min(offsets[e + 1], rows) - r0;
+    const int bm = (y - tile_start[e]) * BM, bn = blockIdx.x * BN;
+    const T* Ae = A + (u64)r0 * K;
+    const T* Be = B + (u64)e * K * N;
+    __shared__ __align__(16) T As[2][BM * LDA_S];
+    __shared__ __align__(16) T Bs[2][BK * LDB_S];
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int wm = (warp / (BN / WN)) * WM, wn = (warp % (BN / WN)) * WN;
+    uint4 ra[A_CHUNKS], rb[B_CHUNKS];
+    auto load_global = [&](int k0) {
+#pragma unroll
+        for (int i = 0; i < A_CHUNKS; ++i) {
+            const int c = tid + i * THREADS, r = c / (BK / 8), kc = (c % (BK / 8)) * 8, gr = bm + r;
+            ra[i] = moe_load8(Ae + (u64)min(gr, M - 1) * K + k0 + kc, gr < M ? K - k0 - kc : 0);
+        }
+#pragma unroll
+        for (int i = 0; i < B_CHUNKS; ++i) {
+            const int c = tid + i * THREADS, r = c / (BN / 8), nc = (c % (BN / 8)) * 8, gk = k0 + r;
+            rb[i] = moe_load8(Be + (u64)min(gk, K - 1) * N + bn + nc, gk < K ? N - bn - nc : 0);
+        }
+    };
+    auto store_smem = [&](int buf) {
+#pragma unroll
+        for (int i = 0; i < A_CHUNKS; ++i) {
+            const int c = tid + i * THREADS;
+            *reinterpret_cast<uint4*>(&As[buf][(c / (BK / 8)) * LDA_S + (c % (BK / 8)) * 8]) = ra[i];
+        }
+#pragma unroll
+        for (int i = 0; i < B_CHUNKS; ++i) {
+            const int c = tid + i * THREADS;
+            *reinterpret_cast<uint4*>(&Bs[buf][(c / (BN / 8)) * LDB_S + (c % (BN / 8)) * 8]) = rb[i];
+        }
+    };
+    float acc[MI][NI][4] = {};
+    const int nk = (K + BK - 1) / BK;
+    load_global(0);
+    store_smem(0);
+    __syncthreads();
+    for (int kt = 0; kt < nk; ++kt) {
+        const int buf = kt & 1;
+        if (kt + 1 < nk) load_global((kt + 1) * BK);
+#pragma unroll
+        for (int ks = 0; ks < BK / 16; ++ks) {
+            unsigned a[MI][4], b[NI][2];
+#pragma unroll
+            for (int i = 0; i < MI; ++i)
+                ldmatrix_x4(a[i], smem_addr(&As[buf][(wm + i * 16 + lane % 16) * LDA_S + ks * 16 + (lane / 16) * 8]));
+#pragma unroll
+            for (int j = 0; j < NI; j += 2) {
+                unsigned r[4];
+                ldmatrix_x4_trans(r, smem_addr(&Bs[buf][(ks * 16 + lane % 16) * LDB_S + wn + j * 8 + (lane / 16) * 8]));
+                b[j][0] = r[0], b[j][1] = r[1], b[j + 1][0] = r[2], b[j + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int i = 0; i < MI; ++i)
+#pragma unroll
+                for (int j = 0; j < NI; ++j) Mma<T>::run(acc[i][j], a[i], b[j]);
+        }
+        if (kt + 1 < nk) store_smem(buf ^ 1);
+        __syncthreads();
+    }
+    // c0 c1 are columns (col, col + 1) with col even: gate and up of output col / 2 under SwiGLU.
+    const int g = lane / 4, t4 = lane % 4, NC = swiglu ? N / 2 : N;
+    T* Ce = C + (u64)r0 * NC;
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NI; ++j)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int row = bm + wm + i * 16 + g + 8 * half, col = bn + wn + j * 8 + 2 * t4;
+                const float v0 = acc[i][j][2 * half], v1 = acc[i][j][2 * half + 1];
+                if (row >= M || col >= N) continue;
+                if (swiglu) {
+                    Ce[(u64)row * NC + col / 2] = from_float<T>(moe_silu(v0) * v1);
+                } else {
+                    Ce[(u64)row * NC + col] = from_float<T>(v0);
+                    if (col + 1 < N) Ce[(u64)row * NC + col + 1] = from_float<T>(v1);
+                }
+            }
+}
+
+#define MOE_TYPED(T, S)                                                                                                  \
+    extern "C" __global__ void moe_route_##S(const T* logits, const T* noise, const float* eps, int tokens, int E, int K, \
+                                             int sigmoid, int renorm, int* experts, float* weights, int* load, float* acc) { \
+        route_body<T>(logits, noise, eps, tokens, E, K, sigmoid, renorm, experts, weights, load, acc);                   \
+    }                                                                                                                    \
+    extern "C" __global__ void moe_gather_##S(const T* x, const int* rows, const int* offsets, int E, int H, T* xp) {     \
+        gather_body<T>(x, rows, offsets, E, H, xp);                                                                      \
+    }                                                                                                                    \
+    extern "C" __global__ void moe_combine_##S(const T* y, const int* slot, const float* w, int K, int N, T* out) {       \
+        combine_body<T>(y, slot, w, K, N, out);                                                                          \
+    }                                                                                                                    \
+    extern "C" __global__ void moe_swiglu_##S(const T* gu, const int* offsets, int E, int I, T* h) {                     \
+        swiglu_body<T>(gu, offsets, E, I, h);                                                                            \
+    }                                                                                                                    \
+    extern "C" __global__ void __launch_bounds__(256) moe_grouped_mma_##S(const T* A, const T* B, T* C, const int* offsets, \
+                                                                      const int* tile_start, int E, int rows, int K,   \
+                                                                      int N, int swiglu) {                             \
+        grouped_mma_body<T>(A, B, C, offsets, tile_start, E, rows, K, N, swiglu);                                        \
+    }
+
+MOE_TYPED(__nv_bfloat16, bf16)
+MOE_TYPED(__half, f16)

@@ -1,0 +1,204 @@
+//! Launches of kernels/moe.cu on tensors the callable ops in `mod.rs` validated.
+
+use super::{Epilogue, Permutation, Router, Routing, Scoring, FAMILY};
+use crate::error::Doing;
+use crate::gpu::Gpu;
+use crate::kernels::{symbol, DType};
+use crate::ops::Elem;
+use crate::tensor::Tensor;
+use crate::Result;
+use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+
+/// Tokens per block of the router (MOE_ROUTE_TOKENS in kernels/moe.cu).
+const ROUTE_TOKENS: usize = 64;
+/// Assignments per block of the counting sort (MOE_CHUNK in kernels/moe.cu).
+const CHUNK: usize = 256;
+/// Rows per m-tile of grouped_mma (gmm::BM), columns per n-tile (gmm::BN).
+const BM: usize = 128;
+const BN: usize = 128;
+
+fn cfg(grid: usize, block: u32) -> LaunchConfig {
+    LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 }
+}
+
+fn placed<U: crate::tensor::Scalar>(t: &Tensor<U>) -> &cudarc::driver::CudaSlice<U> {
+    t.cuda().expect("placement checked")
+}
+
+pub fn route<T: Elem>(g: &Gpu, logits: &Tensor<T>, noise: Option<(&Tensor<T>, &Tensor<f32>)>, t: usize, e: usize, r: &Router) -> Result<Routing> {
+    let s = &g.stream;
+    let mut experts = s.alloc_zeros::<i32>(t * r.k).doing("allocating the routing")?;
+    let mut weights = s.alloc_zeros::<f32>(t * r.k).doing("allocating the routing")?;
+    let mut load = s.alloc_zeros::<i32>(e).doing("allocating the load histogram")?;
+    let mut acc = s.alloc_zeros::<f32>(e + 1).doing("allocating the router's sums")?;
+    let mut losses = s.alloc_zeros::<f32>(2).doing("allocating the losses")?;
+    let f = g.function(FAMILY, &symbol(FAMILY, "route", T::DTYPE))?;
+    let (ti, ei, ki) = (t as i32, e as i32, r.k as i32);
+    let (sigmoid, renorm) = ((r.scoring == Scoring::Sigmoid) as i32, r.renormalize as i32);
+    let null = 0u64;
+    let mut b = s.launch_builder(&f);
+    b.arg(placed(logits));
+    match noise {
+        Some((n, eps)) => b.arg(placed(n)).arg(placed(eps)),
+        None => b.arg(&null).arg(&null),
+    };
+    b.arg(&ti).arg(&ei).arg(&ki).arg(&sigmoid).arg(&renorm).arg(&mut experts).arg(&mut weights).arg(&mut load).arg(&mut acc);
+    // SAFETY: blocks of 256 threads over 64 tokens each (ROUTE_TOKENS); logits, noise and eps
+    // hold T x E elements (checked by route_logits), the outputs T x k, E and E + 1; k <= 8 and
+    // E <= 256 (validated).
+    unsafe { b.launch(cfg(t.div_ceil(ROUTE_TOKENS), 256)) }.doing("launching moe route")?;
+    let f = g.function(FAMILY, &symbol(FAMILY, "losses", DType::F32))?;
+    let alpha = r.aux_alpha as f32;
+    // SAFETY: one block reads E loads and E + 1 sums and writes two losses.
+    unsafe { s.launch_builder(&f).arg(&load).arg(&acc).arg(&ti).arg(&ei).arg(&ki).arg(&alpha).arg(&mut losses).launch(cfg(1, 256)) }
+        .doing("launching moe losses")?;
+    Ok(Routing {
+        experts: Tensor::from_cuda(&[t, r.k], experts)?,
+        weights: Tensor::from_cuda(&[t, r.k], weights)?,
+        load: Tensor::from_cuda(&[e], load)?,
+        losses: Tensor::from_cuda(&[2], losses)?,
+    })
+}
+
+pub fn permute<T: Elem>(g: &Gpu, x: &Tensor<T>, experts: &Tensor<i32>, (t, k, e): (usize, usize, usize), cap: usize) -> Result<(Permutation, Tensor<T>)> {
+    let s = &g.stream;
+    let (n, h) = (t * k, x.cols());
+    let chunks = n.div_ceil(CHUNK);
+    let mut hist = s.alloc_zeros::<i32>(chunks * e).doing("allocating the chunk counts")?;
+    let mut offsets = s.alloc_zeros::<i32>(e + 1).doing("allocating the offsets")?;
+    let mut slot = s.alloc_zeros::<i32>(n).doing("allocating the slots")?;
+    let mut rows = s.alloc_zeros::<i32>(n).doing("allocating the rows")?;
+    g.poison(&mut rows)?; // -1: no token
+    let mut xp = s.alloc_zeros::<T>(n * h).doing("allocating the permuted rows")?;
+    let (ti, ki, ei, ci, capi, hi) = (t as i32, k as i32, e as i32, chunks as i32, cap.min(i32::MAX as usize) as i32, h as i32);
+    let ex = placed(experts);
+    let f = g.function(FAMILY, &symbol(FAMILY, "chunk_counts", DType::F32))?;
+    // SAFETY: a block per 256 assignments of the T k in `experts`; hist holds chunks x E.
+    unsafe { s.launch_builder(&f).arg(ex).arg(&ti).arg(&ki).arg(&ei).arg(&mut hist).launch(cfg(chunks, CHUNK as u32)) }.doing("launching moe chunk_counts")?;
+    let f = g.function(FAMILY, &symbol(FAMILY, "scan", DType::F32))?;
+    // SAFETY: one block of 256 threads (E <= 256) over chunks x E counts; offsets holds E + 1.
+    unsafe { s.launch_builder(&f).arg(&mut hist).arg(&ci).arg(&ei).arg(&capi).arg(&mut offsets).launch(cfg(1, 256)) }.doing("launching moe scan")?;
+    let f = g.function(FAMILY, &symbol(FAMILY, "scatter", DType::F32))?;
+    let mut b = s.launch_builder(&f);
+    b.arg(ex).arg(&ti).arg(&ki).arg(&ei).arg(&capi).arg(&hist).arg(&offsets).arg(&mut slot).arg(&mut rows);
+    // SAFETY: the same chunks; every kept rank is below its expert's kept count, so each row
+    // offsets[e] + rank < offsets[E] <= T k is written once.
+    unsafe { b.launch(cfg(chunks, CHUNK as u32)) }.doing("launching moe scatter")?;
+    let f = g.function(FAMILY, &symbol(FAMILY, "gather", T::DTYPE))?;
+    // SAFETY: a block per possible row; rows past offsets[E] return, live rows name tokens < T.
+    unsafe { s.launch_builder(&f).arg(placed(x)).arg(&rows).arg(&offsets).arg(&ei).arg(&hi).arg(&mut xp).launch(cfg(n, 128)) }.doing("launching moe gather")?;
+    let perm = Permutation { slot: Tensor::from_cuda(&[t, k], slot)?, rows: Tensor::from_cuda(&[n], rows)?, offsets: Tensor::from_cuda(&[e + 1], offsets)? };
+    Ok((perm, Tensor::from_cuda(&[n, h], xp)?))
+}
+
+pub fn combine<T: Elem>(g: &Gpu, y: &Tensor<T>, perm: &Permutation, weights: &Tensor<f32>, out: &mut Tensor<T>) -> Result<()> {
+    let (t, k, n) = (perm.slot.rows(), perm.slot.cols(), y.cols());
+    let (ki, ni) = (k as i32, n as i32);
+    let f = g.function(FAMILY, &symbol(FAMILY, "combine", T::DTYPE))?;
+    let mut b = g.stream.launch_builder(&f);
+    b.arg(placed(y)).arg(placed(&perm.slot)).arg(placed(weights)).arg(&ki).arg(&ni).arg(out.cuda_mut().expect("placement checked"));
+    // SAFETY: a block per token; slots are -1 or rows of y (T k x N, checked by unpermute).
+    unsafe { b.launch(cfg(t, 256)) }.map(|_| ()).doing("launching moe combine")
+}
+
+type GroupedDims = (usize, usize, usize, usize, usize);
+
+/// One cuBLAS gemm_ex (fp32 compute) per expert with rows: the host reads the offsets first.
+pub fn grouped_cublas<T: Elem>(g: &Gpu, a: &Tensor<T>, b: &Tensor<T>, offsets: &Tensor<i32>, (e, rows, k, n, nc): GroupedDims, ep: Epilogue, c: &mut Tensor<T>) -> Result<()> {
+    use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t::CUBLAS_OP_N, cudaDataType_t};
+    let off = offsets.to_vec()?; // the synchronisation this rung is allowed
+    let blas = g.blas()?;
+    let dt = match T::DTYPE {
+        DType::Bf16 => cudaDataType_t::CUDA_R_16BF,
+        DType::F16 => cudaDataType_t::CUDA_R_16F,
+        DType::F32 => cudaDataType_t::CUDA_R_32F,
+    };
+    let mut staged = match ep {
+        Epilogue::Store => None,
+        Epilogue::SwiGlu => Some(g.stream.alloc_zeros::<T>(rows * n).doing("allocating the gate/up products")?),
+    };
+    let (da, db) = (placed(a), placed(b));
+    let clamp = |v: i32| (v.max(0) as usize).min(rows);
+    for x in 0..e {
+        let (r0, r1) = (clamp(off[x]), clamp(off[x + 1]));
+        if r1 <= r0 {
+            continue;
+        }
+        let av = da.slice(r0 * k..r1 * k);
+        let bv = db.slice(x * k * n..(x + 1) * k * n);
+        let (alpha, beta) = (1f32, 0f32);
+        let (ap, _ra) = av.device_ptr(&g.stream);
+        let (bp, _rb) = bv.device_ptr(&g.stream);
+        let run = |cp: u64| {
+            // Row-major C = A B is column-major C^T = B^T A^T: B first, dimensions swapped.
+            // SAFETY: B[x] is K x N, A's segment (r1 - r0) x K and C's the same rows x N, all
+            // inside their buffers (offsets clamped to the rows); fp32 scalars for COMPUTE_32F.
+            unsafe {
+                cudarc::cublas::result::gemm_ex(
+                    *blas.handle(),
+                    CUBLAS_OP_N,
+                    CUBLAS_OP_N,
+                    n as i32,
+                    (r1 - r0) as i32,
+                    k as i32,
+                    (&alpha) as *const f32 as *const _,
+                    bp as *const _,
+                    dt,
+                    n as i32,
+                    ap as *const _,
+                    dt,
+                    k as i32,
+                    (&beta) as *const f32 as *const _,
+                    cp as *mut _,
+                    dt,
+                    n as i32,
+                    cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+            .doing("cuBLAS GEMM of one expert")
+        };
+        match staged.as_mut() {
+            Some(buf) => {
+                let mut cv = buf.slice_mut(r0 * n..r1 * n);
+                let (cp, _rc) = cv.device_ptr_mut(&g.stream);
+                run(cp)?;
+            }
+            None => {
+                let mut cv = c.cuda_mut().expect("placement checked").slice_mut(r0 * nc..r1 * nc);
+                let (cp, _rc) = cv.device_ptr_mut(&g.stream);
+                run(cp)?;
+            }
+        }
+    }
+    if let Some(gu) = staged {
+        let f = g.function(FAMILY, &symbol(FAMILY, "swiglu", T::DTYPE))?;
+        let (ei, ii) = (e as i32, nc as i32);
+        let mut l = g.stream.launch_builder(&f);
+        l.arg(&gu).arg(placed(offsets)).arg(&ei).arg(&ii).arg(c.cuda_mut().expect("placement checked"));
+        // SAFETY: a block per row of A; rows past offsets[E] return; gu is rows x 2I, C rows x I.
+        unsafe { l.launch(cfg(rows, 256)) }.doing("launching moe swiglu")?;
+    }
+    Ok(())
+}
+
+/// The schedule (tile prefix over the device's offsets), then one grouped_mma launch.
+pub fn grouped_mma<T: Elem>(g: &Gpu, a: &Tensor<T>, b: &Tensor<T>, offsets: &Tensor<i32>, (e, rows, k, n, _): GroupedDims, ep: Epilogue, c: &mut Tensor<T>) -> Result<()> {
+    let s = &g.stream;
+    let mut tiles = s.alloc_zeros::<i32>(e + 1).doing("allocating the tile schedule")?;
+    let (ei, ri, ki, ni, sw) = (e as i32, rows as i32, k as i32, n as i32, (ep == Epilogue::SwiGlu) as i32);
+    let f = g.function(FAMILY, &symbol(FAMILY, "schedule", DType::F32))?;
+    // SAFETY: one block of 256 threads (E <= 256) reads E + 1 offsets, writes E + 1 starts.
+    unsafe { s.launch_builder(&f).arg(placed(offsets)).arg(&ei).arg(&ri).arg(&mut tiles).launch(cfg(1, 256)) }.doing("launching moe schedule")?;
+    let f = g.function(FAMILY, &symbol(FAMILY, "grouped_mma", T::DTYPE))?;
+    // Every expert adds at most one partial tile: rows / BM + E bounds the m-tiles.
+    let m_tiles = rows / BM + e;
+    let launch = LaunchConfig { grid_dim: (n.div_ceil(BN) as u32, m_tiles as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let mut l = s.launch_builder(&f);
+    l.arg(placed(a)).arg(placed(b)).arg(c.cuda_mut().expect("placement checked")).arg(placed(offsets)).arg(&tiles);
+    l.arg(&ei).arg(&ri).arg(&ki).arg(&ni).arg(&sw);
+    // SAFETY: blocks past the schedule's total return; a block's rows lie in its expert's
+    // segment clamped to A's rows (A rows x K, C rows x N or N / 2), loads are bounded by the
+    // segment, K and N, stores by the segment and N; B holds E x K x N.
+    unsafe { l.launch(launch) }.map(|_| ()).doing("launching moe grouped_mma")
+}

@@ -1,0 +1,132 @@
+//! The index math of kernels/moe.cu replayed on the CPU, statement by statement: the chunked
+//! counting sort (moe_chunk_counts, moe_scan, moe_scatter) against `cpu::permute`, and the
+//! grouped_mma schedule (moe_schedule and the blocks' binary search) covering every tile of
+//! every expert exactly once. Tests only: the kernels cannot run here.
+
+use super::cpu;
+
+const CHUNK: usize = 256;
+const BM: usize = 128;
+
+/// moe_chunk_counts + moe_scan + moe_scatter, as the kernels index.
+fn replay_permute(experts: &[i32], t: usize, k: usize, e: usize, cap: usize) -> cpu::PermuteOut {
+    let n = t * k;
+    let chunks = n.div_ceil(CHUNK);
+    let expert_of = |a: usize| experts[(a % t) * k + a / t];
+    let mut hist = vec![0i32; chunks * e];
+    for a in 0..n {
+        let x = expert_of(a);
+        if x >= 0 && (x as usize) < e {
+            hist[(a / CHUNK) * e + x as usize] += 1;
+        }
+    }
+    let mut offsets = vec![0i32; e + 1];
+    let mut kept_total = 0;
+    for x in 0..e {
+        let mut run = 0;
+        for c in 0..chunks {
+            let v = hist[c * e + x];
+            hist[c * e + x] = run;
+            run += v;
+        }
+        offsets[x] = kept_total;
+        kept_total += run.min(cap as i32);
+    }
+    offsets[e] = kept_total;
+    let (mut slot, mut rows) = (vec![-1i32; n], vec![-1i32; n]);
+    for a in 0..n {
+        let c = a / CHUNK;
+        let x = expert_of(a);
+        if x < 0 || x as usize >= e {
+            continue;
+        }
+        let rank = (c * CHUNK..a).filter(|&b| expert_of(b) == x).count() as i32;
+        let pos = hist[c * e + x as usize] + rank;
+        if pos < cap as i32 {
+            let s = offsets[x as usize] + pos;
+            slot[(a % t) * k + a / t] = s;
+            rows[s as usize] = (a % t) as i32;
+        }
+    }
+    cpu::PermuteOut { slot, rows, offsets }
+}
+
+/// moe_schedule, then the block at m-tile y: (expert, first row of its tile), or None past the end.
+fn replay_schedule(offsets: &[i32], rows: usize) -> (Vec<i32>, impl Fn(usize) -> Option<(usize, usize)> + '_) {
+    let e = offsets.len() - 1;
+    let clamp = |v: i32| (v as usize).min(rows);
+    let mut start = vec![0i32; e + 1];
+    for x in 0..e {
+        let m = clamp(offsets[x + 1]) - clamp(offsets[x]);
+        start[x + 1] = start[x] + m.div_ceil(BM) as i32;
+    }
+    let s2 = start.clone();
+    let block = move |y: usize| {
+        if y as i32 >= s2[e] {
+            return None;
+        }
+        let (mut lo, mut hi) = (0usize, e - 1);
+        while lo < hi {
+            let mid = (lo + hi).div_ceil(2);
+            if s2[mid] <= y as i32 { lo = mid } else { hi = mid - 1 }
+        }
+        Some((lo, (y - s2[lo] as usize) * BM))
+    };
+    (start, block)
+}
+
+fn lcg_experts(n: usize, e: usize, seed: u64, skew: bool) -> Vec<i32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let r = (s >> 33) as usize;
+            // Skewed: half the assignments on expert 0 and none on the upper half of the experts.
+            (if skew && r.is_multiple_of(2) { 0 } else if skew { r % (e / 2).max(1) } else { r % e }) as i32
+        })
+        .collect()
+}
+
+#[test]
+fn the_chunked_counting_sort_is_the_stable_permutation() {
+    for (t, k, e, skew) in [(1, 1, 1, false), (3, 2, 8, false), (300, 1, 4, true), (1000, 4, 16, true), (129, 8, 128, false), (33, 8, 256, true), (2049, 2, 8, false)] {
+        // A token's choices are distinct experts, as top-k makes them.
+        let mut ex = lcg_experts(t * k, e, (t * 31 + k) as u64, skew);
+        for row in ex.chunks_mut(k) {
+            for j in 0..row.len() {
+                while row[..j].contains(&row[j]) {
+                    row[j] = (row[j] + 1) % e as i32;
+                }
+            }
+        }
+        for cap in [t, super::Capacity::Factor(1.0).slots(t, e), 1] {
+            let (want, got) = (cpu::permute(&ex, t, k, e, cap), replay_permute(&ex, t, k, e, cap));
+            assert_eq!(got.offsets, want.offsets, "{t} tokens top-{k} of {e}, capacity {cap}");
+            assert_eq!(got.slot, want.slot, "{t} tokens top-{k} of {e}, capacity {cap}");
+            assert_eq!(got.rows, want.rows, "{t} tokens top-{k} of {e}, capacity {cap}");
+        }
+    }
+}
+
+#[test]
+fn the_schedule_covers_every_tile_of_every_expert_once() {
+    // Offsets with empty experts, a partial tile, a segment of exact tiles, one past A's rows.
+    for (offsets, rows) in [(vec![0, 0, 1, 1], 1), (vec![0, 300, 300, 556, 557], 557), (vec![0, 128, 256], 256), (vec![0, 10, 400], 300), (vec![0, 0, 0], 5)] {
+        let e = offsets.len() - 1;
+        let (start, block) = replay_schedule(&offsets, rows);
+        let bound = rows / BM + e; // the launcher's grid.y
+        let mut seen = vec![vec![]; e];
+        for y in 0..bound {
+            if let Some((x, m0)) = block(y) {
+                let m = (offsets[x + 1] as usize).min(rows) - (offsets[x] as usize).min(rows);
+                assert!(m0 < m, "block {y}: tile at {m0} past expert {x}'s {m} rows");
+                seen[x].push(m0);
+            }
+        }
+        assert!(start[e] as usize <= bound, "the grid bounds the tiles: {} > {bound}", start[e]);
+        for x in 0..e {
+            let m = (offsets[x + 1] as usize).min(rows) - (offsets[x] as usize).min(rows);
+            assert_eq!(seen[x], (0..m.div_ceil(BM)).map(|i| i * BM).collect::<Vec<_>>(), "expert {x} of {offsets:?}");
+        }
+    }
+}
