@@ -302,7 +302,6 @@ def main():
         raise SystemExit("torch_peers: torch sees no CUDA device")
     if req["op"] == "dataloader":
         return dataloader(req)
-    inputs = [load(i["path"], req["dtype"], i["shape"]) for i in req["inputs"]]
     own = req.get("args", {}).get("input_dtypes") or []
     inputs = [load(i["path"], (own[n] if n < len(own) else None) or req["dtype"], i["shape"]) for n, i in enumerate(req["inputs"])]
     f, variant, out = ops(req, inputs)
