@@ -2,8 +2,8 @@
 //! every family's source they ran ([`crate::kernels::hash`]); a family is verified when, over
 //! every GPU run of its current source (the newest record of each figure or sanitizer launch
 //! counting), each check of a lab kernel passed, the sanitizer found nothing in the lab's
-//! kernels, and every sanitizer tool ran every (variant, shape) that any tool ran (a sanitizer
-//! run cut short covers less). A family whose source changed since is unverified, whatever its
+//! kernels, and every sanitizer tool ran every (variant of the family's table, shape) that any
+//! tool ran (a sanitizer run cut short covers less). A family whose source changed since is unverified, whatever its
 //! older runs said (`scripts/gpu-test-pass.sh` makes both runs).
 
 use super::safety::{status, EXPERIMENT as SANITIZE};
@@ -26,8 +26,14 @@ pub struct Family {
 /// Of `records` (committed builds on a GPU) made with `family` at `hash`, the newest of each key,
 /// and the runs they come from.
 fn newest<'a, K: Ord>(records: &[&'a Record], family: &str, hash: &str, sanitizer: bool, key: impl Fn(&Record) -> K) -> (Vec<&'a Record>, BTreeSet<&'a str>) {
+    // A run is one binary: a sanitizer record of the family's own experiment whose process
+    // launched none of its kernels (a variant of plain copies) still ran this source when its
+    // run did.
+    let at_hash = |r: &Record| r.kernels.get(family).is_some_and(|h| h == hash);
+    let runs: BTreeSet<&str> = records.iter().filter(|r| at_hash(r)).map(|r| r.run_id.as_str()).collect();
+    let own = |r: &Record| sanitizer && r.params["experiment"] == family && runs.contains(r.run_id.as_str());
     let mut by_key: BTreeMap<K, &Record> = BTreeMap::new();
-    for &r in records.iter().filter(|r| (r.experiment == SANITIZE) == sanitizer && r.kernels.get(family).is_some_and(|h| h == hash)) {
+    for &r in records.iter().filter(|r| (r.experiment == SANITIZE) == sanitizer && (at_hash(r) || own(r))) {
         let slot = by_key.entry(key(r)).or_insert(r);
         if slot.run_id < r.run_id {
             *slot = r;
@@ -73,7 +79,10 @@ pub fn families(records: &[Record], hashes: &BTreeMap<String, String>) -> Vec<Fa
             // have run all of them. A record names every family its process launched, and a tool
             // runs one process per experiment or per shape, so launches of other experiments
             // (a model's engine) say only that each tool ran the family at all.
-            let own: Vec<&&Record> = recs.iter().filter(|r| r.params["experiment"] == name.as_str()).collect();
+            // Only the variants of the family's table: a peer (cuBLAS) run alone launches no lab
+            // kernel, so its records never name the family, while one run beside the ladder does.
+            let table: Vec<String> = crate::family::find(name).map(|f| (f.variants)().into_iter().map(|v| v.name.to_string()).collect()).unwrap_or_default();
+            let own: Vec<&&Record> = recs.iter().filter(|r| r.params["experiment"] == name.as_str() && (table.is_empty() || table.contains(&r.variant))).collect();
             let mut by_tool: BTreeMap<String, BTreeSet<(String, String)>> = BTreeMap::new();
             for r in if own.is_empty() { recs.iter().collect() } else { own } {
                 let launch = if r.params["experiment"] == name.as_str() { (r.variant.clone(), r.params["case"].to_string()) } else { Default::default() };
