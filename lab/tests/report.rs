@@ -291,7 +291,9 @@ fn charts_fit_a_laptop_screen_in_a_real_browser() {
     committed_figures.sort();
     for f in committed_figures.iter().filter(|f| f.extension().is_some_and(|x| x == "svg")) {
         let name = format!("committed/{}", f.file_name().unwrap().to_string_lossy());
-        charts.push((name, Some(std::fs::read_to_string(f).unwrap()), None, 16));
+        // At most one legend row per family with kernels, per marker (4) and the design star.
+        let cap = lab::family::with_kernels().count() + 5;
+        charts.push((name, Some(std::fs::read_to_string(f).unwrap()), None, cap));
     }
     let shots = root().join("target/report-screenshots/charts");
     std::fs::create_dir_all(&shots).unwrap();
@@ -358,13 +360,14 @@ document.querySelectorAll("figure").forEach(function (fig) {
 document.getElementById("result").textContent = JSON.stringify(out);
 "#;
 
-/// Every headline an experiment declares matches some committed record of it (a misspelt key
-/// or value would silently lead with nothing).
+/// Every headline an experiment declares matches some committed record of a full sweep of it (a
+/// misspelt key or value would silently lead with nothing); an experiment measured only by quick
+/// sweeps, whose shapes are small on purpose, has none yet.
 #[test]
 fn every_declared_headline_matches_a_committed_record() {
     let (records, _) = lab::record::read_records(&root().join("reports/records")).unwrap();
     for exp in lab::experiment::registry() {
-        let own: Vec<&lab::record::Record> = records.iter().filter(|r| r.experiment == exp.name() && r.time_ms.is_some()).collect();
+        let own: Vec<&lab::record::Record> = records.iter().filter(|r| r.experiment == exp.name() && r.time_ms.is_some() && !r.quick).collect();
         if own.is_empty() {
             continue;
         }

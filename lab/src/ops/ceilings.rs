@@ -41,7 +41,7 @@ impl Experiment for Ceilings {
         "measured roofs: copy bandwidth, FP32 FMA rate, fp16/bf16 tensor rate (cuBLAS, wgmma loop), mma.sync rate, host<->device copies"
     }
     fn headlines(&self) -> &'static [&'static str] {
-        &["what=copy bytes=2147483648", "what=fma iters=16384", "what=tensor iters=2048", "what=mma_sync iters=8192", "what=h2d bytes=1073741824", "what=d2h bytes=1073741824"]
+        &["what=copy bytes=2147483648", "what=fma iters=16384", "what=tensor iters=2048", "what=mma_sync iters=8192"]
     }
     fn cases(&self, backend: &Backend, quick: bool) -> Vec<Value> {
         match (backend, quick) {
