@@ -480,9 +480,7 @@ impl Experiment for Attention {
         "seq"
     }
     fn cases(&self, backend: &Backend, quick: bool) -> Vec<Value> {
-        // (batch, sq, sk, hq, hkv, d, causal, window, fill)
-        type C = (usize, usize, usize, usize, usize, usize, bool, usize, &'static str);
-        let checks: &[C] = match (backend, quick) {
+        let checks: &[CaseShape] = match (backend, quick) {
             (Backend::Cpu, true) => &[(1, 1, 1, 2, 1, 64, true, 0, "normal"), (2, 17, 5, 3, 1, 64, true, 0, "normal"), (1, 33, 33, 4, 2, 128, false, 7, "large")],
             _ => &[
                 (1, 1, 1, 4, 4, 64, true, 0, "normal"),
@@ -495,7 +493,7 @@ impl Experiment for Attention {
                 (3, 129, 257, 6, 2, 128, false, 0, "normal"),
             ],
         };
-        let timed: Vec<C> = match (backend, quick) {
+        let timed: Vec<CaseShape> = match (backend, quick) {
             (Backend::Cuda(_), false) => {
                 let mut t = vec![(4, 4096, 4096, 16, 16, 128, false, 0, "normal"), (4, 4096, 4096, 16, 16, 128, true, 0, "normal")];
                 // FlashAttention 3's sweep: 16k tokens, hidden 2048 (D 128 with 16 heads, D 64 with 32).
@@ -513,26 +511,10 @@ impl Experiment for Attention {
             (Backend::Cpu, false) => vec![(1, 256, 256, 9, 3, 64, true, 0, "normal")],
             (Backend::Cpu, true) => vec![(1, 64, 64, 2, 1, 64, true, 0, "normal")],
         };
-        let case = |c: &C, dtype: &str, timed: bool| {
-            let (b, sq, sk, hq, hkv, d, causal, window, fill) = *c;
-            let mut v = json!({"batch": b, "hq": hq, "hkv": hkv, "d": d, "causal": causal, "dtype": dtype, "timed": timed});
-            if sq == sk {
-                v["seq"] = json!(sq);
-            } else {
-                (v["sq"], v["sk"]) = (json!(sq), json!(sk));
-            }
-            if window > 0 {
-                v["window"] = json!(window);
-            }
-            if fill != "normal" {
-                v["fill"] = json!(fill);
-            }
-            v
-        };
-        let mut out: Vec<Value> = ["bf16", "f16"].iter().flat_map(|dt| checks.iter().map(move |c| case(c, dt, false))).collect();
-        out.extend(timed.iter().map(|c| case(c, "bf16", true)));
+        let mut out: Vec<Value> = ["bf16", "f16"].iter().flat_map(|dt| checks.iter().map(move |c| case_json(c, dt, false))).collect();
+        out.extend(timed.iter().map(|c| case_json(c, "bf16", true)));
         if let (Backend::Cuda(_), false) = (backend, quick) {
-            out.push(case(&timed[0], "f16", true));
+            out.push(case_json(&timed[0], "f16", true));
         }
         out.extend(backward_check::cases(backend, quick));
         out
@@ -635,6 +617,27 @@ fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
 }
 
 /// The parameters of a case's lse check: the case's, naming the output, untimed.
+/// A case's shape: (batch, sq, sk, hq, hkv, d, causal, window, fill).
+type CaseShape = (usize, usize, usize, usize, usize, usize, bool, usize, &'static str);
+
+/// A case as records hold it: `seq` when sq = sk, a window and a fill only where they apply.
+fn case_json(c: &CaseShape, dtype: &str, timed: bool) -> Value {
+    let &(b, sq, sk, hq, hkv, d, causal, window, fill) = c;
+    let mut v = json!({"batch": b, "hq": hq, "hkv": hkv, "d": d, "causal": causal, "dtype": dtype, "timed": timed});
+    if sq == sk {
+        v["seq"] = json!(sq);
+    } else {
+        (v["sq"], v["sk"]) = (json!(sq), json!(sk));
+    }
+    if window > 0 {
+        v["window"] = json!(window);
+    }
+    if fill != "normal" {
+        v["fill"] = json!(fill);
+    }
+    v
+}
+
 fn lse_case(case: &Value) -> Value {
     let mut c = case.clone();
     (c["output"], c["timed"]) = (json!("lse"), json!(false));

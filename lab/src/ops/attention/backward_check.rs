@@ -10,7 +10,7 @@
 //! the output, each of dQ, dK and dV against its own naive error.
 
 use super::backward::{backward_with, CpuIn, Grads, Saved};
-use super::{case_dims, check_rows, forward, input, Dims, Elem, Mask, VARIANTS};
+use super::{case_dims, case_json, check_rows, forward, input, Dims, Elem, Mask, VARIANTS};
 use crate::experiment::{param_timed, rng_for, Backend, Measurement, Peer, Session};
 use crate::kernels::DType;
 use crate::ops::compare::{compare_elems, first_failure, merge_parts};
@@ -70,8 +70,7 @@ impl RowStats {
 /// A checked row: (batch, head, row) of dQ, or (batch, KV head, key) of dK and dV.
 pub type Row = (usize, usize, usize);
 
-/// A case: (batch, sq, sk, hq, hkv, d, causal, window, fill).
-type C = (usize, usize, usize, usize, usize, usize, bool, usize, &'static str);
+type C = super::CaseShape;
 
 fn dot<T: Elem>(a: &[T], b: &[T]) -> f64 {
     a.iter().zip(b).map(|(x, y)| x.to_f64() * y.to_f64()).sum()
@@ -242,19 +241,8 @@ pub fn sanitize_cases() -> Vec<Value> {
 }
 
 fn case(c: &C, dtype: &str, timed: bool) -> Value {
-    let &(b, sq, sk, hq, hkv, d, causal, window, fill) = c;
-    let mut v = json!({"pass": "backward", "batch": b, "hq": hq, "hkv": hkv, "d": d, "causal": causal, "dtype": dtype, "timed": timed});
-    if sq == sk {
-        v["seq"] = json!(sq);
-    } else {
-        (v["sq"], v["sk"]) = (json!(sq), json!(sk));
-    }
-    if window > 0 {
-        v["window"] = json!(window);
-    }
-    if fill != "normal" {
-        v["fill"] = json!(fill);
-    }
+    let mut v = case_json(c, dtype, timed);
+    v["pass"] = json!("backward");
     v
 }
 
