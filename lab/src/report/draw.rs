@@ -51,12 +51,14 @@ pub(super) const FAMILY_PALETTE: [RGBColor; 14] = [
     RGBColor(150, 20, 80),   // wine
 ];
 
-/// A family's colour: its place among the families with kernels (the ceilings aside), and for
-/// the others (CPU collectives) their place in the whole list.
+/// A family's colour: its place among the families with kernels and a sweep of their own (the
+/// ceilings and the f64 references aside), and for the others (CPU collectives) their place in
+/// the whole list.
 pub(super) fn family_color(experiment: &str) -> RGBColor {
     let families = crate::family::FAMILIES;
     let named = |f: &&crate::family::Family| f.experiment.is_some_and(|e| e.name() == experiment);
-    match families.iter().filter(|f| !f.kernels.is_empty() && f.name != "ceilings").position(|f| named(&f)) {
+    let drawn = |f: &&crate::family::Family| !f.kernels.is_empty() && f.experiment.is_some() && f.name != "ceilings";
+    match families.iter().filter(drawn).position(|f| named(&f)) {
         Some(i) => FAMILY_PALETTE[i % FAMILY_PALETTE.len()],
         // The others cycle through the first twelve, the palette they were first drawn in, so
         // that a longer palette leaves their colours as they were.
