@@ -3,8 +3,10 @@
 #   scripts/llama-cpp.sh fetch OUT.tar.gz   (a machine with PyPI) download the sdist, keep
 #                                           vendor/llama.cpp without models, docs, tests, the web
 #                                           UI and the non-CUDA ggml backends (~5 MB)
-#   scripts/llama-cpp.sh build TAR DIR      (the GPU host) unpack and build the CUDA tools for
-#                                           sm_90 into DIR/build/bin (a few minutes on 16 cores)
+#   scripts/llama-cpp.sh build TAR DIR [cpu] (the GPU host) unpack and build the CUDA tools for
+#                                           sm_90 into DIR/build/bin (a few minutes on 16 cores);
+#                                           with `cpu`, the CPU backend only, on any machine
+#                                           (~15 minutes on 2 cores), for loading and perplexity
 set -euo pipefail
 case "${1:-}" in
 fetch)
@@ -23,17 +25,19 @@ fetch)
     ;;
 build)
     tarball=$(realpath "${2:?usage: llama-cpp.sh build TAR DIR}")
-    dir=${3:?usage: llama-cpp.sh build TAR DIR}
+    dir=${3:?usage: llama-cpp.sh build TAR DIR [cpu]}
+    backend=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90)
+    [ "${4:-}" = cpu ] && backend=(-DGGML_CUDA=OFF -DGGML_NATIVE=ON)
     mkdir -p "$dir"
     tar xzf "$tarball" -C "$dir"
     gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
-    cmake -S "$dir/llama.cpp" -B "$dir/build" "${gen[@]}" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF \
+    cmake -S "$dir/llama.cpp" -B "$dir/build" "${gen[@]}" "${backend[@]}" -DLLAMA_CURL=OFF \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF >"$dir/configure.log"
     cmake --build "$dir/build" -j"$(nproc)" --target llama-bench llama-completion llama-perplexity llama-tokenize >"$dir/build.log"
     ls "$dir/build/bin"
     ;;
 *)
-    echo "usage: llama-cpp.sh fetch OUT.tar.gz | build TAR DIR" >&2
+    echo "usage: llama-cpp.sh fetch OUT.tar.gz | build TAR DIR [cpu]" >&2
     exit 2
     ;;
 esac

@@ -148,6 +148,8 @@ pub static FAMILIES: &[Family] = &[
         experiment: Some(&crate::ops::moe::Moe),
         variants: crate::ops::moe::variants,
     },
+    // A model and the lab's requantized copies scored on held-out text, beside llama.cpp.
+    Family { name: "perplexity", kernels: &[], experiment: Some(&crate::ops::perplexity::PerplexityExp), variants: none },
 ];
 
 /// The family called `name`.

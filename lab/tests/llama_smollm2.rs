@@ -128,3 +128,24 @@ fn a_requantized_model_reads_back_and_follows_the_original() {
     eprintln!("Q8_0 with two layers' down projections swapped: cosine {c:.4}");
     assert!(c < 0.998, "swapped layers went unseen: cosine {c}");
 }
+
+/// llama-perplexity's protocol on the real model: licence prose scores low, and the same
+/// log-probabilities read one position off (the planted misalignment a scorer can make) do not.
+#[test]
+fn perplexity_of_prose_is_low_and_one_position_off_is_not() {
+    use lab::model::eval::{chunks, perplexity, score_chunk};
+    let b = bytes();
+    let g = Gguf::parse(&b).unwrap();
+    let tok = Tokenizer::from_gguf(&g).unwrap();
+    let text = std::fs::read_to_string("/usr/share/common-licenses/GPL-3").expect("the GPL-3 text Debian ships in base-files");
+    let tokens = tok.encode(&text, true).unwrap();
+    let window = &chunks(&tokens, 32, Some(1), tok.adds_bos().then(|| tok.bos())).unwrap()[0];
+    let model = CpuModel::load(&g).unwrap();
+    let scored = score_chunk(&model, window, true).unwrap();
+    assert_eq!(scored.nll.len(), 15, "positions 16..30 predict 17..31");
+    let (ppl, err) = perplexity(&scored.nll).unwrap();
+    let shifted: Vec<f64> = scored.logprobs[..14].iter().enumerate().map(|(i, lp)| -lp[window[16 + i + 2] as usize]).collect();
+    let (off, _) = perplexity(&shifted).unwrap();
+    assert!(ppl < 30.0 && err > 0.0, "perplexity {ppl} +/- {err} on licence prose");
+    assert!(off > 10.0 * ppl, "one position off: {off} against {ppl}");
+}

@@ -262,7 +262,6 @@ fn axpy(dev: &Backend, alpha: f32, x: &Tensor<f32>, at: usize, y: &mut Tensor<f3
         Backend::Cuda(gpu) => {
             use cudarc::driver::{DevicePtr, DevicePtrMut};
             let blas = gpu.blas()?;
-            gpu.ctx.bind_to_thread().doing("binding a context")?;
             let (xp, _) = x.cuda().expect("a GPU rank's tensor").device_ptr(&gpu.stream);
             let (yp, _) = y.cuda_mut().expect("a GPU rank's tensor").device_ptr_mut(&gpu.stream);
             // SAFETY: x holds at + len floats and y len, on the handle's stream; alpha is a host

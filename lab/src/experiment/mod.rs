@@ -2,6 +2,7 @@
 //! the sweeps and the report, and the [`Session`] that turns measurements into records.
 
 pub mod doctor;
+pub mod llama_cpp;
 pub mod peers;
 
 use crate::gpu::{DeviceInfo, Gpu};

@@ -129,25 +129,6 @@ pub fn transformers_llama(gguf: &std::path::Path, texts: &[&str], prompts: &[Vec
     Ok(TransformersRun { reply, logits })
 }
 
-/// `llama-bench` of llama.cpp (`LAB_LLAMA_CPP`: the folder holding the built tools, see
-/// scripts/llama-cpp.sh) on `gguf`: one JSON object per test (pp512, tg128) and flash-attention
-/// setting, as llama-bench writes them.
-pub fn llama_bench(gguf: &std::path::Path, prompt: usize, gen: usize, reps: usize) -> Result<Vec<Value>> {
-    let fail = |why: String| LabError::Peer { peer: "llama.cpp".into(), why };
-    let dir = std::env::var("LAB_LLAMA_CPP").map_err(|_| fail("LAB_LLAMA_CPP must name the folder of llama.cpp's built tools (scripts/llama-cpp.sh build)".into()))?;
-    let bin = std::path::Path::new(&dir).join("llama-bench");
-    let out = Command::new(&bin)
-        .arg("-m")
-        .arg(gguf)
-        .args(["-p", &prompt.to_string(), "-n", &gen.to_string(), "-r", &reps.to_string(), "-fa", "0,1", "-ngl", "99", "-o", "json"])
-        .output()
-        .map_err(|e| fail(format!("cannot start {}: {e}", bin.display())))?;
-    if !out.status.success() {
-        return Err(fail(format!("{} exited with {}: {}", bin.display(), out.status, String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or_default())));
-    }
-    serde_json::from_slice(&out.stdout).map_err(|e| fail(format!("unreadable llama-bench output: {e}")))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

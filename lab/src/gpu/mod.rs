@@ -159,6 +159,10 @@ impl Gpu {
 
     /// The context's cuBLAS handle (on [`Gpu::stream`]), created on first use.
     pub fn blas(&self) -> Result<&cudarc::cublas::CudaBlas> {
+        // cuBLAS runs on the thread's current context, which cudarc's GEMM calls do not set: a
+        // thread driving several GPUs (a tensor-parallel group) may have left another current
+        // (CUBLAS_STATUS_INTERNAL_ERROR on 4 GPUs).
+        self.ctx.bind_to_thread().doing("making the GPU's context current for cuBLAS")?;
         if let Some(b) = self.blas.get() {
             return Ok(b);
         }

@@ -1,4 +1,5 @@
 //! Models assembled from ops, and what they need around them (tokenizer, chat template).
 
+pub mod eval;
 pub mod llama;
 pub mod tokenizer;

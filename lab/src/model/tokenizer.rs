@@ -199,6 +199,10 @@ impl Tokenizer {
         TextStream { vocab_size: self.tokens.len(), inner: self.inner.decode_stream(false) }
     }
 
+    /// Whether the model asks for BOS before a text (`tokenizer.ggml.add_bos_token`).
+    pub fn adds_bos(&self) -> bool {
+        self.add_bos
+    }
     pub fn bos(&self) -> u32 {
         self.bos
     }

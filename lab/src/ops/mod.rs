@@ -19,6 +19,7 @@ pub mod llama;
 pub mod loader;
 pub mod moe;
 pub mod nccl_allreduce;
+pub mod perplexity;
 pub mod quant;
 pub mod rmsnorm;
 pub mod softmax;

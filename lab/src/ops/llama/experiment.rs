@@ -49,7 +49,7 @@ const REFERENCE_TOL: Tolerance = Tolerance { atol: 2e-3, rtol: 1e-4 };
 /// activation to f16: a few hundredths on logits of magnitude ~20 (measured, see the note).
 const LOGIT_TOL: Tolerance = Tolerance { atol: 0.25, rtol: 0.02 };
 
-fn model_path() -> Result<std::path::PathBuf> {
+pub(crate) fn model_path() -> Result<std::path::PathBuf> {
     std::env::var(SMOLLM2_ENV)
         .map(Into::into)
         .map_err(|_| LabError::Invalid(format!("{SMOLLM2_ENV} must name a Llama GGUF (SmolLM2-135M-Instruct.Q4_1.gguf; scripts/test.sh fetches it)")))
@@ -61,7 +61,7 @@ fn open() -> Result<GgufFile> {
 }
 
 /// A figure whose only check is that its values are numbers.
-fn finite(v: &[f32], reference: &str) -> ErrorStats {
+pub(crate) fn finite(v: &[f32], reference: &str) -> ErrorStats {
     let bad = v.iter().position(|x| !x.is_finite());
     ErrorStats {
         worst_index: bad.map(|i| i as u64),
@@ -356,7 +356,7 @@ fn peers(s: &mut Session) -> Result<()> {
         }
     }
     if s.wants_peer(Peer::LlamaCpp, "llama-bench", "llama.cpp") {
-        for test in crate::experiment::peers::llama_bench(&path, 512, 128, 5)? {
+        for test in crate::experiment::llama_cpp::llama_bench(&path, 512, 128, 5)? {
             let (n_prompt, n_gen) = (test["n_prompt"].as_u64().unwrap_or(0), test["n_gen"].as_u64().unwrap_or(0));
             let name = if n_gen > 0 { format!("tg{n_gen}") } else { format!("pp{n_prompt}") };
             let params = json!({"op": "llama.cpp", "test": name, "flash_attn": test["flash_attn"], "timed": false});
