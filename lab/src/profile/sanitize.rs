@@ -6,7 +6,8 @@
 //! variant, until each error is pinned on the variant and shape that made it. The log of every
 //! process that found something or did not finish is kept beside the records
 //! (`sanitizer-logs/<run-id>/<experiment>-<variant>-<tool>-<case>.log`, bounded) and named in its
-//! record.
+//! record. (Past 600 lines for its tests: the log of every report form the tool prints is a
+//! fixture there.)
 
 use crate::experiment::{Backend, Measurement, Session};
 use crate::profile::Work;
