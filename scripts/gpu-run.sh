@@ -15,4 +15,6 @@ for a in "$@"; do
   [[ $a == -* ]] && break
   [[ $a == all ]] || exps+=("$a")
 done
-"$bin" sanitize ${exps[@]+"${exps[@]}"} --out "$out" 2>&1 | tee "$out/sanitize.log"
+# LAB_SANITIZE_JOBS sanitizer processes side by side (default: one per core but one).
+jobs=${LAB_SANITIZE_JOBS:-$(( $(nproc) > 2 ? $(nproc) - 1 : 1 ))}
+"$bin" sanitize ${exps[@]+"${exps[@]}"} --jobs "$jobs" --out "$out" 2>&1 | tee "$out/sanitize.log"

@@ -5,6 +5,8 @@
 # found anything in the lab's kernels. Every record names the hash of the kernel sources it ran:
 # the report's Verification section compares them with the committed kernels.
 # usage: scripts/gpu-test-pass.sh OUT_DIR [EXPERIMENT...]   (llama needs LAB_SMOLLM2_GGUF)
+# The sanitizer runs LAB_SANITIZE_JOBS processes side by side (default: one per core but one):
+# gemm's racecheck alone is ~110 processes of 10-160 s each.
 set -uo pipefail
 out=${1:?usage: gpu-test-pass.sh OUT_DIR [EXPERIMENT...]}
 shift
@@ -13,7 +15,8 @@ mkdir -p "$out"
 failed=()
 "$bin" run "${@:-all}" --quick --out "$out" 2>&1 | tee "$out/test-pass-run.log"
 [[ ${PIPESTATUS[0]} == 0 ]] || failed+=("checks")
-"$bin" sanitize "$@" --out "$out" 2>&1 | tee "$out/test-pass-sanitize.log"
+jobs=${LAB_SANITIZE_JOBS:-$(( $(nproc) > 2 ? $(nproc) - 1 : 1 ))}
+"$bin" sanitize "$@" --jobs "$jobs" --out "$out" 2>&1 | tee "$out/test-pass-sanitize.log"
 [[ ${PIPESTATUS[0]} == 0 ]] || failed+=("sanitizer")
 if (( ${#failed[@]} )); then
   echo "GPU test pass FAILED: ${failed[*]} (logs and records in $out)" >&2

@@ -417,7 +417,7 @@ fn the_ops_example_runs_on_the_cpu_backend() {
 
 /// Stands in for compute-sanitizer: runs the command it wraps and writes a log that reports two
 /// errors for any run that launches gemm's case with m = 33 (a whole gemm run launches it), none
-/// otherwise.
+/// otherwise. With LAB_STUB_HANG set, a run of a case with m = 97 hangs after the log's header.
 const STUB_SANITIZER: &str = r#"#!/bin/sh
 while [ "${1#--}" != "$1" ]; do
   case "$1" in
@@ -426,6 +426,9 @@ while [ "${1#--}" != "$1" ]; do
     *) shift 2;;
   esac
 done
+case "$LAB_STUB_HANG $*" in
+  1*'"m":97'*) echo "========= COMPUTE-SANITIZER" > "$log"; echo "stub: hanging" >&2; sleep 30;;
+esac
 "$@"; rc=$?
 n=0
 case "$*" in
@@ -486,6 +489,51 @@ fn sanitize_pins_each_error_on_its_variant_and_shape_and_exits_1() {
     // Where nothing erred, the command passes.
     let o = sanitize("softmax");
     assert!(o.status.success(), "{}", text(&o));
+}
+
+/// The log of every process that found something or did not finish is kept beside the records
+/// and named in its record; a clean record names none.
+#[test]
+fn sanitize_keeps_the_log_of_each_finding_and_of_each_run_that_did_not_finish() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let stub = dir.path().join("compute-sanitizer");
+    std::fs::write(&stub, STUB_SANITIZER).unwrap();
+    std::fs::set_permissions(&stub, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = dir.path().join("records");
+    let o = Command::new(env!("CARGO_BIN_EXE_lab"))
+        .args(["sanitize", "gemm", "--tool", "memcheck", "--backend", "cpu", "--seed", "3", "--timeout", "3", "--out", out.to_str().unwrap()])
+        .env("LAB_COMPUTE_SANITIZER", &stub)
+        .env("LAB_STUB_HANG", "1")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let (records, _) = read_records(&out).unwrap();
+    let mut kept = std::collections::BTreeSet::new();
+    for r in &records {
+        let s = &r.extra["sanitizer"];
+        let m = &r.params["case"]["m"];
+        let Some(log) = s.get("log").and_then(|l| l.as_str()) else {
+            assert_eq!(s["status"], "clean", "{s}");
+            continue;
+        };
+        let path = out.join(log);
+        let body = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(log.starts_with(&format!("sanitizer-logs/{}/gemm-cpu_blocked-memcheck-", r.run_id)), "{log}");
+        assert!(body.contains("==== the run's standard error ===="), "{body}");
+        if *m == 33 {
+            assert_eq!(s["status"], "errors");
+            assert!(body.contains("at planted_kernel+0x10") && body.contains("ERROR SUMMARY: 2 errors"), "{body}");
+        } else {
+            assert_eq!((m, &s["status"], &s["failure"]), (&serde_json::json!(97), &serde_json::json!("incomplete"), &serde_json::json!("did not finish in 3 s")), "{s}");
+            assert!(body.starts_with("========= COMPUTE-SANITIZER") && body.contains("stub: hanging"), "{body}");
+        }
+        assert!(text(&o).contains(&format!("log: {}", path.display())), "{}", text(&o));
+        kept.insert(path);
+    }
+    assert_eq!(kept.len(), 4, "m = 33 and m = 97, in f32 and bf16");
+    let folder = kept.iter().next().unwrap().parent().unwrap();
+    assert_eq!(std::fs::read_dir(folder).unwrap().count(), kept.len(), "no log that no record names");
 }
 
 /// A run killed mid-way (SIGKILL, nothing flushed on the way out) leaves a file whose complete

@@ -375,7 +375,7 @@ fn sanitize(experiments: Vec<String>, (tools, variants, jobs, timeout, seed): Sa
     tools.dedup();
     let backend = backend.open()?;
     let plan = sanitize::Plan { experiments, tools, variants, jobs, timeout, seed, backend: backend.name() };
-    let mut session = Session::new(backend, RunOptions { cases, ..RunOptions::new(out, seed) })?;
+    let mut session = Session::new(backend, RunOptions { cases, ..RunOptions::new(out.clone(), seed) })?;
     let missing = sanitize::run(&mut session, &plan)?;
     let bad: Vec<&Record> = session.records.iter().filter(|r| r.verdict == Verdict::Fail).collect();
     for r in &bad {
@@ -383,6 +383,9 @@ fn sanitize(experiments: Vec<String>, (tools, variants, jobs, timeout, seed): Sa
         let what = s.get("first_error").or(s.get("failure")).and_then(|v| v.as_str()).unwrap_or("");
         println!("{} {} under {}: {} error(s) on {}
   {}", r.params["experiment"].as_str().unwrap_or(""), r.variant, s["tool"].as_str().unwrap_or(""), s["errors"], r.params["case"], what.replace('\n', "\n  "));
+        if let Some(log) = s.get("log").and_then(|l| l.as_str()) {
+            println!("  log: {}", out.join(log).display());
+        }
         if let Some(cmd) = sanitize::reproduce(r) {
             println!("  again: {cmd}");
         }

@@ -45,11 +45,24 @@ pub trait Experiment: Sync {
             gates
         }
     }
-    /// Under racecheck, one process per (case, variant) instead of per case: for an experiment
-    /// whose cases launch many variants that each take long under the tool (a GEMM ladder on its
-    /// 1000^3 gates: ~6 minutes per case in one process), so they run side by side.
-    fn sanitize_racecheck_per_variant(&self) -> bool {
+    /// Under racecheck, one process per variant of `case` instead of one for the case: for cases
+    /// that launch many variants that each take long under the tool (a GEMM ladder on its
+    /// 1000^3 gates: ~6 minutes per case in one process), so they run side by side. Each process
+    /// costs its own start under the tool (~15 s with 15 side by side on an H100 host), so
+    /// small cases keep one.
+    fn sanitize_racecheck_per_variant(&self, _case: &Value) -> bool {
         false
+    }
+    /// Under every tool, one process per case instead of one for all (racecheck always runs one
+    /// per case): for an experiment whose cases each take long under any tool (a model's engine).
+    fn sanitize_case_per_process(&self) -> bool {
+        false
+    }
+    /// Kernels `tool` leaves uninstrumented, as a regex searched in their names: a library's own
+    /// kernels that the experiment launches beside the lab's (NCCL's), which run unchecked so
+    /// that the lab's are what is checked. Records name it.
+    fn sanitize_uninstrumented(&self, _tool: crate::profile::sanitize::Tool) -> Option<&'static str> {
+        None
     }
     /// Variants launched only inside another one (a model's engine), as (that variant, family,
     /// variant it launches): `lab sanitize` counts them checked wherever that one ran.

@@ -34,6 +34,9 @@ impl Experiment for DpStep {
     fn sweep_axis(&self) -> &'static str {
         "ranks"
     }
+    fn sanitize_uninstrumented(&self, tool: crate::profile::sanitize::Tool) -> Option<&'static str> {
+        crate::ops::nccl_allreduce::NcclAllReduce.sanitize_uninstrumented(tool)
+    }
     fn headlines(&self) -> &'static [&'static str] {
         &["bucket_mb=25.0"]
     }

@@ -8,7 +8,7 @@
 //! simulated ranks in host memory (`ring_plan_host`), so the schedule the GPUs run is always
 //! tested.
 
-use crate::collective::nccl::{gpus_for_nccl, nccl_all_reduce, nccl_error, ring_all_reduce, world_sizes, RingBufs};
+use crate::collective::nccl::{gpus_for_nccl, nccl_all_reduce, nccl_error, ring_all_reduce, world_sizes, RingBufs, NCCL_KERNELS};
 use crate::collective::nccl_log;
 use crate::collective::plan::RingPlan;
 use crate::collective::ring::reference_sum;
@@ -19,6 +19,7 @@ use crate::ops::allreduce::{figure, rank_input, sizes, tolerance};
 use crate::ops::compare::{compare_elems, first_failure};
 use crate::ops::Elem;
 use crate::profile::host_time;
+use crate::profile::sanitize::Tool;
 use crate::record::Tolerance;
 use crate::{LabError, Result};
 use cudarc::driver::CudaSlice;
@@ -77,6 +78,15 @@ impl Experiment for NcclAllReduce {
             }
         }
         cases
+    }
+    /// The gates on two GPUs (the smallest world, the one a two-GPU host has).
+    fn sanitize_cases(&self, backend: &Backend) -> Vec<Value> {
+        crate::experiment::quick_gates(self, backend).into_iter().filter(|c| c["ranks"] == 2).collect()
+    }
+    /// NCCL's kernels, except under initcheck: it knows memory as written only through the
+    /// kernels it instruments, and the lab's adds read what NCCL's kernels received.
+    fn sanitize_uninstrumented(&self, tool: Tool) -> Option<&'static str> {
+        (tool != Tool::Initcheck).then_some(NCCL_KERNELS)
     }
     fn run_case(&self, s: &mut Session, case: &Value) -> Result<()> {
         let transport = param_str(case, "transport")?;

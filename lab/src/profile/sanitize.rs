@@ -3,15 +3,21 @@
 //! [`crate::experiment::Experiment::sanitize_cases`]) under each tool, several processes at a
 //! time, and records per (variant, tool, shape) the error count and the first error's text.
 //! A clean process clears every launch it made; one with errors is split by case, then by
-//! variant, until each error is pinned on the variant and shape that made it.
+//! variant, until each error is pinned on the variant and shape that made it. The log of every
+//! process that found something or did not finish is kept beside the records
+//! (`sanitizer-logs/<run-id>/<experiment>-<variant>-<tool>-<case>.log`, bounded) and named in its
+//! record. (Past 600 lines for its tests: the log of every report form the tool prints is a
+//! fixture there.)
 
 use crate::experiment::{Backend, Measurement, Session};
 use crate::profile::Work;
 use crate::record::{ErrorStats, Record};
 use crate::{LabError, Result};
+use regex::Regex;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::{Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
@@ -46,63 +52,100 @@ pub fn program() -> String {
 /// What one process under a tool came to.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Outcome {
+    /// The tool's count of what it found (memcheck, initcheck, synccheck: errors; racecheck:
+    /// hazards displayed, errors and warnings alike), or the reports it printed where those are
+    /// more: a report the summary leaves out is still a report.
     pub errors: u64,
-    /// The first error report, its host backtrace left out.
+    /// Of those, racecheck's warnings (hazards it judges may be intended, warp-synchronous code
+    /// among them: on Volta and later they are races all the same).
+    pub warnings: u64,
+    /// Reports printed (at most `--print-limit`; memcheck counts the rest without printing them).
+    pub printed: u64,
+    /// The first report, its host backtrace left out.
     pub first: Option<String>,
-    /// Reports printed per kernel they name (`at <kernel>+0x...`).
+    /// Printed reports per kernel they name (`at <kernel>+0x...`).
     pub kernels: BTreeMap<String, u64>,
+    /// Printed reports that name no kernel.
+    pub unattributed: u64,
     /// The tool printed its summary: the process ran to its end under it.
     pub finished: bool,
 }
 
-const PREFIX: &str = "=========";
-
-/// The kernel a report line names: `... at <kernel>+0x1560 ...`.
-fn kernel_named(line: &str) -> Option<&str> {
-    let at = line.find("at ")?;
-    let rest = &line[at + 3..];
-    let end = rest.find("+0x")?;
-    let name = &rest[..end];
-    (!name.is_empty() && !name.contains(' ')).then_some(name)
+impl Outcome {
+    /// Every report is printed and names a kernel, none of them the lab's: what a vendor library
+    /// the variant calls was found doing, not the lab's kernels (`lab` empty: none can be told
+    /// apart, so none is).
+    pub fn only_outside(&self, lab: &BTreeSet<String>) -> bool {
+        self.errors > 0 && !lab.is_empty() && self.unattributed == 0 && self.printed >= self.errors && !self.kernels.is_empty() && self.kernels.keys().all(|k| !lab.contains(k))
+    }
 }
 
-/// Reads a compute-sanitizer log (`--log-file`): the error count from its summary line
-/// (`ERROR SUMMARY: N errors`, or racecheck's `RACECHECK SUMMARY: H hazards displayed (N errors,
-/// W warnings)`), the first error's report, and the kernels the printed reports name.
+const PREFIX: &str = "=========";
+
+/// The summary lines: `ERROR SUMMARY: N errors` (memcheck also prints `ERROR SUMMARY: N errors
+/// were not printed ...`), racecheck's `RACECHECK SUMMARY: H hazards displayed (E errors, W
+/// warnings)`, singular where the count is 1.
+fn summary(line: &str) -> Option<(u64, u64)> {
+    static RE: OnceLock<Regex> = OnceLock::new();
+    let re = RE.get_or_init(|| {
+        Regex::new(r"^(?:ERROR SUMMARY: (\d+) errors?\b|RACECHECK SUMMARY: (\d+) hazards? displayed \((\d+) errors?, (\d+) warnings?\))").expect("a valid pattern")
+    });
+    let c = re.captures(line)?;
+    let n = |i: usize| c.get(i).and_then(|m| m.as_str().parse().ok()).unwrap_or(0);
+    Some(if c.get(1).is_some() { (n(1), 0) } else { (n(2).max(n(3) + n(4)), n(4)) })
+}
+
+/// The kernel a report line names, as the tool prints it: `at <kernel>+0x1560` (memcheck,
+/// initcheck, synccheck, racecheck's `Race reported between Write access at <kernel>+0x...`
+/// and its hazard reports' `Write Thread (0,0,0) at <kernel>+0x...`), or the older
+/// `at 0x1560 in <file>:<line>:<kernel>`. The lab's kernels are `extern "C"` and print bare;
+/// others print demangled (`void ns::k<float>(float *, int)`): the name is kept without its
+/// return type and parameters.
+fn kernel_named(line: &str) -> Option<String> {
+    static RE: OnceLock<[Regex; 2]> = OnceLock::new();
+    let [at, old] = RE.get_or_init(|| {
+        [r"(?:^|\s)at (\S.*?)\+0x[0-9a-fA-F]+", r"(?:^|\s)at 0x[0-9a-fA-F]+ in (?:[^\s:]+:\d+:)?(\S.*)$"].map(|p| Regex::new(p).expect("a valid pattern"))
+    });
+    let name = at.captures(line).or_else(|| old.captures(line))?.get(1)?.as_str().trim();
+    let name = name.strip_prefix("void ").unwrap_or(name);
+    let name = name.split_once('(').map_or(name, |(n, _)| n).trim();
+    (!name.is_empty()).then(|| name.to_string())
+}
+
+/// Reads a compute-sanitizer log (`--log-file`): the count from its summary line, the first
+/// report, and the kernels the printed reports name. A report opens at an unindented line that
+/// is no header or summary (`Error: Race reported ...`, `Warning: Race reported ...`,
+/// `Invalid __global__ read ...`, `Barrier error detected ...`); the lines after it are its own
+/// until an empty `=========` line.
 pub fn parse(log: &str) -> Outcome {
     let mut out = Outcome::default();
-    // A report opens at an unindented line that is no header or summary; its indented lines
-    // follow until an empty `=========` line.
     let mut reports: Vec<Vec<&str>> = Vec::new();
     let mut open = false;
     for l in log.lines().filter_map(|l| l.strip_prefix(PREFIX)) {
         let body = l.trim();
-        let count = if let Some(rest) = body.strip_prefix("ERROR SUMMARY:") {
-            Some(rest.split_whitespace().next())
-        } else {
-            body.strip_prefix("RACECHECK SUMMARY:").map(|rest| rest.split_once('(').and_then(|(_, r)| r.split_whitespace().next()))
-        };
-        if let Some(count) = count {
+        if let Some((count, warnings)) = summary(body) {
             out.finished = true;
-            out.errors = out.errors.max(count.and_then(|n| n.parse().ok()).unwrap_or(0));
+            out.errors = out.errors.max(count);
+            out.warnings = out.warnings.max(warnings);
             open = false;
         } else if body.is_empty() || body.starts_with("COMPUTE-SANITIZER") || body.starts_with("Target application returned") {
             open = false;
-        } else if !l.starts_with("     ") && !open {
+        } else if !l.starts_with("  ") && !open {
             reports.push(vec![body]);
             open = true;
         } else if open && !body.starts_with("Saved host backtrace") && !body.starts_with("Host Frame") {
             reports.last_mut().expect("open").push(body);
         }
     }
+    out.printed = reports.len() as u64;
+    out.errors = out.errors.max(out.printed);
     for r in &reports {
-        if let Some(k) = r.iter().find_map(|l| kernel_named(l)) {
-            *out.kernels.entry(k.to_string()).or_default() += 1;
+        match r.iter().find_map(|l| kernel_named(l)) {
+            Some(k) => *out.kernels.entry(k).or_default() += 1,
+            None => out.unattributed += 1,
         }
     }
-    if out.errors > 0 {
-        out.first = reports.first().map(|r| r.iter().take(8).copied().collect::<Vec<_>>().join("\n"));
-    }
+    out.first = reports.first().map(|r| r.iter().take(8).copied().collect::<Vec<_>>().join("\n"));
     out
 }
 
@@ -113,6 +156,38 @@ pub struct Job<'a> {
     pub tool: Option<Tool>,
     pub cases: Vec<(usize, Value)>,
     pub variant: Option<String>,
+    /// Kernels the tool leaves uninstrumented (a regex of their names; see
+    /// [`crate::experiment::Experiment::sanitize_uninstrumented`]).
+    pub uninstrumented: Option<&'static str>,
+}
+
+/// The sanitizer's arguments before the program it runs: the tool, the report limit, the log
+/// file, and the kernels it leaves uninstrumented (`--kernel-name-exclude`: a kernel that matches
+/// runs at full speed, unchecked; `regex=` searches its name, mangled or not).
+pub fn sanitizer_args(tool: Tool, uninstrumented: Option<&str>, log: &std::path::Path) -> Vec<std::ffi::OsString> {
+    let mut args: Vec<std::ffi::OsString> = ["--tool", tool.name(), "--print-limit", "200"].map(Into::into).into();
+    if let Some(re) = uninstrumented {
+        args.extend(["--kernel-name-exclude".into(), format!("regex={re}").into()]);
+    }
+    args.extend(["--log-file".into(), log.as_os_str().to_owned()]);
+    args
+}
+
+/// The most of a sanitizer log kept beside the records: its head and tail.
+const LOG_KEPT: usize = 1 << 20;
+/// The most of the run's own standard error kept with it.
+const STDERR_KEPT: usize = 64 << 10;
+
+/// At most `max` bytes of `text`: three quarters from its head, a quarter from its tail, each cut
+/// at a line's end, and a line saying how much was left out between them.
+fn bounded(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let head = text[..text.floor_char_boundary(max / 4 * 3)].rfind('\n').map_or(0, |i| i + 1);
+    let tail = text.ceil_char_boundary(text.len() - max / 4);
+    let tail = text[tail..].find('\n').map_or(text.len(), |i| tail + i + 1);
+    format!("{}[... {} bytes left out ...]\n{}", &text[..head], tail - head, &text[tail..])
 }
 
 /// What the process did: the tool's outcome, the launches the run recorded as (case index,
@@ -124,6 +199,8 @@ pub struct Ran {
     pub failure: Option<String>,
     /// The kernel families the process ran, with their hashes (from its records).
     pub kernels: std::collections::BTreeMap<String, String>,
+    /// The sanitizer's log and the run's standard error after it, bounded (empty without a tool).
+    pub log: String,
 }
 
 /// Runs one job; a process still running after the plan's timeout is killed with its group and
@@ -135,7 +212,7 @@ pub fn run_job(job: &Job, plan: &Plan) -> Result<Ran> {
     let mut cmd = match job.tool {
         Some(tool) => {
             let mut c = Command::new(program());
-            c.args(["--tool", tool.name(), "--print-limit", "200", "--log-file"]).arg(&log).arg(exe);
+            c.args(sanitizer_args(tool, job.uninstrumented, &log)).arg(exe);
             c
         }
         None => Command::new(exe),
@@ -170,9 +247,11 @@ pub fn run_job(job: &Job, plan: &Plan) -> Result<Ran> {
         std::thread::sleep(Duration::from_millis(50));
     };
     let seconds = start.elapsed().as_secs_f64();
-    let outcome = if job.tool.is_some() { parse(&std::fs::read_to_string(&log).unwrap_or_default()) } else { Outcome { finished: true, ..Outcome::default() } };
+    let log_text = std::fs::read(&log).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
+    let outcome = if job.tool.is_some() { parse(&log_text) } else { Outcome { finished: true, ..Outcome::default() } };
     let (records, _) = crate::record::read_records(dir.path())?;
-    let last_err = std::fs::read_to_string(&stderr_path).unwrap_or_default().lines().rfind(|l| !l.trim().is_empty()).unwrap_or("").to_string();
+    let stderr_text = std::fs::read(&stderr_path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
+    let last_err = stderr_text.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("").to_string();
     let failure = match status {
         None => Some(format!("did not finish in {} s", plan.timeout.as_secs())),
         // `lab run` exits 1 when a check failed: the launches still ran under the tool.
@@ -189,47 +268,68 @@ pub fn run_job(job: &Job, plan: &Plan) -> Result<Ran> {
         }
     }
     let kernels = records.iter().flat_map(|r| r.kernels.clone()).collect();
-    Ok(Ran { outcome, launches, seconds, failure, kernels })
+    let log = match job.tool {
+        Some(_) => format!("{}\n==== the run's standard error ====\n{}", bounded(&log_text, LOG_KEPT), bounded(&stderr_text, STDERR_KEPT)),
+        None => String::new(),
+    };
+    Ok(Ran { outcome, launches, seconds, failure, kernels, log })
 }
 
 /// How a (variant, tool, case) came out.
 struct Finding<'a> {
-    errors: u64,
     outcome: &'a Outcome,
     seconds: f64,
     failure: Option<&'a str>,
+    /// The kernels left uninstrumented (a regex of their names).
+    uninstrumented: Option<&'a str>,
+    /// Where the process's log was kept, relative to the records' folder.
+    log: Option<&'a str>,
 }
 
-/// One sanitizer record: `variant` of `experiment` under `tool` on `case`. Reports that name only
-/// kernels outside the lab (a vendor library the variant calls) are kept but do not fail it.
+/// One sanitizer record: `variant` of `experiment` under `tool` on `case`. Reports that all name
+/// kernels outside the lab (a vendor library the variant calls) are kept but do not fail it;
+/// a report naming no kernel, or one the tool did not print, might be the lab's and fails it.
 fn measurement(experiment: &str, variant: &str, tool: Tool, case: &Value, version: &str, f: Finding, lab_kernels: &BTreeSet<String>) -> Measurement {
     let params = json!({"experiment": experiment, "tool": tool.name(), "case": case});
     let mut m = Measurement::new(variant, "compute-sanitizer", &params, Work { bytes: 0, flops: 0 });
-    let outside: Vec<&String> = f.outcome.kernels.keys().filter(|k| !lab_kernels.is_empty() && !lab_kernels.contains(*k)).collect();
-    let library = f.errors > 0 && !f.outcome.kernels.is_empty() && outside.len() == f.outcome.kernels.len();
-    let status = match (f.failure, f.errors) {
+    let o = f.outcome;
+    let status = match (f.failure, o.errors) {
         (Some(_), _) => "incomplete",
         (None, 0) => "clean",
-        _ if library => "library",
+        _ if o.only_outside(lab_kernels) => "library",
         _ => "errors",
     };
     // A failed run counts as one error: nothing it did not finish can be called clean.
     let mut e = ErrorStats::empty(&format!("compute-sanitizer {version} --tool {}", tool.name()));
     e.mismatches = match status {
-        "incomplete" => f.errors.max(1),
-        "errors" => f.errors,
+        "incomplete" => o.errors.max(1),
+        "errors" => o.errors,
         _ => 0,
     };
     m.error = Some(e);
-    let mut s = json!({"tool": tool.name(), "status": status, "errors": f.errors, "seconds": f.seconds, "version": version});
-    if f.errors > 0 {
-        s["kernels"] = json!(f.outcome.kernels);
-        if let Some(first) = &f.outcome.first {
+    let mut s = json!({"tool": tool.name(), "status": status, "errors": o.errors, "seconds": f.seconds, "version": version});
+    if o.errors > 0 {
+        s["kernels"] = json!(o.kernels);
+        for (key, n) in [("warnings", o.warnings), ("unattributed", o.unattributed)] {
+            if n > 0 {
+                s[key] = json!(n);
+            }
+        }
+        if o.printed < o.errors {
+            s["not_printed"] = json!(o.errors - o.printed);
+        }
+        if let Some(first) = &o.first {
             s["first_error"] = json!(first);
         }
     }
     if let Some(why) = f.failure {
         s["failure"] = json!(why);
+    }
+    if let Some(re) = f.uninstrumented {
+        s["uninstrumented"] = json!(re);
+    }
+    if let Some(log) = f.log {
+        s["log"] = json!(log);
     }
     let covers: Vec<String> = crate::experiment::find(experiment)
         .map(|e| e.sanitize_covers().iter().filter(|c| c.0 == variant).map(|&(_, f, v)| format!("{f}/{v}")).collect())
@@ -285,6 +385,7 @@ pub fn run(session: &mut Session, plan: &Plan) -> Result<Vec<(String, Vec<String
     let backend = session.backend.clone();
     let lab_kernels = lab_kernels(&backend)?;
     let variant = plan.variants.first().cloned().filter(|_| plan.variants.len() == 1);
+    let logs = Logs { dir: session.opts.out.clone(), sub: format!("sanitizer-logs/{}", session.run_id()) };
     // Each experiment's cases, and the launches a plain run of them makes (a run under a tool
     // may end at its first fault, before it records what it launched).
     // The cases exactly as `lab run --once` takes them.
@@ -297,11 +398,11 @@ pub fn run(session: &mut Session, plan: &Plan) -> Result<Vec<(String, Vec<String
     let pool = rayon::ThreadPoolBuilder::new().num_threads(plan.jobs.max(1)).build().map_err(|e| LabError::Invalid(format!("thread pool: {e}")))?;
     let listed: Vec<Result<Ran>> = pool.install(|| {
         use rayon::prelude::*;
-        work.par_iter().map(|(name, cases)| run_job(&Job { experiment: name, tool: None, cases: cases.clone(), variant: variant.clone() }, plan)).collect()
+        work.par_iter().map(|(name, cases)| run_job(&Job { experiment: name, tool: None, cases: cases.clone(), variant: variant.clone(), uninstrumented: None }, plan)).collect()
     });
     let launched: Launched = Default::default();
     // racecheck is by far the slowest tool: one process per case (or per case and variant where
-    // the experiment asks), so that they run side by side.
+    // the experiment asks), so that they run side by side; every tool, where the experiment asks.
     // (experiment, tool, its cases, what a plain run of them launched, the one variant it runs)
     type Queued = (&'static str, Tool, Vec<(usize, Value)>, Vec<(usize, String)>, Option<String>);
     let mut queue: Vec<Queued> = Vec::new();
@@ -311,17 +412,19 @@ pub fn run(session: &mut Session, plan: &Plan) -> Result<Vec<(String, Vec<String
             eprintln!("sanitize: {name} without a tool: {why}");
         }
         launched.lock().unwrap_or_else(|p| p.into_inner()).entry(name).or_default().extend(listed.launches.iter().map(|(_, v)| v.clone()));
+        let exp = crate::experiment::find(name)?;
         for &tool in &plan.tools {
-            let per_variant = tool == Tool::Racecheck && variant.is_none() && crate::experiment::find(name)?.sanitize_racecheck_per_variant();
-            if per_variant {
-                for l in &listed.launches {
-                    let case = cases.iter().find(|c| c.0 == l.0).cloned().into_iter().collect();
-                    queue.push((name, tool, case, vec![l.clone()], Some(l.1.clone())));
-                }
-            } else if tool == Tool::Racecheck {
-                queue.extend(cases.iter().map(|c| (*name, tool, vec![c.clone()], listed.launches.iter().filter(|l| l.0 == c.0).cloned().collect(), variant.clone())));
-            } else {
+            if tool != Tool::Racecheck && !exp.sanitize_case_per_process() {
                 queue.push((name, tool, cases.clone(), listed.launches.clone(), variant.clone()));
+                continue;
+            }
+            for c in cases {
+                let launches: Vec<(usize, String)> = listed.launches.iter().filter(|l| l.0 == c.0).cloned().collect();
+                if tool == Tool::Racecheck && variant.is_none() && exp.sanitize_racecheck_per_variant(&c.1) {
+                    queue.extend(launches.iter().map(|l| (*name, tool, vec![c.clone()], vec![l.clone()], Some(l.1.clone()))));
+                } else {
+                    queue.push((name, tool, vec![c.clone()], launches, variant.clone()));
+                }
             }
         }
     }
@@ -331,7 +434,8 @@ pub fn run(session: &mut Session, plan: &Plan) -> Result<Vec<(String, Vec<String
             pool.install(|| {
                 use rayon::prelude::*;
                 queue.par_iter().for_each_with(tx, |tx, (name, tool, cases, launches, variant)| {
-                    let job = Sanitize { name, tool: *tool, cases, launches, variant: variant.clone(), version: &version, lab_kernels: &lab_kernels };
+                    let uninstrumented = crate::experiment::find(name).ok().and_then(|e| e.sanitize_uninstrumented(*tool));
+                    let job = Sanitize { name, tool: *tool, cases, launches, variant: variant.clone(), version: &version, lab_kernels: &lab_kernels, uninstrumented, logs: &logs };
                     let _ = tx.send(job.run(plan));
                 });
             })
@@ -382,13 +486,35 @@ struct Sanitize<'a> {
     variant: Option<String>,
     version: &'a str,
     lab_kernels: &'a BTreeSet<String>,
+    uninstrumented: Option<&'static str>,
+    logs: &'a Logs,
+}
+
+/// Where the logs of processes that found something or did not finish are kept: `sub` (relative,
+/// as records name them) under the records' folder `dir`.
+struct Logs {
+    dir: std::path::PathBuf,
+    sub: String,
+}
+
+impl Logs {
+    /// Writes `text` as `<experiment>-<variant>-<tool>-<case index>.log`; returns its name
+    /// relative to the records' folder.
+    fn keep(&self, experiment: &str, variant: &str, tool: Tool, case: usize, text: &str) -> Result<String> {
+        let folder = self.dir.join(&self.sub);
+        std::fs::create_dir_all(&folder).map_err(|e| LabError::io(&folder, e))?;
+        let name = format!("{experiment}-{variant}-{}-{case}.log", tool.name());
+        let path = folder.join(&name);
+        std::fs::write(&path, text).map_err(|e| LabError::io(&path, e))?;
+        Ok(format!("{}/{name}", self.sub))
+    }
 }
 
 impl Sanitize<'_> {
     /// The cases in one process; where it reports errors or fails, each case alone, then each
     /// variant of an erring case alone, so every error is pinned on a variant and a case.
     fn run(&self, plan: &Plan) -> Result<Vec<Measurement>> {
-        let job = |cases: Vec<(usize, Value)>, variant: Option<String>| Job { experiment: self.name, tool: Some(self.tool), cases, variant };
+        let job = |cases: Vec<(usize, Value)>, variant: Option<String>| Job { experiment: self.name, tool: Some(self.tool), cases, variant, uninstrumented: self.uninstrumented };
         let whole = run_job(&job(self.cases.to_vec(), self.variant.clone()), plan)?;
         eprintln!(
             "sanitize: {}{} under {} on {} case(s) in {:.0} s: {} error(s){}",
@@ -402,34 +528,37 @@ impl Sanitize<'_> {
         );
         let mut out = Vec::new();
         if whole.outcome.errors == 0 && whole.failure.is_none() {
-            out.extend(self.launches.iter().map(|(i, v)| self.record(*i, v, &whole)));
+            out.extend(self.launches.iter().map(|(i, v)| self.record(*i, v, &whole)).collect::<Result<Vec<_>>>()?);
             return Ok(out);
         }
         for (i, case) in self.cases {
             let in_case: Vec<&String> = self.launches.iter().filter(|l| l.0 == *i).map(|l| &l.1).collect();
             let one = if self.cases.len() == 1 { None } else { Some(run_job(&job(vec![(*i, case.clone())], self.variant.clone()), plan)?) };
             if let Some(one) = one.as_ref().filter(|o| o.outcome.errors == 0 && o.failure.is_none()) {
-                out.extend(in_case.iter().map(|v| self.record(*i, v, one)));
+                out.extend(in_case.iter().map(|v| self.record(*i, v, one)).collect::<Result<Vec<_>>>()?);
                 continue;
             }
             if in_case.len() == 1 {
-                out.push(self.record(*i, in_case[0], one.as_ref().unwrap_or(&whole)));
+                out.push(self.record(*i, in_case[0], one.as_ref().unwrap_or(&whole))?);
                 continue;
             }
             for v in in_case {
                 let alone = run_job(&job(vec![(*i, case.clone())], Some(v.clone())), plan)?;
-                out.push(self.record(*i, v, &alone));
+                out.push(self.record(*i, v, &alone)?);
             }
         }
         Ok(out)
     }
 
-    fn record(&self, i: usize, variant: &str, ran: &Ran) -> Measurement {
+    /// The record of `variant` on case `i` from the process `ran`, its log kept where it found
+    /// something or did not finish.
+    fn record(&self, i: usize, variant: &str, ran: &Ran) -> Result<Measurement> {
         let case = self.cases.iter().find(|c| c.0 == i).map(|c| c.1.clone()).unwrap_or(Value::Null);
-        let finding = Finding { errors: ran.outcome.errors, outcome: &ran.outcome, seconds: ran.seconds, failure: ran.failure.as_deref() };
+        let log = if ran.outcome.errors > 0 || ran.failure.is_some() { Some(self.logs.keep(self.name, variant, self.tool, i, &ran.log)?) } else { None };
+        let finding = Finding { outcome: &ran.outcome, seconds: ran.seconds, failure: ran.failure.as_deref(), uninstrumented: self.uninstrumented, log: log.as_deref() };
         let mut m = measurement(self.name, variant, self.tool, &case, self.version, finding, self.lab_kernels);
         m.kernels = ran.kernels.clone();
-        m
+        Ok(m)
     }
 }
 
@@ -438,8 +567,9 @@ pub fn reproduce(record: &Record) -> Option<String> {
     let s = record.extra.get("sanitizer")?;
     let experiment = record.params.get("experiment")?.as_str()?;
     let case = record.params.get("case")?;
+    let exclude = s.get("uninstrumented").and_then(Value::as_str).map(|re| format!(" --kernel-name-exclude 'regex={re}'")).unwrap_or_default();
     Some(format!(
-        "{} --tool {} lab run {experiment} --backend cuda --once --case '{case}' --variant {} --seed {}",
+        "{} --tool {}{exclude} lab run {experiment} --backend cuda --once --case '{case}' --variant {} --seed {}",
         program(),
         s.get("tool")?.as_str()?,
         record.variant,
@@ -511,13 +641,142 @@ mod tests {
         assert!(!parse("========= COMPUTE-SANITIZER\n").finished, "no summary: the run did not end under the tool");
     }
 
+    /// racecheck's other report forms: a warning (warp-synchronous code), errors and warnings
+    /// in one log, a demangled kernel with its parameters and source line, hazard mode
+    /// (`--racecheck-report hazard`), and the older `at 0x... in file:line:kernel` form.
+    const RACECHECK_WARNING: &str = "========= COMPUTE-SANITIZER
+========= Warning: Race reported between Write access at llama_rope_cache_f16+0x550
+=========     and Read access at llama_rope_cache_f16+0x580 [64 hazards]
+========= 
+========= RACECHECK SUMMARY: 1 hazard displayed (0 errors, 1 warning)
+";
+    const RACECHECK_MIXED: &str = "========= COMPUTE-SANITIZER
+========= Error: Race reported between Write access at attention_fa2_d64_f16+0x1a0
+=========     and Read access at attention_fa2_d64_f16+0x2b0 [12 hazards]
+=========     and Read access at attention_fa2_d64_f16+0x2c0 [12 hazards]
+========= 
+========= Warning: Race reported between Read access at fold_blend(const float *, float *, int, int)+0x7600 in san.cu:18
+=========     and Write access at fold_blend(const float *, float *, int, int)+0x63d0 in san.cu:16 [2048 hazards]
+========= 
+========= Error: Potential WAW hazard detected at __shared__ 0x0 in block (0,0,0) :
+=========     Write Thread (0,0,0) at void ns::waw<float>(float *)+0x2f0 in raceWAW.cu:20
+=========     Write Thread (1,0,0) at void ns::waw<float>(float *)+0x2f0 in raceWAW.cu:20
+=========     Current Value : 1, Incoming Value : 2
+========= 
+========= Error: Race reported between Write access at 0x00000120 in raceGroupBasic.cu:36:sumKernel(int*, int*)
+=========     and Read access at 0x00000180 in raceGroupBasic.cu:36:sumKernel(int*, int*) [4 hazards]
+========= 
+========= RACECHECK SUMMARY: 4 hazards displayed (3 errors, 1 warning)
+";
+    /// synccheck's report (the same shape as memcheck's).
+    const SYNCCHECK: &str = "========= COMPUTE-SANITIZER
+========= Barrier error detected. Divergent thread(s) in warp
+=========     at divergence_sorted_f32+0x1a0 in divergence.cu:47
+=========     by thread (37,0,0) in block (0,0,0)
+========= 
+========= ERROR SUMMARY: 1 error
+";
+
+    #[test]
+    fn every_racecheck_report_counts_and_names_its_kernel() {
+        let o = parse(RACECHECK_WARNING);
+        assert_eq!((o.errors, o.warnings, o.printed, o.unattributed, o.finished), (1, 1, 1, 0, true), "a warning is a hazard");
+        assert_eq!(o.kernels.keys().collect::<Vec<_>>(), ["llama_rope_cache_f16"]);
+        assert!(o.first.unwrap().starts_with("Warning: Race reported between Write access at llama_rope_cache_f16+0x550\nand Read access"));
+        let o = parse(RACECHECK_MIXED);
+        assert_eq!((o.errors, o.warnings, o.printed, o.unattributed), (4, 1, 4, 0));
+        let named: Vec<(&str, u64)> = o.kernels.iter().map(|(k, n)| (k.as_str(), *n)).collect();
+        assert_eq!(named, [("attention_fa2_d64_f16", 1), ("fold_blend", 1), ("ns::waw<float>", 1), ("sumKernel", 1)]);
+        let o = parse(SYNCCHECK);
+        assert_eq!((o.errors, o.printed), (1, 1));
+        assert_eq!(o.kernels.keys().collect::<Vec<_>>(), ["divergence_sorted_f32"]);
+        // Lines that only look alike name nothing.
+        for line in ["and is inside the nearest allocation at 0x2a9a004800 of size 2,294 bytes", "Error: Potential WAW hazard detected at __shared__ 0x0 in block (0,0,0) :", "Access to 0x2a9a0050f0 is out of bounds"] {
+            assert_eq!(kernel_named(line), None, "{line}");
+        }
+    }
+
+    /// A report that names no kernel, or one the summary leaves out, is counted: a run is clean
+    /// only when the tool printed nothing, and `library` only when every report is printed and
+    /// names a kernel outside the lab.
+    #[test]
+    fn a_report_naming_no_kernel_is_neither_clean_nor_library() {
+        let lab: BTreeSet<String> = ["llama_rope_cache_f16".to_string()].into();
+        let status = |log: &str| {
+            let o = parse(log);
+            let f = Finding { outcome: &o, seconds: 1.0, failure: None, uninstrumented: None, log: None };
+            let m = measurement("x", "v", Tool::Racecheck, &json!({}), "t", f, &lab);
+            (m.extra["sanitizer"]["status"].as_str().unwrap().to_string(), m.error.unwrap().mismatches, m.extra["sanitizer"].clone())
+        };
+        let unnamed = "========= Warning: Detected overflow of tracked cuda::barrier structures. Results might be incorrect.\n========= \n";
+        let (st, n, s) = status(&format!("========= COMPUTE-SANITIZER\n{unnamed}========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n"));
+        assert_eq!((st.as_str(), n, &s["unattributed"]), ("errors", 1, &json!(1)), "{s}");
+        // cuBLAS's report beside one that names nothing: not the library's alone.
+        let both = RACECHECK.replace("========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)", &format!("{unnamed}========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)"));
+        assert_eq!(status(&both).0, "errors");
+        assert_eq!(status(RACECHECK).0, "library");
+        // Reports in a library's kernel that the tool did not all print.
+        let unprinted = RACECHECK.replace("1 hazard displayed (1 error, 0 warnings)", "3 hazards displayed (3 errors, 0 warnings)");
+        let (st, n, s) = status(&unprinted);
+        assert_eq!((st.as_str(), n, &s["not_printed"]), ("errors", 3, &json!(2)), "{s}");
+        // A warning in the lab's kernel fails it.
+        let (st, n, s) = status(RACECHECK_WARNING);
+        assert_eq!((st.as_str(), n, &s["warnings"], &s["kernels"]["llama_rope_cache_f16"]), ("errors", 1, &json!(1), &json!(1)), "{s}");
+    }
+
+    #[test]
+    fn the_tool_leaves_the_named_kernels_uninstrumented() {
+        let log = std::path::Path::new("/tmp/x.log");
+        let args = |re| sanitizer_args(Tool::Memcheck, re, log).into_iter().map(|a| a.into_string().unwrap()).collect::<Vec<_>>();
+        assert_eq!(args(None), ["--tool", "memcheck", "--print-limit", "200", "--log-file", "/tmp/x.log"]);
+        assert_eq!(args(Some("a|b")), ["--tool", "memcheck", "--print-limit", "200", "--kernel-name-exclude", "regex=a|b", "--log-file", "/tmp/x.log"]);
+        // NCCL's kernels match, mangled or not; none of the lab's does.
+        let re = Regex::new(crate::collective::nccl::NCCL_KERNELS).unwrap();
+        for k in ["ncclDevKernel_AllReduce_Sum_f32_RING_LL", "_Z40ncclDevKernel_AllReduce_Sum_f32_RING_LL24ncclDevKernelArgsStorageILm4096EE", "ncclKernel_AllReduce_RING_LL_Sum_float"] {
+            assert!(re.is_match(k), "{k}");
+        }
+        for family in crate::family::with_kernels() {
+            for line in crate::kernels::source(family.name).unwrap().lines().filter(|l| l.contains("__global__")) {
+                assert!(!re.is_match(line), "{}: {line}", family.name);
+            }
+        }
+    }
+
+    /// nccl_allreduce under the tools: two ranks, NCCL's kernels uninstrumented except under
+    /// initcheck (which sees memory written only by the kernels it instruments).
+    #[test]
+    fn nccl_allreduce_runs_two_ranks_and_leaves_nccl_uninstrumented_but_under_initcheck() {
+        use crate::experiment::Experiment;
+        let e = crate::ops::nccl_allreduce::NcclAllReduce;
+        let cases = e.sanitize_cases(&Backend::Cpu);
+        assert!(!cases.is_empty() && cases.iter().all(|c| c["ranks"] == 2), "{cases:?}");
+        assert_eq!(e.sanitize_uninstrumented(Tool::Initcheck), None);
+        for tool in [Tool::Memcheck, Tool::Racecheck, Tool::Synccheck] {
+            assert_eq!(e.sanitize_uninstrumented(tool), Some(crate::collective::nccl::NCCL_KERNELS));
+        }
+    }
+
+    /// A kept log keeps its head and tail, whole lines of each, and says how much it left out.
+    #[test]
+    fn kept_logs_are_bounded() {
+        let text: String = (0..100_000).map(|i| format!("========= line {i}\n")).collect();
+        let kept = bounded(&text, 64 << 10);
+        assert!(kept.len() < (64 << 10) + 64, "{}", kept.len());
+        assert!(kept.starts_with("========= line 0\n") && kept.ends_with("========= line 99999\n"));
+        let cut = kept.lines().find(|l| l.starts_with("[... ")).unwrap();
+        let left: usize = cut.trim_start_matches("[... ").split(' ').next().unwrap().parse().unwrap();
+        assert_eq!(kept.len() - cut.len() - 1 + left, text.len(), "{cut}");
+        assert!(kept.lines().all(|l| l.starts_with("========= line ") || l == cut));
+        assert_eq!(bounded("short\n", 64), "short\n");
+    }
+
     #[test]
     fn reports_only_in_library_kernels_do_not_fail_a_variant_and_the_labs_own_do() {
         let lab: BTreeSet<String> = ["quant_w4a16_mma_pipelined_asym_b1_f16".to_string()].into();
         let case = json!({"n": 37});
         let status = |log: &str| {
             let o = parse(log);
-            let m = measurement("x", "v", Tool::Racecheck, &case, "t", Finding { errors: o.errors, outcome: &o, seconds: 1.0, failure: None }, &lab);
+            let m = measurement("x", "v", Tool::Racecheck, &case, "t", Finding { outcome: &o, seconds: 1.0, failure: None, uninstrumented: None, log: None }, &lab);
             (m.extra["sanitizer"]["status"].as_str().unwrap().to_string(), m.error.unwrap().mismatches)
         };
         assert_eq!(status(RACECHECK), ("library".into(), 0));
