@@ -538,7 +538,8 @@ mod tests {
                 let e = check_w4a16(&got, &expected, &scale, w4a16_bound(k));
                 assert!(e.passed(), "{} batch {batch}: {e:?}", format.name());
                 rounded_reference &= got.iter().zip(&expected).all(|(g, &e)| *g == f16::from_f64(e));
-                let faults: [(&str, &(dyn Fn(usize, usize, u32) -> Option<[f32; 8]> + Sync)); 2] = [
+                type Decode<'a> = &'a (dyn Fn(usize, usize, u32) -> Option<[f32; 8]> + Sync);
+                let faults: [(&str, Decode); 2] = [
                     ("nibble 2 of word 3 with the other zero point", &|r, w, bits| {
                         let mut v = codes8(bits, bias);
                         if (r, w) == (5, 3) {
