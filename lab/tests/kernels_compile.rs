@@ -172,7 +172,7 @@ fn the_quant_kernels_take_the_launch_the_table_gives() {
                 let sym = symbol("quant", &w4_kernel(name, scheme, b), DType::F16);
                 let (params, threads, min_blocks) = headers[&sym];
                 // codes, scales, (mins), x, y, (workspace, counters), n, k, group
-                assert_eq!(params, 7 + usize::from(scheme == Scheme::Asym) + 2 * usize::from(d.split_k), "{sym}");
+                assert_eq!(params, 7 + usize::from(scheme == Scheme::Asym) + 2 * usize::from(d.split_k()), "{sym}");
                 assert_eq!(threads, Some(32 * d.warps), "{sym}");
                 if d.launch_shape(8192, 8192, b, scheme, 132).2 > 0 {
                     assert_eq!(min_blocks, Some(d.blocks_per_sm()), "{sym}");

@@ -229,21 +229,34 @@ impl GroupQuant {
     /// `j + 16`; here neighbours share a byte). Dequantizes to the same f32 bits as
     /// [`dequantize`]`(Block::Q4_1, ..)`.
     pub fn from_q4_1(blocks: &[u8], rows: usize, cols: usize) -> Result<GroupQuant> {
+        Self::from_blocks(Block::Q4_1, blocks, rows, cols)
+    }
+
+    /// [`GroupQuant::from_q4_1`] for either 4-bit block: Q4_0's `(q - 8) d` is Sym's with the
+    /// same f16 `d` (which may be negative), Q4_1 becomes Asym.
+    pub fn from_blocks(block: Block, blocks: &[u8], rows: usize, cols: usize) -> Result<GroupQuant> {
+        let scheme = match block {
+            Block::Q4_0 => Scheme::Sym,
+            Block::Q4_1 => Scheme::Asym,
+            Block::Q8_0 => return Err(LabError::Invalid("GroupQuant holds 4-bit codes; Q8_0 blocks have 8-bit ones".into())),
+        };
+        let bytes = block.bytes();
         let n = rows.checked_mul(cols).filter(|&n| n > 0 && cols.is_multiple_of(QK));
-        let Some(n) = n.filter(|&n| blocks.len() == Block::Q4_1.size_of(n)) else {
+        let Some(n) = n.filter(|&n| blocks.len() == block.size_of(n)) else {
             return Err(LabError::shape(
-                "from_q4_1",
-                format!("{} bytes for a {rows} x {cols} matrix: rows >= 1, cols a multiple of {QK}, {Q4_1_BYTES} bytes per {QK} weights", blocks.len()),
+                "GroupQuant::from_blocks",
+                format!("{} bytes for a {rows} x {cols} matrix: rows >= 1, cols a multiple of {QK}, {bytes} bytes per {QK} weights", blocks.len()),
             ));
         };
         let mut packed = vec![0u8; n / 2];
         let mut scales = vec![f16::ZERO; n / QK];
         let mut mins = vec![f16::ZERO; n / QK];
         let tasks = packed.par_chunks_mut(QK / 2 * PAR_BLOCKS).zip(scales.par_chunks_mut(PAR_BLOCKS)).zip(mins.par_chunks_mut(PAR_BLOCKS));
-        tasks.zip(blocks.par_chunks(Q4_1_BYTES * PAR_BLOCKS)).for_each(|(((p, s), m), b)| {
-            for (((p, s), m), b) in p.chunks_exact_mut(QK / 2).zip(s).zip(m).zip(b.chunks_exact(Q4_1_BYTES)) {
-                (*s, *m) = (f16::from_le_bytes([b[0], b[1]]), f16::from_le_bytes([b[2], b[3]]));
-                let qs = &b[4..Q4_1_BYTES];
+        tasks.zip(blocks.par_chunks(bytes * PAR_BLOCKS)).for_each(|(((p, s), m), b)| {
+            for (((p, s), m), b) in p.chunks_exact_mut(QK / 2).zip(s).zip(m).zip(b.chunks_exact(bytes)) {
+                let (d, min, qs) = parts(block, b);
+                // From f16 bits, so back to f16 exactly.
+                (*s, *m) = (f16::from_f32(d), f16::from_f32(min));
                 for i in 0..QK / 4 {
                     // Byte i holds elements 2i, 2i + 1 (low nibbles of qs); byte 8 + i elements
                     // 16 + 2i, 17 + 2i (their high nibbles).
@@ -252,7 +265,10 @@ impl GroupQuant {
                 }
             }
         });
-        Ok(GroupQuant { scheme: Scheme::Asym, group: QK, rows, cols, packed, scales, mins })
+        if scheme == Scheme::Sym {
+            mins.clear();
+        }
+        Ok(GroupQuant { scheme, group: QK, rows, cols, packed, scales, mins })
     }
 }
 
@@ -368,6 +384,13 @@ mod tests {
             let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
             assert_eq!(bits(g.dequantize()), bits(dequantize(Block::Q4_1, &b).unwrap()));
         }
+        // Q4_0 becomes symmetric groups of 32, its (possibly negative) d kept.
+        let q4_0 = quantize(Block::Q4_0, &(0..rows * cols).map(|i| (i as f32 * 0.71).sin()).collect::<Vec<_>>()).unwrap();
+        let g = GroupQuant::from_blocks(Block::Q4_0, &q4_0, rows, cols).unwrap();
+        assert_eq!((g.scheme, g.group, g.scales.len(), g.mins.len()), (Scheme::Sym, 32, 9, 0));
+        assert!(g.scales.iter().any(|d| d.is_sign_negative()));
+        assert_eq!(g.dequantize().iter().map(|v| v.to_bits()).collect::<Vec<_>>(), dequantize(Block::Q4_0, &q4_0).unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+        assert!(GroupQuant::from_blocks(Block::Q8_0, &[0u8; 34], 1, 32).is_err());
         assert!(GroupQuant::from_q4_1(&[0u8; 80], 1, 96).unwrap_err().to_string().contains("80 bytes for a 1 x 96 matrix"));
         assert!(GroupQuant::from_q4_1(&[0u8; 60], 2, 48).is_err());
         assert!(GroupQuant::from_q4_1(&[], 0, 32).is_err());

@@ -537,11 +537,10 @@ pub fn w4a16_mma_pipelined(q: &GroupQuant, x: &[f16], batch: usize, grid: usize)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::quant::reference::{check_w4a16, reference_w4a16, w4a16_tolerance};
-    use crate::ops::quant::variants::{mma_steps_in_flight, pipelined_grid, splitk_slices, BATCHES};
-    use crate::quant::group;
+    use crate::ops::quant::variants::{mma_steps_in_flight, splitk_slices, BATCHES};
+    use crate::ops::quant::models::tests::random_quant;
     use crate::quant::tiles::tile;
-    use rand::{Rng, SeedableRng};
+    use rand::SeedableRng;
 
     #[test]
     fn the_helpers_do_what_the_cuda_intrinsics_do() {
@@ -571,21 +570,6 @@ mod tests {
         assert_eq!([pair(false, 0), pair(true, 0), pair(false, 8), pair(true, 8)], [(0.0, 4.0), (1.0, 5.0), (2.0, 6.0), (3.0, 7.0)]);
     }
 
-    /// The w4a16_mma rungs the model mirrors, as (warps, tile layout, post, sweep): w4a16_mma,
-    /// w4a16_mma_occ8 (8 warps), w4a16_mma_tiled (8 warps, tile layout), w4a16_mma_tiled_post,
-    /// w4a16_mma_tiled_sweep (whose sums w4a16_mma_tiled_bulk shares) and w4a16_mma_tiled_sweep4
-    /// (4 warps; rolling loads change no sum).
-    fn mma_rungs(tiles: &Tiles) -> [(usize, Option<&Tiles>, bool, bool); 6] {
-        [
-            (MMA_WARPS, None, false, false),
-            (2 * MMA_WARPS, None, false, false),
-            (2 * MMA_WARPS, Some(tiles), false, false),
-            (2 * MMA_WARPS, Some(tiles), true, false),
-            (2 * MMA_WARPS, Some(tiles), true, true),
-            (MMA_WARPS, Some(tiles), true, true),
-        ]
-    }
-
     /// w4a16_mma_tiled_async copies each lane's scale (min) pair word with cp.async and splits
     /// it as the register rungs do; the word holds the tile layout's scales of rows g and g + 8.
     #[test]
@@ -609,11 +593,6 @@ mod tests {
         }
     }
 
-    fn random_quant(rng: &mut impl Rng, n: usize, k: usize, scheme: Scheme, group: usize) -> GroupQuant {
-        let w: Vec<f32> = (0..n * k).map(|_| rng.random_range(-1.0f32..1.0) / (k as f32).sqrt()).collect();
-        group::quantize(&w, n, k, scheme, group).unwrap()
-    }
-
     /// The launcher's slice count gives every split-K warp one load round, and the split covers
     /// each step of K exactly once, slices in order.
     #[test]
@@ -625,93 +604,6 @@ mod tests {
                 let per = nsteps.div_ceil(MMA_WARPS * slices);
                 assert!(per <= steps_in_flight(b), "K={k} batch {b}: {per} steps per warp");
                 assert!(slices == 1 || nsteps > MMA_WARPS * steps_in_flight(b) * (slices - 1), "K={k} batch {b}: a slice too many");
-            }
-        }
-    }
-
-    /// Odd shapes (a partial tile, partial steps, warps with no step, several load rounds per
-    /// warp, groups of 32 to 256 including 96, which advances the group index unevenly, K not a
-    /// multiple of 128) at every batch pass the experiment's own check.
-    #[test]
-    fn the_mma_model_passes_the_w4a16_check_on_odd_shapes() {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
-        let shapes = [
-            (37, 992, Scheme::Asym, 32),
-            (37, 992, Scheme::Sym, 32),
-            (40, 576, Scheme::Sym, 64),
-            (21, 1408, Scheme::Asym, 128),
-            (24, 4096, Scheme::Sym, 128),
-            (9, 1536, Scheme::Sym, 96),
-            (7, 2048, Scheme::Asym, 256),
-            (5, 96, Scheme::Sym, 96),
-            (37, 4064, Scheme::Sym, 32),
-            (19, 11008, Scheme::Asym, 128),
-        ];
-        for (n, k, scheme, group) in shapes {
-            let q = random_quant(&mut rng, n, k, scheme, group);
-            let wd = q.dequantize();
-            for &b in BATCHES {
-                let x: Vec<f16> = (0..b * k).map(|_| f16::from_f32(rng.random_range(-2.0f32..2.0))).collect();
-                let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
-                let expected = reference_w4a16(&xf, &wd, b, n, k);
-                let tiles = tile(&q);
-                for (warps, t, post, sweep) in mma_rungs(&tiles) {
-                    let e = check_w4a16(&w4a16_mma(&q, t, (post, sweep), &x, b, warps), &expected, w4a16_tolerance(&expected));
-                    assert!(e.passed(), "{warps} warps, tiled {}, post {post}, sweep {sweep}: N={n} K={k} {scheme:?} g{group} batch {b}: {e:?}", t.is_some());
-                }
-                // Split-K as launched, and with more and fewer slices than one round asks for
-                // (warps with no step, several rounds per warp).
-                for slices in [splitk_slices(k, b), 1, 2, 3, 7] {
-                    let e = check_w4a16(&w4a16_mma_splitk(&q, &x, b, slices), &expected, w4a16_tolerance(&expected));
-                    assert!(e.passed(), "split-K {slices}: N={n} K={k} {scheme:?} g{group} batch {b}: {e:?}");
-                }
-                // Pipelined: the launched grid (one tile per block here) and grids that give a
-                // block several tiles, so the ring runs across tile boundaries.
-                for grid in [pipelined_grid(n, 132), 1, 2, 3] {
-                    let e = check_w4a16(&w4a16_mma_pipelined(&q, &x, b, grid), &expected, w4a16_tolerance(&expected));
-                    assert!(e.passed(), "pipelined grid {grid}: N={n} K={k} {scheme:?} g{group} batch {b}: {e:?}");
-                }
-            }
-        }
-    }
-
-    /// With integer weights and activations every product and partial sum is exact in f32, so
-    /// the output must be the exact product rounded once to f16: bit for bit.
-    #[test]
-    fn the_mma_model_is_exact_on_integer_data() {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
-        for (n, k, scheme, group) in [(37, 992, Scheme::Asym, 32), (19, 640, Scheme::Sym, 128), (9, 1536, Scheme::Asym, 96), (7, 2048, Scheme::Sym, 256), (21, 4064, Scheme::Asym, 32)] {
-            let gprs = n * k / group;
-            let q = GroupQuant {
-                scheme,
-                group,
-                rows: n,
-                cols: k,
-                packed: (0..n * k / 2).map(|_| rng.random::<u8>()).collect(),
-                scales: (0..gprs).map(|_| f16::from_f32([1.0, 2.0, 0.5][rng.random_range(0..3)])).collect(),
-                mins: if scheme == Scheme::Asym { (0..gprs).map(|_| f16::from_f32(rng.random_range(-8i32..0) as f32)).collect() } else { vec![] },
-            };
-            let wd = q.dequantize();
-            for &b in BATCHES {
-                let x: Vec<f16> = (0..b * k).map(|_| f16::from_f32(rng.random_range(-3i32..=3) as f32)).collect();
-                let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
-                let expected: Vec<u16> = reference_w4a16(&xf, &wd, b, n, k).iter().map(|&v| f16::from_f64(v).to_bits()).collect();
-                let tiles = tile(&q);
-                for (warps, t, post, sweep) in mma_rungs(&tiles) {
-                    let got: Vec<u16> = w4a16_mma(&q, t, (post, sweep), &x, b, warps).iter().map(|v| v.to_bits()).collect();
-                    let first = got.iter().zip(&expected).position(|(g, e)| g != e);
-                    assert!(first.is_none(), "{warps} warps, tiled {}, post {post}, sweep {sweep}: N={n} K={k} batch {b}: first difference at {first:?}", t.is_some());
-                }
-                for slices in [splitk_slices(k, b), 2, 5] {
-                    let got: Vec<u16> = w4a16_mma_splitk(&q, &x, b, slices).iter().map(|v| v.to_bits()).collect();
-                    let first = got.iter().zip(&expected).position(|(g, e)| g != e);
-                    assert!(first.is_none(), "split-K {slices}: N={n} K={k} batch {b}: first difference at {first:?}");
-                }
-                for grid in [pipelined_grid(n, 132), 1, 2] {
-                    let got: Vec<u16> = w4a16_mma_pipelined(&q, &x, b, grid).iter().map(|v| v.to_bits()).collect();
-                    let first = got.iter().zip(&expected).position(|(g, e)| g != e);
-                    assert!(first.is_none(), "pipelined grid {grid}: N={n} K={k} batch {b}: first difference at {first:?}");
-                }
             }
         }
     }

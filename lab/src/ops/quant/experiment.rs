@@ -6,24 +6,28 @@
 //! - `format`: quantize and dequantize a `rows x cols` matrix in one [`Format`]; on the GPU the
 //!   dequantize kernels (bytes: the quantized form read + f16 written), checked to the bit.
 //! - `w4a16`: Y = X W^T with 4-bit W (group-wise, f16 scales), f16 X and Y, batches 1..16, every
-//!   W4A16 design of the table beside cuBLAS fp16 GEMM on the dequantized weights (GPU only),
-//!   and the read floor (`stream_read*`) once per shape. Bytes: everything the kernel must read
-//!   and write (codes, scales, X, Y); flops `2 B N K`. Records carry the design as the variant,
-//!   the scheme and batch as params.
+//!   W4A16 design of the table beside cuBLAS fp16 GEMM on the dequantized weights, and the read
+//!   floor (`stream_read*`) once per shape (GPU); `cpu_w4a16` on the CPU. Each output element
+//!   within [`w4a16_bound`] of the f64 product. Bytes: everything the kernel must read and write
+//!   (codes, scales, X, Y); flops `2 B N K`. Records carry the design as the variant, the scheme
+//!   and batch as params. On the GPU's untimed shapes each design also runs on integer data,
+//!   where its CPU model ([`super::models`]) must give the same bits: the record's `model`.
 //! - `q8_0`: SmolLM2's LM head and token embedding in Q8_0 (or an odd shape, checked only): the
 //!   W8A16 product per batch (f16 X, f32 Y; bytes: blocks, X and Y), checked element by element
-//!   within the f32 sum bound of [`check_w8a16`]; the gather of `ids` random rows and the whole
+//!   within the f32 sum bound of [`check_w8a16`] (and, untimed on the GPU, against its CPU model
+//!   on integer data); the gather of `ids` random rows and the whole
 //!   dequantize (f16 on the GPU, f32 on the CPU), checked to the bit.
 //! - `smollm2`: the per-tensor requantization table of SmolLM2-135M (`LAB_SMOLLM2_GGUF`): each
 //!   Q4_1 tensor dequantized, requantized in every format by `cpu_quantize`, and measured (untimed).
 
 use super::launch::{self, QuantTensor};
+use super::models::{integer_problem, integer_q8, w4a16_model, w8a16_blocks};
 use super::q8::{self, check_w8a16, reference_w8a16, Q8Tensor};
 use super::reference::{
-    bits, check_w4a16, f16_bits, f16_bytes, parse_format, reference_dequantize, reference_dequantize_blocks, reference_w4a16, step_check, validate_w4a16, w4a16_tolerance,
-    xor_words, Grid, Quantized, STEP_REFERENCE,
+    bits, check_w4a16, f16_bits, f16_bytes, parse_format, reference_dequantize, reference_dequantize_blocks, reference_magnitudes, reference_w4a16, step_check,
+    validate_w4a16, w4a16_bound, xor_words, Grid, Quantized, STEP_REFERENCE,
 };
-use super::variants::{stream_reads, w4_designs, Layout, BATCHES};
+use super::variants::{stream_reads, w4_designs, w8a16_shape, Layout, BATCHES};
 use crate::error::Doing;
 use crate::experiment::{param_str, param_timed, param_usize, rng_for, Backend, Experiment, Measurement, Session};
 use crate::gpu::timing::time_gpu;
@@ -83,6 +87,12 @@ impl Experiment for Quant {
         };
         let formats: Vec<String> = if gpu { ["sym_g128", "asym_g128", "q4_0", "q4_1"].map(String::from).to_vec() } else { Format::all().iter().map(|f| f.name()).collect() };
         out.extend(formats.iter().map(|f| json!({"op": "format", "format": f, "rows": rows, "cols": cols})));
+        if !gpu {
+            // cpu_w4a16: an odd shape at odd batches (checked), then a timed one.
+            out.push(json!({"op": "w4a16", "n": 37, "k": 992, "scheme": "asym", "group": 32, "batches": [1, 3, 16], "timed": false}));
+            let (n, k) = if quick { (512, 1024) } else { (4096, 4096) };
+            out.push(json!({"op": "w4a16", "n": n, "k": k, "scheme": "sym", "group": 128, "batches": [1, 16]}));
+        }
         if gpu {
             let shapes: &[(usize, usize)] = if quick {
                 &[(4096, 4096), (1536, 576)]
@@ -103,6 +113,8 @@ impl Experiment for Quant {
             out.push(json!({"op": "w4a16", "n": 37, "k": 992, "scheme": "asym", "group": 32, "batches": BATCHES, "timed": false}));
             // The same odd rows with K split over 2 (3 at batch 16) blocks per tile, a partial last step.
             out.push(json!({"op": "w4a16", "n": 37, "k": 4064, "scheme": "sym", "group": 32, "batches": BATCHES, "timed": false}));
+            // Odd rows with post-scaled steps (sym, group 128), 23 steps over 8 warps.
+            out.push(json!({"op": "w4a16", "n": 37, "k": 2944, "scheme": "sym", "group": 128, "batches": BATCHES, "timed": false}));
         }
         // Q8_0: odd rows, a K of three blocks and batches across the 16-row launches (checked),
         // then SmolLM2's LM head (GPU).
@@ -281,11 +293,21 @@ fn run_format(s: &mut Session, case: &Value) -> Result<()> {
     Ok(())
 }
 
+/// A batch of X for a W4A16 shape and its reference: (params, X, the f64 product of the
+/// dequantized weights, the f64 product of |X| and the weights' term magnitudes).
+fn w4a16_batch(s: &Session, shape_case: &Value, b: usize, (n, k): (usize, usize), wd: &[f32], mags: &[f32]) -> (Value, Vec<f16>, Vec<f64>, Vec<f64>) {
+    let mut params = shape_case.clone();
+    params["batch"] = json!(b);
+    let mut rng = rng_for(s.opts.seed, &params);
+    let x: Vec<f16> = (0..b * k).map(|_| f16::from_f32(StandardNormal.sample(&mut rng))).collect();
+    let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
+    let expected = reference_w4a16(&xf, wd, b, n, k);
+    let scale = reference_w4a16(&xf.iter().map(|v| v.abs()).collect::<Vec<_>>(), mags, b, n, k);
+    (params, x, expected, scale)
+}
+
 fn run_w4a16(s: &mut Session, case: &Value) -> Result<()> {
     let dev = s.backend.clone();
-    let Backend::Cuda(gpu) = &dev else {
-        return Err(LabError::Invalid("w4a16 runs on the GPU backend".into()));
-    };
     let (n, k, group) = (param_usize(case, "n")?, param_usize(case, "k")?, param_usize(case, "group")?);
     let scheme = match param_str(case, "scheme")? {
         "sym" => Scheme::Sym,
@@ -293,50 +315,75 @@ fn run_w4a16(s: &mut Session, case: &Value) -> Result<()> {
         other => return Err(LabError::Invalid(format!("unknown scheme `{other}` (sym, asym)"))),
     };
     let (batches, shape_case) = batches(case)?;
-    for &b in &batches {
-        validate_w4a16(n, k, group, b)?;
-    }
     let timed = param_timed(case);
     let wf = weights(s, &shape_case, n, k);
     let q = group::quantize(&wf, n, k, scheme, group)?;
     let wd = q.dequantize();
-    let wd16: Vec<f16> = wd.par_iter().map(|&v| f16::from_f32(v)).collect();
     let qbytes = q.bytes();
+    let quantized = Quantized::Group(q);
+    let mags = reference_magnitudes(&quantized);
+    let (format, bound) = (Format::Group { scheme, group }, w4a16_bound(k));
+    let flops = |b: usize| 2 * (b * n * k) as u64;
+    let io = |b: usize| 2 * (b * k + b * n) as u64;
+    let Backend::Cuda(gpu) = &dev else {
+        if !s.wants("cpu_w4a16", "lab") {
+            return Ok(());
+        }
+        let w = QuantTensor::from_quantized(&dev, quantized, (n, k), Layout::Rows)?;
+        for b in batches {
+            let (params, x, expected, scale) = w4a16_batch(s, &shape_case, b, (n, k), &wd, &mags);
+            let dx = Tensor::from_slice(&dev, &[b, k], &x)?;
+            let mut dy = Tensor::<f16>::zeros(&dev, &[b, n])?;
+            let op = |y: &mut Tensor<f16>| launch::w4a16_matvec_with(&dev, "cpu_w4a16", &w, &dx, y);
+            let work = Work { bytes: qbytes + io(b), flops: flops(b) };
+            let mut m = measure(s, &params, ("cpu_w4a16", "lab"), work, timed, &mut dy, op, |y| check_w4a16(y, &expected, &scale, bound))?;
+            m.tolerance = Some(bound.tolerance());
+            footprint_extra(&mut m, format, (n * k) as u64);
+            s.emit(m)?;
+        }
+        return Ok(());
+    };
+    for &b in &batches {
+        validate_w4a16(n, k, group, b)?;
+    }
+    let wd16: Vec<f16> = wd.par_iter().map(|&v| f16::from_f32(v)).collect();
     // The weights in each layout the designs read, rearranged once like the dequantized weights
     // cuBLAS reads (untimed).
-    let quantized = Quantized::Group(q);
-    let layouts: Vec<(Layout, QuantTensor)> = [Layout::Rows, Layout::Tiles, Layout::StepMajor]
-        .into_iter()
-        .map(|l| QuantTensor::from_quantized(&dev, quantized.clone(), (n, k), l).map(|w| (l, w)))
-        .collect::<Result<_>>()?;
+    let layouts = in_layouts(&dev, &quantized, (n, k))?;
     let in_layout = |l: Layout| &layouts.iter().find(|(m, _)| *m == l).expect("every layout built").1;
     stream_read(s, &shape_case, &quantized, in_layout(Layout::Rows))?;
     let dw16 = gpu.upload(&wd16)?;
     let blas = CudaBlas::new(gpu.stream.clone()).doing("creating the cuBLAS handle")?;
-    let format = Format::Group { scheme, group };
     for b in batches {
-        let mut params = shape_case.clone();
-        params["batch"] = json!(b);
-        let mut rng = rng_for(s.opts.seed, &params);
-        let x: Vec<f16> = (0..b * k).map(|_| f16::from_f32(StandardNormal.sample(&mut rng))).collect();
-        let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
-        let expected = reference_w4a16(&xf, &wd, b, n, k);
-        let tol = w4a16_tolerance(&expected);
-        let check = |y: &[f16]| check_w4a16(y, &expected, tol);
+        let (params, x, expected, scale) = w4a16_batch(s, &shape_case, b, (n, k), &wd, &mags);
         let dx = Tensor::from_slice(&dev, &[b, k], &x)?;
         let mut dy = Tensor::<f16>::zeros(&dev, &[b, n])?;
-        let io = 2 * (b * k + b * n) as u64;
-        let flops = 2 * (b * n * k) as u64;
+        // The untimed shapes' models, on integer data: weights in every layout, X and Y.
+        let integer = if timed {
+            None
+        } else {
+            let (iq, ix) = integer_problem(n, k, scheme, group, b, s.opts.seed);
+            let dix = Tensor::from_slice(&dev, &[b, k], &ix)?;
+            Some((in_layouts(&dev, &Quantized::Group(iq.clone()), (n, k))?, iq, ix, dix))
+        };
         for (name, design) in w4_designs() {
             if !s.wants(name, "lab") {
                 continue;
             }
             let w = in_layout(design.layout);
             let op = |y: &mut Tensor<f16>| launch::w4a16_matvec_with(&dev, name, w, &dx, y);
-            let work = Work { bytes: qbytes + io, flops };
-            let mut m = measure(s, &params, (name, "lab"), work, timed, &mut dy, op, check)?;
-            m.tolerance = Some(tol);
+            let work = Work { bytes: qbytes + io(b), flops: flops(b) };
+            let mut m = measure(s, &params, (name, "lab"), work, timed, &mut dy, op, |y| check_w4a16(y, &expected, &scale, bound))?;
+            m.tolerance = Some(bound.tolerance());
             footprint_extra(&mut m, format, (n * k) as u64);
+            if let Some((ilayouts, iq, ix, dix)) = &integer {
+                let w = &ilayouts.iter().find(|(m, _)| *m == design.layout).expect("every layout built").1;
+                launch::w4a16_matvec_with(&dev, name, w, dix, &mut dy)?;
+                let got = dy.to_vec()?;
+                let model = w4a16_model(&design, iq, ix, b, gpu.info.sm_count as usize);
+                let what = format!("{:?} on {} warps, {} layout", design.model, design.warps, design.layout.name());
+                m.extra.insert("model".into(), model_field(&what, &f16_bits(&got), &f16_bits(&model)));
+            }
             s.emit(m)?;
         }
         if s.wants("cublas_f16_dequantized", "cublas") {
@@ -349,13 +396,27 @@ fn run_w4a16(s: &mut Session, case: &Value) -> Result<()> {
                 // SAFETY: W is n x k, X is b x k, Y is b x n halves, as cfg says.
                 unsafe { blas.gemm(cfg, &dw16, xd, y) }.doing("cuBLAS fp16 GEMM")
             };
-            let work = Work { bytes: 2 * (n * k) as u64 + io, flops };
-            let mut m = measure(s, &params, ("cublas_f16_dequantized", "cublas"), work, timed, &mut dy, op, check)?;
-            m.tolerance = Some(tol);
+            // cuBLAS may reduce split-K partials in f16.
+            let peer = bound.with_output_type_reduction();
+            let work = Work { bytes: 2 * (n * k) as u64 + io(b), flops: flops(b) };
+            let mut m = measure(s, &params, ("cublas_f16_dequantized", "cublas"), work, timed, &mut dy, op, |y| check_w4a16(y, &expected, &scale, peer))?;
+            m.tolerance = Some(peer.tolerance());
             s.emit(m)?;
         }
     }
     Ok(())
+}
+
+/// Group-wise weights placed on `dev` in every layout a design reads.
+fn in_layouts(dev: &Backend, q: &Quantized, shape: (usize, usize)) -> Result<Vec<(Layout, QuantTensor)>> {
+    [Layout::Rows, Layout::Tiles, Layout::StepMajor].into_iter().map(|l| QuantTensor::from_quantized(dev, q.clone(), shape, l).map(|w| (l, w))).collect()
+}
+
+/// The record's `model` field: a kernel's output on integer data against its CPU model's, bit
+/// for bit (a nonzero `mismatches` is a decode or an index the model and the kernel disagree on).
+fn model_field<T: PartialEq>(what: &str, got: &[T], model: &[T]) -> Value {
+    let first = got.iter().zip(model).position(|(g, m)| g != m);
+    json!({"model": what, "data": "integer", "outputs": got.len(), "mismatches": got.iter().zip(model).filter(|(g, m)| g != m).count(), "first": first})
 }
 
 /// A case's batches, one record each, and the case without them (the shape's params): a rerun of
@@ -394,7 +455,17 @@ fn run_q8(s: &mut Session, case: &Value) -> Result<()> {
         let mut dy = Tensor::<f32>::zeros(&dev, &[b, n])?;
         let work = Work { bytes: w.bytes() + 2 * (b * k) as u64 + 4 * (b * n) as u64, flops: 2 * (b * n * k) as u64 };
         let op = |y: &mut Tensor<f32>| q8::w8a16_matvec_with(&dev, product, &w, &dx, y);
-        let m = measure(s, &params, (product, "lab"), work, timed, &mut dy, op, |y| check_w8a16(y, &expected, &abs, k))?;
+        let mut m = measure(s, &params, (product, "lab"), work, timed, &mut dy, op, |y| check_w8a16(y, &expected, &abs, k))?;
+        if let (false, Backend::Cuda(gpu)) = (timed, &dev) {
+            // The kernel on integer data against its CPU model at the launch's rows per warp.
+            let (iblocks, ix) = integer_q8(n, k, b, s.opts.seed);
+            let (iw, dix) = (Q8Tensor::from_blocks(&dev, &iblocks, n, k)?, Tensor::from_slice(&dev, &[b, k], &ix)?);
+            q8::w8a16_matvec_with(&dev, product, &iw, &dix, &mut dy)?;
+            let rows_per_warp = w8a16_shape(n, gpu.info.sm_count as usize).1;
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let model = w8a16_blocks(&iblocks, (n, k), &ix, b, rows_per_warp);
+            m.extra.insert("model".into(), model_field(&format!("w8a16 at {rows_per_warp} rows per warp"), &bits(&dy.to_vec()?), &bits(&model)));
+        }
         s.emit(m)?;
     }
     if s.wants(gather, "lab") {

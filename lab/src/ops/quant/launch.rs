@@ -15,7 +15,8 @@
 //! w4a16_matvec(&cpu, &q, &x, &mut y).unwrap();
 //! ```
 
-use super::reference::{reference_w4a16, validate_w4a16, Quantized};
+use super::models::w4a16_cuda_cores;
+use super::reference::{validate_w4a16, Quantized};
 use super::variants::{self, find, kernel_symbol, Kernel, Layout, W4Design, FAMILY};
 use crate::error::Doing;
 use crate::experiment::Backend;
@@ -404,15 +405,15 @@ pub fn best_w4a16(dev: &Backend, layout: Layout, batch: usize) -> &'static Varia
     find(name).expect("the best W4A16 design is in the table")
 }
 
-/// y (batch x N) = x (batch x K) w^T for 4-bit weights w (N x K), f16 activations, fp32 (GPU)
-/// or f64 (CPU) accumulation, with the best design for the backend, w's layout and the batch.
+/// y (batch x N) = x (batch x K) w^T for 4-bit weights w (N x K), f16 activations, fp32
+/// accumulation, with the best design for the backend, w's layout and the batch.
 pub fn w4a16_matvec(dev: &Backend, w: &QuantTensor, x: &Tensor<f16>, y: &mut Tensor<f16>) -> Result<()> {
     w4a16_matvec_with(dev, best_w4a16(dev, w.layout, x.rows()).name, w, x, y)
 }
 
 /// [`w4a16_matvec`] with a named design. GPU designs take group-wise weights in the layout they
-/// read, K and the group multiples of 32, and a batch of 1, 2, 4, 8 or 16; `cpu_w4a16` takes
-/// any format and batch.
+/// read, K and the group multiples of 32, and a batch of 1, 2, 4, 8 or 16; `cpu_w4a16` (the
+/// `w4a16` kernel's arithmetic) takes any format and batch.
 pub fn w4a16_matvec_with(dev: &Backend, variant: &str, w: &QuantTensor, x: &Tensor<f16>, y: &mut Tensor<f16>) -> Result<()> {
     let v = variant_for("W4A16 design", dev, variant, DType::F16, is_w4a16)?;
     check_placement("w4a16_matvec", dev, &[("w", w.placement()), ("x", x.placement()), ("y", y.placement())])?;
@@ -425,10 +426,13 @@ pub fn w4a16_matvec_with(dev: &Backend, variant: &str, w: &QuantTensor, x: &Tens
     }
     match (v.config, dev) {
         (Kernel::CpuW4a16, _) => {
-            let wd = w.host().expect("placement checked").dequantize();
-            let xf: Vec<f64> = x.host().expect("placement checked").par_iter().map(|v| v.to_f64()).collect();
-            let out = reference_w4a16(&xf, &wd, batch, n, k);
-            y.host_mut().expect("placement checked").par_iter_mut().zip(out.par_iter()).for_each(|(y, &v)| *y = f16::from_f64(v));
+            let x = x.host().expect("placement checked");
+            let out = match w.host().expect("placement checked") {
+                Quantized::Group(g) => w4a16_cuda_cores(g, x, batch),
+                // GGUF's 4-bit blocks are groups of 32 in another nibble order.
+                Quantized::Blocks(b, blocks) => w4a16_cuda_cores(&GroupQuant::from_blocks(*b, blocks, n, k)?, x, batch),
+            };
+            y.host_mut().expect("placement checked").copy_from_slice(&out);
             Ok(())
         }
         (Kernel::W4(design), Backend::Cuda(gpu)) => {
@@ -462,7 +466,7 @@ fn launch_w4(gpu: &Gpu, name: &str, design: W4Design, w: &QuantTensor, scheme: S
         crate::ops::gemm::fit_dynamic_smem(gpu, &f, smem, design.blocks_per_sm())?;
         scratch.fitted.insert(symbol);
     }
-    if design.split_k {
+    if design.split_k() {
         let need = (gy * batch * n, n.div_ceil(design.rows));
         if scratch.splitk.as_ref().is_none_or(|(ws, done)| ws.len() < need.0 || done.len() < need.1) {
             let ws = gpu.stream.alloc_zeros::<f32>(need.0).doing("allocating the split-K workspace")?;
@@ -480,7 +484,7 @@ fn launch_w4(gpu: &Gpu, name: &str, design: W4Design, w: &QuantTensor, scheme: S
         l.arg(mins.expect("asymmetric formats have mins"));
     }
     l.arg(dx).arg(dy);
-    if let (true, Some((ws, done))) = (design.split_k, scratch.splitk.as_ref()) {
+    if let (true, Some((ws, done))) = (design.split_k(), scratch.splitk.as_ref()) {
         l.arg(ws).arg(done);
     }
     // SAFETY: codes n*k/2 bytes, scales (mins) n*k/group halves (tiled: the padded tile layout,
@@ -496,29 +500,62 @@ fn launch_w4(gpu: &Gpu, name: &str, design: W4Design, w: &QuantTensor, scheme: S
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::quant::reference::{check_w4a16, w4a16_tolerance};
+    use crate::ops::quant::reference::check_w4a16;
 
     fn matrix(rows: usize, cols: usize) -> Tensor<f32> {
         Tensor::from_vec(&[rows, cols], (0..rows * cols).map(|i| ((i * 37 % 101) as f32 - 50.0) / 70.0).collect()).unwrap()
     }
 
+    /// The CPU product (w4a16's f32 arithmetic) in every format against the f64 product of the
+    /// dequantized weights: within the W4A16 bound and not the reference rounded. Row 5 with one
+    /// nibble decoded with the other scheme's zero point, or one code word left out, fails the
+    /// same check at row 5.
     #[test]
-    fn the_cpu_matvec_is_the_reference_product_of_the_dequantized_weights() {
+    fn the_cpu_matvec_meets_the_reference_and_a_planted_fault_fails_it() {
+        use crate::ops::quant::models::{codes8, w4a16_cuda_cores_decoding};
+        use crate::ops::quant::reference::{reference_magnitudes, reference_w4a16, w4a16_bound};
         let cpu = Backend::Cpu;
         let (n, k) = (37, 384);
+        let mut rounded_reference = true;
         for format in crate::quant::Format::all() {
             let w = QuantTensor::quantize(&cpu, &matrix(n, k), format).unwrap();
-            let wd = w.host().unwrap().dequantize();
+            let q = w.host().unwrap();
+            let (wd, mags) = (q.dequantize(), reference_magnitudes(q));
+            let g = match q {
+                Quantized::Group(g) => g.clone(),
+                Quantized::Blocks(b, blocks) => GroupQuant::from_blocks(*b, blocks, n, k).unwrap(),
+            };
+            let bias = if g.scheme == Scheme::Sym { 8.0 } else { 0.0 };
             for batch in [1, 3, 8] {
-                let x: Vec<f16> = (0..batch * k).map(|i| f16::from_f32((i % 13) as f32 / 4.0 - 1.5)).collect();
-                let expected = reference_w4a16(&x.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), &wd, batch, n, k);
-                let xt = Tensor::from_vec(&[batch, k], x).unwrap();
+                let x: Vec<f16> = (0..batch * k).map(|i| f16::from_f32((i % 13) as f32 / 4.3 - 1.5)).collect();
+                let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
+                let expected = reference_w4a16(&xf, &wd, batch, n, k);
+                let scale = reference_w4a16(&xf.iter().map(|v| v.abs()).collect::<Vec<_>>(), &mags, batch, n, k);
+                let xt = Tensor::from_vec(&[batch, k], x.clone()).unwrap();
                 let mut y = Tensor::<f16>::zeros(&cpu, &[batch, n]).unwrap();
                 w4a16_matvec(&cpu, &w, &xt, &mut y).unwrap();
-                let e = check_w4a16(&y.to_vec().unwrap(), &expected, w4a16_tolerance(&expected));
-                assert!(e.passed() && e.max_abs <= expected.iter().fold(0f64, |a, v| a.max(v.abs())) * 1e-3, "{} batch {batch}: {e:?}", format.name());
+                let got = y.to_vec().unwrap();
+                let e = check_w4a16(&got, &expected, &scale, w4a16_bound(k));
+                assert!(e.passed(), "{} batch {batch}: {e:?}", format.name());
+                rounded_reference &= got.iter().zip(&expected).all(|(g, &e)| *g == f16::from_f64(e));
+                type Decode<'a> = &'a (dyn Fn(usize, usize, u32) -> Option<[f32; 8]> + Sync);
+                let faults: [(&str, Decode); 2] = [
+                    ("nibble 2 of word 3 with the other zero point", &|r, w, bits| {
+                        let mut v = codes8(bits, bias);
+                        if (r, w) == (5, 3) {
+                            v[2] = codes8(bits, 8.0 - bias)[2];
+                        }
+                        Some(v)
+                    }),
+                    ("word 7 left out", &|r, w, bits| ((r, w) != (5, 7)).then(|| codes8(bits, bias))),
+                ];
+                for (what, decode) in faults {
+                    let e = check_w4a16(&w4a16_cuda_cores_decoding(&g, &x, batch, decode), &expected, &scale, w4a16_bound(k));
+                    assert_eq!((e.passed(), e.worst_index.map(|i| i % n as u64)), (false, Some(5)), "{} batch {batch}, {what}: {e:?}", format.name());
+                }
             }
         }
+        assert!(!rounded_reference, "every output is the f64 reference rounded");
     }
 
     #[test]
@@ -583,7 +620,7 @@ mod tests {
                 for scheme in [Scheme::Sym, Scheme::Asym] {
                     let ((gx, gy), block, smem) = d.launch_shape(n, k, batch, scheme, 132);
                     assert_eq!(block, 32 * d.warps, "{name}");
-                    let covered = if d.pipelined { gx * n.div_ceil(16).div_ceil(gx) * 16 } else { gx * d.rows };
+                    let covered = if d.pipelined() { gx * n.div_ceil(16).div_ceil(gx) * 16 } else { gx * d.rows };
                     assert!(covered >= n && gy >= 1, "{name} N={n}");
                     // 4 blocks per SM (2 pipelined) fit in 227 KB of shared memory at batch 16.
                     assert!(d.blocks_per_sm() * (smem + 8 * 16 * 16 * 4) <= 227 * 1024, "{name} {scheme:?}: {smem} B");

@@ -8,11 +8,14 @@
 //! - [`launch`]: [`QuantTensor`] and the ops (`w4a16_matvec`, `dequantize`, `pack_int4`, ...).
 //! - [`q8`]: [`Q8Tensor`] (GGUF Q8_0 blocks as stored) and its ops (`w8a16_matvec`,
 //!   `embed_q8_0`, `dequantize_q8_0`).
+//! - [`models`]: what the W4A16 designs and the W8A16 kernel compute, replayed on the CPU; the
+//!   CUDA-core kernels' models are the CPU variants `cpu_w4a16` and `cpu_w8a16`.
 //! - [`reference`]: the one-element-at-a-time dequantizer, the f64 product, the checks.
 //! - [`experiment`]: the `quant` experiment, measuring every row through the ops.
 
 pub mod experiment;
 pub mod launch;
+pub mod models;
 pub mod q8;
 pub mod reference;
 pub mod variants;

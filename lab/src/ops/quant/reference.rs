@@ -3,16 +3,14 @@
 //! and the tests judge outputs with.
 
 use super::variants::BATCHES;
-use crate::ops::compare::{compare, compare_bits};
+use crate::kernels::DType;
+use crate::ops::compare::{compare_bits, compare_product, ProductBound};
 use crate::quant::ggml::{self, Block};
 use crate::quant::group::{self, Format, GroupQuant, Scheme};
-use crate::record::{ErrorStats, Tolerance};
+use crate::record::ErrorStats;
 use crate::{LabError, Result};
 use half::f16;
 use rayon::prelude::*;
-
-/// The W4A16 relative tolerance against the f64 product of the dequantized weights.
-const W4_REL: f64 = 1e-2;
 
 pub fn parse_format(name: &str) -> Result<Format> {
     Format::all().into_iter().find(|f| f.name() == name).ok_or_else(|| LabError::Invalid(format!("unknown 4-bit format `{name}` (sym_g32 .. asym_g128, q4_0, q4_1)")))
@@ -206,39 +204,66 @@ pub fn f16_bits(v: &[f16]) -> Vec<u16> {
     v.iter().map(|h| h.to_bits()).collect()
 }
 
-/// Dequantization read straight from the definitions, one element at a time: the independent
-/// check of the parallel dequantizers.
-pub fn reference_dequantize(q: &Quantized) -> Vec<f32> {
-    match q {
-        Quantized::Group(g) => (0..g.rows * g.cols)
-            .map(|i| {
-                let code = (g.packed[i / 2] >> (4 * (i % 2))) & 15;
-                let d = g.scales[i / g.group].to_f32();
-                match g.scheme {
-                    Scheme::Sym => (code as f32 - 8.0) * d,
-                    Scheme::Asym => code as f32 * d + g.mins[i / g.group].to_f32(),
-                }
-            })
-            .collect(),
-        Quantized::Blocks(b, bytes) => reference_dequantize_blocks(*b, bytes),
+/// One weight as its format defines it: the code's value c (q - 8, q, or Q8_0's signed q), the
+/// scale d and the min m of asymmetric formats; the weight is c d (+ m).
+type Terms = (f32, f32, Option<f32>);
+
+fn value((c, d, m): Terms) -> f32 {
+    match m {
+        Some(m) => c * d + m,
+        None => c * d,
     }
 }
 
-/// GGUF blocks (Q4_0, Q4_1 or Q8_0) dequantized one element at a time from the definitions.
-pub fn reference_dequantize_blocks(b: Block, bytes: &[u8]) -> Vec<f32> {
+/// Every weight's [`Terms`], read straight from the definitions one element at a time.
+fn reference_terms(q: &Quantized) -> Vec<Terms> {
+    match q {
+        Quantized::Group(g) => (0..g.rows * g.cols)
+            .map(|i| {
+                let code = ((g.packed[i / 2] >> (4 * (i % 2))) & 15) as f32;
+                let d = g.scales[i / g.group].to_f32();
+                match g.scheme {
+                    Scheme::Sym => (code - 8.0, d, None),
+                    Scheme::Asym => (code, d, Some(g.mins[i / g.group].to_f32())),
+                }
+            })
+            .collect(),
+        Quantized::Blocks(b, bytes) => block_terms(*b, bytes),
+    }
+}
+
+/// [`reference_terms`] of GGUF blocks (Q4_0, Q4_1 or Q8_0).
+fn block_terms(b: Block, bytes: &[u8]) -> Vec<Terms> {
     (0..bytes.len() / b.bytes() * 32)
         .map(|i| {
             let blk = &bytes[i / 32 * b.bytes()..(i / 32 + 1) * b.bytes()];
             let (d, m, qs) = ggml::parts(b, blk);
             let j = i % 32;
-            let nibble = || if j < 16 { qs[j] & 15 } else { qs[j - 16] >> 4 };
+            let nibble = || (if j < 16 { qs[j] & 15 } else { qs[j - 16] >> 4 }) as f32;
             match b {
-                Block::Q4_0 => (nibble() as f32 - 8.0) * d,
-                Block::Q4_1 => nibble() as f32 * d + m,
-                Block::Q8_0 => qs[j] as i8 as f32 * d,
+                Block::Q4_0 => (nibble() - 8.0, d, None),
+                Block::Q4_1 => (nibble(), d, Some(m)),
+                Block::Q8_0 => (qs[j] as i8 as f32, d, None),
             }
         })
         .collect()
+}
+
+/// Dequantization read straight from the definitions, one element at a time: the independent
+/// check of the parallel dequantizers.
+pub fn reference_dequantize(q: &Quantized) -> Vec<f32> {
+    reference_terms(q).into_iter().map(value).collect()
+}
+
+/// GGUF blocks (Q4_0, Q4_1 or Q8_0) dequantized one element at a time from the definitions.
+pub fn reference_dequantize_blocks(b: Block, bytes: &[u8]) -> Vec<f32> {
+    block_terms(b, bytes).into_iter().map(value).collect()
+}
+
+/// |c d| + |m| of every weight: the size of the terms a W4A16 design sums for it (the CUDA-core
+/// design sums d (x . c) and m (sum x) apart), which its rounding error scales with.
+pub fn reference_magnitudes(q: &Quantized) -> Vec<f32> {
+    reference_terms(q).into_iter().map(|(c, d, m)| (c * d).abs() + m.map_or(0.0, f32::abs)).collect()
 }
 
 /// Y[b, r] = sum_k X[b, k] W[r, k] in f64, rows in parallel.
@@ -259,16 +284,23 @@ pub fn reference_w4a16(x: &[f64], w: &[f32], batch: usize, n: usize, k: usize) -
     y
 }
 
-/// The W4A16 check's tolerance for a reference product: 1e-2 relative, and 1e-2 of its RMS
-/// absolute (outputs near zero are sums of cancelling terms).
-pub fn w4a16_tolerance(expected: &[f64]) -> Tolerance {
-    let rms = (expected.iter().map(|v| v * v).sum::<f64>() / expected.len() as f64).sqrt();
-    Tolerance { atol: W4_REL * rms.max(f64::MIN_POSITIVE), rtol: W4_REL }
+/// The f16 rounding of a weight decoded in f16 (the tensor-core designs' fma(c, d, m), rounded
+/// once): 2^-11 of its value, at most of |c d| + |m|.
+const F16_DECODE: f64 = 1.0 / 2048.0;
+
+/// How far a W4A16 output may be from the f64 product of the dequantized weights, element by
+/// element: K products accumulated in f32 and the result rounded to f16
+/// ([`ProductBound::fp32_accumulation`]), each weight decoded in f16 on the tensor cores, all
+/// scaled by the output's sum of |x| (|c d| + |m|) ([`reference_magnitudes`]).
+pub fn w4a16_bound(k: usize) -> ProductBound {
+    let b = ProductBound::fp32_accumulation(k, DType::F16);
+    ProductBound { per_scale: b.per_scale + F16_DECODE, ..b }
 }
 
-/// A W4A16 output against its reference.
-pub fn check_w4a16(y: &[f16], expected: &[f64], tol: Tolerance) -> ErrorStats {
-    compare(&y.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), expected, tol, "cpu-f64-dequantized")
+/// A W4A16 output against its reference: `scale` the f64 product of |X| and
+/// [`reference_magnitudes`], within `bound` ([`w4a16_bound`]).
+pub fn check_w4a16(y: &[f16], expected: &[f64], scale: &[f64], bound: ProductBound) -> ErrorStats {
+    compare_product(&crate::ops::widen(y), expected, scale, bound, "cpu-f64-dequantized")
 }
 
 /// Checks a W4A16 problem: K and the group size multiples of 32, the group dividing K.

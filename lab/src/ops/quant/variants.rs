@@ -45,14 +45,34 @@ pub enum Kernel {
 /// persistent grid ([`pipelined_grid`]) with a dynamic shared-memory ring ([`pipelined_smem`]).
 /// A tiled design reads W (codes, scales, mins) in a tile layout of [`crate::quant::tiles`]
 /// ([`Layout`]); one with a [`Ring`] stages its loads in per-warp shared-memory rings.
+/// `model` says what it computes ([`Model`], replayed by [`super::models::w4a16_model`]).
 #[derive(Clone, Copy, Debug)]
 pub struct W4Design {
     pub rows: usize,
     pub warps: usize,
-    pub split_k: bool,
-    pub pipelined: bool,
+    pub model: Model,
     pub layout: Layout,
     pub ring: Ring,
+}
+
+/// What a W4A16 design computes, as its CPU model replays it: the decode, which warp sums which
+/// steps in which order, where it rounds. Designs that differ only in how they load (rolling
+/// loads, cp.async or TMA rings, L2 prefetches) compute the same sums and share a model: the
+/// table gives them the same value rather than a model each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Model {
+    /// kernels/quant/w4a16.cu: f32 FMAs over 8-weight code words, a warp's butterfly, then its 4
+    /// warps in order ([`super::models::w4a16_cuda_cores`], which `cpu_w4a16` runs too).
+    CudaCores,
+    /// The tensor-core warp step ([`crate::quant::w4a16_mma_model::w4a16_mma`]) with the
+    /// design's warps, each over a contiguous slice of K's steps, or (step-major layout) taking
+    /// the tile's steps in turn; `post`: the scales applied after the MMAs where the kernel can
+    /// (symmetric codes, group % 128 == 0).
+    Mma { post: bool },
+    /// w4a16_mma with K split over blocks too, partials summed by the tile's last block.
+    SplitK,
+    /// The warp step decoding from a shared-memory ring, persistent grid.
+    Pipelined,
 }
 
 /// Where a design reads W's codes: row-major (as quantized), in the tile layout
@@ -186,16 +206,22 @@ pub fn splitk_slices(k: usize, batch: usize) -> usize {
 impl W4Design {
     /// Blocks along K per tile (1 unless split-K).
     pub fn slices(&self, k: usize, batch: usize) -> usize {
-        if self.split_k { splitk_slices(k, batch) } else { 1 }
+        if self.split_k() { splitk_slices(k, batch) } else { 1 }
+    }
+    pub fn split_k(&self) -> bool {
+        self.model == Model::SplitK
+    }
+    pub fn pipelined(&self) -> bool {
+        self.model == Model::Pipelined
     }
     /// Blocks per SM the design is built for (its __launch_bounds__ minimum).
     pub fn blocks_per_sm(&self) -> usize {
-        if self.pipelined { PIPE_BLOCKS_PER_SM } else { 4 }
+        if self.pipelined() { PIPE_BLOCKS_PER_SM } else { 4 }
     }
     /// (grid, block, dynamic shared memory) of a launch.
     pub fn launch_shape(&self, n: usize, k: usize, batch: usize, scheme: Scheme, sms: usize) -> ((usize, usize), usize, usize) {
         let block = 32 * self.warps;
-        if self.pipelined {
+        if self.pipelined() {
             return ((pipelined_grid(n, sms), 1), block, pipelined_smem(scheme));
         }
         ((n.div_ceil(self.rows), self.slices(k, batch)), block, self.ring.smem(scheme))
@@ -204,9 +230,13 @@ impl W4Design {
 
 const F16: &[DType] = &[DType::F16];
 
-const fn w4(rows: usize, warps: usize, layout: Layout, ring: Ring) -> Kernel {
-    Kernel::W4(W4Design { rows, warps, split_k: false, pipelined: false, layout, ring })
+const fn w4(rows: usize, warps: usize, model: Model, layout: Layout, ring: Ring) -> Kernel {
+    Kernel::W4(W4Design { rows, warps, model, layout, ring })
 }
+
+/// The tensor-core step with the scales inside the decode, and after the MMAs where it can.
+const MMA: Model = Model::Mma { post: false };
+const POST: Model = Model::Mma { post: true };
 
 const fn gpu(name: &'static str, requires: Requires, what: &'static str, config: Kernel) -> Variant<Kernel> {
     Variant { name, dtypes: F16, requires, what, config }
@@ -223,29 +253,29 @@ pub const VARIANTS: &[Variant<Kernel>] = &[
     gpu("stream_read_x4", Requires::Gpu, "the floor with 4 loads in flight per thread", Kernel::StreamRead { loads: 4, blocks_per_sm: 8 }),
     gpu("stream_read_x8", Requires::Gpu, "the floor with 8 loads in flight per thread", Kernel::StreamRead { loads: 8, blocks_per_sm: 8 }),
     // CUDA cores: 4 rows per block, K split across 128 threads in 4-byte code words.
-    gpu("w4a16", Requires::Gpu, "CUDA cores: 4 rows per block, K across 128 threads in 4 B code words", w4(4, 4, Layout::Rows, Ring::None)),
-    gpu("w4a16_mma", Requires::Gpu, "tensor cores: 16-row tiles, K over 4 warps, 16 B streaming loads, 4 steps in flight", w4(16, 4, Layout::Rows, Ring::None)),
+    gpu("w4a16", Requires::Gpu, "CUDA cores: 4 rows per block, K across 128 threads in 4 B code words", w4(4, 4, Model::CudaCores, Layout::Rows, Ring::None)),
+    gpu("w4a16_mma", Requires::Gpu, "tensor cores: 16-row tiles, K over 4 warps, 16 B streaming loads, 4 steps in flight", w4(16, 4, MMA, Layout::Rows, Ring::None)),
     gpu(
         "w4a16_mma_splitk",
         Requires::Gpu,
         "w4a16_mma with K split over blocks too: one load round per warp, partials summed by the tile's last block",
-        Kernel::W4(W4Design { rows: 16, warps: 4, split_k: true, pipelined: false, layout: Layout::Rows, ring: Ring::None }),
+        w4(16, 4, Model::SplitK, Layout::Rows, Ring::None),
     ),
     gpu(
         "w4a16_mma_pipelined",
         Requires::Gpu,
         "the warp step decoding from shared memory: an 8-stage cp.async ring, persistent grid of 8-warp blocks",
-        Kernel::W4(W4Design { rows: 16, warps: 8, split_k: false, pipelined: true, layout: Layout::Rows, ring: Ring::None }),
+        w4(16, 8, Model::Pipelined, Layout::Rows, Ring::None),
     ),
-    gpu("w4a16_mma_occ8", Requires::Gpu, "w4a16_mma with K over 8 warps, 2 steps in flight, 64 registers: twice the warps per SM", w4(16, 8, Layout::Rows, Ring::None)),
-    gpu("w4a16_mma_tiled", Requires::Gpu, "occ8 on weights in the tile layout: every warp load is 512 contiguous bytes", w4(16, 8, Layout::Tiles, Ring::None)),
-    gpu("w4a16_mma_tiled_rolling", Requires::Gpu, "tiled with rolling loads: a slot refilled as soon as its step is decoded", w4(16, 8, Layout::Tiles, Ring::None)),
-    gpu("w4a16_mma_tiled_async", Requires::Gpu, "tiled with each lane's loads staged by cp.async through a per-warp shared-memory ring", w4(16, 8, Layout::Tiles, Ring::Async)),
-    gpu("w4a16_mma_tiled_prefetch", Requires::Gpu, "tiled with each warp's next round bulk-prefetched into L2", w4(16, 8, Layout::Tiles, Ring::None)),
-    gpu("w4a16_mma_tiled_post", Requires::Gpu, "tiled with the scales applied after the MMAs where a step is one group (sym, group % 128 == 0)", w4(16, 8, Layout::Tiles, Ring::None)),
-    gpu("w4a16_mma_tiled_sweep", Requires::Gpu, "tiled_post with the block's warps taking its tile's steps in turn (step-major layout)", w4(16, 8, Layout::StepMajor, Ring::None)),
-    gpu("w4a16_mma_tiled_sweep4", Requires::Gpu, "tiled_sweep on 4 warps at 128 registers, 3-4 steps per warp rolling", w4(16, 4, Layout::StepMajor, Ring::None)),
-    gpu("w4a16_mma_tiled_bulk", Requires::Gpu, "tiled_sweep with each warp's steps copied by TMA into a 4-slot ring (sm_90; tiled_sweep before)", w4(16, 8, Layout::StepMajor, Ring::Bulk)),
+    gpu("w4a16_mma_occ8", Requires::Gpu, "w4a16_mma with K over 8 warps, 2 steps in flight, 64 registers: twice the warps per SM", w4(16, 8, MMA, Layout::Rows, Ring::None)),
+    gpu("w4a16_mma_tiled", Requires::Gpu, "occ8 on weights in the tile layout: every warp load is 512 contiguous bytes", w4(16, 8, MMA, Layout::Tiles, Ring::None)),
+    gpu("w4a16_mma_tiled_rolling", Requires::Gpu, "tiled with rolling loads: a slot refilled as soon as its step is decoded (tiled's sums)", w4(16, 8, MMA, Layout::Tiles, Ring::None)),
+    gpu("w4a16_mma_tiled_async", Requires::Gpu, "tiled with each lane's loads staged by cp.async through a per-warp shared-memory ring (tiled's sums)", w4(16, 8, MMA, Layout::Tiles, Ring::Async)),
+    gpu("w4a16_mma_tiled_prefetch", Requires::Gpu, "tiled with each warp's next round bulk-prefetched into L2 (tiled's sums)", w4(16, 8, MMA, Layout::Tiles, Ring::None)),
+    gpu("w4a16_mma_tiled_post", Requires::Gpu, "tiled with the scales applied after the MMAs where a step is one group (sym, group % 128 == 0)", w4(16, 8, POST, Layout::Tiles, Ring::None)),
+    gpu("w4a16_mma_tiled_sweep", Requires::Gpu, "tiled_post with the block's warps taking its tile's steps in turn (step-major layout)", w4(16, 8, POST, Layout::StepMajor, Ring::None)),
+    gpu("w4a16_mma_tiled_sweep4", Requires::Gpu, "tiled_sweep on 4 warps at 128 registers, 3-4 steps per warp rolling", w4(16, 4, POST, Layout::StepMajor, Ring::None)),
+    gpu("w4a16_mma_tiled_bulk", Requires::Gpu, "tiled_sweep with each warp's steps copied by TMA into a 4-slot ring (sm_90; tiled_sweep before; sweep's sums)", w4(16, 8, POST, Layout::StepMajor, Ring::Bulk)),
     gpu("w8a16", Requires::Gpu, "Q8_0 as stored, f32 out: a warp stages runs of 32 blocks with 16 B loads, one block per lane", Kernel::W8a16),
     Variant { name: "embed", dtypes: &[DType::F32], requires: Requires::Gpu, what: "Q8_0 rows at token ids -> f32, a warp per row", config: Kernel::Embed },
     Variant { name: "cpu_pack", dtypes: F16, requires: Requires::Cpu, what: "INT4 packing, eight codes per u64 (SWAR), chunks in parallel", config: Kernel::CpuPack },
@@ -258,8 +288,8 @@ pub const VARIANTS: &[Variant<Kernel>] = &[
         what: "dequantization, rows in parallel (f32 product then f32 sum, as the GPU)",
         config: Kernel::CpuDequantize,
     },
-    Variant { name: "cpu_w4a16", dtypes: F16, requires: Requires::Cpu, what: "Y = X W^T on the dequantized weights, f64 accumulation, rows in parallel", config: Kernel::CpuW4a16 },
-    Variant { name: "cpu_w8a16", dtypes: F16, requires: Requires::Cpu, what: "the W8A16 product on the dequantized Q8_0 weights, f64 accumulation, f32 out", config: Kernel::CpuW8a16 },
+    Variant { name: "cpu_w4a16", dtypes: F16, requires: Requires::Cpu, what: "w4a16's arithmetic: codes decoded inside f32 FMAs per 8-weight word, summed in the kernel's order, rows in parallel", config: Kernel::CpuW4a16 },
+    Variant { name: "cpu_w8a16", dtypes: F16, requires: Requires::Cpu, what: "w8a16's arithmetic: f32 FMAs per block times d, runs of 32 blocks summed in the kernel's order, f32 out", config: Kernel::CpuW8a16 },
     Variant { name: "cpu_embed", dtypes: &[DType::F32], requires: Requires::Cpu, what: "Q8_0 rows at token ids -> f32", config: Kernel::CpuEmbed },
 ];
 
