@@ -78,7 +78,8 @@ __device__ void naive_pv(const float* __restrict__ p, const T* __restrict__ v, T
 }
 
 // ---------------------------------------------------------------------------------------------
-// 2. fa2 (fragment layouts of m16n8k16 and ldmatrix: kernels/gemm/mma_sync.cu)
+// 2. fa2 (fragment layouts of m16n8k16 and ldmatrix: kernels/gemm/mma_sync.cu; lane addresses:
+// ldmatrix_x4_lane and ldmatrix_x4_lane_nk, kernels/mma.cuh)
 // ---------------------------------------------------------------------------------------------
 template <typename T> __device__ __forceinline__ unsigned pack2(float lo, float hi);
 template <> __device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float lo, float hi) { return pack_bf16x2(lo, hi); }
@@ -116,6 +117,7 @@ __device__ void fa2_forward(const T* __restrict__ q, const T* __restrict__ k, co
     T* sV = sK + 2 * FA_BN * LD;     // two buffers
     const int q0 = blockIdx.x * BM, h = blockIdx.y, b = blockIdx.z, hk = h / (Hq / Hkv);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int2 lm = ldmatrix_x4_lane(lane), lk = ldmatrix_x4_lane_nk(lane);  // Q, V; K (n x k)
     const int off = Sk - Sq;
     const long long qs = (long long)Hq * D, ks = (long long)Hkv * D;
     const T* qb = q + (long long)b * Sq * qs + (long long)h * D;
@@ -160,7 +162,7 @@ __device__ void fa2_forward(const T* __restrict__ q, const T* __restrict__ k, co
         if (Q_IN_REGS && it == 0) {
 #pragma unroll
             for (int kk = 0; kk < D / 16; ++kk)
-                ldmatrix_x4(qf[Q_IN_REGS ? kk : 0], smem_addr(&sQ[(wrow + lane % 16) * LD + kk * 16 + (lane / 16) * 8]));
+                ldmatrix_x4(qf[Q_IN_REGS ? kk : 0], smem_addr(&sQ[(wrow + lm.x) * LD + kk * 16 + lm.y * 8]));
         }
         const T* Kt = sK + buf * FA_BN * LD;
         const T* Vt = sV + buf * FA_BN * LD;
@@ -180,13 +182,13 @@ __device__ void fa2_forward(const T* __restrict__ q, const T* __restrict__ k, co
 #pragma unroll
                     for (int e = 0; e < 4; ++e) qa[mt][e] = qf[Q_IN_REGS ? kk : 0][e];
                 } else {
-                    ldmatrix_x4(qa[mt], smem_addr(&sQ[(wrow + mt * 16 + lane % 16) * LD + kk * 16 + (lane / 16) * 8]));
+                    ldmatrix_x4(qa[mt], smem_addr(&sQ[(wrow + mt * 16 + lm.x) * LD + kk * 16 + lm.y * 8]));
                 }
             }
 #pragma unroll
             for (int j = 0; j < FA_BN / 8; j += 2) {
                 unsigned r[4];
-                ldmatrix_x4(r, smem_addr(&Kt[(j * 8 + lane % 8 + (lane / 16) * 8) * LD + kk * 16 + ((lane / 8) % 2) * 8]));
+                ldmatrix_x4(r, smem_addr(&Kt[(j * 8 + lk.x) * LD + kk * 16 + lk.y * 8]));
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
                     Mma<T>::run(s[mt][j], qa[mt], r);
@@ -254,7 +256,7 @@ __device__ void fa2_forward(const T* __restrict__ q, const T* __restrict__ k, co
 #pragma unroll
             for (int n = 0; n < D / 8; n += 2) {
                 unsigned r[4];
-                ldmatrix_x4_trans(r, smem_addr(&Vt[(kk * 16 + lane % 16) * LD + n * 8 + (lane / 16) * 8]));
+                ldmatrix_x4_trans(r, smem_addr(&Vt[(kk * 16 + lm.x) * LD + n * 8 + lm.y * 8]));
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
                     Mma<T>::run(acc[mt][n], pa[mt], r);

@@ -140,6 +140,7 @@ __device__ void fa2_backward(const T* __restrict__ q, const T* __restrict__ k, c
     float* sD = sL + 2 * BM;                               // two buffers of delta
     const int kv0 = blockIdx.x * FA_BN, hk = blockIdx.y, b = blockIdx.z, group = Hq / Hkv;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int2 lm = ldmatrix_x4_lane(lane), lk = ldmatrix_x4_lane_nk(lane);  // A and .trans B; B held n x k
     const int off = Sk - Sq, kw = warp * 16;  // kw: the warp's first key in the tile
     const long long qs = (long long)Hq * D, ks = (long long)Hkv * D;
     const T* kb = k + (long long)b * Sk * ks + (long long)hk * D;
@@ -195,11 +196,11 @@ __device__ void fa2_backward(const T* __restrict__ q, const T* __restrict__ k, c
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
             unsigned ka[4], va[4];
-            ldmatrix_x4(ka, smem_addr(&sK[(kw + lane % 16) * LD + kk * 16 + (lane / 16) * 8]));
-            ldmatrix_x4(va, smem_addr(&sV[(kw + lane % 16) * LD + kk * 16 + (lane / 16) * 8]));
+            ldmatrix_x4(ka, smem_addr(&sK[(kw + lm.x) * LD + kk * 16 + lm.y * 8]));
+            ldmatrix_x4(va, smem_addr(&sV[(kw + lm.x) * LD + kk * 16 + lm.y * 8]));
 #pragma unroll
             for (int j = 0; j < BM / 8; j += 2) {
-                const int at = (j * 8 + lane % 8 + (lane / 16) * 8) * LD + kk * 16 + ((lane / 8) % 2) * 8;
+                const int at = (j * 8 + lk.x) * LD + kk * 16 + lk.y * 8;
                 unsigned r[4];
                 ldmatrix_x4(r, smem_addr(&Qt[at]));
                 Mma<T>::run(st[j], ka, r);
@@ -233,7 +234,7 @@ __device__ void fa2_backward(const T* __restrict__ q, const T* __restrict__ k, c
                               pack2<T>(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]), pack2<T>(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3])};
 #pragma unroll
             for (int n = 0; n < D / 8; n += 2) {
-                const int at = (kk * 16 + lane % 16) * LD + n * 8 + (lane / 16) * 8;
+                const int at = (kk * 16 + lm.x) * LD + n * 8 + lm.y * 8;
                 unsigned r[4];
                 ldmatrix_x4_trans(r, smem_addr(&Ot[at]));
                 Mma<T>::run(dva[n], pa, r);
@@ -252,7 +253,7 @@ __device__ void fa2_backward(const T* __restrict__ q, const T* __restrict__ k, c
         // dQ += dS K for the warp's 16 query rows (kw.. of the tile), added to the fp32 accumulator.
         unsigned sa[FA_BN / 16][4];
 #pragma unroll
-        for (int kk = 0; kk < FA_BN / 16; ++kk) ldmatrix_x4(sa[kk], smem_addr(&sdS[(kw + lane % 16) * LDS + kk * 16 + (lane / 16) * 8]));
+        for (int kk = 0; kk < FA_BN / 16; ++kk) ldmatrix_x4(sa[kk], smem_addr(&sdS[(kw + lm.x) * LDS + kk * 16 + lm.y * 8]));
         float* dqh = dq_acc + (long long)b * Sq * qs + (long long)h * D;
 #pragma unroll
         for (int n = 0; n < D / 8; n += 2) {
@@ -260,7 +261,7 @@ __device__ void fa2_backward(const T* __restrict__ q, const T* __restrict__ k, c
 #pragma unroll
             for (int kk = 0; kk < FA_BN / 16; ++kk) {
                 unsigned r[4];
-                ldmatrix_x4_trans(r, smem_addr(&sK[(kk * 16 + lane % 16) * LD + n * 8 + (lane / 16) * 8]));
+                ldmatrix_x4_trans(r, smem_addr(&sK[(kk * 16 + lm.x) * LD + n * 8 + lm.y * 8]));
                 Mma<T>::run(c[0], sa[kk], r);
                 Mma<T>::run(c[1], sa[kk], r + 2);
             }

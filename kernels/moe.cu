@@ -1,10 +1,11 @@
 // moe: a Mixture-of-Experts layer (lab/src/ops/moe). The grouped GEMM's ladder:
 //   cublas_loop  (no kernel here) one cuBLAS GEMM per expert; the host reads the offsets first.
-//   grouped_mma  one launch of 128x128x32 mma.sync tiles (8 warps of 64x32, ldmatrix, register-
-//                staged double buffer); block (n-tile, y) finds its expert by binary search in a
-//                tile prefix built on the device (moe_schedule), so M is never padded: rows past
-//                an expert's segment are zero-filled on load and masked on store. Epilogue:
-//                store, or SwiGLU over interleaved gate/up columns (a thread's c0/c1 pair).
+//   grouped_mma  one launch of gemm's mma_ldmatrix tiles (128x128x32 mma.sync, 8 warps of 64x32,
+//                ldmatrix, register-staged double buffer: mma_ldmatrix_tile in kernels/mma.cuh);
+//                block (n-tile, y) finds its expert by binary search in a tile prefix built on
+//                the device (moe_schedule), so M is never padded: rows past an expert's segment
+//                are zero-filled on load and masked on store. Epilogue: store, or SwiGLU over
+//                interleaved gate/up columns (a thread's c0/c1 pair).
 // Around it, with no host synchronisation (counts and offsets stay on the device):
 //   route        a warp per token, 64 per block: scores (softmax or sigmoid, noisy h = l + eps softplus(n)),
 //                top-k by k warp argmax rounds (ties to the lower expert), per-expert load and
@@ -248,14 +249,8 @@ __device__ __forceinline__ void swiglu_body(const T* gu, const int* offsets, int
 }
 
 // ---------------------------------------------------------------------------------------------
-// grouped_mma
+// grouped_mma: gemm's mma_ldmatrix tile (mma_ldmatrix_tile, kernels/mma.cuh) on each expert's rows
 // ---------------------------------------------------------------------------------------------
-namespace gmm {
-constexpr int BM = 128, BN = 128, BK = 32, WM = 64, WN = 32, THREADS = 256;
-constexpr int MI = WM / 16, NI = WN / 8;
-constexpr int LDA_S = BK + 8, LDB_S = BN + 8;  // +16 bytes per row: ldmatrix phases conflict-free
-constexpr int A_CHUNKS = BM * BK / 8 / THREADS, B_CHUNKS = BK * BN / 8 / THREADS;
-}  // namespace gmm
 
 // One block of 256 threads: tile_start[e] = m-tiles (of BM rows) of the experts before e,
 // tile_start[E] their total. Segments are clamped to the `rows` rows A holds.
@@ -263,29 +258,16 @@ extern "C" __global__ void moe_schedule_f32(const int* offsets, int E, int rows,
     const int e = threadIdx.x;
     const int m = e < E ? min(offsets[e + 1], rows) - min(offsets[e], rows) : 0;
     int total;
-    const int start = block_exclusive_scan256(m > 0 ? (m + gmm::BM - 1) / gmm::BM : 0, &total);
+    const int start = block_exclusive_scan256(m > 0 ? (m + tc1::BM - 1) / tc1::BM : 0, &total);
     if (e < E) tile_start[e] = start;
     if (e == 0) tile_start[E] = total;
-}
-
-__device__ __forceinline__ bool moe_aligned16(const void* p) { return (reinterpret_cast<u64>(p) & 15) == 0; }
-
-// Eight 16-bit values at p, `rem` of them in bounds (zero fill past them).
-template <typename T>
-__device__ __forceinline__ uint4 moe_load8(const T* p, int rem) {
-    if (rem >= 8 && moe_aligned16(p)) return *reinterpret_cast<const uint4*>(p);
-    const unsigned short* q = reinterpret_cast<const unsigned short*>(p);
-    unsigned w[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) w[i] = (2 * i < rem ? q[2 * i] : 0u) | ((2 * i + 1 < rem ? q[2 * i + 1] : 0u) << 16);
-    return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 // Grid (n-tiles, an upper bound of the m-tiles); blocks past tile_start[E] leave at once.
 template <typename T>
 __device__ __forceinline__ void grouped_mma_body(const T* __restrict__ A, const T* __restrict__ B, T* C, const int* offsets,
                                                  const int* tile_start, int E, int rows, int K, int N, int swiglu) {
-    using namespace gmm;
+    using namespace tc1;
     const int y = blockIdx.y;
     if (y >= tile_start[E]) return;
     int lo = 0, hi = E - 1;  // the last expert whose first tile is at or before y: it owns y
@@ -295,67 +277,12 @@ __device__ __forceinline__ void grouped_mma_body(const T* __restrict__ A, const 
     }
     const int e = lo, r0 = min(offsets[e], rows), M = min(offsets[e + 1], rows) - r0;
     const int bm = (y - tile_start[e]) * BM, bn = blockIdx.x * BN;
-    const T* Ae = A + (u64)r0 * K;
-    const T* Be = B + (u64)e * K * N;
-    __shared__ __align__(16) T As[2][BM * LDA_S];
-    __shared__ __align__(16) T Bs[2][BK * LDB_S];
-    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-    const int wm = (warp / (BN / WN)) * WM, wn = (warp % (BN / WN)) * WN;
-    uint4 ra[A_CHUNKS], rb[B_CHUNKS];
-    auto load_global = [&](int k0) {
-#pragma unroll
-        for (int i = 0; i < A_CHUNKS; ++i) {
-            const int c = tid + i * THREADS, r = c / (BK / 8), kc = (c % (BK / 8)) * 8, gr = bm + r;
-            ra[i] = moe_load8(Ae + (u64)min(gr, M - 1) * K + k0 + kc, gr < M ? K - k0 - kc : 0);
-        }
-#pragma unroll
-        for (int i = 0; i < B_CHUNKS; ++i) {
-            const int c = tid + i * THREADS, r = c / (BN / 8), nc = (c % (BN / 8)) * 8, gk = k0 + r;
-            rb[i] = moe_load8(Be + (u64)min(gk, K - 1) * N + bn + nc, gk < K ? N - bn - nc : 0);
-        }
-    };
-    auto store_smem = [&](int buf) {
-#pragma unroll
-        for (int i = 0; i < A_CHUNKS; ++i) {
-            const int c = tid + i * THREADS;
-            *reinterpret_cast<uint4*>(&As[buf][(c / (BK / 8)) * LDA_S + (c % (BK / 8)) * 8]) = ra[i];
-        }
-#pragma unroll
-        for (int i = 0; i < B_CHUNKS; ++i) {
-            const int c = tid + i * THREADS;
-            *reinterpret_cast<uint4*>(&Bs[buf][(c / (BN / 8)) * LDB_S + (c % (BN / 8)) * 8]) = rb[i];
-        }
-    };
     float acc[MI][NI][4] = {};
-    const int nk = (K + BK - 1) / BK;
-    load_global(0);
-    store_smem(0);
-    __syncthreads();
-    for (int kt = 0; kt < nk; ++kt) {
-        const int buf = kt & 1;
-        if (kt + 1 < nk) load_global((kt + 1) * BK);
-#pragma unroll
-        for (int ks = 0; ks < BK / 16; ++ks) {
-            unsigned a[MI][4], b[NI][2];
-#pragma unroll
-            for (int i = 0; i < MI; ++i)
-                ldmatrix_x4(a[i], smem_addr(&As[buf][(wm + i * 16 + lane % 16) * LDA_S + ks * 16 + (lane / 16) * 8]));
-#pragma unroll
-            for (int j = 0; j < NI; j += 2) {
-                unsigned r[4];
-                ldmatrix_x4_trans(r, smem_addr(&Bs[buf][(ks * 16 + lane % 16) * LDB_S + wn + j * 8 + (lane / 16) * 8]));
-                b[j][0] = r[0], b[j][1] = r[1], b[j + 1][0] = r[2], b[j + 1][1] = r[3];
-            }
-#pragma unroll
-            for (int i = 0; i < MI; ++i)
-#pragma unroll
-                for (int j = 0; j < NI; ++j) Mma<T>::run(acc[i][j], a[i], b[j]);
-        }
-        if (kt + 1 < nk) store_smem(buf ^ 1);
-        __syncthreads();
-    }
+    mma_ldmatrix_tile<T>(A + (u64)r0 * K, B + (u64)e * K * N, M, N, K, K, N, bm, bn, acc);
     // c0 c1 are columns (col, col + 1) with col even: gate and up of output col / 2 under SwiGLU.
-    const int g = lane / 4, t4 = lane % 4, NC = swiglu ? N / 2 : N;
+    const int tid = threadIdx.x, lane = tid % 32, g = lane / 4, t4 = lane % 4, NC = swiglu ? N / 2 : N;
+    const int2 w = warp_origin(tid / 32);
+    const int wm = w.x, wn = w.y;
     T* Ce = C + (u64)r0 * NC;
 #pragma unroll
     for (int i = 0; i < MI; ++i)

@@ -10,9 +10,8 @@
 //   C (16x8, f32):  c0 c1 (g, 2t..2t+1), c2 c3 (g+8, 2t..2t+1)
 // ldmatrix.x4: lanes 8i..8i+7 give the row addresses of 8x8 matrix i, and register i of every
 // lane receives matrix i at (row lane/4, cols 2(lane%4)..+1) -- with .trans, at (rows
-// 2(lane%4)..+1, col lane/4), which turns k-major B rows into the b0/b1 pairs.
-// So A: lane l points at (row l%16, col 8(l/16)) -> a0..a3 in order; B (k x n in smem): lane l
-// points at (k l%16, n 8(l/16)) -> {b0, b1} of n-tile 0, then {b0, b1} of n-tile 1.
+// 2(lane%4)..+1, col lane/4), which turns k-major B rows into the b0/b1 pairs. Where each lane
+// points: ldmatrix_x4_lane (kernels/mma.cuh).
 // ---------------------------------------------------------------------------------------------
 
 // Grouped block order (as in Triton's matmul tutorial): 8 block rows sweep the block columns
@@ -24,23 +23,6 @@ __device__ __forceinline__ int2 grouped_tile(int pid, int M, int N, int BM, int 
     const int per_group = GROUP * grid_n, group = pid / per_group;
     const int first_m = group * GROUP, group_rows = min(grid_m - first_m, GROUP);
     return make_int2((first_m + (pid % per_group) % group_rows) * BM, ((pid % per_group) / group_rows) * BN);
-}
-
-
-// Eight 16-bit values at p, `rem` of them in bounds: one 16-byte load when all are in and p is
-// aligned, else element loads with zero fill.
-template <typename T>
-__device__ __forceinline__ uint4 load8_guarded(const T* p, int rem) {
-    if (rem >= 8 && aligned16(p)) return *reinterpret_cast<const uint4*>(p);
-    const unsigned short* q = reinterpret_cast<const unsigned short*>(p);
-    unsigned w[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const unsigned lo = 2 * i < rem ? q[2 * i] : 0u;
-        const unsigned hi = 2 * i + 1 < rem ? q[2 * i + 1] : 0u;
-        w[i] = lo | (hi << 16);
-    }
-    return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 template <typename T> __device__ __forceinline__ unsigned pack2(float lo, float hi);
@@ -83,83 +65,21 @@ __device__ __forceinline__ void store_acc(T* C, int M, int N, int ldc, int row0,
 }
 
 // ---------------------------------------------------------------------------------------------
-// 6. mma_ldmatrix: 128x128x32 tile, 8 warps (2 along M x 4 along N) of 64x32. Padded rows (+8
-// halves = 16 bytes) put the 8 row addresses of each ldmatrix phase in 8 distinct bank groups.
+// 6. mma_ldmatrix: 128x128x32 tile, 8 warps (2 along M x 4 along N) of 64x32, padded shared
+// memory, a register-staged double buffer: mma_ldmatrix_tile (kernels/mma.cuh, which moe's
+// grouped GEMM runs too).
 // ---------------------------------------------------------------------------------------------
-
-namespace tc1 {
-constexpr int BM = 128, BN = 128, BK = 32, WM = 64, WN = 32, THREADS = 256;
-constexpr int MI = WM / 16, NI = WN / 8;               // 4 x 4 mma tiles per warp
-constexpr int LDA_S = BK + 8, LDB_S = BN + 8;          // padded smem row lengths (halves)
-constexpr int A_CHUNKS = BM * BK / 8 / THREADS;        // 2 x 16 bytes per thread
-constexpr int B_CHUNKS = BK * BN / 8 / THREADS;        // 2
-}  // namespace tc1
 
 template <typename T>
 __device__ __forceinline__ void mma_ldmatrix_body(const T* __restrict__ A, const T* __restrict__ B, T* C, int M, int N,
                                                   int K, int lda, int ldb, int ldc, float alpha, float beta) {
     using namespace tc1;
-    __shared__ __align__(16) T As[2][BM * LDA_S];
-    __shared__ __align__(16) T Bs[2][BK * LDB_S];
-    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int bm = blockIdx.y * BM, bn = blockIdx.x * BN;
-    const int wm = (warp / (BN / WN)) * WM, wn = (warp % (BN / WN)) * WN;
-    uint4 ra[A_CHUNKS], rb[B_CHUNKS];
-    auto load_global = [&](int k0) {
-#pragma unroll
-        for (int i = 0; i < A_CHUNKS; ++i) {
-            const int c = tid + i * THREADS, r = c / (BK / 8), kc = (c % (BK / 8)) * 8;
-            const int gr = bm + r;
-            ra[i] = load8_guarded(A + (u64)min(gr, M - 1) * lda + k0 + kc, gr < M ? K - k0 - kc : 0);
-        }
-#pragma unroll
-        for (int i = 0; i < B_CHUNKS; ++i) {
-            const int c = tid + i * THREADS, r = c / (BN / 8), nc = (c % (BN / 8)) * 8;
-            const int gk = k0 + r;
-            rb[i] = load8_guarded(B + (u64)min(gk, K - 1) * ldb + bn + nc, gk < K ? N - bn - nc : 0);
-        }
-    };
-    auto store_smem = [&](int buf) {
-#pragma unroll
-        for (int i = 0; i < A_CHUNKS; ++i) {
-            const int c = tid + i * THREADS;
-            *reinterpret_cast<uint4*>(&As[buf][(c / (BK / 8)) * LDA_S + (c % (BK / 8)) * 8]) = ra[i];
-        }
-#pragma unroll
-        for (int i = 0; i < B_CHUNKS; ++i) {
-            const int c = tid + i * THREADS;
-            *reinterpret_cast<uint4*>(&Bs[buf][(c / (BN / 8)) * LDB_S + (c % (BN / 8)) * 8]) = rb[i];
-        }
-    };
     float acc[MI][NI][4] = {};
-    const int nk = (K + BK - 1) / BK;
-    load_global(0);
-    store_smem(0);
-    __syncthreads();
-    for (int kt = 0; kt < nk; ++kt) {
-        const int buf = kt & 1;
-        if (kt + 1 < nk) load_global((kt + 1) * BK);
-#pragma unroll
-        for (int ks = 0; ks < BK / 16; ++ks) {
-            unsigned a[MI][4], b[NI][2];
-#pragma unroll
-            for (int i = 0; i < MI; ++i)
-                ldmatrix_x4(a[i], smem_addr(&As[buf][(wm + i * 16 + lane % 16) * LDA_S + ks * 16 + (lane / 16) * 8]));
-#pragma unroll
-            for (int j = 0; j < NI; j += 2) {
-                unsigned r[4];
-                ldmatrix_x4_trans(r, smem_addr(&Bs[buf][(ks * 16 + lane % 16) * LDB_S + wn + j * 8 + (lane / 16) * 8]));
-                b[j][0] = r[0], b[j][1] = r[1], b[j + 1][0] = r[2], b[j + 1][1] = r[3];
-            }
-#pragma unroll
-            for (int i = 0; i < MI; ++i)
-#pragma unroll
-                for (int j = 0; j < NI; ++j) Mma<T>::run(acc[i][j], a[i], b[j]);
-        }
-        if (kt + 1 < nk) store_smem(buf ^ 1);
-        __syncthreads();
-    }
-    store_acc<T, MI, NI>(C, M, N, ldc, bm + wm, bn + wn, acc, alpha, beta);
+    mma_ldmatrix_tile<T>(A, B, M, N, K, lda, ldb, bm, bn, acc);
+    const int tid = threadIdx.x;
+    const int2 w = warp_origin(tid / 32);
+    store_acc<T, MI, NI>(C, M, N, ldc, bm + w.x, bn + w.y, acc, alpha, beta);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -282,6 +202,7 @@ __device__ __forceinline__ void mma_pipelined_body(const T* __restrict__ A, cons
     const int2 tile = grouped_tile(blockIdx.x, M, N, BM, BN);
     const int bm = tile.x, bn = tile.y;
     const int wm = (warp / (BN / WN)) * WM, wn = (warp % (BN / WN)) * WN;
+    const int2 lm = ldmatrix_x4_lane(lane);
 
     auto load_stage = [&](int stage, int k0) {
         unsigned char* sa = smem + stage * P::STAGE_BYTES;
@@ -305,11 +226,11 @@ __device__ __forceinline__ void mma_pipelined_body(const T* __restrict__ A, cons
         const unsigned sa = smem_addr(smem + stage * P::STAGE_BYTES);
         const unsigned sb = sa + P::A_BYTES;
 #pragma unroll
-        for (int i = 0; i < MI; ++i) ldmatrix_x4(a[i], sa + swz(wm + i * 16 + lane % 16, ks * 2 + lane / 16, P::A_CPR));
+        for (int i = 0; i < MI; ++i) ldmatrix_x4(a[i], sa + swz(wm + i * 16 + lm.x, ks * 2 + lm.y, P::A_CPR));
 #pragma unroll
         for (int j = 0; j < NI; j += 2) {
             unsigned r[4];
-            ldmatrix_x4_trans(r, sb + swz(ks * 16 + lane % 16, (wn + j * 8) / 8 + lane / 16, P::B_CPR));
+            ldmatrix_x4_trans(r, sb + swz(ks * 16 + lm.x, (wn + j * 8) / 8 + lm.y, P::B_CPR));
             b[j][0] = r[0], b[j][1] = r[1], b[j + 1][0] = r[2], b[j + 1][1] = r[3];
         }
     };

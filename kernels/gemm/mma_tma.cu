@@ -22,7 +22,7 @@
 // Stage layout (WgTile<256, 4, 1>): A one box of 128 rows x 128 bytes, B four boxes of 64 k-rows
 // x 128 bytes, each 128-byte swizzled = swz(row, chunk, 8) from its 1024-aligned start. A is
 // k64's A slab exactly; a warp's B columns are box wn / 64, whose rows are 128 bytes (k64's:
-// 512), so its lane offset is swz(lane % 16, lane / 16, 8) in that box and a k16 step 2048 bytes.
+// 512), so its lane offset is swz(lane's row, lane's chunk, 8) in that box and a k16 step 2048 bytes.
 // B arrives as one 3D box per slab (dimensions: 64 columns, K rows, column blocks; box 64 x 64
 // x 4, whose image is the four 2D boxes side by side) where every column block lies within a row
 // of B (ceil(N / 64) * 64 <= ldb): one copy instead of four for warp 0 to issue. TMA bounds each
@@ -137,8 +137,9 @@ __device__ __forceinline__ void mma_warp64_tma_body(const TmaDesc& ta, const Tma
     if (tid == 0)
         for (int kt = 0; kt < min(nk, STAGES); ++kt) issue(kt);
     const bool leader = warp == 0 && elect_one();  // one lane of warp 0, chosen by elect.sync
-    const int a_lane = swz(wm + lane % 16, lane / 16, 8);
-    const int b_lane = P::A_BYTES + (wn / P::B_BOX_N) * P::B_BOX_BYTES + swz(lane % 16, lane / 16, 8);
+    const int2 lm = ldmatrix_x4_lane(lane);
+    const int a_lane = swz(wm + lm.x, lm.y, 8);
+    const int b_lane = P::A_BYTES + (wn / P::B_BOX_N) * P::B_BOX_BYTES + swz(lm.x, lm.y, 8);
     auto frags = [&](int kt, int ks, unsigned (&a)[4][4], unsigned (&b)[8][2]) {
         warp64_frags<BK * 2, P::B_BOX_N * 2>(stage(kt), a_lane, b_lane, ks, a, b);
     };

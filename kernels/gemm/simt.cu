@@ -150,8 +150,6 @@ __device__ __forceinline__ void store_one(T* C, u64 idx, float acc, float alpha,
     C[idx] = from_float<T>(epilogue(C + idx, acc, alpha, beta));
 }
 
-__device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<u64>(p) & 15) == 0; }
-
 // Four floats at p, of which `rem` are in bounds (<= 0: none): one float4 load when all four are
 // in and p is 16-byte aligned, else element loads with zero fill.
 __device__ __forceinline__ float4 load4_guarded(const float* p, int rem) {

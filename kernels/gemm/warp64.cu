@@ -144,14 +144,16 @@ __device__ __forceinline__ void mma_warp64_body(const T* __restrict__ A, const T
             }
         }
     };
-    // Reader: lane offsets of the ldmatrix rows (see the derivation in the test mirror).
-    // A, m16 tile i, k16 step ks: row wm + 16 i + lane % 16, chunk 2 ks + lane / 16; the XOR term
+    // Reader: lane offsets of the ldmatrix rows (see the derivation in the test mirror); the lane
+    // points at (row lm.x = lane % 16, chunk lm.y = lane / 16) of each 16x16 block.
+    // A, m16 tile i, k16 step ks: row wm + 16 i + lm.x, chunk 2 ks + lm.y; the XOR term
     // ((lane % 16) / 2 for 64-byte rows, lane % 8 for 128-byte rows) does not depend on i or ks,
-    // and the chunk bits of 2 ks are free of lane / 16, so the offset is a_lane ^ (32 ks) plus 16 i rows.
-    const int a_lane = swz_a<BK>(wm + lane % 16, lane / 16);
-    // B, n8 pair jp (0, 2, 4, 6), step ks: row 16 ks + lane % 16, chunk wn / 8 + jp + lane / 16;
+    // and the chunk bits of 2 ks are free of lm.y, so the offset is a_lane ^ (32 ks) plus 16 i rows.
+    const int2 lm = ldmatrix_x4_lane(lane);
+    const int a_lane = swz_a<BK>(wm + lm.x, lm.y);
+    // B, n8 pair jp (0, 2, 4, 6), step ks: row 16 ks + lm.x, chunk wn / 8 + jp + lm.y;
     // the offset is (b_lane ^ 16 jp) plus 16 ks rows.
-    const int b_lane = P::A_BYTES + swz(lane % 16, wn / 8 + lane / 16, P::B_CPR);
+    const int b_lane = P::A_BYTES + swz(lm.x, wn / 8 + lm.y, P::B_CPR);
     auto load_frags = [&](int slot_off, int ks, unsigned (&a)[MI][4], unsigned (&b)[NI][2]) {
         warp64_frags<P::A_ROW, BN * 2>(smem0 + slot_off, a_lane, b_lane, ks, a, b);
     };

@@ -5,7 +5,7 @@
 //! follows; the sims' properties (bijection, no bank conflicts, no ring hazards) then hold for
 //! the kernels' functions, not only for a transcription of them.
 
-use super::sim_mma_sync::{grouped_tile, swz, swz64, swz_a};
+use super::sim_mma_sync::{grouped_tile, ldmatrix_x4_lane, ldmatrix_x4_lane_nk, swz, swz64, swz_a};
 use super::tma::wg;
 use super::variants::find;
 use crate::gpu::compile::{probe_source_u32, Target};
@@ -15,6 +15,14 @@ type Probes = Vec<(String, u32)>;
 
 fn index_probes() -> Probes {
     let mut p = Probes::new();
+    // ldmatrix's lane addresses (kernels/mma.cuh), every lane: so every 8x8 matrix, the register
+    // that receives it, and the fragment it becomes (sim_mma_sync::ldmatrix_lanes_deliver_the_mma_fragments).
+    for lane in 0..32 {
+        for (f, (row, col)) in [("ldmatrix_x4_lane", ldmatrix_x4_lane(lane)), ("ldmatrix_x4_lane_nk", ldmatrix_x4_lane_nk(lane))] {
+            p.push((format!("{f}({lane}).x"), row as u32));
+            p.push((format!("{f}({lane}).y"), col as u32));
+        }
+    }
     for cpr in [8, 16, 32] {
         for row in 0..16 {
             for chunk in 0..cpr {
@@ -83,11 +91,17 @@ fn the_sims_index_math_is_the_kernels() {
 }
 
 /// A kernel edited under its mirror is caught: the swizzle XORed with 3 bits of the row instead of
-/// 7, a block order of 4 rows instead of 8, and a descriptor with the swizzle mode in another bit.
+/// 7, a block order of 4 rows instead of 8, ldmatrix lanes 8..15 pointing at rows 0..7 again
+/// (lane % 8 for lane % 16), and a descriptor with the swizzle mode in another bit.
 #[test]
 fn an_edited_kernel_fails_its_mirror() {
     let source = crate::kernels::source("gemm").unwrap();
-    for (from, to, expect) in [("(chunk ^ (row & 7))", "(chunk ^ (row & 3))", "swz("), ("constexpr int GROUP = 8;", "constexpr int GROUP = 4;", "grouped_tile(")] {
+    let edits = [
+        ("(chunk ^ (row & 7))", "(chunk ^ (row & 3))", "swz("),
+        ("constexpr int GROUP = 8;", "constexpr int GROUP = 4;", "grouped_tile("),
+        ("make_int2(lane % 16, lane / 16)", "make_int2(lane % 8, lane / 16)", "ldmatrix_x4_lane("),
+    ];
+    for (from, to, expect) in edits {
         assert!(source.contains(from), "{from}");
         let bad = mismatches(&source.replacen(from, to, 1), &index_probes(), 90.into());
         assert!(bad.iter().any(|(e, _, _)| e.starts_with(expect)), "{to}: {:?}", &bad[..bad.len().min(3)]);

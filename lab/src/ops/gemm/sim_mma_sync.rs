@@ -1,5 +1,6 @@
 //! CPU replays of the mma.sync rungs (kernels/gemm/mma_sync.cu and warp64.cu), tests only: the
-//! XOR swizzles, the ldmatrix/mma fragment addressing of a whole block, the cp.async rings'
+//! XOR swizzles, ldmatrix's lane addresses (kernels/mma.cuh) and the fragments they deliver, the
+//! ldmatrix/mma fragment addressing of a whole block, the cp.async rings'
 //! schedules, the loaders and the grouped block order.
 
 use super::variants::find;
@@ -42,6 +43,75 @@ fn swizzle_is_a_bijection_and_ldmatrix_phases_are_conflict_free() {
     }
 }
 
+/// ldmatrix_x4_lane() of kernels/mma.cuh: (row, 16-byte column) of the 16x16 block of 16-bit
+/// elements whose address lane `lane` gives ldmatrix.x4, for A fragments and .trans B pairs.
+pub(super) fn ldmatrix_x4_lane(lane: usize) -> (usize, usize) {
+    (lane % 16, lane / 16)
+}
+
+/// ldmatrix_x4_lane_nk() of kernels/mma.cuh: the same for a B tile held n x k, read without .trans.
+pub(super) fn ldmatrix_x4_lane_nk(lane: usize) -> (usize, usize) {
+    (lane % 8 + (lane / 16) * 8, (lane / 8) % 2)
+}
+
+/// What ldmatrix.x4 hands each lane from a 16x16 block whose lanes point at `addr(lane)` (row,
+/// 16-byte column): `[lane][register][half]` = (row, column) of the element. Lanes 8q..8q+7 give
+/// the rows of matrix q and register q receives it: at (row l/4, columns 2(l%4)..+1) of the
+/// matrix, or with .trans at (rows 2(l%4)..+1, column l/4).
+fn ldmatrix_x4(addr: fn(usize) -> (usize, usize), trans: bool) -> [[[(usize, usize); 2]; 4]; 32] {
+    let mut out = [[[(0, 0); 2]; 4]; 32];
+    for (lane, regs) in out.iter_mut().enumerate() {
+        for (q, halves) in regs.iter_mut().enumerate() {
+            for (h, e) in halves.iter_mut().enumerate() {
+                *e = if trans {
+                    let (r, c) = addr(8 * q + 2 * (lane % 4) + h);
+                    (r, 8 * c + lane / 4)
+                } else {
+                    let (r, c) = addr(8 * q + lane / 4);
+                    (r, 8 * c + 2 * (lane % 4) + h)
+                };
+            }
+        }
+    }
+    out
+}
+
+/// The (lane, register, half) whose element differs from the m16n8k16 fragment layouts (PTX ISA,
+/// g = lane / 4, t = lane % 4) for each use of ldmatrix.x4 in the kernels: A (m x k) with
+/// `x4`, B held k x n with `x4_trans` and B held n x k with `nk`; registers 2 and 3 of a B load
+/// are the second n8 tile's b0 and b1. Elements are (row, column) of the block as held.
+fn fragment_mismatches(x4: fn(usize) -> (usize, usize), x4_trans: fn(usize) -> (usize, usize), nk: fn(usize) -> (usize, usize)) -> Vec<(&'static str, usize, usize, usize)> {
+    let (a, b, b_nk) = (ldmatrix_x4(x4, false), ldmatrix_x4(x4_trans, true), ldmatrix_x4(nk, false));
+    let mut bad = Vec::new();
+    for lane in 0..32 {
+        let (g, t) = (lane / 4, lane % 4);
+        for q in 0..4 {
+            for h in 0..2 {
+                // A: a0 (g, 2t), a1 (g + 8, 2t), a2 (g, 2t + 8), a3 (g + 8, 2t + 8).
+                let want_a = (g + 8 * (q % 2), 2 * t + 8 * (q / 2) + h);
+                // B: n8 tile q / 2; b0 at (k 2t, n g), b1 at (k 2t + 8, n g).
+                let (k, n) = (2 * t + 8 * (q % 2) + h, g + 8 * (q / 2));
+                for (form, got, want) in [("x4 A", a, want_a), ("x4.trans B (k x n)", b, (k, n)), ("x4 B (n x k)", b_nk, (n, k))] {
+                    if got[lane][q][h] != want {
+                        bad.push((form, lane, q, h));
+                    }
+                }
+            }
+        }
+    }
+    bad
+}
+
+/// Every lane and every fragment register of each ldmatrix form the kernels use receives the
+/// element the mma expects; the lane maps swapped, the check fails.
+#[test]
+fn ldmatrix_lanes_deliver_the_mma_fragments() {
+    let bad = fragment_mismatches(ldmatrix_x4_lane, ldmatrix_x4_lane, ldmatrix_x4_lane_nk);
+    assert!(bad.is_empty(), "{bad:?}");
+    let bad = fragment_mismatches(ldmatrix_x4_lane_nk, ldmatrix_x4_lane, ldmatrix_x4_lane);
+    assert!(bad.iter().any(|b| b.0 == "x4 A") && bad.iter().any(|b| b.0 == "x4 B (n x k)") && !bad.iter().any(|b| b.0.starts_with("x4.trans")), "{bad:?}");
+}
+
 /// Simulates one block of a tensor-core kernel on the CPU: tiles written into a byte-addressed
 /// "shared memory" through `a_off` / `b_off` (element offsets of (row, col) in the A and B
 /// tiles), read back by per-lane ldmatrix addresses, combined by the m16n8k16 fragment
@@ -76,10 +146,16 @@ fn simulate_block(
             // ldmatrix.x4: lane l's register q holds matrix q at (row l/4, cols 2(l%4)..+1),
             // matrix q's rows addressed by lanes 8q..8q+7. Addresses as in the kernel.
             for i in 0..wm / 16 {
-                let addr = |lane: usize| a_off(wm0 + i * 16 + lane % 16, ks * 16 + (lane / 16) * 8);
+                let addr = |lane: usize| {
+                    let (r, c) = ldmatrix_x4_lane(lane);
+                    a_off(wm0 + i * 16 + r, ks * 16 + 8 * c)
+                };
                 let frag = |lane: usize, q: usize, h: usize| sa[addr(8 * q + lane / 4) + 2 * (lane % 4) + h];
                 for jp in (0..wn / 8).step_by(2) {
-                    let baddr = |lane: usize| b_off(ks * 16 + lane % 16, wn0 + jp * 8 + (lane / 16) * 8);
+                    let baddr = |lane: usize| {
+                        let (r, c) = ldmatrix_x4_lane(lane);
+                        b_off(ks * 16 + r, wn0 + jp * 8 + 8 * c)
+                    };
                     // .trans: lane l's register q holds matrix q at (rows 2(l%4)..+1, col l/4).
                     let bfrag = |lane: usize, q: usize, h: usize| sb[baddr(8 * q + 2 * (lane % 4) + h) + lane / 4];
                     for (jt, q0) in [(jp, 0), (jp + 1, 2)] {
@@ -278,15 +354,16 @@ fn warp64_precomputed_offsets_match_the_swizzle() {
         for warp in 0..warps_m * warps_n {
             let (wm, wn) = ((warp / warps_n) * 64, (warp % warps_n) * 64);
             for lane in 0..32 {
-                let a_lane = swz_a(bk, wm + lane % 16, lane / 16);
-                let b_lane = a_bytes + swz(lane % 16, wn / 8 + lane / 16, b_cpr);
+                let (lr, lc) = ldmatrix_x4_lane(lane);
+                let a_lane = swz_a(bk, wm + lr, lc);
+                let b_lane = a_bytes + swz(lr, wn / 8 + lc, b_cpr);
                 for ks in 0..bk / 16 {
                     for i in 0..4 {
-                        let direct = swz_a(bk, wm + i * 16 + lane % 16, ks * 2 + lane / 16);
+                        let direct = swz_a(bk, wm + i * 16 + lr, ks * 2 + lc);
                         assert_eq!((a_lane ^ (ks * 32)) + i * 16 * a_row_bytes, direct, "A {bm}x{bn}x{bk} warp {warp} lane {lane} ks {ks} i {i}");
                     }
                     for jp in (0..8).step_by(2) {
-                        let direct = a_bytes + swz(ks * 16 + lane % 16, (wn + jp * 8) / 8 + lane / 16, b_cpr);
+                        let direct = a_bytes + swz(ks * 16 + lr, (wn + jp * 8) / 8 + lc, b_cpr);
                         assert_eq!((b_lane ^ (jp * 16)) + ks * 16 * bn * 2, direct, "B {bm}x{bn}x{bk} warp {warp} lane {lane} ks {ks} jp {jp}");
                     }
                 }

@@ -2,7 +2,7 @@
 //! swizzle, wgmma descriptors and a whole block's product, the tensor maps, and the mbarrier
 //! rings under random interleavings.
 
-use super::sim_mma_sync::{check_simulation, swz};
+use super::sim_mma_sync::{check_simulation, ldmatrix_x4_lane, swz};
 use super::tma::{wg, TensorMap};
 use super::variants::{applies, find, not_applicable};
 use super::Dims;
@@ -298,15 +298,16 @@ fn warp64_tma_fragment_addressing_reproduces_the_tile_product() {
     for warp in 0..8 {
         let (wm, wn) = ((warp / 4) * 64, (warp % 4) * 64);
         for lane in 0..32 {
-            let a_lane = swz(wm + lane % 16, lane / 16, 8);
-            let b_lane = a_bytes + (wn / 64) * box_bytes + swz(lane % 16, lane / 16, 8);
+            let (lr, lc) = ldmatrix_x4_lane(lane);
+            let a_lane = swz(wm + lr, lc, 8);
+            let b_lane = a_bytes + (wn / 64) * box_bytes + swz(lr, lc, 8);
             for ks in 0..4 {
                 for i in 0..4 {
-                    let (row, col) = (wm + i * 16 + lane % 16, ks * 16 + (lane / 16) * 8);
+                    let (row, col) = (wm + i * 16 + lr, ks * 16 + lc * 8);
                     assert_eq!((a_lane ^ (ks * 32)) + i * 16 * 128, 2 * a_off(row, col), "A warp {warp} lane {lane} ks {ks} i {i}");
                 }
                 for jp in (0..8).step_by(2) {
-                    let (row, col) = (ks * 16 + lane % 16, wn + jp * 8 + (lane / 16) * 8);
+                    let (row, col) = (ks * 16 + lr, wn + jp * 8 + lc * 8);
                     assert_eq!((b_lane ^ (jp * 16)) + ks * 16 * 128, a_bytes + 2 * b_off(row, col), "B warp {warp} lane {lane} ks {ks} jp {jp}");
                 }
             }

@@ -10,12 +10,12 @@ use crate::Result;
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 /// Tokens per block of the router (MOE_ROUTE_TOKENS in kernels/moe.cu).
-const ROUTE_TOKENS: usize = 64;
+pub(super) const ROUTE_TOKENS: usize = 64;
 /// Assignments per block of the counting sort (MOE_CHUNK in kernels/moe.cu).
-const CHUNK: usize = 256;
-/// Rows per m-tile of grouped_mma (gmm::BM), columns per n-tile (gmm::BN).
-const BM: usize = 128;
-const BN: usize = 128;
+pub(super) const CHUNK: usize = 256;
+/// Rows per m-tile of grouped_mma (tc1::BM in kernels/mma.cuh), columns per n-tile (tc1::BN).
+pub(super) const BM: usize = 128;
+pub(super) const BN: usize = 128;
 
 fn cfg(grid: usize, block: u32) -> LaunchConfig {
     LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 }

@@ -1,12 +1,35 @@
 //! The index math of kernels/moe.cu replayed on the CPU, statement by statement: the chunked
 //! counting sort (moe_chunk_counts, moe_scan, moe_scatter) against `cpu::permute`, and the
 //! grouped_mma schedule (moe_schedule and the blocks' binary search) covering every tile of
-//! every expert exactly once. Tests only: the kernels cannot run here.
+//! every expert exactly once; the launcher's block sizes against the kernels' own. Tests only:
+//! the kernels cannot run here.
 
 use super::cpu;
+use super::gpu::{BM, BN, CHUNK, ROUTE_TOKENS};
+use crate::gpu::compile::probe_source_u32;
 
-const CHUNK: usize = 256;
-const BM: usize = 128;
+/// The block sizes the launcher and these replays use, as NVRTC evaluates them in `source`:
+/// (expression, kernel, Rust) where they differ.
+fn block_size_mismatches(source: &str) -> Vec<(&'static str, u32, usize)> {
+    let want = [("MOE_ROUTE_TOKENS", ROUTE_TOKENS), ("MOE_CHUNK", CHUNK), ("tc1::BM", BM), ("tc1::BN", BN)];
+    let exprs: Vec<&str> = want.iter().map(|w| w.0).collect();
+    let cache = tempfile::tempdir().unwrap();
+    let got = probe_source_u32(Some(cache.path()), "moe_mirrors", source, &exprs, 90.into()).unwrap_or_else(|e| panic!("{e}"));
+    want.into_iter().zip(got).filter(|((_, w), g)| *g as usize != *w).map(|((e, w), g)| (e, g, w)).collect()
+}
+
+/// The launcher's grid and these replays take the kernels' tile and block sizes; a tile of 64
+/// rows planted in kernels/mma.cuh is caught.
+#[test]
+fn block_sizes_are_the_kernels() {
+    let source = crate::kernels::source("moe").unwrap();
+    let bad = block_size_mismatches(&source);
+    assert!(bad.is_empty(), "{bad:?}");
+    let from = "constexpr int BM = 128, BN = 128, BK = 32";
+    assert!(source.contains(from));
+    let bad = block_size_mismatches(&source.replacen(from, "constexpr int BM = 64, BN = 128, BK = 32", 1));
+    assert_eq!(bad, vec![("tc1::BM", 64u32, 128usize)]);
+}
 
 /// moe_chunk_counts + moe_scan + moe_scatter, as the kernels index.
 fn replay_permute(experts: &[i32], t: usize, k: usize, e: usize, cap: usize) -> cpu::PermuteOut {
