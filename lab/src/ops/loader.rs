@@ -166,16 +166,23 @@ fn cache_threads() -> usize {
 }
 
 /// The loader's settings for a case: its read mode and threads (O_DIRECT at queue depth 32 for
-/// the cold file); a ring of 8 host buffers, 4 batches copied ahead, a seeded shuffle.
+/// the cold file); a ring of 8 host buffers, 4 batches copied ahead, a seeded shuffle. Cases
+/// recorded before `read` and `threads` were parameters rerun as they ran: buffered (warm) or
+/// O_DIRECT (cold) reads, 8 threads.
 fn config(s: &Session, case: &Value) -> Result<Config> {
-    let read = param_str(case, "read")?;
+    let read = match case.get("read") {
+        Some(_) => param_str(case, "read")?,
+        None if param_str(case, "cache")? == "cold" => "direct",
+        None => "buffered",
+    };
+    let threads = if case.get("threads").is_some() { param_usize(case, "threads")? } else { 8 };
     Ok(Config {
         ring: 8,
         prefetch: 4,
         shuffle: Some(s.opts.seed),
         read: <ReadMode as clap::ValueEnum>::from_str(read, false).map_err(|_| LabError::Invalid(format!("case {case}: no read mode `{read}` (direct | buffered | mmap)")))?,
         queue_depth: 32,
-        threads: param_usize(case, "threads")?,
+        threads,
         ..Config::bytes(param_usize(case, "sample")?, param_usize(case, "batch")?)
     })
 }
@@ -323,7 +330,8 @@ fn load(s: &mut Session, case: &Value, path: &Path) -> Result<()> {
         }
         s.emit(m)?;
     }
-    let design = param_str(case, "read")? == "mmap" && param_usize(case, "threads")? == cache_threads();
+    let cfg = config(s, case)?;
+    let design = cfg.read == ReadMode::Mmap && cfg.threads == cache_threads();
     if !cold && design && param_timed(case) {
         if let Backend::Cuda(gpu) = s.backend.clone() {
             torch_peers(s, &gpu, case, path)?;
@@ -346,7 +354,7 @@ fn cache_read(s: &mut Session, case: &Value, loader: &Loader) -> Result<()> {
         epoch += 1;
         read::read_samples(&mut src, &data::epoch_order(loader.samples(), cfg.shuffle, epoch), cfg.sample_bytes, cfg.batch_samples, &mut ring)
     })?;
-    let params = json!({"what": "cache_read", "read": case["read"], "threads": case["threads"], "sample": case["sample"], "batch": case["batch"], "file_bytes": case["file_bytes"]});
+    let params = json!({"what": "cache_read", "read": cfg.read, "threads": cfg.threads, "sample": case["sample"], "batch": case["batch"], "file_bytes": case["file_bytes"]});
     let mut m = Measurement::new("cache_read", "linux", &params, Work { bytes: loader.samples() * cfg.sample_bytes as u64, flops: 0 });
     m.extra.insert("read_path".into(), json!(src.read_path));
     let h2d = if matches!(s.backend, Backend::Cuda(_)) { "h2d_pinned_gb_s" } else { "copy_gb_s" };
@@ -501,6 +509,9 @@ mod tests {
         let case = json!({"what": "load", "cache": "warm", "read": "mmapped", "threads": 2, "sample": 4096, "batch": 2, "file_bytes": 8192});
         let err = config(&s, &case).unwrap_err().to_string();
         assert!(err.contains("no read mode `mmapped`"), "{err}");
+        // A case recorded before the read mode was a parameter runs as it did.
+        let old = |cache: &str| config(&s, &json!({"what": "load", "cache": cache, "sample": 4096, "batch": 2, "file_bytes": 8192})).unwrap();
+        assert_eq!((old("warm").read, old("warm").threads, old("cold").read), (ReadMode::Buffered, 8, ReadMode::Direct));
     }
 
     #[test]
