@@ -1,6 +1,7 @@
 //! Reading samples from one file: O_DIRECT through io_uring at a chosen queue depth (no page
-//! cache, the disk's own bandwidth), buffered `pread`, or a memory map. A read that comes back
-//! short (the file shrank) is an error naming the file and the offset.
+//! cache, the disk's own bandwidth), buffered `pread`, or a memory map copied from with
+//! non-temporal stores ([`stream_copy`]). A read that comes back short (the file shrank) is an
+//! error naming the file and the offset.
 
 use crate::{LabError, Result};
 use io_uring::{opcode, types, IoUring};
@@ -23,7 +24,8 @@ pub enum ReadMode {
     Direct,
     /// `pread` through the page cache.
     Buffered,
-    /// A memory map of the file, copied from.
+    /// A memory map of the file, copied from with non-temporal stores: the fastest way out of
+    /// the page cache (reports/notes/h100-loader.md).
     Mmap,
 }
 
@@ -169,7 +171,7 @@ impl Source {
                     if got < buf.len() {
                         return Err(this.short(*offset, got, buf.len()));
                     }
-                    buf.copy_from_slice(&map[*offset as usize..end as usize]);
+                    stream_copy(buf, &map[*offset as usize..end as usize]);
                     Ok(())
                 }
                 _ => this.pread(*offset, buf),
@@ -235,6 +237,45 @@ impl Source {
     }
 }
 
+/// Copies `src` into `dst` (equal lengths) with non-temporal stores where the CPU has AVX2:
+/// the destination is read next by the copy engine, not by this core, so its lines need neither
+/// be read for ownership nor kept in cache. Out of the page cache that is ~1.5x a plain memcpy
+/// per core (glibc streams only copies of several MiB; samples are smaller): see
+/// reports/notes/h100-loader.md and examples/page_cache_copy.rs.
+pub fn stream_copy(dst: &mut [u8], src: &[u8]) {
+    assert_eq!(dst.len(), src.len(), "stream_copy between slices of different lengths");
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2.
+        return unsafe { stream_copy_avx2(dst, src) };
+    }
+    dst.copy_from_slice(src);
+}
+
+/// Plain copies up to `dst`'s first 32-byte boundary and after its last whole 128-byte block;
+/// the blocks between streamed, then fenced so the bytes are visible before the batch is handed
+/// over.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn stream_copy_avx2(dst: &mut [u8], src: &[u8]) {
+    use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm256_stream_si256, _mm_sfence};
+    let head = dst.as_ptr().align_offset(32).min(dst.len());
+    let body = (dst.len() - head) / 128 * 128;
+    dst[..head].copy_from_slice(&src[..head]);
+    for i in (head..head + body).step_by(128) {
+        // SAFETY: i + 128 <= head + body <= len for both slices; dst + i is 32-byte aligned.
+        unsafe {
+            let (s, d) = (src.as_ptr().add(i) as *const __m256i, dst.as_mut_ptr().add(i) as *mut __m256i);
+            let v = [_mm256_loadu_si256(s), _mm256_loadu_si256(s.add(1)), _mm256_loadu_si256(s.add(2)), _mm256_loadu_si256(s.add(3))];
+            for (k, v) in v.into_iter().enumerate() {
+                _mm256_stream_si256(d.add(k), v);
+            }
+        }
+    }
+    _mm_sfence();
+    dst[head + body..].copy_from_slice(&src[head + body..]);
+}
+
 /// A heap buffer on [`DIRECT_ALIGN`], as O_DIRECT needs (the CPU backend's host ring).
 pub struct AlignedBuf {
     ptr: std::ptr::NonNull<u8>,
@@ -293,6 +334,22 @@ pub fn read_through(path: &Path, mode: ReadMode, block: usize, depth: usize, byt
         src.read(&mut reads)?;
     }
     Ok(((blocks * block) as u64, src.read_path.clone()))
+}
+
+/// Reads the samples `order` (indices of `sample`-byte samples) through `src` in batches of
+/// `batch`, batch k into `ring[k % ring.len()]`: the loader's reads without its copies, to time
+/// how fast a source copies out of the page cache.
+pub fn read_samples(src: &mut Source, order: &[u64], sample: usize, batch: usize, ring: &mut [AlignedBuf]) -> Result<()> {
+    let slots = ring.len();
+    for (k, samples) in order.chunks(batch).enumerate() {
+        let buf = &mut ring[k % slots];
+        if buf.len() < samples.len() * sample {
+            return Err(LabError::Invalid(format!("a {}-byte buffer cannot hold {} samples of {sample} bytes", buf.len(), samples.len())));
+        }
+        let mut reads: Vec<(u64, &mut [u8])> = samples.iter().zip(buf.chunks_exact_mut(sample)).map(|(&i, b)| (i * sample as u64, b)).collect();
+        src.read(&mut reads)?;
+    }
+    Ok(())
 }
 
 /// Drops `path`'s pages from the page cache (written back first) and says what share of the

@@ -1,6 +1,7 @@
 //! `loader`: [`crate::data::Loader`] streaming a file it writes itself to the GPU, against
-//! min(read ceiling, host-to-device ceiling): from the page cache (buffered reads over several
-//! threads) and from a cold file (O_DIRECT, the file's pages dropped with
+//! min(read ceiling, host-to-device ceiling): from the page cache (a memory map copied from with
+//! non-temporal stores over most cores, beside buffered reads and fewer threads, each with the
+//! reads alone timed as `cache_read`) and from a cold file (O_DIRECT, the file's pages dropped with
 //! posix_fadvise(DONTNEED) before every epoch, and the share still resident recorded); its
 //! overlap with a compute kernel of known length (kernels/loader.cu); torch's DataLoader as peer.
 //! The read ceiling (O_DIRECT at queue depth 1 to 64) is measured on the data file's own file
@@ -65,22 +66,31 @@ impl Experiment for LoaderExp {
         };
         // 64 KiB samples (32 Ki u16 tokens) in 8 MiB batches; 1 MiB samples for the cold file,
         // where each sample is one request of the read ceiling's size.
-        let mut cases = vec![
-            // The read ceiling on the data file's file system, before the cold cases need it.
-            json!({"what": "read", "file_bytes": file}),
-            json!({"what": "load", "cache": "warm", "sample": 64 << 10, "batch": 128, "file_bytes": file}),
-            json!({"what": "load", "cache": "cold", "sample": 64 << 10, "batch": 128, "file_bytes": file}),
-            json!({"what": "load", "cache": "cold", "sample": MIB, "batch": 8, "file_bytes": file}),
-        ];
+        let (wide, small) = (cache_threads(), 64 << 10);
+        // The read ceiling on the data file's file system, before the cold cases need it.
+        let mut cases = vec![json!({"what": "read", "file_bytes": file})];
+        // The page-cache design, then buffered reads and 8 threads (the first design) to show
+        // what each lever is worth.
+        let warm = [("mmap", wide), ("buffered", wide), ("mmap", 8), ("buffered", 8)];
+        for (k, &(read, threads)) in warm.iter().enumerate() {
+            if warm[..k].contains(&(read, threads)) {
+                continue; // every core but two is 8 threads: the cases at 8 are the same ones
+            }
+            cases.push(json!({"what": "load", "cache": "warm", "read": read, "threads": threads, "sample": small, "batch": 128, "file_bytes": file}));
+        }
+        for (sample, batch) in [(small, 128), (MIB, 8)] {
+            cases.push(json!({"what": "load", "cache": "cold", "read": "direct", "threads": 8, "sample": sample, "batch": batch, "file_bytes": file}));
+        }
         if gpu {
-            cases.push(json!({"what": "overlap", "cache": "warm", "sample": 64 << 10, "batch": 128, "file_bytes": file}));
+            cases.push(json!({"what": "overlap", "cache": "warm", "read": "mmap", "threads": wide, "sample": small, "batch": 128, "file_bytes": file}));
         }
         cases
     }
-    /// A few odd-sized samples (not a multiple of 4 KiB: buffered reads) and a trailing partial
-    /// one, batches of 3: every copy and the consume kernel on ragged sizes.
+    /// A few odd-sized samples (not a multiple of 4 KiB or of the streamed copy's blocks, read
+    /// through the map) and a trailing partial one, batches of 3: every copy and the consume
+    /// kernel on ragged sizes.
     fn sanitize_cases(&self, backend: &Backend) -> Vec<Value> {
-        let small = |what: &str| json!({"what": what, "cache": "warm", "sample": 8192 + 16, "batch": 3, "file_bytes": 13 * (8192 + 16) + 100});
+        let small = |what: &str| json!({"what": what, "cache": "warm", "read": "mmap", "threads": 2, "sample": 8192 + 16, "batch": 3, "file_bytes": 13 * (8192 + 16) + 100});
         match backend {
             Backend::Cuda(_) => vec![small("load"), small("overlap")],
             Backend::Cpu => vec![small("load")],
@@ -149,17 +159,30 @@ fn write_random(path: &Path, bytes: usize, seed: u64) -> Result<()> {
     file.sync_all().map_err(err)
 }
 
-/// The loader's settings for a case: page cache through 8 read threads, or O_DIRECT at queue
-/// depth 32; a ring of 8 host buffers, 4 batches copied ahead, a seeded shuffle.
+/// Threads copying out of the page cache in the loader's design: every core but two (the
+/// caller's thread issuing copies and the reader's), at least two.
+fn cache_threads() -> usize {
+    std::thread::available_parallelism().map_or(8, |n| n.get()).saturating_sub(2).max(2)
+}
+
+/// The loader's settings for a case: its read mode and threads (O_DIRECT at queue depth 32 for
+/// the cold file); a ring of 8 host buffers, 4 batches copied ahead, a seeded shuffle. Cases
+/// recorded before `read` and `threads` were parameters rerun as they ran: buffered (warm) or
+/// O_DIRECT (cold) reads, 8 threads.
 fn config(s: &Session, case: &Value) -> Result<Config> {
-    let cold = param_str(case, "cache")? == "cold";
+    let read = match case.get("read") {
+        Some(_) => param_str(case, "read")?,
+        None if param_str(case, "cache")? == "cold" => "direct",
+        None => "buffered",
+    };
+    let threads = if case.get("threads").is_some() { param_usize(case, "threads")? } else { 8 };
     Ok(Config {
         ring: 8,
         prefetch: 4,
         shuffle: Some(s.opts.seed),
-        read: if cold { ReadMode::Direct } else { ReadMode::Buffered },
+        read: <ReadMode as clap::ValueEnum>::from_str(read, false).map_err(|_| LabError::Invalid(format!("case {case}: no read mode `{read}` (direct | buffered | mmap)")))?,
         queue_depth: 32,
-        threads: 8,
+        threads,
         ..Config::bytes(param_usize(case, "sample")?, param_usize(case, "batch")?)
     })
 }
@@ -298,18 +321,45 @@ fn load(s: &mut Session, case: &Value, path: &Path) -> Result<()> {
                 resident.push(read::resident(path)?);
                 time_epochs(&s.budget, &mut loader, || Ok(()), |_| Ok(()))?
             };
+            if !cold && s.wants("cache_read", "linux") {
+                cache_read(s, case, &loader)?;
+            }
             let how = if cold { "posix_fadvise(POSIX_FADV_DONTNEED) after fsync before every epoch; O_DIRECT reads" } else { "read once through the page cache before timing" };
             m.extra.insert("cache_state".into(), json!({"how": how, "resident_fraction_max": resident.iter().cloned().fold(0.0, f64::max)}));
             (m.time, m.ceiling) = (Some(time), Some(ceiling));
         }
         s.emit(m)?;
     }
-    if !cold && param_timed(case) {
+    let cfg = config(s, case)?;
+    let design = cfg.read == ReadMode::Mmap && cfg.threads == cache_threads();
+    if !cold && design && param_timed(case) {
         if let Backend::Cuda(gpu) = s.backend.clone() {
             torch_peers(s, &gpu, case, path)?;
         }
     }
     Ok(())
+}
+
+/// The loader's reads alone, out of the page cache into a ring of host buffers like its own
+/// (touched first, as pinned memory is), in its sample order and with its read mode and
+/// threads: whether the reads outrun the copies. Placed against the host-to-device roof they
+/// feed.
+fn cache_read(s: &mut Session, case: &Value, loader: &Loader) -> Result<()> {
+    let cfg = loader.config();
+    let mut src = read::Source::open(loader.path(), cfg.read, cfg.sample_bytes, cfg.queue_depth, cfg.threads)?;
+    let mut ring: Vec<read::AlignedBuf> = (0..cfg.ring).map(|_| read::AlignedBuf::zeroed(cfg.sample_bytes * cfg.batch_samples)).collect();
+    ring.iter_mut().for_each(|b| b.fill(1));
+    let mut epoch = 0;
+    let (t, mode) = host_time(&s.budget, || Ok(()), || {
+        epoch += 1;
+        read::read_samples(&mut src, &data::epoch_order(loader.samples(), cfg.shuffle, epoch), cfg.sample_bytes, cfg.batch_samples, &mut ring)
+    })?;
+    let params = json!({"what": "cache_read", "read": cfg.read, "threads": cfg.threads, "sample": case["sample"], "batch": case["batch"], "file_bytes": case["file_bytes"]});
+    let mut m = Measurement::new("cache_read", "linux", &params, Work { bytes: loader.samples() * cfg.sample_bytes as u64, flops: 0 });
+    m.extra.insert("read_path".into(), json!(src.read_path));
+    let h2d = if matches!(s.backend, Backend::Cuda(_)) { "h2d_pinned_gb_s" } else { "copy_gb_s" };
+    (m.time, m.ceiling) = (Some((t, mode)), Some(h2d));
+    s.emit(m).map(|_| ())
 }
 
 /// A per-sample checksum torch computes on the GPU as easily: sum of byte * (j % 251 + 1).
@@ -347,9 +397,10 @@ fn torch_peers(s: &mut Session, gpu: &Gpu, case: &Value, path: &Path) -> Result<
     Ok(())
 }
 
-/// Load + compute against the longer of the two: the consume kernel is set to take about as
-/// long per batch as loading it (the hardest case for overlap), timed alone, then the epoch is
-/// timed with it on every batch.
+/// Load + compute against the longer of the two: the consume kernel is set to take as long per
+/// batch as loading it (the hardest case for overlap), timed alone, then the epoch is timed with
+/// it on every batch. The record's throughput and fraction are the data's bytes against the
+/// host-to-device roof; the efficiency is `extra.overlap.efficiency`.
 fn overlap(s: &mut Session, gpu: &Gpu, case: &Value, path: &Path) -> Result<()> {
     if !s.wants("overlap", "lab") {
         return Ok(());
@@ -380,20 +431,23 @@ fn overlap(s: &mut Session, gpu: &Gpu, case: &Value, path: &Path) -> Result<()> 
     read::read_through(path, ReadMode::Buffered, MIB, 1, u64::MAX)?;
     let budget = s.budget;
     let load = time_epochs(&budget, &mut loader, || Ok(()), |_| Ok(()))?.0.median;
-    // The kernel's time is linear in iters past its read of the batch: calibrate on a
-    // batch-sized buffer, then time it at the chosen length.
+    // The kernel's time is a + b iters (a: launch and the read of the batch): fitted on a
+    // batch-sized buffer at two lengths, then set to one batch's share of the load time. (The
+    // first design scaled one length through zero, which left it ~14% short.)
     let batch_bytes = loader.config().sample_bytes * loader.config().batch_samples;
     let probe = gpu.stream.alloc_zeros::<u8>(batch_bytes).doing("allocating a batch-sized probe")?;
     let probe_view = BatchData::Cuda(probe.slice(..));
     let per_batch = |iters: i32, out: &mut cudarc::driver::CudaSlice<f32>| time_gpu(gpu, &budget, || consume(&probe_view, iters, out)).map(|t| t.0.median);
-    let base = 1024;
-    let t_base = per_batch(base, &mut out)?;
-    let iters = ((base as f64 * load / loader.batches() as f64 / t_base).round() as i32).max(1);
+    let (short, long) = (1024, 8192);
+    let (t_short, t_long) = (per_batch(short, &mut out)?, per_batch(long, &mut out)?);
+    let slope = (t_long - t_short) / (long - short) as f64;
+    let target = load / loader.batches() as f64;
+    let iters = if slope > 0.0 { ((target - (t_short - slope * short as f64)) / slope).round().clamp(1.0, i32::MAX as f64) as i32 } else { long };
     let kernel = per_batch(iters, &mut out)?;
     let compute = kernel * loader.batches() as f64;
     let both = time_epochs(&budget, &mut loader, || Ok(()), |b| consume(b, iters, &mut out))?;
     let efficiency = load.max(compute) / both.0.median;
-    m.extra.insert("overlap".into(), json!({"load_ms": load, "compute_ms": compute, "kernel_ms": kernel, "iters": iters, "efficiency": efficiency}));
+    m.extra.insert("overlap".into(), json!({"load_ms": load, "compute_ms": compute, "kernel_ms": kernel, "target_kernel_ms": target, "iters": iters, "efficiency": efficiency}));
     (m.time, m.ceiling) = (Some(both), Some("h2d_pinned_gb_s"));
     s.emit(m).map(|_| ())
 }
@@ -416,24 +470,48 @@ mod tests {
             c
         }).collect();
         s.run(&LoaderExp, &cases).unwrap();
-        let loads: Vec<_> = s.records.iter().filter(|r| r.experiment == "loader" && r.variant == "host_ring").collect();
-        assert_eq!(loads.len(), 3);
+        let of = |variant: &str, cache: &str| -> Vec<&crate::record::Record> {
+            s.records.iter().filter(|r| r.experiment == "loader" && r.variant == variant && r.params.get("cache").is_none_or(|c| c == cache)).collect()
+        };
+        let (warm, cold) = (of("host_ring", "warm"), of("host_ring", "cold"));
+        let warm_cases = LoaderExp.cases(&Backend::Cpu, true).iter().filter(|c| c["cache"] == "warm").count();
+        assert_eq!((warm.len(), cold.len()), (warm_cases, 2));
+        let modes: std::collections::BTreeSet<_> = warm.iter().map(|r| r.extra["read_path"]["mode"].as_str().unwrap()).collect();
+        assert_eq!(modes, ["buffered", "mmap"].into(), "the page cache is read both ways");
         assert_eq!(s.records.first().map(|r| r.params["what"].clone()), Some(json!("read")), "the read ceiling comes first");
-        for r in &loads {
+        for r in warm.iter().chain(&cold) {
             assert_eq!(r.verdict, crate::record::Verdict::Pass, "{:?}", r.error);
             assert_eq!(r.extra["dropped_tail_bytes"], json!(123));
             assert!(r.fraction_of_ceiling.is_some() && r.time_ms.is_some());
         }
+        // Each warm case also times its reads alone, with the same mode and threads.
+        let reads_alone = of("cache_read", "warm");
+        assert_eq!(reads_alone.len(), warm.len());
+        for (r, l) in reads_alone.iter().zip(&warm) {
+            assert_eq!((&r.params["read"], &r.params["threads"]), (&l.params["read"], &l.params["threads"]));
+            assert!(r.time_ms.is_some() && r.ceiling.as_deref() == Some("copy_gb_s"), "{r:?}");
+        }
         assert_eq!(std::fs::read_dir(data.path()).unwrap().count(), 0, "data files removed");
         let reads = s.records.iter().filter(|r| r.variant == "o_direct_read").count();
-        match loads[1].extra["read_path"]["mode"].as_str() {
+        match cold[0].extra["read_path"]["mode"].as_str() {
             Some("direct") => {
                 assert_eq!(reads, QUEUE_DEPTHS.len(), "a read record per queue depth, once per run");
                 let lower = if s.ceilings[READ_CEILING].value < s.ceilings["copy_gb_s"].value { READ_CEILING } else { "copy_gb_s" };
-                assert_eq!(loads[1].ceiling.as_deref(), Some(lower), "the cold case is placed against the lower roof");
+                assert_eq!(cold[0].ceiling.as_deref(), Some(lower), "the cold case is placed against the lower roof");
             }
-            _ => assert!(loads[1].extra["bound_caveat"].is_string()),
+            _ => assert!(cold[0].extra["bound_caveat"].is_string()),
         }
+    }
+
+    #[test]
+    fn a_case_with_an_unknown_read_mode_is_named() {
+        let s = Session::new(Backend::Cpu, RunOptions::new(tempfile::tempdir().unwrap().path(), 5)).unwrap();
+        let case = json!({"what": "load", "cache": "warm", "read": "mmapped", "threads": 2, "sample": 4096, "batch": 2, "file_bytes": 8192});
+        let err = config(&s, &case).unwrap_err().to_string();
+        assert!(err.contains("no read mode `mmapped`"), "{err}");
+        // A case recorded before the read mode was a parameter runs as it did.
+        let old = |cache: &str| config(&s, &json!({"what": "load", "cache": cache, "sample": 4096, "batch": 2, "file_bytes": 8192})).unwrap();
+        assert_eq!((old("warm").read, old("warm").threads, old("cold").read), (ReadMode::Buffered, 8, ReadMode::Direct));
     }
 
     #[test]
