@@ -53,7 +53,7 @@ impl Layout {
         if c.heads * c.head_dim != c.dim || !c.heads.is_multiple_of(c.kv_heads) {
             return bad(format!("{} heads of {} over {} KV heads do not make a width of {}", c.heads, c.head_dim, c.kv_heads, c.dim));
         }
-        if c.rope_dims > c.head_dim || c.rope_dims % 2 != 0 {
+        if c.rope_dims > c.head_dim || !c.rope_dims.is_multiple_of(2) {
             return bad(format!("RoPE turns {} dimensions of heads {} wide: an even count up to the head size", c.rope_dims, c.head_dim));
         }
         let (d, kv, f) = (c.dim, c.kv_dim(), c.ffn);
@@ -325,7 +325,7 @@ impl Model {
     pub fn logits(&self, dev: &Backend, tokens: &[u32]) -> Result<Vec<f32>> {
         let batch = Batch { tokens: tokens.to_vec(), rows: 1, seq: tokens.len() };
         self.check(dev, &batch)?;
-        Ok(self.forward(dev, tokens, 1, tokens.len())?.logits.to_vec()?)
+        self.forward(dev, tokens, 1, tokens.len())?.logits.to_vec()
     }
 
     /// The mean next-token loss over the batch, and its gradient written into `grads` (the
