@@ -19,6 +19,7 @@ pub mod quant;
 pub mod record;
 pub mod report;
 pub mod tensor;
+pub mod train;
 pub mod weights;
 
 pub use error::{LabError, Result};

@@ -192,6 +192,36 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Train a small Llama (SmolLM2's design scaled down, its tokenizer) from scratch on the CPU,
+    /// evaluate it on a held-out text, and write its checkpoint and GGUF file under --out;
+    /// records (experiment `pipeline`) go to --records.
+    Pipeline {
+        /// 2 layers of width 64 for 40 steps (tests, a first look); without it 6 layers of 256.
+        #[arg(long)]
+        quick: bool,
+        /// Folder for the token files, checkpoint.safetensors and model.gguf (none may exist).
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value = "reports/records")]
+        records: PathBuf,
+        /// Training steps instead of the plan's.
+        #[arg(long)]
+        steps: Option<usize>,
+        /// The training text (default: Python's pydoc_data/topics.py, found through python3).
+        #[arg(long)]
+        text: Option<PathBuf>,
+        #[arg(long, default_value = "/usr/share/common-licenses/GPL-3")]
+        held_out: PathBuf,
+        /// The GGUF whose tokenizer the model takes (default: $LAB_SMOLLM2_GGUF).
+        #[arg(long)]
+        tokenizer: Option<PathBuf>,
+        /// The GGUF's matrix format: f32, f16, q8_0, q4_0 or q4_1.
+        #[arg(long, default_value = "f32")]
+        format: String,
+        /// Seed of the initial weights (default: fresh from the clock; always recorded).
+        #[arg(long)]
+        seed: Option<u64>,
+    },
     /// Say which GPU, driver, NVRTC, cuBLAS, MPI and Python/torch this machine has.
     Doctor,
     /// Compile every kernel family with NVRTC (for the device, or for the given architectures).
@@ -337,6 +367,29 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             println!("wrote {} ({}, {:.1} MB, from {:.1} MB)", out.display(), to.name(), size as f64 / 1e6, file.bytes().len() as f64 / 1e6);
             Ok(ExitCode::SUCCESS)
         }
+        Command::Pipeline { quick, out, records, steps, text, held_out, tokenizer, format, seed } => {
+            let tokenizer = match tokenizer.or_else(|| std::env::var_os("LAB_SMOLLM2_GGUF").map(PathBuf::from)) {
+                Some(t) => t,
+                None => return Err(LabError::Invalid("no tokenizer: pass --tokenizer PATH.gguf or set LAB_SMOLLM2_GGUF".into())),
+            };
+            let text = match text {
+                Some(t) => t,
+                None => python_topics()?,
+            };
+            let format = lab::weights::gguf_writer::parse_format(&format)?;
+            let opts = lab::train::pipeline::Options { out, records, quick, steps, text, held_out, tokenizer, format, seed: seed.unwrap_or_else(fresh_seed), progress: true };
+            let s = lab::train::pipeline::run(&opts)?;
+            println!(
+                "loss {:.3} -> {:.3} over {} steps, {:.0} tokens/s; held-out loss {:.3}",
+                s.losses.first().copied().unwrap_or(f64::NAN),
+                s.losses.last().copied().unwrap_or(f64::NAN),
+                s.losses.len(),
+                s.tokens_per_s,
+                s.held_out_loss
+            );
+            println!("wrote {} ({:.1} MB), {} and {}", s.gguf.display(), s.gguf_bytes as f64 / 1e6, s.checkpoint.display(), s.run_file.display());
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Doctor => {
             lab::experiment::doctor::print();
             Ok(ExitCode::SUCCESS)
@@ -429,6 +482,18 @@ fn print_timing(old_runs: &[Record], new: &[Record], view: View, threshold: f64)
     }
     print!("{}", compare::render(&cmp, view));
     Ok(())
+}
+
+/// Python's `pydoc_data/topics.py` (it ships with every CPython), found through `python3`.
+fn python_topics() -> Result<PathBuf> {
+    let out = std::process::Command::new("python3")
+        .args(["-c", "import pydoc_data.topics as t; print(t.__file__)"])
+        .output()
+        .map_err(|e| LabError::Invalid(format!("cannot run python3 to find pydoc_data/topics.py ({e}): pass --text PATH")))?;
+    if !out.status.success() {
+        return Err(LabError::Invalid(format!("python3 could not find pydoc_data/topics.py ({}): pass --text PATH", String::from_utf8_lossy(&out.stderr).trim())));
+    }
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
 fn fresh_seed() -> u64 {

@@ -64,6 +64,8 @@ impl Kernel {
 }
 
 const F16_BF16: &[DType] = &[DType::F16, DType::Bf16];
+/// The CPU rungs also take f32: the trainer (`crate::train`) runs attention in f32 on the CPU.
+const CPU_DTYPES: &[DType] = &[DType::F32, DType::F16, DType::Bf16];
 
 /// The ladder, in order: the only place an attention variant is named.
 pub const VARIANTS: &[Variant<Kernel>] = &[
@@ -97,7 +99,7 @@ pub const VARIANTS: &[Variant<Kernel>] = &[
     },
     Variant {
         name: "cpu_rows",
-        dtypes: F16_BF16,
+        dtypes: CPU_DTYPES,
         requires: Requires::Cpu,
         what: "one query row at a time, online softmax in f32, rows in parallel",
         config: Kernel::CpuRows,
@@ -118,7 +120,7 @@ pub const VARIANTS: &[Variant<Kernel>] = &[
     },
     Variant {
         name: "cpu_bwd",
-        dtypes: F16_BF16,
+        dtypes: CPU_DTYPES,
         requires: Requires::Cpu,
         what: "backward: fa2_bwd's tiling on the CPU in f32, (batch, KV head) pairs in parallel",
         config: Kernel::CpuBwd,

@@ -82,6 +82,57 @@ pub fn cpu_rows<T: Elem>(x: &[T], gamma: &[T], y: &mut [T], eps: f32) {
     });
 }
 
+/// dX and dGamma of y = x r gamma (r = 1 / sqrt(mean(x^2) + eps)) from dY, over the last
+/// dimension; `dgamma` is overwritten with the sum over rows. The CPU path is [`cpu_backward`];
+/// there is no GPU kernel yet, so a CUDA backend is refused with that reason.
+pub fn backward(dev: &Backend, x: &Tensor<f32>, gamma: &Tensor<f32>, dy: &Tensor<f32>, dx: &mut Tensor<f32>, dgamma: &mut Tensor<f32>, eps: f32) -> Result<()> {
+    let bad = |why: String| LabError::shape("rmsnorm backward", why);
+    if let Backend::Cuda(_) = dev {
+        return Err(LabError::Invalid("rmsnorm backward has a CPU path only (no kernel yet): use the CPU backend".into()));
+    }
+    let cols = x.cols();
+    if gamma.len() != cols || dgamma.len() != cols {
+        return Err(bad(format!("x rows are {cols} wide but gamma has {} and dgamma {} elements", gamma.len(), dgamma.len())));
+    }
+    for (name, t) in [("dy", dy.shape()), ("dx", dx.shape())] {
+        if t != x.shape() {
+            return Err(bad(format!("x is {:?} but {name} is {t:?}", x.shape())));
+        }
+    }
+    let h = |t: &Tensor<f32>| t.host().map(<[f32]>::to_vec).ok_or_else(|| bad("tensors must be on the host".into()));
+    let (xh, gh, dyh) = (h(x)?, h(gamma)?, h(dy)?);
+    let (dxh, dgh) = (dx.host_mut().ok_or_else(|| bad("dx must be on the host".into()))?, dgamma.host_mut().ok_or_else(|| bad("dgamma must be on the host".into()))?);
+    cpu_backward(&xh, &gh, &dyh, dxh, dgh, eps, false);
+    Ok(())
+}
+
+/// The CPU backward: per row, with g = gamma dy, dx = r g - x r^3 (x.g) / n (the second term is
+/// the mean-square's share, which `drop_mean_term` leaves out: the fault the trainer's gradient
+/// check must catch); dgamma = sum over rows of dy x r. Row sums in f64, rows in parallel, and
+/// dgamma summed over rows in order, so the result does not depend on the thread count.
+pub fn cpu_backward(x: &[f32], gamma: &[f32], dy: &[f32], dx: &mut [f32], dgamma: &mut [f32], eps: f32, drop_mean_term: bool) {
+    let cols = gamma.len();
+    let rows: Vec<Vec<f64>> = dx
+        .par_chunks_mut(cols)
+        .zip(x.par_chunks(cols).zip(dy.par_chunks(cols)))
+        .map(|(dx, (x, dy))| {
+            let ms = x.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / cols as f64;
+            let r = 1.0 / (ms + eps as f64).sqrt();
+            let dot: f64 = (0..cols).map(|j| gamma[j] as f64 * dy[j] as f64 * x[j] as f64).sum();
+            let mean = if drop_mean_term { 0.0 } else { r * r * r * dot / cols as f64 };
+            for j in 0..cols {
+                dx[j] = (r * gamma[j] as f64 * dy[j] as f64 - x[j] as f64 * mean) as f32;
+            }
+            (0..cols).map(|j| dy[j] as f64 * x[j] as f64 * r).collect()
+        })
+        .collect();
+    let mut sum = vec![0f64; cols];
+    for row in rows {
+        sum.iter_mut().zip(row).for_each(|(s, v)| *s += v);
+    }
+    dgamma.iter_mut().zip(sum).for_each(|(g, s)| *g = s as f32);
+}
+
 impl Experiment for RmsNorm {
     fn name(&self) -> &'static str {
         "rmsnorm"

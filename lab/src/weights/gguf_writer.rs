@@ -157,15 +157,7 @@ impl GgufWriter {
     /// Writes the file at `path` through a temporary file beside it, so a failed write leaves
     /// nothing half-written; an existing file is never replaced.
     pub fn write(&self, path: &Path) -> Result<()> {
-        let bytes = self.to_bytes()?;
-        if path.exists() {
-            return Err(invalid(format!("{} exists: choose another name or remove it", path.display())));
-        }
-        let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| LabError::io(dir, e))?;
-        std::io::Write::write_all(&mut tmp, &bytes).map_err(|e| LabError::io(path, e))?;
-        tmp.persist_noclobber(path).map_err(|e| LabError::io(path, e.error))?;
-        Ok(())
+        super::write_new(path, &self.to_bytes()?)
     }
 }
 

@@ -5,13 +5,13 @@ use crate::weights::gguf::{Gguf, Value};
 use crate::{LabError, Result};
 
 /// RoPE frequency scaling: none, or linear (positions divided by `factor`).
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum RopeScaling {
     None,
     Linear { factor: f32 },
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Config {
     pub layers: usize,
     /// Width of the residual stream.

@@ -84,8 +84,8 @@ impl CpuModel {
             matvec(&w.q, &h, &mut q);
             matvec(&w.k, &h, &mut k);
             matvec(&w.v, &h, &mut v);
-            rope(c, pos, &mut q);
-            rope(c, pos, &mut k);
+            rope(c, pos, &mut q, false);
+            rope(c, pos, &mut k, false);
             cache.k[l].extend_from_slice(&k);
             cache.v[l].extend_from_slice(&v);
             let att = attend(c, &q, &cache.k[l], &cache.v[l]);
@@ -130,11 +130,13 @@ fn matvec(w: &[f32], x: &[f32], out: &mut [f32]) {
     });
 }
 
-/// Rotates neighbouring pairs (2i, 2i+1) of each head's first `rope_dims` values.
-fn rope(c: &Config, pos: usize, x: &mut [f32]) {
+/// Rotates neighbouring pairs (2i, 2i+1) of each head's first `rope_dims` values; `inverse`
+/// turns them back (RoPE's backward: the transpose of a rotation is its inverse).
+pub(crate) fn rope(c: &Config, pos: usize, x: &mut [f32], inverse: bool) {
     for head in x.chunks_exact_mut(c.head_dim) {
         for i in 0..c.rope_dims / 2 {
-            let (sin, cos) = c.rope_angle(pos, i).sin_cos();
+            let angle = c.rope_angle(pos, i);
+            let (sin, cos) = if inverse { -angle } else { angle }.sin_cos();
             let (a, b) = (head[2 * i] as f64, head[2 * i + 1] as f64);
             head[2 * i] = (a * cos - b * sin) as f32;
             head[2 * i + 1] = (a * sin + b * cos) as f32;

@@ -8,7 +8,7 @@ use crate::{LabError, Result};
 
 /// One transformer block's tensors, whatever form they take (GGUF infos, f32 on the host,
 /// quantized on the GPU).
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Layer<T> {
     pub attn_norm: T,
     pub q: T,

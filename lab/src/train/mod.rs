@@ -1,0 +1,24 @@
+//! Training a small Llama-architecture model from scratch with the lab's ops, then writing it as
+//! a GGUF file the lab's engine (and llama.cpp) reads.
+//!
+//! - [`model`]: parameters, forward, backward, fused softmax cross-entropy.
+//! - [`reference`]: the same loss in f64 end to end, the oracle of the gradient check.
+//! - [`optim`]: AdamW, gradient clipping, the learning-rate schedule.
+//! - [`data`]: token files, the training stream, evaluation windows.
+//! - [`trainer`] and [`checkpoint`]: the loop's state, its step, and saving and resuming it.
+//! - [`export`]: the model as GGUF; [`pipeline`]: `lab pipeline`, all of it end to end.
+
+pub mod checkpoint;
+pub mod data;
+pub mod export;
+pub mod model;
+pub mod optim;
+pub mod pipeline;
+pub mod reference;
+pub mod trainer;
+
+pub use model::{Batch, Layout, Model, Span};
+pub use trainer::Trainer;
+
+#[cfg(test)]
+pub(crate) mod tests;
