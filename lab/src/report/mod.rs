@@ -126,8 +126,9 @@ fn read_notes(dir: &Path, warnings: &mut Vec<String>) -> Vec<(Vec<String>, NoteV
 
 /// A note's front matter (`+++` TOML naming its runs `+++`) and its Markdown body, or why not.
 pub fn parse_note(text: &str) -> std::result::Result<(Vec<String>, String), String> {
-    // A note saved with Windows line ends reads as the same note.
-    let text = text.replace("\r\n", "\n");
+    // A note saved with Windows line ends reads as the same note. Every `\r` ending a line goes,
+    // not one: `\r\r\n` made `\r\n` would read differently a second time.
+    let text = text.split('\n').map(|l| l.trim_end_matches('\r')).collect::<Vec<_>>().join("\n");
     // `rest` keeps the end of the opening line, so that empty front matter is found closed too.
     let rest = text.strip_prefix("+++").filter(|r| r.starts_with('\n')).ok_or("no `+++` line opening front matter that names its runs")?;
     let (front, body) = rest
@@ -467,6 +468,8 @@ mod tests {
         let runs = Ok((vec!["r1".to_string()], "# T".to_string()));
         assert_eq!(parse_note("+++\r\nruns = [\"r1\"]\r\n+++\r\n# T\r\n"), runs);
         assert_eq!(parse_note("+++\nruns = []\n+++"), Ok((vec![], String::new())));
+        // Found by the `notes` fuzz target: a body that read back differently once written out.
+        assert_eq!(parse_note("+++\nruns = []\n+++\na\r\r\nb"), Ok((vec![], "a\nb".to_string())));
     }
 
     #[test]
