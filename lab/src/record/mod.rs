@@ -183,42 +183,63 @@ pub fn read_records(path: &Path) -> Result<(Vec<Record>, Vec<Damage>)> {
     let mut records = Vec::new();
     let mut damage = Vec::new();
     for file in frame::record_files(path)? {
-        let text = read_run_file(&file)?;
-        let lines = text.lines().count();
-        for (i, line) in text.lines().enumerate() {
-            if line.trim().is_empty() {
-                continue;
-            }
-            match parse_line(line) {
-                Ok(r) => records.push(r),
-                // The writer ends every line it finishes: a damaged last line without its end is
-                // one a killed run was writing.
-                Err(why) if i + 1 == lines && !text.ends_with('\n') => {
-                    damage.push(Damage { file: file.clone(), line: i + 1, why: format!("torn last line (the run was killed while writing it?): {why}") })
-                }
-                Err(why) => damage.push(Damage { file: file.clone(), line: i + 1, why }),
-            }
-        }
+        let bytes = std::fs::read(&file).map_err(|e| LabError::io(&file, e))?;
+        let (r, d) = parse_run_file(&file, &bytes);
+        records.extend(r);
+        damage.extend(d);
     }
     Ok((records, damage))
 }
 
-/// The text of a run file, gunzipped when its name ends in `.gz`.
-fn read_run_file(file: &Path) -> Result<String> {
+/// The records in `bytes`, the content of the run file `file` (gunzipped when its name ends in
+/// `.gz`), and its damaged lines: one that is not UTF-8, JSON or a record, and the line where
+/// gzip data breaks off or goes bad. Every line before the damage reads.
+pub fn parse_run_file(file: &Path, bytes: &[u8]) -> (Vec<Record>, Vec<Damage>) {
     use std::io::Read;
-    if !file.to_str().is_some_and(|s| s.ends_with(".gz")) {
-        return std::fs::read_to_string(file).map_err(|e| LabError::io(file, e));
+    let mut broken = None;
+    let text: std::borrow::Cow<[u8]> = if file.to_str().is_some_and(|s| s.ends_with(".gz")) {
+        let mut text = Vec::new();
+        // Multi: gzip files joined end to end are one file. What came out before an error stays
+        // in `text`; the line the error cut is not whole and goes with the damage.
+        if let Err(e) = flate2::read::MultiGzDecoder::new(bytes).read_to_end(&mut text) {
+            text.truncate(text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1));
+            broken = Some(e);
+        }
+        text.into()
+    } else {
+        bytes.into()
+    };
+    let (mut records, mut damage) = (Vec::new(), Vec::new());
+    let mut lines = 0;
+    for (i, piece) in text.split_inclusive(|&b| b == b'\n').enumerate() {
+        lines = i + 1;
+        let line = piece.strip_suffix(b"\n").unwrap_or(piece);
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let parsed = match std::str::from_utf8(line) {
+            Ok(line) if line.trim().is_empty() => continue,
+            Ok(line) => parse_line(line),
+            Err(e) => Err(format!("not UTF-8: {e}")),
+        };
+        match parsed {
+            Ok(r) => records.push(r),
+            // The writer ends every line it finishes: a damaged last line without its end is
+            // one a killed run was writing.
+            Err(why) if !piece.ends_with(b"\n") => {
+                damage.push(Damage { file: file.into(), line: lines, why: format!("torn last line (the run was killed while writing it?): {why}") })
+            }
+            Err(why) => damage.push(Damage { file: file.into(), line: lines, why }),
+        }
     }
-    let f = std::fs::File::open(file).map_err(|e| LabError::io(file, e))?;
-    let mut text = String::new();
-    flate2::read::GzDecoder::new(f).read_to_string(&mut text).map_err(|e| LabError::io(file, format!("not a readable gzip-compressed run file: {e}")))?;
-    Ok(text)
+    if let Some(e) = broken {
+        damage.push(Damage { file: file.into(), line: lines + 1, why: format!("not readable as gzip from this line on: {e}") });
+    }
+    (records, damage)
 }
 
 fn parse_line(line: &str) -> std::result::Result<Record, String> {
     let value: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
     match value.get("schema").and_then(|s| s.as_u64()) {
-        Some(s) if s as u32 == SCHEMA => {}
+        Some(s) if s == u64::from(SCHEMA) => {}
         Some(s) => return Err(format!("schema {s} is not one this lab reads (it reads {SCHEMA})")),
         None => return Err("no `schema` field".into()),
     }
@@ -245,6 +266,67 @@ mod tests {
         assert!(text.contains("\"worst_fraction_of_tolerance\":null"), "{text}");
         let back: super::ErrorStats = serde_json::from_str(&text).unwrap();
         assert!(back.max_rel.is_nan() && back.worst_fraction_of_tolerance.is_nan() && back.max_abs == 1.0 && back.mismatches == 1);
+    }
+
+    use std::path::Path;
+
+    /// The first `n` lines of the fixture, each ended as the writer ends it.
+    fn lines(n: usize) -> Vec<u8> {
+        LINE.lines().take(n).flat_map(|l| [l.as_bytes(), b"\n"].concat()).collect()
+    }
+
+    fn gzip(bytes: &[u8]) -> Vec<u8> {
+        use std::io::Write;
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        enc.write_all(bytes).unwrap();
+        enc.finish().unwrap()
+    }
+
+    #[test]
+    fn a_line_cut_inside_a_character_is_damage_and_the_lines_before_it_read() {
+        // A kill mid-write can cut a multi-byte character ("é" is C3 A9): the file is not UTF-8.
+        let bytes = [lines(2).as_slice(), b"{\"command\": \"caf\xC3"].concat();
+        let (records, damage) = super::parse_run_file(Path::new("run.jsonl"), &bytes);
+        assert_eq!(records.len(), 2);
+        assert_eq!(damage.len(), 1, "{damage:?}");
+        assert!(damage[0].to_string().starts_with("run.jsonl:3: torn last line") && damage[0].why.contains("not UTF-8"), "{}", damage[0]);
+        // Not at the end: damage that is not a tear, and the line after it still reads.
+        let bytes = [lines(1).as_slice(), b"\xFF\n", &lines(2)].concat();
+        let (records, damage) = super::parse_run_file(Path::new("run.jsonl"), &bytes);
+        assert_eq!((records.len(), damage.len(), damage[0].line), (3, 1, 2), "{damage:?}");
+        assert!(damage[0].why.starts_with("not UTF-8"), "{}", damage[0]);
+    }
+
+    #[test]
+    fn a_gzip_file_cut_short_keeps_its_whole_lines_and_names_the_line_it_breaks_in() {
+        let all = LINE.lines().count();
+        let gz = gzip(&lines(all));
+        let (records, damage) = super::parse_run_file(Path::new("run.jsonl.gz"), &gz[..gz.len() / 2]);
+        assert!(!records.is_empty() && records.len() < all, "{} of {all}", records.len());
+        assert_eq!(damage.len(), 1, "{damage:?}");
+        assert_eq!(damage[0].line, records.len() + 1);
+        assert!(damage[0].why.starts_with("not readable as gzip from this line on"), "{}", damage[0]);
+        // Not gzip at all: damage from line 1, not an error that stops other files loading.
+        let (records, damage) = super::parse_run_file(Path::new("run.jsonl.gz"), b"not gzip at all");
+        assert!(records.is_empty() && damage.len() == 1 && damage[0].line == 1, "{damage:?}");
+    }
+
+    #[test]
+    fn gzip_files_joined_end_to_end_read_whole_and_garbage_after_them_is_damage() {
+        let joined = [gzip(&lines(2)), gzip(&lines(3))].concat();
+        let (records, damage) = super::parse_run_file(Path::new("run.jsonl.gz"), &joined);
+        assert_eq!((records.len(), damage.len()), (5, 0), "{damage:?}");
+        let (records, damage) = super::parse_run_file(Path::new("run.jsonl.gz"), &[gzip(&lines(2)).as_slice(), b"\0\0junk"].concat());
+        assert_eq!(records.len(), 2);
+        assert!(damage.len() == 1 && damage[0].line == 3, "{damage:?}");
+    }
+
+    #[test]
+    fn a_schema_past_u32_is_not_read_as_schema_1() {
+        let mut record: serde_json::Value = serde_json::from_str(LINE.lines().next().unwrap()).unwrap();
+        record["schema"] = (u64::from(u32::MAX) + 2).into();
+        let why = super::parse_line(&record.to_string()).unwrap_err();
+        assert!(why.starts_with("schema 4294967297 is not one this lab reads"), "{why}");
     }
 
     use proptest::prelude::*;

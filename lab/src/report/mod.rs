@@ -126,10 +126,21 @@ fn read_notes(dir: &Path, warnings: &mut Vec<String>) -> Vec<(Vec<String>, NoteV
 
 /// A note's front matter (`+++` TOML naming its runs `+++`) and its Markdown body, or why not.
 pub fn parse_note(text: &str) -> std::result::Result<(Vec<String>, String), String> {
-    text.strip_prefix("+++\n")
-        .and_then(|rest| rest.split_once("\n+++\n"))
-        .ok_or_else(|| "no `+++` front matter naming its runs".to_string())
-        .and_then(|(front, body)| toml::from_str::<FrontMatter>(front).map(|f| (f.runs, body.trim().to_string())).map_err(|e| e.message().to_string()))
+    // A note saved with Windows line ends reads as the same note. Every `\r` ending a line goes,
+    // not one: `\r\r\n` made `\r\n` would read differently a second time.
+    let text = text.split('\n').map(|l| l.trim_end_matches('\r')).collect::<Vec<_>>().join("\n");
+    // `rest` keeps the end of the opening line, so that empty front matter is found closed too.
+    let rest = text.strip_prefix("+++").filter(|r| r.starts_with('\n')).ok_or("no `+++` line opening front matter that names its runs")?;
+    let (front, body) = rest
+        .split_once("\n+++\n")
+        .or_else(|| rest.strip_suffix("\n+++").map(|front| (front, "")))
+        .ok_or("no `+++` line closing its front matter")?;
+    let f: FrontMatter = toml::from_str(front).map_err(|e| {
+        // Counted in the note: `front` starts with the end of line 1.
+        let line = 1 + e.span().map_or(0, |s| front.as_bytes()[..s.start.min(front.len())].iter().filter(|&&b| b == b'\n').count());
+        format!("front matter line {line}: {}", e.message().trim_end())
+    })?;
+    Ok((f.runs, body.trim().to_string()))
 }
 
 /// A note's `# ` title and the first paragraph under its `## Status` heading, joined into one
@@ -434,7 +445,7 @@ impl Rendered {
 
 #[cfg(test)]
 mod tests {
-    use super::{md_code, md_text, title_and_status};
+    use super::{md_code, md_text, parse_note, title_and_status};
 
     #[test]
     fn record_text_cannot_open_a_tag_a_link_or_a_cell() {
@@ -450,6 +461,23 @@ mod tests {
         let body = "# Title\n\n## Status\n\nFirst line\nsecond line.\n\nA later paragraph.\n\n## Question\n";
         assert_eq!(title_and_status(body), (Some("Title".to_string()), "First line second line.".to_string()));
         assert_eq!(title_and_status("# T\n\n## Question\n\nq"), (Some("T".to_string()), String::new()));
+    }
+
+    #[test]
+    fn a_note_reads_with_windows_line_ends_and_without_a_body() {
+        let runs = Ok((vec!["r1".to_string()], "# T".to_string()));
+        assert_eq!(parse_note("+++\r\nruns = [\"r1\"]\r\n+++\r\n# T\r\n"), runs);
+        assert_eq!(parse_note("+++\nruns = []\n+++"), Ok((vec![], String::new())));
+        // Found by the `notes` fuzz target: a body that read back differently once written out.
+        assert_eq!(parse_note("+++\nruns = []\n+++\na\r\r\nb"), Ok((vec![], "a\nb".to_string())));
+    }
+
+    #[test]
+    fn a_bad_note_says_what_is_wrong_and_on_which_line() {
+        assert_eq!(parse_note("runs = []\n"), Err("no `+++` line opening front matter that names its runs".into()));
+        assert_eq!(parse_note("+++\nruns = []\n"), Err("no `+++` line closing its front matter".into()));
+        assert_eq!(parse_note("+++\n+++\n# T"), Err("front matter line 1: missing field `runs`".into()));
+        assert_eq!(parse_note("+++\n# a comment\nruns = [\"a\",\n  2]\n+++\n"), Err("front matter line 4: invalid type: integer `2`, expected a string".into()));
     }
 
     use proptest::prelude::*;
