@@ -450,13 +450,19 @@ esac
 exit $rc
 "#;
 
-#[test]
-fn sanitize_pins_each_error_on_its_variant_and_shape_and_exits_1() {
+/// A folder holding STUB_SANITIZER as an executable `compute-sanitizer`.
+fn stub_sanitizer() -> (tempfile::TempDir, std::path::PathBuf) {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     let stub = dir.path().join("compute-sanitizer");
     std::fs::write(&stub, STUB_SANITIZER).unwrap();
     std::fs::set_permissions(&stub, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (dir, stub)
+}
+
+#[test]
+fn sanitize_pins_each_error_on_its_variant_and_shape_and_exits_1() {
+    let (dir, stub) = stub_sanitizer();
     let out = dir.path().join("records");
     let sanitize = |exp: &str| {
         Command::new(env!("CARGO_BIN_EXE_lab"))
@@ -496,11 +502,7 @@ fn sanitize_pins_each_error_on_its_variant_and_shape_and_exits_1() {
 /// and named in its record; a clean record names none.
 #[test]
 fn sanitize_keeps_the_log_of_each_finding_and_of_each_run_that_did_not_finish() {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = tempfile::tempdir().unwrap();
-    let stub = dir.path().join("compute-sanitizer");
-    std::fs::write(&stub, STUB_SANITIZER).unwrap();
-    std::fs::set_permissions(&stub, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (dir, stub) = stub_sanitizer();
     let out = dir.path().join("records");
     let o = Command::new(env!("CARGO_BIN_EXE_lab"))
         .args(["sanitize", "gemm", "--tool", "memcheck", "--backend", "cpu", "--seed", "3", "--timeout", "3", "--out", out.to_str().unwrap()])

@@ -10,7 +10,8 @@
 
 use crate::experiment::llama_cpp::{self, Kl};
 use crate::experiment::{param_str, param_usize, Backend, Experiment, Measurement, Peer, Session};
-use crate::model::eval::{chunks, cosine, divergence, perplexity, score_chunk, top1};
+use crate::model::eval::{chunks, cosine, divergence, perplexity, score_chunk};
+use crate::model::llama::generate::argmax;
 use crate::model::llama::CpuModel;
 use crate::model::tokenizer::Tokenizer;
 use crate::ops::llama::experiment::{finite, model_path, PROMPTS};
@@ -135,8 +136,7 @@ fn run(s: &mut Session, case: &Value) -> Result<()> {
                 let ours = model.forward(&mut model.cache(), p)?;
                 let them = llama_cpp::logits(&path, p, gpu_layers)?;
                 cosines.push(cosine(&ours, &them));
-                let (a, b): (Vec<f64>, Vec<f64>) = (ours.iter().map(|&v| v as f64).collect(), them.iter().map(|&v| v as f64).collect());
-                same += usize::from(top1(&a) == top1(&b));
+                same += usize::from(argmax(&ours)? == argmax(&them)?);
             }
             rec.error = Some(agreement(scored.ppl.0, theirs.ppl, &cosines, same, prompts.len()));
             rec.tolerance = Some(Tolerance { atol: 0.0, rtol: PPL_RTOL });
