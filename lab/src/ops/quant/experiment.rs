@@ -382,7 +382,7 @@ fn run_w4a16(s: &mut Session, case: &Value) -> Result<()> {
                 let got = dy.to_vec()?;
                 let model = w4a16_model(&design, iq, ix, b, gpu.info.sm_count as usize);
                 let what = format!("{:?} on {} warps, {} layout", design.model, design.warps, design.layout.name());
-                m.extra.insert("model".into(), model_field(&what, &f16_bits(&got), &f16_bits(&model)));
+                check_model(&mut m, &what, &f16_bits(&got), &f16_bits(&model));
             }
             s.emit(m)?;
         }
@@ -412,11 +412,18 @@ fn in_layouts(dev: &Backend, q: &Quantized, shape: (usize, usize)) -> Result<Vec
     [Layout::Rows, Layout::Tiles, Layout::StepMajor].into_iter().map(|l| QuantTensor::from_quantized(dev, q.clone(), shape, l).map(|w| (l, w))).collect()
 }
 
-/// The record's `model` field: a kernel's output on integer data against its CPU model's, bit
-/// for bit (a nonzero `mismatches` is a decode or an index the model and the kernel disagree on).
-fn model_field<T: PartialEq>(what: &str, got: &[T], model: &[T]) -> Value {
+/// Records a kernel's output on integer data against its CPU model's, bit for bit, as the
+/// record's `model` field; any output that differs fails the record (its error counts them), so
+/// a decode or an index the model and the kernel disagree on unverifies the family.
+fn check_model<T: PartialEq>(m: &mut Measurement, what: &str, got: &[T], model: &[T]) {
+    let differ = got.len().abs_diff(model.len()) + got.iter().zip(model).filter(|(g, m)| g != m).count();
     let first = got.iter().zip(model).position(|(g, m)| g != m);
-    json!({"model": what, "data": "integer", "outputs": got.len(), "mismatches": got.iter().zip(model).filter(|(g, m)| g != m).count(), "first": first})
+    m.extra.insert("model".into(), json!({"model": what, "data": "integer", "outputs": got.len(), "mismatches": differ, "first": first}));
+    if differ > 0 {
+        let e = m.error.get_or_insert_with(|| ErrorStats::empty("its CPU model"));
+        e.mismatches += differ as u64;
+        e.reference = format!("{}; {differ} outputs differ from its CPU model ({what}) on integer data", e.reference);
+    }
 }
 
 /// A case's batches, one record each, and the case without them (the shape's params): a rerun of
@@ -464,7 +471,7 @@ fn run_q8(s: &mut Session, case: &Value) -> Result<()> {
             let rows_per_warp = w8a16_shape(n, gpu.info.sm_count as usize).1;
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             let model = w8a16_blocks(&iblocks, (n, k), &ix, b, rows_per_warp);
-            m.extra.insert("model".into(), model_field(&format!("w8a16 at {rows_per_warp} rows per warp"), &bits(&dy.to_vec()?), &bits(&model)));
+            check_model(&mut m, &format!("w8a16 at {rows_per_warp} rows per warp"), &bits(&dy.to_vec()?), &bits(&model));
         }
         s.emit(m)?;
     }
@@ -588,3 +595,33 @@ fn run_smollm2(s: &mut Session, case: &Value) -> Result<()> {
     Ok(())
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A kernel one output away from its model fails its record, whatever its tolerance check
+    /// said; an exact one keeps the check's verdict.
+    #[test]
+    fn a_kernel_that_differs_from_its_model_fails() {
+        let passing = || {
+            let mut m = Measurement::new("w8a16", "lab", &json!({"n": 4}), Work::default());
+            m.error = Some(ErrorStats::empty("f64 reference"));
+            m
+        };
+        let mut exact = passing();
+        check_model(&mut exact, "w8a16 at 2 rows per warp", &[1u32, 2, 3, 4], &[1, 2, 3, 4]);
+        assert!(exact.error.as_ref().unwrap().passed());
+        assert_eq!(exact.extra["model"]["mismatches"], 0);
+        let mut planted = passing();
+        check_model(&mut planted, "w8a16 at 2 rows per warp", &[1u32, 2, 7, 4], &[1, 2, 3, 4]);
+        let e = planted.error.as_ref().unwrap();
+        assert!(!e.passed());
+        assert_eq!((e.mismatches, &planted.extra["model"]["first"]), (1, &json!(2)));
+        assert!(e.reference.contains("1 outputs differ from its CPU model"), "{}", e.reference);
+        // A short output is a disagreement too.
+        let mut short = passing();
+        check_model(&mut short, "w8a16", &[1u32, 2], &[1, 2, 3]);
+        assert_eq!(short.error.unwrap().mismatches, 1);
+    }
+}
