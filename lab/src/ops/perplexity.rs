@@ -238,7 +238,7 @@ fn agreement(ours: f64, theirs: f64, cosines: &[f64], same: usize, prompts: usiz
     e.worst_fraction_of_tolerance = rel / PPL_RTOL;
     e.worst_got = Some(ours);
     e.worst_expected = Some(theirs);
-    e.mismatches = u64::from(!(rel <= PPL_RTOL)) + cosines.iter().filter(|&&c| !(c >= MIN_COSINE)).count() as u64 + (prompts - same) as u64;
+    e.mismatches = u64::from(rel.is_nan() || rel > PPL_RTOL) + cosines.iter().filter(|&&c| c.is_nan() || c < MIN_COSINE).count() as u64 + (prompts - same) as u64;
     e
 }
 
