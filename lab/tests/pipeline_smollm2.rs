@@ -85,8 +85,40 @@ fn the_quick_pipeline_trains_writes_and_records_and_never_overwrites() {
     for f in ["tokens.safetensors", "held_out.safetensors", "checkpoint.safetensors"] {
         assert!(out.join(f).is_file(), "{f} is missing");
     }
+    // The written file and its copies, each scored on the held-out text by the engine.
+    let scores: Vec<_> = recs.iter().filter(|r| r.variant == "cpu_reference").collect();
+    let formats: Vec<&str> = scores.iter().map(|r| r.params["format"].as_str().unwrap()).collect();
+    assert_eq!(formats, ["q8_0", "f32", "f16", "q4_1", "q4_0"]);
+    let figure = |format: &str, key: &str| scores.iter().find(|r| r.params["format"] == format).unwrap().extra[key].as_f64().unwrap();
+    for (r, format) in scores.iter().zip(&formats) {
+        let file = if *format == "q8_0" { out.join("model.gguf") } else { out.join(format!("model.{format}.gguf")) };
+        assert_eq!(r.extra["file_bytes"].as_u64(), Some(std::fs::metadata(&file).unwrap().len()), "{format}");
+        // Two evaluators of one model: the engine's perplexity and the trainer's held-out loss.
+        let ppl = figure(format, "ppl");
+        assert!((ppl.ln() - held).abs() < 0.5, "{format}: perplexity {ppl} against held-out loss {held}");
+        let kl = figure(format, "mean_kl");
+        assert!(kl.is_finite() && kl >= -1e-12, "{format}: KL {kl}");
+    }
+    // Matrices and the tied embedding in q8_0 (8.5 bits), norms in f32; the f32 copy holds the
+    // same values, so it scores the same; 4 bits cost something.
+    assert!((8.5..8.6).contains(&figure("q8_0", "bits_per_weight")), "{}", figure("q8_0", "bits_per_weight"));
+    assert_eq!(figure("f32", "bits_per_weight"), 32.0);
+    assert!((16.0..16.1).contains(&figure("f16", "bits_per_weight")), "{}", figure("f16", "bits_per_weight"));
+    assert!(figure("f32", "mean_kl").abs() < 1e-12 && figure("f32", "top1_same") == 1.0);
+    assert!(figure("q4_0", "mean_kl") > 1e-6, "{}", figure("q4_0", "mean_kl"));
     let again = run();
     assert!(!again.status.success());
     assert!(String::from_utf8_lossy(&again.stderr).contains("exists"), "{}", String::from_utf8_lossy(&again.stderr));
     assert_eq!(std::fs::read(out.join("model.gguf")).unwrap(), written, "the second run touched the first one's model");
+}
+
+#[test]
+fn an_unknown_plan_is_refused_before_any_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let run = Command::new(env!("CARGO_BIN_EXE_lab")).args(["pipeline", "--plan", "huge", "--tokenizer", &smollm2(), "--text", "/usr/share/common-licenses/GPL-3", "--out"]).arg(&out).arg("--records").arg(dir.path().join("records")).output().unwrap();
+    assert!(!run.status.success());
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(err.contains("no plan `huge` (plans: quick, cpu, full)"), "{err}");
+    assert!(!out.exists(), "a refused run created its output folder");
 }

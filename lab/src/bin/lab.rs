@@ -193,12 +193,20 @@ enum Command {
         out: PathBuf,
     },
     /// Train a small Llama (SmolLM2's design scaled down, its tokenizer) from scratch on the CPU,
-    /// evaluate it on a held-out text, and write its checkpoint and GGUF file under --out;
-    /// records (experiment `pipeline`) go to --records.
+    /// evaluate it on a held-out text, write its checkpoint and GGUF file and requantized copies
+    /// under --out, and score every file on the held-out text; records (experiment `pipeline`)
+    /// go to --records.
     Pipeline {
-        /// 2 layers of width 64 for 40 steps (tests, a first look); without it 6 layers of 256.
-        #[arg(long)]
+        /// `--plan quick`.
+        #[arg(long, conflicts_with = "plan")]
         quick: bool,
+        /// quick: 2 layers of width 64, 40 steps (tests, a first look); cpu: 2 of 128, 100 steps
+        /// (minutes on a CPU); full: 6 of 256, 2000 steps.
+        #[arg(long, default_value = "full")]
+        plan: String,
+        /// Peers beside the lab: llama-cpp scores the same files (LAB_LLAMA_CPP).
+        #[arg(long, value_enum, value_delimiter = ',')]
+        peers: Vec<Peer>,
         /// Folder for the token files, checkpoint.safetensors and model.gguf (none may exist).
         #[arg(long)]
         out: PathBuf,
@@ -367,7 +375,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             println!("wrote {} ({}, {:.1} MB, from {:.1} MB)", out.display(), to.name(), size as f64 / 1e6, file.bytes().len() as f64 / 1e6);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Pipeline { quick, out, records, steps, text, held_out, tokenizer, format, seed } => {
+        Command::Pipeline { quick, plan, peers, out, records, steps, text, held_out, tokenizer, format, seed } => {
             let tokenizer = match tokenizer.or_else(|| std::env::var_os("LAB_SMOLLM2_GGUF").map(PathBuf::from)) {
                 Some(t) => t,
                 None => return Err(LabError::Invalid("no tokenizer: pass --tokenizer PATH.gguf or set LAB_SMOLLM2_GGUF".into())),
@@ -377,7 +385,8 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
                 None => python_topics()?,
             };
             let format = lab::weights::gguf_writer::parse_format(&format)?;
-            let opts = lab::train::pipeline::Options { out, records, quick, steps, text, held_out, tokenizer, format, seed: seed.unwrap_or_else(fresh_seed), progress: true };
+            let plan = if quick { "quick".into() } else { plan };
+            let opts = lab::train::pipeline::Options { out, records, plan, steps, text, held_out, tokenizer, format, seed: seed.unwrap_or_else(fresh_seed), progress: true, peers };
             let s = lab::train::pipeline::run(&opts)?;
             println!(
                 "loss {:.3} -> {:.3} over {} steps, {:.0} tokens/s; held-out loss {:.3}",
@@ -388,6 +397,11 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
                 s.held_out_loss
             );
             println!("wrote {} ({:.1} MB), {} and {}", s.gguf.display(), s.gguf_bytes as f64 / 1e6, s.checkpoint.display(), s.run_file.display());
+            for r in &s.scores {
+                let (x, num) = (&r.extra, |k: &str| r.extra[k].as_f64().unwrap_or(f64::NAN));
+                let theirs = x.get("llama_cpp_ppl").and_then(|v| v.as_f64()).map_or(String::new(), |p| format!(", llama.cpp {p:.3}, logits cosine {}", x["logits_cosines"]));
+                println!("{:>5}: {:.2} MB, {:.2} bits/weight, perplexity {:.3}{theirs}, KL {:.5}", r.params["format"].as_str().unwrap_or(""), num("file_bytes") / 1e6, num("bits_per_weight"), num("ppl"), num("mean_kl"));
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Doctor => {

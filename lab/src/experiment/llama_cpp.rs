@@ -14,8 +14,12 @@ fn fail(why: String) -> LabError {
 }
 
 /// The folder of llama.cpp's built tools.
-fn tools() -> Result<PathBuf> {
-    std::env::var("LAB_LLAMA_CPP").map(PathBuf::from).map_err(|_| fail("LAB_LLAMA_CPP must name the folder of llama.cpp's built tools (scripts/llama-cpp.sh build)".into()))
+pub fn tools() -> Result<PathBuf> {
+    let dir = std::env::var("LAB_LLAMA_CPP").map(PathBuf::from).map_err(|_| fail("LAB_LLAMA_CPP must name the folder of llama.cpp's built tools (scripts/llama-cpp.sh build)".into()))?;
+    if !dir.is_dir() {
+        return Err(fail(format!("LAB_LLAMA_CPP={} is not a folder (scripts/llama-cpp.sh build writes DIR/build/bin)", dir.display())));
+    }
+    Ok(dir)
 }
 
 /// Runs one of llama.cpp's tools; its standard output and error on success.

@@ -150,7 +150,7 @@ mod tests {
         assert!(d.mean_kl > 0.0 && (d.max_kl - kl(&a, &b)).abs() < 1e-15);
         assert_eq!(d.top1_same, 1.0);
         let c = log_softmax(&[1.0, 4.0, 3.0, -1.0]);
-        assert_eq!(divergence(&[a.clone()], &[c]).unwrap().top1_same, 0.0);
+        assert_eq!(divergence(std::slice::from_ref(&a), &[c]).unwrap().top1_same, 0.0);
         // By hand: p = (1/2, 1/2), q = (1/4, 3/4): (ln 2 + ln(2/3)) / 2.
         let (p, q) = ([0.5f64.ln(), 0.5f64.ln()], [0.25f64.ln(), 0.75f64.ln()]);
         assert!((kl(&p, &q) - (2f64.ln() + (2.0f64 / 3.0).ln()) / 2.0).abs() < 1e-15);

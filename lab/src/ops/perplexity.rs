@@ -4,6 +4,8 @@
 //! with `--peers llama-cpp`, by llama.cpp itself on the same files: perplexity, KL divergence
 //! and top-1 agreement against the source file, and the logits after three prompts, lab against
 //! llama.cpp. That llama.cpp loads every file the lab writes is part of the check.
+//! `score_files` is the scoring alone, for any source file: `lab pipeline` calls it on the model
+//! it trained.
 //!
 //! A case: `text` (a file; default the GPL-3 licence text Debian ships), `ctx` and `chunks` (the
 //! scored window), `formats` (`source` is the file as it is).
@@ -16,12 +18,13 @@ use crate::model::llama::CpuModel;
 use crate::model::tokenizer::Tokenizer;
 use crate::ops::llama::experiment::{finite, model_path, PROMPTS};
 use crate::profile::Work;
-use crate::record::{ErrorStats, Tolerance};
-use crate::weights::gguf::GgufFile;
+use crate::record::{ErrorStats, Record, Tolerance};
+use crate::weights::gguf::{Gguf, GgufFile};
 use crate::weights::gguf_writer::{parse_format, requantize};
 use crate::{LabError, Result};
 use serde_json::{json, Value};
 use sha2::Digest;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 pub struct PerplexityExp;
@@ -61,16 +64,35 @@ impl Experiment for PerplexityExp {
 struct Scored {
     path: PathBuf,
     bytes: u64,
+    weights: Weights,
     ppl: (f64, f64),
     scored: usize,
     seconds: f64,
+}
+
+/// How a file's weights are stored: bits per weight over every tensor, and weights per type.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Weights {
+    pub bits_per_weight: f64,
+    pub by_type: BTreeMap<String, u64>,
+}
+
+pub fn weights(g: &Gguf) -> Weights {
+    let (mut bytes, mut n, mut by_type) = (0u64, 0u64, BTreeMap::new());
+    for t in &g.tensors {
+        bytes += t.size;
+        n += t.elements();
+        *by_type.entry(t.ty.name().to_lowercase()).or_insert(0) += t.elements();
+    }
+    Weights { bits_per_weight: bytes as f64 * 8.0 / n as f64, by_type }
 }
 
 /// The model, its figures, and the log-probabilities at every scored position (for KL).
 fn score(path: &Path, windows: &[Vec<u32>]) -> Result<(CpuModel, Scored, Vec<Vec<f64>>)> {
     let file = GgufFile::open(path)?;
     let start = std::time::Instant::now();
-    let model = CpuModel::load(&file.parse()?)?;
+    let g = file.parse()?;
+    let model = CpuModel::load(&g)?;
     let (mut nll, mut logprobs) = (Vec::new(), Vec::new());
     for w in windows {
         let c = score_chunk(&model, w, true)?;
@@ -78,12 +100,12 @@ fn score(path: &Path, windows: &[Vec<u32>]) -> Result<(CpuModel, Scored, Vec<Vec
         logprobs.extend(c.logprobs);
     }
     let bytes = std::fs::metadata(path).map_err(|e| LabError::io(path, e))?.len();
-    Ok((model, Scored { path: path.to_path_buf(), bytes, ppl: perplexity(&nll)?, scored: nll.len(), seconds: start.elapsed().as_secs_f64() }, logprobs))
+    Ok((model, Scored { path: path.to_path_buf(), bytes, weights: weights(&g), ppl: perplexity(&nll)?, scored: nll.len(), seconds: start.elapsed().as_secs_f64() }, logprobs))
 }
 
 fn run(s: &mut Session, case: &Value) -> Result<()> {
-    let text_path = PathBuf::from(param_str(case, "text")?);
-    let (ctx, max_chunks) = (param_usize(case, "ctx")?, param_usize(case, "chunks")?);
+    let text = PathBuf::from(param_str(case, "text")?);
+    let (ctx, chunks) = (param_usize(case, "ctx")?, param_usize(case, "chunks")?);
     let formats: Vec<String> = case["formats"]
         .as_array()
         .filter(|f| !f.is_empty())
@@ -94,33 +116,64 @@ fn run(s: &mut Session, case: &Value) -> Result<()> {
     if formats[0] != "source" {
         return Err(LabError::Invalid("the first format is `source`: KL is taken against it".into()));
     }
-    let text = std::fs::read_to_string(&text_path).map_err(|e| LabError::io(&text_path, e))?;
-    let source = model_path()?;
-    let file = GgufFile::open(&source)?;
+    let dir = tempfile::tempdir().map_err(|e| LabError::Invalid(format!("no temp dir for the requantized files: {e}")))?;
+    let copy_path = |format: &str| dir.path().join(format!("{format}.gguf"));
+    score_files(s, &Scoring { source: &model_path()?, formats: &formats, copy_path: &copy_path, text: &text, ctx, chunks, params: json!({}) })?;
+    Ok(())
+}
+
+/// A GGUF and the lab's requantized copies of it, to be scored on one text.
+pub struct Scoring<'a> {
+    /// The file the copies are made from; KL and top-1 agreement are taken against it.
+    pub source: &'a Path,
+    /// `formats[0]` is the name the source's records carry; the others (f32, f16, bf16, q8_0,
+    /// q4_0, q4_1) are written from it by `requantize`.
+    pub formats: &'a [String],
+    /// Where the copy in a format goes (a new file).
+    pub copy_path: &'a dyn Fn(&str) -> PathBuf,
+    pub text: &'a Path,
+    /// Tokens per chunk and the most chunks scored (llama-perplexity's `-c` and `--chunks`).
+    pub ctx: usize,
+    pub chunks: usize,
+    /// Params every record carries besides the text, window and format (an object).
+    pub params: Value,
+}
+
+/// Scores every file by the lab's CPU reference (a `cpu_reference` record each: perplexity, KL
+/// and top-1 against the source, bytes, bits per weight) and, when the session runs llama.cpp,
+/// by llama.cpp beside it (a `llama-perplexity` record each; the lab's record then carries
+/// llama.cpp's perplexity and the logits after `PROMPTS`, and fails short of the agreement bar).
+/// Returns the lab's records.
+pub fn score_files(s: &mut Session, sc: &Scoring) -> Result<Vec<Record>> {
+    let text = std::fs::read_to_string(sc.text).map_err(|e| LabError::io(sc.text, e))?;
+    let file = GgufFile::open(sc.source)?;
     let g = file.parse()?;
     let tok = Tokenizer::from_gguf(&g)?;
     let tokens = tok.encode(&text, true)?;
-    let windows = chunks(&tokens, ctx, Some(max_chunks), tok.adds_bos().then(|| tok.bos()))?;
+    let windows = chunks(&tokens, sc.ctx, Some(sc.chunks), tok.adds_bos().then(|| tok.bos()))?;
     let prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|p| tok.encode(p, true)).collect::<Result<_>>()?;
     let llama_cpp = s.wants_peer(Peer::LlamaCpp, "llama-perplexity", "llama.cpp");
     let gpu_layers = if matches!(s.backend, Backend::Cuda(_)) { 99 } else { 0 };
-    let dir = tempfile::tempdir().map_err(|e| LabError::Invalid(format!("no temp dir for the requantized files: {e}")))?;
+    let dir = tempfile::tempdir().map_err(|e| LabError::Invalid(format!("no temp dir for llama.cpp's base logits: {e}")))?;
     let base_logits = dir.path().join("base.kld");
     let about = json!({
         "text_sha256": format!("{:x}", sha2::Sha256::digest(text.as_bytes())),
         "text_tokens": tokens.len(),
-        "source": source.file_name().map(|n| n.to_string_lossy().into_owned()),
+        "source": sc.source.file_name().map(|n| n.to_string_lossy().into_owned()),
     });
     let mut base: Option<Vec<Vec<f64>>> = None;
-    for format in &formats {
-        let path = if format == "source" {
-            source.clone()
+    let mut records = Vec::new();
+    for (i, format) in sc.formats.iter().enumerate() {
+        let path = if i == 0 {
+            sc.source.to_path_buf()
         } else {
-            let out = dir.path().join(format!("{format}.gguf"));
+            let out = (sc.copy_path)(format);
             requantize(&g, parse_format(format)?)?.write(&out)?;
             out
         };
-        let params = json!({"text": text_path, "ctx": ctx, "chunks": windows.len(), "format": format, "timed": false});
+        let mut params = sc.params.clone();
+        let fields = json!({"text": sc.text, "ctx": sc.ctx, "chunks": windows.len(), "format": format, "timed": false});
+        params.as_object_mut().ok_or_else(|| LabError::Invalid("the scoring's params are not an object".into()))?.extend(fields.as_object().cloned().unwrap_or_default());
         let (model, scored, logprobs) = score(&path, &windows)?;
         let div = base.as_deref().map(|b| divergence(b, &logprobs)).transpose()?;
         let mut rec = Measurement::new("cpu_reference", "lab", &params, Work { bytes: 0, flops: 0 });
@@ -129,8 +182,8 @@ fn run(s: &mut Session, case: &Value) -> Result<()> {
         rec.extra.insert("about".into(), about.clone());
         rec.error = Some(finite(&[scored.ppl.0 as f32], "a finite perplexity; llama.cpp not run"));
         if llama_cpp {
-            let kl = if format == "source" { Kl::SaveBase(&base_logits) } else { Kl::Against(&base_logits) };
-            let theirs = llama_cpp::perplexity(&path, &text_path, ctx, windows.len(), gpu_layers, kl)?;
+            let kl = if i == 0 { Kl::SaveBase(&base_logits) } else { Kl::Against(&base_logits) };
+            let theirs = llama_cpp::perplexity(&path, sc.text, sc.ctx, windows.len(), gpu_layers, kl)?;
             let (mut cosines, mut same) = (Vec::new(), 0);
             for p in &prompts {
                 let ours = model.forward(&mut model.cache(), p)?;
@@ -145,16 +198,16 @@ fn run(s: &mut Session, case: &Value) -> Result<()> {
             rec.extra.insert("logits_top1_same".into(), json!(format!("{same}/{}", prompts.len())));
             let mut peer = Measurement::new("llama-perplexity", "llama.cpp", &params, Work { bytes: 0, flops: 0 });
             let peer_scored = Scored { ppl: (theirs.ppl, theirs.ppl_err), seconds: f64::NAN, ..scored };
-            insert_figures(&mut peer, &peer_scored, if format == "source" { Some((0.0, 1.0)) } else { theirs.mean_kl.zip(theirs.top1_same) });
+            insert_figures(&mut peer, &peer_scored, if i == 0 { Some((0.0, 1.0)) } else { theirs.mean_kl.zip(theirs.top1_same) });
             peer.error = Some(finite(&[theirs.ppl as f32], "a finite perplexity"));
-            s.emit(rec)?;
+            records.push(s.emit(rec)?);
             s.emit(peer)?;
         } else {
-            s.emit(rec)?;
+            records.push(s.emit(rec)?);
         }
         base.get_or_insert(logprobs);
     }
-    Ok(())
+    Ok(records)
 }
 
 fn insert_figures(m: &mut Measurement, s: &Scored, kl: Option<(f64, f64)>) {
@@ -166,6 +219,8 @@ fn insert_figures(m: &mut Measurement, s: &Scored, kl: Option<(f64, f64)>) {
         ("mean_kl", json!(kl)),
         ("top1_same", json!(same)),
         ("file_bytes", json!(s.bytes)),
+        ("bits_per_weight", json!(s.weights.bits_per_weight)),
+        ("weights_by_type", json!(s.weights.by_type)),
         ("file", json!(s.path.file_name().map(|n| n.to_string_lossy().into_owned()))),
         ("seconds", json!(s.seconds)),
     ] {
@@ -183,13 +238,26 @@ fn agreement(ours: f64, theirs: f64, cosines: &[f64], same: usize, prompts: usiz
     e.worst_fraction_of_tolerance = rel / PPL_RTOL;
     e.worst_got = Some(ours);
     e.worst_expected = Some(theirs);
-    e.mismatches = u64::from(!(rel <= PPL_RTOL)) + cosines.iter().filter(|&&c| !(c >= MIN_COSINE)).count() as u64 + (prompts - same) as u64;
+    e.mismatches = u64::from(rel.is_nan() || rel > PPL_RTOL) + cosines.iter().filter(|&&c| c.is_nan() || c < MIN_COSINE).count() as u64 + (prompts - same) as u64;
     e
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::weights::gguf::GgmlType;
+
+    #[test]
+    fn bits_per_weight_count_every_tensor_by_its_blocks() {
+        let mut w = crate::weights::gguf_writer::GgufWriter::new();
+        w.add_tensor("norm", &[64], GgmlType::F32, vec![0; 64 * 4]).unwrap();
+        w.add_tensor("m", &[64, 2], GgmlType::Q8_0, vec![0; 4 * 34]).unwrap();
+        let bytes = w.to_bytes().unwrap();
+        let got = weights(&Gguf::parse(&bytes).unwrap());
+        // (256 + 136) bytes over 192 weights.
+        assert!((got.bits_per_weight - 392.0 * 8.0 / 192.0).abs() < 1e-12, "{got:?}");
+        assert_eq!(got.by_type, BTreeMap::from([("f32".to_string(), 64), ("q8_0".to_string(), 128)]));
+    }
 
     #[test]
     fn agreement_fails_on_each_kind_of_disagreement() {

@@ -1,19 +1,22 @@
 //! `lab pipeline`: tokenize a text with SmolLM2's tokenizer, train a small model of SmolLM2's
 //! design on it, evaluate it on a held-out text, write the checkpoint and the GGUF file, read the
-//! GGUF back with the engine's CPU reference, and record it all (experiment `pipeline`).
+//! GGUF back with the engine's CPU reference, write requantized copies of it, score every file on
+//! the held-out text (`ops::perplexity::score_files`, with llama.cpp beside the lab when asked),
+//! and record it all (experiment `pipeline`).
 
 use super::data::{eval_batches, tokenize_file, Stream};
 use super::export::to_gguf;
 use super::model::{Layout, Model};
 use super::optim::{AdamW, State};
 use super::trainer::Trainer;
-use crate::experiment::{Backend, Measurement, RunOptions, Session};
+use crate::experiment::{Backend, Measurement, Peer, RunOptions, Session};
 use crate::model::llama::{Config, CpuModel};
 use crate::model::tokenizer::Tokenizer;
 use crate::ops::compare::compare;
+use crate::ops::perplexity::{score_files, Scoring};
 use crate::profile::{TimeSummary, TimingMode, Work};
 use crate::quant::ggml;
-use crate::record::Tolerance;
+use crate::record::{Record, Tolerance};
 use crate::weights::gguf::{GgmlType, GgufFile};
 use crate::{LabError, Result};
 use serde_json::{json, Value};
@@ -25,7 +28,8 @@ pub struct Options {
     pub out: PathBuf,
     /// Folder for the run's records.
     pub records: PathBuf,
-    pub quick: bool,
+    /// A name from `PLANS`.
+    pub plan: String,
     /// Steps instead of the plan's.
     pub steps: Option<usize>,
     pub text: PathBuf,
@@ -36,25 +40,41 @@ pub struct Options {
     pub format: GgmlType,
     pub seed: u64,
     pub progress: bool,
+    /// `Peer::LlamaCpp`: llama.cpp scores the same files beside the lab.
+    pub peers: Vec<Peer>,
 }
 
-/// Sizes and settings of a run.
-struct Plan {
+/// Sizes and settings of a run, by name (`lab pipeline --plan`).
+pub struct Plan {
+    pub name: &'static str,
     /// layers, width, query heads, KV heads, FFN width, context.
     shape: [usize; 6],
     rows: usize,
     seq: usize,
-    opt: AdamW,
+    steps: usize,
+    lr: f32,
     eval_windows: usize,
+    /// Chunks of `seq` held-out tokens each GGUF file is scored on.
+    ppl_chunks: usize,
 }
 
-/// SmolLM2-135M's design (tied head, 2 query heads per KV head, SwiGLU 3x wide) scaled down.
-fn plan(quick: bool, steps: Option<usize>) -> Plan {
-    let (shape, rows, seq, default_steps, lr, eval_windows) = if quick { ([2, 64, 4, 2, 192, 256], 4, 64, 40, 3e-3, 8) } else { ([6, 256, 4, 2, 768, 512], 16, 256, 2000, 1e-3, 64) };
-    let steps = steps.unwrap_or(default_steps);
-    let opt = AdamW { lr, min_lr: lr / 10.0, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, clip: 1.0, warmup: (steps / 10).max(1), steps };
-    Plan { shape, rows, seq, opt, eval_windows }
+/// SmolLM2-135M's design (tied head, 2 query heads per KV head, SwiGLU 3x wide) scaled down:
+/// `quick` for tests, `cpu` for a run of about ten minutes on two cores, `full` for a GPU host.
+pub const PLANS: &[Plan] = &[
+    Plan { name: "quick", shape: [2, 64, 4, 2, 192, 256], rows: 4, seq: 64, steps: 40, lr: 3e-3, eval_windows: 8, ppl_chunks: 2 },
+    Plan { name: "cpu", shape: [2, 128, 4, 2, 384, 256], rows: 4, seq: 128, steps: 100, lr: 3e-3, eval_windows: 8, ppl_chunks: 4 },
+    Plan { name: "full", shape: [6, 256, 4, 2, 768, 512], rows: 16, seq: 256, steps: 2000, lr: 1e-3, eval_windows: 64, ppl_chunks: 4 },
+];
+
+fn plan(name: &str, steps: Option<usize>) -> Result<(&'static Plan, AdamW)> {
+    let p = PLANS.iter().find(|p| p.name == name).ok_or_else(|| LabError::Invalid(format!("no plan `{name}` (plans: {})", PLANS.iter().map(|p| p.name).collect::<Vec<_>>().join(", "))))?;
+    let steps = steps.unwrap_or(p.steps);
+    let opt = AdamW { lr: p.lr, min_lr: p.lr / 10.0, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, clip: 1.0, warmup: (steps / 10).max(1), steps };
+    Ok((p, opt))
 }
+
+/// The formats the trained model is copied into and scored in, beside the one it is written in.
+const COPIES: [GgmlType; 5] = [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q4_0];
 
 /// What a run produced.
 #[derive(Debug)]
@@ -66,6 +86,8 @@ pub struct Summary {
     pub gguf: PathBuf,
     pub gguf_bytes: u64,
     pub checkpoint: PathBuf,
+    /// The lab's record of each file scored (`ops::perplexity::score_files`), the written one first.
+    pub scores: Vec<Record>,
 }
 
 /// Mean loss over the evaluation windows, weighted by their tokens.
@@ -93,11 +115,20 @@ fn host_timing(ms: Vec<f64>) -> (TimeSummary, TimingMode) {
 
 pub fn run(o: &Options) -> Result<Summary> {
     let dev = Backend::Cpu;
-    let p = plan(o.quick, o.steps);
+    let (p, opt) = plan(&o.plan, o.steps)?;
+    if o.peers.contains(&Peer::Transformers) {
+        return Err(LabError::Invalid("the pipeline has no transformers peer".into()));
+    }
+    if o.peers.contains(&Peer::LlamaCpp) {
+        crate::experiment::llama_cpp::tools()?;
+    }
     let file = |name: &str| o.out.join(name);
     let (tokens_path, held_path, ckpt_path, gguf_path) = (file("tokens.safetensors"), file("held_out.safetensors"), file("checkpoint.safetensors"), file("model.gguf"));
+    let formats: Vec<String> = std::iter::once(o.format).chain(COPIES.into_iter().filter(|&f| f != o.format)).map(|f| f.name().to_lowercase()).collect();
+    let copy_path = |format: &str| file(&format!("model.{format}.gguf"));
+    let copies: Vec<PathBuf> = formats[1..].iter().map(|f| copy_path(f)).collect();
     // Refuse before any work: every output is new.
-    if let Some(f) = [&tokens_path, &held_path, &ckpt_path, &gguf_path].into_iter().find(|f| f.exists()) {
+    if let Some(f) = [&tokens_path, &held_path, &ckpt_path, &gguf_path].into_iter().chain(&copies).find(|f| f.exists()) {
         return Err(LabError::Invalid(format!("{} exists: the pipeline writes only new files (choose another --out or remove it)", f.display())));
     }
     std::fs::create_dir_all(&o.out).map_err(|e| LabError::io(&o.out, format!("cannot create the output folder: {e}")))?;
@@ -112,23 +143,23 @@ pub fn run(o: &Options) -> Result<Summary> {
     let config = Config { layers, dim, heads, kv_heads, head_dim: dim / heads, ffn, context, rope_dims: dim / heads, tied_embeddings: true, ..base };
     let model = Model::init(&config, 0.02, o.seed)?;
     let n_params = Layout::new(&config)?.len;
-    let mut t = Trainer::new(model, p.opt.clone(), State::new(n_params), Stream::new(tokens.clone(), p.seq)?, (p.rows, p.seq), o.seed)?;
+    let mut t = Trainer::new(model, opt.clone(), State::new(n_params), Stream::new(tokens.clone(), p.seq)?, (p.rows, p.seq), o.seed)?;
 
-    let mut s = Session::new(dev.clone(), RunOptions { quick: o.quick, ..RunOptions::new(&o.records, o.seed) })?;
+    let mut s = Session::new(dev.clone(), RunOptions { quick: p.name == "quick", peers: o.peers.clone(), ..RunOptions::new(&o.records, o.seed) })?;
     s.experiment = "pipeline";
     let params = |extra: Value| {
-        let mut v = json!({"layers": layers, "dim": dim, "heads": heads, "kv_heads": kv_heads, "ffn": ffn, "vocab": config.vocab,
-            "params": n_params, "batch": p.rows, "seq": p.seq, "steps": p.opt.steps, "lr": p.opt.lr, "text_tokens": tokens.len()});
+        let mut v = json!({"plan": p.name, "layers": layers, "dim": dim, "heads": heads, "kv_heads": kv_heads, "ffn": ffn, "vocab": config.vocab,
+            "params": n_params, "batch": p.rows, "seq": p.seq, "steps": opt.steps, "lr": opt.lr, "text_tokens": tokens.len()});
         v.as_object_mut().expect("an object").extend(extra.as_object().cloned().unwrap_or_default());
         v
     };
     let flops = step_flops(&config, p.rows, p.seq);
 
-    let bar = if o.progress { indicatif::ProgressBar::new(p.opt.steps as u64) } else { indicatif::ProgressBar::hidden() };
+    let bar = if o.progress { indicatif::ProgressBar::new(opt.steps as u64) } else { indicatif::ProgressBar::hidden() };
     bar.set_style(indicatif::ProgressStyle::with_template("{prefix:>10} [{bar:30}] {pos}/{len} {elapsed} elapsed, ~{eta} left  {msg}").expect("valid template").progress_chars("=> "));
     bar.set_prefix("training");
     let (mut losses, mut step_ms) = (Vec::new(), Vec::new());
-    for step in 0..p.opt.steps {
+    for step in 0..opt.steps {
         let start = Instant::now();
         let st = t.step(&dev)?;
         let ms = start.elapsed().as_secs_f64() * 1e3;
@@ -144,8 +175,8 @@ pub fn run(o: &Options) -> Result<Summary> {
     }
     bar.finish_and_clear();
     let total_s = step_ms.iter().sum::<f64>() * 1e-3;
-    let tokens_per_s = (p.opt.steps * p.rows * p.seq) as f64 / total_s.max(1e-9);
-    let mut m = Measurement::new("train", "lab", &params(json!({})), Work { bytes: 0, flops: flops * p.opt.steps as u64 });
+    let tokens_per_s = (opt.steps * p.rows * p.seq) as f64 / total_s.max(1e-9);
+    let mut m = Measurement::new("train", "lab", &params(json!({})), Work { bytes: 0, flops: flops * opt.steps as u64 });
     m.time = (!step_ms.is_empty()).then(|| host_timing(step_ms.clone()));
     m.extra = json!({"first_loss": losses.first(), "last_loss": losses.last(), "tokens_per_s": tokens_per_s, "seconds": total_s}).as_object().expect("an object").clone();
     s.emit(m)?;
@@ -167,7 +198,8 @@ pub fn run(o: &Options) -> Result<Summary> {
     if rec.verdict != crate::record::Verdict::Pass {
         return Err(LabError::Invalid(format!("{} does not read back to the trained model's logits: {:?}", gguf_path.display(), rec.error)));
     }
-    Ok(Summary { run_file: s.run_file().to_path_buf(), losses, held_out_loss, tokens_per_s, gguf: gguf_path, gguf_bytes, checkpoint: ckpt_path })
+    let scores = score_files(&mut s, &Scoring { source: &gguf_path, formats: &formats, copy_path: &copy_path, text: &o.held_out, ctx: p.seq, chunks: p.ppl_chunks, params: params(json!({})) })?;
+    Ok(Summary { run_file: s.run_file().to_path_buf(), losses, held_out_loss, tokens_per_s, gguf: gguf_path, gguf_bytes, checkpoint: ckpt_path, scores })
 }
 
 /// f32 sums in a different order over up to a few hundred terms.

@@ -207,10 +207,13 @@ fn bits(ty: GgmlType) -> f64 {
 }
 
 /// `g` with every matrix (two or more dimensions, rows a whole number of 32-weight blocks) in
-/// format `to`, decoded to f32 first; vectors (norms) stay as they are, and so does the output
-/// head (`output.weight`, or `token_embd.weight` where it is tied as the head) when `to` has fewer
-/// bits per weight than it has, as llama.cpp keeps it finer: every logit is read through it.
-/// `general.file_type` says the new format; metadata, tokenizer and tensor order are kept.
+/// format `to`, decoded to f32 first; vectors (norms) stay as they are. The output head
+/// (`output.weight`, or `token_embd.weight` where it is tied as the head) never goes below Q8_0,
+/// as llama.cpp keeps it finer (every logit is read through it): in a format coarser than Q8_0 it
+/// is written in Q8_0, or kept where it is already Q8_0 or coarser. llama-quantize writes it in
+/// Q8_0 where its width is not a multiple of 256, Q6_K where it is (src/llama-quant.cpp, which the
+/// lab does not write). `general.file_type` says the new format; metadata, tokenizer and tensor
+/// order are kept.
 pub fn requantize(g: &Gguf, to: GgmlType) -> Result<GgufWriter> {
     let ftype = file_type(to).ok_or_else(|| LabError::Invalid(format!("cannot write a model in {}", to.name())))?;
     let head = if g.tensor("output.weight").is_some() { "output.weight" } else { "token_embd.weight" };
@@ -218,9 +221,14 @@ pub fn requantize(g: &Gguf, to: GgmlType) -> Result<GgufWriter> {
     w.set("general.file_type", Value::U32(ftype));
     for t in &g.tensors {
         let data = g.data(t);
-        let matrix = t.dims.len() >= 2 && t.dims[0] % ggml::QK as u64 == 0 && !(t.name == head && bits(to) < bits(t.ty));
-        let bytes = if matrix && t.ty != to { encode(to, &ggml::to_f32(t.ty, data)?)? } else { data.to_vec() };
-        w.add_tensor(&t.name, &t.dims, if matrix { to } else { t.ty }, bytes)?;
+        let matrix = t.dims.len() >= 2 && t.dims[0] % ggml::QK as u64 == 0;
+        let ty = match matrix {
+            false => t.ty,
+            true if t.name == head && bits(to) < bits(GgmlType::Q8_0) => if bits(t.ty) <= bits(GgmlType::Q8_0) { t.ty } else { GgmlType::Q8_0 },
+            true => to,
+        };
+        let bytes = if ty != t.ty { encode(ty, &ggml::to_f32(t.ty, data)?)? } else { data.to_vec() };
+        w.add_tensor(&t.name, &t.dims, ty, bytes)?;
     }
     Ok(w)
 }
@@ -252,6 +260,28 @@ mod tests {
         w.add_tensor("m", &[64, 3], GgmlType::Q8_0, vec![2; 2 * 3 * 34]).unwrap();
         w.add_tensor("h", &[3, 2, 1], GgmlType::F16, vec![3; 12]).unwrap();
         w
+    }
+
+    #[test]
+    fn requantize_keeps_the_head_at_q8_0_or_finer() {
+        let types = |head: GgmlType, to: GgmlType| {
+            let mut w = GgufWriter::new();
+            let values = |n: usize| (0..n).map(|i| (i as f32 * 0.37).sin()).collect::<Vec<f32>>();
+            w.add_tensor("token_embd.weight", &[64, 4], head, encode(head, &values(256)).unwrap()).unwrap();
+            w.add_tensor("blk.0.ffn_up.weight", &[64, 2], GgmlType::F32, encode(GgmlType::F32, &values(128)).unwrap()).unwrap();
+            w.add_tensor("blk.0.attn_norm.weight", &[64], GgmlType::F32, encode(GgmlType::F32, &values(64)).unwrap()).unwrap();
+            let bytes = w.to_bytes().unwrap();
+            let g = Gguf::parse(&bytes).unwrap();
+            let out = requantize(&g, to).unwrap().to_bytes().unwrap();
+            Gguf::parse(&out).unwrap().tensors.iter().map(|t| t.ty).collect::<Vec<_>>()
+        };
+        use GgmlType as T;
+        assert_eq!(types(T::F32, T::Q4_0), [T::Q8_0, T::Q4_0, T::F32], "an f32 head goes to q8_0, not q4_0, nor stays f32");
+        assert_eq!(types(T::F32, T::Q8_0), [T::Q8_0, T::Q8_0, T::F32]);
+        assert_eq!(types(T::F32, T::F16), [T::F16, T::F16, T::F32]);
+        assert_eq!(types(T::Q8_0, T::Q4_1), [T::Q8_0, T::Q4_1, T::F32], "SmolLM2's q8_0 head is kept");
+        assert_eq!(types(T::Q4_0, T::Q4_1), [T::Q4_0, T::Q4_1, T::F32], "a head already coarser than q8_0 is kept");
+        assert_eq!(types(T::Q8_0, T::F32), [T::F32, T::F32, T::F32]);
     }
 
     #[test]
