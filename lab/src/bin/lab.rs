@@ -221,6 +221,10 @@ enum Command {
         /// Seed of the initial weights (default: fresh from the clock; always recorded).
         #[arg(long)]
         seed: Option<u64>,
+        /// Peers trained beside the lab from the same weights on the same batches (torch: the
+        /// loss must stay within 1% of torch's over the first 200 steps).
+        #[arg(long, value_enum, value_delimiter = ',')]
+        peers: Vec<Peer>,
     },
     /// Say which GPU, driver, NVRTC, cuBLAS, MPI and Python/torch this machine has.
     Doctor,
@@ -367,7 +371,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             println!("wrote {} ({}, {:.1} MB, from {:.1} MB)", out.display(), to.name(), size as f64 / 1e6, file.bytes().len() as f64 / 1e6);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Pipeline { quick, out, records, steps, text, held_out, tokenizer, format, seed } => {
+        Command::Pipeline { quick, out, records, steps, text, held_out, tokenizer, format, seed, peers } => {
             let tokenizer = match tokenizer.or_else(|| std::env::var_os("LAB_SMOLLM2_GGUF").map(PathBuf::from)) {
                 Some(t) => t,
                 None => return Err(LabError::Invalid("no tokenizer: pass --tokenizer PATH.gguf or set LAB_SMOLLM2_GGUF".into())),
@@ -377,7 +381,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
                 None => python_topics()?,
             };
             let format = lab::weights::gguf_writer::parse_format(&format)?;
-            let opts = lab::train::pipeline::Options { out, records, quick, steps, text, held_out, tokenizer, format, seed: seed.unwrap_or_else(fresh_seed), progress: true };
+            let opts = lab::train::pipeline::Options { out, records, quick, steps, text, held_out, tokenizer, format, seed: seed.unwrap_or_else(fresh_seed), progress: true, peers };
             let s = lab::train::pipeline::run(&opts)?;
             println!(
                 "loss {:.3} -> {:.3} over {} steps, {:.0} tokens/s; held-out loss {:.3}",
@@ -387,6 +391,9 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
                 s.tokens_per_s,
                 s.held_out_loss
             );
+            if let Some(e) = &s.torch_loss {
+                println!("loss within {:.3}% of torch's over its first {} steps (worst at step {})", 100.0 * e.max_rel, s.losses.len().min(lab::train::torch_ref::COMPARED_STEPS), e.worst_index.unwrap_or(0));
+            }
             println!("wrote {} ({:.1} MB), {} and {}", s.gguf.display(), s.gguf_bytes as f64 / 1e6, s.checkpoint.display(), s.run_file.display());
             Ok(ExitCode::SUCCESS)
         }
