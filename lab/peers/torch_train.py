@@ -1,11 +1,13 @@
 # The lab's training run again in PyTorch: the same Llama (SmolLM2's design), the same initial
 # weights (the lab's checkpoint at step 0), the same batches, torch.optim.AdamW with a LambdaLR of
-# the lab's schedule, and clip_grad_norm_. fp32 throughout, deterministic.
+# the lab's schedule, and clip_grad_norm_. fp32 throughout (or f64 on request), deterministic.
 #
 # Request (JSON on stdin):
 #   {"init": checkpoint.safetensors, "batches": safetensors with one I32 tensor "tokens"
 #    [steps, rows, seq + 1], "config": the model config (lab::model::llama::Config),
-#    "optimizer": the optimizer's settings (lab::train::optim::AdamW)}
+#    "optimizer": the optimizer's settings (lab::train::optim::AdamW),
+#    "dtype": optional, "float32" (the default, the lab's) or "float64" (the same run in f64: the
+#    trajectory both f32 runs are judged against when they part)}
 # Reply (the last line of stdout, JSON):
 #   {"torch", "device", "steps": [{"loss", "lr", "grad_norm", "ms"}, ...]}
 #
@@ -103,11 +105,12 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = {"float32": torch.float32, "float64": torch.float64}[req.get("dtype", "float32")]
 
     # Parameters in the checkpoint's own tensors (its Adam moments are zero at step 0 and unused).
     with safe_open(req["init"], framework="pt") as f:
         names = [n for n in f.keys() if not n.startswith("adam.")]
-        p = {n: torch.nn.Parameter(f.get_tensor(n).to(device=device, dtype=torch.float32)) for n in names}
+        p = {n: torch.nn.Parameter(f.get_tensor(n).to(device=device, dtype=dtype)) for n in names}
     with safe_open(req["batches"], framework="pt") as f:
         batches = f.get_tensor("tokens").to(device=device, dtype=torch.long)
 

@@ -391,8 +391,11 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
                 s.tokens_per_s,
                 s.held_out_loss
             );
-            if let Some(e) = &s.torch_loss {
-                println!("loss within {:.3}% of torch's over its first {} steps (worst at step {})", 100.0 * e.max_rel, s.losses.len().min(lab::train::torch_ref::COMPARED_STEPS), e.worst_index.unwrap_or(0));
+            if let Some(t) = &s.torch {
+                let n = s.losses.len().min(lab::train::torch_ref::COMPARED_STEPS);
+                for (dtype, e) in [("f32", &t.f32), ("f64", &t.f64)] {
+                    println!("loss within {:.4}% of torch {dtype}'s over the first {n} steps (worst at step {})", 100.0 * e.max_rel, e.worst_index.unwrap_or(0));
+                }
             }
             println!("wrote {} ({:.1} MB), {} and {}", s.gguf.display(), s.gguf_bytes as f64 / 1e6, s.checkpoint.display(), s.run_file.display());
             Ok(ExitCode::SUCCESS)

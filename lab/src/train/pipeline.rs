@@ -70,7 +70,7 @@ pub struct Summary {
     pub gguf_bytes: u64,
     pub checkpoint: PathBuf,
     /// The lab's losses against torch's, with `--peers torch`.
-    pub torch_loss: Option<crate::record::ErrorStats>,
+    pub torch: Option<super::torch_ref::Outcome>,
 }
 
 /// Mean loss over the evaluation windows, weighted by their tokens.
@@ -180,8 +180,8 @@ pub fn run(o: &Options) -> Result<Summary> {
     if rec.verdict != crate::record::Verdict::Pass {
         return Err(LabError::Invalid(format!("{} does not read back to the trained model's logits: {:?}", gguf_path.display(), rec.error)));
     }
-    let torch_loss = torch.map(|torch| torch.compare(&mut s, &stats, &params, flops)).transpose()?;
-    Ok(Summary { run_file: s.run_file().to_path_buf(), losses, held_out_loss, tokens_per_s, gguf: gguf_path, gguf_bytes, checkpoint: ckpt_path, torch_loss })
+    let torch = torch.map(|torch| torch.compare(&mut s, &stats, &params, flops)).transpose()?;
+    Ok(Summary { run_file: s.run_file().to_path_buf(), losses, held_out_loss, tokens_per_s, gguf: gguf_path, gguf_bytes, checkpoint: ckpt_path, torch })
 }
 
 /// f32 sums in a different order over up to a few hundred terms.
