@@ -168,14 +168,17 @@ fn headlines(experiment: &str, recs: &[&Record]) -> Vec<Headline> {
     }
     let table = current_variants(experiment);
     let mut specs = declared(experiment);
-    if !lab.iter().any(|r| specs.iter().any(|s| matches(&r.params, s))) {
+    // The largest shape is exact: records whose parameters only include it (a training run's
+    // steps under its total) are not its rows.
+    let exact = !lab.iter().any(|r| specs.iter().any(|s| matches(&r.params, s)));
+    if exact {
         specs = largest(&lab);
     }
     let mut out = Vec::new();
     for spec in &specs {
         // One group per full parameter set and timing mode that the spec matches.
         let mut groups: BTreeMap<(String, String), BTreeMap<String, &Record>> = BTreeMap::new();
-        for r in lab.iter().copied().filter(|r| matches(&r.params, spec) || shape(&r.params) == *spec) {
+        for r in lab.iter().copied().filter(|r| shape(&r.params) == *spec || (!exact && matches(&r.params, spec))) {
             let variants = groups.entry((shape(&r.params), mode(r))).or_default();
             let name = variant_name(r);
             if variants.get(&name).is_none_or(|old| median(r) < median(old)) {
