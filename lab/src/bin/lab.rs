@@ -204,7 +204,8 @@ enum Command {
         /// (minutes on a CPU); full: 6 of 256, 2000 steps.
         #[arg(long, default_value = "full")]
         plan: String,
-        /// Peers beside the lab: llama-cpp scores the same files (LAB_LLAMA_CPP).
+        /// Peers beside the lab: llama-cpp scores the same files (LAB_LLAMA_CPP); torch trains the
+        /// same model from the same weights on the same batches (its loss within 1% over 200 steps).
         #[arg(long, value_enum, value_delimiter = ',')]
         peers: Vec<Peer>,
         /// Folder for the token files, checkpoint.safetensors and model.gguf (none may exist).
@@ -396,6 +397,12 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
                 s.tokens_per_s,
                 s.held_out_loss
             );
+            if let Some(t) = &s.torch {
+                let n = s.losses.len().min(lab::train::torch_ref::COMPARED_STEPS);
+                for (dtype, e) in [("f32", &t.f32), ("f64", &t.f64)] {
+                    println!("loss within {:.4}% of torch {dtype}'s over the first {n} steps (worst at step {})", 100.0 * e.max_rel, e.worst_index.unwrap_or(0));
+                }
+            }
             println!("wrote {} ({:.1} MB), {} and {}", s.gguf.display(), s.gguf_bytes as f64 / 1e6, s.checkpoint.display(), s.run_file.display());
             for r in &s.scores {
                 let (x, num) = (&r.extra, |k: &str| r.extra[k].as_f64().unwrap_or(f64::NAN));

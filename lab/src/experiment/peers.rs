@@ -78,7 +78,7 @@ fn torch_with(interpreter: &str, script_text: &str, op: &str, dtype: &str, args:
 
 /// Runs `script` under `interpreter` with `request` as JSON on stdin; its last line of stdout is
 /// the JSON reply.
-fn call_python(peer: &str, interpreter: &str, script: &std::path::Path, request: &Value) -> Result<Value> {
+pub(crate) fn call_python(peer: &str, interpreter: &str, script: &std::path::Path, request: &Value) -> Result<Value> {
     let fail = |why: String| LabError::Peer { peer: peer.into(), why };
     let mut child = Command::new(interpreter)
         .arg(script)

@@ -7,6 +7,7 @@
 //! - [`data`]: token files, the training stream, evaluation windows.
 //! - [`trainer`] and [`checkpoint`]: the loop's state, its step, and saving and resuming it.
 //! - [`export`]: the model as GGUF; [`pipeline`]: `lab pipeline`, all of it end to end.
+//! - [`torch_ref`]: the same training in PyTorch, whose loss curve the lab's must match.
 
 pub mod checkpoint;
 pub mod data;
@@ -15,6 +16,7 @@ pub mod model;
 pub mod optim;
 pub mod pipeline;
 pub mod reference;
+pub mod torch_ref;
 pub mod trainer;
 
 pub use model::{Batch, Layout, Model, Span};

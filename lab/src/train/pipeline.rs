@@ -8,6 +8,7 @@ use super::data::{eval_batches, tokenize_file, Stream};
 use super::export::to_gguf;
 use super::model::{Layout, Model};
 use super::optim::{AdamW, State};
+use super::torch_ref::TorchPeer;
 use super::trainer::Trainer;
 use crate::experiment::{Backend, Measurement, Peer, RunOptions, Session};
 use crate::model::llama::{Config, CpuModel};
@@ -40,7 +41,8 @@ pub struct Options {
     pub format: GgmlType,
     pub seed: u64,
     pub progress: bool,
-    /// `Peer::LlamaCpp`: llama.cpp scores the same files beside the lab.
+    /// Peers beside the lab: llama.cpp scores the same files, torch trains the same model from the
+    /// same weights on the same batches.
     pub peers: Vec<Peer>,
 }
 
@@ -88,6 +90,8 @@ pub struct Summary {
     pub checkpoint: PathBuf,
     /// The lab's record of each file scored (`ops::perplexity::score_files`), the written one first.
     pub scores: Vec<Record>,
+    /// The lab's losses against torch's, with `--peers torch`.
+    pub torch: Option<super::torch_ref::Outcome>,
 }
 
 /// Mean loss over the evaluation windows, weighted by their tokens.
@@ -109,7 +113,7 @@ fn step_flops(c: &Config, rows: usize, seq: usize) -> u64 {
     (3 * (2 * matrices * rows * seq + 4 * c.head_dim * c.heads * pairs * c.layers)) as u64
 }
 
-fn host_timing(ms: Vec<f64>) -> (TimeSummary, TimingMode) {
+pub(crate) fn host_timing(ms: Vec<f64>) -> (TimeSummary, TimingMode) {
     (TimeSummary::of(&ms), TimingMode { l2: "warm".into(), launch: "host".into(), warmup: 0, raw_ms: ms, warmup_ms: Vec::new(), clocks: None })
 }
 
@@ -131,6 +135,7 @@ pub fn run(o: &Options) -> Result<Summary> {
     if let Some(f) = [&tokens_path, &held_path, &ckpt_path, &gguf_path].into_iter().chain(&copies).find(|f| f.exists()) {
         return Err(LabError::Invalid(format!("{} exists: the pipeline writes only new files (choose another --out or remove it)", f.display())));
     }
+    let mut torch = o.peers.contains(&Peer::Torch).then(|| TorchPeer::check(&o.out)).transpose()?;
     std::fs::create_dir_all(&o.out).map_err(|e| LabError::io(&o.out, format!("cannot create the output folder: {e}")))?;
     let src_file = GgufFile::open(&o.tokenizer)?;
     let src = src_file.parse().map_err(|e| LabError::Invalid(format!("{}: {e}", o.tokenizer.display())))?;
@@ -144,6 +149,9 @@ pub fn run(o: &Options) -> Result<Summary> {
     let model = Model::init(&config, 0.02, o.seed)?;
     let n_params = Layout::new(&config)?.len;
     let mut t = Trainer::new(model, opt.clone(), State::new(n_params), Stream::new(tokens.clone(), p.seq)?, (p.rows, p.seq), o.seed)?;
+    if let Some(torch) = &mut torch {
+        torch.write_inputs(&t)?;
+    }
 
     let mut s = Session::new(dev.clone(), RunOptions { quick: p.name == "quick", peers: o.peers.clone(), ..RunOptions::new(&o.records, o.seed) })?;
     s.experiment = "pipeline";
@@ -158,7 +166,7 @@ pub fn run(o: &Options) -> Result<Summary> {
     let bar = if o.progress { indicatif::ProgressBar::new(opt.steps as u64) } else { indicatif::ProgressBar::hidden() };
     bar.set_style(indicatif::ProgressStyle::with_template("{prefix:>10} [{bar:30}] {pos}/{len} {elapsed} elapsed, ~{eta} left  {msg}").expect("valid template").progress_chars("=> "));
     bar.set_prefix("training");
-    let (mut losses, mut step_ms) = (Vec::new(), Vec::new());
+    let (mut losses, mut step_ms, mut stats) = (Vec::new(), Vec::new(), Vec::new());
     for step in 0..opt.steps {
         let start = Instant::now();
         let st = t.step(&dev)?;
@@ -171,6 +179,7 @@ pub fn run(o: &Options) -> Result<Summary> {
         bar.set_message(format!("loss {:.3}, {tokens_per_s:.0} tokens/s", st.loss));
         bar.inc(1);
         losses.push(st.loss);
+        stats.push(st);
         step_ms.push(ms);
     }
     bar.finish_and_clear();
@@ -199,7 +208,8 @@ pub fn run(o: &Options) -> Result<Summary> {
         return Err(LabError::Invalid(format!("{} does not read back to the trained model's logits: {:?}", gguf_path.display(), rec.error)));
     }
     let scores = score_files(&mut s, &Scoring { source: &gguf_path, formats: &formats, copy_path: &copy_path, text: &o.held_out, ctx: p.seq, chunks: p.ppl_chunks, params: params(json!({})) })?;
-    Ok(Summary { run_file: s.run_file().to_path_buf(), losses, held_out_loss, tokens_per_s, gguf: gguf_path, gguf_bytes, checkpoint: ckpt_path, scores })
+    let torch = torch.map(|torch| torch.compare(&mut s, &stats, &params, flops)).transpose()?;
+    Ok(Summary { run_file: s.run_file().to_path_buf(), losses, held_out_loss, tokens_per_s, gguf: gguf_path, gguf_bytes, checkpoint: ckpt_path, scores, torch })
 }
 
 /// f32 sums in a different order over up to a few hundred terms.
