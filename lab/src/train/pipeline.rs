@@ -166,7 +166,7 @@ pub fn run(o: &Options) -> Result<Summary> {
     let bar = if o.progress { indicatif::ProgressBar::new(opt.steps as u64) } else { indicatif::ProgressBar::hidden() };
     bar.set_style(indicatif::ProgressStyle::with_template("{prefix:>10} [{bar:30}] {pos}/{len} {elapsed} elapsed, ~{eta} left  {msg}").expect("valid template").progress_chars("=> "));
     bar.set_prefix("training");
-    let (mut losses, mut step_ms, mut stats) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut step_ms, mut stats) = (Vec::new(), Vec::new());
     for step in 0..opt.steps {
         let start = Instant::now();
         let st = t.step(&dev)?;
@@ -178,11 +178,11 @@ pub fn run(o: &Options) -> Result<Summary> {
         s.emit(m)?;
         bar.set_message(format!("loss {:.3}, {tokens_per_s:.0} tokens/s", st.loss));
         bar.inc(1);
-        losses.push(st.loss);
         stats.push(st);
         step_ms.push(ms);
     }
     bar.finish_and_clear();
+    let losses: Vec<f64> = stats.iter().map(|st| st.loss).collect();
     let total_s = step_ms.iter().sum::<f64>() * 1e-3;
     let tokens_per_s = (opt.steps * p.rows * p.seq) as f64 / total_s.max(1e-9);
     let mut m = Measurement::new("train", "lab", &params(json!({})), Work { bytes: 0, flops: flops * opt.steps as u64 });

@@ -43,7 +43,6 @@ pub struct Step {
     pub ms: f64,
 }
 
-/// The torch run's inputs under the pipeline's output folder, and the request naming them.
 /// The lab's losses against torch's in f32 (the bar) and in f64.
 #[derive(Clone, Debug)]
 pub struct Outcome {
@@ -51,6 +50,7 @@ pub struct Outcome {
     pub f64: ErrorStats,
 }
 
+/// The torch run's inputs under the pipeline's output folder, and the request naming them.
 pub struct TorchPeer {
     init: PathBuf,
     batches: PathBuf,

@@ -595,7 +595,6 @@ fn run_smollm2(s: &mut Session, case: &Value) -> Result<()> {
     Ok(())
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
