@@ -76,6 +76,9 @@ fn the_quick_pipeline_trains_writes_and_records_and_never_overwrites() {
     assert_eq!(steps.len(), 6);
     // Six steps from a uniform start at ln(49152) = 10.8: the loss moves down.
     assert!(steps[0] > 10.0 && steps[5] < steps[0], "{steps:?}");
+    // The run's record times a step (the median of the steps'), so its work is one step's.
+    let (train, step) = (recs.iter().find(|r| r.variant == "train").unwrap(), recs.iter().find(|r| r.variant == "train_step").unwrap());
+    assert_eq!(train.work.flops, step.work.flops);
     let held = recs.iter().find(|r| r.variant == "held_out").unwrap().extra["loss"].as_f64().unwrap();
     assert!(held.is_finite() && held < 11.0, "held-out loss {held}");
     let gguf = recs.iter().find(|r| r.variant == "gguf").unwrap();
