@@ -160,6 +160,10 @@ pub struct Job<'a> {
     pub uninstrumented: Option<&'static str>,
 }
 
+/// cuBLAS's Hopper GEMM kernels (`nvjet_sm90_*`), as a regex searched in kernel names, for an
+/// experiment that leaves them uninstrumented under a tool too slow on them.
+pub const CUBLAS_KERNELS: &str = ".*nvjet.*";
+
 /// The sanitizer's arguments before the program it runs: the tool, the report limit, the log
 /// file, and the kernels it leaves uninstrumented (`--kernel-name-exclude`: a kernel that matches
 /// runs at full speed, unchecked; `regex=` searches its name, mangled or not).
