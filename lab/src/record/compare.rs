@@ -377,6 +377,20 @@ pub fn compare_runs(a: &[Record], b: &[Record], threshold: f64, force: bool) -> 
     };
     let usable = |r: &&Record| r.verdict == Verdict::Pass && !raw(r).is_empty();
     let in_b: BTreeMap<_, &Record> = b.iter().filter(usable).map(|r| (key(r), r)).collect();
+    // A figure timed with L2 warm in one run and cleared in the other moves by the cache alone
+    // (SmolLM2's decode step: 1.19 ms warm, 1.48 ms clean, same commit).
+    let mode = |r: &Record| r.timing.as_ref().map(|t| format!("L2 {}, {} launches", t.l2, t.launch));
+    let timed_apart: Vec<String> = a
+        .iter()
+        .filter(usable)
+        .filter_map(|ra| in_b.get(&key(ra)).filter(|rb| mode(ra) != mode(rb)).map(|rb| format!("{} {} {}: {} vs {}", ra.experiment, ra.variant, ra.params, mode(ra).unwrap_or_default(), mode(rb).unwrap_or_default())))
+        .collect();
+    if let (Some(first), false) = (timed_apart.first(), force) {
+        return Err(LabError::Invalid(format!(
+            "{} figure(s) were timed differently in the two runs (first: {first}); rerun one with the other's --l2 and launch mode, or pass --force to compare anyway",
+            timed_apart.len()
+        )));
+    }
     let pairs: Vec<Pair> = a
         .iter()
         .filter(usable)

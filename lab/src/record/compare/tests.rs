@@ -152,6 +152,16 @@ fn a_slowdown_of_the_lab_kernels_alone_is_slower() {
 }
 
 #[test]
+fn figures_timed_with_l2_warm_in_one_run_and_cleared_in_the_other_are_not_compared_unforced() {
+    let a = synthetic(2, |_, _| 1.0, 50, 1);
+    let mut b = synthetic(2, |_, _| 1.0, 50, 2);
+    b[5].timing.as_mut().unwrap().l2 = "warm".into();
+    let e = compare_runs(&a, &b, 0.02, false).unwrap_err().to_string();
+    assert!(e.contains("1 figure(s) were timed differently") && e.contains("gemm cublas_gemm_ex") && e.contains("vs L2 warm"), "{e}");
+    assert_eq!(compare_runs(&a, &b, 0.02, true).unwrap().rows.len(), 4 + 4 + 1);
+}
+
+#[test]
 fn too_few_samples_is_not_enough_samples() {
     let cmp = compare_runs(&synthetic(12, |_, _| 1.0, MIN_SAMPLES - 1, 5), &synthetic(12, |_, _| 1.5, 50, 6), 0.02, false).unwrap();
     assert_eq!(cmp.rows.len(), 29);
