@@ -6,9 +6,10 @@
 //! Each case runs every world size in turn (1, each power of two, all GPUs), the first being one
 //! GPU with the whole layer: the output every larger world must match element by element. The
 //! bound: both are within one fp32-accumulation bound ([`ProductBound`]) of the exact product,
-//! with the product's rounding to the storage type before the bias is added, and a row-parallel sum also rounds each rank's partial and up to n - 1 partial sums to the
-//! storage type, each no larger than the element's scale sum_k |x_ik| |w_jk|. Every world's first
-//! and last rows are also checked against an f64 product on the host.
+//! with the product's rounding to the storage type before the bias is added; a row-parallel sum
+//! also rounds each rank's partial and up to n - 1 partial sums to the storage type, each no
+//! larger than the element's scale sum_k |x_ik| |w_jk|. Every world's first and last rows are
+//! also checked against an f64 product on the host.
 //!
 //! On the CPU backend the same layers run on host thread worlds of 1 to 4 ranks (small shapes).
 
