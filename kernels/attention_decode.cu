@@ -5,7 +5,8 @@
 // The cache is paged: page p of P rows holds [P, Hkv, D] keys (and values, a second array),
 // sequence b's row j lives in page table[b * max_pages + j / P] at slot j % P. A contiguous
 // cache is the case P = capacity, table[b] = b. Sequence b attends rows 0..=pos[b]: lengths are
-// read on the device, so one captured CUDA graph serves every step.
+// read on the device, so one captured CUDA graph serves every step. Both kernels wait for the
+// kernel before them first thing (pdl.cuh): a decode step's graph may launch them early.
 //
 //  decode_split     block (128,1,1), grid (nsplit, Hkv * ceil(G / 8), B); split s owns rows
 //                   [s * chunk, (s + 1) * chunk) of the sequence, up to 8 query heads of one KV
@@ -18,6 +19,7 @@
 //  decode_combine   block (D,1,1), grid (Hq, B): merges the splits that hold rows.
 
 #include "common.cuh"
+#include "pdl.cuh"
 
 #define DEC_WARPS 4
 #define DEC_GMAX 8
@@ -165,6 +167,7 @@ __device__ void decode_combine(const float* __restrict__ part_o, const float* __
     extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) attention_decode_split_d##D##_##SUF(                              \
         const T* q, const T* kc, const T* vc, const int* table, const int* pos, float* part_o, float* part_ml, int hq, int hkv,       \
         int page, int max_pages, int chunk, float scale_log2) {                                                                      \
+        pdl_wait();                                                                                                                  \
         decode_split<T, D>(q, kc, vc, table, pos, part_o, part_ml, hq, hkv, page, max_pages, chunk, scale_log2);                     \
     }
 DECODE_KERNELS(__half, f16, 64)
@@ -174,9 +177,11 @@ DECODE_KERNELS(__nv_bfloat16, bf16, 128)
 
 extern "C" __global__ void attention_decode_combine_f16(const float* part_o, const float* part_ml, const int* pos, __half* o, float* lse,
                                                          int hq, int D, int chunk, int nsplit) {
+    pdl_wait();
     decode_combine<__half>(part_o, part_ml, pos, o, lse, hq, D, chunk, nsplit);
 }
 extern "C" __global__ void attention_decode_combine_bf16(const float* part_o, const float* part_ml, const int* pos, __nv_bfloat16* o,
                                                           float* lse, int hq, int D, int chunk, int nsplit) {
+    pdl_wait();
     decode_combine<__nv_bfloat16>(part_o, part_ml, pos, o, lse, hq, D, chunk, nsplit);
 }

@@ -3,7 +3,8 @@
 // is f32 (it sums two updates per layer); what a product reads is f16. Rows are tokens: in a
 // decode step one per sequence, in a prefill `rows_per_seq` consecutive positions of one
 // sequence. Row r belongs to sequence r / rows_per_seq at position pos[seq] + r % rows_per_seq,
-// positions read on the device so that a captured graph replays every step.
+// positions read on the device so that a captured graph replays every step. Every kernel waits
+// for the one before it first thing (pdl.cuh): a decode step's graph may launch it early.
 //
 //  embed_q8_0    x = the token's row of a Q8_0 embedding (tokens[seq * cap + position]).
 //  add_rmsnorm   x += y (when y is given), h = x rstd gamma: the residual add fused into the
@@ -16,12 +17,14 @@
 //                and a prompt can be fed through the same step.
 
 #include "common.cuh"
+#include "pdl.cuh"
 
 __device__ __forceinline__ int row_pos(const int* pos, int r, int rows_per_seq) { return pos[r / rows_per_seq] + r % rows_per_seq; }
 
 // Q8_0 block: f16 d, 32 int8; value = q d.
 extern "C" __global__ void llama_embed_q8_0_f32(const unsigned char* __restrict__ w, const unsigned* __restrict__ tokens,
                                                 const int* __restrict__ pos, float* __restrict__ x, int rows_per_seq, int cap, int dim) {
+    pdl_wait();
     const int r = blockIdx.x, seq = r / rows_per_seq;
     const unsigned t = tokens[(long long)seq * cap + row_pos(pos, r, rows_per_seq)];
     const unsigned char* row = w + (long long)t * (dim / 32) * 34;
@@ -34,6 +37,7 @@ extern "C" __global__ void llama_embed_q8_0_f32(const unsigned char* __restrict_
 
 extern "C" __global__ void llama_add_rmsnorm_f16(float* __restrict__ x, const __half* __restrict__ y, const float* __restrict__ gamma,
                                                  __half* __restrict__ h, int dim, float eps) {
+    pdl_wait();
     float* xr = x + (long long)blockIdx.x * dim;
     float ss = 0.f;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
@@ -54,6 +58,7 @@ extern "C" __global__ void llama_rope_cache_f16(const __half* __restrict__ qkv, 
                                                 __half* __restrict__ vc, const int* __restrict__ table, const int* __restrict__ pos,
                                                 const double* __restrict__ inv_freq, int rows_per_seq, int hq, int hkv, int D,
                                                 int rope_dims, int page, int max_pages) {
+    pdl_wait();
     const int r = blockIdx.x, seq = r / rows_per_seq, p = row_pos(pos, r, rows_per_seq);
     const int width = (hq + 2 * hkv) * D;
     const __half* in = qkv + (long long)r * width;
@@ -86,6 +91,7 @@ extern "C" __global__ void llama_rope_cache_f16(const __half* __restrict__ qkv, 
 }
 
 extern "C" __global__ void llama_swiglu_f16(const __half* __restrict__ gu, __half* __restrict__ act, int rows, int ffn) {
+    pdl_wait();
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (long long)rows * ffn; i += (long long)gridDim.x * blockDim.x) {
         const long long r = i / ffn, j = i % ffn;
         const float g = __half2float(gu[r * 2 * ffn + j]), u = __half2float(gu[r * 2 * ffn + ffn + j]);
@@ -98,6 +104,7 @@ extern "C" __global__ void llama_swiglu_f16(const __half* __restrict__ gu, __hal
 // cache is full.
 extern "C" __global__ void llama_argmax_f32(const float* __restrict__ logits, unsigned* __restrict__ tokens, int* __restrict__ pos,
                                             const int* __restrict__ prompt_len, int vocab, int cap) {
+    pdl_wait();
     __shared__ float sv[32];
     __shared__ int si[32];
     const float* row = logits + (long long)blockIdx.x * vocab;

@@ -34,6 +34,8 @@
 //   asym b1 b2 b4 123, b8 127 / 256-2048 B   b16 116 / 4 KiB     (sm_80: no spills either; b1-b4 were
 //   127 before the load step became the `issue` lambda shared with the tiled rungs)
 // ---------------------------------------------------------------------------
+#include "pdl.cuh"
+
 #define MMA_WARPS 4
 #define MMA_ROWS 16
 
@@ -380,6 +382,18 @@ __device__ __forceinline__ void w4a16_mma(const u8* __restrict__ wq, const __hal
     // This warp's contiguous slice of steps [t0, t1), or (SWEEP) every W-th step from `warp`.
     const int per = (nsteps + W - 1) / W;
     const int t0 = SWEEP ? warp : warp * per, t1 = SWEEP ? nsteps : min(t0 + per, nsteps);
+    // The tile's codes and scales are no kernel's output: L2 is asked for them before waiting for
+    // the kernel before this one (pdl.cuh), so under programmatic launch they arrive while it
+    // finishes. Tiled: ceil(K / 128) KB of codes and 16 x K / group scales (and mins) per tile,
+    // the last tile padded; rows: the tile's rows one after another. A step-major tile is spread.
+    if (threadIdx.x == 0 && !SWEEP) {
+        const long long gpr = k / group, rows = TILED ? MMA_ROWS : min(MMA_ROWS, n_rows - row0);
+        const long long first = TILED ? (long long)blockIdx.x * MMA_ROWS * gpr : (long long)row0 * gpr;
+        pdl_prefetch_l2(wq + (TILED ? (long long)blockIdx.x * nsteps * 1024 : (long long)row0 * (k / 2)), TILED ? nsteps * 1024LL : rows * (k / 2));
+        pdl_prefetch_l2(scales + first, 2 * rows * gpr);
+        if (ASYM) pdl_prefetch_l2(mins + first, 2 * rows * gpr);
+    }
+    pdl_wait();
     w4a16_mma_warp<B, ASYM, U, TILED, ROLL, PF, POST, SWEEP ? W : 1>(wq, scales, mins, x, n_rows, k, group, row0, t0, t1, part[warp]);
     // Then the W K slices are summed in warp order.
     __syncthreads();

@@ -7,6 +7,8 @@
 //   quant_dequant_q8_0_f16          all of W -> f16
 // Values are q d as an f32 product, as the CPU computes them.
 // ---------------------------------------------------------------------------
+#include "pdl.cuh"
+
 #define W8_WARPS 8
 // Rows a warp owns at most (the launcher picks 1..W8_ROWS so that the grid fills the GPU).
 #define W8_ROWS 16
@@ -171,6 +173,10 @@ __device__ __forceinline__ void w8a16(const u8* __restrict__ w, const __half* __
     extern "C" __global__ void __launch_bounds__(32 * W8_WARPS) quant_w8a16_b##B##_f16(                                     \
         const u8* __restrict__ w, const __half* __restrict__ x, float* __restrict__ y, int n_rows, int k, int batch,          \
         int rows_per_warp) {                                                                                               \
+        /* The block's rows are no kernel's output: asked of L2 before waiting (pdl.cuh). */                              \
+        const long long r0 = (long long)blockIdx.x * W8_WARPS * rows_per_warp, rb = 34LL * (k / 32);                        \
+        if (threadIdx.x == 0 && r0 < n_rows) pdl_prefetch_l2(w + r0 * rb, min((long long)W8_WARPS * rows_per_warp, n_rows - r0) * rb); \
+        pdl_wait();                                                                                                        \
         w8a16<B>(w, x, y, n_rows, k, batch, rows_per_warp);                                                                \
     }
 

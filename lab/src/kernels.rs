@@ -5,6 +5,7 @@
 pub const HEADERS: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../../kernels/common.cuh")),
     ("mma.cuh", include_str!("../../kernels/mma.cuh")),
+    ("pdl.cuh", include_str!("../../kernels/pdl.cuh")),
 ];
 
 /// Storage types a kernel is instantiated for; the suffix of every kernel symbol.

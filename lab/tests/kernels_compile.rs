@@ -64,6 +64,31 @@ fn every_family_compiles_for_sm80_sm90_and_sm90a() {
     }
 }
 
+/// The decode step's kernels wait for their upstream (kernels/pdl.cuh) on sm_90, so a graph may
+/// give them programmatic edges; on sm_80 none does, and kernels without the wait (the rest of
+/// the quant ladder) are never taken for ones that have it.
+#[test]
+fn the_decode_steps_kernels_wait_for_their_upstream_on_sm90_only() {
+    use lab::gpu::graph::kernels_that_wait;
+    let decode = [
+        ("llama", vec!["llama_embed_q8_0_f32", "llama_add_rmsnorm_f16", "llama_rope_cache_f16", "llama_swiglu_f16", "llama_argmax_f32"]),
+        ("attention", vec!["attention_decode_split_d64_f16", "attention_decode_split_d64_bf16", "attention_decode_combine_f16", "attention_decode_combine_bf16"]),
+        ("quant", vec!["quant_w4a16_mma_tiled_post_asym_b1_f16", "quant_w4a16_mma_tiled_asym_b16_f16", "quant_w8a16_b1_f16", "quant_w8a16_b16_f16"]),
+    ];
+    for (family, kernels) in decode {
+        let waiting: BTreeSet<String> = kernels_that_wait(&compile_family(family, Target::for_device(90)).unwrap()).into_iter().collect();
+        for k in &kernels {
+            assert!(waiting.contains(*k), "{k} does not wait for its upstream on sm_90a");
+        }
+        assert!(kernels_that_wait(&compile_family(family, 80).unwrap()).is_empty(), "{family} waits on sm_80");
+        if family == "quant" {
+            for k in ["quant_w4a16_mma_pipelined_asym_b1_f16", "quant_w4a16_mma_tiled_bulk_asym_b1_f16", "quant_dequant_q8_0_f16"] {
+                assert!(!waiting.contains(k), "{k} has no wait but is taken for one that has");
+            }
+        }
+    }
+}
+
 #[test]
 fn the_wgmma_kernels_are_built_for_sm90a_only() {
     let hopper = [

@@ -2,6 +2,7 @@
 //! the device's own architecture (`compute_90a` on 9.0: [`compile::Target::for_device`]) and cached, and CUDA-event timing ([`timing`]).
 
 pub mod compile;
+pub mod graph;
 pub mod nvml;
 pub mod timing;
 
@@ -45,6 +46,8 @@ pub struct Gpu {
     /// The families whose kernels were looked up since [`Gpu::forget_families`]: what the records
     /// of an experiment say they ran.
     families: Mutex<std::collections::BTreeSet<String>>,
+    /// Kernels of the loaded modules that wait for their upstream ([`graph::kernels_that_wait`]).
+    waiting: Mutex<std::collections::HashSet<String>>,
 }
 
 /// Why no GPU can be used, in plain words; `None` when one can.
@@ -114,6 +117,7 @@ impl Gpu {
             functions: Mutex::new(HashMap::new()),
             blas: std::sync::OnceLock::new(),
             families: Mutex::new(Default::default()),
+            waiting: Mutex::new(Default::default()),
         }))
     }
 
@@ -134,6 +138,7 @@ impl Gpu {
                 Some(m) => m.clone(),
                 None => {
                     let ptx = compile::compile_family(family, compile::Target::for_device(self.arch))?;
+                    self.waiting.lock().expect("waiting set poisoned").extend(graph::kernels_that_wait(&ptx));
                     let m = self
                         .ctx
                         .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
@@ -146,6 +151,12 @@ impl Gpu {
         let f = module.load_function(symbol).doing(&format!("finding kernel `{symbol}`"))?;
         self.functions.lock().expect("function cache poisoned").insert(symbol.to_string(), f.clone());
         Ok(f)
+    }
+
+    /// Whether kernel `symbol` (of a module already loaded) waits for the kernel before it, so a
+    /// graph may launch it early ([`graph::Graph::capture`]).
+    pub fn waits_for_upstream(&self, symbol: &str) -> bool {
+        self.waiting.lock().expect("waiting set poisoned").contains(symbol)
     }
 
     /// The families whose kernels were looked up since the last [`Gpu::forget_families`].

@@ -6,7 +6,7 @@
 //! through the model, its keys and values join the cache, and the next token is chosen on the
 //! device (prompt positions keep their token). Nothing in a step reads the host, so the first
 //! step runs eagerly (loading kernels, sizing scratch) and every later one replays a captured
-//! CUDA graph.
+//! CUDA graph, its kernel-to-kernel edges programmatic if asked ([`Batch::set_programmatic`]).
 //!
 //! Per layer: add_rmsnorm, the fused QKV product, rope_cache, decode attention (split and
 //! combine), the output product, add_rmsnorm, the fused gate|up product, swiglu, the down
@@ -26,8 +26,8 @@ use crate::quant::ggml::Block;
 use crate::tensor::Tensor;
 use crate::weights::gguf::{Gguf, GgmlType, TensorInfo};
 use crate::{LabError, Result};
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaGraph, CudaSlice};
+use crate::gpu::graph::Graph;
+use cudarc::driver::CudaSlice;
 use half::f16;
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -179,7 +179,9 @@ pub struct Batch<'m> {
     gu: Tensor<f16>,
     act: Tensor<f16>,
     logits: Tensor<f32>,
-    graph: Option<CudaGraph>,
+    graph: Option<Graph>,
+    /// Capture the step with programmatic dependent launch between its kernels.
+    programmatic: bool,
     /// A step has run eagerly: the next can be captured.
     warm: bool,
 }
@@ -211,6 +213,7 @@ impl<'m> Batch<'m> {
             act: zeros16(c.ffn)?,
             logits: Tensor::<f32>::zeros(&m.dev, &[seqs, c.vocab])?,
             graph: None,
+            programmatic: false,
             warm: false,
             m,
             seqs,
@@ -253,6 +256,21 @@ impl<'m> Batch<'m> {
         Ok(())
     }
 
+    /// Steps from now on are captured (again) with programmatic dependent launch between their
+    /// kernels, or without it.
+    pub fn set_programmatic(&mut self, on: bool) {
+        if on != self.programmatic {
+            self.programmatic = on;
+            self.graph = None;
+        }
+    }
+
+    /// The captured step's dependencies and how many of them are programmatic (none before the
+    /// second step).
+    pub fn graph_edges(&self) -> Option<(usize, usize)> {
+        self.graph.as_ref().map(|g| (g.edges, g.programmatic))
+    }
+
     /// Positions left before the cache is full.
     pub fn room(&self) -> usize {
         self.cap - 1 - self.steps
@@ -264,19 +282,15 @@ impl<'m> Batch<'m> {
             return Err(LabError::Invalid(format!("the KV cache of {} positions is full", self.cap)));
         }
         if let Some(g) = &self.graph {
-            g.launch().doing("replaying the decode step")?;
+            g.launch()?;
         } else if !self.warm {
             // The first step loads kernels and sizes scratch, which a capture must not see.
             self.launch()?;
             self.warm = true;
         } else {
             let gpu = self.m.gpu.clone();
-            gpu.stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).doing("capturing the decode step")?;
-            let launched = self.launch();
-            let graph = gpu.stream.end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH).doing("capturing the decode step")?;
-            launched?;
-            let g = graph.ok_or_else(|| LabError::Invalid("the captured decode step is empty".into()))?;
-            g.launch().doing("replaying the decode step")?;
+            let g = Graph::capture(&gpu, self.programmatic, || self.launch())?;
+            g.launch()?;
             self.graph = Some(g);
         }
         self.steps += 1;

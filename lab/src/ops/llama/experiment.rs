@@ -4,10 +4,12 @@
 //! Cases, by `op`:
 //! - `check` (untimed): after a prompt and at each of 8 greedy steps (`steps`), the engine's logits against
 //!   the CPU reference's on the same tokens (the reference is fed the engine's choices, so the
-//!   positions stay aligned); cosine and top-1 agreement in `extra`. On the CPU backend, the
-//!   CPU engine's greedy tokens against the reference's own continuation (the plumbing).
+//!   positions stay aligned); cosine and top-1 agreement in `extra`; `engine_pdl`'s logits also
+//!   bit for bit against `engine`'s. On the CPU backend, the CPU engine's greedy tokens against
+//!   the reference's own continuation (the plumbing).
 //! - `decode`: `batch` copies of a `context`-token prompt, the cache filled to `context`, then
-//!   one step per repetition (positions advance by one per repetition). Bytes: every weight once
+//!   one step per repetition (positions advance by one per repetition), for `engine` and
+//!   `engine_pdl`. Bytes: every weight once
 //!   and the K and V rows read, the bound a step cannot beat; `tokens_s` = batch / step time.
 //!   The logits of the last step are checked against the CPU reference (contexts up to 128) or
 //!   against the batch's first sequence (every row holds the same prompt).
@@ -146,9 +148,47 @@ impl Experiment for Llama {
     }
 }
 
-/// The engine's logits against the reference's at the same positions.
+/// The engine's variants a run asks for: `engine_pdl` on a GPU only.
+fn engines(s: &Session) -> Vec<&'static str> {
+    let gpu = matches!(s.backend, Backend::Cuda(_));
+    ENGINES.iter().copied().filter(|&v| (gpu || v == "engine") && s.wants(v, "lab")).collect()
+}
+
+/// The engine's variants: its decode step as a plain graph, and with programmatic edges.
+pub const ENGINES: [&str; 2] = ["engine", "engine_pdl"];
+
+/// The GPU engine's logits over `steps` greedy steps after `prompt`, and the reference's at the
+/// same positions (fed the engine's choices): (got, want, cosine per step, top-1 agreements).
+fn gpu_steps(m: &GpuModel, cpu: &CpuModel, prompt: &[u32], steps: usize, programmatic: bool) -> Result<(Vec<f32>, Vec<f64>, Vec<f64>, usize, Option<(usize, usize)>)> {
+    let mut cache = cpu.cache();
+    let mut expected = cpu.forward(&mut cache, prompt)?;
+    let (mut got_all, mut want_all, mut cosines, mut agree) = (Vec::new(), Vec::new(), Vec::new(), 0);
+    let mut batch = m.batch(1, prompt.len() + steps + 1)?;
+    batch.set_programmatic(programmatic);
+    batch.start(&[prompt.to_vec()])?;
+    for _ in 1..prompt.len() {
+        batch.step()?;
+    }
+    for _ in 0..steps {
+        batch.step()?;
+        let got = batch.logits()?;
+        let want: Vec<f64> = expected.iter().map(|&v| v as f64).collect();
+        let chosen = *batch.tokens()?[0].last().expect("a step writes a token");
+        cosines.push(cosine(&got, &want));
+        agree += usize::from(chosen == argmax(&expected)?);
+        got_all.extend(&got);
+        want_all.extend(want);
+        expected = cpu.step(&mut cache, chosen, true)?.expect("logits were asked for");
+    }
+    Ok((got_all, want_all, cosines, agree, batch.graph_edges()))
+}
+
+/// The engine's logits against the reference's at the same positions; `engine_pdl`'s also
+/// against `engine`'s, bit for bit (the same kernels in the same order: any difference is a
+/// kernel reading before its input was written).
 fn check(s: &mut Session, case: &Value) -> Result<()> {
-    if !s.wants("engine", "lab") {
+    let variants = engines(s);
+    if variants.is_empty() {
         return Ok(());
     }
     let file = open()?;
@@ -156,9 +196,6 @@ fn check(s: &mut Session, case: &Value) -> Result<()> {
     let tok = Tokenizer::from_gguf(&g)?;
     let prompt = tok.encode(PROMPTS[0], true)?;
     let cpu = CpuModel::load(&g)?;
-    let mut cache = cpu.cache();
-    let mut expected = cpu.forward(&mut cache, &prompt)?;
-    let (mut got_all, mut want_all, mut cosines, mut agree): (Vec<f32>, Vec<f64>, Vec<f64>, usize) = (Vec::new(), Vec::new(), Vec::new(), 0);
     let (steps, reference, tol) = match s.backend {
         Backend::Cuda(_) => (8, "cpu-f64 reference forward", LOGIT_TOL),
         Backend::Cpu => (4, "transformers f32 (a GPU run's fixture)", REFERENCE_TOL),
@@ -167,64 +204,79 @@ fn check(s: &mut Session, case: &Value) -> Result<()> {
         None => steps,
         Some(v) => v.as_u64().filter(|&n| n >= 1).ok_or_else(|| LabError::Invalid(format!("case {case}: `steps` is the number of greedy steps checked, at least 1")))? as usize,
     };
-    match &s.backend {
-        Backend::Cuda(gpu) => {
-            let m = GpuModel::load(gpu, &g)?;
-            let mut batch = m.batch(1, prompt.len() + steps + 1)?;
-            batch.start(std::slice::from_ref(&prompt))?;
-            for _ in 1..prompt.len() {
-                batch.step()?;
+    let gpu_model = match &s.backend {
+        Backend::Cuda(gpu) => Some(GpuModel::load(gpu, &g)?),
+        Backend::Cpu => None,
+    };
+    let mut plain: Option<Vec<f32>> = None;
+    for variant in variants {
+        let (got_all, want_all, cosines, agree, edges) = match &gpu_model {
+            // The plain engine's logits are what engine_pdl must reproduce.
+            Some(m) => gpu_steps(m, &cpu, &prompt, steps, variant == "engine_pdl")?,
+            None => {
+                // The reference against transformers' own run of the same file (a fixture from a
+                // GPU run): its 16 best logits after the prompt, then its greedy tokens.
+                let mut cache = cpu.cache();
+                let mut expected = cpu.forward(&mut cache, &prompt)?;
+                let fixture: Value = serde_json::from_str(TRANSFORMERS).map_err(|e| LabError::Invalid(format!("the transformers fixture: {e}")))?;
+                let theirs = &fixture["prompts"][0];
+                let (mut got_all, mut want_all, mut agree) = (Vec::new(), Vec::new(), 0);
+                for pair in theirs["top"].as_array().into_iter().flatten() {
+                    let id = pair[0].as_u64().unwrap_or(u64::MAX) as usize;
+                    got_all.push(*expected.get(id).ok_or_else(|| LabError::Invalid(format!("the fixture's token {id} is outside the vocabulary")))?);
+                    want_all.push(pair[1].as_f64().unwrap_or(f64::NAN));
+                }
+                let greedy: Vec<u32> = theirs["greedy"].as_array().into_iter().flatten().filter_map(|v| v.as_u64().map(|t| t as u32)).collect();
+                for &want in greedy.iter().take(steps) {
+                    let t = argmax(&expected)?;
+                    agree += usize::from(t == want);
+                    expected = cpu.step(&mut cache, t, true)?.expect("logits were asked for");
+                }
+                (got_all, want_all, Vec::new(), agree, None)
             }
-            for _ in 0..steps {
-                batch.step()?;
-                let got = batch.logits()?;
-                let want: Vec<f64> = expected.iter().map(|&v| v as f64).collect();
-                let chosen = *batch.tokens()?[0].last().expect("a step writes a token");
-                cosines.push(cosine(&got, &want));
-                agree += usize::from(chosen == argmax(&expected)?);
-                got_all.extend(&got);
-                want_all.extend(want);
-                expected = cpu.step(&mut cache, chosen, true)?.expect("logits were asked for");
+        };
+        let mut m = Measurement::new(variant, "lab", case, Work { bytes: 0, flops: 0 });
+        m.error = Some(compare_elems(&got_all, &want_all, tol, reference));
+        m.tolerance = Some(tol);
+        let min_cos = cosines.iter().copied().fold(1.0, f64::min);
+        m.extra.insert("prompt_tokens".into(), json!(prompt.len()));
+        m.extra.insert("steps".into(), json!(steps));
+        m.extra.insert("min_cosine".into(), json!(min_cos));
+        m.extra.insert("top1_agree".into(), json!(agree));
+        let mut why = Vec::new();
+        if min_cos < 0.999 || agree < steps {
+            why.push(format!("cosine {min_cos:.5}, top-1 agreed at {agree} of {steps} steps"));
+        }
+        if let Some((all, programmatic)) = edges {
+            m.extra.insert("graph_edges".into(), json!(all));
+            m.extra.insert("programmatic_edges".into(), json!(programmatic));
+        }
+        match (variant, &plain) {
+            ("engine_pdl", Some(p)) => {
+                let differ = p.iter().zip(&got_all).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                m.extra.insert("logits_differing_from_engine".into(), json!(differ));
+                if differ > 0 {
+                    why.push(format!("{differ} logits differ from the plain engine's"));
+                }
+            }
+            ("engine_pdl", None) => why.push("the plain engine did not run beside it (run both variants)".into()),
+            _ => plain = Some(got_all.clone()),
+        }
+        if !why.is_empty() {
+            m.extra.insert("why".into(), json!(why.join("; ")));
+            if let Some(e) = m.error.as_mut() {
+                e.mismatches = e.mismatches.max(1);
             }
         }
-        Backend::Cpu => {
-            // The reference against transformers' own run of the same file (a fixture from a
-            // GPU run): its 16 best logits after the prompt, then its greedy tokens.
-            let fixture: Value = serde_json::from_str(TRANSFORMERS).map_err(|e| LabError::Invalid(format!("the transformers fixture: {e}")))?;
-            let theirs = &fixture["prompts"][0];
-            for pair in theirs["top"].as_array().into_iter().flatten() {
-                let id = pair[0].as_u64().unwrap_or(u64::MAX) as usize;
-                got_all.push(*expected.get(id).ok_or_else(|| LabError::Invalid(format!("the fixture's token {id} is outside the vocabulary")))?);
-                want_all.push(pair[1].as_f64().unwrap_or(f64::NAN));
-            }
-            let greedy: Vec<u32> = theirs["greedy"].as_array().into_iter().flatten().filter_map(|v| v.as_u64().map(|t| t as u32)).collect();
-            for &want in greedy.iter().take(steps) {
-                let t = argmax(&expected)?;
-                agree += usize::from(t == want);
-                expected = cpu.step(&mut cache, t, true)?.expect("logits were asked for");
-            }
-        }
+        s.emit(m)?;
     }
-    let mut m = Measurement::new("engine", "lab", case, Work { bytes: 0, flops: 0 });
-    m.error = Some(compare_elems(&got_all, &want_all, tol, reference));
-    m.tolerance = Some(tol);
-    let min_cos = cosines.iter().copied().fold(1.0, f64::min);
-    m.extra.insert("prompt_tokens".into(), json!(prompt.len()));
-    m.extra.insert("steps".into(), json!(steps));
-    m.extra.insert("min_cosine".into(), json!(min_cos));
-    m.extra.insert("top1_agree".into(), json!(agree));
-    if min_cos < 0.999 || agree < steps {
-        m.extra.insert("why".into(), json!(format!("cosine {min_cos:.5}, top-1 agreed at {agree} of {steps} steps")));
-        if let Some(e) = m.error.as_mut() {
-            e.mismatches = e.mismatches.max(1);
-        }
-    }
-    s.emit(m).map(|_| ())
+    Ok(())
 }
 
-/// Decode steps of `batch` sequences at `context`.
+/// Decode steps of `batch` sequences at `context`, for each engine variant asked for.
 fn decode(s: &mut Session, case: &Value) -> Result<()> {
-    if !s.wants("engine", "lab") {
+    let variants = engines(s);
+    if variants.is_empty() {
         return Ok(());
     }
     let (b, ctx) = (param_usize(case, "batch")?, param_usize(case, "context")?);
@@ -235,28 +287,41 @@ fn decode(s: &mut Session, case: &Value) -> Result<()> {
         Backend::Cuda(gpu) => {
             let m = GpuModel::load(&gpu, &g)?;
             let c = &m.config;
-            // Room for the warm-up and the repetitions the budget may take.
-            let mut batch = m.batch(b, ctx + 2 * (s.budget.max + crate::profile::MAX_WARMUP_ROUNDS * s.budget.warmup) + 2)?;
-            batch.start(&vec![prompt.clone(); b])?;
-            batch.prefill()?;
-            gpu.sync()?;
-            let logits = batch.logits()?;
-            let error = if ctx <= 128 {
+            let want: Option<Vec<f64>> = if ctx <= 128 {
                 let cpu = CpuModel::load(&g)?;
-                let want: Vec<f64> = cpu.forward(&mut cpu.cache(), &prompt)?.iter().map(|&v| v as f64).collect();
-                compare_elems(&logits[..c.vocab], &want, LOGIT_TOL, "cpu-f64 reference forward")
+                Some(cpu.forward(&mut cpu.cache(), &prompt)?.iter().map(|&v| v as f64).collect())
             } else {
-                let first: Vec<f64> = logits[..c.vocab].iter().map(|&v| v as f64).collect();
-                let all: Vec<f64> = first.iter().copied().cycle().take(b * c.vocab).collect();
-                compare_elems(&logits, &all, LOGIT_TOL, "the batch's first sequence")
+                None
             };
-            let time = time_gpu(&gpu, &s.budget, || batch.step())?;
-            let kv = (b * ctx * c.layers * 2 * c.kv_dim() * 2) as u64;
-            let mut rec = Measurement::new("engine", "lab", case, Work { bytes: m.weight_bytes(b) + kv, flops: 2 * params(c) * b as u64 });
-            rec.extra.insert("tokens_s".into(), json!(b as f64 / (time.0.median / 1e3)));
-            rec.extra.insert("weight_bytes".into(), json!(m.weight_bytes(b)));
-            (rec.time, rec.error, rec.tolerance, rec.ceiling) = (Some(time), Some(error), Some(LOGIT_TOL), Some("copy_gb_s"));
-            s.emit(rec).map(|_| ())
+            for variant in variants {
+                // Room for the warm-up and the repetitions the budget may take.
+                let mut batch = m.batch(b, ctx + 2 * (s.budget.max + crate::profile::MAX_WARMUP_ROUNDS * s.budget.warmup) + 2)?;
+                batch.set_programmatic(variant == "engine_pdl");
+                batch.start(&vec![prompt.clone(); b])?;
+                batch.prefill()?;
+                gpu.sync()?;
+                let logits = batch.logits()?;
+                let error = match &want {
+                    Some(want) => compare_elems(&logits[..c.vocab], want, LOGIT_TOL, "cpu-f64 reference forward"),
+                    None => {
+                        let first: Vec<f64> = logits[..c.vocab].iter().map(|&v| v as f64).collect();
+                        let all: Vec<f64> = first.iter().copied().cycle().take(b * c.vocab).collect();
+                        compare_elems(&logits, &all, LOGIT_TOL, "the batch's first sequence")
+                    }
+                };
+                let time = time_gpu(&gpu, &s.budget, || batch.step())?;
+                let kv = (b * ctx * c.layers * 2 * c.kv_dim() * 2) as u64;
+                let mut rec = Measurement::new(variant, "lab", case, Work { bytes: m.weight_bytes(b) + kv, flops: 2 * params(c) * b as u64 });
+                rec.extra.insert("tokens_s".into(), json!(b as f64 / (time.0.median / 1e3)));
+                rec.extra.insert("weight_bytes".into(), json!(m.weight_bytes(b)));
+                if let Some((all, programmatic)) = batch.graph_edges() {
+                    rec.extra.insert("graph_edges".into(), json!(all));
+                    rec.extra.insert("programmatic_edges".into(), json!(programmatic));
+                }
+                (rec.time, rec.error, rec.tolerance, rec.ceiling) = (Some(time), Some(error), Some(LOGIT_TOL), Some("copy_gb_s"));
+                s.emit(rec)?;
+            }
+            Ok(())
         }
         Backend::Cpu => {
             let cpu = CpuModel::load(&g)?;

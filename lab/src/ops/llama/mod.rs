@@ -36,6 +36,12 @@ pub fn variants() -> Vec<VariantInfo> {
         requires: "gpu or cpu",
         what: "the whole model (model::llama): the steps above around W4A16, W8A16 and decode attention as one CUDA graph per step; the f64 reference on the CPU",
     });
+    rows.push(VariantInfo {
+        name: "engine_pdl",
+        dtypes: vec!["f16"],
+        requires: "gpu",
+        what: "the engine with its decode graph's kernel-to-kernel edges programmatic (PDL, sm_90): each kernel launches while the one before runs, asks L2 for its weights, then waits for it",
+    });
     rows
 }
 
