@@ -157,9 +157,13 @@ fn engines(s: &Session) -> Vec<&'static str> {
 /// The engine's variants: its decode step as a plain graph, and with programmatic edges.
 pub const ENGINES: [&str; 2] = ["engine", "engine_pdl"];
 
+/// What a check's steps gave: the engine's logits, the reference's at the same positions, the
+/// cosine per step, the top-1 agreements, and the captured graph's (edges, programmatic edges).
+type Checked = (Vec<f32>, Vec<f64>, Vec<f64>, usize, Option<(usize, usize)>);
+
 /// The GPU engine's logits over `steps` greedy steps after `prompt`, and the reference's at the
-/// same positions (fed the engine's choices): (got, want, cosine per step, top-1 agreements).
-fn gpu_steps(m: &GpuModel, cpu: &CpuModel, prompt: &[u32], steps: usize, programmatic: bool) -> Result<(Vec<f32>, Vec<f64>, Vec<f64>, usize, Option<(usize, usize)>)> {
+/// same positions (fed the engine's choices).
+fn gpu_steps(m: &GpuModel, cpu: &CpuModel, prompt: &[u32], steps: usize, programmatic: bool) -> Result<Checked> {
     let mut cache = cpu.cache();
     let mut expected = cpu.forward(&mut cache, prompt)?;
     let (mut got_all, mut want_all, mut cosines, mut agree) = (Vec::new(), Vec::new(), Vec::new(), 0);

@@ -46,6 +46,33 @@ fn reads_a_memcheck_report() {
     assert!(first.contains("of size 2,294 bytes") && !first.contains("Host Frame"), "{first}");
 }
 
+/// memcheck's report of a failed CUDA API call: the library whose frame calls into the driver is
+/// named as if it were a kernel, so that reports made inside NCCL count as a library's; the same
+/// call made by the program itself stays the lab's.
+#[test]
+fn an_api_error_is_the_library_that_made_the_call() {
+    let log = |caller: &str| {
+        format!(
+            "========= COMPUTE-SANITIZER
+========= Program hit CUDA_ERROR_INVALID_VALUE (error 1) due to \"invalid argument\" on CUDA API call to cuPointerGetAttribute.
+=========     Saved host backtrace up to driver entry point at error
+=========         Host Frame: cuPointerGetAttribute [0x2b1f40] in /lib/x86_64-linux-gnu/libcuda.so.1
+=========         Host Frame: {caller}
+=========         Host Frame: main [0x430084] in lab
+========= 
+========= ERROR SUMMARY: 1 error
+"
+        )
+    };
+    let lab: BTreeSet<String> = ["ring_reduce_scatter_f32".to_string()].into();
+    let nccl = parse(&log("ncclCommInitRank [0x5e0a] in /usr/lib/x86_64-linux-gnu/libnccl.so.2"));
+    assert_eq!(nccl.kernels.keys().collect::<Vec<_>>(), ["API call from libnccl.so.2"]);
+    assert!(nccl.only_outside(&lab));
+    let own = parse(&log("lab::collective::open [0x1234] in lab"));
+    assert_eq!((own.unattributed, own.kernels.len()), (1, 0));
+    assert!(!own.only_outside(&lab));
+}
+
 #[test]
 fn reads_a_racecheck_report_and_its_kernel() {
     let o = parse(RACECHECK);
@@ -149,8 +176,8 @@ fn a_report_naming_no_kernel_is_neither_clean_nor_library() {
 fn the_tool_leaves_the_named_kernels_uninstrumented() {
     let log = std::path::Path::new("/tmp/x.log");
     let args = |re| sanitizer_args(Tool::Memcheck, re, log).into_iter().map(|a| a.into_string().unwrap()).collect::<Vec<_>>();
-    assert_eq!(args(None), ["--tool", "memcheck", "--print-limit", "200", "--log-file", "/tmp/x.log"]);
-    assert_eq!(args(Some("a|b")), ["--tool", "memcheck", "--print-limit", "200", "--kernel-name-exclude", "regex=a|b", "--log-file", "/tmp/x.log"]);
+    assert_eq!(args(None), ["--tool", "memcheck", "--print-limit", "50000", "--log-file", "/tmp/x.log"]);
+    assert_eq!(args(Some("a|b")), ["--tool", "memcheck", "--print-limit", "50000", "--kernel-name-exclude", "regex=a|b", "--log-file", "/tmp/x.log"]);
     // NCCL's kernels match, mangled or not; none of the lab's does.
     let re = Regex::new(crate::collective::nccl::NCCL_KERNELS).unwrap();
     for k in ["ncclDevKernel_AllReduce_Sum_f32_RING_LL", "_Z40ncclDevKernel_AllReduce_Sum_f32_RING_LL24ncclDevKernelArgsStorageILm4096EE", "ncclKernel_AllReduce_RING_LL_Sum_float"] {
