@@ -176,8 +176,8 @@ fn a_report_naming_no_kernel_is_neither_clean_nor_library() {
 fn the_tool_leaves_the_named_kernels_uninstrumented() {
     let log = std::path::Path::new("/tmp/x.log");
     let args = |re| sanitizer_args(Tool::Memcheck, re, log).into_iter().map(|a| a.into_string().unwrap()).collect::<Vec<_>>();
-    assert_eq!(args(None), ["--tool", "memcheck", "--print-limit", "50000", "--log-file", "/tmp/x.log"]);
-    assert_eq!(args(Some("a|b")), ["--tool", "memcheck", "--print-limit", "50000", "--kernel-name-exclude", "regex=a|b", "--log-file", "/tmp/x.log"]);
+    assert_eq!(args(None), ["--tool", "memcheck", "--print-limit", "50000", "--show-backtrace", "yes", "--log-file", "/tmp/x.log"]);
+    assert_eq!(args(Some("a|b")), ["--tool", "memcheck", "--print-limit", "50000", "--show-backtrace", "yes", "--kernel-name-exclude", "regex=a|b", "--log-file", "/tmp/x.log"]);
     // NCCL's kernels match, mangled or not; none of the lab's does.
     let re = Regex::new(crate::collective::nccl::NCCL_KERNELS).unwrap();
     for k in ["ncclDevKernel_AllReduce_Sum_f32_RING_LL", "_Z40ncclDevKernel_AllReduce_Sum_f32_RING_LL24ncclDevKernelArgsStorageILm4096EE", "ncclKernel_AllReduce_RING_LL_Sum_float"] {
