@@ -52,7 +52,7 @@ impl Experiment for PerplexityExp {
     fn cases(&self, backend: &Backend, quick: bool) -> Vec<Value> {
         match (backend, quick) {
             (Backend::Cpu, true) => vec![json!({"text": TEXT, "ctx": 16, "chunks": 2, "formats": ["source", "q4_0"], "timed": false})],
-            _ => vec![json!({"text": TEXT, "ctx": 512, "chunks": 2, "formats": ["source", "f16", "q8_0", "q4_1", "q4_0"], "timed": false})],
+            _ => vec![json!({"text": TEXT, "ctx": 512, "chunks": 2, "formats": ["source", "f16", "q8_0", "q6_k", "q4_1", "q4_0"], "timed": false})],
         }
     }
     fn run_case(&self, s: &mut Session, case: &Value) -> Result<()> {
@@ -109,7 +109,7 @@ fn run(s: &mut Session, case: &Value) -> Result<()> {
     let formats: Vec<String> = case["formats"]
         .as_array()
         .filter(|f| !f.is_empty())
-        .ok_or_else(|| LabError::Invalid("a perplexity case names its `formats` (source, f32, f16, bf16, q8_0, q4_0, q4_1)".into()))?
+        .ok_or_else(|| LabError::Invalid("a perplexity case names its `formats` (source, f32, f16, bf16, q8_0, q6_k, q4_0, q4_1)".into()))?
         .iter()
         .map(|f| f.as_str().map(String::from).ok_or_else(|| LabError::Invalid(format!("format {f} is not a name"))))
         .collect::<Result<_>>()?;
@@ -127,7 +127,7 @@ pub struct Scoring<'a> {
     /// The file the copies are made from; KL and top-1 agreement are taken against it.
     pub source: &'a Path,
     /// `formats[0]` is the name the source's records carry; the others (f32, f16, bf16, q8_0,
-    /// q4_0, q4_1) are written from it by `requantize`.
+    /// q6_k, q4_0, q4_1) are written from it by `requantize`.
     pub formats: &'a [String],
     /// Where the copy in a format goes (a new file).
     pub copy_path: &'a dyn Fn(&str) -> PathBuf,

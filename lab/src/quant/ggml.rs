@@ -201,8 +201,8 @@ pub fn dequantize(block: Block, blocks: &[u8]) -> Result<Vec<f32>> {
 }
 
 /// GGUF tensor data of type `ty` as f32 values, in order: F32, F16 and BF16 read as stored
-/// (little-endian; BF16 is the high half of an f32), Q4_0, Q4_1 and Q8_0 dequantized. Any other
-/// type is an error naming it.
+/// (little-endian; BF16 is the high half of an f32), Q4_0, Q4_1, Q8_0 and Q6_K dequantized. Any
+/// other type is an error naming it.
 pub fn to_f32(ty: GgmlType, bytes: &[u8]) -> Result<Vec<f32>> {
     let plain = |size: usize, read: fn(&[u8]) -> f32| -> Result<Vec<f32>> {
         if !bytes.len().is_multiple_of(size) {
@@ -217,7 +217,8 @@ pub fn to_f32(ty: GgmlType, bytes: &[u8]) -> Result<Vec<f32>> {
         GgmlType::Q4_0 => dequantize(Block::Q4_0, bytes),
         GgmlType::Q4_1 => dequantize(Block::Q4_1, bytes),
         GgmlType::Q8_0 => dequantize(Block::Q8_0, bytes),
-        other => Err(LabError::Invalid(format!("to_f32: GGUF type {} ({}) is not read (F32, F16, BF16, Q4_0, Q4_1, Q8_0 are)", other.name(), other.0))),
+        GgmlType::Q6_K => super::q6_k::dequantize(bytes),
+        other => Err(LabError::Invalid(format!("to_f32: GGUF type {} ({}) is not read (F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q6_K are)", other.name(), other.0))),
     }
 }
 

@@ -100,6 +100,7 @@ impl GgmlType {
     pub const Q4_0: GgmlType = GgmlType(2);
     pub const Q4_1: GgmlType = GgmlType(3);
     pub const Q8_0: GgmlType = GgmlType(8);
+    pub const Q6_K: GgmlType = GgmlType(14);
     pub const BF16: GgmlType = GgmlType(30);
 
     fn entry(self) -> Option<&'static (u32, &'static str, u64, u64)> {

@@ -170,6 +170,7 @@ fn file_type(ty: GgmlType) -> Option<u32> {
         GgmlType::Q4_0 => 2,
         GgmlType::Q4_1 => 3,
         GgmlType::Q8_0 => 7,
+        GgmlType::Q6_K => 18,
         GgmlType::BF16 => 32,
         _ => return None,
     })
@@ -184,7 +185,8 @@ pub fn parse_format(name: &str) -> Result<GgmlType> {
         "q8_0" => GgmlType::Q8_0,
         "q4_0" => GgmlType::Q4_0,
         "q4_1" => GgmlType::Q4_1,
-        _ => return Err(LabError::Invalid(format!("unknown format `{name}` (f32, f16, bf16, q8_0, q4_0, q4_1)"))),
+        "q6_k" => GgmlType::Q6_K,
+        _ => return Err(LabError::Invalid(format!("unknown format `{name}` (f32, f16, bf16, q8_0, q6_k, q4_0, q4_1)"))),
     })
 }
 
@@ -197,6 +199,7 @@ pub fn encode(to: GgmlType, x: &[f32]) -> Result<Vec<u8>> {
         GgmlType::Q8_0 => ggml::quantize(Block::Q8_0, x)?,
         GgmlType::Q4_0 => ggml::quantize(Block::Q4_0, x)?,
         GgmlType::Q4_1 => ggml::quantize(Block::Q4_1, x)?,
+        GgmlType::Q6_K => crate::quant::q6_k::quantize(x)?,
         other => return Err(LabError::Invalid(format!("cannot write GGUF type {}", other.name()))),
     })
 }
@@ -207,7 +210,8 @@ fn bits(ty: GgmlType) -> f64 {
 }
 
 /// `g` with every matrix (two or more dimensions, rows a whole number of 32-weight blocks) in
-/// format `to`, decoded to f32 first; vectors (norms) stay as they are. The output head
+/// format `to` (Q8_0 where a row is no whole number of `to`'s blocks: Q6_K's are 256 weights),
+/// decoded to f32 first; vectors (norms) stay as they are. The output head
 /// (`output.weight`, or `token_embd.weight` where it is tied as the head) never goes below Q8_0,
 /// as llama.cpp keeps it finer (every logit is read through it): in a format coarser than Q8_0 it
 /// is written in Q8_0, or kept where it is already Q8_0 or coarser. llama-quantize writes it in
@@ -222,9 +226,12 @@ pub fn requantize(g: &Gguf, to: GgmlType) -> Result<GgufWriter> {
     for t in &g.tensors {
         let data = g.data(t);
         let matrix = t.dims.len() >= 2 && t.dims[0] % ggml::QK as u64 == 0;
+        let per_block = to.block().map_or(1, |(n, _)| n);
         let ty = match matrix {
             false => t.ty,
             true if t.name == head && bits(to) < bits(GgmlType::Q8_0) => if bits(t.ty) <= bits(GgmlType::Q8_0) { t.ty } else { GgmlType::Q8_0 },
+            // Rows that are no whole number of the format's blocks (Q6_K's 256 weights) go to Q8_0.
+            true if t.dims[0] % per_block != 0 => GgmlType::Q8_0,
             true => to,
         };
         let bytes = if ty != t.ty { encode(ty, &ggml::to_f32(t.ty, data)?)? } else { data.to_vec() };
@@ -282,6 +289,23 @@ mod tests {
         assert_eq!(types(T::Q8_0, T::Q4_1), [T::Q8_0, T::Q4_1, T::F32], "SmolLM2's q8_0 head is kept");
         assert_eq!(types(T::Q4_0, T::Q4_1), [T::Q4_0, T::Q4_1, T::F32], "a head already coarser than q8_0 is kept");
         assert_eq!(types(T::Q8_0, T::F32), [T::F32, T::F32, T::F32]);
+    }
+
+    /// Q6_K takes rows of 256: a 256-wide matrix goes to Q6_K, a 64-wide one to Q8_0, and the
+    /// file reads back to within Q6_K's steps.
+    #[test]
+    fn requantize_to_q6_k_falls_back_to_q8_0_where_a_row_is_short() {
+        let values = |n: usize| (0..n).map(|i| (i as f32 * 0.37).sin()).collect::<Vec<f32>>();
+        let mut w = GgufWriter::new();
+        w.add_tensor("blk.0.ffn_down.weight", &[256, 2], GgmlType::F32, encode(GgmlType::F32, &values(512)).unwrap()).unwrap();
+        w.add_tensor("blk.0.ffn_up.weight", &[64, 2], GgmlType::F32, encode(GgmlType::F32, &values(128)).unwrap()).unwrap();
+        let bytes = w.to_bytes().unwrap();
+        let out = requantize(&Gguf::parse(&bytes).unwrap(), parse_format("q6_k").unwrap()).unwrap().to_bytes().unwrap();
+        let g = Gguf::parse(&out).unwrap();
+        assert_eq!(g.tensors.iter().map(|t| t.ty).collect::<Vec<_>>(), [GgmlType::Q6_K, GgmlType::Q8_0]);
+        assert_eq!(g.get("general.file_type"), Some(&Value::U32(18)));
+        let down = ggml::to_f32(GgmlType::Q6_K, g.data(&g.tensors[0])).unwrap();
+        assert!(down.iter().zip(values(512)).all(|(a, b)| (a - b).abs() < 0.04), "Q6_K of sines in [-1, 1] is within 2 steps of 1/32");
     }
 
     #[test]
