@@ -212,12 +212,11 @@ fn bits(ty: GgmlType) -> f64 {
 /// `g` with every matrix (two or more dimensions, rows a whole number of 32-weight blocks) in
 /// format `to` (Q8_0 where a row is no whole number of `to`'s blocks: Q6_K's are 256 weights),
 /// decoded to f32 first; vectors (norms) stay as they are. The output head
-/// (`output.weight`, or `token_embd.weight` where it is tied as the head) never goes below Q8_0,
-/// as llama.cpp keeps it finer (every logit is read through it): in a format coarser than Q8_0 it
-/// is written in Q8_0, or kept where it is already Q8_0 or coarser. llama-quantize writes it in
-/// Q8_0 where its width is not a multiple of 256, Q6_K where it is (src/llama-quant.cpp, which the
-/// lab does not write). `general.file_type` says the new format; metadata, tokenizer and tensor
-/// order are kept.
+/// (`output.weight`, or `token_embd.weight` where it is tied as the head) stays finer, as
+/// llama-quantize keeps it (every logit is read through it): in a format coarser than Q8_0 it is
+/// written in Q6_K where its width is a multiple of 256 and in Q8_0 where not, or kept where it is
+/// already that coarse or coarser. `general.file_type` says the new format; metadata, tokenizer and
+/// tensor order are kept.
 pub fn requantize(g: &Gguf, to: GgmlType) -> Result<GgufWriter> {
     let ftype = file_type(to).ok_or_else(|| LabError::Invalid(format!("cannot write a model in {}", to.name())))?;
     let head = if g.tensor("output.weight").is_some() { "output.weight" } else { "token_embd.weight" };
@@ -229,7 +228,10 @@ pub fn requantize(g: &Gguf, to: GgmlType) -> Result<GgufWriter> {
         let per_block = to.block().map_or(1, |(n, _)| n);
         let ty = match matrix {
             false => t.ty,
-            true if t.name == head && bits(to) < bits(GgmlType::Q8_0) => if bits(t.ty) <= bits(GgmlType::Q8_0) { t.ty } else { GgmlType::Q8_0 },
+            true if t.name == head && bits(to) < bits(GgmlType::Q8_0) => {
+                let finer = if t.dims[0] % 256 == 0 { GgmlType::Q6_K } else { GgmlType::Q8_0 };
+                if bits(t.ty) <= bits(finer) { t.ty } else { finer }
+            }
             // Rows that are no whole number of the format's blocks (Q6_K's 256 weights) go to Q8_0.
             true if t.dims[0] % per_block != 0 => GgmlType::Q8_0,
             true => to,
@@ -270,7 +272,7 @@ mod tests {
     }
 
     #[test]
-    fn requantize_keeps_the_head_at_q8_0_or_finer() {
+    fn requantize_keeps_the_head_at_q6_k_or_q8_0_or_finer() {
         let types = |head: GgmlType, to: GgmlType| {
             let mut w = GgufWriter::new();
             let values = |n: usize| (0..n).map(|i| (i as f32 * 0.37).sin()).collect::<Vec<f32>>();
@@ -289,6 +291,15 @@ mod tests {
         assert_eq!(types(T::Q8_0, T::Q4_1), [T::Q8_0, T::Q4_1, T::F32], "SmolLM2's q8_0 head is kept");
         assert_eq!(types(T::Q4_0, T::Q4_1), [T::Q4_0, T::Q4_1, T::F32], "a head already coarser than q8_0 is kept");
         assert_eq!(types(T::Q8_0, T::F32), [T::F32, T::F32, T::F32]);
+        // A head 256 wide goes to Q6_K, as llama-quantize writes it.
+        let mut w = GgufWriter::new();
+        let values = (0..1024).map(|i| (i as f32 * 0.37).sin()).collect::<Vec<f32>>();
+        w.add_tensor("output.weight", &[256, 4], T::F32, encode(T::F32, &values).unwrap()).unwrap();
+        let bytes = w.to_bytes().unwrap();
+        for (to, head) in [(T::Q4_0, T::Q6_K), (T::Q4_1, T::Q6_K), (T::Q6_K, T::Q6_K), (T::Q8_0, T::Q8_0)] {
+            let out = requantize(&Gguf::parse(&bytes).unwrap(), to).unwrap().to_bytes().unwrap();
+            assert_eq!(Gguf::parse(&out).unwrap().tensors[0].ty, head, "a 256-wide head written for {}", to.name());
+        }
     }
 
     /// Q6_K takes rows of 256: a 256-wide matrix goes to Q6_K, a 64-wide one to Q8_0, and the

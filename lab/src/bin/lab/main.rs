@@ -188,7 +188,7 @@ enum Command {
         /// The .gguf file to read.
         #[arg(long)]
         model: PathBuf,
-        /// f32, f16, bf16, q8_0, q4_0 or q4_1.
+        /// f32, f16, bf16, q8_0, q6_k, q4_0 or q4_1.
         #[arg(long)]
         format: String,
         /// The .gguf file to write (never an existing one).
