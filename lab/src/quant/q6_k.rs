@@ -10,8 +10,8 @@
 //!
 //! The quantizer is the lab's, not llama-quantize's (which searches each sub-block's scale for
 //! the least weighted error): each 16-weight sub-block takes the element of largest magnitude
-//! (the first, if tied) as `max` and the scale `max / -32`, so that element is code 0 exactly;
-//! the sub-block scale of largest magnitude sets `d = scale / -128`, every sub-block scale is
+//! (the first, if tied) as `max` and the scale `max / -32`, so that element is code 0 (up to the
+//! rounding of that scale to a multiple of `d`); the sub-block scale of largest magnitude sets `d = scale / -128`, every sub-block scale is
 //! stored as `round(scale / d)` (at most 127), and each weight as `round(x / (d s)) + 32` clamped
 //! to 0..63 (so a weight of the other sign as large as `max` reads back one step short: the codes
 //! reach 32 steps one way and 31 the other). Its blocks and ggml's read alike, bit for bit, in
