@@ -64,6 +64,11 @@ pub trait Experiment: Sync {
     fn sanitize_uninstrumented(&self, _tool: crate::profile::sanitize::Tool) -> Option<&'static str> {
         None
     }
+    /// Environment the experiment's process takes under `tool` (a library's setting that changes
+    /// what the tool sees, not what the lab's kernels compute); records name it.
+    fn sanitize_env(&self, _tool: crate::profile::sanitize::Tool) -> &'static [(&'static str, &'static str)] {
+        &[]
+    }
     /// Variants launched only inside another one (a model's engine), as (that variant, family,
     /// variant it launches): `lab sanitize` counts them checked wherever that one ran.
     fn sanitize_covers(&self) -> &'static [(&'static str, &'static str, &'static str)] {

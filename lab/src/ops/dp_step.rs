@@ -37,6 +37,9 @@ impl Experiment for DpStep {
     fn sanitize_uninstrumented(&self, tool: crate::profile::sanitize::Tool) -> Option<&'static str> {
         crate::ops::nccl_allreduce::NcclAllReduce.sanitize_uninstrumented(tool)
     }
+    fn sanitize_env(&self, tool: crate::profile::sanitize::Tool) -> &'static [(&'static str, &'static str)] {
+        crate::ops::nccl_allreduce::NcclAllReduce.sanitize_env(tool)
+    }
     fn headlines(&self) -> &'static [&'static str] {
         &["bucket_mb=25.0"]
     }

@@ -71,6 +71,9 @@ impl Experiment for TpLinear {
     fn sanitize_uninstrumented(&self, tool: crate::profile::sanitize::Tool) -> Option<&'static str> {
         crate::ops::nccl_allreduce::NcclAllReduce.sanitize_uninstrumented(tool)
     }
+    fn sanitize_env(&self, tool: crate::profile::sanitize::Tool) -> &'static [(&'static str, &'static str)] {
+        crate::ops::nccl_allreduce::NcclAllReduce.sanitize_env(tool)
+    }
     fn sanitize_cases(&self, backend: &Backend) -> Vec<Value> {
         // The odd-width gates, one dtype: every world size, each kernel and copy once.
         self.cases(backend, true).into_iter().filter(|c| c["timed"] == false && c["dtype"] == "bf16").collect()

@@ -246,6 +246,7 @@ pub fn run_job(job: &Job, plan: &Plan) -> Result<Ran> {
         Some(tool) => {
             let mut c = Command::new(program());
             c.args(sanitizer_args(tool, job.uninstrumented, &log)).arg(exe);
+            c.envs(env_of(job.experiment, tool).iter().copied());
             c
         }
         None => Command::new(exe),
@@ -360,6 +361,10 @@ fn measurement(experiment: &str, variant: &str, tool: Tool, case: &Value, versio
     }
     if let Some(re) = f.uninstrumented {
         s["uninstrumented"] = json!(re);
+    }
+    let env = env_of(experiment, tool);
+    if !env.is_empty() {
+        s["env"] = json!(env.iter().copied().collect::<BTreeMap<&str, &str>>());
     }
     if let Some(log) = f.log {
         s["log"] = json!(log);
@@ -598,14 +603,20 @@ impl Sanitize<'_> {
     }
 }
 
+/// What [`crate::experiment::Experiment::sanitize_env`] sets for `experiment` under `tool`.
+fn env_of(experiment: &str, tool: Tool) -> &'static [(&'static str, &'static str)] {
+    crate::experiment::find(experiment).map(|e| e.sanitize_env(tool)).unwrap_or(&[])
+}
+
 /// The command that repeats one record's run under its tool, for the whole report.
 pub fn reproduce(record: &Record) -> Option<String> {
     let s = record.extra.get("sanitizer")?;
     let experiment = record.params.get("experiment")?.as_str()?;
     let case = record.params.get("case")?;
     let exclude = s.get("uninstrumented").and_then(Value::as_str).map(|re| format!(" --kernel-name-exclude 'regex={re}'")).unwrap_or_default();
+    let env: String = s.get("env").and_then(Value::as_object).into_iter().flatten().filter_map(|(k, v)| v.as_str().map(|v| format!("{k}={v} "))).collect();
     Some(format!(
-        "{} --tool {}{exclude} lab run {experiment} --backend cuda --once --case '{case}' --variant {} --seed {}",
+        "{env}{} --tool {}{exclude} lab run {experiment} --backend cuda --once --case '{case}' --variant {} --seed {}",
         program(),
         s.get("tool")?.as_str()?,
         record.variant,

@@ -230,3 +230,22 @@ fn reports_only_in_library_kernels_do_not_fail_a_variant_and_the_labs_own_do() {
     assert_eq!(status(RACECHECK), ("library".into(), 0));
     assert_eq!(status(MEMCHECK), ("errors".into(), 64));
 }
+
+/// An experiment's environment under a tool (NCCL's protocol under initcheck) is named in its
+/// record and leads the command that repeats it; other tools and experiments set none.
+#[test]
+fn the_environment_a_tool_runs_with_is_recorded_and_repeated() {
+    let o = Outcome { finished: true, ..Outcome::default() };
+    let finding = |o| Finding { outcome: o, seconds: 1.0, failure: None, uninstrumented: None, log: None };
+    let case = json!({"ranks": 2, "len": 1});
+    let m = measurement("nccl_allreduce", "ring_p2p", Tool::Initcheck, &case, "2025.3.1.0", finding(&o), &BTreeSet::new());
+    assert_eq!(m.extra["sanitizer"]["env"], json!({"NCCL_PROTO": "Simple"}));
+    let line = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/report/records/2026-11-22T14-00-38Z-h100-14a3904.jsonl")).unwrap();
+    let mut r: crate::record::Record = serde_json::from_str(line.lines().next().unwrap()).unwrap();
+    (r.params, r.extra) = (m.params.clone(), m.extra.clone());
+    assert!(reproduce(&r).unwrap().starts_with("NCCL_PROTO=Simple compute-sanitizer --tool initcheck"), "{:?}", reproduce(&r));
+    for (experiment, tool) in [("nccl_allreduce", Tool::Memcheck), ("softmax", Tool::Initcheck)] {
+        let m = measurement(experiment, "v", tool, &case, "2025.3.1.0", finding(&o), &BTreeSet::new());
+        assert!(m.extra["sanitizer"].get("env").is_none(), "{experiment} under {}", tool.name());
+    }
+}
