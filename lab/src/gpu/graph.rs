@@ -58,6 +58,13 @@ impl Graph {
         made
     }
 
+    /// Uploads the executable graph's resources, so that the first launch pays no setup.
+    pub fn upload(&self) -> Result<()> {
+        self.stream.context().bind_to_thread().doing("binding the context")?;
+        // SAFETY: the executable graph is ours and its stream alive.
+        unsafe { result::graph::upload(self.exec, self.stream.cu_stream()) }.doing("uploading a captured graph")
+    }
+
     pub fn launch(&self) -> Result<()> {
         self.stream.context().bind_to_thread().doing("binding the context")?;
         // SAFETY: the executable graph is ours and its stream alive.

@@ -6,8 +6,8 @@ use crate::error::Doing;
 use crate::profile::{Budget, Launch, TimeSummary, TimingMode, L2};
 use crate::Result;
 use cudarc::driver::PushKernelArg;
-use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::CudaGraph;
+use super::graph::Graph;
+use cudarc::driver::sys::CUevent_flags;
 
 /// Times `launch` (which enqueues work on `gpu.stream`) with events around each repetition, as
 /// `budget` says: with `L2::Cold` a buffer twice the L2 size is cleared before each repetition so
@@ -42,7 +42,7 @@ pub fn time_gpu(gpu: &Gpu, budget: &Budget, mut launch: impl FnMut() -> Result<(
             let end = gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).doing("creating an event")?;
             start.record(&gpu.stream).doing("recording an event")?;
             match &graph {
-                Some(g) => g.launch().doing("replaying the captured graph")?,
+                Some(g) => g.launch()?,
                 None => launch()?,
             }
             end.record(&gpu.stream).doing("recording an event")?;
@@ -70,16 +70,11 @@ pub fn time_gpu(gpu: &Gpu, budget: &Budget, mut launch: impl FnMut() -> Result<(
 
 /// Captures one `launch` into a graph. A provider that cannot be captured (a library call that
 /// allocates, a host sync) is timed eagerly instead; its record then says "eager".
-fn capture(gpu: &Gpu, launch: &mut impl FnMut() -> Result<()>) -> Option<CudaGraph> {
-    let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
-    gpu.stream.begin_capture(mode).ok()?;
-    let launched = launch();
-    let graph = gpu.stream.end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
-    match (launched, graph) {
-        (Ok(()), Ok(Some(g))) if g.upload().is_ok() => Some(g),
-        (launched, graph) => {
-            let why = launched.err().map(|e| e.to_string()).or_else(|| graph.err().map(|e| format!("{e:?}")));
-            eprintln!("note: could not capture a CUDA graph ({}); timing eagerly", why.unwrap_or_else(|| "empty graph".into()));
+fn capture(gpu: &Gpu, launch: &mut impl FnMut() -> Result<()>) -> Option<Graph> {
+    match Graph::capture(gpu, false, launch).and_then(|g| g.upload().map(|()| g)) {
+        Ok(g) => Some(g),
+        Err(why) => {
+            eprintln!("note: could not capture a CUDA graph ({why}); timing eagerly");
             None
         }
     }

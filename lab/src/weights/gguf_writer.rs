@@ -222,14 +222,14 @@ pub fn requantize(g: &Gguf, to: GgmlType) -> Result<GgufWriter> {
     let head = if g.tensor("output.weight").is_some() { "output.weight" } else { "token_embd.weight" };
     let mut w = GgufWriter::with_metadata_of(g);
     w.set("general.file_type", Value::U32(ftype));
+    let per_block = to.block().map_or(1, |(n, _)| n);
     for t in &g.tensors {
         let data = g.data(t);
         let matrix = t.dims.len() >= 2 && t.dims[0] % ggml::QK as u64 == 0;
-        let per_block = to.block().map_or(1, |(n, _)| n);
         let ty = match matrix {
             false => t.ty,
             true if t.name == head && bits(to) < bits(GgmlType::Q8_0) => {
-                let finer = if t.dims[0] % 256 == 0 { GgmlType::Q6_K } else { GgmlType::Q8_0 };
+                let finer = if t.dims[0] % crate::quant::q6_k::QK_K as u64 == 0 { GgmlType::Q6_K } else { GgmlType::Q8_0 };
                 if bits(t.ty) <= bits(finer) { t.ty } else { finer }
             }
             // Rows that are no whole number of the format's blocks (Q6_K's 256 weights) go to Q8_0.
