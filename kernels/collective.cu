@@ -1,6 +1,8 @@
 // collective: the arithmetic of the GPU ring all-reduce (lab/src/collective/nccl.rs). NCCL's
 // send/recv move the segments; this kernel folds a received segment into the rank's buffer:
 // acc[i] = acc[i] + x[i], summed in f32 and rounded once to the storage type (as NCCL does per hop).
+// The peer ring (`ring_peer`) passes the predecessor GPU's buffer as x, read over NVLink, and
+// gathers with collective_copy.
 //
 // 12 bytes move per f32 element (two reads, one write) against ~4 over the link, and HBM is ~10x
 // faster than one NVLink direction, so the add costs ~1/3 of its segment's transfer time when run
@@ -46,4 +48,14 @@ extern "C" __global__ void collective_add_bf16(__nv_bfloat16* __restrict__ acc, 
 }
 extern "C" __global__ void collective_add_f16(__half* __restrict__ acc, const __half* __restrict__ x, long long n) {
     add_into(acc, x, n);
+}
+
+// The peer ring's all-gather: dst[i] = src[i] over `bytes` bytes, src on another GPU. Same shape
+// as the add: one 16-byte word per thread, then the last bytes % 16 one byte per thread.
+extern "C" __global__ void collective_copy(unsigned char* __restrict__ dst, const unsigned char* __restrict__ src, long long bytes) {
+    const long long words = bytes / 16;
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < words) reinterpret_cast<uint4*>(dst)[i] = __ldcs(reinterpret_cast<const uint4*>(src) + i);
+    const long long t = words * 16 + i;
+    if (i < 16 && t < bytes) dst[t] = src[t];
 }

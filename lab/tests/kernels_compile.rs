@@ -150,7 +150,8 @@ fn exported_symbols_are_the_ones_the_launchers_use() {
         assert_eq!(ptx("gemm"), gpu_symbols("gemm", lab::ops::gemm::VARIANTS), "gemm for compute_{target}");
         assert_eq!(ptx("divergence"), gpu_symbols("divergence", lab::ops::divergence::VARIANTS), "divergence for compute_{target}");
         assert_eq!(ptx("quant"), lab::ops::quant::variants::gpu_kernels().into_iter().collect(), "quant for compute_{target}");
-        assert_eq!(ptx("collective"), expect("collective", &["add"], &all), "collective for compute_{target}");
+        let collective: BTreeSet<String> = expect("collective", &["add"], &all).into_iter().chain(["collective_copy".to_string()]).collect();
+        assert_eq!(ptx("collective"), collective, "collective for compute_{target}");
         assert_eq!(ptx("attention"), lab::ops::attention::gpu_symbols(), "attention for compute_{target}");
         assert_eq!(ptx("llama"), gpu_symbols("llama", lab::ops::llama::VARIANTS), "llama for compute_{target}");
         assert_eq!(ptx("reference"), expect("reference", &["gemm"], &all), "reference for compute_{target}");

@@ -8,6 +8,10 @@
 //! segment per chunk (`ring_p2p`) every add sits between two transfers; `ring_p2p_pipelined`
 //! cuts chunks into segments so the add of one overlaps the transfer of the next.
 //!
+//! The peer ring (`ring_peer`, [`ring_peer_all_reduce`]) follows the same plan without NCCL: each
+//! rank's kernel reads its predecessor's segment straight from that GPU's memory (peer access over
+//! NVLink) and adds it in, or copies it in the all-gather; events between neighbours order it.
+//!
 //! The `nccl_allreduce` experiment that measures both is [`crate::ops::nccl_allreduce`].
 
 use super::plan::RingPlan;
@@ -41,6 +45,8 @@ pub(crate) struct Rank {
 pub(crate) struct World {
     pub(crate) ranks: Vec<Rank>,
     pub(crate) comms: Vec<Comm>,
+    /// Why some GPU cannot load from another's memory (`ring_peer` cannot run), if so.
+    pub(crate) no_peer_access: Option<String>,
 }
 
 /// The world sizes a scaling sweep visits on a host of `count` GPUs: 1, each power of two below
@@ -99,8 +105,9 @@ impl World {
             let comm_stream = gpu.ctx.new_stream().doing("creating a stream for NCCL")?;
             ranks.push(Rank { gpu, comm_stream });
         }
+        let no_peer_access = enable_peer_access(&ranks)?;
         let comms = Comm::from_devices(ranks.iter().map(|r| r.comm_stream.clone()).collect()).map_err(nccl_error("creating the communicators"))?;
-        Ok(World { ranks, comms })
+        Ok(World { ranks, comms, no_peer_access })
     }
 
     /// Waits for both streams of every GPU, or fails after [`DEADLINE`]: a transfer whose
@@ -125,6 +132,37 @@ impl World {
         }
         Ok(())
     }
+}
+
+/// Lets every GPU of the world load from every other's memory, once per ordered pair per process,
+/// before NCCL opens the world: NCCL enables the same pairs and is told they already are; were the
+/// lab second, its own call would fail that way, an API error the sanitizer charges to the lab.
+/// Returns why some pair cannot reach the other, if one cannot.
+fn enable_peer_access(ranks: &[Rank]) -> Result<Option<String>> {
+    use cudarc::driver::sys::{cuCtxEnablePeerAccess, cuDeviceCanAccessPeer};
+    static ENABLED: std::sync::Mutex<std::collections::BTreeSet<(i32, i32)>> = std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let mut enabled = ENABLED.lock().unwrap_or_else(|e| e.into_inner());
+    let mut missing = None;
+    for a in ranks {
+        for b in ranks {
+            let (da, db) = (a.gpu.ctx.cu_device(), b.gpu.ctx.cu_device());
+            if da == db || enabled.contains(&(da, db)) {
+                continue;
+            }
+            let mut can = 0;
+            // SAFETY: plain out-parameter; both devices exist (their contexts do).
+            unsafe { cuDeviceCanAccessPeer(&mut can, da, db) }.result().doing("asking whether one GPU can reach another's memory")?;
+            if can == 0 {
+                missing.get_or_insert_with(|| format!("GPU {da} cannot load from GPU {db}'s memory (no peer access)"));
+                continue;
+            }
+            a.gpu.ctx.bind_to_thread().doing("binding a context")?;
+            // SAFETY: both contexts are live; the pair was never enabled by this process.
+            unsafe { cuCtxEnablePeerAccess(b.gpu.ctx.cu_ctx(), 0) }.result().doing("enabling peer access between GPUs")?;
+            enabled.insert((da, db));
+        }
+    }
+    Ok(missing)
 }
 
 pub(crate) fn nccl_error(doing: &'static str) -> impl Fn(cudarc::nccl::result::NcclError) -> LabError {
@@ -201,6 +239,65 @@ pub(crate) fn ring_all_reduce<T: Elem + NcclType>(w: &World, plan: &RingPlan, bu
         }
     }
     Ok(())
+}
+
+/// The peer ring: the plan's phases, one kernel per rank each, reading the predecessor's buffer in
+/// place. `done[r]`, recorded on rank r's stream after each of its phases, carries both orders a
+/// phase needs: its predecessor finished writing what it reads, and its successor finished
+/// reading (in the phase before) the range it writes. Recorded once before the first phase too
+/// (the inputs may still be in the making) and waited on after the last (a caller's next kernel
+/// must not overwrite a buffer a neighbour still reads).
+// Rank r indexes its buffers, its event and its phase together.
+#[allow(clippy::needless_range_loop)]
+pub(crate) fn ring_peer_all_reduce<T: Elem>(w: &World, plan: &RingPlan, bufs: &mut [RingBufs<T>], copy: &[CudaFunction], done: &[CudaEvent]) -> Result<()> {
+    use cudarc::driver::DevicePtr;
+    if let Some(why) = &w.no_peer_access {
+        return Err(LabError::Invalid(format!("the peer ring needs every GPU to read its neighbour's memory: {why}")));
+    }
+    let n = w.ranks.len();
+    let size = T::DTYPE.size();
+    let ptrs: Vec<u64> = w.ranks.iter().zip(bufs.iter()).map(|(r, b)| b.x.device_ptr(&r.gpu.stream).0).collect();
+    let record_all = || -> Result<()> {
+        for (rank, e) in w.ranks.iter().zip(done) {
+            e.record(&rank.gpu.stream).doing("recording a ring phase")?;
+        }
+        Ok(())
+    };
+    // Every rank waits for both neighbours' latest record; all waits of a phase are issued before
+    // any rank records that phase, else a rank would wait for its neighbour's current phase.
+    let wait_neighbours = || -> Result<()> {
+        for r in 0..n {
+            for nb in [(r + n - 1) % n, (r + 1) % n] {
+                if nb != r {
+                    w.ranks[r].gpu.stream.wait(&done[nb]).doing("ordering a ring phase after a neighbour's")?;
+                }
+            }
+        }
+        Ok(())
+    };
+    record_all()?;
+    for phase in plan.phases() {
+        wait_neighbours()?;
+        for r in 0..n {
+            let Some(incoming) = phase.incoming(r) else { continue };
+            let (len, src) = (incoming.range.len(), ptrs[(r + n - 1) % n] + (incoming.range.start * size) as u64);
+            let stream = &w.ranks[r].gpu.stream;
+            let words = (len * size) / 16;
+            let cfg = LaunchConfig { grid_dim: (words.div_ceil(256).max(1) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            let mut dst = bufs[r].x.slice_mut(incoming.range.clone());
+            // SAFETY: dst and the peer's range hold `len` elements (the same range of equal
+            // buffers); both kernels bound every access by their length argument.
+            if phase.reduce {
+                let nn = len as i64;
+                unsafe { stream.launch_builder(&bufs[r].add).arg(&mut dst).arg(&src).arg(&nn).launch(cfg) }.doing("launching the peer ring's add")?;
+            } else {
+                let bytes = (len * size) as i64;
+                unsafe { stream.launch_builder(&copy[r]).arg(&mut dst).arg(&src).arg(&bytes).launch(cfg) }.doing("launching the peer ring's copy")?;
+            }
+        }
+        record_all()?;
+    }
+    wait_neighbours()
 }
 
 /// NCCL's all-reduce, in place, on every GPU.

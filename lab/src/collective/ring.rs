@@ -332,8 +332,9 @@ pub fn all_reduce<T: Elem + Wire>(t: &dyn Transport, data: &mut [T], alg: Algori
 
 /// The exact elementwise sum, in f64, of every rank's input.
 pub fn reference_sum<T: Elem>(inputs: &[Vec<T>]) -> Vec<f64> {
+    use rayon::prelude::*;
     let len = inputs.first().map_or(0, Vec::len);
-    (0..len).map(|i| inputs.iter().map(|v| v[i].to_f64()).sum()).collect()
+    (0..len).into_par_iter().map(|i| inputs.iter().map(|v| v[i].to_f64()).sum()).collect()
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! The `nccl_allreduce` experiment: all-reduce across the GPUs of one host, NCCL's own beside the
-//! lab's ring over NCCL send/recv ([`crate::collective::nccl`]), plain and pipelined.
+//! lab's ring over NCCL send/recv ([`crate::collective::nccl`]), plain and pipelined, and the
+//! lab's ring over peer loads (`ring_peer`).
 //!
 //! Figures as nccl-tests defines them (see the `allreduce` experiment); a repetition is timed on
 //! the host from issue to the last stream's completion on every GPU.
@@ -8,7 +9,7 @@
 //! simulated ranks in host memory (`ring_plan_host`), so the schedule the GPUs run is always
 //! tested.
 
-use crate::collective::nccl::{gpus_for_nccl, nccl_all_reduce, nccl_error, ring_all_reduce, world_sizes, RingBufs, NCCL_KERNELS};
+use crate::collective::nccl::{gpus_for_nccl, nccl_all_reduce, nccl_error, ring_all_reduce, ring_peer_all_reduce, world_sizes, RingBufs, NCCL_KERNELS};
 use crate::collective::nccl_log;
 use crate::collective::plan::RingPlan;
 use crate::collective::ring::reference_sum;
@@ -37,12 +38,17 @@ const FAMILY: &str = "collective";
 const RINGS: [(&str, Option<usize>); 3] =
     [("ring_p2p", None), ("ring_p2p_pipelined", Some(4 << 20)), ("ring_p2p_pipelined_64m", Some(64 << 20))];
 
+/// The ring with no NCCL in it: the same plan (one segment per chunk), each rank's kernel loading
+/// its predecessor's segment over NVLink. On four H100s `ring_p2p`'s rounds ran at ~60% of their
+/// two-GPU rate (NCCL's send/recv, not the link); this ring tells the two apart.
+const PEER_RING: &str = "ring_peer";
+
 impl Experiment for NcclAllReduce {
     fn name(&self) -> &'static str {
         "nccl_allreduce"
     }
     fn description(&self) -> &'static str {
-        "all-reduce across a host's GPUs: the lab ring over NCCL send/recv (plain, pipelined) vs ncclAllReduce; busbw by size"
+        "all-reduce across a host's GPUs: the lab ring over NCCL send/recv (plain, pipelined) and over peer loads vs ncclAllReduce; busbw by size"
     }
     fn headlines(&self) -> &'static [&'static str] {
         &["bytes=268435456 dtype=f32", "bytes=1073741824 dtype=f32"]
@@ -127,7 +133,9 @@ fn hop_tolerance(dtype: DType, n: usize) -> Tolerance {
 
 /// Every rank's input and the exact sum, from the run's seed.
 fn inputs<T: Elem>(seed: u64, case: &Value, n: usize, len: usize) -> (Vec<Vec<T>>, Vec<f64>) {
-    let inputs: Vec<Vec<T>> = (0..n).map(|r| rank_input(seed, case, r, len)).collect();
+    use rayon::prelude::*;
+    // In parallel: at 1 GiB on 4 GPUs the host's inputs and checks took longer than the timing.
+    let inputs: Vec<Vec<T>> = (0..n).into_par_iter().map(|r| rank_input(seed, case, r, len)).collect();
     let expected = reference_sum(&inputs);
     (inputs, expected)
 }
@@ -152,7 +160,9 @@ fn simulate<T: Elem>(s: &mut Session, case: &Value) -> Result<Vec<Measurement>> 
 
 /// The first failing rank's comparison with the exact sum, else rank 0's.
 fn worst<T: Elem>(outs: &[Vec<T>], expected: &[f64], tol: Tolerance) -> Option<crate::record::ErrorStats> {
-    outs.iter().map(|o| compare_elems(o, expected, tol, "f64-sum")).reduce(first_failure)
+    use rayon::prelude::*;
+    let each: Vec<_> = outs.par_iter().map(|o| compare_elems(o, expected, tol, "f64-sum")).collect();
+    each.into_iter().reduce(first_failure)
 }
 
 fn identical<T: Elem>(outs: &[Vec<T>]) -> bool {
@@ -179,11 +189,12 @@ fn measure<T: Elem + NcclType>(s: &mut Session, case: &Value) -> Result<Vec<Meas
     let mut out = Vec::new();
     let mut providers: Vec<(&str, &str, Option<RingPlan>)> = vec![("ncclAllReduce", "nccl", None)];
     providers.extend(RINGS.map(|(name, seg)| (name, "lab", Some(RingPlan::new(len, n, seg.map(|b| b / T::DTYPE.size()), align)))));
+    providers.push((PEER_RING, "lab", Some(RingPlan::new(len, n, None, align))));
     for (variant, provider, plan) in providers {
         if !s.wants(variant, provider) {
             continue;
         }
-        let mut bufs = Vec::with_capacity(n);
+        let (mut bufs, mut copies, mut done) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
         let segments = plan.map_or(1, |p| p.segments);
         for (rank, p) in w.ranks.iter().zip(&pristine) {
             let stream = &rank.gpu.stream;
@@ -196,9 +207,12 @@ fn measure<T: Elem + NcclType>(s: &mut Session, case: &Value) -> Result<Vec<Meas
             let added = (0..segments).map(|_| event()).collect::<Result<_>>()?;
             let add = rank.gpu.function(FAMILY, &symbol(FAMILY, "add", T::DTYPE))?;
             bufs.push(RingBufs { x, scratch, landed, added, add });
+            copies.push(rank.gpu.function(FAMILY, "collective_copy")?);
+            done.push(event()?);
         }
         w.sync()?;
         let run = |bufs: &mut [RingBufs<T>]| match &plan {
+            Some(p) if variant == PEER_RING => ring_peer_all_reduce(&w, p, bufs, &copies, &done),
             Some(p) => ring_all_reduce(&w, p, bufs, 0),
             None => nccl_all_reduce(&w, bufs),
         };
