@@ -137,9 +137,11 @@ impl World {
 /// Lets every GPU of the world load from every other's memory, once per ordered pair per process,
 /// before NCCL opens the world: NCCL enables the same pairs and is told they already are; were the
 /// lab second, its own call would fail that way, an API error the sanitizer charges to the lab.
-/// Returns why some pair cannot reach the other, if one cannot.
+/// Buffers come from each GPU's memory pool (stream-ordered allocation), which peer access between
+/// contexts does not open: the pool grants the peer access of its own (without it the peer ring's
+/// first load was an illegal address). Returns why some pair cannot reach the other, if one cannot.
 fn enable_peer_access(ranks: &[Rank]) -> Result<Option<String>> {
-    use cudarc::driver::sys::{cuCtxEnablePeerAccess, cuDeviceCanAccessPeer};
+    use cudarc::driver::sys::{cuCtxEnablePeerAccess, cuDeviceCanAccessPeer, cuDeviceGetMemPool, cuMemPoolSetAccess, CUmemAccessDesc, CUmemAccess_flags, CUmemLocation, CUmemLocationType};
     static ENABLED: std::sync::Mutex<std::collections::BTreeSet<(i32, i32)>> = std::sync::Mutex::new(std::collections::BTreeSet::new());
     let mut enabled = ENABLED.lock().unwrap_or_else(|e| e.into_inner());
     let mut missing = None;
@@ -159,6 +161,15 @@ fn enable_peer_access(ranks: &[Rank]) -> Result<Option<String>> {
             a.gpu.ctx.bind_to_thread().doing("binding a context")?;
             // SAFETY: both contexts are live; the pair was never enabled by this process.
             unsafe { cuCtxEnablePeerAccess(b.gpu.ctx.cu_ctx(), 0) }.result().doing("enabling peer access between GPUs")?;
+            let mut pool = std::ptr::null_mut();
+            // SAFETY: plain out-parameter for a live device.
+            unsafe { cuDeviceGetMemPool(&mut pool, db) }.result().doing("reading a GPU's memory pool")?;
+            let access = CUmemAccessDesc {
+                location: CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: da },
+                flags: CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            };
+            // SAFETY: one valid descriptor for the pool just read.
+            unsafe { cuMemPoolSetAccess(pool, &access, 1) }.result().doing("opening a GPU's memory pool to a peer")?;
             enabled.insert((da, db));
         }
     }
