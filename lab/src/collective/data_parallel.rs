@@ -13,7 +13,7 @@
 
 use super::bucket::{buckets, mse, Data, Mlp, Schedule, Tensor as Param};
 use super::group::{copy_block, Block, Group};
-use super::nccl::{ring_all_reduce, RingBufs};
+use super::nccl::{ring_all_reduce, PeerRing, RingBufs};
 use super::plan::RingPlan;
 use crate::error::Doing;
 use crate::experiment::Backend;
@@ -23,11 +23,13 @@ use crate::tensor::Tensor;
 use crate::{LabError, Result};
 use std::ops::Range;
 
-/// What sums a bucket across GPUs (on the host: always the lab's ring on threads).
+/// What sums a bucket across GPUs (on the host: always the lab's ring on threads): ncclAllReduce,
+/// the lab's ring over NCCL send/recv, or the lab's ring over peer loads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reducer {
     Nccl,
     Ring,
+    PeerRing,
 }
 
 impl Reducer {
@@ -35,6 +37,7 @@ impl Reducer {
         match self {
             Reducer::Nccl => "nccl",
             Reducer::Ring => "ring",
+            Reducer::PeerRing => "ring_peer",
         }
     }
 }
@@ -70,9 +73,11 @@ pub struct DataParallel {
     data: Data,
     /// The last batch drawn: (step, each rank's inputs and targets).
     batch: Option<(usize, Batch)>,
-    /// The GPU ring's scratch and events per rank, and its plan per bucket.
+    /// The GPU ring's scratch and events per rank, and its plan per bucket; the peer ring's
+    /// kernels and events where it sums.
     ring: Vec<RingBufs<f32>>,
     plans: Vec<RingPlan>,
+    peer: Option<PeerRing>,
     /// False: no bucket is summed (the step's compute alone, for timing).
     sum: bool,
     /// A planted fault for the tests: this bucket is never summed.
@@ -107,14 +112,18 @@ impl DataParallel {
             });
             grads.push(zeros(&[mlp.params.len()])?);
         }
-        let (mut ring, mut plans) = (Vec::new(), Vec::new());
-        if let (Reducer::Ring, Some(w)) = (reducer, &g.world) {
+        let (mut ring, mut plans, mut peer) = (Vec::new(), Vec::new(), None);
+        if let (Reducer::Ring | Reducer::PeerRing, Some(w)) = (reducer, &g.world) {
             // The ring's add loads 16 bytes at a time from the bucket's start.
             if let Some(b) = bk.iter().find(|b| b.start % 4 != 0) {
                 return Err(LabError::shape("data-parallel mlp", format!("the ring needs every bucket to start on 4 floats; widths {dims:?} start one at {}", b.start)));
             }
             plans = bk.iter().map(|b| RingPlan::new(b.len(), g.size(), None, 4)).collect();
-            let scratch = plans.iter().map(RingPlan::max_chunk).max().unwrap_or(1).max(1);
+            // The peer ring reads its neighbour's gradient in place and needs no scratch.
+            let scratch = if reducer == Reducer::PeerRing { 1 } else { plans.iter().map(RingPlan::max_chunk).max().unwrap_or(1).max(1) };
+            if reducer == Reducer::PeerRing {
+                peer = Some(PeerRing::new(w)?);
+            }
             for r in &w.ranks {
                 let stream = &r.gpu.stream;
                 let event = || r.gpu.ctx.new_event(None).doing("creating an event");
@@ -129,7 +138,7 @@ impl DataParallel {
             }
         }
         let data = Data::new(dims[0], dims[dims.len() - 1], seed);
-        Ok(DataParallel { g, dims: dims.to_vec(), rows_per_rank, lr, how, reducer, params, buckets: bk, replicas, grads, data, batch: None, ring, plans, sum: true, skip_bucket: None })
+        Ok(DataParallel { g, dims: dims.to_vec(), rows_per_rank, lr, how, reducer, params, buckets: bk, replicas, grads, data, batch: None, ring, plans, peer, sum: true, skip_bucket: None })
     }
 
     /// Leaves every gradient unsummed from now on: the step without communication.
@@ -152,7 +161,7 @@ impl DataParallel {
         }
         let range = self.buckets[i].clone();
         match (&self.g.world, self.reducer) {
-            (Some(w), Reducer::Ring) => {
+            (Some(w), Reducer::Ring | Reducer::PeerRing) => {
                 for r in &w.ranks {
                     r.comm_stream.join(&r.gpu.stream).doing("ordering a bucket's sum after its gradients")?;
                 }
@@ -162,7 +171,11 @@ impl DataParallel {
                     }
                 };
                 swap(&mut self.grads, &mut self.ring);
-                let summed = ring_all_reduce(w, &self.plans[i], &mut self.ring, range.start);
+                // The peer ring runs on the comm streams, so that the backward goes on beside it.
+                let summed = match &self.peer {
+                    Some(peer) => peer.all_reduce(w, &self.plans[i], &mut self.ring, range.start, true),
+                    None => ring_all_reduce(w, &self.plans[i], &mut self.ring, range.start),
+                };
                 swap(&mut self.grads, &mut self.ring);
                 summed
             }

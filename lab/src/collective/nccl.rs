@@ -8,7 +8,7 @@
 //! segment per chunk (`ring_p2p`) every add sits between two transfers; `ring_p2p_pipelined`
 //! cuts chunks into segments so the add of one overlaps the transfer of the next.
 //!
-//! The peer ring (`ring_peer`, [`ring_peer_all_reduce`]) follows the same plan without NCCL: each
+//! The peer ring (`ring_peer`, [`PeerRing`]) follows the same plan without NCCL: each
 //! rank's kernel reads its predecessor's segment straight from that GPU's memory (peer access over
 //! NVLink) and adds it in, or copies it in the all-gather; events between neighbours order it.
 //!
@@ -252,63 +252,79 @@ pub(crate) fn ring_all_reduce<T: Elem + NcclType>(w: &World, plan: &RingPlan, bu
     Ok(())
 }
 
-/// The peer ring: the plan's phases, one kernel per rank each, reading the predecessor's buffer in
-/// place. `done[r]`, recorded on rank r's stream after each of its phases, carries both orders a
-/// phase needs: its predecessor finished writing what it reads, and its successor finished
-/// reading (in the phase before) the range it writes. Recorded once before the first phase too
-/// (the inputs may still be in the making) and waited on after the last (a caller's next kernel
-/// must not overwrite a buffer a neighbour still reads).
-// Rank r indexes its buffers, its event and its phase together.
-#[allow(clippy::needless_range_loop)]
-pub(crate) fn ring_peer_all_reduce<T: Elem>(w: &World, plan: &RingPlan, bufs: &mut [RingBufs<T>], copy: &[CudaFunction], done: &[CudaEvent]) -> Result<()> {
-    use cudarc::driver::DevicePtr;
-    if let Some(why) = &w.no_peer_access {
-        return Err(LabError::Invalid(format!("the peer ring needs every GPU to read its neighbour's memory: {why}")));
-    }
-    let n = w.ranks.len();
-    let size = T::DTYPE.size();
-    let ptrs: Vec<u64> = w.ranks.iter().zip(bufs.iter()).map(|(r, b)| b.x.device_ptr(&r.gpu.stream).0).collect();
-    let record_all = || -> Result<()> {
-        for (rank, e) in w.ranks.iter().zip(done) {
-            e.record(&rank.gpu.stream).doing("recording a ring phase")?;
+/// The peer ring's per-rank copy kernel and event.
+pub(crate) struct PeerRing {
+    copy: Vec<CudaFunction>,
+    done: Vec<CudaEvent>,
+}
+
+impl PeerRing {
+    pub(crate) fn new(w: &World) -> Result<PeerRing> {
+        if let Some(why) = &w.no_peer_access {
+            return Err(LabError::Invalid(format!("the peer ring needs every GPU to read its neighbour's memory: {why}")));
         }
-        Ok(())
-    };
-    // Every rank waits for both neighbours' latest record; all waits of a phase are issued before
-    // any rank records that phase, else a rank would wait for its neighbour's current phase.
-    let wait_neighbours = || -> Result<()> {
-        for r in 0..n {
-            for nb in [(r + n - 1) % n, (r + 1) % n] {
-                if nb != r {
-                    w.ranks[r].gpu.stream.wait(&done[nb]).doing("ordering a ring phase after a neighbour's")?;
+        let copy = w.ranks.iter().map(|r| r.gpu.function("collective", "collective_copy")).collect::<Result<_>>()?;
+        let done = w.ranks.iter().map(|r| r.gpu.ctx.new_event(None).doing("creating an event")).collect::<Result<_>>()?;
+        Ok(PeerRing { copy, done })
+    }
+
+    /// The plan's phases over elements `base..base + plan.len` of every rank's `x`, one kernel
+    /// per rank each, reading the predecessor's buffer in place, on each GPU's compute stream or
+    /// (`on_comm`) its comm stream. `done[r]`, recorded after each of rank r's phases, carries both
+    /// orders a phase needs: its predecessor finished writing what it reads, and its successor
+    /// finished reading (in the phase before) the range it writes. Recorded once before the first
+    /// phase too (the inputs may still be in the making) and waited on after the last (a caller's
+    /// next kernel must not overwrite a buffer a neighbour still reads).
+    // Rank r indexes its buffers, its event and its phase together.
+    #[allow(clippy::needless_range_loop)]
+    pub(crate) fn all_reduce<T: Elem>(&self, w: &World, plan: &RingPlan, bufs: &mut [RingBufs<T>], base: usize, on_comm: bool) -> Result<()> {
+        use cudarc::driver::DevicePtr;
+        let n = w.ranks.len();
+        let size = T::DTYPE.size();
+        let stream = |r: usize| if on_comm { &w.ranks[r].comm_stream } else { &w.ranks[r].gpu.stream };
+        let ptrs: Vec<u64> = (0..n).map(|r| bufs[r].x.device_ptr(stream(r)).0).collect();
+        let record_all = || -> Result<()> {
+            for r in 0..n {
+                self.done[r].record(stream(r)).doing("recording a ring phase")?;
+            }
+            Ok(())
+        };
+        // Every rank waits for both neighbours' latest record; all waits of a phase are issued
+        // before any rank records that phase, else a rank would wait for its neighbour's current one.
+        let wait_neighbours = || -> Result<()> {
+            for r in 0..n {
+                for nb in [(r + n - 1) % n, (r + 1) % n] {
+                    if nb != r {
+                        stream(r).wait(&self.done[nb]).doing("ordering a ring phase after a neighbour's")?;
+                    }
                 }
             }
-        }
-        Ok(())
-    };
-    record_all()?;
-    for phase in plan.phases() {
-        wait_neighbours()?;
-        for r in 0..n {
-            let Some(incoming) = phase.incoming(r) else { continue };
-            let (len, src) = (incoming.range.len(), ptrs[(r + n - 1) % n] + (incoming.range.start * size) as u64);
-            let stream = &w.ranks[r].gpu.stream;
-            let words = (len * size) / 16;
-            let cfg = LaunchConfig { grid_dim: (words.div_ceil(256).max(1) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-            let mut dst = bufs[r].x.slice_mut(incoming.range.clone());
-            // SAFETY: dst and the peer's range hold `len` elements (the same range of equal
-            // buffers); both kernels bound every access by their length argument.
-            if phase.reduce {
-                let nn = len as i64;
-                unsafe { stream.launch_builder(&bufs[r].add).arg(&mut dst).arg(&src).arg(&nn).launch(cfg) }.doing("launching the peer ring's add")?;
-            } else {
-                let bytes = (len * size) as i64;
-                unsafe { stream.launch_builder(&copy[r]).arg(&mut dst).arg(&src).arg(&bytes).launch(cfg) }.doing("launching the peer ring's copy")?;
-            }
-        }
+            Ok(())
+        };
         record_all()?;
+        for phase in plan.phases() {
+            wait_neighbours()?;
+            for r in 0..n {
+                let Some(incoming) = phase.incoming(r) else { continue };
+                let (at, len) = (base + incoming.range.start, incoming.range.len());
+                let src = ptrs[(r + n - 1) % n] + (at * size) as u64;
+                let words = (len * size) / 16;
+                let cfg = LaunchConfig { grid_dim: (words.div_ceil(256).max(1) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+                let mut dst = bufs[r].x.slice_mut(at..at + len);
+                // SAFETY: dst and the peer's range hold `len` elements (the same range of equal
+                // buffers); both kernels bound every access by their length argument.
+                if phase.reduce {
+                    let nn = len as i64;
+                    unsafe { stream(r).launch_builder(&bufs[r].add).arg(&mut dst).arg(&src).arg(&nn).launch(cfg) }.doing("launching the peer ring's add")?;
+                } else {
+                    let bytes = (len * size) as i64;
+                    unsafe { stream(r).launch_builder(&self.copy[r]).arg(&mut dst).arg(&src).arg(&bytes).launch(cfg) }.doing("launching the peer ring's copy")?;
+                }
+            }
+            record_all()?;
+        }
+        wait_neighbours()
     }
-    wait_neighbours()
 }
 
 /// NCCL's all-reduce, in place, on every GPU.

@@ -91,7 +91,7 @@ fn schedules(g: &Group) -> Vec<(String, Reducer, bool)> {
     if g.size() == 1 {
         return Vec::new();
     }
-    let reducers: &[Reducer] = if g.world.is_some() { &[Reducer::Nccl, Reducer::Ring] } else { &[Reducer::Nccl] };
+    let reducers: &[Reducer] = if g.world.is_some() { &[Reducer::Nccl, Reducer::Ring, Reducer::PeerRing] } else { &[Reducer::Nccl] };
     let label = |r: Reducer| if g.world.is_some() { r.name() } else { "threads" };
     reducers.iter().flat_map(|&r| [(format!("{}_after_backward", label(r)), r, false), (format!("{}_overlap", label(r)), r, true)]).collect()
 }

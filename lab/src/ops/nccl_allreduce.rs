@@ -9,7 +9,7 @@
 //! simulated ranks in host memory (`ring_plan_host`), so the schedule the GPUs run is always
 //! tested.
 
-use crate::collective::nccl::{gpus_for_nccl, nccl_all_reduce, nccl_error, ring_all_reduce, ring_peer_all_reduce, world_sizes, RingBufs, NCCL_KERNELS};
+use crate::collective::nccl::{gpus_for_nccl, nccl_all_reduce, nccl_error, ring_all_reduce, world_sizes, PeerRing, RingBufs, NCCL_KERNELS};
 use crate::collective::nccl_log;
 use crate::collective::plan::RingPlan;
 use crate::collective::ring::reference_sum;
@@ -194,7 +194,7 @@ fn measure<T: Elem + NcclType>(s: &mut Session, case: &Value) -> Result<Vec<Meas
         if !s.wants(variant, provider) {
             continue;
         }
-        let (mut bufs, mut copies, mut done) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+        let mut bufs = Vec::with_capacity(n);
         let segments = plan.map_or(1, |p| p.segments);
         for (rank, p) in w.ranks.iter().zip(&pristine) {
             let stream = &rank.gpu.stream;
@@ -207,14 +207,13 @@ fn measure<T: Elem + NcclType>(s: &mut Session, case: &Value) -> Result<Vec<Meas
             let added = (0..segments).map(|_| event()).collect::<Result<_>>()?;
             let add = rank.gpu.function(FAMILY, &symbol(FAMILY, "add", T::DTYPE))?;
             bufs.push(RingBufs { x, scratch, landed, added, add });
-            copies.push(rank.gpu.function(FAMILY, "collective_copy")?);
-            done.push(event()?);
         }
+        let peer = if variant == PEER_RING { Some(PeerRing::new(&w)?) } else { None };
         w.sync()?;
-        let run = |bufs: &mut [RingBufs<T>]| match &plan {
-            Some(p) if variant == PEER_RING => ring_peer_all_reduce(&w, p, bufs, &copies, &done),
-            Some(p) => ring_all_reduce(&w, p, bufs, 0),
-            None => nccl_all_reduce(&w, bufs),
+        let run = |bufs: &mut [RingBufs<T>]| match (&plan, &peer) {
+            (Some(p), Some(peer)) => peer.all_reduce(&w, p, bufs, 0, false),
+            (Some(p), None) => ring_all_reduce(&w, p, bufs, 0),
+            (None, _) => nccl_all_reduce(&w, bufs),
         };
         let download = |bufs: &[RingBufs<T>]| -> Result<Vec<Vec<T>>> { w.ranks.iter().zip(bufs).map(|(r, b)| r.gpu.download(&b.x)).collect() };
         if let Some(log) = &mut log {
