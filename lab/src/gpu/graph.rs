@@ -78,6 +78,11 @@ fn edges(graph: sys::CUgraph) -> Result<Vec<Edge>> {
     let mut n = 0usize;
     // SAFETY: null arrays ask for the count only; then arrays of that length.
     unsafe { sys::cuGraphGetEdges_v2(graph, std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), &mut n) }.result().doing("counting a graph's edges")?;
+    // A graph of one node has none, and the driver takes empty arrays for invalid (a one-kernel
+    // timing capture failed that way on an H100).
+    if n == 0 {
+        return Ok(Vec::new());
+    }
     let mut from = vec![std::ptr::null_mut(); n];
     let mut to = vec![std::ptr::null_mut(); n];
     let mut data = vec![sys::CUgraphEdgeData { from_port: 0, to_port: 0, type_: 0, reserved: [0; 5] }; n];
