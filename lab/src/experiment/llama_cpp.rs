@@ -98,6 +98,55 @@ pub fn parse_perplexity(log: &str) -> Result<Perplexity> {
     Err(fail(format!("no perplexity in llama-perplexity's output: `{}`", log.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or(""))))
 }
 
+/// Writes log-probabilities scored by another engine as the base file of `llama-perplexity
+/// --kl-divergence` (its `--kl-divergence-base` layout, read by tools/perplexity/perplexity.cpp):
+/// "_logits_", n_ctx (u32), n_vocab (i32), n_chunk (i32), the chunks' tokens (i32), then for each
+/// scored position (ctx/2 .. ctx-2 of each chunk) the scale and the smallest kept log-probability
+/// (two f32) and every token's log-probability quantized to u16 above that floor (16 nats below
+/// the top, as llama.cpp keeps them), padded to an even count. llama.cpp then evaluates the same
+/// tokens and reports KL from this base and how often its most likely token is the base's.
+pub fn write_kl_base(path: &Path, chunks: &[Vec<u32>], logprobs: &[Vec<f64>]) -> Result<()> {
+    use std::io::Write;
+    let ctx = chunks.first().map_or(0, Vec::len);
+    let vocab = logprobs.first().map_or(0, Vec::len);
+    let per_chunk = ctx.saturating_sub(1 + ctx / 2);
+    if chunks.iter().any(|c| c.len() != ctx) || logprobs.len() != per_chunk * chunks.len() || logprobs.iter().any(|l| l.len() != vocab) {
+        return Err(LabError::Invalid(format!(
+            "a KL base needs {per_chunk} rows of {vocab} log-probabilities per chunk of {ctx} tokens: {} rows for {} chunks",
+            logprobs.len(),
+            chunks.len()
+        )));
+    }
+    let io = |e| LabError::io(path, e);
+    let mut out = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
+    out.write_all(b"_logits_").map_err(io)?;
+    out.write_all(&(ctx as u32).to_le_bytes()).map_err(io)?;
+    out.write_all(&(vocab as i32).to_le_bytes()).map_err(io)?;
+    out.write_all(&(chunks.len() as i32).to_le_bytes()).map_err(io)?;
+    for t in chunks.iter().flatten() {
+        out.write_all(&(*t as i32).to_le_bytes()).map_err(io)?;
+    }
+    for row in logprobs {
+        let (scale, floor, q) = quantize_logprobs(row);
+        out.write_all(&scale.to_le_bytes()).map_err(io)?;
+        out.write_all(&floor.to_le_bytes()).map_err(io)?;
+        for v in q.iter().chain(std::iter::repeat_n(&0, vocab % 2)) {
+            out.write_all(&v.to_le_bytes()).map_err(io)?;
+        }
+    }
+    out.flush().map_err(io)
+}
+
+/// One row of log-probabilities as llama.cpp stores a base: (scale, floor, codes) with
+/// log p ~= scale * code + floor, the floor no lower than 16 below the largest.
+fn quantize_logprobs(row: &[f64]) -> (f32, f32, Vec<u16>) {
+    let top = row.iter().copied().fold(f64::NEG_INFINITY, f64::max) as f32;
+    let floor = (row.iter().copied().fold(f64::INFINITY, f64::min) as f32).max(top - 16.0);
+    let scale = (top - floor) / 65535.0;
+    let q = row.iter().map(|&v| if scale > 0.0 && v as f32 > floor { ((v as f32 - floor) / scale).round() as u16 } else { 0 }).collect();
+    (scale, floor, q)
+}
+
 const LOGITS_C: &str = include_str!("../../peers/llama_cpp_logits.c");
 
 /// The logits harness, compiled once per process against the llama.cpp that `LAB_LLAMA_CPP`
@@ -151,6 +200,42 @@ pub fn logits(gguf: &Path, ids: &[u32], gpu_layers: usize) -> Result<Vec<f32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kl_base_holds_llama_cpps_layout_and_its_rows_decode_back() {
+        // Two chunks of 6 tokens score positions 3 and 4 of each: 4 rows of 5 log-probabilities.
+        let chunks = vec![vec![1, 2, 3, 4, 5, 6], vec![7, 8, 9, 10, 11, 12]];
+        let rows: Vec<Vec<f64>> = (0..4).map(|i| crate::model::eval::log_softmax(&[0.5 * i as f32, -1.0, 3.0, -40.0, 2.9])).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("base.kld");
+        write_kl_base(&path, &chunks, &rows).unwrap();
+        let b = std::fs::read(&path).unwrap();
+        let (u32_at, f32_at, u16_at) = (
+            |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap()),
+            |i: usize| f32::from_le_bytes(b[i..i + 4].try_into().unwrap()),
+            |i: usize| u16::from_le_bytes(b[i..i + 2].try_into().unwrap()),
+        );
+        assert_eq!(&b[..8], b"_logits_");
+        assert_eq!((u32_at(8), u32_at(12), u32_at(16)), (6, 5, 2), "n_ctx, n_vocab, n_chunk");
+        assert_eq!((u32_at(20), u32_at(20 + 11 * 4)), (1, 12), "the tokens, chunk by chunk");
+        // Rows of 2 * ((5 + 1) / 2) + 4 = 10 u16 each: scale, floor, 5 codes and a pad.
+        let rows_at = 20 + 12 * 4;
+        assert_eq!(b.len(), rows_at + 4 * 10 * 2);
+        for (r, row) in rows.iter().enumerate() {
+            let at = rows_at + r * 20;
+            let (scale, floor) = (f32_at(at), f32_at(at + 4));
+            let top = row.iter().copied().fold(f64::MIN, f64::max);
+            for (i, &lp) in row.iter().enumerate() {
+                let back = (scale * u16_at(at + 8 + 2 * i) as f32 + floor) as f64;
+                // Within half a step, except below the floor (16 nats under the top), kept at it.
+                let want = lp.max(top - 16.0);
+                assert!((back - want).abs() <= scale as f64 * 0.5 + 1e-5, "row {r} token {i}: {back} against {want}");
+            }
+            assert_eq!(u16_at(at + 18), 0, "the pad");
+        }
+        let e = write_kl_base(&path, &chunks, &rows[..3]).unwrap_err().to_string();
+        assert!(e.contains("2 rows of 5") && e.contains("3 rows for 2 chunks"), "{e}");
+    }
 
     #[test]
     fn reads_the_figures_of_both_kinds_of_perplexity_run() {

@@ -196,6 +196,12 @@ pub fn score_files(s: &mut Session, sc: &Scoring) -> Result<Vec<Record>> {
             rec.extra.insert("llama_cpp_ppl".into(), json!(theirs.ppl));
             rec.extra.insert("logits_cosines".into(), json!(cosines));
             rec.extra.insert("logits_top1_same".into(), json!(format!("{same}/{}", prompts.len())));
+            // Teacher-forced: llama.cpp runs the same chunks against the lab's log-probabilities.
+            let lab_base = dir.path().join("lab.kld");
+            llama_cpp::write_kl_base(&lab_base, &windows, &logprobs)?;
+            let from_lab = llama_cpp::perplexity(&path, sc.text, sc.ctx, windows.len(), gpu_layers, Kl::Against(&lab_base))?;
+            rec.extra.insert("llama_cpp_top1_same_as_lab".into(), json!(from_lab.top1_same));
+            rec.extra.insert("llama_cpp_kl_from_lab".into(), json!(from_lab.mean_kl));
             let mut peer = Measurement::new("llama-perplexity", "llama.cpp", &params, Work { bytes: 0, flops: 0 });
             let peer_scored = Scored { ppl: (theirs.ppl, theirs.ppl_err), seconds: f64::NAN, ..scored };
             insert_figures(&mut peer, &peer_scored, if i == 0 { Some((0.0, 1.0)) } else { theirs.mean_kl.zip(theirs.top1_same) });
