@@ -199,8 +199,10 @@ fn measure<T: Elem + NcclType>(s: &mut Session, case: &Value) -> Result<Vec<Meas
         for (rank, p) in w.ranks.iter().zip(&pristine) {
             let stream = &rank.gpu.stream;
             let x = stream.clone_dtod(p).doing("copying the input")?;
-            // The scratch starts as NaN (0xFF bytes): a segment added before it landed shows.
-            let mut scratch = stream.alloc_zeros::<T>(plan.map_or(1, |p| p.max_chunk()).max(1)).doing("allocating the scratch")?;
+            // The scratch starts as NaN (0xFF bytes): a segment added before it landed shows. The
+            // peer ring reads its neighbour in place and needs none.
+            let scratch_len = if variant == PEER_RING { 1 } else { plan.map_or(1, |p| p.max_chunk()).max(1) };
+            let mut scratch = stream.alloc_zeros::<T>(scratch_len).doing("allocating the scratch")?;
             rank.gpu.poison(&mut scratch)?;
             let event = || rank.gpu.ctx.new_event(None).doing("creating an event");
             let landed = (0..segments).map(|_| event()).collect::<Result<_>>()?;
