@@ -199,6 +199,12 @@ pub(crate) struct RingBufs<T> {
     pub(crate) add: CudaFunction,
 }
 
+/// The launch of kernels/collective.cu's kernels over `bytes`: one thread per whole 16-byte word
+/// (at least one block, whose first threads also take the tail).
+fn word_per_thread(bytes: usize) -> LaunchConfig {
+    LaunchConfig { grid_dim: ((bytes / 16).div_ceil(256).max(1) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+}
+
 /// The lab's ring: the plan's phases, one grouped NCCL round each, adds on the compute streams.
 // Rank r indexes its communicator, its buffers and its phase together.
 #[allow(clippy::needless_range_loop)]
@@ -239,8 +245,7 @@ pub(crate) fn ring_all_reduce<T: Elem + NcclType>(w: &World, plan: &RingPlan, bu
             let stream = &rank.gpu.stream;
             b.landed[k].record(&rank.comm_stream).doing("recording a transfer")?;
             stream.wait(&b.landed[k]).doing("ordering an add after its transfer")?;
-            let words = len / (16 / T::DTYPE.size());
-            let cfg = LaunchConfig { grid_dim: (words.div_ceil(256).max(1) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            let cfg = word_per_thread(len * T::DTYPE.size());
             let mut acc = b.x.slice_mut(at(&incoming.range));
             let x = b.scratch.slice(incoming.in_chunk..incoming.in_chunk + len);
             let nn = len as i64;
@@ -308,8 +313,7 @@ impl PeerRing {
                 let Some(incoming) = phase.incoming(r) else { continue };
                 let (at, len) = (base + incoming.range.start, incoming.range.len());
                 let src = ptrs[(r + n - 1) % n] + (at * size) as u64;
-                let words = (len * size) / 16;
-                let cfg = LaunchConfig { grid_dim: (words.div_ceil(256).max(1) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+                let cfg = word_per_thread(len * size);
                 let mut dst = bufs[r].x.slice_mut(at..at + len);
                 // SAFETY: dst and the peer's range hold `len` elements (the same range of equal
                 // buffers); both kernels bound every access by their length argument.
