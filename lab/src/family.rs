@@ -107,7 +107,7 @@ pub static FAMILIES: &[Family] = &[
     },
     Family {
         name: "attention",
-        kernels: &[kernel!("attention.cu"), kernel!("attention_backward.cu"), kernel!("attention_decode.cu")],
+        kernels: &[kernel!("attention.cu"), kernel!("attention_wgmma.cu"), kernel!("attention_backward.cu"), kernel!("attention_decode.cu")],
         experiment: Some(&crate::ops::attention::Attention),
         variants: crate::ops::attention::variants,
     },

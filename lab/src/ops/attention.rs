@@ -35,6 +35,7 @@ const FAMILY: &str = "attention";
 pub mod backward;
 pub mod backward_check;
 pub mod decode;
+pub mod wgmma;
 
 /// How a variant runs.
 #[derive(Clone, Copy, Debug)]
@@ -44,6 +45,8 @@ pub enum Kernel {
     /// FlashAttention 2 on mma.sync, for the head dims it was instantiated for, with `mt` 16-row
     /// m-tiles per warp (a block of 4 warps owns 64 mt query rows).
     Fa2 { head_dims: &'static [usize], mt: usize },
+    /// The Hopper rungs ([`wgmma::launch`]): TMA, a producer warpgroup, wgmma, for these head dims.
+    Wgmma { head_dims: &'static [usize] },
     /// [`cpu_rows`].
     CpuRows,
     /// One query row per sequence over a paged cache: [`decode::Decode`], not [`forward_with`].
@@ -91,6 +94,20 @@ pub const VARIANTS: &[Variant<Kernel>] = &[
         config: Kernel::Fa2 { head_dims: &[64, 128], mt: 2 },
     },
     Variant {
+        name: "wgmma",
+        dtypes: F16_BF16,
+        requires: Requires::Sm90a,
+        what: "Hopper: Q, K, V by TMA from a producer warpgroup, QK^T and PV as wgmma (P from registers), two consumer warpgroups of 64 rows",
+        config: Kernel::Wgmma { head_dims: &[64, 128] },
+    },
+    Variant {
+        name: "wgmma_overlap",
+        dtypes: F16_BF16,
+        requires: Requires::Sm90a,
+        what: "the next tile's QK^T and this tile's PV in flight while the softmax runs (FlashAttention 3's intra-warpgroup overlap)",
+        config: Kernel::Wgmma { head_dims: &[64, 128] },
+    },
+    Variant {
         name: "decode_split",
         dtypes: F16_BF16,
         requires: Requires::Gpu,
@@ -135,7 +152,10 @@ pub fn variants() -> Vec<VariantInfo> {
 pub fn gpu_symbols() -> std::collections::BTreeSet<String> {
     let mut out = std::collections::BTreeSet::from([symbol(FAMILY, "naive_softmax", DType::F32), symbol(FAMILY, "naive_bwd_ds", DType::F32)]);
     for &d in F16_BF16 {
-        for k in ["naive_scores", "naive_pv", "fa2_d64", "fa2_d128", "fa2_m32_d64", "fa2_m32_d128", "decode_split_d64", "decode_split_d128", "decode_combine"] {
+        for k in ["naive_scores", "naive_pv", "fa2_d64", "fa2_d128", "fa2_m32_d64", "fa2_m32_d128", "wgmma_d64", "wgmma_d128", "wgmma_overlap_d64", "wgmma_overlap_d128"] {
+            out.insert(symbol(FAMILY, k, d));
+        }
+        for k in ["decode_split_d64", "decode_split_d128", "decode_combine"] {
             out.insert(symbol(FAMILY, k, d));
         }
         for k in ["naive_bwd_pdp", "naive_bwd_dq", "naive_bwd_dkv", "fa2_bwd_pre", "fa2_bwd_d64", "fa2_bwd_d128", "fa2_bwd_dq"] {
@@ -151,7 +171,7 @@ pub const NAIVE_MAX_SCORES: usize = 1 << 30;
 /// Why `v` does not take shape `d`, or None when it does.
 pub fn refusal(v: &Variant<Kernel>, d: Dims) -> Option<String> {
     match v.config {
-        Kernel::Fa2 { head_dims, .. } if !head_dims.contains(&d.d) => Some(format!("`{}` takes head_dim {head_dims:?}, not {}", v.name, d.d)),
+        Kernel::Fa2 { head_dims, .. } | Kernel::Wgmma { head_dims } if !head_dims.contains(&d.d) => Some(format!("`{}` takes head_dim {head_dims:?}, not {}", v.name, d.d)),
         Kernel::Naive if d.batch * d.hq * d.sq * d.sk > NAIVE_MAX_SCORES => {
             Some(format!("`naive` materializes {} scores; it takes at most {NAIVE_MAX_SCORES}", d.batch * d.hq * d.sq * d.sk))
         }
@@ -280,10 +300,10 @@ pub fn forward_with<T: Elem>(
             cpu_rows(d, mask, qh, kh, vh, o.host_mut().expect("placed"), lse.host_mut().expect("placed"));
             Ok(())
         }
-        (Kernel::Fa2 { mt, .. }, Backend::Cuda(gpu)) => {
+        (Kernel::Fa2 { .. } | Kernel::Wgmma { .. }, Backend::Cuda(gpu)) => {
             let (dq, dk, dv) = (q.cuda().expect("placed"), k.cuda().expect("placed"), v.cuda().expect("placed"));
             let (dl, dout) = (lse.cuda_mut().expect("placed"), o.cuda_mut().expect("placed"));
-            launch_fa2(gpu, variant, mt, d, mask, (&dq.as_view(), &dk.as_view(), &dv.as_view()), &mut dout.as_view_mut(), &mut dl.as_view_mut())
+            launch_tiled(gpu, var, d, mask, (&dq.as_view(), &dk.as_view(), &dv.as_view()), &mut dout.as_view_mut(), &mut dl.as_view_mut())
         }
         (Kernel::Naive, Backend::Cuda(gpu)) => {
             let scores = d.batch * d.hq * d.sq * d.sk;
@@ -316,8 +336,26 @@ pub fn forward_with<T: Elem>(
     }
 }
 
-/// Launches an fa2 rung (`mt` m-tiles per warp) on device views: what [`forward_with`] runs,
-/// and what a model calls on a slice of its KV cache. The caller checks the views against `d`.
+/// Launches a tiled rung (fa2 or wgmma) on device views: what [`forward_with`] runs, and what a
+/// model calls on a slice of its KV cache. The caller checks the views against `d`.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_tiled<T: Elem>(
+    gpu: &crate::gpu::Gpu,
+    var: &Variant<Kernel>,
+    d: Dims,
+    mask: Mask,
+    qkv: (&CudaView<T>, &CudaView<T>, &CudaView<T>),
+    o: &mut CudaViewMut<T>,
+    lse: &mut CudaViewMut<f32>,
+) -> Result<()> {
+    match var.config {
+        Kernel::Fa2 { mt, .. } => launch_fa2(gpu, var.name, mt, d, mask, qkv, o, lse),
+        Kernel::Wgmma { .. } => wgmma::launch(gpu, var.name, d, mask, qkv, o, lse),
+        _ => Err(LabError::Invalid(format!("`{}` is not a tiled attention rung (fa2, wgmma)", var.name))),
+    }
+}
+
+/// Launches an fa2 rung (`mt` m-tiles per warp) on device views.
 #[allow(clippy::too_many_arguments)]
 pub fn launch_fa2<T: Elem>(
     gpu: &crate::gpu::Gpu,

@@ -348,10 +348,6 @@ impl<'m> Batch<'m> {
         let mut lse = gpu.stream.alloc_zeros::<f32>(c.heads * n).doing("allocating prefill statistics")?;
         let d = attention::Dims { batch: 1, sq: n, sk: n, hq: c.heads, hkv: c.kv_heads, d: c.head_dim };
         let rung = attention::best(dev, d);
-        let mt = match rung.config {
-            attention::Kernel::Fa2 { mt, .. } => mt,
-            _ => return Err(LabError::Invalid(format!("prefill runs the fa2 rungs; head size {} takes `{}`", c.head_dim, rung.name))),
-        };
         k::embed_q8_0(gpu, &m.embed, &self.tokens, &self.pos, &mut x, rows, self.cap, dim)?;
         k::add_rmsnorm(gpu, &mut x, None, &m.layers[0].attn_norm, cuda(&mut h), b * n, dim, eps)?;
         for (i, l) in m.layers.iter().enumerate() {
@@ -362,7 +358,7 @@ impl<'m> Batch<'m> {
                 let (qs, ks) = (s * n * dim, s * self.cap * kvd);
                 let kv = (&q.slice(qs..qs + n * dim), &cache.k.slice(ks..ks + n * kvd), &cache.v.slice(ks..ks + n * kvd));
                 let out = &mut cuda(&mut att).slice_mut(qs..qs + n * dim);
-                attention::launch_fa2(gpu, rung.name, mt, d, attention::Mask { causal: true, window: 0 }, kv, out, &mut lse.slice_mut(..))?;
+                attention::launch_tiled(gpu, rung, d, attention::Mask { causal: true, window: 0 }, kv, out, &mut lse.slice_mut(..))?;
             }
             gemm::matmul(dev, &att, &l.dense.o, &mut proj)?;
             k::add_rmsnorm(gpu, &mut x, proj.cuda(), &l.ffn_norm, cuda(&mut h), b * n, dim, eps)?;

@@ -147,8 +147,8 @@ fn wgmma_blocks_reproduce_the_tile_product() {
 fn wgmma_tma_tensor_maps_and_shared_memory() {
     use wg::*;
     let (ta, tb) = tma_boxes(Dims::dense(1000, 1032, 776), 2);
-    assert_eq!(ta, TmaBox { rank: 2, dims: [776, 1000, 1], strides_bytes: [1552, 0], boxes: [64, 128, 1] });
-    assert_eq!(tb, TmaBox { rank: 2, dims: [1032, 776, 1], strides_bytes: [2064, 0], boxes: [64, 64, 1] });
+    assert_eq!(ta, TmaBox { rank: 2, dims: [776, 1000, 1, 1], strides_bytes: [1552, 0, 0], boxes: [64, 128, 1, 1] });
+    assert_eq!(tb, TmaBox { rank: 2, dims: [1032, 776, 1, 1], strides_bytes: [2064, 0, 0], boxes: [64, 64, 1, 1] });
     // Padded leading dimensions are strides, never sizes.
     let (ta, tb) = tma_boxes(Dims { m: 3, n: 5, k: 7, lda: 16, ldb: 24, ldc: 5 }, 2);
     assert_eq!((ta.dims, ta.row_stride_bytes(), tb.dims, tb.row_stride_bytes()), ([7, 3, 1], 32, [5, 7, 1], 48));
@@ -320,7 +320,7 @@ fn warp64_tma_fragment_addressing_reproduces_the_tile_product() {
     // innermost first).
     let d = Dims { m: 256, n: 1000, k: 320, lda: 320, ldb: 1024, ldc: 1000 };
     let b3 = wg::tma_b_3d(d, 2).expect("ceil(1000 / 64) * 64 = 1024 <= ldb");
-    assert_eq!((b3.rank, b3.dims, b3.strides_bytes, b3.boxes), (3, [64, 320, 16], [2048, 128], [64, 64, 4]));
+    assert_eq!((b3.rank, b3.dims, b3.strides_bytes, b3.boxes), (3, [64, 320, 16, 1], [2048, 128, 0], [64, 64, 4, 1]));
     let (k0, bn) = (128usize, 512usize);
     for (c, k, j) in [(0usize, 0usize, 0usize), (5, 7, 1), (63, 63, 3), (17, 40, 2)] {
         let global = (k0 + k) as u64 * b3.strides_bytes[0] + (bn / 64 + j) as u64 * b3.strides_bytes[1] + 2 * c as u64;

@@ -85,18 +85,18 @@ pub mod wg {
 
     /// One operand's cuTensorMapEncodeTiled arguments: sizes and box innermost (contiguous)
     /// dimension first, and the strides of the outer dimensions in bytes (rank 2: the row stride;
-    /// rank 3: one more, `strides_bytes[1]`).
+    /// ranks 3 and 4: one or two more). Entries past the rank are 1 (sizes, boxes) or 0 (strides).
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     pub struct TmaBox {
         pub rank: usize,
-        pub dims: [u64; 3],
-        pub strides_bytes: [u64; 2],
-        pub boxes: [u32; 3],
+        pub dims: [u64; 4],
+        pub strides_bytes: [u64; 3],
+        pub boxes: [u32; 4],
     }
 
     impl TmaBox {
         fn rank2(dims: [u64; 2], row_stride_bytes: u64, boxes: [u32; 2]) -> Self {
-            TmaBox { rank: 2, dims: [dims[0], dims[1], 1], strides_bytes: [row_stride_bytes, 0], boxes: [boxes[0], boxes[1], 1] }
+            TmaBox { rank: 2, dims: [dims[0], dims[1], 1, 1], strides_bytes: [row_stride_bytes, 0, 0], boxes: [boxes[0], boxes[1], 1, 1] }
         }
         pub fn row_stride_bytes(&self) -> u64 {
             self.strides_bytes[0]
@@ -120,9 +120,9 @@ pub mod wg {
         let blocks = d.n.div_ceil(B_BOX_N);
         (blocks * B_BOX_N <= d.ldb).then(|| TmaBox {
             rank: 3,
-            dims: [B_BOX_N as u64, d.k as u64, blocks as u64],
-            strides_bytes: [(d.ldb * elem) as u64, (B_BOX_N * elem) as u64],
-            boxes: [B_BOX_N as u32, BK as u32, (WIDE.bn / B_BOX_N) as u32],
+            dims: [B_BOX_N as u64, d.k as u64, blocks as u64, 1],
+            strides_bytes: [(d.ldb * elem) as u64, (B_BOX_N * elem) as u64, 0],
+            boxes: [B_BOX_N as u32, BK as u32, (WIDE.bn / B_BOX_N) as u32, 1],
         })
     }
 }
@@ -147,14 +147,14 @@ pub fn encode_tensor_map(ptr: u64, b: wg::TmaBox, dtype: DType) -> Result<Tensor
     let ty = match dtype {
         DType::F16 => Ty::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
         DType::Bf16 => Ty::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-        DType::F32 => return Err(LabError::Invalid("the TMA gemm rungs run in f16 and bf16 only".into())),
+        DType::F32 => return Err(LabError::Invalid("the TMA rungs run in f16 and bf16 only".into())),
     };
     let strides = &b.strides_bytes[..b.rank - 1];
     if !ptr.is_multiple_of(16) || strides.iter().any(|s| !s.is_multiple_of(16)) {
         return Err(LabError::Invalid(format!("TMA needs 16-byte aligned rows: base {ptr:#x}, strides {strides:?} bytes")));
     }
     let mut map = std::mem::MaybeUninit::<cudarc::driver::sys::CUtensorMap>::zeroed();
-    let element_strides = [1u32; 3];
+    let element_strides = [1u32; 4];
     // SAFETY: every pointer refers to a live local array of at least the length `b.rank` asks for
     // (rank dims, boxes and element strides, rank - 1 strides); the driver only writes the
     // 128-byte map.

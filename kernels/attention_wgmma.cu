@@ -1,0 +1,309 @@
+// attention_wgmma.cu: the Hopper rungs of the attention forward (sm_90a), after FlashAttention 3
+// (Shah et al. 2024). Conventions (layout, masks, lse): attention.cu. Operand layouts and the
+// mbarrier ring: kernels/gemm/wgmma.cu (wgmma_tma), whose helpers (common.cuh, mma.cuh) this reuses.
+//
+//  4. wgmma            TMA copies the block's Q once and K and V tiles of 128 keys into a 2-stage
+//                      ring of 128-byte-swizzled shared memory (a 4D map per tensor: head_dim,
+//                      heads, seq, batch, so rows past the sequence arrive as zeros); a producer
+//                      warpgroup issues them; two consumer warpgroups own 64 query rows each and
+//                      run S = Q K^T as wgmma m64n128k16 (both operands from shared memory), the
+//                      online softmax in registers, then O += P V as wgmma m64nDk16 with P taken
+//                      from registers (the accumulator layout of S is the A-fragment layout).
+//                      Should buy: no ldmatrix, no address arithmetic per mma, 4x the work per
+//                      tensor-core instruction of mma.sync: the pace of wgmma, less the softmax.
+//                      block (384,1,1), grid (ceil(Sq/128), Hq, B), dynamic smem WgAttn<D>::SMEM.
+//  5. wgmma_overlap    wgmma, with the next tile's S = Q K^T and this tile's O += P V in flight
+//                      while the softmax of the tile runs (FlashAttention 3's intra-warpgroup
+//                      pipelining): P of one tile and S of the next live in registers together.
+//                      Should buy: the softmax's exp2 and shuffles hidden behind the tensor cores.
+
+#include "mma.cuh"
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// S (64 floats) = (accumulate ? S : 0) + Q (64x16, K-major) K^T, K's 128 keys K-major (no transpose).
+#define ATT_QK(TY)                                                                                               \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                    \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {" WG_REGS64 "}, %64, %65, p, 1, 1, 0, 0;\n}\n" \
+                 : WG_D64                                                                                      \
+                 : "l"(da), "l"(db), "r"(accumulate)                                                           \
+                 : "memory")
+// O (N / 2 floats) += P (64x16 from registers) V (16 x N, N-major: transposed).
+#define ATT_PV(N, TY, DREGS, REGS, A0, DB, ONE)                                                                  \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " ONE ", 0;\n"                                                \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " {" REGS "}, {" A0 "}, " DB ", p, 1, 1, 1;\n}\n" \
+                 : DREGS                                                                                       \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1)                                  \
+                 : "memory")
+
+template <typename T> struct AttnWg;
+#define ATT_WG_TYPE(T, TY)                                                                                       \
+    template <> struct AttnWg<T> {                                                                               \
+        static __device__ __forceinline__ void qk(float (&d)[64], u64 da, u64 db, int accumulate) { ATT_QK(TY); } \
+        static __device__ __forceinline__ void pv(float (&d)[64], const unsigned (&a)[4], u64 db) {              \
+            ATT_PV(128, TY, WG_D64, WG_REGS64, "%64, %65, %66, %67", "%68", "%69");                               \
+        }                                                                                                        \
+        static __device__ __forceinline__ void pv(float (&d)[32], const unsigned (&a)[4], u64 db) {              \
+            ATT_PV(64, TY, WG_D32, WG_REGS32, "%32, %33, %34, %35", "%36", "%37");                                \
+        }                                                                                                        \
+    };
+ATT_WG_TYPE(__half, "f16")
+ATT_WG_TYPE(__nv_bfloat16, "bf16")
+#endif
+
+// The block and ring of the wgmma rungs at head dim D: 128 query rows (two consumer warpgroups),
+// 128-key tiles, 2 stages. A tile of R rows arrives as D / 64 boxes of R rows x 128 bytes.
+template <int D>
+struct WgAttn {
+    static constexpr int BM = 128, BN = 128, STAGES = 2, BOXES = D / 64;
+    static constexpr int Q_BYTES = BM * D * 2, KV_BYTES = BN * D * 2, BOX_ROWS_BYTES = BN * 128;  // BN = BM
+    static constexpr int STAGE_BYTES = 2 * KV_BYTES;                                                     // K, then V
+    // Q, the ring, 1 KiB to align to the swizzle atom, mbarriers: q_full, k_full[s], v_full[s], empty[s].
+    static constexpr int SMEM = Q_BYTES + STAGES * STAGE_BYTES + 1024 + 8 * (1 + 3 * STAGES);
+    static constexpr int THREADS = 384, PRODUCER_REGS = 24, CONSUMER_REGS = 240;  // 128 x 24 + 256 x 240 = 64512
+    static_assert(D == 64 || D == 128, "head dims 64 and 128");
+    static_assert(SMEM <= 232448, "fits H100's 227 KiB of dynamic shared memory");
+};
+
+// What a consumer thread holds of its warpgroup's 64 rows (accumulator layout of m64nNk16: for
+// each 8-column block j, d[4j], d[4j+1] at row 16 warp + lane / 4, columns 8j + 2 (lane % 4) +
+// {0, 1}; d[4j+2], d[4j+3] 8 rows below): the running max and sum of its two rows, in log2 units.
+struct SoftmaxRows {
+    float m[2], l[2];
+};
+
+// Scales S into log2 units, masks it where the tile crosses a boundary, folds it into the running
+// statistics and turns it into P (unnormalised, in place); returns the factor by which the
+// accumulator of the tiles before must be scaled, per row.
+__device__ __forceinline__ float2 attn_wg_softmax(float (&s)[64], SoftmaxRows& st, int row0, int kv0, int Sk, int off, int causal,
+                                                  int window, float sl2, bool edge) {
+    const int t = threadIdx.x % 4;
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int key = kv0 + 8 * j + 2 * t + (e & 1), row = row0 + (e < 2 ? 0 : 8);
+            s[4 * j + e] = (!edge || attn_keep(row, key, Sk, off, causal, window)) ? s[4 * j + e] * sl2 : NEG_INF;
+        }
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float mx = st.m[r];
+#pragma unroll
+        for (int j = 0; j < 16; ++j) mx = fmax_nan(mx, fmax_nan(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+        mx = fmax_nan(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmax_nan(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float shift = safe_shift(mx);
+        alpha[r] = exp2f(st.m[r] - shift);
+        st.m[r] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            s[4 * j + 2 * r] = exp2f(s[4 * j + 2 * r] - shift);
+            s[4 * j + 2 * r + 1] = exp2f(s[4 * j + 2 * r + 1] - shift);
+            sum += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
+        }
+        st.l[r] = st.l[r] * alpha[r] + sum;  // this lane's share; the quad is summed at the end
+    }
+    return make_float2(alpha[0], alpha[1]);
+}
+
+template <typename T, int D, bool OVERLAP>
+__device__ void attn_wgmma_forward(const TmaDesc& tq, const TmaDesc& tk, const TmaDesc& tv, T* __restrict__ o, float* __restrict__ lse, int Sq,
+                                   int Sk, int Hq, int Hkv, float scale, int causal, int window) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using P = WgAttn<D>;
+    constexpr int BM = P::BM, BN = P::BN, STAGES = P::STAGES, BOXES = P::BOXES, ACC = D / 2;
+    constexpr float LOG2E = 1.4426950408889634f;
+    extern __shared__ __align__(1024) unsigned char smem[];
+    require_dynamic_smem(P::SMEM);
+    const unsigned sq_ = (smem_addr(smem) + 1023u) & ~1023u;  // Q: BOXES boxes of BM rows x 128 bytes
+    const unsigned ring = sq_ + P::Q_BYTES;                     // stage s: K boxes, then V boxes
+    const unsigned bars = ring + STAGES * P::STAGE_BYTES;
+    auto k_full = [&](int s) { return bars + 8 * (1 + s); };
+    auto v_full = [&](int s) { return bars + 8 * (1 + STAGES + s); };
+    auto empty = [&](int s) { return bars + 8 * (1 + 2 * STAGES + s); };
+    const int wgi = threadIdx.x / 128, tid = threadIdx.x % 128;
+    const int q0 = blockIdx.x * BM, h = blockIdx.y, b = blockIdx.z, hk = h / (Hq / Hkv);
+    const int off = Sk - Sq;
+
+    // The keys any row of this block keeps: [lo, hi), whole tiles from lo.
+    int hi = Sk, lo = 0;
+    if (causal) hi = min(Sk, q0 + BM - 1 + off + 1);
+    if (window > 0) lo = max(0, q0 + off - window + 1);
+    lo = lo / BN * BN;
+    const int tiles = hi > lo ? (hi - lo + BN - 1) / BN : 0;
+
+    if (threadIdx.x == 0) {
+        mbar_init(bars, 1);
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(k_full(s), 1);
+            mbar_init(v_full(s), 1);
+            mbar_init(empty(s), 8);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wgi == 2) {  // the producer
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(P::PRODUCER_REGS));
+        if (tid == 0) {
+            asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tq)) : "memory");
+            asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tk)) : "memory");
+            asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tv)) : "memory");
+            // Out-of-bounds rows are zero-filled and still counted in the transaction bytes.
+            mbar_expect_tx(bars, P::Q_BYTES);
+            for (int x = 0; x < BOXES; ++x) tma_load_4d(sq_ + x * BM * 128, &tq, 64 * x, h, q0, b, bars);
+            for (int it = 0; it < tiles; ++it) {
+                const int s = it % STAGES, kv0 = lo + it * BN;
+                const unsigned kb = ring + s * P::STAGE_BYTES, vb = kb + P::KV_BYTES;
+                mbar_wait(empty(s), ((it / STAGES) & 1) ^ 1);
+                mbar_expect_tx(k_full(s), P::KV_BYTES);
+                for (int x = 0; x < BOXES; ++x) tma_load_4d(kb + x * P::BOX_ROWS_BYTES, &tk, 64 * x, hk, kv0, b, k_full(s));
+                mbar_expect_tx(v_full(s), P::KV_BYTES);
+                for (int x = 0; x < BOXES; ++x) tma_load_4d(vb + x * P::BOX_ROWS_BYTES, &tv, 64 * x, hk, kv0, b, v_full(s));
+            }
+        }
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(P::CONSUMER_REGS));
+    const int warp = tid / 32, lane = tid % 32;
+    const int wrow0 = q0 + wgi * 64;                  // the warpgroup's first row
+    const int row0 = wrow0 + warp * 16 + lane / 4;    // this thread's rows: row0, row0 + 8
+    const unsigned qa = sq_ + wgi * 64 * 128;         // the warpgroup's 64 rows of each Q box
+    const float sl2 = scale * LOG2E;
+    // Descriptors: Q and K K-major (a k16 step is 32 bytes along a 128-byte row, a box BM or BN
+    // rows further on); V N-major (a k16 step is 16 rows = 2048 bytes, the next 64 columns one box on).
+    auto q_desc = [&](int ks) { return wg_desc(qa + (ks / 4) * BM * 128 + (ks % 4) * 32, WG_A_LBO, WG_A_SBO); };
+    auto k_desc = [&](unsigned kb, int ks) { return wg_desc(kb + (ks / 4) * P::BOX_ROWS_BYTES + (ks % 4) * 32, WG_A_LBO, WG_A_SBO); };
+    auto v_desc = [&](unsigned vb, int ks) { return wg_desc(vb + ks * 2048, P::BOX_ROWS_BYTES, 1024); };
+    // Does tile kv0 need the mask for some row of this warpgroup?
+    auto edge = [&](int kv0) {
+        return kv0 + BN > Sk || (causal && kv0 + BN - 1 > wrow0 + off) || (window > 0 && kv0 <= wrow0 + 63 + off - window);
+    };
+    auto issue_qk = [&](float (&s)[64], int it) {
+        const unsigned kb = ring + (it % STAGES) * P::STAGE_BYTES;
+        mbar_wait(k_full(it % STAGES), (it / STAGES) & 1);
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) AttnWg<T>::qk(s, q_desc(ks), k_desc(kb, ks), ks > 0);
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    };
+    // P (rounded to T, as FlashAttention does) as the A fragments of the P V wgmmas.
+    auto to_a = [&](const float (&s)[64], unsigned (&pa)[8][4]) {
+#pragma unroll
+        for (int ks = 0; ks < 8; ++ks)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) pa[ks][e] = pack2<T>(s[8 * ks + 2 * e], s[8 * ks + 2 * e + 1]);
+    };
+    auto issue_pv = [&](float (&acc)[ACC], const unsigned (&pa)[8][4], int it) {
+        const unsigned vb = ring + (it % STAGES) * P::STAGE_BYTES + P::KV_BYTES;
+        mbar_wait(v_full(it % STAGES), (it / STAGES) & 1);
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ++ks) AttnWg<T>::pv(acc, pa[ks], v_desc(vb, ks));
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    };
+    // Keeps P's registers live until the wgmma reading them has been waited for.
+    auto pin_a = [&](unsigned (&pa)[8][4]) {
+#pragma unroll
+        for (int ks = 0; ks < 8; ++ks)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(pa[ks][e])::"memory");
+    };
+    auto release = [&](int it) {
+        if (lane == 0) mbar_arrive(empty(it % STAGES));
+    };
+    auto rescale = [&](float (&acc)[ACC], float2 alpha) {
+#pragma unroll
+        for (int j = 0; j < ACC / 4; ++j) acc[4 * j] *= alpha.x, acc[4 * j + 1] *= alpha.x, acc[4 * j + 2] *= alpha.y, acc[4 * j + 3] *= alpha.y;
+    };
+
+    float acc[ACC];
+#pragma unroll
+    for (int i = 0; i < ACC; ++i) acc[i] = 0.f;
+    SoftmaxRows st = {{NEG_INF, NEG_INF}, {0.f, 0.f}};
+    float s[64];
+    unsigned pa[8][4];
+    mbar_wait(bars, 0);
+    if (!OVERLAP) {
+        for (int it = 0; it < tiles; ++it) {
+            const int kv0 = lo + it * BN;
+            issue_qk(s, it);
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            wg_pin(s);
+            rescale(acc, attn_wg_softmax(s, st, row0, kv0, Sk, off, causal, window, sl2, edge(kv0)));
+            to_a(s, pa);
+            issue_pv(acc, pa, it);
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            wg_pin(acc);
+            pin_a(pa);
+            release(it);
+        }
+    } else if (tiles > 0) {
+        // Tile 0's scores first; then, per tile it >= 1, S_it = Q K_it^T and O += P_{it-1} V_{it-1}
+        // are issued together, the first is waited for, and the softmax of tile it runs while the
+        // second is still in flight; O is rescaled once that one is done.
+        issue_qk(s, 0);
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        wg_pin(s);
+        rescale(acc, attn_wg_softmax(s, st, row0, lo, Sk, off, causal, window, sl2, edge(lo)));
+        to_a(s, pa);
+        for (int it = 1; it < tiles; ++it) {
+            const int kv0 = lo + it * BN;
+            issue_qk(s, it);
+            issue_pv(acc, pa, it - 1);
+            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // S_it done, P V may still run
+            wg_pin(s);
+            const float2 alpha = attn_wg_softmax(s, st, row0, kv0, Sk, off, causal, window, sl2, edge(kv0));
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            wg_pin(acc);
+            pin_a(pa);
+            release(it - 1);
+            rescale(acc, alpha);
+            to_a(s, pa);
+        }
+        issue_pv(acc, pa, tiles - 1);
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        wg_pin(acc);
+        pin_a(pa);
+        release(tiles - 1);
+    }
+
+    // O = acc / l; lse = ln(sum) + max in natural-log units; rows past Sq are not stored.
+    const int t = lane % 4;
+    const long long qs = (long long)Hq * D;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float lr = st.l[r];
+        lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+        lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+        const int row = row0 + 8 * r;
+        if (row >= Sq) continue;
+        const float inv = lr > 0.f ? 1.f / lr : 0.f;
+        T* orow = o + ((long long)b * Sq + row) * qs + (long long)h * D;
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j)
+            *reinterpret_cast<unsigned*>(orow + 8 * j + 2 * t) = pack2<T>(acc[4 * j + 2 * r] * inv, acc[4 * j + 2 * r + 1] * inv);
+        if (t == 0) lse[((long long)b * Hq + h) * Sq + row] = lr > 0.f ? (st.m[r] + __log2f(lr)) / LOG2E : NEG_INF;
+    }
+#else
+    __trap();  // built for another target: the launcher offers these rungs on compute capability 9.0 only
+#endif
+}
+
+// Exports: attention_<variant>_d<D>_{f16,bf16}.
+#define WG_ATTN_EXPORT(TY, T, NAME, D, OVERLAP)                                                                          \
+    extern "C" __global__ void __launch_bounds__(384, 1) attention_##NAME##_d##D##_##TY(                                    \
+        const __grid_constant__ TmaDesc tq, const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDesc tv, T* o,    \
+        float* lse, int Sq, int Sk, int Hq, int Hkv, float scale, int causal, int window) {                                 \
+        attn_wgmma_forward<T, D, OVERLAP>(tq, tk, tv, o, lse, Sq, Sk, Hq, Hkv, scale, causal, window);                      \
+    }
+#define WG_ATTN_EXPORTS(TY, T)                        \
+    WG_ATTN_EXPORT(TY, T, wgmma, 64, false)           \
+    WG_ATTN_EXPORT(TY, T, wgmma, 128, false)          \
+    WG_ATTN_EXPORT(TY, T, wgmma_overlap, 64, true)    \
+    WG_ATTN_EXPORT(TY, T, wgmma_overlap, 128, true)
+WG_ATTN_EXPORTS(f16, __half)
+WG_ATTN_EXPORTS(bf16, __nv_bfloat16)

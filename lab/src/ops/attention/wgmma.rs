@@ -1,0 +1,84 @@
+//! The Hopper rungs of the forward (kernels/attention_wgmma.cu): Q, K and V reach shared memory
+//! through TMA, each as a 4D tensor map (head_dim, heads, seq, batch) whose boxes are 64 elements
+//! (128 bytes, the widest a 128-byte swizzle takes) of one head for 128 rows, so rows past a
+//! sequence arrive as zeros rather than as the next sequence's.
+
+use super::{Dims, Mask, FAMILY};
+use crate::error::Doing;
+use crate::gpu::Gpu;
+use crate::kernels::symbol;
+use crate::ops::gemm::raise_dynamic_smem;
+use crate::ops::gemm::tma::{encode_tensor_map, wg::TmaBox, TensorMap};
+use crate::ops::Elem;
+use crate::{LabError, Result};
+use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, LaunchConfig, PushKernelArg};
+
+/// Query rows per block (two consumer warpgroups of 64) and keys per tile: `WgAttn` in the kernel.
+pub const BM: usize = 128;
+pub const BN: usize = 128;
+const STAGES: usize = 2;
+
+/// `WgAttn<D>::SMEM`: Q, a ring of K and V tiles, 1 KiB to align it to the swizzle atom, and
+/// 1 + 3 x STAGES mbarriers.
+pub const fn smem(d: usize) -> usize {
+    BM * d * 2 + STAGES * 2 * BN * d * 2 + 1024 + 8 * (1 + 3 * STAGES)
+}
+
+/// The map of a [batch, seq, heads, head_dim] tensor, boxes of 64 x 1 head x 128 rows.
+fn tensor_box(batch: usize, seq: usize, heads: usize, d: usize, elem: usize) -> TmaBox {
+    let row = (heads * d * elem) as u64;
+    TmaBox {
+        rank: 4,
+        dims: [d as u64, heads as u64, seq as u64, batch as u64],
+        strides_bytes: [(d * elem) as u64, row, row * seq as u64],
+        boxes: [64, 1, BM as u32, 1],
+    }
+}
+
+/// Launches a wgmma rung on device views, as [`super::launch_fa2`] does an fa2 rung.
+#[allow(clippy::too_many_arguments)]
+pub fn launch<T: Elem>(
+    gpu: &Gpu,
+    variant: &str,
+    d: Dims,
+    mask: Mask,
+    (q, k, v): (&CudaView<T>, &CudaView<T>, &CudaView<T>),
+    o: &mut CudaViewMut<T>,
+    lse: &mut CudaViewMut<f32>,
+) -> Result<()> {
+    let (qn, kn) = (d.batch * d.sq * d.hq * d.d, d.batch * d.sk * d.hkv * d.d);
+    if q.len() < qn || k.len() < kn || v.len() < kn || o.len() < qn || lse.len() < d.batch * d.hq * d.sq {
+        return Err(LabError::shape("attention", format!("{d:?}: q {}, k {}, v {}, o {}, lse {} elements", q.len(), k.len(), v.len(), o.len(), lse.len())));
+    }
+    let elem = T::DTYPE.size();
+    let map = |view: &CudaView<T>, seq: usize, heads: usize| -> Result<TensorMap> {
+        let (ptr, _sync) = view.device_ptr(&gpu.stream);
+        encode_tensor_map(ptr, tensor_box(d.batch, seq, heads, d.d, elem), T::DTYPE)
+    };
+    let (tq, tk, tv) = (map(q, d.sq, d.hq)?, map(k, d.sk, d.hkv)?, map(v, d.sk, d.hkv)?);
+    let scale = 1.0 / (d.d as f32).sqrt();
+    let (causal, window) = (mask.causal as i32, mask.window as i32);
+    let [sq, sk, hq, hkv] = [d.sq, d.sk, d.hq, d.hkv].map(|x| x as i32);
+    let f = gpu.function(FAMILY, &symbol(FAMILY, &format!("{variant}_d{}", d.d), T::DTYPE))?;
+    raise_dynamic_smem(&f, smem(d.d))?;
+    let cfg = LaunchConfig { grid_dim: (d.sq.div_ceil(BM) as u32, d.hq as u32, d.batch as u32), block_dim: (384, 1, 1), shared_mem_bytes: smem(d.d) as u32 };
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&tq).arg(&tk).arg(&tv).arg(o).arg(lse).arg(&sq).arg(&sk).arg(&hq).arg(&hkv);
+    b.arg(&scale).arg(&causal).arg(&window);
+    // SAFETY: the maps describe q, k and v within their lengths (checked above) and TMA bounds
+    // every box by them; the grid covers ceil(Sq / 128) query tiles of every head, and the kernel
+    // stores only rows below Sq into o and lse, which hold their shapes.
+    unsafe { b.launch(cfg) }.map(|_| ()).doing(&format!("launching attention {variant}"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_maps_name_one_head_of_128_rows_and_the_ring_fits_a_block() {
+        let t = super::tensor_box(3, 129, 9, 64, 2);
+        assert_eq!((t.rank, t.dims, t.strides_bytes, t.boxes), (4, [64, 9, 129, 3], [128, 1152, 1152 * 129], [64, 1, 128, 1]));
+        // 227 KiB of dynamic shared memory per block on an H100.
+        assert_eq!(super::smem(128), 32768 + 131072 + 1024 + 56);
+        assert!(super::smem(128) <= 232448 && super::smem(64) < super::smem(128));
+    }
+}
