@@ -5,17 +5,22 @@
 //  4. wgmma            TMA copies the block's Q once and K and V tiles of 128 keys into a 2-stage
 //                      ring of 128-byte-swizzled shared memory (a 4D map per tensor: head_dim,
 //                      heads, seq, batch, so rows past the sequence arrive as zeros); a producer
-//                      warpgroup issues them; two consumer warpgroups own 64 query rows each and
+//                      warp issues them; two consumer warpgroups own 64 query rows each and
 //                      run S = Q K^T as wgmma m64n128k16 (both operands from shared memory), the
 //                      online softmax in registers, then O += P V as wgmma m64nDk16 with P taken
 //                      from registers (the accumulator layout of S is the A-fragment layout).
 //                      Should buy: no ldmatrix, no address arithmetic per mma, 4x the work per
 //                      tensor-core instruction of mma.sync: the pace of wgmma, less the softmax.
-//                      block (384,1,1), grid (ceil(Sq/128), Hq, B), dynamic smem WgAttn<D>::SMEM.
+//                      block (288,1,1), grid (ceil(Sq/128), Hq, B), dynamic smem WgAttn<D>::SMEM.
 //  5. wgmma_overlap    wgmma, with the next tile's S = Q K^T and this tile's O += P V in flight
 //                      while the softmax of the tile runs (FlashAttention 3's intra-warpgroup
 //                      pipelining): P of one tile and S of the next live in registers together.
 //                      Should buy: the softmax's exp2 and shuffles hidden behind the tensor cores.
+//  6. wgmma_pingpong   wgmma_overlap, with the two consumer warpgroups taking turns to issue their
+//                      wgmmas (named barriers 1 and 2, FlashAttention 3's inter-warpgroup
+//                      schedule): one warpgroup's softmax runs while the other's GEMMs do.
+//                      Should buy: the tensor cores fed by one warpgroup while the other is busy
+//                      with exp2, instead of both contending at once.
 
 #include "mma.cuh"
 
@@ -59,7 +64,12 @@ struct WgAttn {
     static constexpr int STAGE_BYTES = 2 * KV_BYTES;                                                     // K, then V
     // Q, the ring, 1 KiB to align to the swizzle atom, mbarriers: q_full, k_full[s], v_full[s], empty[s].
     static constexpr int SMEM = Q_BYTES + STAGES * STAGE_BYTES + 1024 + 8 * (1 + 3 * STAGES);
-    static constexpr int THREADS = 384, PRODUCER_REGS = 24, CONSUMER_REGS = 240;  // 128 x 24 + 256 x 240 = 64512
+    // Two consumer warpgroups and a producer warp, 224 registers each (65536 / 288, stated as
+    // __maxnreg__, which excludes __launch_bounds__). wgmma_overlap keeps S, P and O (160 registers) live at once; ptxas 12.9 held
+    // it to 166 registers, spilling P and serialising the wgmmas, both with a producer warpgroup
+    // and setmaxnreg 24 / 240 (FlashAttention 3's split) and with __launch_bounds__(288, 1); with
+    // the register limit stated it uses 202 and keeps the wgmmas in flight.
+    static constexpr int THREADS = 288, MAXNREG = 224;
     static_assert(D == 64 || D == 128, "head dims 64 and 128");
     static_assert(SMEM <= 232448, "fits H100's 227 KiB of dynamic shared memory");
 };
@@ -74,16 +84,22 @@ struct SoftmaxRows {
 // Scales S into log2 units, masks it where the tile crosses a boundary, folds it into the running
 // statistics and turns it into P (unnormalised, in place); returns the factor by which the
 // accumulator of the tiles before must be scaled, per row.
-__device__ __forceinline__ float2 attn_wg_softmax(float (&s)[64], SoftmaxRows& st, int row0, int kv0, int Sk, int off, int causal,
-                                                  int window, float sl2, bool edge) {
+// Row r keeps keys [keys[r].x, keys[r].y) (attn_keep as a range: the masks are intervals).
+__device__ __forceinline__ float2 attn_wg_softmax(float (&s)[64], SoftmaxRows& st, const int2 (&keys)[2], int kv0, float sl2, bool edge) {
     const int t = threadIdx.x % 4;
+    if (edge) {
 #pragma unroll
-    for (int j = 0; j < 16; ++j)
+        for (int j = 0; j < 16; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int key = kv0 + 8 * j + 2 * t + (e & 1), row = row0 + (e < 2 ? 0 : 8);
-            s[4 * j + e] = (!edge || attn_keep(row, key, Sk, off, causal, window)) ? s[4 * j + e] * sl2 : NEG_INF;
-        }
+            for (int e = 0; e < 4; ++e) {
+                const int key = kv0 + 8 * j + 2 * t + (e & 1);
+                const int2 k = keys[e / 2];
+                s[4 * j + e] = key >= k.x && key < k.y ? s[4 * j + e] * sl2 : NEG_INF;
+            }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 64; ++i) s[i] *= sl2;
+    }
     float alpha[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -107,7 +123,7 @@ __device__ __forceinline__ float2 attn_wg_softmax(float (&s)[64], SoftmaxRows& s
     return make_float2(alpha[0], alpha[1]);
 }
 
-template <typename T, int D, bool OVERLAP>
+template <typename T, int D, bool OVERLAP, bool PINGPONG>
 __device__ void attn_wgmma_forward(const TmaDesc& tq, const TmaDesc& tk, const TmaDesc& tv, T* __restrict__ o, float* __restrict__ lse, int Sq,
                                    int Sk, int Hq, int Hkv, float scale, int causal, int window) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -145,8 +161,7 @@ __device__ void attn_wgmma_forward(const TmaDesc& tq, const TmaDesc& tk, const T
     }
     __syncthreads();
 
-    if (wgi == 2) {  // the producer
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(P::PRODUCER_REGS));
+    if (wgi == 2) {  // the producer warp
         if (tid == 0) {
             asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tq)) : "memory");
             asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tk)) : "memory");
@@ -167,12 +182,17 @@ __device__ void attn_wgmma_forward(const TmaDesc& tq, const TmaDesc& tk, const T
         return;
     }
 
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(P::CONSUMER_REGS));
     const int warp = tid / 32, lane = tid % 32;
     const int wrow0 = q0 + wgi * 64;                  // the warpgroup's first row
     const int row0 = wrow0 + warp * 16 + lane / 4;    // this thread's rows: row0, row0 + 8
     const unsigned qa = sq_ + wgi * 64 * 128;         // the warpgroup's 64 rows of each Q box
     const float sl2 = scale * LOG2E;
+    int2 keys[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int row = row0 + 8 * r;
+        keys[r] = make_int2(window > 0 ? row + off - window + 1 : 0, causal ? min(Sk, row + off + 1) : Sk);
+    }
     // Descriptors: Q and K K-major (a k16 step is 32 bytes along a 128-byte row, a box BM or BN
     // rows further on); V N-major (a k16 step is 16 rows = 2048 bytes, the next 64 columns one box on).
     auto q_desc = [&](int ks) { return wg_desc(qa + (ks / 4) * BM * 128 + (ks % 4) * 32, WG_A_LBO, WG_A_SBO); };
@@ -182,9 +202,12 @@ __device__ void attn_wgmma_forward(const TmaDesc& tq, const TmaDesc& tk, const T
     auto edge = [&](int kv0) {
         return kv0 + BN > Sk || (causal && kv0 + BN - 1 > wrow0 + off) || (window > 0 && kv0 <= wrow0 + 63 + off - window);
     };
+    // The waits for a tile's K and V come before any wgmma is issued: ptxas serialises wgmmas
+    // left in flight across a polling loop.
+    auto wait_k = [&](int it) { mbar_wait(k_full(it % STAGES), (it / STAGES) & 1); };
+    auto wait_v = [&](int it) { mbar_wait(v_full(it % STAGES), (it / STAGES) & 1); };
     auto issue_qk = [&](float (&s)[64], int it) {
         const unsigned kb = ring + (it % STAGES) * P::STAGE_BYTES;
-        mbar_wait(k_full(it % STAGES), (it / STAGES) & 1);
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) AttnWg<T>::qk(s, q_desc(ks), k_desc(kb, ks), ks > 0);
@@ -199,7 +222,6 @@ __device__ void attn_wgmma_forward(const TmaDesc& tq, const TmaDesc& tk, const T
     };
     auto issue_pv = [&](float (&acc)[ACC], const unsigned (&pa)[8][4], int it) {
         const unsigned vb = ring + (it % STAGES) * P::STAGE_BYTES + P::KV_BYTES;
-        mbar_wait(v_full(it % STAGES), (it / STAGES) & 1);
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
         for (int ks = 0; ks < BN / 16; ++ks) AttnWg<T>::pv(acc, pa[ks], v_desc(vb, ks));
@@ -220,6 +242,20 @@ __device__ void attn_wgmma_forward(const TmaDesc& tq, const TmaDesc& tk, const T
         for (int j = 0; j < ACC / 4; ++j) acc[4 * j] *= alpha.x, acc[4 * j + 1] *= alpha.x, acc[4 * j + 2] *= alpha.y, acc[4 * j + 3] *= alpha.y;
     };
 
+    // Ping-pong: a warpgroup's turn to issue wgmmas starts when the other has issued its own
+    // (bar.sync on its barrier, which the other's bar.arrive completes) and ends by handing the
+    // turn over. Both take tiles + 1 turns; warpgroup 1 hands warpgroup 0 the first turn and
+    // skips handing over after its last, so every arrival is matched by a sync.
+    int turn = 0;
+    auto turn_begin = [&]() {
+        if (PINGPONG) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + wgi) : "memory");
+    };
+    auto turn_end = [&]() {
+        if (PINGPONG && !(wgi == 1 && turn == tiles)) asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - wgi) : "memory");
+        ++turn;
+    };
+    if (PINGPONG && wgi == 1 && tiles > 0) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+
     float acc[ACC];
 #pragma unroll
     for (int i = 0; i < ACC; ++i) acc[i] = 0.f;
@@ -230,11 +266,13 @@ __device__ void attn_wgmma_forward(const TmaDesc& tq, const TmaDesc& tk, const T
     if (!OVERLAP) {
         for (int it = 0; it < tiles; ++it) {
             const int kv0 = lo + it * BN;
+            wait_k(it);
             issue_qk(s, it);
             asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
             wg_pin(s);
-            rescale(acc, attn_wg_softmax(s, st, row0, kv0, Sk, off, causal, window, sl2, edge(kv0)));
+            rescale(acc, attn_wg_softmax(s, st, keys, kv0, sl2, edge(kv0)));
             to_a(s, pa);
+            wait_v(it);
             issue_pv(acc, pa, it);
             asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
             wg_pin(acc);
@@ -245,18 +283,25 @@ __device__ void attn_wgmma_forward(const TmaDesc& tq, const TmaDesc& tk, const T
         // Tile 0's scores first; then, per tile it >= 1, S_it = Q K_it^T and O += P_{it-1} V_{it-1}
         // are issued together, the first is waited for, and the softmax of tile it runs while the
         // second is still in flight; O is rescaled once that one is done.
+        turn_begin();
+        wait_k(0);
         issue_qk(s, 0);
+        turn_end();
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         wg_pin(s);
-        rescale(acc, attn_wg_softmax(s, st, row0, lo, Sk, off, causal, window, sl2, edge(lo)));
+        rescale(acc, attn_wg_softmax(s, st, keys, lo, sl2, edge(lo)));
         to_a(s, pa);
         for (int it = 1; it < tiles; ++it) {
             const int kv0 = lo + it * BN;
+            turn_begin();
+            wait_k(it);
+            wait_v(it - 1);
             issue_qk(s, it);
             issue_pv(acc, pa, it - 1);
+            turn_end();
             asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // S_it done, P V may still run
             wg_pin(s);
-            const float2 alpha = attn_wg_softmax(s, st, row0, kv0, Sk, off, causal, window, sl2, edge(kv0));
+            const float2 alpha = attn_wg_softmax(s, st, keys, kv0, sl2, edge(kv0));
             asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
             wg_pin(acc);
             pin_a(pa);
@@ -264,7 +309,10 @@ __device__ void attn_wgmma_forward(const TmaDesc& tq, const TmaDesc& tk, const T
             rescale(acc, alpha);
             to_a(s, pa);
         }
+        turn_begin();
+        wait_v(tiles - 1);
         issue_pv(acc, pa, tiles - 1);
+        turn_end();
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         wg_pin(acc);
         pin_a(pa);
@@ -294,16 +342,18 @@ __device__ void attn_wgmma_forward(const TmaDesc& tq, const TmaDesc& tk, const T
 }
 
 // Exports: attention_<variant>_d<D>_{f16,bf16}.
-#define WG_ATTN_EXPORT(TY, T, NAME, D, OVERLAP)                                                                          \
-    extern "C" __global__ void __launch_bounds__(384, 1) attention_##NAME##_d##D##_##TY(                                    \
+#define WG_ATTN_EXPORT(TY, T, NAME, D, OVERLAP, PINGPONG)                                                                          \
+    extern "C" __global__ void __maxnreg__(WgAttn<D>::MAXNREG) attention_##NAME##_d##D##_##TY(                                    \
         const __grid_constant__ TmaDesc tq, const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDesc tv, T* o,    \
         float* lse, int Sq, int Sk, int Hq, int Hkv, float scale, int causal, int window) {                                 \
-        attn_wgmma_forward<T, D, OVERLAP>(tq, tk, tv, o, lse, Sq, Sk, Hq, Hkv, scale, causal, window);                      \
+        attn_wgmma_forward<T, D, OVERLAP, PINGPONG>(tq, tk, tv, o, lse, Sq, Sk, Hq, Hkv, scale, causal, window);                      \
     }
 #define WG_ATTN_EXPORTS(TY, T)                        \
-    WG_ATTN_EXPORT(TY, T, wgmma, 64, false)           \
-    WG_ATTN_EXPORT(TY, T, wgmma, 128, false)          \
-    WG_ATTN_EXPORT(TY, T, wgmma_overlap, 64, true)    \
-    WG_ATTN_EXPORT(TY, T, wgmma_overlap, 128, true)
+    WG_ATTN_EXPORT(TY, T, wgmma, 64, false, false)           \
+    WG_ATTN_EXPORT(TY, T, wgmma, 128, false, false)          \
+    WG_ATTN_EXPORT(TY, T, wgmma_overlap, 64, true, false)    \
+    WG_ATTN_EXPORT(TY, T, wgmma_overlap, 128, true, false)   \
+    WG_ATTN_EXPORT(TY, T, wgmma_pingpong, 64, true, true)    \
+    WG_ATTN_EXPORT(TY, T, wgmma_pingpong, 128, true, true)
 WG_ATTN_EXPORTS(f16, __half)
 WG_ATTN_EXPORTS(bf16, __nv_bfloat16)

@@ -108,6 +108,13 @@ pub const VARIANTS: &[Variant<Kernel>] = &[
         config: Kernel::Wgmma { head_dims: &[64, 128] },
     },
     Variant {
+        name: "wgmma_pingpong",
+        dtypes: F16_BF16,
+        requires: Requires::Sm90a,
+        what: "wgmma_overlap with the two consumer warpgroups taking turns to issue (FlashAttention 3's ping-pong): one's softmax beside the other's GEMMs",
+        config: Kernel::Wgmma { head_dims: &[64, 128] },
+    },
+    Variant {
         name: "decode_split",
         dtypes: F16_BF16,
         requires: Requires::Gpu,
@@ -152,7 +159,7 @@ pub fn variants() -> Vec<VariantInfo> {
 pub fn gpu_symbols() -> std::collections::BTreeSet<String> {
     let mut out = std::collections::BTreeSet::from([symbol(FAMILY, "naive_softmax", DType::F32), symbol(FAMILY, "naive_bwd_ds", DType::F32)]);
     for &d in F16_BF16 {
-        for k in ["naive_scores", "naive_pv", "fa2_d64", "fa2_d128", "fa2_m32_d64", "fa2_m32_d128", "wgmma_d64", "wgmma_d128", "wgmma_overlap_d64", "wgmma_overlap_d128"] {
+        for k in ["naive_scores", "naive_pv", "fa2_d64", "fa2_d128", "fa2_m32_d64", "fa2_m32_d128", "wgmma_d64", "wgmma_d128", "wgmma_overlap_d64", "wgmma_overlap_d128", "wgmma_pingpong_d64", "wgmma_pingpong_d128"] {
             out.insert(symbol(FAMILY, k, d));
         }
         for k in ["decode_split_d64", "decode_split_d128", "decode_combine"] {

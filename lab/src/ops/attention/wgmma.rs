@@ -16,6 +16,8 @@ use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, LaunchConfig, PushKernelA
 /// Query rows per block (two consumer warpgroups of 64) and keys per tile: `WgAttn` in the kernel.
 pub const BM: usize = 128;
 pub const BN: usize = 128;
+/// Two consumer warpgroups and a producer warp.
+const THREADS: u32 = 288;
 const STAGES: usize = 2;
 
 /// `WgAttn<D>::SMEM`: Q, a ring of K and V tiles, 1 KiB to align it to the swizzle atom, and
@@ -61,7 +63,7 @@ pub fn launch<T: Elem>(
     let [sq, sk, hq, hkv] = [d.sq, d.sk, d.hq, d.hkv].map(|x| x as i32);
     let f = gpu.function(FAMILY, &symbol(FAMILY, &format!("{variant}_d{}", d.d), T::DTYPE))?;
     raise_dynamic_smem(&f, smem(d.d))?;
-    let cfg = LaunchConfig { grid_dim: (d.sq.div_ceil(BM) as u32, d.hq as u32, d.batch as u32), block_dim: (384, 1, 1), shared_mem_bytes: smem(d.d) as u32 };
+    let cfg = LaunchConfig { grid_dim: (d.sq.div_ceil(BM) as u32, d.hq as u32, d.batch as u32), block_dim: (THREADS, 1, 1), shared_mem_bytes: smem(d.d) as u32 };
     let mut b = gpu.stream.launch_builder(&f);
     b.arg(&tq).arg(&tk).arg(&tv).arg(o).arg(lse).arg(&sq).arg(&sk).arg(&hq).arg(&hkv);
     b.arg(&scale).arg(&causal).arg(&window);
@@ -73,6 +75,14 @@ pub fn launch<T: Elem>(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_tiles_threads_and_shared_memory_are_the_kernels() {
+        let cache = tempfile::tempdir().unwrap();
+        let exprs = ["WgAttn<64>::BM", "WgAttn<64>::BN", "WgAttn<64>::THREADS", "WgAttn<64>::SMEM", "WgAttn<128>::SMEM"];
+        let got = crate::gpu::compile::probe_u32(Some(cache.path()), super::FAMILY, &exprs).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(got, [super::BM as u32, super::BN as u32, super::THREADS, super::smem(64) as u32, super::smem(128) as u32]);
+    }
+
     #[test]
     fn the_maps_name_one_head_of_128_rows_and_the_ring_fits_a_block() {
         let t = super::tensor_box(3, 129, 9, 64, 2);

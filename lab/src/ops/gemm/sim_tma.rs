@@ -151,7 +151,7 @@ fn wgmma_tma_tensor_maps_and_shared_memory() {
     assert_eq!(tb, TmaBox { rank: 2, dims: [1032, 776, 1, 1], strides_bytes: [2064, 0, 0], boxes: [64, 64, 1, 1] });
     // Padded leading dimensions are strides, never sizes.
     let (ta, tb) = tma_boxes(Dims { m: 3, n: 5, k: 7, lda: 16, ldb: 24, ldc: 5 }, 2);
-    assert_eq!((ta.dims, ta.row_stride_bytes(), tb.dims, tb.row_stride_bytes()), ([7, 3, 1], 32, [5, 7, 1], 48));
+    assert_eq!((ta.dims, ta.row_stride_bytes(), tb.dims, tb.row_stride_bytes()), ([7, 3, 1, 1], 32, [5, 7, 1, 1], 48));
     for t in [ta, tb] {
         assert_eq!(t.boxes[0] as usize * 2, 128, "a 128-byte swizzle takes boxes of at most 128 bytes along the row");
         assert!(t.boxes.iter().all(|&x| (1..=256).contains(&x)));
