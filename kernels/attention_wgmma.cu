@@ -2,16 +2,16 @@
 // (Shah et al. 2024). Conventions (layout, masks, lse): attention.cu. Operand layouts and the
 // mbarrier ring: kernels/gemm/wgmma.cu (wgmma_tma), whose helpers (common.cuh, mma.cuh) this reuses.
 //
-//  4. wgmma            TMA copies the block's Q once and K and V tiles of 128 keys into a 2-stage
-//                      ring of 128-byte-swizzled shared memory (a 4D map per tensor: head_dim,
-//                      heads, seq, batch, so rows past the sequence arrive as zeros); a producer
-//                      warp issues them; two consumer warpgroups own 64 query rows each and
+//  4. wgmma            TMA copies the block's Q once and K and V tiles of 128 keys into a ring of
+//                      128-byte-swizzled shared memory (a 4D map per tensor: head_dim, heads,
+//                      seq, batch, so rows past the sequence arrive as zeros), issued by one
+//                      thread of warpgroup 1; two warpgroups own 64 query rows each and
 //                      run S = Q K^T as wgmma m64n128k16 (both operands from shared memory), the
 //                      online softmax in registers, then O += P V as wgmma m64nDk16 with P taken
 //                      from registers (the accumulator layout of S is the A-fragment layout).
 //                      Should buy: no ldmatrix, no address arithmetic per mma, 4x the work per
 //                      tensor-core instruction of mma.sync: the pace of wgmma, less the softmax.
-//                      block (288,1,1), grid (ceil(Sq/128), Hq, B), dynamic smem WgAttn<D>::SMEM.
+//                      block (256,1,1), grid (ceil(Sq/128), Hq, B), dynamic smem WgAttn<D>::SMEM.
 //  5. wgmma_overlap    wgmma, with the next tile's S = Q K^T and this tile's O += P V in flight
 //                      while the softmax of the tile runs (FlashAttention 3's intra-warpgroup
 //                      pipelining): P of one tile and S of the next live in registers together.
@@ -55,21 +55,22 @@ ATT_WG_TYPE(__half, "f16")
 ATT_WG_TYPE(__nv_bfloat16, "bf16")
 #endif
 
-// The block and ring of the wgmma rungs at head dim D: 128 query rows (two consumer warpgroups),
-// 128-key tiles, 2 stages. A tile of R rows arrives as D / 64 boxes of R rows x 128 bytes.
+// The block and ring of the wgmma rungs at head dim D: 128 query rows (two warpgroups), 128-key
+// tiles, 3 stages at D128 (224 KiB), 4 at D64. A tile of R rows arrives as D / 64 boxes of R rows
+// x 128 bytes.
 template <int D>
 struct WgAttn {
-    static constexpr int BM = 128, BN = 128, STAGES = 2, BOXES = D / 64;
+    static constexpr int BM = 128, BN = 128, STAGES = D == 128 ? 3 : 4, BOXES = D / 64;
     static constexpr int Q_BYTES = BM * D * 2, KV_BYTES = BN * D * 2, BOX_ROWS_BYTES = BN * 128;  // BN = BM
     static constexpr int STAGE_BYTES = 2 * KV_BYTES;                                                     // K, then V
     // Q, the ring, 1 KiB to align to the swizzle atom, mbarriers: q_full, k_full[s], v_full[s], empty[s].
     static constexpr int SMEM = Q_BYTES + STAGES * STAGE_BYTES + 1024 + 8 * (1 + 3 * STAGES);
-    // Two consumer warpgroups and a producer warp, 224 registers each (65536 / 288, stated as
-    // __maxnreg__, which excludes __launch_bounds__). wgmma_overlap keeps S, P and O (160 registers) live at once; ptxas 12.9 held
-    // it to 166 registers, spilling P and serialising the wgmmas, both with a producer warpgroup
-    // and setmaxnreg 24 / 240 (FlashAttention 3's split) and with __launch_bounds__(288, 1); with
-    // the register limit stated it uses 202 and keeps the wgmmas in flight.
-    static constexpr int THREADS = 288, MAXNREG = 224;
+    // No producer warpgroup: wgmma_overlap keeps S, P and O (160 registers) live at once, and
+    // with 12 warps (3 on each of an SM's four 16,384-register quarters) ptxas 12.9 compiled it to
+    // ~170 registers even with setmaxnreg 24 / 240 (FlashAttention 3's split), spilling P and
+    // serialising the wgmmas; a producer warp (9 warps) has the same quarter limit. 8 warps leave
+    // 255 registers to every thread.
+    static constexpr int THREADS = 256;
     static_assert(D == 64 || D == 128, "head dims 64 and 128");
     static_assert(SMEM <= 232448, "fits H100's 227 KiB of dynamic shared memory");
 };
@@ -161,25 +162,26 @@ __device__ void attn_wgmma_forward(const TmaDesc& tq, const TmaDesc& tk, const T
     }
     __syncthreads();
 
-    if (wgi == 2) {  // the producer warp
-        if (tid == 0) {
-            asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tq)) : "memory");
-            asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tk)) : "memory");
-            asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tv)) : "memory");
-            // Out-of-bounds rows are zero-filled and still counted in the transaction bytes.
-            mbar_expect_tx(bars, P::Q_BYTES);
-            for (int x = 0; x < BOXES; ++x) tma_load_4d(sq_ + x * BM * 128, &tq, 64 * x, h, q0, b, bars);
-            for (int it = 0; it < tiles; ++it) {
-                const int s = it % STAGES, kv0 = lo + it * BN;
-                const unsigned kb = ring + s * P::STAGE_BYTES, vb = kb + P::KV_BYTES;
-                mbar_wait(empty(s), ((it / STAGES) & 1) ^ 1);
-                mbar_expect_tx(k_full(s), P::KV_BYTES);
-                for (int x = 0; x < BOXES; ++x) tma_load_4d(kb + x * P::BOX_ROWS_BYTES, &tk, 64 * x, hk, kv0, b, k_full(s));
-                mbar_expect_tx(v_full(s), P::KV_BYTES);
-                for (int x = 0; x < BOXES; ++x) tma_load_4d(vb + x * P::BOX_ROWS_BYTES, &tv, 64 * x, hk, kv0, b, v_full(s));
-            }
-        }
-        return;
+    // The loads: thread 0 of warpgroup 1 issues Q and the first STAGES tiles, then tile it +
+    // STAGES once both warpgroups have released tile it (warpgroup 1 is the later of the two
+    // under ping-pong, so its wait for warpgroup 0 is short).
+    const bool loader = threadIdx.x == 128;
+    auto load_tile = [&](int it) {
+        const int s = it % STAGES, kv0 = lo + it * BN;
+        const unsigned kb = ring + s * P::STAGE_BYTES, vb = kb + P::KV_BYTES;
+        // Out-of-bounds rows are zero-filled and still counted in the transaction bytes.
+        mbar_expect_tx(k_full(s), P::KV_BYTES);
+        for (int x = 0; x < BOXES; ++x) tma_load_4d(kb + x * P::BOX_ROWS_BYTES, &tk, 64 * x, hk, kv0, b, k_full(s));
+        mbar_expect_tx(v_full(s), P::KV_BYTES);
+        for (int x = 0; x < BOXES; ++x) tma_load_4d(vb + x * P::BOX_ROWS_BYTES, &tv, 64 * x, hk, kv0, b, v_full(s));
+    };
+    if (loader) {
+        asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tq)) : "memory");
+        asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tk)) : "memory");
+        asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tv)) : "memory");
+        mbar_expect_tx(bars, P::Q_BYTES);
+        for (int x = 0; x < BOXES; ++x) tma_load_4d(sq_ + x * BM * 128, &tq, 64 * x, h, q0, b, bars);
+        for (int it = 0; it < min(tiles, STAGES); ++it) load_tile(it);
     }
 
     const int warp = tid / 32, lane = tid % 32;
@@ -236,6 +238,10 @@ __device__ void attn_wgmma_forward(const TmaDesc& tq, const TmaDesc& tk, const T
     };
     auto release = [&](int it) {
         if (lane == 0) mbar_arrive(empty(it % STAGES));
+        if (loader && it + STAGES < tiles) {
+            mbar_wait(empty(it % STAGES), (it / STAGES) & 1);
+            load_tile(it + STAGES);
+        }
     };
     auto rescale = [&](float (&acc)[ACC], float2 alpha) {
 #pragma unroll
@@ -343,7 +349,7 @@ __device__ void attn_wgmma_forward(const TmaDesc& tq, const TmaDesc& tk, const T
 
 // Exports: attention_<variant>_d<D>_{f16,bf16}.
 #define WG_ATTN_EXPORT(TY, T, NAME, D, OVERLAP, PINGPONG)                                                                          \
-    extern "C" __global__ void __maxnreg__(WgAttn<D>::MAXNREG) attention_##NAME##_d##D##_##TY(                                    \
+    extern "C" __global__ void __launch_bounds__(WgAttn<D>::THREADS, 1) attention_##NAME##_d##D##_##TY(                                    \
         const __grid_constant__ TmaDesc tq, const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDesc tv, T* o,    \
         float* lse, int Sq, int Sk, int Hq, int Hkv, float scale, int causal, int window) {                                 \
         attn_wgmma_forward<T, D, OVERLAP, PINGPONG>(tq, tk, tv, o, lse, Sq, Sk, Hq, Hkv, scale, causal, window);                      \

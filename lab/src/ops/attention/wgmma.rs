@@ -16,14 +16,22 @@ use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, LaunchConfig, PushKernelA
 /// Query rows per block (two consumer warpgroups of 64) and keys per tile: `WgAttn` in the kernel.
 pub const BM: usize = 128;
 pub const BN: usize = 128;
-/// Two consumer warpgroups and a producer warp.
-const THREADS: u32 = 288;
-const STAGES: usize = 2;
+/// Two warpgroups; one thread of the second issues the loads.
+const THREADS: u32 = 256;
+
+/// `WgAttn<D>::STAGES`: the ring's depth, as deep as 227 KiB allows at D128.
+pub const fn stages(d: usize) -> usize {
+    if d == 128 {
+        3
+    } else {
+        4
+    }
+}
 
 /// `WgAttn<D>::SMEM`: Q, a ring of K and V tiles, 1 KiB to align it to the swizzle atom, and
-/// 1 + 3 x STAGES mbarriers.
+/// 1 + 3 x stages mbarriers.
 pub const fn smem(d: usize) -> usize {
-    BM * d * 2 + STAGES * 2 * BN * d * 2 + 1024 + 8 * (1 + 3 * STAGES)
+    BM * d * 2 + stages(d) * 2 * BN * d * 2 + 1024 + 8 * (1 + 3 * stages(d))
 }
 
 /// The map of a [batch, seq, heads, head_dim] tensor, boxes of 64 x 1 head x 128 rows.
@@ -88,7 +96,7 @@ mod tests {
         let t = super::tensor_box(3, 129, 9, 64, 2);
         assert_eq!((t.rank, t.dims, t.strides_bytes, t.boxes), (4, [64, 9, 129, 3], [128, 1152, 1152 * 129], [64, 1, 128, 1]));
         // 227 KiB of dynamic shared memory per block on an H100.
-        assert_eq!(super::smem(128), 32768 + 131072 + 1024 + 56);
+        assert_eq!(super::smem(128), 32768 + 196608 + 1024 + 80);
         assert!(super::smem(128) <= 232448 && super::smem(64) < super::smem(128));
     }
 }
