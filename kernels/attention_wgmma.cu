@@ -82,9 +82,18 @@ struct SoftmaxRows {
     float m[2], l[2];
 };
 
-// Scales S into log2 units, masks it where the tile crosses a boundary, folds it into the running
-// statistics and turns it into P (unnormalised, in place); returns the factor by which the
-// accumulator of the tiles before must be scaled, per row.
+// 2^x by the special-function unit alone (exp2f adds a range check and two multiplies to keep
+// denormal results, which P does not need: they are below bf16's and f16's smallest steps).
+__device__ __forceinline__ float ex2_ftz(float x) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+
+// Masks S where the tile crosses a boundary, folds it into the running statistics and turns it
+// into P (unnormalised, in place); returns the factor by which the accumulator of the tiles before
+// must be scaled, per row. The scale (> 0) is applied inside the exponent, one FFMA per score:
+// the row max of the raw scores is the max of the scaled ones.
 // Row r keeps keys [keys[r].x, keys[r].y) (attn_keep as a range: the masks are intervals).
 __device__ __forceinline__ float2 attn_wg_softmax(float (&s)[64], SoftmaxRows& st, const int2 (&keys)[2], int kv0, float sl2, bool edge) {
     const int t = threadIdx.x % 4;
@@ -95,28 +104,26 @@ __device__ __forceinline__ float2 attn_wg_softmax(float (&s)[64], SoftmaxRows& s
             for (int e = 0; e < 4; ++e) {
                 const int key = kv0 + 8 * j + 2 * t + (e & 1);
                 const int2 k = keys[e / 2];
-                s[4 * j + e] = key >= k.x && key < k.y ? s[4 * j + e] * sl2 : NEG_INF;
+                if (key < k.x || key >= k.y) s[4 * j + e] = NEG_INF;
             }
-    } else {
-#pragma unroll
-        for (int i = 0; i < 64; ++i) s[i] *= sl2;
     }
     float alpha[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        float mx = st.m[r];
+        float mx = NEG_INF;
 #pragma unroll
         for (int j = 0; j < 16; ++j) mx = fmax_nan(mx, fmax_nan(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
         mx = fmax_nan(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmax_nan(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        mx = fmax_nan(st.m[r], mx * sl2);
         const float shift = safe_shift(mx);
-        alpha[r] = exp2f(st.m[r] - shift);
+        alpha[r] = ex2_ftz(st.m[r] - shift);
         st.m[r] = mx;
         float sum = 0.f;
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
-            s[4 * j + 2 * r] = exp2f(s[4 * j + 2 * r] - shift);
-            s[4 * j + 2 * r + 1] = exp2f(s[4 * j + 2 * r + 1] - shift);
+            s[4 * j + 2 * r] = ex2_ftz(fmaf(s[4 * j + 2 * r], sl2, -shift));
+            s[4 * j + 2 * r + 1] = ex2_ftz(fmaf(s[4 * j + 2 * r + 1], sl2, -shift));
             sum += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
         }
         st.l[r] = st.l[r] * alpha[r] + sum;  // this lane's share; the quad is summed at the end
