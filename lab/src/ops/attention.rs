@@ -226,9 +226,9 @@ impl Dims {
     }
 }
 
-/// The variant [`forward`] runs: on sm_90a `wgmma_pingpong` (an H100, 2026-11-27T13-02-14Z-h100-e151351-4f59:
-/// 458 against fa2_m32's 279 TFLOP/s at B4 H16 S4096 D128, 122 against 61 at SmolLM2's prefill);
-/// elsewhere, as measured on an H200 (2026-11-26T02-14-22Z-h200-4f89ed0), `fa2_m32` where its
+/// The variant [`forward`] runs: on sm_90a `wgmma` (an H100, 2026-11-27T13-12-20Z-h100-5f878e8-9838:
+/// 1.6-1.9x fa2_m32 across FlashAttention 3's sweep, 2.1x at SmolLM2's prefill; its two overlapped
+/// variants were no faster but at 512-1024 causal tokens); elsewhere, as measured on an H200 (2026-11-26T02-14-22Z-h200-4f89ed0), `fa2_m32` where its
 /// 128-row blocks fill the GPU twice over (1.2-1.5x `fa2` from 2048 tokens up), `fa2` for fewer
 /// query tiles, the naive rung for other head dims; the CPU path on the CPU.
 pub fn best(dev: &Backend, d: Dims) -> &'static Variant<Kernel> {
@@ -238,7 +238,7 @@ pub fn best(dev: &Backend, d: Dims) -> &'static Variant<Kernel> {
     };
     let name = match dev {
         Backend::Cpu => "cpu_rows",
-        Backend::Cuda(_) if takes("wgmma_pingpong") => "wgmma_pingpong",
+        Backend::Cuda(_) if takes("wgmma") => "wgmma",
         Backend::Cuda(_) if !takes("fa2") => "naive",
         Backend::Cuda(g) if d.sq.div_ceil(128) * d.hq * d.batch >= 2 * g.info.sm_count as usize => "fa2_m32",
         Backend::Cuda(_) => "fa2",
