@@ -607,3 +607,15 @@ fn quantize_writes_a_model_and_keeps_an_existing_file() {
     let o = lab(&["quantize", "--model", &model, "--format", "q3_k", "--out", dir.path().join("x.gguf").to_str().unwrap()]);
     assert!(text(&o).contains("unknown format `q3_k`"), "{}", text(&o));
 }
+
+#[test]
+fn compile_takes_named_families_and_names_an_unknown_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = lab(&["compile", "--arch", "80", "--family", "softmax", "--emit", dir.path().to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let written: Vec<String> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert_eq!(written, ["softmax.compute_80.ptx"]);
+    let o = lab(&["compile", "--arch", "80", "--family", "sotfmax"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("no kernel family `sotfmax` (families with kernels: "), "{}", text(&o));
+}

@@ -238,6 +238,9 @@ enum Command {
     Doctor,
     /// Compile every kernel family with NVRTC (for the device, or for the given architectures).
     Compile {
+        /// Only these families (repeatable; default: every family with kernels).
+        #[arg(long = "family")]
+        families: Vec<String>,
         /// Compute capabilities as numbers, e.g. 80,90,90a (default: the device's own target,
         /// 90a on 9.0).
         #[arg(long, value_delimiter = ',')]
@@ -418,10 +421,15 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             lab::experiment::doctor::print();
             Ok(ExitCode::SUCCESS)
         }
-        Command::Compile { arch, emit } => {
+        Command::Compile { families, arch, emit } => {
+            let all: Vec<&str> = lab::family::with_kernels().map(|f| f.name).collect();
+            if let Some(bad) = families.iter().find(|f| !all.contains(&f.as_str())) {
+                return Err(LabError::Invalid(format!("no kernel family `{bad}` (families with kernels: {})", all.join(", "))));
+            }
+            let chosen: Vec<&str> = all.into_iter().filter(|f| families.is_empty() || families.iter().any(|g| g == f)).collect();
             let archs = if arch.is_empty() { vec![lab::gpu::compile::Target::for_device(lab::gpu::Gpu::new(0)?.arch)] } else { arch };
             for a in archs {
-                for family in lab::family::with_kernels().map(|f| f.name) {
+                for &family in &chosen {
                     let ptx = lab::gpu::compile::compile_family(family, a)?;
                     match &emit {
                         Some(dir) => {
