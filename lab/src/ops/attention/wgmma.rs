@@ -13,7 +13,7 @@ use crate::ops::Elem;
 use crate::{LabError, Result};
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, LaunchConfig, PushKernelArg};
 
-/// Query rows per block (two consumer warpgroups of 64) and keys per tile: `WgAttn` in the kernel.
+/// Query rows per block (two warpgroups of 64) and keys per tile: `WgAttn` in the kernel.
 pub const BM: usize = 128;
 pub const BN: usize = 128;
 /// Two warpgroups; one thread of the second issues the loads.
