@@ -35,6 +35,7 @@ const FAMILY: &str = "attention";
 pub mod backward;
 pub mod backward_check;
 pub mod decode;
+pub mod decode_check;
 pub mod wgmma;
 
 /// How a variant runs.
@@ -524,7 +525,7 @@ impl Experiment for Attention {
         "attention"
     }
     fn description(&self) -> &'static str {
-        "attention forward and backward, f16/bf16, causal or not, MHA/GQA/MQA, head dims 64 and 128: naive (scores in memory) to FlashAttention 2 on mma.sync, beside torch SDPA's backends"
+        "attention forward and backward, f16/bf16, causal or not, MHA/GQA/MQA, head dims 64 and 128: naive (scores in memory), FlashAttention 2 on mma.sync and wgmma rungs on Hopper, beside torch SDPA's backends; decode over a paged cache against the copy ceiling"
     }
     fn headlines(&self) -> &'static [&'static str] {
         &["batch=4 seq=4096 hq=16 d=128 causal=false", "batch=4 seq=4096 hq=16 d=128 causal=true"]
@@ -570,6 +571,7 @@ impl Experiment for Attention {
             out.push(case_json(&timed[0], "f16", true));
         }
         out.extend(backward_check::cases(backend, quick));
+        out.extend(decode_check::cases(backend, quick));
         out
     }
     /// The forward's quick gates, and small odd backward shapes (the backward's quick gates reach
@@ -584,7 +586,14 @@ impl Experiment for Attention {
         let backward = match case.get("pass").and_then(Value::as_str) {
             None | Some("forward") => false,
             Some("backward") => true,
-            Some(other) => return Err(LabError::Invalid(format!("unknown attention pass `{other}` (forward, backward)"))),
+            Some("decode") => {
+                return match DType::parse(param_str(case, "dtype")?)? {
+                    DType::Bf16 => decode_check::run::<half::bf16>(s, case),
+                    DType::F16 => decode_check::run::<half::f16>(s, case),
+                    DType::F32 => Err(LabError::Invalid("attention runs in f16 and bf16".into())),
+                }
+            }
+            Some(other) => return Err(LabError::Invalid(format!("unknown attention pass `{other}` (forward, backward, decode)"))),
         };
         match (DType::parse(param_str(case, "dtype")?)?, backward) {
             (DType::Bf16, false) => run::<half::bf16>(s, case),

@@ -27,8 +27,10 @@
 //!   the rest are dropped. Dropless keeps all. Within an expert's segment rows follow that rank.
 //!
 //! Files: `cpu` (the CPU variant, f32), `gpu` (launches), `reference` (f64, the layer's bound),
+//! `backward` (the layer's gradients in f64, for a backward kernel to be checked against),
 //! `experiment`, `tests`; `mirrors` replays the kernels' index math on the CPU (tests only).
 
+pub mod backward;
 mod cpu;
 mod experiment;
 mod gpu;
