@@ -128,9 +128,10 @@ pub fn backward(l: &Layer, r: &Router, dout: &[f64], d_aux: f64, d_z: f64) -> Gr
         let dy: Vec<f64> = dout_t.iter().map(|d| w * d).collect();
         let dn = &l.down[ex * i * h..][..i * h];
         let d_act: Vec<f64> = (0..i).map(|c| dn[c * h..][..h].iter().zip(&dy).map(|(a, b)| a * b).sum()).collect();
-        for c in 0..i {
-            for o in 0..h {
-                g.down[ex * i * h + c * h + o] += act[c] * dy[o];
+        let dd = &mut g.down[ex * i * h..][..i * h];
+        for (c, a) in act.iter().enumerate() {
+            for (dv, y) in dd[c * h..][..h].iter_mut().zip(&dy) {
+                *dv += a * y;
             }
         }
         let (mut dg, mut du) = (vec![0f64; i], vec![0f64; i]);
