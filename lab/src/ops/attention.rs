@@ -14,7 +14,7 @@
 use super::compare::compare_elems;
 use super::gemm::raise_dynamic_smem;
 use super::variant::{self, Requires, Variant, VariantInfo};
-use super::{measure_op, measure_torch, Check, Elem};
+use super::{measure_op_with, measure_torch, Check, Elem};
 use crate::error::Doing;
 use crate::experiment::{param_str, param_timed, param_usize, rng_for, Backend, Experiment, Measurement, Peer, Session};
 use crate::kernels::{symbol, DType};
@@ -582,6 +582,18 @@ impl Experiment for Attention {
         out.extend(backward_check::sanitize_cases());
         out
     }
+    /// Forward cases of the tiled rungs only (what `--ncu` profiles).
+    fn launch_once(&self, gpu: &crate::gpu::Gpu, case: &Value, variant: &str, seed: u64) -> Result<()> {
+        let var = variant::find(FAMILY, VARIANTS, variant)?;
+        if case.get("pass").is_some_and(|p| p != "forward") || !matches!(var.config, Kernel::Fa2 { .. } | Kernel::Wgmma { .. }) {
+            return Err(LabError::Invalid(format!("attention launches once only forward cases of the tiled rungs, not `{variant}` on {case}")));
+        }
+        match DType::parse(param_str(case, "dtype")?)? {
+            DType::Bf16 => launch_once_as::<half::bf16>(gpu, case, var, seed),
+            DType::F16 => launch_once_as::<half::f16>(gpu, case, var, seed),
+            DType::F32 => Err(LabError::Invalid("attention runs in f16 and bf16".into())),
+        }
+    }
     fn run_case(&self, s: &mut Session, case: &Value) -> Result<()> {
         let backward = match case.get("pass").and_then(Value::as_str) {
             None | Some("forward") => false,
@@ -613,18 +625,43 @@ fn case_dims(case: &Value) -> Result<(Dims, Mask)> {
     Ok((d, Mask { causal, window }))
 }
 
-fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
-    let (d, mask) = case_dims(case)?;
-    let timed = param_timed(case);
-    let fill = case.get("fill").and_then(Value::as_str).unwrap_or("normal");
-    let qscale = match fill {
+/// A forward case's Q, K and V, drawn from the case's seed (the rng goes on to pick the checked rows).
+fn case_inputs<T: Elem>(d: Dims, case: &Value, rng: &mut impl Rng) -> Result<(Vec<T>, Vec<T>, Vec<T>)> {
+    let qscale = match case.get("fill").and_then(Value::as_str).unwrap_or("normal") {
         "normal" => 1.0,
         "large" => 100.0,
         other => return Err(LabError::Invalid(format!("unknown attention fill `{other}` (normal, large)"))),
     };
-    let mut rng = rng_for(s.opts.seed, case);
     let (qn, kn) = (d.batch * d.sq * d.hq * d.d, d.batch * d.sk * d.hkv * d.d);
-    let (q, k, v): (Vec<T>, Vec<T>, Vec<T>) = (input(qn, qscale, &mut rng), input(kn, 1.0, &mut rng), input(kn, 1.0, &mut rng));
+    Ok((input(qn, qscale, rng), input(kn, 1.0, rng), input(kn, 1.0, rng)))
+}
+
+/// Nsight Compute's view of a tiled rung's kernel: time, tensor-pipe and SM throughput, warps
+/// resident, instructions.
+const NCU_METRICS: &[&str] = &[
+    "gpu__time_duration.sum",
+    "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+    "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "smsp__inst_executed.sum",
+];
+
+/// One forward launch of a tiled rung on a case's inputs, for `lab launch-once` under a profiler.
+fn launch_once_as<T: Elem>(gpu: &crate::gpu::Gpu, case: &Value, var: &'static Variant<Kernel>, seed: u64) -> Result<()> {
+    let (d, mask) = case_dims(case)?;
+    let (q, k, v) = case_inputs::<T>(d, case, &mut rng_for(seed, case))?;
+    let (dq, dk, dv) = (gpu.upload(&q)?, gpu.upload(&k)?, gpu.upload(&v)?);
+    let mut o = gpu.stream.alloc_zeros::<T>(q.len()).doing("allocating the attention output")?;
+    let mut lse = gpu.stream.alloc_zeros::<f32>(d.batch * d.hq * d.sq).doing("allocating the attention lse")?;
+    launch_tiled(gpu, var, d, mask, (&dq.as_view(), &dk.as_view(), &dv.as_view()), &mut o.as_view_mut(), &mut lse.as_view_mut())?;
+    gpu.sync()
+}
+
+fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
+    let (d, mask) = case_dims(case)?;
+    let timed = param_timed(case);
+    let mut rng = rng_for(s.opts.seed, case);
+    let (q, k, v) = case_inputs::<T>(d, case, &mut rng)?;
     let expected = Expected::new(d, mask, &q, &k, &v, check_rows(d, &mut rng));
     let work = d.work(mask, T::DTYPE.size());
     let compare_o = |o: &[T]| compare_elems(&expected.gather(d, o), &expected.o, expected.tol, "cpu-f64 (sampled rows)");
@@ -644,7 +681,17 @@ fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
         if !var.requires.met_by(&dev) || refusal(var, d).is_some() || !s.wants(var.name, "lab") {
             continue;
         }
-        measure_op(s, case, var.name, work, &check, timed, &mut o, |o| forward_with(&dev, var.name, &qt, &kt, &vt, mask, o, &mut lse.borrow_mut()))?;
+        // Under --ncu, each timed tiled rung's kernel profiled once; an ncu that fails is said in
+        // the record rather than ending the run.
+        let mut extra = serde_json::Map::new();
+        if s.opts.ncu && timed && matches!((&dev, var.config), (Backend::Cuda(_), Kernel::Fa2 { .. } | Kernel::Wgmma { .. })) {
+            let kernel = symbol(FAMILY, &format!("{}_d{}", var.name, d.d), T::DTYPE);
+            match crate::profile::ncu::measure(&kernel, FAMILY, case, var.name, s.opts.seed, NCU_METRICS) {
+                Ok(m) => extra.insert("ncu".into(), json!(m)),
+                Err(e) => extra.insert("ncu_error".into(), json!(e.to_string())),
+            };
+        }
+        measure_op_with(s, case, var.name, work, &check, timed, &mut o, extra, |o| forward_with(&dev, var.name, &qt, &kt, &vt, mask, o, &mut lse.borrow_mut()))?;
         // The log-sum-exp the backward will read, checked once per variant (untimed).
         let got = expected.gather_lse(d, &lse.borrow().to_vec()?);
         let mut m = Measurement::new(var.name, "lab", &lse_case(case), Work { bytes: 0, flops: 0 });
