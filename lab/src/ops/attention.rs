@@ -46,7 +46,8 @@ pub enum Kernel {
     /// FlashAttention 2 on mma.sync, for the head dims it was instantiated for, with `mt` 16-row
     /// m-tiles per warp (a block of 4 warps owns 64 mt query rows).
     Fa2 { head_dims: &'static [usize], mt: usize },
-    /// The Hopper rungs ([`wgmma::launch`]): TMA, a producer warpgroup, wgmma, for these head dims.
+    /// The Hopper rungs ([`wgmma::launch`]): TMA and wgmma, two warpgroups of 64 query rows, for
+    /// these head dims.
     Wgmma { head_dims: &'static [usize] },
     /// [`cpu_rows`].
     CpuRows,
@@ -98,7 +99,7 @@ pub const VARIANTS: &[Variant<Kernel>] = &[
         name: "wgmma",
         dtypes: F16_BF16,
         requires: Requires::Sm90a,
-        what: "Hopper: Q, K, V by TMA from a producer warpgroup, QK^T and PV as wgmma (P from registers), two consumer warpgroups of 64 rows",
+        what: "Hopper: Q, K, V by TMA into a ring of 3-4 stages, QK^T and PV as wgmma (P from registers), two warpgroups of 64 rows",
         config: Kernel::Wgmma { head_dims: &[64, 128] },
     },
     Variant {
@@ -112,7 +113,7 @@ pub const VARIANTS: &[Variant<Kernel>] = &[
         name: "wgmma_pingpong",
         dtypes: F16_BF16,
         requires: Requires::Sm90a,
-        what: "wgmma_overlap with the two consumer warpgroups taking turns to issue (FlashAttention 3's ping-pong): one's softmax beside the other's GEMMs",
+        what: "wgmma_overlap with the two warpgroups taking turns to issue (FlashAttention 3's ping-pong): one's softmax beside the other's GEMMs",
         config: Kernel::Wgmma { head_dims: &[64, 128] },
     },
     Variant {
@@ -227,9 +228,10 @@ impl Dims {
     }
 }
 
-/// The variant [`forward`] runs: on sm_90a `wgmma` (an H100, 2026-11-27T13-12-20Z-h100-5f878e8-9838:
-/// 1.6-1.9x fa2_m32 across FlashAttention 3's sweep, 2.1x at SmolLM2's prefill; its two overlapped
-/// variants were no faster but at 512-1024 causal tokens); elsewhere, as measured on an H200 (2026-11-26T02-14-22Z-h200-4f89ed0), `fa2_m32` where its
+/// The variant [`forward`] runs: on sm_90a `wgmma` (an H100, run
+/// 2026-11-27T13-12-20Z-h100-5f878e8-9838: 1.6-1.9x fa2_m32 across FlashAttention 3's sweep, 2.1x
+/// at SmolLM2's prefill; its two overlapped variants no faster except at 512-1024 tokens);
+/// elsewhere, as measured on an H200 (2026-11-26T02-14-22Z-h200-4f89ed0), `fa2_m32` where its
 /// 128-row blocks fill the GPU twice over (1.2-1.5x `fa2` from 2048 tokens up), `fa2` for fewer
 /// query tiles, the naive rung for other head dims; the CPU path on the CPU.
 pub fn best(dev: &Backend, d: Dims) -> &'static Variant<Kernel> {
