@@ -4,6 +4,7 @@
 pub mod compile;
 pub mod graph;
 pub mod nvml;
+pub mod ptxas;
 pub mod timing;
 
 use crate::error::Doing;

@@ -248,6 +248,10 @@ enum Command {
         /// Also write each family's PTX to DIR/<family>.compute_<arch>.ptx (for ptxas -v, cuobjdump).
         #[arg(long)]
         emit: Option<PathBuf>,
+        /// Also assemble it with `ptxas -v` (or LAB_PTXAS) and print each kernel's registers,
+        /// spills and ptxas's performance notes (a wgmma serialised, a setmaxnreg ignored).
+        #[arg(long)]
+        ptxas: bool,
     },
 }
 
@@ -421,7 +425,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             lab::experiment::doctor::print();
             Ok(ExitCode::SUCCESS)
         }
-        Command::Compile { families, arch, emit } => {
+        Command::Compile { families, arch, emit, ptxas } => {
             let all: Vec<&str> = lab::family::with_kernels().map(|f| f.name).collect();
             if let Some(bad) = families.iter().find(|f| !all.contains(&f.as_str())) {
                 return Err(LabError::Invalid(format!("no kernel family `{bad}` (families with kernels: {})", all.join(", "))));
@@ -434,10 +438,19 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
                     match &emit {
                         Some(dir) => {
                             let path = dir.join(format!("{family}.compute_{a}.ptx"));
-                            std::fs::create_dir_all(dir).and_then(|_| std::fs::write(&path, ptx)).map_err(|e| LabError::io(&path, e))?;
+                            std::fs::create_dir_all(dir).and_then(|_| std::fs::write(&path, &ptx)).map_err(|e| LabError::io(&path, e))?;
                             println!("compiled {family} for compute_{a} -> {}", path.display());
                         }
                         None => println!("compiled {family} for compute_{a}"),
+                    }
+                    if ptxas {
+                        for k in lab::gpu::ptxas::report(&ptx, a)? {
+                            let spill = if k.spill_stores + k.spill_loads > 0 { format!(", SPILLS {} B stored / {} B loaded", k.spill_stores, k.spill_loads) } else { String::new() };
+                            println!("  {:<44} {:>3} registers, {} B stack{spill}", k.name, k.registers, k.stack_bytes);
+                            for n in &k.notes {
+                                println!("    {n}");
+                            }
+                        }
                     }
                 }
             }
