@@ -16,7 +16,7 @@
 //                      while the softmax of the tile runs (FlashAttention 3's intra-warpgroup
 //                      pipelining): P of one tile and S of the next live in registers together.
 //                      Should buy: the softmax's exp2 and shuffles hidden behind the tensor cores.
-//  6. wgmma_pingpong   wgmma_overlap, with the two consumer warpgroups taking turns to issue their
+//  6. wgmma_pingpong   wgmma_overlap, with the two warpgroups taking turns to issue their
 //                      wgmmas (named barriers 1 and 2, FlashAttention 3's inter-warpgroup
 //                      schedule): one warpgroup's softmax runs while the other's GEMMs do.
 //                      Should buy: the tensor cores fed by one warpgroup while the other is busy
@@ -25,6 +25,16 @@
 #include "mma.cuh"
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// One 4D box of `map` at (c0 innermost, c1, c2, c3) into shared memory at dst, completing on
+// mbarrier `bar` (tma_load_2d and tma_load_3d of mma.cuh, one dimension more: head_dim, heads,
+// seq, batch).
+__device__ __forceinline__ void tma_load_4d(unsigned dst, const TmaDesc* map, int c0, int c1, int c2, int c3, unsigned bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+        "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+        : "memory");
+}
+
 // S (64 floats) = (accumulate ? S : 0) + Q (64x16, K-major) K^T, K's 128 keys K-major (no transpose).
 #define ATT_QK(TY)                                                                                               \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                    \
@@ -68,14 +78,14 @@ struct WgAttn {
     // No producer warpgroup: wgmma_overlap keeps S, P and O (160 registers) live at once, and
     // with 12 warps (3 on each of an SM's four 16,384-register quarters) ptxas 12.9 compiled it to
     // ~170 registers even with setmaxnreg 24 / 240 (FlashAttention 3's split), spilling P and
-    // serialising the wgmmas; a producer warp (9 warps) has the same quarter limit. 8 warps leave
-    // 255 registers to every thread.
+    // serialising the wgmmas; with a producer warp (9 warps, 224 registers) the launch failed
+    // for want of registers. 8 warps leave 255 registers to every thread.
     static constexpr int THREADS = 256;
     static_assert(D == 64 || D == 128, "head dims 64 and 128");
     static_assert(SMEM <= 232448, "fits H100's 227 KiB of dynamic shared memory");
 };
 
-// What a consumer thread holds of its warpgroup's 64 rows (accumulator layout of m64nNk16: for
+// What a thread holds of its warpgroup's 64 rows (accumulator layout of m64nNk16: for
 // each 8-column block j, d[4j], d[4j+1] at row 16 warp + lane / 4, columns 8j + 2 (lane % 4) +
 // {0, 1}; d[4j+2], d[4j+3] 8 rows below): the running max and sum of its two rows, in log2 units.
 struct SoftmaxRows {
@@ -163,7 +173,7 @@ __device__ void attn_wgmma_forward(const TmaDesc& tq, const TmaDesc& tk, const T
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(k_full(s), 1);
             mbar_init(v_full(s), 1);
-            mbar_init(empty(s), 8);  // one arrival per consumer warp
+            mbar_init(empty(s), 8);  // one arrival per warp
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }

@@ -63,13 +63,6 @@ __device__ __forceinline__ void tma_load_3d(unsigned dst, const TmaDesc* map, in
         "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
         : "memory");
 }
-// The same for a 4D box at (c0, c1, c2, c3), innermost first (attention: head_dim, heads, seq, batch).
-__device__ __forceinline__ void tma_load_4d(unsigned dst, const TmaDesc* map, int c0, int c1, int c2, int c3, unsigned bar) {
-    asm volatile(
-        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
-        "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
-        : "memory");
-}
 #endif
 
 // ---------------------------------------------------------------------------------------------
