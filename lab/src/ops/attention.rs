@@ -576,12 +576,13 @@ impl Experiment for Attention {
         out.extend(decode_check::cases(backend, quick));
         out
     }
-    /// The forward's quick gates, and small odd backward shapes (the backward's quick gates reach
-    /// 4097 tokens, too long for racecheck).
+    /// The forward's quick gates, and small odd backward and decode shapes (the backward's quick
+    /// gates reach 4097 tokens, too long for racecheck).
     fn sanitize_cases(&self, backend: &Backend) -> Vec<Value> {
         let mut out = crate::experiment::quick_gates(self, backend);
         out.retain(|c| c.get("pass").is_none());
         out.extend(backward_check::sanitize_cases());
+        out.extend(decode_check::sanitize_cases());
         out
     }
     /// Forward cases of the tiled rungs only (what `--ncu` profiles).
