@@ -1,4 +1,5 @@
 use super::*;
+use crate::ops::compare::compare_elems;
 use rand::SeedableRng;
 
 fn dims(batch: usize, sq: usize, sk: usize, hq: usize, hkv: usize, d: usize) -> Dims {

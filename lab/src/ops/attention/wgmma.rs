@@ -10,7 +10,7 @@ use crate::kernels::symbol;
 use crate::ops::gemm::raise_dynamic_smem;
 use crate::ops::gemm::tma::{encode_tensor_map, wg::TmaBox, TensorMap};
 use crate::ops::Elem;
-use crate::{LabError, Result};
+use crate::Result;
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, LaunchConfig, PushKernelArg};
 
 /// Query rows per block (two warpgroups of 64) and keys per tile: `WgAttn` in the kernel.
@@ -45,9 +45,9 @@ fn tensor_box(batch: usize, seq: usize, heads: usize, d: usize, elem: usize) -> 
     }
 }
 
-/// Launches a wgmma rung on device views, as [`super::launch_fa2`] does an fa2 rung.
+/// Launches a wgmma rung on views [`super::launch_tiled`] has checked.
 #[allow(clippy::too_many_arguments)]
-pub fn launch<T: Elem>(
+pub(super) fn launch<T: Elem>(
     gpu: &Gpu,
     variant: &str,
     d: Dims,
@@ -56,10 +56,6 @@ pub fn launch<T: Elem>(
     o: &mut CudaViewMut<T>,
     lse: &mut CudaViewMut<f32>,
 ) -> Result<()> {
-    let (qn, kn) = (d.batch * d.sq * d.hq * d.d, d.batch * d.sk * d.hkv * d.d);
-    if q.len() < qn || k.len() < kn || v.len() < kn || o.len() < qn || lse.len() < d.batch * d.hq * d.sq {
-        return Err(LabError::shape("attention", format!("{d:?}: q {}, k {}, v {}, o {}, lse {} elements", q.len(), k.len(), v.len(), o.len(), lse.len())));
-    }
     let elem = T::DTYPE.size();
     let map = |view: &CudaView<T>, seq: usize, heads: usize| -> Result<TensorMap> {
         let (ptr, _sync) = view.device_ptr(&gpu.stream);
@@ -75,7 +71,7 @@ pub fn launch<T: Elem>(
     let mut b = gpu.stream.launch_builder(&f);
     b.arg(&tq).arg(&tk).arg(&tv).arg(o).arg(lse).arg(&sq).arg(&sk).arg(&hq).arg(&hkv);
     b.arg(&scale).arg(&causal).arg(&window);
-    // SAFETY: the maps describe q, k and v within their lengths (checked above) and TMA bounds
+    // SAFETY: the maps describe q, k and v within their lengths (checked by launch_tiled) and TMA bounds
     // every box by them; the grid covers ceil(Sq / 128) query tiles of every head, and the kernel
     // stores only rows below Sq into o and lse, which hold their shapes.
     unsafe { b.launch(cfg) }.map(|_| ()).doing(&format!("launching attention {variant}"))
