@@ -10,7 +10,7 @@
 //! softmax or sigmoid Jacobian; the z-loss adds 2 lse_t / T softmax(l_t) to the clean logits;
 //! h = l + eps softplus(n) passes dh to l and dh eps sigmoid(n) to the noise logits n.
 
-use super::reference::{kept, route};
+use super::reference::{kept, route, token_scores};
 use super::{Router, Scoring};
 
 /// The layer's inputs in f64: x [T, H], router [H, E], the noise projection [H, E] and its eps
@@ -153,20 +153,10 @@ pub fn backward(l: &Layer, r: &Router, dout: &[f64], d_aux: f64, d_z: f64) -> Gr
     // Through the router, token by token: scores, then (noisy) logits.
     let f: Vec<f64> = rt.load.iter().map(|&n| n as f64 / (t * k) as f64).collect();
     let mut d_noise = vec![0f64; t * e];
+    let noise = rt.noise_logits.as_deref().zip(l.noise.map(|n| n.1));
     for tok in 0..t {
         let lg = &rt.logits[tok * e..][..e];
-        let hv: Vec<f64> = match (&rt.noise_logits, l.noise) {
-            (Some(n), Some((_, eps))) => (0..e).map(|j| lg[j] + eps[tok * e + j] * n[tok * e + j].exp().ln_1p()).collect(),
-            _ => lg.to_vec(),
-        };
-        let m = hv.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let s: Vec<f64> = match r.scoring {
-            Scoring::Softmax => {
-                let z: f64 = hv.iter().map(|v| (v - m).exp()).sum();
-                hv.iter().map(|v| (v - m).exp() / z).collect()
-            }
-            Scoring::Sigmoid => hv.iter().map(|&v| sigmoid(v)).collect(),
-        };
+        let s = token_scores(&rt.logits, noise, tok, e, r).1;
         let mut ds = vec![0f64; e];
         let chosen = &rt.experts[tok * k..][..k];
         let dwt = &dw[tok * k..][..k];
@@ -242,52 +232,32 @@ mod tests {
         let (t, h, e, i) = (7, 6, 5, 3);
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let mut v = |n: usize, s: f64| -> Vec<f64> { (0..n).map(|_| rng.random_range(-1.0..1.0) * s).collect() };
-        let (mut x, mut router, mut noise_w, eps) = (v(t * h, 1.0), v(h * e, 1.0), v(h * e, 0.5), v(t * e, 1.0));
-        let (mut gate_up, mut down, dout) = (v(e * h * 2 * i, 0.7), v(e * i * h, 0.7), v(t * h, 1.0));
+        // x, router, noise projection, gate_up, down: the inputs J is differentiated against.
+        let (x, router, noise_w, eps) = (v(t * h, 1.0), v(h * e, 1.0), v(h * e, 0.5), v(t * e, 1.0));
+        let (gate_up, down, dout) = (v(e * h * 2 * i, 0.7), v(e * i * h, 0.7), v(t * h, 1.0));
+        let mut inputs = [x, router, noise_w, gate_up, down];
         let (d_aux, d_z) = (0.8, 0.3);
-        let layer = |x: &[f64], router: &[f64], nw: &[f64], gu: &[f64], dn: &[f64]| -> f64 {
-            let l = Layer { x, router, noise: noisy.then_some((nw, &eps[..])), gate_up: gu, down: dn, dims: (t, h, e, i) };
-            objective(&l, &r, &dout, d_aux, d_z)
-        };
-        let l = Layer { x: &x, router: &router, noise: noisy.then_some((&noise_w[..], &eps[..])), gate_up: &gate_up, down: &down, dims: (t, h, e, i) };
-        let g = backward(&l, &r, &dout, d_aux, d_z);
+        fn layer<'a>([x, router, nw, gate_up, down]: &'a [Vec<f64>; 5], eps: Option<&'a [f64]>, dims: (usize, usize, usize, usize)) -> Layer<'a> {
+            Layer { x, router, noise: eps.map(|eps| (&nw[..], eps)), gate_up, down, dims }
+        }
+        let (eps, dims) = (noisy.then_some(&eps[..]), (t, h, e, i));
+        let g = backward(&layer(&inputs, eps, dims), &r, &dout, d_aux, d_z);
+        let grads = [&g.x, &g.router, g.noise.as_ref().unwrap_or(&g.x), &g.gate_up, &g.down];
         let step = 1e-6;
         let mut pick = rand::rngs::StdRng::seed_from_u64(seed + 1);
-        for which in 0..5 {
-            if which == 2 && !noisy {
-                continue;
-            }
+        for which in (0..5).filter(|&w| noisy || w != 2) {
             for _ in 0..24 {
-                let (buf, grad): (&mut Vec<f64>, &[f64]) = match which {
-                    0 => (&mut x, &g.x),
-                    1 => (&mut router, &g.router),
-                    2 => (&mut noise_w, g.noise.as_deref().unwrap()),
-                    3 => (&mut gate_up, &g.gate_up),
-                    _ => (&mut down, &g.down),
+                let at = pick.random_range(0..inputs[which].len());
+                let keep = inputs[which][at];
+                let mut at_value = |value: f64| {
+                    inputs[which][at] = value;
+                    objective(&layer(&inputs, eps, dims), &r, &dout, d_aux, d_z)
                 };
-                let at = pick.random_range(0..buf.len());
-                let keep = buf[at];
-                buf[at] = keep + step;
-                let plus = layer(&x, &router, &noise_w, &gate_up, &down);
-                let buf = match which {
-                    0 => &mut x,
-                    1 => &mut router,
-                    2 => &mut noise_w,
-                    3 => &mut gate_up,
-                    _ => &mut down,
-                };
-                buf[at] = keep - step;
-                let minus = layer(&x, &router, &noise_w, &gate_up, &down);
-                let buf = match which {
-                    0 => &mut x,
-                    1 => &mut router,
-                    2 => &mut noise_w,
-                    3 => &mut gate_up,
-                    _ => &mut down,
-                };
-                buf[at] = keep;
+                let (plus, minus) = (at_value(keep + step), at_value(keep - step));
+                inputs[which][at] = keep;
                 let fd = (plus - minus) / (2.0 * step);
-                assert!((fd - grad[at]).abs() <= 1e-6 * (1.0 + fd.abs()), "{r:?} noisy {noisy}: input {which} at {at}: finite difference {fd}, backward {}", grad[at]);
+                let grad = grads[which][at];
+                assert!((fd - grad).abs() <= 1e-6 * (1.0 + fd.abs()), "{r:?} noisy {noisy}: input {which} at {at}: finite difference {fd}, backward {grad}");
             }
         }
     }

@@ -24,24 +24,32 @@ fn softplus(x: f64) -> f64 {
     if x > 30.0 { x } else { x.exp().ln_1p() }
 }
 
+/// Token i's selection logits h (logits + eps softplus(noise logits) under noisy gating) and its
+/// scores (softmax or sigmoid of h): what [`route`] and the backward both start from.
+pub fn token_scores(logits: &[f64], noise: Option<(&[f64], &[f64])>, i: usize, e: usize, r: &Router) -> (Vec<f64>, Vec<f64>) {
+    let l = &logits[i * e..][..e];
+    let h: Vec<f64> = match noise {
+        Some((n, eps)) => (0..e).map(|j| l[j] + eps[i * e + j] * softplus(n[i * e + j])).collect(),
+        None => l.to_vec(),
+    };
+    let m = h.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let scores: Vec<f64> = match r.scoring {
+        Scoring::Softmax => {
+            let z: f64 = h.iter().map(|v| (v - m).exp()).sum();
+            h.iter().map(|v| (v - m).exp() / z).collect()
+        }
+        Scoring::Sigmoid => h.iter().map(|v| 1.0 / (1.0 + (-v).exp())).collect(),
+    };
+    (h, scores)
+}
+
 /// The router in f64 from stored logits (and noise logits and eps), as the module documents it.
 pub fn route(logits: &[f64], noise: Option<(&[f64], &[f64])>, t: usize, e: usize, r: &Router) -> RouteRef {
     let mut out = RouteRef { experts: Vec::new(), weights: Vec::new(), load: vec![0; e], aux_loss: 0.0, z_loss: 0.0 };
     let mut p_sum = vec![0f64; e];
     for i in 0..t {
         let l = &logits[i * e..][..e];
-        let h: Vec<f64> = match noise {
-            Some((n, eps)) => (0..e).map(|j| l[j] + eps[i * e + j] * softplus(n[i * e + j])).collect(),
-            None => l.to_vec(),
-        };
-        let m = h.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let scores: Vec<f64> = match r.scoring {
-            Scoring::Softmax => {
-                let z: f64 = h.iter().map(|v| (v - m).exp()).sum();
-                h.iter().map(|v| (v - m).exp() / z).collect()
-            }
-            Scoring::Sigmoid => h.iter().map(|v| 1.0 / (1.0 + (-v).exp())).collect(),
-        };
+        let (h, scores) = token_scores(logits, noise, i, e, r);
         // Selection by repeated maximum: the first index of the largest remaining value.
         let mut taken = vec![false; e];
         let mut kept = Vec::with_capacity(r.k);
