@@ -160,3 +160,104 @@ pub fn grouped<T: Elem>(a: &[T], b: &[T], offsets: &[i32], (e, rows, k, n, nc): 
         }
     }
 }
+
+/// (dJ/dw [T, k], dy [T k, H]): dy[slot] = w dout_t, dJ/dw = dout_t . y[slot] (0 when dropped).
+pub fn combine_backward<T: Elem>(dout: &[T], y: &[T], slot: &[i32], w: &[f32], k: usize, h: usize) -> (Vec<f32>, Vec<T>) {
+    let mut dy = vec![T::from_f32(0.0); slot.len() * h];
+    let mut dw = vec![0f32; slot.len()];
+    for (a, &s) in slot.iter().enumerate() {
+        let Ok(s) = usize::try_from(s) else { continue };
+        let d = &dout[a / k * h..][..h];
+        dw[a] = d.iter().zip(&y[s * h..][..h]).map(|(d, y)| d.to_f32() * y.to_f32()).sum();
+        dy[s * h..][..h].iter_mut().zip(d).for_each(|(o, d)| *o = T::from_f32(w[a] * d.to_f32()));
+    }
+    (dw, dy)
+}
+
+/// d(gate, up) interleaved [rows, 2I] for the first `live` rows; act = silu(g) u.
+pub fn swiglu_backward<T: Elem>(pre: &[T], dact: &[T], live: usize, i: usize) -> Vec<T> {
+    let mut dpre = vec![T::from_f32(0.0); pre.len()];
+    dpre.par_chunks_mut(2 * i).zip(pre.par_chunks(2 * i)).zip(dact.par_chunks(i)).take(live).for_each(|((o, p), d)| {
+        for c in 0..i {
+            let (g, u, d) = (p[2 * c].to_f32(), p[2 * c + 1].to_f32(), d[c].to_f32());
+            let s = 1.0 / (1.0 + (-g).exp());
+            o[2 * c] = T::from_f32(d * u * s * (1.0 + g * (1.0 - s)));
+            o[2 * c + 1] = T::from_f32(d * g * s);
+        }
+    });
+    dpre
+}
+
+/// W[e] (K x N) = A[segment e]^T B[segment e] in f32, A [rows, K], B [rows, N].
+pub fn grouped_wgrad<T: Elem>(a: &[T], b: &[T], offsets: &[i32], (e, rows, k, n): (usize, usize, usize, usize)) -> Vec<T> {
+    let clamp = |v: i32| (v.max(0) as usize).min(rows);
+    let mut w = vec![T::from_f32(0.0); e * k * n];
+    w.par_chunks_mut(k * n).enumerate().for_each(|(x, we)| {
+        let (r0, r1) = (clamp(offsets[x]), clamp(offsets[x + 1]));
+        if r1 <= r0 {
+            return;
+        }
+        let at: Vec<f32> = crate::ops::linear::transpose(&a[r0 * k..r1 * k], r1 - r0, k).iter().map(|v| v.to_f32()).collect();
+        let bf: Vec<f32> = b[r0 * n..r1 * n].iter().map(|v| v.to_f32()).collect();
+        let mut acc = vec![0f32; k * n];
+        cpu_blocked(&at, &bf, &mut acc, Dims::dense(k, n, r1 - r0), (1.0, 0.0));
+        we.iter_mut().zip(&acc).for_each(|(o, &v)| *o = T::from_f32(v));
+    });
+    w
+}
+
+/// The router's backward token by token, in f32 as route_backward computes it: (d logits, d noise
+/// logits) [T, E] from the logits (and noise logits and eps), the routing (experts, dJ/dw, load)
+/// and the losses' factors (d_aux alpha E / T, 2 d_z / T).
+pub fn route_backward<T: Elem>(
+    logits: &[T],
+    noise: Option<(&[T], &[f32])>,
+    (experts, dw, load): (&[i32], &[f32], &[i32]),
+    (t, e): (usize, usize),
+    r: &Router,
+    (aux_c, z_c): (f32, f32),
+) -> (Vec<T>, Option<Vec<T>>) {
+    let k = r.k;
+    let f: Vec<f32> = load.iter().map(|&n| n as f32 / (t * k) as f32).collect();
+    let per: Vec<(Vec<T>, Vec<T>)> = (0..t)
+        .into_par_iter()
+        .map(|tok| {
+            let l: Vec<f32> = logits[tok * e..][..e].iter().map(|x| x.to_f32()).collect();
+            let n: Vec<f32> = noise.map_or(vec![], |(n, _)| n[tok * e..][..e].iter().map(|x| x.to_f32()).collect());
+            let eps = noise.map_or(&[][..], |(_, eps)| &eps[tok * e..][..e]);
+            let h: Vec<f32> = if noise.is_some() { (0..e).map(|j| l[j] + eps[j] * softplus(n[j])).collect() } else { l.clone() };
+            let s: Vec<f32> = match r.scoring {
+                Scoring::Softmax => {
+                    let m = h.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                    let ex: Vec<f32> = h.iter().map(|v| (v - m).exp()).collect();
+                    let z: f32 = ex.iter().sum();
+                    ex.iter().map(|v| v / z).collect()
+                }
+                Scoring::Sigmoid => h.iter().map(|v| 1.0 / (1.0 + (-v).exp())).collect(),
+            };
+            let total: f32 = if r.scoring == Scoring::Sigmoid { s.iter().sum() } else { 1.0 };
+            let mut ds = vec![0f32; e];
+            let (chosen, dwt) = (&experts[tok * k..][..k], &dw[tok * k..][..k]);
+            let sum: f32 = chosen.iter().map(|&j| s[j as usize]).sum();
+            let dot: f32 = chosen.iter().zip(dwt).map(|(&j, d)| d * s[j as usize]).sum();
+            for (&j, &d) in chosen.iter().zip(dwt) {
+                ds[j as usize] += if r.renormalize { d / sum - dot / (sum * sum) } else { d };
+            }
+            let fs: f32 = f.iter().zip(&s).map(|(a, b)| a * b).sum();
+            ds.iter_mut().zip(&f).for_each(|(d, fj)| *d += aux_c * (fj / total - fs / (total * total)));
+            let sd: f32 = s.iter().zip(&ds).map(|(a, b)| a * b).sum();
+            let dh: Vec<f32> = match r.scoring {
+                Scoring::Softmax => (0..e).map(|j| s[j] * (ds[j] - sd)).collect(),
+                Scoring::Sigmoid => (0..e).map(|j| ds[j] * s[j] * (1.0 - s[j])).collect(),
+            };
+            let ml = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let zs: f32 = l.iter().map(|v| (v - ml).exp()).sum();
+            let lse = ml + zs.ln();
+            let dl = (0..e).map(|j| T::from_f32(dh[j] + z_c * lse * (l[j] - ml).exp() / zs)).collect();
+            let dn = if noise.is_some() { (0..e).map(|j| T::from_f32(dh[j] * eps[j] / (1.0 + (-n[j]).exp()))).collect() } else { vec![] };
+            (dl, dn)
+        })
+        .collect();
+    let dnoise = noise.map(|_| per.iter().flat_map(|p| p.1.iter().copied()).collect());
+    (per.into_iter().flat_map(|p| p.0).collect(), dnoise)
+}

@@ -3,7 +3,7 @@
 //! and a dense GEMM of the same flops, in the same run on the same inputs.
 
 use super::reference::{self, LayerRef};
-use super::{forward_with, router_logits, Capacity, Router, Scoring, Weights, VARIANTS};
+use super::{backward_reference, forward_with, router_logits, Capacity, Router, Scoring, Upstream, Weights, VARIANTS};
 use crate::experiment::{param_str, param_timed, param_usize, rng_for, Backend, Experiment, Measurement, Peer, Session};
 use crate::kernels::DType;
 use crate::ops::compare::{compare_product, compare_within, ProductBound};
@@ -230,6 +230,10 @@ fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
         }
         measure_op_with(s, case, var.name, work, &check, timed, &mut out, extra.clone(), |o| forward_with(&dev, var.name, &x, &w, &r, o).map(|_| ()))?;
     }
+    let best = super::best(&dev).name;
+    if !timed && s.wants(best, "lab") {
+        check_backward(s, case, best, (&x, &w, &r))?;
+    }
     if let Backend::Cuda(gpu) = &dev {
         if timed && s.opts.peers.contains(&Peer::Torch) && dropped == 0 {
             let ex: Vec<i32> = rref.experts.iter().map(|&v| v as i32).collect();
@@ -281,6 +285,26 @@ fn check_routing(s: &mut Session, case: &Value, variant: &str, rt: &super::Routi
     m.tolerance = Some(Tolerance { atol: 0.0, rtol: wtol });
     m.extra.insert("load".into(), json!(rref.load));
     m.extra.insert("losses".into(), json!(losses));
+    s.emit(m).map(|_| ())
+}
+
+/// The layer's backward (through the backend's best rung) against the f64 gradients with the
+/// backend's selection held fixed, from a seeded dout and weights 40 and 0.5 on the two losses
+/// (large enough that a missing loss term fails): an untimed record of its own.
+fn check_backward<T: Elem>(s: &mut Session, case: &Value, variant: &str, (x, w, r): (&Tensor<T>, &Weights<T>, &Router)) -> Result<()> {
+    let dev = s.backend.clone();
+    let (t, h) = (x.rows(), x.cols());
+    let dout = Tensor::from_slice(&dev, &[t, h], &normal::<T>(t * h, 1.0, rng_for(s.opts.seed ^ 2, case).random()))?;
+    let up = Upstream { dout: &dout, d_aux: 40.0, d_z: 0.5 };
+    let (rt, g) = super::backward(&dev, x, w, r, &up)?;
+    let select: Vec<usize> = rt.experts.to_vec()?.iter().map(|&v| v as usize).collect();
+    let want = backward_reference::expected(x, w, r, &up, &select)?;
+    let got = backward_reference::widened(&g)?;
+    let mut c = case.clone();
+    (c["output"], c["timed"]) = (json!("backward"), json!(false));
+    let mut m = Measurement::new(variant, "lab", &c, Work { bytes: 0, flops: 0 });
+    m.error = Some(backward_reference::compare(got.each_ref().map(|g| g.as_deref()), &want, T::DTYPE));
+    m.tolerance = Some(Tolerance { atol: 0.0, rtol: backward_reference::ALLOW_UNITS * reference::unit(T::DTYPE) });
     s.emit(m).map(|_| ())
 }
 

@@ -202,3 +202,117 @@ pub fn grouped_mma<T: Elem>(g: &Gpu, a: &Tensor<T>, b: &Tensor<T>, offsets: &Ten
     // segment, K and N, stores by the segment and N; B holds E x K x N.
     unsafe { l.launch(launch) }.map(|_| ()).doing("launching moe grouped_mma")
 }
+
+// The backward's launches (backward.rs composes them).
+
+/// [B, R, C] to [B, C, R].
+pub fn transpose<T: Elem>(g: &Gpu, a: &Tensor<T>, (batch, r, c): (usize, usize, usize)) -> Result<cudarc::driver::CudaSlice<T>> {
+    let mut out = g.stream.alloc_zeros::<T>(batch * r * c).doing("allocating a transpose")?;
+    g.poison(&mut out)?; // every element must be written
+    let f = g.function(FAMILY, &symbol(FAMILY, "transpose", T::DTYPE))?;
+    let (ri, ci) = (r as i32, c as i32);
+    let launch = LaunchConfig { grid_dim: (c.div_ceil(32) as u32, r.div_ceil(32) as u32, batch as u32), block_dim: (32, 8, 1), shared_mem_bytes: 0 };
+    // SAFETY: `a` holds batch x r x c elements (its shape), out the same; every access is bounded by r and c.
+    unsafe { g.stream.launch_builder(&f).arg(placed(a)).arg(&ri).arg(&ci).arg(&mut out).launch(launch) }.doing("launching moe transpose")?;
+    Ok(out)
+}
+
+/// The live rows' SwiGLU activations [rows, I] from interleaved [rows, 2I].
+pub fn swiglu<T: Elem>(g: &Gpu, pre: &Tensor<T>, offsets: &Tensor<i32>, (e, i): (usize, usize)) -> Result<cudarc::driver::CudaSlice<T>> {
+    let rows = pre.rows();
+    let mut act = g.stream.alloc_zeros::<T>(rows * i).doing("allocating the activations")?;
+    let f = g.function(FAMILY, &symbol(FAMILY, "swiglu", T::DTYPE))?;
+    let (ei, ii) = (e as i32, i as i32);
+    // SAFETY: a block per row; rows past offsets[E] <= rows return; pre is rows x 2I, act rows x I.
+    unsafe { g.stream.launch_builder(&f).arg(placed(pre)).arg(placed(offsets)).arg(&ei).arg(&ii).arg(&mut act).launch(cfg(rows, 256)) }.doing("launching moe swiglu")?;
+    Ok(act)
+}
+
+type Slices<A, B> = (cudarc::driver::CudaSlice<A>, cudarc::driver::CudaSlice<B>);
+
+/// (dJ/dw [T k] f32, dy [T k, H]).
+pub fn combine_backward<T: Elem>(g: &Gpu, dout: &Tensor<T>, y: &Tensor<T>, slot: &Tensor<i32>, weights: &Tensor<f32>) -> Result<Slices<f32, T>> {
+    let (t, k, h) = (slot.rows(), slot.cols(), y.cols());
+    let mut dw = g.stream.alloc_zeros::<f32>(t * k).doing("allocating dJ/dw")?;
+    let mut dy = g.stream.alloc_zeros::<T>(t * k * h).doing("allocating dy")?;
+    let f = g.function(FAMILY, &symbol(FAMILY, "combine_backward", T::DTYPE))?;
+    let (ki, hi) = (k as i32, h as i32);
+    let mut b = g.stream.launch_builder(&f);
+    b.arg(placed(dout)).arg(placed(y)).arg(placed(slot)).arg(placed(weights)).arg(&ki).arg(&hi).arg(&mut dy).arg(&mut dw);
+    // SAFETY: a block per token of dout (T x H); slots are -1 or rows of y and dy (T k x H); w and dw T x k.
+    unsafe { b.launch(cfg(t, 256)) }.doing("launching moe combine_backward")?;
+    Ok((dw, dy))
+}
+
+/// d pre [rows, 2I] from pre [rows, 2I] and d act [rows, I], live rows only.
+pub fn swiglu_backward<T: Elem>(g: &Gpu, pre: &Tensor<T>, dact: &Tensor<T>, offsets: &Tensor<i32>, e: usize) -> Result<cudarc::driver::CudaSlice<T>> {
+    let (rows, i) = (dact.rows(), dact.cols());
+    let mut dpre = g.stream.alloc_zeros::<T>(rows * 2 * i).doing("allocating d pre")?;
+    let f = g.function(FAMILY, &symbol(FAMILY, "swiglu_backward", T::DTYPE))?;
+    let (ei, ii) = (e as i32, i as i32);
+    let mut b = g.stream.launch_builder(&f);
+    b.arg(placed(pre)).arg(placed(dact)).arg(placed(offsets)).arg(&ei).arg(&ii).arg(&mut dpre);
+    // SAFETY: a block per row; rows past offsets[E] <= rows return.
+    unsafe { b.launch(cfg(rows, 256)) }.doing("launching moe swiglu_backward")?;
+    Ok(dpre)
+}
+
+/// W [E, K, N] with W[e] = A[segment e]^T B[segment e].
+pub fn grouped_wgrad<T: Elem>(g: &Gpu, a: &Tensor<T>, b: &Tensor<T>, offsets: &Tensor<i32>, (e, rows, k, n): (usize, usize, usize, usize)) -> Result<cudarc::driver::CudaSlice<T>> {
+    let mut w = g.stream.alloc_zeros::<T>(e * k * n).doing("allocating a weight gradient")?;
+    g.poison(&mut w)?; // every element must be written, empty experts included
+    let f = g.function(FAMILY, &symbol(FAMILY, "grouped_wgrad", T::DTYPE))?;
+    let (ri, ki, ni) = (rows as i32, k as i32, n as i32);
+    let launch = LaunchConfig { grid_dim: (n.div_ceil(WG_TILE) as u32, k.div_ceil(WG_TILE) as u32, e as u32), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let mut l = g.stream.launch_builder(&f);
+    l.arg(placed(a)).arg(placed(b)).arg(placed(offsets)).arg(&ri).arg(&ki).arg(&ni).arg(&mut w);
+    // SAFETY: segments are clamped to the rows A (rows x K) and B (rows x N) hold; W is E x K x N
+    // and every store is bounded by K and N.
+    unsafe { l.launch(launch) }.doing("launching moe grouped_wgrad")?;
+    Ok(w)
+}
+
+/// Tile of W per block in grouped_wgrad (MOE_WG_TILE in kernels/moe.cu).
+const WG_TILE: usize = 64;
+
+/// (d logits, d noise logits), each [T, E].
+pub fn route_backward<T: Elem>(
+    g: &Gpu,
+    logits: &Tensor<T>,
+    noisy: Option<&super::NoisyLogits<T>>,
+    (experts, dw, load): (&Tensor<i32>, &Tensor<f32>, &Tensor<i32>),
+    (t, e): (usize, usize),
+    r: &Router,
+    (aux_c, z_c): (f32, f32),
+) -> Result<(cudarc::driver::CudaSlice<T>, Option<cudarc::driver::CudaSlice<T>>)> {
+    let s = &g.stream;
+    // Poisoned: every element must be written.
+    let mut dl = s.alloc_zeros::<T>(t * e).doing("allocating d logits")?;
+    g.poison(&mut dl)?;
+    let mut dn = match noisy {
+        Some(_) => Some(s.alloc_zeros::<T>(t * e).doing("allocating d noise logits")?),
+        None => None,
+    };
+    if let Some(d) = dn.as_mut() {
+        g.poison(d)?;
+    }
+    let f = g.function(FAMILY, &symbol(FAMILY, "route_backward", T::DTYPE))?;
+    let (ti, ei, ki) = (t as i32, e as i32, r.k as i32);
+    let (sigmoid, renorm) = ((r.scoring == Scoring::Sigmoid) as i32, r.renormalize as i32);
+    let null = 0u64;
+    let mut b = s.launch_builder(&f);
+    b.arg(placed(logits));
+    match noisy {
+        Some((n, eps)) => b.arg(placed(n)).arg(placed(eps)),
+        None => b.arg(&null).arg(&null),
+    };
+    b.arg(placed(experts)).arg(placed(dw)).arg(placed(load)).arg(&ti).arg(&ei).arg(&ki).arg(&sigmoid).arg(&renorm).arg(&aux_c).arg(&z_c).arg(&mut dl);
+    match dn.as_mut() {
+        Some(d) => b.arg(d),
+        None => b.arg(&null),
+    };
+    // SAFETY: blocks of 256 threads, a warp per token (8 a block); logits, noise, eps and the
+    // outputs hold T x E elements, experts and dw T x k, load E; k <= 8 and E <= 256 (validated).
+    unsafe { b.launch(cfg(t.div_ceil(8), 256)) }.doing("launching moe route_backward")?;
+    Ok((dl, dn))
+}

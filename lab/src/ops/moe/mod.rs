@@ -27,10 +27,12 @@
 //!   the rest are dropped. Dropless keeps all. Within an expert's segment rows follow that rank.
 //!
 //! Files: `cpu` (the CPU variant, f32), `gpu` (launches), `reference` (f64, the layer's bound),
-//! `backward` (the layer's gradients in f64, for a backward kernel to be checked against),
-//! `experiment`, `tests`; `mirrors` replays the kernels' index math on the CPU (tests only).
+//! `backward` (the layer's gradients on tensors), `backward_reference` (the same in f64, what
+//! `backward` is checked against), `experiment`, `tests`; `mirrors` replays the kernels' index
+//! math on the CPU (tests only).
 
-pub mod backward;
+mod backward;
+pub mod backward_reference;
 mod cpu;
 mod experiment;
 mod gpu;
@@ -40,6 +42,7 @@ mod mirrors;
 #[cfg(test)]
 mod tests;
 
+pub use backward::{backward, Grads, Upstream};
 pub use experiment::Moe;
 
 use crate::experiment::Backend;
@@ -100,7 +103,7 @@ pub fn variants() -> Vec<VariantInfo> {
 pub fn gpu_symbols() -> std::collections::BTreeSet<String> {
     let mut out: std::collections::BTreeSet<String> = ["chunk_counts", "scan", "scatter", "schedule", "losses"].iter().map(|k| crate::kernels::symbol(FAMILY, k, DType::F32)).collect();
     for d in [DType::Bf16, DType::F16] {
-        for k in ["route", "gather", "combine", "grouped_mma", "swiglu"] {
+        for k in ["route", "gather", "combine", "grouped_mma", "swiglu", "combine_backward", "swiglu_backward", "route_backward", "transpose", "grouped_wgrad"] {
             out.insert(crate::kernels::symbol(FAMILY, k, d));
         }
     }

@@ -45,6 +45,12 @@ pub fn token_scores(logits: &[f64], noise: Option<(&[f64], &[f64])>, i: usize, e
 
 /// The router in f64 from stored logits (and noise logits and eps), as the module documents it.
 pub fn route(logits: &[f64], noise: Option<(&[f64], &[f64])>, t: usize, e: usize, r: &Router) -> RouteRef {
+    route_selected(logits, noise, t, e, r, None)
+}
+
+/// [`route`], or, with `select` ([T, k] experts), weights, load and losses for that selection:
+/// how a check holds fixed the choice a backend made at a near tie.
+pub fn route_selected(logits: &[f64], noise: Option<(&[f64], &[f64])>, t: usize, e: usize, r: &Router, select: Option<&[usize]>) -> RouteRef {
     let mut out = RouteRef { experts: Vec::new(), weights: Vec::new(), load: vec![0; e], aux_loss: 0.0, z_loss: 0.0 };
     let mut p_sum = vec![0f64; e];
     for i in 0..t {
@@ -53,7 +59,10 @@ pub fn route(logits: &[f64], noise: Option<(&[f64], &[f64])>, t: usize, e: usize
         // Selection by repeated maximum: the first index of the largest remaining value.
         let mut taken = vec![false; e];
         let mut kept = Vec::with_capacity(r.k);
-        for _ in 0..r.k {
+        if let Some(sel) = select {
+            kept.extend_from_slice(&sel[i * r.k..][..r.k]);
+        }
+        for _ in kept.len()..r.k {
             let best = (0..e).filter(|&j| !taken[j]).fold(None, |b: Option<usize>, j| match b {
                 Some(b) if h[b] >= h[j] => Some(b),
                 _ => Some(j),

@@ -296,3 +296,64 @@ fn the_table_names_each_rung_once_and_the_cpu_runs_cpu_loop() {
     assert!(cases.iter().any(|c| c["tokens"] == 1) && cases.iter().any(|c| c["tokens"] == 3) && cases.iter().any(|c| c["tokens"] == 1000));
     assert!(cases.iter().any(|c| c["load"] == "one") && cases.iter().any(|c| c["noisy"] == true));
 }
+
+/// The CPU backward against the f64 gradients: (the judgement, the gradients, the expected ones).
+fn check_backward(l: &Layer, r: &Router, noisy: bool) -> (crate::record::ErrorStats, [Option<Vec<f64>>; 5], (backward_reference::Grads, backward_reference::Grads)) {
+    let (t, h, e, _) = l.dims;
+    let x = Tensor::from_vec(&[t, h], l.x.clone()).unwrap();
+    let mut w = weights(l, &CPU);
+    w.noise = noisy.then(|| Tensor::from_vec(&[h, e], b16(&lcg(h * e, 11, 0.5))).unwrap());
+    let dout = Tensor::from_vec(&[t, h], b16(&lcg(t * h, 13, 1.0))).unwrap();
+    let up = Upstream { dout: &dout, d_aux: 40.0, d_z: 0.5 };
+    let (rt, g) = backward(&CPU, &x, &w, r, &up).unwrap();
+    let select: Vec<usize> = rt.experts.to_vec().unwrap().iter().map(|&v| v as usize).collect();
+    let want = backward_reference::expected(&x, &w, r, &up, &select).unwrap();
+    let got = backward_reference::widened(&g).unwrap();
+    let stats = backward_reference::compare(got.each_ref().map(|g| g.as_deref()), &want, DType::Bf16);
+    (stats, got, want)
+}
+
+#[test]
+fn the_backward_matches_the_f64_gradients_and_a_planted_fault_fails() {
+    let base = Router::top_k(2);
+    let cases = [
+        (layer(13, 24, 6, 10, None), base, false),
+        (layer(9, 16, 5, 6, None), Router { scoring: Scoring::Sigmoid, renormalize: false, k: 3, capacity: Capacity::Factor(1.0), ..base }, false),
+        (layer(11, 20, 8, 12, None), Router { noise_seed: Some(4), ..base }, true),
+        // Every first choice on expert 2: the other experts' weight gradients come from second choices only.
+        (layer(17, 16, 8, 8, Some(2)), Router::top_k(1), false),
+    ];
+    for (l, r, noisy) in &cases {
+        let (s, _, _) = check_backward(l, r, *noisy);
+        assert!(s.passed(), "{r:?}: {s:?}");
+    }
+    // Planted faults the judgement must catch: gate and up gradients swapped, and the z-loss's
+    // term missing from the router gradient.
+    let (l, r, _) = &cases[0];
+    let (_, got, want) = check_backward(l, r, false);
+    let mut swapped = got.clone();
+    swapped[3].as_mut().unwrap().chunks_mut(2).for_each(|p| p.swap(0, 1));
+    let s = backward_reference::compare(swapped.each_ref().map(|g| g.as_deref()), &want, DType::Bf16);
+    assert!(s.mismatches > 0, "gate and up swapped must fail: {s:?}");
+    let (t, h, _, _) = l.dims;
+    let x = Tensor::from_vec(&[t, h], l.x.clone()).unwrap();
+    let dout = Tensor::from_vec(&[t, h], b16(&lcg(t * h, 13, 1.0))).unwrap();
+    let (_, g) = backward(&CPU, &x, &weights(l, &CPU), r, &Upstream { dout: &dout, d_aux: 40.0, d_z: 0.0 }).unwrap();
+    let no_z = backward_reference::widened(&g).unwrap();
+    let s = backward_reference::compare(no_z.each_ref().map(|g| g.as_deref()), &want, DType::Bf16);
+    let router_over = s.bound.as_deref().unwrap().split(", ").any(|p| p.starts_with("router") && p.ends_with("(over)"));
+    assert!(s.mismatches > 0 && router_over, "a router gradient without the z-loss must fail in norm: {s:?}");
+}
+
+#[test]
+fn bad_backward_input_is_named() {
+    let l = layer(5, 8, 4, 6, None);
+    let x = Tensor::from_vec(&[5, 8], l.x.clone()).unwrap();
+    let w = weights(&l, &CPU);
+    let short = Tensor::<bf16>::zeros(&CPU, &[4, 8]).unwrap();
+    let err = backward(&CPU, &x, &w, &Router::top_k(2), &Upstream { dout: &short, d_aux: 0.0, d_z: 0.0 }).err().unwrap().to_string();
+    assert!(err.contains("dout is [4, 8]"), "{err}");
+    let dout = Tensor::<bf16>::zeros(&CPU, &[5, 8]).unwrap();
+    let err = backward(&CPU, &x, &w, &Router::top_k(2), &Upstream { dout: &dout, d_aux: f32::NAN, d_z: 0.0 }).err().unwrap().to_string();
+    assert!(err.contains("must be finite"), "{err}");
+}
