@@ -13,7 +13,8 @@
 //                per expert and block; losses finishes the two losses.
 //   chunk_counts / scan / scatter   a stable counting sort of the T k assignments (slot-major:
 //                first choices first) into per-expert segments, capacity applied in scan.
-//   gather / combine   rows into segment order; weighted sum back per token (f32, j in order).
+//   gather / combine   rows into segment order; weighted sum back per token (f32, j in order;
+//                no weights: a plain sum, the backward's dx).
 //   swiglu       cublas_loop's separate epilogue.
 // The backward (lab/src/ops/moe/backward.rs derives it), also without host synchronisation:
 //   combine_backward  a block per token: dy[slot] = w dout_t and dJ/dw = dout_t . y[slot].
@@ -240,7 +241,7 @@ __device__ __forceinline__ void combine_body(const T* y, const int* slot, const 
         float acc = 0.f;
         for (int j = 0; j < K; ++j) {
             const int s = slot[t * K + j];
-            if (s >= 0) acc += w[t * K + j] * to_float<T>(y[(unsigned long long)s * N + c]);
+            if (s >= 0) acc += (w ? w[t * K + j] : 1.f) * to_float<T>(y[(unsigned long long)s * N + c]);
         }
         out[t * N + c] = from_float<T>(acc);
     }

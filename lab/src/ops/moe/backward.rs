@@ -15,7 +15,7 @@
 //!
 //! Gradients are stored in the inputs' type, their sums taken in f32.
 
-use super::{cpu, gpu, grouped_matmul, layer_dims, permute, route_logits, router_logits, unpermute, Epilogue, Routing, Weights, FAMILY};
+use super::{cpu, gpu, grouped_matmul, layer_dims, permute, route_logits, router_logits, Epilogue, Permutation, Routing, Weights, FAMILY};
 use crate::experiment::Backend;
 use crate::ops::gemm;
 use crate::ops::Elem;
@@ -75,7 +75,7 @@ pub fn backward<T: Elem>(dev: &Backend, x: &Tensor<T>, w: &Weights<T>, r: &super
     grouped_matmul(dev, &dpre, &transpose(dev, &w.gate_up, e)?, &perm.offsets, Epilogue::Store, &mut dxp)?;
     let d_gate_up = grouped_wgrad(dev, &xp, &dpre, &perm.offsets, e)?;
     let mut dx = Tensor::<T>::zeros(dev, &[t, h])?;
-    unpermute(dev, &dxp, &perm, &Tensor::from_slice(dev, &[t, k], &vec![1f32; rows])?, &mut dx)?;
+    sum_rows(dev, &dxp, &perm, &mut dx)?;
     // 5. the router.
     let (dlogits, dnoise) = route_backward(dev, &logits, noisy.as_ref(), &rt, &dw, r, up)?;
     let xt = transpose(dev, x, 1)?;
@@ -122,6 +122,18 @@ fn swiglu<T: Elem>(dev: &Backend, pre: &Tensor<T>, offsets: &Tensor<i32>, e: usi
             Tensor::from_vec(&[rows, i], act)
         }
         Backend::Cuda(g) => Tensor::from_cuda(&[rows, i], gpu::swiglu(g, pre, offsets, (e, i))?),
+    }
+}
+
+/// dx [T, H]: each token's kept rows of d xp summed (the combine with weights 1).
+fn sum_rows<T: Elem>(dev: &Backend, dxp: &Tensor<T>, perm: &Permutation, dx: &mut Tensor<T>) -> Result<()> {
+    match dev {
+        Backend::Cpu => {
+            let ones = vec![1f32; perm.slot.len()];
+            cpu::combine(host(dxp), host(&perm.slot), &ones, perm.slot.cols(), dxp.cols(), dx.host_mut().expect("placement checked"));
+            Ok(())
+        }
+        Backend::Cuda(g) => gpu::combine(g, dxp, perm, None, dx),
     }
 }
 

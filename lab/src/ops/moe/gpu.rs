@@ -91,12 +91,19 @@ pub fn permute<T: Elem>(g: &Gpu, x: &Tensor<T>, experts: &Tensor<i32>, (t, k, e)
     Ok((perm, Tensor::from_cuda(&[n, h], xp)?))
 }
 
-pub fn combine<T: Elem>(g: &Gpu, y: &Tensor<T>, perm: &Permutation, weights: &Tensor<f32>, out: &mut Tensor<T>) -> Result<()> {
+/// out[t] = sum_j w_tj y[slot(t, j)]; no weights: w = 1.
+pub fn combine<T: Elem>(g: &Gpu, y: &Tensor<T>, perm: &Permutation, weights: Option<&Tensor<f32>>, out: &mut Tensor<T>) -> Result<()> {
     let (t, k, n) = (perm.slot.rows(), perm.slot.cols(), y.cols());
     let (ki, ni) = (k as i32, n as i32);
     let f = g.function(FAMILY, &symbol(FAMILY, "combine", T::DTYPE))?;
+    let null = 0u64;
     let mut b = g.stream.launch_builder(&f);
-    b.arg(placed(y)).arg(placed(&perm.slot)).arg(placed(weights)).arg(&ki).arg(&ni).arg(out.cuda_mut().expect("placement checked"));
+    b.arg(placed(y)).arg(placed(&perm.slot));
+    match weights {
+        Some(w) => b.arg(placed(w)),
+        None => b.arg(&null),
+    };
+    b.arg(&ki).arg(&ni).arg(out.cuda_mut().expect("placement checked"));
     // SAFETY: a block per token; slots are -1 or rows of y (T k x N, checked by unpermute).
     unsafe { b.launch(cfg(t, 256)) }.map(|_| ()).doing("launching moe combine")
 }

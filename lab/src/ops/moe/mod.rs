@@ -361,7 +361,7 @@ pub fn unpermute<T: Elem>(dev: &Backend, y: &Tensor<T>, perm: &Permutation, weig
             cpu::combine(y.host().expect("placed"), perm.slot.host().expect("placed"), weights.host().expect("placed"), k, n, out.host_mut().expect("placed"));
             Ok(())
         }
-        Backend::Cuda(g) => gpu::combine(g, y, perm, weights, out),
+        Backend::Cuda(g) => gpu::combine(g, y, perm, Some(weights), out),
     }
 }
 
