@@ -9,7 +9,7 @@
 //! 2. down: d act = dy down_e^T (grouped product over down transposed), d down_e = act_e^T dy_e;
 //! 3. SwiGLU: d(gate, up) from the pre-activations;
 //! 4. gate/up: d xp = d pre gate_up_e^T, d gate_up_e = xp_e^T d pre_e; dx = sum over a token's
-//!    kept assignments of d xp (the combine with weights 1);
+//!    kept assignments of d xp (the combine kernel without weights);
 //! 5. router: d logits (and d noise logits) per token, d router = x^T d logits,
 //!    dx += d logits router^T (and the same for the noise projection).
 //!
