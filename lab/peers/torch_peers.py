@@ -8,13 +8,14 @@ output as raw little-endian bytes to the requested file, and prints one JSON lin
 {"variant", "raw_ms", "warmup_ms", "launch", "torch", "device"}.
 
 Request: {"op": "softmax" | "add" | "bias_gelu" | "layer_norm" | "rms_norm" | "linear" | "linear_backward" | "sdpa"
-                | "sdpa_backward" | "moe_loop" | "moe_grouped_mm" | "moe_dense",
+                | "sdpa_backward" | "moe_loop" | "moe_grouped_mm" | "moe_dense" | "moe_backward",
           "dtype": "f32" | "bf16" | "f16", "args": {...op arguments...},
           "inputs": [{"path": p, "shape": [...]}], "output": path, "warmup": n, "min_reps": n,
           "max_reps": n, "budget_ms": x, "l2_scrub_bytes": n, "l2": "cold" | "warm",
           "launch": "eager" | "graph", "settled": x, "max_warmup_rounds": n}
 The output has the shape of the first input, except linear's ([M, N]), linear_backward's
-(dX, dW and db flattened and concatenated, in that order), sdpa_backward's (dQ, dK, dV) and moe_dense's (its first rows).
+(dX, dW and db flattened and concatenated, in that order), sdpa_backward's (dQ, dK, dV), moe_dense's (its first rows)
+and moe_backward's (dx, d router, d gate_up, d down, flattened and concatenated).
 "args": {"input_dtypes": [...]} gives an input a dtype of its own ("i32", "f32"; null: "dtype").
 
 "dataloader" is the loader's peer and reads no inputs: torch.utils.data.DataLoader over the
@@ -176,6 +177,35 @@ def ops(req, inputs):
                 return acc.to(x.dtype)
 
             fn, name = moe, "torch._grouped_mm"
+    elif op == "moe_backward":
+        # The lab's layer and objective, J = sum(out * dout) + d_aux aux + d_z z, on the lab's
+        # selection idx (dropless, no noise): scores from the logits rounded to the input type
+        # (softmax or sigmoid, renormalised or not), the Switch loss with the load histogram a
+        # constant, the z-loss, transformers' per-expert loop, the combine in f32. Timed: the
+        # backward alone, through one forward kept alive.
+        x, router, w13, w2, dout, idx = inputs
+        E, k, T = w13.shape[0], idx.shape[1], x.shape[0]
+        leaves = [t.detach().requires_grad_() for t in (x, router, w13, w2)]
+        xl, rl, w13l, w2l = leaves
+        logits = (xl @ rl).float()
+        scores = torch.sigmoid(logits) if args["scoring"] == "sigmoid" else torch.softmax(logits, dim=-1)
+        wts = scores.gather(1, idx.long())
+        if args["renorm"]:
+            wts = wts / wts.sum(dim=-1, keepdim=True)
+        load = torch.bincount(idx.reshape(-1).long(), minlength=E).float() / (T * k)
+        aux = args["alpha"] * E * (load * (scores / scores.sum(dim=-1, keepdim=True)).mean(dim=0)).sum()
+        z = (torch.logsumexp(logits, dim=-1) ** 2).mean()
+        mask = F.one_hot(idx.long(), E).permute(2, 1, 0)
+        acc = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        for e in range(E):
+            slot, tok = torch.where(mask[e])
+            if tok.numel() == 0:
+                continue
+            gu = xl[tok] @ w13l[e]
+            y = (F.silu(gu[:, 0::2]) * gu[:, 1::2]) @ w2l[e]
+            acc = acc.index_add(0, tok, y.float() * wts[tok, slot, None])
+        objective = (acc.to(x.dtype).float() * dout.float()).sum() + args["d_aux"] * aux + args["d_z"] * z
+        fn, name = (lambda: torch.autograd.grad(objective, leaves, retain_graph=True)), "torch autograd (per-expert loop)"
     elif op == "moe_dense":
         # A dense GEMM of the layer's flops: x repeated k times times expert 0's [gate up down^T].
         x, w13, w2 = inputs

@@ -178,7 +178,7 @@ pub fn measure_gpu_as<T: Elem>(
 /// The record of a checked figure: the worse of the checks before and after timing, the time,
 /// the tolerance, the ceiling and any `extra` fields.
 #[allow(clippy::too_many_arguments)]
-fn emit_checked<T>(
+pub fn emit_checked<T>(
     s: &mut Session,
     case: &Value,
     (variant, provider): (&str, &str),

@@ -40,17 +40,18 @@ pub struct Grads {
     pub logits: Vec<f64>,
 }
 
-/// a [rows, inner] times b [inner, cols].
+/// a [rows, inner] times b [inner, cols], rows in parallel.
 fn matmul(a: &[f64], b: &[f64], rows: usize, inner: usize, cols: usize) -> Vec<f64> {
+    use rayon::prelude::*;
     let mut c = vec![0f64; rows * cols];
-    for r in 0..rows {
+    c.par_chunks_mut(cols).enumerate().for_each(|(r, crow)| {
         for k in 0..inner {
             let av = a[r * inner + k];
-            for (cv, bv) in c[r * cols..][..cols].iter_mut().zip(&b[k * cols..][..cols]) {
+            for (cv, bv) in crow.iter_mut().zip(&b[k * cols..][..cols]) {
                 *cv += av * bv;
             }
         }
-    }
+    });
     c
 }
 
@@ -111,7 +112,7 @@ pub fn forward(l: &Layer, r: &Router) -> (Vec<f64>, f64, f64) {
 
 /// dJ for J = sum(dout * out) + d_aux aux_loss + d_z z_loss.
 pub fn backward(l: &Layer, r: &Router, dout: &[f64], d_aux: f64, d_z: f64) -> Grads {
-    backward_with_scale(l, r, dout, d_aux, d_z).0
+    backward_with_scale(l, r, dout, d_aux, d_z, None).0
 }
 
 impl Grads {
@@ -133,10 +134,14 @@ impl Grads {
 /// that rounds each intermediate to its storage type (relative u of the terms it summed) is off
 /// by a few u of this scale, however much the terms cancel: a heavily loaded expert's weight
 /// gradient sums hundreds of rows whose total may be far smaller than its terms.
-pub fn backward_with_scale(l: &Layer, r: &Router, dout: &[f64], d_aux: f64, d_z: f64) -> (Grads, Grads) {
+///
+/// With `only` (a mask over tokens), only those tokens' rows of dx are complete, at a cost in
+/// proportion to them (a large layer's check); the weight gradients then hold their terms alone.
+pub fn backward_with_scale(l: &Layer, r: &Router, dout: &[f64], d_aux: f64, d_z: f64, only: Option<&[bool]>) -> (Grads, Grads) {
     let (t, h, e, i) = l.dims;
     let k = r.k;
     let rt = routed(l, r);
+    let wanted = |tok: usize| only.is_none_or(|m| m[tok]);
     let (mut g, mut sc) = (Grads::zeros(l), Grads::zeros(l));
     // A backend routes from logits rounded to its storage type: each off by u |l| (and noisy
     // gating's eps softplus(n) by u |eps n|), which moves a score, and so a combine weight, by
@@ -152,7 +157,7 @@ pub fn backward_with_scale(l: &Layer, r: &Router, dout: &[f64], d_aux: f64, d_z:
         .collect();
     // The experts' own backward, and dJ/dw of each assignment (0 where it was dropped).
     let (mut dw, mut dw_sc) = (vec![0f64; t * k], vec![0f64; t * k]);
-    for a in (0..t * k).filter(|&a| rt.keep[a]) {
+    for a in (0..t * k).filter(|&a| rt.keep[a] && wanted(a / k)) {
         let (tok, ex, w) = (a / k, rt.experts[a], rt.weights[a]);
         let (gv, uv, act, y) = expert(l, tok, ex);
         let dout_t = &dout[tok * h..][..h];
@@ -200,7 +205,7 @@ pub fn backward_with_scale(l: &Layer, r: &Router, dout: &[f64], d_aux: f64, d_z:
     let f: Vec<f64> = rt.load.iter().map(|&n| n as f64 / (t * k) as f64).collect();
     let (mut d_noise, mut d_noise_sc) = (vec![0f64; t * e], vec![0f64; t * e]);
     let noise = rt.noise_logits.as_deref().zip(l.noise.map(|n| n.1));
-    for tok in 0..t {
+    for tok in (0..t).filter(|&tok| wanted(tok)) {
         let lg = &rt.logits[tok * e..][..e];
         let s = token_scores(&rt.logits, noise, tok, e, r).1;
         let (mut ds, mut ds_sc) = (vec![0f64; e], vec![0f64; e]);
@@ -254,7 +259,7 @@ pub fn backward_with_scale(l: &Layer, r: &Router, dout: &[f64], d_aux: f64, d_z:
     }
     // The projections: d W = x^T d logits, dx += d logits W^T; their scales from |x| and |W|.
     let project = |x: &[f64], d: &[f64], w: &[f64], dw: &mut [f64], dx: &mut [f64]| {
-        for tok in 0..t {
+        for tok in (0..t).filter(|&tok| wanted(tok)) {
             for kk in 0..h {
                 let xv = x[tok * h + kk];
                 for j in 0..e {
@@ -322,8 +327,8 @@ pub fn compare(got: [Option<&[f64]>; 5], (want, scale): &(Grads, Grads), dtype: 
 }
 
 /// The f64 gradients and their scales for the op's inputs (widened), its selection `select`
-/// [T, k] held fixed.
-pub fn expected<T: crate::ops::Elem>(x: &Tensor<T>, w: &super::Weights<T>, r: &Router, up: &super::Upstream<T>, select: &[usize]) -> crate::Result<(Grads, Grads)> {
+/// [T, k] held fixed; with `only`, dx of those tokens alone ([`backward_with_scale`]).
+pub fn expected<T: crate::ops::Elem>(x: &Tensor<T>, w: &super::Weights<T>, r: &Router, up: &super::Upstream<T>, select: &[usize], only: Option<&[bool]>) -> crate::Result<(Grads, Grads)> {
     use crate::ops::widen;
     let (t, h, e, i) = super::layer_dims(x, w)?;
     let eps: Option<Vec<f64>> = r.noise_seed.map(|seed| super::noise_eps(seed, t, e).iter().map(|&v| v as f64).collect());
@@ -331,7 +336,7 @@ pub fn expected<T: crate::ops::Elem>(x: &Tensor<T>, w: &super::Weights<T>, r: &R
     let (xv, router, gate_up, down) = (widen(&x.to_vec()?), widen(&w.router.to_vec()?), widen(&w.gate_up.to_vec()?), widen(&w.down.to_vec()?));
     let noise = noise_w.as_deref().zip(eps.as_deref());
     let l = Layer { x: &xv, router: &router, noise, gate_up: &gate_up, down: &down, dims: (t, h, e, i), select: Some(select) };
-    Ok(backward_with_scale(&l, r, &widen(&up.dout.to_vec()?), up.d_aux as f64, up.d_z as f64))
+    Ok(backward_with_scale(&l, r, &widen(&up.dout.to_vec()?), up.d_aux as f64, up.d_z as f64, only))
 }
 
 /// The op's gradients widened, in [`PARTS`] order.

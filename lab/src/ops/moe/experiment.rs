@@ -231,8 +231,8 @@ fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
         measure_op_with(s, case, var.name, work, &check, timed, &mut out, extra.clone(), |o| forward_with(&dev, var.name, &x, &w, &r, o).map(|_| ()))?;
     }
     let best = super::best(&dev).name;
-    if !timed && s.wants(best, "lab") {
-        check_backward(s, case, best, (&x, &w, &r))?;
+    if s.wants(best, "lab") {
+        backward_case(s, case, best, (&x, &w, &r), &tokens, timed)?;
     }
     if let Backend::Cuda(gpu) = &dev {
         if timed && s.opts.peers.contains(&Peer::Torch) && dropped == 0 {
@@ -290,22 +290,97 @@ fn check_routing(s: &mut Session, case: &Value, variant: &str, rt: &super::Routi
 
 /// The layer's backward (through the backend's best rung) against the f64 gradients with the
 /// backend's selection held fixed, from a seeded dout and weights 40 and 0.5 on the two losses
-/// (large enough that a missing loss term fails): an untimed record of its own.
-fn check_backward<T: Elem>(s: &mut Session, case: &Value, variant: &str, (x, w, r): (&Tensor<T>, &Weights<T>, &Router)) -> Result<()> {
+/// (large enough that a missing loss term fails): every gradient where the case is checked in
+/// full, else dx of the sampled `tokens`. Timed cases are timed too, beside torch autograd of
+/// the same layer and objective on the same selection. Its flops: the four products of the
+/// backward, 2 x the forward's (the forward the op runs again is not counted).
+fn backward_case<T: Elem>(s: &mut Session, case: &Value, variant: &str, (x, w, r): (&Tensor<T>, &Weights<T>, &Router), tokens: &[usize], timed: bool) -> Result<()> {
     let dev = s.backend.clone();
-    let (t, h) = (x.rows(), x.cols());
-    let dout = Tensor::from_slice(&dev, &[t, h], &normal::<T>(t * h, 1.0, rng_for(s.opts.seed ^ 2, case).random()))?;
+    let (t, h, e, i) = super::layer_dims(x, w)?;
+    let dout_h: Vec<T> = normal(t * h, 1.0, rng_for(s.opts.seed ^ 2, case).random());
+    let dout = Tensor::from_slice(&dev, &[t, h], &dout_h)?;
     let up = Upstream { dout: &dout, d_aux: 40.0, d_z: 0.5 };
     let (rt, g) = super::backward(&dev, x, w, r, &up)?;
     let select: Vec<usize> = rt.experts.to_vec()?.iter().map(|&v| v as usize).collect();
-    let want = backward_reference::expected(x, w, r, &up, &select)?;
-    let got = backward_reference::widened(&g)?;
+    let full = tokens.len() == t;
+    let mask: Vec<bool> = {
+        let mut m = vec![false; t];
+        tokens.iter().for_each(|&tk| m[tk] = true);
+        m
+    };
+    let (want, scale) = backward_reference::expected(x, w, r, &up, &select, (!full).then_some(&mask))?;
+    // The gradients laid end to end as the op's and torch's outputs are: x, router, (noise,) gate_up, down.
+    let sizes = [Some(t * h), Some(h * e), w.noise.as_ref().map(|_| h * e), Some(e * h * 2 * i), Some(e * i * h)];
+    let rows = |v: &[f64]| -> Vec<f64> { tokens.iter().flat_map(|&tk| v[tk * h..][..h].iter().copied()).collect() };
+    let (want_x, scale_x) = if full {
+        (None, None)
+    } else {
+        let only_x = |g: &backward_reference::Grads| backward_reference::Grads { x: rows(&g.x), router: vec![], noise: None, gate_up: vec![], down: vec![], logits: vec![] };
+        (Some(only_x(&want)), Some(only_x(&scale)))
+    };
+    let judge = |flat: &[T]| {
+        let mut at = 0;
+        let parts = sizes.map(|n| {
+            n.map(|n| {
+                at += n;
+                crate::ops::widen(&flat[at - n..at])
+            })
+        });
+        match (&want_x, &scale_x) {
+            (Some(wx), Some(sx)) => {
+                let x = parts[0].as_deref().map(rows);
+                backward_reference::compare([x.as_deref(), None, None, None, None], &(wx.clone(), sx.clone()), T::DTYPE)
+            }
+            _ => backward_reference::compare(parts.each_ref().map(|p| p.as_deref()), &(want.clone(), scale.clone()), T::DTYPE),
+        }
+    };
+    let flat = |g: &super::Grads<T>| -> Result<Vec<T>> {
+        let mut v = g.x.to_vec()?;
+        for p in [Some(&g.router), g.noise.as_ref(), Some(&g.gate_up), Some(&g.down)].into_iter().flatten() {
+            v.extend(p.to_vec()?);
+        }
+        Ok(v)
+    };
+    let before = judge(&flat(&g)?);
+    drop(g);
     let mut c = case.clone();
-    (c["output"], c["timed"]) = (json!("backward"), json!(false));
-    let mut m = Measurement::new(variant, "lab", &c, Work { bytes: 0, flops: 0 });
-    m.error = Some(backward_reference::compare(got.each_ref().map(|g| g.as_deref()), &want, T::DTYPE));
-    m.tolerance = Some(Tolerance { atol: 0.0, rtol: backward_reference::ALLOW_UNITS * reference::unit(T::DTYPE) });
-    s.emit(m).map(|_| ())
+    c["output"] = json!("backward");
+    if !full {
+        c["checked_tokens"] = json!(tokens.len());
+    }
+    let elem = T::DTYPE.size() as u64;
+    let active = rt.load.to_vec()?.iter().filter(|&&n| n > 0).count();
+    let work = Work { flops: (4 * t * r.k * 3 * h * i) as u64, bytes: elem * (3 * t * h + 2 * active * 3 * h * i) as u64 };
+    let ceiling = match (&dev, T::DTYPE) {
+        (Backend::Cuda(_), DType::F16) => "tensor_f16_tflop_s",
+        (Backend::Cuda(_), _) => "tensor_bf16_tflop_s",
+        _ => "fma_tflop_s",
+    };
+    let check = Check { tol: Tolerance { atol: 0.0, rtol: backward_reference::ALLOW_UNITS * reference::unit(T::DTYPE) }, compare: &judge, ceiling };
+    let once = || super::backward(&dev, x, w, r, &up).map(|_| ());
+    let (time, after) = match (&dev, timed) {
+        (_, false) => (None, before.clone()),
+        (Backend::Cuda(gpu), true) => (Some(crate::gpu::timing::time_gpu(gpu, &s.budget, once)?), judge(&flat(&super::backward(&dev, x, w, r, &up)?.1)?)),
+        (Backend::Cpu, true) => (Some(crate::profile::host_time(&s.budget, || Ok(()), once)?), judge(&flat(&super::backward(&dev, x, w, r, &up)?.1)?)),
+    };
+    crate::ops::emit_checked(s, &c, (variant, "lab"), work, &check, (before, after), time, serde_json::Map::new())?;
+    // torch autograd of the same layer on the lab's selection: dropless and without noise, where
+    // its per-expert loop is the layer.
+    if let Backend::Cuda(gpu) = &dev {
+        if timed && r.noise_seed.is_none() && r.capacity == Capacity::Dropless && s.wants_peer(Peer::Torch, "torch autograd (per-expert loop)", "torch") {
+            let idx: Vec<u8> = select.iter().flat_map(|&v| (v as i32).to_le_bytes()).collect();
+            let bytes = [x.to_vec()?, w.router.to_vec()?, w.gate_up.to_vec()?, w.down.to_vec()?, dout_h].map(|v| T::bytes(&v).to_vec());
+            let shapes: [&[usize]; 6] = [&[t, h], &[h, e], &[e, h, 2 * i], &[e, i, h], &[t, h], &[t, r.k]];
+            let ins: Vec<(&[u8], &[usize])> = bytes.iter().map(|b| b.as_slice()).chain([idx.as_slice()]).zip(shapes).collect();
+            let scoring = if r.scoring == Scoring::Sigmoid { "sigmoid" } else { "softmax" };
+            let args = json!({"input_dtypes": [null, null, null, null, null, "i32"], "k": r.k, "scoring": scoring, "renorm": r.renormalize,
+                              "alpha": r.aux_alpha, "d_aux": up.d_aux, "d_z": up.d_z});
+            if let Err(err) = measure_torch(s, gpu, &c, "moe_backward", args, &ins, work, &check) {
+                eprintln!("moe: torch autograd did not run on {c}: {err}");
+            }
+        }
+    }
+    Ok(())
 }
 
 /// torch's dense GEMM of the same flops: x repeated k times [T k, H] times [H, 3I] (expert 0's

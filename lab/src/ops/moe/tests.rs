@@ -307,7 +307,7 @@ fn check_backward(l: &Layer, r: &Router, noisy: bool) -> (crate::record::ErrorSt
     let up = Upstream { dout: &dout, d_aux: 40.0, d_z: 0.5 };
     let (rt, g) = backward(&CPU, &x, &w, r, &up).unwrap();
     let select: Vec<usize> = rt.experts.to_vec().unwrap().iter().map(|&v| v as usize).collect();
-    let want = backward_reference::expected(&x, &w, r, &up, &select).unwrap();
+    let want = backward_reference::expected(&x, &w, r, &up, &select, None).unwrap();
     let got = backward_reference::widened(&g).unwrap();
     let stats = backward_reference::compare(got.each_ref().map(|g| g.as_deref()), &want, DType::Bf16);
     (stats, got, want)
