@@ -41,44 +41,70 @@ __device__ __forceinline__ float moe_silu(float g) { return g / (1.f + __expf(-g
 // ---------------------------------------------------------------------------------------------
 #define MOE_ROUTE_TOKENS 64
 
+// One token's router state in a warp, lane l holding experts l, l + 32, ...: the logits l, the
+// selection logits h (noisy gating: l + eps softplus(n)), the scores s (softmax over h, or
+// sigmoid), their total (1 under softmax), and the logits' max and exp-sum (lse = lmax + log lsum).
+// What route and route_backward both start from.
+struct MoeTokenScores {
+    float l[8], h[8], s[8], total, lmax, lsum;
+};
+
 template <typename T>
-__device__ __forceinline__ void route_token(const T* logits, const T* noise, const float* eps, int t, int E, int K, int sigmoid,
-                                            int renorm, int* experts, float* weights, int* s_load, float* s_acc) {
+__device__ __forceinline__ MoeTokenScores moe_token_scores(const T* logits, const T* noise, const float* eps, u64 row, int E, int sigmoid) {
     const int lane = threadIdx.x % 32;
-    const unsigned long long row = (unsigned long long)t * E;
-    float l[8], h[8], s[8];
+    MoeTokenScores r;
 #pragma unroll
     for (int q = 0; q < 8; ++q) {
         const int e = lane + 32 * q;
-        l[q] = h[q] = NEG_INF;
+        r.l[q] = r.h[q] = NEG_INF;
         if (e < E) {
-            l[q] = to_float<T>(logits[row + e]);
-            h[q] = noise ? l[q] + eps[row + e] * moe_softplus(to_float<T>(noise[row + e])) : l[q];
+            r.l[q] = to_float<T>(logits[row + e]);
+            r.h[q] = noise ? r.l[q] + eps[row + e] * moe_softplus(to_float<T>(noise[row + e])) : r.l[q];
         }
     }
     float hmax = NEG_INF, lmax = NEG_INF;
 #pragma unroll
-    for (int q = 0; q < 8; ++q) hmax = fmax_nan(hmax, h[q]), lmax = fmax_nan(lmax, l[q]);
+    for (int q = 0; q < 8; ++q) hmax = fmax_nan(hmax, r.h[q]), lmax = fmax_nan(lmax, r.l[q]);
     hmax = warp_reduce_max(hmax), lmax = warp_reduce_max(lmax);
     float zsum = 0.f, lsum = 0.f;
 #pragma unroll
     for (int q = 0; q < 8; ++q) {
         const bool in = lane + 32 * q < E;
-        s[q] = !in ? 0.f : sigmoid ? 1.f / (1.f + __expf(-h[q])) : __expf(h[q] - hmax);
-        zsum += s[q];
-        lsum += in ? __expf(l[q] - lmax) : 0.f;
+        r.s[q] = !in ? 0.f : sigmoid ? 1.f / (1.f + __expf(-r.h[q])) : __expf(r.h[q] - hmax);
+        zsum += r.s[q];
+        lsum += in ? __expf(r.l[q] - lmax) : 0.f;
     }
     zsum = warp_reduce_sum(zsum), lsum = warp_reduce_sum(lsum);
     if (!sigmoid) {
 #pragma unroll
-        for (int q = 0; q < 8; ++q) s[q] /= zsum;
+        for (int q = 0; q < 8; ++q) r.s[q] /= zsum;
     }
-    const float total = sigmoid ? zsum : 1.f;
+    r.total = sigmoid ? zsum : 1.f, r.lmax = lmax, r.lsum = lsum;
+    return r;
+}
+
+// Expert e's entry of a per-lane array (v[q] holds expert lane + 32 q), to every lane.
+__device__ __forceinline__ float moe_expert_value(const float (&v)[8], int e) {
+    float out = 0.f;
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+        const float x = __shfl_sync(0xffffffffu, v[q], e % 32);
+        if (q == e / 32) out = x;
+    }
+    return out;
+}
+
+template <typename T>
+__device__ __forceinline__ void route_token(const T* logits, const T* noise, const float* eps, int t, int E, int K, int sigmoid,
+                                            int renorm, int* experts, float* weights, int* s_load, float* s_acc) {
+    const int lane = threadIdx.x % 32;
+    const MoeTokenScores sc = moe_token_scores<T>(logits, noise, eps, (u64)t * E, E, sigmoid);
+    const float (&h)[8] = sc.h, (&s)[8] = sc.s;
 #pragma unroll
     for (int q = 0; q < 8; ++q)
-        if (lane + 32 * q < E) atomicAdd(&s_acc[lane + 32 * q], s[q] / total);
+        if (lane + 32 * q < E) atomicAdd(&s_acc[lane + 32 * q], s[q] / sc.total);
     if (lane == 0) {
-        const float lse = lmax + logf(lsum);
+        const float lse = sc.lmax + logf(sc.lsum);
         atomicAdd(&s_acc[E], lse * lse);
     }
     // Top-k: k rounds of a warp argmax over the experts not yet taken.
@@ -101,13 +127,10 @@ __device__ __forceinline__ void route_token(const T* logits, const T* noise, con
             const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
             if (oi != 0x7fffffff && (bi == 0x7fffffff || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
         }
-        float sv = 0.f;
+        const float sv = moe_expert_value(s, bi);
 #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-            const float v = __shfl_sync(0xffffffffu, s[q], bi % 32);
-            if (q == bi / 32) sv = v;
+        for (int q = 0; q < 8; ++q)
             if (q == bi / 32 && lane == bi % 32) taken[q] = true;
-        }
         ek[j] = bi, wk[j] = sv, wsum += sv;
     }
     if (lane == 0) {
@@ -360,44 +383,14 @@ __device__ __forceinline__ void route_backward_token(const T* logits, const T* n
                                                      int sigmoid, int renorm, float aux_c, float z_c, T* dlogits, T* dnoise) {
     const int lane = threadIdx.x % 32;
     const u64 row = (u64)t * E;
-    float l[8], h[8], s[8], ds[8];
-#pragma unroll
-    for (int q = 0; q < 8; ++q) {
-        const int e = lane + 32 * q;
-        l[q] = h[q] = NEG_INF, ds[q] = 0.f;
-        if (e < E) {
-            l[q] = to_float<T>(logits[row + e]);
-            h[q] = noise ? l[q] + eps[row + e] * moe_softplus(to_float<T>(noise[row + e])) : l[q];
-        }
-    }
-    float hmax = NEG_INF, lmax = NEG_INF;
-#pragma unroll
-    for (int q = 0; q < 8; ++q) hmax = fmax_nan(hmax, h[q]), lmax = fmax_nan(lmax, l[q]);
-    hmax = warp_reduce_max(hmax), lmax = warp_reduce_max(lmax);
-    float zsum = 0.f, lsum = 0.f;
-#pragma unroll
-    for (int q = 0; q < 8; ++q) {
-        const bool in = lane + 32 * q < E;
-        s[q] = !in ? 0.f : sigmoid ? 1.f / (1.f + __expf(-h[q])) : __expf(h[q] - hmax);
-        zsum += s[q];
-        lsum += in ? __expf(l[q] - lmax) : 0.f;
-    }
-    zsum = warp_reduce_sum(zsum), lsum = warp_reduce_sum(lsum);
-    if (!sigmoid) {
-#pragma unroll
-        for (int q = 0; q < 8; ++q) s[q] /= zsum;
-    }
-    const float total = sigmoid ? zsum : 1.f;
+    const MoeTokenScores sc = moe_token_scores<T>(logits, noise, eps, row, E, sigmoid);
+    const float (&l)[8] = sc.l, (&s)[8] = sc.s;
+    const float total = sc.total, lmax = sc.lmax, lsum = sc.lsum;
+    float ds[8] = {};
     // The combine weights: w_j = s_j, or s_j / S with S the chosen scores' sum.
     float sum = 0.f, dot = 0.f;
     for (int j = 0; j < K; ++j) {
-        const int e = experts[(u64)t * K + j];  // warp-uniform
-        float sv = 0.f;
-#pragma unroll
-        for (int q = 0; q < 8; ++q) {
-            const float v = __shfl_sync(0xffffffffu, s[q], e % 32);
-            if (q == e / 32) sv = v;
-        }
+        const float sv = moe_expert_value(s, experts[(u64)t * K + j]);  // warp-uniform expert
         sum += sv, dot += dw[(u64)t * K + j] * sv;
     }
     for (int j = 0; j < K; ++j) {

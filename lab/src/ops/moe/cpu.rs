@@ -34,25 +34,32 @@ pub struct RouteOut {
     pub z_loss: f32,
 }
 
+/// Token i's logits l, selection logits h (noisy gating: l + eps softplus(n)) and scores
+/// (softmax over h, or sigmoid), in f32: what [`route`] and [`route_backward`] start from.
+fn token_scores<T: Elem>(logits: &[T], noise: Option<(&[T], &[f32])>, i: usize, e: usize, scoring: Scoring) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let l: Vec<f32> = logits[i * e..][..e].iter().map(|x| x.to_f32()).collect();
+    let h: Vec<f32> = match noise {
+        Some((n, eps)) => (0..e).map(|j| l[j] + eps[i * e + j] * softplus(n[i * e + j].to_f32())).collect(),
+        None => l.clone(),
+    };
+    let scores: Vec<f32> = match scoring {
+        Scoring::Softmax => {
+            let m = h.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let ex: Vec<f32> = h.iter().map(|v| (v - m).exp()).collect();
+            let s: f32 = ex.iter().sum();
+            ex.iter().map(|v| v / s).collect()
+        }
+        Scoring::Sigmoid => h.iter().map(|v| 1.0 / (1.0 + (-v).exp())).collect(),
+    };
+    (l, h, scores)
+}
+
 /// Routing in f32 from the logits [T, E] (and the noise logits and eps).
 pub fn route<T: Elem>(logits: &[T], noise: Option<(&[T], &[f32])>, t: usize, e: usize, r: &Router) -> RouteOut {
     let per: Vec<TokenRoute> = (0..t)
         .into_par_iter()
         .map(|i| {
-            let l: Vec<f32> = logits[i * e..][..e].iter().map(|x| x.to_f32()).collect();
-            let h: Vec<f32> = match noise {
-                Some((n, eps)) => (0..e).map(|j| l[j] + eps[i * e + j] * softplus(n[i * e + j].to_f32())).collect(),
-                None => l.clone(),
-            };
-            let scores: Vec<f32> = match r.scoring {
-                Scoring::Softmax => {
-                    let m = h.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-                    let ex: Vec<f32> = h.iter().map(|v| (v - m).exp()).collect();
-                    let s: f32 = ex.iter().sum();
-                    ex.iter().map(|v| v / s).collect()
-                }
-                Scoring::Sigmoid => h.iter().map(|v| 1.0 / (1.0 + (-v).exp())).collect(),
-            };
+            let (l, h, scores) = token_scores(logits, noise, i, e, r.scoring);
             let kept = top_k(&h, r.k);
             let mut w: Vec<f32> = kept.iter().map(|&j| scores[j]).collect();
             if r.renormalize {
@@ -222,19 +229,7 @@ pub fn route_backward<T: Elem>(
     let per: Vec<(Vec<T>, Vec<T>)> = (0..t)
         .into_par_iter()
         .map(|tok| {
-            let l: Vec<f32> = logits[tok * e..][..e].iter().map(|x| x.to_f32()).collect();
-            let n: Vec<f32> = noise.map_or(vec![], |(n, _)| n[tok * e..][..e].iter().map(|x| x.to_f32()).collect());
-            let eps = noise.map_or(&[][..], |(_, eps)| &eps[tok * e..][..e]);
-            let h: Vec<f32> = if noise.is_some() { (0..e).map(|j| l[j] + eps[j] * softplus(n[j])).collect() } else { l.clone() };
-            let s: Vec<f32> = match r.scoring {
-                Scoring::Softmax => {
-                    let m = h.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-                    let ex: Vec<f32> = h.iter().map(|v| (v - m).exp()).collect();
-                    let z: f32 = ex.iter().sum();
-                    ex.iter().map(|v| v / z).collect()
-                }
-                Scoring::Sigmoid => h.iter().map(|v| 1.0 / (1.0 + (-v).exp())).collect(),
-            };
+            let (l, _, s) = token_scores(logits, noise, tok, e, r.scoring);
             let total: f32 = if r.scoring == Scoring::Sigmoid { s.iter().sum() } else { 1.0 };
             let mut ds = vec![0f32; e];
             let (chosen, dwt) = (&experts[tok * k..][..k], &dw[tok * k..][..k]);
@@ -254,7 +249,10 @@ pub fn route_backward<T: Elem>(
             let zs: f32 = l.iter().map(|v| (v - ml).exp()).sum();
             let lse = ml + zs.ln();
             let dl = (0..e).map(|j| T::from_f32(dh[j] + z_c * lse * (l[j] - ml).exp() / zs)).collect();
-            let dn = if noise.is_some() { (0..e).map(|j| T::from_f32(dh[j] * eps[j] / (1.0 + (-n[j]).exp()))).collect() } else { vec![] };
+            let dn = match noise {
+                Some((n, eps)) => (0..e).map(|j| T::from_f32(dh[j] * eps[tok * e + j] / (1.0 + (-n[tok * e + j].to_f32()).exp()))).collect(),
+                None => vec![],
+            };
             (dl, dn)
         })
         .collect();

@@ -25,6 +25,14 @@ fn placed<U: crate::tensor::Scalar>(t: &Tensor<U>) -> &cudarc::driver::CudaSlice
     t.cuda().expect("placement checked")
 }
 
+/// Noisy gating's noise logits and eps as the router kernels' two pointer arguments, or two nulls.
+fn noise_args<'a, T: Elem>(b: &mut cudarc::driver::LaunchArgs<'a>, noise: Option<(&'a Tensor<T>, &'a Tensor<f32>)>, null: &'a u64) {
+    match noise {
+        Some((n, eps)) => b.arg(placed(n)).arg(placed(eps)),
+        None => b.arg(null).arg(null),
+    };
+}
+
 pub fn route<T: Elem>(g: &Gpu, logits: &Tensor<T>, noise: Option<(&Tensor<T>, &Tensor<f32>)>, t: usize, e: usize, r: &Router) -> Result<Routing> {
     let s = &g.stream;
     let mut experts = s.alloc_zeros::<i32>(t * r.k).doing("allocating the routing")?;
@@ -38,10 +46,7 @@ pub fn route<T: Elem>(g: &Gpu, logits: &Tensor<T>, noise: Option<(&Tensor<T>, &T
     let null = 0u64;
     let mut b = s.launch_builder(&f);
     b.arg(placed(logits));
-    match noise {
-        Some((n, eps)) => b.arg(placed(n)).arg(placed(eps)),
-        None => b.arg(&null).arg(&null),
-    };
+    noise_args(&mut b, noise, &null);
     b.arg(&ti).arg(&ei).arg(&ki).arg(&sigmoid).arg(&renorm).arg(&mut experts).arg(&mut weights).arg(&mut load).arg(&mut acc);
     // SAFETY: blocks of 256 threads over 64 tokens each (ROUTE_TOKENS); logits, noise and eps
     // hold T x E elements (checked by route_logits), the outputs T x k, E and E + 1; k <= 8 and
@@ -309,10 +314,7 @@ pub fn route_backward<T: Elem>(
     let null = 0u64;
     let mut b = s.launch_builder(&f);
     b.arg(placed(logits));
-    match noisy {
-        Some((n, eps)) => b.arg(placed(n)).arg(placed(eps)),
-        None => b.arg(&null).arg(&null),
-    };
+    noise_args(&mut b, noisy.map(|(n, eps)| (n, eps)), &null);
     b.arg(placed(experts)).arg(placed(dw)).arg(placed(load)).arg(&ti).arg(&ei).arg(&ki).arg(&sigmoid).arg(&renorm).arg(&aux_c).arg(&z_c).arg(&mut dl);
     match dn.as_mut() {
         Some(d) => b.arg(d),
