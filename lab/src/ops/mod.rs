@@ -150,6 +150,17 @@ impl<'a, T> Check<'a, T> {
     }
 }
 
+/// The ceiling a matrix product is placed under: on a GPU the tensor roof of its f16 or bf16
+/// inputs, else (the CPU, or f32) the FMA roof.
+pub fn product_ceiling(dev: &crate::experiment::Backend, dtype: DType) -> &'static str {
+    use crate::experiment::Backend;
+    match (dev, dtype) {
+        (Backend::Cuda(_), DType::F16) => "tensor_f16_tflop_s",
+        (Backend::Cuda(_), DType::Bf16) => "tensor_bf16_tflop_s",
+        _ => "fma_tflop_s",
+    }
+}
+
 /// One GPU figure on a device buffer, the house way (poison the output, launch once and check,
 /// time it, check again, record), for any provider: a peer library run in-process (cuBLAS) or a
 /// study kernel with no callable op, with `extra` fields for the record.

@@ -274,11 +274,7 @@ pub fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
     let expected = ExpectedGrads::new(d, mask, &x, &stats, qrows, krows, reference);
     let work = work(d, mask, T::DTYPE.size());
     let compare = |g: &[T]| expected.compare(g);
-    let ceiling = match (&dev, T::DTYPE) {
-        (Backend::Cuda(_), DType::F16) => "tensor_f16_tflop_s",
-        (Backend::Cuda(_), _) => "tensor_bf16_tflop_s",
-        _ => "fma_tflop_s",
-    };
+    let ceiling = crate::ops::product_ceiling(&dev, T::DTYPE);
     let check = Check { tol: expected.record_tol(), compare: &compare, ceiling };
     let saved = Saved { q: &qt, k: &kt, v: &vt, o: &ot, lse: &lt, dout: &dot_ };
     let mut grads = Grads::zeros(&dev, d)?;

@@ -164,11 +164,7 @@ fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
     let expected = Expected::new(d, mask, &q, &k, &v, check_rows(d, &mut rng));
     let work = d.work(mask, T::DTYPE.size());
     let compare_o = |o: &[T]| compare_elems(&expected.gather(d, o), &expected.o, expected.tol, "cpu-f64 (sampled rows)");
-    let ceiling = match (&s.backend, T::DTYPE) {
-        (Backend::Cuda(_), DType::F16) => "tensor_f16_tflop_s",
-        (Backend::Cuda(_), _) => "tensor_bf16_tflop_s",
-        _ => "fma_tflop_s",
-    };
+    let ceiling = crate::ops::product_ceiling(&s.backend, T::DTYPE);
     let check = Check { tol: expected.tol, compare: &compare_o, ceiling };
     let dev = s.backend.clone();
     let qt = Tensor::from_slice(&dev, &[d.batch, d.sq, d.hq, d.d], &q)?;

@@ -238,11 +238,7 @@ where
     let bound = bound(T::DTYPE, d.k);
     let work = d.work(T::DTYPE.size(), ab.1);
     let backend = s.backend.clone();
-    let ceiling = match (&backend, T::DTYPE) {
-        (Backend::Cuda(_), DType::F16) => "tensor_f16_tflop_s",
-        (Backend::Cuda(_), DType::Bf16) => "tensor_bf16_tflop_s",
-        _ => "fma_tflop_s",
-    };
+    let ceiling = crate::ops::product_ceiling(&backend, T::DTYPE);
     let (alpha, beta) = ab;
     let da = Tensor::from_slice(&backend, &[d.m, d.k], &a)?;
     let db = Tensor::from_slice(&backend, &[d.k, d.n], &b)?;

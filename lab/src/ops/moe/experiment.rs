@@ -203,11 +203,7 @@ fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
     let gather = |out: &[T]| -> Vec<f64> { tokens.iter().flat_map(|&tk| out[tk * h..][..h].iter().map(|v| v.to_f64())).collect() };
     let bound = "per element: f32 accumulation of both products, T roundings of g, u, h, y and out, f32 router weights (moe::reference::layer)";
     let compare = |out: &[T]| compare_within(&gather(out), &want, &allow, bound, &reference_name);
-    let ceiling = match (&dev, T::DTYPE) {
-        (Backend::Cuda(_), DType::F16) => "tensor_f16_tflop_s",
-        (Backend::Cuda(_), _) => "tensor_bf16_tflop_s",
-        _ => "fma_tflop_s",
-    };
+    let ceiling = crate::ops::product_ceiling(&dev, T::DTYPE);
     let check = Check { tol: Tolerance { atol: 0.0, rtol: reference::unit(T::DTYPE) }, compare: &compare, ceiling };
     let active = rref.load.iter().filter(|&&c| c > 0).count();
     let elem = T::DTYPE.size() as u64;
@@ -355,11 +351,7 @@ fn backward_case<T: Elem>(s: &mut Session, case: &Value, variant: &str, (x, w, r
     let elem = T::DTYPE.size() as u64;
     let active = rt.load.to_vec()?.iter().filter(|&&n| n > 0).count();
     let work = Work { flops: (4 * t * r.k * 3 * h * i) as u64, bytes: elem * (3 * t * h + 2 * active * 3 * h * i) as u64 };
-    let ceiling = match (&dev, T::DTYPE) {
-        (Backend::Cuda(_), DType::F16) => "tensor_f16_tflop_s",
-        (Backend::Cuda(_), _) => "tensor_bf16_tflop_s",
-        _ => "fma_tflop_s",
-    };
+    let ceiling = crate::ops::product_ceiling(&dev, T::DTYPE);
     let check = Check { tol: Tolerance { atol: 0.0, rtol: backward_reference::ALLOW_UNITS * reference::unit(T::DTYPE) }, compare: &judge, ceiling };
     let once = || super::backward(&dev, x, w, r, &up).map(|_| ());
     let (time, after) = match (&dev, timed) {
@@ -406,7 +398,7 @@ fn dense_peer<T: Elem>(s: &mut Session, gpu: &crate::gpu::Gpu, case: &Value, inp
     }
     let bound = ProductBound::fp32_accumulation(h, T::DTYPE);
     let compare = |got: &[T]| compare_product(&widen(&got[..want.len().min(got.len())]), &want, &scale, bound, "cpu-f64 (first rows)");
-    let check = Check { tol: bound.tolerance(), compare: &compare, ceiling: if T::DTYPE == DType::F16 { "tensor_f16_tflop_s" } else { "tensor_bf16_tflop_s" } };
+    let check = Check { tol: bound.tolerance(), compare: &compare, ceiling: crate::ops::product_ceiling(&s.backend, T::DTYPE) };
     let (xb, gub, db) = (T::bytes(&inp.x), T::bytes(&inp.gate_up), T::bytes(&inp.down));
     let e = inp.gate_up.len() / (h * 2 * i);
     let ins: [(&[u8], &[usize]); 3] = [(&xb, &[t, h]), (&gub, &[e, h, 2 * i]), (&db, &[e, i, h])];
