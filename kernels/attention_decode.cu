@@ -13,8 +13,10 @@
 //                   head (G = Hq / Hkv). Warp w scores 32-row tiles w, w + 4, ...: lane l scores
 //                   row l against every query head (its K row in registers, Q broadcast from
 //                   shared memory), then the warp walks the tile's V rows with each lane owning
-//                   D / 32 columns. Should buy: each K and V row is read once for all the query
-//                   heads of its KV head (GQA), and short batches still fill the chip.
+//                   D / 32 columns; the whole V tile is loaded into registers before the scores,
+//                   so K and V are in flight together. Should buy: each K and V row is read once
+//                   for all the query heads of its KV head (GQA), and short batches still fill
+//                   the chip.
 //                   Writes unnormalized partial O and (max, sum) per (b, h, split), base-2.
 //  decode_combine   block (D,1,1), grid (Hq, B): merges the splits that hold rows.
 
@@ -31,12 +33,17 @@ __device__ __forceinline__ long long dec_row(const int* __restrict__ table, int 
     return (((long long)p * page + j % page) * hkv + kvh) * D;
 }
 
+template <int BYTES> struct DecVRaw;
+template <> struct DecVRaw<8> { using type = uint2; };
+template <> struct DecVRaw<4> { using type = unsigned; };
+
 template <typename T, int D>
 __device__ void decode_split(const T* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc, const int* __restrict__ table,
                              const int* __restrict__ pos, float* __restrict__ part_o, float* __restrict__ part_ml, int hq, int hkv,
                              int page, int max_pages, int chunk, float scale_log2) {
     constexpr int C = D / 32;  // columns per lane in the PV walk
     constexpr int V8 = D / 8;  // 16-byte vectors per K row
+    using VRaw = typename DecVRaw<C * sizeof(T)>::type;  // one lane's C values of a V row
     __shared__ float qs[DEC_GMAX][D];
     __shared__ float wm[DEC_WARPS][DEC_GMAX], wl[DEC_WARPS][DEC_GMAX];
     __shared__ float wacc[DEC_WARPS][DEC_GMAX][D];
@@ -60,12 +67,21 @@ __device__ void decode_split(const T* __restrict__ q, const T* __restrict__ kc, 
         for (int c = 0; c < C; ++c) acc[g][c] = 0.f;
     }
     for (int t0 = start + warp * 32; t0 < end; t0 += DEC_WARPS * 32) {
-        const int j = t0 + lane;
+        const int j = t0 + lane, rows = min(32, end - t0);
+        const long long off = j < end ? dec_row(table, b, max_pages, page, j, hkv, kvh, D) : 0;
+        // The tile's V rows (lane l holds columns l*C..l*C+C of each), issued before the scores
+        // need K: both tiles are in flight at once rather than V one latency per row.
+        VRaw vraw[32];
+#pragma unroll
+        for (int r = 0; r < 32; ++r) {
+            const long long ro = __shfl_sync(0xffffffffu, off, r);
+            vraw[r] = r < rows ? *reinterpret_cast<const VRaw*>(vc + ro + lane * C) : VRaw{};
+        }
         float s[DEC_GMAX];
 #pragma unroll
         for (int g = 0; g < DEC_GMAX; ++g) s[g] = 0.f;
         if (j < end) {
-            const uint4* kr = reinterpret_cast<const uint4*>(kc + dec_row(table, b, max_pages, page, j, hkv, kvh, D));
+            const uint4* kr = reinterpret_cast<const uint4*>(kc + off);
 #pragma unroll
             for (int v = 0; v < V8; ++v) {
                 float kf[8];
@@ -95,12 +111,13 @@ __device__ void decode_split(const T* __restrict__ q, const T* __restrict__ kc, 
 #pragma unroll
             for (int c = 0; c < C; ++c) acc[g][c] *= alpha;
         }
-        const int rows = min(32, end - t0);
-        for (int r = 0; r < rows; ++r) {
-            const T* vr = vc + dec_row(table, b, max_pages, page, t0 + r, hkv, kvh, D) + lane * C;
+        // Rows past the tile's end hold zeros and weigh p = 0.
+#pragma unroll
+        for (int r = 0; r < 32; ++r) {
+            const T* e = reinterpret_cast<const T*>(&vraw[r]);
             float vf[C];
 #pragma unroll
-            for (int c = 0; c < C; ++c) vf[c] = to_float(vr[c]);
+            for (int c = 0; c < C; ++c) vf[c] = to_float(e[c]);
 #pragma unroll
             for (int g = 0; g < DEC_GMAX; ++g) {
                 if (g >= gn) continue;

@@ -6,6 +6,9 @@
 //                the device (moe_schedule), so M is never padded: rows past an expert's segment
 //                are zero-filled on load and masked on store. Epilogue: store, or SwiGLU over
 //                interleaved gate/up columns (a thread's c0/c1 pair).
+//   grouped_wgmma, grouped_wgmma_n128 (sm_90a)  the same schedule and epilogue on gemm's wgmma_tma
+//                loop: A and B by TMA into a ring, two consumer warpgroups on wgmma; 128x256
+//                tiles one block per SM, or 128x128 two per SM.
 // Around it, with no host synchronisation (counts and offsets stay on the device):
 //   route        a warp per token, 64 per block: scores (softmax or sigmoid, noisy h = l + eps softplus(n)),
 //                top-k by k warp argmax rounds (ties to the lower expert), per-expert load and
@@ -336,6 +339,120 @@ __device__ __forceinline__ void grouped_mma_body(const T* __restrict__ A, const 
 }
 
 // ---------------------------------------------------------------------------------------------
+// grouped_wgmma, grouped_wgmma_n128 (sm_90a): gemm's wgmma_tma loop (kernels/gemm/wgmma.cu says
+// why each step is as it is) on the same (n-tile, m-tile of some expert) schedule as grouped_mma.
+// A is read through a 2D tensor map over all the permuted rows: a tile at row offsets[e] + bm
+// also loads rows of the next expert (or zeros past the last row), which only feed outputs the
+// store masks. B is a 3D map (N, K, E), so a tile's K edge is zero-filled rather than read from
+// the next expert's weights.
+// ---------------------------------------------------------------------------------------------
+
+// The tile and ring, as gemm's WgTile (mirrored by lab/src/ops/gemm/tma.rs, wg::WIDE and wg::N128).
+template <int BN_, int STAGES_, int BLOCKS_PER_SM_>
+struct MoeWg {
+    static constexpr int BM = 128, BN = BN_, BK = 64, STAGES = STAGES_, BLOCKS_PER_SM = BLOCKS_PER_SM_;
+    static constexpr int A_BYTES = BM * BK * 2, B_BOX_N = 64, B_BOXES = BN / B_BOX_N, B_BOX_BYTES = BK * B_BOX_N * 2;
+    static constexpr int STAGE_BYTES = A_BYTES + B_BOXES * B_BOX_BYTES;
+    static constexpr int SMEM = STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8;
+    static constexpr int PRODUCER_THREADS = BLOCKS_PER_SM == 1 ? 128 : 32, THREADS = 256 + PRODUCER_THREADS;
+    static constexpr bool SETMAXNREG = PRODUCER_THREADS == 128;
+    static constexpr int LAUNCH_REGS = 65536 / (THREADS * BLOCKS_PER_SM) / 8 * 8;
+    static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = SETMAXNREG ? (THREADS * LAUNCH_REGS - 128 * PRODUCER_REGS) / 256 / 8 * 8 : LAUNCH_REGS;
+};
+using MoeWgWide = MoeWg<256, 4, 1>;
+using MoeWgN128 = MoeWg<128, 3, 2>;
+
+template <typename T, typename P>
+__device__ __forceinline__ void grouped_wgmma_body(const TmaDesc& ta, const TmaDesc& tb, T* C, const int* offsets, const int* tile_start,
+                                                   int E, int rows, int K, int N, int swiglu) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int BM = P::BM, BN = P::BN, BK = P::BK, STAGES = P::STAGES, ACC = BN / 2;
+    const int y = blockIdx.y;
+    if (y >= tile_start[E]) return;  // the whole block: before any barrier
+    int lo = 0, hi = E - 1;  // the last expert whose first tile is at or before y: it owns y
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (tile_start[mid] <= y) lo = mid; else hi = mid - 1;
+    }
+    const int e = lo, r0 = min(offsets[e], rows), M = min(offsets[e + 1], rows) - r0;
+    const int bm = (y - tile_start[e]) * BM, bn = blockIdx.x * BN, nk = (K + BK - 1) / BK;
+    extern __shared__ __align__(1024) unsigned char smem[];
+    require_dynamic_smem(P::SMEM);
+    const unsigned ring = (smem_addr(smem) + 1023u) & ~1023u, bars = ring + STAGES * P::STAGE_BYTES;
+    const int wgi = threadIdx.x / 128, tid = threadIdx.x % 128;
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(bars + 8 * s, 1);
+            mbar_init(bars + 8 * (STAGES + s), 8);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (wgi == 2) {  // the producer
+        if constexpr (P::SETMAXNREG) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(P::PRODUCER_REGS));
+        if (tid == 0) {
+            const int b_boxes = min(P::B_BOXES, (N - bn + P::B_BOX_N - 1) / P::B_BOX_N);
+            const unsigned tx = P::A_BYTES + b_boxes * P::B_BOX_BYTES;
+            for (int kt = 0; kt < nk; ++kt) {
+                const int s = kt % STAGES;
+                const unsigned full = bars + 8 * s, a = ring + s * P::STAGE_BYTES;
+                mbar_wait(bars + 8 * (STAGES + s), ((kt / STAGES) & 1) ^ 1);
+                mbar_expect_tx(full, tx);
+                tma_load_2d(a, &ta, kt * BK, r0 + bm, full);
+                for (int j = 0; j < b_boxes; ++j) tma_load_3d(a + P::A_BYTES + j * P::B_BOX_BYTES, &tb, bn + j * P::B_BOX_N, kt * BK, e, full);
+            }
+        }
+        return;
+    }
+    if constexpr (P::SETMAXNREG) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(P::CONSUMER_REGS));
+    const int warp = tid / 32, lane = tid % 32;
+    float d[ACC];
+#pragma unroll
+    for (int i = 0; i < ACC; ++i) d[i] = 0.f;
+    const unsigned a_rows = wgi * 64 * BK * 2;
+    for (int kt = 0; kt < nk; ++kt) {
+        const int s = kt % STAGES;
+        const unsigned a = ring + s * P::STAGE_BYTES + a_rows, b = ring + s * P::STAGE_BYTES + P::A_BYTES;
+        mbar_wait(bars + 8 * s, (kt / STAGES) & 1);
+        wg_pin(d);
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int ks = 0; ks < BK / 16; ++ks) Wgmma<T, BN>::run(d, wg_desc(a + 32 * ks, WG_A_LBO, WG_A_SBO), wg_desc(b + 2048 * ks, WG_B_LBO, WG_B_SBO));
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        wg_pin(d);
+        if (kt > 0 && lane == 0) mbar_arrive(bars + 8 * (STAGES + (kt - 1) % STAGES));
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    wg_pin(d);
+    // d[4j], d[4j+1]: row 16 warp + lane / 4, columns 8j + 2 (lane % 4) + {0, 1}; d[4j+2], d[4j+3]
+    // 8 rows below. The pair is (gate, up) of output column / 2 under SwiGLU, as in grouped_mma.
+    const int NC = swiglu ? N / 2 : N, col = bn + 2 * (lane % 4);
+    T* Ce = C + (u64)r0 * NC;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int row = bm + wgi * 64 + warp * 16 + lane / 4 + 8 * half;
+        if (row >= M) continue;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+            const int c = col + 8 * j;
+            const float v0 = d[4 * j + 2 * half], v1 = d[4 * j + 2 * half + 1];
+            if (c >= N) continue;
+            if (swiglu) {
+                Ce[(u64)row * NC + c / 2] = from_float<T>(moe_silu(v0) * v1);
+            } else {
+                Ce[(u64)row * NC + c] = from_float<T>(v0);
+                if (c + 1 < N) Ce[(u64)row * NC + c + 1] = from_float<T>(v1);
+            }
+        }
+    }
+#else
+    __trap();  // built for another target: the launcher offers this variant on sm_90a only
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
 // Backward
 // ---------------------------------------------------------------------------------------------
 
@@ -517,6 +634,16 @@ __device__ __forceinline__ void grouped_wgrad_body(const T* __restrict__ A, cons
                                                                       const int* tile_start, int E, int rows, int K,   \
                                                                       int N, int swiglu) {                             \
         grouped_mma_body<T>(A, B, C, offsets, tile_start, E, rows, K, N, swiglu);                                        \
+    }                                                                                                                    \
+    extern "C" __global__ void __launch_bounds__(MoeWgWide::THREADS, 1) moe_grouped_wgmma_##S(                        \
+        const __grid_constant__ TmaDesc ta, const __grid_constant__ TmaDesc tb, T* C, const int* offsets,                \
+        const int* tile_start, int E, int rows, int K, int N, int swiglu) {                                              \
+        grouped_wgmma_body<T, MoeWgWide>(ta, tb, C, offsets, tile_start, E, rows, K, N, swiglu);                        \
+    }                                                                                                                    \
+    extern "C" __global__ void __launch_bounds__(MoeWgN128::THREADS, 2) moe_grouped_wgmma_n128_##S(                   \
+        const __grid_constant__ TmaDesc ta, const __grid_constant__ TmaDesc tb, T* C, const int* offsets,                \
+        const int* tile_start, int E, int rows, int K, int N, int swiglu) {                                              \
+        grouped_wgmma_body<T, MoeWgN128>(ta, tb, C, offsets, tile_start, E, rows, K, N, swiglu);                        \
     }                                                                                                                    \
     extern "C" __global__ void moe_combine_backward_##S(const T* dout, const T* y, const int* slot, const float* w, int K, \
                                                         int N, T* dy, float* dw) {                                       \

@@ -78,7 +78,8 @@ pub struct Decode {
 
 impl Decode {
     /// Splits a sequence of up to `capacity` rows so that `batch x KV heads x splits` blocks
-    /// fill the chip about twice, each split at least [`MIN_CHUNK`] rows.
+    /// fill the chip about three times (three blocks fit an SM at decode_split's 168 registers),
+    /// each split at least [`MIN_CHUNK`] rows.
     pub fn new(gpu: &Arc<Gpu>, batch: usize, hq: usize, hkv: usize, d: usize, capacity: usize) -> Result<Self> {
         if hkv == 0 || !hq.is_multiple_of(hkv) || ![64, 128].contains(&d) || batch == 0 || capacity == 0 {
             return Err(LabError::shape(
@@ -87,7 +88,7 @@ impl Decode {
             ));
         }
         let blocks = batch * hkv * (hq / hkv).div_ceil(GMAX);
-        let want = (2 * gpu.info.sm_count as usize).div_ceil(blocks).max(1);
+        let want = (3 * gpu.info.sm_count as usize).div_ceil(blocks).max(1);
         let chunk = capacity.div_ceil(want).max(MIN_CHUNK);
         let nsplit = capacity.div_ceil(chunk);
         let slots = batch * hq * nsplit;

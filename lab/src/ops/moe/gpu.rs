@@ -4,9 +4,10 @@ use super::{Epilogue, Permutation, Router, Routing, Scoring, FAMILY};
 use crate::error::Doing;
 use crate::gpu::Gpu;
 use crate::kernels::{symbol, DType};
+use crate::ops::gemm::{encode_tensor_map, raise_dynamic_smem, wg};
 use crate::ops::Elem;
 use crate::tensor::Tensor;
-use crate::Result;
+use crate::{LabError, Result};
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 /// Tokens per block of the router (MOE_ROUTE_TOKENS in kernels/moe.cu).
@@ -194,25 +195,66 @@ pub fn grouped_cublas<T: Elem>(g: &Gpu, a: &Tensor<T>, b: &Tensor<T>, offsets: &
     Ok(())
 }
 
-/// The schedule (tile prefix over the device's offsets), then one grouped_mma launch.
-pub fn grouped_mma<T: Elem>(g: &Gpu, a: &Tensor<T>, b: &Tensor<T>, offsets: &Tensor<i32>, (e, rows, k, n, _): GroupedDims, ep: Epilogue, c: &mut Tensor<T>) -> Result<()> {
-    let s = &g.stream;
-    let mut tiles = s.alloc_zeros::<i32>(e + 1).doing("allocating the tile schedule")?;
-    let (ei, ri, ki, ni, sw) = (e as i32, rows as i32, k as i32, n as i32, (ep == Epilogue::SwiGlu) as i32);
+/// The m-tile prefix over the device's offsets (tile_start[e], total at [E]) that grouped_mma's
+/// and grouped_wgmma's blocks search for their expert.
+fn schedule(g: &Gpu, offsets: &Tensor<i32>, e: usize, rows: usize) -> Result<cudarc::driver::CudaSlice<i32>> {
+    let mut tiles = g.stream.alloc_zeros::<i32>(e + 1).doing("allocating the tile schedule")?;
+    let (ei, ri) = (e as i32, rows as i32);
     let f = g.function(FAMILY, &symbol(FAMILY, "schedule", DType::F32))?;
     // SAFETY: one block of 256 threads (E <= 256) reads E + 1 offsets, writes E + 1 starts.
-    unsafe { s.launch_builder(&f).arg(placed(offsets)).arg(&ei).arg(&ri).arg(&mut tiles).launch(cfg(1, 256)) }.doing("launching moe schedule")?;
+    unsafe { g.stream.launch_builder(&f).arg(placed(offsets)).arg(&ei).arg(&ri).arg(&mut tiles).launch(cfg(1, 256)) }.doing("launching moe schedule")?;
+    Ok(tiles)
+}
+
+/// The schedule, then one grouped_mma launch.
+pub fn grouped_mma<T: Elem>(g: &Gpu, a: &Tensor<T>, b: &Tensor<T>, offsets: &Tensor<i32>, (e, rows, k, n, _): GroupedDims, ep: Epilogue, c: &mut Tensor<T>) -> Result<()> {
+    let tiles = schedule(g, offsets, e, rows)?;
+    let (ei, ri, ki, ni, sw) = (e as i32, rows as i32, k as i32, n as i32, (ep == Epilogue::SwiGlu) as i32);
     let f = g.function(FAMILY, &symbol(FAMILY, "grouped_mma", T::DTYPE))?;
     // Every expert adds at most one partial tile: rows / BM + E bounds the m-tiles.
     let m_tiles = rows / BM + e;
     let launch = LaunchConfig { grid_dim: (n.div_ceil(BN) as u32, m_tiles as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    let mut l = s.launch_builder(&f);
+    let mut l = g.stream.launch_builder(&f);
     l.arg(placed(a)).arg(placed(b)).arg(c.cuda_mut().expect("placement checked")).arg(placed(offsets)).arg(&tiles);
     l.arg(&ei).arg(&ri).arg(&ki).arg(&ni).arg(&sw);
     // SAFETY: blocks past the schedule's total return; a block's rows lie in its expert's
     // segment clamped to A's rows (A rows x K, C rows x N or N / 2), loads are bounded by the
     // segment, K and N, stores by the segment and N; B holds E x K x N.
     unsafe { l.launch(launch) }.map(|_| ()).doing("launching moe grouped_mma")
+}
+
+/// The schedule, the two tensor maps (A: K x rows in boxes of 64 x 128; B: N x K x E in boxes of
+/// 64 x 64 x 1), then one grouped_wgmma launch with `tile`'s ring in dynamic shared memory.
+#[allow(clippy::too_many_arguments)]
+pub fn grouped_wgmma<T: Elem>(g: &Gpu, tile: wg::Tile, a: &Tensor<T>, b: &Tensor<T>, offsets: &Tensor<i32>, (e, rows, k, n, _): GroupedDims, ep: Epilogue, c: &mut Tensor<T>) -> Result<()> {
+    if !k.is_multiple_of(8) || !n.is_multiple_of(8) {
+        return Err(LabError::shape("moe grouped_wgmma", format!("K = {k} and N = {n}: TMA reads rows of a multiple of 16 bytes, so both must be multiples of 8")));
+    }
+    let s = &g.stream;
+    let tiles = schedule(g, offsets, e, rows)?;
+    let el = T::DTYPE.size() as u64;
+    let (k64, n64) = (k as u64, n as u64);
+    let box_a = wg::TmaBox { rank: 2, dims: [k64, rows as u64, 1, 1], strides_bytes: [k64 * el, 0, 0], boxes: [wg::BK as u32, wg::BM as u32, 1, 1] };
+    let box_b = wg::TmaBox { rank: 3, dims: [n64, k64, e as u64, 1], strides_bytes: [n64 * el, k64 * n64 * el, 0], boxes: [wg::B_BOX_N as u32, wg::BK as u32, 1, 1] };
+    let map_a = encode_tensor_map(placed(a).device_ptr(s).0, box_a, T::DTYPE)?;
+    let map_b = encode_tensor_map(placed(b).device_ptr(s).0, box_b, T::DTYPE)?;
+    let name = if tile == wg::WIDE { "grouped_wgmma" } else { "grouped_wgmma_n128" };
+    let f = g.function(FAMILY, &symbol(FAMILY, name, T::DTYPE))?;
+    raise_dynamic_smem(&f, tile.smem())?;
+    let launch = LaunchConfig {
+        grid_dim: (n.div_ceil(tile.bn) as u32, (rows / wg::BM + e) as u32, 1),
+        block_dim: (tile.threads(), 1, 1),
+        shared_mem_bytes: tile.smem() as u32,
+    };
+    let (ei, ri, ki, ni, sw) = (e as i32, rows as i32, k as i32, n as i32, (ep == Epilogue::SwiGlu) as i32);
+    let mut l = s.launch_builder(&f);
+    l.arg(&map_a).arg(&map_b).arg(c.cuda_mut().expect("placement checked")).arg(placed(offsets)).arg(&tiles);
+    l.arg(&ei).arg(&ri).arg(&ki).arg(&ni).arg(&sw);
+    // SAFETY: the maps describe A (rows x K) and B (E x K x N) as allocated, and TMA zero-fills
+    // what lies outside them; blocks past the schedule's total return; stores are bounded by the
+    // block's expert's segment (clamped to A's rows) and N, into C (rows x N or N / 2); the ring
+    // and its barriers fit the dynamic shared memory the launch gives.
+    unsafe { l.launch(launch) }.map(|_| ()).doing(&format!("launching moe {name}"))
 }
 
 // The backward's launches (backward.rs composes them).

@@ -1,7 +1,8 @@
 //! The index math of kernels/moe.cu replayed on the CPU, statement by statement: the chunked
 //! counting sort (moe_chunk_counts, moe_scan, moe_scatter) against `cpu::permute`, and the
 //! grouped_mma schedule (moe_schedule and the blocks' binary search) covering every tile of
-//! every expert exactly once; the launcher's block sizes against the kernels' own. Tests only:
+//! every expert exactly once; the launcher's block sizes and shared memory against the kernels'
+//! own. Tests only:
 //! the kernels cannot run here.
 
 use super::cpu;
@@ -11,7 +12,20 @@ use crate::gpu::compile::probe_source_u32;
 /// The block sizes the launcher and these replays use, as NVRTC evaluates them in `source`:
 /// (expression, kernel, Rust) where they differ.
 fn block_size_mismatches(source: &str) -> Vec<(&'static str, u32, usize)> {
-    let want = [("MOE_ROUTE_TOKENS", ROUTE_TOKENS), ("MOE_CHUNK", CHUNK), ("tc1::BM", BM), ("tc1::BN", BN)];
+    use crate::ops::gemm::wg::{N128, WIDE};
+    let want = [
+        ("MOE_ROUTE_TOKENS", ROUTE_TOKENS),
+        ("MOE_CHUNK", CHUNK),
+        ("tc1::BM", BM),
+        ("tc1::BN", BN),
+        // grouped_wgmma's blocks search the same schedule of BM-row tiles; their ring and threads
+        // are what the launcher gives (gemm's wg tiles).
+        ("MoeWgWide::BM", BM),
+        ("MoeWgWide::SMEM", WIDE.smem()),
+        ("MoeWgWide::THREADS", WIDE.threads() as usize),
+        ("MoeWgN128::SMEM", N128.smem()),
+        ("MoeWgN128::THREADS", N128.threads() as usize),
+    ];
     let exprs: Vec<&str> = want.iter().map(|w| w.0).collect();
     let cache = tempfile::tempdir().unwrap();
     let got = probe_source_u32(Some(cache.path()), "moe_mirrors", source, &exprs, 90.into()).unwrap_or_else(|e| panic!("{e}"));

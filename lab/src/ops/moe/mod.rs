@@ -68,6 +68,8 @@ pub enum Kernel {
     CublasLoop,
     /// One launch of a 128x128x32 mma.sync tile kernel over (n-tile, m-tile of some expert).
     GroupedMma,
+    /// The same schedule on gemm's wgmma_tma loop (sm_90a), with this tile and ring.
+    GroupedWgmma(crate::ops::gemm::wg::Tile),
 }
 
 /// The grouped GEMM's ladder; `forward` runs both of the layer's products with the same rung.
@@ -87,6 +89,20 @@ pub const VARIANTS: &[Variant<Kernel>] = &[
         config: Kernel::GroupedMma,
     },
     Variant {
+        name: "grouped_wgmma",
+        dtypes: &[DType::Bf16, DType::F16],
+        requires: Requires::Sm90a,
+        what: "grouped_mma's schedule on gemm's wgmma_tma loop: A (all rows) and B (E x K x N) by TMA into a 4-stage ring, two consumer warpgroups, 128x256 tiles, one block per SM",
+        config: Kernel::GroupedWgmma(crate::ops::gemm::wg::WIDE),
+    },
+    Variant {
+        name: "grouped_wgmma_n128",
+        dtypes: &[DType::Bf16, DType::F16],
+        requires: Requires::Sm90a,
+        what: "128x128 tiles, 3 stages, two blocks per SM: twice the tiles, for experts of few rows or narrow N",
+        config: Kernel::GroupedWgmma(crate::ops::gemm::wg::N128),
+    },
+    Variant {
         name: "cpu_loop",
         dtypes: &[DType::Bf16, DType::F16],
         requires: Requires::Cpu,
@@ -103,7 +119,7 @@ pub fn variants() -> Vec<VariantInfo> {
 pub fn gpu_symbols() -> std::collections::BTreeSet<String> {
     let mut out: std::collections::BTreeSet<String> = ["chunk_counts", "scan", "scatter", "schedule", "losses"].iter().map(|k| crate::kernels::symbol(FAMILY, k, DType::F32)).collect();
     for d in [DType::Bf16, DType::F16] {
-        for k in ["route", "gather", "combine", "grouped_mma", "swiglu", "combine_backward", "swiglu_backward", "route_backward", "transpose", "grouped_wgrad"] {
+        for k in ["route", "gather", "combine", "grouped_mma", "grouped_wgmma", "grouped_wgmma_n128", "swiglu", "combine_backward", "swiglu_backward", "route_backward", "transpose", "grouped_wgrad"] {
             out.insert(crate::kernels::symbol(FAMILY, k, d));
         }
     }
@@ -395,7 +411,7 @@ fn grouped_dims<T: Elem>(a: &Tensor<T>, b: &Tensor<T>, offsets: &Tensor<i32>, ep
     Ok((e, a.rows(), k, n, nc))
 }
 
-/// The grouped product with the best rung for the backend (grouped_mma on a GPU).
+/// The grouped product with the best rung for the backend ([`best`]).
 pub fn grouped_matmul<T: Elem>(dev: &Backend, a: &Tensor<T>, b: &Tensor<T>, offsets: &Tensor<i32>, ep: Epilogue, c: &mut Tensor<T>) -> Result<()> {
     grouped_matmul_with(dev, best(dev).name, a, b, offsets, ep, c)
 }
@@ -416,13 +432,20 @@ pub fn grouped_matmul_with<T: Elem>(dev: &Backend, variant: &str, a: &Tensor<T>,
         }
         (Kernel::CublasLoop, Backend::Cuda(g)) => gpu::grouped_cublas(g, a, b, offsets, dims, ep, c),
         (Kernel::GroupedMma, Backend::Cuda(g)) => gpu::grouped_mma(g, a, b, offsets, dims, ep, c),
+        (Kernel::GroupedWgmma(tile), Backend::Cuda(g)) => gpu::grouped_wgmma(g, tile, a, b, offsets, dims, ep, c),
         (_, Backend::Cpu) => unreachable!("check_runs keeps GPU rungs off the CPU"),
     }
 }
 
-/// The rung [`forward`] and [`grouped_matmul`] run: grouped_mma on a GPU, cpu_loop on the CPU.
+/// The rung [`forward`] and [`grouped_matmul`] run: grouped_wgmma on sm_90a, grouped_mma on
+/// other GPUs, cpu_loop on the CPU.
 pub fn best(dev: &Backend) -> &'static Variant<Kernel> {
-    let name = if let Backend::Cpu = dev { "cpu_loop" } else { "grouped_mma" };
+    let wgmma = variant::find(FAMILY, VARIANTS, "grouped_wgmma").expect("grouped_wgmma is in the table");
+    let name = match dev {
+        Backend::Cpu => "cpu_loop",
+        _ if wgmma.requires.met_by(dev) => return wgmma,
+        _ => "grouped_mma",
+    };
     variant::find(FAMILY, VARIANTS, name).expect("the best moe variant is in the table")
 }
 
