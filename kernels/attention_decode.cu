@@ -8,9 +8,10 @@
 // read on the device, so one captured CUDA graph serves every step. Both kernels wait for the
 // kernel before them first thing (pdl.cuh): a decode step's graph may launch them early.
 //
-//  decode_split     block (128,1,1), grid (nsplit, Hkv * ceil(G / 8), B); split s owns rows
-//                   [s * chunk, (s + 1) * chunk) of the sequence, up to 8 query heads of one KV
-//                   head (G = Hq / Hkv). Warp w scores 32-row tiles w, w + 4, ...: lane l scores
+//  decode_split     block (128,1,1), grid (nsplit, Hkv * ceil(G / GM), B); split s owns rows
+//                   [s * chunk, (s + 1) * chunk) of the sequence, up to GM query heads of one KV
+//                   head (G = Hq / Hkv; GM the launcher's smallest of 1, 2, 4, 8 that holds G,
+//                   else 8: the per-head loops unroll to the group, not to 8). Warp w scores 32-row tiles w, w + 4, ...: lane l scores
 //                   row l against every query head (its K row in registers, Q broadcast from
 //                   shared memory), then the warp walks the tile's V rows with each lane owning
 //                   D / 32 columns; the whole V tile is loaded into registers before the scores,
@@ -24,7 +25,6 @@
 #include "pdl.cuh"
 
 #define DEC_WARPS 4
-#define DEC_GMAX 8
 
 // Address of row j of sequence b's head kvh in a paged cache.
 __device__ __forceinline__ long long dec_row(const int* __restrict__ table, int b, int max_pages, int page, int j, int hkv, int kvh,
@@ -37,30 +37,30 @@ template <int BYTES> struct DecVRaw;
 template <> struct DecVRaw<8> { using type = uint2; };
 template <> struct DecVRaw<4> { using type = unsigned; };
 
-template <typename T, int D>
+template <typename T, int D, int GM>
 __device__ void decode_split(const T* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc, const int* __restrict__ table,
                              const int* __restrict__ pos, float* __restrict__ part_o, float* __restrict__ part_ml, int hq, int hkv,
                              int page, int max_pages, int chunk, float scale_log2) {
     constexpr int C = D / 32;  // columns per lane in the PV walk
     constexpr int V8 = D / 8;  // 16-byte vectors per K row
     using VRaw = typename DecVRaw<C * sizeof(T)>::type;  // one lane's C values of a V row
-    __shared__ float qs[DEC_GMAX][D];
-    __shared__ float wm[DEC_WARPS][DEC_GMAX], wl[DEC_WARPS][DEC_GMAX];
-    __shared__ float wacc[DEC_WARPS][DEC_GMAX][D];
-    const int split = blockIdx.x, b = blockIdx.z, G = hq / hkv, subs = (G + DEC_GMAX - 1) / DEC_GMAX;
-    const int kvh = blockIdx.y / subs, h0 = kvh * G + (blockIdx.y % subs) * DEC_GMAX;
-    const int gn = min(DEC_GMAX, kvh * G + G - h0);
+    __shared__ float qs[GM][D];
+    __shared__ float wm[DEC_WARPS][GM], wl[DEC_WARPS][GM];
+    __shared__ float wacc[DEC_WARPS][GM][D];
+    const int split = blockIdx.x, b = blockIdx.z, G = hq / hkv, subs = (G + GM - 1) / GM;
+    const int kvh = blockIdx.y / subs, h0 = kvh * G + (blockIdx.y % subs) * GM;
+    const int gn = min(GM, kvh * G + G - h0);
     const int len = pos[b] + 1, start = split * chunk, end = min(len, start + chunk);
     if (start >= end) return;  // the combine step reads only splits that hold rows
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int i = threadIdx.x; i < DEC_GMAX * D; i += blockDim.x) {
+    for (int i = threadIdx.x; i < GM * D; i += blockDim.x) {
         const int g = i / D, d = i % D;
         qs[g][d] = g < gn ? to_float(q[((long long)b * hq + h0 + g) * D + d]) * scale_log2 : 0.f;
     }
     __syncthreads();
-    float m[DEC_GMAX], l[DEC_GMAX], acc[DEC_GMAX][C];
+    float m[GM], l[GM], acc[GM][C];
 #pragma unroll
-    for (int g = 0; g < DEC_GMAX; ++g) {
+    for (int g = 0; g < GM; ++g) {
         m[g] = NEG_INF;
         l[g] = 0.f;
 #pragma unroll
@@ -77,9 +77,9 @@ __device__ void decode_split(const T* __restrict__ q, const T* __restrict__ kc, 
             const long long ro = __shfl_sync(0xffffffffu, off, r);
             vraw[r] = r < rows ? *reinterpret_cast<const VRaw*>(vc + ro + lane * C) : VRaw{};
         }
-        float s[DEC_GMAX];
+        float s[GM];
 #pragma unroll
-        for (int g = 0; g < DEC_GMAX; ++g) s[g] = 0.f;
+        for (int g = 0; g < GM; ++g) s[g] = 0.f;
         if (j < end) {
             const uint4* kr = reinterpret_cast<const uint4*>(kc + off);
 #pragma unroll
@@ -87,7 +87,7 @@ __device__ void decode_split(const T* __restrict__ q, const T* __restrict__ kc, 
                 float kf[8];
                 load_vec16<T>(reinterpret_cast<const T*>(kr + v), kf);
 #pragma unroll
-                for (int g = 0; g < DEC_GMAX; ++g) {
+                for (int g = 0; g < GM; ++g) {
                     if (g < gn) {
 #pragma unroll
                         for (int e = 0; e < 8; ++e) s[g] += kf[e] * qs[g][v * 8 + e];
@@ -96,10 +96,10 @@ __device__ void decode_split(const T* __restrict__ q, const T* __restrict__ kc, 
             }
         }
         // Only the gn heads of this block: gn is uniform over the block, so the skipped groups
-        // cost no shuffles (SmolLM2's groups of 3 would otherwise pay for 8).
-        float p[DEC_GMAX];
+        // cost no shuffles (SmolLM2's groups of 3 would otherwise pay for 4).
+        float p[GM];
 #pragma unroll
-        for (int g = 0; g < DEC_GMAX; ++g) {
+        for (int g = 0; g < GM; ++g) {
             p[g] = 0.f;
             if (g >= gn) continue;
             const float sj = j < end ? s[g] : NEG_INF;
@@ -119,7 +119,7 @@ __device__ void decode_split(const T* __restrict__ q, const T* __restrict__ kc, 
 #pragma unroll
             for (int c = 0; c < C; ++c) vf[c] = to_float(e[c]);
 #pragma unroll
-            for (int g = 0; g < DEC_GMAX; ++g) {
+            for (int g = 0; g < GM; ++g) {
                 if (g >= gn) continue;
                 const float pr = __shfl_sync(0xffffffffu, p[g], r);
 #pragma unroll
@@ -130,13 +130,13 @@ __device__ void decode_split(const T* __restrict__ q, const T* __restrict__ kc, 
     // Merge the warps (a warp with no tile has m = -inf, l = 0, acc = 0).
     if (lane == 0) {
 #pragma unroll
-        for (int g = 0; g < DEC_GMAX; ++g) {
+        for (int g = 0; g < GM; ++g) {
             wm[warp][g] = m[g];
             wl[warp][g] = l[g];
         }
     }
 #pragma unroll
-    for (int g = 0; g < DEC_GMAX; ++g) {
+    for (int g = 0; g < GM; ++g) {
 #pragma unroll
         for (int c = 0; c < C; ++c) wacc[warp][g][lane * C + c] = acc[g][c];
     }
@@ -180,13 +180,14 @@ __device__ void decode_combine(const float* __restrict__ part_o, const float* __
     if (d == 0 && lse) lse[(long long)b * hq + h] = (mx + log2f(sum)) * 0.69314718055994531f;
 }
 
-#define DECODE_KERNELS(T, SUF, D)                                                                                                   \
-    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) attention_decode_split_d##D##_##SUF(                              \
+#define DECODE_SPLIT(T, SUF, D, GM)                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) attention_decode_split_d##D##_g##GM##_##SUF(                      \
         const T* q, const T* kc, const T* vc, const int* table, const int* pos, float* part_o, float* part_ml, int hq, int hkv,       \
         int page, int max_pages, int chunk, float scale_log2) {                                                                      \
         pdl_wait();                                                                                                                  \
-        decode_split<T, D>(q, kc, vc, table, pos, part_o, part_ml, hq, hkv, page, max_pages, chunk, scale_log2);                     \
+        decode_split<T, D, GM>(q, kc, vc, table, pos, part_o, part_ml, hq, hkv, page, max_pages, chunk, scale_log2);                 \
     }
+#define DECODE_KERNELS(T, SUF, D) DECODE_SPLIT(T, SUF, D, 1) DECODE_SPLIT(T, SUF, D, 2) DECODE_SPLIT(T, SUF, D, 4) DECODE_SPLIT(T, SUF, D, 8)
 DECODE_KERNELS(__half, f16, 64)
 DECODE_KERNELS(__half, f16, 128)
 DECODE_KERNELS(__nv_bfloat16, bf16, 64)

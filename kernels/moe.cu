@@ -340,12 +340,15 @@ __device__ __forceinline__ void grouped_mma_body(const T* __restrict__ A, const 
 
 // ---------------------------------------------------------------------------------------------
 // grouped_wgmma, grouped_wgmma_n128 (sm_90a): gemm's wgmma_tma loop (kernels/gemm/wgmma.cu says
-// why each step is as it is) on the same (n-tile, m-tile of some expert) schedule as grouped_mma.
+// why each step is as it is) on the same schedule of m-tiles as grouped_mma, in a 1D grid of
+// m_bound x n-tiles blocks taken in groups of 8 n-tiles.
 // A is read through a 2D tensor map over all the permuted rows: a tile at row offsets[e] + bm
 // also loads rows of the next expert (or zeros past the last row), which only feed outputs the
 // store masks. B is a 3D map (N, K, E), so a tile's K edge is zero-filled rather than read from
 // the next expert's weights.
 // ---------------------------------------------------------------------------------------------
+
+#define MOE_WG_GROUP 8
 
 // The tile and ring, as gemm's WgTile (mirrored by lab/src/ops/gemm/tma.rs, wg::WIDE and wg::N128).
 template <int BN_, int STAGES_, int BLOCKS_PER_SM_>
@@ -367,7 +370,14 @@ __device__ __forceinline__ void grouped_wgmma_body(const TmaDesc& ta, const TmaD
                                                    int E, int rows, int K, int N, int swiglu) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int BM = P::BM, BN = P::BN, BK = P::BK, STAGES = P::STAGES, ACC = BN / 2;
-    const int y = blockIdx.y;
+    // Blocks in order of groups of MOE_WG_GROUP n-tiles, every m-tile of every expert inside a
+    // group: the blocks resident together share their B tiles (an expert's weights are read
+    // about once) and re-read A once per group. With n-tiles fastest instead, each m-tile row
+    // streamed all of its expert's weights again (Mixtral: 235 MB an expert, 8 m-tiles).
+    const int n_tiles = (N + BN - 1) / BN, m_bound = gridDim.x / n_tiles, per_group = m_bound * MOE_WG_GROUP;
+    const int group = blockIdx.x / per_group, in_group = blockIdx.x % per_group;
+    const int width = min(MOE_WG_GROUP, n_tiles - group * MOE_WG_GROUP);
+    const int y = in_group / width, nt = group * MOE_WG_GROUP + in_group % width;
     if (y >= tile_start[E]) return;  // the whole block: before any barrier
     int lo = 0, hi = E - 1;  // the last expert whose first tile is at or before y: it owns y
     while (lo < hi) {
@@ -375,7 +385,7 @@ __device__ __forceinline__ void grouped_wgmma_body(const TmaDesc& ta, const TmaD
         if (tile_start[mid] <= y) lo = mid; else hi = mid - 1;
     }
     const int e = lo, r0 = min(offsets[e], rows), M = min(offsets[e + 1], rows) - r0;
-    const int bm = (y - tile_start[e]) * BM, bn = blockIdx.x * BN, nk = (K + BK - 1) / BK;
+    const int bm = (y - tile_start[e]) * BM, bn = nt * BN, nk = (K + BK - 1) / BK;
     extern __shared__ __align__(1024) unsigned char smem[];
     require_dynamic_smem(P::SMEM);
     const unsigned ring = (smem_addr(smem) + 1023u) & ~1023u, bars = ring + STAGES * P::STAGE_BYTES;

@@ -166,9 +166,12 @@ pub fn gpu_symbols() -> std::collections::BTreeSet<String> {
         for k in ["naive_scores", "naive_pv", "fa2_d64", "fa2_d128", "fa2_m32_d64", "fa2_m32_d128", "wgmma_d64", "wgmma_d128", "wgmma_overlap_d64", "wgmma_overlap_d128", "wgmma_pingpong_d64", "wgmma_pingpong_d128"] {
             out.insert(symbol(FAMILY, k, d));
         }
-        for k in ["decode_split_d64", "decode_split_d128", "decode_combine"] {
-            out.insert(symbol(FAMILY, k, d));
+        for dh in [64, 128] {
+            for gm in [1, 2, 4, 8] {
+                out.insert(symbol(FAMILY, &format!("decode_split_d{dh}_g{gm}"), d));
+            }
         }
+        out.insert(symbol(FAMILY, "decode_combine", d));
         for k in ["naive_bwd_pdp", "naive_bwd_dq", "naive_bwd_dkv", "fa2_bwd_pre", "fa2_bwd_d64", "fa2_bwd_d128", "fa2_bwd_dq"] {
             out.insert(symbol(FAMILY, k, d));
         }

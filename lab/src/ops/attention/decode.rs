@@ -11,8 +11,15 @@ use crate::{LabError, Result};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use std::sync::Arc;
 
-/// Query heads one block serves (DEC_GMAX); a larger group takes several blocks per KV head.
+/// Query heads one block serves at most (decode_split's GM); a larger group takes several
+/// blocks per KV head.
 const GMAX: usize = 8;
+
+/// The decode_split instance for a group of `g` query heads per KV head: the smallest GM of 1, 2,
+/// 4 and 8 that holds the group (8 beyond), so the kernel's per-head loops stop at the group.
+fn heads_per_block(g: usize) -> usize {
+    g.clamp(1, GMAX).next_power_of_two()
+}
 /// Rows per split at least: four warps' tiles of 32.
 const MIN_CHUNK: usize = 128;
 
@@ -78,8 +85,8 @@ pub struct Decode {
 
 impl Decode {
     /// Splits a sequence of up to `capacity` rows so that `batch x KV heads x splits` blocks
-    /// fill the chip about three times (three blocks fit an SM at decode_split's 168 registers),
-    /// each split at least [`MIN_CHUNK`] rows.
+    /// fill the chip about four times (four blocks fit an SM at decode_split's 128 registers for
+    /// groups of up to 4 heads, three at 8), each split at least [`MIN_CHUNK`] rows.
     pub fn new(gpu: &Arc<Gpu>, batch: usize, hq: usize, hkv: usize, d: usize, capacity: usize) -> Result<Self> {
         if hkv == 0 || !hq.is_multiple_of(hkv) || ![64, 128].contains(&d) || batch == 0 || capacity == 0 {
             return Err(LabError::shape(
@@ -87,8 +94,8 @@ impl Decode {
                 format!("{hq} query heads over {hkv} KV heads of size {d}, batch {batch}, capacity {capacity}: Hq a multiple of Hkv, head size 64 or 128"),
             ));
         }
-        let blocks = batch * hkv * (hq / hkv).div_ceil(GMAX);
-        let want = (3 * gpu.info.sm_count as usize).div_ceil(blocks).max(1);
+        let blocks = batch * hkv * (hq / hkv).div_ceil(heads_per_block(hq / hkv));
+        let want = (4 * gpu.info.sm_count as usize).div_ceil(blocks).max(1);
         let chunk = capacity.div_ceil(want).max(MIN_CHUNK);
         let nsplit = capacity.div_ceil(chunk);
         let slots = batch * hq * nsplit;
@@ -117,8 +124,9 @@ impl Decode {
             return Err(LabError::shape("attention decode", format!("a cache of {} rows, planned for {}", cache.capacity(), self.nsplit * self.chunk)));
         }
         let gpu = &self.gpu;
-        let f = gpu.function(FAMILY, &symbol(FAMILY, &format!("decode_split_d{d}"), T::DTYPE))?;
-        let groups = hkv * (hq / hkv).div_ceil(GMAX);
+        let gm = heads_per_block(hq / hkv);
+        let f = gpu.function(FAMILY, &symbol(FAMILY, &format!("decode_split_d{d}_g{gm}"), T::DTYPE))?;
+        let groups = hkv * (hq / hkv).div_ceil(gm);
         let cfg = LaunchConfig { grid_dim: (self.nsplit as u32, groups as u32, b as u32), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         let scale_log2 = std::f32::consts::LOG2_E / (d as f32).sqrt();
         let [hq_i, hkv_i, page, max_pages, chunk, nsplit, d_i] = [hq, hkv, cache.page, cache.max_pages, self.chunk, self.nsplit, d].map(|x| x as i32);
@@ -143,5 +151,15 @@ impl Decode {
         // SAFETY: the combine reads the ceil((pos + 1) / chunk) <= nsplit splits decode_split
         // wrote for each (b, h), and writes o (batch x hq x d) and lse (batch x hq, or null).
         unsafe { l.launch(cfg) }.map(|_| ()).doing("launching attention decode_combine")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Groups up to 8 get the smallest instance that holds them; larger ones take blocks of 8.
+    #[test]
+    fn each_group_gets_the_smallest_instance_that_holds_it() {
+        let got: Vec<usize> = [1, 2, 3, 4, 5, 7, 8, 12, 16].map(super::heads_per_block).to_vec();
+        assert_eq!(got, vec![1, 2, 4, 4, 8, 8, 8, 8, 8]);
     }
 }

@@ -241,8 +241,10 @@ pub fn grouped_wgmma<T: Elem>(g: &Gpu, tile: wg::Tile, a: &Tensor<T>, b: &Tensor
     let name = if tile == wg::WIDE { "grouped_wgmma" } else { "grouped_wgmma_n128" };
     let f = g.function(FAMILY, &symbol(FAMILY, name, T::DTYPE))?;
     raise_dynamic_smem(&f, tile.smem())?;
+    // A 1D grid: n-tiles x an upper bound of the m-tiles (rows / BM + E: every expert adds at
+    // most one partial tile), which the kernel takes in groups of n-tiles.
     let launch = LaunchConfig {
-        grid_dim: (n.div_ceil(tile.bn) as u32, (rows / wg::BM + e) as u32, 1),
+        grid_dim: ((n.div_ceil(tile.bn) * (rows / wg::BM + e)) as u32, 1, 1),
         block_dim: (tile.threads(), 1, 1),
         shared_mem_bytes: tile.smem() as u32,
     };

@@ -167,3 +167,31 @@ fn the_schedule_covers_every_tile_of_every_expert_once() {
         }
     }
 }
+
+/// grouped_wgmma's block order (groups of MOE_WG_GROUP n-tiles, every m-tile inside a group), as
+/// the kernel computes it from its 1D block index.
+fn wgmma_block(id: usize, n_tiles: usize, m_bound: usize, group_width: usize) -> (usize, usize) {
+    let per_group = m_bound * group_width;
+    let (group, in_group) = (id / per_group, id % per_group);
+    let width = group_width.min(n_tiles - group * group_width);
+    (in_group / width, group * group_width + in_group % width)
+}
+
+#[test]
+fn the_wgmma_block_order_visits_every_tile_pair_once() {
+    let source = crate::kernels::source("moe").unwrap();
+    assert!(source.contains("#define MOE_WG_GROUP 8"));
+    // Fewer n-tiles than a group, a multiple of it, and a last narrow group.
+    for (n_tiles, m_bound) in [(3, 5), (16, 7), (19, 4), (1, 1)] {
+        let mut seen = vec![0; n_tiles * m_bound];
+        for id in 0..n_tiles * m_bound {
+            let (y, nt) = wgmma_block(id, n_tiles, m_bound, 8);
+            assert!(y < m_bound && nt < n_tiles, "block {id}: ({y}, {nt})");
+            seen[y * n_tiles + nt] += 1;
+        }
+        assert!(seen.iter().all(|&c| c == 1), "{n_tiles} x {m_bound}: {seen:?}");
+    }
+    // Blocks resident together share n-tiles: the first 8 m_bound blocks touch 8 of them.
+    let first: std::collections::BTreeSet<usize> = (0..8 * 7).map(|id| wgmma_block(id, 16, 7, 8).1).collect();
+    assert_eq!(first.len(), 8);
+}
