@@ -75,6 +75,22 @@ fn expert(l: &Layer, tok: usize, ex: usize) -> (Vec<f64>, Vec<f64>, Vec<f64>, Ve
     (g, u, act, y)
 }
 
+/// The magnitudes of the terms of g and u (sum over k of |x_k w_k|): a backend's g and u carry
+/// fp32 accumulation errors and a storage rounding relative to these, not to |g| and |u|, which
+/// cancellation can make arbitrarily small (a u near zero can even change sign).
+fn pre_scales(l: &Layer, tok: usize, ex: usize) -> (Vec<f64>, Vec<f64>) {
+    let (_, h, _, i) = l.dims;
+    let gu = &l.gate_up[ex * h * 2 * i..][..h * 2 * i];
+    let (mut gs, mut us) = (vec![0f64; i], vec![0f64; i]);
+    for (kk, &xv) in l.x[tok * h..][..h].iter().enumerate() {
+        for c in 0..i {
+            gs[c] += (xv * gu[kk * 2 * i + 2 * c]).abs();
+            us[c] += (xv * gu[kk * 2 * i + 2 * c + 1]).abs();
+        }
+    }
+    (gs, us)
+}
+
 /// What the router decided, with the logits it decided on.
 struct Routed {
     logits: Vec<f64>,
@@ -156,9 +172,16 @@ pub fn backward_with_scale(l: &Layer, r: &Router, dout: &[f64], d_aux: f64, d_z:
     for a in (0..t * k).filter(|&a| rt.keep[a] && wanted(a / k)) {
         let (tok, ex, w) = (a / k, rt.experts[a], rt.weights[a]);
         let (gv, uv, act, y) = expert(l, tok, ex);
+        let (g_sc, u_sc) = pre_scales(l, tok, ex);
+        // act = silu(g) u moves by |silu'(g) u| dg + |silu(g)| du.
+        let silu1 = |c: usize| {
+            let s = sigmoid(gv[c]);
+            s * (1.0 + gv[c] * (1.0 - s))
+        };
+        let act_sc: Vec<f64> = (0..i).map(|c| (silu1(c) * uv[c]).abs() * g_sc[c] + (gv[c] * sigmoid(gv[c])).abs() * u_sc[c]).collect();
         let dout_t = &dout[tok * h..][..h];
         let dn = &l.down[ex * i * h..][..i * h];
-        let y_sc: Vec<f64> = (0..h).map(|c| (0..i).map(|q| (act[q] * dn[q * h + c]).abs()).sum()).collect();
+        let y_sc: Vec<f64> = (0..h).map(|c| (0..i).map(|q| act_sc[q] * dn[q * h + c].abs()).sum()).collect();
         dw[a] = dout_t.iter().zip(&y).map(|(d, y)| d * y).sum();
         dw_sc[a] = dout_t.iter().zip(&y_sc).map(|(d, y)| d.abs() * y).sum();
         let dy: Vec<f64> = dout_t.iter().map(|d| w * d).collect();
@@ -170,7 +193,7 @@ pub fn backward_with_scale(l: &Layer, r: &Router, dout: &[f64], d_aux: f64, d_z:
             for (c, a) in act.iter().enumerate() {
                 for hh in 0..h {
                     dd[c * h + hh] += a * dy[hh];
-                    dd_sc[c * h + hh] += a.abs() * dy_sc[hh];
+                    dd_sc[c * h + hh] += act_sc[c] * dy_sc[hh];
                 }
             }
         }
@@ -179,10 +202,14 @@ pub fn backward_with_scale(l: &Layer, r: &Router, dout: &[f64], d_aux: f64, d_z:
             let s = sigmoid(gv[c]);
             let (pg, pu) = (uv[c] * s * (1.0 + gv[c] * (1.0 - s)), gv[c] * s);
             (dg[c], du[c]) = (d_act[c] * pg, d_act[c] * pu);
-            // silu'(g) is 0 near g = -1.28, where g's rounding (u |g|) still moves it by
-            // silu''(g) u |g|: that term joins the scale.
+            // silu'(g) is 0 near g = -1.28, where g's error (u of g's terms) still moves it by
+            // silu''(g) u g_sc; u's error moves pg by silu'(g) u_sc, g's moves pu by silu'(g) g_sc.
             let silu2 = s * (1.0 - s) * (2.0 + gv[c] * (1.0 - 2.0 * s));
-            (dg_sc[c], du_sc[c]) = (d_act_sc[c] * (pg.abs() + (uv[c] * silu2 * gv[c]).abs()), d_act_sc[c] * pu.abs());
+            let sp = silu1(c);
+            (dg_sc[c], du_sc[c]) = (
+                d_act_sc[c] * (pg.abs() + (sp * u_sc[c]).abs() + (uv[c] * silu2).abs() * g_sc[c]),
+                d_act_sc[c] * (pu.abs() + sp.abs() * g_sc[c]),
+            );
         }
         let gu = &l.gate_up[ex * h * 2 * i..][..h * 2 * i];
         for kk in 0..h {
