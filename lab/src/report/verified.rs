@@ -46,6 +46,10 @@ fn newest<'a, K: Ord>(records: &[&'a Record], family: &str, hash: &str, sanitize
 
 fn runs_text(runs: &BTreeSet<&str>) -> String {
     let list: Vec<&str> = runs.iter().copied().collect();
+    // A long history names its last two runs and counts the rest: the table stays readable.
+    if list.len() > 3 {
+        return format!("runs {} and {} earlier", list[list.len() - 2..].join(", "), list.len() - 2);
+    }
     format!("{} {}", if list.len() == 1 { "run" } else { "runs" }, list.join(", "))
 }
 
