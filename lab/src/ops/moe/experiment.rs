@@ -31,6 +31,10 @@ const DENSE_ROWS: usize = 8;
 
 const MIXTRAL: (usize, usize, usize, usize) = (4096, 14336, 8, 2);
 const QWEN3: (usize, usize, usize, usize) = (2048, 768, 128, 8);
+/// DeepSeek-V3's expert shape (hidden 7168, expert 2048, sigmoid scores) on 64 of its 256
+/// experts with top-2 of them: each expert sees T k / E = T / 32 rows, as in the full layer
+/// (top-8 of 256), on a quarter of its weights (5.6 GB in bf16).
+const DEEPSEEK_SLICE: (usize, usize, usize, usize) = (7168, 2048, 64, 2);
 
 fn case(c: &C, dtype: &str, timed: bool) -> Value {
     let (tokens, hidden, inter, experts, k, load, scoring, renorm, capacity, noisy) = *c;
@@ -76,6 +80,10 @@ impl Experiment for Moe {
                     for load in ["zipf", "one"] {
                         t.push((4096, h, i, e, k, load, "softmax", true, "dropless", false));
                     }
+                }
+                let (h, i, e, k) = DEEPSEEK_SLICE;
+                for tokens in [1, 16, 512, 4096, 8192] {
+                    t.push((tokens, h, i, e, k, "uniform", "sigmoid", true, "dropless", false));
                 }
                 t
             }
