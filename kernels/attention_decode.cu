@@ -5,7 +5,7 @@
 // The cache is paged: page p of P rows holds [P, Hkv, D] keys (and values, a second array),
 // sequence b's row j lives in page table[b * max_pages + j / P] at slot j % P. A contiguous
 // cache is the case P = capacity, table[b] = b. Sequence b attends rows 0..=pos[b]: lengths are
-// read on the device, so one captured CUDA graph serves every step. Both kernels wait for the
+// read on the device, so one captured CUDA graph serves every step. Every kernel waits for the
 // kernel before them first thing (pdl.cuh): a decode step's graph may launch them early.
 //
 //  decode_split     block (128,1,1), grid (nsplit, Hkv * ceil(G / GM), B); split s owns rows
@@ -19,9 +19,20 @@
 //                   for all the query heads of its KV head (GQA), and short batches still fill
 //                   the chip.
 //                   Writes unnormalized partial O and (max, sum) per (b, h, split), base-2.
+//  decode_mma       block (128,1,1), grid (nsplit, Hkv * ceil(G / 16), B), dynamic smem
+//                   DM_SMEM(D). The up-to-16 query heads of one KV head are the 16 rows of an
+//                   mma.sync m-tile (Q in registers); a ring of DM_STAGES 64-row K and V tiles
+//                   streams in through cp.async (the page looked up per row, rows past the
+//                   sequence zero-filled); warp w takes keys 16w..16w+15 of each tile: S = Q K^T,
+//                   online softmax, O += P V on m16n8k16 (P rounded to T, as fa2 does); the four
+//                   warps merge at the end. Writes the partials decode_split writes.
+//                   Should buy: loads run two tiles ahead of the math instead of each warp
+//                   waiting on its own, and 16 keys cost 16 + 16 mmas instead of 2048 FMAs, so
+//                   the walk is held by memory alone.
 //  decode_combine   block (D,1,1), grid (Hq, B): merges the splits that hold rows.
 
 #include "common.cuh"
+#include "mma.cuh"
 #include "pdl.cuh"
 
 #define DEC_WARPS 4
@@ -161,6 +172,161 @@ __device__ void decode_split(const T* __restrict__ q, const T* __restrict__ kc, 
     }
 }
 
+constexpr int DM_BN = 64, DM_STAGES = 3;
+// Q (16 rows) and the ring of K and V tiles, pitch D + 8 (the 8 rows an ldmatrix reads fall in
+// distinct banks): 108,800 bytes at D = 128, two blocks per SM.
+#define DM_SMEM(D) ((16 + 2 * DM_STAGES * DM_BN) * ((D) + 8) * 2)
+
+// Rows [row0, row0 + DM_BN) of sequence b's KV head kvh into the tiles sk and sv; rows at or
+// past `end` are zero-filled and not read.
+template <typename T, int D>
+__device__ __forceinline__ void dm_load_tile(T* sk, T* sv, const T* __restrict__ kc, const T* __restrict__ vc, const int* __restrict__ table,
+                                             int b, int max_pages, int page, int hkv, int kvh, int row0, int end) {
+    constexpr int CHUNKS = D / 8;  // 16-byte chunks per row
+#pragma unroll
+    for (int c = threadIdx.x; c < DM_BN * CHUNKS; c += DEC_WARPS * 32) {
+        const int r = c / CHUNKS, cc = c % CHUNKS, j = row0 + r;
+        const bool in = j < end;
+        const long long off = in ? dec_row(table, b, max_pages, page, j, hkv, kvh, D) + cc * 8 : 0;
+        cp_async16(smem_addr(sk + r * (D + 8) + cc * 8), kc + off, in ? 16 : 0);
+        cp_async16(smem_addr(sv + r * (D + 8) + cc * 8), vc + off, in ? 16 : 0);
+    }
+}
+
+template <typename T, int D>
+__device__ void decode_mma(const T* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc, const int* __restrict__ table,
+                           const int* __restrict__ pos, float* __restrict__ part_o, float* __restrict__ part_ml, int hq, int hkv, int page,
+                           int max_pages, int chunk, float scale_log2) {
+    constexpr int LD = D + 8, TILE = DM_BN * LD;
+    extern __shared__ __align__(16) unsigned char dm_smem[];
+    T* sQ = reinterpret_cast<T*>(dm_smem);
+    T* sK = sQ + 16 * LD;
+    T* sV = sK + DM_STAGES * TILE;
+    const int split = blockIdx.x, b = blockIdx.z, G = hq / hkv, subs = (G + 15) / 16;
+    const int kvh = blockIdx.y / subs, h0 = kvh * G + (blockIdx.y % subs) * 16;
+    const int gn = min(16, kvh * G + G - h0);
+    const int len = pos[b] + 1, start = split * chunk, end = min(len, start + chunk);
+    if (start >= end) return;  // the combine step reads only splits that hold rows
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane / 4, t = lane % 4;
+    const int2 lm = ldmatrix_x4_lane(lane), lk = ldmatrix_x4_lane_nk(lane);  // Q, V; K (n x k)
+    const int tiles = (end - start + DM_BN - 1) / DM_BN;
+
+    // The block's query heads as rows 0..gn-1; the rest zero (their outputs are not written).
+    for (int c = threadIdx.x; c < 16 * (D / 8); c += DEC_WARPS * 32) {
+        const int r = c / (D / 8), cc = c % (D / 8);
+        const bool in = r < gn;
+        cp_async16(smem_addr(sQ + r * LD + cc * 8), in ? q + ((long long)b * hq + h0 + r) * D + cc * 8 : q, in ? 16 : 0);
+    }
+    // Tiles 0..DM_STAGES-2 in flight, one commit group each (Q rides with the first).
+#pragma unroll
+    for (int st = 0; st < DM_STAGES - 1; ++st) {
+        if (st < tiles) dm_load_tile<T, D>(sK + st * TILE, sV + st * TILE, kc, vc, table, b, max_pages, page, hkv, kvh, start + st * DM_BN, end);
+        cp_async_commit();
+    }
+    unsigned qf[D / 16][4];
+    float acc[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};  // rows g and g + 8, log2 units
+
+    for (int it = 0; it < tiles; ++it) {
+        cp_async_wait<DM_STAGES - 2>();  // tile it has landed (this thread's copies)
+        __syncthreads();                 // ... everyone's; and every warp is done with tile it - 1
+        const int nt = it + DM_STAGES - 1;
+        if (nt < tiles) dm_load_tile<T, D>(sK + (nt % DM_STAGES) * TILE, sV + (nt % DM_STAGES) * TILE, kc, vc, table, b, max_pages, page, hkv, kvh, start + nt * DM_BN, end);
+        cp_async_commit();
+        if (it == 0) {
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qf[kk], smem_addr(&sQ[lm.x * LD + kk * 16 + lm.y * 8]));
+        }
+        const T* Kt = sK + (it % DM_STAGES) * TILE + warp * 16 * LD;  // the warp's 16 keys
+        const T* Vt = sV + (it % DM_STAGES) * TILE + warp * 16 * LD;
+        const int key0 = start + it * DM_BN + warp * 16;
+
+        float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            unsigned r[4];
+            ldmatrix_x4(r, smem_addr(&Kt[lk.x * LD + kk * 16 + lk.y * 8]));
+            Mma<T>::run(s[0], qf[kk], r);
+            Mma<T>::run(s[1], qf[kk], r + 2);
+        }
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[j][e] = key0 + j * 8 + 2 * t + (e & 1) < end ? s[j][e] * scale_log2 : NEG_INF;
+        // Online softmax per row (a quad of lanes shares one).
+        float alpha[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float mx = fmax_nan(m[r], fmax_nan(fmax_nan(s[0][2 * r], s[0][2 * r + 1]), fmax_nan(s[1][2 * r], s[1][2 * r + 1])));
+            mx = fmax_nan(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmax_nan(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float shift = safe_shift(mx);
+            alpha[r] = exp2f(m[r] - shift);
+            m[r] = mx;
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                s[j][2 * r] = exp2f(s[j][2 * r] - shift);
+                s[j][2 * r + 1] = exp2f(s[j][2 * r + 1] - shift);
+            }
+            l[r] = l[r] * alpha[r] + s[0][2 * r] + s[0][2 * r + 1] + s[1][2 * r] + s[1][2 * r + 1];  // the quad is summed at the end
+        }
+        // O += P V over the 16 keys: P's accumulator layout is the next mma's A fragment.
+        const unsigned pa[4] = {pack2<T>(s[0][0], s[0][1]), pack2<T>(s[0][2], s[0][3]), pack2<T>(s[1][0], s[1][1]), pack2<T>(s[1][2], s[1][3])};
+#pragma unroll
+        for (int n = 0; n < D / 8; n += 2) {
+            acc[n][0] *= alpha[0], acc[n][1] *= alpha[0], acc[n][2] *= alpha[1], acc[n][3] *= alpha[1];
+            acc[n + 1][0] *= alpha[0], acc[n + 1][1] *= alpha[0], acc[n + 1][2] *= alpha[1], acc[n + 1][3] *= alpha[1];
+            unsigned r[4];
+            ldmatrix_x4_trans(r, smem_addr(&Vt[lm.x * LD + n * 8 + lm.y * 8]));
+            Mma<T>::run(acc[n], pa, r);
+            Mma<T>::run(acc[n + 1], pa, r + 2);
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // the ring is free: the warps merge through it
+
+    // Merge the warps (a warp that saw no key has m = -inf, l = 0, acc = 0).
+    float* wo = reinterpret_cast<float*>(sK);  // [warp][16][D]
+    float* wml = wo + DEC_WARPS * 16 * D;      // [warp][16][2]
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float lr = l[r];
+        lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+        lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+        const int row = g + 8 * r;
+        if (t == 0) {
+            wml[(warp * 16 + row) * 2] = m[r];
+            wml[(warp * 16 + row) * 2 + 1] = lr;
+        }
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            wo[(warp * 16 + row) * D + n * 8 + 2 * t] = acc[n][2 * r];
+            wo[(warp * 16 + row) * D + n * 8 + 2 * t + 1] = acc[n][2 * r + 1];
+        }
+    }
+    __syncthreads();
+    const int nsplit = gridDim.x;
+    for (int i = threadIdx.x; i < gn * D; i += blockDim.x) {
+        const int r = i / D, d = i % D;
+        float mx = NEG_INF;
+        for (int w = 0; w < DEC_WARPS; ++w) mx = fmax_nan(mx, wml[(w * 16 + r) * 2]);
+        float o = 0.f, sum = 0.f;
+        for (int w = 0; w < DEC_WARPS; ++w) {
+            const float f = exp2f(wml[(w * 16 + r) * 2] - safe_shift(mx));
+            o += wo[(w * 16 + r) * D + d] * f;
+            sum += wml[(w * 16 + r) * 2 + 1] * f;
+        }
+        const long long slot = ((long long)b * hq + h0 + r) * nsplit + split;
+        part_o[slot * D + d] = o;
+        if (d == 0) {
+            part_ml[slot * 2] = mx;
+            part_ml[slot * 2 + 1] = sum;
+        }
+    }
+}
+
 template <typename T>
 __device__ void decode_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml, const int* __restrict__ pos,
                                T* __restrict__ o, float* __restrict__ lse, int hq, int D, int chunk, int nsplit) {
@@ -187,7 +353,14 @@ __device__ void decode_combine(const float* __restrict__ part_o, const float* __
         pdl_wait();                                                                                                                  \
         decode_split<T, D, GM>(q, kc, vc, table, pos, part_o, part_ml, hq, hkv, page, max_pages, chunk, scale_log2);                 \
     }
-#define DECODE_KERNELS(T, SUF, D) DECODE_SPLIT(T, SUF, D, 1) DECODE_SPLIT(T, SUF, D, 2) DECODE_SPLIT(T, SUF, D, 4) DECODE_SPLIT(T, SUF, D, 8)
+#define DECODE_MMA(T, SUF, D)                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) attention_decode_mma_d##D##_##SUF(                                      \
+        const T* q, const T* kc, const T* vc, const int* table, const int* pos, float* part_o, float* part_ml, int hq, int hkv,       \
+        int page, int max_pages, int chunk, float scale_log2) {                                                                      \
+        pdl_wait();                                                                                                                  \
+        decode_mma<T, D>(q, kc, vc, table, pos, part_o, part_ml, hq, hkv, page, max_pages, chunk, scale_log2);                       \
+    }
+#define DECODE_KERNELS(T, SUF, D) DECODE_SPLIT(T, SUF, D, 1) DECODE_SPLIT(T, SUF, D, 2) DECODE_SPLIT(T, SUF, D, 4) DECODE_SPLIT(T, SUF, D, 8) DECODE_MMA(T, SUF, D)
 DECODE_KERNELS(__half, f16, 64)
 DECODE_KERNELS(__half, f16, 128)
 DECODE_KERNELS(__nv_bfloat16, bf16, 64)

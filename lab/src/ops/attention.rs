@@ -53,8 +53,9 @@ pub enum Kernel {
     Wgmma { head_dims: &'static [usize] },
     /// [`cpu_rows`].
     CpuRows,
-    /// One query row per sequence over a paged cache: [`decode::Decode`], not [`forward_with`].
-    Decode,
+    /// One query row per sequence over a paged cache: [`decode::Decode`], not [`forward_with`];
+    /// decode_split on CUDA cores, or decode_mma on mma.sync behind a cp.async ring.
+    Decode { mma: bool },
     /// Backward ([`backward::backward_with`]): P, dP and dS through fp32 scratches of B Hq Sq Sk.
     NaiveBwd,
     /// Backward: FlashAttention 2's loop over query tiles per 64-key tile, for these head dims.
@@ -123,7 +124,14 @@ pub const VARIANTS: &[Variant<Kernel>] = &[
         dtypes: F16_BF16,
         requires: Requires::Gpu,
         what: "decode: the context split over blocks (flash-decoding), a KV row read once for its query heads, paged cache",
-        config: Kernel::Decode,
+        config: Kernel::Decode { mma: false },
+    },
+    Variant {
+        name: "decode_mma",
+        dtypes: F16_BF16,
+        requires: Requires::Gpu,
+        what: "decode_split with a group's query heads as the rows of mma.sync tiles and K/V through a 3-stage cp.async ring",
+        config: Kernel::Decode { mma: true },
     },
     Variant {
         name: "cpu_rows",
@@ -170,6 +178,7 @@ pub fn gpu_symbols() -> std::collections::BTreeSet<String> {
             for gm in [1, 2, 4, 8] {
                 out.insert(symbol(FAMILY, &format!("decode_split_d{dh}_g{gm}"), d));
             }
+            out.insert(symbol(FAMILY, &format!("decode_mma_d{dh}"), d));
         }
         out.insert(symbol(FAMILY, "decode_combine", d));
         for k in ["naive_bwd_pdp", "naive_bwd_dq", "naive_bwd_dkv", "fa2_bwd_pre", "fa2_bwd_d64", "fa2_bwd_d128", "fa2_bwd_dq"] {
@@ -189,7 +198,7 @@ pub fn refusal(v: &Variant<Kernel>, d: Dims) -> Option<String> {
         Kernel::Naive if d.batch * d.hq * d.sq * d.sk > NAIVE_MAX_SCORES => {
             Some(format!("`naive` materializes {} scores; it takes at most {NAIVE_MAX_SCORES}", d.batch * d.hq * d.sq * d.sk))
         }
-        Kernel::Decode => Some("`decode_split` serves one query row per sequence over a KV cache (attention::decode::Decode)".into()),
+        Kernel::Decode { .. } => Some(format!("`{}` serves one query row per sequence over a KV cache (attention::decode::Decode)", v.name)),
         k if k.is_backward() => Some(format!("`{}` is a backward variant (attention::backward::backward_with)", v.name)),
         _ => None,
     }
@@ -352,7 +361,7 @@ pub fn forward_with<T: Elem>(
             // SAFETY: the grid covers (d, query, batch x head) once; p, v and o hold their shapes.
             unsafe { b.launch(cfg) }.map(|_| ()).doing("launching attention naive pv")
         }
-        (Kernel::Decode | Kernel::NaiveBwd | Kernel::Fa2Bwd { .. } | Kernel::CpuBwd, _) => unreachable!("refusal() turns the decode and backward variants away"),
+        (Kernel::Decode { .. } | Kernel::NaiveBwd | Kernel::Fa2Bwd { .. } | Kernel::CpuBwd, _) => unreachable!("refusal() turns the decode and backward variants away"),
         (_, Backend::Cpu) => unreachable!("check_runs keeps GPU variants off the CPU"),
     }
 }

@@ -1,12 +1,14 @@
 //! Decode attention (kernels/attention_decode.cu): one query row per sequence against a paged
-//! KV cache, the context split over blocks and merged by a combine step (flash-decoding).
+//! KV cache, the context split over blocks and merged by a combine step (flash-decoding), by
+//! decode_split (CUDA cores) or decode_mma (tensor cores behind a cp.async ring; [`BEST`]).
 //! Sequence b attends its rows 0..=pos[b], with `pos` on the device: a captured CUDA graph of a
 //! decode step replays as the sequences grow.
 
-use super::{Elem, FAMILY};
+use super::{Elem, Kernel, FAMILY, VARIANTS};
 use crate::error::Doing;
 use crate::gpu::Gpu;
-use crate::kernels::symbol;
+use crate::kernels::{symbol, DType};
+use crate::ops::gemm::raise_dynamic_smem;
 use crate::{LabError, Result};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use std::sync::Arc;
@@ -20,8 +22,36 @@ const GMAX: usize = 8;
 fn heads_per_block(g: usize) -> usize {
     g.clamp(1, GMAX).next_power_of_two()
 }
-/// Rows per split at least: four warps' tiles of 32.
+/// Rows per split at least: four warps' tiles of 32 (decode_split).
 const MIN_CHUNK: usize = 128;
+
+/// The decode variant ops and the engine use.
+pub const BEST: &str = "decode_mma";
+/// decode_mma's tile of rows (DM_BN), and its shared memory (DM_SMEM: 16 query rows and three
+/// stages of K and V tiles, pitch d + 8).
+const MMA_TILE: usize = 64;
+fn mma_smem(d: usize) -> usize {
+    (16 + 2 * 3 * MMA_TILE) * (d + 8) * 2
+}
+
+/// Splits of a `capacity`-row context for `pairs` (sequence, head group) pairs on `slots`
+/// resident blocks, each split a multiple of `tile` rows: at least one wave, and of the counts up
+/// to four waves the one whose last wave is fullest (the fewest splits among equals). Returns
+/// (rows per split, splits).
+fn plan_waves(pairs: usize, capacity: usize, slots: usize, tile: usize) -> (usize, usize) {
+    let lo = slots.div_ceil(pairs).max(1);
+    let mut best = (0, 0, 0.0);
+    for want in lo..=4 * lo {
+        let chunk = capacity.div_ceil(want).next_multiple_of(tile);
+        let n = capacity.div_ceil(chunk);
+        let blocks = pairs * n;
+        let fill = blocks as f64 / (blocks.div_ceil(slots) * slots) as f64;
+        if fill > best.2 + 1e-9 {
+            best = (chunk, n, fill);
+        }
+    }
+    (best.0, best.1)
+}
 
 /// A paged cache of keys and values, [pages, page, hkv, d] each; sequence b's row j is in page
 /// `table[b * max_pages + j / page]`. [`KvCache::contiguous`] gives each sequence one page.
@@ -71,10 +101,11 @@ impl<T: Elem> KvCache<T> {
     }
 }
 
-/// The split plan and partial buffers of one decode shape, made once (a graph captures their
-/// addresses).
+/// The split plan and partial buffers of one decode shape for one variant, made once (a graph
+/// captures their addresses).
 pub struct Decode {
     gpu: Arc<Gpu>,
+    mma: bool,
     batch: usize,
     hq: usize,
     chunk: usize,
@@ -84,23 +115,43 @@ pub struct Decode {
 }
 
 impl Decode {
-    /// Splits a sequence of up to `capacity` rows so that `batch x KV heads x splits` blocks
-    /// fill the chip about four times (four blocks fit an SM at decode_split's 128 registers for
-    /// groups of up to 4 heads, three at 8), each split at least [`MIN_CHUNK`] rows.
+    /// [`BEST`]'s plan.
     pub fn new(gpu: &Arc<Gpu>, batch: usize, hq: usize, hkv: usize, d: usize, capacity: usize) -> Result<Self> {
+        Self::with(gpu, BEST, batch, hq, hkv, d, capacity)
+    }
+
+    /// The plan of decode variant `variant` for `batch` sequences of up to `capacity` rows.
+    /// decode_split: `batch x KV heads x splits` blocks fill the chip about four times (four
+    /// blocks fit an SM at 128 registers for groups of up to 4 heads, three at 8), each split at
+    /// least [`MIN_CHUNK`] rows. decode_mma: [`plan_waves`] over the blocks that fit the chip at
+    /// once (two per SM at d 128).
+    pub fn with(gpu: &Arc<Gpu>, variant: &str, batch: usize, hq: usize, hkv: usize, d: usize, capacity: usize) -> Result<Self> {
+        let mma = match VARIANTS.iter().find(|v| v.name == variant).map(|v| v.config) {
+            Some(Kernel::Decode { mma }) => mma,
+            _ => return Err(LabError::Invalid(format!("`{variant}` is not an attention decode variant (decode_split, decode_mma)"))),
+        };
         if hkv == 0 || !hq.is_multiple_of(hkv) || ![64, 128].contains(&d) || batch == 0 || capacity == 0 {
             return Err(LabError::shape(
                 "attention decode",
                 format!("{hq} query heads over {hkv} KV heads of size {d}, batch {batch}, capacity {capacity}: Hq a multiple of Hkv, head size 64 or 128"),
             ));
         }
-        let blocks = batch * hkv * (hq / hkv).div_ceil(heads_per_block(hq / hkv));
-        let want = (4 * gpu.info.sm_count as usize).div_ceil(blocks).max(1);
-        let chunk = capacity.div_ceil(want).max(MIN_CHUNK);
-        let nsplit = capacity.div_ceil(chunk);
+        let (chunk, nsplit) = if mma {
+            let f = gpu.function(FAMILY, &symbol(FAMILY, &format!("decode_mma_d{d}"), DType::Bf16))?;
+            raise_dynamic_smem(&f, mma_smem(d))?;
+            let per_sm = f.occupancy_max_active_blocks_per_multiprocessor(128, mma_smem(d), None).doing("querying decode_mma's occupancy")?;
+            let pairs = batch * hkv * (hq / hkv).div_ceil(16);
+            plan_waves(pairs, capacity, per_sm.max(1) as usize * gpu.info.sm_count as usize, MMA_TILE)
+        } else {
+            let blocks = batch * hkv * (hq / hkv).div_ceil(heads_per_block(hq / hkv));
+            let want = (4 * gpu.info.sm_count as usize).div_ceil(blocks).max(1);
+            let chunk = capacity.div_ceil(want).max(MIN_CHUNK);
+            (chunk, capacity.div_ceil(chunk))
+        };
         let slots = batch * hq * nsplit;
         Ok(Decode {
             gpu: gpu.clone(),
+            mma,
             batch,
             hq,
             chunk,
@@ -124,10 +175,17 @@ impl Decode {
             return Err(LabError::shape("attention decode", format!("a cache of {} rows, planned for {}", cache.capacity(), self.nsplit * self.chunk)));
         }
         let gpu = &self.gpu;
-        let gm = heads_per_block(hq / hkv);
-        let f = gpu.function(FAMILY, &symbol(FAMILY, &format!("decode_split_d{d}_g{gm}"), T::DTYPE))?;
-        let groups = hkv * (hq / hkv).div_ceil(gm);
-        let cfg = LaunchConfig { grid_dim: (self.nsplit as u32, groups as u32, b as u32), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let (name, groups, smem) = if self.mma {
+            (format!("decode_mma_d{d}"), hkv * (hq / hkv).div_ceil(16), mma_smem(d))
+        } else {
+            let gm = heads_per_block(hq / hkv);
+            (format!("decode_split_d{d}_g{gm}"), hkv * (hq / hkv).div_ceil(gm), 0)
+        };
+        let f = gpu.function(FAMILY, &symbol(FAMILY, &name, T::DTYPE))?;
+        if smem > 0 {
+            raise_dynamic_smem(&f, smem)?;
+        }
+        let cfg = LaunchConfig { grid_dim: (self.nsplit as u32, groups as u32, b as u32), block_dim: (128, 1, 1), shared_mem_bytes: smem as u32 };
         let scale_log2 = std::f32::consts::LOG2_E / (d as f32).sqrt();
         let [hq_i, hkv_i, page, max_pages, chunk, nsplit, d_i] = [hq, hkv, cache.page, cache.max_pages, self.chunk, self.nsplit, d].map(|x| x as i32);
         let mut l = gpu.stream.launch_builder(&f);
@@ -136,8 +194,9 @@ impl Decode {
         // SAFETY: q and o hold batch x hq x d, pos batch entries (checked); the table holds
         // max_pages entries per sequence, each a page of the cache (checked at construction) and
         // the caller keeps pos[b] < capacity = page x max_pages; the partials hold batch x hq x
-        // nsplit slots and the grid has nsplit splits.
-        unsafe { l.launch(cfg) }.doing("launching attention decode_split")?;
+        // nsplit slots and the grid has nsplit splits; decode_mma's dynamic shared memory is
+        // DM_SMEM(d).
+        unsafe { l.launch(cfg) }.doing("launching attention decode")?;
         let f = gpu.function(FAMILY, &symbol(FAMILY, "decode_combine", T::DTYPE))?;
         let cfg = LaunchConfig { grid_dim: (hq as u32, b as u32, 1), block_dim: (d as u32, 1, 1), shared_mem_bytes: 0 };
         let mut l = gpu.stream.launch_builder(&f);
@@ -157,6 +216,22 @@ impl Decode {
 #[cfg(test)]
 mod tests {
     /// Groups up to 8 get the smallest instance that holds them; larger ones take blocks of 8.
+    /// One wave where the pairs alone fill it; else the split count whose last wave is fullest,
+    /// each split whole tiles.
+    #[test]
+    fn the_mma_plan_fills_its_last_wave() {
+        // Batch 64 x 8 heads on 264 slots: no split (two waves, 97% full).
+        assert_eq!(super::plan_waves(512, 8192, 264, 64), (8192, 1));
+        // Batch 1 x 8 heads at 8192 rows: 32 splits of 256 rows, 256 of 264 slots.
+        assert_eq!(super::plan_waves(8, 8192, 264, 64), (256, 32));
+        // A short context cannot fill the chip: splits of one tile.
+        assert_eq!(super::plan_waves(8, 100, 264, 64), (64, 2));
+        for (pairs, cap) in [(3, 1000), (24, 4097), (1, 32768), (512, 128)] {
+            let (chunk, n) = super::plan_waves(pairs, cap, 264, 64);
+            assert!(chunk % 64 == 0 && n * chunk >= cap && (n - 1) * chunk < cap, "{pairs} pairs, {cap} rows: {n} x {chunk}");
+        }
+    }
+
     #[test]
     fn each_group_gets_the_smallest_instance_that_holds_it() {
         let got: Vec<usize> = [1, 2, 3, 4, 5, 7, 8, 12, 16].map(super::heads_per_block).to_vec();

@@ -57,7 +57,8 @@ pub fn sanitize_cases() -> Vec<Value> {
 
 pub fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
     let Backend::Cuda(gpu) = s.backend.clone() else { return Ok(()) };
-    if !s.wants("decode_split", "lab") {
+    let variants: Vec<&str> = super::VARIANTS.iter().filter(|v| matches!(v.config, super::Kernel::Decode { .. }) && s.wants(v.name, "lab")).map(|v| v.name).collect();
+    if variants.is_empty() {
         return Ok(());
     }
     let [batch, context, hq, hkv, d, page] = ["batch", "context", "hq", "hkv", "d", "page"].map(|k| param_usize(case, k));
@@ -84,7 +85,6 @@ pub fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
     };
     (cache.k, cache.v) = (gpu.upload(&scatter(&k))?, gpu.upload(&scatter(&v))?);
     let (dq, pos) = (gpu.upload(&q)?, gpu.upload(&vec![context as i32 - 1; batch])?);
-    let plan = std::cell::RefCell::new(Decode::new(&gpu, batch, hq, hkv, d, per * page)?);
     let mut o = gpu.stream.alloc_zeros::<T>(batch * hq * d).doing("allocating the decode output")?;
     let elem = T::DTYPE.size();
     let work = Work { bytes: ((2 * batch * context * row + 2 * batch * hq * d) * elem) as u64, flops: (4 * batch * hq * context * d) as u64 };
@@ -92,7 +92,11 @@ pub fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
     let check = Check { tol: expected.tol, compare: &compare, ceiling: "copy_gb_s" };
     let mut extra = serde_json::Map::new();
     extra.insert("kv_bytes".into(), json!(2 * batch * context * row * elem));
-    measure_gpu_as(s, &gpu, case, ("decode_split", "lab"), work, &check, param_timed(case), &mut o, extra, |o| plan.borrow_mut().run(&dq, &cache, &pos, o, None))
+    for name in variants {
+        let plan = std::cell::RefCell::new(Decode::with(&gpu, name, batch, hq, hkv, d, per * page)?);
+        measure_gpu_as(s, &gpu, case, (name, "lab"), work, &check, param_timed(case), &mut o, extra.clone(), |o| plan.borrow_mut().run(&dq, &cache, &pos, o, None))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -134,7 +134,7 @@ impl Experiment for Llama {
             ("engine", "llama", "rope_cache"),
             ("engine", "llama", "swiglu"),
             ("engine", "llama", "argmax"),
-            ("engine", "attention", "decode_split"),
+            ("engine", "attention", "decode_mma"),
         ]
     }
     fn run_case(&self, s: &mut Session, case: &Value) -> Result<()> {

@@ -15,7 +15,7 @@
 //!
 //! Gradients are stored in the inputs' type, their sums taken in f32.
 
-use super::{cpu, gpu, grouped_matmul, layer_dims, permute, route_logits, router_logits, Epilogue, Permutation, Routing, Weights, FAMILY};
+use super::{cpu, gpu, grouped_matmul_with, layer_dims, permute, route_logits, router_logits, Epilogue, Permutation, Routing, Weights, FAMILY};
 use crate::experiment::Backend;
 use crate::ops::gemm;
 use crate::ops::Elem;
@@ -40,6 +40,12 @@ pub struct Upstream<'a, T: Elem> {
 
 /// The layer's gradients with the best rung for the backend; returns the routing too.
 pub fn backward<T: Elem>(dev: &Backend, x: &Tensor<T>, w: &Weights<T>, r: &super::Router, up: &Upstream<T>) -> Result<(Routing, Grads<T>)> {
+    backward_with(dev, super::best(dev).name, x, w, r, up)
+}
+
+/// [`backward`] with the grouped products (the forward again and the two data gradients) on
+/// rung `variant`; the weight gradients are grouped_wgrad's whatever the rung.
+pub fn backward_with<T: Elem>(dev: &Backend, variant: &str, x: &Tensor<T>, w: &Weights<T>, r: &super::Router, up: &Upstream<T>) -> Result<(Routing, Grads<T>)> {
     let (t, h, e, i) = layer_dims(x, w)?;
     if up.dout.shape() != [t, h] {
         return Err(LabError::shape(FAMILY, format!("dout is {:?}; it must be the output's shape [{t}, {h}]", up.dout.shape())));
@@ -55,24 +61,24 @@ pub fn backward<T: Elem>(dev: &Backend, x: &Tensor<T>, w: &Weights<T>, r: &super
     let rt = route_logits(dev, &logits, noisy.as_ref().map(|(n, eps)| (n, eps)), r)?;
     let (perm, xp) = permute(dev, x, &rt, r.capacity)?;
     let mut pre = Tensor::<T>::zeros(dev, &[rows, 2 * i])?;
-    grouped_matmul(dev, &xp, &w.gate_up, &perm.offsets, Epilogue::Store, &mut pre)?;
+    grouped_matmul_with(dev, variant, &xp, &w.gate_up, &perm.offsets, Epilogue::Store, &mut pre)?;
     let act = swiglu(dev, &pre, &perm.offsets, e, i)?;
     let mut y = Tensor::<T>::zeros(dev, &[rows, h])?;
-    grouped_matmul(dev, &act, &w.down, &perm.offsets, Epilogue::Store, &mut y)?;
+    grouped_matmul_with(dev, variant, &act, &w.down, &perm.offsets, Epilogue::Store, &mut y)?;
 
     // 1. the combine.
     let (dw, dy) = combine_backward(dev, up.dout, &y, &perm.slot, &rt.weights)?;
     drop(y);
     // 2. the down projection.
     let mut dact = Tensor::<T>::zeros(dev, &[rows, i])?;
-    grouped_matmul(dev, &dy, &transpose(dev, &w.down, e)?, &perm.offsets, Epilogue::Store, &mut dact)?;
+    grouped_matmul_with(dev, variant, &dy, &transpose(dev, &w.down, e)?, &perm.offsets, Epilogue::Store, &mut dact)?;
     let d_down = grouped_wgrad(dev, &act, &dy, &perm.offsets, e)?;
     drop((act, dy));
     // 3. SwiGLU, 4. the gate/up projection.
     let dpre = swiglu_backward(dev, &pre, &dact, &perm.offsets, e)?;
     drop((pre, dact));
     let mut dxp = Tensor::<T>::zeros(dev, &[rows, h])?;
-    grouped_matmul(dev, &dpre, &transpose(dev, &w.gate_up, e)?, &perm.offsets, Epilogue::Store, &mut dxp)?;
+    grouped_matmul_with(dev, variant, &dpre, &transpose(dev, &w.gate_up, e)?, &perm.offsets, Epilogue::Store, &mut dxp)?;
     let d_gate_up = grouped_wgrad(dev, &xp, &dpre, &perm.offsets, e)?;
     let mut dx = Tensor::<T>::zeros(dev, &[t, h])?;
     sum_rows(dev, &dxp, &perm, &mut dx)?;

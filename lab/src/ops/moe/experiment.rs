@@ -224,6 +224,7 @@ fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
     extra.insert("z_loss".into(), json!(rref.z_loss));
     let mut out = Tensor::<T>::zeros(&dev, &[t, h])?;
     let mut routing_checked = false;
+    let mut ran = Vec::new();
     for var in VARIANTS {
         if !var.requires.met_by(&dev) || !s.wants(var.name, "lab") {
             continue;
@@ -233,10 +234,10 @@ fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
             routing_checked = true;
         }
         measure_op_with(s, case, var.name, work, &check, timed, &mut out, extra.clone(), |o| forward_with(&dev, var.name, &x, &w, &r, o).map(|_| ()))?;
+        ran.push(var.name);
     }
-    let best = super::best(&dev).name;
-    if s.wants(best, "lab") {
-        backward_case(s, case, best, (&x, &w, &r), &tokens, timed)?;
+    if !ran.is_empty() {
+        backward_case(s, case, &ran, (&x, &w, &r), &tokens, timed)?;
     }
     if let Backend::Cuda(gpu) = &dev {
         if timed && s.opts.peers.contains(&Peer::Torch) && dropped == 0 {
@@ -292,19 +293,19 @@ fn check_routing(s: &mut Session, case: &Value, variant: &str, rt: &super::Routi
     s.emit(m).map(|_| ())
 }
 
-/// The layer's backward (through the backend's best rung) against the f64 gradients with the
+/// The layer's backward on each rung of `variants` against the f64 gradients with the
 /// backend's selection held fixed, from a seeded dout and weights 40 and 0.5 on the two losses
 /// (large enough that a missing loss term fails): every gradient where the case is checked in
 /// full, else dx of the sampled `tokens`. Timed cases are timed too, beside torch autograd of
 /// the same layer and objective on the same selection. Its flops: the four products of the
 /// backward, 2 x the forward's (the forward the op runs again is not counted).
-fn backward_case<T: Elem>(s: &mut Session, case: &Value, variant: &str, (x, w, r): (&Tensor<T>, &Weights<T>, &Router), tokens: &[usize], timed: bool) -> Result<()> {
+fn backward_case<T: Elem>(s: &mut Session, case: &Value, variants: &[&str], (x, w, r): (&Tensor<T>, &Weights<T>, &Router), tokens: &[usize], timed: bool) -> Result<()> {
     let dev = s.backend.clone();
     let (t, h, e, i) = super::layer_dims(x, w)?;
     let dout_h: Vec<T> = normal(t * h, 1.0, rng_for(s.opts.seed ^ 2, case).random());
     let dout = Tensor::from_slice(&dev, &[t, h], &dout_h)?;
     let up = Upstream { dout: &dout, d_aux: 40.0, d_z: 0.5 };
-    let (rt, g) = super::backward(&dev, x, w, r, &up)?;
+    let (rt, g) = super::backward_with(&dev, variants[0], x, w, r, &up)?;
     let select: Vec<usize> = rt.experts.to_vec()?.iter().map(|&v| v as usize).collect();
     let full = tokens.len() == t;
     let mask: Vec<bool> = {
@@ -349,8 +350,7 @@ fn backward_case<T: Elem>(s: &mut Session, case: &Value, variant: &str, (x, w, r
         }
         Ok(v)
     };
-    let before = judge(&flat(&g)?);
-    drop(g);
+    let mut first = Some(g);
     let mut c = case.clone();
     c["output"] = json!("backward");
     if !full {
@@ -361,13 +361,20 @@ fn backward_case<T: Elem>(s: &mut Session, case: &Value, variant: &str, (x, w, r
     let work = Work { flops: (4 * t * r.k * 3 * h * i) as u64, bytes: elem * (3 * t * h + 2 * active * 3 * h * i) as u64 };
     let ceiling = crate::ops::product_ceiling(&dev, T::DTYPE);
     let check = Check { tol: Tolerance { atol: 0.0, rtol: backward_reference::ALLOW_UNITS * reference::unit(T::DTYPE) }, compare: &judge, ceiling };
-    let once = || super::backward(&dev, x, w, r, &up).map(|_| ());
-    let (time, after) = match (&dev, timed) {
-        (_, false) => (None, before.clone()),
-        (Backend::Cuda(gpu), true) => (Some(crate::gpu::timing::time_gpu(gpu, &s.budget, once)?), judge(&flat(&super::backward(&dev, x, w, r, &up)?.1)?)),
-        (Backend::Cpu, true) => (Some(crate::profile::host_time(&s.budget, || Ok(()), once)?), judge(&flat(&super::backward(&dev, x, w, r, &up)?.1)?)),
-    };
-    crate::ops::emit_checked(s, &c, (variant, "lab"), work, &check, (before, after), time, serde_json::Map::new())?;
+    for &variant in variants {
+        let grads = |dev: &Backend| super::backward_with(dev, variant, x, w, r, &up).map(|(_, g)| g);
+        let before = judge(&flat(&match first.take() {
+            Some(g) => g,
+            None => grads(&dev)?,
+        })?);
+        let once = || grads(&dev).map(|_| ());
+        let (time, after) = match (&dev, timed) {
+            (_, false) => (None, before.clone()),
+            (Backend::Cuda(gpu), true) => (Some(crate::gpu::timing::time_gpu(gpu, &s.budget, once)?), judge(&flat(&grads(&dev)?)?)),
+            (Backend::Cpu, true) => (Some(crate::profile::host_time(&s.budget, || Ok(()), once)?), judge(&flat(&grads(&dev)?)?)),
+        };
+        crate::ops::emit_checked(s, &c, (variant, "lab"), work, &check, (before, after), time, serde_json::Map::new())?;
+    }
     // torch autograd of the same layer on the lab's selection: dropless and without noise, where
     // its per-expert loop is the layer.
     if let Backend::Cuda(gpu) = &dev {

@@ -42,7 +42,7 @@ mod mirrors;
 #[cfg(test)]
 mod tests;
 
-pub use backward::{backward, Grads, Upstream};
+pub use backward::{backward, backward_with, Grads, Upstream};
 pub use experiment::Moe;
 
 use crate::experiment::Backend;
