@@ -29,7 +29,8 @@
 //                   Should buy: loads run two tiles ahead of the math instead of each warp
 //                   waiting on its own, and 16 keys cost 16 + 16 mmas instead of 2048 FMAs, so
 //                   the walk is held by memory alone.
-//  decode_combine   block (D,1,1), grid (Hq, B): merges the splits that hold rows.
+//  decode_combine   block (D,1,1), grid (Hq, B), dynamic smem 4 nsplit: merges the splits that
+//                   hold rows.
 
 #include "common.cuh"
 #include "mma.cuh"
@@ -327,20 +328,29 @@ __device__ void decode_mma(const T* __restrict__ q, const T* __restrict__ kc, co
     }
 }
 
+// The splits' weights exp2(m_s - max) go to shared memory (nsplit floats, dynamic) first, so
+// that the loads of the output loop are independent of each other: one latency for a batch of
+// splits rather than one per split (a 32-split row waited 32 in turn).
 template <typename T>
 __device__ void decode_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml, const int* __restrict__ pos,
                                T* __restrict__ o, float* __restrict__ lse, int hq, int D, int chunk, int nsplit) {
+    extern __shared__ float dc_f[];
     const int h = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
     const int used = min(nsplit, (pos[b] + 1 + chunk - 1) / chunk);
     const long long base = ((long long)b * hq + h) * nsplit;
     float mx = NEG_INF;
-    for (int s = 0; s < used; ++s) mx = fmax_nan(mx, part_ml[(base + s) * 2]);
-    float acc = 0.f, sum = 0.f;
-    for (int s = 0; s < used; ++s) {
+    for (int s = d; s < used; s += blockDim.x) mx = fmax_nan(mx, part_ml[(base + s) * 2]);
+    mx = block_reduce_max(mx);
+    float sum = 0.f;
+    for (int s = d; s < used; s += blockDim.x) {
         const float f = exp2f(part_ml[(base + s) * 2] - safe_shift(mx));
-        acc += part_o[(base + s) * D + d] * f;
+        dc_f[s] = f;
         sum += part_ml[(base + s) * 2 + 1] * f;
     }
+    sum = block_reduce_sum(sum);  // its barriers also publish dc_f
+    float acc = 0.f;
+#pragma unroll 8
+    for (int s = 0; s < used; ++s) acc += part_o[(base + s) * D + d] * dc_f[s];
     o[((long long)b * hq + h) * D + d] = from_float<T>(acc / sum);
     // lse in natural log, as the forward kernels save it.
     if (d == 0 && lse) lse[(long long)b * hq + h] = (mx + log2f(sum)) * 0.69314718055994531f;

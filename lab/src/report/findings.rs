@@ -105,6 +105,9 @@ pub struct RunLine {
     pub commit: String,
     pub dirty: bool,
     pub command: String,
+    /// The command with its `--shape` cases after the first counted, not listed (the log's
+    /// table; the run's page has it whole).
+    pub command_short: String,
     pub experiments: String,
     pub records: usize,
     pub pass: usize,
@@ -292,6 +295,19 @@ pub fn note_link(n: &NoteView) -> NoteLink {
     NoteLink { file: n.file.clone(), title: n.title.clone(), status: n.status.clone(), page: n.page.clone() }
 }
 
+/// `command` with the `--shape` arguments after the first replaced by their count.
+fn short_command(command: &str) -> String {
+    let words: Vec<&str> = command.split(' ').collect();
+    let shapes: Vec<usize> = words.iter().enumerate().filter(|(_, w)| **w == "--shape").map(|(i, _)| i).collect();
+    if shapes.len() < 2 {
+        return command.to_string();
+    }
+    let dropped: Vec<usize> = shapes[1..].iter().flat_map(|&i| [i, i + 1]).collect();
+    let mut kept: Vec<String> = words.iter().enumerate().filter(|(i, _)| !dropped.contains(i)).map(|(_, w)| w.to_string()).collect();
+    kept.insert(shapes[0] + 2, format!("(and {} more --shape)", shapes.len() - 1));
+    kept.join(" ")
+}
+
 /// One line per run, newest first.
 pub fn runs(by_run: &BTreeMap<&str, Vec<&Record>>, notes: &[(Vec<String>, NoteView)]) -> Vec<RunLine> {
     by_run
@@ -311,6 +327,7 @@ pub fn runs(by_run: &BTreeMap<&str, Vec<&Record>>, notes: &[(Vec<String>, NoteVi
                 commit: first.git.commit.chars().take(7).collect(),
                 dirty: first.git.dirty,
                 command: first.command.clone(),
+                command_short: short_command(&first.command),
                 experiments: experiments.join(", "),
                 records: recs.len(),
                 pass: count(Verdict::Pass),
@@ -320,4 +337,13 @@ pub fn runs(by_run: &BTreeMap<&str, Vec<&Record>>, notes: &[(Vec<String>, NoteVi
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_short_command_counts_the_shapes_after_the_first() {
+        assert_eq!(super::short_command("lab run moe --shape a=1 --shape a=2 --shape a=3 --out r"), "lab run moe --shape a=1 (and 2 more --shape) --out r");
+        assert_eq!(super::short_command("lab run moe --shape a=1 --out r"), "lab run moe --shape a=1 --out r");
+    }
 }

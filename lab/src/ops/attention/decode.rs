@@ -25,6 +25,9 @@ fn heads_per_block(g: usize) -> usize {
 /// Rows per split at least: four warps' tiles of 32 (decode_split).
 const MIN_CHUNK: usize = 128;
 
+/// Splits at most: decode_combine keeps a weight per split in 48 KiB of shared memory.
+const MAX_SPLITS: usize = 12 * 1024;
+
 /// The decode variant ops and the engine use.
 pub const BEST: &str = "decode_mma";
 /// decode_mma's tile of rows (DM_BN), and its shared memory (DM_SMEM: 16 query rows and three
@@ -148,6 +151,9 @@ impl Decode {
             let chunk = capacity.div_ceil(want).max(MIN_CHUNK);
             (chunk, capacity.div_ceil(chunk))
         };
+        if nsplit > MAX_SPLITS {
+            return Err(LabError::shape("attention decode", format!("a capacity of {capacity} rows takes {nsplit} splits; the combine step holds {MAX_SPLITS}")));
+        }
         let slots = batch * hq * nsplit;
         Ok(Decode {
             gpu: gpu.clone(),
@@ -198,7 +204,7 @@ impl Decode {
         // DM_SMEM(d).
         unsafe { l.launch(cfg) }.doing("launching attention decode")?;
         let f = gpu.function(FAMILY, &symbol(FAMILY, "decode_combine", T::DTYPE))?;
-        let cfg = LaunchConfig { grid_dim: (hq as u32, b as u32, 1), block_dim: (d as u32, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig { grid_dim: (hq as u32, b as u32, 1), block_dim: (d as u32, 1, 1), shared_mem_bytes: 4 * self.nsplit as u32 };
         let mut l = gpu.stream.launch_builder(&f);
         l.arg(&self.part_o).arg(&self.part_ml).arg(pos).arg(o);
         let null = 0u64;
@@ -207,8 +213,9 @@ impl Decode {
             None => l.arg(&null),
         };
         l.arg(&hq_i).arg(&d_i).arg(&chunk).arg(&nsplit);
-        // SAFETY: the combine reads the ceil((pos + 1) / chunk) <= nsplit splits decode_split
-        // wrote for each (b, h), and writes o (batch x hq x d) and lse (batch x hq, or null).
+        // SAFETY: the combine reads the ceil((pos + 1) / chunk) <= nsplit splits the split kernel
+        // wrote for each (b, h), with a weight for each in its 4 nsplit bytes of shared memory,
+        // and writes o (batch x hq x d) and lse (batch x hq, or null).
         unsafe { l.launch(cfg) }.map(|_| ()).doing("launching attention decode_combine")
     }
 }
