@@ -129,8 +129,8 @@ impl Decode {
     /// least [`MIN_CHUNK`] rows. decode_mma: [`plan_waves`] over the blocks that fit the chip at
     /// once (two per SM at d 128).
     pub fn with(gpu: &Arc<Gpu>, variant: &str, batch: usize, hq: usize, hkv: usize, d: usize, capacity: usize) -> Result<Self> {
-        let mma = match VARIANTS.iter().find(|v| v.name == variant).map(|v| v.config) {
-            Some(Kernel::Decode { mma }) => mma,
+        let mma = match crate::ops::variant::find(FAMILY, VARIANTS, variant)?.config {
+            Kernel::Decode { mma } => mma,
             _ => return Err(LabError::Invalid(format!("`{variant}` is not an attention decode variant (decode_split, decode_mma)"))),
         };
         if hkv == 0 || !hq.is_multiple_of(hkv) || ![64, 128].contains(&d) || batch == 0 || capacity == 0 {

@@ -173,12 +173,12 @@ pub fn backward_with_scale(l: &Layer, r: &Router, dout: &[f64], d_aux: f64, d_z:
         let (tok, ex, w) = (a / k, rt.experts[a], rt.weights[a]);
         let (gv, uv, act, y) = expert(l, tok, ex);
         let (g_sc, u_sc) = pre_scales(l, tok, ex);
+        // sigmoid(g), silu(g) = g sigmoid(g) and silu'(g), per column.
+        let sg: Vec<f64> = gv.iter().map(|&g| sigmoid(g)).collect();
+        let silu: Vec<f64> = gv.iter().zip(&sg).map(|(g, s)| g * s).collect();
+        let silu1: Vec<f64> = gv.iter().zip(&sg).map(|(g, s)| s * (1.0 + g * (1.0 - s))).collect();
         // act = silu(g) u moves by |silu'(g) u| dg + |silu(g)| du.
-        let silu1 = |c: usize| {
-            let s = sigmoid(gv[c]);
-            s * (1.0 + gv[c] * (1.0 - s))
-        };
-        let act_sc: Vec<f64> = (0..i).map(|c| (silu1(c) * uv[c]).abs() * g_sc[c] + (gv[c] * sigmoid(gv[c])).abs() * u_sc[c]).collect();
+        let act_sc: Vec<f64> = (0..i).map(|c| (silu1[c] * uv[c]).abs() * g_sc[c] + silu[c].abs() * u_sc[c]).collect();
         let dout_t = &dout[tok * h..][..h];
         let dn = &l.down[ex * i * h..][..i * h];
         let y_sc: Vec<f64> = (0..h).map(|c| (0..i).map(|q| act_sc[q] * dn[q * h + c].abs()).sum()).collect();
@@ -199,13 +199,12 @@ pub fn backward_with_scale(l: &Layer, r: &Router, dout: &[f64], d_aux: f64, d_z:
         }
         let (mut dg, mut du, mut dg_sc, mut du_sc) = (vec![0f64; i], vec![0f64; i], vec![0f64; i], vec![0f64; i]);
         for c in 0..i {
-            let s = sigmoid(gv[c]);
-            let (pg, pu) = (uv[c] * s * (1.0 + gv[c] * (1.0 - s)), gv[c] * s);
+            let (s, sp) = (sg[c], silu1[c]);
+            let (pg, pu) = (uv[c] * sp, silu[c]);
             (dg[c], du[c]) = (d_act[c] * pg, d_act[c] * pu);
             // silu'(g) is 0 near g = -1.28, where g's error (u of g's terms) still moves it by
             // silu''(g) u g_sc; u's error moves pg by silu'(g) u_sc, g's moves pu by silu'(g) g_sc.
             let silu2 = s * (1.0 - s) * (2.0 + gv[c] * (1.0 - 2.0 * s));
-            let sp = silu1(c);
             (dg_sc[c], du_sc[c]) = (
                 d_act_sc[c] * (pg.abs() + (sp * u_sc[c]).abs() + (uv[c] * silu2).abs() * g_sc[c]),
                 d_act_sc[c] * (pu.abs() + sp.abs() * g_sc[c]),

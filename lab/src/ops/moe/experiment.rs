@@ -362,16 +362,16 @@ fn backward_case<T: Elem>(s: &mut Session, case: &Value, variants: &[&str], (x, 
     let ceiling = crate::ops::product_ceiling(&dev, T::DTYPE);
     let check = Check { tol: Tolerance { atol: 0.0, rtol: backward_reference::ALLOW_UNITS * reference::unit(T::DTYPE) }, compare: &judge, ceiling };
     for &variant in variants {
-        let grads = |dev: &Backend| super::backward_with(dev, variant, x, w, r, &up).map(|(_, g)| g);
+        let grads = || super::backward_with(&dev, variant, x, w, r, &up).map(|(_, g)| g);
         let before = judge(&flat(&match first.take() {
             Some(g) => g,
-            None => grads(&dev)?,
+            None => grads()?,
         })?);
-        let once = || grads(&dev).map(|_| ());
+        let once = || grads().map(|_| ());
         let (time, after) = match (&dev, timed) {
             (_, false) => (None, before.clone()),
-            (Backend::Cuda(gpu), true) => (Some(crate::gpu::timing::time_gpu(gpu, &s.budget, once)?), judge(&flat(&grads(&dev)?)?)),
-            (Backend::Cpu, true) => (Some(crate::profile::host_time(&s.budget, || Ok(()), once)?), judge(&flat(&grads(&dev)?)?)),
+            (Backend::Cuda(gpu), true) => (Some(crate::gpu::timing::time_gpu(gpu, &s.budget, once)?), judge(&flat(&grads()?)?)),
+            (Backend::Cpu, true) => (Some(crate::profile::host_time(&s.budget, || Ok(()), once)?), judge(&flat(&grads()?)?)),
         };
         crate::ops::emit_checked(s, &c, (variant, "lab"), work, &check, (before, after), time, serde_json::Map::new())?;
     }
