@@ -178,3 +178,50 @@ __device__ __forceinline__ void onchip_block(const T* __restrict__ x, const T* _
 
 RMS_EXPORT(block, RMS_LB_512)
 RMS_EXPORT(onchip_block, RMS_LB_1024_X2)
+
+// ---------------------------------------------------------------------------
+// Backward (f32; ops::rmsnorm::backward). With r = rstd and dot = sum_j
+// gamma_j dy_j x_j: dx = r gamma dy - x r^3 dot / cols. `drop_mean` leaves
+// the second term out: the fault the checks must catch, never set otherwise.
+// part[row, j] = dy x r, summed over rows by rmsnorm_column_sum into dgamma.
+//  rmsnorm_backward_f32     block (a multiple of 32, <= 1024), grid (rows).
+//  rmsnorm_column_sum_f32   block (32, 32), grid (ceil(cols / 32)): thread
+//      (tx, ty) sums rows ty, ty + 32, ... of column 32 b + tx in order, then
+//      the 32 partials are summed in ty order: no atomics, so the result is
+//      the same on every run.
+// ---------------------------------------------------------------------------
+extern "C" __global__ void rmsnorm_backward_f32(const float* __restrict__ x, const float* __restrict__ gamma,
+                                                const float* __restrict__ dy, float* __restrict__ dx,
+                                                float* __restrict__ part, int cols, float eps, int drop_mean) {
+    const long long off = (long long)blockIdx.x * cols;
+    const float *xr = x + off, *dyr = dy + off;
+    float ss = 0.f, dot = 0.f;
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+        ss += xr[j] * xr[j];
+        dot += gamma[j] * dyr[j] * xr[j];
+    }
+    ss = block_reduce_sum(ss);
+    dot = block_reduce_sum(dot);
+    const float r = 1.0f / sqrtf(ss / (float)cols + eps);
+    const float mean = drop_mean ? 0.f : r * r * r * dot / (float)cols;
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+        dx[off + j] = r * gamma[j] * dyr[j] - xr[j] * mean;
+        part[off + j] = dyr[j] * xr[j] * r;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(1024) rmsnorm_column_sum_f32(const float* __restrict__ part,
+                                                                          float* __restrict__ out, int rows, int cols) {
+    __shared__ float acc[32][33];
+    const int col = blockIdx.x * 32 + threadIdx.x;
+    float s = 0.f;
+    if (col < cols)
+        for (int r = threadIdx.y; r < rows; r += 32) s += part[(long long)r * cols + col];
+    acc[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && col < cols) {
+        float t = 0.f;
+        for (int k = 0; k < 32; ++k) t += acc[k][threadIdx.x];
+        out[col] = t;
+    }
+}

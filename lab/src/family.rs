@@ -148,6 +148,13 @@ pub static FAMILIES: &[Family] = &[
         experiment: Some(&crate::ops::moe::Moe),
         variants: crate::ops::moe::variants,
     },
+    // The training step's own kernels (embedding, RoPE, SwiGLU, loss, AdamW) and the step on the GPU.
+    Family {
+        name: "train",
+        kernels: &[kernel!("train.cu")],
+        experiment: Some(&crate::train::experiment::Train),
+        variants: none,
+    },
     // A model and the lab's requantized copies scored on held-out text, beside llama.cpp.
     Family { name: "perplexity", kernels: &[], experiment: Some(&crate::ops::perplexity::PerplexityExp), variants: none },
 ];

@@ -6,10 +6,12 @@ use super::compare::compare_elems;
 use super::layernorm::{affine, norm_op, tolerance, NormKernel, RowCase, BLOCK_PER_ROW, EPS, F32_BF16, ONCHIP_BLOCK};
 use super::variant::{self, Requires, Variant, VariantInfo};
 use super::{measure_torch, widen, Check, Elem};
+use crate::error::Doing;
 use crate::experiment::{param_str, rng_for, Backend, Experiment, Peer, Session};
 use crate::kernels::DType;
 use crate::tensor::Tensor;
 use crate::{LabError, Result};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 use rayon::prelude::*;
 use serde_json::{json, Value};
 
@@ -83,13 +85,18 @@ pub fn cpu_rows<T: Elem>(x: &[T], gamma: &[T], y: &mut [T], eps: f32) {
 }
 
 /// dX and dGamma of y = x r gamma (r = 1 / sqrt(mean(x^2) + eps)) from dY, over the last
-/// dimension; `dgamma` is overwritten with the sum over rows. The CPU path is [`cpu_backward`];
-/// there is no GPU kernel yet, so a CUDA backend is refused with that reason.
+/// dimension; `dgamma` is overwritten with the sum over rows. f32 only. On the GPU: a block per
+/// row for dX and each row's share of dGamma, then a column sum in a fixed order
+/// (`rmsnorm_backward_f32`, `rmsnorm_column_sum_f32`); on the CPU: [`cpu_backward`].
 pub fn backward(dev: &Backend, x: &Tensor<f32>, gamma: &Tensor<f32>, dy: &Tensor<f32>, dx: &mut Tensor<f32>, dgamma: &mut Tensor<f32>, eps: f32) -> Result<()> {
+    backward_with(dev, x, gamma, dy, dx, dgamma, eps, false)
+}
+
+/// [`backward`], or with `drop_mean_term` the fault a gradient check must catch (the
+/// mean-square's share of dX left out).
+#[allow(clippy::too_many_arguments)]
+pub fn backward_with(dev: &Backend, x: &Tensor<f32>, gamma: &Tensor<f32>, dy: &Tensor<f32>, dx: &mut Tensor<f32>, dgamma: &mut Tensor<f32>, eps: f32, drop_mean_term: bool) -> Result<()> {
     let bad = |why: String| LabError::shape("rmsnorm backward", why);
-    if let Backend::Cuda(_) = dev {
-        return Err(LabError::Invalid("rmsnorm backward has a CPU path only (no kernel yet): use the CPU backend".into()));
-    }
     let cols = x.cols();
     if gamma.len() != cols || dgamma.len() != cols {
         return Err(bad(format!("x rows are {cols} wide but gamma has {} and dgamma {} elements", gamma.len(), dgamma.len())));
@@ -99,11 +106,45 @@ pub fn backward(dev: &Backend, x: &Tensor<f32>, gamma: &Tensor<f32>, dy: &Tensor
             return Err(bad(format!("x is {:?} but {name} is {t:?}", x.shape())));
         }
     }
-    let h = |t: &Tensor<f32>| t.host().map(<[f32]>::to_vec).ok_or_else(|| bad("tensors must be on the host".into()));
-    let (xh, gh, dyh) = (h(x)?, h(gamma)?, h(dy)?);
-    let (dxh, dgh) = (dx.host_mut().ok_or_else(|| bad("dx must be on the host".into()))?, dgamma.host_mut().ok_or_else(|| bad("dgamma must be on the host".into()))?);
-    cpu_backward(&xh, &gh, &dyh, dxh, dgh, eps, false);
-    Ok(())
+    let placed = [("x", x.placement()), ("gamma", gamma.placement()), ("dy", dy.placement()), ("dx", dx.placement()), ("dgamma", dgamma.placement())];
+    crate::tensor::check_placement("rmsnorm backward", dev, &placed)?;
+    let gpu = match dev {
+        Backend::Cpu => {
+            let h = |t: &Tensor<f32>| t.host().expect("placement checked").to_vec();
+            let (xh, gh, dyh) = (h(x), h(gamma), h(dy));
+            cpu_backward(&xh, &gh, &dyh, dx.host_mut().expect("placement checked"), dgamma.host_mut().expect("placement checked"), eps, drop_mean_term);
+            return Ok(());
+        }
+        Backend::Cuda(gpu) => gpu,
+    };
+    let rows = x.rows();
+    let mut part = Tensor::<f32>::zeros(dev, &[rows.max(1), cols])?;
+    let (ci, ri, drop) = (cols as i32, rows as i32, drop_mean_term as i32);
+    if rows > 0 {
+        let f = gpu.function(FAMILY, "rmsnorm_backward_f32")?;
+        let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: x, dy, dx and part are rows x cols; gamma holds cols.
+        unsafe {
+            gpu.stream
+                .launch_builder(&f)
+                .arg(x.cuda().expect("placement checked"))
+                .arg(gamma.cuda().expect("placement checked"))
+                .arg(dy.cuda().expect("placement checked"))
+                .arg(dx.cuda_mut().expect("placement checked"))
+                .arg(part.cuda_mut().expect("placement checked"))
+                .arg(&ci)
+                .arg(&eps)
+                .arg(&drop)
+                .launch(cfg)
+        }
+        .doing("launching rmsnorm_backward")?;
+    }
+    let f = gpu.function(FAMILY, "rmsnorm_column_sum_f32")?;
+    let cfg = LaunchConfig { grid_dim: (cols.div_ceil(32) as u32, 1, 1), block_dim: (32, 32, 1), shared_mem_bytes: 0 };
+    // SAFETY: part is rows x cols (rows may be 0: nothing is read), dgamma holds cols.
+    unsafe { gpu.stream.launch_builder(&f).arg(part.cuda().expect("on the device")).arg(dgamma.cuda_mut().expect("placement checked")).arg(&ri).arg(&ci).launch(cfg) }
+        .doing("launching rmsnorm_column_sum")
+        .map(|_| ())
 }
 
 /// The CPU backward: per row, with g = gamma dy, dx = r g - x r^3 (x.g) / n (the second term is

@@ -27,6 +27,7 @@ fn json<T: serde::Serialize>(v: &T) -> Result<String> {
 impl Trainer {
     /// Writes a new checkpoint at `path` (never over an existing file); returns its size in bytes.
     pub fn save(&self, path: &Path) -> Result<u64> {
+        self.host_current()?;
         let lay = &self.model.layout;
         let mut data = Vec::new();
         for s in lay.spans() {

@@ -1,7 +1,9 @@
 //! Training a small Llama-architecture model from scratch with the lab's ops, then writing it as
 //! a GGUF file the lab's engine (and llama.cpp) reads.
 //!
-//! - [`model`]: parameters, forward, backward, fused softmax cross-entropy.
+//! - [`model`]: parameters, forward, backward, fused softmax cross-entropy, on either backend.
+//! - [`steps`]: the parts of a step no op family has (embedding, RoPE, SwiGLU, the loss, AdamW),
+//!   on the CPU and as the `train` family's kernels (kernels/train.cu).
 //! - [`reference`]: the same loss in f64 end to end, the oracle of the gradient check.
 //! - [`optim`]: AdamW, gradient clipping, the learning-rate schedule.
 //! - [`data`]: token files, the training stream, evaluation windows.
@@ -11,11 +13,13 @@
 
 pub mod checkpoint;
 pub mod data;
+pub mod experiment;
 pub mod export;
 pub mod model;
 pub mod optim;
 pub mod pipeline;
 pub mod reference;
+pub mod steps;
 pub mod torch_ref;
 pub mod trainer;
 

@@ -3,21 +3,25 @@
 //! reads; the backward; and the fused softmax cross-entropy over the next token.
 //!
 //! Projections, attention and RMSNorm run through the lab's ops (`ops::linear`, `ops::attention`,
-//! `ops::rmsnorm`) on the given backend. The embedding, RoPE (the engine's own function, so the
-//! convention is the one `CpuModel` and llama.cpp apply), SwiGLU and the loss are host code: they
-//! have no kernels yet, so training runs on the CPU backend and a CUDA backend is refused.
+//! `ops::rmsnorm`), the embedding, RoPE, SwiGLU, the residual sums and the loss through
+//! [`super::steps`], on either backend: one forward and one backward for both. Storage and
+//! arithmetic are f32 except the attention, which runs in bf16 on the GPU (its kernels take 16-bit
+//! inputs) and in f32 on the CPU unless asked for bf16 (the GPU path's check does).
 
+use super::steps;
+use crate::error::Doing;
 use crate::experiment::Backend;
-use crate::model::llama::cpu::{rope, silu};
+use crate::kernels::DType;
 use crate::model::llama::weights::Layer;
 use crate::model::llama::Config;
 use crate::ops::attention::{self, backward as attn_bwd, Mask};
-use crate::ops::{linear, rmsnorm};
-use crate::tensor::Tensor;
+use crate::ops::{linear, rmsnorm, Elem};
+use crate::tensor::{Buffer, Tensor};
 use crate::{LabError, Result};
+use cudarc::driver::CudaSlice;
+use half::bf16;
 use rand::SeedableRng;
 use rand_distr::{Distribution, Normal};
-use rayon::prelude::*;
 use std::ops::Range;
 
 /// One parameter tensor: its GGUF name, its row-major shape (rows = outputs), its place in the buffer.
@@ -138,14 +142,15 @@ pub struct Model {
     pub params: Vec<f32>,
 }
 
-/// What one layer's forward keeps for its backward (2-D tensors are [tokens, width]).
-struct Saved {
+/// What one layer's forward keeps for its backward (2-D tensors are [tokens, width]). The
+/// attention's own inputs and output are kept at the precision it ran in.
+struct Saved<A: Elem> {
     x: Tensor<f32>,
     h1: Tensor<f32>,
-    q: Tensor<f32>,
-    k: Tensor<f32>,
-    v: Tensor<f32>,
-    o: Tensor<f32>,
+    q: Tensor<A>,
+    k: Tensor<A>,
+    v: Tensor<A>,
+    o: Tensor<A>,
     lse: Tensor<f32>,
     att: Tensor<f32>,
     x_mid: Tensor<f32>,
@@ -155,8 +160,8 @@ struct Saved {
     a: Tensor<f32>,
 }
 
-struct Forward {
-    layers: Vec<Saved>,
+struct Forward<A: Elem> {
+    layers: Vec<Saved<A>>,
     x_out: Tensor<f32>,
     h_out: Tensor<f32>,
     logits: Tensor<f32>,
@@ -164,85 +169,122 @@ struct Forward {
 
 const CAUSAL: Mask = Mask { causal: true, window: 0 };
 
-fn host(t: &Tensor<f32>) -> &[f32] {
-    t.host().expect("the trainer keeps its tensors on the host")
+/// Where the weights are read from: the host buffer, or a device buffer of the same layout.
+#[derive(Clone, Copy)]
+pub(crate) enum Weights<'a> {
+    Host(&'a [f32]),
+    Device(&'a CudaSlice<f32>),
 }
 
-fn host_mut(t: &mut Tensor<f32>) -> &mut [f32] {
-    t.host_mut().expect("the trainer keeps its tensors on the host")
+/// Where the gradients are added: a host buffer, or a device buffer of the same layout.
+pub(crate) enum Grads<'a> {
+    Host(&'a mut [f32]),
+    Device(&'a mut CudaSlice<f32>),
+}
+
+/// One parameter tensor as a tensor on `dev`.
+fn weight(dev: &Backend, w: Weights, s: &Span) -> Result<Tensor<f32>> {
+    match (w, dev) {
+        (Weights::Host(p), _) => Tensor::from_slice(dev, &s.shape, &p[s.at.clone()]),
+        (Weights::Device(p), Backend::Cuda(gpu)) => {
+            let mut t = Tensor::zeros(dev, &s.shape)?;
+            gpu.stream.memcpy_dtod(&p.slice(s.at.clone()), t.cuda_mut().expect("on the device")).doing("copying a weight")?;
+            Ok(t)
+        }
+        (Weights::Device(_), Backend::Cpu) => Err(LabError::Invalid("device weights on the CPU backend".into())),
+    }
+}
+
+/// Adds `src[range]` into the gradient of span `s`.
+fn add_grad(dev: &Backend, g: &mut Grads, s: &Span, src: &Tensor<f32>, range: Range<usize>) -> Result<()> {
+    match (g, dev) {
+        (Grads::Host(g), _) => {
+            let src = src.to_vec()?;
+            g[s.at.clone()].iter_mut().zip(&src[range]).for_each(|(a, b)| *a += b);
+            Ok(())
+        }
+        (Grads::Device(g), Backend::Cuda(gpu)) => steps::add_view(gpu, &mut g.slice_mut(s.at.clone()), &src.cuda().expect("on the device").slice(range)),
+        (Grads::Device(_), Backend::Cpu) => Err(LabError::Invalid("device gradients on the CPU backend".into())),
+    }
 }
 
 /// y = x W^T through `ops::linear` (bias-free: a zero bias).
-fn linear_fwd(dev: &Backend, x: &Tensor<f32>, w: &[f32], n: usize) -> Result<Tensor<f32>> {
-    let (m, k) = (x.rows(), x.cols());
-    let wt = Tensor::from_slice(dev, &[n, k], w)?;
+fn linear_fwd(dev: &Backend, x: &Tensor<f32>, w: &Tensor<f32>) -> Result<Tensor<f32>> {
+    let (m, n) = (x.rows(), w.rows());
     let b = Tensor::zeros(dev, &[n])?;
     let (mut z, mut y) = (Tensor::zeros(dev, &[m, n])?, Tensor::zeros(dev, &[m, n])?);
-    linear::forward(dev, x, &wt, &b, &mut z, &mut y, linear::Act::None)?;
+    linear::forward(dev, x, w, &b, &mut z, &mut y, linear::Act::None)?;
     Ok(y)
 }
 
-/// dX of y = x W^T, adding dW into `dw`.
-fn linear_bwd(dev: &Backend, x: &Tensor<f32>, w: &[f32], dy: &Tensor<f32>, dw: &mut [f32]) -> Result<Tensor<f32>> {
+/// dX of y = x W^T, adding dW into the gradient of `s`.
+fn linear_bwd(dev: &Backend, x: &Tensor<f32>, w: &Tensor<f32>, dy: &Tensor<f32>, g: &mut Grads, s: &Span) -> Result<Tensor<f32>> {
     let (m, k, n) = (x.rows(), x.cols(), dy.cols());
-    let wt = Tensor::from_slice(dev, &[n, k], w)?;
     let mut grads = Tensor::zeros(dev, &[m * k + n * k + n])?;
     let mut scratch = linear::BackwardScratch::new(dev, m, n)?;
     // With Act::None the op never reads the pre-activation (its derivative is 1): dY stands in.
-    linear::backward(dev, x, &wt, dy, dy, linear::Act::None, &mut grads, &mut scratch)?;
-    let g = grads.to_vec()?;
-    dw.iter_mut().zip(&g[m * k..m * k + n * k]).for_each(|(a, b)| *a += b);
-    Tensor::from_vec(&[m, k], g[..m * k].to_vec())
-}
-
-fn add(a: &mut Tensor<f32>, b: &Tensor<f32>) {
-    host_mut(a).iter_mut().zip(host(b)).for_each(|(a, b)| *a += b);
-}
-
-fn rms_fwd(dev: &Backend, x: &Tensor<f32>, gamma: &[f32], eps: f32) -> Result<Tensor<f32>> {
-    let g = Tensor::from_slice(dev, &[gamma.len()], gamma)?;
-    let mut y = Tensor::zeros(dev, x.shape())?;
-    rmsnorm::forward(dev, x, &g, &mut y, eps)?;
-    Ok(y)
-}
-
-/// dX of RMSNorm, adding dGamma into `dgamma`.
-fn rms_bwd(dev: &Backend, x: &Tensor<f32>, gamma: &[f32], dy: &Tensor<f32>, dgamma: &mut [f32], eps: f32, fault: Fault) -> Result<Tensor<f32>> {
-    let mut dx = Tensor::zeros(dev, x.shape())?;
-    let mut dg = Tensor::zeros(dev, &[gamma.len()])?;
-    if fault == Fault::RmsNormMeanTerm {
-        rmsnorm::cpu_backward(host(x), gamma, host(dy), host_mut(&mut dx), host_mut(&mut dg), eps, true);
-    } else {
-        rmsnorm::backward(dev, x, &Tensor::from_slice(dev, &[gamma.len()], gamma)?, dy, &mut dx, &mut dg, eps)?;
-    }
-    dgamma.iter_mut().zip(host(&dg)).for_each(|(a, b)| *a += b);
+    linear::backward(dev, x, w, dy, dy, linear::Act::None, &mut grads, &mut scratch)?;
+    add_grad(dev, g, s, &grads, m * k..m * k + n * k)?;
+    let dx = match (dev, grads.buffer()) {
+        (Backend::Cuda(gpu), Buffer::Cuda(all)) => Tensor::from_cuda(&[m, k], gpu.stream.clone_dtod(&all.slice(..m * k)).doing("copying dX")?)?,
+        _ => Tensor::from_vec(&[m, k], grads.to_vec()?[..m * k].to_vec())?,
+    };
     Ok(dx)
 }
 
-/// RoPE on every row of `x` ([tokens, heads x head_dim]), row n at position n mod seq.
-fn rope_rows(c: &Config, x: &mut Tensor<f32>, seq: usize, inverse: bool) {
-    let w = x.cols();
-    host_mut(x).par_chunks_mut(w).enumerate().for_each(|(n, row)| rope(c, n % seq, row, inverse));
+fn rms_fwd(dev: &Backend, x: &Tensor<f32>, gamma: &Tensor<f32>, eps: f32) -> Result<Tensor<f32>> {
+    let mut y = Tensor::zeros(dev, x.shape())?;
+    rmsnorm::forward(dev, x, gamma, &mut y, eps)?;
+    Ok(y)
 }
 
-/// Mean over rows of -log softmax(logits)[target], and its gradient with respect to the logits;
-/// each row's log-sum-exp in f64.
+/// dX of RMSNorm, adding dGamma into the gradient of `s`.
+#[allow(clippy::too_many_arguments)]
+fn rms_bwd(dev: &Backend, x: &Tensor<f32>, gamma: &Tensor<f32>, dy: &Tensor<f32>, g: &mut Grads, s: &Span, eps: f32, fault: Fault) -> Result<Tensor<f32>> {
+    let mut dx = Tensor::zeros(dev, x.shape())?;
+    let mut dg = Tensor::zeros(dev, &[gamma.len()])?;
+    rmsnorm::backward_with(dev, x, gamma, dy, &mut dx, &mut dg, eps, fault == Fault::RmsNormMeanTerm)?;
+    add_grad(dev, g, s, &dg, 0..gamma.len())?;
+    Ok(dx)
+}
+
+/// A copy of `x` in the attention's precision.
+fn to_attn<A: Elem>(dev: &Backend, x: &Tensor<f32>) -> Result<Tensor<A>> {
+    match A::DTYPE {
+        DType::F32 => Tensor::from_vec(x.shape(), x.to_vec()?.into_iter().map(A::from_f32).collect()),
+        DType::Bf16 => cast_tensor(steps::to_bf16(dev, x)?),
+        DType::F16 => Err(LabError::Invalid("the trainer's attention runs in f32 or bf16".into())),
+    }
+}
+
+/// An f32 copy of an attention tensor.
+fn from_attn<A: Elem>(dev: &Backend, x: &Tensor<A>) -> Result<Tensor<f32>> {
+    match (x as &dyn std::any::Any).downcast_ref::<Tensor<bf16>>() {
+        Some(b) => steps::from_bf16(dev, b),
+        None => Tensor::from_vec(x.shape(), x.to_vec()?.into_iter().map(A::to_f32).collect()),
+    }
+}
+
+/// `Tensor<bf16>` as `Tensor<A>` where A is bf16.
+fn cast_tensor<A: Elem>(x: Tensor<bf16>) -> Result<Tensor<A>> {
+    let b: Box<dyn std::any::Any> = Box::new(x);
+    b.downcast::<Tensor<A>>().map(|b| *b).map_err(|_| LabError::Invalid(format!("bf16 is not {}", A::DTYPE.name())))
+}
+
+/// The RoPE angle table on the device (the CPU path computes its angles itself).
+fn rope_table(dev: &Backend, c: &Config, seq: usize) -> Result<Option<CudaSlice<f32>>> {
+    match dev {
+        Backend::Cuda(gpu) => gpu.upload(&steps::rope_table(c, seq).concat()).map(Some),
+        Backend::Cpu => Ok(None),
+    }
+}
+
+/// Mean over rows of -log softmax(logits)[target], and its gradient with respect to the logits
+/// (the CPU path of [`steps::cross_entropy`]).
 pub fn cross_entropy(logits: &[f32], targets: &[u32], vocab: usize) -> (f64, Vec<f32>) {
-    let n = targets.len();
-    let mut grad = vec![0f32; logits.len()];
-    let losses: Vec<f64> = grad
-        .par_chunks_mut(vocab)
-        .zip(logits.par_chunks(vocab).zip(targets))
-        .map(|(g, (l, &t))| {
-            let m = l.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
-            let lse = m + l.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln();
-            for (j, (g, &v)) in g.iter_mut().zip(l).enumerate() {
-                *g = (((v as f64 - lse).exp() - f64::from(j == t as usize)) / n as f64) as f32;
-            }
-            lse - l[t as usize] as f64
-        })
-        .collect();
-    (losses.iter().sum::<f64>() / n as f64, grad)
+    let l = Tensor::from_vec(&[targets.len(), vocab], logits.to_vec()).expect("logits are targets x vocab");
+    let (loss, g) = steps::cross_entropy(&Backend::Cpu, &l, targets).expect("targets inside the vocabulary");
+    (loss, g.to_vec().expect("on the host"))
 }
 
 impl Model {
@@ -267,10 +309,7 @@ impl Model {
         &self.params[s.at.clone()]
     }
 
-    fn check(&self, dev: &Backend, batch: &Batch) -> Result<()> {
-        if let Backend::Cuda(_) = dev {
-            return Err(LabError::Invalid("training runs on the CPU backend only: its embedding, RoPE, SwiGLU and loss have no kernels yet".into()));
-        }
+    fn check(&self, batch: &Batch) -> Result<()> {
         let c = &self.layout.config;
         if batch.seq > c.context {
             return Err(LabError::Invalid(format!("windows of {} tokens are longer than the model's context of {}", batch.seq, c.context)));
@@ -281,51 +320,68 @@ impl Model {
         Ok(())
     }
 
-    fn forward(&self, dev: &Backend, inputs: &[u32], rows: usize, seq: usize) -> Result<Forward> {
+    /// The weights as the backend reads them: on the GPU, one copy of the buffer.
+    fn placed(&self, dev: &Backend) -> Result<Option<CudaSlice<f32>>> {
+        match dev {
+            Backend::Cpu => Ok(None),
+            Backend::Cuda(gpu) => gpu.upload(&self.params).map(Some),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn forward<A: Elem>(&self, dev: &Backend, w: Weights, table: Option<&CudaSlice<f32>>, inputs: &[u32], rows: usize, seq: usize) -> Result<Forward<A>> {
         let (c, lay) = (&self.layout.config, &self.layout);
-        let (n, d, kvd) = (inputs.len(), c.dim, c.kv_dim());
-        let embed = self.get(&lay.embed);
-        let x0: Vec<f32> = inputs.iter().flat_map(|&t| embed[t as usize * d..][..d].to_vec()).collect();
-        let mut x = Tensor::from_vec(&[n, d], x0)?.to(dev)?;
+        let (n, d) = (inputs.len(), c.dim);
+        let mut x = steps::embed(dev, &weight(dev, w, &lay.embed)?, inputs, d)?;
         let mut layers = Vec::with_capacity(c.layers);
         for l in &lay.layers {
-            let h1 = rms_fwd(dev, &x, self.get(&l.attn_norm), c.eps)?;
-            let (mut q, mut k) = (linear_fwd(dev, &h1, self.get(&l.q), d)?, linear_fwd(dev, &h1, self.get(&l.k), kvd)?);
-            let v = linear_fwd(dev, &h1, self.get(&l.v), kvd)?;
-            rope_rows(c, &mut q, seq, false);
-            rope_rows(c, &mut k, seq, false);
-            let (q, k, v) = (q.reshape(&[rows, seq, c.heads, c.head_dim])?, k.reshape(&[rows, seq, c.kv_heads, c.head_dim])?, v.reshape(&[rows, seq, c.kv_heads, c.head_dim])?);
-            let (mut o, mut lse) = (Tensor::zeros(dev, q.shape())?, Tensor::zeros(dev, &[rows, c.heads, seq])?);
+            let h1 = rms_fwd(dev, &x, &weight(dev, w, &l.attn_norm)?, c.eps)?;
+            let (mut q, mut k) = (linear_fwd(dev, &h1, &weight(dev, w, &l.q)?)?, linear_fwd(dev, &h1, &weight(dev, w, &l.k)?)?);
+            let v = linear_fwd(dev, &h1, &weight(dev, w, &l.v)?)?;
+            steps::rope_rows(dev, c, &mut q, seq, false, table)?;
+            steps::rope_rows(dev, c, &mut k, seq, false, table)?;
+            let q: Tensor<A> = to_attn(dev, &q.reshape(&[rows, seq, c.heads, c.head_dim])?)?;
+            let k: Tensor<A> = to_attn(dev, &k.reshape(&[rows, seq, c.kv_heads, c.head_dim])?)?;
+            let v: Tensor<A> = to_attn(dev, &v.reshape(&[rows, seq, c.kv_heads, c.head_dim])?)?;
+            let (mut o, mut lse) = (Tensor::<A>::zeros(dev, q.shape())?, Tensor::zeros(dev, &[rows, c.heads, seq])?);
             attention::forward(dev, &q, &k, &v, CAUSAL, &mut o, &mut lse)?;
-            let att = o.to(dev)?.reshape(&[n, d])?;
-            let mut x_mid = linear_fwd(dev, &att, self.get(&l.o), d)?;
-            add(&mut x_mid, &x);
-            let h2 = rms_fwd(dev, &x_mid, self.get(&l.ffn_norm), c.eps)?;
-            let (g, u) = (linear_fwd(dev, &h2, self.get(&l.gate), c.ffn)?, linear_fwd(dev, &h2, self.get(&l.up), c.ffn)?);
-            let a: Vec<f32> = host(&g).par_iter().zip(host(&u)).map(|(&g, &u)| (silu(g as f64) * u as f64) as f32).collect();
-            let a = Tensor::from_vec(&[n, c.ffn], a)?;
-            let mut x_next = linear_fwd(dev, &a, self.get(&l.down), d)?;
-            add(&mut x_next, &x_mid);
+            let att = from_attn(dev, &o)?.reshape(&[n, d])?;
+            let mut x_mid = linear_fwd(dev, &att, &weight(dev, w, &l.o)?)?;
+            steps::add(dev, &mut x_mid, &x)?;
+            let h2 = rms_fwd(dev, &x_mid, &weight(dev, w, &l.ffn_norm)?, c.eps)?;
+            let (g, u) = (linear_fwd(dev, &h2, &weight(dev, w, &l.gate)?)?, linear_fwd(dev, &h2, &weight(dev, w, &l.up)?)?);
+            let a = steps::swiglu(dev, &g, &u)?;
+            let mut x_next = linear_fwd(dev, &a, &weight(dev, w, &l.down)?)?;
+            steps::add(dev, &mut x_next, &x_mid)?;
             layers.push(Saved { x, h1, q, k, v, o, lse, att, x_mid, h2, g, u, a });
             x = x_next;
         }
-        let h_out = rms_fwd(dev, &x, self.get(&lay.out_norm), c.eps)?;
-        let logits = linear_fwd(dev, &h_out, self.get(lay.head()), c.vocab)?;
+        let h_out = rms_fwd(dev, &x, &weight(dev, w, &lay.out_norm)?, c.eps)?;
+        let logits = linear_fwd(dev, &h_out, &weight(dev, w, lay.head())?)?;
         Ok(Forward { layers, x_out: x, h_out, logits })
     }
 
-    /// The mean next-token loss over the batch.
+    /// The mean next-token loss over the batch (attention in bf16 on the GPU, f32 on the CPU).
     pub fn loss(&self, dev: &Backend, batch: &Batch) -> Result<f64> {
-        self.check(dev, batch)?;
-        let f = self.forward(dev, &batch.inputs(), batch.rows, batch.seq)?;
-        Ok(cross_entropy(host(&f.logits), &batch.targets(), self.layout.config.vocab).0)
+        self.check(batch)?;
+        let placed = self.placed(dev)?;
+        let w = placed.as_ref().map_or(Weights::Host(&self.params), Weights::Device);
+        let table = rope_table(dev, &self.layout.config, batch.seq)?;
+        let logits = match dev {
+            Backend::Cpu => self.forward::<f32>(dev, w, None, &batch.inputs(), batch.rows, batch.seq)?.logits,
+            Backend::Cuda(_) => self.forward::<bf16>(dev, w, table.as_ref(), &batch.inputs(), batch.rows, batch.seq)?.logits,
+        };
+        Ok(steps::cross_entropy(dev, &logits, &batch.targets())?.0)
     }
 
-    /// The logits of every position of one sequence, [tokens x vocab].
+    /// The logits of every position of one sequence, [tokens x vocab], on the CPU.
     pub fn logits(&self, dev: &Backend, tokens: &[u32]) -> Result<Vec<f32>> {
         let batch = Batch { tokens: tokens.to_vec(), rows: 1, seq: tokens.len() };
-        self.check(dev, &batch)?;
-        self.forward(dev, tokens, 1, tokens.len())?.logits.to_vec()
+        self.check(&batch)?;
+        if let Backend::Cuda(_) = dev {
+            return Err(LabError::Invalid("the trainer's logits are read on the CPU backend".into()));
+        }
+        self.forward::<f32>(dev, Weights::Host(&self.params), None, tokens, 1, tokens.len())?.logits.to_vec()
     }
 
     /// The mean next-token loss over the batch, and its gradient written into `grads` (the
@@ -335,49 +391,69 @@ impl Model {
     }
 
     pub(crate) fn loss_and_grads_with(&self, dev: &Backend, batch: &Batch, grads: &mut [f32], fault: Fault) -> Result<f64> {
-        self.check(dev, batch)?;
-        let (c, lay) = (&self.layout.config, &self.layout);
-        if grads.len() != lay.len {
-            return Err(LabError::Invalid(format!("the gradient buffer holds {} values; the model has {}", grads.len(), lay.len)));
+        if grads.len() != self.layout.len {
+            return Err(LabError::Invalid(format!("the gradient buffer holds {} values; the model has {}", grads.len(), self.layout.len)));
         }
-        grads.fill(0.0);
+        match dev {
+            Backend::Cpu => self.loss_and_grads_at::<f32>(dev, Weights::Host(&self.params), Grads::Host(grads), batch, fault),
+            Backend::Cuda(gpu) => {
+                let p = self.placed(dev)?.expect("on the device");
+                let mut g = gpu.stream.alloc_zeros::<f32>(self.layout.len).doing("allocating the gradients")?;
+                let loss = self.loss_and_grads_at::<bf16>(dev, Weights::Device(&p), Grads::Device(&mut g), batch, fault)?;
+                gpu.stream.memcpy_dtoh(&g, grads).doing("reading the gradients")?;
+                Ok(loss)
+            }
+        }
+    }
+
+    /// The loss and its gradient with the attention in precision `A` (bf16 on the GPU, whose
+    /// attention kernels take 16-bit inputs; either on the CPU), added into zeroed `grads`.
+    pub(crate) fn loss_and_grads_at<A: Elem>(&self, dev: &Backend, w: Weights, mut grads: Grads, batch: &Batch, fault: Fault) -> Result<f64> {
+        self.check(batch)?;
+        let (c, lay) = (&self.layout.config, &self.layout);
+        match &mut grads {
+            Grads::Host(g) => g.fill(0.0),
+            Grads::Device(g) => match dev {
+                Backend::Cuda(gpu) => gpu.stream.memset_zeros(&mut **g).doing("zeroing the gradients")?,
+                Backend::Cpu => return Err(LabError::Invalid("device gradients on the CPU backend".into())),
+            },
+        }
         let (inputs, (rows, seq)) = (batch.inputs(), (batch.rows, batch.seq));
-        let (n, d) = (inputs.len(), c.dim);
-        let f = self.forward(dev, &inputs, rows, seq)?;
-        let (loss, dlogits) = cross_entropy(host(&f.logits), &batch.targets(), c.vocab);
-        let dlogits = Tensor::from_vec(&[n, c.vocab], dlogits)?;
-        let g = |s: &Span| s.at.clone();
-        let dh = linear_bwd(dev, &f.h_out, self.get(lay.head()), &dlogits, &mut grads[g(lay.head())])?;
-        let mut dx = rms_bwd(dev, &f.x_out, self.get(&lay.out_norm), &dh, &mut grads[g(&lay.out_norm)], c.eps, fault)?;
+        let n = inputs.len();
+        let table = rope_table(dev, c, seq)?;
+        let table = table.as_ref();
+        let f = self.forward::<A>(dev, w, table, &inputs, rows, seq)?;
+        let (loss, dlogits) = steps::cross_entropy(dev, &f.logits, &batch.targets())?;
+        let g = &mut grads;
+        let dh = linear_bwd(dev, &f.h_out, &weight(dev, w, lay.head())?, &dlogits, g, lay.head())?;
+        let mut dx = rms_bwd(dev, &f.x_out, &weight(dev, w, &lay.out_norm)?, &dh, g, &lay.out_norm, c.eps, fault)?;
         for (l, s) in lay.layers.iter().zip(&f.layers).rev() {
-            let da = linear_bwd(dev, &s.a, self.get(&l.down), &dx, &mut grads[g(&l.down)])?;
-            let (mut dgate, mut dup) = (vec![0f32; n * c.ffn], vec![0f32; n * c.ffn]);
-            dgate.par_iter_mut().zip(dup.par_iter_mut()).zip(host(&da).par_iter().zip(host(&s.g).par_iter().zip(host(&s.u)))).for_each(|((dg, du), (&da, (&gv, &uv)))| {
-                let (gv, sig) = (gv as f64, 1.0 / (1.0 + (-gv as f64).exp()));
-                *dg = (da as f64 * uv as f64 * sig * (1.0 + gv * (1.0 - sig))) as f32;
-                *du = (da as f64 * silu(gv)) as f32;
-            });
-            let (dgate, dup) = (Tensor::from_vec(&[n, c.ffn], dgate)?, Tensor::from_vec(&[n, c.ffn], dup)?);
-            let mut dh2 = linear_bwd(dev, &s.h2, self.get(&l.gate), &dgate, &mut grads[g(&l.gate)])?;
-            add(&mut dh2, &linear_bwd(dev, &s.h2, self.get(&l.up), &dup, &mut grads[g(&l.up)])?);
-            add(&mut dx, &rms_bwd(dev, &s.x_mid, self.get(&l.ffn_norm), &dh2, &mut grads[g(&l.ffn_norm)], c.eps, fault)?);
-            let datt = linear_bwd(dev, &s.att, self.get(&l.o), &dx, &mut grads[g(&l.o)])?;
-            let dout = datt.reshape(s.q.shape())?;
+            let da = linear_bwd(dev, &s.a, &weight(dev, w, &l.down)?, &dx, g, &l.down)?;
+            let (dgate, dup) = steps::swiglu_backward(dev, &da, &s.g, &s.u)?;
+            let mut dh2 = linear_bwd(dev, &s.h2, &weight(dev, w, &l.gate)?, &dgate, g, &l.gate)?;
+            steps::add(dev, &mut dh2, &linear_bwd(dev, &s.h2, &weight(dev, w, &l.up)?, &dup, g, &l.up)?)?;
+            steps::add(dev, &mut dx, &rms_bwd(dev, &s.x_mid, &weight(dev, w, &l.ffn_norm)?, &dh2, g, &l.ffn_norm, c.eps, fault)?)?;
+            let datt = linear_bwd(dev, &s.att, &weight(dev, w, &l.o)?, &dx, g, &l.o)?;
+            let dout: Tensor<A> = to_attn(dev, &datt.reshape(s.q.shape())?)?;
             let mut ag = attn_bwd::Grads::zeros(dev, attention::dims(&s.q, &s.k, &s.v, &s.o, &s.lse)?)?;
             attn_bwd::backward(dev, &attn_bwd::Saved { q: &s.q, k: &s.k, v: &s.v, o: &s.o, lse: &s.lse, dout: &dout }, CAUSAL, &mut ag)?;
-            let (mut dq, mut dk, dv) = (ag.dq.reshape(&[n, d])?, ag.dk.reshape(&[n, c.kv_dim()])?, ag.dv.reshape(&[n, c.kv_dim()])?);
-            rope_rows(c, &mut dq, seq, true);
-            rope_rows(c, &mut dk, seq, true);
-            let mut dh1 = linear_bwd(dev, &s.h1, self.get(&l.q), &dq, &mut grads[g(&l.q)])?;
-            add(&mut dh1, &linear_bwd(dev, &s.h1, self.get(&l.k), &dk, &mut grads[g(&l.k)])?);
-            add(&mut dh1, &linear_bwd(dev, &s.h1, self.get(&l.v), &dv, &mut grads[g(&l.v)])?);
-            add(&mut dx, &rms_bwd(dev, &s.x, self.get(&l.attn_norm), &dh1, &mut grads[g(&l.attn_norm)], c.eps, fault)?);
+            let mut dq = from_attn(dev, &ag.dq)?.reshape(&[n, c.dim])?;
+            let mut dk = from_attn(dev, &ag.dk)?.reshape(&[n, c.kv_dim()])?;
+            let dv = from_attn(dev, &ag.dv)?.reshape(&[n, c.kv_dim()])?;
+            steps::rope_rows(dev, c, &mut dq, seq, true, table)?;
+            steps::rope_rows(dev, c, &mut dk, seq, true, table)?;
+            let mut dh1 = linear_bwd(dev, &s.h1, &weight(dev, w, &l.q)?, &dq, g, &l.q)?;
+            steps::add(dev, &mut dh1, &linear_bwd(dev, &s.h1, &weight(dev, w, &l.k)?, &dk, g, &l.k)?)?;
+            steps::add(dev, &mut dh1, &linear_bwd(dev, &s.h1, &weight(dev, w, &l.v)?, &dv, g, &l.v)?)?;
+            steps::add(dev, &mut dx, &rms_bwd(dev, &s.x, &weight(dev, w, &l.attn_norm)?, &dh1, g, &l.attn_norm, c.eps, fault)?)?;
         }
-        // The embedding's rows gather their tokens' gradients in token order (deterministic).
-        let de = &mut grads[g(&lay.embed)];
-        for (&t, row) in inputs.iter().zip(host(&dx).chunks(d)) {
-            de[t as usize * d..][..d].iter_mut().zip(row).for_each(|(a, b)| *a += b);
-        }
+        // The embedding's rows gather their tokens' gradients (summed per token in position order).
+        let at = lay.embed.at.clone();
+        let de = match g {
+            Grads::Host(h) => steps::CudaOrHost::Host(&mut h[at]),
+            Grads::Device(d) => steps::CudaOrHost::Cuda(d.slice_mut(at)),
+        };
+        steps::embed_backward(dev, &inputs, &dx, de)?;
         Ok(loss)
     }
 }

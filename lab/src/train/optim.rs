@@ -40,7 +40,7 @@ impl State {
 pub fn clip_grad_norm(g: &mut [f32], max: f32) -> f64 {
     let norm = g.iter().map(|&v| v as f64 * v as f64).sum::<f64>().sqrt();
     if norm > max as f64 {
-        let s = (max as f64 / norm) as f32;
+        let s = clip_factor(norm, max);
         g.iter_mut().for_each(|v| *v *= s);
     }
     norm
@@ -59,26 +59,57 @@ impl AdamW {
         (self.min_lr as f64 + (self.lr - self.min_lr) as f64 * cos) as f32
     }
 
-    /// One step on `params` from `grads` (already clipped). `decay[i]` says whether parameter i
-    /// takes weight decay (matrices do, norm weights do not). Returns the learning rate used.
-    pub fn step(&self, params: &mut [f32], grads: &[f32], decay: &[bool], st: &mut State) -> f32 {
+    /// The settings of the next step, advancing the step count: what the host loop below and
+    /// the device kernel (`train::steps::adamw`) both apply. `clip` is the factor the gradients
+    /// are scaled by first (1 when not clipped).
+    pub fn next(&self, st: &mut State, clip: f32) -> AdamStep {
         let lr = self.lr_at(st.step);
         st.step += 1;
         let t = st.step as i32;
         let (bc1, bc2) = (1.0 - (self.beta1 as f64).powi(t), 1.0 - (self.beta2 as f64).powi(t));
-        let step_size = (lr as f64 / bc1) as f32;
-        let bc2_sqrt = bc2.sqrt() as f32;
-        let (b1, b2) = (self.beta1, self.beta2);
+        AdamStep { lr, weight_decay: self.weight_decay, beta1: self.beta1, beta2: self.beta2, eps: self.eps, step_size: (lr as f64 / bc1) as f32, bc2_sqrt: bc2.sqrt() as f32, clip }
+    }
+
+    /// One step on `params` from `grads` (already clipped). `decay[i]` says whether parameter i
+    /// takes weight decay (matrices do, norm weights do not). Returns the learning rate used.
+    pub fn step(&self, params: &mut [f32], grads: &[f32], decay: &[bool], st: &mut State) -> f32 {
+        let a = self.next(st, 1.0);
+        let (b1, b2) = (a.beta1, a.beta2);
         for i in 0..params.len() {
             let g = grads[i];
             if decay[i] {
-                params[i] *= 1.0 - lr * self.weight_decay;
+                params[i] *= 1.0 - a.lr * a.weight_decay;
             }
             st.m[i] = b1 * st.m[i] + (1.0 - b1) * g;
             st.v[i] = b2 * st.v[i] + (1.0 - b2) * g * g;
-            params[i] -= step_size * st.m[i] / (st.v[i].sqrt() / bc2_sqrt + self.eps);
+            params[i] -= a.step_size * st.m[i] / (st.v[i].sqrt() / a.bc2_sqrt + a.eps);
         }
-        lr
+        a.lr
+    }
+}
+
+/// The settings of one AdamW step, derived on the host.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamStep {
+    pub lr: f32,
+    pub weight_decay: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    /// lr / (1 - beta1^t).
+    pub step_size: f32,
+    /// sqrt(1 - beta2^t).
+    pub bc2_sqrt: f32,
+    /// The factor the gradients are scaled by first (1 when not clipped).
+    pub clip: f32,
+}
+
+/// The factor clipping scales gradients of global norm `norm` by (1 when not larger than `max`).
+pub fn clip_factor(norm: f64, max: f32) -> f32 {
+    if norm > max as f64 {
+        (max as f64 / norm) as f32
+    } else {
+        1.0
     }
 }
 

@@ -1,5 +1,5 @@
 //! `lab pipeline`: tokenize a text with SmolLM2's tokenizer, train a small model of SmolLM2's
-//! design on it, evaluate it on a held-out text, write the checkpoint and the GGUF file, read the
+//! design on it (on the GPU or the CPU), evaluate it on a held-out text, write the checkpoint and the GGUF file, read the
 //! GGUF back with the engine's CPU reference, write requantized copies of it, score every file on
 //! the held-out text (`ops::perplexity::score_files`, with llama.cpp beside the lab when asked),
 //! and record it all (experiment `pipeline`).
@@ -40,6 +40,8 @@ pub struct Options {
     /// The matrices' format in the GGUF file.
     pub format: GgmlType,
     pub seed: u64,
+    /// Where training and the held-out evaluation run (the files are scored on the CPU).
+    pub backend: Backend,
     pub progress: bool,
     /// Peers beside the lab: llama.cpp scores the same files, torch trains the same model from the
     /// same weights on the same batches.
@@ -107,7 +109,7 @@ fn evaluate(model: &Model, dev: &Backend, tokens: &[u32], rows: usize, seq: usiz
 
 /// Flops of one training step: 2 per weight per token for each matrix product forward, twice that
 /// backward, and attention's 4 x head_dim per (query, key) pair, three times over.
-fn step_flops(c: &Config, rows: usize, seq: usize) -> u64 {
+pub(crate) fn step_flops(c: &Config, rows: usize, seq: usize) -> u64 {
     let matrices = c.layers * (2 * c.dim * c.dim + 2 * c.kv_dim() * c.dim + 3 * c.ffn * c.dim) + c.vocab * c.dim;
     let pairs = rows * seq * (seq + 1) / 2;
     (3 * (2 * matrices * rows * seq + 4 * c.head_dim * c.heads * pairs * c.layers)) as u64
@@ -118,7 +120,7 @@ pub(crate) fn host_timing(ms: Vec<f64>) -> (TimeSummary, TimingMode) {
 }
 
 pub fn run(o: &Options) -> Result<Summary> {
-    let dev = Backend::Cpu;
+    let dev = o.backend.clone();
     let (p, opt) = plan(&o.plan, o.steps)?;
     if o.peers.contains(&Peer::Transformers) {
         return Err(LabError::Invalid("the pipeline has no transformers peer".into()));
@@ -182,6 +184,7 @@ pub fn run(o: &Options) -> Result<Summary> {
         step_ms.push(ms);
     }
     bar.finish_and_clear();
+    t.to_host()?;
     let losses: Vec<f64> = stats.iter().map(|st| st.loss).collect();
     let total_s = step_ms.iter().sum::<f64>() * 1e-3;
     let tokens_per_s = (opt.steps * p.rows * p.seq) as f64 / total_s.max(1e-9);

@@ -29,12 +29,7 @@ pub(crate) fn tiny(tied: bool) -> Config {
 
 /// A tiny model with weights large enough that every path carries signal, and norm weights away from 1.
 pub(crate) fn random_model(c: &Config, seed: u64) -> Model {
-    let mut m = Model::init(c, 0.3, seed).unwrap();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed + 1);
-    for s in m.layout.spans().into_iter().filter(|s| s.shape.len() == 1).cloned().collect::<Vec<_>>() {
-        m.params[s.at].iter_mut().for_each(|v| *v = rng.random_range(0.5..1.5));
-    }
-    m
+    super::experiment::gate_model(c, seed).unwrap()
 }
 
 pub(crate) fn random_batch(vocab: usize, rows: usize, seq: usize, seed: u64) -> Batch {
@@ -139,4 +134,29 @@ fn resuming_from_a_checkpoint_continues_bit_for_bit() {
     assert!(bits(&lost.model.params) != bits(&straight.model.params), "a lost data position went unnoticed");
     let err = super::Trainer::resume(&path, vec![1; 10]).err().unwrap().to_string();
     assert!(err.contains("trained on a stream of 200 tokens; this one has 10"), "{err}");
+}
+
+/// The GPU path's judge: the reference passes against itself, a path half as far from it as the
+/// f32 attention's passes, and a backward missing RMSNorm's mean term fails.
+#[test]
+fn the_gpu_gradient_judge_passes_bf16_attention_and_catches_a_planted_fault() {
+    use super::model::{Grads, Weights};
+    let c = tiny(true);
+    let m = random_model(&c, 21);
+    let batch = random_batch(c.vocab, 2, 7, 22);
+    let run = |fault: Fault| {
+        let mut g = vec![0f32; m.layout.len];
+        m.loss_and_grads_at::<half::bf16>(&Backend::Cpu, Weights::Host(&m.params), Grads::Host(&mut g), &batch, fault).unwrap();
+        g
+    };
+    let (bf, bad) = (run(Fault::None), run(Fault::RmsNormMeanTerm));
+    let mut f32g = vec![0f32; m.layout.len];
+    m.loss_and_grads(&Backend::Cpu, &batch, &mut f32g).unwrap();
+    let judge = super::experiment::judge_grads;
+    assert_eq!(judge(&m, &bf, &bf, &f32g).mismatches, 0);
+    let near: Vec<f32> = bf.iter().zip(&f32g).map(|(&b, &f)| b + 0.9 * (f - b)).collect();
+    assert_eq!(judge(&m, &near, &bf, &f32g).mismatches, 0);
+    let e = judge(&m, &bad, &bf, &f32g);
+    assert!(e.mismatches > 0, "a backward missing RMSNorm's mean term passed: {e:?}");
+    eprintln!("planted fault: {} of {} tensors, worst fraction {:.1}", e.mismatches, m.layout.spans().len(), e.worst_fraction_of_tolerance);
 }

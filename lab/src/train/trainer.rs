@@ -2,10 +2,14 @@
 //! AdamW. Everything a resume needs is here and in the checkpoint ([`super::checkpoint`]).
 
 use super::data::Stream;
-use super::model::{Batch, Model};
-use super::optim::{clip_grad_norm, AdamW, State};
+use super::model::{Batch, Fault, Grads, Model, Weights};
+use super::optim::{clip_factor, clip_grad_norm, AdamW, State};
+use super::steps::{self, DeviceState};
+use crate::error::Doing;
 use crate::experiment::Backend;
+use crate::gpu::Gpu;
 use crate::{LabError, Result};
+use std::sync::Arc;
 
 pub struct Trainer {
     pub model: Model,
@@ -20,6 +24,10 @@ pub struct Trainer {
     grads: Vec<f32>,
     /// Which parameters take weight decay: matrices, not norm weights.
     decay: Vec<bool>,
+    /// Weights, gradients and moments on the GPU once a step ran there; while it is newer than
+    /// `model` and `state`, [`Trainer::to_host`] must run before they are read or saved.
+    device: Option<(Arc<Gpu>, DeviceState)>,
+    host_stale: bool,
 }
 
 /// What one step measured.
@@ -42,7 +50,7 @@ impl Trainer {
         for s in model.layout.spans().into_iter().filter(|s| s.shape.len() > 1) {
             decay[s.at.clone()].fill(true);
         }
-        Ok(Trainer { model, opt, state, stream, rows, seq, seed, grads: vec![0.0; n], decay })
+        Ok(Trainer { model, opt, state, stream, rows, seq, seed, grads: vec![0.0; n], decay, device: None, host_stale: false })
     }
 
     /// One step on the stream's next batch.
@@ -51,14 +59,68 @@ impl Trainer {
         self.step_on(dev, &batch)
     }
 
-    /// One step on `batch`.
+    /// One step on `batch`. On the GPU the weights, gradients and moments stay on the device
+    /// between steps: the clipping norm and AdamW run there too.
     pub fn step_on(&mut self, dev: &Backend, batch: &Batch) -> Result<StepStats> {
-        let loss = self.model.loss_and_grads(dev, batch, &mut self.grads)?;
-        if !loss.is_finite() {
-            return Err(LabError::Invalid(format!("the loss is {loss} at step {}: training diverged (lower the learning rate)", self.state.step)));
+        let gpu = match dev {
+            Backend::Cpu => {
+                self.leave_device()?;
+                let loss = self.model.loss_and_grads(dev, batch, &mut self.grads)?;
+                finite(loss, self.state.step)?;
+                let grad_norm = clip_grad_norm(&mut self.grads, self.opt.clip);
+                let lr = self.opt.step(&mut self.model.params, &self.grads, &self.decay, &mut self.state);
+                return Ok(StepStats { loss, grad_norm, lr, tokens: batch.rows * batch.seq });
+            }
+            Backend::Cuda(gpu) => gpu,
+        };
+        if self.device.is_none() {
+            let decay: Vec<u8> = self.decay.iter().map(|&d| d as u8).collect();
+            let up = |v: &[f32]| gpu.upload(v);
+            let state = DeviceState { params: up(&self.model.params)?, grads: gpu.stream.alloc_zeros(self.model.layout.len).doing("allocating the gradients")?, m: up(&self.state.m)?, v: up(&self.state.v)?, decay: gpu.upload(&decay)? };
+            self.device = Some((gpu.clone(), state));
         }
-        let grad_norm = clip_grad_norm(&mut self.grads, self.opt.clip);
-        let lr = self.opt.step(&mut self.model.params, &self.grads, &self.decay, &mut self.state);
-        Ok(StepStats { loss, grad_norm, lr, tokens: batch.rows * batch.seq })
+        let (_, d) = self.device.as_mut().expect("placed above");
+        let loss = self.model.loss_and_grads_at::<half::bf16>(dev, Weights::Device(&d.params), Grads::Device(&mut d.grads), batch, Fault::None)?;
+        self.host_stale = true;
+        finite(loss, self.state.step)?;
+        let grad_norm = steps::sum_squares(gpu, &d.grads)?.sqrt();
+        let a = self.opt.next(&mut self.state, clip_factor(grad_norm, self.opt.clip));
+        steps::adamw(gpu, d, &a)?;
+        Ok(StepStats { loss, grad_norm, lr: a.lr, tokens: batch.rows * batch.seq })
     }
+
+
+    /// Copies the weights and moments of GPU steps back into `model` and `state`.
+    pub fn to_host(&mut self) -> Result<()> {
+        if let (Some((gpu, d)), true) = (&self.device, self.host_stale) {
+            let s = &gpu.stream;
+            s.memcpy_dtoh(&d.params, &mut self.model.params).doing("reading the weights")?;
+            s.memcpy_dtoh(&d.m, &mut self.state.m).doing("reading the first moments")?;
+            s.memcpy_dtoh(&d.v, &mut self.state.v).doing("reading the second moments")?;
+            self.host_stale = false;
+        }
+        Ok(())
+    }
+
+    /// Back to the host, the device buffers released.
+    fn leave_device(&mut self) -> Result<()> {
+        self.to_host()?;
+        self.device = None;
+        Ok(())
+    }
+
+    /// An error when GPU steps are newer than `model` and `state`.
+    pub(crate) fn host_current(&self) -> Result<()> {
+        if self.host_stale {
+            return Err(LabError::Invalid("the trainer's weights are on the GPU, newer than its host copy: call Trainer::to_host first".into()));
+        }
+        Ok(())
+    }
+}
+
+fn finite(loss: f64, step: usize) -> Result<()> {
+    if !loss.is_finite() {
+        return Err(LabError::Invalid(format!("the loss is {loss} at step {step}: training diverged (lower the learning rate)")));
+    }
+    Ok(())
 }

@@ -195,8 +195,8 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
-    /// Train a small Llama (SmolLM2's design scaled down, its tokenizer) from scratch on the CPU,
-    /// evaluate it on a held-out text, write its checkpoint and GGUF file and requantized copies
+    /// Train a small Llama (SmolLM2's design scaled down, its tokenizer) from scratch on the GPU
+    /// or the CPU, evaluate it on a held-out text, write its checkpoint and GGUF file and requantized copies
     /// under --out, and score every file on the held-out text; records (experiment `pipeline`)
     /// go to --records.
     Pipeline {
@@ -233,6 +233,9 @@ enum Command {
         /// Seed of the initial weights (default: fresh from the clock; always recorded).
         #[arg(long)]
         seed: Option<u64>,
+        /// Where training and the held-out evaluation run.
+        #[arg(long, value_enum, default_value = "auto")]
+        backend: BackendChoice,
     },
     /// Say which GPU, driver, NVRTC, cuBLAS, MPI and Python/torch this machine has.
     Doctor,
@@ -386,7 +389,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             println!("wrote {} ({}, {:.1} MB, from {:.1} MB)", out.display(), to.name(), size as f64 / 1e6, file.bytes().len() as f64 / 1e6);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Pipeline { quick, plan, peers, out, records, steps, text, held_out, tokenizer, format, seed } => {
+        Command::Pipeline { quick, plan, peers, out, records, steps, text, held_out, tokenizer, format, seed, backend } => {
             let tokenizer = match tokenizer.or_else(|| std::env::var_os("LAB_SMOLLM2_GGUF").map(PathBuf::from)) {
                 Some(t) => t,
                 None => return Err(LabError::Invalid("no tokenizer: pass --tokenizer PATH.gguf or set LAB_SMOLLM2_GGUF".into())),
@@ -397,7 +400,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             };
             let format = lab::weights::gguf_writer::parse_format(&format)?;
             let plan = if quick { "quick".into() } else { plan };
-            let opts = lab::train::pipeline::Options { out, records, plan, steps, text, held_out, tokenizer, format, seed: seed.unwrap_or_else(fresh_seed), progress: true, peers };
+            let opts = lab::train::pipeline::Options { out, records, plan, steps, text, held_out, tokenizer, format, seed: seed.unwrap_or_else(fresh_seed), backend: backend.open()?, progress: true, peers };
             let s = lab::train::pipeline::run(&opts)?;
             println!(
                 "loss {:.3} -> {:.3} over {} steps, {:.0} tokens/s; held-out loss {:.3}",
