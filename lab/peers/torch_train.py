@@ -7,7 +7,9 @@
 #    [steps, rows, seq + 1], "config": the model config (lab::model::llama::Config),
 #    "optimizer": the optimizer's settings (lab::train::optim::AdamW),
 #    "dtype": optional, "float32" (the default, the lab's) or "float64" (the same run in f64: the
-#    trajectory both f32 runs are judged against when they part)}
+#    trajectory both f32 runs are judged against when they part),
+#    "attention": optional, "bfloat16" rounds the attention's inputs and output to bf16 and their
+#    gradients with them, as the lab's GPU path does around its 16-bit attention kernels}
 # Reply (the last line of stdout, JSON):
 #   {"torch", "device", "steps": [{"loss", "lr", "grad_norm", "ms"}, ...]}
 #
@@ -65,7 +67,12 @@ def attention(q, k, v, heads, kv_heads):
     return (p @ v).transpose(1, 2)
 
 
-def loss_of(p, cfg, tokens, cos, sin):
+def bf16_round(t):
+    """t rounded to bf16 and back: forward rounds the value, backward the gradient."""
+    return t.to(torch.bfloat16).to(t.dtype)
+
+
+def loss_of(p, cfg, tokens, cos, sin, attn_bf16=False):
     rows, seq = tokens.shape[0], tokens.shape[1] - 1
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     heads, kv_heads, hd, eps = cfg["heads"], cfg["kv_heads"], cfg["head_dim"], cfg["eps"]
@@ -77,7 +84,12 @@ def loss_of(p, cfg, tokens, cos, sin):
         k = (h @ w("attn_k").T).view(rows, seq, kv_heads, hd)
         v = (h @ w("attn_v").T).view(rows, seq, kv_heads, hd)
         q, k = rope(q, cos, sin, cfg["rope_dims"]), rope(k, cos, sin, cfg["rope_dims"])
-        att = attention(q, k, v, heads, kv_heads).reshape(rows, seq, heads * hd)
+        if attn_bf16:
+            q, k, v = bf16_round(q), bf16_round(k), bf16_round(v)
+        att = attention(q, k, v, heads, kv_heads)
+        if attn_bf16:
+            att = bf16_round(att)
+        att = att.reshape(rows, seq, heads * hd)
         x = x + att @ w("attn_output").T
         h = rms_norm(x, w("ffn_norm"), eps)
         x = x + (F.silu(h @ w("ffn_gate").T) * (h @ w("ffn_up").T)) @ w("ffn_down").T
@@ -126,7 +138,7 @@ def main():
     for tokens in batches:
         start = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = loss_of(p, cfg, tokens, cos, sin)
+        loss = loss_of(p, cfg, tokens, cos, sin, req.get("attention") == "bfloat16")
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(list(p.values()), o["clip"])
         lr = opt.param_groups[0]["lr"]

@@ -363,9 +363,13 @@ impl Model {
 
     /// The mean next-token loss over the batch (attention in bf16 on the GPU, f32 on the CPU).
     pub fn loss(&self, dev: &Backend, batch: &Batch) -> Result<f64> {
-        self.check(batch)?;
         let placed = self.placed(dev)?;
-        let w = placed.as_ref().map_or(Weights::Host(&self.params), Weights::Device);
+        self.loss_with(dev, placed.as_ref().map_or(Weights::Host(&self.params), Weights::Device), batch)
+    }
+
+    /// [`Model::loss`] with the weights read from `w`.
+    pub(crate) fn loss_with(&self, dev: &Backend, w: Weights, batch: &Batch) -> Result<f64> {
+        self.check(batch)?;
         let table = rope_table(dev, &self.layout.config, batch.seq)?;
         let logits = match dev {
             Backend::Cpu => self.forward::<f32>(dev, w, None, &batch.inputs(), batch.rows, batch.seq)?.logits,

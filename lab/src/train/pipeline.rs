@@ -97,11 +97,11 @@ pub struct Summary {
 }
 
 /// Mean loss over the evaluation windows, weighted by their tokens.
-fn evaluate(model: &Model, dev: &Backend, tokens: &[u32], rows: usize, seq: usize, windows: usize) -> Result<(f64, usize)> {
+fn evaluate(t: &Trainer, dev: &Backend, tokens: &[u32], rows: usize, seq: usize, windows: usize) -> Result<(f64, usize)> {
     let batches = eval_batches(tokens, rows, seq, windows)?;
     let (mut sum, mut n) = (0.0, 0);
     for b in &batches {
-        sum += model.loss(dev, b)? * (b.rows * b.seq) as f64;
+        sum += t.loss(dev, b)? * (b.rows * b.seq) as f64;
         n += b.rows * b.seq;
     }
     Ok((sum / n as f64, n))
@@ -152,6 +152,7 @@ pub fn run(o: &Options) -> Result<Summary> {
     let n_params = Layout::new(&config)?.len;
     let mut t = Trainer::new(model, opt.clone(), State::new(n_params), Stream::new(tokens.clone(), p.seq)?, (p.rows, p.seq), o.seed)?;
     if let Some(torch) = &mut torch {
+        torch.attention_bf16 = matches!(dev, Backend::Cuda(_));
         torch.write_inputs(&t)?;
     }
 
@@ -178,6 +179,13 @@ pub fn run(o: &Options) -> Result<Summary> {
         m.time = Some(host_timing(vec![ms]));
         m.extra = json!({"loss": st.loss, "lr": st.lr, "grad_norm": st.grad_norm, "tokens_per_s": tokens_per_s}).as_object().expect("an object").clone();
         s.emit(m)?;
+        // The held-out loss twenty times a run: where the model stops generalising.
+        if (step + 1) % (opt.steps / 20).max(1) == 0 {
+            let (loss, tokens) = evaluate(&t, &dev, &held, p.rows, p.seq, p.eval_windows)?;
+            let mut m = Measurement::new("held_out_step", "lab", &params(json!({"step": step})), Work::default());
+            m.extra = json!({"loss": loss, "tokens": tokens}).as_object().expect("an object").clone();
+            s.emit(m)?;
+        }
         bar.set_message(format!("loss {:.3}, {tokens_per_s:.0} tokens/s", st.loss));
         bar.inc(1);
         stats.push(st);
@@ -194,7 +202,7 @@ pub fn run(o: &Options) -> Result<Summary> {
     m.extra = json!({"first_loss": losses.first(), "last_loss": losses.last(), "tokens_per_s": tokens_per_s, "seconds": total_s}).as_object().expect("an object").clone();
     s.emit(m)?;
 
-    let (held_out_loss, held_tokens) = evaluate(&t.model, &dev, &held, p.rows, p.seq, p.eval_windows)?;
+    let (held_out_loss, held_tokens) = evaluate(&t, &dev, &held, p.rows, p.seq, p.eval_windows)?;
     let mut m = Measurement::new("held_out", "lab", &params(json!({"held_out": o.held_out.display().to_string()})), Work::default());
     m.extra = json!({"loss": held_out_loss, "tokens": held_tokens, "text_tokens": held.len()}).as_object().expect("an object").clone();
     s.emit(m)?;

@@ -30,9 +30,10 @@ pub const LOSS: Tolerance = Tolerance { atol: 0.0, rtol: 0.01 };
 /// The learning rate: one formula on both sides, f32 rounding apart.
 pub const LR: Tolerance = Tolerance { atol: 0.0, rtol: 1e-6 };
 
-/// The precisions torch trains in: f32 as the lab does, and f64, the trajectory exact arithmetic
-/// takes, which tells how far each f32 run has drifted once the two part.
-const DTYPES: [(&str, &str); 2] = [("f32", "float32"), ("f64", "float64")];
+/// The precisions torch trains in (name, torch dtype, attention rounded to bf16): f32 as the lab
+/// does, f64, the trajectory exact arithmetic takes, which tells how far each f32 run has drifted
+/// once they part, and, when the lab's attention ran in bf16, f32 with torch's rounded alike.
+const RUNS: [(&str, &str, bool); 3] = [("f32", "float32", false), ("f64", "float64", false), ("f32_attention_bf16", "float32", true)];
 
 /// What a run reported for one step.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Deserialize)]
@@ -43,11 +44,10 @@ pub struct Step {
     pub ms: f64,
 }
 
-/// The lab's losses against torch's in f32 (the bar) and in f64.
+/// The lab's losses against each torch run (name of [`RUNS`], comparison).
 #[derive(Clone, Debug)]
 pub struct Outcome {
-    pub f32: ErrorStats,
-    pub f64: ErrorStats,
+    pub runs: Vec<(&'static str, ErrorStats)>,
 }
 
 /// The torch run's inputs under the pipeline's output folder, and the request naming them.
@@ -56,6 +56,9 @@ pub struct TorchPeer {
     batches: PathBuf,
     request: Value,
     steps: usize,
+    /// The lab trained with its attention in bf16 (on the GPU): torch then also trains with its
+    /// attention's inputs and output rounded to bf16, and that run is the bar's reference.
+    pub attention_bf16: bool,
 }
 
 fn fail(why: String) -> LabError {
@@ -77,7 +80,7 @@ impl TorchPeer {
             let last = err.lines().last().unwrap_or_default();
             return Err(fail(format!("`{python}` cannot import torch and safetensors ({last}): install them (`pip install torch safetensors`) or point LAB_PYTHON at a Python that has them")));
         }
-        Ok(TorchPeer { init, batches, request: Value::Null, steps: 0 })
+        Ok(TorchPeer { init, batches, request: Value::Null, steps: 0, attention_bf16: false })
     }
 
     /// Writes the trainer's checkpoint at step 0 and the batches of its first steps (its stream
@@ -115,9 +118,15 @@ impl TorchPeer {
         std::fs::write(&script, script_text).map_err(|e| fail(e.to_string()))?;
         let n = self.steps.min(lab.len());
         let mut runs = Vec::new();
-        for (dtype, torch_dtype) in DTYPES {
+        for (dtype, torch_dtype, attention_bf16) in RUNS {
+            if attention_bf16 && !self.attention_bf16 {
+                continue;
+            }
             let mut request = self.request.clone();
             request["dtype"] = torch_dtype.into();
+            if attention_bf16 {
+                request["attention"] = "bfloat16".into();
+            }
             let reply = crate::experiment::peers::call_python("torch", python, &script, &request)?;
             let steps: Vec<Step> = serde_json::from_value(reply["steps"].clone()).map_err(|e| fail(format!("reply's `steps`: {e}")))?;
             let peer = json!({"peer_torch": reply["torch"], "peer_device": reply["device"]}).as_object().expect("an object").clone();
@@ -131,33 +140,46 @@ impl TorchPeer {
             if steps.len() < n {
                 return Err(fail(format!("torch in {dtype} returned {} steps of {n} (a loss of {:?} at its last)", steps.len(), steps.last().map(|s| s.loss))));
             }
-            runs.push((steps, peer));
+            runs.push((dtype, steps, peer));
         }
         let lab: Vec<Step> = lab[..n].iter().map(|s| Step { loss: s.loss, lr: s.lr as f64, grad_norm: s.grad_norm, ms: 0.0 }).collect();
-        let (t32, t64) = (&runs[0].0[..n], &runs[1].0[..n]);
-        let (f32_loss, f32_lr, f32_grad) = judge(&lab, t32);
-        let (f64_loss, _, f64_grad) = judge(&lab, t64);
-        let (torch_loss, _, torch_grad) = judge(t32, t64);
-        let mut failed = None;
-        for (name, provider, against, tol, e, grad) in [
-            ("loss_curve", "lab", "torch f32", LOSS, &f32_loss, &f32_grad),
-            ("lr_schedule", "lab", "torch f32", LR, &f32_lr, &f32_grad),
-            ("loss_curve", "lab", "torch f64", LOSS, &f64_loss, &f64_grad),
-            // torch's own f32 run against exact arithmetic: how far an f32 trajectory drifts.
-            ("loss_curve", "torch", "torch f64", LOSS, &torch_loss, &torch_grad),
-        ] {
-            let mut m = Measurement::new(name, provider, &params(json!({"compared_steps": n, "against": against})), Work::default());
+        let run = |name: &str| runs.iter().find(|r| r.0 == name).map(|r| &r.1[..n]);
+        let (t32, t64) = (run("f32").expect("always run"), run("f64").expect("always run"));
+        // The bar's reference: torch in the lab's own precision.
+        let bar = if self.attention_bf16 { "f32_attention_bf16" } else { "f32" };
+        let mut rows = vec![("loss_curve", "lab", "f32", &lab[..], t32, LOSS), ("lr_schedule", "lab", "f32", &lab[..], t32, LR), ("loss_curve", "lab", "f64", &lab[..], t64, LOSS)];
+        // torch's own f32 run against exact arithmetic: how far an f32 trajectory drifts.
+        rows.push(("loss_curve", "torch", "f64", t32, t64, LOSS));
+        if let Some(tb) = run("f32_attention_bf16") {
+            rows.push(("loss_curve", "lab", "f32_attention_bf16", &lab[..], tb, LOSS));
+            // How far rounding the attention to bf16 alone moves torch's own run.
+            rows.push(("loss_curve", "torch_attention_bf16", "f32", tb, t32, LOSS));
+        }
+        let (mut failed, mut outcome) = (None, Vec::new());
+        for (name, provider, against, a, b, tol) in rows {
+            let (loss, lr, grad) = judge(a, b);
+            let e = if name == "lr_schedule" { lr } else { loss };
+            let mut m = Measurement::new(name, provider, &params(json!({"compared_steps": n, "against": format!("torch {against}")})), Work::default());
             m.tolerance = Some(tol);
             m.error = Some(e.clone());
-            m.extra = json!({"worst_step": e.worst_index, "grad_norm_max_rel": grad.max_rel, "grad_norm_worst_step": grad.worst_index}).as_object().expect("an object").clone();
-            m.extra.extend(runs[0].1.clone());
-            if s.emit(m)?.verdict != Verdict::Pass && provider == "lab" && failed.is_none() {
+            m.extra = json!({"worst_step": e.worst_index, "grad_norm_max_rel": grad.max_rel, "grad_norm_worst_step": grad.worst_index, "bar": provider == "lab" && against == bar})
+                .as_object()
+                .expect("an object")
+                .clone();
+            m.extra.extend(runs[0].2.clone());
+            // The bar: the lab against torch in its own precision, and on the CPU also f64 (the
+            // trajectory exact arithmetic takes).
+            let judged = provider == "lab" && (against == bar || (!self.attention_bf16 && against == "f64") || name == "lr_schedule");
+            if s.emit(m)?.verdict != Verdict::Pass && judged && failed.is_none() {
                 failed = Some((name, against, tol, e.clone()));
+            }
+            if provider == "lab" && name == "loss_curve" {
+                outcome.push((against, e));
             }
         }
         if let Some((name, against, tol, e)) = failed {
             return Err(LabError::Invalid(format!(
-                "{name}: the lab's training is {:.3}% from {against}'s at step {} (lab {:?}, torch {:?}; tolerance {}%)",
+                "{name}: the lab's training is {:.3}% from torch {against}'s at step {} (lab {:?}, torch {:?}; tolerance {}%)",
                 100.0 * e.max_rel,
                 e.worst_index.unwrap_or(0),
                 e.worst_got,
@@ -165,7 +187,7 @@ impl TorchPeer {
                 100.0 * tol.rtol
             )));
         }
-        Ok(Outcome { f32: f32_loss, f64: f64_loss })
+        Ok(Outcome { runs: outcome })
     }
 }
 
@@ -223,18 +245,22 @@ mod tests {
 import json, sys
 req = json.load(sys.stdin)
 steps = req["steps"]
-if req["dtype"] == req["off_in"]:
+if req["dtype"] + req.get("attention", "") == req["off_in"]:
     steps[req["at"]]["loss"] *= req["factor"]
 print("stub: training", file=sys.stderr)
 print(json.dumps({"torch": "0.0-stub", "device": "cpu", "steps": steps}))
 "#;
 
     fn run_stub(factor: f64, off_in: &str) -> (Result<Outcome>, Vec<crate::record::Record>) {
+        run_stub_with(factor, off_in, false)
+    }
+
+    fn run_stub_with(factor: f64, off_in: &str, attention_bf16: bool) -> (Result<Outcome>, Vec<crate::record::Record>) {
         let (lab, torch) = curves();
         let dir = tempfile::tempdir().unwrap();
         let steps: Vec<Value> = torch.iter().map(|t| json!({"loss": t.loss, "lr": t.lr, "grad_norm": t.grad_norm, "ms": t.ms})).collect();
         let request = json!({"steps": steps, "at": 12, "factor": factor, "off_in": off_in});
-        let peer = TorchPeer { init: dir.path().join("i"), batches: dir.path().join("b"), request, steps: 60 };
+        let peer = TorchPeer { init: dir.path().join("i"), batches: dir.path().join("b"), request, steps: 60, attention_bf16 };
         let mut s = Session::new(Backend::Cpu, RunOptions::new(dir.path(), 1)).unwrap();
         s.experiment = "pipeline";
         let got = peer.compare_with(&crate::experiment::peers::python(), STUB, &mut s, &lab, &|v| v, 1);
@@ -249,7 +275,7 @@ print(json.dumps({"torch": "0.0-stub", "device": "cpu", "steps": steps}))
     fn both_torch_runs_are_recorded_beside_the_lab_and_a_far_curve_is_an_error() {
         let (got, records) = run_stub(1.0, "float32");
         let out = got.unwrap_or_else(|e| panic!("{e}"));
-        assert!(out.f32.passed() && out.f64.passed());
+        assert!(out.runs.len() == 2 && out.runs.iter().all(|(_, e)| e.passed()), "{out:?}");
         for dtype in ["f32", "f64"] {
             let n = records.iter().filter(|r| r.variant == "train_step" && r.provider == "torch" && r.params["dtype"] == dtype).count();
             assert_eq!(n, 60, "{dtype}");
@@ -270,5 +296,31 @@ print(json.dumps({"torch": "0.0-stub", "device": "cpu", "steps": steps}))
         let (got, records) = run_stub(1.02, "float64");
         assert!(got.err().map(|e| e.to_string()).unwrap_or_default().contains("torch f64's at step 12"));
         assert_eq!(verdicts(&records), want([pass, pass, Verdict::Fail, Verdict::Fail]));
+    }
+
+    /// With the lab's attention in bf16, torch trains a third time rounding its attention alike;
+    /// that run is the bar: the lab apart from plain f32 and f64 is recorded but is no error, the
+    /// lab apart from the bf16-attention run is.
+    #[test]
+    fn with_bf16_attention_the_bar_is_torch_rounded_alike() {
+        let (got, records) = run_stub_with(1.02, "float32", true);
+        let out = got.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(out.runs.len(), 3);
+        let fail = Verdict::Fail;
+        let want: Vec<(String, String, Verdict)> = [
+            ("loss_curve", "lab vs torch f32", fail),
+            ("lr_schedule", "lab vs torch f32", Verdict::Pass),
+            ("loss_curve", "lab vs torch f64", Verdict::Pass),
+            ("loss_curve", "torch vs torch f64", fail),
+            ("loss_curve", "lab vs torch f32_attention_bf16", Verdict::Pass),
+            ("loss_curve", "torch_attention_bf16 vs torch f32", fail),
+        ]
+        .iter()
+        .map(|(a, b, v)| (a.to_string(), b.to_string(), *v))
+        .collect();
+        assert_eq!(verdicts(&records), want);
+        let (got, _) = run_stub_with(1.02, "float32bfloat16", true);
+        let e = got.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.contains("torch f32_attention_bf16's at step 12"), "{e}");
     }
 }

@@ -90,6 +90,17 @@ impl Trainer {
     }
 
 
+    /// The model's loss on `batch` at its current weights (on the GPU, those on the device).
+    pub fn loss(&self, dev: &Backend, batch: &Batch) -> Result<f64> {
+        match (&self.device, dev) {
+            (Some((_, d)), Backend::Cuda(_)) => self.model.loss_with(dev, Weights::Device(&d.params), batch),
+            _ => {
+                self.host_current()?;
+                self.model.loss(dev, batch)
+            }
+        }
+    }
+
     /// Copies the weights and moments of GPU steps back into `model` and `state`.
     pub fn to_host(&mut self) -> Result<()> {
         if let (Some((gpu, d)), true) = (&self.device, self.host_stale) {

@@ -412,7 +412,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             );
             if let Some(t) = &s.torch {
                 let n = s.losses.len().min(lab::train::torch_ref::COMPARED_STEPS);
-                for (dtype, e) in [("f32", &t.f32), ("f64", &t.f64)] {
+                for (dtype, e) in &t.runs {
                     println!("loss within {:.4}% of torch {dtype}'s over the first {n} steps (worst at step {})", 100.0 * e.max_rel, e.worst_index.unwrap_or(0));
                 }
             }
