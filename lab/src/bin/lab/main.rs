@@ -204,7 +204,7 @@ enum Command {
         #[arg(long, conflicts_with = "plan")]
         quick: bool,
         /// quick: 2 layers of width 64, 40 steps (tests, a first look); cpu: 2 of 128, 100 steps
-        /// (minutes on a CPU); full: 6 of 256, 2000 steps.
+        /// (minutes on a CPU); full: 6 of 256, 200 steps (a GPU host).
         #[arg(long, default_value = "full")]
         plan: String,
         /// Peers beside the lab: llama-cpp scores the same files (LAB_LLAMA_CPP); torch trains the
