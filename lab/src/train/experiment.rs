@@ -146,7 +146,7 @@ impl Experiment for Train {
             Backend::Cuda(gpu) => gpu.clone(),
         };
         let mut want = vec![0f32; m.layout.len];
-        let want_loss = m.loss_and_grads_at::<half::bf16>(&Backend::Cpu, Weights::Host(&m.params), Grads::Host(&mut want), &batch, Fault::None)?;
+        let want_loss = m.loss_and_grads_at::<half::bf16>(&Backend::Cpu, Weights::Host(&m.params), Grads::Host(&mut want), &batch, Fault::None)?.value(&Backend::Cpu)?;
         let mut got = vec![0f32; m.layout.len];
         let got_loss = m.loss_and_grads(&dev, &batch, &mut got)?;
         let mut r = Measurement::new("loss", "lab", &params, Work::default());

@@ -7,7 +7,8 @@
 //! - [`reference`]: the same loss in f64 end to end, the oracle of the gradient check.
 //! - [`optim`]: AdamW, gradient clipping, the learning-rate schedule.
 //! - [`data`]: token files, the training stream, evaluation windows.
-//! - [`trainer`] and [`checkpoint`]: the loop's state, its step, and saving and resuming it.
+//! - [`trainer`] and [`checkpoint`]: the loop's state, its step, and saving and resuming it;
+//!   [`parallel`]: the step data-parallel over a group of ranks (GPUs, or threads on the CPU).
 //! - [`export`]: the model as GGUF; [`pipeline`]: `lab pipeline`, all of it end to end.
 //! - [`torch_ref`]: the same training in PyTorch, whose loss curve the lab's must match.
 
@@ -17,6 +18,7 @@ pub mod experiment;
 pub mod export;
 pub mod model;
 pub mod optim;
+pub mod parallel;
 pub mod pipeline;
 pub mod reference;
 pub mod steps;

@@ -279,14 +279,6 @@ fn rope_table(dev: &Backend, c: &Config, seq: usize) -> Result<Option<CudaSlice<
     }
 }
 
-/// Mean over rows of -log softmax(logits)[target], and its gradient with respect to the logits
-/// (the CPU path of [`steps::cross_entropy`]).
-pub fn cross_entropy(logits: &[f32], targets: &[u32], vocab: usize) -> (f64, Vec<f32>) {
-    let l = Tensor::from_vec(&[targets.len(), vocab], logits.to_vec()).expect("logits are targets x vocab");
-    let (loss, g) = steps::cross_entropy(&Backend::Cpu, &l, targets).expect("targets inside the vocabulary");
-    (loss, g.to_vec().expect("on the host"))
-}
-
 impl Model {
     /// Matrices drawn from N(0, std^2) (SmolLM2 uses 0.02), norm weights 1.
     pub fn init(config: &Config, std: f32, seed: u64) -> Result<Self> {
@@ -375,7 +367,7 @@ impl Model {
             Backend::Cpu => self.forward::<f32>(dev, w, None, &batch.inputs(), batch.rows, batch.seq)?.logits,
             Backend::Cuda(_) => self.forward::<bf16>(dev, w, table.as_ref(), &batch.inputs(), batch.rows, batch.seq)?.logits,
         };
-        Ok(steps::cross_entropy(dev, &logits, &batch.targets())?.0)
+        steps::cross_entropy(dev, &logits, &batch.targets())?.0.value(dev)
     }
 
     /// The logits of every position of one sequence, [tokens x vocab], on the CPU.
@@ -399,11 +391,11 @@ impl Model {
             return Err(LabError::Invalid(format!("the gradient buffer holds {} values; the model has {}", grads.len(), self.layout.len)));
         }
         match dev {
-            Backend::Cpu => self.loss_and_grads_at::<f32>(dev, Weights::Host(&self.params), Grads::Host(grads), batch, fault),
+            Backend::Cpu => self.loss_and_grads_at::<f32>(dev, Weights::Host(&self.params), Grads::Host(grads), batch, fault)?.value(dev),
             Backend::Cuda(gpu) => {
                 let p = self.placed(dev)?.expect("on the device");
                 let mut g = gpu.stream.alloc_zeros::<f32>(self.layout.len).doing("allocating the gradients")?;
-                let loss = self.loss_and_grads_at::<bf16>(dev, Weights::Device(&p), Grads::Device(&mut g), batch, fault)?;
+                let loss = self.loss_and_grads_at::<bf16>(dev, Weights::Device(&p), Grads::Device(&mut g), batch, fault)?.value(dev)?;
                 gpu.stream.memcpy_dtoh(&g, grads).doing("reading the gradients")?;
                 Ok(loss)
             }
@@ -411,8 +403,9 @@ impl Model {
     }
 
     /// The loss and its gradient with the attention in precision `A` (bf16 on the GPU, whose
-    /// attention kernels take 16-bit inputs; either on the CPU), added into zeroed `grads`.
-    pub(crate) fn loss_and_grads_at<A: Elem>(&self, dev: &Backend, w: Weights, mut grads: Grads, batch: &Batch, fault: Fault) -> Result<f64> {
+    /// attention kernels take 16-bit inputs; either on the CPU), added into zeroed `grads`. On
+    /// the GPU the loss is left on the device, the work queued.
+    pub(crate) fn loss_and_grads_at<A: Elem>(&self, dev: &Backend, w: Weights, mut grads: Grads, batch: &Batch, fault: Fault) -> Result<steps::Loss> {
         self.check(batch)?;
         let (c, lay) = (&self.layout.config, &self.layout);
         match &mut grads {

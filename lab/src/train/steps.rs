@@ -209,9 +209,26 @@ pub fn swiglu_backward(dev: &Backend, da: &Tensor<f32>, g: &Tensor<f32>, u: &Ten
     }
 }
 
+/// A mean loss, or the row losses it is the mean of still on the device: read them only once
+/// every GPU of a group has its work queued, and the GPUs run side by side.
+pub enum Loss {
+    Ready(f64),
+    Pending { rows: CudaSlice<f64>, n: usize },
+}
+
+impl Loss {
+    pub fn value(self, dev: &Backend) -> Result<f64> {
+        match (self, dev) {
+            (Loss::Ready(v), _) => Ok(v),
+            (Loss::Pending { rows, n }, Backend::Cuda(gpu)) => Ok(gpu.stream.clone_dtoh(&rows).doing("reading the row losses")?[..n].iter().sum::<f64>() / n as f64),
+            (Loss::Pending { .. }, Backend::Cpu) => Err(LabError::Invalid("a device loss read on the CPU backend".into())),
+        }
+    }
+}
+
 /// Mean over rows of -log softmax(logits)[target], and its gradient with respect to the logits;
 /// each row's log-sum-exp in f64 (on the GPU: the max in f32, the sum of exponentials in f64).
-pub fn cross_entropy(dev: &Backend, logits: &Tensor<f32>, targets: &[u32]) -> Result<(f64, Tensor<f32>)> {
+pub fn cross_entropy(dev: &Backend, logits: &Tensor<f32>, targets: &[u32]) -> Result<(Loss, Tensor<f32>)> {
     let (n, vocab) = (logits.rows(), logits.cols());
     if targets.len() != n {
         return Err(LabError::shape("cross entropy", format!("{} targets for {n} rows of logits", targets.len())));
@@ -234,7 +251,7 @@ pub fn cross_entropy(dev: &Backend, logits: &Tensor<f32>, targets: &[u32]) -> Re
                     lse - l[t as usize] as f64
                 })
                 .collect();
-            Ok((losses.iter().sum::<f64>() / n as f64, Tensor::from_vec(logits.shape(), grad)?))
+            Ok((Loss::Ready(losses.iter().sum::<f64>() / n as f64), Tensor::from_vec(logits.shape(), grad)?))
         }
         Backend::Cuda(gpu) => {
             let mut dl = Tensor::zeros(dev, logits.shape())?;
@@ -247,8 +264,7 @@ pub fn cross_entropy(dev: &Backend, logits: &Tensor<f32>, targets: &[u32]) -> Re
                 unsafe { gpu.stream.launch_builder(&kernel(gpu, "cross_entropy")?).arg(dev_of(logits)).arg(&ids).arg(dev_mut(&mut dl)).arg(&mut loss).arg(&vi).arg(&inv).launch(cfg) }
                     .doing("launching train_cross_entropy")?;
             }
-            let rows = gpu.stream.clone_dtoh(&loss).doing("reading the row losses")?;
-            Ok((rows[..n].iter().sum::<f64>() / n as f64, dl))
+            Ok((Loss::Pending { rows: loss, n }, dl))
         }
     }
 }

@@ -160,3 +160,32 @@ fn the_gpu_gradient_judge_passes_bf16_attention_and_catches_a_planted_fault() {
     assert!(e.mismatches > 0, "a backward missing RMSNorm's mean term passed: {e:?}");
     eprintln!("planted fault: {} of {} tensors, worst fraction {:.1}", e.mismatches, m.layout.spans().len(), e.worst_fraction_of_tolerance);
 }
+
+/// Two and three ranks (threads of the CPU backend) each taking their rows of the batch, the
+/// gradients summed by the lab's ring: the same training as one rank on the whole batch, to the
+/// order of f32 sums; and a batch that does not split is refused.
+#[test]
+fn data_parallel_training_follows_one_rank() {
+    use super::parallel::Parallel;
+    use crate::collective::group::Group;
+    let steps = 6;
+    let mut single = trainer(5, steps);
+    single.rows = 6;
+    let want: Vec<f64> = (0..steps).map(|_| single.step(&Backend::Cpu).unwrap().loss).collect();
+    for n in [2, 3] {
+        let mut t = trainer(5, steps);
+        t.rows = 6;
+        let mut p = Parallel::new(Group::host(n).unwrap(), t).unwrap();
+        let got: Vec<f64> = (0..steps).map(|_| p.step().unwrap().loss).collect();
+        for (s, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!((g - w).abs() <= 1e-5 * w, "{n} ranks, step {s}: loss {g} vs {w}");
+        }
+        for (r, t) in p.ranks.iter().enumerate() {
+            let e = compare(&t.model.params.iter().map(|&v| v as f64).collect::<Vec<_>>(), &single.model.params.iter().map(|&v| v as f64).collect::<Vec<_>>(), Tolerance { atol: 1e-6, rtol: 1e-4 }, "one rank");
+            assert!(e.passed(), "{n} ranks, rank {r}: {e:?}");
+        }
+    }
+    let mut t = trainer(5, steps);
+    t.rows = 5;
+    assert!(Parallel::new(Group::host(2).unwrap(), t).err().unwrap().to_string().contains("do not split over 2 ranks"));
+}

@@ -3,11 +3,12 @@
 
 use super::data::Stream;
 use super::model::{Batch, Fault, Grads, Model, Weights};
-use super::optim::{clip_factor, clip_grad_norm, AdamW, State};
-use super::steps::{self, DeviceState};
+use super::optim::{clip_factor, AdamW, State};
+use super::steps::{self, DeviceState, Loss};
 use crate::error::Doing;
 use crate::experiment::Backend;
 use crate::gpu::Gpu;
+use crate::tensor::{Buffer, Tensor};
 use crate::{LabError, Result};
 use std::sync::Arc;
 
@@ -62,14 +63,18 @@ impl Trainer {
     /// One step on `batch`. On the GPU the weights, gradients and moments stay on the device
     /// between steps: the clipping norm and AdamW run there too.
     pub fn step_on(&mut self, dev: &Backend, batch: &Batch) -> Result<StepStats> {
+        let loss = self.gradients(dev, batch)?.value(dev)?;
+        let norm = self.grad_norm(dev)?;
+        self.apply(dev, loss, norm, 1)
+    }
+
+    /// The loss on `batch` and its gradient, left in the trainer's gradient buffer (on the GPU,
+    /// the device's, with the loss still on the device).
+    pub(crate) fn gradients(&mut self, dev: &Backend, batch: &Batch) -> Result<Loss> {
         let gpu = match dev {
             Backend::Cpu => {
                 self.leave_device()?;
-                let loss = self.model.loss_and_grads(dev, batch, &mut self.grads)?;
-                finite(loss, self.state.step)?;
-                let grad_norm = clip_grad_norm(&mut self.grads, self.opt.clip);
-                let lr = self.opt.step(&mut self.model.params, &self.grads, &self.decay, &mut self.state);
-                return Ok(StepStats { loss, grad_norm, lr, tokens: batch.rows * batch.seq });
+                return self.model.loss_and_grads(dev, batch, &mut self.grads).map(Loss::Ready);
             }
             Backend::Cuda(gpu) => gpu,
         };
@@ -80,15 +85,65 @@ impl Trainer {
             self.device = Some((gpu.clone(), state));
         }
         let (_, d) = self.device.as_mut().expect("placed above");
-        let loss = self.model.loss_and_grads_at::<half::bf16>(dev, Weights::Device(&d.params), Grads::Device(&mut d.grads), batch, Fault::None)?;
         self.host_stale = true;
-        finite(loss, self.state.step)?;
-        let grad_norm = steps::sum_squares(gpu, &d.grads)?.sqrt();
-        let a = self.opt.next(&mut self.state, clip_factor(grad_norm, self.opt.clip));
-        steps::adamw(gpu, d, &a)?;
-        Ok(StepStats { loss, grad_norm, lr: a.lr, tokens: batch.rows * batch.seq })
+        self.model.loss_and_grads_at::<half::bf16>(dev, Weights::Device(&d.params), Grads::Device(&mut d.grads), batch, Fault::None)
     }
 
+    /// The global norm of the gradient buffer.
+    pub(crate) fn grad_norm(&self, dev: &Backend) -> Result<f64> {
+        match (dev, &self.device) {
+            (Backend::Cuda(gpu), Some((_, d))) => Ok(steps::sum_squares(gpu, &d.grads)?.sqrt()),
+            _ => Ok(self.grads.iter().map(|&v| v as f64 * v as f64).sum::<f64>().sqrt()),
+        }
+    }
+
+    /// AdamW from the gradient buffer divided by `ranks` (a data-parallel sum; 1 otherwise),
+    /// clipped to the optimizer's norm given the buffer's own `norm`.
+    pub(crate) fn apply(&mut self, dev: &Backend, loss: f64, norm: f64, ranks: usize) -> Result<StepStats> {
+        finite(loss, self.state.step)?;
+        let grad_norm = norm / ranks as f64;
+        let clip = clip_factor(grad_norm, self.opt.clip) / ranks as f32;
+        let tokens = self.rows * self.seq;
+        match (dev, &mut self.device) {
+            (Backend::Cuda(gpu), Some((_, d))) => {
+                let a = self.opt.next(&mut self.state, clip);
+                steps::adamw(gpu, d, &a)?;
+                Ok(StepStats { loss, grad_norm, lr: a.lr, tokens })
+            }
+            _ => {
+                if clip != 1.0 {
+                    self.grads.iter_mut().for_each(|v| *v *= clip);
+                }
+                let lr = self.opt.step(&mut self.model.params, &self.grads, &self.decay, &mut self.state);
+                Ok(StepStats { loss, grad_norm, lr, tokens })
+            }
+        }
+    }
+
+    /// A copy of this trainer at its current state, its device buffers not yet placed.
+    pub(crate) fn replica(&self) -> Result<Trainer> {
+        self.host_current()?;
+        Trainer::new(self.model.clone(), self.opt.clone(), self.state.clone(), self.stream.clone(), (self.rows, self.seq), self.seed)
+    }
+
+    /// The gradient buffer as a tensor (for a group's all-reduce), and back.
+    pub(crate) fn take_grads(&mut self) -> Result<Tensor<f32>> {
+        match &mut self.device {
+            Some((gpu, d)) => {
+                let empty = gpu.stream.alloc_zeros(0).doing("allocating")?;
+                Tensor::from_cuda(&[d.grads.len()], std::mem::replace(&mut d.grads, empty))
+            }
+            None => Tensor::from_vec(&[self.grads.len()], std::mem::take(&mut self.grads)),
+        }
+    }
+
+    pub(crate) fn put_grads(&mut self, mut g: Tensor<f32>) {
+        match (&mut self.device, g.buffer_mut()) {
+            (Some((_, d)), Buffer::Cuda(b)) => std::mem::swap(&mut d.grads, b),
+            (_, Buffer::Host(v)) => self.grads = std::mem::take(v),
+            _ => unreachable!("gradients come back where they were taken from"),
+        }
+    }
 
     /// The model's loss on `batch` at its current weights (on the GPU, those on the device).
     pub fn loss(&self, dev: &Backend, batch: &Batch) -> Result<f64> {

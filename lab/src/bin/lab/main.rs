@@ -236,6 +236,10 @@ enum Command {
         /// Where training and the held-out evaluation run.
         #[arg(long, value_enum, default_value = "auto")]
         backend: BackendChoice,
+        /// Data-parallel ranks: GPUs 0..N, or N threads on the CPU backend (the batch's rows
+        /// split evenly).
+        #[arg(long, default_value_t = 1)]
+        ranks: usize,
     },
     /// Say which GPU, driver, NVRTC, cuBLAS, MPI and Python/torch this machine has.
     Doctor,
@@ -389,7 +393,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             println!("wrote {} ({}, {:.1} MB, from {:.1} MB)", out.display(), to.name(), size as f64 / 1e6, file.bytes().len() as f64 / 1e6);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Pipeline { quick, plan, peers, out, records, steps, text, held_out, tokenizer, format, seed, backend } => {
+        Command::Pipeline { quick, plan, peers, out, records, steps, text, held_out, tokenizer, format, seed, backend, ranks } => {
             let tokenizer = match tokenizer.or_else(|| std::env::var_os("LAB_SMOLLM2_GGUF").map(PathBuf::from)) {
                 Some(t) => t,
                 None => return Err(LabError::Invalid("no tokenizer: pass --tokenizer PATH.gguf or set LAB_SMOLLM2_GGUF".into())),
@@ -400,7 +404,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             };
             let format = lab::weights::gguf_writer::parse_format(&format)?;
             let plan = if quick { "quick".into() } else { plan };
-            let opts = lab::train::pipeline::Options { out, records, plan, steps, text, held_out, tokenizer, format, seed: seed.unwrap_or_else(fresh_seed), backend: backend.open()?, progress: true, peers };
+            let opts = lab::train::pipeline::Options { out, records, plan, steps, text, held_out, tokenizer, format, seed: seed.unwrap_or_else(fresh_seed), backend: backend.open()?, ranks, progress: true, peers };
             let s = lab::train::pipeline::run(&opts)?;
             println!(
                 "loss {:.3} -> {:.3} over {} steps, {:.0} tokens/s; held-out loss {:.3}",
