@@ -4,12 +4,15 @@
 //! step. The global batch is the single trainer's, so the run follows one rank's training on the
 //! whole batch up to the order of f32 sums.
 //!
-//! On GPUs every rank's forward and backward is queued before any loss is read, so the GPUs work
-//! side by side; the buckets are summed after the backward pass (no overlap with it).
+//! On GPUs each rank's forward and backward is queued by its own host thread before any loss is
+//! read, so the GPUs work side by side; the buckets are summed after the backward pass (no
+//! overlap with it).
 
 use super::model::Batch;
+use super::steps::Loss;
 use super::trainer::{StepStats, Trainer};
 use crate::collective::group::Group;
+use crate::experiment::Backend;
 use crate::{LabError, Result};
 
 /// Gradient elements per bucket: 4 Mi f32 (16 MiB), one all-reduce each.
@@ -51,11 +54,18 @@ impl Parallel {
             return Err(LabError::Invalid(format!("a batch of {} rows does not split over {n} ranks", batch.rows)));
         }
         let window = batch.seq + 1;
-        let mut losses = Vec::with_capacity(n);
-        for (r, (t, dev)) in self.ranks.iter_mut().zip(&self.group.devs).enumerate() {
-            let part = Batch::new(batch.tokens[r * share * window..(r + 1) * share * window].to_vec(), share, batch.seq)?;
-            losses.push(t.gradients(dev, &part)?);
-        }
+        let parts = (0..n).map(|r| Batch::new(batch.tokens[r * share * window..(r + 1) * share * window].to_vec(), share, batch.seq)).collect::<Result<Vec<_>>>()?;
+        // GPUs: a host thread per rank queues its work (one thread issuing every rank's hundreds
+        // of launches kept the GPUs waiting). The CPU backend's ranks run one after another, each
+        // on every core.
+        let losses: Vec<Loss> = if matches!(self.group.devs[0], Backend::Cuda(_)) && n > 1 {
+            std::thread::scope(|sc| {
+                let handles: Vec<_> = self.ranks.iter_mut().zip(&self.group.devs).zip(&parts).map(|((t, dev), part)| sc.spawn(move || t.gradients(dev, part))).collect();
+                handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(LabError::Invalid("a rank's thread panicked".into())))).collect::<Result<Vec<_>>>()
+            })?
+        } else {
+            self.ranks.iter_mut().zip(&self.group.devs).zip(&parts).map(|((t, dev), part)| t.gradients(dev, part)).collect::<Result<Vec<_>>>()?
+        };
         let mut grads = self.ranks.iter_mut().map(Trainer::take_grads).collect::<Result<Vec<_>>>()?;
         let len = grads[0].len();
         let summed = (0..len).step_by(BUCKET).try_for_each(|at| self.group.all_reduce_queued(&mut grads, at..(at + BUCKET).min(len)));
