@@ -7,6 +7,7 @@
 //! older runs said (`scripts/gpu-test-pass.sh` makes both runs).
 
 use super::safety::{status, EXPERIMENT as SANITIZE};
+use crate::train::torch_ref::compares_runs;
 use crate::record::{Record, Verdict};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -64,8 +65,10 @@ pub fn families(records: &[Record], hashes: &BTreeMap<String, String>) -> Vec<Fa
             Some(run) => format!("none at this source (changed since run {run})"),
             None => format!("no {what} records this source"),
         };
-        // A peer's figure says nothing about the lab's kernels: only the lab's own are counted.
-        let lab: Vec<&Record> = gpu.iter().copied().filter(|r| r.provider == "lab" || r.experiment == SANITIZE).collect();
+        // A peer's figure says nothing about the lab's kernels: only the lab's own are counted;
+        // nor does a comparison of two training runs' curves, which judges the training's
+        // sensitivity to rounding as much as any kernel.
+        let lab: Vec<&Record> = gpu.iter().copied().filter(|r| (r.provider == "lab" && !compares_runs(r)) || r.experiment == SANITIZE).collect();
         let (recs, runs) = newest(&lab, name, hash, false, |r| (r.experiment.clone(), r.variant.clone(), r.params.to_string()));
         let (checks, checked) = if recs.is_empty() {
             (never("GPU run"), false)
@@ -168,6 +171,11 @@ mod tests {
         peer.provider = "torch".into();
         again.push(peer);
         assert_eq!(families(&again, &now)[0].checks, "2 of 2 passed in runs r2, r5");
+        assert!(families(&again, &now)[0].verified);
+        // Nor does a training run's loss curve apart from torch's: it judges the trajectory.
+        let mut curve = record("r6", "pipeline", "bbbb", Verdict::Fail, None);
+        curve.variant = "loss_curve".into();
+        again.push(curve);
         assert!(families(&again, &now)[0].verified);
         // A dirty build or a CPU run says nothing about the committed kernels.
         let mut dirty = old.clone();

@@ -22,6 +22,12 @@ use std::path::{Path, PathBuf};
 
 const SCRIPT: &str = include_str!("../../peers/torch_train.py");
 
+/// Whether a record compares two training runs (the lab's curve against torch's): it judges a
+/// trajectory, not a kernel's output, and the report's verification of kernels leaves it out.
+pub fn compares_runs(r: &crate::record::Record) -> bool {
+    r.experiment == "pipeline" && matches!(r.variant.as_str(), "loss_curve" | "lr_schedule")
+}
+
 /// Steps compared (and trained by torch): the first 200, or all of a shorter run.
 pub const COMPARED_STEPS: usize = 200;
 /// The lab's loss against torch's: f32 sums in another order drift apart as training goes on,
