@@ -144,7 +144,8 @@ fn exported_symbols_are_the_ones_the_launchers_use() {
         let gelu_kernels = ["unfused_add", "unfused_gelu_tanh", "unfused_gelu_erf", "fused_tanh", "fused_erf", "fused_tanh_sigmoid"];
         assert_eq!(ptx("bias_gelu"), expect("bias_gelu", &gelu_kernels, &all), "bias_gelu for compute_{target}");
         assert_eq!(ptx("layernorm"), gpu_symbols("layernorm", lab::ops::layernorm::VARIANTS), "layernorm for compute_{target}");
-        assert_eq!(ptx("rmsnorm"), gpu_symbols("rmsnorm", lab::ops::rmsnorm::VARIANTS), "rmsnorm for compute_{target}");
+        let rmsnorm: BTreeSet<String> = gpu_symbols("rmsnorm", lab::ops::rmsnorm::VARIANTS).into_iter().chain(expect("rmsnorm", &lab::ops::rmsnorm::BACKWARD_KERNELS, &[DType::F32])).collect();
+        assert_eq!(ptx("rmsnorm"), rmsnorm, "rmsnorm for compute_{target}");
         let linear = ["bias_act_none", "bias_act_relu", "bias_act_gelu", "act_backward_none", "act_backward_relu", "act_backward_gelu", "bias_grad_partial", "bias_grad_final"];
         assert_eq!(ptx("linear"), expect("linear", &linear, &[DType::F32, DType::Bf16]), "linear for compute_{target}");
         assert_eq!(ptx("gemm"), gpu_symbols("gemm", lab::ops::gemm::VARIANTS), "gemm for compute_{target}");
@@ -156,6 +157,7 @@ fn exported_symbols_are_the_ones_the_launchers_use() {
         assert_eq!(ptx("llama"), gpu_symbols("llama", lab::ops::llama::VARIANTS), "llama for compute_{target}");
         assert_eq!(ptx("reference"), expect("reference", &["gemm"], &all), "reference for compute_{target}");
         assert_eq!(ptx("moe"), lab::ops::moe::gpu_symbols(), "moe for compute_{target}");
+        assert_eq!(ptx("train"), expect("train", &lab::train::steps::KERNELS, &[DType::F32]), "train for compute_{target}");
     }
 }
 

@@ -84,6 +84,9 @@ pub fn cpu_rows<T: Elem>(x: &[T], gamma: &[T], y: &mut [T], eps: f32) {
     });
 }
 
+/// The backward's kernels (f32 only): dX and each row's share of dGamma, then their column sum.
+pub const BACKWARD_KERNELS: [&str; 2] = ["backward", "column_sum"];
+
 /// dX and dGamma of y = x r gamma (r = 1 / sqrt(mean(x^2) + eps)) from dY, over the last
 /// dimension; `dgamma` is overwritten with the sum over rows. f32 only. On the GPU: a block per
 /// row for dX and each row's share of dGamma, then a column sum in a fixed order
@@ -121,7 +124,7 @@ pub fn backward_with(dev: &Backend, x: &Tensor<f32>, gamma: &Tensor<f32>, dy: &T
     let mut part = Tensor::<f32>::zeros(dev, &[rows.max(1), cols])?;
     let (ci, ri, drop) = (cols as i32, rows as i32, drop_mean_term as i32);
     if rows > 0 {
-        let f = gpu.function(FAMILY, "rmsnorm_backward_f32")?;
+        let f = gpu.function(FAMILY, &crate::kernels::symbol(FAMILY, BACKWARD_KERNELS[0], DType::F32))?;
         let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: x, dy, dx and part are rows x cols; gamma holds cols.
         unsafe {
@@ -139,7 +142,7 @@ pub fn backward_with(dev: &Backend, x: &Tensor<f32>, gamma: &Tensor<f32>, dy: &T
         }
         .doing("launching rmsnorm_backward")?;
     }
-    let f = gpu.function(FAMILY, "rmsnorm_column_sum_f32")?;
+    let f = gpu.function(FAMILY, &crate::kernels::symbol(FAMILY, BACKWARD_KERNELS[1], DType::F32))?;
     let cfg = LaunchConfig { grid_dim: (cols.div_ceil(32) as u32, 1, 1), block_dim: (32, 32, 1), shared_mem_bytes: 0 };
     // SAFETY: part is rows x cols (rows may be 0: nothing is read), dgamma holds cols.
     unsafe { gpu.stream.launch_builder(&f).arg(part.cuda().expect("on the device")).arg(dgamma.cuda_mut().expect("placement checked")).arg(&ri).arg(&ci).launch(cfg) }

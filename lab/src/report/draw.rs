@@ -31,10 +31,10 @@ pub(super) const MUTED: RGBColor = RGBColor(90, 90, 90);
 /// The peers' bars and lines.
 pub(super) const PEER: RGBColor = RGBColor(110, 110, 110);
 
-/// Fourteen colours that stay apart on white (Tableau's ten, indigo, black, teal and wine), one
+/// Fifteen colours that stay apart on white (Tableau's ten, indigo, black, teal, wine and gold), one
 /// per kernel family in the order `family::FAMILIES` lists them, so a family has the same colour
 /// on every chart.
-pub(super) const FAMILY_PALETTE: [RGBColor; 14] = [
+pub(super) const FAMILY_PALETTE: [RGBColor; 15] = [
     RGBColor(31, 119, 180),  // blue
     RGBColor(255, 127, 14),  // orange
     RGBColor(188, 189, 34),  // olive
@@ -49,6 +49,7 @@ pub(super) const FAMILY_PALETTE: [RGBColor; 14] = [
     RGBColor(0, 0, 0),       // black
     RGBColor(0, 128, 128),   // teal
     RGBColor(150, 20, 80),   // wine
+    RGBColor(204, 153, 0),   // gold
 ];
 
 /// A family's colour: its place among the families with kernels and a sweep of their own (the

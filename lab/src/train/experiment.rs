@@ -11,7 +11,8 @@
 //! - `adamw`: the global norm and one clipped AdamW step on the device against the host's.
 //!
 //! Timed: steps of the `full` plan's model (6 layers of 256, SmolLM2's vocabulary) from random
-//! tokens, each step's loss, gradients, norm and update on the device.
+//! tokens, each step's loss, gradients, norm and update on the device (the pipeline's own step
+//! records time every step of a real run).
 
 use super::model::{Batch, Fault, Grads, Model, Weights};
 use super::optim::{clip_factor, clip_grad_norm, AdamW, State};
@@ -197,10 +198,11 @@ impl Experiment for Train {
     }
 }
 
-/// Steps of a model trained from random tokens: the first two warm up, the rest are timed.
+/// Steps of a model trained from random tokens: the first ten warm up (a GPU just out of idle
+/// took 30 ms a step over its first dozen, 20 ms over a pipeline's 200), the rest are timed.
 fn timed(s: &mut Session, case: &Value, c: &Config, rows: usize, seq: usize, rng: &mut impl Rng) -> Result<()> {
-    const WARMUP: usize = 2;
-    let steps = if s.opts.quick { 3 } else { 12 };
+    const WARMUP: usize = 10;
+    let steps = if s.opts.quick { 3 } else { 20 };
     let tokens: Vec<u32> = (0..rows * (seq + 1) * (steps + WARMUP)).map(|_| rng.random_range(0..c.vocab as u32)).collect();
     let model = Model::init(c, 0.02, rng.random())?;
     let n = model.layout.len;

@@ -19,7 +19,11 @@ use rayon::prelude::*;
 
 pub const FAMILY: &str = "train";
 
+/// The family's kernels (f32 only; symbols `train_<name>_f32`).
+pub const KERNELS: [&str; 11] = ["embed", "embed_backward", "rope", "swiglu", "swiglu_backward", "cross_entropy", "add", "to_bf16", "from_bf16", "sum_squares", "adamw"];
+
 fn kernel(gpu: &Gpu, name: &str) -> Result<CudaFunction> {
+    debug_assert!(KERNELS.contains(&name), "{name} is not in train's KERNELS");
     gpu.function(FAMILY, &symbol(FAMILY, name, DType::F32))
 }
 
