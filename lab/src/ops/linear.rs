@@ -210,7 +210,7 @@ where
 }
 
 /// A grid of 256-thread blocks for an elementwise pass over `len` elements: 8 blocks per SM at most.
-fn elementwise(gpu: &crate::gpu::Gpu, len: usize) -> LaunchConfig {
+pub(crate) fn elementwise(gpu: &crate::gpu::Gpu, len: usize) -> LaunchConfig {
     LaunchConfig { grid_dim: ((gpu.info.sm_count as usize * 8).min(len.div_ceil(256)).max(1) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
 }
 

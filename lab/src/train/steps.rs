@@ -10,6 +10,8 @@ use crate::gpu::Gpu;
 use crate::kernels::{symbol, DType};
 use crate::model::llama::cpu::{rope, silu};
 use crate::model::llama::Config;
+// 256-thread blocks over `len` elements, at most 8 per SM (the kernels stride over the rest).
+use crate::ops::linear::elementwise as grid;
 use super::optim::AdamStep;
 use crate::tensor::Tensor;
 use crate::{LabError, Result};
@@ -27,10 +29,6 @@ fn kernel(gpu: &Gpu, name: &str) -> Result<CudaFunction> {
     gpu.function(FAMILY, &symbol(FAMILY, name, DType::F32))
 }
 
-/// 256-thread blocks over `len` elements, at most 8 per SM (the kernels stride over the rest).
-fn grid(gpu: &Gpu, len: usize) -> LaunchConfig {
-    LaunchConfig { grid_dim: ((gpu.info.sm_count as usize * 8).min(len.div_ceil(256)).max(1) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
-}
 
 fn host(t: &Tensor<f32>) -> &[f32] {
     t.host().expect("a CPU backend's tensor is on the host")
