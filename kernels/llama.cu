@@ -15,6 +15,17 @@
 //  argmax        greedy choice per row of the logits, written as the sequence's next token once
 //                past its prompt, and the position advanced: no host round trip between steps,
 //                and a prompt can be fed through the same step.
+//
+// The fused decode products (batches of up to Q4_MAXB sequences, rows up to 32 Q4_MAXG groups
+// wide) read the Q4_1 weights as the GGUF stores them and fold the steps around a product into
+// it, so that a layer is five launches and the attention's two, not ten:
+//  qkv_rope_q4_1        RMSNorm of x, the QKV product, RoPE and the cache store.
+//  gate_up_swiglu_q4_1  RMSNorm of x, the gate and up products, SwiGLU.
+//  residual_q4_1        a product of an f16 input added into x (the output and down products).
+// A warp owns one or two output rows; its lanes load their weights before pdl_wait (nothing
+// writes weights), so the loads overlap the kernel before. Each block normalises the whole input
+// itself: it is a few KB from L2, cheaper than another launch. Every value the unfused step
+// rounds to f16 (h, the product, the gate and up) is rounded here too.
 
 #include "common.cuh"
 #include "pdl.cuh"
@@ -52,6 +63,19 @@ extern "C" __global__ void llama_add_rmsnorm_f16(float* __restrict__ x, const __
     for (int i = threadIdx.x; i < dim; i += blockDim.x) h[(long long)blockIdx.x * dim + i] = __float2half_rn(xr[i] * rstd * gamma[i]);
 }
 
+// The pair (a, b) turned by position p times the frequency: the angle in f64 (positions up to 1e5
+// times frequencies near 1 keep their digits), reduced to [-pi, pi] there, then sin and cos in
+// f32 (f64 sincos is slow).
+__device__ __forceinline__ void rotate(float& a, float& b, int p, double inv_freq) {
+    const double t = (double)p * inv_freq;
+    const float r = (float)(t - 6.283185307179586 * rint(t * 0.15915494309189535));
+    float fs, fc;
+    sincosf(r, &fs, &fc);
+    const float a0 = a;
+    a = a0 * fc - b * fs;
+    b = a0 * fs + b * fc;
+}
+
 // qkv [rows, (hq + 2 hkv) D]: Q heads, then K heads, then V heads. inv_freq[i] = base^(-2i/rope_dims)
 // / scale, in f64 so that angles at long positions keep their digits.
 extern "C" __global__ void llama_rope_cache_f16(const __half* __restrict__ qkv, __half* __restrict__ q, __half* __restrict__ kc,
@@ -73,17 +97,7 @@ extern "C" __global__ void llama_rope_cache_f16(const __half* __restrict__ qkv, 
         }
         const int e = 2 * i, head = e / D, d = e % D;
         float a = __half2float(in[e]), b = __half2float(in[e + 1]);
-        if (d < rope_dims) {
-            // The angle in f64 (positions up to 1e5 times frequencies near 1 keep their digits),
-            // reduced to [-pi, pi] there, then sin and cos in f32: f64 sincos is slow.
-            const double t = (double)p * inv_freq[d / 2];
-            const float r = (float)(t - 6.283185307179586 * rint(t * 0.15915494309189535));
-            float fs, fc;
-            sincosf(r, &fs, &fc);
-            const float a0 = a;
-            a = a0 * fc - b * fs;
-            b = a0 * fs + b * fc;
-        }
+        if (d < rope_dims) rotate(a, b, p, inv_freq[d / 2]);
         __half* out = head < hq ? q + (long long)r * hq * D + e : kc + slot * hkv * D + (e - hq * D);
         out[0] = __float2half_rn(a);
         out[1] = __float2half_rn(b);
@@ -133,5 +147,169 @@ extern "C" __global__ void llama_argmax_f32(const float* __restrict__ logits, un
             if (p + 1 >= prompt_len[blockIdx.x]) tokens[(long long)blockIdx.x * cap + p + 1] = (unsigned)idx;
             pos[blockIdx.x] = p + 1;
         }
+    }
+}
+
+// ---- fused decode products ----------------------------------------------------------------
+
+#define Q4_MAXG 2
+#define Q4_MAXB 16
+
+__device__ __forceinline__ float round16(float v) { return __half2float(__float2half_rn(v)); }
+
+// A lane's share of one Q4_1 row: groups lane, lane + 32, ... (20 bytes each: d|m, 16 of q).
+struct Q4Row {
+    unsigned u[Q4_MAXG][5];
+};
+
+__device__ __forceinline__ void q4_load(Q4Row& r, const unsigned char* row, int groups, int lane) {
+#pragma unroll
+    for (int g = 0; g < Q4_MAXG; ++g) {
+        const int grp = lane + 32 * g;
+        if (grp < groups) {
+            const unsigned* p = reinterpret_cast<const unsigned*>(row + grp * 20);
+#pragma unroll
+            for (int k = 0; k < 5; ++k) r.u[g][k] = __ldg(p + k);
+        }
+    }
+}
+
+// The shared input: ht[(s * 32 + j) * groups + grp] = h[s][32 grp + j] (a lane per group reads
+// consecutive words), hsum[s * groups + grp] = the group's sum (the Q4_1 minimum's term).
+__device__ __forceinline__ void q4_sums(float* ht, float* hsum, int seqs, int groups) {
+    __syncthreads();
+    for (int i = threadIdx.x; i < seqs * groups; i += blockDim.x) {
+        const int s = i / groups, grp = i % groups;
+        float t = 0.f;
+        for (int j = 0; j < 32; ++j) t += ht[(s * 32 + j) * groups + grp];
+        hsum[i] = t;
+    }
+    __syncthreads();
+}
+
+// h = f16(x rstd gamma), rstd = 1 / sqrt(mean(x^2) + eps) per sequence (a warp per sequence).
+__device__ __forceinline__ void q4_input_norm(float* ht, float* hsum, const float* __restrict__ x, const float* __restrict__ gamma, float eps,
+                                              int seqs, int dim) {
+    __shared__ float rstd[Q4_MAXB];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, groups = dim / 32;
+    for (int s = warp; s < seqs; s += blockDim.x >> 5) {
+        float ss = 0.f;
+        for (int i = lane; i < dim; i += 32) ss += x[s * dim + i] * x[s * dim + i];
+        ss = warp_reduce_sum(ss);
+        if (lane == 0) rstd[s] = 1.f / sqrtf(ss / dim + eps);
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < seqs * dim; i += blockDim.x) {
+        const int s = i / dim, c = i % dim;
+        ht[(s * 32 + c % 32) * groups + c / 32] = round16(x[i] * rstd[s] * gamma[c]);
+    }
+    q4_sums(ht, hsum, seqs, groups);
+}
+
+__device__ __forceinline__ void q4_input_f16(float* ht, float* hsum, const __half* __restrict__ a, int seqs, int dim) {
+    const int groups = dim / 32;
+    for (int i = threadIdx.x; i < seqs * dim; i += blockDim.x) {
+        const int s = i / dim, c = i % dim;
+        ht[(s * 32 + c % 32) * groups + c / 32] = __half2float(a[i]);
+    }
+    q4_sums(ht, hsum, seqs, groups);
+}
+
+// The row's product with sequence s's input, summed over the warp (every lane gets it).
+__device__ __forceinline__ float q4_dot(const Q4Row& r, const float* ht, const float* hsum, int s, int groups, int lane) {
+    float acc = 0.f;
+#pragma unroll
+    for (int g = 0; g < Q4_MAXG; ++g) {
+        const int grp = lane + 32 * g;
+        if (grp < groups) {
+            const float* h = ht + s * 32 * groups + grp;
+            float t = 0.f;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const unsigned q = r.u[g][1 + k];
+#pragma unroll
+                for (int b = 0; b < 4; ++b) {
+                    const int j = 4 * k + b;
+                    t += (float)((q >> (8 * b)) & 15u) * h[j * groups] + (float)((q >> (8 * b + 4)) & 15u) * h[(j + 16) * groups];
+                }
+            }
+            const float d = __half2float(__ushort_as_half((unsigned short)(r.u[g][0] & 0xffffu)));
+            const float m = __half2float(__ushort_as_half((unsigned short)(r.u[g][0] >> 16)));
+            acc += d * t + m * hsum[s * groups + grp];
+        }
+    }
+    return warp_reduce_sum(acc);
+}
+
+// Dynamic shared memory: seqs x 33 x groups floats.
+// w: the stacked Q, K, V rows ((hq + 2 hkv) D of dim); a warp per neighbour pair of rows.
+extern "C" __global__ void llama_qkv_rope_q4_1_f16(const unsigned char* __restrict__ w, const float* __restrict__ x, const float* __restrict__ gamma,
+                                                   float eps, __half* __restrict__ q, __half* __restrict__ kc, __half* __restrict__ vc,
+                                                   const int* __restrict__ table, const int* __restrict__ pos, const double* __restrict__ inv_freq,
+                                                   int seqs, int dim, int hq, int hkv, int D, int rope_dims, int page, int max_pages) {
+    extern __shared__ float sm[];
+    const int lane = threadIdx.x & 31, groups = dim / 32;
+    const int pair = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), pairs = (hq + 2 * hkv) * D / 2;
+    Q4Row r0, r1;
+    if (pair < pairs) {
+        q4_load(r0, w + (long long)(2 * pair) * groups * 20, groups, lane);
+        q4_load(r1, w + (long long)(2 * pair + 1) * groups * 20, groups, lane);
+    }
+    pdl_wait();
+    float *ht = sm, *hsum = sm + seqs * 32 * groups;
+    q4_input_norm(ht, hsum, x, gamma, eps, seqs, dim);
+    if (pair >= pairs) return;
+    float a = 0.f, b = 0.f;
+    for (int s = 0; s < seqs; ++s) {
+        const float ya = q4_dot(r0, ht, hsum, s, groups, lane), yb = q4_dot(r1, ht, hsum, s, groups, lane);
+        if (lane == s) a = ya, b = yb;
+    }
+    if (lane >= seqs) return;
+    const int s = lane, p = pos[s], e = 2 * pair, head = e / D, d = e % D;
+    const long long slot = (long long)table[s * max_pages + p / page] * page + p % page;
+    a = round16(a), b = round16(b);
+    if (head < hq + hkv && d < rope_dims) rotate(a, b, p, inv_freq[d / 2]);
+    __half* out = head < hq ? q + (long long)s * hq * D + e : head < hq + hkv ? kc + slot * hkv * D + (e - hq * D) : vc + slot * hkv * D + (e - (hq + hkv) * D);
+    out[0] = __float2half_rn(a);
+    out[1] = __float2half_rn(b);
+}
+
+// w: gate rows then up rows (2 ffn of dim); a warp per output column j (gate j and up j).
+extern "C" __global__ void llama_gate_up_swiglu_q4_1_f16(const unsigned char* __restrict__ w, const float* __restrict__ x,
+                                                         const float* __restrict__ gamma, float eps, __half* __restrict__ act, int seqs,
+                                                         int dim, int ffn) {
+    extern __shared__ float sm[];
+    const int lane = threadIdx.x & 31, groups = dim / 32;
+    const int j = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    Q4Row gr, ur;
+    if (j < ffn) {
+        q4_load(gr, w + (long long)j * groups * 20, groups, lane);
+        q4_load(ur, w + (long long)(ffn + j) * groups * 20, groups, lane);
+    }
+    pdl_wait();
+    float *ht = sm, *hsum = sm + seqs * 32 * groups;
+    q4_input_norm(ht, hsum, x, gamma, eps, seqs, dim);
+    if (j >= ffn) return;
+    for (int s = 0; s < seqs; ++s) {
+        const float g = round16(q4_dot(gr, ht, hsum, s, groups, lane)), u = round16(q4_dot(ur, ht, hsum, s, groups, lane));
+        if (lane == s) act[(long long)s * ffn + j] = __float2half_rn(g / (1.f + __expf(-g)) * u);
+    }
+}
+
+// x [seqs, n] += f16(a [seqs, k] W^T), W n rows of k; a warp per row.
+extern "C" __global__ void llama_residual_q4_1_f16(const unsigned char* __restrict__ w, const __half* __restrict__ a, float* __restrict__ x,
+                                                   int seqs, int n, int k) {
+    extern __shared__ float sm[];
+    const int lane = threadIdx.x & 31, groups = k / 32;
+    const int j = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    Q4Row r;
+    if (j < n) q4_load(r, w + (long long)j * groups * 20, groups, lane);
+    pdl_wait();
+    float *ht = sm, *hsum = sm + seqs * 32 * groups;
+    q4_input_f16(ht, hsum, a, seqs, k);
+    if (j >= n) return;
+    for (int s = 0; s < seqs; ++s) {
+        const float y = round16(q4_dot(r, ht, hsum, s, groups, lane));
+        if (lane == s) x[(long long)s * n + j] += y;
     }
 }

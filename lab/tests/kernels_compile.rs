@@ -71,7 +71,19 @@ fn every_family_compiles_for_sm80_sm90_and_sm90a() {
 fn the_decode_steps_kernels_wait_for_their_upstream_on_sm90_only() {
     use lab::gpu::graph::kernels_that_wait;
     let decode = [
-        ("llama", vec!["llama_embed_q8_0_f32", "llama_add_rmsnorm_f16", "llama_rope_cache_f16", "llama_swiglu_f16", "llama_argmax_f32"]),
+        (
+            "llama",
+            vec![
+                "llama_embed_q8_0_f32",
+                "llama_add_rmsnorm_f16",
+                "llama_rope_cache_f16",
+                "llama_swiglu_f16",
+                "llama_argmax_f32",
+                "llama_qkv_rope_q4_1_f16",
+                "llama_gate_up_swiglu_q4_1_f16",
+                "llama_residual_q4_1_f16",
+            ],
+        ),
         ("attention", vec!["attention_decode_split_d64_g4_f16", "attention_decode_split_d64_g4_bf16", "attention_decode_mma_d128_bf16", "attention_decode_combine_f16", "attention_decode_combine_bf16"]),
         ("quant", vec!["quant_w4a16_mma_tiled_post_asym_b1_f16", "quant_w4a16_mma_tiled_asym_b16_f16", "quant_w8a16_b1_f16", "quant_w8a16_b16_f16"]),
     ];

@@ -85,6 +85,8 @@ pub fn greedy(engine: &Engine, prompt: &[u32], max_new: usize, mut each: impl Fn
             // engine_pdl: the same logits bit for bit, 5-8% less time a step on an H100 (note
             // h100-decode-pdl); before sm_90 no kernel waits, so no edge changes.
             batch.set_programmatic(true);
+            // engine_fused: five launches a layer instead of ten (note h100-decode-fused).
+            batch.set_fused(m.fuses(1))?;
             batch.start(&[prompt.to_vec()])?;
             batch.prefill()?;
             let last = |b: &super::Batch| -> Result<u32> { Ok(*b.tokens()?[0].last().expect("a step writes a token")) };

@@ -10,7 +10,9 @@
 //!
 //! Per layer: add_rmsnorm, the fused QKV product, rope_cache, decode attention (split and
 //! combine), the output product, add_rmsnorm, the fused gate|up product, swiglu, the down
-//! product: ten launches.
+//! product: ten launches. With [`Batch::set_fused`], five for the same work on the same GGUF
+//! blocks: qkv_rope_q4_1, decode attention (split and combine), residual_q4_1 (output),
+//! gate_up_swiglu_q4_1, residual_q4_1 (down).
 
 use super::config::Config;
 use super::weights::Tensors;
@@ -49,6 +51,8 @@ pub struct GpuModel {
 struct GpuLayer {
     /// The products' weights dequantized to f16 and transposed (K x N), for prefill's GEMMs.
     dense: Dense,
+    /// The products' Q4_1 blocks as the GGUF stores them, for the fused decode products.
+    raw: Raw,
     attn_norm: CudaSlice<f32>,
     /// Q, K and V stacked: (hq + 2 hkv) d rows.
     qkv: QuantTensor,
@@ -64,6 +68,13 @@ struct Dense {
     o: Tensor<f16>,
     gate_up: Tensor<f16>,
     down: Tensor<f16>,
+}
+
+struct Raw {
+    qkv: CudaSlice<u8>,
+    o: CudaSlice<u8>,
+    gate_up: CudaSlice<u8>,
+    down: CudaSlice<u8>,
 }
 
 /// A Q4_1 matrix of `rows x cols` as f16, transposed to `cols x rows` (the B of C = A B).
@@ -103,20 +114,21 @@ impl GpuModel {
             return Err(LabError::Invalid(format!("head size {}: the decode kernels take 64 or 128", c.head_dim)));
         }
         let dev = Backend::Cuda(gpu.clone());
-        let matrix = |parts: &[(&str, &TensorInfo)], rows: usize, cols: usize| -> Result<(QuantTensor, Tensor<f16>)> {
+        let matrix = |parts: &[(&str, &TensorInfo)], rows: usize, cols: usize| -> Result<(QuantTensor, Tensor<f16>, CudaSlice<u8>)> {
             let bytes = stacked(g, parts, GgmlType::Q4_1)?;
-            Ok((QuantTensor::from_gguf_q4_1(&dev, &bytes, rows, cols)?, dense_t(&dev, &bytes, rows, cols)?))
+            Ok((QuantTensor::from_gguf_q4_1(&dev, &bytes, rows, cols)?, dense_t(&dev, &bytes, rows, cols)?, gpu.upload(&bytes)?))
         };
         let mut layers = Vec::with_capacity(c.layers);
         for (i, l) in t.layers.iter().enumerate() {
             let n = |s: &str| format!("blk.{i}.{s}.weight");
             let (q, k, v, o, gate, up, down) = (n("attn_q"), n("attn_k"), n("attn_v"), n("attn_output"), n("ffn_gate"), n("ffn_up"), n("ffn_down"));
-            let (qkv, qkv_t) = matrix(&[(&q, l.q), (&k, l.k), (&v, l.v)], c.dim + 2 * c.kv_dim(), c.dim)?;
-            let (o, o_t) = matrix(&[(&o, l.o)], c.dim, c.dim)?;
-            let (gate_up, gate_up_t) = matrix(&[(&gate, l.gate), (&up, l.up)], 2 * c.ffn, c.dim)?;
-            let (down, down_t) = matrix(&[(&down, l.down)], c.dim, c.ffn)?;
+            let (qkv, qkv_t, qkv_r) = matrix(&[(&q, l.q), (&k, l.k), (&v, l.v)], c.dim + 2 * c.kv_dim(), c.dim)?;
+            let (o, o_t, o_r) = matrix(&[(&o, l.o)], c.dim, c.dim)?;
+            let (gate_up, gate_up_t, gate_up_r) = matrix(&[(&gate, l.gate), (&up, l.up)], 2 * c.ffn, c.dim)?;
+            let (down, down_t, down_r) = matrix(&[(&down, l.down)], c.dim, c.ffn)?;
             layers.push(GpuLayer {
                 dense: Dense { qkv: qkv_t, o: o_t, gate_up: gate_up_t, down: down_t },
+                raw: Raw { qkv: qkv_r, o: o_r, gate_up: gate_up_r, down: down_r },
                 attn_norm: f32_vector(gpu, g, &n("attn_norm"), l.attn_norm)?,
                 qkv,
                 o,
@@ -151,6 +163,13 @@ impl GpuModel {
         c.layers as u64 * per_layer + (c.vocab * c.dim / 32 * 34) as u64 + 4 * c.dim as u64
     }
 
+    /// Whether [`Batch::set_fused`] takes a batch of `seqs`: the fused products' limits on
+    /// sequences and widths.
+    pub fn fuses(&self, seqs: usize) -> bool {
+        let c = &self.config;
+        seqs <= k::FUSED_MAX_SEQS && c.dim.max(c.ffn) <= k::FUSED_MAX_WIDTH && c.dim.is_multiple_of(32) && c.ffn.is_multiple_of(32)
+    }
+
     /// `seqs` sequences of up to `capacity` positions each.
     pub fn batch(&self, seqs: usize, capacity: usize) -> Result<Batch<'_>> {
         Batch::new(self, seqs, capacity)
@@ -182,6 +201,8 @@ pub struct Batch<'m> {
     graph: Option<Graph>,
     /// Capture the step with programmatic dependent launch between its kernels.
     programmatic: bool,
+    /// Decode with the fused products (five launches a layer).
+    fused: bool,
     /// A step has run eagerly: the next can be captured.
     warm: bool,
 }
@@ -214,6 +235,7 @@ impl<'m> Batch<'m> {
             logits: Tensor::<f32>::zeros(&m.dev, &[seqs, c.vocab])?,
             graph: None,
             programmatic: false,
+            fused: false,
             warm: false,
             m,
             seqs,
@@ -265,6 +287,28 @@ impl<'m> Batch<'m> {
         }
     }
 
+    /// Steps from now on run the fused products (see the module's note), or the unfused ones;
+    /// an error if this batch's size or the model's widths are beyond the fused kernels.
+    pub fn set_fused(&mut self, on: bool) -> Result<()> {
+        if on && !self.m.fuses(self.seqs) {
+            let c = &self.m.config;
+            return Err(LabError::Invalid(format!(
+                "the fused decode takes up to {} sequences of widths up to {} (a batch of {}, widths {} and {})",
+                k::FUSED_MAX_SEQS,
+                k::FUSED_MAX_WIDTH,
+                self.seqs,
+                c.dim,
+                c.ffn
+            )));
+        }
+        if on != self.fused {
+            self.fused = on;
+            self.graph = None;
+            self.warm = false;
+        }
+        Ok(())
+    }
+
     /// The captured step's dependencies and how many of them are programmatic (none before the
     /// second step).
     pub fn graph_edges(&self) -> Option<(usize, usize)> {
@@ -303,6 +347,9 @@ impl<'m> Batch<'m> {
         let rows = Rows { rows: b, rows_per_seq: 1 };
         let (dev, eps) = (&m.dev, c.eps);
         k::embed_q8_0(gpu, &m.embed, &self.tokens, &self.pos, &mut self.x, rows, self.cap, dim)?;
+        if self.fused {
+            return self.launch_fused();
+        }
         k::add_rmsnorm(gpu, &mut self.x, None, &m.layers[0].attn_norm, cuda(&mut self.h), b, dim, eps)?;
         // The W4A16 designs take batches of 1, 2, 4, 8 and 16; other batches multiply the f16
         // copies of the weights through the GEMM family.
@@ -327,6 +374,22 @@ impl<'m> Batch<'m> {
             k::add_rmsnorm(gpu, &mut self.x, self.proj.cuda(), next, cuda(&mut self.h), b, dim, eps)?;
         }
         quant::w8a16_matvec(dev, &m.head, &self.h, &mut self.logits)?;
+        k::argmax(gpu, self.logits.cuda().expect("on the GPU"), &mut self.tokens, &mut self.pos, &self.prompt_len, b, c.vocab, self.cap)
+    }
+
+    /// The layers and the head with the fused products, after the embedding.
+    fn launch_fused(&mut self) -> Result<()> {
+        let (m, c, gpu) = (self.m, &self.m.config, &*self.m.gpu);
+        let (b, dim, eps) = (self.seqs, c.dim, c.eps);
+        for (i, l) in m.layers.iter().enumerate() {
+            k::qkv_rope_q4_1(gpu, &l.raw.qkv, &self.x, &l.attn_norm, eps, &mut self.q, &mut self.caches[i], &self.pos, &m.inv_freq, b, c.heads)?;
+            self.decode.run(&self.q, &self.caches[i], &self.pos, cuda(&mut self.att), None)?;
+            k::residual_q4_1(gpu, &l.raw.o, self.att.cuda().expect("on the GPU"), &mut self.x, b, dim, dim)?;
+            k::gate_up_swiglu_q4_1(gpu, &l.raw.gate_up, &self.x, &l.ffn_norm, eps, cuda(&mut self.act), b, c.ffn)?;
+            k::residual_q4_1(gpu, &l.raw.down, self.act.cuda().expect("on the GPU"), &mut self.x, b, dim, c.ffn)?;
+        }
+        k::add_rmsnorm(gpu, &mut self.x, None, &m.out_norm, cuda(&mut self.h), b, dim, eps)?;
+        quant::w8a16_matvec(&m.dev, &m.head, &self.h, &mut self.logits)?;
         k::argmax(gpu, self.logits.cuda().expect("on the GPU"), &mut self.tokens, &mut self.pos, &self.prompt_len, b, c.vocab, self.cap)
     }
 

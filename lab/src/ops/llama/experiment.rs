@@ -109,7 +109,7 @@ impl Experiment for Llama {
         out
     }
     /// The check cut to its prompt and one greedy step, a decode step at an odd batch (the dense
-    /// GEMM path) and context, and a prefill of an odd length (a partial tile of every kernel it
+    /// GEMM path; the fused products at a batch they were not tuned for) and context, and a prefill of an odd length (a partial tile of every kernel it
     /// runs): every kernel of the engine, each launched as few times as that takes. Every
     /// engine step is some 240 launches, each slow under a tool: the 33-token prefill and the
     /// 8-step check took minutes, and synccheck of the three in one process did not finish in
@@ -135,6 +135,9 @@ impl Experiment for Llama {
             ("engine", "llama", "swiglu"),
             ("engine", "llama", "argmax"),
             ("engine", "attention", "decode_mma"),
+            ("engine_fused", "llama", "qkv_rope_q4_1"),
+            ("engine_fused", "llama", "gate_up_swiglu_q4_1"),
+            ("engine_fused", "llama", "residual_q4_1"),
         ]
     }
     fn run_case(&self, s: &mut Session, case: &Value) -> Result<()> {
@@ -154,8 +157,14 @@ fn engines(s: &Session) -> Vec<&'static str> {
     ENGINES.iter().copied().filter(|&v| (gpu || v == "engine") && s.wants(v, "lab")).collect()
 }
 
-/// The engine's variants: its decode step as a plain graph, and with programmatic edges.
-pub const ENGINES: [&str; 2] = ["engine", "engine_pdl"];
+/// The engine's variants: its decode step as a plain graph, with programmatic edges, and
+/// with programmatic edges and the fused products.
+pub const ENGINES: [&str; 3] = ["engine", "engine_pdl", "engine_fused"];
+
+/// How a variant's batch steps: (programmatic edges, fused products).
+fn step_mode(variant: &str) -> (bool, bool) {
+    (variant != "engine", variant == "engine_fused")
+}
 
 /// What a check's steps gave: the engine's logits, the reference's at the same positions, the
 /// cosine per step, the top-1 agreements, and the captured graph's (edges, programmatic edges).
@@ -163,12 +172,14 @@ type Checked = (Vec<f32>, Vec<f64>, Vec<f64>, usize, Option<(usize, usize)>);
 
 /// The GPU engine's logits over `steps` greedy steps after `prompt`, and the reference's at the
 /// same positions (fed the engine's choices).
-fn gpu_steps(m: &GpuModel, cpu: &CpuModel, prompt: &[u32], steps: usize, programmatic: bool) -> Result<Checked> {
+fn gpu_steps(m: &GpuModel, cpu: &CpuModel, prompt: &[u32], steps: usize, variant: &str) -> Result<Checked> {
     let mut cache = cpu.cache();
     let mut expected = cpu.forward(&mut cache, prompt)?;
     let (mut got_all, mut want_all, mut cosines, mut agree) = (Vec::new(), Vec::new(), Vec::new(), 0);
     let mut batch = m.batch(1, prompt.len() + steps + 1)?;
+    let (programmatic, fused) = step_mode(variant);
     batch.set_programmatic(programmatic);
+    batch.set_fused(fused)?;
     batch.start(&[prompt.to_vec()])?;
     for _ in 1..prompt.len() {
         batch.step()?;
@@ -216,7 +227,7 @@ fn check(s: &mut Session, case: &Value) -> Result<()> {
     for variant in variants {
         let (got_all, want_all, cosines, agree, edges) = match &gpu_model {
             // The plain engine's logits are what engine_pdl must reproduce.
-            Some(m) => gpu_steps(m, &cpu, &prompt, steps, variant == "engine_pdl")?,
+            Some(m) => gpu_steps(m, &cpu, &prompt, steps, variant)?,
             None => {
                 // The reference against transformers' own run of the same file (a fixture from a
                 // GPU run): its 16 best logits after the prompt, then its greedy tokens.
@@ -264,7 +275,14 @@ fn check(s: &mut Session, case: &Value) -> Result<()> {
                 }
             }
             ("engine_pdl", None) => why.push("the plain engine did not run beside it (run both variants)".into()),
-            _ => plain = Some(got_all.clone()),
+            ("engine", _) => plain = Some(got_all.clone()),
+            // Other products, other sums: judged against the reference alone; how far from the
+            // plain engine is recorded.
+            (_, Some(p)) => {
+                let diff = p.iter().zip(&got_all).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+                m.extra.insert("max_diff_from_engine".into(), json!(diff));
+            }
+            _ => {}
         }
         if !why.is_empty() {
             m.extra.insert("why".into(), json!(why.join("; ")));
@@ -299,8 +317,13 @@ fn decode(s: &mut Session, case: &Value) -> Result<()> {
             };
             for variant in variants {
                 // Room for the warm-up and the repetitions the budget may take.
+                if variant == "engine_fused" && !m.fuses(b) {
+                    continue;
+                }
                 let mut batch = m.batch(b, ctx + 2 * (s.budget.max + crate::profile::MAX_WARMUP_ROUNDS * s.budget.warmup) + 2)?;
-                batch.set_programmatic(variant == "engine_pdl");
+                let (programmatic, fused) = step_mode(variant);
+                batch.set_programmatic(programmatic);
+                batch.set_fused(fused)?;
                 batch.start(&vec![prompt.clone(); b])?;
                 batch.prefill()?;
                 gpu.sync()?;

@@ -24,7 +24,15 @@ pub const VARIANTS: &[Variant<()>] = &[
     Variant { name: "rope_cache", dtypes: &[DType::F16], requires: Requires::Gpu, what: "RoPE on Q and K of the fused QKV product, K and V stored in the paged cache", config: () },
     Variant { name: "swiglu", dtypes: &[DType::F16], requires: Requires::Gpu, what: "silu(gate) * up of the fused gate|up product", config: () },
     Variant { name: "argmax", dtypes: &[DType::F32], requires: Requires::Gpu, what: "greedy token per sequence, written and the position advanced on the device", config: () },
+    Variant { name: "qkv_rope_q4_1", dtypes: &[DType::F16], requires: Requires::Gpu, what: "fused decode: RMSNorm, the QKV product of GGUF Q4_1 rows, RoPE and the cache store in one launch", config: () },
+    Variant { name: "gate_up_swiglu_q4_1", dtypes: &[DType::F16], requires: Requires::Gpu, what: "fused decode: RMSNorm, the gate and up products of GGUF Q4_1 rows and SwiGLU in one launch", config: () },
+    Variant { name: "residual_q4_1", dtypes: &[DType::F16], requires: Requires::Gpu, what: "fused decode: a product of GGUF Q4_1 rows added into the f32 residual stream", config: () },
 ];
+
+/// What the fused decode products take (kernels/llama.cu): up to this many sequences, and rows
+/// up to 32 x Q4_MAXG groups of 32 wide.
+pub const FUSED_MAX_SEQS: usize = 16;
+pub const FUSED_MAX_WIDTH: usize = 32 * 2 * 32;
 
 /// The kernels' rows, then the model they make up: the `llama` experiment's records are the
 /// engine's (on the CPU backend, the reference forward).
@@ -41,6 +49,12 @@ pub fn variants() -> Vec<VariantInfo> {
         dtypes: vec!["f16"],
         requires: "gpu",
         what: "the engine with its decode graph's kernel-to-kernel edges programmatic (PDL, sm_90): each kernel launches while the one before runs, asks L2 for its weights, then waits for it",
+    });
+    rows.push(VariantInfo {
+        name: "engine_fused",
+        dtypes: vec!["f16"],
+        requires: "gpu",
+        what: "engine_pdl with the fused decode products above: a layer in five launches and the attention's two instead of ten (batches up to 16)",
     });
     rows
 }
@@ -145,4 +159,82 @@ pub fn argmax(gpu: &Gpu, logits: &CudaSlice<f32>, tokens: &mut CudaSlice<u32>, p
     unsafe { gpu.stream.launch_builder(&f).arg(logits).arg(tokens).arg(pos).arg(prompt_len).arg(&v).arg(&c).launch(rows_cfg(seqs, 1024)) }
         .map(|_| ())
         .doing("launching llama argmax")
+}
+
+/// A launch of one of the fused decode products: a warp per `units` (row pairs, columns or
+/// rows), 8 warps a block, the input of every sequence in shared memory.
+fn fused_cfg(gpu: &Gpu, name: &str, units: usize, seqs: usize, width: usize) -> Result<(cudarc::driver::CudaFunction, LaunchConfig)> {
+    check(name, (1..=FUSED_MAX_SEQS).contains(&seqs) && width.is_multiple_of(32) && width <= FUSED_MAX_WIDTH, || {
+        format!("{seqs} sequences of width {width}: the fused products take 1 to {FUSED_MAX_SEQS} sequences of a multiple of 32 up to {FUSED_MAX_WIDTH}")
+    })?;
+    let f = gpu.function(FAMILY, &symbol(FAMILY, name, DType::F16))?;
+    let smem = seqs * 33 * (width / 32) * 4;
+    crate::ops::gemm::raise_dynamic_smem(&f, smem)?;
+    Ok((f, LaunchConfig { grid_dim: (units.div_ceil(8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: smem as u32 }))
+}
+
+/// `w` holds `rows` GGUF Q4_1 rows of `cols`.
+fn check_q4_1(name: &str, w: &CudaSlice<u8>, rows: usize, cols: usize) -> Result<()> {
+    check(name, w.len() == rows * cols / 32 * 20, || format!("{} weight bytes for {rows} Q4_1 rows of {cols}", w.len()))
+}
+
+/// One decode step's Q, K and V for `seqs` sequences: h = RMSNorm(x) gamma, qkv = h W^T (`w` the
+/// stacked Q4_1 rows), RoPE at each sequence's position, Q to `q`, K and V into `cache`.
+#[allow(clippy::too_many_arguments)]
+pub fn qkv_rope_q4_1(
+    gpu: &Gpu,
+    w: &CudaSlice<u8>,
+    x: &CudaSlice<f32>,
+    gamma: &CudaSlice<f32>,
+    eps: f32,
+    q: &mut CudaSlice<f16>,
+    cache: &mut KvCache<f16>,
+    pos: &CudaSlice<i32>,
+    inv_freq: &CudaSlice<f64>,
+    seqs: usize,
+    hq: usize,
+) -> Result<()> {
+    let (hkv, d, dim) = (cache.hkv, cache.d, gamma.len());
+    let rows = (hq + 2 * hkv) * d;
+    check_q4_1("qkv_rope_q4_1", w, rows, dim)?;
+    check("qkv_rope_q4_1", x.len() >= seqs * dim && q.len() >= seqs * hq * d && 2 * inv_freq.len() <= d && seqs <= cache.batch && pos.len() >= seqs, || {
+        format!("{seqs} sequences of {dim}, {hq} query heads, {hkv} KV heads of {d}")
+    })?;
+    let (f, cfg) = fused_cfg(gpu, "qkv_rope_q4_1", rows / 2, seqs, dim)?;
+    let [seqs, dim, hq, hkv, d, rd, page, mp] = [seqs, dim, hq, hkv, d, 2 * inv_freq.len(), cache.page, cache.max_pages].map(|v| v as i32);
+    let mut l = gpu.stream.launch_builder(&f);
+    l.arg(w).arg(x).arg(gamma).arg(&eps).arg(q).arg(&mut cache.k).arg(&mut cache.v).arg(&cache.table).arg(pos).arg(inv_freq);
+    l.arg(&seqs).arg(&dim).arg(&hq).arg(&hkv).arg(&d).arg(&rd).arg(&page).arg(&mp);
+    // SAFETY: w holds the rows (checked), x, q and pos the sequences; the cache's table entries
+    // are its own pages and positions stay below its capacity (as for rope_cache); the shared
+    // memory is what fused_cfg sized for seqs x dim.
+    unsafe { l.launch(cfg) }.map(|_| ()).doing("launching llama qkv_rope_q4_1")
+}
+
+/// act [seqs, ffn] = silu(h Wg^T) * (h Wu^T), h = RMSNorm(x) gamma; `w` the gate rows, then the up rows.
+#[allow(clippy::too_many_arguments)]
+pub fn gate_up_swiglu_q4_1(gpu: &Gpu, w: &CudaSlice<u8>, x: &CudaSlice<f32>, gamma: &CudaSlice<f32>, eps: f32, act: &mut CudaSlice<f16>, seqs: usize, ffn: usize) -> Result<()> {
+    let dim = gamma.len();
+    check_q4_1("gate_up_swiglu_q4_1", w, 2 * ffn, dim)?;
+    check("gate_up_swiglu_q4_1", x.len() >= seqs * dim && act.len() >= seqs * ffn, || format!("{seqs} sequences of {dim} -> {ffn}"))?;
+    let (f, cfg) = fused_cfg(gpu, "gate_up_swiglu_q4_1", ffn, seqs, dim)?;
+    let [seqs, dim, ffn] = [seqs, dim, ffn].map(|v| v as i32);
+    let mut l = gpu.stream.launch_builder(&f);
+    l.arg(w).arg(x).arg(gamma).arg(&eps).arg(act).arg(&seqs).arg(&dim).arg(&ffn);
+    // SAFETY: w holds 2 ffn rows of dim, x and act their sequences (checked); shared memory sized
+    // by fused_cfg.
+    unsafe { l.launch(cfg) }.map(|_| ()).doing("launching llama gate_up_swiglu_q4_1")
+}
+
+/// x [seqs, n] += a [seqs, k] W^T for `w` n Q4_1 rows of k (the product rounded to f16 first).
+#[allow(clippy::too_many_arguments)]
+pub fn residual_q4_1(gpu: &Gpu, w: &CudaSlice<u8>, a: &CudaSlice<f16>, x: &mut CudaSlice<f32>, seqs: usize, n: usize, k: usize) -> Result<()> {
+    check_q4_1("residual_q4_1", w, n, k)?;
+    check("residual_q4_1", a.len() >= seqs * k && x.len() >= seqs * n, || format!("{seqs} sequences of {k} -> {n}"))?;
+    let (f, cfg) = fused_cfg(gpu, "residual_q4_1", n, seqs, k)?;
+    let [seqs, n, k] = [seqs, n, k].map(|v| v as i32);
+    let mut l = gpu.stream.launch_builder(&f);
+    l.arg(w).arg(a).arg(x).arg(&seqs).arg(&n).arg(&k);
+    // SAFETY: w holds n rows of k, a and x their sequences (checked); shared memory sized by fused_cfg.
+    unsafe { l.launch(cfg) }.map(|_| ()).doing("launching llama residual_q4_1")
 }
