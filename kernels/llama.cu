@@ -16,15 +16,15 @@
 //                past its prompt, and the position advanced: no host round trip between steps,
 //                and a prompt can be fed through the same step.
 //
-// The fused decode products (batches of up to Q4_MAXB sequences, rows up to 32 Q4_MAXG groups
+// The fused decode products (batches of up to Q4_MAXB sequences, rows up to 32 G groups of 32
 // wide) read the Q4_1 weights as the GGUF stores them and fold the steps around a product into
 // it, so that a layer is five launches and the attention's two, not ten:
 //  qkv_rope_q4_1        RMSNorm of x, the QKV product, RoPE and the cache store.
 //  gate_up_swiglu_q4_1  RMSNorm of x, the gate and up products, SwiGLU.
 //  residual_q4_1        a product of an f16 input added into x (the output and down products).
-// A warp owns one or two output rows; its lanes load their weights before pdl_wait (nothing
-// writes weights), so the loads overlap the kernel before. Each block normalises the whole input
-// itself: it is a few KB from L2, cheaper than another launch. Every value the unfused step
+// A warp owns one or two output rows; its lanes load their weights (and gamma) before pdl_wait
+// (nothing writes weights), so the loads overlap the kernel before. Each block normalises the
+// whole input itself: it is a few KB from L2, cheaper than another launch. Every value the unfused step
 // rounds to f16 (h, the product, the gate and up) is rounded here too.
 
 #include "common.cuh"
@@ -151,20 +151,30 @@ extern "C" __global__ void llama_argmax_f32(const float* __restrict__ logits, un
 }
 
 // ---- fused decode products ----------------------------------------------------------------
+// G is the groups of 32 a lane holds per row: rows up to 1024 wide for the products that
+// normalise their input (their registers hold two rows), 2048 for residual_q4_1. A block of
+// Q4_THREADS threads holds 4 G columns of the input per thread: every global load of the input is
+// issued before the first is used (a loop that waited on each load in turn cost the first version
+// of these kernels ~0.3 us per round trip, twice their budget).
 
-#define Q4_MAXG 2
+#define Q4_NORM_G 1
+#define Q4_RESIDUAL_G 2
 #define Q4_MAXB 16
+#define Q4_THREADS 256
+#define Q4_K(G) (32 * 32 * (G) / Q4_THREADS)
 
 __device__ __forceinline__ float round16(float v) { return __half2float(__float2half_rn(v)); }
 
 // A lane's share of one Q4_1 row: groups lane, lane + 32, ... (20 bytes each: d|m, 16 of q).
+template <int G>
 struct Q4Row {
-    unsigned u[Q4_MAXG][5];
+    unsigned u[G][5];
 };
 
-__device__ __forceinline__ void q4_load(Q4Row& r, const unsigned char* row, int groups, int lane) {
+template <int G>
+__device__ __forceinline__ void q4_load(Q4Row<G>& r, const unsigned char* row, int groups, int lane) {
 #pragma unroll
-    for (int g = 0; g < Q4_MAXG; ++g) {
+    for (int g = 0; g < G; ++g) {
         const int grp = lane + 32 * g;
         if (grp < groups) {
             const unsigned* p = reinterpret_cast<const unsigned*>(row + grp * 20);
@@ -174,142 +184,189 @@ __device__ __forceinline__ void q4_load(Q4Row& r, const unsigned char* row, int 
     }
 }
 
-// The shared input: ht[(s * 32 + j) * groups + grp] = h[s][32 grp + j] (a lane per group reads
-// consecutive words), hsum[s * groups + grp] = the group's sum (the Q4_1 minimum's term).
-__device__ __forceinline__ void q4_sums(float* ht, float* hsum, int seqs, int groups) {
-    __syncthreads();
-    for (int i = threadIdx.x; i < seqs * groups; i += blockDim.x) {
-        const int s = i / groups, grp = i % groups;
-        float t = 0.f;
-        for (int j = 0; j < 32; ++j) t += ht[(s * 32 + j) * groups + grp];
-        hsum[i] = t;
+// Where column c of sequence s sits in the shared input: ht[(s * 32 + c % 32) * groups + c / 32],
+// so that the lanes of a warp (a group each) read consecutive words.
+__device__ __forceinline__ int q4_at(int s, int c, int groups) { return (s * 32 + c % 32) * groups + c / 32; }
+
+// gamma's columns of this thread (a weight: read before pdl_wait).
+template <int K>
+__device__ __forceinline__ void q4_gamma(float (&g)[K], const float* __restrict__ gamma, int dim) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        const int c = threadIdx.x + k * Q4_THREADS;
+        g[k] = c < dim ? __ldg(gamma + c) : 0.f;
     }
-    __syncthreads();
 }
 
-// h = f16(x rstd gamma), rstd = 1 / sqrt(mean(x^2) + eps) per sequence (a warp per sequence).
-__device__ __forceinline__ void q4_input_norm(float* ht, float* hsum, const float* __restrict__ x, const float* __restrict__ gamma, float eps,
-                                              int seqs, int dim) {
+// ht = f16(x rstd gamma), rstd = 1 / sqrt(mean(x^2) + eps) per sequence.
+template <int K>
+__device__ __forceinline__ void q4_input_norm(float* ht, const float* __restrict__ x, const float (&g)[K], float eps, int seqs, int dim) {
+    __shared__ float part[Q4_MAXB][Q4_THREADS / 32];
     __shared__ float rstd[Q4_MAXB];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, groups = dim / 32;
-    for (int s = warp; s < seqs; s += blockDim.x >> 5) {
-        float ss = 0.f;
-        for (int i = lane; i < dim; i += 32) ss += x[s * dim + i] * x[s * dim + i];
+    for (int s = 0; s < seqs; ++s) {
+        float v[K], ss = 0.f;
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            const int c = threadIdx.x + k * Q4_THREADS;
+            v[k] = c < dim ? x[(long long)s * dim + c] : 0.f;
+        }
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            const int c = threadIdx.x + k * Q4_THREADS;
+            ss += v[k] * v[k];
+            if (c < dim) ht[q4_at(s, c, groups)] = v[k];
+        }
         ss = warp_reduce_sum(ss);
-        if (lane == 0) rstd[s] = 1.f / sqrtf(ss / dim + eps);
+        if (lane == 0) part[s][warp] = ss;
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < seqs * dim; i += blockDim.x) {
-        const int s = i / dim, c = i % dim;
-        ht[(s * 32 + c % 32) * groups + c / 32] = round16(x[i] * rstd[s] * gamma[c]);
+    if (threadIdx.x < seqs) {
+        float t = 0.f;
+        for (int w = 0; w < Q4_THREADS / 32; ++w) t += part[threadIdx.x][w];
+        rstd[threadIdx.x] = 1.f / sqrtf(t / dim + eps);
     }
-    q4_sums(ht, hsum, seqs, groups);
+    __syncthreads();
+    for (int s = 0; s < seqs; ++s) {
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            const int c = threadIdx.x + k * Q4_THREADS;
+            if (c < dim) {
+                float* h = ht + q4_at(s, c, groups);
+                *h = round16(*h * rstd[s] * g[k]);
+            }
+        }
+    }
+    __syncthreads();
 }
 
-__device__ __forceinline__ void q4_input_f16(float* ht, float* hsum, const __half* __restrict__ a, int seqs, int dim) {
+template <int K>
+__device__ __forceinline__ void q4_input_f16(float* ht, const __half* __restrict__ a, int seqs, int dim) {
     const int groups = dim / 32;
-    for (int i = threadIdx.x; i < seqs * dim; i += blockDim.x) {
-        const int s = i / dim, c = i % dim;
-        ht[(s * 32 + c % 32) * groups + c / 32] = __half2float(a[i]);
+    for (int s = 0; s < seqs; ++s) {
+        float v[K];
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            const int c = threadIdx.x + k * Q4_THREADS;
+            v[k] = c < dim ? __half2float(a[(long long)s * dim + c]) : 0.f;
+        }
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            const int c = threadIdx.x + k * Q4_THREADS;
+            if (c < dim) ht[q4_at(s, c, groups)] = v[k];
+        }
     }
-    q4_sums(ht, hsum, seqs, groups);
+    __syncthreads();
 }
 
-// The row's product with sequence s's input, summed over the warp (every lane gets it).
-__device__ __forceinline__ float q4_dot(const Q4Row& r, const float* ht, const float* hsum, int s, int groups, int lane) {
+// The row's product with sequence s's input, summed over the warp (every lane gets it). The
+// group's input sum (for the Q4_1 minimum) is taken on the way.
+template <int G>
+__device__ __forceinline__ float q4_dot(const Q4Row<G>& r, const float* ht, int s, int groups, int lane) {
     float acc = 0.f;
 #pragma unroll
-    for (int g = 0; g < Q4_MAXG; ++g) {
+    for (int g = 0; g < G; ++g) {
         const int grp = lane + 32 * g;
         if (grp < groups) {
             const float* h = ht + s * 32 * groups + grp;
-            float t = 0.f;
+            float t = 0.f, hs = 0.f;
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
                 const unsigned q = r.u[g][1 + k];
 #pragma unroll
                 for (int b = 0; b < 4; ++b) {
                     const int j = 4 * k + b;
-                    t += (float)((q >> (8 * b)) & 15u) * h[j * groups] + (float)((q >> (8 * b + 4)) & 15u) * h[(j + 16) * groups];
+                    const float lo = h[j * groups], hi = h[(j + 16) * groups];
+                    t += (float)((q >> (8 * b)) & 15u) * lo + (float)((q >> (8 * b + 4)) & 15u) * hi;
+                    hs += lo + hi;
                 }
             }
             const float d = __half2float(__ushort_as_half((unsigned short)(r.u[g][0] & 0xffffu)));
             const float m = __half2float(__ushort_as_half((unsigned short)(r.u[g][0] >> 16)));
-            acc += d * t + m * hsum[s * groups + grp];
+            acc += d * t + m * hs;
         }
     }
     return warp_reduce_sum(acc);
 }
 
-// Dynamic shared memory: seqs x 33 x groups floats.
+// Dynamic shared memory: seqs x 32 x groups floats; Q4_THREADS threads a block.
 // w: the stacked Q, K, V rows ((hq + 2 hkv) D of dim); a warp per neighbour pair of rows.
-extern "C" __global__ void llama_qkv_rope_q4_1_f16(const unsigned char* __restrict__ w, const float* __restrict__ x, const float* __restrict__ gamma,
-                                                   float eps, __half* __restrict__ q, __half* __restrict__ kc, __half* __restrict__ vc,
-                                                   const int* __restrict__ table, const int* __restrict__ pos, const double* __restrict__ inv_freq,
-                                                   int seqs, int dim, int hq, int hkv, int D, int rope_dims, int page, int max_pages) {
-    extern __shared__ float sm[];
+extern "C" __global__ void __launch_bounds__(Q4_THREADS, 2)
+    llama_qkv_rope_q4_1_f16(const unsigned char* __restrict__ w, const float* __restrict__ x, const float* __restrict__ gamma, float eps,
+                            __half* __restrict__ q, __half* __restrict__ kc, __half* __restrict__ vc, const int* __restrict__ table,
+                            const int* __restrict__ pos, const double* __restrict__ inv_freq, int seqs, int dim, int hq, int hkv, int D,
+                            int rope_dims, int page, int max_pages) {
+    extern __shared__ float ht[];
     const int lane = threadIdx.x & 31, groups = dim / 32;
-    const int pair = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), pairs = (hq + 2 * hkv) * D / 2;
-    Q4Row r0, r1;
+    const int pair = blockIdx.x * (Q4_THREADS / 32) + (threadIdx.x >> 5), pairs = (hq + 2 * hkv) * D / 2;
+    const int e = 2 * pair, head = e / D, d = e % D;
+    Q4Row<Q4_NORM_G> r0, r1;
+    float g[Q4_K(Q4_NORM_G)];
     if (pair < pairs) {
-        q4_load(r0, w + (long long)(2 * pair) * groups * 20, groups, lane);
-        q4_load(r1, w + (long long)(2 * pair + 1) * groups * 20, groups, lane);
+        q4_load(r0, w + (long long)e * groups * 20, groups, lane);
+        q4_load(r1, w + (long long)(e + 1) * groups * 20, groups, lane);
     }
+    q4_gamma(g, gamma, dim);
+    const double f = head < hq + hkv && d < rope_dims ? inv_freq[d / 2] : 0.0;
     pdl_wait();
-    float *ht = sm, *hsum = sm + seqs * 32 * groups;
-    q4_input_norm(ht, hsum, x, gamma, eps, seqs, dim);
+    // The position and the cache slot are fetched now so that they arrive during the norm.
+    const int p = lane < seqs ? pos[lane] : 0;
+    const long long slot = lane < seqs ? (long long)table[lane * max_pages + p / page] * page + p % page : 0;
+    q4_input_norm(ht, x, g, eps, seqs, dim);
     if (pair >= pairs) return;
     float a = 0.f, b = 0.f;
     for (int s = 0; s < seqs; ++s) {
-        const float ya = q4_dot(r0, ht, hsum, s, groups, lane), yb = q4_dot(r1, ht, hsum, s, groups, lane);
+        const float ya = q4_dot(r0, ht, s, groups, lane), yb = q4_dot(r1, ht, s, groups, lane);
         if (lane == s) a = ya, b = yb;
     }
     if (lane >= seqs) return;
-    const int s = lane, p = pos[s], e = 2 * pair, head = e / D, d = e % D;
-    const long long slot = (long long)table[s * max_pages + p / page] * page + p % page;
     a = round16(a), b = round16(b);
-    if (head < hq + hkv && d < rope_dims) rotate(a, b, p, inv_freq[d / 2]);
-    __half* out = head < hq ? q + (long long)s * hq * D + e : head < hq + hkv ? kc + slot * hkv * D + (e - hq * D) : vc + slot * hkv * D + (e - (hq + hkv) * D);
+    if (head < hq + hkv && d < rope_dims) rotate(a, b, p, f);
+    __half* out = head < hq ? q + (long long)lane * hq * D + e : head < hq + hkv ? kc + slot * hkv * D + (e - hq * D) : vc + slot * hkv * D + (e - (hq + hkv) * D);
     out[0] = __float2half_rn(a);
     out[1] = __float2half_rn(b);
 }
 
 // w: gate rows then up rows (2 ffn of dim); a warp per output column j (gate j and up j).
-extern "C" __global__ void llama_gate_up_swiglu_q4_1_f16(const unsigned char* __restrict__ w, const float* __restrict__ x,
-                                                         const float* __restrict__ gamma, float eps, __half* __restrict__ act, int seqs,
-                                                         int dim, int ffn) {
-    extern __shared__ float sm[];
+extern "C" __global__ void __launch_bounds__(Q4_THREADS, 2)
+    llama_gate_up_swiglu_q4_1_f16(const unsigned char* __restrict__ w, const float* __restrict__ x, const float* __restrict__ gamma, float eps,
+                                  __half* __restrict__ act, int seqs, int dim, int ffn) {
+    extern __shared__ float ht[];
     const int lane = threadIdx.x & 31, groups = dim / 32;
-    const int j = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    Q4Row gr, ur;
+    const int j = blockIdx.x * (Q4_THREADS / 32) + (threadIdx.x >> 5);
+    Q4Row<Q4_NORM_G> gr, ur;
+    float g[Q4_K(Q4_NORM_G)];
     if (j < ffn) {
         q4_load(gr, w + (long long)j * groups * 20, groups, lane);
         q4_load(ur, w + (long long)(ffn + j) * groups * 20, groups, lane);
     }
+    q4_gamma(g, gamma, dim);
     pdl_wait();
-    float *ht = sm, *hsum = sm + seqs * 32 * groups;
-    q4_input_norm(ht, hsum, x, gamma, eps, seqs, dim);
+    q4_input_norm(ht, x, g, eps, seqs, dim);
     if (j >= ffn) return;
     for (int s = 0; s < seqs; ++s) {
-        const float g = round16(q4_dot(gr, ht, hsum, s, groups, lane)), u = round16(q4_dot(ur, ht, hsum, s, groups, lane));
-        if (lane == s) act[(long long)s * ffn + j] = __float2half_rn(g / (1.f + __expf(-g)) * u);
+        const float gs = round16(q4_dot(gr, ht, s, groups, lane)), us = round16(q4_dot(ur, ht, s, groups, lane));
+        if (lane == s) act[(long long)s * ffn + j] = __float2half_rn(gs / (1.f + __expf(-gs)) * us);
     }
 }
 
 // x [seqs, n] += f16(a [seqs, k] W^T), W n rows of k; a warp per row.
-extern "C" __global__ void llama_residual_q4_1_f16(const unsigned char* __restrict__ w, const __half* __restrict__ a, float* __restrict__ x,
-                                                   int seqs, int n, int k) {
-    extern __shared__ float sm[];
+extern "C" __global__ void __launch_bounds__(Q4_THREADS, 2)
+    llama_residual_q4_1_f16(const unsigned char* __restrict__ w, const __half* __restrict__ a, float* __restrict__ x, int seqs, int n, int k) {
+    extern __shared__ float ht[];
     const int lane = threadIdx.x & 31, groups = k / 32;
-    const int j = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    Q4Row r;
+    const int j = blockIdx.x * (Q4_THREADS / 32) + (threadIdx.x >> 5);
+    Q4Row<Q4_RESIDUAL_G> r;
     if (j < n) q4_load(r, w + (long long)j * groups * 20, groups, lane);
     pdl_wait();
-    float *ht = sm, *hsum = sm + seqs * 32 * groups;
-    q4_input_f16(ht, hsum, a, seqs, k);
+    // The residual this lane adds to, fetched now to arrive during the input's load.
+    const float xv = j < n && lane < seqs ? x[(long long)lane * n + j] : 0.f;
+    q4_input_f16<Q4_K(Q4_RESIDUAL_G)>(ht, a, seqs, k);
     if (j >= n) return;
+    float y = 0.f;
     for (int s = 0; s < seqs; ++s) {
-        const float y = round16(q4_dot(r, ht, hsum, s, groups, lane));
-        if (lane == s) x[(long long)s * n + j] += y;
+        const float ys = q4_dot(r, ht, s, groups, lane);
+        if (lane == s) y = ys;
     }
+    if (lane < seqs) x[(long long)lane * n + j] = xv + round16(y);
 }

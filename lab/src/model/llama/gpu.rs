@@ -167,7 +167,7 @@ impl GpuModel {
     /// sequences and widths.
     pub fn fuses(&self, seqs: usize) -> bool {
         let c = &self.config;
-        seqs <= k::FUSED_MAX_SEQS && c.dim.max(c.ffn) <= k::FUSED_MAX_WIDTH && c.dim.is_multiple_of(32) && c.ffn.is_multiple_of(32)
+        seqs <= k::FUSED_MAX_SEQS && c.dim <= k::FUSED_MAX_NORMED && c.ffn <= k::FUSED_MAX_WIDTH && c.dim.is_multiple_of(32) && c.ffn.is_multiple_of(32)
     }
 
     /// `seqs` sequences of up to `capacity` positions each.
@@ -293,8 +293,9 @@ impl<'m> Batch<'m> {
         if on && !self.m.fuses(self.seqs) {
             let c = &self.m.config;
             return Err(LabError::Invalid(format!(
-                "the fused decode takes up to {} sequences of widths up to {} (a batch of {}, widths {} and {})",
+                "the fused decode takes up to {} sequences, a width up to {} and an FFN up to {} (a batch of {}, widths {} and {})",
                 k::FUSED_MAX_SEQS,
+                k::FUSED_MAX_NORMED,
                 k::FUSED_MAX_WIDTH,
                 self.seqs,
                 c.dim,

@@ -29,10 +29,12 @@ pub const VARIANTS: &[Variant<()>] = &[
     Variant { name: "residual_q4_1", dtypes: &[DType::F16], requires: Requires::Gpu, what: "fused decode: a product of GGUF Q4_1 rows added into the f32 residual stream", config: () },
 ];
 
-/// What the fused decode products take (kernels/llama.cu): up to this many sequences, and rows
-/// up to 32 x Q4_MAXG groups of 32 wide.
+/// What the fused decode products take (kernels/llama.cu): up to this many sequences; inputs up
+/// to 32 x Q4_NORM_G groups of 32 wide for the products that normalise theirs, 32 x Q4_RESIDUAL_G
+/// for residual_q4_1.
 pub const FUSED_MAX_SEQS: usize = 16;
-pub const FUSED_MAX_WIDTH: usize = 32 * 2 * 32;
+pub const FUSED_MAX_NORMED: usize = 32 * 32;
+pub const FUSED_MAX_WIDTH: usize = 2 * 32 * 32;
 
 /// The kernels' rows, then the model they make up: the `llama` experiment's records are the
 /// engine's (on the CPU backend, the reference forward).
@@ -161,14 +163,15 @@ pub fn argmax(gpu: &Gpu, logits: &CudaSlice<f32>, tokens: &mut CudaSlice<u32>, p
         .doing("launching llama argmax")
 }
 
-/// A launch of one of the fused decode products: a warp per `units` (row pairs, columns or
-/// rows), 8 warps a block, the input of every sequence in shared memory.
+/// A launch of one of the fused decode products: a warp per unit (row pair, column or row), 8
+/// warps a block, the input of every sequence in shared memory.
 fn fused_cfg(gpu: &Gpu, name: &str, units: usize, seqs: usize, width: usize) -> Result<(cudarc::driver::CudaFunction, LaunchConfig)> {
-    check(name, (1..=FUSED_MAX_SEQS).contains(&seqs) && width.is_multiple_of(32) && width <= FUSED_MAX_WIDTH, || {
-        format!("{seqs} sequences of width {width}: the fused products take 1 to {FUSED_MAX_SEQS} sequences of a multiple of 32 up to {FUSED_MAX_WIDTH}")
+    let most = if name == "residual_q4_1" { FUSED_MAX_WIDTH } else { FUSED_MAX_NORMED };
+    check(name, (1..=FUSED_MAX_SEQS).contains(&seqs) && width.is_multiple_of(32) && width <= most, || {
+        format!("{seqs} sequences of width {width}: {name} takes 1 to {FUSED_MAX_SEQS} sequences of a multiple of 32 up to {most}")
     })?;
     let f = gpu.function(FAMILY, &symbol(FAMILY, name, DType::F16))?;
-    let smem = seqs * 33 * (width / 32) * 4;
+    let smem = seqs * width * 4;
     crate::ops::gemm::raise_dynamic_smem(&f, smem)?;
     Ok((f, LaunchConfig { grid_dim: (units.div_ceil(8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: smem as u32 }))
 }
