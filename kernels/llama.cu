@@ -15,6 +15,9 @@
 //  argmax        greedy choice per row of the logits, written as the sequence's next token once
 //                past its prompt, and the position advanced: no host round trip between steps,
 //                and a prompt can be fed through the same step.
+//  sample        the same, drawn from softmax(logits / T) cut to the top k and the top p of its
+//                mass, with a uniform number that depends only on (seed, sequence, position):
+//                runs are reproducible and a replayed graph draws afresh at each position.
 //
 // The fused decode products (batches of up to Q4_MAXB sequences, rows up to 32 G groups of 32
 // wide) read the Q4_1 weights as the GGUF stores them and fold the steps around a product into
@@ -113,9 +116,18 @@ extern "C" __global__ void llama_swiglu_f16(const __half* __restrict__ gu, __hal
     }
 }
 
-// One block per sequence; ties go to the lowest id, a NaN logit wins (so it shows). The chosen id
-// becomes tokens[seq][pos + 1] unless that is still a prompt token; pos advances unless the
-// cache is full.
+// The chosen id becomes tokens[seq][pos + 1] unless that is still a prompt token; pos advances
+// unless the cache is full. Thread 0 of the sequence's block.
+__device__ __forceinline__ void emit_token(unsigned* __restrict__ tokens, int* __restrict__ pos, const int* __restrict__ prompt_len, int seq,
+                                           int cap, int id) {
+    const int p = pos[seq];
+    if (p + 1 < cap) {
+        if (p + 1 >= prompt_len[seq]) tokens[(long long)seq * cap + p + 1] = (unsigned)id;
+        pos[seq] = p + 1;
+    }
+}
+
+// One block per sequence; ties go to the lowest id, a NaN logit wins (so it shows).
 extern "C" __global__ void llama_argmax_f32(const float* __restrict__ logits, unsigned* __restrict__ tokens, int* __restrict__ pos,
                                             const int* __restrict__ prompt_len, int vocab, int cap) {
     pdl_wait();
@@ -142,12 +154,159 @@ extern "C" __global__ void llama_argmax_f32(const float* __restrict__ logits, un
             const int j = si[w];
             if (v > best || (v == best && j < idx) || (v != v && (best == best || j < idx))) best = v, idx = j;
         }
-        const int p = pos[blockIdx.x];
-        if (p + 1 < cap) {
-            if (p + 1 >= prompt_len[blockIdx.x]) tokens[(long long)blockIdx.x * cap + p + 1] = (unsigned)idx;
-            pos[blockIdx.x] = p + 1;
+        emit_token(tokens, pos, prompt_len, blockIdx.x, cap, idx);
+    }
+}
+
+// ---- sampling ------------------------------------------------------------------------------
+// Weights are fixed point, w = floor(exp(z - max z) 2^31) with z = logit / T, summed as 64-bit
+// integers: every sum is exact whatever its order, so the draw is reproducible and the CPU's
+// mirror (model::llama::sample) computes the same sets. The top-k and top-p cuts are one radix
+// select (8 bits a pass from the top) of the smallest key whose keys at or above it reach a
+// weight: k for top-k (a weight of 1 per token), p of the kept mass for top-p. Tokens tied with
+// the threshold are all kept. The draw walks the kept tokens in id order.
+
+#define SAMPLE_THREADS 1024
+
+__device__ __forceinline__ unsigned long long splitmix64(unsigned long long z) {
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+// Order-preserving key of a float: a larger value has a larger key.
+__device__ __forceinline__ unsigned sample_key(float v) {
+    const unsigned b = __float_as_uint(v);
+    return b & 0x80000000u ? ~b : b | 0x80000000u;
+}
+
+__device__ __forceinline__ unsigned long long sample_weight(float z, float zmax) { return (unsigned long long)(expf(z - zmax) * 2147483648.f); }
+
+// The largest key t with sum(weight of tokens whose key >= t, among those with key >= floor) >=
+// need (need >= 1 and reachable). weight(i) is 1 when `ones`, else the fixed-point weight.
+__device__ unsigned sample_select(const float* __restrict__ row, int vocab, float inv_t, float zmax, unsigned floor, bool ones,
+                                  unsigned long long need) {
+    __shared__ unsigned long long hist[256];
+    __shared__ unsigned s_prefix;
+    __shared__ unsigned long long s_above;
+    unsigned prefix = 0, mask = 0;
+    unsigned long long above = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+        __syncthreads();
+        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+            const float z = row[i] * inv_t;
+            const unsigned key = sample_key(z);
+            if (key >= floor && (key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], ones ? 1ull : sample_weight(z, zmax));
+        }
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            // Lane L holds bins 8L..8L+7; the suffix sums from lane 31 down find the digit.
+            const int lane = threadIdx.x;
+            unsigned long long tot = 0;
+            for (int b = 0; b < 8; ++b) tot += hist[8 * lane + b];
+            unsigned long long suffix = tot;
+            for (int o = 1; o < 32; o <<= 1) {
+                const unsigned long long v = __shfl_down_sync(0xffffffffu, suffix, o);
+                if (lane + o < 32) suffix += v;
+            }
+            const unsigned hit = __ballot_sync(0xffffffffu, above + suffix >= need);
+            const int L = hit ? 31 - __clz(hit) : 0;
+            const unsigned long long beyond = __shfl_sync(0xffffffffu, suffix - tot, L);  // lanes above L
+            if (lane == 0) {
+                unsigned long long acc = above + beyond;
+                int d = 8 * L + 7;
+                for (; d > 8 * L; --d) {
+                    if (acc + hist[d] >= need) break;
+                    acc += hist[d];
+                }
+                s_prefix = prefix | ((unsigned)d << shift);
+                s_above = acc;
+            }
+        }
+        __syncthreads();
+        prefix = s_prefix;
+        above = s_above;
+        mask |= 255u << shift;
+        __syncthreads();
+    }
+    return prefix;
+}
+
+// One block of SAMPLE_THREADS per sequence. top_k 0 (or >= vocab) and top_p >= 1 cut nothing.
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) llama_sample_f32(const float* __restrict__ logits, unsigned* __restrict__ tokens,
+                                                                               int* __restrict__ pos, const int* __restrict__ prompt_len, int vocab,
+                                                                               int cap, float temperature, int top_k, float top_p,
+                                                                               unsigned long long seed) {
+    pdl_wait();
+    __shared__ unsigned long long part[SAMPLE_THREADS / 32];
+    __shared__ int s_pick;
+    const float* row = logits + (long long)blockIdx.x * vocab;
+    const float inv_t = 1.f / temperature;
+    float m = NEG_INF;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) m = fmax_nan(m, row[i] * inv_t);
+    const float zmax = block_reduce_max(m);
+    unsigned floor = 0;
+    if (top_k > 0 && top_k < vocab) floor = sample_select(row, vocab, inv_t, zmax, 0, true, (unsigned long long)top_k);
+    // The kept mass, then the top-p cut inside it.
+    const int chunk = (vocab + blockDim.x - 1) / blockDim.x, lo = threadIdx.x * chunk, hi = min(vocab, lo + chunk);
+    auto mass = [&](unsigned at_least) {
+        unsigned long long t = 0;
+        for (int i = lo; i < hi; ++i) {
+            const float z = row[i] * inv_t;
+            if (sample_key(z) >= at_least) t += sample_weight(z, zmax);
+        }
+        return t;
+    };
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    auto block_sum = [&](unsigned long long v) {
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        __syncthreads();
+        if (lane == 0) part[warp] = v;
+        __syncthreads();
+        unsigned long long t = 0;
+        for (int w = 0; w < (int)(blockDim.x >> 5); ++w) t += part[w];
+        return t;
+    };
+    unsigned long long total = block_sum(mass(floor));
+    if (top_p < 1.f) {
+        const unsigned long long need = (unsigned long long)ceil((double)top_p * (double)total);
+        if (need >= 1) floor = sample_select(row, vocab, inv_t, zmax, floor, false, need);
+        total = block_sum(mass(floor));
+    }
+    // u in [0, 1) from 24 bits of the counter's hash; the target is floor(u total).
+    const int p = pos[blockIdx.x];
+    const unsigned long long h = splitmix64(seed ^ splitmix64(((unsigned long long)blockIdx.x << 32) | (unsigned)p));
+    const unsigned long long target = __umul64hi(total, (h >> 40) << 40);
+    // Exclusive prefix of the per-thread masses in id order: the thread whose range holds the
+    // target walks it.
+    const unsigned long long mine = mass(floor);
+    unsigned long long incl = mine;
+    for (int o = 1; o < 32; o <<= 1) {
+        const unsigned long long v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+    }
+    __syncthreads();
+    if (lane == 31) part[warp] = incl;
+    if (threadIdx.x == 0) s_pick = -1;
+    __syncthreads();
+    unsigned long long before = incl - mine;
+    for (int w = 0; w < warp; ++w) before += part[w];
+    if (mine > 0 && target >= before && target < before + mine) {
+        unsigned long long acc = before;
+        for (int i = lo; i < hi; ++i) {
+            const float z = row[i] * inv_t;
+            if (sample_key(z) < floor) continue;
+            acc += sample_weight(z, zmax);
+            if (target < acc) {
+                s_pick = i;
+                break;
+            }
         }
     }
+    __syncthreads();
+    if (threadIdx.x == 0) emit_token(tokens, pos, prompt_len, blockIdx.x, cap, s_pick < 0 ? 0 : s_pick);
 }
 
 // ---- fused decode products ----------------------------------------------------------------

@@ -167,7 +167,8 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
-    /// Continue a prompt with a Llama-architecture GGUF model (greedy), streaming the text.
+    /// Continue a prompt with a Llama-architecture GGUF model (greedy, or sampled with
+    /// --temperature), streaming the text.
     Generate {
         /// The .gguf file.
         #[arg(long)]
@@ -179,6 +180,18 @@ enum Command {
         chat: bool,
         #[arg(long, default_value_t = 64)]
         max_tokens: usize,
+        /// Softmax temperature of the draw; 0 is greedy.
+        #[arg(long, default_value_t = 0.0)]
+        temperature: f32,
+        /// Draw among the k most likely tokens only (0: all).
+        #[arg(long, default_value_t = 0)]
+        top_k: usize,
+        /// Draw among the fewest most likely tokens holding this share of the mass (1: all).
+        #[arg(long, default_value_t = 1.0)]
+        top_p: f32,
+        /// Seed of the draws: the same seed, prompt and settings give the same text on either backend.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
         #[arg(long, value_enum, default_value = "auto")]
         backend: BackendChoice,
     },
@@ -378,8 +391,9 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Generate { model, prompt, chat, max_tokens, backend } => {
-            generate(&model, &prompt, chat, max_tokens, backend)?;
+        Command::Generate { model, prompt, chat, max_tokens, temperature, top_k, top_p, seed, backend } => {
+            let sampling = lab::model::llama::Sampling { temperature, top_k, top_p, seed };
+            generate(&model, &prompt, chat, max_tokens, sampling, backend)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Quantize { model, format, out } => {
@@ -583,8 +597,8 @@ fn select(target: &str, dir: &std::path::Path) -> Result<Vec<Record>> {
 }
 
 /// `lab generate`: tokens stream to stdout as they come, rates to stderr at the end.
-fn generate(model: &std::path::Path, prompt: &str, chat: bool, max_tokens: usize, backend: BackendChoice) -> Result<()> {
-    use lab::model::llama::{greedy, Engine};
+fn generate(model: &std::path::Path, prompt: &str, chat: bool, max_tokens: usize, sampling: lab::model::llama::Sampling, backend: BackendChoice) -> Result<()> {
+    use lab::model::llama::Engine;
     use lab::model::tokenizer::{ChatTemplate, Tokenizer};
     use std::io::Write;
     let file = lab::weights::gguf::GgufFile::open(model).map_err(|e| LabError::Invalid(e.to_string()))?;
@@ -597,10 +611,11 @@ fn generate(model: &std::path::Path, prompt: &str, chat: bool, max_tokens: usize
         prompt.to_string()
     };
     let ids = tok.encode(&text, true)?;
+    sampling.check()?;
     let engine = Engine::load(&backend.open()?, &g)?;
     let mut stream = tok.stream();
     let mut out = std::io::stdout().lock();
-    let done = greedy(&engine, &ids, max_tokens, |t| {
+    let done = lab::model::llama::generate(&engine, &ids, max_tokens, sampling, |t| {
         if tok.is_eog(t) {
             return Ok(false);
         }

@@ -1,6 +1,8 @@
-//! Greedy generation on either engine, one token at a time, each handed to the caller as soon
-//! as it is known (to stream text, or stop).
+//! Generation on either engine, one token at a time (greedy or sampled, [`Sampling`]), each
+//! handed to the caller as soon as it is known (to stream text, or stop). The two engines draw
+//! the same way: the same token for the same logits, seed and position.
 
+use super::sample::{choose, Sampling};
 use super::{Config, CpuModel, GpuModel};
 use crate::experiment::Backend;
 use crate::weights::gguf::Gguf;
@@ -50,9 +52,10 @@ pub struct Generated {
     pub decode: Duration,
 }
 
-/// Up to `max_new` greedy tokens after `prompt`; `each(token)` sees every new token and returns
-/// false to stop there.
-pub fn greedy(engine: &Engine, prompt: &[u32], max_new: usize, mut each: impl FnMut(u32) -> Result<bool>) -> Result<Generated> {
+/// Up to `max_new` tokens after `prompt`, chosen as `sampling` says; `each(token)` sees every
+/// new token and returns false to stop there.
+pub fn generate(engine: &Engine, prompt: &[u32], max_new: usize, sampling: Sampling, mut each: impl FnMut(u32) -> Result<bool>) -> Result<Generated> {
+    sampling.check()?;
     let c = engine.config();
     if prompt.is_empty() {
         return Err(LabError::Invalid("the prompt has no tokens".into()));
@@ -74,10 +77,12 @@ pub fn greedy(engine: &Engine, prompt: &[u32], max_new: usize, mut each: impl Fn
     };
     match engine {
         Engine::Cpu(m) => {
+            // Logits at position p choose the token of p + 1, as on the GPU.
             let mut cache = m.cache();
-            let mut t = argmax(&m.forward(&mut cache, prompt)?)?;
+            let mut t = choose(&m.forward(&mut cache, prompt)?, &sampling, 0, prompt.len() - 1)?;
             while max_new > 0 && emit(t, &mut out)? {
-                t = argmax(&m.step(&mut cache, t, true)?.expect("logits were asked for"))?;
+                let logits = m.step(&mut cache, t, true)?.expect("logits were asked for");
+                t = choose(&logits, &sampling, 0, cache.len - 1)?;
             }
         }
         Engine::Gpu(m) => {
@@ -87,6 +92,7 @@ pub fn greedy(engine: &Engine, prompt: &[u32], max_new: usize, mut each: impl Fn
             batch.set_programmatic(true);
             // engine_fused: five launches a layer instead of ten (note h100-decode-fused).
             batch.set_fused(m.fuses(1))?;
+            batch.set_sampling(sampling)?;
             batch.start(&[prompt.to_vec()])?;
             batch.prefill()?;
             let last = |b: &super::Batch| -> Result<u32> { Ok(*b.tokens()?[0].last().expect("a step writes a token")) };

@@ -15,6 +15,7 @@
 //! gate_up_swiglu_q4_1, residual_q4_1 (down).
 
 use super::config::Config;
+use super::sample::Sampling;
 use super::weights::Tensors;
 use crate::error::Doing;
 use crate::experiment::Backend;
@@ -203,6 +204,8 @@ pub struct Batch<'m> {
     programmatic: bool,
     /// Decode with the fused products (five launches a layer).
     fused: bool,
+    /// How each step chooses its token.
+    sampling: Sampling,
     /// A step has run eagerly: the next can be captured.
     warm: bool,
 }
@@ -236,6 +239,7 @@ impl<'m> Batch<'m> {
             graph: None,
             programmatic: false,
             fused: false,
+            sampling: Sampling::GREEDY,
             warm: false,
             m,
             seqs,
@@ -310,6 +314,17 @@ impl<'m> Batch<'m> {
         Ok(())
     }
 
+    /// How steps from now on (and prefill) choose each sequence's next token.
+    pub fn set_sampling(&mut self, s: Sampling) -> Result<()> {
+        s.check()?;
+        if s != self.sampling {
+            self.sampling = s;
+            self.graph = None;
+            self.warm = false;
+        }
+        Ok(())
+    }
+
     /// The captured step's dependencies and how many of them are programmatic (none before the
     /// second step).
     pub fn graph_edges(&self) -> Option<(usize, usize)> {
@@ -375,7 +390,7 @@ impl<'m> Batch<'m> {
             k::add_rmsnorm(gpu, &mut self.x, self.proj.cuda(), next, cuda(&mut self.h), b, dim, eps)?;
         }
         quant::w8a16_matvec(dev, &m.head, &self.h, &mut self.logits)?;
-        k::argmax(gpu, self.logits.cuda().expect("on the GPU"), &mut self.tokens, &mut self.pos, &self.prompt_len, b, c.vocab, self.cap)
+        self.choose()
     }
 
     /// The layers and the head with the fused products, after the embedding.
@@ -391,7 +406,7 @@ impl<'m> Batch<'m> {
         }
         k::add_rmsnorm(gpu, &mut self.x, None, &m.out_norm, cuda(&mut self.h), b, dim, eps)?;
         quant::w8a16_matvec(&m.dev, &m.head, &self.h, &mut self.logits)?;
-        k::argmax(gpu, self.logits.cuda().expect("on the GPU"), &mut self.tokens, &mut self.pos, &self.prompt_len, b, c.vocab, self.cap)
+        self.choose()
     }
 
     /// Runs every prompt through the model at once (GEMMs over all its tokens, FlashAttention
@@ -439,9 +454,20 @@ impl<'m> Batch<'m> {
         }
         gpu.stream.memcpy_htod(&vec![n as i32 - 1; b], &mut self.pos).doing("setting positions")?;
         quant::w8a16_matvec(dev, &m.head, &self.h, &mut self.logits)?;
-        k::argmax(gpu, self.logits.cuda().expect("on the GPU"), &mut self.tokens, &mut self.pos, &self.prompt_len, b, c.vocab, self.cap)?;
+        self.choose()?;
         self.steps = n;
         Ok(())
+    }
+
+    /// Each sequence's next token from the logits, written and its position advanced.
+    fn choose(&mut self) -> Result<()> {
+        let (gpu, b, vocab, cap) = (&*self.m.gpu, self.seqs, self.m.config.vocab, self.cap);
+        let logits = self.logits.cuda().expect("on the GPU");
+        if self.sampling.greedy() {
+            k::argmax(gpu, logits, &mut self.tokens, &mut self.pos, &self.prompt_len, b, vocab, cap)
+        } else {
+            k::sample(gpu, logits, &mut self.tokens, &mut self.pos, &self.prompt_len, b, vocab, cap, &self.sampling)
+        }
     }
 
     /// Every sequence's tokens so far: its prompt, then what was generated.

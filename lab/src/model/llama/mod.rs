@@ -6,9 +6,11 @@ pub mod config;
 pub mod cpu;
 pub mod generate;
 pub mod gpu;
+pub mod sample;
 pub mod weights;
 
 pub use config::Config;
 pub use cpu::{CpuCache, CpuModel};
-pub use generate::{greedy, Engine, Generated};
+pub use generate::{generate, Engine, Generated};
 pub use gpu::{Batch, GpuModel};
+pub use sample::Sampling;

@@ -13,6 +13,10 @@
 //!   beat; `tokens_s` = batch / step time.
 //!   The logits of the last step are checked against the CPU reference (contexts up to 128) or
 //!   against the batch's first sequence (every row holds the same prompt).
+//! - `sample` (GPU): the `sample` kernel's draws on `rows` rows of random logits (SmolLM2's
+//!   vocabulary, ties and a row of scores near 1e4 among them) under five settings of
+//!   temperature, top-k and top-p, each against the CPU mirror's draw at the same seed, sequence
+//!   and position (`model::llama::sample`), and timed beside `argmax` on the same rows.
 //! - `peers` (with `--peers transformers` / `llama-cpp`): transformers on the same GGUF (logits
 //!   after each of three prompts against the engine's, greedy continuations of 64 tokens, eager
 //!   decode rate) and llama.cpp's `llama-bench` (pp512 and tg128, flash attention off and on).
@@ -95,6 +99,9 @@ impl Experiment for Llama {
     }
     fn cases(&self, backend: &Backend, quick: bool) -> Vec<Value> {
         let mut out = vec![json!({"op": "check", "timed": false})];
+        if matches!(backend, Backend::Cuda(_)) {
+            out.extend([1, 64].map(|rows| json!({"op": "sample", "rows": rows})));
+        }
         match (backend, quick) {
             (Backend::Cpu, _) => out.push(json!({"op": "decode", "batch": 1, "context": 4})),
             (Backend::Cuda(_), true) => out.extend([json!({"op": "decode", "batch": 1, "context": 128}), json!({"op": "prefill", "tokens": 128})]),
@@ -115,7 +122,7 @@ impl Experiment for Llama {
     /// 8-step check took minutes, and synccheck of the three in one process did not finish in
     /// 280 s on an H100.
     fn sanitize_cases(&self, _: &Backend) -> Vec<Value> {
-        vec![json!({"op": "check", "steps": 1}), json!({"op": "decode", "batch": 3, "context": 9}), json!({"op": "prefill", "tokens": 17})]
+        vec![json!({"op": "check", "steps": 1}), json!({"op": "decode", "batch": 3, "context": 9}), json!({"op": "prefill", "tokens": 17}), json!({"op": "sample", "rows": 3})]
     }
     fn sanitize_case_per_process(&self) -> bool {
         true
@@ -138,6 +145,7 @@ impl Experiment for Llama {
             ("engine_fused", "llama", "qkv_rope_q4_1"),
             ("engine_fused", "llama", "gate_up_swiglu_q4_1"),
             ("engine_fused", "llama", "residual_q4_1"),
+            ("sample", "llama", "sample"),
         ]
     }
     fn run_case(&self, s: &mut Session, case: &Value) -> Result<()> {
@@ -146,7 +154,8 @@ impl Experiment for Llama {
             "decode" => decode(s, case),
             "prefill" => prefill(s, case),
             "peers" => peers(s),
-            op => Err(LabError::Invalid(format!("llama has no op `{op}` (check, decode, prefill, peers)"))),
+            "sample" => sample(s, case),
+            op => Err(LabError::Invalid(format!("llama has no op `{op}` (check, decode, prefill, peers, sample)"))),
         }
     }
 }
@@ -476,6 +485,77 @@ fn peers(s: &mut Session) -> Result<()> {
             rec.extra.insert("build_commit".into(), test["build_commit"].clone());
             rec.error = Some(finite(&[test["avg_ts"].as_f64().unwrap_or(f64::NAN) as f32], "a finite rate"));
             s.emit(rec)?;
+        }
+    }
+    Ok(())
+}
+
+/// Settings of the `sample` case: (temperature, top-k, top-p).
+const SAMPLINGS: [(f32, usize, f32); 5] = [(1.0, 0, 1.0), (0.7, 40, 1.0), (0.8, 0, 0.9), (1.2, 50, 0.95), (0.5, 1, 1.0)];
+
+/// The GPU's draws against the CPU mirror's, and their time beside argmax's.
+fn sample(s: &mut Session, case: &Value) -> Result<()> {
+    use crate::model::llama::sample::Draw;
+    use crate::model::llama::Sampling;
+    use rand::{Rng, SeedableRng};
+    let Backend::Cuda(gpu) = s.backend.clone() else { return Ok(()) };
+    let (rows, vocab, cap) = (param_usize(case, "rows")?, 49152usize, 64usize);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(s.opts.seed ^ rows as u64);
+    let mut logits: Vec<f32> = (0..rows * vocab).map(|_| rng.random_range(-6.0f32..6.0)).collect();
+    for r in 0..rows {
+        let row = &mut logits[r * vocab..(r + 1) * vocab];
+        // A few strong candidates, some of them tied, and on the last row scores near 1e4.
+        for j in 0..8 {
+            row[(j * 7919 + r * 104_729) % vocab] = 9.0 + (j / 2) as f32;
+        }
+        if r + 1 == rows && rows > 1 {
+            row.iter_mut().for_each(|v| *v = 1e4 + *v * 10.0);
+        }
+    }
+    let positions: Vec<i32> = (0..rows).map(|r| ((r * 13) % (cap - 2)) as i32).collect();
+    let d_logits = gpu.upload(&logits)?;
+    let d_prompt = gpu.upload(&vec![0i32; rows])?;
+    for (t, k, p) in SAMPLINGS {
+        let sampling = Sampling { temperature: t, top_k: k, top_p: p, seed: s.opts.seed };
+        let params = json!({"op": "sample", "rows": rows, "temperature": t, "top_k": k, "top_p": p});
+        let mut tokens = gpu.upload(&vec![u32::MAX; rows * cap])?;
+        let mut pos = gpu.upload(&positions)?;
+        super::sample(&gpu, &d_logits, &mut tokens, &mut pos, &d_prompt, rows, vocab, cap, &sampling)?;
+        let got = gpu.download(&tokens)?;
+        let (mut off, mut exact) = (Vec::new(), 0);
+        for r in 0..rows {
+            let pr = positions[r] as usize;
+            let token = got[r * cap + pr + 1];
+            let draw = Draw::new(&logits[r * vocab..(r + 1) * vocab], &sampling, r, pr)?;
+            exact += usize::from(token == draw.token());
+            // The kernel's exp may differ from the CPU's in its last bit: a token whose interval
+            // lies within 1e-6 of the total of the target is still the draw.
+            if !draw.allows(token, 1e-6) {
+                off.push(format!("row {r}: token {token}, the CPU drew {}", draw.token()));
+            }
+        }
+        for (variant, greedy) in [("sample", false), ("argmax", true)] {
+            if !s.wants(variant, "lab") {
+                continue;
+            }
+            let mut pos = gpu.upload(&positions)?;
+            let time = time_gpu(&gpu, &s.budget, || {
+                if greedy {
+                    super::argmax(&gpu, &d_logits, &mut tokens, &mut pos, &d_prompt, rows, vocab, cap)
+                } else {
+                    super::sample(&gpu, &d_logits, &mut tokens, &mut pos, &d_prompt, rows, vocab, cap, &sampling)
+                }
+            })?;
+            let mut m = Measurement::new(variant, "lab", &params, Work { bytes: (rows * vocab * 4) as u64, flops: 0 });
+            m.time = Some(time);
+            if !greedy {
+                m.error = Some(ErrorStats { mismatches: off.len() as u64, ..ErrorStats::empty("model::llama::sample, the CPU mirror at the same seed and position") });
+                m.extra.insert("rows_equal_to_cpu".into(), json!(exact));
+                if !off.is_empty() {
+                    m.extra.insert("why".into(), json!(off.iter().take(4).cloned().collect::<Vec<_>>().join("; ")));
+                }
+            }
+            s.emit(m)?;
         }
     }
     Ok(())

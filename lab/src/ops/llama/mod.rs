@@ -24,6 +24,7 @@ pub const VARIANTS: &[Variant<()>] = &[
     Variant { name: "rope_cache", dtypes: &[DType::F16], requires: Requires::Gpu, what: "RoPE on Q and K of the fused QKV product, K and V stored in the paged cache", config: () },
     Variant { name: "swiglu", dtypes: &[DType::F16], requires: Requires::Gpu, what: "silu(gate) * up of the fused gate|up product", config: () },
     Variant { name: "argmax", dtypes: &[DType::F32], requires: Requires::Gpu, what: "greedy token per sequence, written and the position advanced on the device", config: () },
+    Variant { name: "sample", dtypes: &[DType::F32], requires: Requires::Gpu, what: "a token drawn per sequence from softmax(logits / T) cut to top-k and top-p, reproducible from (seed, sequence, position)", config: () },
     Variant { name: "qkv_rope_q4_1", dtypes: &[DType::F16], requires: Requires::Gpu, what: "fused decode: RMSNorm, the QKV product of GGUF Q4_1 rows, RoPE and the cache store in one launch", config: () },
     Variant { name: "gate_up_swiglu_q4_1", dtypes: &[DType::F16], requires: Requires::Gpu, what: "fused decode: RMSNorm, the gate and up products of GGUF Q4_1 rows and SwiGLU in one launch", config: () },
     Variant { name: "residual_q4_1", dtypes: &[DType::F16], requires: Requires::Gpu, what: "fused decode: a product of GGUF Q4_1 rows added into the f32 residual stream", config: () },
@@ -240,4 +241,31 @@ pub fn residual_q4_1(gpu: &Gpu, w: &CudaSlice<u8>, a: &CudaSlice<f16>, x: &mut C
     l.arg(w).arg(a).arg(x).arg(&seqs).arg(&n).arg(&k);
     // SAFETY: w holds n rows of k, a and x their sequences (checked); shared memory sized by fused_cfg.
     unsafe { l.launch(cfg) }.map(|_| ()).doing("launching llama residual_q4_1")
+}
+
+/// [`argmax`]'s contract, the token drawn as `s` says (the draw of
+/// [`crate::model::llama::sample::Draw`] at each sequence's position); `s` must not be greedy.
+#[allow(clippy::too_many_arguments)]
+pub fn sample(
+    gpu: &Gpu,
+    logits: &CudaSlice<f32>,
+    tokens: &mut CudaSlice<u32>,
+    pos: &mut CudaSlice<i32>,
+    prompt_len: &CudaSlice<i32>,
+    seqs: usize,
+    vocab: usize,
+    cap: usize,
+    s: &crate::model::llama::Sampling,
+) -> Result<()> {
+    s.check()?;
+    check("sample", !s.greedy() && logits.len() >= seqs * vocab && tokens.len() >= seqs * cap && pos.len() >= seqs && prompt_len.len() >= seqs, || {
+        format!("{seqs} rows of {vocab} at temperature {}", s.temperature)
+    })?;
+    let f = gpu.function(FAMILY, &symbol(FAMILY, "sample", DType::F32))?;
+    let [v, c] = [vocab, cap].map(|x| x as i32);
+    let k = s.top_k.min(i32::MAX as usize) as i32;
+    let mut l = gpu.stream.launch_builder(&f);
+    l.arg(logits).arg(tokens).arg(pos).arg(prompt_len).arg(&v).arg(&c).arg(&s.temperature).arg(&k).arg(&s.top_p).arg(&s.seed);
+    // SAFETY: one block per sequence; logits, tokens, pos and prompt_len hold their rows (checked).
+    unsafe { l.launch(rows_cfg(seqs, 1024)) }.map(|_| ()).doing("launching llama sample")
 }
