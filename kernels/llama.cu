@@ -195,11 +195,30 @@ __device__ unsigned sample_select(const float* __restrict__ row, int vocab, floa
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
         __syncthreads();
+        // Most keys share their top byte, so one shared counter would take nearly every atomic:
+        // a thread sums its run of equal bins in a register, and the warp merges the runs it
+        // ends with before the last atomics.
+        int bin = -1;
+        unsigned long long run = 0;
         for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
             const float z = row[i] * inv_t;
             const unsigned key = sample_key(z);
-            if (key >= floor && (key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], ones ? 1ull : sample_weight(z, zmax));
+            if (key >= floor && (key & mask) == prefix) {
+                const int b = (key >> shift) & 255u;
+                if (b != bin) {
+                    if (bin >= 0) atomicAdd(&hist[bin], run);
+                    bin = b, run = 0;
+                }
+                run += ones ? 1ull : sample_weight(z, zmax);
+            }
         }
+        const unsigned same = __match_any_sync(0xffffffffu, bin);
+        unsigned long long merged = 0;
+        for (int l = 0; l < 32; ++l) {
+            const unsigned long long v = __shfl_sync(0xffffffffu, run, l);
+            if (same >> l & 1u) merged += v;
+        }
+        if (bin >= 0 && (threadIdx.x & 31) == __ffs(same) - 1) atomicAdd(&hist[bin], merged);
         __syncthreads();
         if (threadIdx.x < 32) {
             // Lane L holds bins 8L..8L+7; the suffix sums from lane 31 down find the digit.
