@@ -60,6 +60,9 @@ pub struct DeviceView {
     pub status: String,
     pub headlines: Vec<Headline>,
     pub gates: Option<Gates>,
+    /// By world size across runs (the newest passing record of each figure), where the records
+    /// name two world sizes or more.
+    pub scaling: Option<super::model::Scaling>,
     /// The committed figures, drawn from the current run.
     pub figures: Vec<super::model::Figure>,
     /// Where the status figure comes from: the ladder is drawn at its shape and timing mode, the
@@ -278,7 +281,17 @@ pub fn experiments(records: &[Record], notes: &[(Vec<String>, NoteView)]) -> Vec
                         None => "only variants since removed from the table were timed".into(),
                     };
                     let lead = lead.map(|(h, b)| Lead { run_id: b.run_id.clone(), shape: h.shape.clone(), mode: h.mode.clone() });
-                    DeviceView { device: device.to_string(), status, headlines, gates: gates(&recs), figures: Vec::new(), lead }
+                    // The headlines' variants at every shape their declarations match (at every
+                    // shape where the experiment declares none: a training run's steps differ).
+                    let open = declared(experiment).is_empty();
+                    let mut by_time: Vec<&Record> = recs
+                        .iter()
+                        .copied()
+                        .filter(|r| headlines.iter().any(|h| (open || matches(&r.params, &h.spec)) && h.rows.iter().any(|b| b.variant == super::model::variant_name(r))))
+                        .collect();
+                    by_time.sort_by(|a, b| a.time.cmp(&b.time));
+                    let scaling = super::model::scaling(&by_time, experiment).filter(|s| s.ranks.len() > 1);
+                    DeviceView { device: device.to_string(), status, headlines, gates: gates(&recs), scaling, figures: Vec::new(), lead }
                 })
                 .collect();
             ExperimentView { name: experiment.to_string(), slug: slug(experiment), devices, notes }
