@@ -79,6 +79,7 @@ fn the_decode_steps_kernels_wait_for_their_upstream_on_sm90_only() {
                 "llama_rope_cache_f16",
                 "llama_swiglu_f16",
                 "llama_argmax_f32",
+                "llama_sample_f32",
                 "llama_qkv_rope_q4_1_f16",
                 "llama_gate_up_swiglu_q4_1_f16",
                 "llama_residual_q4_1_f16",

@@ -217,6 +217,25 @@ mod tests {
         }
     }
 
+    /// The check the GPU's draws must pass refuses a token off the target's interval or outside
+    /// the kept set: the draw's own token passes, its neighbours in the kept order do not.
+    #[test]
+    fn the_draw_check_refuses_other_tokens() {
+        let l = logits(2000, 8);
+        let s = Sampling { temperature: 1.0, top_k: 100, top_p: 0.9, seed: 5 };
+        for pos in 0..50 {
+            let d = Draw::new(&l, &s, 1, pos).unwrap();
+            let t = d.token();
+            assert!(d.allows(t, 1e-6));
+            let at = d.kept.iter().position(|k| k.0 == t).unwrap();
+            for other in [at.checked_sub(1), Some(at + 1)].into_iter().flatten().filter_map(|i| d.kept.get(i)) {
+                assert!(!d.allows(other.0, 1e-6), "position {pos}: token {} passed for {t}", other.0);
+            }
+            let outside = (0..2000u32).find(|i| !d.kept.iter().any(|k| k.0 == *i)).unwrap();
+            assert!(!d.allows(outside, 1e-6));
+        }
+    }
+
     #[test]
     fn bad_settings_are_named() {
         let l = logits(10, 1);
