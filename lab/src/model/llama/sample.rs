@@ -84,7 +84,7 @@ impl Draw {
         // radix select, done by sorting.
         let threshold = |floor: u32, w: &dyn Fn(f32) -> u64, need: u64| -> u32 {
             let mut ks: Vec<(u32, u64)> = z.iter().map(|&v| (key(v), v)).filter(|(k, _)| *k >= floor).map(|(k, v)| (k, w(v))).collect();
-            ks.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+            ks.sort_unstable_by_key(|k| std::cmp::Reverse(k.0));
             let mut acc = 0u64;
             let mut i = 0;
             while i < ks.len() {
