@@ -116,8 +116,9 @@ impl Experiment for Llama {
         out
     }
     /// The check cut to its prompt and one greedy step, a decode step at an odd batch (the dense
-    /// GEMM path; the fused products at a batch they were not tuned for) and context, and a prefill of an odd length (a partial tile of every kernel it
-    /// runs): every kernel of the engine, each launched as few times as that takes. Every
+    /// GEMM path; the fused products at a batch they were not tuned for) and context, a prefill
+    /// of an odd length (a partial tile of every kernel it runs), and three rows drawn by
+    /// `sample`: every kernel of the engine, each launched as few times as that takes. Every
     /// engine step is some 240 launches, each slow under a tool: the 33-token prefill and the
     /// 8-step check took minutes, and synccheck of the three in one process did not finish in
     /// 280 s on an H100.

@@ -165,9 +165,8 @@ pub fn argmax(gpu: &Gpu, logits: &CudaSlice<f32>, tokens: &mut CudaSlice<u32>, p
 }
 
 /// A launch of one of the fused decode products: a warp per unit (row pair, column or row), 8
-/// warps a block, the input of every sequence in shared memory.
-fn fused_cfg(gpu: &Gpu, name: &str, units: usize, seqs: usize, width: usize) -> Result<(cudarc::driver::CudaFunction, LaunchConfig)> {
-    let most = if name == "residual_q4_1" { FUSED_MAX_WIDTH } else { FUSED_MAX_NORMED };
+/// warps a block, the input of every sequence (`width` wide, at `most`) in shared memory.
+fn fused_cfg(gpu: &Gpu, name: &str, units: usize, seqs: usize, width: usize, most: usize) -> Result<(cudarc::driver::CudaFunction, LaunchConfig)> {
     check(name, (1..=FUSED_MAX_SEQS).contains(&seqs) && width.is_multiple_of(32) && width <= most, || {
         format!("{seqs} sequences of width {width}: {name} takes 1 to {FUSED_MAX_SEQS} sequences of a multiple of 32 up to {most}")
     })?;
@@ -204,7 +203,7 @@ pub fn qkv_rope_q4_1(
     check("qkv_rope_q4_1", x.len() >= seqs * dim && q.len() >= seqs * hq * d && 2 * inv_freq.len() <= d && seqs <= cache.batch && pos.len() >= seqs, || {
         format!("{seqs} sequences of {dim}, {hq} query heads, {hkv} KV heads of {d}")
     })?;
-    let (f, cfg) = fused_cfg(gpu, "qkv_rope_q4_1", rows / 2, seqs, dim)?;
+    let (f, cfg) = fused_cfg(gpu, "qkv_rope_q4_1", rows / 2, seqs, dim, FUSED_MAX_NORMED)?;
     let [seqs, dim, hq, hkv, d, rd, page, mp] = [seqs, dim, hq, hkv, d, 2 * inv_freq.len(), cache.page, cache.max_pages].map(|v| v as i32);
     let mut l = gpu.stream.launch_builder(&f);
     l.arg(w).arg(x).arg(gamma).arg(&eps).arg(q).arg(&mut cache.k).arg(&mut cache.v).arg(&cache.table).arg(pos).arg(inv_freq);
@@ -221,7 +220,7 @@ pub fn gate_up_swiglu_q4_1(gpu: &Gpu, w: &CudaSlice<u8>, x: &CudaSlice<f32>, gam
     let dim = gamma.len();
     check_q4_1("gate_up_swiglu_q4_1", w, 2 * ffn, dim)?;
     check("gate_up_swiglu_q4_1", x.len() >= seqs * dim && act.len() >= seqs * ffn, || format!("{seqs} sequences of {dim} -> {ffn}"))?;
-    let (f, cfg) = fused_cfg(gpu, "gate_up_swiglu_q4_1", ffn, seqs, dim)?;
+    let (f, cfg) = fused_cfg(gpu, "gate_up_swiglu_q4_1", ffn, seqs, dim, FUSED_MAX_NORMED)?;
     let [seqs, dim, ffn] = [seqs, dim, ffn].map(|v| v as i32);
     let mut l = gpu.stream.launch_builder(&f);
     l.arg(w).arg(x).arg(gamma).arg(&eps).arg(act).arg(&seqs).arg(&dim).arg(&ffn);
@@ -235,7 +234,7 @@ pub fn gate_up_swiglu_q4_1(gpu: &Gpu, w: &CudaSlice<u8>, x: &CudaSlice<f32>, gam
 pub fn residual_q4_1(gpu: &Gpu, w: &CudaSlice<u8>, a: &CudaSlice<f16>, x: &mut CudaSlice<f32>, seqs: usize, n: usize, k: usize) -> Result<()> {
     check_q4_1("residual_q4_1", w, n, k)?;
     check("residual_q4_1", a.len() >= seqs * k && x.len() >= seqs * n, || format!("{seqs} sequences of {k} -> {n}"))?;
-    let (f, cfg) = fused_cfg(gpu, "residual_q4_1", n, seqs, k)?;
+    let (f, cfg) = fused_cfg(gpu, "residual_q4_1", n, seqs, k, FUSED_MAX_WIDTH)?;
     let [seqs, n, k] = [seqs, n, k].map(|v| v as i32);
     let mut l = gpu.stream.launch_builder(&f);
     l.arg(w).arg(a).arg(x).arg(&seqs).arg(&n).arg(&k);
