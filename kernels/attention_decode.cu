@@ -29,8 +29,13 @@
 //                   Should buy: loads run two tiles ahead of the math instead of each warp
 //                   waiting on its own, and 16 keys cost 16 + 16 mmas instead of 2048 FMAs, so
 //                   the walk is held by memory alone.
-//  decode_combine   block (D,1,1), grid (Hq, B), dynamic smem 4 nsplit: merges the splits that
-//                   hold rows.
+//  decode_merge     decode_mma with the combine step folded in: a group's only split writes its
+//                   output itself, and otherwise the last split of a (sequence, head group) to
+//                   finish (a counter per group, reset by that block for the next launch) merges
+//                   every split's partials. Should buy: one launch a step instead of two, and no
+//                   partials' round trip where one split covers the context.
+//  decode_combine   block (D,1,1), grid (Hq, B), dynamic smem 4 (nsplit + 1): merges the splits
+//                   that hold rows (dec_merge_splits for one head).
 
 #include "common.cuh"
 #include "mma.cuh"
@@ -45,6 +50,106 @@ __device__ __forceinline__ long long dec_row(const int* __restrict__ table, int 
     return (((long long)p * page + j % page) * hkv + kvh) * D;
 }
 
+#define DEC_LN2 0.69314718055994531f
+
+// Merges the `used` splits' partials of query heads bh0..bh0+gn-1 (rows of [B * Hq]) into o and,
+// when given, the natural-log lse. f: gn * used + gn floats of shared memory. Each split's weight
+// exp2(m_s - max) goes to f first, so the output loop's loads are independent of each other: one
+// latency for a batch of splits rather than one per split. Reads with ld.global.cg: the partials
+// may have been written by other blocks of this grid (the caller fenced), never through this
+// SM's L1.
+template <typename T>
+__device__ void dec_merge_splits(const float* __restrict__ part_o, const float* __restrict__ part_ml, long long bh0, int gn, int D, int nsplit,
+                                 int used, T* __restrict__ o, float* __restrict__ lse, float* f) {
+    float* tot = f + gn * used;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    for (int r = warp; r < gn; r += warps) {
+        const float2* ml = reinterpret_cast<const float2*>(part_ml) + (bh0 + r) * nsplit;
+        float mx = NEG_INF;
+        for (int s = lane; s < used; s += 32) mx = fmax_nan(mx, __ldcg(&ml[s]).x);
+        mx = warp_reduce_max(mx);
+        float sum = 0.f;
+        for (int s = lane; s < used; s += 32) {
+            const float2 v = __ldcg(&ml[s]);
+            const float w = exp2f(v.x - safe_shift(mx));
+            f[r * used + s] = w;
+            sum += v.y * w;
+        }
+        sum = warp_reduce_sum(sum);
+        if (lane == 0) {
+            tot[r] = sum;
+            if (lse) lse[bh0 + r] = (mx + log2f(sum)) * DEC_LN2;
+        }
+    }
+    __syncthreads();
+    const int Q = D / 4;  // float4 columns of a row
+    for (int i = threadIdx.x; i < gn * Q; i += blockDim.x) {
+        const int r = i / Q, c = i % Q;
+        const float4* p = reinterpret_cast<const float4*>(part_o + (bh0 + r) * nsplit * D) + c;
+        const float* w = f + r * used;
+        float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+        for (int s = 0; s < used; ++s) {
+            const float4 v = __ldcg(p + (long long)s * Q);
+            a.x += v.x * w[s], a.y += v.y * w[s], a.z += v.z * w[s], a.w += v.w * w[s];
+        }
+        T* out = o + (bh0 + r) * D + 4 * c;
+        out[0] = from_float<T>(a.x / tot[r]), out[1] = from_float<T>(a.y / tot[r]);
+        out[2] = from_float<T>(a.z / tot[r]), out[3] = from_float<T>(a.w / tot[r]);
+    }
+}
+
+// The block's rows written out after its warps walked their keys: wml [DEC_WARPS][R][2] (max,
+// sum) and wo [DEC_WARPS][R][D] in shared memory, a warp that saw no key holding -inf, 0, 0. The
+// warps are merged and stored as split `split`'s partials of heads h0..h0+gn-1. With MERGE, a
+// group whose context one split covers writes o (and lse) itself, and otherwise the last split of
+// the group to count itself in merges all of them into o, with `scratch` (shared memory, at
+// least gn * used + gn floats, wo and wml no longer needed) for the weights.
+template <typename T, bool MERGE>
+__device__ void dec_store(const float* wo, const float* wml, int R, int D, int gn, int b, int h0, int hq, int split, int used,
+                          float* __restrict__ part_o, float* __restrict__ part_ml, int* __restrict__ counts, T* __restrict__ o,
+                          float* __restrict__ lse, float* scratch) {
+    const int nsplit = gridDim.x;
+    const bool direct = MERGE && used == 1;
+    for (int i = threadIdx.x; i < gn * D; i += blockDim.x) {
+        const int r = i / D, d = i % D;
+        float mx = NEG_INF;
+        for (int w = 0; w < DEC_WARPS; ++w) mx = fmax_nan(mx, wml[(w * R + r) * 2]);
+        float acc = 0.f, sum = 0.f;
+        for (int w = 0; w < DEC_WARPS; ++w) {
+            const float f = exp2f(wml[(w * R + r) * 2] - safe_shift(mx));
+            acc += wo[(w * R + r) * D + d] * f;
+            sum += wml[(w * R + r) * 2 + 1] * f;
+        }
+        const long long bh = (long long)b * hq + h0 + r;
+        if (direct) {
+            o[bh * D + d] = from_float<T>(acc / sum);
+            if (d == 0 && lse) lse[bh] = (mx + log2f(sum)) * DEC_LN2;
+            continue;
+        }
+        const long long slot = bh * nsplit + split;
+        part_o[slot * D + d] = acc;
+        if (d == 0) {
+            part_ml[slot * 2] = mx;
+            part_ml[slot * 2 + 1] = sum;
+        }
+    }
+    if (!MERGE || direct) return;
+    // Every thread's partials are visible device-wide before its block counts itself in.
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int* count = counts + (long long)b * gridDim.y + blockIdx.y;
+        last = atomicAdd(count, 1) == used - 1;
+        if (last) *count = 0;  // every split has counted: ready for the next launch
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    dec_merge_splits<T>(part_o, part_ml, (long long)b * hq + h0, gn, D, nsplit, used, o, lse, scratch);
+}
+
 template <int BYTES> struct DecVRaw;
 template <> struct DecVRaw<8> { using type = uint2; };
 template <> struct DecVRaw<4> { using type = unsigned; };
@@ -57,7 +162,7 @@ __device__ void decode_split(const T* __restrict__ q, const T* __restrict__ kc, 
     constexpr int V8 = D / 8;  // 16-byte vectors per K row
     using VRaw = typename DecVRaw<C * sizeof(T)>::type;  // one lane's C values of a V row
     __shared__ float qs[GM][D];
-    __shared__ float wm[DEC_WARPS][GM], wl[DEC_WARPS][GM];
+    __shared__ float wml[DEC_WARPS][GM][2];
     __shared__ float wacc[DEC_WARPS][GM][D];
     const int split = blockIdx.x, b = blockIdx.z, G = hq / hkv, subs = (G + GM - 1) / GM;
     const int kvh = blockIdx.y / subs, h0 = kvh * G + (blockIdx.y % subs) * GM;
@@ -139,12 +244,12 @@ __device__ void decode_split(const T* __restrict__ q, const T* __restrict__ kc, 
             }
         }
     }
-    // Merge the warps (a warp with no tile has m = -inf, l = 0, acc = 0).
+    // The warps' rows to shared memory, then merged and stored.
     if (lane == 0) {
 #pragma unroll
         for (int g = 0; g < GM; ++g) {
-            wm[warp][g] = m[g];
-            wl[warp][g] = l[g];
+            wml[warp][g][0] = m[g];
+            wml[warp][g][1] = l[g];
         }
     }
 #pragma unroll
@@ -153,24 +258,7 @@ __device__ void decode_split(const T* __restrict__ q, const T* __restrict__ kc, 
         for (int c = 0; c < C; ++c) wacc[warp][g][lane * C + c] = acc[g][c];
     }
     __syncthreads();
-    const int nsplit = gridDim.x;
-    for (int i = threadIdx.x; i < gn * D; i += blockDim.x) {
-        const int g = i / D, d = i % D;
-        float mx = NEG_INF;
-        for (int w = 0; w < DEC_WARPS; ++w) mx = fmax_nan(mx, wm[w][g]);
-        float o = 0.f, sum = 0.f;
-        for (int w = 0; w < DEC_WARPS; ++w) {
-            const float f = exp2f(wm[w][g] - safe_shift(mx));
-            o += wacc[w][g][d] * f;
-            sum += wl[w][g] * f;
-        }
-        const long long slot = ((long long)b * hq + h0 + g) * nsplit + split;
-        part_o[slot * D + d] = o;
-        if (d == 0) {
-            part_ml[slot * 2] = mx;
-            part_ml[slot * 2 + 1] = sum;
-        }
-    }
+    dec_store<T, false>(&wacc[0][0][0], &wml[0][0][0], GM, D, gn, b, h0, hq, split, 0, part_o, part_ml, nullptr, nullptr, nullptr, nullptr);
 }
 
 constexpr int DM_BN = 64, DM_STAGES = 3;
@@ -194,10 +282,10 @@ __device__ __forceinline__ void dm_load_tile(T* sk, T* sv, const T* __restrict__
     }
 }
 
-template <typename T, int D>
+template <typename T, int D, bool MERGE>
 __device__ void decode_mma(const T* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc, const int* __restrict__ table,
-                           const int* __restrict__ pos, float* __restrict__ part_o, float* __restrict__ part_ml, int hq, int hkv, int page,
-                           int max_pages, int chunk, float scale_log2) {
+                           const int* __restrict__ pos, float* __restrict__ part_o, float* __restrict__ part_ml, int* __restrict__ counts,
+                           T* __restrict__ o, float* __restrict__ lse, int hq, int hkv, int page, int max_pages, int chunk, float scale_log2) {
     constexpr int LD = D + 8, TILE = DM_BN * LD;
     extern __shared__ __align__(16) unsigned char dm_smem[];
     T* sQ = reinterpret_cast<T*>(dm_smem);
@@ -288,7 +376,7 @@ __device__ void decode_mma(const T* __restrict__ q, const T* __restrict__ kc, co
     cp_async_wait<0>();
     __syncthreads();  // the ring is free: the warps merge through it
 
-    // Merge the warps (a warp that saw no key has m = -inf, l = 0, acc = 0).
+    // The warps' rows to shared memory, then merged and stored.
     float* wo = reinterpret_cast<float*>(sK);  // [warp][16][D]
     float* wml = wo + DEC_WARPS * 16 * D;      // [warp][16][2]
 #pragma unroll
@@ -308,52 +396,17 @@ __device__ void decode_mma(const T* __restrict__ q, const T* __restrict__ kc, co
         }
     }
     __syncthreads();
-    const int nsplit = gridDim.x;
-    for (int i = threadIdx.x; i < gn * D; i += blockDim.x) {
-        const int r = i / D, d = i % D;
-        float mx = NEG_INF;
-        for (int w = 0; w < DEC_WARPS; ++w) mx = fmax_nan(mx, wml[(w * 16 + r) * 2]);
-        float o = 0.f, sum = 0.f;
-        for (int w = 0; w < DEC_WARPS; ++w) {
-            const float f = exp2f(wml[(w * 16 + r) * 2] - safe_shift(mx));
-            o += wo[(w * 16 + r) * D + d] * f;
-            sum += wml[(w * 16 + r) * 2 + 1] * f;
-        }
-        const long long slot = ((long long)b * hq + h0 + r) * nsplit + split;
-        part_o[slot * D + d] = o;
-        if (d == 0) {
-            part_ml[slot * 2] = mx;
-            part_ml[slot * 2 + 1] = sum;
-        }
-    }
+    const int used = min((int)gridDim.x, (len + chunk - 1) / chunk);
+    dec_store<T, MERGE>(wo, wml, 16, D, gn, b, h0, hq, split, used, part_o, part_ml, counts, o, lse, reinterpret_cast<float*>(dm_smem));
 }
 
-// The splits' weights exp2(m_s - max) go to shared memory (nsplit floats, dynamic) first, so
-// that the loads of the output loop are independent of each other: one latency for a batch of
-// splits rather than one per split (a 32-split row waited 32 in turn).
+// One head of one sequence per block.
 template <typename T>
 __device__ void decode_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml, const int* __restrict__ pos,
                                T* __restrict__ o, float* __restrict__ lse, int hq, int D, int chunk, int nsplit) {
     extern __shared__ float dc_f[];
-    const int h = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
-    const int used = min(nsplit, (pos[b] + 1 + chunk - 1) / chunk);
-    const long long base = ((long long)b * hq + h) * nsplit;
-    float mx = NEG_INF;
-    for (int s = d; s < used; s += blockDim.x) mx = fmax_nan(mx, part_ml[(base + s) * 2]);
-    mx = block_reduce_max(mx);
-    float sum = 0.f;
-    for (int s = d; s < used; s += blockDim.x) {
-        const float f = exp2f(part_ml[(base + s) * 2] - safe_shift(mx));
-        dc_f[s] = f;
-        sum += part_ml[(base + s) * 2 + 1] * f;
-    }
-    sum = block_reduce_sum(sum);  // its barriers also publish dc_f
-    float acc = 0.f;
-#pragma unroll 8
-    for (int s = 0; s < used; ++s) acc += part_o[(base + s) * D + d] * dc_f[s];
-    o[((long long)b * hq + h) * D + d] = from_float<T>(acc / sum);
-    // lse in natural log, as the forward kernels save it.
-    if (d == 0 && lse) lse[(long long)b * hq + h] = (mx + log2f(sum)) * 0.69314718055994531f;
+    const int used = min(nsplit, (pos[blockIdx.y] + 1 + chunk - 1) / chunk);
+    dec_merge_splits<T>(part_o, part_ml, (long long)blockIdx.y * hq + blockIdx.x, 1, D, nsplit, used, o, lse, dc_f);
 }
 
 #define DECODE_SPLIT(T, SUF, D, GM)                                                                                                 \
@@ -368,7 +421,14 @@ __device__ void decode_combine(const float* __restrict__ part_o, const float* __
         const T* q, const T* kc, const T* vc, const int* table, const int* pos, float* part_o, float* part_ml, int hq, int hkv,       \
         int page, int max_pages, int chunk, float scale_log2) {                                                                      \
         pdl_wait();                                                                                                                  \
-        decode_mma<T, D>(q, kc, vc, table, pos, part_o, part_ml, hq, hkv, page, max_pages, chunk, scale_log2);                       \
+        decode_mma<T, D, false>(q, kc, vc, table, pos, part_o, part_ml, nullptr, nullptr, nullptr, hq, hkv, page, max_pages, chunk,  \
+                                scale_log2);                                                                                         \
+    }                                                                                                                                \
+    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) attention_decode_merge_d##D##_##SUF(                                    \
+        const T* q, const T* kc, const T* vc, const int* table, const int* pos, float* part_o, float* part_ml, int* counts, T* o,     \
+        float* lse, int hq, int hkv, int page, int max_pages, int chunk, float scale_log2) {                                         \
+        pdl_wait();                                                                                                                  \
+        decode_mma<T, D, true>(q, kc, vc, table, pos, part_o, part_ml, counts, o, lse, hq, hkv, page, max_pages, chunk, scale_log2); \
     }
 #define DECODE_KERNELS(T, SUF, D) DECODE_SPLIT(T, SUF, D, 1) DECODE_SPLIT(T, SUF, D, 2) DECODE_SPLIT(T, SUF, D, 4) DECODE_SPLIT(T, SUF, D, 8) DECODE_MMA(T, SUF, D)
 DECODE_KERNELS(__half, f16, 64)

@@ -85,7 +85,7 @@ fn the_decode_steps_kernels_wait_for_their_upstream_on_sm90_only() {
                 "llama_residual_q4_1_f16",
             ],
         ),
-        ("attention", vec!["attention_decode_split_d64_g4_f16", "attention_decode_split_d64_g4_bf16", "attention_decode_mma_d128_bf16", "attention_decode_combine_f16", "attention_decode_combine_bf16"]),
+        ("attention", vec!["attention_decode_split_d64_g4_f16", "attention_decode_split_d64_g4_bf16", "attention_decode_mma_d128_bf16", "attention_decode_merge_d64_f16", "attention_decode_combine_f16", "attention_decode_combine_bf16"]),
         ("quant", vec!["quant_w4a16_mma_tiled_post_asym_b1_f16", "quant_w4a16_mma_tiled_asym_b16_f16", "quant_w8a16_b1_f16", "quant_w8a16_b16_f16"]),
     ];
     for (family, kernels) in decode {

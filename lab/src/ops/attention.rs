@@ -54,8 +54,9 @@ pub enum Kernel {
     /// [`cpu_rows`].
     CpuRows,
     /// One query row per sequence over a paged cache: [`decode::Decode`], not [`forward_with`];
-    /// decode_split on CUDA cores, or decode_mma on mma.sync behind a cp.async ring.
-    Decode { mma: bool },
+    /// decode_split on CUDA cores, or decode_mma on mma.sync behind a cp.async ring; `merge`: the
+    /// combine step done by each head group's last split instead of a second kernel.
+    Decode { mma: bool, merge: bool },
     /// Backward ([`backward::backward_with`]): P, dP and dS through fp32 scratches of B Hq Sq Sk.
     NaiveBwd,
     /// Backward: FlashAttention 2's loop over query tiles per 64-key tile, for these head dims.
@@ -124,14 +125,21 @@ pub const VARIANTS: &[Variant<Kernel>] = &[
         dtypes: F16_BF16,
         requires: Requires::Gpu,
         what: "decode: the context split over blocks (flash-decoding), a KV row read once for its query heads, paged cache",
-        config: Kernel::Decode { mma: false },
+        config: Kernel::Decode { mma: false, merge: false },
     },
     Variant {
         name: "decode_mma",
         dtypes: F16_BF16,
         requires: Requires::Gpu,
         what: "decode_split with a group's query heads as the rows of mma.sync tiles and K/V through a 3-stage cp.async ring",
-        config: Kernel::Decode { mma: true },
+        config: Kernel::Decode { mma: true, merge: false },
+    },
+    Variant {
+        name: "decode_merge",
+        dtypes: F16_BF16,
+        requires: Requires::Gpu,
+        what: "decode_mma with the combine folded in: the last split of a head group to finish merges the group's splits (one launch a step)",
+        config: Kernel::Decode { mma: true, merge: true },
     },
     Variant {
         name: "cpu_rows",
@@ -179,6 +187,7 @@ pub fn gpu_symbols() -> std::collections::BTreeSet<String> {
                 out.insert(symbol(FAMILY, &format!("decode_split_d{dh}_g{gm}"), d));
             }
             out.insert(symbol(FAMILY, &format!("decode_mma_d{dh}"), d));
+            out.insert(symbol(FAMILY, &format!("decode_merge_d{dh}"), d));
         }
         out.insert(symbol(FAMILY, "decode_combine", d));
         for k in ["naive_bwd_pdp", "naive_bwd_dq", "naive_bwd_dkv", "fa2_bwd_pre", "fa2_bwd_d64", "fa2_bwd_d128", "fa2_bwd_dq"] {

@@ -8,11 +8,12 @@
 //! step runs eagerly (loading kernels, sizing scratch) and every later one replays a captured
 //! CUDA graph, its kernel-to-kernel edges programmatic if asked ([`Batch::set_programmatic`]).
 //!
-//! Per layer: add_rmsnorm, the fused QKV product, rope_cache, decode attention (split and
-//! combine), the output product, add_rmsnorm, the fused gate|up product, swiglu, the down
-//! product: ten launches. With [`Batch::set_fused`], five for the same work on the same GGUF
-//! blocks: qkv_rope_q4_1, decode attention (split and combine), residual_q4_1 (output),
-//! gate_up_swiglu_q4_1, residual_q4_1 (down).
+//! Per layer: add_rmsnorm, the fused QKV product, rope_cache, decode attention, the output
+//! product, add_rmsnorm, the fused gate|up product, swiglu, the down product. With
+//! [`Batch::set_fused`], four products for the same work on the same GGUF blocks: qkv_rope_q4_1,
+//! decode attention, residual_q4_1 (output), gate_up_swiglu_q4_1, residual_q4_1 (down). Decode
+//! attention is one launch (decode_merge, the default) or two (a variant with a combine step,
+//! [`Batch::set_attention`]).
 
 use super::config::Config;
 use super::sample::Sampling;
@@ -311,6 +312,16 @@ impl<'m> Batch<'m> {
             self.graph = None;
             self.warm = false;
         }
+        Ok(())
+    }
+
+    /// Steps from now on run decode attention variant `variant` (`attention::decode::BEST` until
+    /// set).
+    pub fn set_attention(&mut self, variant: &str) -> Result<()> {
+        let c = &self.m.config;
+        self.decode = Decode::with(&self.m.gpu, variant, self.seqs, c.heads, c.kv_heads, c.head_dim, self.cap)?;
+        self.graph = None;
+        self.warm = false;
         Ok(())
     }
 

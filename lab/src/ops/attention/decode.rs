@@ -1,6 +1,7 @@
 //! Decode attention (kernels/attention_decode.cu): one query row per sequence against a paged
 //! KV cache, the context split over blocks and merged by a combine step (flash-decoding), by
-//! decode_split (CUDA cores) or decode_mma (tensor cores behind a cp.async ring; [`BEST`]).
+//! decode_split (CUDA cores), decode_mma (tensor cores behind a cp.async ring) or decode_merge
+//! (decode_mma with the combine done by each group's last split: one launch; [`BEST`]).
 //! Sequence b attends its rows 0..=pos[b], with `pos` on the device: a captured CUDA graph of a
 //! decode step replays as the sequences grow.
 
@@ -25,11 +26,12 @@ fn heads_per_block(g: usize) -> usize {
 /// Rows per split at least: four warps' tiles of 32 (decode_split).
 const MIN_CHUNK: usize = 128;
 
-/// Splits at most: decode_combine keeps a weight per split in 48 KiB of shared memory.
-const MAX_SPLITS: usize = 12 * 1024;
+/// Splits at most: decode_combine keeps a weight per split and the sum in 48 KiB of shared
+/// memory.
+const MAX_SPLITS: usize = 12 * 1024 - 1;
 
 /// The decode variant ops and the engine use.
-pub const BEST: &str = "decode_mma";
+pub const BEST: &str = "decode_merge";
 /// decode_mma's tile of rows (DM_BN), and its shared memory (DM_SMEM: 16 query rows and three
 /// stages of K and V tiles, pitch d + 8).
 const MMA_TILE: usize = 64;
@@ -109,12 +111,16 @@ impl<T: Elem> KvCache<T> {
 pub struct Decode {
     gpu: Arc<Gpu>,
     mma: bool,
+    /// The combine done by each group's last split (decode_merge), counting on `counts`.
+    merge: bool,
     batch: usize,
     hq: usize,
     chunk: usize,
     nsplit: usize,
     part_o: CudaSlice<f32>,
     part_ml: CudaSlice<f32>,
+    /// Splits done per (sequence, head group); each group's last split resets its count.
+    counts: CudaSlice<i32>,
 }
 
 impl Decode {
@@ -127,11 +133,12 @@ impl Decode {
     /// decode_split: `batch x KV heads x splits` blocks fill the chip about four times (four
     /// blocks fit an SM at 128 registers for groups of up to 4 heads, three at 8), each split at
     /// least [`MIN_CHUNK`] rows. decode_mma: [`plan_waves`] over the blocks that fit the chip at
-    /// once (two per SM at d 128).
+    /// once (two per SM at d 128); decode_merge the same, its last split's merge holding a weight
+    /// per split and head of the group in decode_mma's shared memory.
     pub fn with(gpu: &Arc<Gpu>, variant: &str, batch: usize, hq: usize, hkv: usize, d: usize, capacity: usize) -> Result<Self> {
-        let mma = match crate::ops::variant::find(FAMILY, VARIANTS, variant)?.config {
-            Kernel::Decode { mma } => mma,
-            _ => return Err(LabError::Invalid(format!("`{variant}` is not an attention decode variant (decode_split, decode_mma)"))),
+        let (mma, merge) = match crate::ops::variant::find(FAMILY, VARIANTS, variant)?.config {
+            Kernel::Decode { mma, merge } => (mma, merge),
+            _ => return Err(LabError::Invalid(format!("`{variant}` is not an attention decode variant (decode_split, decode_mma, decode_merge)"))),
         };
         if hkv == 0 || !hq.is_multiple_of(hkv) || ![64, 128].contains(&d) || batch == 0 || capacity == 0 {
             return Err(LabError::shape(
@@ -154,22 +161,30 @@ impl Decode {
         if nsplit > MAX_SPLITS {
             return Err(LabError::shape("attention decode", format!("a capacity of {capacity} rows takes {nsplit} splits; the combine step holds {MAX_SPLITS}")));
         }
+        let group = (hq / hkv).min(16);
+        if merge && group * (nsplit + 1) > mma_smem(d) / 4 {
+            let most = mma_smem(d) / 4 / group - 1;
+            return Err(LabError::shape("attention decode", format!("a capacity of {capacity} rows takes {nsplit} splits; decode_merge's merge holds {most} for {group} heads of {d}")));
+        }
         let slots = batch * hq * nsplit;
+        let groups = batch * hkv * (hq / hkv).div_ceil(16);
         Ok(Decode {
             gpu: gpu.clone(),
             mma,
+            merge,
             batch,
             hq,
             chunk,
             nsplit,
             part_o: gpu.stream.alloc_zeros(slots * d).doing("allocating decode partials")?,
             part_ml: gpu.stream.alloc_zeros(slots * 2).doing("allocating decode partials")?,
+            counts: gpu.stream.alloc_zeros(if merge { groups } else { 0 }).doing("allocating decode split counts")?,
         })
     }
 
     /// o [batch, hq, d] = attention of q [batch, hq, d] over rows 0..=pos[b] of each sequence
     /// (natural-log lse per (b, h) when given). The caller keeps pos[b] below the capacity.
-    pub fn run<T: Elem>(&mut self, q: &CudaSlice<T>, cache: &KvCache<T>, pos: &CudaSlice<i32>, o: &mut CudaSlice<T>, lse: Option<&mut CudaSlice<f32>>) -> Result<()> {
+    pub fn run<T: Elem>(&mut self, q: &CudaSlice<T>, cache: &KvCache<T>, pos: &CudaSlice<i32>, o: &mut CudaSlice<T>, mut lse: Option<&mut CudaSlice<f32>>) -> Result<()> {
         let (b, hq, hkv, d) = (self.batch, self.hq, cache.hkv, cache.d);
         if cache.batch != b || q.len() != b * hq * d || o.len() != b * hq * d || pos.len() != b || lse.as_ref().is_some_and(|l| l.len() != b * hq) {
             return Err(LabError::shape(
@@ -182,7 +197,7 @@ impl Decode {
         }
         let gpu = &self.gpu;
         let (name, groups, smem) = if self.mma {
-            (format!("decode_mma_d{d}"), hkv * (hq / hkv).div_ceil(16), mma_smem(d))
+            (format!("decode_{}_d{d}", if self.merge { "merge" } else { "mma" }), hkv * (hq / hkv).div_ceil(16), mma_smem(d))
         } else {
             let gm = heads_per_block(hq / hkv);
             (format!("decode_split_d{d}_g{gm}"), hkv * (hq / hkv).div_ceil(gm), 0)
@@ -194,27 +209,40 @@ impl Decode {
         let cfg = LaunchConfig { grid_dim: (self.nsplit as u32, groups as u32, b as u32), block_dim: (128, 1, 1), shared_mem_bytes: smem as u32 };
         let scale_log2 = std::f32::consts::LOG2_E / (d as f32).sqrt();
         let [hq_i, hkv_i, page, max_pages, chunk, nsplit, d_i] = [hq, hkv, cache.page, cache.max_pages, self.chunk, self.nsplit, d].map(|x| x as i32);
+        let null = 0u64;
         let mut l = gpu.stream.launch_builder(&f);
         l.arg(q).arg(&cache.k).arg(&cache.v).arg(&cache.table).arg(pos).arg(&mut self.part_o).arg(&mut self.part_ml);
+        if self.merge {
+            l.arg(&mut self.counts).arg(&mut *o);
+            match lse.as_deref_mut() {
+                Some(lse) => l.arg(lse),
+                None => l.arg(&null),
+            };
+        }
         l.arg(&hq_i).arg(&hkv_i).arg(&page).arg(&max_pages).arg(&chunk).arg(&scale_log2);
         // SAFETY: q and o hold batch x hq x d, pos batch entries (checked); the table holds
         // max_pages entries per sequence, each a page of the cache (checked at construction) and
         // the caller keeps pos[b] < capacity = page x max_pages; the partials hold batch x hq x
         // nsplit slots and the grid has nsplit splits; decode_mma's dynamic shared memory is
-        // DM_SMEM(d).
+        // DM_SMEM(d), which holds decode_merge's weights (checked in `with`); counts holds one
+        // zeroed entry per (sequence, head group) of the grid, each left at zero by the group's
+        // last split; lse holds batch x hq or is null.
         unsafe { l.launch(cfg) }.doing("launching attention decode")?;
+        if self.merge {
+            return Ok(());
+        }
         let f = gpu.function(FAMILY, &symbol(FAMILY, "decode_combine", T::DTYPE))?;
-        let cfg = LaunchConfig { grid_dim: (hq as u32, b as u32, 1), block_dim: (d as u32, 1, 1), shared_mem_bytes: 4 * self.nsplit as u32 };
+        let cfg = LaunchConfig { grid_dim: (hq as u32, b as u32, 1), block_dim: (d as u32, 1, 1), shared_mem_bytes: 4 * (self.nsplit as u32 + 1) };
         let mut l = gpu.stream.launch_builder(&f);
         l.arg(&self.part_o).arg(&self.part_ml).arg(pos).arg(o);
-        let null = 0u64;
         match lse {
             Some(lse) => l.arg(lse),
             None => l.arg(&null),
         };
         l.arg(&hq_i).arg(&d_i).arg(&chunk).arg(&nsplit);
         // SAFETY: the combine reads the ceil((pos + 1) / chunk) <= nsplit splits the split kernel
-        // wrote for each (b, h), with a weight for each in its 4 nsplit bytes of shared memory,
+        // wrote for each (b, h), with a weight for each and the sum in its 4 (nsplit + 1) bytes
+        // of shared memory,
         // and writes o (batch x hq x d) and lse (batch x hq, or null).
         unsafe { l.launch(cfg) }.map(|_| ()).doing("launching attention decode_combine")
     }

@@ -8,8 +8,8 @@
 //!   bit for bit against `engine`'s. On the CPU backend, the CPU engine's greedy tokens against
 //!   the reference's own continuation (the plumbing).
 //! - `decode`: `batch` copies of a `context`-token prompt, the cache filled to `context`, then
-//!   one step per repetition (positions advance by one per repetition), for `engine` and
-//!   `engine_pdl`. Bytes: every weight once and the K and V rows read, the bound a step cannot
+//!   one step per repetition (positions advance by one per repetition), for each engine
+//!   variant ([`ENGINES`]). Bytes: every weight once and the K and V rows read, the bound a step cannot
 //!   beat; `tokens_s` = batch / step time.
 //!   The logits of the last step are checked against the CPU reference (contexts up to 128) or
 //!   against the batch's first sequence (every row holds the same prompt).
@@ -143,6 +143,7 @@ impl Experiment for Llama {
             ("engine", "llama", "swiglu"),
             ("engine", "llama", "argmax"),
             ("engine", "attention", "decode_mma"),
+            ("engine_merged", "attention", "decode_merge"),
             ("engine_fused", "llama", "qkv_rope_q4_1"),
             ("engine_fused", "llama", "gate_up_swiglu_q4_1"),
             ("engine_fused", "llama", "residual_q4_1"),
@@ -167,13 +168,27 @@ fn engines(s: &Session) -> Vec<&'static str> {
     ENGINES.iter().copied().filter(|&v| (gpu || v == "engine") && s.wants(v, "lab")).collect()
 }
 
-/// The engine's variants: its decode step as a plain graph, with programmatic edges, and
-/// with programmatic edges and the fused products.
-pub const ENGINES: [&str; 3] = ["engine", "engine_pdl", "engine_fused"];
+/// The engine's variants: its decode step as a plain graph, with programmatic edges, with
+/// programmatic edges and the fused products, and with those and one-launch attention.
+pub const ENGINES: [&str; 4] = ["engine", "engine_pdl", "engine_fused", "engine_merged"];
 
-/// How a variant's batch steps: (programmatic edges, fused products).
-fn step_mode(variant: &str) -> (bool, bool) {
-    (variant != "engine", variant == "engine_fused")
+/// How a variant's batch steps: (programmatic edges, fused products, decode attention variant).
+/// engine_merged fuses where the batch takes the fused products (`fuses`), as `lab generate`.
+fn step_mode(variant: &str, fuses: bool) -> (bool, bool, &'static str) {
+    match variant {
+        "engine" => (false, false, "decode_mma"),
+        "engine_pdl" => (true, false, "decode_mma"),
+        "engine_fused" => (true, true, "decode_mma"),
+        _ => (true, fuses, "decode_merge"),
+    }
+}
+
+/// Sets `batch` up to step as `variant` does.
+fn set_mode(batch: &mut crate::model::llama::Batch, variant: &str, fuses: bool) -> Result<()> {
+    let (programmatic, fused, attention) = step_mode(variant, fuses);
+    batch.set_programmatic(programmatic);
+    batch.set_fused(fused)?;
+    batch.set_attention(attention)
 }
 
 /// What a check's steps gave: the engine's logits, the reference's at the same positions, the
@@ -187,9 +202,7 @@ fn gpu_steps(m: &GpuModel, cpu: &CpuModel, prompt: &[u32], steps: usize, variant
     let mut expected = cpu.forward(&mut cache, prompt)?;
     let (mut got_all, mut want_all, mut cosines, mut agree) = (Vec::new(), Vec::new(), Vec::new(), 0);
     let mut batch = m.batch(1, prompt.len() + steps + 1)?;
-    let (programmatic, fused) = step_mode(variant);
-    batch.set_programmatic(programmatic);
-    batch.set_fused(fused)?;
+    set_mode(&mut batch, variant, m.fuses(1))?;
     batch.start(&[prompt.to_vec()])?;
     for _ in 1..prompt.len() {
         batch.step()?;
@@ -331,9 +344,7 @@ fn decode(s: &mut Session, case: &Value) -> Result<()> {
                     continue;
                 }
                 let mut batch = m.batch(b, ctx + 2 * (s.budget.max + crate::profile::MAX_WARMUP_ROUNDS * s.budget.warmup) + 2)?;
-                let (programmatic, fused) = step_mode(variant);
-                batch.set_programmatic(programmatic);
-                batch.set_fused(fused)?;
+                set_mode(&mut batch, variant, m.fuses(b))?;
                 batch.start(&vec![prompt.clone(); b])?;
                 batch.prefill()?;
                 gpu.sync()?;

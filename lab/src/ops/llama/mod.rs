@@ -59,6 +59,12 @@ pub fn variants() -> Vec<VariantInfo> {
         requires: "gpu",
         what: "engine_pdl with the fused decode products above: a layer in five launches and the attention's two instead of ten (batches up to 16)",
     });
+    rows.push(VariantInfo {
+        name: "engine_merged",
+        dtypes: vec!["f16"],
+        requires: "gpu",
+        what: "engine_fused (engine_pdl above 16 sequences) with decode attention in one launch (attention's decode_merge): what `lab generate` runs",
+    });
     rows
 }
 
