@@ -135,18 +135,22 @@ __device__ void dec_store(const float* wo, const float* wml, int R, int D, int g
         }
     }
     if (!MERGE || direct) return;
-    // Every thread's partials are visible device-wide before its block counts itself in.
+    // The barrier orders every thread's partials before thread 0's fence (fences are
+    // cumulative), the fence before the count: one fence a block, not one a thread. The last
+    // block's fence after the count orders its reads of the other splits' partials after it.
     __shared__ int last;
-    __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
+        __threadfence();
         int* count = counts + (long long)b * gridDim.y + blockIdx.y;
         last = atomicAdd(count, 1) == used - 1;
-        if (last) *count = 0;  // every split has counted: ready for the next launch
+        if (last) {
+            *count = 0;  // every split has counted: ready for the next launch
+            __threadfence();
+        }
     }
     __syncthreads();
     if (!last) return;
-    __threadfence();
     dec_merge_splits<T>(part_o, part_ml, (long long)b * hq + h0, gn, D, nsplit, used, o, lse, scratch);
 }
 

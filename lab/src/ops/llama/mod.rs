@@ -63,7 +63,7 @@ pub fn variants() -> Vec<VariantInfo> {
         name: "engine_merged",
         dtypes: vec!["f16"],
         requires: "gpu",
-        what: "engine_fused (engine_pdl above 16 sequences) with decode attention in one launch (attention's decode_merge): what `lab generate` runs",
+        what: "engine_fused at batch 1, engine_pdl above, with decode attention in one launch (attention's decode_merge)",
     });
     rows
 }
