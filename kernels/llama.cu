@@ -127,7 +127,10 @@ __device__ __forceinline__ void emit_token(unsigned* __restrict__ tokens, int* _
     }
 }
 
-// One block per sequence; ties go to the lowest id, a NaN logit wins (so it shows).
+// One block per sequence; ties go to the lowest id, a NaN logit wins (so it shows). A thread
+// loads AM_BATCH logits before comparing any: one latency per batch, not per logit (a loop that
+// compared each load before the next took 15.5 us on an H200 for 49,152 logits).
+#define AM_BATCH 16
 extern "C" __global__ void llama_argmax_f32(const float* __restrict__ logits, unsigned* __restrict__ tokens, int* __restrict__ pos,
                                             const int* __restrict__ prompt_len, int vocab, int cap) {
     pdl_wait();
@@ -136,9 +139,19 @@ extern "C" __global__ void llama_argmax_f32(const float* __restrict__ logits, un
     const float* row = logits + (long long)blockIdx.x * vocab;
     float best = NEG_INF;
     int idx = 0x7fffffff;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-        const float v = row[i];
-        if (idx == 0x7fffffff || v > best || (v != v && best == best)) best = v, idx = i;
+    for (int i0 = threadIdx.x; i0 < vocab; i0 += AM_BATCH * blockDim.x) {
+        float v[AM_BATCH];
+#pragma unroll
+        for (int u = 0; u < AM_BATCH; ++u) {
+            const int i = i0 + u * blockDim.x;
+            v[u] = i < vocab ? row[i] : 0.f;
+        }
+        // A thread's ids rise with u and across batches, so `>` keeps the lowest of equal logits.
+#pragma unroll
+        for (int u = 0; u < AM_BATCH; ++u) {
+            const int i = i0 + u * blockDim.x;
+            if (i < vocab && (idx == 0x7fffffff || v[u] > best || (v[u] != v[u] && best == best))) best = v[u], idx = i;
+        }
     }
     for (int o = 16; o > 0; o >>= 1) {
         const float v = __shfl_xor_sync(0xffffffffu, best, o);

@@ -12,7 +12,7 @@
 //! product, add_rmsnorm, the fused gate|up product, swiglu, the down product. With
 //! [`Batch::set_fused`], four products for the same work on the same GGUF blocks: qkv_rope_q4_1,
 //! decode attention, residual_q4_1 (output), gate_up_swiglu_q4_1, residual_q4_1 (down). Decode
-//! attention is one launch (decode_merge, the default) or two (a variant with a combine step,
+//! attention is two launches (split and combine, [`ATTENTION`]) or one (decode_merge, through
 //! [`Batch::set_attention`]).
 
 use super::config::Config;
@@ -178,6 +178,12 @@ impl GpuModel {
     }
 }
 
+/// The decode attention variant a batch starts with. decode_merge (one launch, the combine done
+/// by each head group's last split) is faster alone, but inside the programmatic step the
+/// combine's launch was already hidden: at batch 1 it was 1.6% slower at context 128 and 2.9%
+/// faster at 2048, and 3.6% slower at batch 64 and 2048 (note h200-decode-merge).
+pub const ATTENTION: &str = "decode_mma";
+
 /// Sequences decoded together, and everything their steps read and write on the device.
 pub struct Batch<'m> {
     m: &'m GpuModel,
@@ -224,7 +230,7 @@ impl<'m> Batch<'m> {
         let alloc = |n: usize| gpu.stream.alloc_zeros::<f32>(n).doing("allocating the residual stream");
         Ok(Batch {
             caches: (0..c.layers).map(|_| KvCache::contiguous(gpu, seqs, cap, c.kv_heads, c.head_dim)).collect::<Result<_>>()?,
-            decode: Decode::new(gpu, seqs, c.heads, c.kv_heads, c.head_dim, cap)?,
+            decode: Decode::with(gpu, ATTENTION, seqs, c.heads, c.kv_heads, c.head_dim, cap)?,
             tokens: gpu.stream.alloc_zeros(seqs * cap).doing("allocating the token buffer")?,
             pos: gpu.stream.alloc_zeros(seqs).doing("allocating positions")?,
             prompt_len: gpu.stream.alloc_zeros(seqs).doing("allocating prompt lengths")?,
@@ -315,8 +321,7 @@ impl<'m> Batch<'m> {
         Ok(())
     }
 
-    /// Steps from now on run decode attention variant `variant` (`attention::decode::BEST` until
-    /// set).
+    /// Steps from now on run decode attention variant `variant` ([`ATTENTION`] until set).
     pub fn set_attention(&mut self, variant: &str) -> Result<()> {
         let c = &self.m.config;
         self.decode = Decode::with(&self.m.gpu, variant, self.seqs, c.heads, c.kv_heads, c.head_dim, self.cap)?;

@@ -16,7 +16,8 @@
 //! - `sample` (GPU): the `sample` kernel's draws on `rows` rows of random logits (SmolLM2's
 //!   vocabulary, ties and a row of scores near 1e4 among them) under five settings of
 //!   temperature, top-k and top-p, each against the CPU mirror's draw at the same seed, sequence
-//!   and position (`model::llama::sample`), and timed beside `argmax` on the same rows.
+//!   and position (`model::llama::sample`), and timed beside `argmax` on the same rows (its
+//!   choices against the CPU's argmax: the rows hold tied maxima).
 //! - `peers` (with `--peers transformers` / `llama-cpp`): transformers on the same GGUF (logits
 //!   after each of three prompts against the engine's, greedy continuations of 64 tokens, eager
 //!   decode rate) and llama.cpp's `llama-bench` (pp512 and tg128, flash attention off and on).
@@ -547,6 +548,19 @@ fn sample(s: &mut Session, case: &Value) -> Result<()> {
                 off.push(format!("row {r}: token {token}, the CPU drew {}", draw.token()));
             }
         }
+        // argmax's choices against the CPU's (the rows hold tied maxima: the lowest id wins).
+        let mut greedy_off = Vec::new();
+        if s.wants("argmax", "lab") {
+            let (mut tokens, mut pos) = (gpu.upload(&vec![u32::MAX; rows * cap])?, gpu.upload(&positions)?);
+            super::argmax(&gpu, &d_logits, &mut tokens, &mut pos, &d_prompt, rows, vocab, cap)?;
+            let got = gpu.download(&tokens)?;
+            for r in 0..rows {
+                let (token, want) = (got[r * cap + positions[r] as usize + 1], argmax(&logits[r * vocab..(r + 1) * vocab])?);
+                if token != want {
+                    greedy_off.push(format!("row {r}: token {token}, the CPU's argmax {want}"));
+                }
+            }
+        }
         for (variant, greedy) in [("sample", false), ("argmax", true)] {
             if !s.wants(variant, "lab") {
                 continue;
@@ -561,12 +575,13 @@ fn sample(s: &mut Session, case: &Value) -> Result<()> {
             })?;
             let mut m = Measurement::new(variant, "lab", &params, Work { bytes: (rows * vocab * 4) as u64, flops: 0 });
             m.time = Some(time);
+            let (off, reference) = if greedy { (&greedy_off, "generate::argmax on the CPU") } else { (&off, "model::llama::sample, the CPU mirror at the same seed and position") };
+            m.error = Some(ErrorStats { mismatches: off.len() as u64, ..ErrorStats::empty(reference) });
             if !greedy {
-                m.error = Some(ErrorStats { mismatches: off.len() as u64, ..ErrorStats::empty("model::llama::sample, the CPU mirror at the same seed and position") });
                 m.extra.insert("rows_equal_to_cpu".into(), json!(exact));
-                if !off.is_empty() {
-                    m.extra.insert("why".into(), json!(off.iter().take(4).cloned().collect::<Vec<_>>().join("; ")));
-                }
+            }
+            if !off.is_empty() {
+                m.extra.insert("why".into(), json!(off.iter().take(4).cloned().collect::<Vec<_>>().join("; ")));
             }
             s.emit(m)?;
         }
