@@ -127,10 +127,35 @@ __device__ __forceinline__ void emit_token(unsigned* __restrict__ tokens, int* _
     }
 }
 
-// One block per sequence; ties go to the lowest id, a NaN logit wins (so it shows). A thread
-// loads AM_BATCH logits before comparing any: one latency per batch, not per logit (a loop that
-// compared each load before the next took 15.5 us on an H200 for 49,152 logits).
-#define AM_BATCH 16
+// Scans of a row of logits by a block. A thread loads ROW_BATCH values before it uses any: one
+// latency per batch, not per value (argmax's loop, which compared each load before issuing the
+// next, took 15.5 us on an H200 for 49,152 logits; sample's dozen such scans took ~0.5 ms).
+// f(i, v) sees a thread's ids in increasing order.
+#define ROW_BATCH 16
+// Ids threadIdx.x, threadIdx.x + blockDim.x, ... below n.
+template <typename F> __device__ __forceinline__ void row_strided(const float* __restrict__ row, int n, F f) {
+    for (int i0 = threadIdx.x; i0 < n; i0 += ROW_BATCH * blockDim.x) {
+        float v[ROW_BATCH];
+#pragma unroll
+        for (int u = 0; u < ROW_BATCH; ++u) v[u] = i0 + u * (int)blockDim.x < n ? row[i0 + u * blockDim.x] : 0.f;
+#pragma unroll
+        for (int u = 0; u < ROW_BATCH; ++u)
+            if (i0 + u * (int)blockDim.x < n) f(i0 + u * (int)blockDim.x, v[u]);
+    }
+}
+// Ids lo..hi-1.
+template <typename F> __device__ __forceinline__ void row_range(const float* __restrict__ row, int lo, int hi, F f) {
+    for (int i0 = lo; i0 < hi; i0 += ROW_BATCH) {
+        float v[ROW_BATCH];
+#pragma unroll
+        for (int u = 0; u < ROW_BATCH; ++u) v[u] = i0 + u < hi ? row[i0 + u] : 0.f;
+#pragma unroll
+        for (int u = 0; u < ROW_BATCH; ++u)
+            if (i0 + u < hi) f(i0 + u, v[u]);
+    }
+}
+
+// One block per sequence; ties go to the lowest id, a NaN logit wins (so it shows).
 extern "C" __global__ void llama_argmax_f32(const float* __restrict__ logits, unsigned* __restrict__ tokens, int* __restrict__ pos,
                                             const int* __restrict__ prompt_len, int vocab, int cap) {
     pdl_wait();
@@ -139,20 +164,10 @@ extern "C" __global__ void llama_argmax_f32(const float* __restrict__ logits, un
     const float* row = logits + (long long)blockIdx.x * vocab;
     float best = NEG_INF;
     int idx = 0x7fffffff;
-    for (int i0 = threadIdx.x; i0 < vocab; i0 += AM_BATCH * blockDim.x) {
-        float v[AM_BATCH];
-#pragma unroll
-        for (int u = 0; u < AM_BATCH; ++u) {
-            const int i = i0 + u * blockDim.x;
-            v[u] = i < vocab ? row[i] : 0.f;
-        }
-        // A thread's ids rise with u and across batches, so `>` keeps the lowest of equal logits.
-#pragma unroll
-        for (int u = 0; u < AM_BATCH; ++u) {
-            const int i = i0 + u * blockDim.x;
-            if (i < vocab && (idx == 0x7fffffff || v[u] > best || (v[u] != v[u] && best == best))) best = v[u], idx = i;
-        }
-    }
+    // A thread's ids rise, so `>` keeps the lowest of equal logits.
+    row_strided(row, vocab, [&](int i, float v) {
+        if (idx == 0x7fffffff || v > best || (v != v && best == best)) best = v, idx = i;
+    });
     for (int o = 16; o > 0; o >>= 1) {
         const float v = __shfl_xor_sync(0xffffffffu, best, o);
         const int j = __shfl_xor_sync(0xffffffffu, idx, o);
@@ -213,8 +228,8 @@ __device__ unsigned sample_select(const float* __restrict__ row, int vocab, floa
         // ends with before the last atomics.
         int bin = -1;
         unsigned long long run = 0;
-        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-            const float z = row[i] * inv_t;
+        row_strided(row, vocab, [&](int, float v) {
+            const float z = v * inv_t;
             const unsigned key = sample_key(z);
             if (key >= floor && (key & mask) == prefix) {
                 const int b = (key >> shift) & 255u;
@@ -224,7 +239,7 @@ __device__ unsigned sample_select(const float* __restrict__ row, int vocab, floa
                 }
                 run += ones ? 1ull : sample_weight(z, zmax);
             }
-        }
+        });
         const unsigned same = __match_any_sync(0xffffffffu, bin);
         unsigned long long merged = 0;
         for (int l = 0; l < 32; ++l) {
@@ -277,7 +292,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) llama_sample_f32(co
     const float* row = logits + (long long)blockIdx.x * vocab;
     const float inv_t = 1.f / temperature;
     float m = NEG_INF;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) m = fmax_nan(m, row[i] * inv_t);
+    row_strided(row, vocab, [&](int, float v) { m = fmax_nan(m, v * inv_t); });
     const float zmax = block_reduce_max(m);
     unsigned floor = 0;
     if (top_k > 0 && top_k < vocab) floor = sample_select(row, vocab, inv_t, zmax, 0, true, (unsigned long long)top_k);
@@ -285,10 +300,10 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) llama_sample_f32(co
     const int chunk = (vocab + blockDim.x - 1) / blockDim.x, lo = threadIdx.x * chunk, hi = min(vocab, lo + chunk);
     auto mass = [&](unsigned at_least) {
         unsigned long long t = 0;
-        for (int i = lo; i < hi; ++i) {
-            const float z = row[i] * inv_t;
+        row_range(row, lo, hi, [&](int, float v) {
+            const float z = v * inv_t;
             if (sample_key(z) >= at_least) t += sample_weight(z, zmax);
-        }
+        });
         return t;
     };
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -301,11 +316,14 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) llama_sample_f32(co
         for (int w = 0; w < (int)(blockDim.x >> 5); ++w) t += part[w];
         return t;
     };
-    unsigned long long total = block_sum(mass(floor));
+    // This thread's kept mass, and the block's.
+    unsigned long long mine = mass(floor);
+    unsigned long long total = block_sum(mine);
     if (top_p < 1.f) {
         const unsigned long long need = (unsigned long long)ceil((double)top_p * (double)total);
         if (need >= 1) floor = sample_select(row, vocab, inv_t, zmax, floor, false, need);
-        total = block_sum(mass(floor));
+        mine = mass(floor);
+        total = block_sum(mine);
     }
     // u in [0, 1) from 24 bits of the counter's hash; the target is floor(u total).
     const int p = pos[blockIdx.x];
@@ -313,7 +331,6 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) llama_sample_f32(co
     const unsigned long long target = __umul64hi(total, (h >> 40) << 40);
     // Exclusive prefix of the per-thread masses in id order: the thread whose range holds the
     // target walks it.
-    const unsigned long long mine = mass(floor);
     unsigned long long incl = mine;
     for (int o = 1; o < 32; o <<= 1) {
         const unsigned long long v = __shfl_up_sync(0xffffffffu, incl, o);
@@ -327,15 +344,13 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) llama_sample_f32(co
     for (int w = 0; w < warp; ++w) before += part[w];
     if (mine > 0 && target >= before && target < before + mine) {
         unsigned long long acc = before;
-        for (int i = lo; i < hi; ++i) {
-            const float z = row[i] * inv_t;
-            if (sample_key(z) < floor) continue;
+        bool found = false;
+        row_range(row, lo, hi, [&](int i, float v) {
+            const float z = v * inv_t;
+            if (found || sample_key(z) < floor) return;
             acc += sample_weight(z, zmax);
-            if (target < acc) {
-                s_pick = i;
-                break;
-            }
-        }
+            if (target < acc) s_pick = i, found = true;
+        });
     }
     __syncthreads();
     if (threadIdx.x == 0) emit_token(tokens, pos, prompt_len, blockIdx.x, cap, s_pick < 0 ? 0 : s_pick);
