@@ -211,17 +211,27 @@ __device__ __forceinline__ unsigned sample_key(float v) {
 
 __device__ __forceinline__ unsigned long long sample_weight(float z, float zmax) { return (unsigned long long)(expf(z - zmax) * 2147483648.f); }
 
+// A 64-bit add into a histogram kept as two 32-bit words per bin: two native atomics, where a
+// 64-bit atomicAdd on shared memory is a compare-and-swap loop (ATOMS.CAST.SPIN.64 on sm_90) that
+// 1024 threads contending for 256 bins spun in (~0.1 ms per radix pass on an H200). Exact: the add
+// that wraps the low word carries into the high one.
+__device__ __forceinline__ void hist_add(unsigned* lo, unsigned* hi, int b, unsigned long long v) {
+    const unsigned l = (unsigned)v, old = atomicAdd(&lo[b], l);
+    const unsigned h = (unsigned)(v >> 32) + (old + l < old ? 1u : 0u);
+    if (h) atomicAdd(&hi[b], h);
+}
+
 // The largest key t with sum(weight of tokens whose key >= t, among those with key >= floor) >=
 // need (need >= 1 and reachable). weight(i) is 1 when `ones`, else the fixed-point weight.
 __device__ unsigned sample_select(const float* __restrict__ row, int vocab, float inv_t, float zmax, unsigned floor, bool ones,
                                   unsigned long long need) {
-    __shared__ unsigned long long hist[256];
+    __shared__ unsigned hist_lo[256], hist_hi[256];
     __shared__ unsigned s_prefix;
     __shared__ unsigned long long s_above;
     unsigned prefix = 0, mask = 0;
     unsigned long long above = 0;
     for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) hist_lo[i] = hist_hi[i] = 0;
         __syncthreads();
         // Most keys share their top byte, so one shared counter would take nearly every atomic:
         // a thread sums its run of equal bins in a register, and the warp merges the runs it
@@ -234,7 +244,7 @@ __device__ unsigned sample_select(const float* __restrict__ row, int vocab, floa
             if (key >= floor && (key & mask) == prefix) {
                 const int b = (key >> shift) & 255u;
                 if (b != bin) {
-                    if (bin >= 0) atomicAdd(&hist[bin], run);
+                    if (bin >= 0) hist_add(hist_lo, hist_hi, bin, run);
                     bin = b, run = 0;
                 }
                 run += ones ? 1ull : sample_weight(z, zmax);
@@ -246,13 +256,14 @@ __device__ unsigned sample_select(const float* __restrict__ row, int vocab, floa
             const unsigned long long v = __shfl_sync(0xffffffffu, run, l);
             if (same >> l & 1u) merged += v;
         }
-        if (bin >= 0 && (threadIdx.x & 31) == __ffs(same) - 1) atomicAdd(&hist[bin], merged);
+        if (bin >= 0 && (threadIdx.x & 31) == __ffs(same) - 1) hist_add(hist_lo, hist_hi, bin, merged);
         __syncthreads();
+        auto hist = [&](int d) { return (unsigned long long)hist_hi[d] << 32 | hist_lo[d]; };
         if (threadIdx.x < 32) {
             // Lane L holds bins 8L..8L+7; the suffix sums from lane 31 down find the digit.
             const int lane = threadIdx.x;
             unsigned long long tot = 0;
-            for (int b = 0; b < 8; ++b) tot += hist[8 * lane + b];
+            for (int b = 0; b < 8; ++b) tot += hist(8 * lane + b);
             unsigned long long suffix = tot;
             for (int o = 1; o < 32; o <<= 1) {
                 const unsigned long long v = __shfl_down_sync(0xffffffffu, suffix, o);
@@ -265,8 +276,8 @@ __device__ unsigned sample_select(const float* __restrict__ row, int vocab, floa
                 unsigned long long acc = above + beyond;
                 int d = 8 * L + 7;
                 for (; d > 8 * L; --d) {
-                    if (acc + hist[d] >= need) break;
-                    acc += hist[d];
+                    if (acc + hist(d) >= need) break;
+                    acc += hist(d);
                 }
                 s_prefix = prefix | ((unsigned)d << shift);
                 s_above = acc;
