@@ -9,7 +9,7 @@
 //!   the reference's own continuation (the plumbing).
 //! - `decode`: `batch` copies of a `context`-token prompt, the cache filled to `context`, then
 //!   one step per repetition (positions advance by one per repetition), for each engine
-//!   variant ([`ENGINES`]). Bytes: every weight once and the K and V rows read, the bound a step cannot
+//!   variant ([`super::ENGINES`]). Bytes: every weight once and the K and V rows read, the bound a step cannot
 //!   beat; `tokens_s` = batch / step time.
 //!   The logits of the last step are checked against the CPU reference (contexts up to 128) or
 //!   against the batch's first sequence (every row holds the same prompt).
@@ -163,15 +163,11 @@ impl Experiment for Llama {
     }
 }
 
-/// The engine's variants a run asks for: `engine_pdl` on a GPU only.
+/// The engine's variants a run asks for: on the CPU backend `engine` alone.
 fn engines(s: &Session) -> Vec<&'static str> {
     let gpu = matches!(s.backend, Backend::Cuda(_));
-    ENGINES.iter().copied().filter(|&v| (gpu || v == "engine") && s.wants(v, "lab")).collect()
+    super::ENGINES.iter().map(|e| e.0).filter(|&v| (gpu || v == "engine") && s.wants(v, "lab")).collect()
 }
-
-/// The engine's variants: its decode step as a plain graph, with programmatic edges, with
-/// programmatic edges and the fused products, and with those and one-launch attention.
-pub const ENGINES: [&str; 4] = ["engine", "engine_pdl", "engine_fused", "engine_merged"];
 
 /// How a variant's batch steps: (programmatic edges, fused products, decode attention variant).
 /// engine_merged fuses where `fuses` says, as `lab generate` does: at batch 1 (the fused

@@ -37,34 +37,19 @@ pub const FUSED_MAX_SEQS: usize = 16;
 pub const FUSED_MAX_NORMED: usize = 32 * 32;
 pub const FUSED_MAX_WIDTH: usize = 2 * 32 * 32;
 
-/// The kernels' rows, then the model they make up: the `llama` experiment's records are the
-/// engine's (on the CPU backend, the reference forward).
+/// The model the kernels above make up (model::llama), as the `llama` experiment's variants:
+/// (name, requires, what). On the CPU backend `engine` is the reference forward.
+pub const ENGINES: &[(&str, &str, &str)] = &[
+    ("engine", "gpu or cpu", "the whole model (model::llama): the steps above around W4A16, W8A16 and decode attention as one CUDA graph per step; the f64 reference on the CPU"),
+    ("engine_pdl", "gpu", "the engine with its decode graph's kernel-to-kernel edges programmatic (PDL, sm_90): each kernel launches while the one before runs, asks L2 for its weights, then waits for it"),
+    ("engine_fused", "gpu", "engine_pdl with the fused decode products above: a layer in five launches and the attention's two instead of ten (batches up to 16)"),
+    ("engine_merged", "gpu", "engine_fused at batch 1, engine_pdl above, with decode attention in one launch (attention's decode_merge)"),
+];
+
+/// The kernels' rows, then the engine's: the `llama` experiment's records are the engine's.
 pub fn variants() -> Vec<VariantInfo> {
     let mut rows = variant::infos(VARIANTS);
-    rows.push(VariantInfo {
-        name: "engine",
-        dtypes: vec!["f16"],
-        requires: "gpu or cpu",
-        what: "the whole model (model::llama): the steps above around W4A16, W8A16 and decode attention as one CUDA graph per step; the f64 reference on the CPU",
-    });
-    rows.push(VariantInfo {
-        name: "engine_pdl",
-        dtypes: vec!["f16"],
-        requires: "gpu",
-        what: "the engine with its decode graph's kernel-to-kernel edges programmatic (PDL, sm_90): each kernel launches while the one before runs, asks L2 for its weights, then waits for it",
-    });
-    rows.push(VariantInfo {
-        name: "engine_fused",
-        dtypes: vec!["f16"],
-        requires: "gpu",
-        what: "engine_pdl with the fused decode products above: a layer in five launches and the attention's two instead of ten (batches up to 16)",
-    });
-    rows.push(VariantInfo {
-        name: "engine_merged",
-        dtypes: vec!["f16"],
-        requires: "gpu",
-        what: "engine_fused at batch 1, engine_pdl above, with decode attention in one launch (attention's decode_merge)",
-    });
+    rows.extend(ENGINES.iter().map(|&(name, requires, what)| VariantInfo { name, dtypes: vec!["f16"], requires, what }));
     rows
 }
 
