@@ -10,10 +10,10 @@
 //!
 //! Per layer: add_rmsnorm, the fused QKV product, rope_cache, decode attention, the output
 //! product, add_rmsnorm, the fused gate|up product, swiglu, the down product. With
-//! [`Batch::set_fused`], four products for the same work on the same GGUF blocks: qkv_rope_q4_1,
-//! decode attention, residual_q4_1 (output), gate_up_swiglu_q4_1, residual_q4_1 (down). Decode
-//! attention is two launches (split and combine, [`ATTENTION`]) or one (decode_merge, through
-//! [`Batch::set_attention`]).
+//! [`Batch::set_fused`], the same work on the same GGUF blocks in four fused products around the
+//! attention: qkv_rope_q4_1, decode attention, residual_q4_1 (output), gate_up_swiglu_q4_1,
+//! residual_q4_1 (down). Decode attention is two launches (split and combine, [`ATTENTION`]) or
+//! one (decode_merge, through [`Batch::set_attention`]).
 
 use super::config::Config;
 use super::sample::Sampling;

@@ -9,8 +9,8 @@
 //!   the reference's own continuation (the plumbing).
 //! - `decode`: `batch` copies of a `context`-token prompt, the cache filled to `context`, then
 //!   one step per repetition (positions advance by one per repetition), for each engine
-//!   variant ([`super::ENGINES`]). Bytes: every weight once and the K and V rows read, the bound a step cannot
-//!   beat; `tokens_s` = batch / step time.
+//!   variant ([`super::ENGINES`]). Bytes: every weight once and the K and V rows read, the
+//!   bound a step cannot beat; `tokens_s` = batch / step time.
 //!   The logits of the last step are checked against the CPU reference (contexts up to 128) or
 //!   against the batch's first sequence (every row holds the same prompt).
 //! - `sample` (GPU): the `sample` kernel's draws on `rows` rows of random logits (SmolLM2's
