@@ -25,6 +25,7 @@
 use crate::experiment::{param_str, param_usize, Backend, Experiment, Measurement, Peer, Session};
 use crate::gpu::timing::time_gpu;
 use crate::model::llama::generate::argmax;
+use crate::model::llama::gpu::ATTENTION;
 use crate::model::llama::{CpuModel, GpuModel};
 use crate::model::tokenizer::Tokenizer;
 use crate::ops::compare::compare_elems;
@@ -170,13 +171,14 @@ fn engines(s: &Session) -> Vec<&'static str> {
 }
 
 /// How a variant's batch steps: (programmatic edges, fused products, decode attention variant).
-/// engine_merged fuses where `fuses` says, as `lab generate` does: at batch 1 (the fused
-/// products are slower than the unfused at 4 and 16 sequences, note h100-decode-fused).
+/// All but engine_merged keep the engine's own attention ([`ATTENTION`]). engine_merged fuses
+/// where `fuses` says, as `lab generate` does: at batch 1 (the fused products are slower than the
+/// unfused at 4 and 16 sequences, note h100-decode-fused).
 fn step_mode(variant: &str, fuses: bool) -> (bool, bool, &'static str) {
     match variant {
-        "engine" => (false, false, "decode_mma"),
-        "engine_pdl" => (true, false, "decode_mma"),
-        "engine_fused" => (true, true, "decode_mma"),
+        "engine" => (false, false, ATTENTION),
+        "engine_pdl" => (true, false, ATTENTION),
+        "engine_fused" => (true, true, ATTENTION),
         _ => (true, fuses, "decode_merge"),
     }
 }
