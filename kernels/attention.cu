@@ -5,6 +5,10 @@
 // (MHA, GQA, MQA). Masks: key j of query i is kept when j < Sk and, if causal, j <= i + Sk - Sq
 // (aligned bottom-right, as FlashAttention 2 does) and, if window > 0, j > i + Sk - Sq - window.
 // A row with no key kept gives O = 0 and lse = -inf.
+// Variable-length batches (fa2, fa2_m32 and the wgmma rungs): with cumulative offsets cu_q and
+// cu_k (B + 1 ints each, FlashAttention's cu_seqlens), sequence b is rows [cu_q[b], cu_q[b+1]) of
+// Q and O, [total_q, Hq, D], and rows [cu_k[b], cu_k[b+1]) of K and V; lse is [Hq, total_q]; Sq and
+// Sk are the longest lengths, which size the grid. Null offsets: the dense layout.
 //
 //  1. naive            three kernels: S = scale Q K^T materialized in fp32 (one thread per score),
 //                      a row softmax over S in place (P, lse), then O = P V (one thread per output).
@@ -87,6 +91,18 @@ template <> __device__ __forceinline__ unsigned pack2<__half>(float lo, float hi
 
 constexpr int FA_BN = 64, FA_THREADS = 128;
 
+// Where sequence b lives: its first row of Q/O and of K/V, its lengths, and its lse row offset
+// for head 0 (head h adds h * lse_head). Dense: b * Sq, b * Sk, and lse [B, Hq, Sq].
+struct AttnSeq {
+    long long q_row0, k_row0, lse0, lse_head;
+    int sq, sk;
+};
+__device__ __forceinline__ AttnSeq attn_seq(const int* cu_q, const int* cu_k, int b, int Sq, int Sk, int Hq) {
+    if (cu_q == nullptr) return {(long long)b * Sq, (long long)b * Sk, (long long)b * Hq * Sq, Sq, Sq, Sk};
+    const int q0 = cu_q[b], k0 = cu_k[b];
+    return {q0, k0, q0, cu_q[gridDim.z], cu_q[b + 1] - q0, cu_k[b + 1] - k0};
+}
+
 // `rows` rows from row0 of a [rows, heads, D] tensor (row stride `stride` elements, `valid` rows
 // in bounds) into shared memory with row pitch D + 8; rows out of bounds are zero-filled.
 template <typename T, int D, int ROWS>
@@ -107,7 +123,8 @@ __device__ __forceinline__ void fa_load_tile(T* dst, const T* src, long long str
 // re-reads Q from shared memory each tile to stay within 255 registers.
 template <typename T, int D, int MT>
 __device__ void fa2_forward(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
-                            float* __restrict__ lse, int Sq, int Sk, int Hq, int Hkv, float scale, int causal, int window) {
+                            float* __restrict__ lse, const int* __restrict__ cu_q, const int* __restrict__ cu_k, int Sq, int Sk, int Hq,
+                            int Hkv, float scale, int causal, int window) {
     constexpr int BM = 64 * MT, LD = D + 8;  // padded pitch: the 8 rows an ldmatrix reads fall in distinct banks
     constexpr bool Q_IN_REGS = MT == 1;
     constexpr float LOG2E = 1.4426950408889634f;
@@ -116,13 +133,16 @@ __device__ void fa2_forward(const T* __restrict__ q, const T* __restrict__ k, co
     T* sK = sQ + BM * LD;            // two buffers
     T* sV = sK + 2 * FA_BN * LD;     // two buffers
     const int q0 = blockIdx.x * BM, h = blockIdx.y, b = blockIdx.z, hk = h / (Hq / Hkv);
+    const AttnSeq seq = attn_seq(cu_q, cu_k, b, Sq, Sk, Hq);
+    Sq = seq.sq, Sk = seq.sk;
+    if (q0 >= Sq) return;  // a shorter sequence of a variable-length batch
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int2 lm = ldmatrix_x4_lane(lane), lk = ldmatrix_x4_lane_nk(lane);  // Q, V; K (n x k)
     const int off = Sk - Sq;
     const long long qs = (long long)Hq * D, ks = (long long)Hkv * D;
-    const T* qb = q + (long long)b * Sq * qs + (long long)h * D;
-    const T* kb = k + (long long)b * Sk * ks + (long long)hk * D;
-    const T* vb = v + (long long)b * Sk * ks + (long long)hk * D;
+    const T* qb = q + seq.q_row0 * qs + (long long)h * D;
+    const T* kb = k + seq.k_row0 * ks + (long long)hk * D;
+    const T* vb = v + seq.k_row0 * ks + (long long)hk * D;
 
     // The keys any row of this block keeps: [lo, hi).
     int hi = Sk, lo = 0;
@@ -279,11 +299,11 @@ __device__ void fa2_forward(const T* __restrict__ q, const T* __restrict__ k, co
             const int row = q0 + wrow + mt * 16 + g + 8 * r;
             if (row >= Sq) continue;
             const float inv = lr > 0.f ? 1.f / lr : 0.f;
-            T* orow = o + ((long long)b * Sq + row) * qs + (long long)h * D;
+            T* orow = o + (seq.q_row0 + row) * qs + (long long)h * D;
 #pragma unroll
             for (int n = 0; n < D / 8; ++n)
                 *reinterpret_cast<unsigned*>(orow + n * 8 + 2 * t) = pack2<T>(acc[mt][n][2 * r] * inv, acc[mt][n][2 * r + 1] * inv);
-            if (t == 0) lse[((long long)b * Hq + h) * Sq + row] = lr > 0.f ? (m[mt][r] + __log2f(lr)) / LOG2E : NEG_INF;
+            if (t == 0) lse[seq.lse0 + h * seq.lse_head + row] = lr > 0.f ? (m[mt][r] + __log2f(lr)) / LOG2E : NEG_INF;
         }
     }
 }
@@ -296,8 +316,9 @@ __device__ void fa2_forward(const T* __restrict__ q, const T* __restrict__ k, co
 // ---------------------------------------------------------------------------------------------
 #define FA_EXPORT(TY, T, NAME, D, MT)                                                                                          \
     extern "C" __global__ void __launch_bounds__(FA_THREADS) attention_##NAME##_d##D##_##TY(                                       \
-        const T* q, const T* k, const T* v, T* o, float* lse, int Sq, int Sk, int Hq, int Hkv, float scale, int causal, int window) { \
-        fa2_forward<T, D, MT>(q, k, v, o, lse, Sq, Sk, Hq, Hkv, scale, causal, window);                                            \
+        const T* q, const T* k, const T* v, T* o, float* lse, const int* cu_q, const int* cu_k, int Sq, int Sk, int Hq, int Hkv,     \
+        float scale, int causal, int window) {                                                                                     \
+        fa2_forward<T, D, MT>(q, k, v, o, lse, cu_q, cu_k, Sq, Sk, Hq, Hkv, scale, causal, window);                                \
     }
 #define ATTN_EXPORT(TY, T)                                                                                                          \
     extern "C" __global__ void attention_naive_scores_##TY(const T* q, const T* k, float* s, int Sq, int Sk, int Hq, int Hkv, int D, \

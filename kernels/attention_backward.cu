@@ -21,6 +21,13 @@
 //                      Sk/64 fp32 reductions per dQ element, resolved in L2.
 //                      Should buy: S, P, dP and dS never leave the SM; bound by the tensor pipe.
 //                      block (128,1,1), grid (ceil(Sk/64), Hkv, B), dynamic smem FA_BWD_SMEM(D).
+//  3. fa2_bwd_det      fa2_bwd without the dQ atomics (its dK/dV kernel alone), and dQ by a second
+//                      kernel over query tiles (FlashAttention 1's split): a block of 4 warps per
+//                      64 query rows of a head walks the key tiles in order, recomputes S = Q K^T
+//                      and dP = dO V^T, and accumulates dQ += dS K in registers, so every dQ
+//                      element is summed in one order by one thread: bit-identical run to run.
+//                      Should cost: 7 of the tiles' matmuls instead of 5, less the atomics.
+//                      dQ kernel: block (128,1,1), grid (ceil(Sq/64), Hq, B), FA_BWD_DQ_SMEM(D).
 #include "mma.cuh"
 
 // ---------------------------------------------------------------------------------------------
@@ -97,7 +104,7 @@ __device__ void naive_bwd_dkv(const float* __restrict__ p, const float* __restri
 // ---------------------------------------------------------------------------------------------
 // 2. fa2_bwd
 // ---------------------------------------------------------------------------------------------
-// delta[b,h,i] = sum_d do[b,i,h,d] o[b,i,h,d], and dq_acc's row zeroed: a warp per row of
+// delta[b,h,i] = sum_d do[b,i,h,d] o[b,i,h,d], and dq_acc's row zeroed (if any): a warp per row of
 // [B, Sq, Hq]. grid (ceil(B Sq Hq / 4)), block 128.
 template <typename T>
 __device__ void fa2_bwd_pre(const T* __restrict__ o, const T* __restrict__ dout, float* __restrict__ delta, float* __restrict__ dq_acc,
@@ -108,7 +115,7 @@ __device__ void fa2_bwd_pre(const T* __restrict__ o, const T* __restrict__ dout,
     float sum = 0.f;
     for (int d = lane; d < D; d += 32) {
         sum += to_float(o[base + d]) * to_float(dout[base + d]);
-        dq_acc[base + d] = 0.f;
+        if (dq_acc) dq_acc[base + d] = 0.f;  // fa2_bwd_det has no accumulator
     }
     sum = warp_reduce_sum(sum);
     const int b = r / (Sq * Hq), i = r / Hq % Sq, h = r % Hq;
@@ -124,7 +131,8 @@ __device__ void fa2_bwd_dq(const float* __restrict__ dq_acc, T* __restrict__ dq,
 
 constexpr int FA_BWD_BM = 64, FA_BWD_LDS = FA_BN + 8;  // query rows per tile; dS's padded pitch
 
-template <typename T, int D>
+// DQ: add dQ by atomics (fa2_bwd); without it the kernel computes dK and dV only (fa2_bwd_det).
+template <typename T, int D, bool DQ>
 __device__ void fa2_backward(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
                              const float* __restrict__ lse, const float* __restrict__ delta, float* __restrict__ dq_acc, T* __restrict__ dk,
                              T* __restrict__ dv, int Sq, int Sk, int Hq, int Hkv, float scale, int causal, int window) {
@@ -245,33 +253,35 @@ __device__ void fa2_backward(const T* __restrict__ q, const T* __restrict__ k, c
             }
         }
         // dQ sums over the tile's keys, which four warps hold: dS goes through shared memory.
+        if constexpr (DQ) {
 #pragma unroll
-        for (int j = 0; j < BM / 8; ++j)
+            for (int j = 0; j < BM / 8; ++j)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) sdS[(j * 8 + 2 * t + (e & 1)) * LDS + kw + g + (e < 2 ? 0 : 8)] = from_float<T>(dpt[j][e]);
-        __syncthreads();
-        // dQ += dS K for the warp's 16 query rows (kw.. of the tile), added to the fp32 accumulator.
-        unsigned sa[FA_BN / 16][4];
+                for (int e = 0; e < 4; ++e) sdS[(j * 8 + 2 * t + (e & 1)) * LDS + kw + g + (e < 2 ? 0 : 8)] = from_float<T>(dpt[j][e]);
+            __syncthreads();
+            // dQ += dS K for the warp's 16 query rows (kw.. of the tile), added to the fp32 accumulator.
+            unsigned sa[FA_BN / 16][4];
 #pragma unroll
-        for (int kk = 0; kk < FA_BN / 16; ++kk) ldmatrix_x4(sa[kk], smem_addr(&sdS[(kw + lm.x) * LDS + kk * 16 + lm.y * 8]));
-        float* dqh = dq_acc + (long long)b * Sq * qs + (long long)h * D;
+            for (int kk = 0; kk < FA_BN / 16; ++kk) ldmatrix_x4(sa[kk], smem_addr(&sdS[(kw + lm.x) * LDS + kk * 16 + lm.y * 8]));
+            float* dqh = dq_acc + (long long)b * Sq * qs + (long long)h * D;
 #pragma unroll
-        for (int n = 0; n < D / 8; n += 2) {
-            float c[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+            for (int n = 0; n < D / 8; n += 2) {
+                float c[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
-            for (int kk = 0; kk < FA_BN / 16; ++kk) {
-                unsigned r[4];
-                ldmatrix_x4_trans(r, smem_addr(&sK[(kk * 16 + lm.x) * LD + n * 8 + lm.y * 8]));
-                Mma<T>::run(c[0], sa[kk], r);
-                Mma<T>::run(c[1], sa[kk], r + 2);
-            }
-#pragma unroll
-            for (int x = 0; x < 2; ++x)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int row = i0 + kw + g + (e < 2 ? 0 : 8);
-                    if (row < Sq) atomicAdd(&dqh[row * qs + (n + x) * 8 + 2 * t + (e & 1)], c[x][e]);
+                for (int kk = 0; kk < FA_BN / 16; ++kk) {
+                    unsigned r[4];
+                    ldmatrix_x4_trans(r, smem_addr(&sK[(kk * 16 + lm.x) * LD + n * 8 + lm.y * 8]));
+                    Mma<T>::run(c[0], sa[kk], r);
+                    Mma<T>::run(c[1], sa[kk], r + 2);
                 }
+#pragma unroll
+                for (int x = 0; x < 2; ++x)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int row = i0 + kw + g + (e < 2 ? 0 : 8);
+                        if (row < Sq) atomicAdd(&dqh[row * qs + (n + x) * 8 + 2 * t + (e & 1)], c[x][e]);
+                    }
+            }
         }
         __syncthreads();  // every warp is done with this buffer and with dS before they are refilled
     }
@@ -297,13 +307,156 @@ __device__ void fa2_backward(const T* __restrict__ q, const T* __restrict__ k, c
 #define FA_BWD_SMEM(D) ((2 * FA_BN + 4 * FA_BWD_BM) * ((D) + 8) * 2 + FA_BWD_BM * FA_BWD_LDS * 2 + 4 * FA_BWD_BM * 4)
 
 // ---------------------------------------------------------------------------------------------
-// Exports: attention_<variant>_<part>_{f16,bf16}; fa2_bwd per head dim (64, 128).
+// 3. fa2_bwd_det's dQ kernel
+// ---------------------------------------------------------------------------------------------
+// dq = T(scale sum_j dS_ij k_j) for 64 query rows of head h (16 per warp), key tiles in order,
+// K and V double-buffered as in fa2's forward; Q and dO stay in shared memory (each A fragment
+// read feeds 16 mmas) so that dQ, S and dP fit the registers at D128.
+template <typename T, int D>
+__device__ void fa2_bwd_dq_rows(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
+                                const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dq, int Sq, int Sk, int Hq,
+                                int Hkv, float scale, int causal, int window) {
+    constexpr int BM = FA_BWD_BM, LD = D + 8;
+    constexpr float LOG2E = 1.4426950408889634f;
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    T* sQ = reinterpret_cast<T*>(fa_smem);
+    T* sdO = sQ + BM * LD;
+    T* sK = sdO + BM * LD;        // two buffers
+    T* sV = sK + 2 * FA_BN * LD;  // two buffers
+    const int q0 = blockIdx.x * BM, h = blockIdx.y, b = blockIdx.z, hk = h / (Hq / Hkv);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int2 lm = ldmatrix_x4_lane(lane), lk = ldmatrix_x4_lane_nk(lane);
+    const int off = Sk - Sq, wrow = warp * 16;
+    const long long qs = (long long)Hq * D, ks = (long long)Hkv * D;
+    const long long head = (long long)b * Sq * qs + (long long)h * D;
+    const T* kb = k + (long long)b * Sk * ks + (long long)hk * D;
+    const T* vb = v + (long long)b * Sk * ks + (long long)hk * D;
+
+    // The keys any row of this block keeps: [lo, hi), as in the forward.
+    int hi = Sk, lo = 0;
+    if (causal) hi = min(Sk, q0 + BM - 1 + off + 1);
+    if (window > 0) lo = max(0, q0 + off - window + 1);
+    lo = lo / FA_BN * FA_BN;
+    const int tiles = hi > lo ? (hi - lo + FA_BN - 1) / FA_BN : 0;
+
+    fa_load_tile<T, D, BM>(sQ, q + head, qs, q0, Sq);
+    fa_load_tile<T, D, BM>(sdO, dout + head, qs, q0, Sq);
+    if (tiles > 0) {
+        fa_load_tile<T, D, FA_BN>(sK, kb, ks, lo, Sk);
+        fa_load_tile<T, D, FA_BN>(sV, vb, ks, lo, Sk);
+    }
+    cp_async_commit();
+
+    // lse (log2 units) and D of rows g and g + 8; rows past Sq have zero Q and dO, so dS = 0.
+    float L[2], Dr[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int row = q0 + wrow + g + 8 * r;
+        const long long at = ((long long)b * Hq + h) * Sq + row;
+        L[r] = row < Sq ? lse[at] * LOG2E : 0.f;
+        Dr[r] = row < Sq ? delta[at] : 0.f;
+    }
+    float acc[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+    const float sl2 = scale * LOG2E;
+
+    for (int it = 0; it < tiles; ++it) {
+        const int kv0 = lo + it * FA_BN, buf = it & 1;
+        if (it + 1 < tiles) {  // the next tile streams in while this one is used
+            fa_load_tile<T, D, FA_BN>(sK + (buf ^ 1) * FA_BN * LD, kb, ks, kv0 + FA_BN, Sk);
+            fa_load_tile<T, D, FA_BN>(sV + (buf ^ 1) * FA_BN * LD, vb, ks, kv0 + FA_BN, Sk);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        const T* Kt = sK + buf * FA_BN * LD;
+        const T* Vt = sV + buf * FA_BN * LD;
+
+        // S = Q K^T and dP = dO V^T for the warp's 16 rows and the tile's 64 keys.
+        float s[FA_BN / 8][4], dp[FA_BN / 8][4];
+#pragma unroll
+        for (int j = 0; j < FA_BN / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            unsigned qa[4], oa[4];
+            ldmatrix_x4(qa, smem_addr(&sQ[(wrow + lm.x) * LD + kk * 16 + lm.y * 8]));
+            ldmatrix_x4(oa, smem_addr(&sdO[(wrow + lm.x) * LD + kk * 16 + lm.y * 8]));
+#pragma unroll
+            for (int j = 0; j < FA_BN / 8; j += 2) {
+                const int at = (j * 8 + lk.x) * LD + kk * 16 + lk.y * 8;
+                unsigned r[4];
+                ldmatrix_x4(r, smem_addr(&Kt[at]));
+                Mma<T>::run(s[j], qa, r);
+                Mma<T>::run(s[j + 1], qa, r + 2);
+                ldmatrix_x4(r, smem_addr(&Vt[at]));
+                Mma<T>::run(dp[j], oa, r);
+                Mma<T>::run(dp[j + 1], oa, r + 2);
+            }
+        }
+        // P from lse where kept (0 elsewhere), dS = P (dP - D), kept in dp.
+        const bool edge = kv0 + FA_BN > Sk || (causal && kv0 + FA_BN - 1 > q0 + off) || (window > 0 && kv0 <= q0 + BM - 1 + off - window);
+#pragma unroll
+        for (int j = 0; j < FA_BN / 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = kv0 + j * 8 + 2 * t + (e & 1), r = e < 2 ? 0 : 1, row = q0 + wrow + g + 8 * r;
+                const bool keep = !edge || attn_keep(row, key, Sk, off, causal, window);
+                const float p = keep ? exp2f(s[j][e] * sl2 - L[r]) : 0.f;
+                dp[j][e] = p * (dp[j][e] - Dr[r]);
+            }
+        }
+        // dQ += dS K: dS's accumulator layout is the A fragment, rounded to T as fa2_bwd rounds it.
+#pragma unroll
+        for (int kk = 0; kk < FA_BN / 16; ++kk) {
+            const unsigned da[4] = {pack2<T>(dp[2 * kk][0], dp[2 * kk][1]), pack2<T>(dp[2 * kk][2], dp[2 * kk][3]),
+                                    pack2<T>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]), pack2<T>(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
+#pragma unroll
+            for (int n = 0; n < D / 8; n += 2) {
+                unsigned r[4];
+                ldmatrix_x4_trans(r, smem_addr(&Kt[(kk * 16 + lm.x) * LD + n * 8 + lm.y * 8]));
+                Mma<T>::run(acc[n], da, r);
+                Mma<T>::run(acc[n + 1], da, r + 2);
+            }
+        }
+        __syncthreads();  // every warp is done with this buffer before it is refilled
+    }
+    cp_async_wait<0>();
+
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int row = q0 + wrow + g + 8 * r;
+        if (row >= Sq) continue;
+        T* out = dq + head + (long long)row * qs;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n)
+            *reinterpret_cast<unsigned*>(out + n * 8 + 2 * t) = pack2<T>(acc[n][2 * r] * scale, acc[n][2 * r + 1] * scale);
+    }
+}
+
+// Bytes of dynamic shared memory of the dQ kernel: Q, dO, two K and two V tiles.
+#define FA_BWD_DQ_SMEM(D) ((2 * FA_BWD_BM + 4 * FA_BN) * ((D) + 8) * 2)
+
+// ---------------------------------------------------------------------------------------------
+// Exports: attention_<variant>_<part>_{f16,bf16}; fa2_bwd and fa2_bwd_det per head dim (64, 128).
 // ---------------------------------------------------------------------------------------------
 #define FA_BWD_EXPORT(TY, T, D)                                                                                                   \
     extern "C" __global__ void __launch_bounds__(FA_THREADS) attention_fa2_bwd_d##D##_##TY(                                       \
         const T* q, const T* k, const T* v, const T* dout, const float* lse, const float* delta, float* dq_acc, T* dk, T* dv,      \
         int Sq, int Sk, int Hq, int Hkv, float scale, int causal, int window) {                                                   \
-        fa2_backward<T, D>(q, k, v, dout, lse, delta, dq_acc, dk, dv, Sq, Sk, Hq, Hkv, scale, causal, window);                    \
+        fa2_backward<T, D, true>(q, k, v, dout, lse, delta, dq_acc, dk, dv, Sq, Sk, Hq, Hkv, scale, causal, window);              \
+    }                                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(FA_THREADS) attention_fa2_bwd_det_d##D##_##TY(                                   \
+        const T* q, const T* k, const T* v, const T* dout, const float* lse, const float* delta, T* dk, T* dv, int Sq, int Sk,    \
+        int Hq, int Hkv, float scale, int causal, int window) {                                                                   \
+        fa2_backward<T, D, false>(q, k, v, dout, lse, delta, nullptr, dk, dv, Sq, Sk, Hq, Hkv, scale, causal, window);            \
+    }                                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(FA_THREADS) attention_fa2_bwd_det_dq_d##D##_##TY(                                \
+        const T* q, const T* k, const T* v, const T* dout, const float* lse, const float* delta, T* dq, int Sq, int Sk, int Hq,   \
+        int Hkv, float scale, int causal, int window) {                                                                           \
+        fa2_bwd_dq_rows<T, D>(q, k, v, dout, lse, delta, dq, Sq, Sk, Hq, Hkv, scale, causal, window);                             \
     }
 #define ATTN_BWD_EXPORT(TY, T)                                                                                                    \
     extern "C" __global__ void attention_naive_bwd_pdp_##TY(const T* q, const T* k, const T* v, const T* dout, const float* lse,   \
@@ -322,6 +475,10 @@ __device__ void fa2_backward(const T* __restrict__ q, const T* __restrict__ k, c
     extern "C" __global__ void attention_fa2_bwd_pre_##TY(const T* o, const T* dout, float* delta, float* dq_acc, int rows,       \
                                                           int Sq, int Hq, int D) {                                                \
         fa2_bwd_pre<T>(o, dout, delta, dq_acc, rows, Sq, Hq, D);                                                                  \
+    }                                                                                                                             \
+    extern "C" __global__ void attention_fa2_bwd_det_pre_##TY(const T* o, const T* dout, float* delta, int rows, int Sq, int Hq,  \
+                                                              int D) {                                                            \
+        fa2_bwd_pre<T>(o, dout, delta, nullptr, rows, Sq, Hq, D);                                                                 \
     }                                                                                                                             \
     extern "C" __global__ void attention_fa2_bwd_dq_##TY(const float* dq_acc, T* dq, long long n, float scale) {                  \
         fa2_bwd_dq<T>(dq_acc, dq, n, scale);                                                                                      \

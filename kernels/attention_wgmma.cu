@@ -142,8 +142,9 @@ __device__ __forceinline__ float2 attn_wg_softmax(float (&s)[64], SoftmaxRows& s
 }
 
 template <typename T, int D, bool OVERLAP, bool PINGPONG>
-__device__ void attn_wgmma_forward(const TmaDesc& tq, const TmaDesc& tk, const TmaDesc& tv, T* __restrict__ o, float* __restrict__ lse, int Sq,
-                                   int Sk, int Hq, int Hkv, float scale, int causal, int window) {
+__device__ void attn_wgmma_forward(const TmaDesc& tq, const TmaDesc& tk, const TmaDesc& tv, T* __restrict__ o, float* __restrict__ lse,
+                                   const int* __restrict__ cu_q, const int* __restrict__ cu_k, int Sq, int Sk, int Hq, int Hkv, float scale,
+                                   int causal, int window) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using P = WgAttn<D>;
     constexpr int BM = P::BM, BN = P::BN, STAGES = P::STAGES, BOXES = P::BOXES, ACC = D / 2;
@@ -158,6 +159,13 @@ __device__ void attn_wgmma_forward(const TmaDesc& tq, const TmaDesc& tk, const T
     auto empty = [&](int s) { return bars + 8 * (1 + 2 * STAGES + s); };
     const int wgi = threadIdx.x / 128, tid = threadIdx.x % 128;
     const int q0 = blockIdx.x * BM, h = blockIdx.y, b = blockIdx.z, hk = h / (Hq / Hkv);
+    const AttnSeq seq = attn_seq(cu_q, cu_k, b, Sq, Sk, Hq);
+    Sq = seq.sq, Sk = seq.sk;
+    if (q0 >= Sq) return;  // a shorter sequence of a variable-length batch
+    // TMA coordinates: dense maps are (.., seq, batch); a packed batch's maps hold one batch of
+    // all rows, so its rows past this sequence are the next sequence's (keys masked as past Sk,
+    // query rows not stored) rather than zeros.
+    const int tb = cu_q ? 0 : b, tq0 = cu_q ? (int)seq.q_row0 : 0, tk0 = cu_q ? (int)seq.k_row0 : 0;
     const int off = Sk - Sq;
 
     // The keys any row of this block keeps: [lo, hi), whole tiles from lo.
@@ -188,16 +196,16 @@ __device__ void attn_wgmma_forward(const TmaDesc& tq, const TmaDesc& tk, const T
         const unsigned kb = ring + s * P::STAGE_BYTES, vb = kb + P::KV_BYTES;
         // Out-of-bounds rows are zero-filled and still counted in the transaction bytes.
         mbar_expect_tx(k_full(s), P::KV_BYTES);
-        for (int x = 0; x < BOXES; ++x) tma_load_4d(kb + x * P::BOX_ROWS_BYTES, &tk, 64 * x, hk, kv0, b, k_full(s));
+        for (int x = 0; x < BOXES; ++x) tma_load_4d(kb + x * P::BOX_ROWS_BYTES, &tk, 64 * x, hk, tk0 + kv0, tb, k_full(s));
         mbar_expect_tx(v_full(s), P::KV_BYTES);
-        for (int x = 0; x < BOXES; ++x) tma_load_4d(vb + x * P::BOX_ROWS_BYTES, &tv, 64 * x, hk, kv0, b, v_full(s));
+        for (int x = 0; x < BOXES; ++x) tma_load_4d(vb + x * P::BOX_ROWS_BYTES, &tv, 64 * x, hk, tk0 + kv0, tb, v_full(s));
     };
     if (loader) {
         asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tq)) : "memory");
         asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tk)) : "memory");
         asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tv)) : "memory");
         mbar_expect_tx(bars, P::Q_BYTES);
-        for (int x = 0; x < BOXES; ++x) tma_load_4d(sq_ + x * BM * 128, &tq, 64 * x, h, q0, b, bars);
+        for (int x = 0; x < BOXES; ++x) tma_load_4d(sq_ + x * BM * 128, &tq, 64 * x, h, tq0 + q0, tb, bars);
         for (int it = 0; it < min(tiles, STAGES); ++it) load_tile(it);
     }
 
@@ -353,11 +361,11 @@ __device__ void attn_wgmma_forward(const TmaDesc& tq, const TmaDesc& tk, const T
         const int row = row0 + 8 * r;
         if (row >= Sq) continue;
         const float inv = lr > 0.f ? 1.f / lr : 0.f;
-        T* orow = o + ((long long)b * Sq + row) * qs + (long long)h * D;
+        T* orow = o + (seq.q_row0 + row) * qs + (long long)h * D;
 #pragma unroll
         for (int j = 0; j < D / 8; ++j)
             *reinterpret_cast<unsigned*>(orow + 8 * j + 2 * t) = pack2<T>(acc[4 * j + 2 * r] * inv, acc[4 * j + 2 * r + 1] * inv);
-        if (t == 0) lse[((long long)b * Hq + h) * Sq + row] = lr > 0.f ? (st.m[r] + __log2f(lr)) / LOG2E : NEG_INF;
+        if (t == 0) lse[seq.lse0 + h * seq.lse_head + row] = lr > 0.f ? (st.m[r] + __log2f(lr)) / LOG2E : NEG_INF;
     }
 #else
     __trap();  // built for another target: the launcher offers these rungs on compute capability 9.0 only
@@ -368,8 +376,8 @@ __device__ void attn_wgmma_forward(const TmaDesc& tq, const TmaDesc& tk, const T
 #define WG_ATTN_EXPORT(TY, T, NAME, D, OVERLAP, PINGPONG)                                                                          \
     extern "C" __global__ void __launch_bounds__(WgAttn<D>::THREADS, 1) attention_##NAME##_d##D##_##TY(                                    \
         const __grid_constant__ TmaDesc tq, const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDesc tv, T* o,    \
-        float* lse, int Sq, int Sk, int Hq, int Hkv, float scale, int causal, int window) {                                 \
-        attn_wgmma_forward<T, D, OVERLAP, PINGPONG>(tq, tk, tv, o, lse, Sq, Sk, Hq, Hkv, scale, causal, window);                      \
+        float* lse, const int* cu_q, const int* cu_k, int Sq, int Sk, int Hq, int Hkv, float scale, int causal, int window) { \
+        attn_wgmma_forward<T, D, OVERLAP, PINGPONG>(tq, tk, tv, o, lse, cu_q, cu_k, Sq, Sk, Hq, Hkv, scale, causal, window);          \
     }
 #define WG_ATTN_EXPORTS(TY, T)                        \
     WG_ATTN_EXPORT(TY, T, wgmma, 64, false, false)           \
