@@ -69,14 +69,16 @@ pub fn refusal(v: &variant::Variant<Kernel>, d: Dims) -> Option<String> {
     }
 }
 
-/// The variant [`backward`] runs: fa2_bwd on the GPU where it takes the head dim, else naive_bwd;
-/// cpu_bwd on the CPU. [`backward_with`] `fa2_bwd_det` for bit-identical gradients.
+/// The variant [`backward`] runs: fa2_bwd_det on the GPU where it takes the head dim, else
+/// naive_bwd; cpu_bwd on the CPU. fa2_bwd_det is bit-identical run to run and was also faster
+/// than fa2_bwd's atomics at every timed shape on an H200 (1.2-1.4x, runs
+/// 2026-11-29T01-14-15Z-h200-03de38f-0251 and 01-15-50Z-...-15c4).
 pub fn best(dev: &Backend, d: Dims) -> &'static variant::Variant<Kernel> {
-    let fa2 = variant::find(FAMILY, VARIANTS, "fa2_bwd").expect("in the table");
+    let fa2 = variant::find(FAMILY, VARIANTS, "fa2_bwd_det").expect("in the table");
     let name = match dev {
         Backend::Cpu => "cpu_bwd",
         Backend::Cuda(_) if refusal(fa2, d).is_some() => "naive_bwd",
-        Backend::Cuda(_) => "fa2_bwd",
+        Backend::Cuda(_) => "fa2_bwd_det",
     };
     variant::find(FAMILY, VARIANTS, name)
         .expect("the best attention backward variant is in the table")
