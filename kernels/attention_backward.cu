@@ -28,6 +28,7 @@
 //                      element is summed in one order by one thread: bit-identical run to run.
 //                      Should cost: 7 of the tiles' matmuls instead of 5, less the atomics.
 //                      dQ kernel: block (128,1,1), grid (ceil(Sq/64), Hq, B), FA_BWD_DQ_SMEM(D).
+//                      It also takes packed variable-length batches (attention.cu's offsets).
 #include "mma.cuh"
 
 // ---------------------------------------------------------------------------------------------
@@ -105,10 +106,11 @@ __device__ void naive_bwd_dkv(const float* __restrict__ p, const float* __restri
 // 2. fa2_bwd
 // ---------------------------------------------------------------------------------------------
 // delta[b,h,i] = sum_d do[b,i,h,d] o[b,i,h,d], and dq_acc's row zeroed (if any): a warp per row of
-// [B, Sq, Hq]. grid (ceil(B Sq Hq / 4)), block 128.
+// [B, Sq, Hq], or of a packed batch's [total_q, Hq] (`packed`: delta laid out as its lse, [Hq,
+// total_q]). grid (ceil(rows / 4)), block 128.
 template <typename T>
 __device__ void fa2_bwd_pre(const T* __restrict__ o, const T* __restrict__ dout, float* __restrict__ delta, float* __restrict__ dq_acc,
-                            int rows, int Sq, int Hq, int D) {
+                            int rows, int Sq, int Hq, int D, int packed) {
     const int r = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (r >= rows) return;
     const long long base = (long long)r * D;
@@ -119,7 +121,7 @@ __device__ void fa2_bwd_pre(const T* __restrict__ o, const T* __restrict__ dout,
     }
     sum = warp_reduce_sum(sum);
     const int b = r / (Sq * Hq), i = r / Hq % Sq, h = r % Hq;
-    if (lane == 0) delta[((long long)b * Hq + h) * Sq + i] = sum;
+    if (lane == 0) delta[packed ? (long long)h * (rows / Hq) + r / Hq : ((long long)b * Hq + h) * Sq + i] = sum;
 }
 
 // dq = T(scale dq_acc), grid-stride.
@@ -135,7 +137,8 @@ constexpr int FA_BWD_BM = 64, FA_BWD_LDS = FA_BN + 8;  // query rows per tile; d
 template <typename T, int D, bool DQ>
 __device__ void fa2_backward(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
                              const float* __restrict__ lse, const float* __restrict__ delta, float* __restrict__ dq_acc, T* __restrict__ dk,
-                             T* __restrict__ dv, int Sq, int Sk, int Hq, int Hkv, float scale, int causal, int window) {
+                             T* __restrict__ dv, const int* __restrict__ cu_q, const int* __restrict__ cu_k, int Sq, int Sk, int Hq, int Hkv,
+                             float scale, int causal, int window) {
     constexpr int BM = FA_BWD_BM, LD = D + 8, LDS = FA_BWD_LDS;
     constexpr float LOG2E = 1.4426950408889634f;
     extern __shared__ __align__(16) unsigned char fa_smem[];
@@ -147,12 +150,15 @@ __device__ void fa2_backward(const T* __restrict__ q, const T* __restrict__ k, c
     float* sL = reinterpret_cast<float*>(sdS + BM * LDS);  // two buffers of lse log2(e)
     float* sD = sL + 2 * BM;                               // two buffers of delta
     const int kv0 = blockIdx.x * FA_BN, hk = blockIdx.y, b = blockIdx.z, group = Hq / Hkv;
+    const AttnSeq seq = attn_seq(cu_q, cu_k, b, Sq, Sk, Hq);
+    Sq = seq.sq, Sk = seq.sk;
+    if (kv0 >= Sk) return;  // a shorter sequence of a variable-length batch
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int2 lm = ldmatrix_x4_lane(lane), lk = ldmatrix_x4_lane_nk(lane);  // A and .trans B; B held n x k
     const int off = Sk - Sq, kw = warp * 16;  // kw: the warp's first key in the tile
     const long long qs = (long long)Hq * D, ks = (long long)Hkv * D;
-    const T* kb = k + (long long)b * Sk * ks + (long long)hk * D;
-    const T* vb = v + (long long)b * Sk * ks + (long long)hk * D;
+    const T* kb = k + seq.k_row0 * ks + (long long)hk * D;
+    const T* vb = v + seq.k_row0 * ks + (long long)hk * D;
 
     // The query rows any key of this tile keeps: [lo, hi); causal bounds them below, a window above.
     int lo = 0, hi = Sq;
@@ -164,11 +170,11 @@ __device__ void fa2_backward(const T* __restrict__ q, const T* __restrict__ k, c
     // Query tile `it` (head hk group + it / qtiles, rows from lo + (it % qtiles) BM) into buffer `buf`.
     auto load_q = [&](int it, int buf) {
         const int h = hk * group + it / qtiles, i0 = lo + it % qtiles * BM;
-        const long long head = (long long)b * Sq * qs + (long long)h * D;
+        const long long head = seq.q_row0 * qs + (long long)h * D;
         fa_load_tile<T, D, BM>(sQ + buf * BM * LD, q + head, qs, i0, Sq);
         fa_load_tile<T, D, BM>(sdO + buf * BM * LD, dout + head, qs, i0, Sq);
         const int r = threadIdx.x % BM, i = i0 + r;
-        const long long at = ((long long)b * Hq + h) * Sq + i;
+        const long long at = seq.lse0 + h * seq.lse_head + i;
         if (threadIdx.x < BM) sL[buf * BM + r] = i < Sq ? lse[at] * LOG2E : 0.f;
         else sD[buf * BM + r] = i < Sq ? delta[at] : 0.f;
     };
@@ -263,7 +269,7 @@ __device__ void fa2_backward(const T* __restrict__ q, const T* __restrict__ k, c
             unsigned sa[FA_BN / 16][4];
 #pragma unroll
             for (int kk = 0; kk < FA_BN / 16; ++kk) ldmatrix_x4(sa[kk], smem_addr(&sdS[(kw + lm.x) * LDS + kk * 16 + lm.y * 8]));
-            float* dqh = dq_acc + (long long)b * Sq * qs + (long long)h * D;
+            float* dqh = dq_acc + seq.q_row0 * qs + (long long)h * D;
 #pragma unroll
             for (int n = 0; n < D / 8; n += 2) {
                 float c[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
@@ -292,8 +298,8 @@ __device__ void fa2_backward(const T* __restrict__ q, const T* __restrict__ k, c
     for (int r = 0; r < 2; ++r) {
         const int key = kv0 + kw + g + 8 * r;
         if (key >= Sk) continue;
-        T* dkr = dk + ((long long)b * Sk + key) * ks + (long long)hk * D;
-        T* dvr = dv + ((long long)b * Sk + key) * ks + (long long)hk * D;
+        T* dkr = dk + (seq.k_row0 + key) * ks + (long long)hk * D;
+        T* dvr = dv + (seq.k_row0 + key) * ks + (long long)hk * D;
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
             *reinterpret_cast<unsigned*>(dkr + n * 8 + 2 * t) = pack2<T>(dka[n][2 * r] * scale, dka[n][2 * r + 1] * scale);
@@ -314,8 +320,8 @@ __device__ void fa2_backward(const T* __restrict__ q, const T* __restrict__ k, c
 // read feeds 16 mmas) so that dQ, S and dP fit the registers at D128.
 template <typename T, int D>
 __device__ void fa2_bwd_dq_rows(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
-                                const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dq, int Sq, int Sk, int Hq,
-                                int Hkv, float scale, int causal, int window) {
+                                const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dq, const int* __restrict__ cu_q,
+                                const int* __restrict__ cu_k, int Sq, int Sk, int Hq, int Hkv, float scale, int causal, int window) {
     constexpr int BM = FA_BWD_BM, LD = D + 8;
     constexpr float LOG2E = 1.4426950408889634f;
     extern __shared__ __align__(16) unsigned char fa_smem[];
@@ -324,13 +330,16 @@ __device__ void fa2_bwd_dq_rows(const T* __restrict__ q, const T* __restrict__ k
     T* sK = sdO + BM * LD;        // two buffers
     T* sV = sK + 2 * FA_BN * LD;  // two buffers
     const int q0 = blockIdx.x * BM, h = blockIdx.y, b = blockIdx.z, hk = h / (Hq / Hkv);
+    const AttnSeq seq = attn_seq(cu_q, cu_k, b, Sq, Sk, Hq);
+    Sq = seq.sq, Sk = seq.sk;
+    if (q0 >= Sq) return;  // a shorter sequence of a variable-length batch
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int2 lm = ldmatrix_x4_lane(lane), lk = ldmatrix_x4_lane_nk(lane);
     const int off = Sk - Sq, wrow = warp * 16;
     const long long qs = (long long)Hq * D, ks = (long long)Hkv * D;
-    const long long head = (long long)b * Sq * qs + (long long)h * D;
-    const T* kb = k + (long long)b * Sk * ks + (long long)hk * D;
-    const T* vb = v + (long long)b * Sk * ks + (long long)hk * D;
+    const long long head = seq.q_row0 * qs + (long long)h * D;
+    const T* kb = k + seq.k_row0 * ks + (long long)hk * D;
+    const T* vb = v + seq.k_row0 * ks + (long long)hk * D;
 
     // The keys any row of this block keeps: [lo, hi), as in the forward.
     int hi = Sk, lo = 0;
@@ -352,7 +361,7 @@ __device__ void fa2_bwd_dq_rows(const T* __restrict__ q, const T* __restrict__ k
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int row = q0 + wrow + g + 8 * r;
-        const long long at = ((long long)b * Hq + h) * Sq + row;
+        const long long at = seq.lse0 + h * seq.lse_head + row;
         L[r] = row < Sq ? lse[at] * LOG2E : 0.f;
         Dr[r] = row < Sq ? delta[at] : 0.f;
     }
@@ -446,17 +455,18 @@ __device__ void fa2_bwd_dq_rows(const T* __restrict__ q, const T* __restrict__ k
     extern "C" __global__ void __launch_bounds__(FA_THREADS) attention_fa2_bwd_d##D##_##TY(                                       \
         const T* q, const T* k, const T* v, const T* dout, const float* lse, const float* delta, float* dq_acc, T* dk, T* dv,      \
         int Sq, int Sk, int Hq, int Hkv, float scale, int causal, int window) {                                                   \
-        fa2_backward<T, D, true>(q, k, v, dout, lse, delta, dq_acc, dk, dv, Sq, Sk, Hq, Hkv, scale, causal, window);              \
+        fa2_backward<T, D, true>(q, k, v, dout, lse, delta, dq_acc, dk, dv, nullptr, nullptr, Sq, Sk, Hq, Hkv, scale, causal,     \
+                                 window);                                                                                         \
     }                                                                                                                             \
     extern "C" __global__ void __launch_bounds__(FA_THREADS) attention_fa2_bwd_det_d##D##_##TY(                                   \
-        const T* q, const T* k, const T* v, const T* dout, const float* lse, const float* delta, T* dk, T* dv, int Sq, int Sk,    \
-        int Hq, int Hkv, float scale, int causal, int window) {                                                                   \
-        fa2_backward<T, D, false>(q, k, v, dout, lse, delta, nullptr, dk, dv, Sq, Sk, Hq, Hkv, scale, causal, window);            \
+        const T* q, const T* k, const T* v, const T* dout, const float* lse, const float* delta, T* dk, T* dv, const int* cu_q,   \
+        const int* cu_k, int Sq, int Sk, int Hq, int Hkv, float scale, int causal, int window) {                                  \
+        fa2_backward<T, D, false>(q, k, v, dout, lse, delta, nullptr, dk, dv, cu_q, cu_k, Sq, Sk, Hq, Hkv, scale, causal, window); \
     }                                                                                                                             \
     extern "C" __global__ void __launch_bounds__(FA_THREADS) attention_fa2_bwd_det_dq_d##D##_##TY(                                \
-        const T* q, const T* k, const T* v, const T* dout, const float* lse, const float* delta, T* dq, int Sq, int Sk, int Hq,   \
-        int Hkv, float scale, int causal, int window) {                                                                           \
-        fa2_bwd_dq_rows<T, D>(q, k, v, dout, lse, delta, dq, Sq, Sk, Hq, Hkv, scale, causal, window);                             \
+        const T* q, const T* k, const T* v, const T* dout, const float* lse, const float* delta, T* dq, const int* cu_q,          \
+        const int* cu_k, int Sq, int Sk, int Hq, int Hkv, float scale, int causal, int window) {                                  \
+        fa2_bwd_dq_rows<T, D>(q, k, v, dout, lse, delta, dq, cu_q, cu_k, Sq, Sk, Hq, Hkv, scale, causal, window);                 \
     }
 #define ATTN_BWD_EXPORT(TY, T)                                                                                                    \
     extern "C" __global__ void attention_naive_bwd_pdp_##TY(const T* q, const T* k, const T* v, const T* dout, const float* lse,   \
@@ -474,11 +484,11 @@ __device__ void fa2_bwd_dq_rows(const T* __restrict__ q, const T* __restrict__ k
     }                                                                                                                             \
     extern "C" __global__ void attention_fa2_bwd_pre_##TY(const T* o, const T* dout, float* delta, float* dq_acc, int rows,       \
                                                           int Sq, int Hq, int D) {                                                \
-        fa2_bwd_pre<T>(o, dout, delta, dq_acc, rows, Sq, Hq, D);                                                                  \
+        fa2_bwd_pre<T>(o, dout, delta, dq_acc, rows, Sq, Hq, D, 0);                                                               \
     }                                                                                                                             \
     extern "C" __global__ void attention_fa2_bwd_det_pre_##TY(const T* o, const T* dout, float* delta, int rows, int Sq, int Hq,  \
-                                                              int D) {                                                            \
-        fa2_bwd_pre<T>(o, dout, delta, nullptr, rows, Sq, Hq, D);                                                                 \
+                                                              int D, int packed) {                                                \
+        fa2_bwd_pre<T>(o, dout, delta, nullptr, rows, Sq, Hq, D, packed);                                                         \
     }                                                                                                                             \
     extern "C" __global__ void attention_fa2_bwd_dq_##TY(const float* dq_acc, T* dq, long long n, float scale) {                  \
         fa2_bwd_dq<T>(dq_acc, dq, n, scale);                                                                                      \

@@ -9,8 +9,8 @@
 //! and read once before timing. GB/s per CPU-second (user + system time of the process) is the
 //! figure that holds on a machine other work shares; epoch 0 of a map pays its page faults.
 
-use lab::data::epoch_order;
 use lab::data::read::{self, AlignedBuf, ReadMode, Source};
+use lab::data::epoch_order;
 use lab::profile::TimeSummary;
 use lab::{LabError, Result};
 use rand::{RngCore, SeedableRng};
@@ -47,9 +47,7 @@ impl How {
                 for (k, samples) in order.chunks(BATCH).enumerate() {
                     let buf = &mut ring[k % RING];
                     pool.install(|| {
-                        buf.par_chunks_mut(SAMPLE).zip(samples).for_each(|(b, &i)| {
-                            b.copy_from_slice(&map[i as usize * SAMPLE..(i as usize + 1) * SAMPLE])
-                        });
+                        buf.par_chunks_mut(SAMPLE).zip(samples).for_each(|(b, &i)| b.copy_from_slice(&map[i as usize * SAMPLE..(i as usize + 1) * SAMPLE]));
                     });
                 }
                 Ok(())
@@ -66,10 +64,7 @@ fn open(path: &Path, what: &str, threads: usize) -> Result<How> {
             let file = std::fs::File::open(path).map_err(|e| LabError::io(path, e))?;
             // SAFETY: the example's own file, not changed while mapped.
             let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| LabError::io(path, e))?;
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .map_err(|e| LabError::Invalid(e.to_string()))?;
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().map_err(|e| LabError::Invalid(e.to_string()))?;
             How::Memcpy(map, pool)
         }
     })
@@ -78,31 +73,13 @@ fn open(path: &Path, what: &str, threads: usize) -> Result<How> {
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let bad = |what: &str, v: &str| LabError::Invalid(format!("{what} `{v}` is not a number"));
-    let mib: usize = args
-        .first()
-        .map(|v| v.parse().map_err(|_| bad("FILE_MIB", v)))
-        .transpose()?
-        .unwrap_or(1024);
+    let mib: usize = args.first().map(|v| v.parse().map_err(|_| bad("FILE_MIB", v))).transpose()?.unwrap_or(1024);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads: Vec<usize> = match args.get(1) {
-        Some(v) => v
-            .split(',')
-            .map(|t| t.parse().map_err(|_| bad("THREADS", t)))
-            .collect::<Result<_>>()?,
-        None => {
-            if cores > 1 {
-                vec![1, cores]
-            } else {
-                vec![1]
-            }
-        }
+        Some(v) => v.split(',').map(|t| t.parse().map_err(|_| bad("THREADS", t))).collect::<Result<_>>()?,
+        None => if cores > 1 { vec![1, cores] } else { vec![1] },
     };
-    let epochs: usize = args
-        .get(2)
-        .map(|v| v.parse().map_err(|_| bad("EPOCHS", v)))
-        .transpose()?
-        .unwrap_or(6)
-        .max(2);
+    let epochs: usize = args.get(2).map(|v| v.parse().map_err(|_| bad("EPOCHS", v))).transpose()?.unwrap_or(6).max(2);
 
     let dir = tempfile::tempdir().map_err(|e| LabError::io(std::env::temp_dir(), e))?;
     let path = dir.path().join("samples.bin");
@@ -112,15 +89,10 @@ fn main() -> Result<()> {
     drop(bytes);
     read::read_through(&path, ReadMode::Buffered, 1 << 20, 1, u64::MAX)?;
     println!("{mib} MiB file, page cache resident {:.0}%, {cores} cores; {SAMPLE} B samples shuffled, batches of {BATCH}", 100.0 * read::resident(&path)?);
-    println!(
-        "{:<12} {:>7} {:>14} {:>22} {:>16}",
-        "how", "threads", "epoch 0 GB/s", "later GB/s (p20-p80)", "GB/s per CPU-s"
-    );
+    println!("{:<12} {:>7} {:>14} {:>22} {:>16}", "how", "threads", "epoch 0 GB/s", "later GB/s (p20-p80)", "GB/s per CPU-s");
 
     let samples = (mib << 20) as u64 / SAMPLE as u64;
-    let mut ring: Vec<AlignedBuf> = (0..RING)
-        .map(|_| AlignedBuf::zeroed(SAMPLE * BATCH))
-        .collect();
+    let mut ring: Vec<AlignedBuf> = (0..RING).map(|_| AlignedBuf::zeroed(SAMPLE * BATCH)).collect();
     ring.iter_mut().for_each(|b| b.fill(1));
     // Interleaved, so that other work on the machine spreads over all of them alike.
     for &t in &threads {

@@ -9,21 +9,11 @@ pub enum LabError {
     #[error("no CUDA GPU is usable: {0}")]
     NoGpu(String),
     #[error("CUDA driver call failed while {doing}: {source}")]
-    Driver {
-        doing: String,
-        source: cudarc::driver::DriverError,
-    },
+    Driver { doing: String, source: cudarc::driver::DriverError },
     #[error("cuBLAS call failed while {doing}: {source}")]
-    Cublas {
-        doing: String,
-        source: cudarc::cublas::result::CublasError,
-    },
+    Cublas { doing: String, source: cudarc::cublas::result::CublasError },
     #[error("kernel family `{family}` failed to compile for {arch}:\n{log}")]
-    Compile {
-        family: String,
-        arch: String,
-        log: String,
-    },
+    Compile { family: String, arch: String, log: String },
     #[error("NVRTC is not available: {0}")]
     NoNvrtc(String),
     #[error("unknown experiment `{0}` (see `lab list`)")]
@@ -42,16 +32,10 @@ pub enum LabError {
 
 impl LabError {
     pub fn io(path: impl Into<PathBuf>, err: impl std::fmt::Display) -> Self {
-        LabError::Io {
-            path: path.into(),
-            why: err.to_string(),
-        }
+        LabError::Io { path: path.into(), why: err.to_string() }
     }
     pub fn shape(what: impl Into<String>, why: impl Into<String>) -> Self {
-        LabError::Shape {
-            what: what.into(),
-            why: why.into(),
-        }
+        LabError::Shape { what: what.into(), why: why.into() }
     }
 }
 
@@ -62,18 +46,12 @@ pub trait Doing<T> {
 
 impl<T> Doing<T> for std::result::Result<T, cudarc::driver::DriverError> {
     fn doing(self, what: &str) -> Result<T> {
-        self.map_err(|source| LabError::Driver {
-            doing: what.to_string(),
-            source,
-        })
+        self.map_err(|source| LabError::Driver { doing: what.to_string(), source })
     }
 }
 
 impl<T> Doing<T> for std::result::Result<T, cudarc::cublas::result::CublasError> {
     fn doing(self, what: &str) -> Result<T> {
-        self.map_err(|source| LabError::Cublas {
-            doing: what.to_string(),
-            source,
-        })
+        self.map_err(|source| LabError::Cublas { doing: what.to_string(), source })
     }
 }

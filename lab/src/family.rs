@@ -107,12 +107,7 @@ pub static FAMILIES: &[Family] = &[
     },
     Family {
         name: "attention",
-        kernels: &[
-            kernel!("attention.cu"),
-            kernel!("attention_wgmma.cu"),
-            kernel!("attention_backward.cu"),
-            kernel!("attention_decode.cu"),
-        ],
+        kernels: &[kernel!("attention.cu"), kernel!("attention_wgmma.cu"), kernel!("attention_backward.cu"), kernel!("attention_decode.cu")],
         experiment: Some(&crate::ops::attention::Attention),
         variants: crate::ops::attention::variants,
     },
@@ -122,18 +117,8 @@ pub static FAMILIES: &[Family] = &[
         experiment: Some(&crate::ops::llama::Llama),
         variants: crate::ops::llama::variants,
     },
-    Family {
-        name: "allreduce",
-        kernels: &[],
-        experiment: Some(&crate::ops::allreduce::AllReduce),
-        variants: none,
-    },
-    Family {
-        name: "bucketing",
-        kernels: &[],
-        experiment: Some(&crate::ops::bucketing::Bucketing),
-        variants: none,
-    },
+    Family { name: "allreduce", kernels: &[], experiment: Some(&crate::ops::allreduce::AllReduce), variants: none },
+    Family { name: "bucketing", kernels: &[], experiment: Some(&crate::ops::bucketing::Bucketing), variants: none },
     // The kernels NCCL's experiment launches beside the collective (a reduction into a buffer).
     Family {
         name: "collective",
@@ -142,33 +127,13 @@ pub static FAMILIES: &[Family] = &[
         variants: none,
     },
     // f64 kernels that check others where the CPU reference would be too slow (no sweep of their own).
-    Family {
-        name: "reference",
-        kernels: &[kernel!("reference.cu")],
-        experiment: None,
-        variants: none,
-    },
+    Family { name: "reference", kernels: &[kernel!("reference.cu")], experiment: None, variants: none },
     // The softmax as a streaming hardware design, simulated by Verilator (hw/softmax/); last, so
     // that the families before it keep their colours.
-    Family {
-        name: "fpga",
-        kernels: &[],
-        experiment: Some(&crate::ops::fpga::Fpga),
-        variants: crate::ops::fpga::variants,
-    },
+    Family { name: "fpga", kernels: &[], experiment: Some(&crate::ops::fpga::Fpga), variants: crate::ops::fpga::variants },
     // Multi-GPU layers and training over NCCL (the `collective` family's kernels and cuBLAS).
-    Family {
-        name: "tp_linear",
-        kernels: &[],
-        experiment: Some(&crate::ops::tp_linear::TpLinear),
-        variants: none,
-    },
-    Family {
-        name: "dp_step",
-        kernels: &[],
-        experiment: Some(&crate::ops::dp_step::DpStep),
-        variants: none,
-    },
+    Family { name: "tp_linear", kernels: &[], experiment: Some(&crate::ops::tp_linear::TpLinear), variants: none },
+    Family { name: "dp_step", kernels: &[], experiment: Some(&crate::ops::dp_step::DpStep), variants: none },
     // lab::data's loader (file to GPU) and the kernel its overlap case consumes batches with.
     Family {
         name: "loader",
@@ -191,12 +156,7 @@ pub static FAMILIES: &[Family] = &[
         variants: none,
     },
     // A model and the lab's requantized copies scored on held-out text, beside llama.cpp.
-    Family {
-        name: "perplexity",
-        kernels: &[],
-        experiment: Some(&crate::ops::perplexity::PerplexityExp),
-        variants: none,
-    },
+    Family { name: "perplexity", kernels: &[], experiment: Some(&crate::ops::perplexity::PerplexityExp), variants: none },
 ];
 
 /// The family called `name`.

@@ -29,16 +29,12 @@ pub use polars;
 /// What a notebook or script needs in one `use lab::prelude::*;`.
 pub mod prelude {
     pub use crate::error::{LabError, Result};
-    pub use crate::experiment::{
-        find, registry, Backend, BackendChoice, Experiment, RunOptions, Session,
-    };
-    pub use crate::gpu::Gpu;
+    pub use crate::experiment::{find, registry, Backend, BackendChoice, Experiment, RunOptions, Session};
     pub use crate::kernels::DType;
-    pub use crate::ops::{
-        attention, bias_gelu, gemm, layernorm, linear, quant, rmsnorm, softmax, vector_add,
-    };
+    pub use crate::gpu::Gpu;
+    pub use crate::ops::{attention, bias_gelu, gemm, layernorm, linear, quant, rmsnorm, softmax, vector_add};
+    pub use crate::tensor::Tensor;
     pub use crate::record::{load, load_with_damage, read_records, Record};
     pub use crate::report::charts;
     pub use crate::report::show::{Markdown, Svg, Table};
-    pub use crate::tensor::Tensor;
 }

@@ -19,9 +19,7 @@ use crate::{LabError, Result};
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 
 /// A type a tensor can hold: the kernels' storage types, and bytes for packed 4- and 8-bit blocks.
-pub trait Scalar:
-    DeviceRepr + ValidAsZeroBits + Copy + Default + Send + Sync + Unpin + std::fmt::Debug + 'static
-{
+pub trait Scalar: DeviceRepr + ValidAsZeroBits + Copy + Default + Send + Sync + Unpin + std::fmt::Debug + 'static {
     const NAME: &'static str;
 }
 
@@ -48,13 +46,7 @@ fn count(shape: &[usize]) -> usize {
 }
 
 fn shape_error(what: &str, shape: &[usize], len: usize) -> LabError {
-    LabError::shape(
-        "tensor",
-        format!(
-            "{what}: shape {shape:?} holds {} elements, the data {len}",
-            count(shape)
-        ),
-    )
+    LabError::shape("tensor", format!("{what}: shape {shape:?} holds {} elements, the data {len}", count(shape)))
 }
 
 impl<T: Scalar> Tensor<T> {
@@ -63,10 +55,7 @@ impl<T: Scalar> Tensor<T> {
         if count(shape) != data.len() {
             return Err(shape_error("from_vec", shape, data.len()));
         }
-        Ok(Tensor {
-            shape: shape.to_vec(),
-            buf: Buffer::Host(data),
-        })
+        Ok(Tensor { shape: shape.to_vec(), buf: Buffer::Host(data) })
     }
 
     /// A tensor on `dev` holding a copy of `data`.
@@ -78,10 +67,7 @@ impl<T: Scalar> Tensor<T> {
             Backend::Cpu => Buffer::Host(data.to_vec()),
             Backend::Cuda(gpu) => Buffer::Cuda(gpu.upload(data)?),
         };
-        Ok(Tensor {
-            shape: shape.to_vec(),
-            buf,
-        })
+        Ok(Tensor { shape: shape.to_vec(), buf })
     }
 
     /// Zeros (all-zero bits) on `dev`.
@@ -89,16 +75,9 @@ impl<T: Scalar> Tensor<T> {
         let n = count(shape);
         let buf = match dev {
             Backend::Cpu => Buffer::Host(vec![T::default(); n]),
-            Backend::Cuda(gpu) => Buffer::Cuda(
-                gpu.stream
-                    .alloc_zeros::<T>(n)
-                    .doing("allocating a tensor")?,
-            ),
+            Backend::Cuda(gpu) => Buffer::Cuda(gpu.stream.alloc_zeros::<T>(n).doing("allocating a tensor")?),
         };
-        Ok(Tensor {
-            shape: shape.to_vec(),
-            buf,
-        })
+        Ok(Tensor { shape: shape.to_vec(), buf })
     }
 
     /// Wraps a device buffer already holding `shape`'s elements.
@@ -106,10 +85,7 @@ impl<T: Scalar> Tensor<T> {
         if count(shape) != data.len() {
             return Err(shape_error("from_cuda", shape, data.len()));
         }
-        Ok(Tensor {
-            shape: shape.to_vec(),
-            buf: Buffer::Cuda(data),
-        })
+        Ok(Tensor { shape: shape.to_vec(), buf: Buffer::Cuda(data) })
     }
 
     /// A copy of this tensor on `dev`.
@@ -122,10 +98,7 @@ impl<T: Scalar> Tensor<T> {
     pub fn to_vec(&self) -> Result<Vec<T>> {
         match &self.buf {
             Buffer::Host(v) => Ok(v.clone()),
-            Buffer::Cuda(d) => d
-                .stream()
-                .clone_dtoh(d)
-                .doing("copying a tensor to the host"),
+            Buffer::Cuda(d) => d.stream().clone_dtoh(d).doing("copying a tensor to the host"),
         }
     }
 
@@ -138,49 +111,25 @@ impl<T: Scalar> Tensor<T> {
     pub fn row_range(&self, start: usize, n: usize) -> Result<Vec<T>> {
         let cols = self.cols();
         if start + n > self.rows() {
-            return Err(LabError::shape(
-                "tensor",
-                format!(
-                    "rows {start}..{} of a tensor with {} rows",
-                    start + n,
-                    self.rows()
-                ),
-            ));
+            return Err(LabError::shape("tensor", format!("rows {start}..{} of a tensor with {} rows", start + n, self.rows())));
         }
         let range = start * cols..(start + n) * cols;
         match &self.buf {
             Buffer::Host(v) => Ok(v[range].to_vec()),
-            Buffer::Cuda(d) => d
-                .stream()
-                .clone_dtoh(&d.slice(range))
-                .doing("copying tensor rows to the host"),
+            Buffer::Cuda(d) => d.stream().clone_dtoh(&d.slice(range)).doing("copying tensor rows to the host"),
         }
     }
 
     /// Copies `src`'s elements in (same element count; any placement on either side).
     pub fn copy_from(&mut self, src: &Tensor<T>) -> Result<()> {
         if src.len() != self.len() {
-            return Err(LabError::shape(
-                "tensor copy",
-                format!("{:?} into {:?}", src.shape, self.shape),
-            ));
+            return Err(LabError::shape("tensor copy", format!("{:?} into {:?}", src.shape, self.shape)));
         }
         match (&mut self.buf, &src.buf) {
             (Buffer::Host(dst), Buffer::Host(s)) => dst.copy_from_slice(s),
-            (Buffer::Host(dst), Buffer::Cuda(s)) => s
-                .stream()
-                .memcpy_dtoh(s, dst)
-                .doing("copying a tensor to the host")?,
-            (Buffer::Cuda(dst), Buffer::Host(s)) => dst
-                .stream()
-                .clone()
-                .memcpy_htod(s, dst)
-                .doing("copying a tensor to the device")?,
-            (Buffer::Cuda(dst), Buffer::Cuda(s)) => dst
-                .stream()
-                .clone()
-                .memcpy_dtod(s, dst)
-                .doing("copying a tensor on the device")?,
+            (Buffer::Host(dst), Buffer::Cuda(s)) => s.stream().memcpy_dtoh(s, dst).doing("copying a tensor to the host")?,
+            (Buffer::Cuda(dst), Buffer::Host(s)) => dst.stream().clone().memcpy_htod(s, dst).doing("copying a tensor to the device")?,
+            (Buffer::Cuda(dst), Buffer::Cuda(s)) => dst.stream().clone().memcpy_dtod(s, dst).doing("copying a tensor on the device")?,
         }
         Ok(())
     }
@@ -255,13 +204,7 @@ impl<T: Scalar> Tensor<T> {
 
 impl<T: Scalar> std::fmt::Debug for Tensor<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "Tensor<{}>{:?} on {}",
-            T::NAME,
-            self.shape,
-            self.placement()
-        )
+        write!(f, "Tensor<{}>{:?} on {}", T::NAME, self.shape, self.placement())
     }
 }
 
@@ -285,21 +228,12 @@ mod tests {
 
     #[test]
     fn shapes_are_checked_and_rows_are_the_leading_dimensions() {
-        let err = Tensor::from_vec(&[2, 3], vec![0f32; 5])
-            .unwrap_err()
-            .to_string();
+        let err = Tensor::from_vec(&[2, 3], vec![0f32; 5]).unwrap_err().to_string();
         assert!(err.contains("[2, 3] holds 6 elements, the data 5"), "{err}");
         let t = Tensor::from_vec(&[2, 2, 3], (0..12).map(|i| i as f32).collect()).unwrap();
         assert_eq!((t.rows(), t.cols(), t.len()), (4, 3, 12));
-        assert_eq!(
-            t.row_range(2, 2).unwrap(),
-            vec![6.0, 7.0, 8.0, 9.0, 10.0, 11.0]
-        );
-        assert!(t
-            .row(4)
-            .unwrap_err()
-            .to_string()
-            .contains("rows 4..5 of a tensor with 4 rows"));
+        assert_eq!(t.row_range(2, 2).unwrap(), vec![6.0, 7.0, 8.0, 9.0, 10.0, 11.0]);
+        assert!(t.row(4).unwrap_err().to_string().contains("rows 4..5 of a tensor with 4 rows"));
         let t = t.reshape(&[12]).unwrap();
         assert_eq!((t.rows(), t.cols()), (1, 12));
         assert!(t.reshape(&[5]).is_err());
@@ -312,23 +246,14 @@ mod tests {
         b.copy_from(&a).unwrap();
         assert_eq!(b.to_vec().unwrap(), vec![1, 2, 3]);
         let mut c = Tensor::<u8>::zeros(&Backend::Cpu, &[4]).unwrap();
-        assert!(c
-            .copy_from(&a)
-            .unwrap_err()
-            .to_string()
-            .contains("[3] into [4]"));
+        assert!(c.copy_from(&a).unwrap_err().to_string().contains("[3] into [4]"));
     }
 
     #[test]
     fn placement_is_checked_against_the_backend() {
         let x = Tensor::from_vec(&[1], vec![0f32]).unwrap();
         assert!(check_placement("op", &Backend::Cpu, &[("x", x.placement())]).is_ok());
-        let err = check_placement("softmax", &Backend::Cpu, &[("y", "cuda")])
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("softmax: `y` is on cuda but the backend is cpu"),
-            "{err}"
-        );
+        let err = check_placement("softmax", &Backend::Cpu, &[("y", "cuda")]).unwrap_err().to_string();
+        assert!(err.contains("softmax: `y` is on cuda but the backend is cpu"), "{err}");
     }
 }

@@ -22,12 +22,7 @@ fn s(x: &str) -> Vec<u8> {
 
 impl Writer {
     fn new() -> Self {
-        Writer {
-            version: 3,
-            kv: vec![],
-            tensors: vec![],
-            alignment: 32,
-        }
+        Writer { version: 3, kv: vec![], tensors: vec![], alignment: 32 }
     }
     fn kv(mut self, key: &str, ty: u32, value: Vec<u8>) -> Self {
         self.kv.push((key.into(), ty, value));
@@ -94,38 +89,9 @@ fn sample() -> Writer {
         .kv("i64", 11, i64::MIN.to_le_bytes().to_vec())
         .kv("f64", 12, 2.25f64.to_le_bytes().to_vec())
         .kv("tokens", 9, array(8, &[s("a"), s("héllo"), s("")]))
-        .kv(
-            "nested",
-            9,
-            array(
-                9,
-                &[
-                    array(
-                        4,
-                        &[1u32.to_le_bytes().to_vec(), 2u32.to_le_bytes().to_vec()],
-                    ),
-                    array(4, &[]),
-                ],
-            ),
-        )
-        .tensor(
-            "norm",
-            &[3],
-            0,
-            [1.0f32, -2.0, 0.5]
-                .iter()
-                .flat_map(|x| x.to_le_bytes())
-                .collect(),
-        )
-        .tensor(
-            "half",
-            &[2, 2],
-            1,
-            [1.0f32, 2.0, 3.0, 4.0]
-                .iter()
-                .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
-                .collect(),
-        )
+        .kv("nested", 9, array(9, &[array(4, &[1u32.to_le_bytes().to_vec(), 2u32.to_le_bytes().to_vec()]), array(4, &[])]))
+        .tensor("norm", &[3], 0, [1.0f32, -2.0, 0.5].iter().flat_map(|x| x.to_le_bytes()).collect())
+        .tensor("half", &[2, 2], 1, [1.0f32, 2.0, 3.0, 4.0].iter().flat_map(|&x| half::f16::from_f32(x).to_le_bytes()).collect())
         .tensor("w", &[32, 2], 3, q4_1)
 }
 
@@ -133,14 +99,8 @@ fn sample() -> Writer {
 fn a_hand_built_file_reads_back_whole() {
     let (bytes, offsets) = sample().build();
     let g = Gguf::parse(&bytes).unwrap();
-    assert_eq!(
-        (g.version, g.alignment, g.metadata.len(), g.tensors.len()),
-        (3, 32, 14, 3)
-    );
-    assert_eq!(
-        g.get("general.architecture").unwrap().as_str(),
-        Some("llama")
-    );
+    assert_eq!((g.version, g.alignment, g.metadata.len(), g.tensors.len()), (3, 32, 14, 3));
+    assert_eq!(g.get("general.architecture").unwrap().as_str(), Some("llama"));
     assert_eq!(g.get("u8"), Some(&Value::U8(200)));
     assert_eq!(g.get("i8"), Some(&Value::I8(-2)));
     assert_eq!(g.get("u16"), Some(&Value::U16(60000)));
@@ -151,24 +111,11 @@ fn a_hand_built_file_reads_back_whole() {
     assert_eq!(g.get("u64").unwrap().as_u64(), Some(u64::MAX));
     assert_eq!(g.get("i64"), Some(&Value::I64(i64::MIN)));
     assert_eq!(g.get("f64"), Some(&Value::F64(2.25)));
-    let tokens: Vec<&str> = g
-        .get("tokens")
-        .unwrap()
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_str().unwrap())
-        .collect();
+    let tokens: Vec<&str> = g.get("tokens").unwrap().as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
     assert_eq!(tokens, ["a", "héllo", ""]);
-    assert_eq!(
-        g.get("nested").unwrap().as_array().unwrap()[0],
-        Value::Array(vec![Value::U32(1), Value::U32(2)])
-    );
+    assert_eq!(g.get("nested").unwrap().as_array().unwrap()[0], Value::Array(vec![Value::U32(1), Value::U32(2)]));
     let w = g.tensor("w").unwrap();
-    assert_eq!(
-        (w.dims.as_slice(), w.ty, w.size, w.elements()),
-        (&[32u64, 2][..], GgmlType::Q4_1, 40, 64)
-    );
+    assert_eq!((w.dims.as_slice(), w.ty, w.size, w.elements()), (&[32u64, 2][..], GgmlType::Q4_1, 40, 64));
     // Zero-copy: the slice points into the file's own bytes.
     let data = g.data(w);
     assert_eq!(data.as_ptr(), bytes[offsets[2]..].as_ptr());
@@ -190,14 +137,8 @@ fn a_mapped_file_and_a_custom_alignment() {
     let f = GgufFile::open(&path).unwrap();
     let g = f.parse().unwrap();
     assert_eq!((g.version, g.alignment, g.data_offset % 64), (2, 64, 0));
-    assert_eq!(
-        g.data(g.tensor("w").unwrap()).as_ptr(),
-        f.bytes()[offsets[2]..].as_ptr()
-    );
-    let e = GgufFile::open(dir.path().join("missing.gguf"))
-        .err()
-        .unwrap()
-        .to_string();
+    assert_eq!(g.data(g.tensor("w").unwrap()).as_ptr(), f.bytes()[offsets[2]..].as_ptr());
+    let e = GgufFile::open(dir.path().join("missing.gguf")).err().unwrap().to_string();
     assert!(e.contains("missing.gguf"), "{e}");
 }
 
@@ -219,121 +160,36 @@ fn damaged_files_are_named_errors() {
     // Every truncation is an error, whatever the cut.
     for cut in 0..good.len() {
         let e = err(&good[..cut]);
-        assert!(
-            matches!(
-                e,
-                GgufError::Truncated { .. }
-                    | GgufError::BadMagic(_)
-                    | GgufError::TensorOutOfRange { .. }
-            ),
-            "cut {cut}: {e}"
-        );
+        assert!(matches!(e, GgufError::Truncated { .. } | GgufError::BadMagic(_) | GgufError::TensorOutOfRange { .. }), "cut {cut}: {e}");
     }
     // A count or length far past the end.
     let mut b = good.clone();
     b[16..24].copy_from_slice(&u64::MAX.to_le_bytes());
-    assert!(
-        err(&b).to_string().contains("metadata entries"),
-        "{}",
-        err(&b)
-    );
+    assert!(err(&b).to_string().contains("metadata entries"), "{}", err(&b));
     let key_len_at = 24;
     b = good.clone();
     b[key_len_at..key_len_at + 8].copy_from_slice(&(1u64 << 40).to_le_bytes());
-    assert!(
-        err(&b).to_string().contains("metadata key 0"),
-        "{}",
-        err(&b)
-    );
-    let e = err(&Writer::new()
-        .kv("big", 9, {
-            let mut v = 0u32.to_le_bytes().to_vec();
-            v.extend(u64::MAX.to_le_bytes());
-            v
-        })
-        .build()
-        .0);
+    assert!(err(&b).to_string().contains("metadata key 0"), "{}", err(&b));
+    let e = err(&Writer::new().kv("big", 9, { let mut v = 0u32.to_le_bytes().to_vec(); v.extend(u64::MAX.to_le_bytes()); v }).build().0);
     assert!(e.to_string().contains("elements of `big`"), "{e}");
     // Unknown types.
-    assert_eq!(
-        err(&Writer::new().kv("k", 13, vec![0; 8]).build().0),
-        GgufError::UnknownValueType {
-            key: "k".into(),
-            ty: 13
-        }
-    );
-    assert!(matches!(
-        err(&Writer::new().tensor("t", &[4], 4, vec![0; 32]).build().0),
-        GgufError::UnknownTensorType { ty: 4, .. }
-    ));
+    assert_eq!(err(&Writer::new().kv("k", 13, vec![0; 8]).build().0), GgufError::UnknownValueType { key: "k".into(), ty: 13 });
+    assert!(matches!(err(&Writer::new().tensor("t", &[4], 4, vec![0; 32]).build().0), GgufError::UnknownTensorType { ty: 4, .. }));
     // Arrays nested past the limit.
     let mut deep = array(4, &[]);
     for _ in 0..10 {
         deep = array(9, &[deep]);
     }
-    assert!(matches!(
-        err(&Writer::new().kv("deep", 9, deep).build().0),
-        GgufError::TooDeep { .. }
-    ));
+    assert!(matches!(err(&Writer::new().kv("deep", 9, deep).build().0), GgufError::TooDeep { .. }));
     // Bad strings, alignment, duplicates, shapes.
-    assert!(matches!(
-        err(&Writer::new()
-            .kv("s", 8, {
-                let mut v = 2u64.to_le_bytes().to_vec();
-                v.extend([0xff, 0xfe]);
-                v
-            })
-            .build()
-            .0),
-        GgufError::BadUtf8 { .. }
-    ));
-    assert!(matches!(
-        err(&Writer::new()
-            .kv("general.alignment", 4, 48u32.to_le_bytes().to_vec())
-            .build()
-            .0),
-        GgufError::BadAlignment(_)
-    ));
-    assert!(matches!(
-        err(&Writer::new()
-            .kv("general.alignment", 10, 64u64.to_le_bytes().to_vec())
-            .build()
-            .0),
-        GgufError::BadAlignment(_)
-    ));
-    assert!(matches!(
-        err(&Writer::new()
-            .kv("a", 0, vec![1])
-            .kv("a", 0, vec![2])
-            .build()
-            .0),
-        GgufError::Duplicate { .. }
-    ));
-    assert!(matches!(
-        err(&Writer::new()
-            .tensor("t", &[4], 0, vec![0; 16])
-            .tensor("t", &[4], 0, vec![0; 16])
-            .build()
-            .0),
-        GgufError::Duplicate { .. }
-    ));
-    assert!(
-        err(&Writer::new().tensor("q", &[33], 3, vec![0; 40]).build().0)
-            .to_string()
-            .contains("not a multiple of the Q4_1 block size 32")
-    );
-    assert!(err(&Writer::new()
-        .tensor("r", &[1, 1, 1, 1, 1], 0, vec![0; 4])
-        .build()
-        .0)
-    .to_string()
-    .contains("rank 5"));
-    assert!(err(&Writer::new()
-        .tensor("o", &[u64::MAX, 4], 0, vec![0; 4])
-        .build()
-        .0)
-    .to_string()
-    .contains("overflow"));
+    assert!(matches!(err(&Writer::new().kv("s", 8, { let mut v = 2u64.to_le_bytes().to_vec(); v.extend([0xff, 0xfe]); v }).build().0), GgufError::BadUtf8 { .. }));
+    assert!(matches!(err(&Writer::new().kv("general.alignment", 4, 48u32.to_le_bytes().to_vec()).build().0), GgufError::BadAlignment(_)));
+    assert!(matches!(err(&Writer::new().kv("general.alignment", 10, 64u64.to_le_bytes().to_vec()).build().0), GgufError::BadAlignment(_)));
+    assert!(matches!(err(&Writer::new().kv("a", 0, vec![1]).kv("a", 0, vec![2]).build().0), GgufError::Duplicate { .. }));
+    assert!(matches!(err(&Writer::new().tensor("t", &[4], 0, vec![0; 16]).tensor("t", &[4], 0, vec![0; 16]).build().0), GgufError::Duplicate { .. }));
+    assert!(err(&Writer::new().tensor("q", &[33], 3, vec![0; 40]).build().0).to_string().contains("not a multiple of the Q4_1 block size 32"));
+    assert!(err(&Writer::new().tensor("r", &[1, 1, 1, 1, 1], 0, vec![0; 4]).build().0).to_string().contains("rank 5"));
+    assert!(err(&Writer::new().tensor("o", &[u64::MAX, 4], 0, vec![0; 4]).build().0).to_string().contains("overflow"));
 }
 
 /// Offsets of the tensor infos' offset fields in `sample()`'s file.
@@ -341,10 +197,7 @@ fn offset_field(bytes: &[u8], g: &Gguf, name: &str) -> usize {
     let t = g.tensor(name).unwrap();
     let mut pat = s(name);
     pat.extend((t.dims.len() as u32).to_le_bytes());
-    let at = bytes
-        .windows(pat.len())
-        .position(|w| w == pat.as_slice())
-        .unwrap();
+    let at = bytes.windows(pat.len()).position(|w| w == pat.as_slice()).unwrap();
     at + pat.len() + 8 * t.dims.len() + 4
 }
 
@@ -353,11 +206,7 @@ fn tensor_offsets_out_of_range_or_misaligned_are_refused() {
     let (good, _) = sample().build();
     let g = Gguf::parse(&good).unwrap();
     let at = offset_field(&good, &g, "w");
-    for (offset, expect) in [
-        (1u64 << 20, "outside the file"),
-        (u64::MAX - 31, "outside the file"),
-        (8, "not a multiple of the alignment"),
-    ] {
+    for (offset, expect) in [(1u64 << 20, "outside the file"), (u64::MAX - 31, "outside the file"), (8, "not a multiple of the alignment")] {
         let mut b = good.clone();
         b[at..at + 8].copy_from_slice(&offset.to_le_bytes());
         let e = err(&b).to_string();

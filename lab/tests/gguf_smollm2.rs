@@ -22,11 +22,7 @@ fn simple_q4_1(bytes: &[u8], n: usize) -> Vec<f32> {
         let d = half::f16::from_bits(u16::from(b[0]) | (u16::from(b[1]) << 8)).to_f32();
         let m = half::f16::from_bits(u16::from(b[2]) | (u16::from(b[3]) << 8)).to_f32();
         let j = i % 32;
-        let q = if j < 16 {
-            b[4 + j] & 0x0f
-        } else {
-            b[4 + j - 16] >> 4
-        };
+        let q = if j < 16 { b[4 + j] & 0x0f } else { b[4 + j - 16] >> 4 };
         let product = q as f32 * d;
         out.push(product + m);
     }
@@ -53,38 +49,14 @@ fn bits(v: &[f32]) -> Vec<u32> {
 fn smollm2_reads_dequantizes_and_requantizes_bit_exactly() {
     let file = model();
     let g = file.parse().unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(
-        g.get("general.architecture").and_then(|v| v.as_str()),
-        Some("llama")
-    );
-    assert_eq!(
-        g.get("llama.block_count").and_then(|v| v.as_u64()),
-        Some(30)
-    );
-    assert_eq!(
-        g.get("llama.embedding_length").and_then(|v| v.as_u64()),
-        Some(576)
-    );
-    assert_eq!(
-        g.get("llama.feed_forward_length").and_then(|v| v.as_u64()),
-        Some(1536)
-    );
-    assert_eq!(
-        g.get("tokenizer.ggml.tokens")
-            .and_then(|v| v.as_array())
-            .map(|a| a.len()),
-        Some(49152)
-    );
+    assert_eq!(g.get("general.architecture").and_then(|v| v.as_str()), Some("llama"));
+    assert_eq!(g.get("llama.block_count").and_then(|v| v.as_u64()), Some(30));
+    assert_eq!(g.get("llama.embedding_length").and_then(|v| v.as_u64()), Some(576));
+    assert_eq!(g.get("llama.feed_forward_length").and_then(|v| v.as_u64()), Some(1536));
+    assert_eq!(g.get("tokenizer.ggml.tokens").and_then(|v| v.as_array()).map(|a| a.len()), Some(49152));
     assert_eq!(g.tensors.len(), 30 * 9 + 2);
     let count = |ty| g.tensors.iter().filter(|t| t.ty == ty).count();
-    assert_eq!(
-        (
-            count(GgmlType::Q4_1),
-            count(GgmlType::F32),
-            count(GgmlType::Q8_0)
-        ),
-        (210, 61, 1)
-    );
+    assert_eq!((count(GgmlType::Q4_1), count(GgmlType::F32), count(GgmlType::Q8_0)), (210, 61, 1));
     let down = g.tensor("blk.0.ffn_down.weight").unwrap();
     assert_eq!(down.dims, [1536, 576], "ggml order: input dimension first");
 
@@ -93,41 +65,20 @@ fn smollm2_reads_dequantizes_and_requantizes_bit_exactly() {
         let data = g.data(t);
         assert_eq!(data.len() as u64, t.size, "{}", t.name);
         if t.ty == GgmlType::F32 {
-            let v: Vec<f32> = data
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                .collect();
+            let v: Vec<f32> = data.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
             assert!(v.iter().all(|x| x.is_finite()), "{}", t.name);
-            assert!(
-                bits(&ggml::to_f32(t.ty, data).unwrap()) == bits(&v),
-                "{}: to_f32 reads F32 data differently",
-                t.name
-            );
+            assert!(bits(&ggml::to_f32(t.ty, data).unwrap()) == bits(&v), "{}: to_f32 reads F32 data differently", t.name);
         }
         if t.ty == GgmlType::Q8_0 {
             // The token embedding, tied as the LM head: 49152 rows of 576.
-            assert_eq!(
-                (t.name.as_str(), t.dims.as_slice()),
-                ("token_embd.weight", &[576, 49152][..])
-            );
+            assert_eq!((t.name.as_str(), t.dims.as_slice()), ("token_embd.weight", &[576, 49152][..]));
             let n = t.elements() as usize;
             let ours = ggml::to_f32(t.ty, data).unwrap();
-            let first_diff = ours
-                .iter()
-                .zip(&simple_q8_0(data, n))
-                .position(|(a, b)| a.to_bits() != b.to_bits());
-            assert_eq!(
-                first_diff, None,
-                "{}: our dequantizer and the scalar one differ",
-                t.name
-            );
+            let first_diff = ours.iter().zip(&simple_q8_0(data, n)).position(|(a, b)| a.to_bits() != b.to_bits());
+            assert_eq!(first_diff, None, "{}: our dequantizer and the scalar one differ", t.name);
             assert!(ours.iter().all(|x| x.is_finite()), "{}", t.name);
             let again = ggml::quantize(Block::Q8_0, &ours).unwrap();
-            let differing = again
-                .chunks(34)
-                .zip(data.chunks(34))
-                .filter(|(a, b)| a != b)
-                .count();
+            let differing = again.chunks(34).zip(data.chunks(34)).filter(|(a, b)| a != b).count();
             assert_eq!(differing, 0, "{}: blocks re-encode differently", t.name);
         }
         if t.ty != GgmlType::Q4_1 {
@@ -137,47 +88,18 @@ fn smollm2_reads_dequantizes_and_requantizes_bit_exactly() {
         let ours = ggml::dequantize(Block::Q4_1, data).unwrap();
         let simple = simple_q4_1(data, n);
         assert_eq!(ours.len(), n);
-        let first_diff = ours
-            .iter()
-            .zip(&simple)
-            .position(|(a, b)| a.to_bits() != b.to_bits());
-        assert_eq!(
-            first_diff, None,
-            "{}: our dequantizer and the scalar one differ",
-            t.name
-        );
+        let first_diff = ours.iter().zip(&simple).position(|(a, b)| a.to_bits() != b.to_bits());
+        assert_eq!(first_diff, None, "{}: our dequantizer and the scalar one differ", t.name);
         assert!(ours.iter().all(|x| x.is_finite()), "{}", t.name);
         // The writer re-encodes the dequantized weights into the very same bytes.
         let again = ggml::quantize(Block::Q4_1, &ours).unwrap();
-        let differing: Vec<usize> = again
-            .chunks(20)
-            .zip(data.chunks(20))
-            .enumerate()
-            .filter(|(_, (a, b))| a != b)
-            .map(|(i, _)| i)
-            .collect();
-        assert!(
-            differing.is_empty(),
-            "{}: {} of {} blocks re-encode differently, first block {}",
-            t.name,
-            differing.len(),
-            n / QK,
-            differing[0]
-        );
+        let differing: Vec<usize> = again.chunks(20).zip(data.chunks(20)).enumerate().filter(|(_, (a, b))| a != b).map(|(i, _)| i).collect();
+        assert!(differing.is_empty(), "{}: {} of {} blocks re-encode differently, first block {}", t.name, differing.len(), n / QK, differing[0]);
         // Repacked as asymmetric groups of 32 (what the W4A16 designs read), the same f32 bits.
         let (cols, rows) = (t.dims[0] as usize, t.dims[1] as usize);
-        let repacked = GroupQuant::from_q4_1(data, rows, cols)
-            .unwrap()
-            .dequantize();
-        let first_diff = repacked
-            .iter()
-            .zip(&ours)
-            .position(|(a, b)| a.to_bits() != b.to_bits());
-        assert_eq!(
-            first_diff, None,
-            "{}: the asym g32 repack dequantizes differently",
-            t.name
-        );
+        let repacked = GroupQuant::from_q4_1(data, rows, cols).unwrap().dequantize();
+        let first_diff = repacked.iter().zip(&ours).position(|(a, b)| a.to_bits() != b.to_bits());
+        assert_eq!(first_diff, None, "{}: the asym g32 repack dequantizes differently", t.name);
         weights += n;
         blocks += n / QK;
     }
@@ -193,14 +115,9 @@ fn smollm2_written_back_is_the_same_bytes() {
     let g = file.parse().unwrap();
     let mut w = lab::weights::gguf_writer::GgufWriter::with_metadata_of(&g);
     for t in &g.tensors {
-        w.add_tensor(&t.name, &t.dims, t.ty, g.data(t).to_vec())
-            .unwrap();
+        w.add_tensor(&t.name, &t.dims, t.ty, g.data(t).to_vec()).unwrap();
     }
     let bytes = w.to_bytes().unwrap();
     assert_eq!(bytes.len(), file.bytes().len());
-    assert_eq!(
-        bytes.iter().zip(file.bytes()).position(|(a, b)| a != b),
-        None,
-        "first differing byte"
-    );
+    assert_eq!(bytes.iter().zip(file.bytes()).position(|(a, b)| a != b), None, "first differing byte");
 }

@@ -20,21 +20,13 @@ fn compile_family(family: &str, target: impl Into<Target>) -> lab::Result<String
 fn entries(ptx: &str) -> BTreeSet<String> {
     ptx.lines()
         .filter_map(|l| l.split(".entry ").nth(1))
-        .map(|rest| {
-            rest.trim_end_matches(['(', ' '])
-                .split('(')
-                .next()
-                .unwrap()
-                .trim()
-                .to_string()
-        })
+        .map(|rest| rest.trim_end_matches(['(', ' ']).split('(').next().unwrap().trim().to_string())
         .collect()
 }
 
 #[test]
 fn nvrtc_is_present() {
-    let v =
-        nvrtc_version().expect("NVRTC must be loadable for the test suite (run scripts/test.sh)");
+    let v = nvrtc_version().expect("NVRTC must be loadable for the test suite (run scripts/test.sh)");
     assert!(v.0 >= 12, "NVRTC {v:?} is older than CUDA 12");
 }
 
@@ -47,12 +39,7 @@ fn families_match_the_kernels_folder() {
             if path.is_dir() {
                 walk(&path, base, out);
             } else if path.extension().is_some_and(|x| x == "cu") {
-                out.push(
-                    path.strip_prefix(base)
-                        .unwrap()
-                        .to_string_lossy()
-                        .into_owned(),
-                );
+                out.push(path.strip_prefix(base).unwrap().to_string_lossy().into_owned());
             }
         }
     }
@@ -60,15 +47,9 @@ fn families_match_the_kernels_folder() {
     let mut on_disk = Vec::new();
     walk(base, base, &mut on_disk);
     on_disk.sort();
-    let mut listed: Vec<String> = lab::family::FAMILIES
-        .iter()
-        .flat_map(|f| f.kernels.iter().map(|(p, _)| p.to_string()))
-        .collect();
+    let mut listed: Vec<String> = lab::family::FAMILIES.iter().flat_map(|f| f.kernels.iter().map(|(p, _)| p.to_string())).collect();
     listed.sort();
-    assert_eq!(
-        on_disk, listed,
-        "kernels/**/*.cu and lab::family::FAMILIES disagree"
-    );
+    assert_eq!(on_disk, listed, "kernels/**/*.cu and lab::family::FAMILIES disagree");
 }
 
 #[test]
@@ -78,10 +59,7 @@ fn every_family_compiles_for_sm80_sm90_and_sm90a() {
     for target in [Target::from(80), Target::from(90), Target::for_device(90)] {
         for family in lab::family::with_kernels().map(|f| f.name) {
             let ptx = compile_family(family, target).unwrap_or_else(|e| panic!("{e}"));
-            assert!(
-                !entries(&ptx).is_empty(),
-                "{family} for compute_{target} exports no kernel"
-            );
+            assert!(!entries(&ptx).is_empty(), "{family} for compute_{target} exports no kernel");
         }
     }
 }
@@ -107,52 +85,18 @@ fn the_decode_steps_kernels_wait_for_their_upstream_on_sm90_only() {
                 "llama_residual_q4_1_f16",
             ],
         ),
-        (
-            "attention",
-            vec![
-                "attention_decode_split_d64_g4_f16",
-                "attention_decode_split_d64_g4_bf16",
-                "attention_decode_mma_d128_bf16",
-                "attention_decode_merge_d64_f16",
-                "attention_decode_combine_f16",
-                "attention_decode_combine_bf16",
-            ],
-        ),
-        (
-            "quant",
-            vec![
-                "quant_w4a16_mma_tiled_post_asym_b1_f16",
-                "quant_w4a16_mma_tiled_asym_b16_f16",
-                "quant_w8a16_b1_f16",
-                "quant_w8a16_b16_f16",
-            ],
-        ),
+        ("attention", vec!["attention_decode_split_d64_g4_f16", "attention_decode_split_d64_g4_bf16", "attention_decode_mma_d128_bf16", "attention_decode_merge_d64_f16", "attention_decode_combine_f16", "attention_decode_combine_bf16"]),
+        ("quant", vec!["quant_w4a16_mma_tiled_post_asym_b1_f16", "quant_w4a16_mma_tiled_asym_b16_f16", "quant_w8a16_b1_f16", "quant_w8a16_b16_f16"]),
     ];
     for (family, kernels) in decode {
-        let waiting: BTreeSet<String> =
-            kernels_that_wait(&compile_family(family, Target::for_device(90)).unwrap())
-                .into_iter()
-                .collect();
+        let waiting: BTreeSet<String> = kernels_that_wait(&compile_family(family, Target::for_device(90)).unwrap()).into_iter().collect();
         for k in &kernels {
-            assert!(
-                waiting.contains(*k),
-                "{k} does not wait for its upstream on sm_90a"
-            );
+            assert!(waiting.contains(*k), "{k} does not wait for its upstream on sm_90a");
         }
-        assert!(
-            kernels_that_wait(&compile_family(family, 80).unwrap()).is_empty(),
-            "{family} waits on sm_80"
-        );
+        assert!(kernels_that_wait(&compile_family(family, 80).unwrap()).is_empty(), "{family} waits on sm_80");
         if family == "quant" {
-            for k in [
-                "quant_w4a16_mma_pipelined_asym_b1_f16",
-                "quant_w4a16_mma_tiled_bulk_asym_b1_f16",
-                "quant_dequant_q8_0_f16",
-            ] {
-                assert!(
-                    !waiting.contains(k),
-                    "{k} has no wait but is taken for one that has"
-                );
+            for k in ["quant_w4a16_mma_pipelined_asym_b1_f16", "quant_w4a16_mma_tiled_bulk_asym_b1_f16", "quant_dequant_q8_0_f16"] {
+                assert!(!waiting.contains(k), "{k} has no wait but is taken for one that has");
             }
         }
     }
@@ -177,38 +121,20 @@ fn the_wgmma_kernels_are_built_for_sm90a_only() {
     let ptx = compile_family("gemm", Target::for_device(90)).unwrap_or_else(|e| panic!("{e}"));
     assert!(ptx.contains(".target sm_90a"), "not built for sm_90a");
     for needle in hopper {
-        assert!(
-            ptx.contains(needle),
-            "`{needle}` missing from the sm_90a PTX"
-        );
+        assert!(ptx.contains(needle), "`{needle}` missing from the sm_90a PTX");
     }
     let roof = compile_family("ceilings", Target::for_device(90)).unwrap_or_else(|e| panic!("{e}"));
-    assert!(
-        roof.contains("wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16"),
-        "the wgmma roof is missing from the sm_90a PTX"
-    );
+    assert!(roof.contains("wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16"), "the wgmma roof is missing from the sm_90a PTX");
     for target in [Target::from(80), Target::from(90)] {
         for family in ["gemm", "ceilings"] {
             let ptx = compile_family(family, target).unwrap_or_else(|e| panic!("{e}"));
-            assert!(
-                !ptx.contains("wgmma.mma_async"),
-                "compute_{target} {family} PTX holds wgmma"
-            );
-            assert!(
-                !ptx.contains("cp.async.bulk.tensor"),
-                "compute_{target} {family} PTX holds TMA copies"
-            );
+            assert!(!ptx.contains("wgmma.mma_async"), "compute_{target} {family} PTX holds wgmma");
+            assert!(!ptx.contains("cp.async.bulk.tensor"), "compute_{target} {family} PTX holds TMA copies");
         }
         let ptx = entries(&compile_family("gemm", target).unwrap_or_else(|e| panic!("{e}")));
-        let sm90a = lab::ops::gemm::VARIANTS
-            .iter()
-            .filter(|v| v.requires == Requires::Sm90a);
+        let sm90a = lab::ops::gemm::VARIANTS.iter().filter(|v| v.requires == Requires::Sm90a);
         for v in sm90a {
-            assert!(
-                ptx.contains(&symbol("gemm", v.name, DType::F16)),
-                "compute_{target} lacks the (trapping) {} entry",
-                v.name
-            );
+            assert!(ptx.contains(&symbol("gemm", v.name, DType::F16)), "compute_{target} lacks the (trapping) {} entry", v.name);
         }
     }
 }
@@ -216,179 +142,59 @@ fn the_wgmma_kernels_are_built_for_sm90a_only() {
 #[test]
 fn exported_symbols_are_the_ones_the_launchers_use() {
     let expect = |family: &str, variants: &[&str], dtypes: &[DType]| -> BTreeSet<String> {
-        variants
-            .iter()
-            .flat_map(|v| dtypes.iter().map(move |d| symbol(family, v, *d)))
-            .collect()
+        variants.iter().flat_map(|v| dtypes.iter().map(move |d| symbol(family, v, *d))).collect()
     };
     use lab::ops::variant::gpu_symbols;
     // What an H100 loads (90a) and the portable targets export the same entries: a launcher never
     // asks for a symbol one of them lacks.
     for target in [Target::from(80), Target::from(90), Target::for_device(90)] {
-        let ptx =
-            |family| entries(&compile_family(family, target).unwrap_or_else(|e| panic!("{e}")));
-        assert_eq!(
-            ptx("softmax"),
-            gpu_symbols("softmax", lab::ops::softmax::VARIANTS),
-            "softmax for compute_{target}"
-        );
-        assert_eq!(
-            ptx("vector_add"),
-            gpu_symbols("vector_add", lab::ops::vector_add::VARIANTS),
-            "vector_add for compute_{target}"
-        );
-        assert_eq!(
-            ptx("ceilings"),
-            gpu_symbols("ceilings", lab::ops::ceilings::VARIANTS),
-            "ceilings for compute_{target}"
-        );
-        assert_eq!(
-            ptx("loader"),
-            expect("loader", &["consume"], &[DType::F32]),
-            "loader for compute_{target}"
-        );
+        let ptx = |family| entries(&compile_family(family, target).unwrap_or_else(|e| panic!("{e}")));
+        assert_eq!(ptx("softmax"), gpu_symbols("softmax", lab::ops::softmax::VARIANTS), "softmax for compute_{target}");
+        assert_eq!(ptx("vector_add"), gpu_symbols("vector_add", lab::ops::vector_add::VARIANTS), "vector_add for compute_{target}");
+        assert_eq!(ptx("ceilings"), gpu_symbols("ceilings", lab::ops::ceilings::VARIANTS), "ceilings for compute_{target}");
+        assert_eq!(ptx("loader"), expect("loader", &["consume"], &[DType::F32]), "loader for compute_{target}");
         let all = [DType::F32, DType::F16, DType::Bf16];
-        let gelu_kernels = [
-            "unfused_add",
-            "unfused_gelu_tanh",
-            "unfused_gelu_erf",
-            "fused_tanh",
-            "fused_erf",
-            "fused_tanh_sigmoid",
-        ];
-        assert_eq!(
-            ptx("bias_gelu"),
-            expect("bias_gelu", &gelu_kernels, &all),
-            "bias_gelu for compute_{target}"
-        );
-        assert_eq!(
-            ptx("layernorm"),
-            gpu_symbols("layernorm", lab::ops::layernorm::VARIANTS),
-            "layernorm for compute_{target}"
-        );
-        let rmsnorm: BTreeSet<String> = gpu_symbols("rmsnorm", lab::ops::rmsnorm::VARIANTS)
-            .into_iter()
-            .chain(expect(
-                "rmsnorm",
-                &lab::ops::rmsnorm::BACKWARD_KERNELS,
-                &[DType::F32],
-            ))
-            .collect();
+        let gelu_kernels = ["unfused_add", "unfused_gelu_tanh", "unfused_gelu_erf", "fused_tanh", "fused_erf", "fused_tanh_sigmoid"];
+        assert_eq!(ptx("bias_gelu"), expect("bias_gelu", &gelu_kernels, &all), "bias_gelu for compute_{target}");
+        assert_eq!(ptx("layernorm"), gpu_symbols("layernorm", lab::ops::layernorm::VARIANTS), "layernorm for compute_{target}");
+        let rmsnorm: BTreeSet<String> = gpu_symbols("rmsnorm", lab::ops::rmsnorm::VARIANTS).into_iter().chain(expect("rmsnorm", &lab::ops::rmsnorm::BACKWARD_KERNELS, &[DType::F32])).collect();
         assert_eq!(ptx("rmsnorm"), rmsnorm, "rmsnorm for compute_{target}");
-        let linear = [
-            "bias_act_none",
-            "bias_act_relu",
-            "bias_act_gelu",
-            "act_backward_none",
-            "act_backward_relu",
-            "act_backward_gelu",
-            "bias_grad_partial",
-            "bias_grad_final",
-        ];
-        assert_eq!(
-            ptx("linear"),
-            expect("linear", &linear, &[DType::F32, DType::Bf16]),
-            "linear for compute_{target}"
-        );
-        assert_eq!(
-            ptx("gemm"),
-            gpu_symbols("gemm", lab::ops::gemm::VARIANTS),
-            "gemm for compute_{target}"
-        );
-        assert_eq!(
-            ptx("divergence"),
-            gpu_symbols("divergence", lab::ops::divergence::VARIANTS),
-            "divergence for compute_{target}"
-        );
-        assert_eq!(
-            ptx("quant"),
-            lab::ops::quant::variants::gpu_kernels()
-                .into_iter()
-                .collect(),
-            "quant for compute_{target}"
-        );
-        let collective: BTreeSet<String> = expect("collective", &["add"], &all)
-            .into_iter()
-            .chain(["collective_copy".to_string()])
-            .collect();
-        assert_eq!(
-            ptx("collective"),
-            collective,
-            "collective for compute_{target}"
-        );
-        assert_eq!(
-            ptx("attention"),
-            lab::ops::attention::gpu_symbols(),
-            "attention for compute_{target}"
-        );
-        assert_eq!(
-            ptx("llama"),
-            gpu_symbols("llama", lab::ops::llama::VARIANTS),
-            "llama for compute_{target}"
-        );
-        assert_eq!(
-            ptx("reference"),
-            expect("reference", &["gemm"], &all),
-            "reference for compute_{target}"
-        );
-        assert_eq!(
-            ptx("moe"),
-            lab::ops::moe::gpu_symbols(),
-            "moe for compute_{target}"
-        );
-        assert_eq!(
-            ptx("train"),
-            expect("train", &lab::train::steps::KERNELS, &[DType::F32]),
-            "train for compute_{target}"
-        );
+        let linear = ["bias_act_none", "bias_act_relu", "bias_act_gelu", "act_backward_none", "act_backward_relu", "act_backward_gelu", "bias_grad_partial", "bias_grad_final"];
+        assert_eq!(ptx("linear"), expect("linear", &linear, &[DType::F32, DType::Bf16]), "linear for compute_{target}");
+        assert_eq!(ptx("gemm"), gpu_symbols("gemm", lab::ops::gemm::VARIANTS), "gemm for compute_{target}");
+        assert_eq!(ptx("divergence"), gpu_symbols("divergence", lab::ops::divergence::VARIANTS), "divergence for compute_{target}");
+        assert_eq!(ptx("quant"), lab::ops::quant::variants::gpu_kernels().into_iter().collect(), "quant for compute_{target}");
+        let collective: BTreeSet<String> = expect("collective", &["add"], &all).into_iter().chain(["collective_copy".to_string()]).collect();
+        assert_eq!(ptx("collective"), collective, "collective for compute_{target}");
+        assert_eq!(ptx("attention"), lab::ops::attention::gpu_symbols(), "attention for compute_{target}");
+        assert_eq!(ptx("llama"), gpu_symbols("llama", lab::ops::llama::VARIANTS), "llama for compute_{target}");
+        assert_eq!(ptx("reference"), expect("reference", &["gemm"], &all), "reference for compute_{target}");
+        assert_eq!(ptx("moe"), lab::ops::moe::gpu_symbols(), "moe for compute_{target}");
+        assert_eq!(ptx("train"), expect("train", &lab::train::steps::KERNELS, &[DType::F32]), "train for compute_{target}");
     }
 }
 
 #[test]
 fn a_kernel_that_does_not_compile_is_a_clear_error() {
-    let err = compile_family("no_such_family", 90)
-        .unwrap_err()
-        .to_string();
+    let err = compile_family("no_such_family", 90).unwrap_err().to_string();
     assert!(err.contains("no kernel family `no_such_family`"), "{err}");
     // A syntax error comes back with the family, the architecture and NVRTC's own log.
     let broken = "extern \"C\" __global__ void broken_f32(float* y) { y[0] = undeclared_name; }";
-    let err = compile_source_in(Some(&cache()), "broken", broken, 90)
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("`broken` failed to compile for compute_90"),
-        "{err}"
-    );
-    assert!(
-        err.contains("undeclared_name"),
-        "NVRTC's log is missing: {err}"
-    );
+    let err = compile_source_in(Some(&cache()), "broken", broken, 90).unwrap_err().to_string();
+    assert!(err.contains("`broken` failed to compile for compute_90"), "{err}");
+    assert!(err.contains("undeclared_name"), "NVRTC's log is missing: {err}");
 }
 
 /// An entry's header in PTX: (parameter count, `.maxntid` x, `.minnctapersm`).
-fn entry_headers(
-    ptx: &str,
-) -> std::collections::BTreeMap<String, (usize, Option<usize>, Option<usize>)> {
-    let directive = |head: &str, name: &str| {
-        head.lines()
-            .find_map(|l| l.trim().strip_prefix(name))
-            .and_then(|v| v.split(',').next())
-            .map(|v| v.trim().parse().unwrap())
-    };
+fn entry_headers(ptx: &str) -> std::collections::BTreeMap<String, (usize, Option<usize>, Option<usize>)> {
+    let directive = |head: &str, name: &str| head.lines().find_map(|l| l.trim().strip_prefix(name)).and_then(|v| v.split(',').next()).map(|v| v.trim().parse().unwrap());
     ptx.split(".entry ")
         .skip(1)
         .map(|chunk| {
             let name = chunk.split('(').next().unwrap().trim().to_string();
             let (params, rest) = chunk.split_once(')').unwrap();
             let head = rest.split('{').next().unwrap();
-            (
-                name,
-                (
-                    params.matches("_param_").count(),
-                    directive(head, ".maxntid"),
-                    directive(head, ".minnctapersm"),
-                ),
-            )
+            (name, (params.matches("_param_").count(), directive(head, ".maxntid"), directive(head, ".minnctapersm")))
         })
         .collect()
 }
@@ -407,11 +213,7 @@ fn the_quant_kernels_take_the_launch_the_table_gives() {
                 let sym = symbol("quant", &w4_kernel(name, scheme, b), DType::F16);
                 let (params, threads, min_blocks) = headers[&sym];
                 // codes, scales, (mins), x, y, (workspace, counters), n, k, group
-                assert_eq!(
-                    params,
-                    7 + usize::from(scheme == Scheme::Asym) + 2 * usize::from(d.split_k()),
-                    "{sym}"
-                );
+                assert_eq!(params, 7 + usize::from(scheme == Scheme::Asym) + 2 * usize::from(d.split_k()), "{sym}");
                 assert_eq!(threads, Some(32 * d.warps), "{sym}");
                 if d.launch_shape(8192, 8192, b, scheme, 132).2 > 0 {
                     assert_eq!(min_blocks, Some(d.blocks_per_sm()), "{sym}");
@@ -421,20 +223,12 @@ fn the_quant_kernels_take_the_launch_the_table_gives() {
     }
     for (name, _, _) in lab::ops::quant::variants::stream_reads() {
         // a, bytes, b, bytes, c, bytes, out; blocks of 256.
-        assert_eq!(
-            headers[&symbol("quant", name, DType::F16)],
-            (7, Some(256), None),
-            "{name}"
-        );
+        assert_eq!(headers[&symbol("quant", name, DType::F16)], (7, Some(256), None), "{name}");
     }
     use lab::ops::quant::variants::{q8_symbol, W8_BATCHES, W8_WARPS};
     for &b in W8_BATCHES {
         // w, x, y, n, k, batch, rows per warp.
-        assert_eq!(
-            headers[&q8_symbol("w8a16", b).unwrap()],
-            (7, Some(32 * W8_WARPS), None),
-            "w8a16 b{b}"
-        );
+        assert_eq!(headers[&q8_symbol("w8a16", b).unwrap()], (7, Some(32 * W8_WARPS), None), "w8a16 b{b}");
     }
     // w, ids, out, ids, k, rows / w, out, rows, k.
     assert_eq!(headers[&q8_symbol("embed", 1).unwrap()].0, 6);
@@ -447,76 +241,26 @@ fn the_quant_constants_are_the_kernels() {
     use lab::ops::quant::variants::*;
     use lab::quant::Scheme;
     let exprs = [
-        "MMA_WARPS",
-        "MMA_ROWS",
-        "W4_WARPS",
-        "PIPE_WARPS",
-        "PIPE_CHUNKS",
-        "PIPE_STAGES",
-        "PIPE_SVECS",
-        "PIPE_BLOCKS_PER_SM",
-        "RING_STEPS",
-        "BULK_STEPS",
-        "GGML_SEGS",
-        "RingSlot<false>::BYTES",
-        "RingSlot<true>::BYTES",
-        "PipeStage<false>::VECS",
-        "PipeStage<true>::VECS",
-        "MmaSteps<1>::U",
-        "MmaSteps<2>::U",
-        "MmaSteps<4>::U",
-        "MmaSteps<8>::U",
-        "MmaSteps<16>::U",
-        "W8_WARPS",
-        "W8_ROWS",
-        "W8_RUN_VECS",
+        "MMA_WARPS", "MMA_ROWS", "W4_WARPS", "PIPE_WARPS", "PIPE_CHUNKS", "PIPE_STAGES", "PIPE_SVECS", "PIPE_BLOCKS_PER_SM", "RING_STEPS",
+        "BULK_STEPS", "GGML_SEGS", "RingSlot<false>::BYTES", "RingSlot<true>::BYTES", "PipeStage<false>::VECS", "PipeStage<true>::VECS",
+        "MmaSteps<1>::U", "MmaSteps<2>::U", "MmaSteps<4>::U", "MmaSteps<8>::U", "MmaSteps<16>::U", "W8_WARPS", "W8_ROWS", "W8_RUN_VECS",
     ];
-    let got = lab::gpu::compile::probe_u32(Some(&cache()), "quant", &exprs)
-        .unwrap_or_else(|e| panic!("{e}"));
-    let (mma, pipe, cuda_cores) = (
-        find("w4a16_mma").unwrap(),
-        find("w4a16_mma_pipelined").unwrap(),
-        find("w4a16").unwrap(),
-    );
+    let got = lab::gpu::compile::probe_u32(Some(&cache()), "quant", &exprs).unwrap_or_else(|e| panic!("{e}"));
+    let (mma, pipe, cuda_cores) = (find("w4a16_mma").unwrap(), find("w4a16_mma_pipelined").unwrap(), find("w4a16").unwrap());
     let warps = |v: &lab::ops::variant::Variant<Kernel>| match v.config {
         Kernel::W4(d) => (d.warps, d.rows),
         _ => unreachable!(),
     };
     let want = [
-        warps(mma).0,
-        warps(mma).1,
-        warps(cuda_cores).0,
-        warps(pipe).0,
-        PIPE_CHUNKS,
-        PIPE_STAGES,
-        PIPE_SVECS,
-        PIPE_BLOCKS_PER_SM,
-        RING_STEPS,
-        BULK_STEPS,
-        GGML_SEGS,
-        ring_slot_bytes(Scheme::Sym),
-        ring_slot_bytes(Scheme::Asym),
-        pipe_stage_vecs(Scheme::Sym),
-        pipe_stage_vecs(Scheme::Asym),
-        mma_steps_in_flight(1),
-        mma_steps_in_flight(2),
-        mma_steps_in_flight(4),
-        mma_steps_in_flight(8),
-        mma_steps_in_flight(16),
-        W8_WARPS,
-        W8_ROWS,
-        W8_RUN_VECS,
+        warps(mma).0, warps(mma).1, warps(cuda_cores).0, warps(pipe).0, PIPE_CHUNKS, PIPE_STAGES, PIPE_SVECS, PIPE_BLOCKS_PER_SM, RING_STEPS,
+        BULK_STEPS, GGML_SEGS, ring_slot_bytes(Scheme::Sym), ring_slot_bytes(Scheme::Asym), pipe_stage_vecs(Scheme::Sym),
+        pipe_stage_vecs(Scheme::Asym), mma_steps_in_flight(1), mma_steps_in_flight(2), mma_steps_in_flight(4), mma_steps_in_flight(8),
+        mma_steps_in_flight(16), W8_WARPS, W8_ROWS, W8_RUN_VECS,
     ];
     for (i, e) in exprs.iter().enumerate() {
         assert_eq!(got[i] as usize, want[i], "{e}");
     }
-    assert_eq!(
-        (
-            lab::quant::tiles::TILE_ROWS,
-            lab::quant::tiles::STEP_WEIGHTS
-        ),
-        (warps(mma).1, 128)
-    );
+    assert_eq!((lab::quant::tiles::TILE_ROWS, lab::quant::tiles::STEP_WEIGHTS), (warps(mma).1, 128));
 }
 
 /// The cache is the folder given: a compile leaves its PTX there and the next reads it back from
@@ -525,35 +269,15 @@ fn the_quant_constants_are_the_kernels() {
 fn compiled_ptx_is_cached_in_the_folder_given() {
     let dir = tempfile::tempdir().unwrap();
     let src = "extern \"C\" __global__ void cached_f32(float* y) { y[0] = 1.f; }";
-    let ptx =
-        compile_source_in(Some(dir.path()), "cached", src, 90).unwrap_or_else(|e| panic!("{e}"));
+    let ptx = compile_source_in(Some(dir.path()), "cached", src, 90).unwrap_or_else(|e| panic!("{e}"));
     assert!(ptx.contains(".entry cached_f32"), "{ptx}");
-    let files: Vec<_> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
+    let files: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().path()).collect();
     assert_eq!(files.len(), 1, "{files:?}");
-    assert!(
-        files[0]
-            .file_name()
-            .unwrap()
-            .to_str()
-            .unwrap()
-            .starts_with("cached-")
-            && files[0].extension().is_some_and(|e| e == "ptx"),
-        "{files:?}"
-    );
+    assert!(files[0].file_name().unwrap().to_str().unwrap().starts_with("cached-") && files[0].extension().is_some_and(|e| e == "ptx"), "{files:?}");
     std::fs::write(&files[0], "// planted").unwrap();
-    assert_eq!(
-        compile_source_in(Some(dir.path()), "cached", src, 90).unwrap(),
-        "// planted"
-    );
+    assert_eq!(compile_source_in(Some(dir.path()), "cached", src, 90).unwrap(), "// planted");
     // Another target is another entry; no folder compiles afresh.
-    assert!(compile_source_in(Some(dir.path()), "cached", src, 80)
-        .unwrap()
-        .contains(".entry cached_f32"));
+    assert!(compile_source_in(Some(dir.path()), "cached", src, 80).unwrap().contains(".entry cached_f32"));
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
-    assert!(compile_source_in(None, "cached", src, 90)
-        .unwrap()
-        .contains(".entry cached_f32"));
+    assert!(compile_source_in(None, "cached", src, 90).unwrap().contains(".entry cached_f32"));
 }

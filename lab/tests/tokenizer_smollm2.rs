@@ -32,23 +32,13 @@ fn model() -> &'static Model {
 
 /// The ids SmolLM2's tokenizer gives `text`, without BOS: what reference fixtures compare against.
 fn encode(text: &str) -> Vec<u32> {
-    model()
-        .tokenizer
-        .encode(text, false)
-        .unwrap_or_else(|e| panic!("{text:?}: {e}"))
+    model().tokenizer.encode(text, false).unwrap_or_else(|e| panic!("{text:?}: {e}"))
 }
 
 /// The raw vocabulary's ids for these token strings (byte-level: a space is `Ġ`).
 fn raw_ids(pieces: &[&str]) -> Vec<u32> {
     let raw = &model().raw;
-    pieces
-        .iter()
-        .map(|p| {
-            raw.iter()
-                .position(|t| t == p)
-                .unwrap_or_else(|| panic!("{p:?} is not in the vocabulary")) as u32
-        })
-        .collect()
+    pieces.iter().map(|p| raw.iter().position(|t| t == p).unwrap_or_else(|| panic!("{p:?} is not in the vocabulary")) as u32).collect()
 }
 
 const HOSTILE: &[&str] = &[
@@ -70,10 +60,7 @@ fn hostile_strings_round_trip() {
         assert_eq!(t.decode(&ids).unwrap(), *s, "{ids:?}");
         // Streaming gives the same text, whatever character boundaries the tokens cut.
         let mut stream = t.stream();
-        let streamed: String = ids
-            .iter()
-            .filter_map(|&id| stream.step(id).unwrap())
-            .collect();
+        let streamed: String = ids.iter().filter_map(|&id| stream.step(id).unwrap()).collect();
         assert_eq!(streamed, *s, "streamed {ids:?}");
     }
 }
@@ -85,11 +72,7 @@ fn vocabulary_and_special_ids() {
     assert_eq!((t.bos(), t.eos(), t.pad()), (1, 2, Some(2)));
     assert_eq!(t.token(1), Some("<|im_start|>"));
     assert!(t.is_eog(2) && !t.is_eog(1) && !t.is_eog(0));
-    assert_eq!(
-        t.encode("hi", true).unwrap(),
-        encode("hi"),
-        "tokenizer.ggml.add_bos_token is false"
-    );
+    assert_eq!(t.encode("hi", true).unwrap(), encode("hi"), "tokenizer.ggml.add_bos_token is false");
     // The vocabulary has no symbol for byte 0x04: refused, where BPE would drop it.
     assert!(t.encode("a\u{4}", false).is_err());
 }
@@ -97,12 +80,7 @@ fn vocabulary_and_special_ids() {
 #[test]
 fn control_tokens_are_one_id() {
     assert_eq!(encode("<|im_start|>"), raw_ids(&["<|im_start|>"]));
-    let want = [
-        raw_ids(&["<|im_start|>"]),
-        encode("user\nhi"),
-        raw_ids(&["<|im_end|>"]),
-    ]
-    .concat();
+    let want = [raw_ids(&["<|im_start|>"]), encode("user\nhi"), raw_ids(&["<|im_end|>"])].concat();
     assert_eq!(encode("<|im_start|>user\nhi<|im_end|>"), want);
 }
 
@@ -122,21 +100,12 @@ fn simple_strings_are_their_vocabulary_entries() {
 
 #[test]
 fn chat_template_is_chatml() {
-    let template = model()
-        .template
-        .as_ref()
-        .expect("SmolLM2 carries tokenizer.chat_template");
-    let prompt = template
-        .render(&[("system", "You are helpful."), ("user", "Hi")], true)
-        .unwrap();
+    let template = model().template.as_ref().expect("SmolLM2 carries tokenizer.chat_template");
+    let prompt = template.render(&[("system", "You are helpful."), ("user", "Hi")], true).unwrap();
     assert_eq!(prompt, "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
     // Without a system message the template supplies its own.
     let prompt = template.render(&[("user", "Hi")], false).unwrap();
-    assert!(
-        prompt.starts_with("<|im_start|>system\n")
-            && prompt.ends_with("<|im_start|>user\nHi<|im_end|>\n"),
-        "{prompt}"
-    );
+    assert!(prompt.starts_with("<|im_start|>system\n") && prompt.ends_with("<|im_start|>user\nHi<|im_end|>\n"), "{prompt}");
 }
 
 /// llama.cpp's own tokenizer on the same file (lab/tests/fixtures/smollm2_tokens.json, made with
@@ -144,18 +113,12 @@ fn chat_template_is_chatml() {
 /// spaces.
 #[test]
 fn ids_equal_llama_cpp_llama_tokenize() {
-    let doc: serde_json::Value =
-        serde_json::from_str(include_str!("fixtures/smollm2_tokens.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(include_str!("fixtures/smollm2_tokens.json")).unwrap();
     let cases = doc["cases"].as_array().unwrap();
     assert!(cases.len() >= 8);
     for case in cases {
         let text = case["text"].as_str().unwrap();
-        let want: Vec<u32> = case["ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
+        let want: Vec<u32> = case["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
         assert_eq!(encode(text), want, "{text:?}");
     }
 }

@@ -6,11 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(
-    name = "report",
-    version,
-    about = "Render research_log.md and reports/*.html from the records"
-)]
+#[command(name = "report", version, about = "Render research_log.md and reports/*.html from the records")]
 struct Cli {
     #[arg(long, default_value = "reports/records")]
     records: PathBuf,
@@ -31,14 +27,7 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let opts = ReportOptions {
-        records: cli.records,
-        notes: cli.notes,
-        templates: cli.templates,
-        out: cli.out,
-        log: cli.log,
-        ..Default::default()
-    };
+    let opts = ReportOptions { records: cli.records, notes: cli.notes, templates: cli.templates, out: cli.out, log: cli.log, ..Default::default() };
     let rendered = match render(&opts) {
         Ok(r) => r,
         Err(e) => {

@@ -46,10 +46,7 @@ impl Mlp {
     /// Weights N(0, 1/fan_in), biases 0, from a seed: the same on every rank.
     pub fn new(dims: &[usize], seed: u64) -> Self {
         let mut rng = rng_for(seed, &json!({"mlp": dims}));
-        let mut mlp = Mlp {
-            dims: dims.to_vec(),
-            params: vec![0.0; Self::count(dims)],
-        };
+        let mut mlp = Mlp { dims: dims.to_vec(), params: vec![0.0; Self::count(dims)] };
         for t in mlp.tensors() {
             if !t.bias {
                 let scale = 1.0 / (dims[t.layer] as f32).sqrt();
@@ -71,17 +68,9 @@ impl Mlp {
         let mut at = 0;
         for l in (0..self.dims.len() - 1).rev() {
             let (fan_in, fan_out) = (self.dims[l], self.dims[l + 1]);
-            out.push(Tensor {
-                layer: l,
-                bias: false,
-                at: at..at + fan_out * fan_in,
-            });
+            out.push(Tensor { layer: l, bias: false, at: at..at + fan_out * fan_in });
             at += fan_out * fan_in;
-            out.push(Tensor {
-                layer: l,
-                bias: true,
-                at: at..at + fan_out,
-            });
+            out.push(Tensor { layer: l, bias: true, at: at..at + fan_out });
             at += fan_out;
         }
         out
@@ -89,18 +78,8 @@ impl Mlp {
 
     fn layer(&self, l: usize) -> (&[f32], &[f32]) {
         let ts = self.tensors();
-        let w = ts
-            .iter()
-            .find(|t| t.layer == l && !t.bias)
-            .unwrap()
-            .at
-            .clone();
-        let b = ts
-            .iter()
-            .find(|t| t.layer == l && t.bias)
-            .unwrap()
-            .at
-            .clone();
+        let w = ts.iter().find(|t| t.layer == l && !t.bias).unwrap().at.clone();
+        let b = ts.iter().find(|t| t.layer == l && t.bias).unwrap().at.clone();
         (&self.params[w], &self.params[b])
     }
 
@@ -110,14 +89,7 @@ impl Mlp {
         let layers = self.dims.len() - 1;
         for l in 0..layers {
             let (w, b) = self.layer(l);
-            let mut y = linear(
-                acts.last().unwrap(),
-                rows,
-                w,
-                b,
-                self.dims[l],
-                self.dims[l + 1],
-            );
+            let mut y = linear(acts.last().unwrap(), rows, w, b, self.dims[l], self.dims[l + 1]);
             if l + 1 < layers {
                 y.par_iter_mut().for_each(|v| *v = v.max(0.0));
             }
@@ -128,14 +100,7 @@ impl Mlp {
 }
 
 /// y = x W^T + b for `rows` rows, W stored out x in (row-major), one rayon task per row.
-pub fn linear(
-    x: &[f32],
-    rows: usize,
-    w: &[f32],
-    b: &[f32],
-    fan_in: usize,
-    fan_out: usize,
-) -> Vec<f32> {
+pub fn linear(x: &[f32], rows: usize, w: &[f32], b: &[f32], fan_in: usize, fan_out: usize) -> Vec<f32> {
     let mut y = vec![0.0f32; rows * fan_out];
     if fan_out == 0 {
         return y;
@@ -153,12 +118,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     // Eight partial sums: independent chains the compiler can vectorise.
     let mut acc = [0.0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
     for (x, y) in ca.zip(cb) {
         for k in 0..8 {
             acc[k] += x[k] * y[k];
@@ -170,24 +130,10 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// The loss and dL/dy of the mean squared error 1/(2 B m) sum (y - target)^2 over a global batch
 /// of `global_rows` rows of `m` outputs, for this rank's rows. (The mean over outputs too keeps
 /// one learning rate stable from 16 outputs to 1024.)
-pub(crate) fn mse(
-    y: &[f32],
-    target: &[f32],
-    global_rows: usize,
-    outputs: usize,
-) -> (f64, Vec<f32>) {
+pub(crate) fn mse(y: &[f32], target: &[f32], global_rows: usize, outputs: usize) -> (f64, Vec<f32>) {
     let count = (global_rows * outputs) as f64;
-    let loss = y
-        .iter()
-        .zip(target)
-        .map(|(a, b)| ((a - b) as f64).powi(2))
-        .sum::<f64>()
-        / (2.0 * count);
-    let dy = y
-        .iter()
-        .zip(target)
-        .map(|(a, b)| ((a - b) as f64 / count) as f32)
-        .collect();
+    let loss = y.iter().zip(target).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>() / (2.0 * count);
+    let dy = y.iter().zip(target).map(|(a, b)| ((a - b) as f64 / count) as f32).collect();
     (loss, dy)
 }
 
@@ -203,14 +149,8 @@ impl Data {
     pub fn new(fan_in: usize, fan_out: usize, seed: u64) -> Self {
         let mut rng = rng_for(seed, &json!({"teacher": [fan_in, fan_out]}));
         let scale = 1.0 / (fan_in as f32).sqrt();
-        let teacher = (0..fan_in * fan_out)
-            .map(|_| Distribution::<f32>::sample(&StandardNormal, &mut rng) * scale)
-            .collect();
-        Data {
-            dims: (fan_in, fan_out),
-            teacher,
-            seed,
-        }
+        let teacher = (0..fan_in * fan_out).map(|_| Distribution::<f32>::sample(&StandardNormal, &mut rng) * scale).collect();
+        Data { dims: (fan_in, fan_out), teacher, seed }
     }
 
     /// Rows `rows` of step `step`'s global batch: (inputs, targets).
@@ -229,9 +169,7 @@ impl Data {
 
     fn teacher_t(&self) -> Vec<f32> {
         let (fi, fo) = self.dims;
-        (0..fo * fi)
-            .map(|i| self.teacher[(i % fi) * fo + i / fi])
-            .collect()
+        (0..fo * fi).map(|i| self.teacher[(i % fi) * fo + i / fi]).collect()
     }
 }
 
@@ -271,39 +209,16 @@ pub struct Trainer<'t> {
 
 impl<'t> Trainer<'t> {
     /// Collective (the all-reduce plans are agreed by every rank).
-    pub fn new(
-        t: &'t dyn Transport,
-        dims: &[usize],
-        rows_per_rank: usize,
-        lr: f32,
-        how: Schedule,
-        seed: u64,
-    ) -> Result<Self> {
+    pub fn new(t: &'t dyn Transport, dims: &[usize], rows_per_rank: usize, lr: f32, how: Schedule, seed: u64) -> Result<Self> {
         if dims.len() < 2 || rows_per_rank == 0 {
-            return Err(LabError::shape(
-                "mlp",
-                "needs at least two layer widths and one row per rank",
-            ));
+            return Err(LabError::shape("mlp", "needs at least two layer widths and one row per rank"));
         }
         let mlp = Mlp::new(dims, seed);
         let buckets = buckets(&mlp.tensors(), how.bucket_bytes);
-        let plans = buckets
-            .iter()
-            .map(|b| Ring::new(t, b.len(), DType::F32, Algorithm::SendRecv))
-            .collect::<Result<_>>()?;
+        let plans = buckets.iter().map(|b| Ring::new(t, b.len(), DType::F32, Algorithm::SendRecv)).collect::<Result<_>>()?;
         let grads = vec![0.0; mlp.params.len()];
         let data = Data::new(dims[0], dims[dims.len() - 1], seed);
-        Ok(Trainer {
-            mlp,
-            lr,
-            rows_per_rank,
-            how,
-            t,
-            buckets,
-            plans,
-            grads,
-            data,
-        })
+        Ok(Trainer { mlp, lr, rows_per_rank, how, t, buckets, plans, grads, data })
     }
 
     pub fn buckets(&self) -> &[std::ops::Range<usize>] {
@@ -315,11 +230,7 @@ impl<'t> Trainer<'t> {
     pub fn step(&mut self, step: usize) -> Result<f64> {
         let loss = self.gradients(step, true)?;
         let lr = self.lr;
-        self.mlp
-            .params
-            .par_iter_mut()
-            .zip(&self.grads)
-            .for_each(|(p, g)| *p -= lr * g);
+        self.mlp.params.par_iter_mut().zip(&self.grads).for_each(|(p, g)| *p -= lr * g);
         let mut total = [loss as f32];
         super::ring::all_reduce(self.t, &mut total, Algorithm::SendRecv)?;
         Ok(total[0] as f64)
@@ -358,35 +269,23 @@ impl<'t> Trainer<'t> {
                 }
                 Ok(())
             });
-            let mut back = Backward {
-                mlp,
-                acts,
-                rows,
-                layer: mlp.dims.len() - 2,
-                dy,
-            };
+            let mut back = Backward { mlp, acts, rows, layer: mlp.dims.len() - 2, dy };
             let mut done = Vec::new();
             for (i, (slice, bk)) in slices.into_iter().zip(buckets).enumerate() {
-                for t in tensors
-                    .iter()
-                    .filter(|t| t.at.start >= bk.start && t.at.end <= bk.end)
-                {
+                for t in tensors.iter().filter(|t| t.at.start >= bk.start && t.at.end <= bk.end) {
                     back.grad(t, &mut slice[t.at.start - bk.start..t.at.end - bk.start]);
                 }
                 if !reduce {
                     continue;
                 }
                 if overlap {
-                    tx.send((i, slice)).map_err(|_| {
-                        LabError::Invalid("the communication thread stopped".into())
-                    })?;
+                    tx.send((i, slice)).map_err(|_| LabError::Invalid("the communication thread stopped".into()))?;
                 } else {
                     done.push((i, slice));
                 }
             }
             for d in done {
-                tx.send(d)
-                    .map_err(|_| LabError::Invalid("the communication thread stopped".into()))?;
+                tx.send(d).map_err(|_| LabError::Invalid("the communication thread stopped".into()))?;
             }
             drop(tx);
             comm.join().expect("communication thread panicked")
@@ -412,18 +311,14 @@ impl Backward<'_> {
         let (fi, fo) = (self.mlp.dims[t.layer], self.mlp.dims[t.layer + 1]);
         let (x, dy, rows) = (&self.acts[t.layer], &self.dy, self.rows);
         if t.bias {
-            out.par_iter_mut()
-                .enumerate()
-                .for_each(|(o, g)| *g = (0..rows).map(|i| dy[i * fo + o]).sum());
+            out.par_iter_mut().enumerate().for_each(|(o, g)| *g = (0..rows).map(|i| dy[i * fo + o]).sum());
         } else {
             // dW[o] = sum_i dy[i][o] x[i]
             out.par_chunks_mut(fi).enumerate().for_each(|(o, g)| {
                 g.fill(0.0);
                 for i in 0..rows {
                     let d = dy[i * fo + o];
-                    g.iter_mut()
-                        .zip(&x[i * fi..(i + 1) * fi])
-                        .for_each(|(g, x)| *g += d * x);
+                    g.iter_mut().zip(&x[i * fi..(i + 1) * fi]).for_each(|(g, x)| *g += d * x);
                 }
             });
         }
@@ -439,18 +334,14 @@ impl Backward<'_> {
         dx.par_chunks_mut(fi).enumerate().for_each(|(i, dxr)| {
             for o in 0..fo {
                 let d = dy[i * fo + o];
-                dxr.iter_mut()
-                    .zip(&w[o * fi..(o + 1) * fi])
-                    .for_each(|(a, w)| *a += d * w);
+                dxr.iter_mut().zip(&w[o * fi..(o + 1) * fi]).for_each(|(a, w)| *a += d * w);
             }
             // The input of layer l is the ReLU output of layer l-1: no gradient where it was cut.
-            dxr.iter_mut()
-                .zip(&below[i * fi..(i + 1) * fi])
-                .for_each(|(a, h)| {
-                    if *h <= 0.0 {
-                        *a = 0.0
-                    }
-                });
+            dxr.iter_mut().zip(&below[i * fi..(i + 1) * fi]).for_each(|(a, h)| {
+                if *h <= 0.0 {
+                    *a = 0.0
+                }
+            });
         });
         self.dy = dx;
         self.layer -= 1;
@@ -459,33 +350,16 @@ impl Backward<'_> {
 
 /// Single-process training on the whole global batch: the reference the data-parallel run must
 /// follow. Returns the loss of every step and the final parameters.
-pub fn train_single(
-    dims: &[usize],
-    global_rows: usize,
-    lr: f32,
-    steps: usize,
-    seed: u64,
-) -> Result<(Vec<f64>, Vec<f32>)> {
+pub fn train_single(dims: &[usize], global_rows: usize, lr: f32, steps: usize, seed: u64) -> Result<(Vec<f64>, Vec<f32>)> {
     let t = super::transport::Threads::world(1).pop().unwrap();
-    let how = Schedule {
-        bucket_bytes: usize::MAX,
-        overlap: false,
-    };
+    let how = Schedule { bucket_bytes: usize::MAX, overlap: false };
     let mut tr = Trainer::new(&t, dims, global_rows, lr, how, seed)?;
     let losses = (0..steps).map(|s| tr.step(s)).collect::<Result<_>>()?;
     Ok((losses, tr.mlp.params))
 }
 
 /// Data-parallel training on `t`: every rank's losses (global) and final parameters.
-pub fn train_parallel(
-    t: &dyn Transport,
-    dims: &[usize],
-    rows_per_rank: usize,
-    lr: f32,
-    steps: usize,
-    how: Schedule,
-    seed: u64,
-) -> Result<(Vec<f64>, Vec<f32>)> {
+pub fn train_parallel(t: &dyn Transport, dims: &[usize], rows_per_rank: usize, lr: f32, steps: usize, how: Schedule, seed: u64) -> Result<(Vec<f64>, Vec<f32>)> {
     let mut tr = Trainer::new(t, dims, rows_per_rank, lr, how, seed)?;
     let losses = (0..steps).map(|s| tr.step(s)).collect::<Result<_>>()?;
     Ok((losses, tr.mlp.params))
@@ -493,11 +367,7 @@ pub fn train_parallel(
 
 /// Losses agree when each is within `rtol` of the reference's.
 pub fn losses_match(got: &[f64], want: &[f64], rtol: f64) -> bool {
-    got.len() == want.len()
-        && got
-            .iter()
-            .zip(want)
-            .all(|(a, b)| (a - b).abs() <= rtol * b.abs())
+    got.len() == want.len() && got.iter().zip(want).all(|(a, b)| (a - b).abs() <= rtol * b.abs())
 }
 
 /// Loss curves must match to this relative tolerance: the sums are the same up to their order
@@ -508,10 +378,7 @@ pub const LOSS_RTOL: f64 = 1e-4;
 pub const LR: f32 = 0.5;
 
 /// Gate tolerance: f32 sums in another order over a few SGD steps.
-pub const GATE_TOL: Tolerance = Tolerance {
-    atol: 1e-5,
-    rtol: LOSS_RTOL,
-};
+pub const GATE_TOL: Tolerance = Tolerance { atol: 1e-5, rtol: LOSS_RTOL };
 
 #[cfg(test)]
 mod tests {
@@ -521,22 +388,11 @@ mod tests {
     fn check(n: usize, bucket_bytes: usize, overlap: bool) {
         let (dims, rows, steps) = ([24usize, 40, 32, 8], 3, 6);
         let (want_losses, want_params) = train_single(&dims, rows * n, LR, steps, 5).unwrap();
-        let how = Schedule {
-            bucket_bytes,
-            overlap,
-        };
+        let how = Schedule { bucket_bytes, overlap };
         let out = run_threads(n, |t| train_parallel(t, &dims, rows, LR, steps, how, 5)).unwrap();
         for (r, (losses, params)) in out.iter().enumerate() {
-            assert!(
-                losses_match(losses, &want_losses, LOSS_RTOL),
-                "n={n} {how:?} rank {r}: {losses:?} vs {want_losses:?}"
-            );
-            let e = crate::ops::compare::compare(
-                &crate::ops::widen(params),
-                &crate::ops::widen(&want_params),
-                GATE_TOL,
-                "single",
-            );
+            assert!(losses_match(losses, &want_losses, LOSS_RTOL), "n={n} {how:?} rank {r}: {losses:?} vs {want_losses:?}");
+            let e = crate::ops::compare::compare(&crate::ops::widen(params), &crate::ops::widen(&want_params), GATE_TOL, "single");
             assert!(e.passed(), "n={n} {how:?} rank {r}: {e:?}");
             assert_eq!(params, &out[0].1, "replicas diverged");
         }
@@ -556,10 +412,7 @@ mod tests {
     #[test]
     fn gradient_descent_on_one_batch_lowers_its_loss() {
         let t = super::super::transport::Threads::world(1).pop().unwrap();
-        let how = Schedule {
-            bucket_bytes: 256,
-            overlap: true,
-        };
+        let how = Schedule { bucket_bytes: 256, overlap: true };
         let mut tr = Trainer::new(&t, &[24, 40, 32, 8], 6, LR, how, 3).unwrap();
         let losses: Vec<f64> = (0..20).map(|_| tr.step(0).unwrap()).collect();
         assert!(losses.windows(2).all(|w| w[1] < w[0]), "{losses:?}");
@@ -574,12 +427,7 @@ mod tests {
             let bs = buckets(&ts, bytes);
             assert_eq!((bs[0].start, bs.last().unwrap().end), (0, mlp.params.len()));
             assert!(bs.windows(2).all(|w| w[0].end == w[1].start));
-            assert!(
-                ts.iter().all(|t| bs
-                    .iter()
-                    .any(|b| b.start <= t.at.start && t.at.end <= b.end)),
-                "a tensor was cut"
-            );
+            assert!(ts.iter().all(|t| bs.iter().any(|b| b.start <= t.at.start && t.at.end <= b.end)), "a tensor was cut");
         }
         assert_eq!(buckets(&ts, 1).len(), ts.len());
         assert_eq!(buckets(&ts, usize::MAX).len(), 1);
@@ -591,10 +439,7 @@ mod tests {
     fn gradients_match_finite_differences() {
         let dims = [5, 7, 3];
         let t = super::super::transport::Threads::world(1).pop().unwrap();
-        let how = Schedule {
-            bucket_bytes: 64,
-            overlap: true,
-        };
+        let how = Schedule { bucket_bytes: 64, overlap: true };
         let mut tr = Trainer::new(&t, &dims, 4, 0.0, how, 9).unwrap();
         let loss0 = tr.gradients(0, true).unwrap();
         let g = tr.grads.clone();
@@ -607,11 +452,7 @@ mod tests {
             let down = tr.gradients(0, false).unwrap();
             tr.mlp.params[i] = p;
             let fd = (up - down) / (2.0 * h as f64);
-            assert!(
-                (fd - g[i] as f64).abs() <= 2e-3 * (1.0 + fd.abs()),
-                "param {i}: {fd} vs {} (loss {loss0})",
-                g[i]
-            );
+            assert!((fd - g[i] as f64).abs() <= 2e-3 * (1.0 + fd.abs()), "param {i}: {fd} vs {} (loss {loss0})", g[i]);
         }
     }
 }

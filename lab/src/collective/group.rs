@@ -35,30 +35,17 @@ impl Group {
         if n == 0 {
             return Err(LabError::Invalid("a group has at least one rank".into()));
         }
-        Ok(Group {
-            devs: vec![Backend::Cpu; n],
-            world: None,
-        })
+        Ok(Group { devs: vec![Backend::Cpu; n], world: None })
     }
 
     /// GPUs 0..n, `first` being GPU 0 (the session's).
     pub fn gpus(first: &Arc<Gpu>, n: usize) -> Result<Group> {
         if n == 1 {
-            return Ok(Group {
-                devs: vec![Backend::Cuda(first.clone())],
-                world: None,
-            });
+            return Ok(Group { devs: vec![Backend::Cuda(first.clone())], world: None });
         }
         let world = super::nccl::world(first, n)?;
-        let devs = world
-            .ranks
-            .iter()
-            .map(|r| Backend::Cuda(r.gpu.clone()))
-            .collect();
-        Ok(Group {
-            devs,
-            world: Some(world),
-        })
+        let devs = world.ranks.iter().map(|r| Backend::Cuda(r.gpu.clone())).collect();
+        Ok(Group { devs, world: Some(world) })
     }
 
     /// A group of `n` ranks on `backend`'s kind of device.
@@ -84,18 +71,11 @@ impl Group {
 
     fn check_len<T: GroupElem>(&self, xs: &[Tensor<T>], what: &str) -> Result<usize> {
         if xs.len() != self.size() {
-            return Err(LabError::Invalid(format!(
-                "{what}: {} tensors for a group of {} ranks",
-                xs.len(),
-                self.size()
-            )));
+            return Err(LabError::Invalid(format!("{what}: {} tensors for a group of {} ranks", xs.len(), self.size())));
         }
         let len = xs[0].len();
         if let Some((q, x)) = xs.iter().enumerate().find(|(_, x)| x.len() != len) {
-            return Err(LabError::Invalid(format!(
-                "{what}: rank {q} holds {} elements and rank 0 {len}",
-                x.len()
-            )));
+            return Err(LabError::Invalid(format!("{what}: rank {q} holds {} elements and rank 0 {len}", x.len())));
         }
         Ok(len)
     }
@@ -111,33 +91,22 @@ impl Group {
     /// comm streams after the work queued so far on the compute streams, and work queued there
     /// later does not wait for it until [`Group::join`]: what lets a bucket's sum overlap the rest
     /// of a backward pass. On the host it is done on return.
-    pub fn all_reduce_queued<T: GroupElem>(
-        &self,
-        xs: &mut [Tensor<T>],
-        range: std::ops::Range<usize>,
-    ) -> Result<()> {
+    pub fn all_reduce_queued<T: GroupElem>(&self, xs: &mut [Tensor<T>], range: std::ops::Range<usize>) -> Result<()> {
         let len = self.check_len(xs, "all-reduce")?;
         if range.end > len {
-            return Err(LabError::Invalid(format!(
-                "all-reduce of elements {range:?} of tensors of {len}"
-            )));
+            return Err(LabError::Invalid(format!("all-reduce of elements {range:?} of tensors of {len}")));
         }
         match &self.world {
             None if self.size() == 1 => Ok(()),
-            None => on_threads(xs, |t, x| {
-                all_reduce(t, &mut x[range.clone()], Algorithm::SendRecv)
-            }),
+            None => on_threads(xs, |t, x| all_reduce(t, &mut x[range.clone()], Algorithm::SendRecv)),
             Some(w) => {
                 for r in &w.ranks {
-                    r.comm_stream
-                        .join(&r.gpu.stream)
-                        .doing("ordering a collective after its inputs")?;
+                    r.comm_stream.join(&r.gpu.stream).doing("ordering a collective after its inputs")?;
                 }
                 grouped(|| {
                     for (comm, x) in w.comms.iter().zip(xs.iter_mut()) {
                         let x = x.cuda_mut().ok_or_else(|| placement("all-reduce"))?;
-                        comm.all_reduce_in_place(&mut x.slice_mut(range.clone()), &ReduceOp::Sum)
-                            .map_err(nccl_error("issuing ncclAllReduce"))?;
+                        comm.all_reduce_in_place(&mut x.slice_mut(range.clone()), &ReduceOp::Sum).map_err(nccl_error("issuing ncclAllReduce"))?;
                     }
                     Ok(())
                 })
@@ -148,10 +117,7 @@ impl Group {
     /// Makes the work queued next on every GPU's compute stream wait for its comm stream.
     pub fn join(&self) -> Result<()> {
         for r in self.world.iter().flat_map(|w| &w.ranks) {
-            r.gpu
-                .stream
-                .join(&r.comm_stream)
-                .doing("ordering work after a collective")?;
+            r.gpu.stream.join(&r.comm_stream).doing("ordering work after a collective")?;
         }
         Ok(())
     }
@@ -160,36 +126,21 @@ impl Group {
     pub fn all_gather<T: GroupElem>(&self, xs: &[Tensor<T>], out: &mut [Tensor<T>]) -> Result<()> {
         let (len, n) = (self.check_len(xs, "all-gather")?, self.size());
         if self.check_len(out, "all-gather")? != n * len {
-            return Err(LabError::Invalid(format!(
-                "all-gather: outputs hold {} elements; {n} ranks of {len} need {}",
-                out[0].len(),
-                n * len
-            )));
+            return Err(LabError::Invalid(format!("all-gather: outputs hold {} elements; {n} ranks of {len} need {}", out[0].len(), n * len)));
         }
         match &self.world {
             None if n == 1 => out[0].copy_from(&xs[0]),
             None => {
-                let ins: Vec<&[T]> = xs
-                    .iter()
-                    .map(|x| x.host().ok_or_else(|| placement("all-gather")))
-                    .collect::<Result<_>>()?;
+                let ins: Vec<&[T]> = xs.iter().map(|x| x.host().ok_or_else(|| placement("all-gather"))).collect::<Result<_>>()?;
                 on_threads(out, |t, o| {
-                    o.copy_from_slice(&super::tensor_parallel::all_gather_parts(
-                        t,
-                        ins[t.rank()],
-                        &vec![len; n],
-                    )?);
+                    o.copy_from_slice(&super::tensor_parallel::all_gather_parts(t, ins[t.rank()], &vec![len; n])?);
                     Ok(())
                 })
             }
             Some(w) => on_comm_streams(w, || {
                 for ((comm, x), o) in w.comms.iter().zip(xs).zip(out.iter_mut()) {
-                    let (x, o) = (
-                        x.cuda().ok_or_else(|| placement("all-gather"))?,
-                        o.cuda_mut().ok_or_else(|| placement("all-gather"))?,
-                    );
-                    comm.all_gather(x, o)
-                        .map_err(nccl_error("issuing ncclAllGather"))?;
+                    let (x, o) = (x.cuda().ok_or_else(|| placement("all-gather"))?, o.cuda_mut().ok_or_else(|| placement("all-gather"))?);
+                    comm.all_gather(x, o).map_err(nccl_error("issuing ncclAllGather"))?;
                 }
                 Ok(())
             }),
@@ -202,21 +153,9 @@ fn placement(what: &str) -> LabError {
 }
 
 /// Runs `f` on a thread world, rank r on the host elements of `xs[r]`.
-fn on_threads<T: GroupElem>(
-    xs: &mut [Tensor<T>],
-    f: impl Fn(&dyn Transport, &mut [T]) -> Result<()> + Sync,
-) -> Result<()> {
-    let cells: Vec<Mutex<&mut [T]>> = xs
-        .iter_mut()
-        .map(|x| {
-            x.host_mut()
-                .map(Mutex::new)
-                .ok_or_else(|| placement("a host collective"))
-        })
-        .collect::<Result<_>>()?;
-    run_threads(cells.len(), |t| {
-        f(t, &mut cells[t.rank()].lock().expect("one thread per rank"))
-    })?;
+fn on_threads<T: GroupElem>(xs: &mut [Tensor<T>], f: impl Fn(&dyn Transport, &mut [T]) -> Result<()> + Sync) -> Result<()> {
+    let cells: Vec<Mutex<&mut [T]>> = xs.iter_mut().map(|x| x.host_mut().map(Mutex::new).ok_or_else(|| placement("a host collective"))).collect::<Result<_>>()?;
+    run_threads(cells.len(), |t| f(t, &mut cells[t.rank()].lock().expect("one thread per rank")))?;
     Ok(())
 }
 
@@ -224,16 +163,11 @@ fn on_threads<T: GroupElem>(
 /// before the work queued there next.
 fn on_comm_streams(w: &World, issue: impl FnOnce() -> Result<()>) -> Result<()> {
     for r in &w.ranks {
-        r.comm_stream
-            .join(&r.gpu.stream)
-            .doing("ordering a collective after its inputs")?;
+        r.comm_stream.join(&r.gpu.stream).doing("ordering a collective after its inputs")?;
     }
     grouped(issue)?;
     for r in &w.ranks {
-        r.gpu
-            .stream
-            .join(&r.comm_stream)
-            .doing("ordering work after a collective")?;
+        r.gpu.stream.join(&r.comm_stream).doing("ordering work after a collective")?;
     }
     Ok(())
 }
@@ -248,39 +182,18 @@ pub struct Block {
 
 /// Copies a `rows` x `width` block from `src` into `dst` on the tensors' device (one 2D copy on
 /// a GPU): how a column-parallel layer places each rank's columns into the whole output.
-pub fn copy_block<T: GroupElem>(
-    dev: &Backend,
-    src: &Tensor<T>,
-    from: Block,
-    dst: &mut Tensor<T>,
-    to: Block,
-    (rows, width): (usize, usize),
-) -> Result<()> {
+pub fn copy_block<T: GroupElem>(dev: &Backend, src: &Tensor<T>, from: Block, dst: &mut Tensor<T>, to: Block, (rows, width): (usize, usize)) -> Result<()> {
     // Each row inside its pitch (one row: any run of elements), the last inside the buffer.
-    let fits = |len: usize, b: Block| {
-        rows == 0
-            || ((rows == 1 || b.at % b.pitch.max(1) + width <= b.pitch)
-                && b.at + (rows - 1) * b.pitch + width <= len)
-    };
+    let fits = |len: usize, b: Block| rows == 0 || ((rows == 1 || b.at % b.pitch.max(1) + width <= b.pitch) && b.at + (rows - 1) * b.pitch + width <= len);
     if !fits(src.len(), from) || !fits(dst.len(), to) {
-        return Err(LabError::shape(
-            "copy_block",
-            format!(
-                "{rows} x {width} from {from:?} of {:?} to {to:?} of {:?}",
-                src.shape(),
-                dst.shape()
-            ),
-        ));
+        return Err(LabError::shape("copy_block", format!("{rows} x {width} from {from:?} of {:?} to {to:?} of {:?}", src.shape(), dst.shape())));
     }
     if rows == 0 || width == 0 {
         return Ok(());
     }
     match dev {
         Backend::Cpu => {
-            let (s, d) = (
-                src.host().ok_or_else(|| placement("copy_block"))?,
-                dst.host_mut().ok_or_else(|| placement("copy_block"))?,
-            );
+            let (s, d) = (src.host().ok_or_else(|| placement("copy_block"))?, dst.host_mut().ok_or_else(|| placement("copy_block"))?);
             for i in 0..rows {
                 let (a, b) = (from.at + i * from.pitch, to.at + i * to.pitch);
                 d[b..b + width].copy_from_slice(&s[a..a + width]);
@@ -291,10 +204,7 @@ pub fn copy_block<T: GroupElem>(
             use cudarc::driver::sys::{cuMemcpy2DAsync_v2, CUmemorytype, CUDA_MEMCPY2D};
             use cudarc::driver::{DevicePtr, DevicePtrMut};
             let size = std::mem::size_of::<T>();
-            let (s, d) = (
-                src.cuda().ok_or_else(|| placement("copy_block"))?,
-                dst.cuda_mut().ok_or_else(|| placement("copy_block"))?,
-            );
+            let (s, d) = (src.cuda().ok_or_else(|| placement("copy_block"))?, dst.cuda_mut().ok_or_else(|| placement("copy_block"))?);
             let (sp, _) = s.device_ptr(&gpu.stream);
             let (dp, _) = d.device_ptr_mut(&gpu.stream);
             let copy = CUDA_MEMCPY2D {
@@ -318,9 +228,7 @@ pub fn copy_block<T: GroupElem>(
             };
             gpu.ctx.bind_to_thread().doing("binding a context")?;
             // SAFETY: both blocks were checked to lie inside their allocations, on this stream.
-            unsafe { cuMemcpy2DAsync_v2(&copy, gpu.stream.cu_stream()) }
-                .result()
-                .doing("copying a block of columns")
+            unsafe { cuMemcpy2DAsync_v2(&copy, gpu.stream.cu_stream()) }.result().doing("copying a block of columns")
         }
     }
 }
@@ -338,26 +246,14 @@ mod tests {
     fn host_collectives_sum_and_gather_in_rank_order() {
         for n in 1..=4 {
             let g = Group::host(n).unwrap();
-            let mut xs: Vec<Tensor<f32>> = (0..n)
-                .map(|r| host((0..5).map(|i| (10 * r + i) as f32).collect()))
-                .collect();
+            let mut xs: Vec<Tensor<f32>> = (0..n).map(|r| host((0..5).map(|i| (10 * r + i) as f32).collect())).collect();
             let mut out: Vec<Tensor<f32>> = (0..n).map(|_| host(vec![0.0; 5 * n])).collect();
             g.all_gather(&xs, &mut out).unwrap();
-            let want: Vec<f32> = (0..n)
-                .flat_map(|r| (0..5).map(move |i| (10 * r + i) as f32))
-                .collect();
-            assert!(
-                out.iter().all(|o| o.host().unwrap() == want.as_slice()),
-                "n={n}"
-            );
+            let want: Vec<f32> = (0..n).flat_map(|r| (0..5).map(move |i| (10 * r + i) as f32)).collect();
+            assert!(out.iter().all(|o| o.host().unwrap() == want.as_slice()), "n={n}");
             g.all_reduce(&mut xs).unwrap();
-            let sum: Vec<f32> = (0..5)
-                .map(|i| (0..n).map(|r| (10 * r + i) as f32).sum())
-                .collect();
-            assert!(
-                xs.iter().all(|x| x.host().unwrap() == sum.as_slice()),
-                "n={n}"
-            );
+            let sum: Vec<f32> = (0..5).map(|i| (0..n).map(|r| (10 * r + i) as f32).sum()).collect();
+            assert!(xs.iter().all(|x| x.host().unwrap() == sum.as_slice()), "n={n}");
         }
     }
 
@@ -368,10 +264,7 @@ mod tests {
         let e = g.all_reduce(&mut xs).unwrap_err().to_string();
         assert!(e.contains("rank 1 holds 4 elements and rank 0 3"), "{e}");
         let mut out = vec![host(vec![0.0; 5]), host(vec![0.0; 5])];
-        let e = g
-            .all_gather(&[host(vec![1.0; 3]), host(vec![1.0; 3])], &mut out)
-            .unwrap_err()
-            .to_string();
+        let e = g.all_gather(&[host(vec![1.0; 3]), host(vec![1.0; 3])], &mut out).unwrap_err().to_string();
         assert!(e.contains("need 6"), "{e}");
     }
 
@@ -379,30 +272,8 @@ mod tests {
     fn a_block_lands_at_its_column_and_out_of_range_blocks_are_refused() {
         let src = Tensor::from_vec(&[2, 3], vec![1f32, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
         let mut dst = Tensor::from_vec(&[2, 4], vec![0f32; 8]).unwrap();
-        copy_block(
-            &Backend::Cpu,
-            &src,
-            Block { at: 1, pitch: 3 },
-            &mut dst,
-            Block { at: 2, pitch: 4 },
-            (2, 2),
-        )
-        .unwrap();
-        assert_eq!(
-            dst.host().unwrap(),
-            &[0.0, 0.0, 2.0, 3.0, 0.0, 0.0, 5.0, 6.0]
-        );
-        assert!(
-            copy_block(
-                &Backend::Cpu,
-                &src,
-                Block { at: 0, pitch: 3 },
-                &mut dst,
-                Block { at: 3, pitch: 4 },
-                (2, 2)
-            )
-            .is_err(),
-            "past the buffer's end"
-        );
+        copy_block(&Backend::Cpu, &src, Block { at: 1, pitch: 3 }, &mut dst, Block { at: 2, pitch: 4 }, (2, 2)).unwrap();
+        assert_eq!(dst.host().unwrap(), &[0.0, 0.0, 2.0, 3.0, 0.0, 0.0, 5.0, 6.0]);
+        assert!(copy_block(&Backend::Cpu, &src, Block { at: 0, pitch: 3 }, &mut dst, Block { at: 3, pitch: 4 }, (2, 2)).is_err(), "past the buffer's end");
     }
 }

@@ -34,9 +34,7 @@ use crate::Result;
 
 /// This process's rank in a job started by mpirun (Open MPI) or another PMI launcher.
 pub fn launcher_rank() -> Option<usize> {
-    ["OMPI_COMM_WORLD_RANK", "PMI_RANK"]
-        .iter()
-        .find_map(|k| std::env::var(k).ok()?.parse().ok())
+    ["OMPI_COMM_WORLD_RANK", "PMI_RANK"].iter().find_map(|k| std::env::var(k).ok()?.parse().ok())
 }
 
 /// Whether this process was started by an MPI launcher.
@@ -48,9 +46,7 @@ pub fn under_launcher() -> bool {
 /// first call.
 #[cfg(feature = "mpi")]
 pub fn launched() -> Result<Option<&'static dyn Transport>> {
-    Ok(mpi::world()
-        .transpose()?
-        .map(|w| w as &'static dyn Transport))
+    Ok(mpi::world().transpose()?.map(|w| w as &'static dyn Transport))
 }
 
 /// Without the `mpi` feature a launched job cannot form a world: say so rather than let every
@@ -58,9 +54,7 @@ pub fn launched() -> Result<Option<&'static dyn Transport>> {
 #[cfg(not(feature = "mpi"))]
 pub fn launched() -> Result<Option<&'static dyn Transport>> {
     if under_launcher() {
-        return Err(crate::LabError::Invalid(
-            "started by an MPI launcher, but this lab was built without `--features mpi`".into(),
-        ));
+        return Err(crate::LabError::Invalid("started by an MPI launcher, but this lab was built without `--features mpi`".into()));
     }
     Ok(None)
 }

@@ -37,9 +37,7 @@ pub fn world() -> Option<Result<&'static Mpi>> {
         let (universe, provided) = mpi::initialize_with_threading(Threading::Serialized)
             .ok_or_else(|| "MPI was already initialised elsewhere".to_string())?;
         if provided < Threading::Serialized {
-            return Err(format!(
-                "this MPI provides only {provided:?} threading; the lab needs Serialized"
-            ));
+            return Err(format!("this MPI provides only {provided:?} threading; the lab needs Serialized"));
         }
         let world = universe.world();
         let (rank, size) = (world.rank() as usize, world.size() as usize);
@@ -64,25 +62,16 @@ pub fn abort(code: i32) -> ! {
 
 /// The Open MPI library version string (MPI_Get_library_version).
 pub fn library_version() -> String {
-    mpi::environment::library_version()
-        .unwrap_or_default()
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .trim()
-        .to_string()
+    mpi::environment::library_version().unwrap_or_default().lines().next().unwrap_or_default().trim().to_string()
 }
 
 impl Mpi {
     /// The peer: MPI_Allreduce with MPI_SUM over f32, out of place.
     pub fn all_reduce_f32(&self, send: &[f32], recv: &mut [f32]) -> Result<()> {
         if send.len() != recv.len() {
-            return Err(LabError::Invalid(
-                "MPI_Allreduce: send and receive lengths differ".into(),
-            ));
+            return Err(LabError::Invalid("MPI_Allreduce: send and receive lengths differ".into()));
         }
-        self.world
-            .all_reduce_into(send, recv, SystemOperation::sum());
+        self.world.all_reduce_into(send, recv, SystemOperation::sum());
         Ok(())
     }
 }
@@ -103,27 +92,16 @@ impl Transport for Mpi {
         let status = self.world.process_at_rank(from as i32).receive_into(buf);
         let got = status.count(u8::equivalent_datatype()) as usize;
         if got != buf.len() {
-            return Err(LabError::Invalid(format!(
-                "rank {} expected {} bytes from rank {from} and got {got}",
-                self.rank,
-                buf.len()
-            )));
+            return Err(LabError::Invalid(format!("rank {} expected {} bytes from rank {from} and got {got}", self.rank, buf.len())));
         }
         Ok(())
     }
     fn sendrecv(&self, data: &[u8], to: usize, buf: &mut [u8], from: usize) -> Result<()> {
-        let (dst, src) = (
-            self.world.process_at_rank(to as i32),
-            self.world.process_at_rank(from as i32),
-        );
+        let (dst, src) = (self.world.process_at_rank(to as i32), self.world.process_at_rank(from as i32));
         let status = mpi::point_to_point::send_receive_into(data, &dst, buf, &src);
         let got = status.count(u8::equivalent_datatype()) as usize;
         if got != buf.len() {
-            return Err(LabError::Invalid(format!(
-                "rank {} expected {} bytes from rank {from} and got {got}",
-                self.rank,
-                buf.len()
-            )));
+            return Err(LabError::Invalid(format!("rank {} expected {} bytes from rank {from} and got {got}", self.rank, buf.len())));
         }
         Ok(())
     }

@@ -52,9 +52,7 @@ pub(crate) struct World {
 /// The world sizes a scaling sweep visits on a host of `count` GPUs: 1, each power of two below
 /// `count`, and `count` itself.
 pub fn world_sizes(count: usize) -> Vec<usize> {
-    let mut sizes: Vec<usize> = std::iter::successors(Some(1usize), |n| Some(n * 2))
-        .take_while(|&n| n < count)
-        .collect();
+    let mut sizes: Vec<usize> = std::iter::successors(Some(1usize), |n| Some(n * 2)).take_while(|&n| n < count).collect();
     if count >= 1 {
         sizes.push(count);
     }
@@ -63,9 +61,7 @@ pub fn world_sizes(count: usize) -> Vec<usize> {
 
 /// GPUs usable for NCCL on `backend`, or why there are none.
 pub fn gpus_for_nccl(backend: &crate::experiment::Backend) -> std::result::Result<usize, String> {
-    let crate::experiment::Backend::Cuda(_) = backend else {
-        return Err("the CPU backend".into());
-    };
+    let crate::experiment::Backend::Cuda(_) = backend else { return Err("the CPU backend".into()) };
     // SAFETY: only probes the dynamic loader.
     if !unsafe { cudarc::nccl::sys::is_culib_present() } {
         return Err("no NCCL library (libnccl.so.2) found".into());
@@ -86,11 +82,7 @@ thread_local! {
 
 /// The world of GPUs 0..n with `first` as GPU 0, opened once per thread.
 pub(crate) fn world(first: &Arc<Gpu>, n: usize) -> Result<Rc<World>> {
-    if let Some(w) = WORLDS.with_borrow(|ws| {
-        ws.iter()
-            .find(|w| w.ranks.len() == n && Arc::ptr_eq(&w.ranks[0].gpu, first))
-            .cloned()
-    }) {
+    if let Some(w) = WORLDS.with_borrow(|ws| ws.iter().find(|w| w.ranks.len() == n && Arc::ptr_eq(&w.ranks[0].gpu, first)).cloned()) {
         return Ok(w);
     }
     let w = Rc::new(World::open(first, n)?);
@@ -103,9 +95,7 @@ impl World {
     pub(crate) fn open(first: &Arc<Gpu>, n: usize) -> Result<World> {
         let count = cudarc::driver::CudaContext::device_count().doing("counting GPUs")? as usize;
         if n < 2 || n > count {
-            return Err(LabError::Invalid(format!(
-                "an NCCL world of {n} GPUs: this host has {count} (at least 2 are needed)"
-            )));
+            return Err(LabError::Invalid(format!("an NCCL world of {n} GPUs: this host has {count} (at least 2 are needed)")));
         }
         // NCCL reads its environment at its first call.
         let _ = super::nccl_log::prepare_env();
@@ -116,13 +106,8 @@ impl World {
             ranks.push(Rank { gpu, comm_stream });
         }
         let no_peer_access = enable_peer_access(&ranks)?;
-        let comms = Comm::from_devices(ranks.iter().map(|r| r.comm_stream.clone()).collect())
-            .map_err(nccl_error("creating the communicators"))?;
-        Ok(World {
-            ranks,
-            comms,
-            no_peer_access,
-        })
+        let comms = Comm::from_devices(ranks.iter().map(|r| r.comm_stream.clone()).collect()).map_err(nccl_error("creating the communicators"))?;
+        Ok(World { ranks, comms, no_peer_access })
     }
 
     /// Waits for both streams of every GPU, or fails after [`DEADLINE`]: a transfer whose
@@ -156,12 +141,8 @@ impl World {
 /// contexts does not open: the pool grants the peer access of its own (without it the peer ring's
 /// first load was an illegal address). Returns why some pair cannot reach the other, if one cannot.
 fn enable_peer_access(ranks: &[Rank]) -> Result<Option<String>> {
-    use cudarc::driver::sys::{
-        cuCtxEnablePeerAccess, cuDeviceCanAccessPeer, cuDeviceGetMemPool, cuMemPoolSetAccess,
-        CUmemAccessDesc, CUmemAccess_flags, CUmemLocation, CUmemLocationType,
-    };
-    static ENABLED: std::sync::Mutex<std::collections::BTreeSet<(i32, i32)>> =
-        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    use cudarc::driver::sys::{cuCtxEnablePeerAccess, cuDeviceCanAccessPeer, cuDeviceGetMemPool, cuMemPoolSetAccess, CUmemAccessDesc, CUmemAccess_flags, CUmemLocation, CUmemLocationType};
+    static ENABLED: std::sync::Mutex<std::collections::BTreeSet<(i32, i32)>> = std::sync::Mutex::new(std::collections::BTreeSet::new());
     let mut enabled = ENABLED.lock().unwrap_or_else(|e| e.into_inner());
     let mut missing = None;
     for a in ranks {
@@ -172,45 +153,30 @@ fn enable_peer_access(ranks: &[Rank]) -> Result<Option<String>> {
             }
             let mut can = 0;
             // SAFETY: plain out-parameter; both devices exist (their contexts do).
-            unsafe { cuDeviceCanAccessPeer(&mut can, da, db) }
-                .result()
-                .doing("asking whether one GPU can reach another's memory")?;
+            unsafe { cuDeviceCanAccessPeer(&mut can, da, db) }.result().doing("asking whether one GPU can reach another's memory")?;
             if can == 0 {
-                missing.get_or_insert_with(|| {
-                    format!("GPU {da} cannot load from GPU {db}'s memory (no peer access)")
-                });
+                missing.get_or_insert_with(|| format!("GPU {da} cannot load from GPU {db}'s memory (no peer access)"));
                 continue;
             }
             a.gpu.ctx.bind_to_thread().doing("binding a context")?;
             // SAFETY: both contexts are live; the pair was never enabled by this process.
-            unsafe { cuCtxEnablePeerAccess(b.gpu.ctx.cu_ctx(), 0) }
-                .result()
-                .doing("enabling peer access between GPUs")?;
+            unsafe { cuCtxEnablePeerAccess(b.gpu.ctx.cu_ctx(), 0) }.result().doing("enabling peer access between GPUs")?;
             let mut pool = std::ptr::null_mut();
             // SAFETY: plain out-parameter for a live device.
-            unsafe { cuDeviceGetMemPool(&mut pool, db) }
-                .result()
-                .doing("reading a GPU's memory pool")?;
+            unsafe { cuDeviceGetMemPool(&mut pool, db) }.result().doing("reading a GPU's memory pool")?;
             let access = CUmemAccessDesc {
-                location: CUmemLocation {
-                    type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-                    id: da,
-                },
+                location: CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: da },
                 flags: CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
             };
             // SAFETY: one valid descriptor for the pool just read.
-            unsafe { cuMemPoolSetAccess(pool, &access, 1) }
-                .result()
-                .doing("opening a GPU's memory pool to a peer")?;
+            unsafe { cuMemPoolSetAccess(pool, &access, 1) }.result().doing("opening a GPU's memory pool to a peer")?;
             enabled.insert((da, db));
         }
     }
     Ok(missing)
 }
 
-pub(crate) fn nccl_error(
-    doing: &'static str,
-) -> impl Fn(cudarc::nccl::result::NcclError) -> LabError {
+pub(crate) fn nccl_error(doing: &'static str) -> impl Fn(cudarc::nccl::result::NcclError) -> LabError {
     move |e| LabError::Invalid(format!("NCCL failed while {doing}: {e:?}"))
 }
 
@@ -236,57 +202,36 @@ pub(crate) struct RingBufs<T> {
 /// The launch of kernels/collective.cu's kernels over `bytes`: one thread per whole 16-byte word
 /// (at least one block, whose first threads also take the tail).
 fn word_per_thread(bytes: usize) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: ((bytes / 16).div_ceil(256).max(1) as u32, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    }
+    LaunchConfig { grid_dim: ((bytes / 16).div_ceil(256).max(1) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
 }
 
 /// The lab's ring: the plan's phases, one grouped NCCL round each, adds on the compute streams.
 // Rank r indexes its communicator, its buffers and its phase together.
 #[allow(clippy::needless_range_loop)]
 /// The plan covers elements `base..base + plan.len` of each rank's `x`.
-pub(crate) fn ring_all_reduce<T: Elem + NcclType>(
-    w: &World,
-    plan: &RingPlan,
-    bufs: &mut [RingBufs<T>],
-    base: usize,
-) -> Result<()> {
+pub(crate) fn ring_all_reduce<T: Elem + NcclType>(w: &World, plan: &RingPlan, bufs: &mut [RingBufs<T>], base: usize) -> Result<()> {
     let n = w.ranks.len();
     let at = |r: &std::ops::Range<usize>| base + r.start..base + r.end;
     for phase in plan.phases() {
         let k = phase.segment;
         if !(phase.reduce && phase.step == 0) {
             for (rank, b) in w.ranks.iter().zip(bufs.iter()) {
-                rank.comm_stream
-                    .wait(&b.added[k])
-                    .doing("ordering a send after its add")?;
+                rank.comm_stream.wait(&b.added[k]).doing("ordering a send after its add")?;
             }
         }
         grouped(|| {
             for r in 0..n {
                 // Empty segments are skipped on both sides: the receiver sees the same range.
                 if let Some(out) = phase.outgoing(r) {
-                    w.comms[r]
-                        .send(&bufs[r].x.slice(at(&out.range)), ((r + 1) % n) as i32)
-                        .map_err(nccl_error("sending a segment"))?;
+                    w.comms[r].send(&bufs[r].x.slice(at(&out.range)), ((r + 1) % n) as i32).map_err(nccl_error("sending a segment"))?;
                 }
-                let Some(incoming) = phase.incoming(r) else {
-                    continue;
-                };
+                let Some(incoming) = phase.incoming(r) else { continue };
                 let (from, b) = (((r + n - 1) % n) as i32, &mut bufs[r]);
                 if phase.reduce {
-                    let mut dst = b
-                        .scratch
-                        .slice_mut(incoming.in_chunk..incoming.in_chunk + incoming.range.len());
-                    w.comms[r]
-                        .recv(&mut dst, from)
-                        .map_err(nccl_error("receiving a segment"))?;
+                    let mut dst = b.scratch.slice_mut(incoming.in_chunk..incoming.in_chunk + incoming.range.len());
+                    w.comms[r].recv(&mut dst, from).map_err(nccl_error("receiving a segment"))?;
                 } else {
-                    w.comms[r]
-                        .recv(&mut b.x.slice_mut(at(&incoming.range)), from)
-                        .map_err(nccl_error("receiving a segment"))?;
+                    w.comms[r].recv(&mut b.x.slice_mut(at(&incoming.range)), from).map_err(nccl_error("receiving a segment"))?;
                 }
             }
             Ok(())
@@ -295,31 +240,17 @@ pub(crate) fn ring_all_reduce<T: Elem + NcclType>(
             continue;
         }
         for (r, (rank, b)) in w.ranks.iter().zip(bufs.iter_mut()).enumerate() {
-            let Some(incoming) = phase.incoming(r).cloned() else {
-                continue;
-            };
+            let Some(incoming) = phase.incoming(r).cloned() else { continue };
             let len = incoming.range.len();
             let stream = &rank.gpu.stream;
-            b.landed[k]
-                .record(&rank.comm_stream)
-                .doing("recording a transfer")?;
-            stream
-                .wait(&b.landed[k])
-                .doing("ordering an add after its transfer")?;
+            b.landed[k].record(&rank.comm_stream).doing("recording a transfer")?;
+            stream.wait(&b.landed[k]).doing("ordering an add after its transfer")?;
             let cfg = word_per_thread(len * T::DTYPE.size());
             let mut acc = b.x.slice_mut(at(&incoming.range));
             let x = b.scratch.slice(incoming.in_chunk..incoming.in_chunk + len);
             let nn = len as i64;
             // SAFETY: acc and x hold `len` elements; the kernel bounds every access by n.
-            unsafe {
-                stream
-                    .launch_builder(&b.add)
-                    .arg(&mut acc)
-                    .arg(&x)
-                    .arg(&nn)
-                    .launch(cfg)
-            }
-            .doing("launching the ring's add")?;
+            unsafe { stream.launch_builder(&b.add).arg(&mut acc).arg(&x).arg(&nn).launch(cfg) }.doing("launching the ring's add")?;
             b.added[k].record(stream).doing("recording an add")?;
         }
     }
@@ -335,20 +266,10 @@ pub(crate) struct PeerRing {
 impl PeerRing {
     pub(crate) fn new(w: &World) -> Result<PeerRing> {
         if let Some(why) = &w.no_peer_access {
-            return Err(LabError::Invalid(format!(
-                "the peer ring needs every GPU to read its neighbour's memory: {why}"
-            )));
+            return Err(LabError::Invalid(format!("the peer ring needs every GPU to read its neighbour's memory: {why}")));
         }
-        let copy = w
-            .ranks
-            .iter()
-            .map(|r| r.gpu.function("collective", "collective_copy"))
-            .collect::<Result<_>>()?;
-        let done = w
-            .ranks
-            .iter()
-            .map(|r| r.gpu.ctx.new_event(None).doing("creating an event"))
-            .collect::<Result<_>>()?;
+        let copy = w.ranks.iter().map(|r| r.gpu.function("collective", "collective_copy")).collect::<Result<_>>()?;
+        let done = w.ranks.iter().map(|r| r.gpu.ctx.new_event(None).doing("creating an event")).collect::<Result<_>>()?;
         Ok(PeerRing { copy, done })
     }
 
@@ -361,30 +282,15 @@ impl PeerRing {
     /// next kernel must not overwrite a buffer a neighbour still reads).
     // Rank r indexes its buffers, its event and its phase together.
     #[allow(clippy::needless_range_loop)]
-    pub(crate) fn all_reduce<T: Elem>(
-        &self,
-        w: &World,
-        plan: &RingPlan,
-        bufs: &mut [RingBufs<T>],
-        base: usize,
-        on_comm: bool,
-    ) -> Result<()> {
+    pub(crate) fn all_reduce<T: Elem>(&self, w: &World, plan: &RingPlan, bufs: &mut [RingBufs<T>], base: usize, on_comm: bool) -> Result<()> {
         use cudarc::driver::DevicePtr;
         let n = w.ranks.len();
         let size = T::DTYPE.size();
-        let stream = |r: usize| {
-            if on_comm {
-                &w.ranks[r].comm_stream
-            } else {
-                &w.ranks[r].gpu.stream
-            }
-        };
+        let stream = |r: usize| if on_comm { &w.ranks[r].comm_stream } else { &w.ranks[r].gpu.stream };
         let ptrs: Vec<u64> = (0..n).map(|r| bufs[r].x.device_ptr(stream(r)).0).collect();
         let record_all = || -> Result<()> {
             for r in 0..n {
-                self.done[r]
-                    .record(stream(r))
-                    .doing("recording a ring phase")?;
+                self.done[r].record(stream(r)).doing("recording a ring phase")?;
             }
             Ok(())
         };
@@ -394,9 +300,7 @@ impl PeerRing {
             for r in 0..n {
                 for nb in [(r + n - 1) % n, (r + 1) % n] {
                     if nb != r {
-                        stream(r)
-                            .wait(&self.done[nb])
-                            .doing("ordering a ring phase after a neighbour's")?;
+                        stream(r).wait(&self.done[nb]).doing("ordering a ring phase after a neighbour's")?;
                     }
                 }
             }
@@ -406,9 +310,7 @@ impl PeerRing {
         for phase in plan.phases() {
             wait_neighbours()?;
             for r in 0..n {
-                let Some(incoming) = phase.incoming(r) else {
-                    continue;
-                };
+                let Some(incoming) = phase.incoming(r) else { continue };
                 let (at, len) = (base + incoming.range.start, incoming.range.len());
                 let src = ptrs[(r + n - 1) % n] + (at * size) as u64;
                 let cfg = word_per_thread(len * size);
@@ -417,26 +319,10 @@ impl PeerRing {
                 // buffers); both kernels bound every access by their length argument.
                 if phase.reduce {
                     let nn = len as i64;
-                    unsafe {
-                        stream(r)
-                            .launch_builder(&bufs[r].add)
-                            .arg(&mut dst)
-                            .arg(&src)
-                            .arg(&nn)
-                            .launch(cfg)
-                    }
-                    .doing("launching the peer ring's add")?;
+                    unsafe { stream(r).launch_builder(&bufs[r].add).arg(&mut dst).arg(&src).arg(&nn).launch(cfg) }.doing("launching the peer ring's add")?;
                 } else {
                     let bytes = (len * size) as i64;
-                    unsafe {
-                        stream(r)
-                            .launch_builder(&self.copy[r])
-                            .arg(&mut dst)
-                            .arg(&src)
-                            .arg(&bytes)
-                            .launch(cfg)
-                    }
-                    .doing("launching the peer ring's copy")?;
+                    unsafe { stream(r).launch_builder(&self.copy[r]).arg(&mut dst).arg(&src).arg(&bytes).launch(cfg) }.doing("launching the peer ring's copy")?;
                 }
             }
             record_all()?;
@@ -446,14 +332,10 @@ impl PeerRing {
 }
 
 /// NCCL's all-reduce, in place, on every GPU.
-pub(crate) fn nccl_all_reduce<T: Elem + NcclType>(
-    w: &World,
-    bufs: &mut [RingBufs<T>],
-) -> Result<()> {
+pub(crate) fn nccl_all_reduce<T: Elem + NcclType>(w: &World, bufs: &mut [RingBufs<T>]) -> Result<()> {
     grouped(|| {
         for (comm, b) in w.comms.iter().zip(bufs.iter_mut()) {
-            comm.all_reduce_in_place(&mut b.x, &ReduceOp::Sum)
-                .map_err(nccl_error("issuing ncclAllReduce"))?;
+            comm.all_reduce_in_place(&mut b.x, &ReduceOp::Sum).map_err(nccl_error("issuing ncclAllReduce"))?;
         }
         Ok(())
     })

@@ -27,15 +27,7 @@ pub struct Choice {
 }
 
 /// NCCL's `ncclAlgo` and `ncclProtocol` enums, for the older numeric lines.
-const ALGOS: [&str; 7] = [
-    "TREE",
-    "RING",
-    "COLLNET_DIRECT",
-    "COLLNET_CHAIN",
-    "NVLS",
-    "NVLS_TREE",
-    "PAT",
-];
+const ALGOS: [&str; 7] = ["TREE", "RING", "COLLNET_DIRECT", "COLLNET_CHAIN", "NVLS", "NVLS_TREE", "PAT"];
 const PROTOS: [&str; 3] = ["LL", "LL128", "SIMPLE"];
 
 fn patterns() -> &'static [Regex; 3] {
@@ -54,41 +46,19 @@ fn patterns() -> &'static [Regex; 3] {
 pub fn parse_line(line: &str) -> Option<Choice> {
     let [named, numbered, best] = patterns();
     if let Some(c) = named.captures(line) {
-        return Some(Choice {
-            func: Some(c[1].to_string()),
-            bytes: c[2].parse().ok(),
-            algo: c[3].to_string(),
-            proto: c[4].to_string(),
-        });
+        return Some(Choice { func: Some(c[1].to_string()), bytes: c[2].parse().ok(), algo: c[3].to_string(), proto: c[4].to_string() });
     }
     if let Some(c) = numbered.captures(line) {
-        let name = |table: &[&str], i: &str| {
-            i.parse::<usize>()
-                .ok()
-                .and_then(|i| table.get(i))
-                .map_or_else(|| format!("#{i}"), |s| s.to_string())
-        };
-        return Some(Choice {
-            func: None,
-            bytes: c[1].parse().ok(),
-            algo: name(&ALGOS, &c[2]),
-            proto: name(&PROTOS, &c[3]),
-        });
+        let name = |table: &[&str], i: &str| i.parse::<usize>().ok().and_then(|i| table.get(i)).map_or_else(|| format!("#{i}"), |s| s.to_string());
+        return Some(Choice { func: None, bytes: c[1].parse().ok(), algo: name(&ALGOS, &c[2]), proto: name(&PROTOS, &c[3]) });
     }
-    best.captures(line).map(|c| Choice {
-        func: None,
-        bytes: None,
-        algo: c[1].to_string(),
-        proto: c[2].to_string(),
-    })
+    best.captures(line).map(|c| Choice { func: None, bytes: None, algo: c[1].to_string(), proto: c[2].to_string() })
 }
 
 /// The decision for an all-reduce of `bytes` among `choices` (the last that fits: a line that
 /// names another collective or another size does not).
 pub fn all_reduce_choice(choices: &[Choice], bytes: u64) -> Option<&Choice> {
-    choices.iter().rev().find(|c| {
-        c.func.as_deref().is_none_or(|f| f == "AllReduce") && c.bytes.is_none_or(|b| b == bytes)
-    })
+    choices.iter().rev().find(|c| c.func.as_deref().is_none_or(|f| f == "AllReduce") && c.bytes.is_none_or(|b| b == bytes))
 }
 
 /// Sets NCCL's environment (see the module's head) once, before NCCL's first call; returns the
@@ -100,23 +70,16 @@ pub fn prepare_env() -> &'static std::result::Result<PathBuf, String> {
         if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
             std::env::set_var("NCCL_NVLS_ENABLE", "0");
         }
-        match (
-            std::env::var("NCCL_DEBUG").ok(),
-            std::env::var("NCCL_DEBUG_FILE").ok(),
-        ) {
+        match (std::env::var("NCCL_DEBUG").ok(), std::env::var("NCCL_DEBUG_FILE").ok()) {
             (None, None) => {
-                let path =
-                    std::env::temp_dir().join(format!("lab-nccl-{}.log", std::process::id()));
+                let path = std::env::temp_dir().join(format!("lab-nccl-{}.log", std::process::id()));
                 std::env::set_var("NCCL_DEBUG", "INFO");
                 std::env::set_var("NCCL_DEBUG_SUBSYS", "TUNING");
                 std::env::set_var("NCCL_DEBUG_FILE", &path);
                 Ok(path)
             }
             (_, Some(f)) if !f.contains('%') => Ok(PathBuf::from(f)),
-            _ => Err(
-                "NCCL_DEBUG was set without a plain NCCL_DEBUG_FILE: NCCL's choices are not read"
-                    .into(),
-            ),
+            _ => Err("NCCL_DEBUG was set without a plain NCCL_DEBUG_FILE: NCCL's choices are not read".into()),
         }
     })
 }
@@ -141,11 +104,9 @@ impl Log {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
             Err(e) => return Err(LabError::io(&self.path, e)),
         };
-        f.seek(SeekFrom::Start(self.offset))
-            .map_err(|e| LabError::io(&self.path, e))?;
+        f.seek(SeekFrom::Start(self.offset)).map_err(|e| LabError::io(&self.path, e))?;
         let mut text = String::new();
-        f.read_to_string(&mut text)
-            .map_err(|e| LabError::io(&self.path, format!("reading NCCL's debug log: {e}")))?;
+        f.read_to_string(&mut text).map_err(|e| LabError::io(&self.path, format!("reading NCCL's debug log: {e}")))?;
         // A line NCCL is still writing stays for the next read.
         let whole = text.rfind('\n').map_or(0, |i| i + 1);
         self.offset += whole as u64;
@@ -161,45 +122,14 @@ mod tests {
     fn every_form_of_the_tuning_line_is_read() {
         let new = "host:1234:1240 [0] NCCL INFO AllReduce: 4194304 Bytes -> Algo RING proto SIMPLE channel{Lo..Hi}={0..15}";
         let c = parse_line(new).unwrap();
-        assert_eq!(
-            (
-                c.func.as_deref(),
-                c.bytes,
-                c.algo.as_str(),
-                c.proto.as_str()
-            ),
-            (Some("AllReduce"), Some(4194304), "RING", "SIMPLE")
-        );
+        assert_eq!((c.func.as_deref(), c.bytes, c.algo.as_str(), c.proto.as_str()), (Some("AllReduce"), Some(4194304), "RING", "SIMPLE"));
         let old = "host:1234:1240 [0] NCCL INFO 1024 Bytes -> Algo 0 proto 1 time 10.500000";
-        assert_eq!(
-            parse_line(old).unwrap(),
-            Choice {
-                func: None,
-                bytes: Some(1024),
-                algo: "TREE".into(),
-                proto: "LL128".into()
-            }
-        );
+        assert_eq!(parse_line(old).unwrap(), Choice { func: None, bytes: Some(1024), algo: "TREE".into(), proto: "LL128".into() });
         let best = "host:1:2 [0] NCCL INFO Best tuning, algorithm, NVLS_TREE, protocol, LL";
-        assert_eq!(
-            (
-                parse_line(best).unwrap().algo.as_str(),
-                parse_line(best).unwrap().proto.as_str()
-            ),
-            ("NVLS_TREE", "LL")
-        );
+        assert_eq!((parse_line(best).unwrap().algo.as_str(), parse_line(best).unwrap().proto.as_str()), ("NVLS_TREE", "LL"));
         // An enum value this table does not know is kept as its number, not dropped or misnamed.
-        assert_eq!(
-            parse_line("NCCL INFO 8 Bytes -> Algo 9 proto 2 time 1.0")
-                .unwrap()
-                .algo,
-            "#9"
-        );
-        for other in [
-            "host:1:2 [0] NCCL INFO Channel 00/16 : 0 1",
-            "NCCL INFO comm 0x5 rank 0 nranks 2",
-            "",
-        ] {
+        assert_eq!(parse_line("NCCL INFO 8 Bytes -> Algo 9 proto 2 time 1.0").unwrap().algo, "#9");
+        for other in ["host:1:2 [0] NCCL INFO Channel 00/16 : 0 1", "NCCL INFO comm 0x5 rank 0 nranks 2", ""] {
             assert_eq!(parse_line(other), None, "{other}");
         }
     }
@@ -225,20 +155,12 @@ mod tests {
         let mut log = Log::open(path.clone());
         assert_eq!(log.take().unwrap(), Vec::new(), "no file yet");
         let mut f = std::fs::File::create(&path).unwrap();
-        writeln!(
-            f,
-            "NCCL INFO AllReduce: 4 Bytes -> Algo TREE proto LL channel{{Lo..Hi}}={{0..0}}"
-        )
-        .unwrap();
+        writeln!(f, "NCCL INFO AllReduce: 4 Bytes -> Algo TREE proto LL channel{{Lo..Hi}}={{0..0}}").unwrap();
         write!(f, "NCCL INFO AllReduce: 8 Bytes -> Algo RING").unwrap();
         assert_eq!(log.take().unwrap().len(), 1);
         writeln!(f, " proto LL channel{{Lo..Hi}}={{0..0}}").unwrap();
         let second = log.take().unwrap();
-        assert_eq!(
-            (second.len(), second[0].bytes),
-            (1, Some(8)),
-            "a half-written line is read once complete"
-        );
+        assert_eq!((second.len(), second[0].bytes), (1, Some(8)), "a half-written line is read once complete");
         assert!(log.take().unwrap().is_empty());
     }
 }

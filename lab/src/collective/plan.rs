@@ -66,20 +66,12 @@ impl RingPlan {
     pub fn new(len: usize, ranks: usize, segment_elems: Option<usize>, align: usize) -> Self {
         let chunk = len.div_ceil(ranks.max(1)) + align;
         let segments = segment_elems.map_or(1, |s| chunk.div_ceil(s.max(align)).max(1));
-        RingPlan {
-            len,
-            ranks,
-            segments,
-            align,
-        }
+        RingPlan { len, ranks, segments, align }
     }
 
     /// The largest chunk: the scratch each rank needs.
     pub fn max_chunk(&self) -> usize {
-        (0..self.ranks)
-            .map(|c| self.chunk(c).len())
-            .max()
-            .unwrap_or(0)
+        (0..self.ranks).map(|c| self.chunk(c).len()).max().unwrap_or(0)
     }
 
     fn chunk(&self, c: usize) -> Range<usize> {
@@ -89,10 +81,7 @@ impl RingPlan {
     fn segment(&self, c: usize, k: usize) -> Send {
         let chunk = self.chunk(c);
         let within = part_aligned(chunk.len(), self.segments, k, self.align);
-        Send {
-            range: chunk.start + within.start..chunk.start + within.end,
-            in_chunk: within.start,
-        }
+        Send { range: chunk.start + within.start..chunk.start + within.end, in_chunk: within.start }
     }
 
     /// Every phase, in the order they must be issued: reduce-scatter steps then all-gather steps,
@@ -108,20 +97,11 @@ impl RingPlan {
                 for segment in 0..self.segments {
                     let sends = (0..n)
                         .map(|r| {
-                            let (send, _) = if reduce {
-                                reduce_scatter_chunks(r, n, step)
-                            } else {
-                                all_gather_chunks(r, n, step)
-                            };
+                            let (send, _) = if reduce { reduce_scatter_chunks(r, n, step) } else { all_gather_chunks(r, n, step) };
                             self.segment(send, segment)
                         })
                         .collect();
-                    out.push(Phase {
-                        reduce,
-                        step,
-                        segment,
-                        sends,
-                    });
+                    out.push(Phase { reduce, step, segment, sends });
                 }
             }
         }
@@ -135,21 +115,13 @@ impl RingPlan {
         assert_eq!(bufs.len(), n, "one buffer per rank");
         for phase in self.phases() {
             // Every send of a phase reads the buffers as they were before the phase.
-            let moved: Vec<Option<Vec<f32>>> = (0..n)
-                .map(|r| phase.outgoing(r).map(|s| bufs[r][s.range.clone()].to_vec()))
-                .collect();
+            let moved: Vec<Option<Vec<f32>>> = (0..n).map(|r| phase.outgoing(r).map(|s| bufs[r][s.range.clone()].to_vec())).collect();
             for (r, buf) in bufs.iter_mut().enumerate() {
-                let Some(incoming) = phase.incoming(r) else {
-                    continue;
-                };
-                let data = moved[(r + n - 1) % n]
-                    .as_ref()
-                    .expect("an incoming segment was sent");
+                let Some(incoming) = phase.incoming(r) else { continue };
+                let data = moved[(r + n - 1) % n].as_ref().expect("an incoming segment was sent");
                 let dst = &mut buf[incoming.range.clone()];
                 if phase.reduce {
-                    dst.iter_mut()
-                        .zip(data)
-                        .for_each(|(a, b)| *a = round(*a + b));
+                    dst.iter_mut().zip(data).for_each(|(a, b)| *a = round(*a + b));
                 } else {
                     dst.copy_from_slice(data);
                 }
@@ -166,19 +138,9 @@ mod tests {
     fn the_plan_sums_any_length_on_any_ring_and_every_rank_agrees() {
         for n in 1..=5 {
             for len in [0, 1, 3, 4, 7, 64, 1001, 4099] {
-                for (segment, align) in [
-                    (None, 1),
-                    (None, 4),
-                    (Some(16), 4),
-                    (Some(3), 1),
-                    (Some(40), 8),
-                ] {
-                    let inputs: Vec<Vec<f32>> = (0..n)
-                        .map(|r| (0..len).map(|i| ((i * 31 + r * 7) % 13) as f32).collect())
-                        .collect();
-                    let expected: Vec<f32> = (0..len)
-                        .map(|i| inputs.iter().map(|v| v[i]).sum())
-                        .collect();
+                for (segment, align) in [(None, 1), (None, 4), (Some(16), 4), (Some(3), 1), (Some(40), 8)] {
+                    let inputs: Vec<Vec<f32>> = (0..n).map(|r| (0..len).map(|i| ((i * 31 + r * 7) % 13) as f32).collect()).collect();
+                    let expected: Vec<f32> = (0..len).map(|i| inputs.iter().map(|v| v[i]).sum()).collect();
                     let plan = RingPlan::new(len, n, segment, align);
                     let mut bufs = inputs.clone();
                     plan.simulate(&mut bufs, |x| x);
@@ -208,22 +170,14 @@ mod tests {
         for p in &phases {
             for s in &p.sends {
                 assert_eq!(s.range.start % 8, 0, "{s:?}");
-                assert!(
-                    s.range.len() <= 64 + 8 && s.in_chunk + s.range.len() <= plan.max_chunk(),
-                    "{s:?}"
-                );
+                assert!(s.range.len() <= 64 + 8 && s.in_chunk + s.range.len() <= plan.max_chunk(), "{s:?}");
             }
             // The ranks of a phase send distinct chunks.
-            let starts: std::collections::BTreeSet<_> =
-                p.sends.iter().map(|s| s.range.start - s.in_chunk).collect();
+            let starts: std::collections::BTreeSet<_> = p.sends.iter().map(|s| s.range.start - s.in_chunk).collect();
             assert_eq!(starts.len(), 3);
         }
         // Over one step, the segments of a rank tile its chunk exactly.
-        let covered: usize = phases
-            .iter()
-            .filter(|p| p.reduce && p.step == 0)
-            .map(|p| p.sends[0].range.len())
-            .sum();
+        let covered: usize = phases.iter().filter(|p| p.reduce && p.step == 0).map(|p| p.sends[0].range.len()).sum();
         assert_eq!(covered, part_aligned(1001, 3, 0, 8).len());
     }
 }

@@ -33,13 +33,8 @@ pub enum Algorithm {
 pub const DEFAULT_SEGMENT_BYTES: usize = 1 << 20;
 
 impl Algorithm {
-    pub const ALL: [Algorithm; 3] = [
-        Algorithm::Blocking,
-        Algorithm::SendRecv,
-        Algorithm::Pipelined {
-            segment_bytes: DEFAULT_SEGMENT_BYTES,
-        },
-    ];
+    pub const ALL: [Algorithm; 3] =
+        [Algorithm::Blocking, Algorithm::SendRecv, Algorithm::Pipelined { segment_bytes: DEFAULT_SEGMENT_BYTES }];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -74,13 +69,7 @@ pub fn part(len: usize, n: usize, i: usize) -> Range<usize> {
 /// [`part`] with every boundary but the last a multiple of `align`, so that each part starts on
 /// a vector boundary (the GPU ring's 16-byte loads).
 pub fn part_aligned(len: usize, n: usize, i: usize, align: usize) -> Range<usize> {
-    let at = |i: usize| {
-        if i == n {
-            len
-        } else {
-            (i as u128 * len as u128 / n as u128) as usize / align * align
-        }
-    };
+    let at = |i: usize| if i == n { len } else { (i as u128 * len as u128 / n as u128) as usize / align * align };
     at(i)..at(i + 1)
 }
 
@@ -116,9 +105,7 @@ impl<'t> Ring<'t> {
     pub fn new(t: &'t dyn Transport, len: usize, dtype: DType, alg: Algorithm) -> Result<Self> {
         let lens = all_gather_u64(t, len as u64)?;
         if lens.iter().any(|&l| l != len as u64) {
-            return Err(LabError::Invalid(format!(
-                "all-reduce lengths differ across ranks: {lens:?} (rank order)"
-            )));
+            return Err(LabError::Invalid(format!("all-reduce lengths differ across ranks: {lens:?} (rank order)")));
         }
         let code = (dtype as u64) | alg.code() << 4;
         let codes = all_gather_u64(t, code)?;
@@ -136,14 +123,7 @@ impl<'t> Ring<'t> {
             Algorithm::Pipelined { .. } => 2 * max_chunk.div_ceil(segments(alg, len, n)),
             _ => max_chunk,
         };
-        Ok(Ring {
-            t,
-            len,
-            dtype,
-            alg,
-            scratch: vec![0.0; scratch_len],
-            wide: Vec::new(),
-        })
+        Ok(Ring { t, len, dtype, alg, scratch: vec![0.0; scratch_len], wide: Vec::new() })
     }
 
     pub fn len(&self) -> usize {
@@ -211,9 +191,7 @@ impl<'t> Ring<'t> {
                 let (send, recv) = reduce_scatter_chunks(r, n, step);
                 let (send, recv) = (part(len, n, send), part(len, n, recv));
                 match self.alg {
-                    Algorithm::Pipelined { .. } => {
-                        self.pipelined_step(acc, send, recv, &mut scratch)?
-                    }
+                    Algorithm::Pipelined { .. } => self.pipelined_step(acc, send, recv, &mut scratch)?,
                     _ => {
                         let tmp = &mut scratch[..recv.len()];
                         self.exchange(bytes_of(&acc[send]), bytes_of_mut(tmp))?;
@@ -231,13 +209,7 @@ impl<'t> Ring<'t> {
     /// a helper thread. Two receive slots go back and forth between the threads, so a slot is
     /// refilled only once its sum is done. (Not rayon: a blocking receive inside its pool can
     /// starve the very ranks it waits for when several ranks share one process.)
-    fn pipelined_step(
-        &self,
-        acc: &mut [f32],
-        send: Range<usize>,
-        recv: Range<usize>,
-        scratch: &mut [f32],
-    ) -> Result<()> {
+    fn pipelined_step(&self, acc: &mut [f32], send: Range<usize>, recv: Range<usize>, scratch: &mut [f32]) -> Result<()> {
         let k = segments(self.alg, self.len, self.t.size());
         let (send_chunk, recv_chunk) = disjoint(acc, send, recv);
         if k == 1 {
@@ -251,10 +223,7 @@ impl<'t> Ring<'t> {
         let (a, b) = scratch.split_at_mut(half);
         let (full_tx, full_rx) = std::sync::mpsc::channel::<(usize, &mut [f32])>();
         let (free_tx, free_rx) = std::sync::mpsc::channel::<&mut [f32]>();
-        free_tx
-            .send(a)
-            .and_then(|_| free_tx.send(b))
-            .expect("fresh channel");
+        free_tx.send(a).and_then(|_| free_tx.send(b)).expect("fresh channel");
         std::thread::scope(|s| {
             s.spawn(move || {
                 for (i, slot) in full_rx {
@@ -268,13 +237,8 @@ impl<'t> Ring<'t> {
             for i in 0..k {
                 let slot = free_rx.recv().expect("the adder returns every slot");
                 let (out, q) = (part(send_chunk.len(), k, i), part(recv_len, k, i));
-                self.exchange(
-                    bytes_of(&send_chunk[out]),
-                    bytes_of_mut(&mut slot[..q.len()]),
-                )?;
-                full_tx
-                    .send((i, slot))
-                    .expect("the adder runs until the channel closes");
+                self.exchange(bytes_of(&send_chunk[out]), bytes_of_mut(&mut slot[..q.len()]))?;
+                full_tx.send((i, slot)).expect("the adder runs until the channel closes");
             }
             drop(full_tx);
             Ok(())
@@ -298,9 +262,7 @@ impl<'t> Ring<'t> {
 /// so every send has its matching receive.
 fn segments(alg: Algorithm, len: usize, n: usize) -> usize {
     match alg {
-        Algorithm::Pipelined { segment_bytes } => {
-            (len.div_ceil(n) * 4).div_ceil(segment_bytes.max(4)).max(1)
-        }
+        Algorithm::Pipelined { segment_bytes } => (len.div_ceil(n) * 4).div_ceil(segment_bytes.max(4)).max(1),
         _ => 1,
     }
 }
@@ -311,10 +273,7 @@ fn add(acc: &mut [f32], x: &[f32]) {
 
 /// A shared view of `a` and a mutable view of `b`, two disjoint ranges of one slice.
 fn disjoint<T>(v: &mut [T], a: Range<usize>, b: Range<usize>) -> (&[T], &mut [T]) {
-    assert!(
-        a.end <= b.start || b.end <= a.start,
-        "ranges overlap: {a:?} {b:?}"
-    );
+    assert!(a.end <= b.start || b.end <= a.start, "ranges overlap: {a:?} {b:?}");
     if a.end <= b.start {
         let (lo, hi) = v.split_at_mut(b.start);
         (&lo[a], &mut hi[..b.end - b.start])
@@ -346,21 +305,13 @@ fn narrow_into<T: Elem>(src: &[f32], dst: &mut [T]) {
 
 /// `v` as a slice of `U`, which `T::DTYPE` says it is.
 fn cast<T: 'static, U: 'static>(v: &[T]) -> &[U] {
-    assert_eq!(
-        std::any::TypeId::of::<T>(),
-        std::any::TypeId::of::<U>(),
-        "dtype and type disagree"
-    );
+    assert_eq!(std::any::TypeId::of::<T>(), std::any::TypeId::of::<U>(), "dtype and type disagree");
     // SAFETY: T and U are the same type.
     unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), v.len()) }
 }
 
 fn cast_mut<T: 'static, U: 'static>(v: &mut [T]) -> &mut [U] {
-    assert_eq!(
-        std::any::TypeId::of::<T>(),
-        std::any::TypeId::of::<U>(),
-        "dtype and type disagree"
-    );
+    assert_eq!(std::any::TypeId::of::<T>(), std::any::TypeId::of::<U>(), "dtype and type disagree");
     // SAFETY: T and U are the same type.
     unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast(), v.len()) }
 }
@@ -383,10 +334,7 @@ pub fn all_reduce<T: Elem + Wire>(t: &dyn Transport, data: &mut [T], alg: Algori
 pub fn reference_sum<T: Elem>(inputs: &[Vec<T>]) -> Vec<f64> {
     use rayon::prelude::*;
     let len = inputs.first().map_or(0, Vec::len);
-    (0..len)
-        .into_par_iter()
-        .map(|i| inputs.iter().map(|v| v[i].to_f64()).sum())
-        .collect()
+    (0..len).into_par_iter().map(|i| inputs.iter().map(|v| v[i].to_f64()).sum()).collect()
 }
 
 #[cfg(test)]
@@ -399,18 +347,11 @@ mod tests {
 
     /// Deterministic, rank-dependent values of both signs (no zeros).
     fn input<T: Elem>(rank: usize, len: usize) -> Vec<T> {
-        (0..len)
-            .map(|i| T::from_f32(((i * 7919 + rank * 104729) % 1000) as f32 / 250.0 - 1.9987))
-            .collect()
+        (0..len).map(|i| T::from_f32(((i * 7919 + rank * 104729) % 1000) as f32 / 250.0 - 1.9987)).collect()
     }
 
     /// Every rank's result equals the f64 sum within `rtol` and all ranks agree bit for bit.
-    fn check<T: Elem + Wire + PartialEq + std::fmt::Debug>(
-        n: usize,
-        len: usize,
-        alg: Algorithm,
-        tol: Tolerance,
-    ) {
+    fn check<T: Elem + Wire + PartialEq + std::fmt::Debug>(n: usize, len: usize, alg: Algorithm, tol: Tolerance) {
         let inputs: Vec<Vec<T>> = (0..n).map(|r| input(r, len)).collect();
         let expected = reference_sum(&inputs);
         let out = run_threads(n, |t| {
@@ -421,31 +362,18 @@ mod tests {
         .unwrap();
         for (r, v) in out.iter().enumerate() {
             let e = compare_elems(v, &expected, tol, "f64");
-            assert!(
-                e.passed(),
-                "{} n={n} len={len} {} rank {r}: {e:?}",
-                alg.name(),
-                T::DTYPE.name()
-            );
+            assert!(e.passed(), "{} n={n} len={len} {} rank {r}: {e:?}", alg.name(), T::DTYPE.name());
             assert_eq!(v, &out[0], "ranks disagree");
         }
     }
 
     #[test]
     fn every_algorithm_sums_any_length_on_any_world_size() {
-        let tol = Tolerance {
-            atol: 1e-5,
-            rtol: 1e-5,
-        };
+        let tol = Tolerance { atol: 1e-5, rtol: 1e-5 };
         let small = Algorithm::Pipelined { segment_bytes: 12 };
         for n in 1..=5 {
             for len in [0, 1, 2, 3, 4, 5, 7, 64, 1001, 4099] {
-                for alg in [
-                    Algorithm::Blocking,
-                    Algorithm::SendRecv,
-                    Algorithm::ALL[2],
-                    small,
-                ] {
+                for alg in [Algorithm::Blocking, Algorithm::SendRecv, Algorithm::ALL[2], small] {
                     check::<f32>(n, len, alg, tol);
                 }
             }
@@ -459,24 +387,8 @@ mod tests {
         for n in [2, 3, 4] {
             for len in [0, 1, 3, 1001] {
                 for alg in Algorithm::ALL {
-                    check::<f16>(
-                        n,
-                        len,
-                        alg,
-                        Tolerance {
-                            atol: 1e-6,
-                            rtol: 4.9e-4,
-                        },
-                    );
-                    check::<bf16>(
-                        n,
-                        len,
-                        alg,
-                        Tolerance {
-                            atol: 1e-6,
-                            rtol: 3.9e-3,
-                        },
-                    );
+                    check::<f16>(n, len, alg, Tolerance { atol: 1e-6, rtol: 4.9e-4 });
+                    check::<bf16>(n, len, alg, Tolerance { atol: 1e-6, rtol: 3.9e-3 });
                 }
             }
         }
@@ -494,11 +406,7 @@ mod tests {
                 Ok((a, b))
             })
             .unwrap();
-            assert!(
-                out.iter().all(|(a, b)| a == b && a == &out[0].0),
-                "{}",
-                alg.name()
-            );
+            assert!(out.iter().all(|(a, b)| a == b && a == &out[0].0), "{}", alg.name());
         }
     }
 
@@ -506,34 +414,18 @@ mod tests {
     fn mismatched_lengths_fail_on_every_rank_instead_of_hanging() {
         let out = run_threads(3, |t| {
             let mut v = vec![1.0f32; if t.rank() == 1 { 10 } else { 11 }];
-            Ok(all_reduce(t, &mut v, Algorithm::SendRecv)
-                .unwrap_err()
-                .to_string())
+            Ok(all_reduce(t, &mut v, Algorithm::SendRecv).unwrap_err().to_string())
         })
         .unwrap();
         for e in &out {
-            assert!(
-                e.contains("lengths differ across ranks: [11, 10, 11]"),
-                "{e}"
-            );
+            assert!(e.contains("lengths differ across ranks: [11, 10, 11]"), "{e}");
         }
         let out = run_threads(2, |t| {
-            let alg = if t.rank() == 0 {
-                Algorithm::Blocking
-            } else {
-                Algorithm::SendRecv
-            };
-            Ok(Ring::new(t, 4, DType::F32, alg)
-                .err()
-                .map(|e| e.to_string()))
+            let alg = if t.rank() == 0 { Algorithm::Blocking } else { Algorithm::SendRecv };
+            Ok(Ring::new(t, 4, DType::F32, alg).err().map(|e| e.to_string()))
         })
         .unwrap();
-        assert!(
-            out.iter().all(|e| e
-                .as_deref()
-                .is_some_and(|e| e.contains("differs across ranks"))),
-            "{out:?}"
-        );
+        assert!(out.iter().all(|e| e.as_deref().is_some_and(|e| e.contains("differs across ranks"))), "{out:?}");
     }
 
     #[test]
@@ -542,20 +434,13 @@ mod tests {
             let parts: Vec<_> = (0..n).map(|i| part(len, n, i)).collect();
             assert_eq!(parts[0].start, 0);
             assert_eq!(parts[n - 1].end, len);
-            assert!(parts
-                .windows(2)
-                .all(|w| w[0].end == w[1].start && w[1].len().abs_diff(w[0].len()) <= 1));
+            assert!(parts.windows(2).all(|w| w[0].end == w[1].start && w[1].len().abs_diff(w[0].len()) <= 1));
         }
         for (len, n, align) in [(0, 2, 4), (3, 2, 4), (1001, 3, 8), (1 << 20, 7, 4)] {
             let parts: Vec<_> = (0..n).map(|i| part_aligned(len, n, i, align)).collect();
             assert_eq!((parts[0].start, parts[n - 1].end), (0, len));
-            assert!(parts
-                .windows(2)
-                .all(|w| w[0].end == w[1].start && w[1].start % align == 0));
-            assert!(
-                parts.iter().all(|p| p.len() <= len.div_ceil(n) + align),
-                "{parts:?}"
-            );
+            assert!(parts.windows(2).all(|w| w[0].end == w[1].start && w[1].start % align == 0));
+            assert!(parts.iter().all(|p| p.len() <= len.div_ceil(n) + align), "{parts:?}");
         }
     }
 }

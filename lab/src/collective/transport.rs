@@ -47,10 +47,7 @@ pub fn bytes_of_mut<T: Wire>(v: &mut [T]) -> &mut [u8] {
 
 fn bad_rank(t: &dyn Transport, r: usize) -> Result<()> {
     if r >= t.size() {
-        return Err(LabError::Invalid(format!(
-            "rank {r} is outside a world of {} ranks",
-            t.size()
-        )));
+        return Err(LabError::Invalid(format!("rank {r} is outside a world of {} ranks", t.size())));
     }
     Ok(())
 }
@@ -69,10 +66,8 @@ impl Threads {
     pub fn world(n: usize) -> Vec<Threads> {
         assert!(n > 0, "a world has at least one rank");
         // chan[i][j] carries messages from i to j.
-        let mut senders: Vec<Vec<Sender<Vec<u8>>>> =
-            (0..n).map(|_| Vec::with_capacity(n)).collect();
-        let mut receivers: Vec<Vec<Mutex<Receiver<Vec<u8>>>>> =
-            (0..n).map(|_| Vec::with_capacity(n)).collect();
+        let mut senders: Vec<Vec<Sender<Vec<u8>>>> = (0..n).map(|_| Vec::with_capacity(n)).collect();
+        let mut receivers: Vec<Vec<Mutex<Receiver<Vec<u8>>>>> = (0..n).map(|_| Vec::with_capacity(n)).collect();
         for outbox in senders.iter_mut() {
             for inbox in receivers.iter_mut() {
                 let (tx, rx) = channel();
@@ -85,13 +80,7 @@ impl Threads {
             .into_iter()
             .zip(receivers)
             .enumerate()
-            .map(|(rank, (to, from))| Threads {
-                rank,
-                size: n,
-                to,
-                from,
-                barrier: barrier.clone(),
-            })
+            .map(|(rank, (to, from))| Threads { rank, size: n, to, from, barrier: barrier.clone() })
             .collect()
     }
 }
@@ -105,9 +94,7 @@ impl Transport for Threads {
     }
     fn send(&self, to: usize, data: &[u8]) -> Result<()> {
         bad_rank(self, to)?;
-        self.to[to]
-            .send(data.to_vec())
-            .map_err(|_| LabError::Invalid(format!("rank {to} has left the world")))
+        self.to[to].send(data.to_vec()).map_err(|_| LabError::Invalid(format!("rank {to} has left the world")))
     }
     fn recv(&self, from: usize, buf: &mut [u8]) -> Result<()> {
         bad_rank(self, from)?;
@@ -148,10 +135,7 @@ pub fn run_threads<R: Send>(n: usize, f: impl Fn(&Threads) -> Result<R> + Sync) 
     let f = &f;
     std::thread::scope(|s| {
         let handles: Vec<_> = world.into_iter().map(|t| s.spawn(move || f(&t))).collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("a rank panicked"))
-            .collect()
+        handles.into_iter().map(|h| h.join().expect("a rank panicked")).collect()
     })
 }
 
@@ -164,12 +148,7 @@ pub fn all_gather_u64(t: &dyn Transport, value: u64) -> Result<Vec<u64>> {
         let send = (r + n - step) % n;
         let recv = (r + n - step - 1) % n;
         let mut got = [0u64];
-        t.sendrecv(
-            bytes_of(&all[send..send + 1]),
-            (r + 1) % n,
-            bytes_of_mut(&mut got),
-            (r + n - 1) % n,
-        )?;
+        t.sendrecv(bytes_of(&all[send..send + 1]), (r + 1) % n, bytes_of_mut(&mut got), (r + n - 1) % n)?;
         all[recv] = got[0];
     }
     Ok(all)
@@ -204,10 +183,7 @@ mod tests {
         for (r, (a, b, err)) in out.iter().enumerate() {
             let prev = ((r + 2) % 3) as u8;
             assert_eq!((*a, *b), ([prev, 1], [prev, 2]));
-            assert!(
-                err.contains("expected 1 bytes") && err.contains("got 2"),
-                "{err}"
-            );
+            assert!(err.contains("expected 1 bytes") && err.contains("got 2"), "{err}");
         }
     }
 

@@ -73,16 +73,7 @@ impl Config {
     /// Raw byte blocks of `sample_bytes`, in batches of `batch_samples`; ring 4, prefetch 2,
     /// O_DIRECT at queue depth 32 (else 4 read threads), file order.
     pub fn bytes(sample_bytes: usize, batch_samples: usize) -> Config {
-        Config {
-            sample_bytes,
-            batch_samples,
-            ring: 4,
-            prefetch: 2,
-            shuffle: None,
-            read: ReadMode::Direct,
-            queue_depth: 32,
-            threads: 4,
-        }
+        Config { sample_bytes, batch_samples, ring: 4, prefetch: 2, shuffle: None, read: ReadMode::Direct, queue_depth: 32, threads: 4 }
     }
 
     /// Windows of `tokens` tokens of `token_bytes` each (2 for u16 ids, 4 for u32).
@@ -97,13 +88,7 @@ impl Config {
             c if c.batch_samples == 0 => bad("batch_samples must be at least 1"),
             c if c.ring == 0 => bad("the ring needs at least one host buffer"),
             c if c.prefetch == 0 => bad("prefetch must be at least 1 (one batch copied ahead)"),
-            c if c
-                .sample_bytes
-                .checked_mul(c.batch_samples)
-                .is_none_or(|b| b > u32::MAX as usize) =>
-            {
-                bad("a batch must fit in 4 GiB")
-            }
+            c if c.sample_bytes.checked_mul(c.batch_samples).is_none_or(|b| b > u32::MAX as usize) => bad("a batch must fit in 4 GiB"),
             _ => Ok(()),
         }
     }
@@ -113,9 +98,7 @@ impl Config {
 pub fn epoch_order(samples: u64, shuffle: Option<u64>, epoch: u64) -> Vec<u64> {
     let mut order: Vec<u64> = (0..samples).collect();
     if let Some(seed) = shuffle {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(
-            seed ^ epoch.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15),
-        );
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ epoch.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
         order.shuffle(&mut rng);
     }
     order
@@ -131,13 +114,7 @@ fn plan_reads(samples: &[u64], sample_bytes: usize) -> Vec<(u64, usize, usize)> 
     for (k, &i) in samples.iter().enumerate() {
         let (offset, at) = (i * sample_bytes as u64, k * sample_bytes);
         match reads.last_mut() {
-            Some(r)
-                if r.0 + r.2 as u64 == offset
-                    && r.1 + r.2 == at
-                    && r.2 + sample_bytes <= MAX_MERGED_READ =>
-            {
-                r.2 += sample_bytes
-            }
+            Some(r) if r.0 + r.2 as u64 == offset && r.1 + r.2 == at && r.2 + sample_bytes <= MAX_MERGED_READ => r.2 += sample_bytes,
             _ => reads.push((offset, at, sample_bytes)),
         }
     }
@@ -159,23 +136,10 @@ impl Loader {
     /// Opens `path` for `backend` (device buffers on CUDA, host buffers on the CPU).
     pub fn open(path: &Path, cfg: Config, backend: &Backend) -> Result<Loader> {
         cfg.validate()?;
-        let source = Source::open(
-            path,
-            cfg.read,
-            cfg.sample_bytes,
-            cfg.queue_depth,
-            cfg.threads,
-        )?;
+        let source = Source::open(path, cfg.read, cfg.sample_bytes, cfg.queue_depth, cfg.threads)?;
         let samples = source.len() / cfg.sample_bytes as u64;
         if samples == 0 {
-            return Err(LabError::io(
-                path,
-                format!(
-                    "holds {} bytes: not one sample of {} bytes",
-                    source.len(),
-                    cfg.sample_bytes
-                ),
-            ));
+            return Err(LabError::io(path, format!("holds {} bytes: not one sample of {} bytes", source.len(), cfg.sample_bytes)));
         }
         let batch_bytes = cfg.sample_bytes * cfg.batch_samples;
         // One device buffer being consumed, `prefetch` being filled.
@@ -183,15 +147,7 @@ impl Loader {
             Backend::Cpu => Sink::cpu(cfg.ring, cfg.prefetch + 1, batch_bytes),
             Backend::Cuda(gpu) => Sink::cuda(gpu, cfg.ring, cfg.prefetch + 1, batch_bytes)?,
         };
-        Ok(Loader {
-            path: path.into(),
-            read_path: source.read_path.clone(),
-            len: source.len(),
-            samples,
-            cfg,
-            source: Some(source),
-            sink,
-        })
+        Ok(Loader { path: path.into(), read_path: source.read_path.clone(), len: source.len(), samples, cfg, source: Some(source), sink })
     }
 
     pub fn config(&self) -> &Config {
@@ -240,18 +196,9 @@ impl Loader {
     /// resuming mid-epoch would.
     pub fn epoch_in(&mut self, order: Vec<u64>) -> Result<Epoch<'_>> {
         if let Some(&bad) = order.iter().find(|&&i| i >= self.samples) {
-            return Err(LabError::Invalid(format!(
-                "{}: sample {bad} is past the last of {} samples",
-                self.path.display(),
-                self.samples
-            )));
+            return Err(LabError::Invalid(format!("{}: sample {bad} is past the last of {} samples", self.path.display(), self.samples)));
         }
-        let source = self.source.take().ok_or_else(|| {
-            LabError::Invalid(format!(
-                "{}: the last epoch's reader thread panicked",
-                self.path.display()
-            ))
-        })?;
+        let source = self.source.take().ok_or_else(|| LabError::Invalid(format!("{}: the last epoch's reader thread panicked", self.path.display())))?;
         let (free_tx, free_rx) = mpsc::channel::<usize>();
         let (full_tx, full_rx) = mpsc::channel::<Result<(usize, usize)>>();
         (0..self.cfg.ring).for_each(|h| free_tx.send(h).expect("receiver alive"));
@@ -262,30 +209,9 @@ impl Loader {
         let pending: VecDeque<Vec<u64>> = batches.iter().cloned().collect();
         let reader = std::thread::Builder::new()
             .name("lab-data-reader".into())
-            .spawn(move || {
-                read_batches(
-                    source,
-                    &batches,
-                    sample_bytes,
-                    &slots,
-                    events.as_deref(),
-                    free_rx,
-                    full_tx,
-                )
-            })
+            .spawn(move || read_batches(source, &batches, sample_bytes, &slots, events.as_deref(), free_rx, full_tx))
             .map_err(|e| LabError::Invalid(format!("cannot start the reader thread: {e}")))?;
-        Ok(Epoch {
-            loader: self,
-            reader: Some(reader),
-            free_tx: Some(free_tx),
-            full_rx,
-            pending,
-            in_flight: VecDeque::new(),
-            last: None,
-            next_dev: 0,
-            delivered: 0,
-            failed: None,
-        })
+        Ok(Epoch { loader: self, reader: Some(reader), free_tx: Some(free_tx), full_rx, pending, in_flight: VecDeque::new(), last: None, next_dev: 0, delivered: 0, failed: None })
     }
 }
 
@@ -304,14 +230,11 @@ fn read_batches(
         let Ok(h) = free.recv() else { break };
         let filled = (|| -> Result<()> {
             if let Some(events) = events {
-                events[h].synchronize().map_err(|e| {
-                    LabError::Invalid(format!("waiting for a host buffer's copy: {e}"))
-                })?;
+                events[h].synchronize().map_err(|e| LabError::Invalid(format!("waiting for a host buffer's copy: {e}")))?;
             }
             // SAFETY: the slot is this thread's until it is sent back as full; its buffer lives
             // as long as the loader, which joins this thread before dropping it.
-            let buf =
-                unsafe { std::slice::from_raw_parts_mut(slots[h].ptr as *mut u8, slots[h].len) };
+            let buf = unsafe { std::slice::from_raw_parts_mut(slots[h].ptr as *mut u8, slots[h].len) };
             let mut rest = &mut buf[..samples.len() * sample_bytes];
             let mut reads = Vec::new();
             let mut at = 0;
@@ -368,29 +291,19 @@ impl Epoch<'_> {
             self.loader.sink.consumed(*d)?;
         }
         let devs = self.loader.cfg.prefetch + 1;
-        while self.in_flight.len() < self.loader.cfg.prefetch
-            && !self.pending.is_empty()
-            && self.failed.is_none()
-        {
+        while self.in_flight.len() < self.loader.cfg.prefetch && !self.pending.is_empty() && self.failed.is_none() {
             let (b, h) = match self.full_rx.recv() {
                 Ok(Ok(r)) => r,
                 Ok(Err(e)) => {
                     self.failed = Some(e);
                     break;
                 }
-                Err(_) => {
-                    return Err(LabError::Invalid(format!(
-                        "{}: the reader thread stopped without a reason",
-                        self.loader.path.display()
-                    )))
-                }
+                Err(_) => return Err(LabError::Invalid(format!("{}: the reader thread stopped without a reason", self.loader.path.display()))),
             };
             let samples = self.pending.pop_front().expect("pending is not empty");
             let d = self.next_dev;
             self.next_dev = (d + 1) % devs;
-            self.loader
-                .sink
-                .copy(h, d, samples.len() * self.loader.cfg.sample_bytes)?;
+            self.loader.sink.copy(h, d, samples.len() * self.loader.cfg.sample_bytes)?;
             // The reader waits for this copy before writing the slot again.
             let _ = self.free_tx.as_ref().expect("open until drop").send(h);
             self.in_flight.push_back((b, samples, d));
@@ -409,14 +322,7 @@ impl Epoch<'_> {
         self.delivered += 1;
         self.last = Some((d, samples));
         let (_, samples) = self.last.as_ref().expect("just set");
-        Ok(Some(Batch {
-            index: b,
-            samples,
-            data: self
-                .loader
-                .sink
-                .view(d, samples.len() * self.loader.cfg.sample_bytes),
-        }))
+        Ok(Some(Batch { index: b, samples, data: self.loader.sink.view(d, samples.len() * self.loader.cfg.sample_bytes) }))
     }
 
     /// Batches handed out so far.
@@ -457,51 +363,27 @@ impl Tally {
     /// The checksum of every whole sample of `path`, read through the page cache.
     pub fn of_file(path: &Path, sample_bytes: usize) -> Result<Tally> {
         use std::io::Read;
-        let file = std::fs::File::open(path)
-            .map_err(|e| LabError::io(path, format!("cannot open: {e}")))?;
-        let samples =
-            file.metadata().map_err(|e| LabError::io(path, e))?.len() / sample_bytes as u64;
+        let file = std::fs::File::open(path).map_err(|e| LabError::io(path, format!("cannot open: {e}")))?;
+        let samples = file.metadata().map_err(|e| LabError::io(path, e))?.len() / sample_bytes as u64;
         let mut reader = std::io::BufReader::with_capacity(8 << 20, file);
         let mut buf = vec![0u8; sample_bytes];
         let mut expected = Vec::with_capacity(samples as usize);
         for i in 0..samples {
-            reader.read_exact(&mut buf).map_err(|e| {
-                LabError::io(
-                    path,
-                    format!(
-                        "reading sample {i} at offset {}: {e}",
-                        i * sample_bytes as u64
-                    ),
-                )
-            })?;
+            reader.read_exact(&mut buf).map_err(|e| LabError::io(path, format!("reading sample {i} at offset {}: {e}", i * sample_bytes as u64)))?;
             expected.push(checksum(&buf));
         }
-        Ok(Tally {
-            path: path.into(),
-            sample_bytes,
-            seen: vec![0; expected.len()],
-            wrong: vec![false; expected.len()],
-            expected,
-        })
+        Ok(Tally { path: path.into(), sample_bytes, seen: vec![0; expected.len()], wrong: vec![false; expected.len()], expected })
     }
 
     /// Counts a delivered batch: `data` holds `samples.len()` samples in order.
     pub fn add(&mut self, samples: &[u64], data: &[u8]) -> Result<()> {
         if data.len() != samples.len() * self.sample_bytes {
-            return Err(LabError::Invalid(format!(
-                "a batch of {} samples holds {} bytes, not {}",
-                samples.len(),
-                data.len(),
-                samples.len() * self.sample_bytes
-            )));
+            return Err(LabError::Invalid(format!("a batch of {} samples holds {} bytes, not {}", samples.len(), data.len(), samples.len() * self.sample_bytes)));
         }
         for (&i, bytes) in samples.iter().zip(data.chunks_exact(self.sample_bytes)) {
             let i = i as usize;
             if i >= self.expected.len() {
-                return Err(LabError::Invalid(format!(
-                    "sample {i} delivered: the file has {}",
-                    self.expected.len()
-                )));
+                return Err(LabError::Invalid(format!("sample {i} delivered: the file has {}", self.expected.len())));
             }
             self.seen[i] += 1;
             self.wrong[i] |= checksum(bytes) != self.expected[i];
@@ -512,40 +394,18 @@ impl Tally {
     /// Samples delivered exactly once with the file's bytes, over all samples: 1 for a clean
     /// epoch. Mismatches count the samples wrong, missing or repeated; the worst index is the first.
     pub fn stats(&self) -> ErrorStats {
-        let got: Vec<u32> = self
-            .seen
-            .iter()
-            .zip(&self.wrong)
-            .map(|(&n, &w)| u32::from(n == 1 && !w))
-            .collect();
-        crate::ops::compare::compare_bits(
-            &got,
-            &vec![1; got.len()],
-            "xxh3 of each sample of the file, delivered once",
-        )
+        let got: Vec<u32> = self.seen.iter().zip(&self.wrong).map(|(&n, &w)| u32::from(n == 1 && !w)).collect();
+        crate::ops::compare::compare_bits(&got, &vec![1; got.len()], "xxh3 of each sample of the file, delivered once")
     }
 
     /// The first problem, named: a sample with the wrong bytes, one delivered twice, one missing.
     pub fn check(&self) -> Result<()> {
-        let at = |i: usize| {
-            format!(
-                "{}: sample {i} (offset {})",
-                self.path.display(),
-                i * self.sample_bytes
-            )
-        };
+        let at = |i: usize| format!("{}: sample {i} (offset {})", self.path.display(), i * self.sample_bytes);
         if let Some(i) = self.wrong.iter().position(|&w| w) {
-            return Err(LabError::Invalid(format!(
-                "{} was delivered with bytes that differ from the file",
-                at(i)
-            )));
+            return Err(LabError::Invalid(format!("{} was delivered with bytes that differ from the file", at(i))));
         }
         if let Some(i) = self.seen.iter().position(|&n| n > 1) {
-            return Err(LabError::Invalid(format!(
-                "{} was delivered {} times in one epoch",
-                at(i),
-                self.seen[i]
-            )));
+            return Err(LabError::Invalid(format!("{} was delivered {} times in one epoch", at(i), self.seen[i])));
         }
         if let Some(i) = self.seen.iter().position(|&n| n == 0) {
             return Err(LabError::Invalid(format!("{} was never delivered", at(i))));

@@ -67,11 +67,8 @@ pub struct Source {
 
 /// Opens `path` for reading, naming it in any error; it must be a regular file.
 fn open_plain(path: &Path) -> Result<(File, u64)> {
-    let file = File::open(path)
-        .map_err(|e| LabError::io(path, format!("cannot open for reading: {e}")))?;
-    let meta = file
-        .metadata()
-        .map_err(|e| LabError::io(path, format!("cannot stat: {e}")))?;
+    let file = File::open(path).map_err(|e| LabError::io(path, format!("cannot open for reading: {e}")))?;
+    let meta = file.metadata().map_err(|e| LabError::io(path, format!("cannot stat: {e}")))?;
     if !meta.is_file() {
         return Err(LabError::io(path, "not a regular file"));
     }
@@ -80,11 +77,7 @@ fn open_plain(path: &Path) -> Result<(File, u64)> {
 
 /// An O_DIRECT descriptor, or why there cannot be one.
 fn open_direct(path: &Path) -> std::result::Result<File, String> {
-    std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(path)
-        .map_err(|e| format!("the file system refuses O_DIRECT ({e})"))
+    std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path).map_err(|e| format!("the file system refuses O_DIRECT ({e})"))
 }
 
 /// A pool of `n` read threads (None for one: the reader's own thread).
@@ -106,100 +99,35 @@ impl Source {
     /// buffered reads when the sample size is not a multiple of [`DIRECT_ALIGN`] or the file
     /// system refuses it, and to O_DIRECT preads from `queue_depth` threads where io_uring is
     /// refused (containers often block it); `read_path` says which and why.
-    pub fn open(
-        path: &Path,
-        mode: ReadMode,
-        sample_bytes: usize,
-        queue_depth: usize,
-        threads: usize,
-    ) -> Result<Source> {
+    pub fn open(path: &Path, mode: ReadMode, sample_bytes: usize, queue_depth: usize, threads: usize) -> Result<Source> {
         Self::open_with(path, mode, sample_bytes, queue_depth, threads, true)
     }
 
     /// [`Source::open`], with io_uring allowed or not (the tests take the pread path).
-    pub(super) fn open_with(
-        path: &Path,
-        mode: ReadMode,
-        sample_bytes: usize,
-        queue_depth: usize,
-        threads: usize,
-        uring: bool,
-    ) -> Result<Source> {
+    pub(super) fn open_with(path: &Path, mode: ReadMode, sample_bytes: usize, queue_depth: usize, threads: usize, uring: bool) -> Result<Source> {
         let (file, len) = open_plain(path)?;
         let queue_depth = queue_depth.max(1);
-        let source = |file, kind, pool, mode: &'static str, fallback| Source {
-            path: path.into(),
-            file,
-            len,
-            kind,
-            queue_depth,
-            pool,
-            read_path: ReadPath { mode, fallback },
-        };
+        let source = |file, kind, pool, mode: &'static str, fallback| Source { path: path.into(), file, len, kind, queue_depth, pool, read_path: ReadPath { mode, fallback } };
         match mode {
-            ReadMode::Buffered => Ok(source(
-                file,
-                Kind::Buffered,
-                read_pool(threads)?,
-                "buffered",
-                None,
-            )),
+            ReadMode::Buffered => Ok(source(file, Kind::Buffered, read_pool(threads)?, "buffered", None)),
             ReadMode::Mmap => {
                 // SAFETY: a shrinking file would fault the map: every read checks the length first.
-                let map = unsafe { memmap2::Mmap::map(&file) }
-                    .map_err(|e| LabError::io(path, format!("cannot map: {e}")))?;
-                Ok(source(
-                    file,
-                    Kind::Mmap(map),
-                    read_pool(threads)?,
-                    "mmap",
-                    None,
-                ))
+                let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| LabError::io(path, format!("cannot map: {e}")))?;
+                Ok(source(file, Kind::Mmap(map), read_pool(threads)?, "mmap", None))
             }
             ReadMode::Direct if !sample_bytes.is_multiple_of(DIRECT_ALIGN) => {
-                let why = format!(
-                    "O_DIRECT needs samples in multiples of {DIRECT_ALIGN} B, not {sample_bytes} B"
-                );
-                Ok(source(
-                    file,
-                    Kind::Buffered,
-                    read_pool(threads)?,
-                    "buffered",
-                    Some(why),
-                ))
+                let why = format!("O_DIRECT needs samples in multiples of {DIRECT_ALIGN} B, not {sample_bytes} B");
+                Ok(source(file, Kind::Buffered, read_pool(threads)?, "buffered", Some(why)))
             }
             ReadMode::Direct => match open_direct(path) {
-                Err(why) => Ok(source(
-                    file,
-                    Kind::Buffered,
-                    read_pool(threads)?,
-                    "buffered",
-                    Some(why),
-                )),
+                Err(why) => Ok(source(file, Kind::Buffered, read_pool(threads)?, "buffered", Some(why))),
                 Ok(direct) => {
-                    let ring = if uring {
-                        IoUring::new(queue_depth.next_power_of_two() as u32)
-                            .map_err(|e| e.to_string())
-                    } else {
-                        Err("not asked for".into())
-                    };
+                    let ring = if uring { IoUring::new(queue_depth.next_power_of_two() as u32).map_err(|e| e.to_string()) } else { Err("not asked for".into()) };
                     match ring {
-                        Ok(ring) => Ok(source(
-                            direct,
-                            Kind::Direct(Box::new(ring)),
-                            None,
-                            "direct",
-                            None,
-                        )),
+                        Ok(ring) => Ok(source(direct, Kind::Direct(Box::new(ring)), None, "direct", None)),
                         Err(e) => {
                             let why = format!("io_uring is not available ({e}): O_DIRECT preads from {queue_depth} threads");
-                            Ok(source(
-                                direct,
-                                Kind::Buffered,
-                                read_pool(queue_depth)?,
-                                "direct",
-                                Some(why),
-                            ))
+                            Ok(source(direct, Kind::Buffered, read_pool(queue_depth)?, "direct", Some(why)))
                         }
                     }
                 }
@@ -221,11 +149,7 @@ impl Source {
     }
 
     fn short(&self, offset: u64, got: usize, want: usize) -> LabError {
-        let now = self
-            .file
-            .metadata()
-            .map(|m| m.len().to_string())
-            .unwrap_or_else(|_| "unknown".into());
+        let now = self.file.metadata().map(|m| m.len().to_string()).unwrap_or_else(|_| "unknown".into());
         LabError::io(&self.path, format!("short read: the file ends at offset {} inside the {want}-byte read at offset {offset} (it was {} bytes when opened, {now} now)", offset + got as u64, self.len))
     }
 
@@ -237,11 +161,7 @@ impl Source {
             return self.read_direct(reads);
         }
         // A page past the end of a shrunk file is SIGBUS, not an error: look first.
-        let now = self
-            .file
-            .metadata()
-            .map_err(|e| LabError::io(&self.path, format!("cannot stat: {e}")))?
-            .len();
+        let now = self.file.metadata().map_err(|e| LabError::io(&self.path, format!("cannot stat: {e}")))?.len();
         let this = &*self;
         let one = |(offset, buf): &mut (u64, &mut [u8])| -> Result<()> {
             match &this.kind {
@@ -258,9 +178,7 @@ impl Source {
             }
         };
         match &self.pool {
-            Some(pool) if reads.len() > 1 => {
-                pool.install(|| reads.par_iter_mut().try_for_each(one))
-            }
+            Some(pool) if reads.len() > 1 => pool.install(|| reads.par_iter_mut().try_for_each(one)),
             _ => reads.iter_mut().try_for_each(one),
         }
     }
@@ -272,12 +190,7 @@ impl Source {
                 Ok(0) => return Err(self.short(offset, done, buf.len())),
                 Ok(n) => done += n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    return Err(LabError::io(
-                        &self.path,
-                        format!("read failed at offset {}: {e}", offset + done as u64),
-                    ))
-                }
+                Err(e) => return Err(LabError::io(&self.path, format!("read failed at offset {}: {e}", offset + done as u64))),
             }
         }
         Ok(())
@@ -285,9 +198,7 @@ impl Source {
 
     /// Keeps up to `queue_depth` reads in flight until every buffer is full.
     fn read_direct(&mut self, reads: &mut [(u64, &mut [u8])]) -> Result<()> {
-        let Kind::Direct(ring) = &mut self.kind else {
-            unreachable!("read_direct on a direct source")
-        };
+        let Kind::Direct(ring) = &mut self.kind else { unreachable!("read_direct on a direct source") };
         let fd = types::Fd(self.file.as_raw_fd());
         // The first failure, as (offset, bytes read or the OS error, bytes wanted); reads in
         // flight finish first.
@@ -296,10 +207,7 @@ impl Source {
         while next < reads.len() || in_flight > 0 {
             while next < reads.len() && in_flight < self.queue_depth && failure.is_none() {
                 let (offset, buf) = &mut reads[next];
-                let entry = opcode::Read::new(fd, buf.as_mut_ptr(), buf.len() as u32)
-                    .offset(*offset)
-                    .build()
-                    .user_data(next as u64);
+                let entry = opcode::Read::new(fd, buf.as_mut_ptr(), buf.len() as u32).offset(*offset).build().user_data(next as u64);
                 // SAFETY: the buffer outlives the read: this function waits for every completion.
                 if unsafe { ring.submission().push(&entry) }.is_err() {
                     break;
@@ -309,18 +217,13 @@ impl Source {
             if in_flight == 0 {
                 break;
             }
-            ring.submit_and_wait(1)
-                .map_err(|e| LabError::io(&self.path, format!("io_uring submit failed: {e}")))?;
+            ring.submit_and_wait(1).map_err(|e| LabError::io(&self.path, format!("io_uring submit failed: {e}")))?;
             for cqe in ring.completion() {
                 in_flight -= 1;
                 let i = cqe.user_data() as usize;
                 let (offset, want, n) = (reads[i].0, reads[i].1.len(), cqe.result());
                 if n < 0 {
-                    failure.get_or_insert((
-                        offset,
-                        Err(std::io::Error::from_raw_os_error(-n)),
-                        want,
-                    ));
+                    failure.get_or_insert((offset, Err(std::io::Error::from_raw_os_error(-n)), want));
                 } else if (n as usize) < want {
                     failure.get_or_insert((offset, Ok(n as usize), want));
                 }
@@ -329,10 +232,7 @@ impl Source {
         match failure {
             None => Ok(()),
             Some((offset, Ok(got), want)) => Err(self.short(offset, got, want)),
-            Some((offset, Err(e), _)) => Err(LabError::io(
-                &self.path,
-                format!("read failed at offset {offset}: {e}"),
-            )),
+            Some((offset, Err(e), _)) => Err(LabError::io(&self.path, format!("read failed at offset {offset}: {e}"))),
         }
     }
 }
@@ -343,11 +243,7 @@ impl Source {
 /// per core (glibc streams only copies of several MiB; samples are smaller): see
 /// reports/notes/h100-loader.md and examples/page_cache_copy.rs.
 pub fn stream_copy(dst: &mut [u8], src: &[u8]) {
-    assert_eq!(
-        dst.len(),
-        src.len(),
-        "stream_copy between slices of different lengths"
-    );
+    assert_eq!(dst.len(), src.len(), "stream_copy between slices of different lengths");
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2.
@@ -369,16 +265,8 @@ unsafe fn stream_copy_avx2(dst: &mut [u8], src: &[u8]) {
     for i in (head..head + body).step_by(128) {
         // SAFETY: i + 128 <= head + body <= len for both slices; dst + i is 32-byte aligned.
         unsafe {
-            let (s, d) = (
-                src.as_ptr().add(i) as *const __m256i,
-                dst.as_mut_ptr().add(i) as *mut __m256i,
-            );
-            let v = [
-                _mm256_loadu_si256(s),
-                _mm256_loadu_si256(s.add(1)),
-                _mm256_loadu_si256(s.add(2)),
-                _mm256_loadu_si256(s.add(3)),
-            ];
+            let (s, d) = (src.as_ptr().add(i) as *const __m256i, dst.as_mut_ptr().add(i) as *mut __m256i);
+            let v = [_mm256_loadu_si256(s), _mm256_loadu_si256(s.add(1)), _mm256_loadu_si256(s.add(2)), _mm256_loadu_si256(s.add(3))];
             for (k, v) in v.into_iter().enumerate() {
                 _mm256_stream_si256(d.add(k), v);
             }
@@ -400,17 +288,12 @@ unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
     fn layout(len: usize) -> std::alloc::Layout {
-        std::alloc::Layout::from_size_align(len.max(1), DIRECT_ALIGN)
-            .expect("buffer size fits a layout")
+        std::alloc::Layout::from_size_align(len.max(1), DIRECT_ALIGN).expect("buffer size fits a layout")
     }
     pub fn zeroed(len: usize) -> Self {
         // SAFETY: the layout is non-zero sized.
         let ptr = unsafe { std::alloc::alloc_zeroed(Self::layout(len)) };
-        AlignedBuf {
-            ptr: std::ptr::NonNull::new(ptr)
-                .unwrap_or_else(|| std::alloc::handle_alloc_error(Self::layout(len))),
-            len,
-        }
+        AlignedBuf { ptr: std::ptr::NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(Self::layout(len))), len }
     }
     pub fn as_mut_ptr(&mut self) -> *mut u8 {
         self.ptr.as_ptr()
@@ -442,24 +325,12 @@ impl Drop for AlignedBuf {
 /// Reads `bytes` from the start of `path` (rounded down to whole blocks) in `block`-sized reads,
 /// `depth` in flight, with `mode`; returns the bytes read and how the file was read. The read
 /// ceiling's one pass.
-pub fn read_through(
-    path: &Path,
-    mode: ReadMode,
-    block: usize,
-    depth: usize,
-    bytes: u64,
-) -> Result<(u64, ReadPath)> {
+pub fn read_through(path: &Path, mode: ReadMode, block: usize, depth: usize, bytes: u64) -> Result<(u64, ReadPath)> {
     let mut src = Source::open(path, mode, block, depth, depth)?;
     let blocks = (bytes.min(src.len()) / block as u64) as usize;
-    let mut bufs: Vec<AlignedBuf> = (0..depth.max(1))
-        .map(|_| AlignedBuf::zeroed(block))
-        .collect();
+    let mut bufs: Vec<AlignedBuf> = (0..depth.max(1)).map(|_| AlignedBuf::zeroed(block)).collect();
     for first in (0..blocks).step_by(bufs.len()) {
-        let mut reads: Vec<(u64, &mut [u8])> = bufs
-            .iter_mut()
-            .zip(first..blocks)
-            .map(|(b, i)| ((i * block) as u64, &mut b[..]))
-            .collect();
+        let mut reads: Vec<(u64, &mut [u8])> = bufs.iter_mut().zip(first..blocks).map(|(b, i)| ((i * block) as u64, &mut b[..])).collect();
         src.read(&mut reads)?;
     }
     Ok(((blocks * block) as u64, src.read_path.clone()))
@@ -468,28 +339,14 @@ pub fn read_through(
 /// Reads the samples `order` (indices of `sample`-byte samples) through `src` in batches of
 /// `batch`, batch k into `ring[k % ring.len()]`: the loader's reads without its copies, to time
 /// how fast a source copies out of the page cache.
-pub fn read_samples(
-    src: &mut Source,
-    order: &[u64],
-    sample: usize,
-    batch: usize,
-    ring: &mut [AlignedBuf],
-) -> Result<()> {
+pub fn read_samples(src: &mut Source, order: &[u64], sample: usize, batch: usize, ring: &mut [AlignedBuf]) -> Result<()> {
     let slots = ring.len();
     for (k, samples) in order.chunks(batch).enumerate() {
         let buf = &mut ring[k % slots];
         if buf.len() < samples.len() * sample {
-            return Err(LabError::Invalid(format!(
-                "a {}-byte buffer cannot hold {} samples of {sample} bytes",
-                buf.len(),
-                samples.len()
-            )));
+            return Err(LabError::Invalid(format!("a {}-byte buffer cannot hold {} samples of {sample} bytes", buf.len(), samples.len())));
         }
-        let mut reads: Vec<(u64, &mut [u8])> = samples
-            .iter()
-            .zip(buf.chunks_exact_mut(sample))
-            .map(|(&i, b)| (i * sample as u64, b))
-            .collect();
+        let mut reads: Vec<(u64, &mut [u8])> = samples.iter().zip(buf.chunks_exact_mut(sample)).map(|(&i, b)| (i * sample as u64, b)).collect();
         src.read(&mut reads)?;
     }
     Ok(())
@@ -499,18 +356,11 @@ pub fn read_samples(
 /// file is still resident afterwards (mincore): the cold state, and whether it took.
 pub fn evict(path: &Path) -> Result<f64> {
     let file = File::open(path).map_err(|e| LabError::io(path, format!("cannot open: {e}")))?;
-    file.sync_all()
-        .map_err(|e| LabError::io(path, format!("cannot write back before evicting: {e}")))?;
+    file.sync_all().map_err(|e| LabError::io(path, format!("cannot write back before evicting: {e}")))?;
     // SAFETY: a plain advice call on an open descriptor.
     let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
     if rc != 0 {
-        return Err(LabError::io(
-            path,
-            format!(
-                "posix_fadvise(DONTNEED) failed: {}",
-                std::io::Error::from_raw_os_error(rc)
-            ),
-        ));
+        return Err(LabError::io(path, format!("posix_fadvise(DONTNEED) failed: {}", std::io::Error::from_raw_os_error(rc))));
     }
     resident(path)
 }
@@ -522,25 +372,15 @@ pub fn resident(path: &Path) -> Result<f64> {
         return Ok(0.0);
     }
     // SAFETY: the map is only passed to mincore, never read.
-    let map = unsafe { memmap2::Mmap::map(&file) }
-        .map_err(|e| LabError::io(path, format!("cannot map: {e}")))?;
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| LabError::io(path, format!("cannot map: {e}")))?;
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
     let pages = (len as usize).div_ceil(page);
     let mut vec = vec![0u8; pages];
     // SAFETY: vec holds one byte per page of the mapped range.
-    let rc = unsafe {
-        libc::mincore(
-            map.as_ptr() as *mut libc::c_void,
-            len as usize,
-            vec.as_mut_ptr(),
-        )
-    };
+    let rc = unsafe { libc::mincore(map.as_ptr() as *mut libc::c_void, len as usize, vec.as_mut_ptr()) };
     if rc != 0 {
-        return Err(LabError::io(
-            path,
-            format!("mincore failed: {}", std::io::Error::last_os_error()),
-        ));
+        return Err(LabError::io(path, format!("mincore failed: {}", std::io::Error::last_os_error())));
     }
     Ok(vec.iter().filter(|&&v| v & 1 == 1).count() as f64 / pages as f64)
 }

@@ -29,10 +29,7 @@ pub enum BatchData<'a> {
 }
 
 pub(super) enum Sink {
-    Cpu {
-        host: Vec<AlignedBuf>,
-        dev: Vec<Vec<u8>>,
-    },
+    Cpu { host: Vec<AlignedBuf>, dev: Vec<Vec<u8>> },
     Cuda(Box<CudaSink>),
 }
 
@@ -50,10 +47,7 @@ pub(super) struct CudaSink {
 
 impl Sink {
     pub fn cpu(ring: usize, devs: usize, batch_bytes: usize) -> Sink {
-        Sink::Cpu {
-            host: (0..ring).map(|_| AlignedBuf::zeroed(batch_bytes)).collect(),
-            dev: (0..devs).map(|_| vec![0u8; batch_bytes]).collect(),
-        }
+        Sink::Cpu { host: (0..ring).map(|_| AlignedBuf::zeroed(batch_bytes)).collect(), dev: (0..devs).map(|_| vec![0u8; batch_bytes]).collect() }
     }
 
     pub fn cuda(gpu: &Gpu, ring: usize, devs: usize, batch_bytes: usize) -> Result<Sink> {
@@ -65,18 +59,11 @@ impl Sink {
             // Plain page-locked memory (flags 0): cudarc's default is write-combined, which the
             // host reads (checksums) crawl through.
             // SAFETY: the bytes are written by the reader before any copy reads them.
-            let mut h = unsafe { ctx.alloc_pinned_with_flags::<u8>(batch_bytes, 0) }
-                .doing("allocating a pinned host buffer")?;
+            let mut h = unsafe { ctx.alloc_pinned_with_flags::<u8>(batch_bytes, 0) }.doing("allocating a pinned host buffer")?;
             ptrs.push(h.as_mut_ptr().doing("mapping a pinned host buffer")? as usize);
             host.push(h);
         }
-        let dev = (0..devs)
-            .map(|_| {
-                gpu.stream
-                    .alloc_zeros::<u8>(batch_bytes)
-                    .doing("allocating a device batch buffer")
-            })
-            .collect::<Result<_>>()?;
+        let dev = (0..devs).map(|_| gpu.stream.alloc_zeros::<u8>(batch_bytes).doing("allocating a device batch buffer")).collect::<Result<_>>()?;
         // Stream-ordered allocations and their zeroing are on the compute stream: finish them
         // before the copy stream writes the buffers.
         gpu.sync()?;
@@ -85,36 +72,17 @@ impl Sink {
             compute: gpu.stream.clone(),
             host,
             ptrs,
-            host_done: Arc::new(
-                (0..ring)
-                    .map(|_| event(CUevent_flags::CU_EVENT_BLOCKING_SYNC))
-                    .collect::<Result<_>>()?,
-            ),
+            host_done: Arc::new((0..ring).map(|_| event(CUevent_flags::CU_EVENT_BLOCKING_SYNC)).collect::<Result<_>>()?),
             dev,
-            copied: (0..devs)
-                .map(|_| event(CUevent_flags::CU_EVENT_DISABLE_TIMING))
-                .collect::<Result<_>>()?,
-            consumed: (0..devs)
-                .map(|_| event(CUevent_flags::CU_EVENT_DISABLE_TIMING))
-                .collect::<Result<_>>()?,
+            copied: (0..devs).map(|_| event(CUevent_flags::CU_EVENT_DISABLE_TIMING)).collect::<Result<_>>()?,
+            consumed: (0..devs).map(|_| event(CUevent_flags::CU_EVENT_DISABLE_TIMING)).collect::<Result<_>>()?,
         })))
     }
 
     pub fn slots(&mut self) -> Vec<Slot> {
         match self {
-            Sink::Cpu { host, .. } => host
-                .iter_mut()
-                .map(|h| Slot {
-                    ptr: h.as_mut_ptr() as usize,
-                    len: h.len(),
-                })
-                .collect(),
-            Sink::Cuda(c) => c
-                .ptrs
-                .iter()
-                .zip(&c.host)
-                .map(|(&ptr, h)| Slot { ptr, len: h.len() })
-                .collect(),
+            Sink::Cpu { host, .. } => host.iter_mut().map(|h| Slot { ptr: h.as_mut_ptr() as usize, len: h.len() }).collect(),
+            Sink::Cuda(c) => c.ptrs.iter().zip(&c.host).map(|(&ptr, h)| Slot { ptr, len: h.len() }).collect(),
         }
     }
 
@@ -126,22 +94,15 @@ impl Sink {
                 Ok(())
             }
             Sink::Cuda(c) => {
-                c.copy
-                    .wait(&c.consumed[d])
-                    .doing("ordering a copy after the batch's last use")?;
+                c.copy.wait(&c.consumed[d]).doing("ordering a copy after the batch's last use")?;
                 // SAFETY: the reader filled these bytes and holds the slot no longer; it waits
                 // `host_done[h]` before writing it again.
                 let src = unsafe { std::slice::from_raw_parts(c.ptrs[h] as *const u8, bytes) };
                 let (dst, _) = c.dev[d].device_ptr_mut(&c.copy);
                 // SAFETY: dst holds batch_bytes >= bytes; src is page-locked, so the copy is async.
-                unsafe { cudarc::driver::result::memcpy_htod_async(dst, src, c.copy.cu_stream()) }
-                    .doing("copying a batch to the device")?;
-                c.copied[d]
-                    .record(&c.copy)
-                    .doing("recording a batch copy")?;
-                c.host_done[h]
-                    .record(&c.copy)
-                    .doing("recording a host slot's release")
+                unsafe { cudarc::driver::result::memcpy_htod_async(dst, src, c.copy.cu_stream()) }.doing("copying a batch to the device")?;
+                c.copied[d].record(&c.copy).doing("recording a batch copy")?;
+                c.host_done[h].record(&c.copy).doing("recording a host slot's release")
             }
         }
     }
@@ -150,10 +111,7 @@ impl Sink {
     pub fn ready(&self, d: usize) -> Result<()> {
         match self {
             Sink::Cpu { .. } => Ok(()),
-            Sink::Cuda(c) => c
-                .compute
-                .wait(&c.copied[d])
-                .doing("ordering the compute stream after a batch copy"),
+            Sink::Cuda(c) => c.compute.wait(&c.copied[d]).doing("ordering the compute stream after a batch copy"),
         }
     }
 
@@ -161,9 +119,7 @@ impl Sink {
     pub fn consumed(&self, d: usize) -> Result<()> {
         match self {
             Sink::Cpu { .. } => Ok(()),
-            Sink::Cuda(c) => c.consumed[d]
-                .record(&c.compute)
-                .doing("recording a batch's last use"),
+            Sink::Cuda(c) => c.consumed[d].record(&c.compute).doing("recording a batch's last use"),
         }
     }
 
@@ -178,10 +134,7 @@ impl Sink {
     pub fn drain(&self) -> Result<()> {
         match self {
             Sink::Cpu { .. } => Ok(()),
-            Sink::Cuda(c) => c
-                .copy
-                .synchronize()
-                .doing("waiting for the loader's copies"),
+            Sink::Cuda(c) => c.copy.synchronize().doing("waiting for the loader's copies"),
         }
     }
 

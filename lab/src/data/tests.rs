@@ -18,13 +18,8 @@ fn run_epoch(loader: &mut Loader, epoch: u64, tally: &mut Tally) -> Result<Vec<u
     let mut order = Vec::new();
     let mut e = loader.epoch(epoch)?;
     while let Some(b) = e.next_batch()? {
-        let BatchData::Host(data) = b.data else {
-            panic!("the CPU backend hands out host bytes")
-        };
-        assert!(
-            b.samples.len() == batch || b.index == batches - 1,
-            "only the last batch may be short"
-        );
+        let BatchData::Host(data) = b.data else { panic!("the CPU backend hands out host bytes") };
+        assert!(b.samples.len() == batch || b.index == batches - 1, "only the last batch may be short");
         tally.add(b.samples, data)?;
         order.extend_from_slice(b.samples);
     }
@@ -38,32 +33,19 @@ fn every_sample_is_delivered_once_per_epoch_for_each_ring_prefetch_and_read_mode
     let path = data_file(dir.path(), 37 * 4096);
     for read in [ReadMode::Direct, ReadMode::Buffered, ReadMode::Mmap] {
         for (ring, prefetch) in [(1, 1), (2, 1), (1, 3), (4, 2), (8, 8)] {
-            let cfg = Config {
-                ring,
-                prefetch,
-                shuffle: Some(11),
-                read,
-                queue_depth: 3,
-                ..Config::bytes(4096, 5)
-            };
+            let cfg = Config { ring, prefetch, shuffle: Some(11), read, queue_depth: 3, ..Config::bytes(4096, 5) };
             let mut loader = Loader::open(&path, cfg, &Backend::Cpu).unwrap();
             assert_eq!((loader.samples(), loader.batches()), (37, 8));
             let mut orders = Vec::new();
             for epoch in 0..2 {
                 let mut tally = Tally::of_file(&path, 4096).unwrap();
                 orders.push(run_epoch(&mut loader, epoch, &mut tally).unwrap());
-                tally.check().unwrap_or_else(|e| {
-                    panic!("{read:?} ring {ring} prefetch {prefetch} epoch {epoch}: {e}")
-                });
+                tally.check().unwrap_or_else(|e| panic!("{read:?} ring {ring} prefetch {prefetch} epoch {epoch}: {e}"));
                 assert_eq!(tally.stats().mismatches, 0);
             }
             assert_ne!(orders[0], orders[1], "each epoch has its own permutation");
             assert_ne!(orders[0], (0..37).collect::<Vec<_>>(), "shuffled");
-            assert_eq!(
-                orders[0],
-                epoch_order(37, Some(11), 0),
-                "the seed alone sets the order"
-            );
+            assert_eq!(orders[0], epoch_order(37, Some(11), 0), "the seed alone sets the order");
         }
     }
 }
@@ -74,23 +56,14 @@ fn a_trailing_partial_sample_is_dropped_and_the_last_batch_holds_the_rest() {
     // Token windows of 25 u16 tokens (50 B): 10 whole windows and 7 bytes.
     let path = data_file(dir.path(), 10 * 50 + 7);
     let mut loader = Loader::open(&path, Config::tokens(25, 2, 4), &Backend::Cpu).unwrap();
-    assert_eq!(
-        (
-            loader.samples(),
-            loader.dropped_tail_bytes(),
-            loader.batches()
-        ),
-        (10, 7, 3)
-    );
+    assert_eq!((loader.samples(), loader.dropped_tail_bytes(), loader.batches()), (10, 7, 3));
     let mut tally = Tally::of_file(&path, 50).unwrap();
     let mut sizes = Vec::new();
     {
         let mut e = loader.epoch(0).unwrap();
         while let Some(b) = e.next_batch().unwrap() {
             sizes.push(b.samples.len());
-            let BatchData::Host(data) = b.data else {
-                unreachable!()
-            };
+            let BatchData::Host(data) = b.data else { unreachable!() };
             tally.add(b.samples, data).unwrap();
         }
     }
@@ -99,23 +72,11 @@ fn a_trailing_partial_sample_is_dropped_and_the_last_batch_holds_the_rest() {
     // Samples of 50 B cannot be read with O_DIRECT: the loader says so and reads buffered.
     let rp = loader.read_path();
     assert_eq!(rp.mode, "buffered");
-    assert!(
-        rp.fallback
-            .as_deref()
-            .unwrap()
-            .contains("multiples of 4096 B, not 50 B"),
-        "{rp:?}"
-    );
+    assert!(rp.fallback.as_deref().unwrap().contains("multiples of 4096 B, not 50 B"), "{rp:?}");
     // A file shorter than one sample is an error, not an empty epoch.
     let tiny = data_file(dir.path(), 49);
-    let err = Loader::open(&tiny, Config::bytes(50, 4), &Backend::Cpu)
-        .err()
-        .unwrap()
-        .to_string();
-    assert!(
-        err.contains("data-49.bin") && err.contains("not one sample of 50 bytes"),
-        "{err}"
-    );
+    let err = Loader::open(&tiny, Config::bytes(50, 4), &Backend::Cpu).err().unwrap().to_string();
+    assert!(err.contains("data-49.bin") && err.contains("not one sample of 50 bytes"), "{err}");
 }
 
 #[test]
@@ -126,12 +87,7 @@ fn direct_reads_are_used_or_their_absence_is_said() {
     let rp = loader.read_path();
     match rp.mode {
         "direct" => assert!(rp.fallback.is_none()),
-        "buffered" => assert!(
-            rp.fallback
-                .as_deref()
-                .is_some_and(|w| w.contains("O_DIRECT") || w.contains("io_uring")),
-            "{rp:?}"
-        ),
+        "buffered" => assert!(rp.fallback.as_deref().is_some_and(|w| w.contains("O_DIRECT") || w.contains("io_uring")), "{rp:?}"),
         other => panic!("read mode {other}"),
     }
     eprintln!("read path here: {rp:?}");
@@ -145,44 +101,22 @@ fn without_io_uring_direct_reads_use_threads_and_say_so() {
     let path = data_file(dir.path(), 24 * 4096);
     let mut src = Source::open_with(&path, ReadMode::Direct, 4096, 4, 1, false).unwrap();
     let rp = src.read_path.clone();
-    if rp
-        .fallback
-        .as_deref()
-        .is_some_and(|w| w.contains("refuses O_DIRECT"))
-    {
+    if rp.fallback.as_deref().is_some_and(|w| w.contains("refuses O_DIRECT")) {
         return eprintln!("no O_DIRECT here: {rp:?}");
     }
     assert_eq!(rp.mode, "direct");
-    assert!(
-        rp.fallback
-            .as_deref()
-            .unwrap()
-            .contains("io_uring is not available (not asked for): O_DIRECT preads from 4 threads"),
-        "{rp:?}"
-    );
+    assert!(rp.fallback.as_deref().unwrap().contains("io_uring is not available (not asked for): O_DIRECT preads from 4 threads"), "{rp:?}");
     let file = std::fs::read(&path).unwrap();
-    let mut bufs: Vec<read::AlignedBuf> =
-        (0..6).map(|_| read::AlignedBuf::zeroed(2 * 4096)).collect();
+    let mut bufs: Vec<read::AlignedBuf> = (0..6).map(|_| read::AlignedBuf::zeroed(2 * 4096)).collect();
     let offsets = [0u64, 5, 9, 11, 17, 22].map(|i| i * 4096);
-    let mut reads: Vec<(u64, &mut [u8])> = offsets
-        .iter()
-        .zip(bufs.iter_mut())
-        .map(|(&o, b)| (o, &mut b[..]))
-        .collect();
+    let mut reads: Vec<(u64, &mut [u8])> = offsets.iter().zip(bufs.iter_mut()).map(|(&o, b)| (o, &mut b[..])).collect();
     src.read(&mut reads).unwrap();
     for (o, b) in offsets.iter().zip(&bufs) {
-        assert_eq!(
-            &b[..],
-            &file[*o as usize..*o as usize + 2 * 4096],
-            "the block at {o}"
-        );
+        assert_eq!(&b[..], &file[*o as usize..*o as usize + 2 * 4096], "the block at {o}");
     }
     // Past the end: a short read, named.
     let mut tail = read::AlignedBuf::zeroed(2 * 4096);
-    let err = src
-        .read(&mut [(23 * 4096, &mut tail[..])])
-        .unwrap_err()
-        .to_string();
+    let err = src.read(&mut [(23 * 4096, &mut tail[..])]).unwrap_err().to_string();
     assert!(err.contains("ends at offset 98304"), "{err}");
 }
 
@@ -191,23 +125,9 @@ fn a_file_truncated_under_the_loader_is_an_error_naming_file_and_offset() {
     let dir = tempfile::tempdir().unwrap();
     for read in [ReadMode::Direct, ReadMode::Buffered, ReadMode::Mmap] {
         let path = data_file(dir.path(), 40 * 4096);
-        let mut loader = Loader::open(
-            &path,
-            Config {
-                read,
-                prefetch: 3,
-                ..Config::bytes(4096, 4)
-            },
-            &Backend::Cpu,
-        )
-        .unwrap();
+        let mut loader = Loader::open(&path, Config { read, prefetch: 3, ..Config::bytes(4096, 4) }, &Backend::Cpu).unwrap();
         // Cut mid-sample 21: the first 5 batches (samples 0..20) are whole, batch 5 is not.
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .unwrap()
-            .set_len(21 * 4096 + 100)
-            .unwrap();
+        std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(21 * 4096 + 100).unwrap();
         let mut e = loader.epoch(0).unwrap();
         let mut whole = 0;
         let err = loop {
@@ -218,12 +138,7 @@ fn a_file_truncated_under_the_loader_is_an_error_naming_file_and_offset() {
             }
         };
         assert_eq!(whole, 5, "{read:?}: whole batches before the cut ({err})");
-        assert!(
-            err.contains(&path.display().to_string())
-                && err.contains("ends at offset 86116")
-                && err.contains("short read"),
-            "{read:?}: {err}"
-        );
+        assert!(err.contains(&path.display().to_string()) && err.contains("ends at offset 86116") && err.contains("short read"), "{read:?}: {err}");
         drop(e);
         std::fs::remove_file(&path).unwrap();
     }
@@ -233,30 +148,11 @@ fn a_file_truncated_under_the_loader_is_an_error_naming_file_and_offset() {
 fn a_missing_or_unreadable_file_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("absent.bin");
-    let err = Loader::open(&missing, Config::bytes(64, 4), &Backend::Cpu)
-        .err()
-        .unwrap()
-        .to_string();
-    assert!(
-        err.contains("absent.bin") && err.contains("cannot open"),
-        "{err}"
-    );
-    let err = Loader::open(dir.path(), Config::bytes(64, 4), &Backend::Cpu)
-        .err()
-        .unwrap()
-        .to_string();
+    let err = Loader::open(&missing, Config::bytes(64, 4), &Backend::Cpu).err().unwrap().to_string();
+    assert!(err.contains("absent.bin") && err.contains("cannot open"), "{err}");
+    let err = Loader::open(dir.path(), Config::bytes(64, 4), &Backend::Cpu).err().unwrap().to_string();
     assert!(err.contains("not a regular file"), "{err}");
-    let err = Loader::open(
-        &missing,
-        Config {
-            prefetch: 0,
-            ..Config::bytes(64, 4)
-        },
-        &Backend::Cpu,
-    )
-    .err()
-    .unwrap()
-    .to_string();
+    let err = Loader::open(&missing, Config { prefetch: 0, ..Config::bytes(64, 4) }, &Backend::Cpu).err().unwrap().to_string();
     assert!(err.contains("prefetch must be at least 1"), "{err}");
 }
 
@@ -281,26 +177,16 @@ fn the_tally_catches_a_wrong_a_repeated_and_a_missing_sample() {
     bad[100] ^= 1;
     t.add(&[7], &bad).unwrap();
     let err = t.check().unwrap_err().to_string();
-    assert!(
-        err.contains("sample 7 (offset 1792)") && err.contains("differ from the file"),
-        "{err}"
-    );
+    assert!(err.contains("sample 7 (offset 1792)") && err.contains("differ from the file"), "{err}");
     assert_eq!((t.stats().mismatches, t.stats().worst_index), (1, Some(7)));
     // Sample 3 delivered in place of sample 4: 3 twice, 4 never.
     let mut t = clean(4);
     t.add(&[3], sample(3)).unwrap();
-    assert!(t
-        .check()
-        .unwrap_err()
-        .to_string()
-        .contains("sample 3 (offset 768) was delivered 2 times"));
+    assert!(t.check().unwrap_err().to_string().contains("sample 3 (offset 768) was delivered 2 times"));
     assert_eq!(t.stats().mismatches, 2);
     // Sample 11 never delivered.
     let err = clean(11).check().unwrap_err().to_string();
-    assert!(
-        err.contains("sample 11 (offset 2816) was never delivered"),
-        "{err}"
-    );
+    assert!(err.contains("sample 11 (offset 2816) was never delivered"), "{err}");
     // And through the loader: an epoch over an order that repeats a sample fails the tally.
     let mut loader = Loader::open(&path, Config::bytes(256, 5), &Backend::Cpu).unwrap();
     let mut order = epoch_order(12, Some(3), 0);
@@ -308,37 +194,19 @@ fn the_tally_catches_a_wrong_a_repeated_and_a_missing_sample() {
     let mut t = Tally::of_file(&path, 256).unwrap();
     let mut e = loader.epoch_in(order).unwrap();
     while let Some(b) = e.next_batch().unwrap() {
-        let BatchData::Host(data) = b.data else {
-            unreachable!()
-        };
+        let BatchData::Host(data) = b.data else { unreachable!() };
         t.add(b.samples, data).unwrap();
     }
-    assert!(t
-        .check()
-        .unwrap_err()
-        .to_string()
-        .contains("delivered 2 times"));
+    assert!(t.check().unwrap_err().to_string().contains("delivered 2 times"));
     drop(e);
-    assert!(loader
-        .epoch_in(vec![12])
-        .err()
-        .unwrap()
-        .to_string()
-        .contains("sample 12 is past the last of 12 samples"));
+    assert!(loader.epoch_in(vec![12]).err().unwrap().to_string().contains("sample 12 is past the last of 12 samples"));
 }
 
 #[test]
 fn neighbouring_samples_merge_into_one_read_up_to_a_cap() {
-    assert_eq!(
-        plan_reads(&[4, 5, 6, 9, 10, 2], 100),
-        [(400, 0, 300), (900, 300, 200), (200, 500, 100)]
-    );
+    assert_eq!(plan_reads(&[4, 5, 6, 9, 10, 2], 100), [(400, 0, 300), (900, 300, 200), (200, 500, 100)]);
     let big = MAX_MERGED_READ / 2;
-    assert_eq!(
-        plan_reads(&[0, 1, 2], big).len(),
-        2,
-        "merged reads stop at {MAX_MERGED_READ} B"
-    );
+    assert_eq!(plan_reads(&[0, 1, 2], big).len(), 2, "merged reads stop at {MAX_MERGED_READ} B");
 }
 
 #[test]
@@ -351,10 +219,7 @@ fn a_read_pass_and_the_cold_state_report_what_they_did() {
     let left = read::evict(&path).unwrap();
     assert!((0.0..=1.0).contains(&left), "{left}");
     std::fs::read(&path).unwrap();
-    assert!(
-        read::resident(&path).unwrap() > 0.0,
-        "a file just read is in the page cache"
-    );
+    assert!(read::resident(&path).unwrap() > 0.0, "a file just read is in the page cache");
 }
 
 /// Every batch of an epoch, as (samples, bytes).
@@ -362,9 +227,7 @@ fn epoch_bytes(loader: &mut Loader, epoch: u64) -> Vec<(Vec<u64>, Vec<u8>)> {
     let mut out = Vec::new();
     let mut e = loader.epoch(epoch).unwrap();
     while let Some(b) = e.next_batch().unwrap() {
-        let BatchData::Host(data) = b.data else {
-            unreachable!()
-        };
+        let BatchData::Host(data) = b.data else { unreachable!() };
         out.push((b.samples.to_vec(), data.to_vec()));
     }
     out
@@ -380,46 +243,18 @@ fn mapped_reads_deliver_the_bytes_and_order_of_pread() {
     let path = data_file(dir.path(), sample * samples + 77);
     let file = std::fs::read(&path).unwrap();
     for threads in [1, 3] {
-        let open = |read| {
-            Loader::open(
-                &path,
-                Config {
-                    read,
-                    threads,
-                    shuffle: Some(5),
-                    ..Config::bytes(sample, 6)
-                },
-                &Backend::Cpu,
-            )
-            .unwrap()
-        };
+        let open = |read| Loader::open(&path, Config { read, threads, shuffle: Some(5), ..Config::bytes(sample, 6) }, &Backend::Cpu).unwrap();
         let (mut pread, mut mapped) = (open(ReadMode::Buffered), open(ReadMode::Mmap));
-        assert_eq!(
-            (pread.read_path().mode, mapped.read_path().mode),
-            ("buffered", "mmap")
-        );
+        assert_eq!((pread.read_path().mode, mapped.read_path().mode), ("buffered", "mmap"));
         assert_eq!((mapped.samples(), mapped.dropped_tail_bytes()), (37, 77));
         for epoch in 0..2 {
-            let (a, b) = (
-                epoch_bytes(&mut pread, epoch),
-                epoch_bytes(&mut mapped, epoch),
-            );
+            let (a, b) = (epoch_bytes(&mut pread, epoch), epoch_bytes(&mut mapped, epoch));
             assert_eq!(a.len(), 7);
             for (k, ((sa, da), (sb, db))) in a.iter().zip(&b).enumerate() {
-                assert_eq!(
-                    sa, sb,
-                    "threads {threads} epoch {epoch} batch {k}: sample order"
-                );
-                assert!(
-                    da == db,
-                    "threads {threads} epoch {epoch} batch {k}: bytes differ"
-                );
+                assert_eq!(sa, sb, "threads {threads} epoch {epoch} batch {k}: sample order");
+                assert!(da == db, "threads {threads} epoch {epoch} batch {k}: bytes differ");
                 for (j, &i) in sb.iter().enumerate() {
-                    assert!(
-                        db[j * sample..(j + 1) * sample]
-                            == file[i as usize * sample..(i as usize + 1) * sample],
-                        "sample {i}"
-                    );
+                    assert!(db[j * sample..(j + 1) * sample] == file[i as usize * sample..(i as usize + 1) * sample], "sample {i}");
                 }
             }
         }
@@ -436,17 +271,8 @@ fn the_streamed_copy_matches_a_plain_copy_at_any_alignment_and_length() {
         for (s_off, d_off) in [(0, 0), (1, 0), (0, 1), (7, 33), (31, 5), (64, 96)] {
             let mut dst = vec![0xAAu8; len + 200];
             read::stream_copy(&mut dst[d_off..d_off + len], &src[s_off..s_off + len]);
-            assert!(
-                dst[d_off..d_off + len] == src[s_off..s_off + len],
-                "len {len}, offsets {s_off}/{d_off}"
-            );
-            assert!(
-                dst[..d_off]
-                    .iter()
-                    .chain(&dst[d_off + len..])
-                    .all(|&b| b == 0xAA),
-                "len {len}, offsets {s_off}/{d_off}: wrote outside"
-            );
+            assert!(dst[d_off..d_off + len] == src[s_off..s_off + len], "len {len}, offsets {s_off}/{d_off}");
+            assert!(dst[..d_off].iter().chain(&dst[d_off + len..]).all(|&b| b == 0xAA), "len {len}, offsets {s_off}/{d_off}: wrote outside");
         }
     }
 }

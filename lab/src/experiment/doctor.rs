@@ -10,61 +10,34 @@ fn line(what: &str, found: Result<String, String>) {
 }
 
 fn run(cmd: &str, args: &[&str]) -> Result<String, String> {
-    let out = Command::new(cmd)
-        .args(args)
-        .output()
-        .map_err(|e| format!("`{cmd}` not found ({e})"))?;
-    let text = String::from_utf8_lossy(if out.stdout.is_empty() {
-        &out.stderr
-    } else {
-        &out.stdout
-    })
-    .trim()
-    .to_string();
+    let out = Command::new(cmd).args(args).output().map_err(|e| format!("`{cmd}` not found ({e})"))?;
+    let text = String::from_utf8_lossy(if out.stdout.is_empty() { &out.stderr } else { &out.stdout }).trim().to_string();
     if out.status.success() {
         Ok(text.lines().next().unwrap_or_default().to_string())
     } else {
-        Err(format!(
-            "`{cmd}` failed: {}",
-            text.lines().last().unwrap_or_default()
-        ))
+        Err(format!("`{cmd}` failed: {}", text.lines().last().unwrap_or_default()))
     }
 }
 
 pub fn print() {
-    println!(
-        "lab {} (commit {})",
-        env!("CARGO_PKG_VERSION"),
-        crate::record::git_info().commit
-    );
+    println!("lab {} (commit {})", env!("CARGO_PKG_VERSION"), crate::record::git_info().commit);
     let gpu = crate::gpu::Gpu::new(0);
     line(
         "GPU",
         gpu.as_ref()
             .map(|g| {
                 let i = &g.info;
-                format!(
-                    "{} (sm_{}, {} SMs, {:.0} GiB, L2 {} MiB)",
-                    i.name,
-                    g.arch,
-                    i.sm_count,
-                    i.memory_bytes as f64 / (1u64 << 30) as f64,
-                    i.l2_bytes >> 20
-                )
+                format!("{} (sm_{}, {} SMs, {:.0} GiB, L2 {} MiB)", i.name, g.arch, i.sm_count, i.memory_bytes as f64 / (1u64 << 30) as f64, i.l2_bytes >> 20)
             })
             .map_err(|e| format!("{e}; `lab run` will use the CPU backend")),
     );
     line(
         "driver",
-        gpu.as_ref()
-            .map(|g| format!("{} (CUDA {})", g.info.driver, g.info.cuda))
-            .map_err(|_| "no CUDA driver in use".into()),
+        gpu.as_ref().map(|g| format!("{} (CUDA {})", g.info.driver, g.info.cuda)).map_err(|_| "no CUDA driver in use".into()),
     );
     line(
         "NVRTC",
-        crate::gpu::compile::nvrtc_version()
-            .map(|(a, b)| format!("{a}.{b}"))
-            .map_err(|e| e.to_string()),
+        crate::gpu::compile::nvrtc_version().map(|(a, b)| format!("{a}.{b}")).map_err(|e| e.to_string()),
     );
     line(
         "headers",
@@ -76,16 +49,9 @@ pub fn print() {
     let cublas = unsafe { cudarc::cublas::sys::is_culib_present() };
     line(
         "cuBLAS",
-        if cublas {
-            Ok("libcublas loadable".into())
-        } else {
-            Err("libcublas.so.13 not found: the tensor ceiling cannot run".into())
-        },
+        if cublas { Ok("libcublas loadable".into()) } else { Err("libcublas.so.13 not found: the tensor ceiling cannot run".into()) },
     );
-    line(
-        "MPI",
-        run("mpirun", &["--version"]).map_err(|e| format!("{e}; collectives need Open MPI")),
-    );
+    line("MPI", run("mpirun", &["--version"]).map_err(|e| format!("{e}; collectives need Open MPI")));
     line(
         "collective",
         if cfg!(feature = "mpi") {

@@ -10,20 +10,14 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 fn fail(why: String) -> LabError {
-    LabError::Peer {
-        peer: "llama.cpp".into(),
-        why,
-    }
+    LabError::Peer { peer: "llama.cpp".into(), why }
 }
 
 /// The folder of llama.cpp's built tools.
 pub fn tools() -> Result<PathBuf> {
     let dir = std::env::var("LAB_LLAMA_CPP").map(PathBuf::from).map_err(|_| fail("LAB_LLAMA_CPP must name the folder of llama.cpp's built tools (scripts/llama-cpp.sh build)".into()))?;
     if !dir.is_dir() {
-        return Err(fail(format!(
-            "LAB_LLAMA_CPP={} is not a folder (scripts/llama-cpp.sh build writes DIR/build/bin)",
-            dir.display()
-        )));
+        return Err(fail(format!("LAB_LLAMA_CPP={} is not a folder (scripts/llama-cpp.sh build writes DIR/build/bin)", dir.display())));
     }
     Ok(dir)
 }
@@ -31,19 +25,11 @@ pub fn tools() -> Result<PathBuf> {
 /// Runs one of llama.cpp's tools; its standard output and error on success.
 fn run(tool: &str, args: &[&std::ffi::OsStr]) -> Result<(String, String)> {
     let bin = tools()?.join(tool);
-    let out = Command::new(&bin)
-        .args(args)
-        .output()
-        .map_err(|e| fail(format!("cannot start {}: {e}", bin.display())))?;
+    let out = Command::new(&bin).args(args).output().map_err(|e| fail(format!("cannot start {}: {e}", bin.display())))?;
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     if !out.status.success() {
         let last: Vec<&str> = err.lines().rev().take(3).collect();
-        return Err(fail(format!(
-            "{} exited with {}: {}",
-            bin.display(),
-            out.status,
-            last.into_iter().rev().collect::<Vec<_>>().join(" / ")
-        )));
+        return Err(fail(format!("{} exited with {}: {}", bin.display(), out.status, last.into_iter().rev().collect::<Vec<_>>().join(" / "))));
     }
     Ok((String::from_utf8_lossy(&out.stdout).into_owned(), err))
 }
@@ -54,23 +40,7 @@ pub fn llama_bench(gguf: &Path, prompt: usize, gen: usize, reps: usize) -> Resul
     let (p, n, r) = (prompt.to_string(), gen.to_string(), reps.to_string());
     let os = std::ffi::OsStr::new;
     let mut args = vec![os("-m"), gguf.as_os_str()];
-    args.extend(
-        [
-            "-p",
-            p.as_str(),
-            "-n",
-            n.as_str(),
-            "-r",
-            r.as_str(),
-            "-fa",
-            "0,1",
-            "-ngl",
-            "99",
-            "-o",
-            "json",
-        ]
-        .map(os),
-    );
+    args.extend(["-p", p.as_str(), "-n", n.as_str(), "-r", r.as_str(), "-fa", "0,1", "-ngl", "99", "-o", "json"].map(os));
     let (out, _) = run("llama-bench", &args)?;
     serde_json::from_str(&out).map_err(|e| fail(format!("unreadable llama-bench output: {e}")))
 }
@@ -96,47 +66,14 @@ pub enum Kl<'a> {
 }
 
 /// `llama-perplexity -c ctx --chunks chunks` on `text` (the protocol `model::eval` follows).
-pub fn perplexity(
-    gguf: &Path,
-    text: &Path,
-    ctx: usize,
-    chunks: usize,
-    gpu_layers: usize,
-    kl: Kl,
-) -> Result<Perplexity> {
-    let (c, n, g, t) = (
-        ctx.to_string(),
-        chunks.to_string(),
-        gpu_layers.to_string(),
-        std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .to_string(),
-    );
+pub fn perplexity(gguf: &Path, text: &Path, ctx: usize, chunks: usize, gpu_layers: usize, kl: Kl) -> Result<Perplexity> {
+    let (c, n, g, t) = (ctx.to_string(), chunks.to_string(), gpu_layers.to_string(), std::thread::available_parallelism().map_or(1, |n| n.get()).to_string());
     let os = std::ffi::OsStr::new;
-    let mut args = vec![
-        os("-m"),
-        gguf.as_os_str(),
-        os("-f"),
-        text.as_os_str(),
-        os("-c"),
-        os(&c),
-        os("-b"),
-        os(&c),
-        os("--chunks"),
-        os(&n),
-        os("-ngl"),
-        os(&g),
-        os("-t"),
-        os(&t),
-    ];
+    let mut args = vec![os("-m"), gguf.as_os_str(), os("-f"), text.as_os_str(), os("-c"), os(&c), os("-b"), os(&c), os("--chunks"), os(&n), os("-ngl"), os(&g), os("-t"), os(&t)];
     match kl {
         Kl::None => {}
         Kl::SaveBase(p) => args.extend([os("--kl-divergence-base"), p.as_os_str()]),
-        Kl::Against(p) => args.extend([
-            os("--kl-divergence-base"),
-            p.as_os_str(),
-            os("--kl-divergence"),
-        ]),
+        Kl::Against(p) => args.extend([os("--kl-divergence-base"), p.as_os_str(), os("--kl-divergence")]),
     }
     let (out, err) = run("llama-perplexity", &args)?;
     parse_perplexity(&format!("{out}\n{err}"))
@@ -149,36 +86,16 @@ pub fn perplexity(
 pub fn parse_perplexity(log: &str) -> Result<Perplexity> {
     let num = r"(-?[0-9.]+(?:[eE][-+]?[0-9]+)?|-?nan|-?inf)";
     let pm = format!(r"{num}\s*±\s*{num}");
-    let plain = regex::Regex::new(&format!(r"Final estimate: PPL = {num} \+/- {num}"))
-        .expect("a valid pattern");
-    let row = regex::Regex::new(&format!(
-        r"(?m)^\s*\d+\s+{pm}\s+{pm}\s+{pm}\s+{pm}\s*%\s+{pm}\s*%\s*$"
-    ))
-    .expect("a valid pattern");
+    let plain = regex::Regex::new(&format!(r"Final estimate: PPL = {num} \+/- {num}")).expect("a valid pattern");
+    let row = regex::Regex::new(&format!(r"(?m)^\s*\d+\s+{pm}\s+{pm}\s+{pm}\s+{pm}\s*%\s+{pm}\s*%\s*$")).expect("a valid pattern");
     let f = |c: &regex::Captures, i: usize| c[i].parse::<f64>().unwrap_or(f64::NAN);
     if let Some(c) = plain.captures_iter(log).last() {
-        return Ok(Perplexity {
-            ppl: f(&c, 1),
-            ppl_err: f(&c, 2),
-            mean_kl: None,
-            top1_same: None,
-        });
+        return Ok(Perplexity { ppl: f(&c, 1), ppl_err: f(&c, 2), mean_kl: None, top1_same: None });
     }
     if let Some(c) = row.captures_iter(log).last() {
-        return Ok(Perplexity {
-            ppl: f(&c, 1),
-            ppl_err: f(&c, 2),
-            mean_kl: Some(f(&c, 5)),
-            top1_same: Some(f(&c, 9) / 100.0),
-        });
+        return Ok(Perplexity { ppl: f(&c, 1), ppl_err: f(&c, 2), mean_kl: Some(f(&c, 5)), top1_same: Some(f(&c, 9) / 100.0) });
     }
-    Err(fail(format!(
-        "no perplexity in llama-perplexity's output: `{}`",
-        log.lines()
-            .rev()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("")
-    )))
+    Err(fail(format!("no perplexity in llama-perplexity's output: `{}`", log.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or(""))))
 }
 
 /// Writes log-probabilities scored by another engine as the base file of `llama-perplexity
@@ -193,10 +110,7 @@ pub fn write_kl_base(path: &Path, chunks: &[Vec<u32>], logprobs: &[Vec<f64>]) ->
     let ctx = chunks.first().map_or(0, Vec::len);
     let vocab = logprobs.first().map_or(0, Vec::len);
     let per_chunk = ctx.saturating_sub(1 + ctx / 2);
-    if chunks.iter().any(|c| c.len() != ctx)
-        || logprobs.len() != per_chunk * chunks.len()
-        || logprobs.iter().any(|l| l.len() != vocab)
-    {
+    if chunks.iter().any(|c| c.len() != ctx) || logprobs.len() != per_chunk * chunks.len() || logprobs.iter().any(|l| l.len() != vocab) {
         return Err(LabError::Invalid(format!(
             "a KL base needs {per_chunk} rows of {vocab} log-probabilities per chunk of {ctx} tokens: {} rows for {} chunks",
             logprobs.len(),
@@ -208,8 +122,7 @@ pub fn write_kl_base(path: &Path, chunks: &[Vec<u32>], logprobs: &[Vec<f64>]) ->
     out.write_all(b"_logits_").map_err(io)?;
     out.write_all(&(ctx as u32).to_le_bytes()).map_err(io)?;
     out.write_all(&(vocab as i32).to_le_bytes()).map_err(io)?;
-    out.write_all(&(chunks.len() as i32).to_le_bytes())
-        .map_err(io)?;
+    out.write_all(&(chunks.len() as i32).to_le_bytes()).map_err(io)?;
     for t in chunks.iter().flatten() {
         out.write_all(&(*t as i32).to_le_bytes()).map_err(io)?;
     }
@@ -230,16 +143,7 @@ fn quantize_logprobs(row: &[f64]) -> (f32, f32, Vec<u16>) {
     let top = row.iter().copied().fold(f64::NEG_INFINITY, f64::max) as f32;
     let floor = (row.iter().copied().fold(f64::INFINITY, f64::min) as f32).max(top - 16.0);
     let scale = (top - floor) / 65535.0;
-    let q = row
-        .iter()
-        .map(|&v| {
-            if scale > 0.0 && v as f32 > floor {
-                ((v as f32 - floor) / scale).round() as u16
-            } else {
-                0
-            }
-        })
-        .collect();
+    let q = row.iter().map(|&v| if scale > 0.0 && v as f32 > floor { ((v as f32 - floor) / scale).round() as u16 } else { 0 }).collect();
     (scale, floor, q)
 }
 
@@ -248,16 +152,12 @@ const LOGITS_C: &str = include_str!("../../peers/llama_cpp_logits.c");
 /// The logits harness, compiled once per process against the llama.cpp that `LAB_LLAMA_CPP`
 /// names (headers from the source tree that scripts/llama-cpp.sh unpacked beside the build).
 fn logits_harness() -> Result<&'static Path> {
-    static BUILT: OnceLock<std::result::Result<(tempfile::TempDir, PathBuf), String>> =
-        OnceLock::new();
+    static BUILT: OnceLock<std::result::Result<(tempfile::TempDir, PathBuf), String>> = OnceLock::new();
     let built = BUILT.get_or_init(|| {
         let bin = tools().map_err(|e| e.to_string())?;
         let src = bin.join("../../llama.cpp");
         let dir = tempfile::tempdir().map_err(|e| format!("no temp dir: {e}"))?;
-        let (c, exe) = (
-            dir.path().join("llama_cpp_logits.c"),
-            dir.path().join("llama_cpp_logits"),
-        );
+        let (c, exe) = (dir.path().join("llama_cpp_logits.c"), dir.path().join("llama_cpp_logits"));
         std::fs::write(&c, LOGITS_C).map_err(|e| e.to_string())?;
         let out = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
             .args(["-O2", "-std=c11", "-o"])
@@ -271,21 +171,11 @@ fn logits_harness() -> Result<&'static Path> {
             .output()
             .map_err(|e| format!("cannot start the C compiler: {e}"))?;
         if !out.status.success() {
-            return Err(format!(
-                "the logits harness does not build against {}: {}",
-                src.display(),
-                String::from_utf8_lossy(&out.stderr)
-                    .lines()
-                    .next()
-                    .unwrap_or("")
-            ));
+            return Err(format!("the logits harness does not build against {}: {}", src.display(), String::from_utf8_lossy(&out.stderr).lines().next().unwrap_or("")));
         }
         Ok((dir, exe))
     });
-    built
-        .as_ref()
-        .map(|(_, exe)| exe.as_path())
-        .map_err(|e| fail(e.clone()))
+    built.as_ref().map(|(_, exe)| exe.as_path()).map_err(|e| fail(e.clone()))
 }
 
 /// llama.cpp's logits after `ids` (one batch from an empty cache), read through libllama.
@@ -301,17 +191,10 @@ pub fn logits(gguf: &Path, ids: &[u32], gpu_layers: usize) -> Result<Vec<f32>> {
         .output()
         .map_err(|e| fail(format!("cannot start the logits harness: {e}")))?;
     if !status.status.success() {
-        return Err(fail(format!(
-            "llama.cpp on {}: {}",
-            gguf.display(),
-            String::from_utf8_lossy(&status.stderr).trim()
-        )));
+        return Err(fail(format!("llama.cpp on {}: {}", gguf.display(), String::from_utf8_lossy(&status.stderr).trim())));
     }
     let bytes = std::fs::read(&out).map_err(|e| fail(format!("no logits: {e}")))?;
-    Ok(bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect())
+    Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
 }
 
 #[cfg(test)]
@@ -322,9 +205,7 @@ mod tests {
     fn a_kl_base_holds_llama_cpps_layout_and_its_rows_decode_back() {
         // Two chunks of 6 tokens score positions 3 and 4 of each: 4 rows of 5 log-probabilities.
         let chunks = vec![vec![1, 2, 3, 4, 5, 6], vec![7, 8, 9, 10, 11, 12]];
-        let rows: Vec<Vec<f64>> = (0..4)
-            .map(|i| crate::model::eval::log_softmax(&[0.5 * i as f32, -1.0, 3.0, -40.0, 2.9]))
-            .collect();
+        let rows: Vec<Vec<f64>> = (0..4).map(|i| crate::model::eval::log_softmax(&[0.5 * i as f32, -1.0, 3.0, -40.0, 2.9])).collect();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("base.kld");
         write_kl_base(&path, &chunks, &rows).unwrap();
@@ -335,16 +216,8 @@ mod tests {
             |i: usize| u16::from_le_bytes(b[i..i + 2].try_into().unwrap()),
         );
         assert_eq!(&b[..8], b"_logits_");
-        assert_eq!(
-            (u32_at(8), u32_at(12), u32_at(16)),
-            (6, 5, 2),
-            "n_ctx, n_vocab, n_chunk"
-        );
-        assert_eq!(
-            (u32_at(20), u32_at(20 + 11 * 4)),
-            (1, 12),
-            "the tokens, chunk by chunk"
-        );
+        assert_eq!((u32_at(8), u32_at(12), u32_at(16)), (6, 5, 2), "n_ctx, n_vocab, n_chunk");
+        assert_eq!((u32_at(20), u32_at(20 + 11 * 4)), (1, 12), "the tokens, chunk by chunk");
         // Rows of 2 * ((5 + 1) / 2) + 4 = 10 u16 each: scale, floor, 5 codes and a pad.
         let rows_at = 20 + 12 * 4;
         assert_eq!(b.len(), rows_at + 4 * 10 * 2);
@@ -356,50 +229,26 @@ mod tests {
                 let back = (scale * u16_at(at + 8 + 2 * i) as f32 + floor) as f64;
                 // Within half a step, except below the floor (16 nats under the top), kept at it.
                 let want = lp.max(top - 16.0);
-                assert!(
-                    (back - want).abs() <= scale as f64 * 0.5 + 1e-5,
-                    "row {r} token {i}: {back} against {want}"
-                );
+                assert!((back - want).abs() <= scale as f64 * 0.5 + 1e-5, "row {r} token {i}: {back} against {want}");
             }
             assert_eq!(u16_at(at + 18), 0, "the pad");
         }
-        let e = write_kl_base(&path, &chunks, &rows[..3])
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("2 rows of 5") && e.contains("3 rows for 2 chunks"),
-            "{e}"
-        );
+        let e = write_kl_base(&path, &chunks, &rows[..3]).unwrap_err().to_string();
+        assert!(e.contains("2 rows of 5") && e.contains("3 rows for 2 chunks"), "{e}");
     }
 
     #[test]
     fn reads_the_figures_of_both_kinds_of_perplexity_run() {
         let plain = "perplexity: calculating perplexity over 2 chunks, n_ctx=512\n[1]14.2133,[2]15.0219,\nFinal estimate: PPL = 15.0219 +/- 0.87112\n";
-        assert_eq!(
-            parse_perplexity(plain).unwrap(),
-            Perplexity {
-                ppl: 15.0219,
-                ppl_err: 0.87112,
-                mean_kl: None,
-                top1_same: None
-            }
-        );
+        assert_eq!(parse_perplexity(plain).unwrap(), Perplexity { ppl: 15.0219, ppl_err: 0.87112, mean_kl: None, top1_same: None });
         let kl = "chunk             PPL               ln(PPL(Q)/PPL(base))          KL Divergence              Δp RMS            Same top p\n\
                   \x20  1      10.7731 ±    0.0000      -0.00002 ±    0.00000      -0.00001 ±    0.00000     0.000 ±  0.000 %    100.000 ±  0.000 %\n\
                   \x20  2       8.9690 ±    5.8767       0.04001 ±    0.00015       0.07123 ±    0.00432     1.500 ±  0.100 %     91.373 ±  1.245 %\n\n\
                   ====== Perplexity statistics ======\nMean PPL(Q)                   :  8.969000 ±   5.876700\n";
         let p = parse_perplexity(kl).unwrap();
-        assert_eq!(
-            (p.ppl, p.ppl_err, p.mean_kl),
-            (8.969, 5.8767, Some(0.07123))
-        );
+        assert_eq!((p.ppl, p.ppl_err, p.mean_kl), (8.969, 5.8767, Some(0.07123)));
         assert!((p.top1_same.unwrap() - 0.91373).abs() < 1e-12);
-        let e = parse_perplexity("main: error: you need at least 1024 tokens\n")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("no perplexity") && e.contains("you need at least 1024 tokens"),
-            "{e}"
-        );
+        let e = parse_perplexity("main: error: you need at least 1024 tokens\n").unwrap_err().to_string();
+        assert!(e.contains("no perplexity") && e.contains("you need at least 1024 tokens"), "{e}");
     }
 }

@@ -61,18 +61,12 @@ pub trait Experiment: Sync {
     /// Kernels `tool` leaves uninstrumented, as a regex searched in their names: a library's own
     /// kernels that the experiment launches beside the lab's (NCCL's), which run unchecked so
     /// that the lab's are what is checked. Records name it.
-    fn sanitize_uninstrumented(
-        &self,
-        _tool: crate::profile::sanitize::Tool,
-    ) -> Option<&'static str> {
+    fn sanitize_uninstrumented(&self, _tool: crate::profile::sanitize::Tool) -> Option<&'static str> {
         None
     }
     /// Environment the experiment's process takes under `tool` (a library's setting that changes
     /// what the tool sees, not what the lab's kernels compute); records name it.
-    fn sanitize_env(
-        &self,
-        _tool: crate::profile::sanitize::Tool,
-    ) -> &'static [(&'static str, &'static str)] {
+    fn sanitize_env(&self, _tool: crate::profile::sanitize::Tool) -> &'static [(&'static str, &'static str)] {
         &[]
     }
     /// Variants launched only inside another one (a model's engine), as (that variant, family,
@@ -83,10 +77,7 @@ pub trait Experiment: Sync {
     /// Launches one variant once on `case`'s inputs, untimed and unchecked: what a profiler
     /// wrapped around `lab launch-once` sees (see `profile::ncu`).
     fn launch_once(&self, _gpu: &Gpu, _case: &Value, _variant: &str, _seed: u64) -> Result<()> {
-        Err(LabError::Invalid(format!(
-            "experiment `{}` has no single-launch mode for profilers",
-            self.name()
-        )))
+        Err(LabError::Invalid(format!("experiment `{}` has no single-launch mode for profilers", self.name())))
     }
     /// On ranks above 0 of an MPI job (see `collective`): take part in this case's collectives
     /// and emit nothing; only rank 0 holds a [`Session`]. Experiments without collectives do
@@ -99,10 +90,7 @@ pub trait Experiment: Sync {
 /// Every experiment, in the order of [`crate::family::FAMILIES`] (ceilings first: the others
 /// are fractions of it).
 pub fn registry() -> Vec<&'static dyn Experiment> {
-    crate::family::FAMILIES
-        .iter()
-        .filter_map(|f| f.experiment)
-        .collect()
+    crate::family::FAMILIES.iter().filter_map(|f| f.experiment).collect()
 }
 
 pub fn find(name: &str) -> Result<&'static dyn Experiment> {
@@ -234,16 +222,8 @@ impl RunOptions {
 
     /// Repetitions and timing mode for these options.
     pub fn budget(&self) -> Budget {
-        let base = if self.once {
-            Budget::once()
-        } else {
-            Budget::new(self.quick)
-        };
-        Budget {
-            l2: self.l2,
-            launch: self.launch,
-            ..base
-        }
+        let base = if self.once { Budget::once() } else { Budget::new(self.quick) };
+        Budget { l2: self.l2, launch: self.launch, ..base }
     }
 }
 
@@ -350,11 +330,9 @@ impl Session {
         };
         self.bar = bar.clone();
         bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{prefix:>12} [{bar:30}] {pos}/{len} {elapsed} elapsed, ~{eta} left  {msg}",
-            )
-            .expect("valid template")
-            .progress_chars("=> "),
+            indicatif::ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {elapsed} elapsed, ~{eta} left  {msg}")
+                .expect("valid template")
+                .progress_chars("=> "),
         );
         bar.set_prefix(exp.name());
         if let Backend::Cuda(gpu) = &self.backend {
@@ -381,8 +359,7 @@ impl Session {
     /// Is this peer asked for? `--peers` selects peers; the variant filter applies to them only
     /// when a provider is named too (a rerun of one peer's record).
     pub fn wants_peer(&self, peer: Peer, variant: &str, provider: &str) -> bool {
-        self.opts.peers.contains(&peer)
-            && (self.opts.provider.is_none() || self.wants(variant, provider))
+        self.opts.peers.contains(&peer) && (self.opts.provider.is_none() || self.wants(variant, provider))
     }
 
     /// A ceiling of this run, measuring it first when no experiment has yet.
@@ -391,25 +368,14 @@ impl Session {
             return Ok(*c);
         }
         // The ceiling is the run's own measurement: no filter or --shape applies to it.
-        let saved = (
-            self.experiment,
-            std::mem::take(&mut self.opts.variants),
-            self.opts.provider.take(),
-            self.opts.params_from.take(),
-        );
+        let saved = (self.experiment, std::mem::take(&mut self.opts.variants), self.opts.provider.take(), self.opts.params_from.take());
         let result = crate::ops::ceilings::measure(self, name);
-        (
-            self.experiment,
-            self.opts.variants,
-            self.opts.provider,
-            self.opts.params_from,
-        ) = saved;
+        (self.experiment, self.opts.variants, self.opts.provider, self.opts.params_from) = saved;
         result?;
-        self.ceilings.get(name).copied().ok_or_else(|| {
-            LabError::Invalid(format!(
-                "ceiling `{name}` could not be measured on this backend"
-            ))
-        })
+        self.ceilings
+            .get(name)
+            .copied()
+            .ok_or_else(|| LabError::Invalid(format!("ceiling `{name}` could not be measured on this backend")))
     }
 
     /// Attaches provenance, throughput, fraction of ceiling and a verdict; appends the record.
@@ -422,13 +388,7 @@ impl Session {
         };
         let throughput = m.time.as_ref().map(|(t, _)| m.work.throughput(t.median));
         let fraction = match (&throughput, ceiling) {
-            (Some(tp), Some((name, c))) => Some(
-                if name.ends_with("gb_s") {
-                    tp.gb_s
-                } else {
-                    tp.tflop_s
-                } / c.value,
-            ),
+            (Some(tp), Some((name, c))) => Some(if name.ends_with("gb_s") { tp.gb_s } else { tp.tflop_s } / c.value),
             _ => None,
         };
         let correct = m.error.as_ref().is_none_or(|e| e.passed());
@@ -436,16 +396,12 @@ impl Session {
         let cold = m.time.as_ref().is_some_and(|(_, mode)| mode.l2 != "warm");
         let verdict = match (correct, fraction, ceiling) {
             (false, _, _) => Verdict::Fail,
-            (true, Some(f), Some((_, c))) if cold && f > 1.0 + c.spread.max(0.02) => {
-                Verdict::Implausible
-            }
+            (true, Some(f), Some((_, c))) if cold && f > 1.0 + c.spread.max(0.02) => Verdict::Implausible,
             _ => Verdict::Pass,
         };
         let git = record::git_info();
         let kernels = match &self.backend {
-            Backend::Cuda(gpu) if m.kernels.is_empty() => {
-                crate::kernels::hashes(gpu.families().iter().map(String::as_str))
-            }
+            Backend::Cuda(gpu) if m.kernels.is_empty() => crate::kernels::hashes(gpu.families().iter().map(String::as_str)),
             _ => m.kernels,
         };
         let mut extra = m.extra;
@@ -484,10 +440,7 @@ impl Session {
             extra,
         };
         self.writer.append(&record)?;
-        self.bar.set_message(format!(
-            "{}  (last: {} {})",
-            self.case, record.variant, record.provider
-        ));
+        self.bar.set_message(format!("{}  (last: {} {})", self.case, record.variant, record.provider));
         self.records.push(record.clone());
         Ok(record)
     }
@@ -495,10 +448,7 @@ impl Session {
 
 /// The untimed gates of `exp`'s quick sweep on this backend: where `sanitize_cases` starts.
 pub fn quick_gates<E: Experiment + ?Sized>(exp: &E, backend: &Backend) -> Vec<Value> {
-    exp.cases(backend, true)
-        .into_iter()
-        .filter(|c| !param_timed(c))
-        .collect()
+    exp.cases(backend, true).into_iter().filter(|c| !param_timed(c)).collect()
 }
 
 /// The cases a run takes for `exp`: its sweep, one case per `--shape` spec, the cases given as
@@ -507,10 +457,7 @@ pub fn cases_for(exp: &dyn Experiment, backend: &Backend, opts: &RunOptions) -> 
     let mut cases = if !opts.cases.is_empty() {
         opts.cases.clone()
     } else if !opts.shapes.is_empty() {
-        opts.shapes
-            .iter()
-            .map(|spec| shape_case(exp, backend, opts.quick, spec))
-            .collect::<Result<_>>()?
+        opts.shapes.iter().map(|spec| shape_case(exp, backend, opts.quick, spec)).collect::<Result<_>>()?
     } else if opts.once {
         exp.sanitize_cases(backend)
     } else {
@@ -528,20 +475,11 @@ pub fn cases_for(exp: &dyn Experiment, backend: &Backend, opts: &RunOptions) -> 
 /// takes are those its sweep's cases carry; each value must have the type those cases give it,
 /// and a string one of the values they use. Keys left out take the values of the sweep's first
 /// timed case (its first case, when none is timed); the case is timed unless it says otherwise.
-pub fn shape_case(
-    exp: &dyn Experiment,
-    backend: &Backend,
-    quick: bool,
-    spec: &str,
-) -> Result<Value> {
+pub fn shape_case(exp: &dyn Experiment, backend: &Backend, quick: bool, spec: &str) -> Result<Value> {
     let mut sweep = exp.cases(backend, quick);
     sweep.extend(exp.cases(backend, !quick));
     let name = exp.name();
-    let template = sweep
-        .iter()
-        .find(|c| param_timed(c))
-        .or(sweep.first())
-        .ok_or_else(|| LabError::Invalid(format!("{name} has no cases to shape")))?;
+    let template = sweep.iter().find(|c| param_timed(c)).or(sweep.first()).ok_or_else(|| LabError::Invalid(format!("{name} has no cases to shape")))?;
     let mut keys: BTreeMap<&str, Vec<&Value>> = BTreeMap::new();
     for c in &sweep {
         for (k, v) in c.as_object().into_iter().flatten() {
@@ -551,34 +489,14 @@ pub fn shape_case(
             }
         }
     }
-    let accepted = || {
-        keys.iter()
-            .map(|(k, vs)| format!("{k} ({})", describe(vs)))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
+    let accepted = || keys.iter().map(|(k, vs)| format!("{k} ({})", describe(vs))).collect::<Vec<_>>().join(", ");
     let mut case = template.clone();
     case["timed"] = Value::Bool(true);
     for pair in spec.split(',').filter(|p| !p.trim().is_empty()) {
-        let (key, text) = pair.split_once('=').ok_or_else(|| {
-            LabError::Invalid(format!(
-                "--shape `{pair}` is not key=value; {name} takes {}",
-                accepted()
-            ))
-        })?;
+        let (key, text) = pair.split_once('=').ok_or_else(|| LabError::Invalid(format!("--shape `{pair}` is not key=value; {name} takes {}", accepted())))?;
         let (key, text) = (key.trim(), text.trim());
-        let seen = keys.get(key).ok_or_else(|| {
-            LabError::Invalid(format!(
-                "--shape: {name} has no parameter `{key}`; it takes {}",
-                accepted()
-            ))
-        })?;
-        let bad = || {
-            LabError::Invalid(format!(
-                "--shape: {name}'s `{key}` takes {}, not `{text}`",
-                describe(seen)
-            ))
-        };
+        let seen = keys.get(key).ok_or_else(|| LabError::Invalid(format!("--shape: {name} has no parameter `{key}`; it takes {}", accepted())))?;
+        let bad = || LabError::Invalid(format!("--shape: {name}'s `{key}` takes {}, not `{text}`", describe(seen)));
         let value = match seen[0] {
             Value::String(_) => {
                 let v = Value::String(text.to_string());
@@ -589,11 +507,7 @@ pub fn shape_case(
             }
             Value::Bool(_) => Value::Bool(text.parse().map_err(|_| bad())?),
             Value::Number(n) if n.is_u64() => Value::from(text.parse::<u64>().map_err(|_| bad())?),
-            Value::Number(_) => {
-                serde_json::Number::from_f64(text.parse::<f64>().map_err(|_| bad())?)
-                    .map(Value::Number)
-                    .ok_or_else(bad)?
-            }
+            Value::Number(_) => serde_json::Number::from_f64(text.parse::<f64>().map_err(|_| bad())?).map(Value::Number).ok_or_else(bad)?,
             _ => return Err(bad()),
         };
         case[key] = value;
@@ -604,11 +518,7 @@ pub fn shape_case(
 /// What values a parameter takes, as its sweep's cases show them.
 fn describe(seen: &[&Value]) -> String {
     match seen[0] {
-        Value::String(_) => seen
-            .iter()
-            .filter_map(|v| v.as_str())
-            .collect::<Vec<_>>()
-            .join(" | "),
+        Value::String(_) => seen.iter().filter_map(|v| v.as_str()).collect::<Vec<_>>().join(" | "),
         Value::Bool(_) => "true | false".into(),
         Value::Number(n) if n.is_u64() => "an unsigned integer".into(),
         Value::Number(_) => "a number".into(),
@@ -635,8 +545,7 @@ pub fn param_usize(case: &Value, key: &str) -> Result<usize> {
 /// Whether a case is timed: unless it says `"timed": false`, and never on a hostile fill, whose
 /// time says nothing about the kernel. Untimed cases are correctness gates.
 pub fn param_timed(case: &Value) -> bool {
-    case.get("timed").and_then(Value::as_bool).unwrap_or(true)
-        && case.get("fill").and_then(Value::as_str) != Some("hostile")
+    case.get("timed").and_then(Value::as_bool).unwrap_or(true) && case.get("fill").and_then(Value::as_str) != Some("hostile")
 }
 
 pub fn param_str<'a>(case: &'a Value, key: &str) -> Result<&'a str> {
@@ -651,46 +560,21 @@ mod tests {
     use crate::profile::TimingMode;
 
     fn session(dir: &std::path::Path) -> Session {
-        let opts = RunOptions {
-            quick: true,
-            l2: L2::Cold,
-            ..RunOptions::new(dir, 1)
-        };
+        let opts = RunOptions { quick: true, l2: L2::Cold, ..RunOptions::new(dir, 1) };
         let mut s = Session::new(Backend::Cpu, opts).unwrap();
         s.experiment = "vector_add";
-        s.ceilings.insert(
-            "copy_gb_s",
-            Ceiling {
-                value: 100.0,
-                spread: 0.01,
-            },
-        );
+        s.ceilings.insert("copy_gb_s", Ceiling { value: 100.0, spread: 0.01 });
         s
     }
 
     fn timed(ms: f64, l2: &str) -> Option<(TimeSummary, TimingMode)> {
-        let mode = TimingMode {
-            l2: l2.into(),
-            launch: "eager".into(),
-            warmup: 1,
-            raw_ms: vec![ms],
-            warmup_ms: vec![],
-            clocks: None,
-        };
+        let mode = TimingMode { l2: l2.into(), launch: "eager".into(), warmup: 1, raw_ms: vec![ms], warmup_ms: vec![], clocks: None };
         Some((TimeSummary::of(&[ms]), mode))
     }
 
     /// 1 GB in 5 ms is 200 GB/s against a 100 GB/s ceiling.
     fn too_fast(l2: &str) -> Measurement {
-        let mut m = Measurement::new(
-            "cached",
-            "lab",
-            &serde_json::json!({"n": 1}),
-            Work {
-                bytes: 1_000_000_000,
-                flops: 0,
-            },
-        );
+        let mut m = Measurement::new("cached", "lab", &serde_json::json!({"n": 1}), Work { bytes: 1_000_000_000, flops: 0 });
         (m.time, m.ceiling) = (timed(5.0, l2), Some("copy_gb_s"));
         m
     }
@@ -720,34 +604,18 @@ mod tests {
     fn a_wrong_result_fails_whatever_its_speed() {
         let dir = tempfile::tempdir().unwrap();
         let mut s = session(dir.path());
-        let tol = Tolerance {
-            atol: 0.0,
-            rtol: 1e-6,
-        };
+        let tol = Tolerance { atol: 0.0, rtol: 1e-6 };
         let mut m = too_fast("cold");
-        m.error = Some(crate::ops::compare::compare(
-            &[1.0, 2.5],
-            &[1.0, 2.0],
-            tol,
-            "test",
-        ));
+        m.error = Some(crate::ops::compare::compare(&[1.0, 2.5], &[1.0, 2.0], tol, "test"));
         let r = s.emit(m).unwrap();
         assert_eq!(r.verdict, Verdict::Fail);
         // The report keeps its time but gives it no speed-up over a peer.
-        let mut peer = Measurement::new(
-            "peer",
-            "torch",
-            &serde_json::json!({"n": 1}),
-            Work { bytes: 1, flops: 0 },
-        );
+        let mut peer = Measurement::new("peer", "torch", &serde_json::json!({"n": 1}), Work { bytes: 1, flops: 0 });
         peer.time = timed(50.0, "cold");
         let p = s.emit(peer).unwrap();
         let peers = crate::report::model::best_peer_times(&[r.clone(), p]);
         let row = crate::report::model::row(&r, &peers);
-        assert_eq!(
-            (row.speedup.as_str(), row.verdict.as_str(), row.flagged),
-            ("-", "fail", true)
-        );
+        assert_eq!((row.speedup.as_str(), row.verdict.as_str(), row.flagged), ("-", "fail", true));
         assert_ne!(row.median_ms, "-");
     }
 
@@ -757,93 +625,33 @@ mod tests {
     fn a_kernel_that_skips_an_element_fails_through_the_house_path() {
         let dir = tempfile::tempdir().unwrap();
         let mut s = session(dir.path());
-        let (a, b): (Vec<f32>, Vec<f32>) = (
-            (0..1001).map(|i| i as f32).collect(),
-            (0..1001).map(|i| 0.5 * i as f32).collect(),
-        );
+        let (a, b): (Vec<f32>, Vec<f32>) = ((0..1001).map(|i| i as f32).collect(), (0..1001).map(|i| 0.5 * i as f32).collect());
         let expected: Vec<f64> = a.iter().zip(&b).map(|(x, y)| (*x + *y) as f64).collect();
-        let compare = |y: &[f32]| {
-            crate::ops::compare::compare_elems(
-                y,
-                &expected,
-                Tolerance {
-                    atol: 0.0,
-                    rtol: 1e-6,
-                },
-                "cpu-f64",
-            )
-        };
-        let check = crate::ops::Check::memory_bound(
-            Tolerance {
-                atol: 0.0,
-                rtol: 1e-6,
-            },
-            &compare,
-        );
+        let compare = |y: &[f32]| crate::ops::compare::compare_elems(y, &expected, Tolerance { atol: 0.0, rtol: 1e-6 }, "cpu-f64");
+        let check = crate::ops::Check::memory_bound(Tolerance { atol: 0.0, rtol: 1e-6 }, &compare);
         let case = serde_json::json!({"n": 1001});
         let off_by_one = |y: &mut [f32]| (0..y.len() - 1).for_each(|i| y[i] = a[i] + b[i]);
-        crate::ops::measure_cpu(
-            &mut s,
-            &case,
-            "off_by_one",
-            Work {
-                bytes: 12 * 1001,
-                flops: 1001,
-            },
-            &check,
-            true,
-            1001,
-            off_by_one,
-        )
-        .unwrap();
+        crate::ops::measure_cpu(&mut s, &case, "off_by_one", Work { bytes: 12 * 1001, flops: 1001 }, &check, true, 1001, off_by_one).unwrap();
         let r = s.records.last().unwrap();
         assert_eq!(r.verdict, Verdict::Fail);
         let e = r.error.as_ref().unwrap();
         assert_eq!((e.mismatches, e.worst_index), (1, Some(1000)));
-        assert!(
-            r.time_ms.is_some(),
-            "the time is kept, never shown as a result"
-        );
+        assert!(r.time_ms.is_some(), "the time is kept, never shown as a result");
     }
 
     #[test]
     fn a_shape_spec_becomes_a_case_and_bad_keys_or_values_are_named() {
         let softmax = find("softmax").unwrap();
         let case = shape_case(softmax, &Backend::Cpu, true, "rows=3,cols=5,dtype=f32").unwrap();
-        assert_eq!(
-            (
-                case["rows"].as_u64(),
-                case["cols"].as_u64(),
-                case["dtype"].as_str()
-            ),
-            (Some(3), Some(5), Some("f32"))
-        );
-        assert_eq!(
-            (case["fill"].as_str(), case["timed"].as_bool()),
-            (Some("normal"), Some(true))
-        );
-        let err = shape_case(softmax, &Backend::Cpu, true, "rows=3,colz=5")
-            .unwrap_err()
-            .to_string();
+        assert_eq!((case["rows"].as_u64(), case["cols"].as_u64(), case["dtype"].as_str()), (Some(3), Some(5), Some("f32")));
+        assert_eq!((case["fill"].as_str(), case["timed"].as_bool()), (Some("normal"), Some(true)));
+        let err = shape_case(softmax, &Backend::Cpu, true, "rows=3,colz=5").unwrap_err().to_string();
         assert!(err.contains("softmax has no parameter `colz`; it takes cols (an unsigned integer), dtype (f32 | bf16)"), "{err}");
-        let err = shape_case(softmax, &Backend::Cpu, true, "dtype=f16")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("softmax's `dtype` takes f32 | bf16, not `f16`"),
-            "{err}"
-        );
-        let err = shape_case(softmax, &Backend::Cpu, true, "rows=-1")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("`rows` takes an unsigned integer, not `-1`"),
-            "{err}"
-        );
-        assert!(shape_case(softmax, &Backend::Cpu, true, "rows")
-            .unwrap_err()
-            .to_string()
-            .contains("is not key=value"));
+        let err = shape_case(softmax, &Backend::Cpu, true, "dtype=f16").unwrap_err().to_string();
+        assert!(err.contains("softmax's `dtype` takes f32 | bf16, not `f16`"), "{err}");
+        let err = shape_case(softmax, &Backend::Cpu, true, "rows=-1").unwrap_err().to_string();
+        assert!(err.contains("`rows` takes an unsigned integer, not `-1`"), "{err}");
+        assert!(shape_case(softmax, &Backend::Cpu, true, "rows").unwrap_err().to_string().contains("is not key=value"));
     }
 
     #[test]

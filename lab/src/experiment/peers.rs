@@ -24,43 +24,15 @@ pub fn python() -> String {
 
 /// Runs `op` in torch on `inputs` (raw little-endian bytes of `dtype`, each with its shape);
 /// `args` are the op's own arguments (eps, approximation, compile).
-pub fn torch(
-    op: &str,
-    dtype: &str,
-    args: Value,
-    inputs: &[(&[u8], &[usize])],
-    budget: &Budget,
-    l2_bytes: i64,
-) -> Result<PeerRun> {
-    torch_with(
-        &python(),
-        TORCH_PEERS,
-        op,
-        dtype,
-        args,
-        inputs,
-        budget,
-        l2_bytes,
-    )
+pub fn torch(op: &str, dtype: &str, args: Value, inputs: &[(&[u8], &[usize])], budget: &Budget, l2_bytes: i64) -> Result<PeerRun> {
+    torch_with(&python(), TORCH_PEERS, op, dtype, args, inputs, budget, l2_bytes)
 }
 
 /// [`torch`] through `interpreter` running `script_text`: the byte protocol on its own, which
 /// the tests drive with stub scripts.
 #[allow(clippy::too_many_arguments)]
-fn torch_with(
-    interpreter: &str,
-    script_text: &str,
-    op: &str,
-    dtype: &str,
-    args: Value,
-    inputs: &[(&[u8], &[usize])],
-    budget: &Budget,
-    l2_bytes: i64,
-) -> Result<PeerRun> {
-    let fail = |why: String| LabError::Peer {
-        peer: "torch".into(),
-        why,
-    };
+fn torch_with(interpreter: &str, script_text: &str, op: &str, dtype: &str, args: Value, inputs: &[(&[u8], &[usize])], budget: &Budget, l2_bytes: i64) -> Result<PeerRun> {
+    let fail = |why: String| LabError::Peer { peer: "torch".into(), why };
     let dir = tempfile::tempdir().map_err(|e| fail(format!("no temp dir: {e}")))?;
     let script = dir.path().join("torch_peers.py");
     std::fs::write(&script, script_text).map_err(|e| fail(e.to_string()))?;
@@ -80,15 +52,8 @@ fn torch_with(
     });
     let reply = call_python("torch", interpreter, &script, &request)?;
     let line = reply.to_string();
-    let samples = |key: &str| -> Vec<f64> {
-        reply[key]
-            .as_array()
-            .map(|a| a.iter().filter_map(Value::as_f64).collect())
-            .unwrap_or_default()
-    };
-    let raw = Some(samples("raw_ms"))
-        .filter(|v| !v.is_empty())
-        .ok_or_else(|| fail(format!("reply has no samples: {line}")))?;
+    let samples = |key: &str| -> Vec<f64> { reply[key].as_array().map(|a| a.iter().filter_map(Value::as_f64).collect()).unwrap_or_default() };
+    let raw = Some(samples("raw_ms")).filter(|v| !v.is_empty()).ok_or_else(|| fail(format!("reply has no samples: {line}")))?;
     let output = std::fs::read(&out).map_err(|e| fail(format!("no output file: {e}")))?;
     let warmup_ms = samples("warmup_ms");
     let mode = TimingMode {
@@ -113,16 +78,8 @@ fn torch_with(
 
 /// Runs `script` under `interpreter` with `request` as JSON on stdin; its last line of stdout is
 /// the JSON reply.
-pub(crate) fn call_python(
-    peer: &str,
-    interpreter: &str,
-    script: &std::path::Path,
-    request: &Value,
-) -> Result<Value> {
-    let fail = |why: String| LabError::Peer {
-        peer: peer.into(),
-        why,
-    };
+pub(crate) fn call_python(peer: &str, interpreter: &str, script: &std::path::Path, request: &Value) -> Result<Value> {
+    let fail = |why: String| LabError::Peer { peer: peer.into(), why };
     let mut child = Command::new(interpreter)
         .arg(script)
         .stdin(Stdio::piped())
@@ -132,20 +89,12 @@ pub(crate) fn call_python(
         .map_err(|e| fail(format!("cannot start `{interpreter}`: {e}")))?;
     // A peer that dies before reading its request breaks the pipe: its exit status and stderr
     // say why, so they are reported before the failed write.
-    let sent = child
-        .stdin
-        .take()
-        .expect("piped stdin")
-        .write_all(request.to_string().as_bytes());
+    let sent = child.stdin.take().expect("piped stdin").write_all(request.to_string().as_bytes());
     let done = child.wait_with_output().map_err(|e| fail(e.to_string()))?;
     if !done.status.success() {
         let err = String::from_utf8_lossy(&done.stderr);
         let tail: Vec<&str> = err.lines().rev().take(5).collect();
-        return Err(fail(format!(
-            "{interpreter} exited with {}: {}",
-            done.status,
-            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
-        )));
+        return Err(fail(format!("{interpreter} exited with {}: {}", done.status, tail.into_iter().rev().collect::<Vec<_>>().join(" | "))));
     }
     sent.map_err(|e| fail(format!("the request could not be sent: {e}")))?;
     let stdout = String::from_utf8_lossy(&done.stdout);
@@ -164,16 +113,8 @@ pub struct TransformersRun {
     pub logits: Vec<Vec<f32>>,
 }
 
-pub fn transformers_llama(
-    gguf: &std::path::Path,
-    texts: &[&str],
-    prompts: &[Vec<u32>],
-    new_tokens: usize,
-) -> Result<TransformersRun> {
-    let fail = |why: String| LabError::Peer {
-        peer: "transformers".into(),
-        why,
-    };
+pub fn transformers_llama(gguf: &std::path::Path, texts: &[&str], prompts: &[Vec<u32>], new_tokens: usize) -> Result<TransformersRun> {
+    let fail = |why: String| LabError::Peer { peer: "transformers".into(), why };
     let dir = tempfile::tempdir().map_err(|e| fail(format!("no temp dir: {e}")))?;
     let script = dir.path().join("transformers_llama.py");
     std::fs::write(&script, TRANSFORMERS_LLAMA).map_err(|e| fail(e.to_string()))?;
@@ -181,12 +122,8 @@ pub fn transformers_llama(
     let reply = call_python("transformers", &python(), &script, &request)?;
     let logits = (0..prompts.len())
         .map(|i| {
-            let bytes = std::fs::read(dir.path().join(format!("logits{i}.bin")))
-                .map_err(|e| fail(format!("no logits for prompt {i}: {e}")))?;
-            Ok(bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect())
+            let bytes = std::fs::read(dir.path().join(format!("logits{i}.bin"))).map_err(|e| fail(format!("no logits for prompt {i}: {e}")))?;
+            Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
         })
         .collect::<Result<_>>()?;
     Ok(TransformersRun { reply, logits })
@@ -211,25 +148,12 @@ print(json.dumps({"variant": "stub " + req["op"], "raw_ms": [0.5 + 0.1 * i for i
 
     fn run(script: &str) -> Result<PeerRun> {
         let input: Vec<u8> = (0u8..12).collect();
-        torch_with(
-            &python(),
-            script,
-            "softmax",
-            "f32",
-            json!({}),
-            &[(&input, &[3])],
-            &Budget::new(true),
-            1 << 20,
-        )
+        torch_with(&python(), script, "softmax", "f32", json!({}), &[(&input, &[3])], &Budget::new(true), 1 << 20)
     }
 
     fn error_of(script: &str) -> String {
         match run(script) {
-            Ok(r) => panic!(
-                "the reply of {script:?} was accepted as {} with {} samples",
-                r.variant,
-                r.time.1.raw_ms.len()
-            ),
+            Ok(r) => panic!("the reply of {script:?} was accepted as {} with {} samples", r.variant, r.time.1.raw_ms.len()),
             Err(e) => e.to_string(),
         }
     }
@@ -238,76 +162,27 @@ print(json.dumps({"variant": "stub " + req["op"], "raw_ms": [0.5 + 0.1 * i for i
     fn a_peer_speaking_the_protocol_is_read_back() {
         let r = run(STUB).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(r.variant, "stub softmax");
-        assert_eq!(
-            r.output,
-            (0u8..12).rev().collect::<Vec<_>>(),
-            "the output file, byte for byte"
-        );
+        assert_eq!(r.output, (0u8..12).rev().collect::<Vec<_>>(), "the output file, byte for byte");
         assert_eq!(r.time.1.raw_ms.len(), Budget::new(true).min);
         assert!((r.time.0.median - 0.7).abs() < 1e-12, "{:?}", r.time.0);
-        assert_eq!(
-            (
-                r.time.1.warmup,
-                r.time.1.launch.as_str(),
-                r.time.1.l2.as_str()
-            ),
-            (1, "eager", Budget::new(true).l2.name())
-        );
-        assert_eq!(
-            (
-                r.extra["peer_torch"].as_str(),
-                r.extra["peer_device"].as_str()
-            ),
-            (Some("0.0-stub"), Some("stub-gpu"))
-        );
+        assert_eq!((r.time.1.warmup, r.time.1.launch.as_str(), r.time.1.l2.as_str()), (1, "eager", Budget::new(true).l2.name()));
+        assert_eq!((r.extra["peer_torch"].as_str(), r.extra["peer_device"].as_str()), (Some("0.0-stub"), Some("stub-gpu")));
     }
 
     #[test]
     fn a_peer_that_replies_garbage_or_dies_is_a_named_error() {
         let garbage = "import sys\nsys.stdin.read()\nprint('Traceback? no: just words')";
         let e = error_of(garbage);
-        assert!(
-            e.contains("peer `torch` failed")
-                && e.contains("unreadable reply `Traceback? no: just words`"),
-            "{e}"
-        );
-        let no_samples = STUB.replace(
-            "\"raw_ms\": [0.5 + 0.1 * i for i in range(reps)]",
-            "\"raw_ms\": []",
-        );
-        assert!(
-            error_of(&no_samples).contains("reply has no samples"),
-            "{}",
-            error_of(&no_samples)
-        );
+        assert!(e.contains("peer `torch` failed") && e.contains("unreadable reply `Traceback? no: just words`"), "{e}");
+        let no_samples = STUB.replace("\"raw_ms\": [0.5 + 0.1 * i for i in range(reps)]", "\"raw_ms\": []");
+        assert!(error_of(&no_samples).contains("reply has no samples"), "{}", error_of(&no_samples));
         let no_output = STUB.replace("open(req[\"output\"], \"wb\").write(data[::-1])", "pass");
-        assert!(
-            error_of(&no_output).contains("no output file"),
-            "{}",
-            error_of(&no_output)
-        );
+        assert!(error_of(&no_output).contains("no output file"), "{}", error_of(&no_output));
         // It dies before reading the request, as a peer failing at import does.
         let dies = "import sys\nprint('CUDA error: out of memory', file=sys.stderr)\nsys.exit(3)";
         let e = error_of(dies);
-        assert!(
-            e.contains("peer `torch` failed")
-                && e.contains("exited with exit status: 3")
-                && e.contains("CUDA error: out of memory"),
-            "{e}"
-        );
-        let e = torch_with(
-            "/nonexistent/python3",
-            STUB,
-            "softmax",
-            "f32",
-            json!({}),
-            &[],
-            &Budget::new(true),
-            0,
-        )
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
+        assert!(e.contains("peer `torch` failed") && e.contains("exited with exit status: 3") && e.contains("CUDA error: out of memory"), "{e}");
+        let e = torch_with("/nonexistent/python3", STUB, "softmax", "f32", json!({}), &[], &Budget::new(true), 0).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(e.contains("cannot start `/nonexistent/python3`"), "{e}");
     }
 }

@@ -47,9 +47,7 @@ pub fn cuda_include_dir() -> Option<PathBuf> {
             }
         }
     }
-    candidates
-        .into_iter()
-        .find(|p| p.join("cuda_bf16.h").is_file())
+    candidates.into_iter().find(|p| p.join("cuda_bf16.h").is_file())
 }
 
 /// What NVRTC compiles for: a compute capability as one number (90 for 9.0) and whether to use its
@@ -67,10 +65,7 @@ pub struct Target {
 impl Target {
     /// The target a device of compute capability `arch` runs: `90a` on 9.0, else plain.
     pub fn for_device(arch: u32) -> Self {
-        Target {
-            arch,
-            specific: arch == 90,
-        }
+        Target { arch, specific: arch == 90 }
     }
     /// NVRTC's `--gpu-architecture` value, e.g. `compute_90a`.
     pub fn gpu_architecture(&self) -> String {
@@ -80,10 +75,7 @@ impl Target {
 
 impl From<u32> for Target {
     fn from(arch: u32) -> Self {
-        Target {
-            arch,
-            specific: false,
-        }
+        Target { arch, specific: false }
     }
 }
 
@@ -115,11 +107,7 @@ pub fn compile_family(family: &str, target: impl Into<Target>) -> Result<String>
 
 /// [`compile_family`] with PTX cached in the folder `cache` (`None`: no disk cache). Tests give
 /// their own folder, so they neither read nor fill the user's cache.
-pub fn compile_family_in(
-    cache: Option<&Path>,
-    family: &str,
-    target: impl Into<Target>,
-) -> Result<String> {
+pub fn compile_family_in(cache: Option<&Path>, family: &str, target: impl Into<Target>) -> Result<String> {
     compile_source_in(cache, family, &crate::kernels::source(family)?, target)
 }
 
@@ -129,73 +117,31 @@ pub fn compile_family_in(
 /// expression must be a compile-time constant that fits 32 bits (`__float_as_uint(x)` for a float).
 /// PTX is cached in `cache`, as [`compile_family_in`] does.
 pub fn probe_u32(cache: Option<&Path>, family: &str, exprs: &[&str]) -> Result<Vec<u32>> {
-    probe_source_u32(
-        cache,
-        family,
-        &crate::kernels::source(family)?,
-        exprs,
-        90.into(),
-    )
+    probe_source_u32(cache, family, &crate::kernels::source(family)?, exprs, 90.into())
 }
 
 /// [`probe_u32`] over any source and target: calls of a kernel's own index functions with
 /// constant arguments fold to constants too, so a Rust mirror of a swizzle or a block order is
 /// compared with what the kernel computes (sm_90a's functions need target `90a`).
-pub fn probe_source_u32(
-    cache: Option<&Path>,
-    family: &str,
-    source: &str,
-    exprs: &[&str],
-    target: Target,
-) -> Result<Vec<u32>> {
-    let stores: String = exprs
-        .iter()
-        .enumerate()
-        .map(|(i, e)| format!("    o[{i}] = (unsigned)({e});\n"))
-        .collect();
-    let src = format!(
-        "{source}\nextern \"C\" __global__ void lab_probe(volatile unsigned* o) {{\n{stores}}}\n"
-    );
+pub fn probe_source_u32(cache: Option<&Path>, family: &str, source: &str, exprs: &[&str], target: Target) -> Result<Vec<u32>> {
+    let stores: String = exprs.iter().enumerate().map(|(i, e)| format!("    o[{i}] = (unsigned)({e});\n")).collect();
+    let src = format!("{source}\nextern \"C\" __global__ void lab_probe(volatile unsigned* o) {{\n{stores}}}\n");
     let ptx = compile_source_in(cache, &format!("{family}_probe"), &src, target)?;
-    let body = ptx
-        .split(".entry lab_probe(")
-        .nth(1)
-        .ok_or_else(|| LabError::Invalid("the probe kernel is missing from its PTX".into()))?;
+    let body = ptx.split(".entry lab_probe(").nth(1).ok_or_else(|| LabError::Invalid("the probe kernel is missing from its PTX".into()))?;
     let mut regs = std::collections::HashMap::new();
     let mut got = vec![None; exprs.len()];
-    for line in body
-        .lines()
-        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
-    {
+    for line in body.lines().map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")) {
         let line = line.as_str();
-        if let Some(rest) = line
-            .strip_prefix("mov.u32 ")
-            .or_else(|| line.strip_prefix("mov.b32 "))
-        {
+        if let Some(rest) = line.strip_prefix("mov.u32 ").or_else(|| line.strip_prefix("mov.b32 ")) {
             if let Some((reg, v)) = rest.trim_end_matches(';').split_once(", ") {
                 regs.insert(reg.to_string(), v.to_string());
             }
-        } else if let Some(rest) = line
-            .strip_prefix("st.volatile.global.u32 ")
-            .or_else(|| line.strip_prefix("st.volatile.global.b32 "))
-        {
-            let Some((addr, v)) = rest.trim_end_matches(';').split_once("], ") else {
-                continue;
-            };
-            let offset: usize = addr
-                .split_once('+')
-                .map_or(Some(0), |(_, o)| o.parse().ok())
-                .unwrap_or(usize::MAX);
+        } else if let Some(rest) = line.strip_prefix("st.volatile.global.u32 ").or_else(|| line.strip_prefix("st.volatile.global.b32 ")) {
+            let Some((addr, v)) = rest.trim_end_matches(';').split_once("], ") else { continue };
+            let offset: usize = addr.split_once('+').map_or(Some(0), |(_, o)| o.parse().ok()).unwrap_or(usize::MAX);
             let v = regs.get(v).cloned().unwrap_or_else(|| v.to_string());
             // PTX writes an immediate in decimal, negative past 2^31, or in hex.
-            let value = v
-                .parse::<u32>()
-                .ok()
-                .or_else(|| v.parse::<i32>().ok().map(|x| x as u32))
-                .or_else(|| {
-                    v.strip_prefix("0x")
-                        .and_then(|h| u32::from_str_radix(h, 16).ok())
-                });
+            let value = v.parse::<u32>().ok().or_else(|| v.parse::<i32>().ok().map(|x| x as u32)).or_else(|| v.strip_prefix("0x").and_then(|h| u32::from_str_radix(h, 16).ok()));
             if let (Some(slot), Some(value)) = (got.get_mut(offset / 4), value) {
                 *slot = Some(value);
             }
@@ -204,13 +150,7 @@ pub fn probe_source_u32(
     exprs
         .iter()
         .zip(got)
-        .map(|(e, v)| {
-            v.ok_or_else(|| {
-                LabError::Invalid(format!(
-                    "`{e}` is not a 32-bit compile-time constant of `{family}`"
-                ))
-            })
-        })
+        .map(|(e, v)| v.ok_or_else(|| LabError::Invalid(format!("`{e}` is not a 32-bit compile-time constant of `{family}`"))))
         .collect()
 }
 
@@ -220,12 +160,7 @@ pub fn compile_source(family: &str, src: &str, target: impl Into<Target>) -> Res
 }
 
 /// [`compile_source`] with PTX cached in the folder `cache` (`None`: no disk cache).
-pub fn compile_source_in(
-    cache: Option<&Path>,
-    family: &str,
-    src: &str,
-    target: impl Into<Target>,
-) -> Result<String> {
+pub fn compile_source_in(cache: Option<&Path>, family: &str, src: &str, target: impl Into<Target>) -> Result<String> {
     let arch = target.into().gpu_architecture();
     let include = cuda_include_dir().ok_or_else(|| {
         LabError::NoNvrtc(
@@ -253,10 +188,7 @@ pub fn compile_source_in(
             return Ok(ptx);
         }
     }
-    let opts = cudarc::nvrtc::CompileOptions {
-        options,
-        ..Default::default()
-    };
+    let opts = cudarc::nvrtc::CompileOptions { options, ..Default::default() };
     let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, opts).map_err(|e| match e {
         cudarc::nvrtc::CompileError::CompileError { log, .. } => LabError::Compile {
             family: family.into(),
@@ -290,7 +222,5 @@ fn cache_dir() -> Option<PathBuf> {
 /// Where the lab caches what it builds at run time (PTX, simulators): `LAB_CACHE_DIR`, else
 /// `~/.cache/lab`.
 pub fn lab_cache_dir() -> Option<PathBuf> {
-    std::env::var_os("LAB_CACHE_DIR")
-        .map(PathBuf::from)
-        .or_else(|| dirs::cache_dir().map(|d| d.join("lab")))
+    std::env::var_os("LAB_CACHE_DIR").map(PathBuf::from).or_else(|| dirs::cache_dir().map(|d| d.join("lab")))
 }

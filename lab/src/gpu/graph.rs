@@ -34,40 +34,22 @@ impl Drop for Graph {
 impl Graph {
     /// Captures what `body` launches on the GPU's stream; with `programmatic`, then rewrites its
     /// kernel-to-kernel edges as above before instantiating it.
-    pub fn capture(
-        gpu: &Gpu,
-        programmatic: bool,
-        body: impl FnOnce() -> Result<()>,
-    ) -> Result<Graph> {
-        gpu.stream
-            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .doing("capturing a graph")?;
+    pub fn capture(gpu: &Gpu, programmatic: bool, body: impl FnOnce() -> Result<()>) -> Result<Graph> {
+        gpu.stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).doing("capturing a graph")?;
         let ran = body();
         // SAFETY: the stream is ours and capturing (begun above).
-        let graph = unsafe { result::stream::end_capture(gpu.stream.cu_stream()) }
-            .doing("ending a graph capture")?;
+        let graph = unsafe { result::stream::end_capture(gpu.stream.cu_stream()) }.doing("ending a graph capture")?;
         let made = (|| {
             ran?;
             if graph.is_null() {
                 return Err(LabError::Invalid("the captured graph is empty".into()));
             }
             let edges = edges(graph)?;
-            let programmatic = if programmatic {
-                make_programmatic(gpu, graph, &edges)?
-            } else {
-                0
-            };
+            let programmatic = if programmatic { make_programmatic(gpu, graph, &edges)? } else { 0 };
             let flags = CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
             // SAFETY: a valid graph from the capture above.
-            let exec = unsafe { result::graph::instantiate(graph, flags) }
-                .doing("instantiating a captured graph")?;
-            Ok(Graph {
-                graph,
-                exec,
-                stream: gpu.stream.clone(),
-                edges: edges.len(),
-                programmatic,
-            })
+            let exec = unsafe { result::graph::instantiate(graph, flags) }.doing("instantiating a captured graph")?;
+            Ok(Graph { graph, exec, stream: gpu.stream.clone(), edges: edges.len(), programmatic })
         })();
         if made.is_err() && !graph.is_null() {
             // SAFETY: the graph was not handed to a `Graph`; nothing else holds it.
@@ -78,23 +60,15 @@ impl Graph {
 
     /// Uploads the executable graph's resources, so that the first launch pays no setup.
     pub fn upload(&self) -> Result<()> {
-        self.stream
-            .context()
-            .bind_to_thread()
-            .doing("binding the context")?;
+        self.stream.context().bind_to_thread().doing("binding the context")?;
         // SAFETY: the executable graph is ours and its stream alive.
-        unsafe { result::graph::upload(self.exec, self.stream.cu_stream()) }
-            .doing("uploading a captured graph")
+        unsafe { result::graph::upload(self.exec, self.stream.cu_stream()) }.doing("uploading a captured graph")
     }
 
     pub fn launch(&self) -> Result<()> {
-        self.stream
-            .context()
-            .bind_to_thread()
-            .doing("binding the context")?;
+        self.stream.context().bind_to_thread().doing("binding the context")?;
         // SAFETY: the executable graph is ours and its stream alive.
-        unsafe { result::graph::launch(self.exec, self.stream.cu_stream()) }
-            .doing("launching a captured graph")
+        unsafe { result::graph::launch(self.exec, self.stream.cu_stream()) }.doing("launching a captured graph")
     }
 }
 
@@ -103,17 +77,7 @@ type Edge = (sys::CUgraphNode, sys::CUgraphNode, sys::CUgraphEdgeData);
 fn edges(graph: sys::CUgraph) -> Result<Vec<Edge>> {
     let mut n = 0usize;
     // SAFETY: null arrays ask for the count only; then arrays of that length.
-    unsafe {
-        sys::cuGraphGetEdges_v2(
-            graph,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            &mut n,
-        )
-    }
-    .result()
-    .doing("counting a graph's edges")?;
+    unsafe { sys::cuGraphGetEdges_v2(graph, std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), &mut n) }.result().doing("counting a graph's edges")?;
     // A graph of one node has none, and the driver takes empty arrays for invalid (a one-kernel
     // timing capture failed that way on an H100).
     if n == 0 {
@@ -121,27 +85,9 @@ fn edges(graph: sys::CUgraph) -> Result<Vec<Edge>> {
     }
     let mut from = vec![std::ptr::null_mut(); n];
     let mut to = vec![std::ptr::null_mut(); n];
-    let mut data = vec![
-        sys::CUgraphEdgeData {
-            from_port: 0,
-            to_port: 0,
-            type_: 0,
-            reserved: [0; 5]
-        };
-        n
-    ];
+    let mut data = vec![sys::CUgraphEdgeData { from_port: 0, to_port: 0, type_: 0, reserved: [0; 5] }; n];
     // SAFETY: as above.
-    unsafe {
-        sys::cuGraphGetEdges_v2(
-            graph,
-            from.as_mut_ptr(),
-            to.as_mut_ptr(),
-            data.as_mut_ptr(),
-            &mut n,
-        )
-    }
-    .result()
-    .doing("reading a graph's edges")?;
+    unsafe { sys::cuGraphGetEdges_v2(graph, from.as_mut_ptr(), to.as_mut_ptr(), data.as_mut_ptr(), &mut n) }.result().doing("reading a graph's edges")?;
     Ok((0..n).map(|i| (from[i], to[i], data[i])).collect())
 }
 
@@ -150,39 +96,27 @@ fn edges(graph: sys::CUgraph) -> Result<Vec<Edge>> {
 fn kernel_name(node: sys::CUgraphNode) -> Result<Option<String>> {
     let mut ty = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
     // SAFETY: a node of a live graph; out-parameters.
-    unsafe { sys::cuGraphNodeGetType(node, &mut ty) }
-        .result()
-        .doing("reading a graph node's type")?;
+    unsafe { sys::cuGraphNodeGetType(node, &mut ty) }.result().doing("reading a graph node's type")?;
     if ty != sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL {
         return Ok(None);
     }
     // SAFETY: a kernel node; the struct is plain data the call fills.
     let mut p: sys::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
-    unsafe { sys::cuGraphKernelNodeGetParams_v2(node, &mut p) }
-        .result()
-        .doing("reading a kernel node")?;
+    unsafe { sys::cuGraphKernelNodeGetParams_v2(node, &mut p) }.result().doing("reading a kernel node")?;
     if p.func.is_null() {
         return Ok(None);
     }
     let mut name: *const std::ffi::c_char = std::ptr::null();
     // SAFETY: a loaded function; the driver owns the returned string.
-    unsafe { sys::cuFuncGetName(&mut name, p.func) }
-        .result()
-        .doing("reading a kernel's name")?;
+    unsafe { sys::cuFuncGetName(&mut name, p.func) }.result().doing("reading a kernel's name")?;
     // SAFETY: a NUL-terminated string from the driver, copied at once.
-    Ok((!name.is_null()).then(|| {
-        unsafe { std::ffi::CStr::from_ptr(name) }
-            .to_string_lossy()
-            .into_owned()
-    }))
+    Ok((!name.is_null()).then(|| unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy().into_owned()))
 }
 
 fn make_programmatic(gpu: &Gpu, graph: sys::CUgraph, edges: &[Edge]) -> Result<usize> {
     let mut made = 0;
     for (from, to, data) in edges {
-        if kernel_name(*from)?.is_none()
-            || !kernel_name(*to)?.is_some_and(|k| gpu.waits_for_upstream(&k))
-        {
+        if kernel_name(*from)?.is_none() || !kernel_name(*to)?.is_some_and(|k| gpu.waits_for_upstream(&k)) {
             continue;
         }
         let edge = sys::CUgraphEdgeData {
@@ -193,12 +127,8 @@ fn make_programmatic(gpu: &Gpu, graph: sys::CUgraph, edges: &[Edge]) -> Result<u
         };
         // SAFETY: an edge of this graph, replaced by the same pair with other edge data.
         unsafe {
-            sys::cuGraphRemoveDependencies_v2(graph, from, to, data, 1)
-                .result()
-                .doing("removing a graph edge")?;
-            sys::cuGraphAddDependencies_v2(graph, from, to, &edge, 1)
-                .result()
-                .doing("adding a programmatic graph edge")?;
+            sys::cuGraphRemoveDependencies_v2(graph, from, to, data, 1).result().doing("removing a graph edge")?;
+            sys::cuGraphAddDependencies_v2(graph, from, to, &edge, 1).result().doing("adding a programmatic graph edge")?;
         }
         made += 1;
     }
@@ -211,10 +141,7 @@ pub fn kernels_that_wait(ptx: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     let mut current: Option<&str> = None;
     for line in ptx.lines().map(str::trim_start) {
-        if let Some(rest) = line
-            .strip_prefix(".visible .entry ")
-            .or_else(|| line.strip_prefix(".entry "))
-        {
+        if let Some(rest) = line.strip_prefix(".visible .entry ").or_else(|| line.strip_prefix(".entry ")) {
             current = rest.split('(').next().map(str::trim);
         } else if line.starts_with('.') && line.contains(".func") {
             current = None;

@@ -76,9 +76,7 @@ impl Gpu {
         // SAFETY: no other stream ever touches our buffers.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().doing("creating a stream")?;
-        let (major, minor) = ctx
-            .compute_capability()
-            .doing("reading the compute capability")?;
+        let (major, minor) = ctx.compute_capability().doing("reading the compute capability")?;
         let attr = |a| ctx.attribute(a).doing("reading a device attribute");
         let mut driver = 0;
         // SAFETY: plain out-parameter; the driver is loaded (the context exists).
@@ -132,12 +130,7 @@ impl Gpu {
                 used.insert(family.to_string());
             }
         }
-        if let Some(f) = self
-            .functions
-            .lock()
-            .expect("function cache poisoned")
-            .get(symbol)
-        {
+        if let Some(f) = self.functions.lock().expect("function cache poisoned").get(symbol) {
             return Ok(f.clone());
         }
         let module = {
@@ -145,12 +138,8 @@ impl Gpu {
             match modules.get(family) {
                 Some(m) => m.clone(),
                 None => {
-                    let ptx =
-                        compile::compile_family(family, compile::Target::for_device(self.arch))?;
-                    self.waiting
-                        .lock()
-                        .expect("waiting set poisoned")
-                        .extend(graph::kernels_that_wait(&ptx));
+                    let ptx = compile::compile_family(family, compile::Target::for_device(self.arch))?;
+                    self.waiting.lock().expect("waiting set poisoned").extend(graph::kernels_that_wait(&ptx));
                     let m = self
                         .ctx
                         .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
@@ -160,23 +149,15 @@ impl Gpu {
                 }
             }
         };
-        let f = module
-            .load_function(symbol)
-            .doing(&format!("finding kernel `{symbol}`"))?;
-        self.functions
-            .lock()
-            .expect("function cache poisoned")
-            .insert(symbol.to_string(), f.clone());
+        let f = module.load_function(symbol).doing(&format!("finding kernel `{symbol}`"))?;
+        self.functions.lock().expect("function cache poisoned").insert(symbol.to_string(), f.clone());
         Ok(f)
     }
 
     /// Whether kernel `symbol` (of a module already loaded) waits for the kernel before it, so a
     /// graph may launch it early ([`graph::Graph::capture`]).
     pub fn waits_for_upstream(&self, symbol: &str) -> bool {
-        self.waiting
-            .lock()
-            .expect("waiting set poisoned")
-            .contains(symbol)
+        self.waiting.lock().expect("waiting set poisoned").contains(symbol)
     }
 
     /// The families whose kernels were looked up since the last [`Gpu::forget_families`].
@@ -193,14 +174,11 @@ impl Gpu {
         // cuBLAS runs on the thread's current context, which cudarc's GEMM calls do not set: a
         // thread driving several GPUs (a tensor-parallel group) may have left another current
         // (CUBLAS_STATUS_INTERNAL_ERROR on 4 GPUs).
-        self.ctx
-            .bind_to_thread()
-            .doing("making the GPU's context current for cuBLAS")?;
+        self.ctx.bind_to_thread().doing("making the GPU's context current for cuBLAS")?;
         if let Some(b) = self.blas.get() {
             return Ok(b);
         }
-        let b = cudarc::cublas::CudaBlas::new(self.stream.clone())
-            .doing("creating the cuBLAS handle")?;
+        let b = cudarc::cublas::CudaBlas::new(self.stream.clone()).doing("creating the cuBLAS handle")?;
         Ok(self.blas.get_or_init(|| b))
     }
 
@@ -218,17 +196,13 @@ impl Gpu {
         let bytes = dev.num_bytes();
         let (ptr, _sync) = dev.device_ptr_mut(&self.stream);
         // SAFETY: ptr covers `bytes` bytes of this allocation, on our stream.
-        unsafe {
-            cudarc::driver::result::memset_d8_async(ptr, 0xFF, bytes, self.stream.cu_stream())
-        }
-        .doing("poisoning an output buffer")
+        unsafe { cudarc::driver::result::memset_d8_async(ptr, 0xFF, bytes, self.stream.cu_stream()) }
+            .doing("poisoning an output buffer")
     }
 
     /// Waits for the stream and surfaces any asynchronous kernel error.
     pub fn sync(&self) -> Result<()> {
-        self.stream
-            .synchronize()
-            .doing("waiting for the stream (a kernel may have faulted)")
+        self.stream.synchronize().doing("waiting for the stream (a kernel may have faulted)")
     }
 }
 
@@ -236,9 +210,5 @@ impl Gpu {
 fn driver_release() -> Option<String> {
     let text = std::fs::read_to_string("/proc/driver/nvidia/version").ok()?;
     // "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build ..."
-    text.lines()
-        .next()?
-        .split_whitespace()
-        .find(|w| w.contains('.') && w.chars().all(|c| c.is_ascii_digit() || c == '.'))
-        .map(str::to_string)
+    text.lines().next()?.split_whitespace().find(|w| w.contains('.') && w.chars().all(|c| c.is_ascii_digit() || c == '.')).map(str::to_string)
 }

@@ -72,13 +72,11 @@ impl Nvml {
         let status = unsafe {
             match arg {
                 Some(a) => {
-                    let f: Symbol<unsafe extern "C" fn(Device, c_uint, *mut T) -> i32> =
-                        self.lib.get(name).ok()?;
+                    let f: Symbol<unsafe extern "C" fn(Device, c_uint, *mut T) -> i32> = self.lib.get(name).ok()?;
                     f(self.device, a, &mut out)
                 }
                 None => {
-                    let f: Symbol<unsafe extern "C" fn(Device, *mut T) -> i32> =
-                        self.lib.get(name).ok()?;
+                    let f: Symbol<unsafe extern "C" fn(Device, *mut T) -> i32> = self.lib.get(name).ok()?;
                     f(self.device, &mut out)
                 }
             }
@@ -102,10 +100,7 @@ impl Nvml {
     }
 
     pub fn board(&self, device_name: &str) -> Board {
-        let watts = |name: &[u8]| {
-            self.query::<c_uint>(name, None)
-                .map(|mw| mw as f64 / 1000.0)
-        };
+        let watts = |name: &[u8]| self.query::<c_uint>(name, None).map(|mw| mw as f64 / 1000.0);
         let default_power_limit_w = watts(b"nvmlDeviceGetPowerManagementDefaultLimit\0");
         Board {
             form_factor: form_factor(device_name, default_power_limit_w),
@@ -120,19 +115,11 @@ impl Nvml {
 /// Clock readings around a timed stretch: `start` taken before it, the rest after.
 pub fn clocks_around(start: Option<(u32, u32)>, nvml: &Nvml) -> Option<Clocks> {
     let (s, e) = (start?, nvml.clocks_now()?);
-    Some(Clocks {
-        sm_mhz: [s.0, e.0],
-        mem_mhz: [s.1, e.1],
-        limited_by: nvml.limited_by(),
-    })
+    Some(Clocks { sm_mhz: [s.0, e.0], mem_mhz: [s.1, e.1], limited_by: nvml.limited_by() })
 }
 
 fn reason_names(bits: u64) -> Vec<String> {
-    REASONS
-        .iter()
-        .filter(|(b, _)| bits & b != 0)
-        .map(|(_, n)| n.to_string())
-        .collect()
+    REASONS.iter().filter(|(b, _)| bits & b != 0).map(|(_, n)| n.to_string()).collect()
 }
 
 fn form_factor(name: &str, default_power_limit_w: Option<f64>) -> String {
@@ -165,10 +152,7 @@ mod tests {
     #[test]
     fn form_factor_comes_from_the_name_first_then_the_power_limit() {
         assert_eq!(form_factor("NVIDIA H100 PCIe", Some(350.0)), "PCIe");
-        assert_eq!(
-            form_factor("NVIDIA H100 80GB HBM3", Some(700.0)),
-            "SXM (inferred from power limit)"
-        );
+        assert_eq!(form_factor("NVIDIA H100 80GB HBM3", Some(700.0)), "SXM (inferred from power limit)");
         assert_eq!(form_factor("NVIDIA H100 80GB HBM3", None), "unknown");
     }
 }

@@ -30,8 +30,7 @@ pub fn report(ptx: &str, target: Target) -> Result<Vec<KernelRegs>> {
 
 /// [`report`] with the named ptxas.
 pub fn report_with(program: &str, ptx: &str, target: Target) -> Result<Vec<KernelRegs>> {
-    let dir = tempfile::tempdir()
-        .map_err(|e| LabError::Invalid(format!("a temporary folder for ptxas: {e}")))?;
+    let dir = tempfile::tempdir().map_err(|e| LabError::Invalid(format!("a temporary folder for ptxas: {e}")))?;
     let (src, out) = (dir.path().join("k.ptx"), dir.path().join("k.cubin"));
     std::fs::write(&src, ptx).map_err(|e| LabError::io(&src, e))?;
     let run = Command::new(program)
@@ -41,22 +40,11 @@ pub fn report_with(program: &str, ptx: &str, target: Target) -> Result<Vec<Kerne
         .arg("-o")
         .arg(&out)
         .output()
-        .map_err(|e| {
-            LabError::Invalid(format!(
-                "cannot start `{program}` (set LAB_PTXAS to a ptxas): {e}"
-            ))
-        })?;
+        .map_err(|e| LabError::Invalid(format!("cannot start `{program}` (set LAB_PTXAS to a ptxas): {e}")))?;
     let log = String::from_utf8_lossy(&run.stderr);
     if !run.status.success() {
-        let why: Vec<&str> = log
-            .lines()
-            .filter(|l| l.contains("error") || l.contains("fatal"))
-            .take(3)
-            .collect();
-        return Err(LabError::Invalid(format!(
-            "`{program}` failed for sm_{target}: {}",
-            why.join("; ")
-        )));
+        let why: Vec<&str> = log.lines().filter(|l| l.contains("error") || l.contains("fatal")).take(3).collect();
+        return Err(LabError::Invalid(format!("`{program}` failed for sm_{target}: {}", why.join("; "))));
     }
     Ok(parse(&log))
 }
@@ -64,19 +52,12 @@ pub fn report_with(program: &str, ptx: &str, target: Target) -> Result<Vec<Kerne
 /// The first unsigned number in `text` after `key`.
 fn number_after(text: &str, key: &str) -> Option<u32> {
     let rest = &text[text.find(key)? + key.len()..];
-    rest.split(|c: char| !c.is_ascii_digit())
-        .find(|s| !s.is_empty())?
-        .parse()
-        .ok()
+    rest.split(|c: char| !c.is_ascii_digit()).find(|s| !s.is_empty())?.parse().ok()
 }
 
 /// The number just before `key` in `text` ("24 bytes spill stores").
 fn number_before(text: &str, key: &str) -> Option<u32> {
-    text[..text.find(key)?]
-        .split_whitespace()
-        .last()?
-        .parse()
-        .ok()
+    text[..text.find(key)?].split_whitespace().last()?.parse().ok()
 }
 
 /// Reads `ptxas -v` output: "Compiling entry function 'k'" starts a kernel; its "Function
@@ -88,10 +69,7 @@ pub fn parse(log: &str) -> Vec<KernelRegs> {
     for line in log.lines() {
         if line.contains("Compiling entry function") {
             if let Some(name) = quoted(line) {
-                out.push(KernelRegs {
-                    name,
-                    ..Default::default()
-                });
+                out.push(KernelRegs { name, ..Default::default() });
             }
         } else if line.contains("bytes stack frame") {
             if let Some(k) = out.last_mut() {
@@ -106,20 +84,10 @@ pub fn parse(log: &str) -> Vec<KernelRegs> {
         }
     }
     // Notes come before the kernel's own lines: attach each to the kernel it names.
-    for line in log
-        .lines()
-        .filter(|l| l.contains("Potential Performance Loss") || l.contains("(C75"))
-    {
+    for line in log.lines().filter(|l| l.contains("Potential Performance Loss") || l.contains("(C75")) {
         if let Some(name) = quoted(line) {
             if let Some(k) = out.iter_mut().find(|k| k.name == name) {
-                k.notes.push(
-                    line.split(": ")
-                        .skip(1)
-                        .collect::<Vec<_>>()
-                        .join(": ")
-                        .trim()
-                        .to_string(),
-                );
+                k.notes.push(line.split(": ").skip(1).collect::<Vec<_>>().join(": ").trim().to_string());
             }
         }
     }
@@ -147,42 +115,15 @@ ptxas info    : Used 140 registers, used 1 barriers
     fn reads_registers_spills_and_the_notes_of_each_kernel() {
         let k = parse(LOG);
         assert_eq!(k.len(), 2);
-        assert_eq!(
-            (
-                k[0].name.as_str(),
-                k[0].registers,
-                k[0].stack_bytes,
-                k[0].spill_stores,
-                k[0].spill_loads
-            ),
-            ("attention_wgmma_overlap_d128_bf16", 168, 144, 244, 232)
-        );
+        assert_eq!((k[0].name.as_str(), k[0].registers, k[0].stack_bytes, k[0].spill_stores, k[0].spill_loads), ("attention_wgmma_overlap_d128_bf16", 168, 144, 244, 232));
         assert_eq!(k[0].notes.len(), 1);
-        assert!(
-            k[0].notes[0].starts_with(
-                "(C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized"
-            ),
-            "{:?}",
-            k[0].notes
-        );
-        assert_eq!(
-            (k[1].registers, k[1].spill_stores, k[1].notes.len()),
-            (140, 0, 0)
-        );
+        assert!(k[0].notes[0].starts_with("(C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized"), "{:?}", k[0].notes);
+        assert_eq!((k[1].registers, k[1].spill_stores, k[1].notes.len()), (140, 0, 0));
     }
 
     #[test]
     fn a_missing_ptxas_is_named() {
-        let e = report_with(
-            "/nonexistent/ptxas",
-            ".version 9.0\n",
-            "90a".parse().unwrap(),
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(
-            e.contains("cannot start `/nonexistent/ptxas` (set LAB_PTXAS to a ptxas)"),
-            "{e}"
-        );
+        let e = report_with("/nonexistent/ptxas", ".version 9.0\n", "90a".parse().unwrap()).unwrap_err().to_string();
+        assert!(e.contains("cannot start `/nonexistent/ptxas` (set LAB_PTXAS to a ptxas)"), "{e}");
     }
 }

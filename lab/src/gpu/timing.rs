@@ -1,40 +1,24 @@
 //! CUDA-event timing: warm-up until the median settles, L2 scrubbed (or not) before every
 //! repetition, eager launches or CUDA-graph replay, clocks read around the timed stretch.
 
-use super::graph::Graph;
 use super::Gpu;
 use crate::error::Doing;
 use crate::profile::{Budget, Launch, TimeSummary, TimingMode, L2};
 use crate::Result;
-use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::PushKernelArg;
+use super::graph::Graph;
+use cudarc::driver::sys::CUevent_flags;
 
 /// Times `launch` (which enqueues work on `gpu.stream`) with events around each repetition, as
 /// `budget` says: with `L2::Cold` a buffer twice the L2 size is cleared before each repetition so
 /// inputs come from HBM (`L2::Clean`: read instead, leaving no dirty lines to write back); with `Launch::Graph` the launch is captured once and replayed.
-pub fn time_gpu(
-    gpu: &Gpu,
-    budget: &Budget,
-    mut launch: impl FnMut() -> Result<()>,
-) -> Result<(TimeSummary, TimingMode)> {
+pub fn time_gpu(gpu: &Gpu, budget: &Budget, mut launch: impl FnMut() -> Result<()>) -> Result<(TimeSummary, TimingMode)> {
     let mut scrub = match budget.l2 {
-        L2::Cold | L2::Clean => Some(
-            gpu.stream
-                .alloc_zeros::<u8>((2 * gpu.info.l2_bytes.max(1 << 20)) as usize)
-                .doing("allocating the L2 scrub buffer")?,
-        ),
+        L2::Cold | L2::Clean => Some(gpu.stream.alloc_zeros::<u8>((2 * gpu.info.l2_bytes.max(1 << 20)) as usize).doing("allocating the L2 scrub buffer")?),
         L2::Warm => None,
     };
     let reader = match budget.l2 {
-        L2::Clean => Some((
-            gpu.function(
-                "ceilings",
-                &crate::kernels::symbol("ceilings", "read_scrub", crate::kernels::DType::F32),
-            )?,
-            gpu.stream
-                .alloc_zeros::<f32>(1)
-                .doing("allocating a sink")?,
-        )),
+        L2::Clean => Some((gpu.function("ceilings", &crate::kernels::symbol("ceilings", "read_scrub", crate::kernels::DType::F32))?, gpu.stream.alloc_zeros::<f32>(1).doing("allocating a sink")?)),
         _ => None,
     };
     let graph = match budget.launch {
@@ -47,33 +31,15 @@ pub fn time_gpu(
             match (scrub.as_mut(), &reader) {
                 (Some(scrub), Some((f, sink))) => {
                     let n = (scrub.len() / 16) as i64;
-                    let cfg = cudarc::driver::LaunchConfig {
-                        grid_dim: (4 * gpu.info.sm_count as u32, 1, 1),
-                        block_dim: (512, 1, 1),
-                        shared_mem_bytes: 0,
-                    };
+                    let cfg = cudarc::driver::LaunchConfig { grid_dim: (4 * gpu.info.sm_count as u32, 1, 1), block_dim: (512, 1, 1), shared_mem_bytes: 0 };
                     // SAFETY: the scrub buffer holds n 16-byte words; the sink one float.
-                    unsafe {
-                        gpu.stream
-                            .launch_builder(f)
-                            .arg(&*scrub)
-                            .arg(&n)
-                            .arg(sink)
-                            .launch(cfg)
-                    }
-                    .doing("scrubbing L2 by reading")?;
+                    unsafe { gpu.stream.launch_builder(f).arg(&*scrub).arg(&n).arg(sink).launch(cfg) }.doing("scrubbing L2 by reading")?;
                 }
                 (Some(scrub), None) => gpu.stream.memset_zeros(scrub).doing("scrubbing L2")?,
                 _ => {}
             }
-            let start = gpu
-                .ctx
-                .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-                .doing("creating an event")?;
-            let end = gpu
-                .ctx
-                .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-                .doing("creating an event")?;
+            let start = gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).doing("creating an event")?;
+            let end = gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).doing("creating an event")?;
             start.record(&gpu.stream).doing("recording an event")?;
             match &graph {
                 Some(g) => g.launch()?,
@@ -85,11 +51,7 @@ pub fn time_gpu(
         gpu.sync()?;
         events
             .iter()
-            .map(|(s, e)| {
-                s.elapsed_ms(e)
-                    .map(|t| t as f64)
-                    .doing("reading event times")
-            })
+            .map(|(s, e)| s.elapsed_ms(e).map(|t| t as f64).doing("reading event times"))
             .collect()
     };
     let warm = budget.warm_up(&mut round)?;
@@ -101,10 +63,7 @@ pub fn time_gpu(
         warmup: warm.len(),
         raw_ms: raw.clone(),
         warmup_ms: warm,
-        clocks: gpu
-            .nvml
-            .as_ref()
-            .and_then(|n| super::nvml::clocks_around(start, n)),
+        clocks: gpu.nvml.as_ref().and_then(|n| super::nvml::clocks_around(start, n)),
     };
     Ok((TimeSummary::of(&raw), mode))
 }

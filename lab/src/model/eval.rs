@@ -11,23 +11,12 @@ use crate::{LabError, Result};
 use statrs::statistics::Statistics;
 
 /// The chunks to score: `ctx` tokens each, at most `max_chunks` of them (all when `None`).
-pub fn chunks(
-    tokens: &[u32],
-    ctx: usize,
-    max_chunks: Option<usize>,
-    bos: Option<u32>,
-) -> Result<Vec<Vec<u32>>> {
+pub fn chunks(tokens: &[u32], ctx: usize, max_chunks: Option<usize>, bos: Option<u32>) -> Result<Vec<Vec<u32>>> {
     if ctx < 4 {
-        return Err(LabError::Invalid(format!(
-            "a perplexity context of {ctx} tokens scores nothing (at least 4)"
-        )));
+        return Err(LabError::Invalid(format!("a perplexity context of {ctx} tokens scores nothing (at least 4)")));
     }
     if tokens.len() < 2 * ctx {
-        return Err(LabError::Invalid(format!(
-            "the text is {} tokens; a context of {ctx} needs at least {}",
-            tokens.len(),
-            2 * ctx
-        )));
+        return Err(LabError::Invalid(format!("the text is {} tokens; a context of {ctx} needs at least {}", tokens.len(), 2 * ctx)));
     }
     let n = (tokens.len() / ctx).min(max_chunks.unwrap_or(usize::MAX));
     Ok((0..n)
@@ -49,27 +38,18 @@ pub fn first_scored(ctx: usize) -> usize {
 /// Natural-log probabilities of one row of logits (max subtracted, sums in f64).
 pub fn log_softmax(logits: &[f32]) -> Vec<f64> {
     let m = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
-    let lse = m + logits
-        .iter()
-        .map(|&v| (v as f64 - m).exp())
-        .sum::<f64>()
-        .ln();
+    let lse = m + logits.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln();
     logits.iter().map(|&v| v as f64 - lse).collect()
 }
 
 /// KL(base || other) of two rows of log-probabilities.
 pub fn kl(base: &[f64], other: &[f64]) -> f64 {
-    base.iter()
-        .zip(other)
-        .map(|(&p, &q)| p.exp() * (p - q))
-        .sum()
+    base.iter().zip(other).map(|(&p, &q)| p.exp() * (p - q)).sum()
 }
 
 /// The index of the largest value (the first of equals).
 pub fn top1(v: &[f64]) -> usize {
-    v.iter()
-        .enumerate()
-        .fold(0, |best, (i, &x)| if x > v[best] { i } else { best })
+    v.iter().enumerate().fold(0, |best, (i, &x)| if x > v[best] { i } else { best })
 }
 
 /// Cosine similarity of two rows.
@@ -107,10 +87,7 @@ pub fn score_chunk(model: &CpuModel, chunk: &[u32], keep_logprobs: bool) -> Resu
 /// Perplexity and its error estimate from the scored NLLs, as llama-perplexity reports them.
 pub fn perplexity(nll: &[f64]) -> Result<(f64, f64)> {
     if nll.len() < 2 {
-        return Err(LabError::Invalid(format!(
-            "perplexity needs at least 2 scored tokens, not {}",
-            nll.len()
-        )));
+        return Err(LabError::Invalid(format!("perplexity needs at least 2 scored tokens, not {}", nll.len())));
     }
     let mean = nll.mean();
     let ppl = mean.exp();
@@ -129,23 +106,11 @@ pub struct Divergence {
 
 pub fn divergence(base: &[Vec<f64>], other: &[Vec<f64>]) -> Result<Divergence> {
     if base.len() != other.len() || base.is_empty() {
-        return Err(LabError::Invalid(format!(
-            "KL needs the same scored positions: {} against {}",
-            base.len(),
-            other.len()
-        )));
+        return Err(LabError::Invalid(format!("KL needs the same scored positions: {} against {}", base.len(), other.len())));
     }
     let kls: Vec<f64> = base.iter().zip(other).map(|(b, o)| kl(b, o)).collect();
-    let same = base
-        .iter()
-        .zip(other)
-        .filter(|(b, o)| top1(b) == top1(o))
-        .count();
-    Ok(Divergence {
-        mean_kl: kls.iter().mean(),
-        max_kl: kls.iter().copied().fold(0.0, f64::max),
-        top1_same: same as f64 / base.len() as f64,
-    })
+    let same = base.iter().zip(other).filter(|(b, o)| top1(b) == top1(o)).count();
+    Ok(Divergence { mean_kl: kls.iter().mean(), max_kl: kls.iter().copied().fold(0.0, f64::max), top1_same: same as f64 / base.len() as f64 })
 }
 
 #[cfg(test)]
@@ -156,17 +121,8 @@ mod tests {
     fn chunks_follow_llama_perplexity() {
         let tokens: Vec<u32> = (10..31).collect(); // 21 tokens
         let c = chunks(&tokens, 8, None, Some(1)).unwrap();
-        assert_eq!(
-            c,
-            vec![
-                vec![1, 11, 12, 13, 14, 15, 16, 17],
-                vec![1, 19, 20, 21, 22, 23, 24, 25]
-            ]
-        );
-        assert_eq!(
-            chunks(&tokens, 8, Some(1), None).unwrap(),
-            vec![(10..18).collect::<Vec<u32>>()]
-        );
+        assert_eq!(c, vec![vec![1, 11, 12, 13, 14, 15, 16, 17], vec![1, 19, 20, 21, 22, 23, 24, 25]]);
+        assert_eq!(chunks(&tokens, 8, Some(1), None).unwrap(), vec![(10..18).collect::<Vec<u32>>()]);
         let e = chunks(&tokens, 11, None, None).unwrap_err().to_string();
         assert!(e.contains("21 tokens") && e.contains("at least 22"), "{e}");
         assert_eq!(first_scored(512), 256);
@@ -182,10 +138,7 @@ mod tests {
         // A spread of NLLs: llama.cpp's estimate, by hand for [1, 2, 3]: var 2/3, / 2, sqrt, x e^2.
         let (ppl, err) = perplexity(&[1.0, 2.0, 3.0]).unwrap();
         assert!((ppl - 2f64.exp()).abs() < 1e-12);
-        assert!(
-            (err - (1.0f64 / 3.0).sqrt() * 2f64.exp()).abs() < 1e-12,
-            "{err}"
-        );
+        assert!((err - (1.0f64 / 3.0).sqrt() * 2f64.exp()).abs() < 1e-12, "{err}");
     }
 
     #[test]
@@ -197,12 +150,7 @@ mod tests {
         assert!(d.mean_kl > 0.0 && (d.max_kl - kl(&a, &b)).abs() < 1e-15);
         assert_eq!(d.top1_same, 1.0);
         let c = log_softmax(&[1.0, 4.0, 3.0, -1.0]);
-        assert_eq!(
-            divergence(std::slice::from_ref(&a), &[c])
-                .unwrap()
-                .top1_same,
-            0.0
-        );
+        assert_eq!(divergence(std::slice::from_ref(&a), &[c]).unwrap().top1_same, 0.0);
         // By hand: p = (1/2, 1/2), q = (1/4, 3/4): (ln 2 + ln(2/3)) / 2.
         let (p, q) = ([0.5f64.ln(), 0.5f64.ln()], [0.25f64.ln(), 0.75f64.ln()]);
         assert!((kl(&p, &q) - (2f64.ln() + (2.0f64 / 3.0).ln()) / 2.0).abs() < 1e-15);

@@ -10,10 +10,7 @@ use minijinja::{context, Environment, ErrorKind};
 use tokenizers::decoders::byte_level::ByteLevel;
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::pre_tokenizers::{digits::Digits, sequence::Sequence};
-use tokenizers::{
-    AddedToken, DecodeStream, DecoderWrapper, ModelWrapper, NormalizerWrapper,
-    PostProcessorWrapper, PreTokenizerWrapper,
-};
+use tokenizers::{AddedToken, DecodeStream, DecoderWrapper, ModelWrapper, NormalizerWrapper, PostProcessorWrapper, PreTokenizerWrapper};
 
 use crate::error::{LabError, LabError::Invalid, Result};
 use crate::weights::gguf::{Gguf, Value};
@@ -44,14 +41,7 @@ pub struct Tokenizer {
 /// Text from ids that arrive one at a time; holds back tokens that end inside a UTF-8 character.
 pub struct TextStream<'a> {
     vocab_size: usize,
-    inner: DecodeStream<
-        'a,
-        ModelWrapper,
-        NormalizerWrapper,
-        PreTokenizerWrapper,
-        PostProcessorWrapper,
-        DecoderWrapper,
-    >,
+    inner: DecodeStream<'a, ModelWrapper, NormalizerWrapper, PreTokenizerWrapper, PostProcessorWrapper, DecoderWrapper>,
 }
 
 /// A chat template with the model's BOS and EOS text, ready to render conversations.
@@ -74,37 +64,24 @@ fn required<'m>(meta: &'m [(String, Value)], key: &str) -> Result<&'m Value> {
 }
 
 fn string<'m>(meta: &'m [(String, Value)], key: &str) -> Result<&'m str> {
-    required(meta, key)?
-        .as_str()
-        .ok_or_else(|| Invalid(format!("GGUF metadata `{key}` is not a string")))
+    required(meta, key)?.as_str().ok_or_else(|| Invalid(format!("GGUF metadata `{key}` is not a string")))
 }
 
 fn array<'m>(meta: &'m [(String, Value)], key: &str) -> Result<&'m [Value]> {
-    required(meta, key)?
-        .as_array()
-        .ok_or_else(|| Invalid(format!("GGUF metadata `{key}` is not an array")))
+    required(meta, key)?.as_array().ok_or_else(|| Invalid(format!("GGUF metadata `{key}` is not an array")))
 }
 
 fn strings<'m>(meta: &'m [(String, Value)], key: &str) -> Result<Vec<&'m str>> {
     let items = array(meta, key)?.iter().enumerate();
-    items
-        .map(|(i, v)| {
-            v.as_str()
-                .ok_or_else(|| Invalid(format!("GGUF metadata `{key}`[{i}] is not a string")))
-        })
-        .collect()
+    items.map(|(i, v)| v.as_str().ok_or_else(|| Invalid(format!("GGUF metadata `{key}`[{i}] is not a string")))).collect()
 }
 
 /// A token id that must name an entry of the vocabulary, or `None` when the key is absent.
 fn token_id(meta: &[(String, Value)], key: &str, vocab_size: usize) -> Result<Option<u32>> {
-    let Some(v) = get(meta, key) else {
-        return Ok(None);
-    };
+    let Some(v) = get(meta, key) else { return Ok(None) };
     match v.as_u64() {
         Some(id) if (id as usize) < vocab_size => Ok(Some(id as u32)),
-        _ => Err(Invalid(format!(
-            "GGUF metadata `{key}` is {v:?}, not a token id below the vocabulary size {vocab_size}"
-        ))),
+        _ => Err(Invalid(format!("GGUF metadata `{key}` is {v:?}, not a token id below the vocabulary size {vocab_size}"))),
     }
 }
 
@@ -130,14 +107,8 @@ fn pre_tokenizer(pre: &str) -> Result<Sequence> {
     match pre {
         // llama.cpp's LLAMA_VOCAB_PRE_TYPE_SMOLLM splits every \p{N} off alone first, then runs
         // the GPT-2 regex on what is left. Digits tests `char::is_numeric`, which is \p{N}.
-        "smollm" => Ok(Sequence::new(vec![
-            Digits::new(true).into(),
-            ByteLevel::new(false, true, true).into(),
-        ])),
-        _ => Err(Invalid(format!(
-            "tokenizer.ggml.pre `{pre}` is not supported (supported: {})",
-            SUPPORTED_PRE.join(", ")
-        ))),
+        "smollm" => Ok(Sequence::new(vec![Digits::new(true).into(), ByteLevel::new(false, true, true).into()])),
+        _ => Err(Invalid(format!("tokenizer.ggml.pre `{pre}` is not supported (supported: {})", SUPPORTED_PRE.join(", ")))),
     }
 }
 
@@ -149,40 +120,21 @@ impl Tokenizer {
     fn from_metadata(meta: &[(String, Value)]) -> Result<Tokenizer> {
         let model = string(meta, "tokenizer.ggml.model")?;
         if model != "gpt2" {
-            return Err(Invalid(format!(
-                "tokenizer.ggml.model `{model}` is not supported (only `gpt2`, byte-level BPE)"
-            )));
+            return Err(Invalid(format!("tokenizer.ggml.model `{model}` is not supported (only `gpt2`, byte-level BPE)")));
         }
         let pre = pre_tokenizer(string(meta, "tokenizer.ggml.pre")?)?;
-        let tokens: Vec<String> = strings(meta, "tokenizer.ggml.tokens")?
-            .into_iter()
-            .map(str::to_owned)
-            .collect();
+        let tokens: Vec<String> = strings(meta, "tokenizer.ggml.tokens")?.into_iter().map(str::to_owned).collect();
         let n = tokens.len();
         let types = array(meta, "tokenizer.ggml.token_type")?;
         if types.len() != n {
-            return Err(Invalid(format!(
-                "tokenizer.ggml.token_type has {} entries for {n} tokens",
-                types.len()
-            )));
+            return Err(Invalid(format!("tokenizer.ggml.token_type has {} entries for {n} tokens", types.len())));
         }
-        let types = types.iter().enumerate().map(|(i, v)| {
-            v.as_u64()
-                .ok_or_else(|| Invalid(format!("tokenizer.ggml.token_type[{i}] is {v:?}")))
-        });
+        let types = types.iter().enumerate().map(|(i, v)| v.as_u64().ok_or_else(|| Invalid(format!("tokenizer.ggml.token_type[{i}] is {v:?}"))));
         let types = types.collect::<Result<Vec<u64>>>()?;
-        let merges = strings(meta, "tokenizer.ggml.merges")?
-            .into_iter()
-            .enumerate();
+        let merges = strings(meta, "tokenizer.ggml.merges")?.into_iter().enumerate();
         let merges = merges.map(|(i, m)| {
             // Byte-level symbols never contain a space (it is `Ġ`), so the first space separates the pair.
-            m.split_once(' ')
-                .map(|(a, b)| (a.to_owned(), b.to_owned()))
-                .ok_or_else(|| {
-                    Invalid(format!(
-                        "tokenizer.ggml.merges[{i}] `{m}` is not two symbols"
-                    ))
-                })
+            m.split_once(' ').map(|(a, b)| (a.to_owned(), b.to_owned())).ok_or_else(|| Invalid(format!("tokenizer.ggml.merges[{i}] `{m}` is not two symbols")))
         });
         let merges = merges.collect::<Result<Vec<_>>>()?;
         let bos = required_id(meta, "tokenizer.ggml.bos_token_id", n)?;
@@ -191,77 +143,43 @@ impl Tokenizer {
         let add_bos = match get(meta, "tokenizer.ggml.add_bos_token") {
             None => false,
             Some(Value::Bool(b)) => *b,
-            Some(v) => {
-                return Err(Invalid(format!(
-                    "tokenizer.ggml.add_bos_token is {v:?}, not a bool"
-                )))
-            }
+            Some(v) => return Err(Invalid(format!("tokenizer.ggml.add_bos_token is {v:?}, not a bool"))),
         };
 
         let mut vocab = Vocab::with_capacity(n);
         for (i, t) in tokens.iter().enumerate() {
             if let Some(first) = vocab.insert(t.clone(), i as u32) {
-                return Err(Invalid(format!(
-                    "tokenizer.ggml.tokens has `{t}` twice (ids {first} and {i})"
-                )));
+                return Err(Invalid(format!("tokenizer.ggml.tokens has `{t}` twice (ids {first} and {i})")));
             }
         }
         let unencodable = byte_symbols().map(|c| !vocab.contains_key(&c.to_string()));
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab, merges)
-            .build()
-            .map_err(tk("building the BPE model"))?;
+        let bpe = BPE::builder().vocab_and_merges(vocab, merges).build().map_err(tk("building the BPE model"))?;
         let mut inner = tokenizers::Tokenizer::new(bpe);
         inner.with_pre_tokenizer(Some(pre));
         inner.with_decoder(Some(ByteLevel::default()));
         // Control and user-defined tokens are matched whole in the text before pre-tokenization,
         // so "<|im_start|>" is one id rather than the pieces of its characters.
-        let added = tokens
-            .iter()
-            .zip(&types)
-            .filter(|(_, &ty)| ty == CONTROL || ty == USER_DEFINED);
-        inner
-            .add_tokens(added.map(|(t, &ty)| AddedToken::from(t.clone(), ty == CONTROL)))
-            .map_err(tk("adding control tokens"))?;
+        let added = tokens.iter().zip(&types).filter(|(_, &ty)| ty == CONTROL || ty == USER_DEFINED);
+        inner.add_tokens(added.map(|(t, &ty)| AddedToken::from(t.clone(), ty == CONTROL))).map_err(tk("adding control tokens"))?;
 
         let mut eog = vec![eos];
         eog.extend(token_id(meta, "tokenizer.ggml.eot_token_id", n)?);
         // ChatML closes every turn with <|im_end|>; llama.cpp also stops on it.
-        let chatml = get(meta, "tokenizer.chat_template")
-            .and_then(Value::as_str)
-            .is_some_and(|t| t.contains("<|im_start|>"));
-        let im_end = tokens
-            .iter()
-            .position(|t| t == "<|im_end|>")
-            .filter(|&i| types[i] == CONTROL);
+        let chatml = get(meta, "tokenizer.chat_template").and_then(Value::as_str).is_some_and(|t| t.contains("<|im_start|>"));
+        let im_end = tokens.iter().position(|t| t == "<|im_end|>").filter(|&i| types[i] == CONTROL);
         eog.extend(im_end.filter(|_| chatml).map(|i| i as u32));
         eog.sort_unstable();
         eog.dedup();
-        Ok(Tokenizer {
-            inner,
-            tokens,
-            bos,
-            eos,
-            pad,
-            add_bos,
-            eog,
-            unencodable,
-        })
+        Ok(Tokenizer { inner, tokens, bos, eos, pad, add_bos, eog, unencodable })
     }
 
     /// Token ids of `text`; control tokens written in the text become their ids. `add_special`
     /// prepends BOS when the model asks for it (`tokenizer.ggml.add_bos_token`).
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
         if let Some(at) = text.bytes().position(|b| self.unencodable[b as usize]) {
-            return Err(Invalid(format!(
-                "text byte {at} (0x{:02x}) has no symbol in the vocabulary",
-                text.as_bytes()[at]
-            )));
+            return Err(Invalid(format!("text byte {at} (0x{:02x}) has no symbol in the vocabulary", text.as_bytes()[at])));
         }
-        let enc = self
-            .inner
-            .encode_fast(text, false)
-            .map_err(tk("encoding"))?;
+        let enc = self.inner.encode_fast(text, false).map_err(tk("encoding"))?;
         let mut ids = Vec::with_capacity(enc.len() + 1);
         if add_special && self.add_bos {
             ids.push(self.bos);
@@ -272,17 +190,13 @@ impl Tokenizer {
 
     /// The text of `ids`, control tokens included; bytes that do not form UTF-8 become U+FFFD.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        ids.iter()
-            .try_for_each(|&id| check_id(id, self.tokens.len()))?;
+        ids.iter().try_for_each(|&id| check_id(id, self.tokens.len()))?;
         self.inner.decode(ids, false).map_err(tk("decoding"))
     }
 
     /// A decoder for ids that arrive one at a time, as in generation.
     pub fn stream(&self) -> TextStream<'_> {
-        TextStream {
-            vocab_size: self.tokens.len(),
-            inner: self.inner.decode_stream(false),
-        }
+        TextStream { vocab_size: self.tokens.len(), inner: self.inner.decode_stream(false) }
     }
 
     /// Whether the model asks for BOS before a text (`tokenizer.ggml.add_bos_token`).
@@ -315,9 +229,7 @@ fn check_id(id: u32, vocab_size: usize) -> Result<()> {
     if (id as usize) < vocab_size {
         Ok(())
     } else {
-        Err(Invalid(format!(
-            "token id {id} is outside the vocabulary ({vocab_size} tokens)"
-        )))
+        Err(Invalid(format!("token id {id} is outside the vocabulary ({vocab_size} tokens)")))
     }
 }
 
@@ -341,46 +253,27 @@ impl ChatTemplate {
         }
         let source = string(meta, "tokenizer.chat_template")?;
         let tokens = strings(meta, "tokenizer.ggml.tokens")?;
-        let text =
-            |key| required_id(meta, key, tokens.len()).map(|id| tokens[id as usize].to_owned());
-        let (bos, eos) = (
-            text("tokenizer.ggml.bos_token_id")?,
-            text("tokenizer.ggml.eos_token_id")?,
-        );
+        let text = |key| required_id(meta, key, tokens.len()).map(|id| tokens[id as usize].to_owned());
+        let (bos, eos) = (text("tokenizer.ggml.bos_token_id")?, text("tokenizer.ggml.eos_token_id")?);
         let mut env = Environment::new();
         // transformers renders chat templates with trim_blocks and lstrip_blocks.
-        let syntax = minijinja::syntax::SyntaxConfig::builder()
-            .trim_blocks(true)
-            .lstrip_blocks(true)
-            .build();
+        let syntax = minijinja::syntax::SyntaxConfig::builder().trim_blocks(true).lstrip_blocks(true).build();
         env.set_syntax(syntax.map_err(|e| Invalid(format!("chat template syntax: {e}")))?);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function(
-            "raise_exception",
-            |msg: String| -> std::result::Result<String, minijinja::Error> {
-                Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
-            },
-        );
-        env.add_template_owned("chat", source.to_owned())
-            .map_err(|e| Invalid(format!("tokenizer.chat_template does not parse: {e}")))?;
+        env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
+            Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+        });
+        env.add_template_owned("chat", source.to_owned()).map_err(|e| Invalid(format!("tokenizer.chat_template does not parse: {e}")))?;
         Ok(Some(ChatTemplate { env, bos, eos }))
     }
 
     /// The prompt for `messages` as (role, content) pairs; `add_generation_prompt` opens the
     /// assistant's turn.
     pub fn render(&self, messages: &[(&str, &str)], add_generation_prompt: bool) -> Result<String> {
-        let messages: Vec<minijinja::Value> = messages
-            .iter()
-            .map(|&(role, content)| context! { role, content })
-            .collect();
+        let messages: Vec<minijinja::Value> = messages.iter().map(|&(role, content)| context! { role, content }).collect();
         let ctx = context! { messages, add_generation_prompt, bos_token => &self.bos, eos_token => &self.eos };
-        let template = self
-            .env
-            .get_template("chat")
-            .map_err(|e| Invalid(format!("chat template: {e}")))?;
-        template
-            .render(ctx)
-            .map_err(|e| Invalid(format!("chat template: {e}")))
+        let template = self.env.get_template("chat").map_err(|e| Invalid(format!("chat template: {e}")))?;
+        template.render(ctx).map_err(|e| Invalid(format!("chat template: {e}")))
     }
 }
 
@@ -398,19 +291,7 @@ mod tests {
         let mut bytes: Vec<char> = ByteLevel::alphabet().into_iter().collect();
         bytes.sort_unstable();
         let mut tokens: Vec<String> = bytes.iter().map(char::to_string).collect();
-        tokens.extend(
-            [
-                "he",
-                "ll",
-                "hell",
-                "hello",
-                "20",
-                "<|im_start|>",
-                "<|im_end|>",
-                "<tool>",
-            ]
-            .map(String::from),
-        );
+        tokens.extend(["he", "ll", "hell", "hello", "20", "<|im_start|>", "<|im_end|>", "<tool>"].map(String::from));
         tokens
     }
 
@@ -422,26 +303,16 @@ mod tests {
             _ => 1,
         });
         let id = |s: &str| Value::U32(tokens.iter().position(|t| t == s).unwrap() as u32);
-        let list =
-            |v: &[&str]| Value::Array(v.iter().map(|s| Value::String(s.to_string())).collect());
+        let list = |v: &[&str]| Value::Array(v.iter().map(|s| Value::String(s.to_string())).collect());
         vec![
             ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
             ("tokenizer.ggml.pre".into(), Value::String("smollm".into())),
-            (
-                "tokenizer.ggml.tokens".into(),
-                list(&tokens.iter().map(String::as_str).collect::<Vec<_>>()),
-            ),
+            ("tokenizer.ggml.tokens".into(), list(&tokens.iter().map(String::as_str).collect::<Vec<_>>())),
             ("tokenizer.ggml.merges".into(), list(&merges)),
-            (
-                "tokenizer.ggml.token_type".into(),
-                Value::Array(types.map(Value::I32).collect()),
-            ),
+            ("tokenizer.ggml.token_type".into(), Value::Array(types.map(Value::I32).collect())),
             ("tokenizer.ggml.bos_token_id".into(), id("<|im_start|>")),
             ("tokenizer.ggml.eos_token_id".into(), id("<|im_end|>")),
-            (
-                "tokenizer.chat_template".into(),
-                Value::String(CHATML.into()),
-            ),
+            ("tokenizer.chat_template".into(), Value::String(CHATML.into())),
         ]
     }
 
@@ -452,15 +323,7 @@ mod tests {
     }
 
     fn ids(tokens: &[String], pieces: &[&str]) -> Vec<u32> {
-        pieces
-            .iter()
-            .map(|p| {
-                tokens
-                    .iter()
-                    .position(|t| t == p)
-                    .unwrap_or_else(|| panic!("{p} not in the vocabulary")) as u32
-            })
-            .collect()
+        pieces.iter().map(|p| tokens.iter().position(|t| t == p).unwrap_or_else(|| panic!("{p} not in the vocabulary")) as u32).collect()
     }
 
     fn set(meta: &mut Vec<(String, Value)>, key: &str, v: Value) {
@@ -474,31 +337,16 @@ mod tests {
         let t = Tokenizer::from_metadata(&meta).unwrap();
         let text = "hello hello<tool>";
         let got = t.encode(text, true).unwrap();
-        assert_eq!(
-            got,
-            ids(&tokens, &["hello", "Ġ", "hello", "<tool>"]),
-            "add_bos_token is absent: no BOS"
-        );
+        assert_eq!(got, ids(&tokens, &["hello", "Ġ", "hello", "<tool>"]), "add_bos_token is absent: no BOS");
         assert_eq!(t.decode(&got).unwrap(), text);
-        assert!(t
-            .decode(&[tokens.len() as u32])
-            .unwrap_err()
-            .to_string()
-            .contains("outside the vocabulary"));
+        assert!(t.decode(&[tokens.len() as u32]).unwrap_err().to_string().contains("outside the vocabulary"));
     }
 
     #[test]
     fn byte_symbols_are_the_byte_level_alphabet() {
         let ours: std::collections::HashSet<char> = byte_symbols().into_iter().collect();
         assert_eq!(ours, ByteLevel::alphabet().into_iter().collect());
-        assert_eq!(
-            (
-                byte_symbols()[b' ' as usize],
-                byte_symbols()[b'\n' as usize],
-                byte_symbols()[4]
-            ),
-            ('Ġ', 'Ċ', 'Ą')
-        );
+        assert_eq!((byte_symbols()[b' ' as usize], byte_symbols()[b'\n' as usize], byte_symbols()[4]), ('Ġ', 'Ċ', 'Ą'));
     }
 
     #[test]
@@ -518,10 +366,7 @@ mod tests {
     fn digits_are_split_even_when_the_vocabulary_joins_them() {
         let (tokens, meta) = vocab();
         let t = Tokenizer::from_metadata(&meta).unwrap();
-        assert_eq!(
-            t.encode("2026 he", false).unwrap(),
-            ids(&tokens, &["2", "0", "2", "6", "Ġ", "he"])
-        );
+        assert_eq!(t.encode("2026 he", false).unwrap(), ids(&tokens, &["2", "0", "2", "6", "Ġ", "he"]));
     }
 
     #[test]
@@ -529,10 +374,7 @@ mod tests {
         let (tokens, mut meta) = vocab();
         set(&mut meta, "tokenizer.ggml.add_bos_token", Value::Bool(true));
         let t = Tokenizer::from_metadata(&meta).unwrap();
-        let want = ids(
-            &tokens,
-            &["<|im_start|>", "<|im_start|>", "hello", "<|im_end|>"],
-        );
+        let want = ids(&tokens, &["<|im_start|>", "<|im_start|>", "hello", "<|im_end|>"]);
         assert_eq!(t.encode("<|im_start|>hello<|im_end|>", true).unwrap(), want);
         assert_eq!(t.bos(), want[0]);
         assert!(t.is_eog(want[3]) && !t.is_eog(want[2]));
@@ -554,18 +396,10 @@ mod tests {
     #[test]
     fn refuses_unknown_model_and_pre_naming_them() {
         let (_, mut meta) = vocab();
-        set(
-            &mut meta,
-            "tokenizer.ggml.pre",
-            Value::String("llama-bpe".into()),
-        );
+        set(&mut meta, "tokenizer.ggml.pre", Value::String("llama-bpe".into()));
         let e = Tokenizer::from_metadata(&meta).err().unwrap().to_string();
         assert!(e.contains("`llama-bpe`") && e.contains("smollm"), "{e}");
-        set(
-            &mut meta,
-            "tokenizer.ggml.model",
-            Value::String("llama".into()),
-        );
+        set(&mut meta, "tokenizer.ggml.model", Value::String("llama".into()));
         let e = Tokenizer::from_metadata(&meta).err().unwrap().to_string();
         assert!(e.contains("`llama`"), "{e}");
     }
@@ -582,9 +416,7 @@ mod tests {
     fn chat_template_renders_with_python_methods_and_raises() {
         let (_, meta) = vocab();
         let c = ChatTemplate::from_metadata(&meta).unwrap().unwrap();
-        let got = c
-            .render(&[("system", "Be brief."), ("user", "  Hi \n")], true)
-            .unwrap();
+        let got = c.render(&[("system", "Be brief."), ("user", "  Hi \n")], true).unwrap();
         assert_eq!(got, "<|im_start|><|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
         let e = c.render(&[("user", "Hi")], false).unwrap_err().to_string();
         assert!(e.contains("a system message comes first"), "{e}");

@@ -9,10 +9,7 @@
 
 use crate::collective::ring::{Algorithm, Ring};
 use crate::collective::transport::{all_gather_u64, bytes_of, run_threads, Transport, Wire};
-use crate::experiment::{
-    param_str, param_timed, param_usize, rng_for, Backend, Experiment, Measurement, RunOptions,
-    Session,
-};
+use crate::experiment::{param_str, param_timed, param_usize, rng_for, Backend, Experiment, Measurement, RunOptions, Session};
 use crate::kernels::DType;
 use crate::ops::compare::compare_elems;
 use crate::ops::Elem;
@@ -34,12 +31,7 @@ pub struct Ctx {
 
 impl Ctx {
     pub fn new(opts: &RunOptions) -> Self {
-        Ctx {
-            seed: opts.seed,
-            budget: opts.budget(),
-            variants: opts.variants.clone(),
-            provider: opts.provider.clone(),
-        }
+        Ctx { seed: opts.seed, budget: opts.budget(), variants: opts.variants.clone(), provider: opts.provider.clone() }
     }
     pub fn wants(&self, variant: &str, provider: &str) -> bool {
         (self.variants.is_empty() || self.variants.iter().any(|v| v == variant))
@@ -49,9 +41,7 @@ impl Ctx {
 
 /// Message sizes of the sweep: 4 B to `max` in steps of 4x, as OSU's osu_allreduce.
 pub(super) fn sizes(max: usize) -> Vec<usize> {
-    std::iter::successors(Some(4usize), |b| Some(b * 4))
-        .take_while(|&b| b <= max)
-        .collect()
+    std::iter::successors(Some(4usize), |b| Some(b * 4)).take_while(|&b| b <= max).collect()
 }
 
 impl Experiment for AllReduce {
@@ -67,16 +57,8 @@ impl Experiment for AllReduce {
     fn cases(&self, _: &Backend, quick: bool) -> Vec<Value> {
         // Under mpirun the world is the launched one; otherwise thread worlds of 2 and 4 ranks.
         let (worlds, transport, max) = match crate::collective::launched().ok().flatten() {
-            Some(t) => (
-                vec![t.size()],
-                "mpi",
-                if quick { 1 << 20 } else { 256 << 20 },
-            ),
-            None => (
-                vec![2, 4],
-                "threads",
-                if quick { 1 << 20 } else { 64 << 20 },
-            ),
+            Some(t) => (vec![t.size()], "mpi", if quick { 1 << 20 } else { 256 << 20 }),
+            None => (vec![2, 4], "threads", if quick { 1 << 20 } else { 64 << 20 }),
         };
         let mut cases = Vec::new();
         for &n in &worlds {
@@ -94,11 +76,7 @@ impl Experiment for AllReduce {
             for dtype in [DType::F16, DType::Bf16] {
                 cases.push(case(1001, dtype, false));
             }
-            cases.extend(
-                sizes(max)
-                    .into_iter()
-                    .map(|b| case(b / 4, DType::F32, true)),
-            );
+            cases.extend(sizes(max).into_iter().map(|b| case(b / 4, DType::F32, true)));
             for dtype in [DType::F16, DType::Bf16] {
                 cases.push(case(max.min(16 << 20) / 2, dtype, true));
             }
@@ -140,16 +118,9 @@ pub fn follow_case_with(opts: &RunOptions, case: &Value, measure: Measure) -> Re
 
 /// The launched world, which must have `n` ranks.
 pub fn launched_world(n: usize) -> Result<&'static dyn Transport> {
-    let t = crate::collective::launched()?.ok_or_else(|| {
-        LabError::Invalid(format!(
-            "this case needs an MPI world: run it under `mpirun -n {n}`"
-        ))
-    })?;
+    let t = crate::collective::launched()?.ok_or_else(|| LabError::Invalid(format!("this case needs an MPI world: run it under `mpirun -n {n}`")))?;
     if t.size() != n {
-        return Err(LabError::Invalid(format!(
-            "this case needs {n} ranks and the world has {}",
-            t.size()
-        )));
+        return Err(LabError::Invalid(format!("this case needs {n} ranks and the world has {}", t.size())));
     }
     Ok(t)
 }
@@ -158,9 +129,7 @@ pub fn launched_world(n: usize) -> Result<&'static dyn Transport> {
 pub fn rank_input<T: Elem>(seed: u64, case: &Value, rank: usize, len: usize) -> Vec<T> {
     use rand::Rng;
     let mut rng = rng_for(seed, &json!({"case": case, "rank": rank}));
-    (0..len)
-        .map(|_| T::from_f32(rng.random::<f32>() * 2.0 - 1.0))
-        .collect()
+    (0..len).map(|_| T::from_f32(rng.random::<f32>() * 2.0 - 1.0)).collect()
 }
 
 /// Sum of `n` values in [-1, 1) in f32 in any order: at most (n-1) roundings of a partial sum no
@@ -185,37 +154,23 @@ fn measure(t: &dyn Transport, ctx: &Ctx, case: &Value) -> Result<Vec<Measurement
 
 /// Runs every admitted provider on this rank's part of the case; rank 0 returns the checked
 /// measurements, the other ranks theirs unchecked (discarded by the caller).
-fn measure_typed<T: Elem + Wire>(
-    t: &dyn Transport,
-    ctx: &Ctx,
-    case: &Value,
-) -> Result<Vec<Measurement>> {
+fn measure_typed<T: Elem + Wire>(t: &dyn Transport, ctx: &Ctx, case: &Value) -> Result<Vec<Measurement>> {
     let (r, n, len) = (t.rank(), t.size(), param_usize(case, "len")?);
     if param_usize(case, "ranks")? != n {
-        return Err(LabError::Invalid(format!(
-            "case {case} is for another world size than {n}"
-        )));
+        return Err(LabError::Invalid(format!("case {case} is for another world size than {n}")));
     }
     let input: Vec<T> = rank_input(ctx.seed, case, r, len);
     // Only rank 0 judges: the exact sum of every rank's input, regenerated from the seed.
     let expected: Option<Vec<f64>> = (r == 0).then(|| {
         let mut acc = vec![0f64; len];
         for q in 0..n {
-            let x: Vec<T> = if q == 0 {
-                input.clone()
-            } else {
-                rank_input(ctx.seed, case, q, len)
-            };
+            let x: Vec<T> = if q == 0 { input.clone() } else { rank_input(ctx.seed, case, q, len) };
             acc.iter_mut().zip(&x).for_each(|(a, x)| *a += x.to_f64());
         }
         acc
     });
     let tol = tolerance(T::DTYPE, n);
-    let check = |y: &[T]| {
-        expected
-            .as_ref()
-            .map(|e| compare_elems(y, e, tol, "f64-sum"))
-    };
+    let check = |y: &[T]| expected.as_ref().map(|e| compare_elems(y, e, tol, "f64-sum"));
     let timed = param_timed(case);
     let bytes = (len * T::DTYPE.size()) as u64;
     let mut out = Vec::new();
@@ -230,34 +185,11 @@ fn measure_typed<T: Elem + Wire>(
         w.all_reduce_f32(&send, &mut recv)?;
         let as_t = |v: &[f32]| v.iter().map(|&x| T::from_f32(x)).collect::<Vec<T>>();
         let before = check(&as_t(&recv));
-        let time = if timed {
-            Some(time_collective(
-                t,
-                &ctx.budget,
-                || (),
-                || w.all_reduce_f32(&send, &mut recv),
-            )?)
-        } else {
-            None
-        };
+        let time = if timed { Some(time_collective(t, &ctx.budget, || (), || w.all_reduce_f32(&send, &mut recv))?) } else { None };
         let after = check(&as_t(&recv));
         let same = ranks_identical(t, bytes_of(&recv))?;
-        let mut m = figure(
-            "MPI_Allreduce",
-            "mpi",
-            case,
-            bytes,
-            n,
-            time,
-            before,
-            after,
-            tol,
-            same,
-        );
-        m.extra.insert(
-            "mpi_library".into(),
-            crate::collective::mpi::library_version().into(),
-        );
+        let mut m = figure("MPI_Allreduce", "mpi", case, bytes, n, time, before, after, tol, same);
+        m.extra.insert("mpi_library".into(), crate::collective::mpi::library_version().into());
         out.push(m);
         peer = Some(recv);
     }
@@ -275,41 +207,18 @@ fn measure_typed<T: Elem + Wire>(
             // In place: every repetition starts again from this rank's input (not timed).
             let y = std::cell::RefCell::new(&mut y);
             let ring = std::cell::RefCell::new(&mut ring);
-            Some(time_collective(
-                t,
-                &ctx.budget,
-                || y.borrow_mut().copy_from_slice(&input),
-                || ring.borrow_mut().all_reduce(&mut y.borrow_mut()),
-            )?)
+            Some(time_collective(t, &ctx.budget, || y.borrow_mut().copy_from_slice(&input), || ring.borrow_mut().all_reduce(&mut y.borrow_mut()))?)
         } else {
             None
         };
         let after = check(&y);
         let same = ranks_identical(t, bytes_of(&y))?;
-        let mut m = figure(
-            alg.name(),
-            "lab",
-            case,
-            bytes,
-            n,
-            time,
-            before,
-            after,
-            tol,
-            same,
-        );
+        let mut m = figure(alg.name(), "lab", case, bytes, n, time, before, after, tol, same);
         if let Some(p) = &peer {
-            let d = y
-                .iter()
-                .zip(p)
-                .map(|(a, b)| (a.to_f64() - *b as f64).abs())
-                .fold(0.0, f64::max);
+            let d = y.iter().zip(p).map(|(a, b)| (a.to_f64() - *b as f64).abs()).fold(0.0, f64::max);
             m.extra.insert("max_abs_vs_mpi".into(), d.into());
         }
-        m.extra.insert(
-            "wire_bytes_per_rank".into(),
-            wire_bytes(len, n, T::DTYPE).into(),
-        );
+        m.extra.insert("wire_bytes_per_rank".into(), wire_bytes(len, n, T::DTYPE).into());
         if let Algorithm::Pipelined { segment_bytes } = alg {
             m.extra.insert("segment_bytes".into(), segment_bytes.into());
         }
@@ -351,8 +260,7 @@ pub(super) fn figure(
         m.extra.insert("algbw_gb_s".into(), algbw.into());
         m.extra.insert("busbw_gb_s".into(), (algbw * factor).into());
         m.extra.insert("bus_factor".into(), factor.into());
-        m.extra
-            .insert("latency_us".into(), (ts.median * 1e3).into());
+        m.extra.insert("latency_us".into(), (ts.median * 1e3).into());
     }
     m.extra.insert("ranks_identical".into(), same.into());
     m.time = time;
@@ -370,10 +278,7 @@ pub fn ranks_identical(t: &dyn Transport, bytes: &[u8]) -> Result<bool> {
 
 /// The largest of every rank's `x` (the same on every rank).
 fn agree_max(t: &dyn Transport, x: f64) -> Result<f64> {
-    Ok(all_gather_u64(t, x.to_bits())?
-        .into_iter()
-        .map(f64::from_bits)
-        .fold(f64::MIN, f64::max))
+    Ok(all_gather_u64(t, x.to_bits())?.into_iter().map(f64::from_bits).fold(f64::MIN, f64::max))
 }
 
 /// Times a collective the way [`Budget::sample`] times a kernel, with every decision (warm-up
@@ -416,21 +321,12 @@ pub fn time_collective(
         let mut theirs = vec![0f64; raw.len()];
         for q in 1..n {
             t.recv(q, crate::collective::transport::bytes_of_mut(&mut theirs))?;
-            raw.iter_mut()
-                .zip(&theirs)
-                .for_each(|(a, b)| *a = a.max(*b));
+            raw.iter_mut().zip(&theirs).for_each(|(a, b)| *a = a.max(*b));
         }
     } else {
         t.send(0, bytes_of(&raw))?;
     }
-    let mode = TimingMode {
-        l2: "warm".into(),
-        launch: "host".into(),
-        warmup: trace.len(),
-        raw_ms: raw.clone(),
-        warmup_ms: trace,
-        clocks: None,
-    };
+    let mode = TimingMode { l2: "warm".into(), launch: "host".into(), warmup: trace.len(), raw_ms: raw.clone(), warmup_ms: trace, clocks: None };
     Ok((TimeSummary::of(&raw), mode))
 }
 
@@ -446,22 +342,14 @@ mod tests {
 
     #[test]
     fn collective_timing_gives_every_rank_the_same_repetition_count() {
-        let budget = Budget {
-            budget_ms: 5.0,
-            ..Budget::new(true)
-        };
+        let budget = Budget { budget_ms: 5.0, ..Budget::new(true) };
         let out = run_threads(3, |t| {
             // Rank 2 is slow: the others must still take as many repetitions as it does.
             let pause = std::time::Duration::from_micros(if t.rank() == 2 { 300 } else { 10 });
-            time_collective(
-                t,
-                &budget,
-                || (),
-                || {
-                    std::thread::sleep(pause);
-                    Ok(())
-                },
-            )
+            time_collective(t, &budget, || (), || {
+                std::thread::sleep(pause);
+                Ok(())
+            })
         })
         .unwrap();
         let counts: Vec<usize> = out.iter().map(|(s, _)| s.samples).collect();

@@ -14,9 +14,7 @@ use super::compare::{compare, compare_bits};
 use super::variant::{self, Requires, Variant, VariantInfo};
 use super::Elem;
 use crate::error::Doing;
-use crate::experiment::{
-    param_str, param_usize, Backend, Ceiling, Experiment, Measurement, Session,
-};
+use crate::experiment::{param_str, param_usize, Backend, Ceiling, Experiment, Measurement, Session};
 use crate::gpu::{timing::time_gpu, Gpu};
 use crate::kernels::{symbol, DType};
 use crate::profile::{cpu_time, TimeSummary, Work};
@@ -43,12 +41,7 @@ impl Experiment for Ceilings {
         "measured roofs: copy bandwidth, FP32 FMA rate, fp16/bf16 tensor rate (cuBLAS, wgmma loop), mma.sync rate, host<->device copies"
     }
     fn headlines(&self) -> &'static [&'static str] {
-        &[
-            "what=copy bytes=2147483648",
-            "what=fma iters=16384",
-            "what=tensor iters=2048",
-            "what=mma_sync iters=8192",
-        ]
+        &["what=copy bytes=2147483648", "what=fma iters=16384", "what=tensor iters=2048", "what=mma_sync iters=8192"]
     }
     fn cases(&self, backend: &Backend, quick: bool) -> Vec<Value> {
         match (backend, quick) {
@@ -94,14 +87,8 @@ impl Experiment for Ceilings {
             .into_iter()
             .chain(transfer_cases(GIB / 4))
             .collect(),
-            (Backend::Cpu, false) => vec![
-                json!({"what": "copy", "bytes": GIB}),
-                json!({"what": "fma", "iters": 1 << 16}),
-            ],
-            (Backend::Cpu, true) => vec![
-                json!({"what": "copy", "bytes": 32 << 20}),
-                json!({"what": "fma", "iters": 1 << 12}),
-            ],
+            (Backend::Cpu, false) => vec![json!({"what": "copy", "bytes": GIB}), json!({"what": "fma", "iters": 1 << 16})],
+            (Backend::Cpu, true) => vec![json!({"what": "copy", "bytes": 32 << 20}), json!({"what": "fma", "iters": 1 << 12})],
         }
     }
     /// Every ceiling kernel at a sliver of its work: the same code per launch, a short launch.
@@ -132,18 +119,13 @@ impl Experiment for Ceilings {
         match (param_str(case, "what")?, &backend) {
             ("copy", Backend::Cuda(gpu)) => gpu_copy(s, gpu, case),
             ("fma", Backend::Cuda(gpu)) => gpu_fma(s, gpu, case),
-            ("tensor", Backend::Cuda(gpu)) => match (
-                DType::parse(param_str(case, "dtype")?)?,
-                case.get("kernel").and_then(Value::as_str),
-            ) {
+            ("tensor", Backend::Cuda(gpu)) => match (DType::parse(param_str(case, "dtype")?)?, case.get("kernel").and_then(Value::as_str)) {
                 (DType::F32, _) => Err(LabError::Invalid("tensor ceiling is for f16/bf16".into())),
                 (DType::F16, None) => gpu_tensor::<half::f16>(s, gpu, case),
                 (DType::Bf16, None) => gpu_tensor::<half::bf16>(s, gpu, case),
                 (DType::F16, Some("wgmma")) => gpu_wgmma::<half::f16>(s, gpu, case),
                 (DType::Bf16, Some("wgmma")) => gpu_wgmma::<half::bf16>(s, gpu, case),
-                (_, Some(other)) => Err(LabError::Invalid(format!(
-                    "no tensor kernel `{other}` (wgmma)"
-                ))),
+                (_, Some(other)) => Err(LabError::Invalid(format!("no tensor kernel `{other}` (wgmma)"))),
             },
             ("mma_sync", Backend::Cuda(gpu)) => match DType::parse(param_str(case, "dtype")?)? {
                 DType::F16 => gpu_mma_sync::<half::f16>(s, gpu, case),
@@ -153,10 +135,7 @@ impl Experiment for Ceilings {
             ("h2d" | "d2h", Backend::Cuda(gpu)) => gpu_transfer(s, gpu, case),
             ("copy", Backend::Cpu) => cpu_copy(s, case),
             ("fma", Backend::Cpu) => cpu_fma(s, case),
-            (what, b) => Err(LabError::Invalid(format!(
-                "no `{what}` ceiling on the {} backend",
-                b.name()
-            ))),
+            (what, b) => Err(LabError::Invalid(format!("no `{what}` ceiling on the {} backend", b.name()))),
         }
     }
 }
@@ -188,22 +167,13 @@ fn transfer_ceiling(case: &Value) -> Result<&'static str> {
 
 /// Host <-> device copies of `bytes` each way, from page-locked and from pageable memory.
 fn transfer_cases(bytes: usize) -> Vec<Value> {
-    ["h2d", "d2h"]
-        .iter()
-        .flat_map(|w| {
-            ["pinned", "pageable"].map(|m| json!({"what": w, "memory": m, "bytes": bytes}))
-        })
-        .collect()
+    ["h2d", "d2h"].iter().flat_map(|w| ["pinned", "pageable"].map(|m| json!({"what": w, "memory": m, "bytes": bytes}))).collect()
 }
 
 /// Measures one ceiling for a run that has not measured it yet (called by [`Session::ceiling`]).
 pub fn measure(s: &mut Session, name: &str) -> Result<()> {
     s.experiment = Ceilings.name();
-    let cases: Vec<Value> = Ceilings
-        .cases(&s.backend, s.opts.quick)
-        .into_iter()
-        .filter(|c| ceiling_of(c).is_ok_and(|n| n == name))
-        .collect();
+    let cases: Vec<Value> = Ceilings.cases(&s.backend, s.opts.quick).into_iter().filter(|c| ceiling_of(c).is_ok_and(|n| n == name)).collect();
     if cases.is_empty() {
         return Err(LabError::Invalid(format!("no ceiling named `{name}`")));
     }
@@ -215,16 +185,9 @@ pub fn measure(s: &mut Session, name: &str) -> Result<()> {
 fn raise(s: &mut Session, name: &'static str, work: &Work, t: &TimeSummary) {
     let rate = |ms: f64| {
         let tp = work.throughput(ms);
-        if name.ends_with("gb_s") {
-            tp.gb_s
-        } else {
-            tp.tflop_s
-        }
+        if name.ends_with("gb_s") { tp.gb_s } else { tp.tflop_s }
     };
-    let c = Ceiling {
-        value: rate(t.median),
-        spread: rate(t.p20) / rate(t.median) - 1.0,
-    };
+    let c = Ceiling { value: rate(t.median), spread: rate(t.p20) / rate(t.median) - 1.0 };
     if s.ceilings.get(name).is_none_or(|old| old.value < c.value) {
         s.ceilings.insert(name, c);
     }
@@ -243,57 +206,31 @@ fn emit_ceiling(s: &mut Session, case: &Value, mut m: Measurement) -> Result<()>
 
 /// A non-zero pattern that is cheap to make for gigabytes.
 fn pattern(n: usize) -> Vec<u32> {
-    (0..n)
-        .into_par_iter()
-        .map(|i| (i as u32).wrapping_mul(2_654_435_761) | 1)
-        .collect()
+    (0..n).into_par_iter().map(|i| (i as u32).wrapping_mul(2_654_435_761) | 1).collect()
 }
 
 fn gpu_copy(s: &mut Session, gpu: &Gpu, case: &Value) -> Result<()> {
     let n = param_usize(case, "bytes")? / 4;
     let host = pattern(n);
     let src = gpu.upload(&host)?;
-    let mut dst = gpu
-        .stream
-        .alloc_zeros::<u32>(n)
-        .doing("allocating the copy target")?;
-    let work = Work {
-        bytes: 2 * 4 * n as u64,
-        flops: 0,
-    };
+    let mut dst = gpu.stream.alloc_zeros::<u32>(n).doing("allocating the copy target")?;
+    let work = Work { bytes: 2 * 4 * n as u64, flops: 0 };
     let f = gpu.function(FAMILY, &symbol(FAMILY, "copy_float4", DType::F32))?;
-    let cfg = LaunchConfig {
-        grid_dim: (gpu.info.sm_count as u32 * 8, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let cfg = LaunchConfig { grid_dim: (gpu.info.sm_count as u32 * 8, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     for variant in ["memcpy_dtod", "copy_float4"] {
-        let provider = if variant == "memcpy_dtod" {
-            "cuda-driver"
-        } else {
-            "lab"
-        };
+        let provider = if variant == "memcpy_dtod" { "cuda-driver" } else { "lab" };
         if !s.wants(variant, provider) {
             continue;
         }
         let launch = |dst: &mut CudaSlice<u32>| -> Result<()> {
             if variant == "memcpy_dtod" {
-                gpu.stream
-                    .memcpy_dtod(&src, dst)
-                    .doing("device-to-device copy")
+                gpu.stream.memcpy_dtod(&src, dst).doing("device-to-device copy")
             } else {
                 let n = n as i64;
                 // SAFETY: src and dst hold n u32 (= f32-sized) elements; the kernel bounds by n.
-                unsafe {
-                    gpu.stream
-                        .launch_builder(&f)
-                        .arg(&src)
-                        .arg(dst)
-                        .arg(&n)
-                        .launch(cfg)
-                }
-                .map(|_| ())
-                .doing("launching copy_float4")
+                unsafe { gpu.stream.launch_builder(&f).arg(&src).arg(dst).arg(&n).launch(cfg) }
+                    .map(|_| ())
+                    .doing("launching copy_float4")
             }
         };
         gpu.poison(&mut dst)?;
@@ -313,40 +250,18 @@ fn gpu_copy(s: &mut Session, gpu: &Gpu, case: &Value) -> Result<()> {
 
 /// The read stream: every thread's wrapping sum of the words at its grid-stride 16-byte
 /// positions, checked exactly against the same sums on the host.
-fn gpu_read(
-    s: &mut Session,
-    gpu: &Gpu,
-    case: &Value,
-    src: &CudaSlice<u32>,
-    host: &[u32],
-    cfg: LaunchConfig,
-) -> Result<()> {
+fn gpu_read(s: &mut Session, gpu: &Gpu, case: &Value, src: &CudaSlice<u32>, host: &[u32], cfg: LaunchConfig) -> Result<()> {
     let threads = (cfg.grid_dim.0 * cfg.block_dim.0) as usize;
     if !host.len().is_multiple_of(4) {
-        return Err(LabError::Invalid(format!(
-            "read_float4 reads 16-byte words: {} bytes is not a multiple of 16",
-            host.len() * 4
-        )));
+        return Err(LabError::Invalid(format!("read_float4 reads 16-byte words: {} bytes is not a multiple of 16", host.len() * 4)));
     }
     let n4 = host.len() / 4;
-    let mut sums = gpu
-        .stream
-        .alloc_zeros::<u32>(threads)
-        .doing("allocating the per-thread sums")?;
+    let mut sums = gpu.stream.alloc_zeros::<u32>(threads).doing("allocating the per-thread sums")?;
     let f = gpu.function(FAMILY, &symbol(FAMILY, "read_float4", DType::F32))?;
     let n4_arg = n4 as i64;
     let launch = |sums: &mut CudaSlice<u32>| -> Result<()> {
         // SAFETY: src holds 4 n4 words; sums holds one word per launched thread.
-        unsafe {
-            gpu.stream
-                .launch_builder(&f)
-                .arg(src)
-                .arg(&n4_arg)
-                .arg(sums)
-                .launch(cfg)
-        }
-        .map(|_| ())
-        .doing("launching read_float4")
+        unsafe { gpu.stream.launch_builder(&f).arg(src).arg(&n4_arg).arg(sums).launch(cfg) }.map(|_| ()).doing("launching read_float4")
     };
     let mut expected = vec![0u32; threads];
     for (i, w) in host.chunks_exact(4).enumerate() {
@@ -358,10 +273,7 @@ fn gpu_read(
     gpu.sync()?;
     let error = compare_bits(&gpu.download(&sums)?, &expected, "host sums");
     let time = time_gpu(gpu, &s.budget, || launch(&mut sums))?;
-    let work = Work {
-        bytes: 4 * host.len() as u64 + 4 * threads as u64,
-        flops: 0,
-    };
+    let work = Work { bytes: 4 * host.len() as u64 + 4 * threads as u64, flops: 0 };
     let mut m = Measurement::new("read_float4", "lab", case, work);
     (m.time, m.error) = (Some(time), Some(error));
     emit_ceiling(s, case, m)
@@ -372,14 +284,8 @@ fn gpu_read(
 /// driver stages through its own pinned buffers. Checked by moving the data back the other way.
 fn gpu_transfer(s: &mut Session, gpu: &Gpu, case: &Value) -> Result<()> {
     use cudarc::driver::PinnedHostSlice;
-    let (to_device, memory) = (
-        param_str(case, "what")? == "h2d",
-        param_str(case, "memory")?,
-    );
-    let variant = format!(
-        "memcpy_{}_{memory}",
-        if to_device { "htod" } else { "dtoh" }
-    );
+    let (to_device, memory) = (param_str(case, "what")? == "h2d", param_str(case, "memory")?);
+    let variant = format!("memcpy_{}_{memory}", if to_device { "htod" } else { "dtoh" });
     if !s.wants(&variant, "cuda-driver") {
         return Ok(());
     }
@@ -392,35 +298,19 @@ fn gpu_transfer(s: &mut Session, gpu: &Gpu, case: &Value) -> Result<()> {
     let mut host = match memory {
         "pinned" => {
             // SAFETY: filled below before any copy reads it.
-            let mut p = unsafe { gpu.ctx.alloc_pinned_with_flags::<u32>(n, 0) }
-                .doing("allocating pinned host memory")?;
-            p.as_mut_slice()
-                .doing("mapping pinned host memory")?
-                .copy_from_slice(&expected);
+            let mut p = unsafe { gpu.ctx.alloc_pinned_with_flags::<u32>(n, 0) }.doing("allocating pinned host memory")?;
+            p.as_mut_slice().doing("mapping pinned host memory")?.copy_from_slice(&expected);
             Host::Pinned(p)
         }
         "pageable" => Host::Pageable(expected.clone()),
-        other => {
-            return Err(LabError::Invalid(format!(
-                "no host memory `{other}` (pinned | pageable)"
-            )))
-        }
+        other => return Err(LabError::Invalid(format!("no host memory `{other}` (pinned | pageable)"))),
     };
-    let mut dev = gpu
-        .stream
-        .alloc_zeros::<u32>(n)
-        .doing("allocating the transfer buffer")?;
+    let mut dev = gpu.stream.alloc_zeros::<u32>(n).doing("allocating the transfer buffer")?;
     if !to_device {
-        gpu.stream
-            .memcpy_htod(&expected, &mut dev)
-            .doing("filling the device side")?;
+        gpu.stream.memcpy_htod(&expected, &mut dev).doing("filling the device side")?;
     }
     let copy = |host: &mut Host, dev: &mut CudaSlice<u32>| -> Result<()> {
-        let what = if to_device {
-            "copying host to device"
-        } else {
-            "copying device to host"
-        };
+        let what = if to_device { "copying host to device" } else { "copying device to host" };
         match (host, to_device) {
             (Host::Pinned(h), true) => gpu.stream.memcpy_htod(&*h, dev).doing(what),
             (Host::Pageable(h), true) => gpu.stream.memcpy_htod(&*h, dev).doing(what),
@@ -431,10 +321,7 @@ fn gpu_transfer(s: &mut Session, gpu: &Gpu, case: &Value) -> Result<()> {
     // The destination poisoned, one copy, then its bytes against the pattern.
     match (&mut host, to_device) {
         (_, true) => gpu.poison(&mut dev)?,
-        (Host::Pinned(h), false) => h
-            .as_mut_slice()
-            .doing("mapping pinned host memory")?
-            .fill(u32::MAX),
+        (Host::Pinned(h), false) => h.as_mut_slice().doing("mapping pinned host memory")?.fill(u32::MAX),
         (Host::Pageable(h), false) => h.fill(u32::MAX),
     }
     copy(&mut host, &mut dev)?;
@@ -446,15 +333,7 @@ fn gpu_transfer(s: &mut Session, gpu: &Gpu, case: &Value) -> Result<()> {
     };
     let error = compare_bits(&got, &expected, "source");
     let time = time_gpu(gpu, &s.budget, || copy(&mut host, &mut dev))?;
-    let mut m = Measurement::new(
-        variant,
-        "cuda-driver",
-        case,
-        Work {
-            bytes: 4 * n as u64,
-            flops: 0,
-        },
-    );
+    let mut m = Measurement::new(variant, "cuda-driver", case, Work { bytes: 4 * n as u64, flops: 0 });
     (m.time, m.error) = (Some(time), Some(error));
     emit_ceiling(s, case, m)
 }
@@ -479,50 +358,24 @@ fn gpu_fma(s: &mut Session, gpu: &Gpu, case: &Value) -> Result<()> {
     let seeds: Vec<f32> = (0..threads).map(|i| (i % 1000) as f32 * 1e-3).collect();
     let mut out = gpu.upload(&seeds)?;
     let f = gpu.function(FAMILY, &symbol(FAMILY, "fma", DType::F32))?;
-    let cfg = LaunchConfig {
-        grid_dim: (threads as u32 / 256, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let cfg = LaunchConfig { grid_dim: (threads as u32 / 256, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     let it = iters as i32;
     let launch = |out: &mut CudaSlice<f32>| -> Result<()> {
         // SAFETY: out holds one float per launched thread.
-        unsafe {
-            gpu.stream
-                .launch_builder(&f)
-                .arg(out)
-                .arg(&it)
-                .arg(&MUL)
-                .arg(&ADD)
-                .launch(cfg)
-        }
-        .map(|_| ())
-        .doing("launching fma")
+        unsafe { gpu.stream.launch_builder(&f).arg(out).arg(&it).arg(&MUL).arg(&ADD).launch(cfg) }
+            .map(|_| ())
+            .doing("launching fma")
     };
     launch(&mut out)?;
     gpu.sync()?;
     let got = gpu.download(&out)?;
     // Check a sample of threads against the same chain on the host (f32 FMA is exact IEEE).
     let sample: Vec<usize> = (0..threads).step_by(threads / 256).collect();
-    let expected: Vec<f64> = sample
-        .par_iter()
-        .map(|&i| fma_chain(seeds[i], iters) as f64)
-        .collect();
+    let expected: Vec<f64> = sample.par_iter().map(|&i| fma_chain(seeds[i], iters) as f64).collect();
     let got: Vec<f64> = sample.iter().map(|&i| got[i] as f64).collect();
-    let error = compare(
-        &got,
-        &expected,
-        Tolerance {
-            atol: 1e-5,
-            rtol: 1e-5,
-        },
-        "cpu-f32-fma",
-    );
+    let error = compare(&got, &expected, Tolerance { atol: 1e-5, rtol: 1e-5 }, "cpu-f32-fma");
     let time = time_gpu(gpu, &s.budget, || launch(&mut out))?;
-    let work = Work {
-        bytes: 8 * threads as u64,
-        flops: (threads * iters * 32 * 2) as u64,
-    };
+    let work = Work { bytes: 8 * threads as u64, flops: (threads * iters * 32 * 2) as u64 };
     let mut m = Measurement::new("fma", "lab", case, work);
     (m.time, m.error) = (Some(time), Some(error));
     emit_ceiling(s, case, m)
@@ -538,12 +391,8 @@ where
     }
     let n = param_usize(case, "n")?;
     let mut rng = crate::experiment::rng_for(s.opts.seed, case);
-    let a: Vec<T> = (0..n * n)
-        .map(|_| T::from_f32(rng.random_range(-1.0..1.0)))
-        .collect();
-    let b: Vec<T> = (0..n * n)
-        .map(|_| T::from_f32(rng.random_range(-1.0..1.0)))
-        .collect();
+    let a: Vec<T> = (0..n * n).map(|_| T::from_f32(rng.random_range(-1.0..1.0))).collect();
+    let b: Vec<T> = (0..n * n).map(|_| T::from_f32(rng.random_range(-1.0..1.0))).collect();
     let (da, db) = (gpu.upload(&a)?, gpu.upload(&b)?);
     let mut dc = gpu.stream.alloc_zeros::<T>(n * n).doing("allocating C")?;
     let blas = CudaBlas::new(gpu.stream.clone()).doing("creating the cuBLAS handle")?;
@@ -569,32 +418,15 @@ where
     launch(&mut dc)?;
     gpu.sync()?;
     let c = gpu.download(&dc)?;
-    let picks: Vec<(usize, usize)> = (0..64)
-        .map(|_| (rng.random_range(0..n), rng.random_range(0..n)))
-        .collect();
+    let picks: Vec<(usize, usize)> = (0..64).map(|_| (rng.random_range(0..n), rng.random_range(0..n))).collect();
     let expected: Vec<f64> = picks
         .iter()
-        .map(|&(i, j)| {
-            (0..n)
-                .map(|k| a[i * n + k].to_f64() * b[k * n + j].to_f64())
-                .sum()
-        })
+        .map(|&(i, j)| (0..n).map(|k| a[i * n + k].to_f64() * b[k * n + j].to_f64()).sum())
         .collect();
     let got: Vec<f64> = picks.iter().map(|&(i, j)| c[i * n + j].to_f64()).collect();
-    let error = compare(
-        &got,
-        &expected,
-        Tolerance {
-            atol: 5e-2,
-            rtol: 1e-2,
-        },
-        "cpu-f64-sampled",
-    );
+    let error = compare(&got, &expected, Tolerance { atol: 5e-2, rtol: 1e-2 }, "cpu-f64-sampled");
     let time = time_gpu(gpu, &s.budget, || launch(&mut dc))?;
-    let work = Work {
-        bytes: 3 * (n * n * T::DTYPE.size()) as u64,
-        flops: 2 * (n as u64).pow(3),
-    };
+    let work = Work { bytes: 3 * (n * n * T::DTYPE.size()) as u64, flops: 2 * (n as u64).pow(3) };
     let mut m = Measurement::new("gemm", "cublas", case, work);
     (m.time, m.error) = (Some(time), Some(error));
     emit_ceiling(s, case, m)
@@ -612,19 +444,9 @@ fn gpu_wgmma<T: Elem>(s: &mut Session, gpu: &Gpu, case: &Value) -> Result<()> {
     }
     let iters = param_usize(case, "iters")?;
     let mut rng = crate::experiment::rng_for(s.opts.seed, case);
-    let a: Vec<T> = (0..128 * 64)
-        .map(|_| T::from_f32(rng.random_range(-1.0..1.0)))
-        .collect();
-    let b: Vec<T> = (0..64 * 256)
-        .map(|_| T::from_f32(rng.random_range(-1.0..1.0)))
-        .collect();
-    let product: Vec<f64> = (0..128 * 256)
-        .map(|e| {
-            (0..64)
-                .map(|k| a[(e / 256) * 64 + k].to_f64() * b[k * 256 + e % 256].to_f64())
-                .sum()
-        })
-        .collect();
+    let a: Vec<T> = (0..128 * 64).map(|_| T::from_f32(rng.random_range(-1.0..1.0))).collect();
+    let b: Vec<T> = (0..64 * 256).map(|_| T::from_f32(rng.random_range(-1.0..1.0))).collect();
+    let product: Vec<f64> = (0..128 * 256).map(|e| (0..64).map(|k| a[(e / 256) * 64 + k].to_f64() * b[k * 256 + e % 256].to_f64()).sum()).collect();
     // Accumulator i of thread t (warpgroup t / 128, warp (t / 32) % 4, lane t % 32) is output
     // (row, col) of the m64nNk16 layout (kernels/gemm/wgmma.cu, wgmma_tma's store).
     let at = |t: usize, i: usize| {
@@ -634,38 +456,19 @@ fn gpu_wgmma<T: Elem>(s: &mut Session, gpu: &Gpu, case: &Value) -> Result<()> {
     };
     let blocks = gpu.info.sm_count as usize;
     let (da, db) = (gpu.upload(&a)?, gpu.upload(&b)?);
-    let mut sums = gpu
-        .stream
-        .alloc_zeros::<f32>(blocks * 256)
-        .doing("allocating the accumulator sums")?;
-    let mut tile0 = gpu
-        .stream
-        .alloc_zeros::<f32>(256 * 128)
-        .doing("allocating block 0's accumulators")?;
+    let mut sums = gpu.stream.alloc_zeros::<f32>(blocks * 256).doing("allocating the accumulator sums")?;
+    let mut tile0 = gpu.stream.alloc_zeros::<f32>(256 * 128).doing("allocating block 0's accumulators")?;
     let f = gpu.function(FAMILY, &symbol(FAMILY, "wgmma", T::DTYPE))?;
-    let smem = crate::ops::gemm::wg::WIDE.stage_bytes() + 1024; // one wgmma_tma stage, 1024-aligned
+    let smem = crate::ops::gemm::wg::WIDE.stage_bytes() + 1024;  // one wgmma_tma stage, 1024-aligned
     crate::ops::gemm::raise_dynamic_smem(&f, smem)?;
-    let cfg = LaunchConfig {
-        grid_dim: (blocks as u32, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: smem as u32,
-    };
+    let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: smem as u32 };
     let it = iters as i32;
     let launch = |sums: &mut CudaSlice<f32>, tile0: &mut CudaSlice<f32>| -> Result<()> {
         // SAFETY: a and b hold the 128 x 64 and 64 x 256 tiles (read as 16-byte chunks); sums one
         // float per launched thread, tile0 128 per thread of block 0; smem is what the kernel checks.
-        unsafe {
-            gpu.stream
-                .launch_builder(&f)
-                .arg(&da)
-                .arg(&db)
-                .arg(sums)
-                .arg(tile0)
-                .arg(&it)
-                .launch(cfg)
-        }
-        .map(|_| ())
-        .doing("launching the wgmma roof")
+        unsafe { gpu.stream.launch_builder(&f).arg(&da).arg(&db).arg(sums).arg(tile0).arg(&it).launch(cfg) }
+            .map(|_| ())
+            .doing("launching the wgmma roof")
     };
     gpu.poison(&mut sums)?;
     gpu.poison(&mut tile0)?;
@@ -677,20 +480,9 @@ fn gpu_wgmma<T: Elem>(s: &mut Session, gpu: &Gpu, case: &Value) -> Result<()> {
     let mut expected: Vec<f64> = (0..256 * 128).map(|e| at(e % 256, e / 256)).collect();
     got.extend(gpu.download(&sums)?.iter().map(per_round));
     expected.extend((0..blocks * 256).map(|t| (0..128).map(|i| at(t % 256, i)).sum::<f64>()));
-    let error = compare(
-        &got,
-        &expected,
-        Tolerance {
-            atol: 1e-2,
-            rtol: 1e-2,
-        },
-        "cpu-f64-per-round",
-    );
+    let error = compare(&got, &expected, Tolerance { atol: 1e-2, rtol: 1e-2 }, "cpu-f64-per-round");
     let time = time_gpu(gpu, &s.budget, || launch(&mut sums, &mut tile0))?;
-    let work = Work {
-        bytes: (4 * (blocks * 256 + 256 * 128)) as u64,
-        flops: (blocks * 2 * iters * 4 * 2 * 64 * 256 * 16) as u64,
-    };
+    let work = Work { bytes: (4 * (blocks * 256 + 256 * 128)) as u64, flops: (blocks * 2 * iters * 4 * 2 * 64 * 256 * 16) as u64 };
     let mut m = Measurement::new("wgmma", "lab", case, work);
     (m.time, m.error) = (Some(time), Some(error));
     emit_ceiling(s, case, m)
@@ -704,37 +496,24 @@ fn gpu_mma_sync<T: Elem>(s: &mut Session, gpu: &Gpu, case: &Value) -> Result<()>
     let (variant, chains, blocks_per_sm) = match case.get("kernel").and_then(Value::as_str) {
         None => ("mma_sync", 8, 4),
         Some("w2") => ("mma_sync_w2", 32, 1),
-        Some(other) => {
-            return Err(LabError::Invalid(format!(
-                "no mma_sync kernel `{other}` (w2)"
-            )))
-        }
+        Some(other) => return Err(LabError::Invalid(format!("no mma_sync kernel `{other}` (w2)"))),
     };
     if !s.wants(variant, "lab") {
         return Ok(());
     }
     let iters = param_usize(case, "iters")?;
     let mut rng = crate::experiment::rng_for(s.opts.seed, case);
-    let mut random = |n: usize| -> Vec<T> {
-        (0..n)
-            .map(|_| T::from_f32(rng.random_range(-1.0..1.0)))
-            .collect()
-    };
-    let (a, b): ([Vec<T>; 2], [Vec<T>; 2]) =
-        ([random(256), random(256)], [random(128), random(128)]);
+    let mut random = |n: usize| -> Vec<T> { (0..n).map(|_| T::from_f32(rng.random_range(-1.0..1.0))).collect() };
+    let (a, b): ([Vec<T>; 2], [Vec<T>; 2]) = ([random(256), random(256)], [random(128), random(128)]);
     // Fragment registers (m16n8k16 layouts, kernels/gemm/mma_sync.cu), g = lane / 4, t = lane % 4.
-    let pair =
-        |x: T, y: T| u32::from_le_bytes(T::bytes(&[x, y]).try_into().expect("two 16-bit values"));
+    let pair = |x: T, y: T| u32::from_le_bytes(T::bytes(&[x, y]).try_into().expect("two 16-bit values"));
     let mut frags = vec![0u32; 12 * 32];
     for lane in 0..32 {
         let (g, t) = (lane / 4, 2 * (lane % 4));
         for m in 0..2 {
             let at = |r: usize, c: usize| pair(a[m][16 * r + c], a[m][16 * r + c + 1]);
             let bt = |k: usize| pair(b[m][8 * k + g], b[m][8 * (k + 1) + g]);
-            for (i, w) in [at(g, t), at(g + 8, t), at(g, t + 8), at(g + 8, t + 8)]
-                .into_iter()
-                .enumerate()
-            {
+            for (i, w) in [at(g, t), at(g + 8, t), at(g, t + 8), at(g + 8, t + 8)].into_iter().enumerate() {
                 frags[(4 * m + i) * 32 + lane] = w;
             }
             frags[(8 + 2 * m) * 32 + lane] = bt(t);
@@ -754,60 +533,29 @@ fn gpu_mma_sync<T: Elem>(s: &mut Session, gpu: &Gpu, case: &Value) -> Result<()>
         .collect();
     let threads = blocks_per_sm * 256 * gpu.info.sm_count as usize;
     let dfrags = gpu.upload(&frags)?;
-    let mut out = gpu
-        .stream
-        .alloc_zeros::<f32>(4 * threads)
-        .doing("allocating the C fragments")?;
+    let mut out = gpu.stream.alloc_zeros::<f32>(4 * threads).doing("allocating the C fragments")?;
     let f = gpu.function(FAMILY, &symbol(FAMILY, variant, T::DTYPE))?;
-    let cfg = LaunchConfig {
-        grid_dim: (threads as u32 / 256, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let cfg = LaunchConfig { grid_dim: (threads as u32 / 256, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     let it = iters as i32;
     let launch = |out: &mut CudaSlice<f32>| -> Result<()> {
         // SAFETY: frags holds 12 x 32 words; out 4 floats per launched thread.
-        unsafe {
-            gpu.stream
-                .launch_builder(&f)
-                .arg(&dfrags)
-                .arg(out)
-                .arg(&it)
-                .launch(cfg)
-        }
-        .map(|_| ())
-        .doing("launching mma_sync")
+        unsafe { gpu.stream.launch_builder(&f).arg(&dfrags).arg(out).arg(&it).launch(cfg) }.map(|_| ()).doing("launching mma_sync")
     };
     gpu.poison(&mut out)?;
     launch(&mut out)?;
     gpu.sync()?;
     // Compared per product, where values are O(1): fp32 accumulation of n equal terms drifts by
     // ~n/2 x 2^-24 of one term per accumulator.
-    let got: Vec<f64> = gpu
-        .download(&out)?
-        .iter()
-        .map(|&v| v as f64 / products)
-        .collect();
+    let got: Vec<f64> = gpu.download(&out)?.iter().map(|&v| v as f64 / products).collect();
     let expected: Vec<f64> = (0..4 * threads)
         .map(|j| {
             let (lane, i) = ((j / 4) % 32, j % 4);
             per_product[8 * (lane / 4 + 8 * (i / 2)) + 2 * (lane % 4) + i % 2]
         })
         .collect();
-    let error = compare(
-        &got,
-        &expected,
-        Tolerance {
-            atol: 1e-2,
-            rtol: 1e-2,
-        },
-        "cpu-f64-per-product",
-    );
+    let error = compare(&got, &expected, Tolerance { atol: 1e-2, rtol: 1e-2 }, "cpu-f64-per-product");
     let time = time_gpu(gpu, &s.budget, || launch(&mut out))?;
-    let work = Work {
-        bytes: (4 * frags.len() + 16 * threads) as u64,
-        flops: (threads * iters * chains * 4096 / 32) as u64,
-    };
+    let work = Work { bytes: (4 * frags.len() + 16 * threads) as u64, flops: (threads * iters * chains * 4096 / 32) as u64 };
     let mut m = Measurement::new(variant, "lab", case, work);
     (m.time, m.error) = (Some(time), Some(error));
     emit_ceiling(s, case, m)
@@ -822,20 +570,10 @@ fn cpu_copy(s: &mut Session, case: &Value) -> Result<()> {
     let mut dst = vec![0u32; n];
     let chunk = (n / rayon::current_num_threads()).max(1 << 16);
     let time = cpu_time(&s.budget, || {
-        dst.par_chunks_mut(chunk)
-            .zip(src.par_chunks(chunk))
-            .for_each(|(d, s)| d.copy_from_slice(s));
+        dst.par_chunks_mut(chunk).zip(src.par_chunks(chunk)).for_each(|(d, s)| d.copy_from_slice(s));
     });
     let error = compare_bits(&dst, &src, "source");
-    let mut m = Measurement::new(
-        "parallel_copy",
-        "lab",
-        case,
-        Work {
-            bytes: 8 * n as u64,
-            flops: 0,
-        },
-    );
+    let mut m = Measurement::new("parallel_copy", "lab", case, Work { bytes: 8 * n as u64, flops: 0 });
     (m.time, m.error) = (Some(time), Some(error));
     emit_ceiling(s, case, m)
 }
@@ -860,9 +598,7 @@ fn cpu_fma(s: &mut Session, case: &Value) -> Result<()> {
     };
     let mut sums = vec![0f32; tasks];
     let time = cpu_time(&s.budget, || {
-        sums.par_iter_mut()
-            .enumerate()
-            .for_each(|(t, out)| *out = std::hint::black_box(body(t)));
+        sums.par_iter_mut().enumerate().for_each(|(t, out)| *out = std::hint::black_box(body(t)));
     });
     // The same recurrence in f64: the f32 result must stay within rounding of it.
     let expected: Vec<f64> = (0..tasks)
@@ -875,19 +611,8 @@ fn cpu_fma(s: &mut Session, case: &Value) -> Result<()> {
         })
         .collect();
     let got: Vec<f64> = sums.iter().map(|&x| x as f64).collect();
-    let error = compare(
-        &got,
-        &expected,
-        Tolerance {
-            atol: 1e-3,
-            rtol: 1e-3,
-        },
-        "cpu-f64",
-    );
-    let work = Work {
-        bytes: 0,
-        flops: (tasks * iters * 32 * 2) as u64,
-    };
+    let error = compare(&got, &expected, Tolerance { atol: 1e-3, rtol: 1e-3 }, "cpu-f64");
+    let work = Work { bytes: 0, flops: (tasks * iters * 32 * 2) as u64 };
     let mut m = Measurement::new("fma", "lab", case, work);
     (m.time, m.error) = (Some(time), Some(error));
     emit_ceiling(s, case, m)
@@ -917,47 +642,16 @@ mod tests {
 
     #[test]
     fn every_gpu_case_names_a_ceiling_the_lab_reads() {
-        let names: std::collections::BTreeSet<&str> = Ceilings
-            .cases(&Backend::Cpu, false)
-            .iter()
-            .map(|c| ceiling_of(c).unwrap())
-            .collect();
+        let names: std::collections::BTreeSet<&str> = Ceilings.cases(&Backend::Cpu, false).iter().map(|c| ceiling_of(c).unwrap()).collect();
         assert_eq!(names, ["copy_gb_s", "fma_tflop_s"].into());
-        let gpu = [
-            json!({"what": "copy", "bytes": 1}),
-            json!({"what": "fma", "iters": 1}),
-            json!({"what": "tensor", "dtype": "f16"}),
-            json!({"what": "mma_sync", "dtype": "bf16"}),
-        ];
+        let gpu = [json!({"what": "copy", "bytes": 1}), json!({"what": "fma", "iters": 1}), json!({"what": "tensor", "dtype": "f16"}), json!({"what": "mma_sync", "dtype": "bf16"})];
         let names: Vec<&str> = gpu.iter().map(|c| ceiling_of(c).unwrap()).collect();
-        assert_eq!(
-            names,
-            [
-                "copy_gb_s",
-                "fma_tflop_s",
-                "tensor_f16_tflop_s",
-                "mma_sync_bf16_tflop_s"
-            ]
-        );
+        assert_eq!(names, ["copy_gb_s", "fma_tflop_s", "tensor_f16_tflop_s", "mma_sync_bf16_tflop_s"]);
         assert!(ceiling_of(&json!({"what": "tensor", "dtype": "f32"})).is_err());
         // The wgmma loop raises the same tensor roof as cuBLAS, for its dtype.
-        assert_eq!(
-            ceiling_of(&json!({"what": "tensor", "kernel": "wgmma", "dtype": "bf16"})).unwrap(),
-            "tensor_bf16_tflop_s"
-        );
-        let transfers: Vec<&str> = transfer_cases(4)
-            .iter()
-            .map(|c| ceiling_of(c).unwrap())
-            .collect();
-        assert_eq!(
-            transfers,
-            [
-                "h2d_pinned_gb_s",
-                "h2d_pageable_gb_s",
-                "d2h_pinned_gb_s",
-                "d2h_pageable_gb_s"
-            ]
-        );
+        assert_eq!(ceiling_of(&json!({"what": "tensor", "kernel": "wgmma", "dtype": "bf16"})).unwrap(), "tensor_bf16_tflop_s");
+        let transfers: Vec<&str> = transfer_cases(4).iter().map(|c| ceiling_of(c).unwrap()).collect();
+        assert_eq!(transfers, ["h2d_pinned_gb_s", "h2d_pageable_gb_s", "d2h_pinned_gb_s", "d2h_pageable_gb_s"]);
         assert!(ceiling_of(&json!({"what": "h2d", "memory": "managed"})).is_err());
     }
 }

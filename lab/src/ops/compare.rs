@@ -7,12 +7,7 @@ use rayon::prelude::*;
 /// |got - expected| <= atol + rtol * |expected| for every element; NaN passes only where the
 /// reference is NaN, and infinities only where they match exactly.
 pub fn compare(got: &[f64], expected: &[f64], tol: Tolerance, reference: &str) -> ErrorStats {
-    compare_with(
-        got,
-        expected,
-        |_, e| tol.atol + tol.rtol * e.abs(),
-        reference,
-    )
+    compare_with(got, expected, |_, e| tol.atol + tol.rtol * e.abs(), reference)
 }
 
 /// How far a product's element may be from its f64 reference: the forward error bound of a
@@ -36,98 +31,51 @@ impl ProductBound {
             DType::F16 => (2f64.powi(-10), 2f64.powi(-25)),
             DType::Bf16 => (2f64.powi(-7), 2f64.powi(-134)),
         };
-        ProductBound {
-            atol: half_subnormal,
-            rtol: eps,
-            per_scale: 2.0 * (k as f64 + 2.0) * 2f64.powi(-23),
-        }
+        ProductBound { atol: half_subnormal, rtol: eps, per_scale: 2.0 * (k as f64 + 2.0) * 2f64.powi(-23) }
     }
     /// The same, for a GEMM that may round partial sums to the output type before adding them
     /// (cuBLAS's default math allows split-K reductions in the output type): each rounding adds
     /// up to eps_out / 2 of its partial, at most eps_out / 2 of the sum of terms; two such
     /// roundings are allowed (the partials, then their sum).
     pub fn with_output_type_reduction(self) -> Self {
-        ProductBound {
-            per_scale: self.per_scale + self.rtol,
-            ..self
-        }
+        ProductBound { per_scale: self.per_scale + self.rtol, ..self }
     }
     /// The part a record's `tolerance` can hold (the rest is said in `error.bound`).
     pub fn tolerance(&self) -> Tolerance {
-        Tolerance {
-            atol: self.atol,
-            rtol: self.rtol,
-        }
+        Tolerance { atol: self.atol, rtol: self.rtol }
     }
     pub fn describe(&self) -> String {
-        format!(
-            "atol + rtol |ref| + {:.3e} (|alpha| |A||B| + |beta| |C0|)_ij",
-            self.per_scale
-        )
+        format!("atol + rtol |ref| + {:.3e} (|alpha| |A||B| + |beta| |C0|)_ij", self.per_scale)
     }
 }
 
 /// Each element against its own [`ProductBound`], `scale[i]` being its sum of absolute terms:
 /// an error confined to one column or one k-tile fails here, where a norm-wise test of the whole
 /// output (relative Frobenius error) would average it away.
-pub fn compare_product(
-    got: &[f64],
-    expected: &[f64],
-    scale: &[f64],
-    bound: ProductBound,
-    reference: &str,
-) -> ErrorStats {
-    assert_eq!(
-        expected.len(),
-        scale.len(),
-        "compare_product: lengths differ"
-    );
-    let mut s = compare_with(
-        got,
-        expected,
-        |i, e| bound.atol + bound.rtol * e.abs() + bound.per_scale * scale[i],
-        reference,
-    );
+pub fn compare_product(got: &[f64], expected: &[f64], scale: &[f64], bound: ProductBound, reference: &str) -> ErrorStats {
+    assert_eq!(expected.len(), scale.len(), "compare_product: lengths differ");
+    let mut s = compare_with(got, expected, |i, e| bound.atol + bound.rtol * e.abs() + bound.per_scale * scale[i], reference);
     s.bound = Some(bound.describe());
     s
 }
 
 /// Each element within its own allowance `allow[i]` (a bound derived for that element, e.g. the
 /// moe layer's), said in `bound`.
-pub fn compare_within(
-    got: &[f64],
-    expected: &[f64],
-    allow: &[f64],
-    bound: &str,
-    reference: &str,
-) -> ErrorStats {
-    assert_eq!(
-        expected.len(),
-        allow.len(),
-        "compare_within: lengths differ"
-    );
+pub fn compare_within(got: &[f64], expected: &[f64], allow: &[f64], bound: &str, reference: &str) -> ErrorStats {
+    assert_eq!(expected.len(), allow.len(), "compare_within: lengths differ");
     let mut s = compare_with(got, expected, |i, _| allow[i], reference);
     s.bound = Some(bound.to_string());
     s
 }
 
 /// [`compare`] with each element's allowance from `allow(index, expected)`.
-fn compare_with(
-    got: &[f64],
-    expected: &[f64],
-    allow: impl Fn(usize, f64) -> f64,
-    reference: &str,
-) -> ErrorStats {
+fn compare_with(got: &[f64], expected: &[f64], allow: impl Fn(usize, f64) -> f64, reference: &str) -> ErrorStats {
     assert_eq!(got.len(), expected.len(), "compare: lengths differ");
     let mut s = ErrorStats::empty(reference);
     for (i, (&g, &e)) in got.iter().zip(expected).enumerate() {
         let fraction = if e.is_nan() || g.is_nan() || e.is_infinite() || g.is_infinite() {
             let same = (e.is_nan() && g.is_nan()) || g == e;
-            if same {
-                0.0
-            } else {
-                f64::INFINITY
-            }
+            if same { 0.0 } else { f64::INFINITY }
         } else {
             let abs = (g - e).abs();
             s.max_abs = s.max_abs.max(abs);
@@ -135,18 +83,12 @@ fn compare_with(
                 s.max_rel = s.max_rel.max(abs / e.abs());
             }
             // Exact agreement is 0 even where the allowance is 0 (atol = 0, expected = 0).
-            if abs == 0.0 {
-                0.0
-            } else {
-                abs / allow(i, e)
-            }
+            if abs == 0.0 { 0.0 } else { abs / allow(i, e) }
         };
         if fraction > 1.0 {
             s.mismatches += 1;
         }
-        if fraction > s.worst_fraction_of_tolerance
-            || (s.worst_index.is_none() && fraction.is_nan())
-        {
+        if fraction > s.worst_fraction_of_tolerance || (s.worst_index.is_none() && fraction.is_nan()) {
             s.worst_fraction_of_tolerance = fraction;
             s.worst_index = Some(i as u64);
             s.worst_got = Some(g);
@@ -160,12 +102,7 @@ fn compare_with(
 }
 
 /// [`compare`] for an output of element type `T`, with its error in ULPs of `T`.
-pub fn compare_elems<T: Elem>(
-    got: &[T],
-    expected: &[f64],
-    tol: Tolerance,
-    reference: &str,
-) -> ErrorStats {
+pub fn compare_elems<T: Elem>(got: &[T], expected: &[f64], tol: Tolerance, reference: &str) -> ErrorStats {
     let mut s = compare(&widen(got), expected, tol, reference);
     s.max_ulp = Some(max_ulp(got, expected));
     s
@@ -184,18 +121,8 @@ pub fn max_ulp<T: Elem>(got: &[T], expected: &[f64]) -> u64 {
 /// The relative Frobenius error ||got - expected||_F / ||expected||_F over finite pairs: what a
 /// norm-wise check would judge (the tests show the faults it misses).
 pub fn frobenius_rel(got: &[f64], expected: &[f64]) -> f64 {
-    let (d2, n2) = got
-        .iter()
-        .zip(expected)
-        .filter(|(g, e)| g.is_finite() && e.is_finite())
-        .fold((0.0, 0.0), |(d, n), (&g, &e)| {
-            (d + (g - e) * (g - e), n + e * e)
-        });
-    if n2 > 0.0 {
-        (d2 / n2).sqrt()
-    } else {
-        d2.sqrt()
-    }
+    let (d2, n2) = got.iter().zip(expected).filter(|(g, e)| g.is_finite() && e.is_finite()).fold((0.0, 0.0), |(d, n), (&g, &e)| (d + (g - e) * (g - e), n + e * e));
+    if n2 > 0.0 { (d2 / n2).sqrt() } else { d2.sqrt() }
 }
 
 /// The check made before timing if it failed, else the one after: a kernel must be right both
@@ -215,8 +142,7 @@ pub fn merge_parts(parts: Vec<(ErrorStats, usize)>) -> ErrorStats {
                 a.max_rel = a.max_rel.max(e.max_rel);
                 a.max_ulp = a.max_ulp.max(e.max_ulp);
                 if e.worst_fraction_of_tolerance > a.worst_fraction_of_tolerance {
-                    (a.worst_fraction_of_tolerance, a.worst_index) =
-                        (e.worst_fraction_of_tolerance, e.worst_index);
+                    (a.worst_fraction_of_tolerance, a.worst_index) = (e.worst_fraction_of_tolerance, e.worst_index);
                     (a.worst_got, a.worst_expected) = (e.worst_got, e.worst_expected);
                 }
                 a
@@ -227,11 +153,7 @@ pub fn merge_parts(parts: Vec<(ErrorStats, usize)>) -> ErrorStats {
 }
 
 pub fn first_failure(before: ErrorStats, after: ErrorStats) -> ErrorStats {
-    if before.passed() {
-        after
-    } else {
-        before
-    }
+    if before.passed() { after } else { before }
 }
 
 impl ErrorStats {
@@ -244,12 +166,7 @@ impl ErrorStats {
 pub fn compare_bits(got: &[u32], expected: &[u32], reference: &str) -> ErrorStats {
     assert_eq!(got.len(), expected.len(), "compare_bits: lengths differ");
     let mismatches = got.par_iter().zip(expected).filter(|(g, e)| g != e).count() as u64;
-    let first = (mismatches > 0).then(|| {
-        got.iter()
-            .zip(expected)
-            .position(|(g, e)| g != e)
-            .unwrap_or(0)
-    });
+    let first = (mismatches > 0).then(|| got.iter().zip(expected).position(|(g, e)| g != e).unwrap_or(0));
     ErrorStats {
         max_abs: if mismatches > 0 { f64::INFINITY } else { 0.0 },
         max_rel: if mismatches > 0 { f64::INFINITY } else { 0.0 },
@@ -267,10 +184,7 @@ pub fn compare_bits(got: &[u32], expected: &[u32], reference: &str) -> ErrorStat
 #[cfg(test)]
 mod tests {
     use super::*;
-    const TOL: Tolerance = Tolerance {
-        atol: 1e-6,
-        rtol: 1e-5,
-    };
+    const TOL: Tolerance = Tolerance { atol: 1e-6, rtol: 1e-5 };
 
     #[test]
     fn equal_inputs_pass_and_a_small_error_is_measured() {
@@ -299,10 +213,7 @@ mod tests {
         let next = bf16::from_bits(one.to_bits() + 1);
         assert_eq!(max_ulp(&[one, next], &[1.0, 1.0]), 1);
         // Across zero: the smallest negative and positive subnormals are 2 steps apart.
-        assert_eq!(
-            max_ulp(&[bf16::from_bits(0x8001)], &[bf16::from_bits(1).to_f64()]),
-            2
-        );
+        assert_eq!(max_ulp(&[bf16::from_bits(0x8001)], &[bf16::from_bits(1).to_f64()]), 2);
         assert_eq!(max_ulp(&[-0.0f32], &[0.0]), 0);
         assert_eq!(max_ulp(&[1.0f32 + f32::EPSILON * 3.0], &[1.0]), 3);
         // Non-finite pairs are the tolerance check's business, not the ULP figure's.
@@ -320,29 +231,14 @@ mod tests {
     }
     #[test]
     fn an_element_within_its_product_bound_passes_and_one_beyond_fails() {
-        let bound = ProductBound {
-            atol: 0.0,
-            rtol: 0.0,
-            per_scale: 1e-3,
-        };
+        let bound = ProductBound { atol: 0.0, rtol: 0.0, per_scale: 1e-3 };
         // Near-cancelling elements get the allowance of their terms, not of their value.
         let s = compare_product(&[1e-9 + 5e-4, 2.0], &[1e-9, 2.0], &[1.0, 2.0], bound, "t");
         assert!(s.passed() && s.bound.is_some(), "{s:?}");
         let s = compare_product(&[1e-9, 2.003], &[1e-9, 2.0], &[1.0, 2.0], bound, "t");
         assert_eq!((s.passed(), s.worst_index), (false, Some(1)));
         assert!((s.worst_fraction_of_tolerance - 1.5).abs() < 1e-9, "{s:?}");
-        assert!(!compare_product(
-            &[f64::NAN],
-            &[1.0],
-            &[1.0],
-            ProductBound {
-                atol: 1e9,
-                rtol: 1e9,
-                per_scale: 1e9
-            },
-            "t"
-        )
-        .passed());
+        assert!(!compare_product(&[f64::NAN], &[1.0], &[1.0], ProductBound { atol: 1e9, rtol: 1e9, per_scale: 1e9 }, "t").passed());
         let off = [1.001, -2.002];
         assert!((frobenius_rel(&off, &[1.0, -2.0]) - 1e-3).abs() < 1e-9);
     }

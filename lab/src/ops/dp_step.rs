@@ -10,9 +10,7 @@
 //! one GPU against the CPU's single-process training of [`crate::collective::bucket`].
 //! On the CPU backend the worlds are host groups whose sums run the lab's ring on threads.
 
-use crate::collective::bucket::{
-    losses_match, train_single, Mlp, Schedule, GATE_TOL, LOSS_RTOL, LR,
-};
+use crate::collective::bucket::{losses_match, train_single, Mlp, Schedule, GATE_TOL, LOSS_RTOL, LR};
 use crate::collective::data_parallel::{DataParallel, Reducer};
 use crate::collective::group::Group;
 use crate::collective::nccl::{gpus_for_nccl, world_sizes};
@@ -36,16 +34,10 @@ impl Experiment for DpStep {
     fn sweep_axis(&self) -> &'static str {
         "ranks"
     }
-    fn sanitize_uninstrumented(
-        &self,
-        tool: crate::profile::sanitize::Tool,
-    ) -> Option<&'static str> {
+    fn sanitize_uninstrumented(&self, tool: crate::profile::sanitize::Tool) -> Option<&'static str> {
         crate::ops::nccl_allreduce::NcclAllReduce.sanitize_uninstrumented(tool)
     }
-    fn sanitize_env(
-        &self,
-        tool: crate::profile::sanitize::Tool,
-    ) -> &'static [(&'static str, &'static str)] {
+    fn sanitize_env(&self, tool: crate::profile::sanitize::Tool) -> &'static [(&'static str, &'static str)] {
         crate::ops::nccl_allreduce::NcclAllReduce.sanitize_env(tool)
     }
     fn headlines(&self) -> &'static [&'static str] {
@@ -59,13 +51,8 @@ impl Experiment for DpStep {
             (Backend::Cpu, _) => (&[64, 256, 256, 64], 8, &[0.25]),
         };
         // 0.002 MB buckets: several buckets even on the gate's small model.
-        let mut cases = vec![
-            json!({"dims": DIMS_GATE, "rows_per_rank": 3, "steps": 5, "bucket_mb": 0.002, "timed": false}),
-        ];
-        cases.extend(
-            mbs.iter()
-                .map(|&mb| json!({"dims": dims, "rows_per_rank": rows, "bucket_mb": mb})),
-        );
+        let mut cases = vec![json!({"dims": DIMS_GATE, "rows_per_rank": 3, "steps": 5, "bucket_mb": 0.002, "timed": false})];
+        cases.extend(mbs.iter().map(|&mb| json!({"dims": dims, "rows_per_rank": rows, "bucket_mb": mb})));
         cases
     }
     fn run_case(&self, s: &mut Session, case: &Value) -> Result<()> {
@@ -75,10 +62,7 @@ impl Experiment for DpStep {
             .and_then(|a| a.iter().map(|v| v.as_u64().map(|v| v as usize)).collect())
             .ok_or_else(|| LabError::Invalid(format!("case {case} has no `dims` list")))?;
         let rows = param_usize(case, "rows_per_rank")?;
-        let mb = case
-            .get("bucket_mb")
-            .and_then(Value::as_f64)
-            .unwrap_or(25.0);
+        let mb = case.get("bucket_mb").and_then(Value::as_f64).unwrap_or(25.0);
         let bucket_bytes = ((mb * (1 << 20) as f64) as usize).max(1);
         for n in worlds(&s.backend) {
             if param_timed(case) {
@@ -107,27 +91,9 @@ fn schedules(g: &Group) -> Vec<(String, Reducer, bool)> {
     if g.size() == 1 {
         return Vec::new();
     }
-    let reducers: &[Reducer] = if g.world.is_some() {
-        &[Reducer::Nccl, Reducer::Ring, Reducer::PeerRing]
-    } else {
-        &[Reducer::Nccl]
-    };
-    let label = |r: Reducer| {
-        if g.world.is_some() {
-            r.name()
-        } else {
-            "threads"
-        }
-    };
-    reducers
-        .iter()
-        .flat_map(|&r| {
-            [
-                (format!("{}_after_backward", label(r)), r, false),
-                (format!("{}_overlap", label(r)), r, true),
-            ]
-        })
-        .collect()
+    let reducers: &[Reducer] = if g.world.is_some() { &[Reducer::Nccl, Reducer::Ring, Reducer::PeerRing] } else { &[Reducer::Nccl] };
+    let label = |r: Reducer| if g.world.is_some() { r.name() } else { "threads" };
+    reducers.iter().flat_map(|&r| [(format!("{}_after_backward", label(r)), r, false), (format!("{}_overlap", label(r)), r, true)]).collect()
 }
 
 fn provider(reducer: Reducer, g: &Group) -> &'static str {
@@ -141,10 +107,7 @@ fn provider(reducer: Reducer, g: &Group) -> &'static str {
 fn work(dims: &[usize], rows: usize, n: usize) -> Work {
     let params = Mlp::count(dims);
     // Forward, and backward's two products per layer, over every rank's rows; the gradient's bytes.
-    Work {
-        bytes: 4 * params as u64,
-        flops: 6 * (params * rows * n) as u64,
-    }
+    Work { bytes: 4 * params as u64, flops: 6 * (params * rows * n) as u64 }
 }
 
 fn with_ranks(case: &Value, n: usize) -> Value {
@@ -153,33 +116,15 @@ fn with_ranks(case: &Value, n: usize) -> Value {
     p
 }
 
-fn train(
-    g: Group,
-    dims: &[usize],
-    rows: usize,
-    how: Schedule,
-    reducer: Reducer,
-    steps: usize,
-    seed: u64,
-) -> Result<(Vec<f64>, Vec<Vec<f32>>)> {
+fn train(g: Group, dims: &[usize], rows: usize, how: Schedule, reducer: Reducer, steps: usize, seed: u64) -> Result<(Vec<f64>, Vec<Vec<f32>>)> {
     let mut dp = DataParallel::new(g, dims, rows, LR, how, reducer, seed)?;
     let losses = (0..steps).map(|k| dp.step(k)).collect::<Result<_>>()?;
     Ok((losses, dp.params()?))
 }
 
 /// Losses and every rank's weights against a reference run, as one comparison.
-fn against(
-    losses: &[f64],
-    params: &[Vec<f32>],
-    want: &(Vec<f64>, Vec<f32>),
-    reference: &str,
-) -> crate::record::ErrorStats {
-    let flat = |l: &[f64], p: &[f32]| -> Vec<f64> {
-        l.iter()
-            .copied()
-            .chain(p.iter().map(|&v| v as f64))
-            .collect()
-    };
+fn against(losses: &[f64], params: &[Vec<f32>], want: &(Vec<f64>, Vec<f32>), reference: &str) -> crate::record::ErrorStats {
+    let flat = |l: &[f64], p: &[f32]| -> Vec<f64> { l.iter().copied().chain(p.iter().map(|&v| v as f64)).collect() };
     let expected = flat(&want.0, &want.1);
     params
         .iter()
@@ -194,46 +139,18 @@ fn against(
         .expect("at least one rank")
 }
 
-fn gate(
-    s: &mut Session,
-    case: &Value,
-    dims: &[usize],
-    rows: usize,
-    bucket_bytes: usize,
-    n: usize,
-) -> Result<()> {
+fn gate(s: &mut Session, case: &Value, dims: &[usize], rows: usize, bucket_bytes: usize, n: usize) -> Result<()> {
     let steps = param_usize(case, "steps")?;
     let seed = s.opts.seed;
-    let how = Schedule {
-        bucket_bytes,
-        overlap: true,
-    };
+    let how = Schedule { bucket_bytes, overlap: true };
     // One device with the whole global batch: the reference of every world.
-    let one = train(
-        Group::on(&s.backend, 1)?,
-        dims,
-        rows * n,
-        how,
-        Reducer::Nccl,
-        steps,
-        seed,
-    )?;
+    let one = train(Group::on(&s.backend, 1)?, dims, rows * n, how, Reducer::Nccl, steps, seed)?;
     let one = (one.0, one.1.into_iter().next().expect("one rank"));
     if n == 1 {
         if s.wants("one_device", "lab") {
             let cpu = train_single(dims, rows, LR, steps, seed)?;
-            let mut m = Measurement::new(
-                "one_device",
-                "lab",
-                &with_ranks(case, 1),
-                work(dims, rows, 1),
-            );
-            m.error = Some(against(
-                &one.0,
-                std::slice::from_ref(&one.1),
-                &cpu,
-                "cpu single-process training",
-            ));
+            let mut m = Measurement::new("one_device", "lab", &with_ranks(case, 1), work(dims, rows, 1));
+            m.error = Some(against(&one.0, std::slice::from_ref(&one.1), &cpu, "cpu single-process training"));
             m.tolerance = Some(GATE_TOL);
             m.extra.insert("losses".into(), json!(one.0));
             s.emit(m)?;
@@ -246,98 +163,51 @@ fn gate(
         if !s.wants(&variant, p) {
             continue;
         }
-        let (losses, params) = train(
-            Group::on(&s.backend, n)?,
-            dims,
-            rows,
-            Schedule {
-                bucket_bytes,
-                overlap,
-            },
-            reducer,
-            steps,
-            seed,
-        )?;
+        let (losses, params) = train(Group::on(&s.backend, n)?, dims, rows, Schedule { bucket_bytes, overlap }, reducer, steps, seed)?;
         let mut m = Measurement::new(variant, p, &with_ranks(case, n), work(dims, rows, n));
         m.error = Some(against(&losses, &params, &one, "one device, whole batch"));
         m.tolerance = Some(GATE_TOL);
         m.extra.insert("losses".into(), json!(losses));
         m.extra.insert("one_device_losses".into(), json!(one.0));
-        m.extra.insert(
-            "ranks_identical".into(),
-            params.iter().all(|p| p == &params[0]).into(),
-        );
+        m.extra.insert("ranks_identical".into(), params.iter().all(|p| p == &params[0]).into());
         s.emit(m)?;
     }
     Ok(())
 }
 
-fn timed(
-    s: &mut Session,
-    case: &Value,
-    dims: &[usize],
-    rows: usize,
-    bucket_bytes: usize,
-    n: usize,
-) -> Result<()> {
+fn timed(s: &mut Session, case: &Value, dims: &[usize], rows: usize, bucket_bytes: usize, n: usize) -> Result<()> {
     let seed = s.opts.seed;
     let params = with_ranks(case, n);
     let g = Group::on(&s.backend, n)?;
-    let mut runs: Vec<(String, Reducer, bool)> =
-        vec![("compute_only".into(), Reducer::Nccl, false)];
+    let mut runs: Vec<(String, Reducer, bool)> = vec![("compute_only".into(), Reducer::Nccl, false)];
     runs.extend(schedules(&g));
     let mut after_ms = std::collections::HashMap::new();
     let mut compute_ms = None;
     for (variant, reducer, overlap) in runs {
-        let p = if variant == "compute_only" {
-            "lab"
-        } else {
-            provider(reducer, &g)
-        };
+        let p = if variant == "compute_only" { "lab" } else { provider(reducer, &g) };
         if !s.wants(&variant, p) {
             continue;
         }
-        let mut dp = DataParallel::new(
-            Group::on(&s.backend, n)?,
-            dims,
-            rows,
-            LR,
-            Schedule {
-                bucket_bytes,
-                overlap,
-            },
-            reducer,
-            seed,
-        )?;
+        let mut dp = DataParallel::new(Group::on(&s.backend, n)?, dims, rows, LR, Schedule { bucket_bytes, overlap }, reducer, seed)?;
         if variant == "compute_only" {
             // Every bucket left unsummed: the step without communication.
             dp.skip_all_buckets();
         }
         let mut loss = dp.step(0)?;
-        let time = host_time(
-            &s.budget,
-            || Ok::<(), LabError>(()),
-            || {
-                // The same batch every repetition: drawing a batch on the host is not the step.
-                loss = dp.step(0)?;
-                dp.g.sync()
-            },
-        )?;
+        let time = host_time(&s.budget, || Ok::<(), LabError>(()), || {
+            // The same batch every repetition: drawing a batch on the host is not the step.
+            loss = dp.step(0)?;
+            dp.g.sync()
+        })?;
         if !loss.is_finite() {
-            return Err(LabError::Invalid(format!(
-                "dp_step {variant}: the loss became {loss}; lower the learning rate"
-            )));
+            return Err(LabError::Invalid(format!("dp_step {variant}: the loss became {loss}; lower the learning rate")));
         }
         let ms = time.0.median;
         let mut m = Measurement::new(&variant, p, &params, work(dims, rows, n));
         m.extra.insert("step_ms".into(), ms.into());
         m.extra.insert("buckets".into(), dp.buckets().len().into());
-        m.extra
-            .insert("grad_bytes".into(), (4 * Mlp::count(dims)).into());
-        m.extra.insert(
-            "samples_per_s".into(),
-            ((rows * n) as f64 / (ms * 1e-3)).into(),
-        );
+        m.extra.insert("grad_bytes".into(), (4 * Mlp::count(dims)).into());
+        m.extra.insert("samples_per_s".into(), ((rows * n) as f64 / (ms * 1e-3)).into());
         m.extra.insert("loss".into(), loss.into());
         match (variant.as_str(), overlap) {
             ("compute_only", _) => compute_ms = Some(ms),
@@ -369,31 +239,11 @@ mod tests {
         opts.quick = true;
         let mut s = Session::new(Backend::Cpu, opts).unwrap();
         s.run(&DpStep, &DpStep.cases(&Backend::Cpu, true)).unwrap();
-        let variants: std::collections::BTreeSet<&str> =
-            s.records.iter().map(|r| r.variant.as_str()).collect();
-        assert_eq!(
-            variants,
-            [
-                "compute_only",
-                "one_device",
-                "threads_after_backward",
-                "threads_overlap"
-            ]
-            .into()
-        );
+        let variants: std::collections::BTreeSet<&str> = s.records.iter().map(|r| r.variant.as_str()).collect();
+        assert_eq!(variants, ["compute_only", "one_device", "threads_after_backward", "threads_overlap"].into());
         for r in &s.records {
-            assert_eq!(
-                r.verdict,
-                crate::record::Verdict::Pass,
-                "{} {:?} {:?}",
-                r.variant,
-                r.params,
-                r.error
-            );
+            assert_eq!(r.verdict, crate::record::Verdict::Pass, "{} {:?} {:?}", r.variant, r.params, r.error);
         }
-        assert!(s
-            .records
-            .iter()
-            .any(|r| r.extra.contains_key("overlap_gain")));
+        assert!(s.records.iter().any(|r| r.extra.contains_key("overlap_gain")));
     }
 }

@@ -7,9 +7,7 @@ use super::compare::compare_elems;
 use super::variant::{self, Requires, Variant, VariantInfo};
 use super::{measure_op, measure_torch, widen, Check, Elem};
 use crate::error::Doing;
-use crate::experiment::{
-    param_str, param_timed, param_usize, rng_for, Backend, Experiment, Peer, Session,
-};
+use crate::experiment::{param_str, param_timed, param_usize, rng_for, Backend, Experiment, Peer, Session};
 use crate::kernels::{symbol, DType};
 use crate::profile::Work;
 use crate::record::Tolerance;
@@ -33,10 +31,7 @@ pub const ONCHIP_MAX_COLS: usize = 16384;
 pub enum NormKernel {
     /// (grid, block) for (rows, cols), as the kernel's line in its .cu file states; rows up to
     /// `max_cols` wide.
-    Gpu {
-        grid_block: fn(usize, usize) -> (usize, usize),
-        max_cols: usize,
-    },
+    Gpu { grid_block: fn(usize, usize) -> (usize, usize), max_cols: usize },
     /// The family's CPU function.
     Cpu,
 }
@@ -44,10 +39,7 @@ pub enum NormKernel {
 pub const F32_BF16: &[DType] = &[DType::F32, DType::Bf16];
 
 /// The launch shapes the row norms share.
-pub const BLOCK_PER_ROW: NormKernel = NormKernel::Gpu {
-    grid_block: |rows, _| (rows, 512),
-    max_cols: usize::MAX,
-};
+pub const BLOCK_PER_ROW: NormKernel = NormKernel::Gpu { grid_block: |rows, _| (rows, 512), max_cols: usize::MAX };
 pub const ONCHIP_BLOCK: NormKernel = NormKernel::Gpu {
     grid_block: |rows, cols| (rows, (cols.div_ceil(16).div_ceil(32) * 32).clamp(32, 1024)),
     max_cols: ONCHIP_MAX_COLS,
@@ -67,10 +59,7 @@ pub const VARIANTS: &[Variant<NormKernel>] = &[
         dtypes: F32_BF16,
         requires: Requires::Gpu,
         what: "a warp per row folding chunks with Chan's merge: two reads of the row",
-        config: NormKernel::Gpu {
-            grid_block: |rows, _| (rows.div_ceil(8), 256),
-            max_cols: usize::MAX,
-        },
+        config: NormKernel::Gpu { grid_block: |rows, _| (rows.div_ceil(8), 256), max_cols: usize::MAX },
     },
     Variant {
         name: "onchip_block",
@@ -102,20 +91,8 @@ pub fn takes(v: &Variant<NormKernel>, cols: usize) -> bool {
 
 /// The fastest norm variant of `table` for the backend and width, as measured on an H100
 /// (reports/notes, kernels/*norm.cu): the row on chip where it fits, else a block per row.
-pub fn best<'a>(
-    table: &'a [Variant<NormKernel>],
-    dev: &Backend,
-    cols: usize,
-) -> &'a Variant<NormKernel> {
-    let on_chip = |v: &&Variant<NormKernel>| {
-        matches!(
-            v.config,
-            NormKernel::Gpu {
-                max_cols: ONCHIP_MAX_COLS,
-                ..
-            }
-        )
-    };
+pub fn best<'a>(table: &'a [Variant<NormKernel>], dev: &Backend, cols: usize) -> &'a Variant<NormKernel> {
+    let on_chip = |v: &&Variant<NormKernel>| matches!(v.config, NormKernel::Gpu { max_cols: ONCHIP_MAX_COLS, .. });
     let found = match dev {
         Backend::Cpu => table.iter().find(|v| matches!(v.config, NormKernel::Cpu)),
         Backend::Cuda(_) if cols <= ONCHIP_MAX_COLS => table.iter().find(on_chip),
@@ -126,23 +103,8 @@ pub fn best<'a>(
 }
 
 /// y = layernorm(x) * gamma + beta over the last dimension, with the best variant.
-pub fn forward<T: Elem>(
-    dev: &Backend,
-    x: &Tensor<T>,
-    gamma: &Tensor<T>,
-    beta: &Tensor<T>,
-    y: &mut Tensor<T>,
-    eps: f32,
-) -> Result<()> {
-    forward_with(
-        dev,
-        best(VARIANTS, dev, x.cols()).name,
-        x,
-        gamma,
-        beta,
-        y,
-        eps,
-    )
+pub fn forward<T: Elem>(dev: &Backend, x: &Tensor<T>, gamma: &Tensor<T>, beta: &Tensor<T>, y: &mut Tensor<T>, eps: f32) -> Result<()> {
+    forward_with(dev, best(VARIANTS, dev, x.cols()).name, x, gamma, beta, y, eps)
 }
 
 /// [`forward`] with the named variant (any row of [`VARIANTS`]).
@@ -156,17 +118,7 @@ pub fn forward_with<T: Elem>(
     eps: f32,
 ) -> Result<()> {
     let cpu = |x: &[T], p: &[&[T]], y: &mut [T]| cpu_two_pass_rows(x, p[0], p[1], y, eps);
-    norm_op(
-        FAMILY,
-        VARIANTS,
-        dev,
-        variant,
-        x,
-        &[("gamma", gamma), ("beta", beta)],
-        y,
-        eps,
-        cpu,
-    )
+    norm_op(FAMILY, VARIANTS, dev, variant, x, &[("gamma", gamma), ("beta", beta)], y, eps, cpu)
 }
 
 /// The row norms' shared call: checks the variant, the placement and the shapes (x and y alike,
@@ -191,40 +143,23 @@ pub fn norm_op<T: Elem>(
     check_placement(family, dev, &placed)?;
     let (rows, cols) = (x.rows(), x.cols());
     if x.shape() != y.shape() {
-        return Err(LabError::shape(
-            family,
-            format!("x is {:?} but y is {:?}", x.shape(), y.shape()),
-        ));
+        return Err(LabError::shape(family, format!("x is {:?} but y is {:?}", x.shape(), y.shape())));
     }
     let lens: Vec<(&str, usize)> = per_col.iter().map(|(n, t)| (*n, t.len())).collect();
     validate(family, x.len(), rows, cols, &lens)?;
     if !takes(v, cols) {
-        return Err(LabError::shape(
-            family,
-            format!("`{variant}` holds rows up to {ONCHIP_MAX_COLS} wide, not {cols}"),
-        ));
+        return Err(LabError::shape(family, format!("`{variant}` holds rows up to {ONCHIP_MAX_COLS} wide, not {cols}")));
     }
     match (v.config, dev) {
         (NormKernel::Cpu, _) => {
-            let params: Vec<&[T]> = per_col
-                .iter()
-                .map(|(_, t)| t.host().expect("placement checked"))
-                .collect();
-            cpu(
-                x.host().expect("placement checked"),
-                &params,
-                y.host_mut().expect("placement checked"),
-            );
+            let params: Vec<&[T]> = per_col.iter().map(|(_, t)| t.host().expect("placement checked")).collect();
+            cpu(x.host().expect("placement checked"), &params, y.host_mut().expect("placement checked"));
             Ok(())
         }
         (NormKernel::Gpu { grid_block, .. }, Backend::Cuda(gpu)) => {
             let f = gpu.function(family, &symbol(family, v.name, T::DTYPE))?;
             let (grid, block) = grid_block(rows, cols);
-            let cfg = LaunchConfig {
-                grid_dim: (grid as u32, 1, 1),
-                block_dim: (block as u32, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            let cfg = LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (block as u32, 1, 1), shared_mem_bytes: 0 };
             let (r, c) = (rows as i32, cols as i32);
             let mut b = gpu.stream.launch_builder(&f);
             b.arg(x.cuda().expect("placement checked"));
@@ -233,48 +168,25 @@ pub fn norm_op<T: Elem>(
             }
             // SAFETY: x and y hold rows*cols elements and every parameter vector cols; the
             // kernels bound by rows and cols; `takes` kept the row within on-chip capacity.
-            unsafe {
-                b.arg(y.cuda_mut().expect("placement checked"))
-                    .arg(&r)
-                    .arg(&c)
-                    .arg(&eps)
-                    .launch(cfg)
-            }
-            .map(|_| ())
-            .doing(&format!("launching {family} {variant}"))
+            unsafe { b.arg(y.cuda_mut().expect("placement checked")).arg(&r).arg(&c).arg(&eps).launch(cfg) }
+                .map(|_| ())
+                .doing(&format!("launching {family} {variant}"))
         }
-        (NormKernel::Gpu { .. }, Backend::Cpu) => {
-            unreachable!("check_runs keeps GPU variants off the CPU")
-        }
+        (NormKernel::Gpu { .. }, Backend::Cpu) => unreachable!("check_runs keeps GPU variants off the CPU"),
     }
 }
 
 /// Checks what a caller gives: x is rows x cols, every per-column vector has cols entries.
-pub fn validate(
-    family: &str,
-    x_len: usize,
-    rows: usize,
-    cols: usize,
-    per_col: &[(&str, usize)],
-) -> Result<()> {
+pub fn validate(family: &str, x_len: usize, rows: usize, cols: usize, per_col: &[(&str, usize)]) -> Result<()> {
     if rows == 0 || cols == 0 {
-        return Err(LabError::shape(
-            family,
-            format!("{rows} x {cols}: rows and cols must be at least 1"),
-        ));
+        return Err(LabError::shape(family, format!("{rows} x {cols}: rows and cols must be at least 1")));
     }
     if x_len != rows * cols {
-        return Err(LabError::shape(
-            family,
-            format!("x has {x_len} elements, not {rows} x {cols}"),
-        ));
+        return Err(LabError::shape(family, format!("x has {x_len} elements, not {rows} x {cols}")));
     }
     for (name, len) in per_col {
         if *len != cols {
-            return Err(LabError::shape(
-                family,
-                format!("{name} has {len} elements; rows are {cols} wide"),
-            ));
+            return Err(LabError::shape(family, format!("{name} has {len} elements; rows are {cols} wide")));
         }
     }
     Ok(())
@@ -282,14 +194,8 @@ pub fn validate(
 
 pub fn tolerance(dtype: DType) -> Tolerance {
     match dtype {
-        DType::F32 => Tolerance {
-            atol: 1e-5,
-            rtol: 1e-5,
-        },
-        _ => Tolerance {
-            atol: 1e-3,
-            rtol: 2f64.powi(-7),
-        },
+        DType::F32 => Tolerance { atol: 1e-5, rtol: 1e-5 },
+        _ => Tolerance { atol: 1e-3, rtol: 2f64.powi(-7) },
     }
 }
 
@@ -297,22 +203,10 @@ pub fn tolerance(dtype: DType) -> Tolerance {
 pub fn cases(backend: &Backend, quick: bool) -> Vec<Value> {
     let checks: &[(usize, usize, &str)] = match (backend, quick) {
         (Backend::Cpu, true) => &[(1, 1, "normal"), (17, 781, "normal"), (9, 300, "hostile")],
-        _ => &[
-            (1, 1, "normal"),
-            (1823, 781, "normal"),
-            (7, 16385, "normal"),
-            (1823, 781, "hostile"),
-        ],
+        _ => &[(1, 1, "normal"), (1823, 781, "normal"), (7, 16385, "normal"), (1823, 781, "hostile")],
     };
     let timed: &[(usize, usize)] = match (backend, quick) {
-        (Backend::Cuda(_), false) => &[
-            (262144, 256),
-            (65536, 1024),
-            (16384, 4096),
-            (8192, 8192),
-            (4096, 16384),
-            (1024, 65536),
-        ],
+        (Backend::Cuda(_), false) => &[(262144, 256), (65536, 1024), (16384, 4096), (8192, 8192), (4096, 16384), (1024, 65536)],
         (Backend::Cuda(_), true) => &[(16384, 4096), (8192, 8192)],
         (Backend::Cpu, false) => &[(4096, 1024), (256, 16384)],
         (Backend::Cpu, true) => &[(64, 1024)],
@@ -320,9 +214,7 @@ pub fn cases(backend: &Backend, quick: bool) -> Vec<Value> {
     let mut out = Vec::new();
     for dtype in ["f32", "bf16"] {
         for &(rows, cols, fill) in checks {
-            out.push(
-                json!({"rows": rows, "cols": cols, "dtype": dtype, "fill": fill, "timed": false}),
-            );
+            out.push(json!({"rows": rows, "cols": cols, "dtype": dtype, "fill": fill, "timed": false}));
         }
         for &(rows, cols) in timed {
             out.push(json!({"rows": rows, "cols": cols, "dtype": dtype, "fill": "normal", "timed": true}));
@@ -347,11 +239,7 @@ pub fn input<T: Elem>(rows: usize, cols: usize, fill: &str, rng: &mut impl Rng) 
                 ("hostile", 1) => 1e3 * z,
                 ("hostile", 2) => 1e-3 * z,
                 ("hostile", _) => 10.0 + z,
-                (other, _) => {
-                    return Err(LabError::Invalid(format!(
-                        "unknown norm fill `{other}` (normal, hostile)"
-                    )))
-                }
+                (other, _) => return Err(LabError::Invalid(format!("unknown norm fill `{other}` (normal, hostile)"))),
             };
             x.push(T::from_f32(v));
         }
@@ -373,16 +261,14 @@ pub fn affine<T: Elem>(cols: usize, around: f32, rng: &mut impl Rng) -> Vec<T> {
 pub fn reference(x: &[f64], gamma: &[f64], beta: &[f64], eps: f64) -> Vec<f64> {
     let cols = gamma.len();
     let mut y = vec![0.0; x.len()];
-    y.par_chunks_mut(cols)
-        .zip(x.par_chunks(cols))
-        .for_each(|(y, x)| {
-            let mean = x.iter().sum::<f64>() / cols as f64;
-            let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / cols as f64;
-            let rstd = 1.0 / (var + eps).sqrt();
-            for (j, (y, v)) in y.iter_mut().zip(x).enumerate() {
-                *y = (v - mean) * rstd * gamma[j] + beta[j];
-            }
-        });
+    y.par_chunks_mut(cols).zip(x.par_chunks(cols)).for_each(|(y, x)| {
+        let mean = x.iter().sum::<f64>() / cols as f64;
+        let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / cols as f64;
+        let rstd = 1.0 / (var + eps).sqrt();
+        for (j, (y, v)) in y.iter_mut().zip(x).enumerate() {
+            *y = (v - mean) * rstd * gamma[j] + beta[j];
+        }
+    });
     y
 }
 
@@ -390,22 +276,14 @@ pub fn reference(x: &[f64], gamma: &[f64], beta: &[f64], eps: f64) -> Vec<f64> {
 /// row drifts past the f32 tolerance), f32 normalisation, rows in parallel.
 pub fn cpu_two_pass_rows<T: Elem>(x: &[T], gamma: &[T], beta: &[T], y: &mut [T], eps: f32) {
     let cols = gamma.len();
-    y.par_chunks_mut(cols)
-        .zip(x.par_chunks(cols))
-        .for_each(|(y, x)| {
-            let mean = (x.iter().map(|v| v.to_f64()).sum::<f64>() / cols as f64) as f32;
-            let var = x
-                .iter()
-                .map(|v| ((v.to_f32() - mean) as f64).powi(2))
-                .sum::<f64>()
-                / cols as f64;
-            let rstd = 1.0 / (var as f32 + eps).sqrt();
-            for j in 0..cols {
-                y[j] = T::from_f32(
-                    (x[j].to_f32() - mean) * rstd * gamma[j].to_f32() + beta[j].to_f32(),
-                );
-            }
-        });
+    y.par_chunks_mut(cols).zip(x.par_chunks(cols)).for_each(|(y, x)| {
+        let mean = (x.iter().map(|v| v.to_f64()).sum::<f64>() / cols as f64) as f32;
+        let var = x.iter().map(|v| ((v.to_f32() - mean) as f64).powi(2)).sum::<f64>() / cols as f64;
+        let rstd = 1.0 / (var as f32 + eps).sqrt();
+        for j in 0..cols {
+            y[j] = T::from_f32((x[j].to_f32() - mean) * rstd * gamma[j].to_f32() + beta[j].to_f32());
+        }
+    });
 }
 
 impl Experiment for LayerNorm {
@@ -444,34 +322,17 @@ pub struct RowCase<T> {
 }
 
 impl<T: Elem> RowCase<T> {
-    pub fn new(
-        s: &Session,
-        case: &Value,
-        per_col_vectors: u64,
-        rng: &mut impl Rng,
-    ) -> Result<Self> {
+    pub fn new(s: &Session, case: &Value, per_col_vectors: u64, rng: &mut impl Rng) -> Result<Self> {
         let (rows, cols) = (param_usize(case, "rows")?, param_usize(case, "cols")?);
         if rows == 0 || cols == 0 {
-            return Err(LabError::shape(
-                s.experiment,
-                format!("{rows} x {cols}: rows and cols must be at least 1"),
-            ));
+            return Err(LabError::shape(s.experiment, format!("{rows} x {cols}: rows and cols must be at least 1")));
         }
         let x: Vec<T> = input(rows, cols, param_str(case, "fill")?, rng)?;
         let (n, size) = ((rows * cols) as u64, T::DTYPE.size() as u64);
         // ~8 flops per element: the statistics, the normalisation and the affine map.
-        let work = Work {
-            bytes: (2 * n + per_col_vectors * cols as u64) * size,
-            flops: 8 * n,
-        };
+        let work = Work { bytes: (2 * n + per_col_vectors * cols as u64) * size, flops: 8 * n };
         let timed = param_timed(case);
-        Ok(RowCase {
-            rows,
-            cols,
-            timed,
-            x,
-            work,
-        })
+        Ok(RowCase { rows, cols, timed, x, work })
     }
 
     /// Measures every variant of `table` that runs here and takes the width, each through
@@ -489,9 +350,7 @@ impl<T: Elem> RowCase<T> {
         let mut y = Tensor::<T>::zeros(&dev, &[self.rows, self.cols])?;
         for v in table {
             if v.requires.met_by(&dev) && takes(v, self.cols) && s.wants(v.name, "lab") {
-                measure_op(s, case, v.name, self.work, check, self.timed, &mut y, |y| {
-                    op(v.name, &x, y)
-                })?;
+                measure_op(s, case, v.name, self.work, check, self.timed, &mut y, |y| op(v.name, &x, y))?;
             }
         }
         Ok(())
@@ -508,28 +367,14 @@ fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
     let compare_y = |y: &[T]| compare_elems(y, &expected, tol, "cpu-f64");
     let check = Check::memory_bound(tol, &compare_y);
     let dev = s.backend.clone();
-    let (g, b) = (
-        Tensor::from_slice(&dev, &[rc.cols], &gamma)?,
-        Tensor::from_slice(&dev, &[rc.cols], &beta)?,
-    );
-    rc.measure(s, case, VARIANTS, &check, |v, x, y| {
-        forward_with(&dev, v, x, &g, &b, y, EPS)
-    })?;
+    let (g, b) = (Tensor::from_slice(&dev, &[rc.cols], &gamma)?, Tensor::from_slice(&dev, &[rc.cols], &beta)?);
+    rc.measure(s, case, VARIANTS, &check, |v, x, y| forward_with(&dev, v, x, &g, &b, y, EPS))?;
     if let Backend::Cuda(gpu) = &dev {
         if rc.timed && s.wants_peer(Peer::Torch, "torch.layer_norm", "torch") {
             let (xb, gb, bb) = (T::bytes(&rc.x), T::bytes(&gamma), T::bytes(&beta));
             let (xs, vs) = ([rc.rows, rc.cols], [rc.cols]);
             let inputs: [(&[u8], &[usize]); 3] = [(&xb, &xs), (&gb, &vs), (&bb, &vs)];
-            measure_torch(
-                s,
-                gpu,
-                case,
-                "layer_norm",
-                json!({"eps": EPS}),
-                &inputs,
-                rc.work,
-                &check,
-            )?;
+            measure_torch(s, gpu, case, "layer_norm", json!({"eps": EPS}), &inputs, rc.work, &check)?;
         }
     }
     Ok(())
@@ -543,23 +388,12 @@ mod tests {
     #[test]
     fn cpu_variant_matches_reference_including_hostile_rows() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(5);
-        for (rows, cols, fill) in [
-            (1, 1, "normal"),
-            (9, 781, "normal"),
-            (12, 300, "hostile"),
-            (2, 16385, "normal"),
-        ] {
+        for (rows, cols, fill) in [(1, 1, "normal"), (9, 781, "normal"), (12, 300, "hostile"), (2, 16385, "normal")] {
             let x: Vec<f32> = input(rows, cols, fill, &mut rng).unwrap();
-            let (g, b): (Vec<f32>, Vec<f32>) =
-                (affine(cols, 1.0, &mut rng), affine(cols, 0.0, &mut rng));
+            let (g, b): (Vec<f32>, Vec<f32>) = (affine(cols, 1.0, &mut rng), affine(cols, 0.0, &mut rng));
             let mut y = vec![f32::NAN; x.len()];
             cpu_two_pass_rows(&x, &g, &b, &mut y, EPS);
-            let e = compare_elems(
-                &y,
-                &reference(&widen(&x), &widen(&g), &widen(&b), EPS as f64),
-                tolerance(DType::F32),
-                "t",
-            );
+            let e = compare_elems(&y, &reference(&widen(&x), &widen(&g), &widen(&b), EPS as f64), tolerance(DType::F32), "t");
             assert!(e.passed(), "{rows}x{cols} {fill}: {e:?}");
         }
     }
@@ -573,21 +407,14 @@ mod tests {
     #[test]
     fn bad_shapes_are_named() {
         assert!(validate("layernorm", 6, 2, 3, &[("gamma", 3), ("beta", 3)]).is_ok());
-        let e = validate("layernorm", 6, 2, 3, &[("gamma", 3), ("beta", 4)])
-            .unwrap_err()
-            .to_string();
+        let e = validate("layernorm", 6, 2, 3, &[("gamma", 3), ("beta", 4)]).unwrap_err().to_string();
         assert!(e.contains("beta has 4 elements; rows are 3 wide"), "{e}");
-        assert!(validate("layernorm", 0, 0, 3, &[])
-            .unwrap_err()
-            .to_string()
-            .contains("at least 1"));
+        assert!(validate("layernorm", 0, 0, 3, &[]).unwrap_err().to_string().contains("at least 1"));
     }
 
     #[test]
     fn onchip_launch_holds_the_row() {
-        let NormKernel::Gpu { grid_block, .. } = ONCHIP_BLOCK else {
-            unreachable!()
-        };
+        let NormKernel::Gpu { grid_block, .. } = ONCHIP_BLOCK else { unreachable!() };
         for cols in [1, 256, 781, 4096, 16384] {
             let (_, block) = grid_block(3, cols);
             assert!(block * 16 >= cols && block % 32 == 0);
@@ -602,33 +429,17 @@ mod tests {
         let mut rng = rand::rngs::StdRng::seed_from_u64(3);
         let (rows, cols) = (5, 37);
         let xv: Vec<f32> = input(rows, cols, "normal", &mut rng).unwrap();
-        let (gv, bv): (Vec<f32>, Vec<f32>) =
-            (affine(cols, 1.0, &mut rng), affine(cols, 0.0, &mut rng));
+        let (gv, bv): (Vec<f32>, Vec<f32>) = (affine(cols, 1.0, &mut rng), affine(cols, 0.0, &mut rng));
         let x = Tensor::from_vec(&[rows, cols], xv.clone()).unwrap();
-        let (g, b) = (
-            Tensor::from_vec(&[cols], gv.clone()).unwrap(),
-            Tensor::from_vec(&[cols], bv.clone()).unwrap(),
-        );
+        let (g, b) = (Tensor::from_vec(&[cols], gv.clone()).unwrap(), Tensor::from_vec(&[cols], bv.clone()).unwrap());
         let mut y = Tensor::<f32>::zeros(&dev, &[rows, cols]).unwrap();
         forward(&dev, &x, &g, &b, &mut y, EPS).unwrap();
-        let e = compare_elems(
-            &y.to_vec().unwrap(),
-            &reference(&widen(&xv), &widen(&gv), &widen(&bv), EPS as f64),
-            tolerance(DType::F32),
-            "t",
-        );
+        let e = compare_elems(&y.to_vec().unwrap(), &reference(&widen(&xv), &widen(&gv), &widen(&bv), EPS as f64), tolerance(DType::F32), "t");
         assert!(e.passed(), "{e:?}");
         let short = Tensor::from_vec(&[cols - 1], vec![1f32; cols - 1]).unwrap();
-        let err = forward(&dev, &x, &short, &b, &mut y, EPS)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("gamma has 36 elements; rows are 37 wide"),
-            "{err}"
-        );
-        let err = forward_with(&dev, "welford_warp", &x, &g, &b, &mut y, EPS)
-            .unwrap_err()
-            .to_string();
+        let err = forward(&dev, &x, &short, &b, &mut y, EPS).unwrap_err().to_string();
+        assert!(err.contains("gamma has 36 elements; rows are 37 wide"), "{err}");
+        let err = forward_with(&dev, "welford_warp", &x, &g, &b, &mut y, EPS).unwrap_err().to_string();
         assert!(err.contains("needs gpu, not the CPU backend"), "{err}");
     }
 }

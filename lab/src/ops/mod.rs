@@ -50,11 +50,7 @@ pub trait Elem: crate::tensor::Scalar {
 /// Sign-magnitude bits to a monotone integer.
 fn sign_magnitude(bits: u64, sign_bit: u32) -> i64 {
     let magnitude = (bits & ((1u64 << sign_bit) - 1)) as i64;
-    if bits >> sign_bit & 1 == 1 {
-        -magnitude
-    } else {
-        magnitude
-    }
+    if bits >> sign_bit & 1 == 1 { -magnitude } else { magnitude }
 }
 
 impl Elem for f32 {
@@ -75,9 +71,7 @@ impl Elem for f32 {
         v.iter().flat_map(|x| x.to_le_bytes()).collect()
     }
     fn from_bytes(b: &[u8]) -> Vec<Self> {
-        b.chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect()
+        b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
     }
 }
 
@@ -99,9 +93,7 @@ impl Elem for half::bf16 {
         v.iter().flat_map(|x| x.to_le_bytes()).collect()
     }
     fn from_bytes(b: &[u8]) -> Vec<Self> {
-        b.chunks_exact(2)
-            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]))
-            .collect()
+        b.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]])).collect()
     }
 }
 
@@ -123,9 +115,7 @@ impl Elem for half::f16 {
         v.iter().flat_map(|x| x.to_le_bytes()).collect()
     }
     fn from_bytes(b: &[u8]) -> Vec<Self> {
-        b.chunks_exact(2)
-            .map(|c| half::f16::from_le_bytes([c[0], c[1]]))
-            .collect()
+        b.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]])).collect()
     }
 }
 
@@ -136,11 +126,11 @@ pub fn widen<T: Elem>(v: &[T]) -> Vec<f64> {
 }
 
 use crate::experiment::{peers, Backend, Measurement, Session};
+use crate::tensor::{Buffer, Tensor};
+use crate::LabError;
 use crate::gpu::{timing::time_gpu, Gpu};
 use crate::profile::Work;
 use crate::record::{ErrorStats, Tolerance};
-use crate::tensor::{Buffer, Tensor};
-use crate::LabError;
 use crate::Result;
 use cudarc::driver::CudaSlice;
 use serde_json::Value;
@@ -156,11 +146,7 @@ pub struct Check<'a, T> {
 impl<'a, T> Check<'a, T> {
     /// For kernels bound by memory: placed under the copy ceiling.
     pub fn memory_bound(tol: Tolerance, compare: &'a dyn Fn(&[T]) -> ErrorStats) -> Self {
-        Check {
-            tol,
-            compare,
-            ceiling: "copy_gb_s",
-        }
+        Check { tol, compare, ceiling: "copy_gb_s" }
     }
 }
 
@@ -195,22 +181,9 @@ pub fn measure_gpu_as<T: Elem>(
     launch(out)?;
     gpu.sync()?;
     let before = (check.compare)(&gpu.download(out)?);
-    let time = if timed {
-        Some(time_gpu(gpu, &s.budget, || launch(out))?)
-    } else {
-        None
-    };
+    let time = if timed { Some(time_gpu(gpu, &s.budget, || launch(out))?) } else { None };
     let after = (check.compare)(&gpu.download(out)?);
-    emit_checked(
-        s,
-        case,
-        (variant, provider),
-        work,
-        check,
-        (before, after),
-        time,
-        extra,
-    )
+    emit_checked(s, case, (variant, provider), work, check, (before, after), time, extra)
 }
 
 /// The record of a checked figure: the worse of the checks before and after timing, the time,
@@ -246,17 +219,7 @@ pub fn measure_op<T: Elem>(
     out: &mut Tensor<T>,
     op: impl Fn(&mut Tensor<T>) -> Result<()>,
 ) -> Result<()> {
-    measure_op_with(
-        s,
-        case,
-        variant,
-        work,
-        check,
-        timed,
-        out,
-        Default::default(),
-        op,
-    )
+    measure_op_with(s, case, variant, work, check, timed, out, Default::default(), op)
 }
 
 /// [`measure_op`] with `extra` fields for the record (e.g. the kernel's registers and tile).
@@ -276,11 +239,7 @@ pub fn measure_op_with<T: Elem>(
     match (&backend, out.buffer_mut()) {
         (Backend::Cuda(gpu), Buffer::Cuda(d)) => gpu.poison(d)?,
         (_, Buffer::Host(h)) => h.fill(T::from_f32(f32::NAN)),
-        (Backend::Cpu, Buffer::Cuda(_)) => {
-            return Err(LabError::Invalid(format!(
-                "{variant}: the output is on a GPU, the backend is the CPU"
-            )))
-        }
+        (Backend::Cpu, Buffer::Cuda(_)) => return Err(LabError::Invalid(format!("{variant}: the output is on a GPU, the backend is the CPU"))),
     }
     op(out)?;
     if let Backend::Cuda(gpu) = &backend {
@@ -293,16 +252,7 @@ pub fn measure_op_with<T: Elem>(
         (Backend::Cpu, true) => Some(crate::profile::host_time(&s.budget, || Ok(()), || op(out))?),
     };
     let after = (check.compare)(&out.to_vec()?);
-    emit_checked(
-        s,
-        case,
-        (variant, "lab"),
-        work,
-        check,
-        (before, after),
-        time,
-        extra,
-    )
+    emit_checked(s, case, (variant, "lab"), work, check, (before, after), time, extra)
 }
 
 /// One lab CPU variant, the same way: fill a NaN-poisoned output, check, time it (`timed`), check
@@ -346,26 +296,11 @@ pub fn measure_torch<T: Elem>(
     check: &Check<T>,
 ) -> Result<()> {
     let start = gpu.nvml.as_ref().and_then(|n| n.clocks_now());
-    let mut run = peers::torch(
-        op,
-        T::DTYPE.name(),
-        args,
-        inputs,
-        &s.budget,
-        gpu.info.l2_bytes,
-    )?;
+    let mut run = peers::torch(op, T::DTYPE.name(), args, inputs, &s.budget, gpu.info.l2_bytes)?;
     // The peer is another process: its clocks are read around that process.
-    run.time.1.clocks = gpu
-        .nvml
-        .as_ref()
-        .and_then(|n| crate::gpu::nvml::clocks_around(start, n));
+    run.time.1.clocks = gpu.nvml.as_ref().and_then(|n| crate::gpu::nvml::clocks_around(start, n));
     let mut m = Measurement::new(run.variant, "torch", case, work);
     m.error = Some((check.compare)(&T::from_bytes(&run.output)));
-    (m.time, m.tolerance, m.ceiling, m.extra) = (
-        Some(run.time),
-        Some(check.tol),
-        Some(check.ceiling),
-        run.extra,
-    );
+    (m.time, m.tolerance, m.ceiling, m.extra) = (Some(run.time), Some(check.tol), Some(check.ceiling), run.extra);
     s.emit(m).map(|_| ())
 }

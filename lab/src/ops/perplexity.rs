@@ -51,12 +51,8 @@ impl Experiment for PerplexityExp {
     }
     fn cases(&self, backend: &Backend, quick: bool) -> Vec<Value> {
         match (backend, quick) {
-            (Backend::Cpu, true) => vec![
-                json!({"text": TEXT, "ctx": 16, "chunks": 2, "formats": ["source", "q4_0"], "timed": false}),
-            ],
-            _ => vec![
-                json!({"text": TEXT, "ctx": 512, "chunks": 2, "formats": ["source", "f16", "q8_0", "q6_k", "q4_1", "q4_0"], "timed": false}),
-            ],
+            (Backend::Cpu, true) => vec![json!({"text": TEXT, "ctx": 16, "chunks": 2, "formats": ["source", "q4_0"], "timed": false})],
+            _ => vec![json!({"text": TEXT, "ctx": 512, "chunks": 2, "formats": ["source", "f16", "q8_0", "q6_k", "q4_1", "q4_0"], "timed": false})],
         }
     }
     fn run_case(&self, s: &mut Session, case: &Value) -> Result<()> {
@@ -88,10 +84,7 @@ pub fn weights(g: &Gguf) -> Weights {
         n += t.elements();
         *by_type.entry(t.ty.name().to_lowercase()).or_insert(0) += t.elements();
     }
-    Weights {
-        bits_per_weight: bytes as f64 * 8.0 / n as f64,
-        by_type,
-    }
+    Weights { bits_per_weight: bytes as f64 * 8.0 / n as f64, by_type }
 }
 
 /// The model, its figures, and the log-probabilities at every scored position (for KL).
@@ -106,21 +99,8 @@ fn score(path: &Path, windows: &[Vec<u32>]) -> Result<(CpuModel, Scored, Vec<Vec
         nll.extend(c.nll);
         logprobs.extend(c.logprobs);
     }
-    let bytes = std::fs::metadata(path)
-        .map_err(|e| LabError::io(path, e))?
-        .len();
-    Ok((
-        model,
-        Scored {
-            path: path.to_path_buf(),
-            bytes,
-            weights: weights(&g),
-            ppl: perplexity(&nll)?,
-            scored: nll.len(),
-            seconds: start.elapsed().as_secs_f64(),
-        },
-        logprobs,
-    ))
+    let bytes = std::fs::metadata(path).map_err(|e| LabError::io(path, e))?.len();
+    Ok((model, Scored { path: path.to_path_buf(), bytes, weights: weights(&g), ppl: perplexity(&nll)?, scored: nll.len(), seconds: start.elapsed().as_secs_f64() }, logprobs))
 }
 
 fn run(s: &mut Session, case: &Value) -> Result<()> {
@@ -134,25 +114,11 @@ fn run(s: &mut Session, case: &Value) -> Result<()> {
         .map(|f| f.as_str().map(String::from).ok_or_else(|| LabError::Invalid(format!("format {f} is not a name"))))
         .collect::<Result<_>>()?;
     if formats[0] != "source" {
-        return Err(LabError::Invalid(
-            "the first format is `source`: KL is taken against it".into(),
-        ));
+        return Err(LabError::Invalid("the first format is `source`: KL is taken against it".into()));
     }
-    let dir = tempfile::tempdir()
-        .map_err(|e| LabError::Invalid(format!("no temp dir for the requantized files: {e}")))?;
+    let dir = tempfile::tempdir().map_err(|e| LabError::Invalid(format!("no temp dir for the requantized files: {e}")))?;
     let copy_path = |format: &str| dir.path().join(format!("{format}.gguf"));
-    score_files(
-        s,
-        &Scoring {
-            source: &model_path()?,
-            formats: &formats,
-            copy_path: &copy_path,
-            text: &text,
-            ctx,
-            chunks,
-            params: json!({}),
-        },
-    )?;
+    score_files(s, &Scoring { source: &model_path()?, formats: &formats, copy_path: &copy_path, text: &text, ctx, chunks, params: json!({}) })?;
     Ok(())
 }
 
@@ -184,24 +150,11 @@ pub fn score_files(s: &mut Session, sc: &Scoring) -> Result<Vec<Record>> {
     let g = file.parse()?;
     let tok = Tokenizer::from_gguf(&g)?;
     let tokens = tok.encode(&text, true)?;
-    let windows = chunks(
-        &tokens,
-        sc.ctx,
-        Some(sc.chunks),
-        tok.adds_bos().then(|| tok.bos()),
-    )?;
-    let prompts: Vec<Vec<u32>> = PROMPTS
-        .iter()
-        .map(|p| tok.encode(p, true))
-        .collect::<Result<_>>()?;
+    let windows = chunks(&tokens, sc.ctx, Some(sc.chunks), tok.adds_bos().then(|| tok.bos()))?;
+    let prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|p| tok.encode(p, true)).collect::<Result<_>>()?;
     let llama_cpp = s.wants_peer(Peer::LlamaCpp, "llama-perplexity", "llama.cpp");
-    let gpu_layers = if matches!(s.backend, Backend::Cuda(_)) {
-        99
-    } else {
-        0
-    };
-    let dir = tempfile::tempdir()
-        .map_err(|e| LabError::Invalid(format!("no temp dir for llama.cpp's base logits: {e}")))?;
+    let gpu_layers = if matches!(s.backend, Backend::Cuda(_)) { 99 } else { 0 };
+    let dir = tempfile::tempdir().map_err(|e| LabError::Invalid(format!("no temp dir for llama.cpp's base logits: {e}")))?;
     let base_logits = dir.path().join("base.kld");
     let about = json!({
         "text_sha256": format!("{:x}", sha2::Sha256::digest(text.as_bytes())),
@@ -220,37 +173,17 @@ pub fn score_files(s: &mut Session, sc: &Scoring) -> Result<Vec<Record>> {
         };
         let mut params = sc.params.clone();
         let fields = json!({"text": sc.text, "ctx": sc.ctx, "chunks": windows.len(), "format": format, "timed": false});
-        params
-            .as_object_mut()
-            .ok_or_else(|| LabError::Invalid("the scoring's params are not an object".into()))?
-            .extend(fields.as_object().cloned().unwrap_or_default());
+        params.as_object_mut().ok_or_else(|| LabError::Invalid("the scoring's params are not an object".into()))?.extend(fields.as_object().cloned().unwrap_or_default());
         let (model, scored, logprobs) = score(&path, &windows)?;
-        let div = base
-            .as_deref()
-            .map(|b| divergence(b, &logprobs))
-            .transpose()?;
-        let mut rec =
-            Measurement::new("cpu_reference", "lab", &params, Work { bytes: 0, flops: 0 });
-        insert_figures(
-            &mut rec,
-            &scored,
-            div.as_ref().map(|d| (d.mean_kl, d.top1_same)),
-        );
-        rec.extra
-            .insert("max_kl".into(), json!(div.as_ref().map(|d| d.max_kl)));
+        let div = base.as_deref().map(|b| divergence(b, &logprobs)).transpose()?;
+        let mut rec = Measurement::new("cpu_reference", "lab", &params, Work { bytes: 0, flops: 0 });
+        insert_figures(&mut rec, &scored, div.as_ref().map(|d| (d.mean_kl, d.top1_same)));
+        rec.extra.insert("max_kl".into(), json!(div.as_ref().map(|d| d.max_kl)));
         rec.extra.insert("about".into(), about.clone());
-        rec.error = Some(finite(
-            &[scored.ppl.0 as f32],
-            "a finite perplexity; llama.cpp not run",
-        ));
+        rec.error = Some(finite(&[scored.ppl.0 as f32], "a finite perplexity; llama.cpp not run"));
         if llama_cpp {
-            let kl = if i == 0 {
-                Kl::SaveBase(&base_logits)
-            } else {
-                Kl::Against(&base_logits)
-            };
-            let theirs =
-                llama_cpp::perplexity(&path, sc.text, sc.ctx, windows.len(), gpu_layers, kl)?;
+            let kl = if i == 0 { Kl::SaveBase(&base_logits) } else { Kl::Against(&base_logits) };
+            let theirs = llama_cpp::perplexity(&path, sc.text, sc.ctx, windows.len(), gpu_layers, kl)?;
             let (mut cosines, mut same) = (Vec::new(), 0);
             for p in &prompts {
                 let ours = model.forward(&mut model.cache(), p)?;
@@ -258,60 +191,20 @@ pub fn score_files(s: &mut Session, sc: &Scoring) -> Result<Vec<Record>> {
                 cosines.push(cosine(&ours, &them));
                 same += usize::from(argmax(&ours)? == argmax(&them)?);
             }
-            rec.error = Some(agreement(
-                scored.ppl.0,
-                theirs.ppl,
-                &cosines,
-                same,
-                prompts.len(),
-            ));
-            rec.tolerance = Some(Tolerance {
-                atol: 0.0,
-                rtol: PPL_RTOL,
-            });
+            rec.error = Some(agreement(scored.ppl.0, theirs.ppl, &cosines, same, prompts.len()));
+            rec.tolerance = Some(Tolerance { atol: 0.0, rtol: PPL_RTOL });
             rec.extra.insert("llama_cpp_ppl".into(), json!(theirs.ppl));
             rec.extra.insert("logits_cosines".into(), json!(cosines));
-            rec.extra.insert(
-                "logits_top1_same".into(),
-                json!(format!("{same}/{}", prompts.len())),
-            );
+            rec.extra.insert("logits_top1_same".into(), json!(format!("{same}/{}", prompts.len())));
             // Teacher-forced: llama.cpp runs the same chunks against the lab's log-probabilities.
             let lab_base = dir.path().join("lab.kld");
             llama_cpp::write_kl_base(&lab_base, &windows, &logprobs)?;
-            let from_lab = llama_cpp::perplexity(
-                &path,
-                sc.text,
-                sc.ctx,
-                windows.len(),
-                gpu_layers,
-                Kl::Against(&lab_base),
-            )?;
-            rec.extra.insert(
-                "llama_cpp_top1_same_as_lab".into(),
-                json!(from_lab.top1_same),
-            );
-            rec.extra
-                .insert("llama_cpp_kl_from_lab".into(), json!(from_lab.mean_kl));
-            let mut peer = Measurement::new(
-                "llama-perplexity",
-                "llama.cpp",
-                &params,
-                Work { bytes: 0, flops: 0 },
-            );
-            let peer_scored = Scored {
-                ppl: (theirs.ppl, theirs.ppl_err),
-                seconds: f64::NAN,
-                ..scored
-            };
-            insert_figures(
-                &mut peer,
-                &peer_scored,
-                if i == 0 {
-                    Some((0.0, 1.0))
-                } else {
-                    theirs.mean_kl.zip(theirs.top1_same)
-                },
-            );
+            let from_lab = llama_cpp::perplexity(&path, sc.text, sc.ctx, windows.len(), gpu_layers, Kl::Against(&lab_base))?;
+            rec.extra.insert("llama_cpp_top1_same_as_lab".into(), json!(from_lab.top1_same));
+            rec.extra.insert("llama_cpp_kl_from_lab".into(), json!(from_lab.mean_kl));
+            let mut peer = Measurement::new("llama-perplexity", "llama.cpp", &params, Work { bytes: 0, flops: 0 });
+            let peer_scored = Scored { ppl: (theirs.ppl, theirs.ppl_err), seconds: f64::NAN, ..scored };
+            insert_figures(&mut peer, &peer_scored, if i == 0 { Some((0.0, 1.0)) } else { theirs.mean_kl.zip(theirs.top1_same) });
             peer.error = Some(finite(&[theirs.ppl as f32], "a finite perplexity"));
             records.push(s.emit(rec)?);
             s.emit(peer)?;
@@ -334,10 +227,7 @@ fn insert_figures(m: &mut Measurement, s: &Scored, kl: Option<(f64, f64)>) {
         ("file_bytes", json!(s.bytes)),
         ("bits_per_weight", json!(s.weights.bits_per_weight)),
         ("weights_by_type", json!(s.weights.by_type)),
-        (
-            "file",
-            json!(s.path.file_name().map(|n| n.to_string_lossy().into_owned())),
-        ),
+        ("file", json!(s.path.file_name().map(|n| n.to_string_lossy().into_owned()))),
         ("seconds", json!(s.seconds)),
     ] {
         m.extra.insert(k.into(), v);
@@ -354,12 +244,7 @@ fn agreement(ours: f64, theirs: f64, cosines: &[f64], same: usize, prompts: usiz
     e.worst_fraction_of_tolerance = rel / PPL_RTOL;
     e.worst_got = Some(ours);
     e.worst_expected = Some(theirs);
-    e.mismatches = u64::from(rel.is_nan() || rel > PPL_RTOL)
-        + cosines
-            .iter()
-            .filter(|&&c| c.is_nan() || c < MIN_COSINE)
-            .count() as u64
-        + (prompts - same) as u64;
+    e.mismatches = u64::from(rel.is_nan() || rel > PPL_RTOL) + cosines.iter().filter(|&&c| c.is_nan() || c < MIN_COSINE).count() as u64 + (prompts - same) as u64;
     e
 }
 
@@ -371,48 +256,21 @@ mod tests {
     #[test]
     fn bits_per_weight_count_every_tensor_by_its_blocks() {
         let mut w = crate::weights::gguf_writer::GgufWriter::new();
-        w.add_tensor("norm", &[64], GgmlType::F32, vec![0; 64 * 4])
-            .unwrap();
-        w.add_tensor("m", &[64, 2], GgmlType::Q8_0, vec![0; 4 * 34])
-            .unwrap();
+        w.add_tensor("norm", &[64], GgmlType::F32, vec![0; 64 * 4]).unwrap();
+        w.add_tensor("m", &[64, 2], GgmlType::Q8_0, vec![0; 4 * 34]).unwrap();
         let bytes = w.to_bytes().unwrap();
         let got = weights(&Gguf::parse(&bytes).unwrap());
         // (256 + 136) bytes over 192 weights.
-        assert!(
-            (got.bits_per_weight - 392.0 * 8.0 / 192.0).abs() < 1e-12,
-            "{got:?}"
-        );
-        assert_eq!(
-            got.by_type,
-            BTreeMap::from([("f32".to_string(), 64), ("q8_0".to_string(), 128)])
-        );
+        assert!((got.bits_per_weight - 392.0 * 8.0 / 192.0).abs() < 1e-12, "{got:?}");
+        assert_eq!(got.by_type, BTreeMap::from([("f32".to_string(), 64), ("q8_0".to_string(), 128)]));
     }
 
     #[test]
     fn agreement_fails_on_each_kind_of_disagreement() {
-        assert_eq!(
-            agreement(10.0, 10.05, &[0.9999, 0.99995], 2, 2).mismatches,
-            0
-        );
-        assert_eq!(
-            agreement(10.0, 10.2, &[0.9999, 0.99995], 2, 2).mismatches,
-            1,
-            "perplexity 2% off"
-        );
-        assert_eq!(
-            agreement(10.0, 10.0, &[0.998, 0.9999], 2, 2).mismatches,
-            1,
-            "a cosine under 0.999"
-        );
-        assert_eq!(
-            agreement(10.0, 10.0, &[0.9999, 0.9999], 1, 2).mismatches,
-            1,
-            "another top-1"
-        );
-        assert_eq!(
-            agreement(f64::NAN, 10.0, &[f64::NAN], 2, 2).mismatches,
-            2,
-            "NaN is no agreement"
-        );
+        assert_eq!(agreement(10.0, 10.05, &[0.9999, 0.99995], 2, 2).mismatches, 0);
+        assert_eq!(agreement(10.0, 10.2, &[0.9999, 0.99995], 2, 2).mismatches, 1, "perplexity 2% off");
+        assert_eq!(agreement(10.0, 10.0, &[0.998, 0.9999], 2, 2).mismatches, 1, "a cosine under 0.999");
+        assert_eq!(agreement(10.0, 10.0, &[0.9999, 0.9999], 1, 2).mismatches, 1, "another top-1");
+        assert_eq!(agreement(f64::NAN, 10.0, &[f64::NAN], 2, 2).mismatches, 2, "NaN is no agreement");
     }
 }

@@ -3,9 +3,7 @@
 //! Inputs, cases and the GPU flow are LayerNorm's (`layernorm::RowCase`).
 
 use super::compare::compare_elems;
-use super::layernorm::{
-    affine, norm_op, tolerance, NormKernel, RowCase, BLOCK_PER_ROW, EPS, F32_BF16, ONCHIP_BLOCK,
-};
+use super::layernorm::{affine, norm_op, tolerance, NormKernel, RowCase, BLOCK_PER_ROW, EPS, F32_BF16, ONCHIP_BLOCK};
 use super::variant::{self, Requires, Variant, VariantInfo};
 use super::{measure_torch, widen, Check, Elem};
 use crate::error::Doing;
@@ -51,73 +49,39 @@ pub fn variants() -> Vec<VariantInfo> {
 }
 
 /// y = x / sqrt(mean(x^2) + eps) * gamma over the last dimension, with the best variant.
-pub fn forward<T: Elem>(
-    dev: &Backend,
-    x: &Tensor<T>,
-    gamma: &Tensor<T>,
-    y: &mut Tensor<T>,
-    eps: f32,
-) -> Result<()> {
-    forward_with(
-        dev,
-        super::layernorm::best(VARIANTS, dev, x.cols()).name,
-        x,
-        gamma,
-        y,
-        eps,
-    )
+pub fn forward<T: Elem>(dev: &Backend, x: &Tensor<T>, gamma: &Tensor<T>, y: &mut Tensor<T>, eps: f32) -> Result<()> {
+    forward_with(dev, super::layernorm::best(VARIANTS, dev, x.cols()).name, x, gamma, y, eps)
 }
 
 /// [`forward`] with the named variant (any row of [`VARIANTS`]).
-pub fn forward_with<T: Elem>(
-    dev: &Backend,
-    variant: &str,
-    x: &Tensor<T>,
-    gamma: &Tensor<T>,
-    y: &mut Tensor<T>,
-    eps: f32,
-) -> Result<()> {
+pub fn forward_with<T: Elem>(dev: &Backend, variant: &str, x: &Tensor<T>, gamma: &Tensor<T>, y: &mut Tensor<T>, eps: f32) -> Result<()> {
     let cpu = |x: &[T], p: &[&[T]], y: &mut [T]| cpu_rows(x, p[0], y, eps);
-    norm_op(
-        FAMILY,
-        VARIANTS,
-        dev,
-        variant,
-        x,
-        &[("gamma", gamma)],
-        y,
-        eps,
-        cpu,
-    )
+    norm_op(FAMILY, VARIANTS, dev, variant, x, &[("gamma", gamma)], y, eps, cpu)
 }
 
 /// The f64 reference.
 pub fn reference(x: &[f64], gamma: &[f64], eps: f64) -> Vec<f64> {
     let cols = gamma.len();
     let mut y = vec![0.0; x.len()];
-    y.par_chunks_mut(cols)
-        .zip(x.par_chunks(cols))
-        .for_each(|(y, x)| {
-            let rms = (x.iter().map(|v| v * v).sum::<f64>() / cols as f64 + eps).sqrt();
-            for (j, (y, v)) in y.iter_mut().zip(x).enumerate() {
-                *y = v / rms * gamma[j];
-            }
-        });
+    y.par_chunks_mut(cols).zip(x.par_chunks(cols)).for_each(|(y, x)| {
+        let rms = (x.iter().map(|v| v * v).sum::<f64>() / cols as f64 + eps).sqrt();
+        for (j, (y, v)) in y.iter_mut().zip(x).enumerate() {
+            *y = v / rms * gamma[j];
+        }
+    });
     y
 }
 
 /// The CPU backend's variant: f64 sum of squares per row, f32 scaling, rows in parallel.
 pub fn cpu_rows<T: Elem>(x: &[T], gamma: &[T], y: &mut [T], eps: f32) {
     let cols = gamma.len();
-    y.par_chunks_mut(cols)
-        .zip(x.par_chunks(cols))
-        .for_each(|(y, x)| {
-            let ss: f64 = x.iter().map(|v| v.to_f64() * v.to_f64()).sum();
-            let inv = 1.0 / ((ss / cols as f64) as f32 + eps).sqrt();
-            for j in 0..cols {
-                y[j] = T::from_f32(x[j].to_f32() * inv * gamma[j].to_f32());
-            }
-        });
+    y.par_chunks_mut(cols).zip(x.par_chunks(cols)).for_each(|(y, x)| {
+        let ss: f64 = x.iter().map(|v| v.to_f64() * v.to_f64()).sum();
+        let inv = 1.0 / ((ss / cols as f64) as f32 + eps).sqrt();
+        for j in 0..cols {
+            y[j] = T::from_f32(x[j].to_f32() * inv * gamma[j].to_f32());
+        }
+    });
 }
 
 /// The backward's kernels (f32 only): dX and each row's share of dGamma, then their column sum.
@@ -127,66 +91,31 @@ pub const BACKWARD_KERNELS: [&str; 2] = ["backward", "column_sum"];
 /// dimension; `dgamma` is overwritten with the sum over rows. f32 only. On the GPU: a block per
 /// row for dX and each row's share of dGamma, then a column sum in a fixed order
 /// (`rmsnorm_backward_f32`, `rmsnorm_column_sum_f32`); on the CPU: [`cpu_backward`].
-pub fn backward(
-    dev: &Backend,
-    x: &Tensor<f32>,
-    gamma: &Tensor<f32>,
-    dy: &Tensor<f32>,
-    dx: &mut Tensor<f32>,
-    dgamma: &mut Tensor<f32>,
-    eps: f32,
-) -> Result<()> {
+pub fn backward(dev: &Backend, x: &Tensor<f32>, gamma: &Tensor<f32>, dy: &Tensor<f32>, dx: &mut Tensor<f32>, dgamma: &mut Tensor<f32>, eps: f32) -> Result<()> {
     backward_with(dev, x, gamma, dy, dx, dgamma, eps, false)
 }
 
 /// [`backward`], or with `drop_mean_term` the fault a gradient check must catch (the
 /// mean-square's share of dX left out).
 #[allow(clippy::too_many_arguments)]
-pub fn backward_with(
-    dev: &Backend,
-    x: &Tensor<f32>,
-    gamma: &Tensor<f32>,
-    dy: &Tensor<f32>,
-    dx: &mut Tensor<f32>,
-    dgamma: &mut Tensor<f32>,
-    eps: f32,
-    drop_mean_term: bool,
-) -> Result<()> {
+pub fn backward_with(dev: &Backend, x: &Tensor<f32>, gamma: &Tensor<f32>, dy: &Tensor<f32>, dx: &mut Tensor<f32>, dgamma: &mut Tensor<f32>, eps: f32, drop_mean_term: bool) -> Result<()> {
     let bad = |why: String| LabError::shape("rmsnorm backward", why);
     let cols = x.cols();
     if gamma.len() != cols || dgamma.len() != cols {
-        return Err(bad(format!(
-            "x rows are {cols} wide but gamma has {} and dgamma {} elements",
-            gamma.len(),
-            dgamma.len()
-        )));
+        return Err(bad(format!("x rows are {cols} wide but gamma has {} and dgamma {} elements", gamma.len(), dgamma.len())));
     }
     for (name, t) in [("dy", dy.shape()), ("dx", dx.shape())] {
         if t != x.shape() {
             return Err(bad(format!("x is {:?} but {name} is {t:?}", x.shape())));
         }
     }
-    let placed = [
-        ("x", x.placement()),
-        ("gamma", gamma.placement()),
-        ("dy", dy.placement()),
-        ("dx", dx.placement()),
-        ("dgamma", dgamma.placement()),
-    ];
+    let placed = [("x", x.placement()), ("gamma", gamma.placement()), ("dy", dy.placement()), ("dx", dx.placement()), ("dgamma", dgamma.placement())];
     crate::tensor::check_placement("rmsnorm backward", dev, &placed)?;
     let gpu = match dev {
         Backend::Cpu => {
             let h = |t: &Tensor<f32>| t.host().expect("placement checked").to_vec();
             let (xh, gh, dyh) = (h(x), h(gamma), h(dy));
-            cpu_backward(
-                &xh,
-                &gh,
-                &dyh,
-                dx.host_mut().expect("placement checked"),
-                dgamma.host_mut().expect("placement checked"),
-                eps,
-                drop_mean_term,
-            );
+            cpu_backward(&xh, &gh, &dyh, dx.host_mut().expect("placement checked"), dgamma.host_mut().expect("placement checked"), eps, drop_mean_term);
             return Ok(());
         }
         Backend::Cuda(gpu) => gpu,
@@ -195,15 +124,8 @@ pub fn backward_with(
     let mut part = Tensor::<f32>::zeros(dev, &[rows.max(1), cols])?;
     let (ci, ri, drop) = (cols as i32, rows as i32, drop_mean_term as i32);
     if rows > 0 {
-        let f = gpu.function(
-            FAMILY,
-            &crate::kernels::symbol(FAMILY, BACKWARD_KERNELS[0], DType::F32),
-        )?;
-        let cfg = LaunchConfig {
-            grid_dim: (rows as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let f = gpu.function(FAMILY, &crate::kernels::symbol(FAMILY, BACKWARD_KERNELS[0], DType::F32))?;
+        let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: x, dy, dx and part are rows x cols; gamma holds cols.
         unsafe {
             gpu.stream
@@ -220,42 +142,19 @@ pub fn backward_with(
         }
         .doing("launching rmsnorm_backward")?;
     }
-    let f = gpu.function(
-        FAMILY,
-        &crate::kernels::symbol(FAMILY, BACKWARD_KERNELS[1], DType::F32),
-    )?;
-    let cfg = LaunchConfig {
-        grid_dim: (cols.div_ceil(32) as u32, 1, 1),
-        block_dim: (32, 32, 1),
-        shared_mem_bytes: 0,
-    };
+    let f = gpu.function(FAMILY, &crate::kernels::symbol(FAMILY, BACKWARD_KERNELS[1], DType::F32))?;
+    let cfg = LaunchConfig { grid_dim: (cols.div_ceil(32) as u32, 1, 1), block_dim: (32, 32, 1), shared_mem_bytes: 0 };
     // SAFETY: part is rows x cols (rows may be 0: nothing is read), dgamma holds cols.
-    unsafe {
-        gpu.stream
-            .launch_builder(&f)
-            .arg(part.cuda().expect("on the device"))
-            .arg(dgamma.cuda_mut().expect("placement checked"))
-            .arg(&ri)
-            .arg(&ci)
-            .launch(cfg)
-    }
-    .doing("launching rmsnorm_column_sum")
-    .map(|_| ())
+    unsafe { gpu.stream.launch_builder(&f).arg(part.cuda().expect("on the device")).arg(dgamma.cuda_mut().expect("placement checked")).arg(&ri).arg(&ci).launch(cfg) }
+        .doing("launching rmsnorm_column_sum")
+        .map(|_| ())
 }
 
 /// The CPU backward: per row, with g = gamma dy, dx = r g - x r^3 (x.g) / n (the second term is
 /// the mean-square's share, which `drop_mean_term` leaves out: the fault the trainer's gradient
 /// check must catch); dgamma = sum over rows of dy x r. Row sums in f64, rows in parallel, and
 /// dgamma summed over rows in order, so the result does not depend on the thread count.
-pub fn cpu_backward(
-    x: &[f32],
-    gamma: &[f32],
-    dy: &[f32],
-    dx: &mut [f32],
-    dgamma: &mut [f32],
-    eps: f32,
-    drop_mean_term: bool,
-) {
+pub fn cpu_backward(x: &[f32], gamma: &[f32], dy: &[f32], dx: &mut [f32], dgamma: &mut [f32], eps: f32, drop_mean_term: bool) {
     let cols = gamma.len();
     let rows: Vec<Vec<f64>> = dx
         .par_chunks_mut(cols)
@@ -263,14 +162,8 @@ pub fn cpu_backward(
         .map(|(dx, (x, dy))| {
             let ms = x.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / cols as f64;
             let r = 1.0 / (ms + eps as f64).sqrt();
-            let dot: f64 = (0..cols)
-                .map(|j| gamma[j] as f64 * dy[j] as f64 * x[j] as f64)
-                .sum();
-            let mean = if drop_mean_term {
-                0.0
-            } else {
-                r * r * r * dot / cols as f64
-            };
+            let dot: f64 = (0..cols).map(|j| gamma[j] as f64 * dy[j] as f64 * x[j] as f64).sum();
+            let mean = if drop_mean_term { 0.0 } else { r * r * r * dot / cols as f64 };
             for j in 0..cols {
                 dx[j] = (r * gamma[j] as f64 * dy[j] as f64 - x[j] as f64 * mean) as f32;
             }
@@ -319,24 +212,13 @@ fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
     let check = Check::memory_bound(tol, &compare_y);
     let dev = s.backend.clone();
     let g = Tensor::from_slice(&dev, &[rc.cols], &gamma)?;
-    rc.measure(s, case, VARIANTS, &check, |v, x, y| {
-        forward_with(&dev, v, x, &g, y, EPS)
-    })?;
+    rc.measure(s, case, VARIANTS, &check, |v, x, y| forward_with(&dev, v, x, &g, y, EPS))?;
     if let Backend::Cuda(gpu) = &dev {
         if rc.timed && s.wants_peer(Peer::Torch, "torch.rms_norm", "torch") {
             let (xb, gb) = (T::bytes(&rc.x), T::bytes(&gamma));
             let (xs, vs) = ([rc.rows, rc.cols], [rc.cols]);
             let inputs: [(&[u8], &[usize]); 2] = [(&xb, &xs), (&gb, &vs)];
-            measure_torch(
-                s,
-                gpu,
-                case,
-                "rms_norm",
-                json!({"eps": EPS}),
-                &inputs,
-                rc.work,
-                &check,
-            )?;
+            measure_torch(s, gpu, case, "rms_norm", json!({"eps": EPS}), &inputs, rc.work, &check)?;
         }
     }
     Ok(())
@@ -356,12 +238,7 @@ mod tests {
             let g: Vec<f32> = affine(cols, 1.0, &mut rng);
             let mut y = vec![f32::NAN; x.len()];
             cpu_rows(&x, &g, &mut y, EPS);
-            let e = compare_elems(
-                &y,
-                &reference(&widen(&x), &widen(&g), EPS as f64),
-                tolerance(DType::F32),
-                "t",
-            );
+            let e = compare_elems(&y, &reference(&widen(&x), &widen(&g), EPS as f64), tolerance(DType::F32), "t");
             assert!(e.passed(), "{rows}x{cols} {fill}: {e:?}");
         }
     }
@@ -376,13 +253,8 @@ mod tests {
         assert_eq!(y.row(0).unwrap(), vec![2.0, -2.0, 2.0, -2.0]);
         assert_eq!(y.row(1).unwrap(), vec![4.0, 0.0, 0.0, 0.0]);
         let mut wide = Tensor::<f32>::zeros(&dev, &[2, 5]).unwrap();
-        let err = forward(&dev, &x, &g, &mut wide, EPS)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("rmsnorm: x is [2, 4] but y is [2, 5]"),
-            "{err}"
-        );
+        let err = forward(&dev, &x, &g, &mut wide, EPS).unwrap_err().to_string();
+        assert!(err.contains("rmsnorm: x is [2, 4] but y is [2, 5]"), "{err}");
     }
 
     #[test]

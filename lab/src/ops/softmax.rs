@@ -9,9 +9,7 @@ use super::compare::compare_elems;
 use super::variant::{self, Requires, Variant, VariantInfo};
 use super::{measure_op, measure_torch, widen, Check, Elem};
 use crate::error::Doing;
-use crate::experiment::{
-    param_str, param_timed, param_usize, rng_for, Backend, Experiment, Measurement, Peer, Session,
-};
+use crate::experiment::{param_str, param_timed, param_usize, rng_for, Backend, Experiment, Measurement, Peer, Session};
 use crate::kernels::{symbol, DType};
 use crate::profile::{cpu_time, Work};
 use crate::record::Tolerance;
@@ -32,11 +30,7 @@ const FAMILY: &str = "softmax";
 pub enum Kernel {
     /// (grid, block) for (rows, cols), as the kernel's line in kernels/softmax.cu states; rows
     /// from `min_cols` to `max_cols` wide.
-    Gpu {
-        grid_block: fn(usize, usize) -> (usize, usize),
-        min_cols: usize,
-        max_cols: usize,
-    },
+    Gpu { grid_block: fn(usize, usize) -> (usize, usize), min_cols: usize, max_cols: usize },
     /// [`cpu_online_rows`].
     CpuOnlineRows,
 }
@@ -50,44 +44,28 @@ pub const VARIANTS: &[Variant<Kernel>] = &[
         dtypes: F32_BF16,
         requires: Requires::Gpu,
         what: "one thread per row, three uncoalesced passes: the baseline",
-        config: Kernel::Gpu {
-            grid_block: |rows, _| (rows.div_ceil(256), 256),
-            min_cols: 1,
-            max_cols: NAIVE_MAX_COLS,
-        },
+        config: Kernel::Gpu { grid_block: |rows, _| (rows.div_ceil(256), 256), min_cols: 1, max_cols: NAIVE_MAX_COLS },
     },
     Variant {
         name: "block_three_pass",
         dtypes: F32_BF16,
         requires: Requires::Gpu,
         what: "a block per row, coalesced loads and block reductions; still three passes",
-        config: Kernel::Gpu {
-            grid_block: |rows, _| (rows, 256),
-            min_cols: 1,
-            max_cols: usize::MAX,
-        },
+        config: Kernel::Gpu { grid_block: |rows, _| (rows, 256), min_cols: 1, max_cols: usize::MAX },
     },
     Variant {
         name: "online_warp_per_row",
         dtypes: F32_BF16,
         requires: Requires::Gpu,
         what: "a warp per row, online (max, sum) fuses two passes; shuffles only",
-        config: Kernel::Gpu {
-            grid_block: |rows, _| (rows.div_ceil(8), 256),
-            min_cols: 1,
-            max_cols: usize::MAX,
-        },
+        config: Kernel::Gpu { grid_block: |rows, _| (rows.div_ceil(8), 256), min_cols: 1, max_cols: usize::MAX },
     },
     Variant {
         name: "online_block_per_row",
         dtypes: F32_BF16,
         requires: Requires::Gpu,
         what: "512 threads per row with 16 B loads, so long rows keep enough loads in flight",
-        config: Kernel::Gpu {
-            grid_block: |rows, _| (rows, 512),
-            min_cols: 1,
-            max_cols: usize::MAX,
-        },
+        config: Kernel::Gpu { grid_block: |rows, _| (rows, 512), min_cols: 1, max_cols: usize::MAX },
     },
     Variant {
         name: "onchip_block_per_row",
@@ -106,11 +84,7 @@ pub const VARIANTS: &[Variant<Kernel>] = &[
         requires: Requires::Sm90,
         // Below ONCHIP_MAX_COLS a cluster per row costs more in launch and barriers than it saves.
         what: "a cluster of 8 blocks splits a long row, exchanging (max, sum) through DSMEM",
-        config: Kernel::Gpu {
-            grid_block: |rows, _| (rows * 8, 1024),
-            min_cols: ONCHIP_MAX_COLS + 1,
-            max_cols: CLUSTER_MAX_COLS,
-        },
+        config: Kernel::Gpu { grid_block: |rows, _| (rows * 8, 1024), min_cols: ONCHIP_MAX_COLS + 1, max_cols: CLUSTER_MAX_COLS },
     },
     Variant {
         name: "cpu_online_rows",
@@ -139,13 +113,7 @@ pub fn best(dev: &Backend, dtype: DType, cols: usize) -> &'static Variant<Kernel
     let name = match dev {
         Backend::Cpu => "cpu_online_rows",
         Backend::Cuda(_) if cols <= ONCHIP_MAX_COLS => "onchip_block_per_row",
-        Backend::Cuda(g)
-            if g.arch >= 90
-                && dtype == DType::F32
-                && (CLUSTER_MIN_WIN_COLS..=CLUSTER_MAX_COLS).contains(&cols) =>
-        {
-            "cluster_per_row"
-        }
+        Backend::Cuda(g) if g.arch >= 90 && dtype == DType::F32 && (CLUSTER_MIN_WIN_COLS..=CLUSTER_MAX_COLS).contains(&cols) => "cluster_per_row",
         Backend::Cuda(_) => "online_block_per_row",
     };
     variant::find(FAMILY, VARIANTS, name).expect("the best softmax variant is in the table")
@@ -157,9 +125,7 @@ const CLUSTER_MIN_WIN_COLS: usize = 131072;
 /// Does `v` take rows `cols` wide?
 pub fn takes(v: &Variant<Kernel>, cols: usize) -> bool {
     match v.config {
-        Kernel::Gpu {
-            min_cols, max_cols, ..
-        } => (min_cols..=max_cols).contains(&cols),
+        Kernel::Gpu { min_cols, max_cols, .. } => (min_cols..=max_cols).contains(&cols),
         Kernel::CpuOnlineRows => true,
     }
 }
@@ -170,43 +136,20 @@ pub fn forward<T: Elem>(dev: &Backend, x: &Tensor<T>, y: &mut Tensor<T>) -> Resu
 }
 
 /// y = softmax(x) over the last dimension with the named variant (any row of [`VARIANTS`]).
-pub fn forward_with<T: Elem>(
-    dev: &Backend,
-    variant: &str,
-    x: &Tensor<T>,
-    y: &mut Tensor<T>,
-) -> Result<()> {
+pub fn forward_with<T: Elem>(dev: &Backend, variant: &str, x: &Tensor<T>, y: &mut Tensor<T>) -> Result<()> {
     let v = variant::find(FAMILY, VARIANTS, variant)?;
     variant::check_runs(FAMILY, v, dev, T::DTYPE)?;
-    check_placement(
-        "softmax",
-        dev,
-        &[("x", x.placement()), ("y", y.placement())],
-    )?;
+    check_placement("softmax", dev, &[("x", x.placement()), ("y", y.placement())])?;
     let (rows, cols) = (x.rows(), x.cols());
     if x.shape() != y.shape() {
-        return Err(LabError::shape(
-            "softmax",
-            format!("x is {:?} but y is {:?}", x.shape(), y.shape()),
-        ));
+        return Err(LabError::shape("softmax", format!("x is {:?} but y is {:?}", x.shape(), y.shape())));
     }
     if cols == 0 {
-        return Err(LabError::shape(
-            "softmax",
-            format!("x is {:?}: rows must be at least 1 wide", x.shape()),
-        ));
+        return Err(LabError::shape("softmax", format!("x is {:?}: rows must be at least 1 wide", x.shape())));
     }
     if !takes(v, cols) {
-        let Kernel::Gpu {
-            min_cols, max_cols, ..
-        } = v.config
-        else {
-            unreachable!("the CPU path takes every width")
-        };
-        return Err(LabError::shape(
-            "softmax",
-            format!("`{variant}` takes rows {min_cols} to {max_cols} wide, not {cols}"),
-        ));
+        let Kernel::Gpu { min_cols, max_cols, .. } = v.config else { unreachable!("the CPU path takes every width") };
+        return Err(LabError::shape("softmax", format!("`{variant}` takes rows {min_cols} to {max_cols} wide, not {cols}")));
     }
     match (v.config, dev) {
         (Kernel::CpuOnlineRows, _) => {
@@ -217,33 +160,16 @@ pub fn forward_with<T: Elem>(
         (Kernel::Gpu { grid_block, .. }, Backend::Cuda(gpu)) => {
             let f = gpu.function(FAMILY, &symbol(FAMILY, v.name, T::DTYPE))?;
             let (grid, block) = grid_block(rows, cols);
-            let cfg = LaunchConfig {
-                grid_dim: (grid as u32, 1, 1),
-                block_dim: (block as u32, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            let cfg = LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (block as u32, 1, 1), shared_mem_bytes: 0 };
             let (r, c) = (rows as i32, cols as i32);
-            let (dx, dy) = (
-                x.cuda().expect("placement checked"),
-                y.cuda_mut().expect("placement checked"),
-            );
+            let (dx, dy) = (x.cuda().expect("placement checked"), y.cuda_mut().expect("placement checked"));
             // SAFETY: x and y hold rows*cols elements; every variant bounds by rows and cols,
             // and `takes` kept the width within the variant's on-chip capacity.
-            unsafe {
-                gpu.stream
-                    .launch_builder(&f)
-                    .arg(dx)
-                    .arg(dy)
-                    .arg(&r)
-                    .arg(&c)
-                    .launch(cfg)
-            }
-            .map(|_| ())
-            .doing(&format!("launching softmax {variant}"))
+            unsafe { gpu.stream.launch_builder(&f).arg(dx).arg(dy).arg(&r).arg(&c).launch(cfg) }
+                .map(|_| ())
+                .doing(&format!("launching softmax {variant}"))
         }
-        (Kernel::Gpu { .. }, Backend::Cpu) => {
-            unreachable!("check_runs keeps GPU variants off the CPU")
-        }
+        (Kernel::Gpu { .. }, Backend::Cpu) => unreachable!("check_runs keeps GPU variants off the CPU"),
     }
 }
 
@@ -252,65 +178,48 @@ pub fn tolerance(dtype: DType, cols: usize) -> Tolerance {
         // f32 exp and a sum over `cols` terms. A sequential sum (the naive variant) errs like
         // sqrt(n) * u with a tail (Higham, "Accuracy and Stability", 2nd ed., 4.2); measured on an
         // H100 host: 1.8e-5 at 4096 wide over 16384 rows, above a flat 1e-5.
-        DType::F32 => Tolerance {
-            atol: 1e-9,
-            rtol: 1e-5f64.max(8.0 * (cols as f64).sqrt() * f32::EPSILON as f64 / 2.0),
-        },
+        DType::F32 => Tolerance { atol: 1e-9, rtol: 1e-5f64.max(8.0 * (cols as f64).sqrt() * f32::EPSILON as f64 / 2.0) },
         // bf16 output rounding alone is 2^-9 relative; allow two ulp.
-        _ => Tolerance {
-            atol: 1e-6,
-            rtol: 2f64.powi(-7),
-        },
+        _ => Tolerance { atol: 1e-6, rtol: 2f64.powi(-7) },
     }
 }
 
 /// The f64 reference.
 pub fn reference(x: &[f64], cols: usize) -> Vec<f64> {
     let mut y = vec![0.0; x.len()];
-    y.par_chunks_mut(cols)
-        .zip(x.par_chunks(cols))
-        .for_each(|(y, x)| {
-            let max = x.iter().fold(
-                f64::NEG_INFINITY,
-                |m, &v| if v > m || v.is_nan() { v } else { m },
-            );
-            if max == f64::NEG_INFINITY {
-                return; // fully masked row: zeros by definition
-            }
-            let sum: f64 = x.iter().map(|&v| (v - max).exp()).sum();
-            for (y, &v) in y.iter_mut().zip(x) {
-                *y = (v - max).exp() / sum;
-            }
-        });
+    y.par_chunks_mut(cols).zip(x.par_chunks(cols)).for_each(|(y, x)| {
+        let max = x.iter().fold(f64::NEG_INFINITY, |m, &v| if v > m || v.is_nan() { v } else { m });
+        if max == f64::NEG_INFINITY {
+            return; // fully masked row: zeros by definition
+        }
+        let sum: f64 = x.iter().map(|&v| (v - max).exp()).sum();
+        for (y, &v) in y.iter_mut().zip(x) {
+            *y = (v - max).exp() / sum;
+        }
+    });
     y
 }
 
 /// The CPU backend's variant: online (max, sum) in one pass per row, f32 arithmetic, rows in
 /// parallel.
 pub fn cpu_online_rows<T: Elem>(x: &[T], y: &mut [T], cols: usize) {
-    y.par_chunks_mut(cols)
-        .zip(x.par_chunks(cols))
-        .for_each(|(y, x)| {
-            let (mut m, mut d) = (f32::NEG_INFINITY, 0f32);
-            for v in x.iter().map(|v| v.to_f32()) {
-                let m_new = if v > m || v.is_nan() { v } else { m };
-                if m_new != f32::NEG_INFINITY {
-                    d = d * (m - m_new).exp() + (v - m_new).exp();
-                    // exp(-inf - -inf) would be NaN: before the first finite value d is 0 anyway.
-                    if m == f32::NEG_INFINITY {
-                        d = (v - m_new).exp();
-                    }
+    y.par_chunks_mut(cols).zip(x.par_chunks(cols)).for_each(|(y, x)| {
+        let (mut m, mut d) = (f32::NEG_INFINITY, 0f32);
+        for v in x.iter().map(|v| v.to_f32()) {
+            let m_new = if v > m || v.is_nan() { v } else { m };
+            if m_new != f32::NEG_INFINITY {
+                d = d * (m - m_new).exp() + (v - m_new).exp();
+                // exp(-inf - -inf) would be NaN: before the first finite value d is 0 anyway.
+                if m == f32::NEG_INFINITY {
+                    d = (v - m_new).exp();
                 }
-                m = m_new;
             }
-            for (y, v) in y.iter_mut().zip(x) {
-                *y = T::from_f32(if m == f32::NEG_INFINITY {
-                    0.0
-                } else {
-                    (v.to_f32() - m).exp() / d
-                });
-            }
-        });
+            m = m_new;
+        }
+        for (y, v) in y.iter_mut().zip(x) {
+            *y = T::from_f32(if m == f32::NEG_INFINITY { 0.0 } else { (v.to_f32() - m).exp() / d });
+        }
+    });
 }
 
 /// Inputs for one case: N(0, 3^2), or "hostile" rows that cycle through the edge cases.
@@ -325,17 +234,13 @@ pub fn input<T: Elem>(rows: usize, cols: usize, fill: &str, rng: &mut impl Rng) 
             let v = match fill {
                 "normal" => normal(rng),
                 "hostile" => match r % 5 {
-                    0 => f32::NEG_INFINITY,               // fully masked
-                    1 if c % 3 == 0 => f32::NEG_INFINITY, // partly masked
-                    2 => rng.random_range(-1e4..1e4),     // huge spread
-                    3 if c == cols / 2 => 1e4,            // one spike
+                    0 => f32::NEG_INFINITY,                                            // fully masked
+                    1 if c % 3 == 0 => f32::NEG_INFINITY,                              // partly masked
+                    2 => rng.random_range(-1e4..1e4),                                  // huge spread
+                    3 if c == cols / 2 => 1e4,                                         // one spike
                     _ => normal(rng),
                 },
-                other => {
-                    return Err(LabError::Invalid(format!(
-                        "unknown softmax fill `{other}` (normal, hostile)"
-                    )))
-                }
+                other => return Err(LabError::Invalid(format!("unknown softmax fill `{other}` (normal, hostile)"))),
             };
             x.push(T::from_f32(v));
         }
@@ -358,13 +263,8 @@ impl Experiment for Softmax {
     }
     fn cases(&self, backend: &Backend, quick: bool) -> Vec<Value> {
         // Odd shapes and hostile values first: correctness gates, checked but not timed.
-        let checks: &[(usize, usize, &str)] = &[
-            (1, 1, "normal"),
-            (1823, 781, "normal"),
-            (7, 65537, "normal"),
-            (1823, 781, "hostile"),
-            (10, 40000, "hostile"),
-        ];
+        let checks: &[(usize, usize, &str)] =
+            &[(1, 1, "normal"), (1823, 781, "normal"), (7, 65537, "normal"), (1823, 781, "hostile"), (10, 40000, "hostile")];
         let timed: &[(usize, usize, &str)] = match (backend, quick) {
             (Backend::Cuda(_), false) => &[
                 (65536, 1024, "normal"),
@@ -379,26 +279,17 @@ impl Experiment for Softmax {
             (Backend::Cpu, true) => &[(64, 1000, "normal")],
         };
         let checks: &[(usize, usize, &str)] = match (backend, quick) {
-            (Backend::Cpu, true) => &[
-                (1, 1, "normal"),
-                (17, 781, "normal"),
-                (3, 4099, "normal"),
-                (11, 300, "hostile"),
-            ],
+            (Backend::Cpu, true) => &[(1, 1, "normal"), (17, 781, "normal"), (3, 4099, "normal"), (11, 300, "hostile")],
             _ => checks,
         };
-        let case = |rows: usize, cols: usize, dtype: &str, fill: &str, timed: bool| json!({"rows": rows, "cols": cols, "dtype": dtype, "fill": fill, "timed": timed});
+        let case = |rows: usize, cols: usize, dtype: &str, fill: &str, timed: bool| {
+            json!({"rows": rows, "cols": cols, "dtype": dtype, "fill": fill, "timed": timed})
+        };
         ["f32", "bf16"]
             .iter()
             .flat_map(|dtype| {
-                let checks = checks
-                    .iter()
-                    .map(move |&(r, c, f)| case(r, c, dtype, f, false));
-                checks.chain(
-                    timed
-                        .iter()
-                        .map(move |&(r, c, f)| case(r, c, dtype, f, true)),
-                )
+                let checks = checks.iter().map(move |&(r, c, f)| case(r, c, dtype, f, false));
+                checks.chain(timed.iter().map(move |&(r, c, f)| case(r, c, dtype, f, true)))
             })
             .collect()
     }
@@ -414,10 +305,7 @@ impl Experiment for Softmax {
 fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
     let (rows, cols) = (param_usize(case, "rows")?, param_usize(case, "cols")?);
     if rows == 0 || cols == 0 {
-        return Err(LabError::shape(
-            "softmax",
-            format!("{rows} x {cols}: rows and cols must be at least 1"),
-        ));
+        return Err(LabError::shape("softmax", format!("{rows} x {cols}: rows and cols must be at least 1")));
     }
     let fill = param_str(case, "fill")?;
     let timed = param_timed(case);
@@ -425,10 +313,7 @@ fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
     let expected = reference(&widen(&x), cols);
     let n = (rows * cols) as u64;
     // One read and one write per element; ~5 flops (max, subtract, exp, add, divide).
-    let work = Work {
-        bytes: 2 * n * T::DTYPE.size() as u64,
-        flops: 5 * n,
-    };
+    let work = Work { bytes: 2 * n * T::DTYPE.size() as u64, flops: 5 * n };
     let tol = tolerance(T::DTYPE, cols);
     let compare_y = |y: &[T]| compare_elems(y, &expected, tol, "cpu-f64");
     let check = Check::memory_bound(tol, &compare_y);
@@ -439,32 +324,19 @@ fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
         if !v.requires.met_by(&dev) || !takes(v, cols) || !s.wants(v.name, "lab") {
             continue;
         }
-        measure_op(s, case, v.name, work, &check, timed, &mut dy, |dy| {
-            forward_with(&dev, v.name, &dx, dy)
-        })?;
+        measure_op(s, case, v.name, work, &check, timed, &mut dy, |dy| forward_with(&dev, v.name, &dx, dy))?;
     }
     match &dev {
         Backend::Cpu if timed && s.wants("reference_f64", "cpu-ref") => {
             let xf = widen(&x);
-            let time = cpu_time(&s.budget, || {
-                drop(std::hint::black_box(reference(&xf, cols)))
-            });
+            let time = cpu_time(&s.budget, || drop(std::hint::black_box(reference(&xf, cols))));
             let mut m = Measurement::new("reference_f64", "cpu-ref", case, work);
             m.time = Some(time);
             s.emit(m)?;
         }
         Backend::Cuda(gpu) if timed && s.wants_peer(Peer::Torch, "torch.softmax", "torch") => {
             let shape = [rows, cols];
-            measure_torch(
-                s,
-                gpu,
-                case,
-                "softmax",
-                json!({}),
-                &[(&T::bytes(&x), &shape)],
-                work,
-                &check,
-            )?;
+            measure_torch(s, gpu, case, "softmax", json!({}), &[(&T::bytes(&x), &shape)], work, &check)?;
         }
         _ => {}
     }
@@ -488,12 +360,7 @@ mod tests {
 
     #[test]
     fn cpu_variant_matches_reference_on_odd_shapes_and_hostile_values() {
-        for (rows, cols, fill) in [
-            (1, 1, "normal"),
-            (1823, 7, "normal"),
-            (7, 6553, "normal"),
-            (23, 781, "hostile"),
-        ] {
+        for (rows, cols, fill) in [(1, 1, "normal"), (1823, 7, "normal"), (7, 6553, "normal"), (23, 781, "hostile")] {
             check_cpu::<f32>(rows, cols, fill);
             check_cpu::<half::bf16>(rows, cols, fill);
         }
@@ -527,9 +394,7 @@ mod tests {
     fn launch_shapes_cover_every_row() {
         for (rows, cols) in [(1, 1), (1823, 781), (7, 65537), (16384, 4096)] {
             for v in VARIANTS {
-                let Kernel::Gpu { grid_block, .. } = v.config else {
-                    continue;
-                };
+                let Kernel::Gpu { grid_block, .. } = v.config else { continue };
                 if !takes(v, cols) {
                     continue;
                 }
@@ -551,40 +416,21 @@ mod tests {
     #[test]
     fn the_callable_op_runs_on_the_cpu_and_names_bad_input() {
         let dev = Backend::Cpu;
-        let x =
-            Tensor::from_vec(&[2, 3], vec![1f32, 2.0, 3.0, 0.0, 0.0, f32::NEG_INFINITY]).unwrap();
+        let x = Tensor::from_vec(&[2, 3], vec![1f32, 2.0, 3.0, 0.0, 0.0, f32::NEG_INFINITY]).unwrap();
         let mut y = Tensor::<f32>::zeros(&dev, &[2, 3]).unwrap();
         forward(&dev, &x, &mut y).unwrap();
         let expected = reference(&widen(&x.to_vec().unwrap()), 3);
-        let e = compare_elems(
-            &y.to_vec().unwrap(),
-            &expected,
-            tolerance(DType::F32, 3),
-            "cpu-f64",
-        );
+        let e = compare_elems(&y.to_vec().unwrap(), &expected, tolerance(DType::F32, 3), "cpu-f64");
         assert!(e.passed(), "{e:?}");
         let mut wrong = Tensor::<f32>::zeros(&dev, &[3, 2]).unwrap();
         let err = forward(&dev, &x, &mut wrong).unwrap_err().to_string();
         assert!(err.contains("x is [2, 3] but y is [3, 2]"), "{err}");
-        let err = forward_with(&dev, "onchip_block_per_row", &x, &mut y)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("`onchip_block_per_row` needs gpu, not the CPU backend"),
-            "{err}"
-        );
-        let err = forward_with(&dev, "fastest", &x, &mut y)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("not a softmax variant (one of: naive_thread_per_row,"),
-            "{err}"
-        );
+        let err = forward_with(&dev, "onchip_block_per_row", &x, &mut y).unwrap_err().to_string();
+        assert!(err.contains("`onchip_block_per_row` needs gpu, not the CPU backend"), "{err}");
+        let err = forward_with(&dev, "fastest", &x, &mut y).unwrap_err().to_string();
+        assert!(err.contains("not a softmax variant (one of: naive_thread_per_row,"), "{err}");
         let h = Tensor::from_vec(&[1, 2], vec![half::f16::ONE; 2]).unwrap();
         let mut hy = Tensor::<half::f16>::zeros(&dev, &[1, 2]).unwrap();
-        assert!(forward(&dev, &h, &mut hy)
-            .unwrap_err()
-            .to_string()
-            .contains("takes f32, bf16, not f16"));
+        assert!(forward(&dev, &h, &mut hy).unwrap_err().to_string().contains("takes f32, bf16, not f16"));
     }
 }

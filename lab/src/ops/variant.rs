@@ -67,12 +67,7 @@ pub struct VariantInfo {
 
 impl<C> Variant<C> {
     pub fn info(&self) -> VariantInfo {
-        VariantInfo {
-            name: self.name,
-            dtypes: self.dtypes.iter().map(|d| d.name()).collect(),
-            requires: self.requires.label(),
-            what: self.what,
-        }
+        VariantInfo { name: self.name, dtypes: self.dtypes.iter().map(|d| d.name()).collect(), requires: self.requires.label(), what: self.what }
     }
 }
 
@@ -89,24 +84,13 @@ pub fn names<C>(table: &[Variant<C>]) -> Vec<&'static str> {
 /// The kernel symbols a family's module must export for its table: every GPU row in each of its
 /// dtypes (for families whose kernels are named after their variants).
 pub fn gpu_symbols<C>(family: &str, table: &[Variant<C>]) -> std::collections::BTreeSet<String> {
-    table
-        .iter()
-        .filter(|v| v.requires.on_gpu())
-        .flat_map(|v| {
-            v.dtypes
-                .iter()
-                .map(move |&d| crate::kernels::symbol(family, v.name, d))
-        })
-        .collect()
+    table.iter().filter(|v| v.requires.on_gpu()).flat_map(|v| v.dtypes.iter().map(move |&d| crate::kernels::symbol(family, v.name, d))).collect()
 }
 
 /// The row called `name`, or an error listing the family's variants.
 pub fn find<'a, C>(family: &str, table: &'a [Variant<C>], name: &str) -> Result<&'a Variant<C>> {
     table.iter().find(|v| v.name == name).ok_or_else(|| {
-        LabError::Invalid(format!(
-            "`{name}` is not a {family} variant (one of: {})",
-            names(table).join(", ")
-        ))
+        LabError::Invalid(format!("`{name}` is not a {family} variant (one of: {})", names(table).join(", ")))
     })
 }
 
@@ -114,23 +98,14 @@ pub fn find<'a, C>(family: &str, table: &'a [Variant<C>], name: &str) -> Result<
 pub fn check_runs<C>(family: &str, v: &Variant<C>, dev: &Backend, dtype: DType) -> Result<()> {
     if !v.dtypes.contains(&dtype) {
         let takes: Vec<_> = v.dtypes.iter().map(|d| d.name()).collect();
-        return Err(LabError::Invalid(format!(
-            "{family} variant `{}` takes {}, not {}",
-            v.name,
-            takes.join(", "),
-            dtype.name()
-        )));
+        return Err(LabError::Invalid(format!("{family} variant `{}` takes {}, not {}", v.name, takes.join(", "), dtype.name())));
     }
     if !v.requires.met_by(dev) {
         let on = match dev {
             Backend::Cpu => "the CPU backend".to_string(),
             Backend::Cuda(g) => format!("a GPU of compute capability {}", g.info.cc),
         };
-        return Err(LabError::Invalid(format!(
-            "{family} variant `{}` needs {}, not {on}",
-            v.name,
-            v.requires.label()
-        )));
+        return Err(LabError::Invalid(format!("{family} variant `{}` needs {}, not {on}", v.name, v.requires.label())));
     }
     Ok(())
 }
@@ -140,41 +115,19 @@ mod tests {
     use super::*;
 
     const TABLE: &[Variant<()>] = &[
-        Variant {
-            name: "fast",
-            dtypes: &[DType::F32],
-            requires: Requires::Gpu,
-            what: "x",
-            config: (),
-        },
-        Variant {
-            name: "cpu_rows",
-            dtypes: &[DType::F32, DType::Bf16],
-            requires: Requires::Cpu,
-            what: "y",
-            config: (),
-        },
+        Variant { name: "fast", dtypes: &[DType::F32], requires: Requires::Gpu, what: "x", config: () },
+        Variant { name: "cpu_rows", dtypes: &[DType::F32, DType::Bf16], requires: Requires::Cpu, what: "y", config: () },
     ];
 
     #[test]
     fn unknown_names_list_the_table_and_mismatches_say_why() {
         let err = find("demo", TABLE, "fastest").unwrap_err().to_string();
-        assert!(
-            err.contains("`fastest` is not a demo variant (one of: fast, cpu_rows)"),
-            "{err}"
-        );
+        assert!(err.contains("`fastest` is not a demo variant (one of: fast, cpu_rows)"), "{err}");
         let cpu = find("demo", TABLE, "cpu_rows").unwrap();
         check_runs("demo", cpu, &Backend::Cpu, DType::Bf16).unwrap();
-        let err = check_runs("demo", cpu, &Backend::Cpu, DType::F16)
-            .unwrap_err()
-            .to_string();
+        let err = check_runs("demo", cpu, &Backend::Cpu, DType::F16).unwrap_err().to_string();
         assert!(err.contains("takes f32, bf16, not f16"), "{err}");
-        let err = check_runs("demo", &TABLE[0], &Backend::Cpu, DType::F32)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("`fast` needs gpu, not the CPU backend"),
-            "{err}"
-        );
+        let err = check_runs("demo", &TABLE[0], &Backend::Cpu, DType::F32).unwrap_err().to_string();
+        assert!(err.contains("`fast` needs gpu, not the CPU backend"), "{err}");
     }
 }

@@ -40,10 +40,7 @@ impl Work {
     /// Achieved GB/s and TFLOP/s at a median time in milliseconds.
     pub fn throughput(&self, median_ms: f64) -> Throughput {
         let s = median_ms * 1e-3;
-        Throughput {
-            gb_s: self.bytes as f64 / s / 1e9,
-            tflop_s: self.flops as f64 / s / 1e12,
-        }
+        Throughput { gb_s: self.bytes as f64 / s / 1e9, tflop_s: self.flops as f64 / s / 1e12 }
     }
 }
 
@@ -152,35 +149,14 @@ impl Budget {
     pub fn new(quick: bool) -> Self {
         let (l2, launch) = (L2::default(), Launch::Eager);
         if quick {
-            Budget {
-                warmup: 2,
-                min: 5,
-                max: 20,
-                budget_ms: 200.0,
-                l2,
-                launch,
-            }
+            Budget { warmup: 2, min: 5, max: 20, budget_ms: 200.0, l2, launch }
         } else {
-            Budget {
-                warmup: 5,
-                min: 10,
-                max: 100,
-                budget_ms: 1000.0,
-                l2,
-                launch,
-            }
+            Budget { warmup: 5, min: 10, max: 100, budget_ms: 1000.0, l2, launch }
         }
     }
     /// One warm-up launch and one timed: a variant launched (nearly) once, as under a sanitizer.
     pub fn once() -> Self {
-        Budget {
-            warmup: 1,
-            min: 1,
-            max: 1,
-            budget_ms: 0.0,
-            l2: L2::default(),
-            launch: Launch::Eager,
-        }
+        Budget { warmup: 1, min: 1, max: 1, budget_ms: 0.0, l2: L2::default(), launch: Launch::Eager }
     }
     /// Repetitions to take after a warm-up whose median took `warm_ms`.
     pub fn reps(&self, warm_ms: f64) -> usize {
@@ -195,10 +171,7 @@ impl Budget {
 
     /// Warm-up in rounds of `warmup` repetitions until the median stops improving (by more than
     /// [`SETTLED`]) or [`MAX_WARMUP_ROUNDS`] or the time budget is spent; returns every sample.
-    pub fn warm_up<E>(
-        &self,
-        mut round: impl FnMut(usize) -> Result<Vec<f64>, E>,
-    ) -> Result<Vec<f64>, E> {
+    pub fn warm_up<E>(&self, mut round: impl FnMut(usize) -> Result<Vec<f64>, E>) -> Result<Vec<f64>, E> {
         let mut trace = Vec::new();
         let mut best = f64::INFINITY;
         for i in 0..MAX_WARMUP_ROUNDS {
@@ -215,10 +188,7 @@ impl Budget {
     }
 
     /// Times `once` (which returns milliseconds): warm-up, then repetitions by the budget.
-    pub fn sample<E>(
-        &self,
-        mut once: impl FnMut(usize) -> Result<Vec<f64>, E>,
-    ) -> Result<(Vec<f64>, Vec<f64>), E> {
+    pub fn sample<E>(&self, mut once: impl FnMut(usize) -> Result<Vec<f64>, E>) -> Result<(Vec<f64>, Vec<f64>), E> {
         let warm = self.warm_up(&mut once)?;
         let raw = once(self.reps_after(&warm))?;
         Ok((warm, raw))
@@ -227,14 +197,10 @@ impl Budget {
 
 /// Times a host function the same way (caches stay warm: host code has no scrub).
 pub fn cpu_time(budget: &Budget, mut f: impl FnMut()) -> (TimeSummary, TimingMode) {
-    let Ok(timed) = host_time(
-        budget,
-        || Ok::<(), std::convert::Infallible>(()),
-        || {
-            f();
-            Ok(())
-        },
-    );
+    let Ok(timed) = host_time(budget, || Ok::<(), std::convert::Infallible>(()), || {
+        f();
+        Ok(())
+    });
     timed
 }
 
@@ -283,10 +249,7 @@ mod tests {
 
     #[test]
     fn warm_up_goes_on_while_the_median_improves_and_keeps_the_trace() {
-        let b = Budget {
-            budget_ms: 1e9,
-            ..Budget::new(false)
-        };
+        let b = Budget { budget_ms: 1e9, ..Budget::new(false) };
         // Improves 10 -> 5 -> 3, then settles at 2.99 (< 2% better): four rounds.
         let trace = b.warm_up(scripted(&[10.0, 5.0, 3.0, 2.99, 1.0])).unwrap();
         assert_eq!(trace.len(), 4 * b.warmup);
@@ -294,28 +257,14 @@ mod tests {
         assert_eq!(*trace.last().unwrap(), 2.99);
         // Never settling stops at the round limit; a spent time budget stops it sooner.
         let falling: Vec<f64> = (0..20).map(|i| 100.0 / (i as f64 + 1.0)).collect();
-        assert_eq!(
-            b.warm_up(scripted(&falling)).unwrap().len(),
-            MAX_WARMUP_ROUNDS * b.warmup
-        );
-        let short = Budget {
-            budget_ms: 600.0,
-            ..b
-        };
-        assert_eq!(
-            short.warm_up(scripted(&falling)).unwrap().len(),
-            2 * b.warmup
-        );
+        assert_eq!(b.warm_up(scripted(&falling)).unwrap().len(), MAX_WARMUP_ROUNDS * b.warmup);
+        let short = Budget { budget_ms: 600.0, ..b };
+        assert_eq!(short.warm_up(scripted(&falling)).unwrap().len(), 2 * b.warmup);
     }
 
     #[test]
     fn sampling_takes_repetitions_by_the_settled_median() {
-        let b = Budget {
-            budget_ms: 100.0,
-            min: 3,
-            max: 50,
-            ..Budget::new(false)
-        };
+        let b = Budget { budget_ms: 100.0, min: 3, max: 50, ..Budget::new(false) };
         let (warm, raw) = b.sample(scripted(&[9.0, 4.0, 4.0])).unwrap();
         assert_eq!(warm.len(), 3 * b.warmup);
         assert_eq!(raw.len(), 25);

@@ -32,12 +32,7 @@ pub enum Tool {
 }
 
 impl Tool {
-    pub const ALL: [Tool; 4] = [
-        Tool::Memcheck,
-        Tool::Racecheck,
-        Tool::Initcheck,
-        Tool::Synccheck,
-    ];
+    pub const ALL: [Tool; 4] = [Tool::Memcheck, Tool::Racecheck, Tool::Initcheck, Tool::Synccheck];
     pub fn name(self) -> &'static str {
         match self {
             Tool::Memcheck => "memcheck",
@@ -80,12 +75,7 @@ impl Outcome {
     /// the variant calls was found doing, not the lab's kernels (`lab` empty: none can be told
     /// apart, so none is).
     pub fn only_outside(&self, lab: &BTreeSet<String>) -> bool {
-        self.errors > 0
-            && !lab.is_empty()
-            && self.unattributed == 0
-            && self.printed >= self.errors
-            && !self.kernels.is_empty()
-            && self.kernels.keys().all(|k| !lab.contains(k))
+        self.errors > 0 && !lab.is_empty() && self.unattributed == 0 && self.printed >= self.errors && !self.kernels.is_empty() && self.kernels.keys().all(|k| !lab.contains(k))
     }
 }
 
@@ -101,11 +91,7 @@ fn summary(line: &str) -> Option<(u64, u64)> {
     });
     let c = re.captures(line)?;
     let n = |i: usize| c.get(i).and_then(|m| m.as_str().parse().ok()).unwrap_or(0);
-    Some(if c.get(1).is_some() {
-        (n(1), 0)
-    } else {
-        (n(2).max(n(3) + n(4)), n(4))
-    })
+    Some(if c.get(1).is_some() { (n(1), 0) } else { (n(2).max(n(3) + n(4)), n(4)) })
 }
 
 /// The kernel a report line names, as the tool prints it: `at <kernel>+0x1560` (memcheck,
@@ -117,18 +103,9 @@ fn summary(line: &str) -> Option<(u64, u64)> {
 fn kernel_named(line: &str) -> Option<String> {
     static RE: OnceLock<[Regex; 2]> = OnceLock::new();
     let [at, old] = RE.get_or_init(|| {
-        [
-            r"(?:^|\s)at (\S.*?)\+0x[0-9a-fA-F]+",
-            r"(?:^|\s)at 0x[0-9a-fA-F]+ in (?:[^\s:]+:\d+:)?(\S.*)$",
-        ]
-        .map(|p| Regex::new(p).expect("a valid pattern"))
+        [r"(?:^|\s)at (\S.*?)\+0x[0-9a-fA-F]+", r"(?:^|\s)at 0x[0-9a-fA-F]+ in (?:[^\s:]+:\d+:)?(\S.*)$"].map(|p| Regex::new(p).expect("a valid pattern"))
     });
-    let name = at
-        .captures(line)
-        .or_else(|| old.captures(line))?
-        .get(1)?
-        .as_str()
-        .trim();
+    let name = at.captures(line).or_else(|| old.captures(line))?.get(1)?.as_str().trim();
     let name = name.strip_prefix("void ").unwrap_or(name);
     let name = name.split_once('(').map_or(name, |(n, _)| n).trim();
     (!name.is_empty()).then(|| name.to_string())
@@ -151,10 +128,7 @@ pub fn parse(log: &str) -> Outcome {
             out.errors = out.errors.max(count);
             out.warnings = out.warnings.max(warnings);
             open = false;
-        } else if body.is_empty()
-            || body.starts_with("COMPUTE-SANITIZER")
-            || body.starts_with("Target application returned")
-        {
+        } else if body.is_empty() || body.starts_with("COMPUTE-SANITIZER") || body.starts_with("Target application returned") {
             open = false;
         } else if !l.starts_with("  ") && !open {
             reports.push((vec![body], Vec::new()));
@@ -171,18 +145,12 @@ pub fn parse(log: &str) -> Outcome {
     out.printed = reports.len() as u64;
     out.errors = out.errors.max(out.printed);
     for (lines, frames) in &reports {
-        match lines
-            .iter()
-            .find_map(|l| kernel_named(l))
-            .or_else(|| calling_library(frames).map(|lib| format!("{API_CALL_FROM}{lib}")))
-        {
+        match lines.iter().find_map(|l| kernel_named(l)).or_else(|| calling_library(frames).map(|lib| format!("{API_CALL_FROM}{lib}"))) {
             Some(k) => *out.kernels.entry(k).or_default() += 1,
             None => out.unattributed += 1,
         }
     }
-    out.first = reports
-        .first()
-        .map(|(r, _)| r.iter().take(8).copied().collect::<Vec<_>>().join("\n"));
+    out.first = reports.first().map(|(r, _)| r.iter().take(8).copied().collect::<Vec<_>>().join("\n"));
     out
 }
 
@@ -194,10 +162,7 @@ pub const API_CALL_FROM: &str = "API call from ";
 /// the driver and runtime, when that is a shared library (`libnccl.so.2`). `None` when it is the
 /// program itself (an API error of the lab's own) or there is no backtrace.
 fn calling_library(frames: &[&str]) -> Option<String> {
-    let module = |f: &&str| {
-        f.rsplit_once(" in ")
-            .map(|(_, m)| m.trim().rsplit('/').next().unwrap_or(m).to_string())
-    };
+    let module = |f: &&str| f.rsplit_once(" in ").map(|(_, m)| m.trim().rsplit('/').next().unwrap_or(m).to_string());
     frames
         .iter()
         .filter_map(module)
@@ -224,11 +189,7 @@ pub const CUBLAS_KERNELS: &str = ".*nvjet.*";
 /// The sanitizer's arguments before the program it runs: the tool, the report limit, the log
 /// file, and the kernels it leaves uninstrumented (`--kernel-name-exclude`: a kernel that matches
 /// runs at full speed, unchecked; `regex=` searches its name, mangled or not).
-pub fn sanitizer_args(
-    tool: Tool,
-    uninstrumented: Option<&str>,
-    log: &std::path::Path,
-) -> Vec<std::ffi::OsString> {
+pub fn sanitizer_args(tool: Tool, uninstrumented: Option<&str>, log: &std::path::Path) -> Vec<std::ffi::OsString> {
     // Every report should be printed: one that is not cannot be told to be a library's. NCCL's
     // LL kernels read their own buffers before anything writes them, thousands of initcheck
     // reports a process (on two H100s, 50,000 printed in 200 s did not reach the end of one);
@@ -237,16 +198,7 @@ pub fn sanitizer_args(
         Tool::Initcheck => ("500000", "device"),
         _ => ("50000", "yes"),
     };
-    let mut args: Vec<std::ffi::OsString> = [
-        "--tool",
-        tool.name(),
-        "--print-limit",
-        limit,
-        "--show-backtrace",
-        backtrace,
-    ]
-    .map(Into::into)
-    .into();
+    let mut args: Vec<std::ffi::OsString> = ["--tool", tool.name(), "--print-limit", limit, "--show-backtrace", backtrace].map(Into::into).into();
     if let Some(re) = uninstrumented {
         args.extend(["--kernel-name-exclude".into(), format!("regex={re}").into()]);
     }
@@ -265,17 +217,10 @@ fn bounded(text: &str, max: usize) -> String {
     if text.len() <= max {
         return text.to_string();
     }
-    let head = text[..text.floor_char_boundary(max / 4 * 3)]
-        .rfind('\n')
-        .map_or(0, |i| i + 1);
+    let head = text[..text.floor_char_boundary(max / 4 * 3)].rfind('\n').map_or(0, |i| i + 1);
     let tail = text.ceil_char_boundary(text.len() - max / 4);
     let tail = text[tail..].find('\n').map_or(text.len(), |i| tail + i + 1);
-    format!(
-        "{}[... {} bytes left out ...]\n{}",
-        &text[..head],
-        tail - head,
-        &text[tail..]
-    )
+    format!("{}[... {} bytes left out ...]\n{}", &text[..head], tail - head, &text[tail..])
 }
 
 /// What the process did: the tool's outcome, the launches the run recorded as (case index,
@@ -294,32 +239,19 @@ pub struct Ran {
 /// Runs one job; a process still running after the plan's timeout is killed with its group and
 /// reported as a failure.
 pub fn run_job(job: &Job, plan: &Plan) -> Result<Ran> {
-    let dir = tempfile::tempdir()
-        .map_err(|e| LabError::Invalid(format!("cannot make a scratch folder: {e}")))?;
+    let dir = tempfile::tempdir().map_err(|e| LabError::Invalid(format!("cannot make a scratch folder: {e}")))?;
     let log = dir.path().join("sanitizer.log");
-    let exe = std::env::current_exe()
-        .map_err(|e| LabError::Invalid(format!("cannot find this program: {e}")))?;
+    let exe = std::env::current_exe().map_err(|e| LabError::Invalid(format!("cannot find this program: {e}")))?;
     let mut cmd = match job.tool {
         Some(tool) => {
             let mut c = Command::new(program());
-            c.args(sanitizer_args(tool, job.uninstrumented, &log))
-                .arg(exe);
+            c.args(sanitizer_args(tool, job.uninstrumented, &log)).arg(exe);
             c.envs(env_of(job.experiment, tool).iter().copied());
             c
         }
         None => Command::new(exe),
     };
-    cmd.args([
-        "run",
-        job.experiment,
-        "--backend",
-        plan.backend,
-        "--once",
-        "--seed",
-        &plan.seed.to_string(),
-        "--out",
-    ])
-    .arg(dir.path());
+    cmd.args(["run", job.experiment, "--backend", plan.backend, "--once", "--seed", &plan.seed.to_string(), "--out"]).arg(dir.path());
     for (_, c) in &job.cases {
         cmd.args(["--case", &c.to_string()]);
     }
@@ -337,10 +269,7 @@ pub fn run_job(job: &Job, plan: &Plan) -> Result<Ran> {
         .spawn()
         .map_err(|e| LabError::Invalid(format!("cannot start `{}` (install the CUDA toolkit's compute-sanitizer or set LAB_COMPUTE_SANITIZER): {e}", program())))?;
     let status = loop {
-        if let Some(s) = child
-            .try_wait()
-            .map_err(|e| LabError::Invalid(format!("waiting for {}: {e}", program())))?
-        {
+        if let Some(s) = child.try_wait().map_err(|e| LabError::Invalid(format!("waiting for {}: {e}", program())))? {
             break Some(s);
         }
         if start.elapsed() > plan.timeout {
@@ -352,67 +281,32 @@ pub fn run_job(job: &Job, plan: &Plan) -> Result<Ran> {
         std::thread::sleep(Duration::from_millis(50));
     };
     let seconds = start.elapsed().as_secs_f64();
-    let log_text = std::fs::read(&log)
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_default();
-    let outcome = if job.tool.is_some() {
-        parse(&log_text)
-    } else {
-        Outcome {
-            finished: true,
-            ..Outcome::default()
-        }
-    };
+    let log_text = std::fs::read(&log).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
+    let outcome = if job.tool.is_some() { parse(&log_text) } else { Outcome { finished: true, ..Outcome::default() } };
     let (records, _) = crate::record::read_records(dir.path())?;
-    let stderr_text = std::fs::read(&stderr_path)
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_default();
-    let last_err = stderr_text
-        .lines()
-        .rfind(|l| !l.trim().is_empty())
-        .unwrap_or("")
-        .to_string();
+    let stderr_text = std::fs::read(&stderr_path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
+    let last_err = stderr_text.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("").to_string();
     let failure = match status {
         None => Some(format!("did not finish in {} s", plan.timeout.as_secs())),
         // `lab run` exits 1 when a check failed: the launches still ran under the tool.
-        Some(s) if s.code() == Some(0) || s.code() == Some(1) => {
-            (!outcome.finished).then(|| "the tool printed no summary".to_string())
-        }
+        Some(s) if s.code() == Some(0) || s.code() == Some(1) => (!outcome.finished).then(|| "the tool printed no summary".to_string()),
         Some(s) => Some(format!("exited with {s}: {last_err}")),
     };
     // Records carry their place in the list the run was given: map it back to the experiment's.
     let mut launches: Vec<(usize, String)> = Vec::new();
     for r in &records {
-        let i = r
-            .extra
-            .get("case_index")
-            .and_then(Value::as_u64)
-            .unwrap_or(0) as usize;
-        let key = (
-            job.cases.get(i).map_or(i, |c| c.0),
-            crate::report::model::variant_name(r),
-        );
+        let i = r.extra.get("case_index").and_then(Value::as_u64).unwrap_or(0) as usize;
+        let key = (job.cases.get(i).map_or(i, |c| c.0), crate::report::model::variant_name(r));
         if !launches.contains(&key) {
             launches.push(key);
         }
     }
     let kernels = records.iter().flat_map(|r| r.kernels.clone()).collect();
     let log = match job.tool {
-        Some(_) => format!(
-            "{}\n==== the run's standard error ====\n{}",
-            bounded(&log_text, LOG_KEPT),
-            bounded(&stderr_text, STDERR_KEPT)
-        ),
+        Some(_) => format!("{}\n==== the run's standard error ====\n{}", bounded(&log_text, LOG_KEPT), bounded(&stderr_text, STDERR_KEPT)),
         None => String::new(),
     };
-    Ok(Ran {
-        outcome,
-        launches,
-        seconds,
-        failure,
-        kernels,
-        log,
-    })
+    Ok(Ran { outcome, launches, seconds, failure, kernels, log })
 }
 
 /// How a (variant, tool, case) came out.
@@ -429,22 +323,9 @@ struct Finding<'a> {
 /// One sanitizer record: `variant` of `experiment` under `tool` on `case`. Reports that all name
 /// kernels outside the lab (a vendor library the variant calls) are kept but do not fail it;
 /// a report naming no kernel, or one the tool did not print, might be the lab's and fails it.
-fn measurement(
-    experiment: &str,
-    variant: &str,
-    tool: Tool,
-    case: &Value,
-    version: &str,
-    f: Finding,
-    lab_kernels: &BTreeSet<String>,
-) -> Measurement {
+fn measurement(experiment: &str, variant: &str, tool: Tool, case: &Value, version: &str, f: Finding, lab_kernels: &BTreeSet<String>) -> Measurement {
     let params = json!({"experiment": experiment, "tool": tool.name(), "case": case});
-    let mut m = Measurement::new(
-        variant,
-        "compute-sanitizer",
-        &params,
-        Work { bytes: 0, flops: 0 },
-    );
+    let mut m = Measurement::new(variant, "compute-sanitizer", &params, Work { bytes: 0, flops: 0 });
     let o = f.outcome;
     let status = match (f.failure, o.errors) {
         (Some(_), _) => "incomplete",
@@ -453,10 +334,7 @@ fn measurement(
         _ => "errors",
     };
     // A failed run counts as one error: nothing it did not finish can be called clean.
-    let mut e = ErrorStats::empty(&format!(
-        "compute-sanitizer {version} --tool {}",
-        tool.name()
-    ));
+    let mut e = ErrorStats::empty(&format!("compute-sanitizer {version} --tool {}", tool.name()));
     e.mismatches = match status {
         "incomplete" => o.errors.max(1),
         "errors" => o.errors,
@@ -492,13 +370,7 @@ fn measurement(
         s["log"] = json!(log);
     }
     let covers: Vec<String> = crate::experiment::find(experiment)
-        .map(|e| {
-            e.sanitize_covers()
-                .iter()
-                .filter(|c| c.0 == variant)
-                .map(|&(_, f, v)| format!("{f}/{v}"))
-                .collect()
-        })
+        .map(|e| e.sanitize_covers().iter().filter(|c| c.0 == variant).map(|&(_, f, v)| format!("{f}/{v}")).collect())
         .unwrap_or_default();
     if !covers.is_empty() {
         s["covers"] = json!(covers);
@@ -513,11 +385,7 @@ pub fn version() -> Result<String> {
         LabError::Invalid(format!("cannot start `{}` (install the CUDA toolkit's compute-sanitizer or set LAB_COMPUTE_SANITIZER): {e}", program()))
     })?;
     let text = String::from_utf8_lossy(&out.stdout);
-    Ok(text
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("Version "))
-        .map(|v| v.split_whitespace().next().unwrap_or(v).to_string())
-        .unwrap_or_else(|| "unknown".into()))
+    Ok(text.lines().find_map(|l| l.trim().strip_prefix("Version ")).map(|v| v.split_whitespace().next().unwrap_or(v).to_string()).unwrap_or_else(|| "unknown".into()))
 }
 
 /// What `lab sanitize` asks for.
@@ -536,18 +404,12 @@ pub struct Plan {
 /// a report names are the lab's own. Compiled once before any process starts, which also fills
 /// the disk cache they all read, instead of each compiling the same family side by side.
 fn lab_kernels(backend: &Backend) -> Result<BTreeSet<String>> {
-    let Backend::Cuda(gpu) = backend else {
-        return Ok(BTreeSet::new());
-    };
+    let Backend::Cuda(gpu) = backend else { return Ok(BTreeSet::new()) };
     let target = crate::gpu::compile::Target::for_device(gpu.arch);
     let mut names = BTreeSet::new();
     for family in crate::family::with_kernels() {
         let ptx = crate::gpu::compile::compile_family(family.name, target)?;
-        names.extend(
-            ptx.lines()
-                .filter_map(|l| l.trim().strip_prefix(".visible .entry "))
-                .map(|l| l.split('(').next().unwrap_or(l).trim().to_string()),
-        );
+        names.extend(ptx.lines().filter_map(|l| l.trim().strip_prefix(".visible .entry ")).map(|l| l.split('(').next().unwrap_or(l).trim().to_string()));
     }
     Ok(names)
 }
@@ -560,103 +422,44 @@ pub fn run(session: &mut Session, plan: &Plan) -> Result<Vec<(String, Vec<String
     let version = version()?;
     let backend = session.backend.clone();
     let lab_kernels = lab_kernels(&backend)?;
-    let variant = plan
-        .variants
-        .first()
-        .cloned()
-        .filter(|_| plan.variants.len() == 1);
-    let logs = Logs {
-        dir: session.opts.out.clone(),
-        sub: format!("sanitizer-logs/{}", session.run_id()),
-    };
+    let variant = plan.variants.first().cloned().filter(|_| plan.variants.len() == 1);
+    let logs = Logs { dir: session.opts.out.clone(), sub: format!("sanitizer-logs/{}", session.run_id()) };
     // Each experiment's cases, and the launches a plain run of them makes (a run under a tool
     // may end at its first fault, before it records what it launched).
     // The cases exactly as `lab run --once` takes them.
-    let once = crate::experiment::RunOptions {
-        once: true,
-        ..session.opts.clone()
-    };
+    let once = crate::experiment::RunOptions { once: true, ..session.opts.clone() };
     let mut work: Vec<(&'static str, Vec<(usize, Value)>)> = Vec::new();
     for &name in &plan.experiments {
         let cases = crate::experiment::cases_for(crate::experiment::find(name)?, &backend, &once)?;
         work.push((name, cases.into_iter().enumerate().collect()));
     }
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(plan.jobs.max(1))
-        .build()
-        .map_err(|e| LabError::Invalid(format!("thread pool: {e}")))?;
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(plan.jobs.max(1)).build().map_err(|e| LabError::Invalid(format!("thread pool: {e}")))?;
     let listed: Vec<Result<Ran>> = pool.install(|| {
         use rayon::prelude::*;
-        work.par_iter()
-            .map(|(name, cases)| {
-                run_job(
-                    &Job {
-                        experiment: name,
-                        tool: None,
-                        cases: cases.clone(),
-                        variant: variant.clone(),
-                        uninstrumented: None,
-                    },
-                    plan,
-                )
-            })
-            .collect()
+        work.par_iter().map(|(name, cases)| run_job(&Job { experiment: name, tool: None, cases: cases.clone(), variant: variant.clone(), uninstrumented: None }, plan)).collect()
     });
     let launched: Launched = Default::default();
     // racecheck is by far the slowest tool: one process per case (or per case and variant where
     // the experiment asks), so that they run side by side; every tool, where the experiment asks.
     // (experiment, tool, its cases, what a plain run of them launched, the one variant it runs)
-    type Queued = (
-        &'static str,
-        Tool,
-        Vec<(usize, Value)>,
-        Vec<(usize, String)>,
-        Option<String>,
-    );
+    type Queued = (&'static str, Tool, Vec<(usize, Value)>, Vec<(usize, String)>, Option<String>);
     let mut queue: Vec<Queued> = Vec::new();
     for ((name, cases), listed) in work.iter().zip(listed) {
         let listed = listed?;
         if let Some(why) = &listed.failure {
             eprintln!("sanitize: {name} without a tool: {why}");
         }
-        launched
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(name)
-            .or_default()
-            .extend(listed.launches.iter().map(|(_, v)| v.clone()));
+        launched.lock().unwrap_or_else(|p| p.into_inner()).entry(name).or_default().extend(listed.launches.iter().map(|(_, v)| v.clone()));
         let exp = crate::experiment::find(name)?;
         for &tool in &plan.tools {
             if tool != Tool::Racecheck && !exp.sanitize_case_per_process() {
-                queue.push((
-                    name,
-                    tool,
-                    cases.clone(),
-                    listed.launches.clone(),
-                    variant.clone(),
-                ));
+                queue.push((name, tool, cases.clone(), listed.launches.clone(), variant.clone()));
                 continue;
             }
             for c in cases {
-                let launches: Vec<(usize, String)> = listed
-                    .launches
-                    .iter()
-                    .filter(|l| l.0 == c.0)
-                    .cloned()
-                    .collect();
-                if tool == Tool::Racecheck
-                    && variant.is_none()
-                    && exp.sanitize_racecheck_per_variant(&c.1)
-                {
-                    queue.extend(launches.iter().map(|l| {
-                        (
-                            *name,
-                            tool,
-                            vec![c.clone()],
-                            vec![l.clone()],
-                            Some(l.1.clone()),
-                        )
-                    }));
+                let launches: Vec<(usize, String)> = listed.launches.iter().filter(|l| l.0 == c.0).cloned().collect();
+                if tool == Tool::Racecheck && variant.is_none() && exp.sanitize_racecheck_per_variant(&c.1) {
+                    queue.extend(launches.iter().map(|l| (*name, tool, vec![c.clone()], vec![l.clone()], Some(l.1.clone()))));
                 } else {
                     queue.push((name, tool, vec![c.clone()], launches, variant.clone()));
                 }
@@ -668,25 +471,11 @@ pub fn run(session: &mut Session, plan: &Plan) -> Result<Vec<(String, Vec<String
         scope.spawn(|| {
             pool.install(|| {
                 use rayon::prelude::*;
-                queue
-                    .par_iter()
-                    .for_each_with(tx, |tx, (name, tool, cases, launches, variant)| {
-                        let uninstrumented = crate::experiment::find(name)
-                            .ok()
-                            .and_then(|e| e.sanitize_uninstrumented(*tool));
-                        let job = Sanitize {
-                            name,
-                            tool: *tool,
-                            cases,
-                            launches,
-                            variant: variant.clone(),
-                            version: &version,
-                            lab_kernels: &lab_kernels,
-                            uninstrumented,
-                            logs: &logs,
-                        };
-                        let _ = tx.send(job.run(plan));
-                    });
+                queue.par_iter().for_each_with(tx, |tx, (name, tool, cases, launches, variant)| {
+                    let uninstrumented = crate::experiment::find(name).ok().and_then(|e| e.sanitize_uninstrumented(*tool));
+                    let job = Sanitize { name, tool: *tool, cases, launches, variant: variant.clone(), version: &version, lab_kernels: &lab_kernels, uninstrumented, logs: &logs };
+                    let _ = tx.send(job.run(plan));
+                });
             })
         });
         let mut first_err = None;
@@ -705,31 +494,17 @@ pub fn run(session: &mut Session, plan: &Plan) -> Result<Vec<(String, Vec<String
     })?;
     let launched = launched.into_inner().unwrap_or_default();
     let ran = |family: &str, variant: &str| {
-        launched
-            .get(family)
-            .is_some_and(|vs| vs.iter().any(|v| v == variant))
+        launched.get(family).is_some_and(|vs| vs.iter().any(|v| v == variant))
             || crate::experiment::registry().iter().any(|e| {
-                e.sanitize_covers().iter().any(|&(by, f, v)| {
-                    f == family
-                        && v == variant
-                        && launched
-                            .get(e.name())
-                            .is_some_and(|vs| vs.iter().any(|x| x == by))
-                })
+                e.sanitize_covers().iter().any(|&(by, f, v)| f == family && v == variant && launched.get(e.name()).is_some_and(|vs| vs.iter().any(|x| x == by)))
             })
     };
     let mut missing = Vec::new();
     for &name in &plan.experiments {
-        let Some(family) = crate::family::find(name) else {
-            continue;
-        };
+        let Some(family) = crate::family::find(name) else { continue };
         let left: Vec<String> = (family.variants)()
             .iter()
-            .filter(|v| {
-                v.requires != "cpu"
-                    && !ran(name, v.name)
-                    && (plan.variants.is_empty() || plan.variants.iter().any(|p| p == v.name))
-            })
+            .filter(|v| v.requires != "cpu" && !ran(name, v.name) && (plan.variants.is_empty() || plan.variants.iter().any(|p| p == v.name)))
             .map(|v| v.name.to_string())
             .collect();
         if !left.is_empty() {
@@ -763,14 +538,7 @@ struct Logs {
 impl Logs {
     /// Writes `text` as `<experiment>-<variant>-<tool>-<case index>.log`; returns its name
     /// relative to the records' folder.
-    fn keep(
-        &self,
-        experiment: &str,
-        variant: &str,
-        tool: Tool,
-        case: usize,
-        text: &str,
-    ) -> Result<String> {
+    fn keep(&self, experiment: &str, variant: &str, tool: Tool, case: usize, text: &str) -> Result<String> {
         let folder = self.dir.join(&self.sub);
         std::fs::create_dir_all(&folder).map_err(|e| LabError::io(&folder, e))?;
         let name = format!("{experiment}-{variant}-{}-{case}.log", tool.name());
@@ -785,70 +553,30 @@ impl Sanitize<'_> {
     /// case alone, then each variant of an erring case alone, so every error is pinned on a
     /// variant and a case.
     fn run(&self, plan: &Plan) -> Result<Vec<Measurement>> {
-        let job = |cases: Vec<(usize, Value)>, variant: Option<String>| Job {
-            experiment: self.name,
-            tool: Some(self.tool),
-            cases,
-            variant,
-            uninstrumented: self.uninstrumented,
-        };
+        let job = |cases: Vec<(usize, Value)>, variant: Option<String>| Job { experiment: self.name, tool: Some(self.tool), cases, variant, uninstrumented: self.uninstrumented };
         let whole = run_job(&job(self.cases.to_vec(), self.variant.clone()), plan)?;
         eprintln!(
             "sanitize: {}{} under {} on {} case(s) in {:.0} s: {} error(s){}",
             self.name,
-            self.variant
-                .as_deref()
-                .map(|v| format!(" {v}"))
-                .unwrap_or_default(),
+            self.variant.as_deref().map(|v| format!(" {v}")).unwrap_or_default(),
             self.tool.name(),
             self.cases.len(),
             whole.seconds,
             whole.outcome.errors,
-            whole
-                .failure
-                .as_deref()
-                .map(|f| format!(", {f}"))
-                .unwrap_or_default()
+            whole.failure.as_deref().map(|f| format!(", {f}")).unwrap_or_default()
         );
         let mut out = Vec::new();
         // Nothing to pin when nothing is the lab's: reports all in a library (NCCL's kernels and
         // API calls in every collective process) stay on every launch of the process.
-        if whole.failure.is_none()
-            && (whole.outcome.errors == 0 || whole.outcome.only_outside(self.lab_kernels))
-        {
-            out.extend(
-                self.launches
-                    .iter()
-                    .map(|(i, v)| self.record(*i, v, &whole))
-                    .collect::<Result<Vec<_>>>()?,
-            );
+        if whole.failure.is_none() && (whole.outcome.errors == 0 || whole.outcome.only_outside(self.lab_kernels)) {
+            out.extend(self.launches.iter().map(|(i, v)| self.record(*i, v, &whole)).collect::<Result<Vec<_>>>()?);
             return Ok(out);
         }
         for (i, case) in self.cases {
-            let in_case: Vec<&String> = self
-                .launches
-                .iter()
-                .filter(|l| l.0 == *i)
-                .map(|l| &l.1)
-                .collect();
-            let one = if self.cases.len() == 1 {
-                None
-            } else {
-                Some(run_job(
-                    &job(vec![(*i, case.clone())], self.variant.clone()),
-                    plan,
-                )?)
-            };
-            if let Some(one) = one
-                .as_ref()
-                .filter(|o| o.outcome.errors == 0 && o.failure.is_none())
-            {
-                out.extend(
-                    in_case
-                        .iter()
-                        .map(|v| self.record(*i, v, one))
-                        .collect::<Result<Vec<_>>>()?,
-                );
+            let in_case: Vec<&String> = self.launches.iter().filter(|l| l.0 == *i).map(|l| &l.1).collect();
+            let one = if self.cases.len() == 1 { None } else { Some(run_job(&job(vec![(*i, case.clone())], self.variant.clone()), plan)?) };
+            if let Some(one) = one.as_ref().filter(|o| o.outcome.errors == 0 && o.failure.is_none()) {
+                out.extend(in_case.iter().map(|v| self.record(*i, v, one)).collect::<Result<Vec<_>>>()?);
                 continue;
             }
             if in_case.len() == 1 {
@@ -866,33 +594,10 @@ impl Sanitize<'_> {
     /// The record of `variant` on case `i` from the process `ran`, its log kept where it found
     /// something or did not finish.
     fn record(&self, i: usize, variant: &str, ran: &Ran) -> Result<Measurement> {
-        let case = self
-            .cases
-            .iter()
-            .find(|c| c.0 == i)
-            .map(|c| c.1.clone())
-            .unwrap_or(Value::Null);
-        let log = if ran.outcome.errors > 0 || ran.failure.is_some() {
-            Some(self.logs.keep(self.name, variant, self.tool, i, &ran.log)?)
-        } else {
-            None
-        };
-        let finding = Finding {
-            outcome: &ran.outcome,
-            seconds: ran.seconds,
-            failure: ran.failure.as_deref(),
-            uninstrumented: self.uninstrumented,
-            log: log.as_deref(),
-        };
-        let mut m = measurement(
-            self.name,
-            variant,
-            self.tool,
-            &case,
-            self.version,
-            finding,
-            self.lab_kernels,
-        );
+        let case = self.cases.iter().find(|c| c.0 == i).map(|c| c.1.clone()).unwrap_or(Value::Null);
+        let log = if ran.outcome.errors > 0 || ran.failure.is_some() { Some(self.logs.keep(self.name, variant, self.tool, i, &ran.log)?) } else { None };
+        let finding = Finding { outcome: &ran.outcome, seconds: ran.seconds, failure: ran.failure.as_deref(), uninstrumented: self.uninstrumented, log: log.as_deref() };
+        let mut m = measurement(self.name, variant, self.tool, &case, self.version, finding, self.lab_kernels);
         m.kernels = ran.kernels.clone();
         Ok(m)
     }
@@ -900,9 +605,7 @@ impl Sanitize<'_> {
 
 /// What [`crate::experiment::Experiment::sanitize_env`] sets for `experiment` under `tool`.
 fn env_of(experiment: &str, tool: Tool) -> &'static [(&'static str, &'static str)] {
-    crate::experiment::find(experiment)
-        .map(|e| e.sanitize_env(tool))
-        .unwrap_or(&[])
+    crate::experiment::find(experiment).map(|e| e.sanitize_env(tool)).unwrap_or(&[])
 }
 
 /// The command that repeats one record's run under its tool, for the whole report.
@@ -910,18 +613,8 @@ pub fn reproduce(record: &Record) -> Option<String> {
     let s = record.extra.get("sanitizer")?;
     let experiment = record.params.get("experiment")?.as_str()?;
     let case = record.params.get("case")?;
-    let exclude = s
-        .get("uninstrumented")
-        .and_then(Value::as_str)
-        .map(|re| format!(" --kernel-name-exclude 'regex={re}'"))
-        .unwrap_or_default();
-    let env: String = s
-        .get("env")
-        .and_then(Value::as_object)
-        .into_iter()
-        .flatten()
-        .filter_map(|(k, v)| v.as_str().map(|v| format!("{k}={v} ")))
-        .collect();
+    let exclude = s.get("uninstrumented").and_then(Value::as_str).map(|re| format!(" --kernel-name-exclude 'regex={re}'")).unwrap_or_default();
+    let env: String = s.get("env").and_then(Value::as_object).into_iter().flatten().filter_map(|(k, v)| v.as_str().map(|v| format!("{k}={v} "))).collect();
     Some(format!(
         "{env}{} --tool {}{exclude} lab run {experiment} --backend cuda --once --case '{case}' --variant {} --seed {}",
         program(),

@@ -68,10 +68,7 @@ fn check_len(n: usize, what: &str) -> Result<()> {
     if n.is_multiple_of(QK) {
         Ok(())
     } else {
-        Err(LabError::shape(
-            what,
-            format!("{n} values are not a whole number of {QK}-weight blocks"),
-        ))
+        Err(LabError::shape(what, format!("{n} values are not a whole number of {QK}-weight blocks")))
     }
 }
 
@@ -94,9 +91,7 @@ fn quantize_block(block: Block, x: &[f32], out: &mut [u8]) {
             (d, None)
         }
         Block::Q4_1 => {
-            let (lo, hi) = x.iter().fold((f32::MAX, -f32::MAX), |(lo, hi), &v| {
-                (if v < lo { v } else { lo }, if v > hi { v } else { hi })
-            });
+            let (lo, hi) = x.iter().fold((f32::MAX, -f32::MAX), |(lo, hi), &v| (if v < lo { v } else { lo }, if v > hi { v } else { hi }));
             let d = (hi - lo) / 15.0;
             let id = if d != 0.0 { 1.0 / d } else { 0.0 };
             for (c, &v) in q.iter_mut().zip(x) {
@@ -121,9 +116,7 @@ fn quantize_block(block: Block, x: &[f32], out: &mut [u8]) {
 
 fn quantize_q8_0(x: &[f32], out: &mut [u8]) {
     // ggml's MAX(amax, fabsf(v)): the running maximum of the magnitudes.
-    let amax = x
-        .iter()
-        .fold(0f32, |a, v| if a > v.abs() { a } else { v.abs() });
+    let amax = x.iter().fold(0f32, |a, v| if a > v.abs() { a } else { v.abs() });
     let d = amax / 127.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     out[0..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
@@ -140,13 +133,11 @@ pub fn quantize(block: Block, x: &[f32]) -> Result<Vec<u8>> {
     super::group::check_finite(x, block.name())?;
     let bs = block.bytes();
     let mut out = vec![0u8; block.size_of(x.len())];
-    out.par_chunks_mut(bs * PAR_BLOCKS)
-        .zip(x.par_chunks(QK * PAR_BLOCKS))
-        .for_each(|(o, xs)| {
-            for (ob, xb) in o.chunks_exact_mut(bs).zip(xs.chunks_exact(QK)) {
-                quantize_block(block, xb, ob);
-            }
-        });
+    out.par_chunks_mut(bs * PAR_BLOCKS).zip(x.par_chunks(QK * PAR_BLOCKS)).for_each(|(o, xs)| {
+        for (ob, xb) in o.chunks_exact_mut(bs).zip(xs.chunks_exact(QK)) {
+            quantize_block(block, xb, ob);
+        }
+    });
     Ok(out)
 }
 
@@ -190,35 +181,19 @@ fn dequantize_block(block: Block, b: &[u8], y: &mut [f32]) {
 pub fn dequantize_into(block: Block, blocks: &[u8], out: &mut [f32]) -> Result<()> {
     let bs = block.bytes();
     if !blocks.len().is_multiple_of(bs) || blocks.len() / bs * QK != out.len() {
-        return Err(LabError::shape(
-            block.name(),
-            format!(
-                "{} bytes are not {} blocks of {bs} bytes",
-                blocks.len(),
-                out.len() / QK
-            ),
-        ));
+        return Err(LabError::shape(block.name(), format!("{} bytes are not {} blocks of {bs} bytes", blocks.len(), out.len() / QK)));
     }
-    out.par_chunks_mut(QK * PAR_BLOCKS)
-        .zip(blocks.par_chunks(bs * PAR_BLOCKS))
-        .for_each(|(ys, bl)| {
-            for (y, b) in ys.chunks_exact_mut(QK).zip(bl.chunks_exact(bs)) {
-                dequantize_block(block, b, y);
-            }
-        });
+    out.par_chunks_mut(QK * PAR_BLOCKS).zip(blocks.par_chunks(bs * PAR_BLOCKS)).for_each(|(ys, bl)| {
+        for (y, b) in ys.chunks_exact_mut(QK).zip(bl.chunks_exact(bs)) {
+            dequantize_block(block, b, y);
+        }
+    });
     Ok(())
 }
 
 pub fn dequantize(block: Block, blocks: &[u8]) -> Result<Vec<f32>> {
     if !blocks.len().is_multiple_of(block.bytes()) {
-        return Err(LabError::shape(
-            block.name(),
-            format!(
-                "{} bytes are not a whole number of {}-byte blocks",
-                blocks.len(),
-                block.bytes()
-            ),
-        ));
+        return Err(LabError::shape(block.name(), format!("{} bytes are not a whole number of {}-byte blocks", blocks.len(), block.bytes())));
     }
     let mut out = vec![0f32; blocks.len() / block.bytes() * QK];
     dequantize_into(block, blocks, &mut out)?;
@@ -231,31 +206,19 @@ pub fn dequantize(block: Block, blocks: &[u8]) -> Result<Vec<f32>> {
 pub fn to_f32(ty: GgmlType, bytes: &[u8]) -> Result<Vec<f32>> {
     let plain = |size: usize, read: fn(&[u8]) -> f32| -> Result<Vec<f32>> {
         if !bytes.len().is_multiple_of(size) {
-            return Err(LabError::shape(
-                ty.name(),
-                format!(
-                    "{} bytes are not a whole number of {size}-byte values",
-                    bytes.len()
-                ),
-            ));
+            return Err(LabError::shape(ty.name(), format!("{} bytes are not a whole number of {size}-byte values", bytes.len())));
         }
         Ok(bytes.par_chunks_exact(size).map(read).collect())
     };
     match ty {
         GgmlType::F32 => plain(4, |c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
         GgmlType::F16 => plain(2, |c| f16::from_le_bytes([c[0], c[1]]).to_f32()),
-        GgmlType::BF16 => plain(2, |c| {
-            f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16)
-        }),
+        GgmlType::BF16 => plain(2, |c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16)),
         GgmlType::Q4_0 => dequantize(Block::Q4_0, bytes),
         GgmlType::Q4_1 => dequantize(Block::Q4_1, bytes),
         GgmlType::Q8_0 => dequantize(Block::Q8_0, bytes),
         GgmlType::Q6_K => super::q6_k::dequantize(bytes),
-        other => Err(LabError::Invalid(format!(
-            "to_f32: GGUF type {} ({}) is not read (F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q6_K are)",
-            other.name(),
-            other.0
-        ))),
+        other => Err(LabError::Invalid(format!("to_f32: GGUF type {} ({}) is not read (F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q6_K are)", other.name(), other.0))),
     }
 }
 
@@ -272,25 +235,14 @@ impl GroupQuant {
 
     /// [`GroupQuant::from_q4_1`] for either 4-bit block: Q4_0's `(q - 8) d` is Sym's with the
     /// same f16 `d` (which may be negative), Q4_1 becomes Asym.
-    pub fn from_blocks(
-        block: Block,
-        blocks: &[u8],
-        rows: usize,
-        cols: usize,
-    ) -> Result<GroupQuant> {
+    pub fn from_blocks(block: Block, blocks: &[u8], rows: usize, cols: usize) -> Result<GroupQuant> {
         let scheme = match block {
             Block::Q4_0 => Scheme::Sym,
             Block::Q4_1 => Scheme::Asym,
-            Block::Q8_0 => {
-                return Err(LabError::Invalid(
-                    "GroupQuant holds 4-bit codes; Q8_0 blocks have 8-bit ones".into(),
-                ))
-            }
+            Block::Q8_0 => return Err(LabError::Invalid("GroupQuant holds 4-bit codes; Q8_0 blocks have 8-bit ones".into())),
         };
         let bytes = block.bytes();
-        let n = rows
-            .checked_mul(cols)
-            .filter(|&n| n > 0 && cols.is_multiple_of(QK));
+        let n = rows.checked_mul(cols).filter(|&n| n > 0 && cols.is_multiple_of(QK));
         let Some(n) = n.filter(|&n| blocks.len() == block.size_of(n)) else {
             return Err(LabError::shape(
                 "GroupQuant::from_blocks",
@@ -300,42 +252,24 @@ impl GroupQuant {
         let mut packed = vec![0u8; n / 2];
         let mut scales = vec![f16::ZERO; n / QK];
         let mut mins = vec![f16::ZERO; n / QK];
-        let tasks = packed
-            .par_chunks_mut(QK / 2 * PAR_BLOCKS)
-            .zip(scales.par_chunks_mut(PAR_BLOCKS))
-            .zip(mins.par_chunks_mut(PAR_BLOCKS));
-        tasks
-            .zip(blocks.par_chunks(bytes * PAR_BLOCKS))
-            .for_each(|(((p, s), m), b)| {
-                for (((p, s), m), b) in p
-                    .chunks_exact_mut(QK / 2)
-                    .zip(s)
-                    .zip(m)
-                    .zip(b.chunks_exact(bytes))
-                {
-                    let (d, min, qs) = parts(block, b);
-                    // From f16 bits, so back to f16 exactly.
-                    (*s, *m) = (f16::from_f32(d), f16::from_f32(min));
-                    for i in 0..QK / 4 {
-                        // Byte i holds elements 2i, 2i + 1 (low nibbles of qs); byte 8 + i elements
-                        // 16 + 2i, 17 + 2i (their high nibbles).
-                        p[i] = (qs[2 * i] & 15) | (qs[2 * i + 1] << 4);
-                        p[QK / 4 + i] = (qs[2 * i] >> 4) | (qs[2 * i + 1] & 0xF0);
-                    }
+        let tasks = packed.par_chunks_mut(QK / 2 * PAR_BLOCKS).zip(scales.par_chunks_mut(PAR_BLOCKS)).zip(mins.par_chunks_mut(PAR_BLOCKS));
+        tasks.zip(blocks.par_chunks(bytes * PAR_BLOCKS)).for_each(|(((p, s), m), b)| {
+            for (((p, s), m), b) in p.chunks_exact_mut(QK / 2).zip(s).zip(m).zip(b.chunks_exact(bytes)) {
+                let (d, min, qs) = parts(block, b);
+                // From f16 bits, so back to f16 exactly.
+                (*s, *m) = (f16::from_f32(d), f16::from_f32(min));
+                for i in 0..QK / 4 {
+                    // Byte i holds elements 2i, 2i + 1 (low nibbles of qs); byte 8 + i elements
+                    // 16 + 2i, 17 + 2i (their high nibbles).
+                    p[i] = (qs[2 * i] & 15) | (qs[2 * i + 1] << 4);
+                    p[QK / 4 + i] = (qs[2 * i] >> 4) | (qs[2 * i + 1] & 0xF0);
                 }
-            });
+            }
+        });
         if scheme == Scheme::Sym {
             mins.clear();
         }
-        Ok(GroupQuant {
-            scheme,
-            group: QK,
-            rows,
-            cols,
-            packed,
-            scales,
-            mins,
-        })
+        Ok(GroupQuant { scheme, group: QK, rows, cols, packed, scales, mins })
     }
 }
 
@@ -363,10 +297,7 @@ mod tests {
         let mut b8 = f16::from_f32(0.5).to_le_bytes().to_vec();
         b8.extend((0..32i8).map(|j| (j - 16) as u8));
         let y = dequantize(Block::Q8_0, &b8).unwrap();
-        assert_eq!(
-            y,
-            (0..32).map(|j| (j as f32 - 16.0) * 0.5).collect::<Vec<_>>()
-        );
+        assert_eq!(y, (0..32).map(|j| (j as f32 - 16.0) * 0.5).collect::<Vec<_>>());
     }
 
     /// Q8_0's codes are roundf(x / d): halfway cases go away from zero (not to even).
@@ -376,11 +307,7 @@ mod tests {
         x[..7].copy_from_slice(&[-127.0, 2.5, -2.5, 0.5, -0.5, 1.5, 126.49]);
         let b = quantize(Block::Q8_0, &x).unwrap();
         assert_eq!(b.len(), Q8_0_BYTES);
-        assert_eq!(
-            f16::from_le_bytes([b[0], b[1]]).to_f32(),
-            1.0,
-            "d = amax / 127"
-        );
+        assert_eq!(f16::from_le_bytes([b[0], b[1]]).to_f32(), 1.0, "d = amax / 127");
         let q: Vec<i8> = b[2..9].iter().map(|&c| c as i8).collect();
         assert_eq!(q, [-127, 3, -3, 1, -1, 2, 126]);
         assert!(b[9..].iter().all(|&c| c == 0));
@@ -390,9 +317,7 @@ mod tests {
 
     #[test]
     fn requantizing_a_dequantized_tensor_gives_the_same_bytes() {
-        let x: Vec<f32> = (0..QK * 300)
-            .map(|i| (i as f32 * 0.37).sin() * (1.0 + (i / 32) as f32 * 0.01))
-            .collect();
+        let x: Vec<f32> = (0..QK * 300).map(|i| (i as f32 * 0.37).sin() * (1.0 + (i / 32) as f32 * 0.01)).collect();
         for block in [Block::Q4_0, Block::Q4_1, Block::Q8_0] {
             let b = quantize(block, &x).unwrap();
             assert_eq!(b.len(), block.size_of(x.len()));
@@ -409,35 +334,18 @@ mod tests {
         x[3] = -2.0;
         x[20] = 1.0;
         let b = quantize(Block::Q4_0, &x).unwrap();
-        assert_eq!(
-            f16::from_le_bytes([b[0], b[1]]).to_f32(),
-            0.25,
-            "d = max / -8"
-        );
+        assert_eq!(f16::from_le_bytes([b[0], b[1]]).to_f32(), 0.25, "d = max / -8");
         assert_eq!(b[2 + 3] & 15, 0, "x = max maps to q = 0");
-        assert_eq!(
-            b[2 + 4] >> 4,
-            12,
-            "element 20 is the high nibble of qs[4]: trunc(1.0 / 0.25 + 8.5) = 12"
-        );
+        assert_eq!(b[2 + 4] >> 4, 12, "element 20 is the high nibble of qs[4]: trunc(1.0 / 0.25 + 8.5) = 12");
     }
 
     #[test]
     fn bad_input_is_named() {
-        assert!(quantize(Block::Q4_1, &[0.0; 33])
-            .unwrap_err()
-            .to_string()
-            .contains("33 values are not a whole number of 32-weight blocks"));
-        assert!(quantize(Block::Q4_0, &[f32::INFINITY; 32])
-            .unwrap_err()
-            .to_string()
-            .contains("not finite"));
+        assert!(quantize(Block::Q4_1, &[0.0; 33]).unwrap_err().to_string().contains("33 values are not a whole number of 32-weight blocks"));
+        assert!(quantize(Block::Q4_0, &[f32::INFINITY; 32]).unwrap_err().to_string().contains("not finite"));
         assert!(dequantize(Block::Q4_1, &[0u8; 21]).is_err());
         assert!(dequantize_into(Block::Q4_0, &[0u8; 18], &mut [0f32; 64]).is_err());
-        assert!(dequantize(Block::Q8_0, &[0u8; 35])
-            .unwrap_err()
-            .to_string()
-            .contains("35 bytes are not a whole number of 34-byte blocks"));
+        assert!(dequantize(Block::Q8_0, &[0u8; 35]).unwrap_err().to_string().contains("35 bytes are not a whole number of 34-byte blocks"));
     }
 
     #[test]
@@ -445,36 +353,16 @@ mod tests {
         let v = [1.5f32, -0.25, 65504.0, 3.0e-5];
         let f32s: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
         assert_eq!(to_f32(GgmlType::F32, &f32s).unwrap(), v);
-        let f16s: Vec<u8> = v
-            .iter()
-            .flat_map(|&x| f16::from_f32(x).to_le_bytes())
-            .collect();
-        assert_eq!(
-            to_f32(GgmlType::F16, &f16s).unwrap(),
-            v.map(|x| f16::from_f32(x).to_f32())
-        );
+        let f16s: Vec<u8> = v.iter().flat_map(|&x| f16::from_f32(x).to_le_bytes()).collect();
+        assert_eq!(to_f32(GgmlType::F16, &f16s).unwrap(), v.map(|x| f16::from_f32(x).to_f32()));
         // BF16 keeps an f32's top 16 bits: 1.5 is 0x3FC0, -0.25 is 0xBE80.
-        assert_eq!(
-            to_f32(GgmlType::BF16, &[0xC0, 0x3F, 0x80, 0xBE]).unwrap(),
-            [1.5, -0.25]
-        );
+        assert_eq!(to_f32(GgmlType::BF16, &[0xC0, 0x3F, 0x80, 0xBE]).unwrap(), [1.5, -0.25]);
         let x: Vec<f32> = (0..64).map(|i| (i as f32 * 0.3).cos()).collect();
-        for (ty, block) in [
-            (GgmlType::Q4_0, Block::Q4_0),
-            (GgmlType::Q4_1, Block::Q4_1),
-            (GgmlType::Q8_0, Block::Q8_0),
-        ] {
+        for (ty, block) in [(GgmlType::Q4_0, Block::Q4_0), (GgmlType::Q4_1, Block::Q4_1), (GgmlType::Q8_0, Block::Q8_0)] {
             let b = quantize(block, &x).unwrap();
-            assert_eq!(
-                to_f32(ty, &b).unwrap(),
-                dequantize(block, &b).unwrap(),
-                "{block:?}"
-            );
+            assert_eq!(to_f32(ty, &b).unwrap(), dequantize(block, &b).unwrap(), "{block:?}");
         }
-        assert!(to_f32(GgmlType::F32, &[0u8; 6])
-            .unwrap_err()
-            .to_string()
-            .contains("6 bytes are not a whole number of 4-byte values"));
+        assert!(to_f32(GgmlType::F32, &[0u8; 6]).unwrap_err().to_string().contains("6 bytes are not a whole number of 4-byte values"));
         let err = to_f32(GgmlType(6), &[0u8; 22]).unwrap_err().to_string();
         assert!(err.contains("GGUF type Q5_0 (6) is not read"), "{err}");
     }
@@ -490,61 +378,21 @@ mod tests {
             blocks.extend(f16::from_f32(-0.2 + 0.07 * i as f32).to_le_bytes());
             blocks.extend((0..16).map(|j| ((j * 37 + i * 11) % 256) as u8));
         }
-        let quantized = quantize(
-            Block::Q4_1,
-            &(0..rows * cols)
-                .map(|i| (i as f32 * 0.71).sin())
-                .collect::<Vec<_>>(),
-        )
-        .unwrap();
+        let quantized = quantize(Block::Q4_1, &(0..rows * cols).map(|i| (i as f32 * 0.71).sin()).collect::<Vec<_>>()).unwrap();
         for b in [blocks, quantized] {
             let g = GroupQuant::from_q4_1(&b, rows, cols).unwrap();
-            assert_eq!(
-                (
-                    g.scheme,
-                    g.group,
-                    g.packed.len(),
-                    g.scales.len(),
-                    g.mins.len()
-                ),
-                (Scheme::Asym, 32, rows * cols / 2, 9, 9)
-            );
+            assert_eq!((g.scheme, g.group, g.packed.len(), g.scales.len(), g.mins.len()), (Scheme::Asym, 32, rows * cols / 2, 9, 9));
             let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
-            assert_eq!(
-                bits(g.dequantize()),
-                bits(dequantize(Block::Q4_1, &b).unwrap())
-            );
+            assert_eq!(bits(g.dequantize()), bits(dequantize(Block::Q4_1, &b).unwrap()));
         }
         // Q4_0 becomes symmetric groups of 32, its (possibly negative) d kept.
-        let q4_0 = quantize(
-            Block::Q4_0,
-            &(0..rows * cols)
-                .map(|i| (i as f32 * 0.71).sin())
-                .collect::<Vec<_>>(),
-        )
-        .unwrap();
+        let q4_0 = quantize(Block::Q4_0, &(0..rows * cols).map(|i| (i as f32 * 0.71).sin()).collect::<Vec<_>>()).unwrap();
         let g = GroupQuant::from_blocks(Block::Q4_0, &q4_0, rows, cols).unwrap();
-        assert_eq!(
-            (g.scheme, g.group, g.scales.len(), g.mins.len()),
-            (Scheme::Sym, 32, 9, 0)
-        );
+        assert_eq!((g.scheme, g.group, g.scales.len(), g.mins.len()), (Scheme::Sym, 32, 9, 0));
         assert!(g.scales.iter().any(|d| d.is_sign_negative()));
-        assert_eq!(
-            g.dequantize()
-                .iter()
-                .map(|v| v.to_bits())
-                .collect::<Vec<_>>(),
-            dequantize(Block::Q4_0, &q4_0)
-                .unwrap()
-                .iter()
-                .map(|v| v.to_bits())
-                .collect::<Vec<_>>()
-        );
+        assert_eq!(g.dequantize().iter().map(|v| v.to_bits()).collect::<Vec<_>>(), dequantize(Block::Q4_0, &q4_0).unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>());
         assert!(GroupQuant::from_blocks(Block::Q8_0, &[0u8; 34], 1, 32).is_err());
-        assert!(GroupQuant::from_q4_1(&[0u8; 80], 1, 96)
-            .unwrap_err()
-            .to_string()
-            .contains("80 bytes for a 1 x 96 matrix"));
+        assert!(GroupQuant::from_q4_1(&[0u8; 80], 1, 96).unwrap_err().to_string().contains("80 bytes for a 1 x 96 matrix"));
         assert!(GroupQuant::from_q4_1(&[0u8; 60], 2, 48).is_err());
         assert!(GroupQuant::from_q4_1(&[], 0, 32).is_err());
     }

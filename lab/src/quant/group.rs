@@ -38,10 +38,7 @@ impl Scheme {
 /// Every 4-bit format the lab measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
-    Group {
-        scheme: Scheme,
-        group: usize,
-    },
+    Group { scheme: Scheme, group: usize },
     /// GGUF Q4_0: blocks of 32, f16 scale, value `(q - 8) d`.
     Q4_0,
     /// GGUF Q4_1: blocks of 32, f16 scale and min, value `q d + m`.
@@ -77,16 +74,8 @@ impl Format {
     /// Bytes of per-group metadata (scale, and min where there is one).
     pub fn group_overhead_bytes(self) -> usize {
         match self {
-            Format::Group {
-                scheme: Scheme::Sym,
-                ..
-            }
-            | Format::Q4_0 => 2,
-            Format::Group {
-                scheme: Scheme::Asym,
-                ..
-            }
-            | Format::Q4_1 => 4,
+            Format::Group { scheme: Scheme::Sym, .. } | Format::Q4_0 => 2,
+            Format::Group { scheme: Scheme::Asym, .. } | Format::Q4_1 => 4,
         }
     }
 }
@@ -108,12 +97,7 @@ pub fn footprint(format: Format, n: u64) -> Footprint {
     let groups = n.div_ceil(format.group() as u64);
     let bytes = n.div_ceil(2) + groups * format.group_overhead_bytes() as u64;
     let b = bytes.max(1) as f64;
-    Footprint {
-        bytes,
-        bits_per_weight: 8.0 * bytes as f64 / n.max(1) as f64,
-        smaller_than_f32: 4.0 * n as f64 / b,
-        smaller_than_f16: 2.0 * n as f64 / b,
-    }
+    Footprint { bytes, bits_per_weight: 8.0 * bytes as f64 / n.max(1) as f64, smaller_than_f32: 4.0 * n as f64 / b, smaller_than_f16: 2.0 * n as f64 / b }
 }
 
 /// A quantized `rows x cols` matrix in one of the group formats.
@@ -134,22 +118,13 @@ pub struct GroupQuant {
 /// Checks a matrix shape and group size, naming what is wrong.
 pub fn validate(len: usize, rows: usize, cols: usize, group: usize) -> Result<()> {
     if rows == 0 || cols == 0 {
-        return Err(LabError::shape(
-            "quantize",
-            format!("{rows} x {cols}: both dimensions must be at least 1"),
-        ));
+        return Err(LabError::shape("quantize", format!("{rows} x {cols}: both dimensions must be at least 1")));
     }
     if rows.checked_mul(cols) != Some(len) {
-        return Err(LabError::shape(
-            "quantize",
-            format!("{len} values do not make a {rows} x {cols} matrix"),
-        ));
+        return Err(LabError::shape("quantize", format!("{len} values do not make a {rows} x {cols} matrix")));
     }
     if group == 0 || !group.is_multiple_of(2) || !cols.is_multiple_of(group) {
-        return Err(LabError::shape(
-            "quantize",
-            format!("group size {group} must be even and divide the row length {cols}"),
-        ));
+        return Err(LabError::shape("quantize", format!("group size {group} must be even and divide the row length {cols}")));
     }
     Ok(())
 }
@@ -157,36 +132,25 @@ pub fn validate(len: usize, rows: usize, cols: usize, group: usize) -> Result<()
 /// Rejects NaN and infinities, naming the first.
 pub fn check_finite(x: &[f32], what: &str) -> Result<()> {
     // A branch-free pass over chunks (vectorizes); the index is looked for only on failure.
-    if x.par_chunks(1 << 16)
-        .all(|c| c.iter().fold(true, |a, v| a & v.is_finite()))
-    {
+    if x.par_chunks(1 << 16).all(|c| c.iter().fold(true, |a, v| a & v.is_finite())) {
         return Ok(());
     }
     let i = x.iter().position(|v| !v.is_finite()).unwrap_or(0);
-    Err(LabError::Invalid(format!(
-        "{what}: value {} at index {i} is not finite",
-        x[i]
-    )))
+    Err(LabError::Invalid(format!("{what}: value {} at index {i} is not finite", x[i])))
 }
 
 fn finite_f16(h: f16, v: f32, what: &str, group: usize) -> Result<f16> {
     if h.is_finite() {
         Ok(h)
     } else {
-        Err(LabError::Invalid(format!(
-            "{what} of group {group} is {v}, beyond the f16 range"
-        )))
+        Err(LabError::Invalid(format!("{what} of group {group} is {v}, beyond the f16 range")))
     }
 }
 
 /// The smallest f16 >= v (v >= 0): a scale rounded up keeps the whole group inside the grid.
 fn f16_up(v: f32, what: &str, group: usize) -> Result<f16> {
     let h = f16::from_f32(v);
-    let h = if h.to_f32() < v {
-        f16::from_bits(h.to_bits() + 1)
-    } else {
-        h
-    };
+    let h = if h.to_f32() < v { f16::from_bits(h.to_bits() + 1) } else { h };
     finite_f16(h, v, what, group)
 }
 
@@ -211,30 +175,17 @@ fn quantize_group(x: &[f32], scheme: Scheme, codes: &mut [u8], index: usize) -> 
         Scheme::Sym => {
             let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
             let d = f16_up(amax / 7.0, "scale", index)?;
-            let id = if d.to_f32() == 0.0 {
-                0.0
-            } else {
-                1.0 / d.to_f32()
-            };
+            let id = if d.to_f32() == 0.0 { 0.0 } else { 1.0 / d.to_f32() };
             for (c, &v) in codes.iter_mut().zip(x) {
                 *c = ((v * id).round().clamp(-8.0, 7.0) as i32 + 8) as u8;
             }
             Ok((d, f16::ZERO))
         }
         Scheme::Asym => {
-            let (lo, hi) = x
-                .iter()
-                .fold((f32::MAX, f32::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+            let (lo, hi) = x.iter().fold((f32::MAX, f32::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
             let m = f16_down(lo, "minimum", index)?;
             let d = f16_up((hi - m.to_f32()) / 15.0, "scale", index)?;
-            let (mf, id) = (
-                m.to_f32(),
-                if d.to_f32() == 0.0 {
-                    0.0
-                } else {
-                    1.0 / d.to_f32()
-                },
-            );
+            let (mf, id) = (m.to_f32(), if d.to_f32() == 0.0 { 0.0 } else { 1.0 / d.to_f32() });
             for (c, &v) in codes.iter_mut().zip(x) {
                 *c = ((v - mf) * id).round().clamp(0.0, 15.0) as u8;
             }
@@ -244,13 +195,7 @@ fn quantize_group(x: &[f32], scheme: Scheme, codes: &mut [u8], index: usize) -> 
 }
 
 /// Quantizes a `rows x cols` matrix group-wise (groups along `cols`), rows in parallel.
-pub fn quantize(
-    x: &[f32],
-    rows: usize,
-    cols: usize,
-    scheme: Scheme,
-    group: usize,
-) -> Result<GroupQuant> {
+pub fn quantize(x: &[f32], rows: usize, cols: usize, scheme: Scheme, group: usize) -> Result<GroupQuant> {
     validate(x.len(), rows, cols, group)?;
     check_finite(x, "quantize")?;
     let gpr = cols / group;
@@ -273,15 +218,7 @@ pub fn quantize(
     if scheme == Scheme::Sym {
         mins.clear();
     }
-    Ok(GroupQuant {
-        scheme,
-        group,
-        rows,
-        cols,
-        packed,
-        scales,
-        mins,
-    })
+    Ok(GroupQuant { scheme, group, rows, cols, packed, scales, mins })
 }
 
 impl GroupQuant {
@@ -295,39 +232,28 @@ impl GroupQuant {
 
     /// [`GroupQuant::dequantize`] into `out` (rows x cols values).
     pub fn dequantize_into(&self, out: &mut [f32]) {
-        assert_eq!(
-            out.len(),
-            self.rows * self.cols,
-            "dequantize_into: the output holds rows x cols values"
-        );
+        assert_eq!(out.len(), self.rows * self.cols, "dequantize_into: the output holds rows x cols values");
         let (gpr, group) = (self.cols / self.group, self.group);
-        out.par_chunks_mut(self.cols)
-            .zip(self.packed.par_chunks(self.cols / 2))
-            .enumerate()
-            .for_each(|(r, (orow, prow))| {
-                for (g, (og, pg)) in orow
-                    .chunks_exact_mut(group)
-                    .zip(prow.chunks_exact(group / 2))
-                    .enumerate()
-                {
-                    let d = self.scales[r * gpr + g].to_f32();
-                    match self.scheme {
-                        Scheme::Sym => {
-                            for (pair, &b) in og.chunks_exact_mut(2).zip(pg) {
-                                pair[0] = ((b & 15) as f32 - 8.0) * d;
-                                pair[1] = ((b >> 4) as f32 - 8.0) * d;
-                            }
+        out.par_chunks_mut(self.cols).zip(self.packed.par_chunks(self.cols / 2)).enumerate().for_each(|(r, (orow, prow))| {
+            for (g, (og, pg)) in orow.chunks_exact_mut(group).zip(prow.chunks_exact(group / 2)).enumerate() {
+                let d = self.scales[r * gpr + g].to_f32();
+                match self.scheme {
+                    Scheme::Sym => {
+                        for (pair, &b) in og.chunks_exact_mut(2).zip(pg) {
+                            pair[0] = ((b & 15) as f32 - 8.0) * d;
+                            pair[1] = ((b >> 4) as f32 - 8.0) * d;
                         }
-                        Scheme::Asym => {
-                            let m = self.mins[r * gpr + g].to_f32();
-                            for (pair, &b) in og.chunks_exact_mut(2).zip(pg) {
-                                pair[0] = (b & 15) as f32 * d + m;
-                                pair[1] = (b >> 4) as f32 * d + m;
-                            }
+                    }
+                    Scheme::Asym => {
+                        let m = self.mins[r * gpr + g].to_f32();
+                        for (pair, &b) in og.chunks_exact_mut(2).zip(pg) {
+                            pair[0] = (b & 15) as f32 * d + m;
+                            pair[1] = (b >> 4) as f32 * d + m;
                         }
                     }
                 }
-            });
+            }
+        });
     }
 
     pub fn bytes(&self) -> u64 {
@@ -348,14 +274,7 @@ pub struct QuantError {
 /// Error metrics of `approx` against `original` (same length).
 pub fn error_metrics(original: &[f32], approx: &[f32]) -> Result<QuantError> {
     if original.len() != approx.len() {
-        return Err(LabError::shape(
-            "error metrics",
-            format!(
-                "{} originals against {} reconstructions",
-                original.len(),
-                approx.len()
-            ),
-        ));
+        return Err(LabError::shape("error metrics", format!("{} originals against {} reconstructions", original.len(), approx.len())));
     }
     let (signal, noise, max_abs) = original
         .par_iter()
@@ -364,22 +283,9 @@ pub fn error_metrics(original: &[f32], approx: &[f32]) -> Result<QuantError> {
             let (x, e) = (x as f64, (x as f64 - y as f64).abs());
             (x * x, e * e, e)
         })
-        .reduce(
-            || (0.0, 0.0, 0.0),
-            |a, b| (a.0 + b.0, a.1 + b.1, a.2.max(b.2)),
-        );
-    let rel_rmse = if signal > 0.0 {
-        (noise / signal).sqrt()
-    } else if noise == 0.0 {
-        0.0
-    } else {
-        f64::INFINITY
-    };
-    Ok(QuantError {
-        rel_rmse,
-        max_abs,
-        sqnr_db: 10.0 * (signal / noise).log10(),
-    })
+        .reduce(|| (0.0, 0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1, a.2.max(b.2)));
+    let rel_rmse = if signal > 0.0 { (noise / signal).sqrt() } else if noise == 0.0 { 0.0 } else { f64::INFINITY };
+    Ok(QuantError { rel_rmse, max_abs, sqnr_db: 10.0 * (signal / noise).log10() })
 }
 
 #[cfg(test)]
@@ -387,9 +293,7 @@ mod tests {
     use super::*;
 
     fn data(n: usize, seed: f32) -> Vec<f32> {
-        (0..n)
-            .map(|i| (i as f32 * 0.731 + seed).sin() * 3.0 + (i % 7) as f32 * 0.1)
-            .collect()
+        (0..n).map(|i| (i as f32 * 0.731 + seed).sin() * 3.0 + (i % 7) as f32 * 0.1).collect()
     }
 
     #[test]
@@ -399,30 +303,17 @@ mod tests {
                 let (rows, cols) = (3, 256);
                 let x = data(rows * cols, group as f32);
                 let q = quantize(&x, rows, cols, scheme, group).unwrap();
-                assert_eq!(
-                    (q.packed.len(), q.scales.len()),
-                    (rows * cols / 2, rows * cols / group)
-                );
+                assert_eq!((q.packed.len(), q.scales.len()), (rows * cols / 2, rows * cols / group));
                 let y = q.dequantize();
                 for (i, (&a, &b)) in x.iter().zip(&y).enumerate() {
                     let g = i / group;
                     let d = q.scales[g].to_f32();
                     // Half a step, plus f32 rounding of q d + m (asym).
-                    let slack = if scheme == Scheme::Asym {
-                        1e-6 * (15.0 * d + q.mins[g].to_f32().abs())
-                    } else {
-                        0.0
-                    };
-                    assert!(
-                        (a - b).abs() <= 0.5 * d * (1.0 + 1e-6) + slack,
-                        "{scheme:?} g{group} i{i}: {a} vs {b}, d {d}"
-                    );
+                    let slack = if scheme == Scheme::Asym { 1e-6 * (15.0 * d + q.mins[g].to_f32().abs()) } else { 0.0 };
+                    assert!((a - b).abs() <= 0.5 * d * (1.0 + 1e-6) + slack, "{scheme:?} g{group} i{i}: {a} vs {b}, d {d}");
                 }
                 let e = error_metrics(&x, &y).unwrap();
-                assert!(
-                    e.rel_rmse > 0.0 && e.rel_rmse < 0.1 && e.sqnr_db > 20.0,
-                    "{scheme:?} g{group}: {e:?}"
-                );
+                assert!(e.rel_rmse > 0.0 && e.rel_rmse < 0.1 && e.sqnr_db > 20.0, "{scheme:?} g{group}: {e:?}");
             }
         }
     }
@@ -434,10 +325,7 @@ mod tests {
         assert!(q.packed.iter().all(|&b| b == 0x88), "zero is code 8");
         assert_eq!(q.dequantize(), x);
         let c = vec![1.25f32; 64];
-        assert_eq!(
-            quantize(&c, 2, 32, Scheme::Asym, 32).unwrap().dequantize(),
-            c
-        );
+        assert_eq!(quantize(&c, 2, 32, Scheme::Asym, 32).unwrap().dequantize(), c);
         let e = error_metrics(&c, &c).unwrap();
         assert_eq!((e.rel_rmse, e.max_abs), (0.0, 0.0));
         assert!(e.sqnr_db.is_infinite());
@@ -446,90 +334,41 @@ mod tests {
     #[test]
     fn footprints_count_codes_and_scales() {
         let n = 4096 * 4096;
-        let f = footprint(
-            Format::Group {
-                scheme: Scheme::Sym,
-                group: 128,
-            },
-            n,
-        );
+        let f = footprint(Format::Group { scheme: Scheme::Sym, group: 128 }, n);
         assert_eq!(f.bytes, n / 2 + n / 128 * 2);
         assert!((f.bits_per_weight - 4.125).abs() < 1e-12);
-        assert!(
-            (f.smaller_than_f32 - 32.0 / 4.125).abs() < 1e-9
-                && (f.smaller_than_f16 - 16.0 / 4.125).abs() < 1e-9
-        );
+        assert!((f.smaller_than_f32 - 32.0 / 4.125).abs() < 1e-9 && (f.smaller_than_f16 - 16.0 / 4.125).abs() < 1e-9);
         assert!((footprint(Format::Q4_0, n).bits_per_weight - 4.5).abs() < 1e-12);
         assert!((footprint(Format::Q4_1, n).bits_per_weight - 5.0).abs() < 1e-12);
-        assert!(
-            (footprint(
-                Format::Group {
-                    scheme: Scheme::Asym,
-                    group: 32
-                },
-                n
-            )
-            .bits_per_weight
-                - 5.0)
-                .abs()
-                < 1e-12
-        );
+        assert!((footprint(Format::Group { scheme: Scheme::Asym, group: 32 }, n).bits_per_weight - 5.0).abs() < 1e-12);
         let q = quantize(&data(2 * 256, 1.0), 2, 256, Scheme::Asym, 64).unwrap();
-        assert_eq!(
-            q.bytes(),
-            footprint(
-                Format::Group {
-                    scheme: Scheme::Asym,
-                    group: 64
-                },
-                512
-            )
-            .bytes
-        );
+        assert_eq!(q.bytes(), footprint(Format::Group { scheme: Scheme::Asym, group: 64 }, 512).bytes);
     }
 
     #[test]
     fn stored_scales_round_up_and_minimums_down() {
         for v in [1e-9f32, 3.3e-6, 0.1, 1.0, 1000.3] {
-            let (up, down) = (
-                f16_up(v, "s", 0).unwrap().to_f32(),
-                f16_down(v, "m", 0).unwrap().to_f32(),
-            );
+            let (up, down) = (f16_up(v, "s", 0).unwrap().to_f32(), f16_down(v, "m", 0).unwrap().to_f32());
             assert!(up >= v && down <= v && up > 0.0, "{v}: {down} {up}");
             let down = f16_down(-v, "m", 0).unwrap().to_f32();
             assert!(down <= -v, "{v}: {down}");
         }
         assert_eq!(f16_down(0.0, "m", 0).unwrap().to_f32(), 0.0);
         assert_eq!(f16_up(0.0, "s", 0).unwrap().to_f32(), 0.0);
-        assert!(f16_up(65505.0, "s", 3)
-            .unwrap_err()
-            .to_string()
-            .contains("group 3"));
+        assert!(f16_up(65505.0, "s", 3).unwrap_err().to_string().contains("group 3"));
         assert!(f16_down(-1e9, "minimum", 0).is_err());
     }
 
     #[test]
     fn bad_input_is_named() {
         let x = data(96, 0.0);
-        assert!(quantize(&x, 1, 96, Scheme::Sym, 64)
-            .unwrap_err()
-            .to_string()
-            .contains("group size 64 must be even and divide the row length 96"));
-        assert!(quantize(&x, 2, 64, Scheme::Sym, 32)
-            .unwrap_err()
-            .to_string()
-            .contains("96 values do not make a 2 x 64 matrix"));
+        assert!(quantize(&x, 1, 96, Scheme::Sym, 64).unwrap_err().to_string().contains("group size 64 must be even and divide the row length 96"));
+        assert!(quantize(&x, 2, 64, Scheme::Sym, 32).unwrap_err().to_string().contains("96 values do not make a 2 x 64 matrix"));
         let mut bad = x.clone();
         bad[5] = f32::NAN;
-        assert!(quantize(&bad, 1, 96, Scheme::Asym, 32)
-            .unwrap_err()
-            .to_string()
-            .contains("index 5 is not finite"));
+        assert!(quantize(&bad, 1, 96, Scheme::Asym, 32).unwrap_err().to_string().contains("index 5 is not finite"));
         bad[5] = 1e9;
-        assert!(quantize(&bad, 1, 96, Scheme::Sym, 32)
-            .unwrap_err()
-            .to_string()
-            .contains("beyond the f16 range"));
+        assert!(quantize(&bad, 1, 96, Scheme::Sym, 32).unwrap_err().to_string().contains("beyond the f16 range"));
         assert!(error_metrics(&x, &x[1..]).is_err());
     }
 

@@ -30,31 +30,17 @@ pub fn pack(codes: &[u8]) -> Result<Vec<u8>> {
 /// Packs into `out`, which must hold exactly `packed_len(codes.len())` bytes.
 pub fn pack_into(codes: &[u8], out: &mut [u8]) -> Result<()> {
     if out.len() != packed_len(codes.len()) {
-        return Err(LabError::shape(
-            "int4 pack",
-            format!(
-                "{} codes need {} bytes, the output has {}",
-                codes.len(),
-                packed_len(codes.len()),
-                out.len()
-            ),
-        ));
+        return Err(LabError::shape("int4 pack", format!("{} codes need {} bytes, the output has {}", codes.len(), packed_len(codes.len()), out.len())));
     }
     // OR of every code: one branch-free pass that vectorizes; the index is found only on failure.
     let seen = if codes.len() >= PAR_MIN {
-        out.par_chunks_mut(CHUNK / 2)
-            .zip(codes.par_chunks(CHUNK))
-            .map(|(o, c)| pack_serial(c, o))
-            .reduce(|| 0, |a, b| a | b)
+        out.par_chunks_mut(CHUNK / 2).zip(codes.par_chunks(CHUNK)).map(|(o, c)| pack_serial(c, o)).reduce(|| 0, |a, b| a | b)
     } else {
         pack_serial(codes, out)
     };
     if seen > 15 {
         let i = codes.iter().position(|&c| c > 15).unwrap_or(0);
-        return Err(LabError::Invalid(format!(
-            "int4 pack: code {} at index {i} does not fit in 4 bits",
-            codes[i]
-        )));
+        return Err(LabError::Invalid(format!("int4 pack: code {} at index {i} does not fit in 4 bits", codes[i])));
     }
     Ok(())
 }
@@ -99,20 +85,10 @@ pub fn unpack(packed: &[u8], n: usize) -> Result<Vec<u8>> {
 /// Unpacks into `out` (its length is the element count).
 pub fn unpack_into(packed: &[u8], out: &mut [u8]) -> Result<()> {
     if packed.len() != packed_len(out.len()) {
-        return Err(LabError::shape(
-            "int4 unpack",
-            format!(
-                "{} codes come from {} bytes, got {}",
-                out.len(),
-                packed_len(out.len()),
-                packed.len()
-            ),
-        ));
+        return Err(LabError::shape("int4 unpack", format!("{} codes come from {} bytes, got {}", out.len(), packed_len(out.len()), packed.len())));
     }
     if out.len() >= PAR_MIN {
-        out.par_chunks_mut(CHUNK)
-            .zip(packed.par_chunks(CHUNK / 2))
-            .for_each(|(o, p)| unpack_serial(p, o));
+        out.par_chunks_mut(CHUNK).zip(packed.par_chunks(CHUNK / 2)).for_each(|(o, p)| unpack_serial(p, o));
     } else {
         unpack_serial(packed, out);
     }
@@ -136,30 +112,16 @@ mod tests {
 
     #[test]
     fn every_nibble_pair_round_trips_and_the_order_is_low_first() {
-        let codes: Vec<u8> = (0..256u32)
-            .flat_map(|b| [(b & 15) as u8, (b >> 4) as u8])
-            .collect();
+        let codes: Vec<u8> = (0..256u32).flat_map(|b| [(b & 15) as u8, (b >> 4) as u8]).collect();
         let packed = pack(&codes).unwrap();
-        assert_eq!(
-            packed,
-            (0..=255u8).collect::<Vec<_>>(),
-            "byte i = code 2i | code 2i+1 << 4"
-        );
+        assert_eq!(packed, (0..=255u8).collect::<Vec<_>>(), "byte i = code 2i | code 2i+1 << 4");
         assert_eq!(unpack(&packed, codes.len()).unwrap(), codes);
         assert_eq!(pack(&[0x3, 0xA]).unwrap(), vec![0xA3]);
     }
 
     #[test]
     fn odd_lengths_and_the_parallel_path_round_trip() {
-        for n in [
-            0usize,
-            1,
-            3,
-            31,
-            1001,
-            PAR_MIN + 3,
-            3 * CHUNK + 17 + PAR_MIN,
-        ] {
+        for n in [0usize, 1, 3, 31, 1001, PAR_MIN + 3, 3 * CHUNK + 17 + PAR_MIN] {
             let codes: Vec<u8> = (0..n).map(|i| ((i * 7 + i / 3) % 16) as u8).collect();
             let packed = pack(&codes).unwrap();
             assert_eq!(packed.len(), n.div_ceil(2));
@@ -176,10 +138,7 @@ mod tests {
         codes[PAR_MIN + 5] = 16;
         let e = pack(&codes).unwrap_err().to_string();
         assert!(e.contains("code 16 at index 1048581"), "{e}");
-        assert!(unpack(&[0u8; 2], 5)
-            .unwrap_err()
-            .to_string()
-            .contains("5 codes come from 3 bytes, got 2"));
+        assert!(unpack(&[0u8; 2], 5).unwrap_err().to_string().contains("5 codes come from 3 bytes, got 2"));
         assert!(pack_into(&[1, 2, 3], &mut [0u8; 1]).is_err());
     }
 }

@@ -29,19 +29,11 @@ pub const Q6_K_BYTES: usize = 210;
 /// Quantizes `x` (a multiple of 256 values, all finite) into Q6_K blocks.
 pub fn quantize(x: &[f32]) -> Result<Vec<u8>> {
     if !x.len().is_multiple_of(QK_K) {
-        return Err(LabError::shape(
-            "q6_k",
-            format!(
-                "{} values are not a whole number of {QK_K}-weight blocks",
-                x.len()
-            ),
-        ));
+        return Err(LabError::shape("q6_k", format!("{} values are not a whole number of {QK_K}-weight blocks", x.len())));
     }
     super::group::check_finite(x, "q6_k")?;
     let mut out = vec![0u8; x.len() / QK_K * Q6_K_BYTES];
-    out.par_chunks_exact_mut(Q6_K_BYTES)
-        .zip(x.par_chunks_exact(QK_K))
-        .for_each(|(o, xb)| quantize_block(xb, o));
+    out.par_chunks_exact_mut(Q6_K_BYTES).zip(x.par_chunks_exact(QK_K)).for_each(|(o, xb)| quantize_block(xb, o));
     Ok(out)
 }
 
@@ -49,14 +41,10 @@ fn quantize_block(x: &[f32], out: &mut [u8]) {
     // Each sub-block's scale: its signed element of largest magnitude over -32.
     let mut scales = [0f32; QK_K / 16];
     for (s, sub) in scales.iter_mut().zip(x.chunks_exact(16)) {
-        let max = sub
-            .iter()
-            .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+        let max = sub.iter().fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
         *s = max / -32.0;
     }
-    let top = scales
-        .iter()
-        .fold(0f32, |m, &s| if s.abs() > m.abs() { s } else { m });
+    let top = scales.iter().fold(0f32, |m, &s| if s.abs() > m.abs() { s } else { m });
     let (ql, rest) = out.split_at_mut(128);
     let (qh, rest) = rest.split_at_mut(64);
     let (sc, d_bytes) = rest.split_at_mut(16);
@@ -66,19 +54,11 @@ fn quantize_block(x: &[f32], out: &mut [u8]) {
     d_bytes.copy_from_slice(&d.to_le_bytes());
     let d = d.to_f32();
     for (i, (&s, b)) in scales.iter().zip(sc.iter_mut()).enumerate() {
-        let q = if d != 0.0 {
-            (s / d).round().clamp(-128.0, 127.0) as i8
-        } else {
-            0
-        };
+        let q = if d != 0.0 { (s / d).round().clamp(-128.0, 127.0) as i8 } else { 0 };
         *b = q as u8;
         let step = d * q as f32;
         for (j, &v) in x[16 * i..16 * i + 16].iter().enumerate() {
-            let code = if step != 0.0 {
-                ((v / step).round().clamp(-32.0, 31.0) as i32 + 32) as u8
-            } else {
-                32
-            };
+            let code = if step != 0.0 { ((v / step).round().clamp(-32.0, 31.0) as i32 + 32) as u8 } else { 32 };
             let (h, r) = ((16 * i + j) / 128, (16 * i + j) % 128);
             let (k, l) = (r / 32, r % 32);
             ql[64 * h + l + 32 * (k % 2)] |= (code & 0xF) << (4 * (k / 2));
@@ -91,32 +71,24 @@ fn quantize_block(x: &[f32], out: &mut [u8]) {
 /// `dequantize_row_q6_K`).
 pub fn dequantize(blocks: &[u8]) -> Result<Vec<f32>> {
     if !blocks.len().is_multiple_of(Q6_K_BYTES) {
-        return Err(LabError::shape(
-            "q6_k",
-            format!(
-                "{} bytes are not a whole number of {Q6_K_BYTES}-byte blocks",
-                blocks.len()
-            ),
-        ));
+        return Err(LabError::shape("q6_k", format!("{} bytes are not a whole number of {Q6_K_BYTES}-byte blocks", blocks.len())));
     }
     let mut out = vec![0f32; blocks.len() / Q6_K_BYTES * QK_K];
-    out.par_chunks_exact_mut(QK_K)
-        .zip(blocks.par_chunks_exact(Q6_K_BYTES))
-        .for_each(|(y, b)| {
-            let (ql, qh, sc) = (&b[..128], &b[128..192], &b[192..208]);
-            let d = f16::from_le_bytes([b[208], b[209]]).to_f32();
-            for h in 0..2 {
-                for l in 0..32 {
-                    let high = qh[32 * h + l];
-                    for k in 0..4 {
-                        let low = ql[64 * h + l + 32 * (k % 2)] >> (4 * (k / 2)) & 0xF;
-                        let q = (low | ((high >> (2 * k)) & 3) << 4) as i32 - 32;
-                        let i = 128 * h + 32 * k + l;
-                        y[i] = d * sc[i / 16] as i8 as f32 * q as f32;
-                    }
+    out.par_chunks_exact_mut(QK_K).zip(blocks.par_chunks_exact(Q6_K_BYTES)).for_each(|(y, b)| {
+        let (ql, qh, sc) = (&b[..128], &b[128..192], &b[192..208]);
+        let d = f16::from_le_bytes([b[208], b[209]]).to_f32();
+        for h in 0..2 {
+            for l in 0..32 {
+                let high = qh[32 * h + l];
+                for k in 0..4 {
+                    let low = ql[64 * h + l + 32 * (k % 2)] >> (4 * (k / 2)) & 0xF;
+                    let q = (low | ((high >> (2 * k)) & 3) << 4) as i32 - 32;
+                    let i = 128 * h + 32 * k + l;
+                    y[i] = d * sc[i / 16] as i8 as f32 * q as f32;
                 }
             }
-        });
+        }
+    });
     Ok(out)
 }
 
@@ -134,11 +106,7 @@ mod tests {
             // Half, then position within it: quarter k of 32, lane l.
             let (h, k, l) = (i / 128, i % 128 / 32, i % 32);
             let low_byte = 64 * h + l + if k == 1 || k == 3 { 32 } else { 0 };
-            b[low_byte] |= if k >= 2 {
-                (code(i) & 15) << 4
-            } else {
-                code(i) & 15
-            };
+            b[low_byte] |= if k >= 2 { (code(i) & 15) << 4 } else { code(i) & 15 };
             b[128 + 32 * h + l] |= (code(i) >> 4) << (2 * k);
         }
         for s in 0..16 {
@@ -147,11 +115,7 @@ mod tests {
         b[208..210].copy_from_slice(&f16::from_f32(0.5).to_le_bytes());
         let y = dequantize(&b).unwrap();
         for (i, &v) in y.iter().enumerate() {
-            assert_eq!(
-                v,
-                0.5 * ((i / 16) as f32 - 8.0) * (code(i) as f32 - 32.0),
-                "weight {i}"
-            );
+            assert_eq!(v, 0.5 * ((i / 16) as f32 - 8.0) * (code(i) as f32 - 32.0), "weight {i}");
         }
     }
 
@@ -161,51 +125,29 @@ mod tests {
     /// block's largest weight comes back to f16 precision; a zero sub-block stays zero.
     #[test]
     fn quantized_values_read_back_within_a_step() {
-        let mut x: Vec<f32> = (0..2 * QK_K)
-            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 13.0 * (1.0 + (i / 16 % 5) as f32))
-            .collect();
+        let mut x: Vec<f32> = (0..2 * QK_K).map(|i| ((i * 37 % 101) as f32 - 50.0) / 13.0 * (1.0 + (i / 16 % 5) as f32)).collect();
         x[300..316].fill(0.0);
         let b = quantize(&x).unwrap();
         assert_eq!(b.len(), 2 * Q6_K_BYTES);
         let y = dequantize(&b).unwrap();
         for (blk, (xs, ys)) in x.chunks(QK_K).zip(y.chunks(QK_K)).enumerate() {
-            let d =
-                f16::from_le_bytes([b[blk * Q6_K_BYTES + 208], b[blk * Q6_K_BYTES + 209]]).to_f32();
+            let d = f16::from_le_bytes([b[blk * Q6_K_BYTES + 208], b[blk * Q6_K_BYTES + 209]]).to_f32();
             for (s, (xv, yv)) in xs.chunks(16).zip(ys.chunks(16)).enumerate() {
                 let step = (d * b[blk * Q6_K_BYTES + 192 + s] as i8 as f32).abs();
                 for (a, c) in xv.iter().zip(yv) {
-                    assert!(
-                        (a - c).abs() <= step + 16.0 * d.abs() + 1e-6,
-                        "block {blk} sub-block {s}: {a} read back as {c} (step {step})"
-                    );
+                    assert!((a - c).abs() <= step + 16.0 * d.abs() + 1e-6, "block {blk} sub-block {s}: {a} read back as {c} (step {step})");
                 }
             }
         }
         assert!(y[300..316].iter().all(|&v| v == 0.0));
-        let (i, &m) = x[..QK_K]
-            .iter()
-            .enumerate()
-            .fold(
-                (0, &0f32),
-                |(j, m), (i, v)| if v.abs() > m.abs() { (i, v) } else { (j, m) },
-            );
-        assert!(
-            (y[i] - m).abs() <= m.abs() * 1e-3,
-            "the largest weight {m} read back as {}",
-            y[i]
-        );
+        let (i, &m) = x[..QK_K].iter().enumerate().fold((0, &0f32), |(j, m), (i, v)| if v.abs() > m.abs() { (i, v) } else { (j, m) });
+        assert!((y[i] - m).abs() <= m.abs() * 1e-3, "the largest weight {m} read back as {}", y[i]);
     }
 
     #[test]
     fn bad_lengths_and_values_are_named() {
-        assert!(quantize(&[0.0; 255])
-            .unwrap_err()
-            .to_string()
-            .contains("256-weight blocks"));
-        assert!(dequantize(&[0; 209])
-            .unwrap_err()
-            .to_string()
-            .contains("210-byte blocks"));
+        assert!(quantize(&[0.0; 255]).unwrap_err().to_string().contains("256-weight blocks"));
+        assert!(dequantize(&[0; 209]).unwrap_err().to_string().contains("210-byte blocks"));
         let mut x = vec![0.0; 256];
         x[3] = f32::NAN;
         assert!(quantize(&x).is_err());
@@ -222,45 +164,24 @@ mod against_ggml {
     use super::*;
 
     fn fixture(name: &str) -> Vec<u8> {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/q6_k")
-            .join(name);
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/q6_k").join(name);
         std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
     }
     fn floats(b: &[u8]) -> Vec<f32> {
-        b.chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect()
+        b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
     }
 
     #[test]
     fn ggml_and_the_lab_read_each_others_blocks_alike() {
         let ggml = dequantize(&fixture("ggml_blocks.bin")).unwrap();
-        assert_eq!(
-            ggml.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            floats(&fixture("ggml_values.bin"))
-                .iter()
-                .map(|v| v.to_bits())
-                .collect::<Vec<_>>()
-        );
+        assert_eq!(ggml.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), floats(&fixture("ggml_values.bin")).iter().map(|v| v.to_bits()).collect::<Vec<_>>());
         let ours = quantize(&floats(&fixture("inputs.bin"))).unwrap();
         if std::env::var_os("UPDATE_FIXTURES").is_some() {
-            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("tests/fixtures/q6_k/lab_blocks.bin");
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/q6_k/lab_blocks.bin");
             std::fs::write(path, &ours).unwrap();
         }
-        assert_eq!(
-            ours,
-            fixture("lab_blocks.bin"),
-            "the lab's quantizer changed its bytes"
-        );
+        assert_eq!(ours, fixture("lab_blocks.bin"), "the lab's quantizer changed its bytes");
         let read = dequantize(&ours).unwrap();
-        assert_eq!(
-            read.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            floats(&fixture("ggml_values_of_lab_blocks.bin"))
-                .iter()
-                .map(|v| v.to_bits())
-                .collect::<Vec<_>>()
-        );
+        assert_eq!(read.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), floats(&fixture("ggml_values_of_lab_blocks.bin")).iter().map(|v| v.to_bits()).collect::<Vec<_>>());
     }
 }

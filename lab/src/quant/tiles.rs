@@ -60,28 +60,21 @@ pub fn source_of(step: usize, offset: usize) -> (usize, usize, usize) {
 /// format has).
 pub fn tile(q: &GroupQuant) -> Tiles {
     let (rows, cols) = (q.rows, q.cols);
-    let (tiles, steps, gpr) = (
-        rows.div_ceil(TILE_ROWS),
-        cols.div_ceil(STEP_WEIGHTS),
-        cols / q.group,
-    );
+    let (tiles, steps, gpr) = (rows.div_ceil(TILE_ROWS), cols.div_ceil(STEP_WEIGHTS), cols / q.group);
     let (row_bytes, chunks) = (cols / 2, cols / 32);
     let mut codes = vec![0u8; tiles * steps * BLOCK_BYTES];
-    codes
-        .par_chunks_mut(steps * BLOCK_BYTES)
-        .enumerate()
-        .for_each(|(t, tile)| {
-            for (s, block) in tile.chunks_mut(BLOCK_BYTES).enumerate() {
-                for slot in 0..BLOCK_BYTES / 16 {
-                    let (r, j, _) = source_of(s, 16 * slot);
-                    let row = t * TILE_ROWS + r;
-                    if row < rows && j < chunks {
-                        let src = row * row_bytes + 16 * j;
-                        block[16 * slot..16 * slot + 16].copy_from_slice(&q.packed[src..src + 16]);
-                    }
+    codes.par_chunks_mut(steps * BLOCK_BYTES).enumerate().for_each(|(t, tile)| {
+        for (s, block) in tile.chunks_mut(BLOCK_BYTES).enumerate() {
+            for slot in 0..BLOCK_BYTES / 16 {
+                let (r, j, _) = source_of(s, 16 * slot);
+                let row = t * TILE_ROWS + r;
+                if row < rows && j < chunks {
+                    let src = row * row_bytes + 16 * j;
+                    block[16 * slot..16 * slot + 16].copy_from_slice(&q.packed[src..src + 16]);
                 }
             }
-        });
+        }
+    });
     let regroup = |v: &[f16]| -> Vec<f16> {
         if v.is_empty() {
             return Vec::new();
@@ -95,13 +88,7 @@ pub fn tile(q: &GroupQuant) -> Tiles {
         }
         out
     };
-    Tiles {
-        tiles,
-        steps,
-        codes,
-        scales: regroup(&q.scales),
-        mins: regroup(&q.mins),
-    }
+    Tiles { tiles, steps, codes, scales: regroup(&q.scales), mins: regroup(&q.mins) }
 }
 
 /// The codes of `t` in the step-major order that `w4a16_mma_tiled_sweep` reads: block (tile,
@@ -109,13 +96,11 @@ pub fn tile(q: &GroupQuant) -> Tiles {
 /// take their steps in order reads W from end to end.
 pub fn step_major(t: &Tiles) -> Vec<u8> {
     let mut out = vec![0u8; t.codes.len()];
-    out.par_chunks_mut(BLOCK_BYTES)
-        .enumerate()
-        .for_each(|(i, block)| {
-            let (step, tile) = (i / t.tiles, i % t.tiles);
-            let at = (tile * t.steps + step) * BLOCK_BYTES;
-            block.copy_from_slice(&t.codes[at..at + BLOCK_BYTES]);
-        });
+    out.par_chunks_mut(BLOCK_BYTES).enumerate().for_each(|(i, block)| {
+        let (step, tile) = (i / t.tiles, i % t.tiles);
+        let at = (tile * t.steps + step) * BLOCK_BYTES;
+        block.copy_from_slice(&t.codes[at..at + BLOCK_BYTES]);
+    });
     out
 }
 
@@ -130,15 +115,8 @@ mod tests {
     #[test]
     fn every_lane_finds_its_chunks_and_the_padding_is_zero() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(3);
-        for (rows, cols, scheme, group) in [
-            (37, 992, Scheme::Asym, 32),
-            (16, 128, Scheme::Sym, 128),
-            (5, 96, Scheme::Sym, 96),
-            (33, 4064, Scheme::Asym, 32),
-        ] {
-            let w: Vec<f32> = (0..rows * cols)
-                .map(|_| rng.random_range(-1.0f32..1.0))
-                .collect();
+        for (rows, cols, scheme, group) in [(37, 992, Scheme::Asym, 32), (16, 128, Scheme::Sym, 128), (5, 96, Scheme::Sym, 96), (33, 4064, Scheme::Asym, 32)] {
+            let w: Vec<f32> = (0..rows * cols).map(|_| rng.random_range(-1.0f32..1.0)).collect();
             let q = quantize(&w, rows, cols, scheme, group).unwrap();
             let t = tile(&q);
             let gpr = cols / group;
@@ -149,20 +127,12 @@ mod tests {
                     for lane in 0..32 {
                         for half in 0..2 {
                             let (row, j) = (16 * tile + lane / 4 + 8 * half, 4 * step + lane % 4);
-                            let at =
-                                (tile * t.steps + step) * BLOCK_BYTES + lane_offset(half, lane);
+                            let at = (tile * t.steps + step) * BLOCK_BYTES + lane_offset(half, lane);
                             let got = &t.codes[at..at + 16];
                             if row < rows && j < cols / 32 {
-                                assert_eq!(
-                                    got,
-                                    &q.packed[row * cols / 2 + 16 * j..][..16],
-                                    "tile {tile} step {step} lane {lane} half {half}"
-                                );
+                                assert_eq!(got, &q.packed[row * cols / 2 + 16 * j..][..16], "tile {tile} step {step} lane {lane} half {half}");
                             } else {
-                                assert!(
-                                    got.iter().all(|&b| b == 0),
-                                    "padding at tile {tile} step {step} lane {lane} half {half}"
-                                );
+                                assert!(got.iter().all(|&b| b == 0), "padding at tile {tile} step {step} lane {lane} half {half}");
                             }
                         }
                     }
@@ -170,22 +140,9 @@ mod tests {
                 for grp in 0..gpr {
                     for r in 0..16 {
                         // Pairs: (r, r + 8) at positions 2r, 2r + 1 for r < 8.
-                        let (row, at) = (
-                            16 * tile + r,
-                            (tile * gpr + grp) * 16 + if r < 8 { 2 * r } else { 2 * (r - 8) + 1 },
-                        );
-                        let want = |v: &[f16]| {
-                            if row < rows {
-                                v[row * gpr + grp]
-                            } else {
-                                f16::ZERO
-                            }
-                        };
-                        assert_eq!(
-                            t.scales[at],
-                            want(&q.scales),
-                            "scale of row {row} group {grp}"
-                        );
+                        let (row, at) = (16 * tile + r, (tile * gpr + grp) * 16 + if r < 8 { 2 * r } else { 2 * (r - 8) + 1 });
+                        let want = |v: &[f16]| if row < rows { v[row * gpr + grp] } else { f16::ZERO };
+                        assert_eq!(t.scales[at], want(&q.scales), "scale of row {row} group {grp}");
                         if scheme == Scheme::Asym {
                             assert_eq!(t.mins[at], want(&q.mins), "min of row {row} group {grp}");
                         }
@@ -198,15 +155,8 @@ mod tests {
             assert_eq!(sm.len(), t.codes.len());
             for tile in 0..t.tiles {
                 for step in 0..t.steps {
-                    let (a, b) = (
-                        (step * t.tiles + tile) * BLOCK_BYTES,
-                        (tile * t.steps + step) * BLOCK_BYTES,
-                    );
-                    assert_eq!(
-                        sm[a..a + BLOCK_BYTES],
-                        t.codes[b..b + BLOCK_BYTES],
-                        "tile {tile} step {step}"
-                    );
+                    let (a, b) = ((step * t.tiles + tile) * BLOCK_BYTES, (tile * t.steps + step) * BLOCK_BYTES);
+                    assert_eq!(sm[a..a + BLOCK_BYTES], t.codes[b..b + BLOCK_BYTES], "tile {tile} step {step}");
                 }
             }
         }

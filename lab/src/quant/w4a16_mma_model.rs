@@ -36,9 +36,7 @@ pub fn fma_f16x2(a: u32, b: u32, c: u32) -> u32 {
 /// CUDA's __byte_perm(a, b, s): byte i of the result is byte (s >> 4i) & 7 of b:a.
 pub fn byte_perm(a: u32, b: u32, s: u32) -> u32 {
     let ab = a as u64 | ((b as u64) << 32);
-    (0..4)
-        .map(|i| (((ab >> (8 * ((s >> (4 * i)) & 7))) & 0xFF) as u32) << (8 * i))
-        .fold(0, |acc, v| acc | v)
+    (0..4).map(|i| (((ab >> (8 * ((s >> (4 * i)) & 7))) & 0xFF) as u32) << (8 * i)).fold(0, |acc, v| acc | v)
 }
 
 /// w2_f16x2<HI, ASYM>(w, d2, m2).
@@ -64,8 +62,7 @@ pub fn mma_16816(acc: &mut [[f32; 4]; 32], a: &[[u32; 4]; 32], b: &[[u32; 2]; 32
     for lane in 0..32 {
         let (g, c) = (lane / 4, lane % 4);
         for i in 0..8 {
-            am[g + 8 * ((i / 2) % 2)][2 * c + i % 2 + 8 * (i / 4)] =
-                half(a[lane][i / 2], (i % 2) as u32) as f32;
+            am[g + 8 * ((i / 2) % 2)][2 * c + i % 2 + 8 * (i / 4)] = half(a[lane][i / 2], (i % 2) as u32) as f32;
         }
         for i in 0..4 {
             bm[2 * c + i % 2 + 8 * (i / 2)][g] = half(b[lane][i / 2], (i % 2) as u32) as f32;
@@ -120,11 +117,7 @@ fn x_words(r: &Lanes, x: &[f16], batch: usize, k: usize, nh_count: usize) -> Vec
                     let ok = b < batch && r.j[l] < nchunks;
                     std::array::from_fn(|w| {
                         let e = b * k + 32 * r.j[l] + 2 * w;
-                        if ok {
-                            x[e].to_bits() as u32 | ((x[e + 1].to_bits() as u32) << 16)
-                        } else {
-                            0
-                        }
+                        if ok { x[e].to_bits() as u32 | ((x[e + 1].to_bits() as u32) << 16) } else { 0 }
                     })
                 })
                 .collect()
@@ -181,10 +174,7 @@ fn mma_step_post(acc: &mut Acc, r: &Lanes, x: &[f16], batch: usize, k: usize) {
             for nh in 0..nh_count {
                 let b: [[u32; 2]; 32] = std::array::from_fn(|l| {
                     let (xa, xb) = (xv[nh][l][4 * i + h], xv[nh][l][4 * i + h + 2]);
-                    [
-                        byte_perm(xa, xb, 0x5410),
-                        fma_f16x2(byte_perm(xa, xb, 0x7632), 0x2C00_2C00, 0),
-                    ]
+                    [byte_perm(xa, xb, 0x5410), fma_f16x2(byte_perm(xa, xb, 0x7632), 0x2C00_2C00, 0)]
                 });
                 mma_16816(&mut sum[nh], &a, &b);
                 mma_16816(&mut cor[nh], &constant, &b);
@@ -211,11 +201,7 @@ fn store_part(acc: &Acc, part_w: &mut [[f32; MMA_ROWS]], batch: usize) {
             for i in 0..4 {
                 let b = 8 * nh + 2 * c + (i & 1);
                 if b < batch {
-                    part_w[b][g + 8 * (i >> 1)] = if chains == 2 {
-                        acc_nh[0][l][i] + acc_nh[chains - 1][l][i]
-                    } else {
-                        acc_nh[0][l][i]
-                    };
+                    part_w[b][g + 8 * (i >> 1)] = if chains == 2 { acc_nh[0][l][i] + acc_nh[chains - 1][l][i] } else { acc_nh[0][l][i] };
                 }
             }
         }
@@ -228,15 +214,7 @@ fn store_part(acc: &Acc, part_w: &mut [[f32; MMA_ROWS]], batch: usize) {
 /// With `post` (tiled, symmetric, group % 128 == 0), the step is w4a16_mma_step_post's.
 /// The warp's steps are t0, t0 + stride, ... below t1.
 #[allow(clippy::too_many_arguments)]
-fn mma_warp(
-    q: &GroupQuant,
-    tiles: Option<&Tiles>,
-    post: bool,
-    x: &[f16],
-    batch: usize,
-    row0: usize,
-    (t0, t1, stride): (usize, usize, usize),
-) -> Vec<[f32; MMA_ROWS]> {
+fn mma_warp(q: &GroupQuant, tiles: Option<&Tiles>, post: bool, x: &[f16], batch: usize, row0: usize, (t0, t1, stride): (usize, usize, usize)) -> Vec<[f32; MMA_ROWS]> {
     let (n_rows, k, group) = (q.rows, q.cols, q.group);
     let asym = q.scheme == Scheme::Asym;
     let mins = if asym { &q.mins } else { &q.scales };
@@ -245,38 +223,22 @@ fn mma_warp(
     let (gstep, rstep) = (4 * stride / cpg, 4 * stride % cpg);
     let chunk = |row: usize, j: usize| -> [u32; 4] {
         let base = row * (k / 2) + 16 * j;
-        std::array::from_fn(|i| {
-            u32::from_le_bytes(q.packed[base + 4 * i..base + 4 * i + 4].try_into().unwrap())
-        })
+        std::array::from_fn(|i| u32::from_le_bytes(q.packed[base + 4 * i..base + 4 * i + 4].try_into().unwrap()))
     };
     let tile = row0 / MMA_ROWS;
     // the kernel's qt + 64 (t + u) (+ 32), in bytes, for lane l.
     let tiled_chunk = |t: &Tiles, step: usize, half: usize, l: usize| -> [u32; 4] {
         let base = ((tile * t.steps + step) * 64 + 32 * half + l) * 16;
-        std::array::from_fn(|i| {
-            u32::from_le_bytes(t.codes[base + 4 * i..base + 4 * i + 4].try_into().unwrap())
-        })
+        std::array::from_fn(|i| u32::from_le_bytes(t.codes[base + 4 * i..base + 4 * i + 4].try_into().unwrap()))
     };
     let splat = |v: &[f16], row: usize, grp: usize, ok: bool| -> u32 {
-        let s = if ok {
-            v[row * gpr + grp].to_bits() as u32
-        } else {
-            0
-        };
+        let s = if ok { v[row * gpr + grp].to_bits() as u32 } else { 0 };
         s | (s << 16)
     };
     // the kernel's sp (mp) + 8 grp in the tile layout: the pair word of rows g and g + 8, as
     // (dg, dh) splats (__byte_perm 0x1010 and 0x3232).
     let tiled_pair = |v: &[f16], g: usize, grp: usize, ok: bool| -> (u32, u32) {
-        let w = if ok {
-            u32::from_le_bytes(std::array::from_fn(|i| {
-                v[tile * gpr * MMA_ROWS + 16 * grp + 2 * g + i / 2]
-                    .to_bits()
-                    .to_le_bytes()[i % 2]
-            }))
-        } else {
-            0
-        };
+        let w = if ok { u32::from_le_bytes(std::array::from_fn(|i| v[tile * gpr * MMA_ROWS + 16 * grp + 2 * g + i / 2].to_bits().to_le_bytes()[i % 2])) } else { 0 };
         (byte_perm(w, 0, 0x1010), byte_perm(w, 0, 0x3232))
     };
     let mut part_w = vec![[0f32; MMA_ROWS]; batch];
@@ -292,12 +254,7 @@ fn mma_warp(
         let mut jj = vec![[0usize; 32]; u_steps];
         let mut cg = vec![[[0u32; 4]; 32]; u_steps];
         let mut ch = cg.clone();
-        let (mut dg, mut dh, mut mg, mut mh) = (
-            vec![[0u32; 32]; u_steps],
-            vec![[0u32; 32]; u_steps],
-            vec![[0u32; 32]; u_steps],
-            vec![[0u32; 32]; u_steps],
-        );
+        let (mut dg, mut dh, mut mg, mut mh) = (vec![[0u32; 32]; u_steps], vec![[0u32; 32]; u_steps], vec![[0u32; 32]; u_steps], vec![[0u32; 32]; u_steps]);
         for u in 0..u_steps {
             let step = t + u * stride;
             for l in 0..32 {
@@ -314,11 +271,7 @@ fn mma_warp(
                         // The raw pair: the low half of each splat, joined.
                         dg[u][l] = (dg[u][l] & 0xFFFF) | (dh[u][l] << 16);
                     }
-                    (mg[u][l], mh[u][l]) = if asym {
-                        tiled_pair(&tl.mins, g, grp[l], ok)
-                    } else {
-                        (0, 0)
-                    };
+                    (mg[u][l], mh[u][l]) = if asym { tiled_pair(&tl.mins, g, grp[l], ok) } else { (0, 0) };
                 } else {
                     if ok {
                         cg[u][l] = chunk(rg[l], j[l]);
@@ -326,16 +279,8 @@ fn mma_warp(
                     }
                     dg[u][l] = splat(&q.scales, rg[l], grp[l], ok);
                     dh[u][l] = splat(&q.scales, rh[l], grp[l], ok);
-                    mg[u][l] = if asym {
-                        splat(mins, rg[l], grp[l], ok)
-                    } else {
-                        0
-                    };
-                    mh[u][l] = if asym {
-                        splat(mins, rh[l], grp[l], ok)
-                    } else {
-                        0
-                    };
+                    mg[u][l] = if asym { splat(mins, rg[l], grp[l], ok) } else { 0 };
+                    mh[u][l] = if asym { splat(mins, rh[l], grp[l], ok) } else { 0 };
                 }
                 j[l] += 4 * stride;
                 grp[l] += gstep;
@@ -350,15 +295,7 @@ fn mma_warp(
             if t + u * stride >= t1 {
                 break;
             }
-            let lanes = Lanes {
-                cg: &cg[u],
-                ch: &ch[u],
-                dg: &dg[u],
-                dh: &dh[u],
-                mg: &mg[u],
-                mh: &mh[u],
-                j: &jj[u],
-            };
+            let lanes = Lanes { cg: &cg[u], ch: &ch[u], dg: &dg[u], dh: &dh[u], mg: &mg[u], mh: &mh[u], j: &jj[u] };
             if post {
                 mma_step_post(&mut acc, &lanes, x, batch, k);
             } else {
@@ -388,14 +325,7 @@ fn block_sum(part: &[Vec<[f32; MMA_ROWS]>], b: usize, r: usize) -> f32 {
 /// symmetric, group % 128 == 0), w4a16_mma_tiled's elsewhere. With `sweep` too,
 /// w4a16_mma_tiled_sweep (and w4a16_mma_tiled_bulk, which sums the same steps in the same
 /// order): warp w takes steps w, w + warps, ... instead of a contiguous slice.
-pub fn w4a16_mma(
-    q: &GroupQuant,
-    tiles: Option<&Tiles>,
-    (post, sweep): (bool, bool),
-    x: &[f16],
-    batch: usize,
-    warps: usize,
-) -> Vec<f16> {
+pub fn w4a16_mma(q: &GroupQuant, tiles: Option<&Tiles>, (post, sweep): (bool, bool), x: &[f16], batch: usize, warps: usize) -> Vec<f16> {
     let post = post && tiles.is_some() && q.scheme == Scheme::Sym && q.group.is_multiple_of(128);
     let (n_rows, k) = (q.rows, q.cols);
     let nsteps = (k / 32).div_ceil(4);
@@ -405,11 +335,7 @@ pub fn w4a16_mma(
         let row0 = block * MMA_ROWS;
         let part: Vec<_> = (0..warps)
             .map(|warp| {
-                let slice = if sweep {
-                    (warp, nsteps, warps)
-                } else {
-                    (warp * per, (warp * per + per).min(nsteps), 1)
-                };
+                let slice = if sweep { (warp, nsteps, warps) } else { (warp * per, (warp * per + per).min(nsteps), 1) };
                 mma_warp(q, tiles, post, x, batch, row0, slice)
             })
             .collect();
@@ -440,15 +366,7 @@ pub fn w4a16_mma_splitk(q: &GroupQuant, x: &[f16], batch: usize, slices: usize) 
             let part: Vec<_> = (0..MMA_WARPS)
                 .map(|warp| {
                     let t0 = (s * MMA_WARPS + warp) * per;
-                    mma_warp(
-                        q,
-                        None,
-                        false,
-                        x,
-                        batch,
-                        row0,
-                        (t0, (t0 + per).min(nsteps), 1),
-                    )
+                    mma_warp(q, None, false, x, batch, row0, (t0, (t0 + per).min(nsteps), 1))
                 })
                 .collect();
             for i in 0..batch * MMA_ROWS {
@@ -458,11 +376,7 @@ pub fn w4a16_mma_splitk(q: &GroupQuant, x: &[f16], batch: usize, slices: usize) 
                         y[b * n_rows + row0 + r] = f16::from_f32(block_sum(&part, b, r));
                     } else {
                         let e = &mut ws[(s * batch + b) * n_rows + row0 + r];
-                        assert!(
-                            e.is_nan(),
-                            "slice {s} batch {b} row {} written twice",
-                            row0 + r
-                        );
+                        assert!(e.is_nan(), "slice {s} batch {b} row {} written twice", row0 + r);
                         *e = block_sum(&part, b, r);
                     }
                 }
@@ -510,12 +424,8 @@ pub fn w4a16_mma_pipelined(q: &GroupQuant, x: &[f16], batch: usize, grid: usize)
     let tables = if asym { 2 } else { 1 };
     let codes = MMA_ROWS * PIPE_CHUNKS;
     let vecs = codes + tables * MMA_ROWS * PIPE_SVECS;
-    let scale_bytes =
-        |v: &[f16]| -> Vec<u8> { v.iter().flat_map(|h| h.to_bits().to_le_bytes()).collect() };
-    let tables_b = [
-        scale_bytes(&q.scales),
-        scale_bytes(if asym { &q.mins } else { &q.scales }),
-    ];
+    let scale_bytes = |v: &[f16]| -> Vec<u8> { v.iter().flat_map(|h| h.to_bits().to_le_bytes()).collect() };
+    let tables_b = [scale_bytes(&q.scales), scale_bytes(if asym { &q.mins } else { &q.scales })];
     let mut y = vec![f16::ZERO; batch * n_rows];
     let mut written = vec![false; batch * n_rows];
     for block in 0..grid {
@@ -539,11 +449,7 @@ pub fn w4a16_mma_pipelined(q: &GroupQuant, x: &[f16], batch: usize, grid: usize)
             }
             let g0 = s0 / cpg;
             for i in 0..vecs - codes {
-                let (which, r, v) = (
-                    i / (MMA_ROWS * PIPE_SVECS),
-                    i / PIPE_SVECS % MMA_ROWS,
-                    i % PIPE_SVECS,
-                );
+                let (which, r, v) = (i / (MMA_ROWS * PIPE_SVECS), i / PIPE_SVECS % MMA_ROWS, i % PIPE_SVECS);
                 let row = (row0 + r).min(n_rows - 1);
                 let off = 2 * pipe_scale_base(row, gpr, g0) + 16 * v;
                 let src = &tables_b[which];
@@ -569,8 +475,7 @@ pub fn w4a16_mma_pipelined(q: &GroupQuant, x: &[f16], batch: usize, grid: usize)
             let (row0, s0) = ((tile0 + p / nst) * MMA_ROWS, p % nst * PIPE_CHUNKS);
             let g0 = s0 / cpg;
             let read = |slot: usize| -> [u32; 4] {
-                let v = ring[st + slot]
-                    .unwrap_or_else(|| panic!("stage {p}: slot {slot} read before it was written"));
+                let v = ring[st + slot].unwrap_or_else(|| panic!("stage {p}: slot {slot} read before it was written"));
                 std::array::from_fn(|i| u32::from_le_bytes(v[4 * i..4 * i + 4].try_into().unwrap()))
             };
             let splat = |which: usize, r: usize, row: usize, grp: usize, ok: bool| -> u32 {
@@ -578,10 +483,7 @@ pub fn w4a16_mma_pipelined(q: &GroupQuant, x: &[f16], batch: usize, grid: usize)
                     return 0;
                 }
                 let h = row * gpr + grp - pipe_scale_base(row, gpr, g0);
-                assert!(
-                    h < 8 * PIPE_SVECS,
-                    "scale {h} outside the window of row {row}, stage {p}"
-                );
+                assert!(h < 8 * PIPE_SVECS, "scale {h} outside the window of row {row}, stage {p}");
                 let v = read(codes + which * MMA_ROWS * PIPE_SVECS + r * PIPE_SVECS + h / 8);
                 let s = (v[h % 8 / 2] >> (16 * (h % 2))) & 0xFFFF;
                 s | (s << 16)
@@ -589,15 +491,7 @@ pub fn w4a16_mma_pipelined(q: &GroupQuant, x: &[f16], batch: usize, grid: usize)
             for (warp, acc) in accs.iter_mut().enumerate() {
                 let mut tl = warp;
                 while tl < PIPE_CHUNKS / 4 && s0 + 4 * tl < nchunks {
-                    let mut l = (
-                        Box::new([[0u32; 4]; 32]),
-                        Box::new([[0u32; 4]; 32]),
-                        [0u32; 32],
-                        [0u32; 32],
-                        [0u32; 32],
-                        [0u32; 32],
-                        [0usize; 32],
-                    );
+                    let mut l = (Box::new([[0u32; 4]; 32]), Box::new([[0u32; 4]; 32]), [0u32; 32], [0u32; 32], [0u32; 32], [0u32; 32], [0usize; 32]);
                     for lane in 0..32 {
                         let (g, c) = (lane / 4, lane % 4);
                         let (rg, rh) = ((row0 + g).min(n_rows - 1), (row0 + g + 8).min(n_rows - 1));
@@ -609,22 +503,10 @@ pub fn w4a16_mma_pipelined(q: &GroupQuant, x: &[f16], batch: usize, grid: usize)
                         l.2[lane] = splat(0, g, rg, grp, ok);
                         l.3[lane] = splat(0, g + 8, rh, grp, ok);
                         l.4[lane] = if asym { splat(1, g, rg, grp, ok) } else { 0 };
-                        l.5[lane] = if asym {
-                            splat(1, g + 8, rh, grp, ok)
-                        } else {
-                            0
-                        };
+                        l.5[lane] = if asym { splat(1, g + 8, rh, grp, ok) } else { 0 };
                         l.6[lane] = j;
                     }
-                    let lanes = Lanes {
-                        cg: &l.0,
-                        ch: &l.1,
-                        dg: &l.2,
-                        dh: &l.3,
-                        mg: &l.4,
-                        mh: &l.5,
-                        j: &l.6,
-                    };
+                    let lanes = Lanes { cg: &l.0, ch: &l.1, dg: &l.2, dh: &l.3, mg: &l.4, mh: &l.5, j: &l.6 };
                     mma_step(acc, &lanes, x, batch, k, asym);
                     tl += PIPE_WARPS;
                 }
@@ -655,8 +537,8 @@ pub fn w4a16_mma_pipelined(q: &GroupQuant, x: &[f16], batch: usize, grid: usize)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::quant::models::tests::random_quant;
     use crate::ops::quant::variants::{mma_steps_in_flight, splitk_slices, BATCHES};
+    use crate::ops::quant::models::tests::random_quant;
     use crate::quant::tiles::tile;
     use rand::SeedableRng;
 
@@ -664,15 +546,7 @@ mod tests {
     fn the_helpers_do_what_the_cuda_intrinsics_do() {
         assert_eq!(byte_perm(0x3322_1100, 0x7766_5544, 0x5410), 0x5544_1100);
         assert_eq!(byte_perm(0x3322_1100, 0x7766_5544, 0x7632), 0x7766_3322);
-        for (bits, v) in [
-            (0x3C00u16, 1.0),
-            (0x2C00, 1.0 / 16.0),
-            (0xE408, -1032.0),
-            (0xE400, -1024.0),
-            (0xD480, -72.0),
-            (0xD400, -64.0),
-            (0x6400, 1024.0),
-        ] {
+        for (bits, v) in [(0x3C00u16, 1.0), (0x2C00, 1.0 / 16.0), (0xE408, -1032.0), (0xE400, -1024.0), (0xD480, -72.0), (0xD400, -64.0), (0x6400, 1024.0)] {
             assert_eq!(f16::from_bits(bits).to_f64(), v, "{bits:#x}");
         }
         // Every code in every nibble decodes to q - 8 (sym) or q (asym) exactly, d = 1, m = 0.
@@ -683,11 +557,7 @@ mod tests {
                 let want = if asym { q as f64 } else { q as f64 - 8.0 };
                 for (hi, shift) in [(false, 0), (true, 0), (false, 8), (true, 8)] {
                     let p = w2_f16x2(hi, asym, w >> shift, one, 0);
-                    assert_eq!(
-                        (half(p, 0), half(p, 1)),
-                        (want, want),
-                        "q {q} asym {asym} hi {hi} shift {shift}"
-                    );
+                    assert_eq!((half(p, 0), half(p, 1)), (want, want), "q {q} asym {asym} hi {hi} shift {shift}");
                 }
             }
         }
@@ -697,10 +567,7 @@ mod tests {
             let p = w2_f16x2(hi, true, w >> shift, one, 0);
             (half(p, 0), half(p, 1))
         };
-        assert_eq!(
-            [pair(false, 0), pair(true, 0), pair(false, 8), pair(true, 8)],
-            [(0.0, 4.0), (1.0, 5.0), (2.0, 6.0), (3.0, 7.0)]
-        );
+        assert_eq!([pair(false, 0), pair(true, 0), pair(false, 8), pair(true, 8)], [(0.0, 4.0), (1.0, 5.0), (2.0, 6.0), (3.0, 7.0)]);
     }
 
     /// w4a16_mma_tiled_async copies each lane's scale (min) pair word with cp.async and splits
@@ -713,22 +580,12 @@ mod tests {
         let gpr = q.cols / q.group;
         for tl in 0..t.tiles {
             // The tile's scales as the little-endian words the kernel's sw points into.
-            let words: Vec<u32> = t.scales[tl * gpr * 16..(tl + 1) * gpr * 16]
-                .chunks(2)
-                .map(|p| p[0].to_bits() as u32 | (p[1].to_bits() as u32) << 16)
-                .collect();
+            let words: Vec<u32> = t.scales[tl * gpr * 16..(tl + 1) * gpr * 16].chunks(2).map(|p| p[0].to_bits() as u32 | (p[1].to_bits() as u32) << 16).collect();
             for grp in 0..gpr {
                 for g in 0..8 {
                     let w = words[8 * grp + g];
-                    for (row, half) in [
-                        (16 * tl + g, byte_perm(w, 0, 0x1010)),
-                        (16 * tl + g + 8, byte_perm(w, 0, 0x3232)),
-                    ] {
-                        let want = if row < q.rows {
-                            q.scales[row * gpr + grp].to_bits() as u32
-                        } else {
-                            0
-                        };
+                    for (row, half) in [(16 * tl + g, byte_perm(w, 0, 0x1010)), (16 * tl + g + 8, byte_perm(w, 0, 0x3232))] {
+                        let want = if row < q.rows { q.scales[row * gpr + grp].to_bits() as u32 } else { 0 };
                         assert_eq!(half, want | (want << 16), "tile {tl} group {grp} row {row}");
                     }
                 }
@@ -745,14 +602,8 @@ mod tests {
                 assert_eq!(steps_in_flight(b), mma_steps_in_flight(b));
                 let (nsteps, slices) = ((k / 32).div_ceil(4), splitk_slices(k, b));
                 let per = nsteps.div_ceil(MMA_WARPS * slices);
-                assert!(
-                    per <= steps_in_flight(b),
-                    "K={k} batch {b}: {per} steps per warp"
-                );
-                assert!(
-                    slices == 1 || nsteps > MMA_WARPS * steps_in_flight(b) * (slices - 1),
-                    "K={k} batch {b}: a slice too many"
-                );
+                assert!(per <= steps_in_flight(b), "K={k} batch {b}: {per} steps per warp");
+                assert!(slices == 1 || nsteps > MMA_WARPS * steps_in_flight(b) * (slices - 1), "K={k} batch {b}: a slice too many");
             }
         }
     }

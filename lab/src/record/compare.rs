@@ -69,21 +69,8 @@ pub fn fingerprint(r: &Record) -> BTreeMap<&'static str, String> {
         ("device.memory_bytes", d.memory_bytes.to_string()),
         ("device.driver", d.driver.clone()),
         ("device.cuda", d.cuda.clone()),
-        (
-            "device.form_factor",
-            d.board
-                .as_ref()
-                .map(|b| b.form_factor.clone())
-                .unwrap_or_default(),
-        ),
-        (
-            "device.power_limit_w",
-            d.board
-                .as_ref()
-                .and_then(|b| b.power_limit_w)
-                .map(|w| w.to_string())
-                .unwrap_or_default(),
-        ),
+        ("device.form_factor", d.board.as_ref().map(|b| b.form_factor.clone()).unwrap_or_default()),
+        ("device.power_limit_w", d.board.as_ref().and_then(|b| b.power_limit_w).map(|w| w.to_string()).unwrap_or_default()),
         ("host.cpu", r.host.cpu.clone()),
         ("host.cores", r.host.cores.to_string()),
         ("env", format!("{:?}", r.env)),
@@ -95,12 +82,7 @@ pub fn fingerprint_differences(a: &Record, b: &Record) -> Vec<String> {
     let (fa, fb) = (fingerprint(a), fingerprint(b));
     fa.iter()
         .filter(|(k, v)| fb.get(*k) != Some(v))
-        .map(|(k, v)| {
-            format!(
-                "{k}: `{v}` vs `{}`",
-                fb.get(k).map(String::as_str).unwrap_or("")
-            )
-        })
+        .map(|(k, v)| format!("{k}: `{v}` vs `{}`", fb.get(k).map(String::as_str).unwrap_or("")))
         .collect()
 }
 
@@ -291,39 +273,20 @@ pub struct Comparisons {
 impl Comparisons {
     /// Figures flagged faster or slower in a view; yardsticks count only in the absolute one.
     pub fn flagged(&self, view: View) -> usize {
-        self.rows
-            .iter()
-            .filter(|c| c.verdict(view).flagged())
-            .count()
+        self.rows.iter().filter(|c| c.verdict(view).flagged()).count()
     }
 }
 
 /// The statistic of the sample sets' medians, with a 95% percentile-bootstrap interval from
 /// resampling every set independently. Deterministic: the resampling is seeded.
-fn bootstrap<const N: usize>(
-    sets: [&[f64]; N],
-    statistic: impl Fn([f64; N]) -> f64,
-    resamples: usize,
-) -> Interval {
+fn bootstrap<const N: usize>(sets: [&[f64]; N], statistic: impl Fn([f64; N]) -> f64, resamples: usize) -> Interval {
     let median = |v: Vec<f64>| Data::new(v).median();
     let ratio = statistic(sets.map(|s| median(s.to_vec())));
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
-    let mut draw = |v: &[f64]| -> f64 {
-        median(
-            (0..v.len())
-                .map(|_| v[rng.random_range(0..v.len())])
-                .collect(),
-        )
-    };
-    let stats: Vec<f64> = (0..resamples)
-        .map(|_| statistic(sets.map(&mut draw)))
-        .collect();
+    let mut draw = |v: &[f64]| -> f64 { median((0..v.len()).map(|_| v[rng.random_range(0..v.len())]).collect()) };
+    let stats: Vec<f64> = (0..resamples).map(|_| statistic(sets.map(&mut draw))).collect();
     let mut d = Data::new(stats);
-    Interval {
-        ratio,
-        lo: d.quantile(0.025),
-        hi: d.quantile(0.975),
-    }
+    Interval { ratio, lo: d.quantile(0.025), hi: d.quantile(0.975) }
 }
 
 /// Median ratio b/a with a 95% percentile-bootstrap interval (resampling both sample sets).
@@ -336,18 +299,8 @@ pub fn bootstrap_ratio(a: &[f64], b: &[f64], resamples: usize) -> (f64, f64, f64
 /// The change of a figure relative to its reference's: `(b / a) / (ref_b / ref_a)` of medians,
 /// with a 95% bootstrap interval from all four sample sets (one run's samples of the figure and
 /// of its reference are taken at different moments, so they are resampled independently).
-pub fn bootstrap_relative(
-    a: &[f64],
-    b: &[f64],
-    ref_a: &[f64],
-    ref_b: &[f64],
-    resamples: usize,
-) -> Interval {
-    bootstrap(
-        [b, a, ref_b, ref_a],
-        |[b, a, rb, ra]| (b / a) / (rb / ra),
-        resamples,
-    )
+pub fn bootstrap_relative(a: &[f64], b: &[f64], ref_a: &[f64], ref_b: &[f64], resamples: usize) -> Interval {
+    bootstrap([b, a, ref_b, ref_a], |[b, a, rb, ra]| (b / a) / (rb / ra), resamples)
 }
 
 /// Faster or slower only when the whole interval lies beyond the noise threshold (a relative
@@ -369,9 +322,7 @@ pub fn check_threshold(threshold: f64) -> Result<()> {
     if threshold.is_finite() && (0.0..1.0).contains(&threshold) {
         Ok(())
     } else {
-        Err(LabError::Invalid(format!(
-            "the threshold is a relative change from 0 up to 1 (0.02 is 2%); got {threshold}"
-        )))
+        Err(LabError::Invalid(format!("the threshold is a relative change from 0 up to 1 (0.02 is 2%); got {threshold}")))
     }
 }
 
@@ -407,17 +358,10 @@ fn raw(r: &Record) -> &[f64] {
 /// Compares every timed, passing figure that both runs hold: against the drift and noise between
 /// the runs, absolutely, and against the reference of its run. Refuses runs with different
 /// fingerprints unless `force`.
-pub fn compare_runs(
-    a: &[Record],
-    b: &[Record],
-    threshold: f64,
-    force: bool,
-) -> Result<Comparisons> {
+pub fn compare_runs(a: &[Record], b: &[Record], threshold: f64, force: bool) -> Result<Comparisons> {
     check_threshold(threshold)?;
     let (Some(ra), Some(rb)) = (a.first(), b.first()) else {
-        return Err(LabError::Invalid(
-            "nothing to compare: a run has no records".into(),
-        ));
+        return Err(LabError::Invalid("nothing to compare: a run has no records".into()));
     };
     let differ = fingerprint_differences(ra, rb);
     if !differ.is_empty() && !force {
@@ -428,41 +372,18 @@ pub fn compare_runs(
     }
     // Old records of a renamed variant are read under today's name (quant's `<design>_<scheme>_b<batch>`).
     let key = |r: &Record| {
-        let (variant, params) =
-            crate::ops::quant::current_name(&r.experiment, &r.variant, &r.params);
-        (
-            r.experiment.clone(),
-            variant,
-            r.provider.clone(),
-            params.to_string(),
-        )
+        let (variant, params) = crate::ops::quant::current_name(&r.experiment, &r.variant, &r.params);
+        (r.experiment.clone(), variant, r.provider.clone(), params.to_string())
     };
     let usable = |r: &&Record| r.verdict == Verdict::Pass && !raw(r).is_empty();
     let in_b: BTreeMap<_, &Record> = b.iter().filter(usable).map(|r| (key(r), r)).collect();
     // A figure timed with L2 warm in one run and cleared in the other moves by the cache alone
     // (SmolLM2's decode step: 1.19 ms warm, 1.48 ms clean, same commit).
-    let mode = |r: &Record| {
-        r.timing
-            .as_ref()
-            .map(|t| format!("L2 {}, {} launches", t.l2, t.launch))
-    };
+    let mode = |r: &Record| r.timing.as_ref().map(|t| format!("L2 {}, {} launches", t.l2, t.launch));
     let timed_apart: Vec<String> = a
         .iter()
         .filter(usable)
-        .filter_map(|ra| {
-            in_b.get(&key(ra))
-                .filter(|rb| mode(ra) != mode(rb))
-                .map(|rb| {
-                    format!(
-                        "{} {} {}: {} vs {}",
-                        ra.experiment,
-                        ra.variant,
-                        ra.params,
-                        mode(ra).unwrap_or_default(),
-                        mode(rb).unwrap_or_default()
-                    )
-                })
-        })
+        .filter_map(|ra| in_b.get(&key(ra)).filter(|rb| mode(ra) != mode(rb)).map(|rb| format!("{} {} {}: {} vs {}", ra.experiment, ra.variant, ra.params, mode(ra).unwrap_or_default(), mode(rb).unwrap_or_default())))
         .collect();
     if let (Some(first), false) = (timed_apart.first(), force) {
         return Err(LabError::Invalid(format!(
@@ -480,27 +401,14 @@ pub fn compare_runs(
             let absolute = if enough {
                 bootstrap([raw(rb), raw(ra)], |[b, a]| b / a, RESAMPLES)
             } else {
-                Interval {
-                    ratio: median(raw(rb)) / median(raw(ra)),
-                    lo: f64::NAN,
-                    hi: f64::NAN,
-                }
+                Interval { ratio: median(raw(rb)) / median(raw(ra)), lo: f64::NAN, hi: f64::NAN }
             };
-            Some(Pair {
-                key: k,
-                a: ra,
-                b: rb,
-                absolute,
-            })
+            Some(Pair { key: k, a: ra, b: rb, absolute })
         })
         .collect();
     let against = references(&pairs);
     let between = between(&pairs, &against, threshold);
-    let rows = against
-        .into_iter()
-        .zip(&pairs)
-        .map(|(against, p)| judge(p, against, &pairs, &between))
-        .collect();
+    let rows = against.into_iter().zip(&pairs).map(|(against, p)| judge(p, against, &pairs, &between)).collect();
     Ok(Comparisons { rows, between })
 }
 
@@ -526,13 +434,7 @@ pub fn robust_spread(v: &[f64]) -> f64 {
 fn between(pairs: &[Pair], against: &[Against], threshold: f64) -> Between {
     let usable: Vec<usize> = (0..pairs.len()).filter(|&i| pairs[i].enough()).collect();
     let floor = (1.0 + threshold).ln();
-    let mut between = Between {
-        figures: usable.len(),
-        drift: None,
-        noise: None,
-        band: threshold,
-        threshold,
-    };
+    let mut between = Between { figures: usable.len(), drift: None, noise: None, band: threshold, threshold };
     if usable.len() < MIN_FIGURES {
         return between;
     }
@@ -540,58 +442,22 @@ fn between(pairs: &[Pair], against: &[Against], threshold: f64) -> Between {
         let [a, b] = pairs[i].samples();
         (statistic(b) / statistic(a)).ln()
     };
-    let yardsticks: Vec<usize> = usable
-        .iter()
-        .copied()
-        .filter(|&i| matches!(against[i], Against::Yardstick))
-        .collect();
-    let (from, over) = if yardsticks.len() >= MIN_FIGURES {
-        (DriftFrom::Yardsticks, &yardsticks)
-    } else {
-        (DriftFrom::AllFigures, &usable)
-    };
-    let drift_of = |statistic: fn(&[f64]) -> f64| {
-        median(
-            &over
-                .iter()
-                .map(|&i| log_change(i, statistic))
-                .collect::<Vec<_>>(),
-        )
-        .exp()
-    };
-    between.drift = Some(Drift {
-        from,
-        figures: over.len(),
-        median: drift_of(median),
-        fastest: drift_of(fastest),
-    });
+    let yardsticks: Vec<usize> = usable.iter().copied().filter(|&i| matches!(against[i], Against::Yardstick)).collect();
+    let (from, over) = if yardsticks.len() >= MIN_FIGURES { (DriftFrom::Yardsticks, &yardsticks) } else { (DriftFrom::AllFigures, &usable) };
+    let drift_of = |statistic: fn(&[f64]) -> f64| median(&over.iter().map(|&i| log_change(i, statistic)).collect::<Vec<_>>()).exp();
+    between.drift = Some(Drift { from, figures: over.len(), median: drift_of(median), fastest: drift_of(fastest) });
     // The yardsticks' own spread, which a change to lab's code cannot widen, where enough were run;
     // every figure's where that is smaller (more of them, and capped yardsticks can be the noisiest).
-    let spread = |over: &[usize]| {
-        robust_spread(
-            &over
-                .iter()
-                .map(|&i| log_change(i, median))
-                .collect::<Vec<_>>(),
-        )
-    };
+    let spread = |over: &[usize]| robust_spread(&over.iter().map(|&i| log_change(i, median)).collect::<Vec<_>>());
     let all = (DriftFrom::AllFigures, usable.len(), spread(&usable));
     let (noise_from, noise_figures, noise) = match from {
         DriftFrom::Yardsticks => {
             let own = (DriftFrom::Yardsticks, yardsticks.len(), spread(&yardsticks));
-            if own.2 <= all.2 {
-                own
-            } else {
-                all
-            }
+            if own.2 <= all.2 { own } else { all }
         }
         DriftFrom::AllFigures => all,
     };
-    between.noise = Some(Noise {
-        from: noise_from,
-        figures: noise_figures,
-        spread: noise,
-    });
+    between.noise = Some(Noise { from: noise_from, figures: noise_figures, spread: noise });
     between.band = floor.max(NOISE_K * noise).exp() - 1.0;
     between
 }
@@ -634,9 +500,7 @@ fn references(pairs: &[Pair]) -> Vec<Against> {
                 ceilings.entry(roof).or_default().push(i);
             }
         } else if provider != "lab" {
-            let slot = peers
-                .entry((experiment.as_str(), params.as_str()))
-                .or_insert(i);
+            let slot = peers.entry((experiment.as_str(), params.as_str())).or_insert(i);
             if a_ms[i] < a_ms[*slot] {
                 *slot = i;
             }
@@ -654,12 +518,9 @@ fn references(pairs: &[Pair]) -> Vec<Against> {
             let peer = peers.get(&(experiment.as_str(), params.as_str())).copied();
             let ceiling = || {
                 let roof = ceilings.get(p.roof()?)?;
-                roof.iter()
-                    .copied()
-                    .min_by(|&x, &y| distance(i, x).total_cmp(&distance(i, y)))
+                roof.iter().copied().min_by(|&x, &y| distance(i, x).total_cmp(&distance(i, y)))
             };
-            peer.or_else(ceiling)
-                .map_or(Against::Nothing, Against::Pair)
+            peer.or_else(ceiling).map_or(Against::Nothing, Against::Pair)
         })
         .collect()
 }
@@ -681,24 +542,11 @@ fn judge(p: &Pair, against: Against, pairs: &[Pair], between: &Between) -> Compa
             } else {
                 (Basis::Peer, r.key.2.clone())
             };
-            let reference = Reference {
-                basis,
-                name,
-                variant: r.key.1.clone(),
-                provider: r.key.2.clone(),
-                params: parse(r),
-                drift: r.absolute,
-            };
+            let reference = Reference { basis, name, variant: r.key.1.clone(), provider: r.key.2.clone(), params: parse(r), drift: r.absolute };
             (basis, Some(reference), Some(relative))
         }
     };
-    let unjudged = |verdict: Change| {
-        if yardstick && verdict != Change::NotEnoughSamples {
-            Change::NoDetectableChange
-        } else {
-            verdict
-        }
-    };
+    let unjudged = |verdict: Change| if yardstick && verdict != Change::NotEnoughSamples { Change::NoDetectableChange } else { verdict };
     let relative_change = match relative {
         Some(i) => classify(i.lo, i.hi, threshold),
         None => unjudged(absolute),
@@ -707,11 +555,7 @@ fn judge(p: &Pair, against: Against, pairs: &[Pair], between: &Between) -> Compa
     let fastest_ms = [fastest(sa), fastest(sb)];
     let fastest_ratio = fastest_ms[1] / fastest_ms[0];
     let net = between.drift.map(|d| Net {
-        median: Interval {
-            ratio: p.absolute.ratio / d.median,
-            lo: p.absolute.lo / d.median,
-            hi: p.absolute.hi / d.median,
-        },
+        median: Interval { ratio: p.absolute.ratio / d.median, lo: p.absolute.lo / d.median, hi: p.absolute.hi / d.median },
         fastest: fastest_ratio / d.fastest,
     });
     // Without an estimate between the runs, the reference of the figure's own run is what there is.

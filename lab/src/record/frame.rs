@@ -41,14 +41,10 @@ pub(super) fn record_files(path: &Path) -> Result<Vec<PathBuf>> {
     if path.is_file() {
         return Ok(vec![path.to_path_buf()]);
     }
-    let entries = std::fs::read_dir(path)
-        .map_err(|e| LabError::io(path, format!("cannot read the records folder: {e}")))?;
+    let entries = std::fs::read_dir(path).map_err(|e| LabError::io(path, format!("cannot read the records folder: {e}")))?;
     let mut files: Vec<PathBuf> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.to_str()
-                .is_some_and(|s| s.ends_with(".jsonl") || s.ends_with(".jsonl.gz"))
-        })
+        .filter(|p| p.to_str().is_some_and(|s| s.ends_with(".jsonl") || s.ends_with(".jsonl.gz")))
         .collect();
     files.sort();
     Ok(files)
@@ -67,19 +63,14 @@ fn to_frame(records: &[Record]) -> Result<DataFrame> {
     names.sort();
     names.dedup();
     let columns: Vec<Column> = names.iter().map(|name| column(name, &rows)).collect();
-    DataFrame::new(rows.len(), columns)
-        .map_err(|e| LabError::Invalid(format!("building the records frame: {e}")))
+    DataFrame::new(rows.len(), columns).map_err(|e| LabError::Invalid(format!("building the records frame: {e}")))
 }
 
 fn flatten(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, serde_json::Value>) {
     match v {
         serde_json::Value::Object(map) => {
             for (k, v) in map {
-                let key = if prefix.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{prefix}.{k}")
-                };
+                let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
                 flatten(&key, v, out);
             }
         }
@@ -92,10 +83,7 @@ fn flatten(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, serde
 /// Numbers become f64, booleans bool, everything else a string; missing cells are null.
 fn column(name: &str, rows: &[BTreeMap<String, serde_json::Value>]) -> Column {
     use serde_json::Value as V;
-    let cells: Vec<Option<&V>> = rows
-        .iter()
-        .map(|r| r.get(name).filter(|v| !v.is_null()))
-        .collect();
+    let cells: Vec<Option<&V>> = rows.iter().map(|r| r.get(name).filter(|v| !v.is_null())).collect();
     if cells.iter().flatten().all(|v| v.is_number()) {
         let vals: Vec<Option<f64>> = cells.iter().map(|c| c.and_then(|v| v.as_f64())).collect();
         Column::new(name.into(), vals)
@@ -105,13 +93,7 @@ fn column(name: &str, rows: &[BTreeMap<String, serde_json::Value>]) -> Column {
     } else {
         let vals: Vec<Option<String>> = cells
             .iter()
-            .map(|c| {
-                c.map(|v| {
-                    v.as_str()
-                        .map(str::to_string)
-                        .unwrap_or_else(|| v.to_string())
-                })
-            })
+            .map(|c| c.map(|v| v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string())))
             .collect();
         Column::new(name.into(), vals)
     }

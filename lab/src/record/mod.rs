@@ -143,26 +143,15 @@ pub struct RunWriter {
 
 impl RunWriter {
     pub fn create(dir: &Path, run_id: &str) -> Result<Self> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| LabError::io(dir, format!("cannot create the records folder: {e}")))?;
+        std::fs::create_dir_all(dir).map_err(|e| LabError::io(dir, format!("cannot create the records folder: {e}")))?;
         let path = dir.join(format!("{run_id}.jsonl"));
         // Never append to another run's file, whatever its id.
         let file = std::fs::OpenOptions::new()
             .create_new(true)
             .append(true)
             .open(&path)
-            .map_err(|e| {
-                LabError::io(
-                    &path,
-                    format!("cannot create the run file (another run with this id?): {e}"),
-                )
-            })?;
-        Ok(RunWriter {
-            run_id: run_id.into(),
-            path,
-            file,
-            count: 0,
-        })
+            .map_err(|e| LabError::io(&path, format!("cannot create the run file (another run with this id?): {e}")))?;
+        Ok(RunWriter { run_id: run_id.into(), path, file, count: 0 })
     }
 
     /// The id the next record will get.
@@ -171,8 +160,7 @@ impl RunWriter {
     }
 
     pub fn append(&mut self, record: &Record) -> Result<()> {
-        let mut line = serde_json::to_string(record)
-            .map_err(|e| LabError::Invalid(format!("record not serialisable: {e}")))?;
+        let mut line = serde_json::to_string(record).map_err(|e| LabError::Invalid(format!("record not serialisable: {e}")))?;
         line.push('\n');
         // One write of the whole line: a run killed mid-way leaves complete lines and at most a
         // torn last one, which readers report and skip.
@@ -236,38 +224,23 @@ pub fn parse_run_file(file: &Path, bytes: &[u8]) -> (Vec<Record>, Vec<Damage>) {
             Ok(r) => records.push(r),
             // The writer ends every line it finishes: a damaged last line without its end is
             // one a killed run was writing.
-            Err(why) if !piece.ends_with(b"\n") => damage.push(Damage {
-                file: file.into(),
-                line: lines,
-                why: format!("torn last line (the run was killed while writing it?): {why}"),
-            }),
-            Err(why) => damage.push(Damage {
-                file: file.into(),
-                line: lines,
-                why,
-            }),
+            Err(why) if !piece.ends_with(b"\n") => {
+                damage.push(Damage { file: file.into(), line: lines, why: format!("torn last line (the run was killed while writing it?): {why}") })
+            }
+            Err(why) => damage.push(Damage { file: file.into(), line: lines, why }),
         }
     }
     if let Some(e) = broken {
-        damage.push(Damage {
-            file: file.into(),
-            line: lines + 1,
-            why: format!("not readable as gzip from this line on: {e}"),
-        });
+        damage.push(Damage { file: file.into(), line: lines + 1, why: format!("not readable as gzip from this line on: {e}") });
     }
     (records, damage)
 }
 
 fn parse_line(line: &str) -> std::result::Result<Record, String> {
-    let value: serde_json::Value =
-        serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
+    let value: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
     match value.get("schema").and_then(|s| s.as_u64()) {
         Some(s) if s == u64::from(SCHEMA) => {}
-        Some(s) => {
-            return Err(format!(
-                "schema {s} is not one this lab reads (it reads {SCHEMA})"
-            ))
-        }
+        Some(s) => return Err(format!("schema {s} is not one this lab reads (it reads {SCHEMA})")),
         None => return Err("no `schema` field".into()),
     }
     serde_json::from_value(value).map_err(|e| format!("not a schema-{SCHEMA} record: {e}"))
@@ -290,27 +263,16 @@ mod tests {
             bound: None,
         };
         let text = serde_json::to_string(&e).unwrap();
-        assert!(
-            text.contains("\"worst_fraction_of_tolerance\":null"),
-            "{text}"
-        );
+        assert!(text.contains("\"worst_fraction_of_tolerance\":null"), "{text}");
         let back: super::ErrorStats = serde_json::from_str(&text).unwrap();
-        assert!(
-            back.max_rel.is_nan()
-                && back.worst_fraction_of_tolerance.is_nan()
-                && back.max_abs == 1.0
-                && back.mismatches == 1
-        );
+        assert!(back.max_rel.is_nan() && back.worst_fraction_of_tolerance.is_nan() && back.max_abs == 1.0 && back.mismatches == 1);
     }
 
     use std::path::Path;
 
     /// The first `n` lines of the fixture, each ended as the writer ends it.
     fn lines(n: usize) -> Vec<u8> {
-        LINE.lines()
-            .take(n)
-            .flat_map(|l| [l.as_bytes(), b"\n"].concat())
-            .collect()
+        LINE.lines().take(n).flat_map(|l| [l.as_bytes(), b"\n"].concat()).collect()
     }
 
     fn gzip(bytes: &[u8]) -> Vec<u8> {
@@ -327,22 +289,11 @@ mod tests {
         let (records, damage) = super::parse_run_file(Path::new("run.jsonl"), &bytes);
         assert_eq!(records.len(), 2);
         assert_eq!(damage.len(), 1, "{damage:?}");
-        assert!(
-            damage[0]
-                .to_string()
-                .starts_with("run.jsonl:3: torn last line")
-                && damage[0].why.contains("not UTF-8"),
-            "{}",
-            damage[0]
-        );
+        assert!(damage[0].to_string().starts_with("run.jsonl:3: torn last line") && damage[0].why.contains("not UTF-8"), "{}", damage[0]);
         // Not at the end: damage that is not a tear, and the line after it still reads.
         let bytes = [lines(1).as_slice(), b"\xFF\n", &lines(2)].concat();
         let (records, damage) = super::parse_run_file(Path::new("run.jsonl"), &bytes);
-        assert_eq!(
-            (records.len(), damage.len(), damage[0].line),
-            (3, 1, 2),
-            "{damage:?}"
-        );
+        assert_eq!((records.len(), damage.len(), damage[0].line), (3, 1, 2), "{damage:?}");
         assert!(damage[0].why.starts_with("not UTF-8"), "{}", damage[0]);
     }
 
@@ -350,29 +301,14 @@ mod tests {
     fn a_gzip_file_cut_short_keeps_its_whole_lines_and_names_the_line_it_breaks_in() {
         let all = LINE.lines().count();
         let gz = gzip(&lines(all));
-        let (records, damage) =
-            super::parse_run_file(Path::new("run.jsonl.gz"), &gz[..gz.len() / 2]);
-        assert!(
-            !records.is_empty() && records.len() < all,
-            "{} of {all}",
-            records.len()
-        );
+        let (records, damage) = super::parse_run_file(Path::new("run.jsonl.gz"), &gz[..gz.len() / 2]);
+        assert!(!records.is_empty() && records.len() < all, "{} of {all}", records.len());
         assert_eq!(damage.len(), 1, "{damage:?}");
         assert_eq!(damage[0].line, records.len() + 1);
-        assert!(
-            damage[0]
-                .why
-                .starts_with("not readable as gzip from this line on"),
-            "{}",
-            damage[0]
-        );
+        assert!(damage[0].why.starts_with("not readable as gzip from this line on"), "{}", damage[0]);
         // Not gzip at all: damage from line 1, not an error that stops other files loading.
-        let (records, damage) =
-            super::parse_run_file(Path::new("run.jsonl.gz"), b"not gzip at all");
-        assert!(
-            records.is_empty() && damage.len() == 1 && damage[0].line == 1,
-            "{damage:?}"
-        );
+        let (records, damage) = super::parse_run_file(Path::new("run.jsonl.gz"), b"not gzip at all");
+        assert!(records.is_empty() && damage.len() == 1 && damage[0].line == 1, "{damage:?}");
     }
 
     #[test]
@@ -380,30 +316,22 @@ mod tests {
         let joined = [gzip(&lines(2)), gzip(&lines(3))].concat();
         let (records, damage) = super::parse_run_file(Path::new("run.jsonl.gz"), &joined);
         assert_eq!((records.len(), damage.len()), (5, 0), "{damage:?}");
-        let (records, damage) = super::parse_run_file(
-            Path::new("run.jsonl.gz"),
-            &[gzip(&lines(2)).as_slice(), b"\0\0junk"].concat(),
-        );
+        let (records, damage) = super::parse_run_file(Path::new("run.jsonl.gz"), &[gzip(&lines(2)).as_slice(), b"\0\0junk"].concat());
         assert_eq!(records.len(), 2);
         assert!(damage.len() == 1 && damage[0].line == 3, "{damage:?}");
     }
 
     #[test]
     fn a_schema_past_u32_is_not_read_as_schema_1() {
-        let mut record: serde_json::Value =
-            serde_json::from_str(LINE.lines().next().unwrap()).unwrap();
+        let mut record: serde_json::Value = serde_json::from_str(LINE.lines().next().unwrap()).unwrap();
         record["schema"] = (u64::from(u32::MAX) + 2).into();
         let why = super::parse_line(&record.to_string()).unwrap_err();
-        assert!(
-            why.starts_with("schema 4294967297 is not one this lab reads"),
-            "{why}"
-        );
+        assert!(why.starts_with("schema 4294967297 is not one this lab reads"), "{why}");
     }
 
     use proptest::prelude::*;
 
-    const LINE: &str =
-        include_str!("../../tests/fixtures/report/records/2026-11-22T14-00-38Z-h100-14a3904.jsonl");
+    const LINE: &str = include_str!("../../tests/fixtures/report/records/2026-11-22T14-00-38Z-h100-14a3904.jsonl");
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(2000))]

@@ -24,9 +24,7 @@ pub fn host_info() -> HostInfo {
                 .map(|(_, v)| v.trim().to_string())
         })
         .unwrap_or_else(|| std::env::consts::ARCH.to_string());
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     HostInfo { cpu, cores }
 }
 
@@ -41,9 +39,7 @@ pub fn git_info() -> GitInfo {
 
 /// The environment variables that change what a GPU or MPI run does, by prefix.
 pub fn env_allow_listed() -> std::collections::BTreeMap<String, String> {
-    std::env::vars()
-        .filter(|(k, _)| ["NCCL_", "CUDA_", "OMPI_"].iter().any(|p| k.starts_with(p)))
-        .collect()
+    std::env::vars().filter(|(k, _)| ["NCCL_", "CUDA_", "OMPI_"].iter().any(|p| k.starts_with(p))).collect()
 }
 
 /// RFC 3339 UTC time to the second.

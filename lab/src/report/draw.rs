@@ -58,9 +58,7 @@ pub(super) const FAMILY_PALETTE: [RGBColor; 15] = [
 pub(super) fn family_color(experiment: &str) -> RGBColor {
     let families = crate::family::FAMILIES;
     let named = |f: &&crate::family::Family| f.experiment.is_some_and(|e| e.name() == experiment);
-    let drawn = |f: &&crate::family::Family| {
-        !f.kernels.is_empty() && f.experiment.is_some() && f.name != "ceilings"
-    };
+    let drawn = |f: &&crate::family::Family| !f.kernels.is_empty() && f.experiment.is_some() && f.name != "ceilings";
     match families.iter().filter(drawn).position(|f| named(&f)) {
         Some(i) => FAMILY_PALETTE[i % FAMILY_PALETTE.len()],
         // The others cycle through the first twelve, the palette they were first drawn in, so
@@ -74,11 +72,7 @@ pub(super) fn text_color(c: RGBColor) -> RGBColor {
     let RGBColor(r, g, b) = c;
     let luma = 0.299 * r as f64 + 0.587 * g as f64 + 0.114 * b as f64;
     let k = if luma > 120.0 { 120.0 / luma } else { 1.0 };
-    RGBColor(
-        (r as f64 * k) as u8,
-        (g as f64 * k) as u8,
-        (b as f64 * k) as u8,
-    )
+    RGBColor((r as f64 * k) as u8, (g as f64 * k) as u8, (b as f64 * k) as u8)
 }
 
 /// A colour mixed towards white (`amount` of white).
@@ -109,13 +103,7 @@ impl Marker {
     }
 
     /// Filled, with a white rim so that overlapping points stay apart.
-    pub(super) fn draw(
-        self,
-        area: &Area,
-        (x, y): (i32, i32),
-        r: i32,
-        fill: RGBColor,
-    ) -> Option<()> {
+    pub(super) fn draw(self, area: &Area, (x, y): (i32, i32), r: i32, fill: RGBColor) -> Option<()> {
         let rim = WHITE.stroke_width(1);
         let outline = |pts: Vec<(i32, i32)>| -> Option<()> {
             area.draw(&Polygon::new(pts.clone(), fill.filled())).ok()?;
@@ -128,37 +116,13 @@ impl Marker {
                 area.draw(&Circle::new((x, y), r, fill.filled())).ok()?;
                 area.draw(&Circle::new((x, y), r, rim)).ok()
             }
-            Marker::Square => outline(vec![
-                (x - r + 1, y - r + 1),
-                (x + r - 1, y - r + 1),
-                (x + r - 1, y + r - 1),
-                (x - r + 1, y + r - 1),
-            ]),
-            Marker::Triangle => outline(vec![
-                (x, y - r - 1),
-                (x + r + 1, y + r - 1),
-                (x - r - 1, y + r - 1),
-            ]),
-            Marker::Diamond => outline(vec![
-                (x, y - r - 1),
-                (x + r + 1, y),
-                (x, y + r + 1),
-                (x - r - 1, y),
-            ]),
+            Marker::Square => outline(vec![(x - r + 1, y - r + 1), (x + r - 1, y - r + 1), (x + r - 1, y + r - 1), (x - r + 1, y + r - 1)]),
+            Marker::Triangle => outline(vec![(x, y - r - 1), (x + r + 1, y + r - 1), (x - r - 1, y + r - 1)]),
+            Marker::Diamond => outline(vec![(x, y - r - 1), (x + r + 1, y), (x, y + r + 1), (x - r - 1, y)]),
             Marker::Star => {
                 let at = |i: i32| {
-                    let (radius, angle) = (
-                        if i % 2 == 0 {
-                            r as f64 + 2.0
-                        } else {
-                            r as f64 * 0.45
-                        },
-                        std::f64::consts::PI * (i as f64 / 5.0 - 0.5),
-                    );
-                    (
-                        x + (radius * angle.cos()).round() as i32,
-                        y + (radius * angle.sin()).round() as i32,
-                    )
+                    let (radius, angle) = (if i % 2 == 0 { r as f64 + 2.0 } else { r as f64 * 0.45 }, std::f64::consts::PI * (i as f64 / 5.0 - 0.5));
+                    (x + (radius * angle.cos()).round() as i32, y + (radius * angle.sin()).round() as i32)
                 };
                 outline((0..10).map(at).collect())
             }
@@ -168,19 +132,11 @@ impl Marker {
 
 /// How the legend names a dtype (records without one: quantized weights, whole models).
 pub(super) fn dtype_label(dtype: &str) -> &str {
-    if dtype.is_empty() {
-        "other"
-    } else {
-        dtype
-    }
+    if dtype.is_empty() { "other" } else { dtype }
 }
 
 pub(super) fn style(size: f64, color: RGBColor, h: HPos, v: VPos) -> TextStyle<'static> {
-    TextStyle {
-        font: ("sans-serif", size).into(),
-        color: color.to_backend_color(),
-        pos: Pos::new(h, v),
-    }
+    TextStyle { font: ("sans-serif", size).into(), color: color.to_backend_color(), pos: Pos::new(h, v) }
 }
 
 /// The width a line of text takes, estimated generously (DejaVu Sans, plotters' size).
@@ -204,19 +160,9 @@ pub(super) fn fit(s: &str, size: f64, px: i32) -> String {
 /// Title and subtitle in the band above the chart.
 pub(super) fn header(root: &Area, title: &str, subtitle: &str) -> Option<()> {
     let w = root.dim_in_pixel().0 as i32 - 32;
-    root.draw(&Text::new(
-        fit(title, TITLE, w),
-        (16, 8),
-        style(TITLE, INK, HPos::Left, VPos::Top),
-    ))
-    .ok()?;
+    root.draw(&Text::new(fit(title, TITLE, w), (16, 8), style(TITLE, INK, HPos::Left, VPos::Top))).ok()?;
     if !subtitle.is_empty() {
-        root.draw(&Text::new(
-            fit(subtitle, SMALL, w),
-            (16, 32),
-            style(SMALL, MUTED, HPos::Left, VPos::Top),
-        ))
-        .ok()?;
+        root.draw(&Text::new(fit(subtitle, SMALL, w), (16, 32), style(SMALL, MUTED, HPos::Left, VPos::Top))).ok()?;
     }
     Some(())
 }
@@ -232,12 +178,7 @@ pub(super) struct Bounds {
 
 impl Bounds {
     pub(super) fn around((x, y): (i32, i32), r: i32) -> Bounds {
-        Bounds {
-            x0: x - r,
-            y0: y - r,
-            x1: x + r,
-            y1: y + r,
-        }
+        Bounds { x0: x - r, y0: y - r, x1: x + r, y1: y + r }
     }
     pub(super) fn overlaps(&self, o: &Bounds) -> bool {
         self.x0 < o.x1 && o.x0 < self.x1 && self.y0 < o.y1 && o.y0 < self.y1
@@ -245,16 +186,9 @@ impl Bounds {
     pub(super) fn inside(&self, o: &Bounds) -> bool {
         self.x0 >= o.x0 && self.y0 >= o.y0 && self.x1 <= o.x1 && self.y1 <= o.y1
     }
-    pub(super) fn of_area<DB: DrawingBackend, CT: plotters::coord::CoordTranslate>(
-        area: &DrawingArea<DB, CT>,
-    ) -> Bounds {
+    pub(super) fn of_area<DB: DrawingBackend, CT: plotters::coord::CoordTranslate>(area: &DrawingArea<DB, CT>) -> Bounds {
         let (x, y) = area.get_pixel_range();
-        Bounds {
-            x0: x.start,
-            y0: y.start,
-            x1: x.end,
-            y1: y.end,
-        }
+        Bounds { x0: x.start, y0: y.start, x1: x.end, y1: y.end }
     }
 }
 
@@ -276,12 +210,7 @@ pub(super) fn corner(plot: Bounds, w: i32, h: i32, obstacles: &[Bounds]) -> Boun
     }
     spots
         .into_iter()
-        .map(|(x, y)| Bounds {
-            x0: x,
-            y0: y,
-            x1: x + w,
-            y1: y + h,
-        })
+        .map(|(x, y)| Bounds { x0: x, y0: y, x1: x + w, y1: y + h })
         .min_by_key(|c| obstacles.iter().filter(|o| o.overlaps(c)).count())
         .expect("four corners")
 }
@@ -299,29 +228,14 @@ impl Placer {
     /// The box for a `w` x `h` label of the point at `at` (radius `r`), and whether it sits away
     /// from the point; None when no spot is free. `soft` (the other points) is avoided where
     /// it can be.
-    pub(super) fn place(
-        &mut self,
-        at: (i32, i32),
-        r: i32,
-        w: i32,
-        h: i32,
-        soft: &[Bounds],
-    ) -> Option<(Bounds, bool)> {
+    pub(super) fn place(&mut self, at: (i32, i32), r: i32, w: i32, h: i32, soft: &[Bounds]) -> Option<(Bounds, bool)> {
         let (x, y) = at;
         let g = r + 4;
-        let mut spots: Vec<(i32, i32, bool)> = vec![
-            (x + g, y - h / 2, false),
-            (x - g - w, y - h / 2, false),
-            (x - w / 2, y - g - h, false),
-            (x - w / 2, y + g, false),
-        ];
+        let mut spots: Vec<(i32, i32, bool)> =
+            vec![(x + g, y - h / 2, false), (x - g - w, y - h / 2, false), (x - w / 2, y - g - h, false), (x - w / 2, y + g, false)];
         for dx in [34, 70, 120, 180] {
             for k in 0..80 {
-                let dy = if k % 2 == 0 {
-                    (k / 2) * 4
-                } else {
-                    -(k / 2 + 1) * 4
-                };
+                let dy = if k % 2 == 0 { (k / 2) * 4 } else { -(k / 2 + 1) * 4 };
                 spots.push((x + dx, y - h / 2 + dy, true));
                 spots.push((x - dx - w, y - h / 2 + dy, true));
             }
@@ -329,12 +243,7 @@ impl Placer {
         // Free of other labels and of points first; then of labels alone.
         for avoid_points in [true, false] {
             for &(x0, y0, far) in &spots {
-                let b = Bounds {
-                    x0,
-                    y0,
-                    x1: x0 + w,
-                    y1: y0 + h,
-                };
+                let b = Bounds { x0, y0, x1: x0 + w, y1: y0 + h };
                 let clear = b.inside(&self.plot)
                     && !self.taken.iter().any(|t| t.overlaps(&b))
                     && !(avoid_points && soft.iter().any(|t| t.overlaps(&b)));
@@ -348,28 +257,11 @@ impl Placer {
     }
 
     /// Beside or above the point, touching nothing else; None when that is not free.
-    pub(super) fn near(
-        &mut self,
-        at: (i32, i32),
-        r: i32,
-        w: i32,
-        h: i32,
-        soft: &[Bounds],
-    ) -> Option<Bounds> {
+    pub(super) fn near(&mut self, at: (i32, i32), r: i32, w: i32, h: i32, soft: &[Bounds]) -> Option<Bounds> {
         let (x, y) = at;
         let g = r + 4;
-        for (x0, y0) in [
-            (x + g, y - h / 2),
-            (x - g - w, y - h / 2),
-            (x - w / 2, y - g - h),
-            (x - w / 2, y + g),
-        ] {
-            let b = Bounds {
-                x0,
-                y0,
-                x1: x0 + w,
-                y1: y0 + h,
-            };
+        for (x0, y0) in [(x + g, y - h / 2), (x - g - w, y - h / 2), (x - w / 2, y - g - h), (x - w / 2, y + g)] {
+            let b = Bounds { x0, y0, x1: x0 + w, y1: y0 + h };
             if b.inside(&self.plot) && !self.taken.iter().chain(soft).any(|t| t.overlaps(&b)) {
                 self.taken.push(b);
                 return Some(b);
@@ -383,12 +275,7 @@ impl Placer {
 /// cluster, the left half of its points labelled on the left, the right half on the right, each
 /// column in the points' vertical order so that leader lines do not cross; what does not fit
 /// there goes to the placer's rings. Items are (key, point, label width); returns each key's box.
-pub(super) fn columns(
-    placer: &mut Placer,
-    items: &[(usize, (i32, i32), i32)],
-    h: i32,
-    soft: &[Bounds],
-) -> Vec<(usize, Bounds)> {
+pub(super) fn columns(placer: &mut Placer, items: &[(usize, (i32, i32), i32)], h: i32, soft: &[Bounds]) -> Vec<(usize, Bounds)> {
     if items.is_empty() {
         return Vec::new();
     }
@@ -397,14 +284,9 @@ pub(super) fn columns(
     let mid = xs[(xs.len() - 1) / 2];
     let mut out = Vec::new();
     for left in [true, false] {
-        let mut side: Vec<&(usize, (i32, i32), i32)> =
-            items.iter().filter(|i| (i.1 .0 <= mid) == left).collect();
+        let mut side: Vec<&(usize, (i32, i32), i32)> = items.iter().filter(|i| (i.1 .0 <= mid) == left).collect();
         side.sort_by_key(|i| (i.1 .1, i.1 .0));
-        let edge = if left {
-            side.iter().map(|i| i.1 .0).min()
-        } else {
-            side.iter().map(|i| i.1 .0).max()
-        };
+        let edge = if left { side.iter().map(|i| i.1 .0).min() } else { side.iter().map(|i| i.1 .0).max() };
         let Some(edge) = edge else { continue };
         let mut cursor = placer.plot.y0;
         for &&(key, (_, y), w) in &side {
@@ -412,12 +294,7 @@ pub(super) fn columns(
             let mut y0 = (y - h / 2).max(cursor);
             let mut spot = None;
             while y0 + h <= placer.plot.y1 {
-                let b = Bounds {
-                    x0,
-                    y0,
-                    x1: x0 + w,
-                    y1: y0 + h,
-                };
+                let b = Bounds { x0, y0, x1: x0 + w, y1: y0 + h };
                 if !b.inside(&placer.plot) {
                     break;
                 }
@@ -447,34 +324,14 @@ pub(super) fn columns(
 }
 
 /// A label with a white backing, and a leader line to its point when it sits away from it.
-pub(super) fn label(
-    area: &Area,
-    text: &str,
-    b: Bounds,
-    color: RGBColor,
-    size: f64,
-    leader: Option<(i32, i32)>,
-) -> Option<()> {
+pub(super) fn label(area: &Area, text: &str, b: Bounds, color: RGBColor, size: f64, leader: Option<(i32, i32)>) -> Option<()> {
     if let Some((x, y)) = leader {
         let cx = x.clamp(b.x0, b.x1);
         let cy = y.clamp(b.y0, b.y1);
-        area.draw(&PathElement::new(
-            vec![(x, y), (cx, cy)],
-            color.mix(0.8).stroke_width(1),
-        ))
-        .ok()?;
+        area.draw(&PathElement::new(vec![(x, y), (cx, cy)], color.mix(0.8).stroke_width(1))).ok()?;
     }
-    area.draw(&Rectangle::new(
-        [(b.x0, b.y0), (b.x1, b.y1)],
-        WHITE.mix(0.85).filled(),
-    ))
-    .ok()?;
-    area.draw(&Text::new(
-        text.to_string(),
-        (b.x0 + 3, (b.y0 + b.y1) / 2),
-        style(size, color, HPos::Left, VPos::Center),
-    ))
-    .ok()?;
+    area.draw(&Rectangle::new([(b.x0, b.y0), (b.x1, b.y1)], WHITE.mix(0.85).filled())).ok()?;
+    area.draw(&Text::new(text.to_string(), (b.x0 + 3, (b.y0 + b.y1) / 2), style(size, color, HPos::Left, VPos::Center))).ok()?;
     Some(())
 }
 
@@ -499,11 +356,7 @@ impl Legend {
         self.rows.chunks(self.per_column.max(1)).collect()
     }
     fn column_width(rows: &[(Swatch, String)]) -> i32 {
-        28 + rows
-            .iter()
-            .map(|(_, t)| text_width(t, TEXT))
-            .max()
-            .unwrap_or(0)
+        28 + rows.iter().map(|(_, t)| text_width(t, TEXT)).max().unwrap_or(0)
     }
     pub(super) fn size(&self) -> (i32, i32) {
         let cols = self.columns();
@@ -518,16 +371,8 @@ impl Legend {
         }
         overlay.open("legend");
         overlay.group("legend-box", None, |a| {
-            a.draw(&Rectangle::new(
-                [(at.x0, at.y0), (at.x1, at.y1)],
-                WHITE.mix(0.9).filled(),
-            ))
-            .ok()?;
-            a.draw(&Rectangle::new(
-                [(at.x0, at.y0), (at.x1, at.y1)],
-                MUTED.mix(0.6).stroke_width(1),
-            ))
-            .ok()
+            a.draw(&Rectangle::new([(at.x0, at.y0), (at.x1, at.y1)], WHITE.mix(0.9).filled())).ok()?;
+            a.draw(&Rectangle::new([(at.x0, at.y0), (at.x1, at.y1)], MUTED.mix(0.6).stroke_width(1))).ok()
         })?;
         let mut x = at.x0 + 8;
         for col in self.columns() {
@@ -535,35 +380,15 @@ impl Legend {
                 let y = at.y0 + 5 + ROW * i as i32 + ROW / 2;
                 overlay.group("legend-entry", None, |a| {
                     match swatch {
-                        Swatch::Fill(c) => a
-                            .draw(&Rectangle::new([(x, y - 6), (x + 14, y + 6)], c.filled()))
-                            .ok()?,
+                        Swatch::Fill(c) => a.draw(&Rectangle::new([(x, y - 6), (x + 14, y + 6)], c.filled())).ok()?,
                         Swatch::Marker(m, c) => m.draw(a, (x + 7, y), 5, *c)?,
                         Swatch::Line(c, dashed) if *dashed => {
-                            a.draw(&PathElement::new(
-                                vec![(x, y), (x + 6, y)],
-                                c.stroke_width(2),
-                            ))
-                            .ok()?;
-                            a.draw(&PathElement::new(
-                                vec![(x + 10, y), (x + 16, y)],
-                                c.stroke_width(2),
-                            ))
-                            .ok()?
+                            a.draw(&PathElement::new(vec![(x, y), (x + 6, y)], c.stroke_width(2))).ok()?;
+                            a.draw(&PathElement::new(vec![(x + 10, y), (x + 16, y)], c.stroke_width(2))).ok()?
                         }
-                        Swatch::Line(c, _) => a
-                            .draw(&PathElement::new(
-                                vec![(x, y), (x + 16, y)],
-                                c.stroke_width(2),
-                            ))
-                            .ok()?,
+                        Swatch::Line(c, _) => a.draw(&PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2))).ok()?,
                     }
-                    a.draw(&Text::new(
-                        name.clone(),
-                        (x + 22, y),
-                        style(TEXT, INK, HPos::Left, VPos::Center),
-                    ))
-                    .ok()
+                    a.draw(&Text::new(name.clone(), (x + 22, y), style(TEXT, INK, HPos::Left, VPos::Center))).ok()
                 })?;
             }
             x += Self::column_width(col);
@@ -581,10 +406,7 @@ pub(super) struct Overlay {
 
 impl Overlay {
     pub(super) fn new(size: (u32, u32)) -> Overlay {
-        Overlay {
-            size,
-            body: String::new(),
-        }
+        Overlay { size, body: String::new() }
     }
 
     pub(super) fn open(&mut self, class: &str) {
@@ -597,12 +419,7 @@ impl Overlay {
 
     /// What `draw` draws with plotters on a blank canvas of the figure's size, in a group of
     /// `class` whose hover text is `title`.
-    pub(super) fn group(
-        &mut self,
-        class: &str,
-        title: Option<&str>,
-        draw: impl for<'b> FnOnce(&Area<'b>) -> Option<()>,
-    ) -> Option<()> {
+    pub(super) fn group(&mut self, class: &str, title: Option<&str>, draw: impl for<'b> FnOnce(&Area<'b>) -> Option<()>) -> Option<()> {
         let mut svg = String::new();
         {
             let root = SVGBackend::with_string(&mut svg, self.size).into_drawing_area();
@@ -628,9 +445,7 @@ impl Overlay {
 }
 
 fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
 
 /// The powers of ten inside `lo..=hi`.
@@ -638,9 +453,7 @@ pub(super) fn decades(lo: f64, hi: f64) -> Vec<f64> {
     if !(lo > 0.0 && hi > lo && hi.is_finite()) {
         return Vec::new();
     }
-    (lo.log10().ceil() as i32..=hi.log10().floor() as i32)
-        .map(|k| 10f64.powi(k))
-        .collect()
+    (lo.log10().ceil() as i32..=hi.log10().floor() as i32).map(|k| 10f64.powi(k)).collect()
 }
 
 /// A figure as a reader says it: 3 significant digits, no exponent above 0.01.
@@ -665,10 +478,7 @@ mod tests {
     fn every_kernel_family_has_a_colour_of_its_own() {
         let mut seen: Vec<RGBColor> = Vec::new();
         // Families without a sweep of their own (the f64 references) draw nothing.
-        for f in crate::family::FAMILIES
-            .iter()
-            .filter(|f| !f.kernels.is_empty() && f.name != "ceilings")
-        {
+        for f in crate::family::FAMILIES.iter().filter(|f| !f.kernels.is_empty() && f.name != "ceilings") {
             let Some(exp) = f.experiment else { continue };
             let c = family_color(exp.name());
             assert!(!seen.contains(&c), "{} shares a colour", f.name);
@@ -680,13 +490,8 @@ mod tests {
     #[test]
     fn an_overlay_group_keeps_plotters_elements_and_adds_a_title() {
         let mut o = Overlay::new((100, 100));
-        o.group("point", Some("a <b> & c"), |a| {
-            Marker::Square.draw(a, (50, 50), 5, RED)
-        })
-        .unwrap();
-        let svg = o
-            .onto("<svg width=\"100\" height=\"100\">\n<rect/>\n</svg>\n".to_string())
-            .unwrap();
+        o.group("point", Some("a <b> & c"), |a| Marker::Square.draw(a, (50, 50), 5, RED)).unwrap();
+        let svg = o.onto("<svg width=\"100\" height=\"100\">\n<rect/>\n</svg>\n".to_string()).unwrap();
         assert!(svg.starts_with("<svg width=\"100\" height=\"100\">\n<rect/>\n<g class=\"point\">\n<title>a &lt;b&gt; &amp; c</title>\n<polygon"), "{svg}");
         assert!(svg.ends_with("</g>\n</svg>\n"), "{svg}");
         assert_eq!(svg.matches("<svg").count(), 1);
@@ -694,23 +499,12 @@ mod tests {
 
     #[test]
     fn labels_do_not_cover_each_other() {
-        let plot = Bounds {
-            x0: 0,
-            y0: 0,
-            x1: 400,
-            y1: 300,
-        };
-        let mut p = Placer {
-            plot,
-            taken: Vec::new(),
-        };
+        let plot = Bounds { x0: 0, y0: 0, x1: 400, y1: 300 };
+        let mut p = Placer { plot, taken: Vec::new() };
         let a = p.place((200, 150), 5, 80, 14, &[]).unwrap().0;
         let b = p.place((200, 150), 5, 80, 14, &[]).unwrap().0;
         assert!(!a.overlaps(&b) && a.inside(&plot) && b.inside(&plot));
-        assert_eq!(
-            corner(plot, 50, 50, &[Bounds::around((20, 20), 5)]).x0,
-            400 - 8 - 50
-        );
+        assert_eq!(corner(plot, 50, 50, &[Bounds::around((20, 20), 5)]).x0, 400 - 8 - 50);
     }
 
     #[test]

@@ -39,18 +39,10 @@ fn log_keys(lo: f64, hi: f64) -> Vec<f64> {
     }
     let decades = (lo.log10().floor() as i32)..=(hi.log10().ceil() as i32);
     let pick = |ms: &[f64]| -> Vec<f64> {
-        decades
-            .clone()
-            .flat_map(|k| ms.iter().map(move |m| m * 10f64.powi(k)))
-            .filter(|v| *v >= lo && *v <= hi)
-            .collect()
+        decades.clone().flat_map(|k| ms.iter().map(move |m| m * 10f64.powi(k))).filter(|v| *v >= lo && *v <= hi).collect()
     };
     let keys = pick(&[1.0, 2.0, 5.0]);
-    if keys.len() >= 4 {
-        keys
-    } else {
-        pick(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0])
-    }
+    if keys.len() >= 4 { keys } else { pick(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]) }
 }
 
 /// Which axes are logarithmic.
@@ -80,10 +72,7 @@ fn range(lo: f64, hi: f64, log: bool) -> (f64, f64) {
         (lo / 1.5, hi * 1.5)
     } else {
         let pad = ((hi - lo) * 0.06).max(hi.abs() * 0.02).max(1e-9);
-        (
-            (lo - pad).min(if lo >= 0.0 { 0.0 } else { lo - pad }),
-            hi + pad,
-        )
+        ((lo - pad).min(if lo >= 0.0 { 0.0 } else { lo - pad }), hi + pad)
     }
 }
 
@@ -93,14 +82,8 @@ pub fn lines(spec: &Lines) -> Option<String> {
         return None;
     }
     let all = spec.series.values().flatten();
-    let (x_lo, x_hi) = all
-        .clone()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), p| {
-            (lo.min(p.0), hi.max(p.0))
-        });
-    let (y_lo, y_hi) = all.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), p| {
-        (lo.min(p.1), hi.max(p.1))
-    });
+    let (x_lo, x_hi) = all.clone().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), p| (lo.min(p.0), hi.max(p.0)));
+    let (y_lo, y_hi) = all.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), p| (lo.min(p.1), hi.max(p.1)));
     let (log_x, log_y) = match spec.axes {
         Axes::Linear => (false, false),
         Axes::LogLog => (true, true),
@@ -113,11 +96,7 @@ pub fn lines(spec: &Lines) -> Option<String> {
         let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
         root.fill(&WHITE).ok()?;
         let mut builder = ChartBuilder::on(&root);
-        builder
-            .caption(spec.title, ("sans-serif", 20))
-            .margin(16)
-            .x_label_area_size(44)
-            .y_label_area_size(64);
+        builder.caption(spec.title, ("sans-serif", 20)).margin(16).x_label_area_size(44).y_label_area_size(64);
         // One body per axis kind: plotters types the coordinates by their scale.
         macro_rules! draw {
             ($xr:expr, $yr:expr) => {{
@@ -135,27 +114,16 @@ pub fn lines(spec: &Lines) -> Option<String> {
                     let c = color(i);
                     if spec.dashed.contains(&name.as_str()) {
                         chart
-                            .draw_series(DashedLineSeries::new(
-                                pts.clone(),
-                                8,
-                                5,
-                                c.stroke_width(2),
-                            ))
+                            .draw_series(DashedLineSeries::new(pts.clone(), 8, 5, c.stroke_width(2)))
                             .ok()?
                             .label(name.clone())
-                            .legend(move |(x, y)| {
-                                PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2))
-                            });
+                            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
                     } else {
                         chart
-                            .draw_series(
-                                LineSeries::new(pts.clone(), c.stroke_width(2)).point_size(3),
-                            )
+                            .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)).point_size(3))
                             .ok()?
                             .label(name.clone())
-                            .legend(move |(x, y)| {
-                                PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2))
-                            });
+                            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
                     }
                 }
                 chart
@@ -170,15 +138,9 @@ pub fn lines(spec: &Lines) -> Option<String> {
         }
         // Log axes are labelled at 1, 2 and 5 times powers of ten (plotters' own log ticks start
         // at the first power of ten inside the range and skip everything below it).
-        let (xk, yk) = (
-            if log_x { log_keys(x0, x1) } else { Vec::new() },
-            if log_y { log_keys(y0, y1) } else { Vec::new() },
-        );
+        let (xk, yk) = (if log_x { log_keys(x0, x1) } else { Vec::new() }, if log_y { log_keys(y0, y1) } else { Vec::new() });
         match (log_x, log_y) {
-            (true, true) => draw!(
-                (x0..x1).log_scale().with_key_points(xk),
-                (y0..y1).log_scale().with_key_points(yk)
-            ),
+            (true, true) => draw!((x0..x1).log_scale().with_key_points(xk), (y0..y1).log_scale().with_key_points(yk)),
             (true, false) => draw!((x0..x1).log_scale().with_key_points(xk), y0..y1),
             (false, true) => draw!(x0..x1, (y0..y1).log_scale().with_key_points(yk)),
             (false, false) => draw!(x0..x1, y0..y1),
@@ -191,12 +153,7 @@ pub fn lines(spec: &Lines) -> Option<String> {
 /// One horizontal bar per row, first row on top, each bar labelled on the y axis and coloured
 /// by its group; `marks` are vertical reference lines (a peer at 100%, a roof), named in the
 /// legend. None without a row.
-pub fn bars(
-    title: &str,
-    x_desc: &str,
-    rows: &[(String, String, f64)],
-    marks: &[(String, f64)],
-) -> Option<String> {
+pub fn bars(title: &str, x_desc: &str, rows: &[(String, String, f64)], marks: &[(String, f64)]) -> Option<String> {
     if rows.is_empty() {
         return None;
     }
@@ -207,12 +164,7 @@ pub fn bars(
         }
     }
     let n = rows.len() as f64;
-    let x_hi = rows
-        .iter()
-        .map(|r| r.2)
-        .chain(marks.iter().map(|m| m.1))
-        .fold(0.0, f64::max)
-        * 1.08;
+    let x_hi = rows.iter().map(|r| r.2).chain(marks.iter().map(|m| m.1)).fold(0.0, f64::max) * 1.08;
     let height = (120 + 26 * rows.len() as u32).max(SIZE.1);
     let labels: Vec<String> = rows.iter().map(|r| r.0.clone()).collect();
     let mut svg = String::new();
@@ -233,11 +185,7 @@ pub fn bars(
             .y_label_formatter(&|y| {
                 // Row 0 at the top.
                 let i = (n - 1.0 - y).round();
-                if (n - 1.0 - y - i).abs() < 1e-6 && i >= 0.0 {
-                    labels.get(i as usize).cloned().unwrap_or_default()
-                } else {
-                    String::new()
-                }
+                if (n - 1.0 - y - i).abs() < 1e-6 && i >= 0.0 { labels.get(i as usize).cloned().unwrap_or_default() } else { String::new() }
             })
             .y_label_style(("sans-serif", 11))
             .x_label_formatter(&|v| tick(*v))
@@ -264,17 +212,10 @@ pub fn bars(
         for (mi, (name, x)) in marks.iter().enumerate() {
             let c = color(groups.len() + mi + 3);
             chart
-                .draw_series(DashedLineSeries::new(
-                    vec![(*x, -0.5), (*x, n - 0.5)],
-                    8,
-                    5,
-                    c.stroke_width(2),
-                ))
+                .draw_series(DashedLineSeries::new(vec![(*x, -0.5), (*x, n - 0.5)], 8, 5, c.stroke_width(2)))
                 .ok()?
                 .label(name.clone())
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2))
-                });
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
         }
         chart
             .configure_series_labels()
@@ -299,23 +240,12 @@ mod tests {
         s.insert("a".to_string(), vec![(1.0, 2.0), (2.0, 3.0)]);
         s.insert("floor".to_string(), vec![(1.0, 1.0), (2.0, 1.5)]);
         for axes in [Axes::Linear, Axes::LogLog, Axes::LogX] {
-            let spec = Lines {
-                title: "t",
-                x_desc: "x",
-                y_desc: "y",
-                series: &s,
-                dashed: &["floor"],
-                axes,
-                legend_at: SeriesLabelPosition::UpperLeft,
-            };
+            let spec = Lines { title: "t", x_desc: "x", y_desc: "y", series: &s, dashed: &["floor"], axes, legend_at: SeriesLabelPosition::UpperLeft };
             let one = lines(&spec).unwrap();
             assert!(one.starts_with("<svg"), "{one}");
             assert_eq!(one, lines(&spec).unwrap());
         }
-        let rows = vec![
-            ("r1".to_string(), "g1".to_string(), 50.0),
-            ("r2".to_string(), "g2".to_string(), 90.0),
-        ];
+        let rows = vec![("r1".to_string(), "g1".to_string(), 50.0), ("r2".to_string(), "g2".to_string(), 90.0)];
         let b = bars("t", "x", &rows, &[("peer".to_string(), 100.0)]).unwrap();
         assert!(b.contains("r1") && b.contains("peer"), "{b}");
         assert!(bars("t", "x", &[], &[]).is_none());

@@ -53,45 +53,19 @@ pub struct ScalingRow {
 /// See [`Scaling`]; `None` when no record names its ranks.
 pub fn scaling(recs: &[&Record], experiment: &str) -> Option<Scaling> {
     let mut by_row: BTreeMap<(String, String), BTreeMap<u64, (f64, f64)>> = BTreeMap::new();
-    for r in recs
-        .iter()
-        .filter(|r| r.experiment == experiment && r.verdict == Verdict::Pass)
-    {
-        let (Some(n), Some(t), Some(tp)) = (
-            r.params.get("ranks").and_then(serde_json::Value::as_u64),
-            &r.time_ms,
-            &r.throughput,
-        ) else {
-            continue;
-        };
+    for r in recs.iter().filter(|r| r.experiment == experiment && r.verdict == Verdict::Pass) {
+        let (Some(n), Some(t), Some(tp)) = (r.params.get("ranks").and_then(serde_json::Value::as_u64), &r.time_ms, &r.throughput) else { continue };
         let mut p = r.params.clone();
         p.as_object_mut().map(|o| o.remove("ranks"));
         // Throughput as work per time, or 1 / time where the record counts no flops.
-        let rate = if tp.tflop_s > 0.0 {
-            tp.tflop_s
-        } else {
-            1.0 / t.median
-        };
-        by_row
-            .entry((shape(&p), r.variant.clone()))
-            .or_default()
-            .insert(n, (t.median, rate));
+        let rate = if tp.tflop_s > 0.0 { tp.tflop_s } else { 1.0 / t.median };
+        by_row.entry((shape(&p), r.variant.clone())).or_default().insert(n, (t.median, rate));
     }
-    let ranks: Vec<u64> = by_row
-        .values()
-        .flat_map(|c| c.keys().copied())
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
-        .collect();
+    let ranks: Vec<u64> = by_row.values().flat_map(|c| c.keys().copied()).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
     if ranks.is_empty() {
         return None;
     }
-    let one_rank = |shape: &str| {
-        by_row
-            .iter()
-            .find(|((s, _), c)| s == shape && c.contains_key(&1))
-            .map(|(_, c)| c[&1].1)
-    };
+    let one_rank = |shape: &str| by_row.iter().find(|((s, _), c)| s == shape && c.contains_key(&1)).map(|(_, c)| c[&1].1);
     let rows = by_row
         .iter()
         .map(|((shape, variant), cells)| {
@@ -99,18 +73,12 @@ pub fn scaling(recs: &[&Record], experiment: &str) -> Option<Scaling> {
             let cells = ranks
                 .iter()
                 .map(|n| match (cells.get(n), base) {
-                    (Some((ms, rate)), Some(b)) => {
-                        format!("{} ms ({:.2}x)", num(Some(*ms), 3), rate / b)
-                    }
+                    (Some((ms, rate)), Some(b)) => format!("{} ms ({:.2}x)", num(Some(*ms), 3), rate / b),
                     (Some((ms, _)), None) => format!("{} ms", num(Some(*ms), 3)),
                     (None, _) => String::new(),
                 })
                 .collect();
-            ScalingRow {
-                variant: variant.clone(),
-                shape: shape.clone(),
-                cells,
-            }
+            ScalingRow { variant: variant.clone(), shape: shape.clone(), cells }
         })
         .collect();
     Some(Scaling { ranks, rows })
@@ -154,26 +122,14 @@ pub struct RunView {
 pub fn slug(s: &str) -> String {
     let out: String = s
         .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c.to_ascii_lowercase()
-            } else {
-                '_'
-            }
-        })
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c.to_ascii_lowercase() } else { '_' })
         .collect();
-    if out.is_empty() {
-        "_".into()
-    } else {
-        out
-    }
+    if out.is_empty() { "_".into() } else { out }
 }
 
 /// A parameter's value as a shape prints it: strings bare, numbers as JSON writes them.
 pub fn param_text(v: &serde_json::Value) -> String {
-    v.as_str()
-        .map(str::to_string)
-        .unwrap_or_else(|| v.to_string())
+    v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string())
 }
 
 /// `cols=4096 dtype=f32 rows=16384`: every parameter, sorted by name.
@@ -212,10 +168,7 @@ pub fn is_peer(r: &Record) -> bool {
 /// The best passing peer time for each (run, experiment, params) group.
 pub fn best_peer_times(records: &[Record]) -> BTreeMap<(String, String, String), (f64, String)> {
     let mut best: BTreeMap<(String, String, String), (f64, String)> = BTreeMap::new();
-    for r in records
-        .iter()
-        .filter(|r| is_peer(r) && r.verdict == Verdict::Pass)
-    {
+    for r in records.iter().filter(|r| is_peer(r) && r.verdict == Verdict::Pass) {
         if let Some(t) = &r.time_ms {
             let key = (r.run_id.clone(), r.experiment.clone(), r.params.to_string());
             let name = format!("{} ({})", r.variant, r.provider);
@@ -243,11 +196,7 @@ pub fn row(r: &Record, peers: &BTreeMap<(String, String, String), (f64, String)>
     };
     let mode = match (&r.timing, &r.time_ms) {
         (Some(t), Some(s)) => {
-            let clocks = t
-                .clocks
-                .as_ref()
-                .map(|c| format!(", SM {}-{} MHz", c.sm_mhz[0], c.sm_mhz[1]))
-                .unwrap_or_default();
+            let clocks = t.clocks.as_ref().map(|c| format!(", SM {}-{} MHz", c.sm_mhz[0], c.sm_mhz[1])).unwrap_or_default();
             format!("L2 {}, {}, {} samples{clocks}", t.l2, t.launch, s.samples)
         }
         _ => "untimed (correctness only)".into(),
@@ -262,14 +211,8 @@ pub fn row(r: &Record, peers: &BTreeMap<(String, String, String), (f64, String)>
         gb_s: num(r.throughput.map(|t| t.gb_s), 1),
         tflop_s: num(r.throughput.map(|t| t.tflop_s), 3),
         pct_ceiling: num(r.fraction_of_ceiling.map(|f| 100.0 * f), 1),
-        speedup: speedup
-            .map(|s| format!("{s:.2}x"))
-            .unwrap_or_else(|| "-".into()),
-        max_err: r
-            .error
-            .as_ref()
-            .map(error_label)
-            .unwrap_or_else(|| "-".into()),
+        speedup: speedup.map(|s| format!("{s:.2}x")).unwrap_or_else(|| "-".into()),
+        max_err: r.error.as_ref().map(error_label).unwrap_or_else(|| "-".into()),
         verdict: verdict_name(r.verdict).into(),
         flagged: r.verdict != Verdict::Pass,
         mode,
@@ -288,17 +231,9 @@ fn error_label(e: &crate::record::ErrorStats) -> String {
 pub fn headline(r: &Record) -> Option<(f64, &'static str)> {
     let t = r.throughput?;
     // A ceiling record names the roof it measures; others name the roof they are placed under.
-    let roof = r
-        .ceiling
-        .as_deref()
-        .or_else(|| r.extra.get("ceiling_name").and_then(|v| v.as_str()));
-    let compute =
-        roof.is_some_and(|c| c.ends_with("tflop_s")) || (r.work.bytes == 0 && r.work.flops > 0);
-    Some(if compute {
-        (t.tflop_s, "TFLOP/s")
-    } else {
-        (t.gb_s, "GB/s")
-    })
+    let roof = r.ceiling.as_deref().or_else(|| r.extra.get("ceiling_name").and_then(|v| v.as_str()));
+    let compute = roof.is_some_and(|c| c.ends_with("tflop_s")) || (r.work.bytes == 0 && r.work.flops > 0);
+    Some(if compute { (t.tflop_s, "TFLOP/s") } else { (t.gb_s, "GB/s") })
 }
 
 /// One run's best passing lab figure for a shape, with its noise band (the rate at the p80 and
@@ -328,37 +263,19 @@ pub struct History {
 /// variant of each run in run order. Runs in other timing modes (warm L2, graphs) are kept apart:
 /// their figures answer a different question.
 pub fn history(records: &[Record]) -> Vec<History> {
-    let mut best: BTreeMap<(String, String, String, String), BTreeMap<String, &Record>> =
-        BTreeMap::new();
-    for r in records
-        .iter()
-        .filter(|r| r.provider == "lab" && r.verdict == Verdict::Pass && headline(r).is_some())
-    {
-        let (Some(t), Some(mode)) = (&r.time_ms, &r.timing) else {
-            continue;
-        };
-        let key = (
-            r.experiment.clone(),
-            r.device.name.clone(),
-            shape(&r.params),
-            mode.label(),
-        );
+    let mut best: BTreeMap<(String, String, String, String), BTreeMap<String, &Record>> = BTreeMap::new();
+    for r in records.iter().filter(|r| r.provider == "lab" && r.verdict == Verdict::Pass && headline(r).is_some()) {
+        let (Some(t), Some(mode)) = (&r.time_ms, &r.timing) else { continue };
+        let key = (r.experiment.clone(), r.device.name.clone(), shape(&r.params), mode.label());
         let runs = best.entry(key).or_default();
-        if runs
-            .get(&r.run_id)
-            .is_none_or(|old| t.median < old.time_ms.as_ref().map_or(f64::INFINITY, |o| o.median))
-        {
+        if runs.get(&r.run_id).is_none_or(|old| t.median < old.time_ms.as_ref().map_or(f64::INFINITY, |o| o.median)) {
             runs.insert(r.run_id.clone(), r);
         }
     }
     best.into_iter()
         .filter(|(_, runs)| runs.len() >= 2)
         .map(|((experiment, device, shape, mode), runs)| {
-            let unit = runs
-                .values()
-                .next()
-                .and_then(|r| headline(r))
-                .map_or("", |(_, u)| u);
+            let unit = runs.values().next().and_then(|r| headline(r)).map_or("", |(_, u)| u);
             let points = runs
                 .values()
                 .map(|r| {
@@ -373,14 +290,7 @@ pub fn history(records: &[Record]) -> Vec<History> {
                     }
                 })
                 .collect();
-            History {
-                slug: slug(&experiment),
-                experiment,
-                device,
-                shape: format!("{shape} ({mode})"),
-                unit: unit.into(),
-                points,
-            }
+            History { slug: slug(&experiment), experiment, device, shape: format!("{shape} ({mode})"), unit: unit.into(), points }
         })
         .collect()
 }
@@ -389,11 +299,7 @@ pub fn history(records: &[Record]) -> Vec<History> {
 /// at the 80th and 20th percentile times.
 pub fn rate(r: &Record, ms: f64, unit: &str) -> f64 {
     let t = r.work.throughput(ms);
-    if unit == "TFLOP/s" {
-        t.tflop_s
-    } else {
-        t.gb_s
-    }
+    if unit == "TFLOP/s" { t.tflop_s } else { t.gb_s }
 }
 
 /// The findings side by side across devices: for each experiment and shape, the best lab
@@ -415,43 +321,23 @@ pub struct CrossRow {
 }
 
 pub fn cross_device(views: &[super::findings::ExperimentView]) -> CrossDevice {
-    let mut devices: Vec<String> = views
-        .iter()
-        .flat_map(|e| e.devices.iter().map(|d| d.device.clone()))
-        .collect();
+    let mut devices: Vec<String> = views.iter().flat_map(|e| e.devices.iter().map(|d| d.device.clone())).collect();
     devices.sort();
     devices.dedup();
     let mut rows: BTreeMap<(String, String), (String, Vec<String>)> = BTreeMap::new();
     for e in views {
         for d in &e.devices {
-            let i = devices
-                .iter()
-                .position(|x| *x == d.device)
-                .expect("device listed");
+            let i = devices.iter().position(|x| *x == d.device).expect("device listed");
             for h in &d.headlines {
                 let b = &h.rows[0];
-                let (_, cells) = rows
-                    .entry((e.name.clone(), h.shape.clone()))
-                    .or_insert_with(|| (e.slug.clone(), vec!["-".into(); devices.len()]));
+                let (_, cells) = rows.entry((e.name.clone(), h.shape.clone())).or_insert_with(|| (e.slug.clone(), vec!["-".into(); devices.len()]));
                 // A ceiling is not a fraction of itself: its own figure stands in the cell.
-                let figure = if b.pct_ceiling == "-" {
-                    format!("{} {}", b.figure, h.unit)
-                } else {
-                    format!("{}%", b.pct_ceiling)
-                };
+                let figure = if b.pct_ceiling == "-" { format!("{} {}", b.figure, h.unit) } else { format!("{}%", b.pct_ceiling) };
                 cells[i] = format!("{figure} ({})", b.variant);
             }
         }
     }
-    let rows = rows
-        .into_iter()
-        .map(|((experiment, shape), (slug, cells))| CrossRow {
-            slug,
-            experiment,
-            shape,
-            cells,
-        })
-        .collect();
+    let rows = rows.into_iter().map(|((experiment, shape), (slug, cells))| CrossRow { slug, experiment, shape, cells }).collect();
     CrossDevice { devices, rows }
 }
 
@@ -460,11 +346,7 @@ mod tests {
     use super::*;
 
     fn record(variant: &str, ranks: u64, tokens: u64, ms: f64, tflop_s: f64) -> Record {
-        let line = std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/report/records/2026-11-22T14-00-38Z-h100-14a3904.jsonl"
-        ))
-        .unwrap();
+        let line = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/report/records/2026-11-22T14-00-38Z-h100-14a3904.jsonl")).unwrap();
         let mut r: Record = serde_json::from_str(line.lines().next().unwrap()).unwrap();
         (r.experiment, r.variant, r.verdict) = ("tp".into(), variant.into(), Verdict::Pass);
         r.params = serde_json::json!({"tokens": tokens, "ranks": ranks});
@@ -475,31 +357,12 @@ mod tests {
 
     #[test]
     fn a_scaling_table_has_a_column_per_world_size_and_throughput_against_one_rank() {
-        let recs = [
-            record("col", 1, 8, 4.0, 10.0),
-            record("col", 2, 8, 2.5, 16.0),
-            record("col", 4, 8, 1.0, 40.0),
-            record("dp", 4, 8, 1.0, 30.0),
-            record("col", 2, 1, 1.0, 1.0),
-        ];
+        let recs = [record("col", 1, 8, 4.0, 10.0), record("col", 2, 8, 2.5, 16.0), record("col", 4, 8, 1.0, 40.0), record("dp", 4, 8, 1.0, 30.0), record("col", 2, 1, 1.0, 1.0)];
         let refs: Vec<&Record> = recs.iter().collect();
         let t = scaling(&refs, "tp").unwrap();
         assert_eq!(t.ranks, [1, 2, 4]);
-        let row = |v: &str, s: &str| {
-            t.rows
-                .iter()
-                .find(|r| r.variant == v && r.shape == s)
-                .unwrap()
-                .cells
-                .clone()
-        };
-        assert_eq!(
-            row("col", "tokens=8")[1..],
-            [
-                "2.500 ms (1.60x)".to_string(),
-                "1.000 ms (4.00x)".to_string()
-            ]
-        );
+        let row = |v: &str, s: &str| t.rows.iter().find(|r| r.variant == v && r.shape == s).unwrap().cells.clone();
+        assert_eq!(row("col", "tokens=8")[1..], ["2.500 ms (1.60x)".to_string(), "1.000 ms (4.00x)".to_string()]);
         // No one-rank figure of its own: against the shape's one-rank figure; none at all: time only.
         assert_eq!(row("dp", "tokens=8")[2], "1.000 ms (3.00x)");
         assert_eq!(row("col", "tokens=1"), ["", "1.000 ms", ""]);

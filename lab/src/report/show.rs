@@ -23,10 +23,7 @@ fn show(mime: &str, body: &str) {
 }
 
 fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
 /// Four significant digits, no exponent between 1e-4 and 1e9; integers as integers.
@@ -103,10 +100,7 @@ mod tests {
     fn a_table_escapes_cells_and_rounds_numbers() {
         let df = DataFrame::new(
             2,
-            vec![
-                Column::new("name".into(), ["a<b", "c"]),
-                Column::new("x".into(), [Some(1.234567), None]),
-            ],
+            vec![Column::new("name".into(), ["a<b", "c"]), Column::new("x".into(), [Some(1.234567), None])],
         )
         .unwrap();
         let html = Table(df).html();

@@ -34,26 +34,14 @@ use std::time::Instant;
 pub struct Train;
 
 /// The loss, GPU against the CPU path: bf16's unit roundoff, relative.
-const LOSS_TOL: Tolerance = Tolerance {
-    atol: 0.0,
-    rtol: 1.0 / 256.0,
-};
+const LOSS_TOL: Tolerance = Tolerance { atol: 0.0, rtol: 1.0 / 256.0 };
 /// The CPU's f32 loss against the f64 loss (the unit tests' bound).
-const LOSS_F64_TOL: Tolerance = Tolerance {
-    atol: 0.0,
-    rtol: 1e-5,
-};
+const LOSS_F64_TOL: Tolerance = Tolerance { atol: 0.0, rtol: 1e-5 };
 /// Weights after one AdamW step, device against host: f32 operations, perhaps contracted to FMAs.
-const ADAMW_TOL: Tolerance = Tolerance {
-    atol: 1e-7,
-    rtol: 1e-6,
-};
+const ADAMW_TOL: Tolerance = Tolerance { atol: 1e-7, rtol: 1e-6 };
 
 fn usize_of(case: &Value, key: &str) -> Result<usize> {
-    case[key]
-        .as_u64()
-        .map(|v| v as usize)
-        .ok_or_else(|| LabError::Invalid(format!("train case {case}: `{key}` is missing")))
+    case[key].as_u64().map(|v| v as usize).ok_or_else(|| LabError::Invalid(format!("train case {case}: `{key}` is missing")))
 }
 
 /// The model a case names: SmolLM2's design, the case's sizes.
@@ -87,34 +75,14 @@ fn with_count(case: &Value, params: usize) -> Value {
 pub(crate) fn gate_model(c: &Config, seed: u64) -> Result<Model> {
     let mut m = Model::init(c, 0.3, seed)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed + 1);
-    for s in m
-        .layout
-        .spans()
-        .into_iter()
-        .filter(|s| s.shape.len() == 1)
-        .cloned()
-        .collect::<Vec<_>>()
-    {
-        m.params[s.at]
-            .iter_mut()
-            .for_each(|v| *v = rng.random_range(0.5..1.5));
+    for s in m.layout.spans().into_iter().filter(|s| s.shape.len() == 1).cloned().collect::<Vec<_>>() {
+        m.params[s.at].iter_mut().for_each(|v| *v = rng.random_range(0.5..1.5));
     }
     Ok(m)
 }
 
-pub(crate) fn random_batch(
-    rng: &mut impl Rng,
-    vocab: usize,
-    rows: usize,
-    seq: usize,
-) -> Result<Batch> {
-    Batch::new(
-        (0..rows * (seq + 1))
-            .map(|_| rng.random_range(0..vocab as u32))
-            .collect(),
-        rows,
-        seq,
-    )
+pub(crate) fn random_batch(rng: &mut impl Rng, vocab: usize, rows: usize, seq: usize) -> Result<Batch> {
+    Batch::new((0..rows * (seq + 1)).map(|_| rng.random_range(0..vocab as u32)).collect(), rows, seq)
 }
 
 /// Each gradient tensor's distance from the reference's, relative to the reference's norm,
@@ -123,13 +91,7 @@ pub(crate) fn random_batch(
 /// attention kernels round a little more (P and dS to bf16 for their products), so the bound
 /// allows twice that, plus f32's reordering noise.
 pub fn judge_grads(m: &Model, got: &[f32], want: &[f32], yardstick: &[f32]) -> ErrorStats {
-    let dist = |a: &[f32], b: &[f32]| {
-        a.iter()
-            .zip(b)
-            .map(|(&a, &b)| (a as f64 - b as f64).powi(2))
-            .sum::<f64>()
-            .sqrt()
-    };
+    let dist = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(&a, &b)| (a as f64 - b as f64).powi(2)).sum::<f64>().sqrt();
     let (mut rel, mut allow) = (Vec::new(), Vec::new());
     for s in m.layout.spans() {
         let w = &want[s.at.clone()];
@@ -138,13 +100,7 @@ pub fn judge_grads(m: &Model, got: &[f32], want: &[f32], yardstick: &[f32]) -> E
         allow.push(2.0 * dist(&yardstick[s.at.clone()], w) / norm + 1e-5);
     }
     let zeros = vec![0.0; rel.len()];
-    compare_within(
-        &rel,
-        &zeros,
-        &allow,
-        "per tensor: |got - ref| / |ref| <= 2 |f32 attention - ref| / |ref| + 1e-5",
-        "CPU path, attention in bf16",
-    )
+    compare_within(&rel, &zeros, &allow, "per tensor: |got - ref| / |ref| <= 2 |f32 attention - ref| / |ref| + 1e-5", "CPU path, attention in bf16")
 }
 
 impl Experiment for Train {
@@ -158,21 +114,10 @@ impl Experiment for Train {
         "params"
     }
     fn cases(&self, backend: &Backend, quick: bool) -> Vec<Value> {
-        let shape = |l: usize,
-                     d: usize,
-                     h: usize,
-                     kv: usize,
-                     f: usize,
-                     v: usize,
-                     rows: usize,
-                     seq: usize,
-                     timed: bool| {
+        let shape = |l: usize, d: usize, h: usize, kv: usize, f: usize, v: usize, rows: usize, seq: usize, timed: bool| {
             json!({"layers": l, "dim": d, "heads": h, "kv_heads": kv, "ffn": f, "vocab": v, "rows": rows, "seq": seq, "timed": timed})
         };
-        let mut v = vec![
-            shape(2, 24, 4, 2, 40, 37, 2, 7, false),
-            shape(2, 128, 2, 1, 200, 1001, 3, 67, false),
-        ];
+        let mut v = vec![shape(2, 24, 4, 2, 40, 37, 2, 7, false), shape(2, 128, 2, 1, 200, 1001, 3, 67, false)];
         if matches!(backend, Backend::Cuda(_)) && !quick {
             v.push(shape(6, 256, 4, 2, 768, 49152, 16, 256, true));
         }
@@ -195,41 +140,20 @@ impl Experiment for Train {
                 let got = m.loss(&dev, &batch)?;
                 let mut r = Measurement::new("loss", "lab", &params, Work::default());
                 r.tolerance = Some(LOSS_F64_TOL);
-                r.error = Some(compare(
-                    &[got],
-                    &[loss_f64(&m.layout, &w, &batch)],
-                    LOSS_F64_TOL,
-                    "f64 loss",
-                ));
+                r.error = Some(compare(&[got], &[loss_f64(&m.layout, &w, &batch)], LOSS_F64_TOL, "f64 loss"));
                 s.emit(r)?;
                 return Ok(());
             }
             Backend::Cuda(gpu) => gpu.clone(),
         };
         let mut want = vec![0f32; m.layout.len];
-        let want_loss = m
-            .loss_and_grads_at::<half::bf16>(
-                &Backend::Cpu,
-                Weights::Host(&m.params),
-                Grads::Host(&mut want),
-                &batch,
-                Fault::None,
-            )?
-            .value(&Backend::Cpu)?;
+        let want_loss = m.loss_and_grads_at::<half::bf16>(&Backend::Cpu, Weights::Host(&m.params), Grads::Host(&mut want), &batch, Fault::None)?.value(&Backend::Cpu)?;
         let mut got = vec![0f32; m.layout.len];
         let got_loss = m.loss_and_grads(&dev, &batch, &mut got)?;
         let mut r = Measurement::new("loss", "lab", &params, Work::default());
         r.tolerance = Some(LOSS_TOL);
-        r.error = Some(compare(
-            &[got_loss],
-            &[want_loss],
-            LOSS_TOL,
-            "CPU path, attention in bf16",
-        ));
-        r.extra = json!({"loss": got_loss, "cpu_loss": want_loss})
-            .as_object()
-            .expect("an object")
-            .clone();
+        r.error = Some(compare(&[got_loss], &[want_loss], LOSS_TOL, "CPU path, attention in bf16"));
+        r.extra = json!({"loss": got_loss, "cpu_loss": want_loss}).as_object().expect("an object").clone();
         s.emit(r)?;
         let mut yardstick = vec![0f32; m.layout.len];
         m.loss_and_grads(&Backend::Cpu, &batch, &mut yardstick)?;
@@ -238,17 +162,7 @@ impl Experiment for Train {
         s.emit(r)?;
         // One clipped AdamW step from these gradients, host and device; the first moments from
         // the gradients' own scale so the update is not the first step's sign(g) alone.
-        let opt = AdamW {
-            lr: 1e-2,
-            min_lr: 1e-3,
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            weight_decay: 0.1,
-            clip: 0.5,
-            warmup: 1,
-            steps: 10,
-        };
+        let opt = AdamW { lr: 1e-2, min_lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, clip: 0.5, warmup: 1, steps: 10 };
         let mut st = State::new(m.layout.len);
         st.m.iter_mut().zip(&want).for_each(|(m, g)| *m = 0.5 * g);
         st.v.iter_mut().zip(&want).for_each(|(v, g)| *v = g * g);
@@ -263,39 +177,22 @@ impl Experiment for Train {
         };
         let norm = steps::sum_squares(&gpu, &d.grads)?.sqrt();
         let mut dst = st.clone();
-        steps::adamw(
-            &gpu,
-            &mut d,
-            &opt.next(&mut dst, clip_factor(norm, opt.clip)),
-        )?;
+        steps::adamw(&gpu, &mut d, &opt.next(&mut dst, clip_factor(norm, opt.clip)))?;
         let (mut p, mut g) = (m.params.clone(), want.clone());
         let host_norm = clip_grad_norm(&mut g, opt.clip);
         opt.step(&mut p, &g, &decay, &mut st);
-        let got_p = gpu
-            .stream
-            .clone_dtoh(&d.params)
-            .doing("reading the weights")?;
+        let got_p = gpu.stream.clone_dtoh(&d.params).doing("reading the weights")?;
         let mut r = Measurement::new("adamw", "lab", &params, Work::default());
         r.tolerance = Some(ADAMW_TOL);
-        let mut error = compare(
-            &got_p.iter().map(|&v| v as f64).collect::<Vec<_>>(),
-            &p.iter().map(|&v| v as f64).collect::<Vec<_>>(),
-            ADAMW_TOL,
-            "host AdamW",
-        );
+        let mut error = compare(&got_p.iter().map(|&v| v as f64).collect::<Vec<_>>(), &p.iter().map(|&v| v as f64).collect::<Vec<_>>(), ADAMW_TOL, "host AdamW");
         // The norm's sums differ only in order (f64): far below anything clipping could show.
         if (norm - host_norm).abs() > 1e-9 * host_norm {
             error.mismatches += 1;
             error.worst_fraction_of_tolerance = f64::INFINITY;
-            error.reference = format!(
-                "host AdamW; the device's gradient norm {norm} is not the host's {host_norm}"
-            );
+            error.reference = format!("host AdamW; the device's gradient norm {norm} is not the host's {host_norm}");
         }
         r.error = Some(error);
-        r.extra = json!({"grad_norm": norm, "host_grad_norm": host_norm})
-            .as_object()
-            .expect("an object")
-            .clone();
+        r.extra = json!({"grad_norm": norm, "host_grad_norm": host_norm}).as_object().expect("an object").clone();
         s.emit(r)?;
         Ok(())
     }
@@ -303,40 +200,14 @@ impl Experiment for Train {
 
 /// Steps of a model trained from random tokens: the first ten warm up (a GPU just out of idle
 /// took 30 ms a step over its first dozen, 20 ms over a pipeline's 200), the rest are timed.
-fn timed(
-    s: &mut Session,
-    case: &Value,
-    c: &Config,
-    rows: usize,
-    seq: usize,
-    rng: &mut impl Rng,
-) -> Result<()> {
+fn timed(s: &mut Session, case: &Value, c: &Config, rows: usize, seq: usize, rng: &mut impl Rng) -> Result<()> {
     const WARMUP: usize = 10;
     let steps = if s.opts.quick { 3 } else { 20 };
-    let tokens: Vec<u32> = (0..rows * (seq + 1) * (steps + WARMUP))
-        .map(|_| rng.random_range(0..c.vocab as u32))
-        .collect();
+    let tokens: Vec<u32> = (0..rows * (seq + 1) * (steps + WARMUP)).map(|_| rng.random_range(0..c.vocab as u32)).collect();
     let model = Model::init(c, 0.02, rng.random())?;
     let n = model.layout.len;
-    let opt = AdamW {
-        lr: 1e-3,
-        min_lr: 1e-4,
-        beta1: 0.9,
-        beta2: 0.95,
-        eps: 1e-8,
-        weight_decay: 0.1,
-        clip: 1.0,
-        warmup: 2,
-        steps: steps + WARMUP,
-    };
-    let mut t = Trainer::new(
-        model,
-        opt,
-        State::new(n),
-        super::data::Stream::new(tokens, seq)?,
-        (rows, seq),
-        0,
-    )?;
+    let opt = AdamW { lr: 1e-3, min_lr: 1e-4, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, clip: 1.0, warmup: 2, steps: steps + WARMUP };
+    let mut t = Trainer::new(model, opt, State::new(n), super::data::Stream::new(tokens, seq)?, (rows, seq), 0)?;
     let dev = s.backend.clone();
     let (mut ms, mut losses) = (Vec::new(), Vec::new());
     for i in 0..steps + WARMUP {
@@ -355,10 +226,7 @@ fn timed(
     let mut r = Measurement::new("step", "lab", &params, Work { bytes: 0, flops });
     let median = crate::profile::TimeSummary::of(&ms).median;
     r.time = Some(super::pipeline::host_timing(ms));
-    r.extra = json!({"losses": losses, "tokens_per_s": (rows * seq) as f64 / (median * 1e-3)})
-        .as_object()
-        .expect("an object")
-        .clone();
+    r.extra = json!({"losses": losses, "tokens_per_s": (rows * seq) as f64 / (median * 1e-3)}).as_object().expect("an object").clone();
     s.emit(r)?;
     Ok(())
 }

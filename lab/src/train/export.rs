@@ -17,23 +17,13 @@ fn file_type(ty: GgmlType) -> Result<u32> {
         GgmlType::Q4_0 => 2,
         GgmlType::Q4_1 => 3,
         GgmlType::Q8_0 => 7,
-        _ => {
-            return Err(LabError::Invalid(format!(
-                "a trained model is written in f32, f16, q8_0, q4_0 or q4_1, not {}",
-                ty.name()
-            )))
-        }
+        _ => return Err(LabError::Invalid(format!("a trained model is written in f32, f16, q8_0, q4_0 or q4_1, not {}", ty.name()))),
     })
 }
 
 /// `model` as a GGUF writer; `tokenizer` (a GGUF with the same vocabulary) gives the
 /// `tokenizer.*` metadata llama.cpp needs to load the file.
-pub fn to_gguf(
-    model: &Model,
-    matrices: GgmlType,
-    tokenizer: Option<&Gguf>,
-    name: &str,
-) -> Result<GgufWriter> {
+pub fn to_gguf(model: &Model, matrices: GgmlType, tokenizer: Option<&Gguf>, name: &str) -> Result<GgufWriter> {
     let c = &model.layout.config;
     let u = |x: usize| Value::U32(x as u32);
     let mut w = GgufWriter::new();
@@ -59,28 +49,15 @@ pub fn to_gguf(
         w.set("llama.rope.scaling.factor", Value::F32(factor));
     }
     if let Some(g) = tokenizer {
-        let n = g
-            .get("tokenizer.ggml.tokens")
-            .and_then(Value::as_array)
-            .map_or(0, <[Value]>::len);
+        let n = g.get("tokenizer.ggml.tokens").and_then(Value::as_array).map_or(0, <[Value]>::len);
         if n != c.vocab {
-            return Err(LabError::Invalid(format!(
-                "the tokenizer has {n} tokens but the model's vocabulary is {}",
-                c.vocab
-            )));
+            return Err(LabError::Invalid(format!("the tokenizer has {n} tokens but the model's vocabulary is {}", c.vocab)));
         }
-        g.metadata
-            .iter()
-            .filter(|(k, _)| k.starts_with("tokenizer."))
-            .for_each(|(k, v)| w.set(k, v.clone()));
+        g.metadata.iter().filter(|(k, _)| k.starts_with("tokenizer.")).for_each(|(k, v)| w.set(k, v.clone()));
     }
     for s in model.layout.spans() {
         let dims: Vec<u64> = s.shape.iter().rev().map(|&d| d as u64).collect();
-        let ty = if s.shape.len() == 1 {
-            GgmlType::F32
-        } else {
-            matrices
-        };
+        let ty = if s.shape.len() == 1 { GgmlType::F32 } else { matrices };
         w.add_tensor(&s.name, &dims, ty, encode(ty, model.get(s))?)?;
     }
     Ok(w)
@@ -98,28 +75,14 @@ mod tests {
     /// The engine's CPU reference reads the file back; its last-position logits equal the
     /// trainer's on the same tokens to 1e-5 absolute + 1e-5 relative (f32 sums in different order).
     fn readback(model: &Model, ty: GgmlType, tokens: &[u32]) -> crate::record::ErrorStats {
-        let bytes = to_gguf(model, ty, None, "test")
-            .unwrap()
-            .to_bytes()
-            .unwrap();
+        let bytes = to_gguf(model, ty, None, "test").unwrap().to_bytes().unwrap();
         let g = Gguf::parse(&bytes).unwrap();
         let cpu = CpuModel::load(&g).unwrap();
         assert_eq!(cpu.config, model.layout.config);
         let got = cpu.forward(&mut cpu.cache(), tokens).unwrap();
         let all = model.logits(&Backend::Cpu, tokens).unwrap();
-        let want: Vec<f64> = all[all.len() - model.layout.config.vocab..]
-            .iter()
-            .map(|&v| v as f64)
-            .collect();
-        compare(
-            &got.iter().map(|&v| v as f64).collect::<Vec<_>>(),
-            &want,
-            Tolerance {
-                atol: 1e-5,
-                rtol: 1e-5,
-            },
-            "trainer forward",
-        )
+        let want: Vec<f64> = all[all.len() - model.layout.config.vocab..].iter().map(|&v| v as f64).collect();
+        compare(&got.iter().map(|&v| v as f64).collect::<Vec<_>>(), &want, Tolerance { atol: 1e-5, rtol: 1e-5 }, "trainer forward")
     }
 
     #[test]
@@ -130,17 +93,9 @@ mod tests {
             let e = readback(&m, GgmlType::F32, &tokens);
             assert!(e.passed(), "f32, tied={tied}: {e:?}");
             // F16 matrices: the trainer on the same rounded weights gives the same logits.
-            let spans: Vec<_> = m
-                .layout
-                .spans()
-                .into_iter()
-                .filter(|s| s.shape.len() > 1)
-                .cloned()
-                .collect();
+            let spans: Vec<_> = m.layout.spans().into_iter().filter(|s| s.shape.len() > 1).cloned().collect();
             for s in spans {
-                m.params[s.at]
-                    .iter_mut()
-                    .for_each(|v| *v = half::f16::from_f32(*v).to_f32());
+                m.params[s.at].iter_mut().for_each(|v| *v = half::f16::from_f32(*v).to_f32());
             }
             let e = readback(&m, GgmlType::F16, &tokens);
             assert!(e.passed(), "f16, tied={tied}: {e:?}");
@@ -150,10 +105,7 @@ mod tests {
     #[test]
     fn a_changed_weight_fails_the_readback() {
         let mut m = random_model(&tiny(false), 5);
-        let bytes = to_gguf(&m, GgmlType::F32, None, "test")
-            .unwrap()
-            .to_bytes()
-            .unwrap();
+        let bytes = to_gguf(&m, GgmlType::F32, None, "test").unwrap().to_bytes().unwrap();
         let at = m.layout.layers[1].down.at.start + 3;
         m.params[at] += 0.05;
         let cpu = CpuModel::load(&Gguf::parse(&bytes).unwrap()).unwrap();
@@ -161,18 +113,7 @@ mod tests {
         let got = cpu.forward(&mut cpu.cache(), &tokens).unwrap();
         let all = m.logits(&Backend::Cpu, &tokens).unwrap();
         let want: Vec<f64> = all[all.len() - 37..].iter().map(|&v| v as f64).collect();
-        let e = compare(
-            &got.iter().map(|&v| v as f64).collect::<Vec<_>>(),
-            &want,
-            Tolerance {
-                atol: 1e-5,
-                rtol: 1e-5,
-            },
-            "trainer forward",
-        );
-        assert!(
-            !e.passed(),
-            "one weight moved by 0.05 went unnoticed: {e:?}"
-        );
+        let e = compare(&got.iter().map(|&v| v as f64).collect::<Vec<_>>(), &want, Tolerance { atol: 1e-5, rtol: 1e-5 }, "trainer forward");
+        assert!(!e.passed(), "one weight moved by 0.05 went unnoticed: {e:?}");
     }
 }

@@ -31,11 +31,7 @@ pub struct State {
 
 impl State {
     pub fn new(len: usize) -> Self {
-        State {
-            m: vec![0.0; len],
-            v: vec![0.0; len],
-            step: 0,
-        }
+        State { m: vec![0.0; len], v: vec![0.0; len], step: 0 }
     }
 }
 
@@ -70,20 +66,8 @@ impl AdamW {
         let lr = self.lr_at(st.step);
         st.step += 1;
         let t = st.step as i32;
-        let (bc1, bc2) = (
-            1.0 - (self.beta1 as f64).powi(t),
-            1.0 - (self.beta2 as f64).powi(t),
-        );
-        AdamStep {
-            lr,
-            weight_decay: self.weight_decay,
-            beta1: self.beta1,
-            beta2: self.beta2,
-            eps: self.eps,
-            step_size: (lr as f64 / bc1) as f32,
-            bc2_sqrt: bc2.sqrt() as f32,
-            clip,
-        }
+        let (bc1, bc2) = (1.0 - (self.beta1 as f64).powi(t), 1.0 - (self.beta2 as f64).powi(t));
+        AdamStep { lr, weight_decay: self.weight_decay, beta1: self.beta1, beta2: self.beta2, eps: self.eps, step_size: (lr as f64 / bc1) as f32, bc2_sqrt: bc2.sqrt() as f32, clip }
     }
 
     /// One step on `params` from `grads` (already clipped). `decay[i]` says whether parameter i
@@ -134,17 +118,7 @@ mod tests {
     use super::*;
 
     fn opt() -> AdamW {
-        AdamW {
-            lr: 0.1,
-            min_lr: 0.01,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.1,
-            clip: 1.0,
-            warmup: 2,
-            steps: 10,
-        }
+        AdamW { lr: 0.1, min_lr: 0.01, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.1, clip: 1.0, warmup: 2, steps: 10 }
     }
 
     /// Two steps by hand. Step 1 (lr 0.05, warmup 1/2): m = 0.1 g, v = 0.001 g^2, so m^ = g and
@@ -161,12 +135,7 @@ mod tests {
         assert_eq!(o.step(&mut p, &g1, &decay, &mut st), 0.05);
         let want1 = [0.945f64, -1.94, 0.45];
         for i in 0..3 {
-            assert!(
-                (p[i] as f64 - want1[i]).abs() < 1e-6,
-                "step 1, element {i}: {} vs {}",
-                p[i],
-                want1[i]
-            );
+            assert!((p[i] as f64 - want1[i]).abs() < 1e-6, "step 1, element {i}: {} vs {}", p[i], want1[i]);
         }
         let g2 = [0.1f32, 0.2, 0.0];
         assert_eq!(o.step(&mut p, &g2, &decay, &mut st), 0.1);
@@ -177,11 +146,7 @@ mod tests {
             let (mh, vh) = (m / (1.0 - 0.81), v / (1.0 - 0.999f64 * 0.999));
             let d = if decay[i] { 1.0 - 0.1 * 0.1 } else { 1.0 };
             let want = want1[i] * d - 0.1 * mh / (vh.sqrt() + 1e-8);
-            assert!(
-                (p[i] as f64 - want).abs() < 1e-6,
-                "step 2, element {i}: {} vs {want}",
-                p[i]
-            );
+            assert!((p[i] as f64 - want).abs() < 1e-6, "step 2, element {i}: {} vs {want}", p[i]);
         }
     }
 
@@ -189,12 +154,7 @@ mod tests {
     fn clipping_scales_to_the_global_norm_and_leaves_small_gradients() {
         let mut g = [3.0f32, 4.0, 0.0];
         assert_eq!(clip_grad_norm(&mut g, 1.0), 5.0);
-        assert!(
-            g.iter()
-                .zip([0.6, 0.8, 0.0])
-                .all(|(a, b)| (a - b).abs() < 1e-7),
-            "{g:?}"
-        );
+        assert!(g.iter().zip([0.6, 0.8, 0.0]).all(|(a, b)| (a - b).abs() < 1e-7), "{g:?}");
         let mut small = [0.3f32, 0.4];
         assert!((clip_grad_norm(&mut small, 1.0) - 0.5).abs() < 1e-7);
         assert_eq!(small, [0.3, 0.4]);
@@ -206,14 +166,7 @@ mod tests {
         let lrs: Vec<f32> = (0..12).map(|s| o.lr_at(s)).collect();
         // Warmup 0.05, 0.1; the cosine starts at lr, is at the midpoint of lr and min_lr halfway
         // through its 8 steps, and stays at min_lr from step 10 on.
-        let want = [
-            (0, 0.05),
-            (1, 0.1),
-            (2, 0.1),
-            (6, 0.055),
-            (10, 0.01),
-            (11, 0.01),
-        ];
+        let want = [(0, 0.05), (1, 0.1), (2, 0.1), (6, 0.055), (10, 0.01), (11, 0.01)];
         for (s, w) in want {
             assert!((lrs[s] - w).abs() < 1e-7, "step {s}: {} vs {w}", lrs[s]);
         }

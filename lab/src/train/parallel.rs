@@ -29,10 +29,7 @@ impl Parallel {
     pub fn new(group: Group, t: Trainer) -> Result<Self> {
         let n = group.size();
         if !t.rows.is_multiple_of(n) {
-            return Err(LabError::Invalid(format!(
-                "{} rows a batch do not split over {n} ranks",
-                t.rows
-            )));
+            return Err(LabError::Invalid(format!("{} rows a batch do not split over {n} ranks", t.rows)));
         }
         let mut ranks = Vec::with_capacity(n);
         for _ in 1..n {
@@ -54,60 +51,24 @@ impl Parallel {
         let n = self.group.size();
         let share = batch.rows / n;
         if batch.rows != share * n || share == 0 {
-            return Err(LabError::Invalid(format!(
-                "a batch of {} rows does not split over {n} ranks",
-                batch.rows
-            )));
+            return Err(LabError::Invalid(format!("a batch of {} rows does not split over {n} ranks", batch.rows)));
         }
         let window = batch.seq + 1;
-        let parts = (0..n)
-            .map(|r| {
-                Batch::new(
-                    batch.tokens[r * share * window..(r + 1) * share * window].to_vec(),
-                    share,
-                    batch.seq,
-                )
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let parts = (0..n).map(|r| Batch::new(batch.tokens[r * share * window..(r + 1) * share * window].to_vec(), share, batch.seq)).collect::<Result<Vec<_>>>()?;
         // GPUs: a host thread per rank queues its work (one thread issuing every rank's hundreds
         // of launches kept the GPUs waiting). The CPU backend's ranks run one after another, each
         // on every core.
         let losses: Vec<Loss> = if matches!(self.group.devs[0], Backend::Cuda(_)) && n > 1 {
             std::thread::scope(|sc| {
-                let handles: Vec<_> = self
-                    .ranks
-                    .iter_mut()
-                    .zip(&self.group.devs)
-                    .zip(&parts)
-                    .map(|((t, dev), part)| sc.spawn(move || t.gradients(dev, part)))
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| {
-                        h.join().unwrap_or_else(|_| {
-                            Err(LabError::Invalid("a rank's thread panicked".into()))
-                        })
-                    })
-                    .collect::<Result<Vec<_>>>()
+                let handles: Vec<_> = self.ranks.iter_mut().zip(&self.group.devs).zip(&parts).map(|((t, dev), part)| sc.spawn(move || t.gradients(dev, part))).collect();
+                handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(LabError::Invalid("a rank's thread panicked".into())))).collect::<Result<Vec<_>>>()
             })?
         } else {
-            self.ranks
-                .iter_mut()
-                .zip(&self.group.devs)
-                .zip(&parts)
-                .map(|((t, dev), part)| t.gradients(dev, part))
-                .collect::<Result<Vec<_>>>()?
+            self.ranks.iter_mut().zip(&self.group.devs).zip(&parts).map(|((t, dev), part)| t.gradients(dev, part)).collect::<Result<Vec<_>>>()?
         };
-        let mut grads = self
-            .ranks
-            .iter_mut()
-            .map(Trainer::take_grads)
-            .collect::<Result<Vec<_>>>()?;
+        let mut grads = self.ranks.iter_mut().map(Trainer::take_grads).collect::<Result<Vec<_>>>()?;
         let len = grads[0].len();
-        let summed = (0..len).step_by(BUCKET).try_for_each(|at| {
-            self.group
-                .all_reduce_queued(&mut grads, at..(at + BUCKET).min(len))
-        });
+        let summed = (0..len).step_by(BUCKET).try_for_each(|at| self.group.all_reduce_queued(&mut grads, at..(at + BUCKET).min(len)));
         for (t, g) in self.ranks.iter_mut().zip(grads) {
             t.put_grads(g);
         }

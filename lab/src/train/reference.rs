@@ -8,10 +8,7 @@ use crate::ops::rmsnorm;
 /// y = W x for a row-major `W` of `rows x x.len()`; sequential, as finite differences call this
 /// model thousands of times from parallel threads.
 fn matvec(w: &[f64], x: &[f64], rows: usize) -> Vec<f64> {
-    w.chunks_exact(x.len())
-        .take(rows)
-        .map(|r| r.iter().zip(x).map(|(a, b)| a * b).sum())
-        .collect()
+    w.chunks_exact(x.len()).take(rows).map(|r| r.iter().zip(x).map(|(a, b)| a * b).sum()).collect()
 }
 
 /// RoPE in f64 on one token's heads: pairs (2i, 2i+1) turned by the config's angle.
@@ -33,10 +30,7 @@ pub fn loss_f64(layout: &Layout, w: &[f64], batch: &Batch) -> f64 {
     let norm = |x: &[f64], g: &[f64]| rmsnorm::reference(x, g, c.eps as f64);
     let mut total = 0.0;
     for window in batch.tokens.chunks(batch.seq + 1) {
-        let mut xs: Vec<Vec<f64>> = window[..batch.seq]
-            .iter()
-            .map(|&t| p(&layout.embed)[t as usize * d..][..d].to_vec())
-            .collect();
+        let mut xs: Vec<Vec<f64>> = window[..batch.seq].iter().map(|&t| p(&layout.embed)[t as usize * d..][..d].to_vec()).collect();
         for l in &layout.layers {
             let (mut ks, mut vs) = (Vec::new(), Vec::new());
             for (pos, x) in xs.iter_mut().enumerate() {
@@ -50,46 +44,25 @@ pub fn loss_f64(layout: &Layout, w: &[f64], batch: &Batch) -> f64 {
                 let mut att = vec![0.0; d];
                 for h in 0..c.heads {
                     let (qh, off) = (&q[h * hd..(h + 1) * hd], (h / group) * hd);
-                    let s: Vec<f64> = ks
-                        .iter()
-                        .map(|k| {
-                            qh.iter()
-                                .zip(&k[off..off + hd])
-                                .map(|(a, b)| a * b)
-                                .sum::<f64>()
-                                / (hd as f64).sqrt()
-                        })
-                        .collect();
+                    let s: Vec<f64> = ks.iter().map(|k| qh.iter().zip(&k[off..off + hd]).map(|(a, b)| a * b).sum::<f64>() / (hd as f64).sqrt()).collect();
                     let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                     let e: Vec<f64> = s.iter().map(|s| (s - m).exp()).collect();
                     let sum: f64 = e.iter().sum();
                     for (e, v) in e.iter().zip(&vs) {
-                        att[h * hd..(h + 1) * hd]
-                            .iter_mut()
-                            .zip(&v[off..off + hd])
-                            .for_each(|(a, v)| *a += e / sum * v);
+                        att[h * hd..(h + 1) * hd].iter_mut().zip(&v[off..off + hd]).for_each(|(a, v)| *a += e / sum * v);
                     }
                 }
-                x.iter_mut()
-                    .zip(matvec(p(&l.o), &att, d))
-                    .for_each(|(x, o)| *x += o);
+                x.iter_mut().zip(matvec(p(&l.o), &att, d)).for_each(|(x, o)| *x += o);
                 let h = norm(x, p(&l.ffn_norm));
                 let (g, u) = (matvec(p(&l.gate), &h, c.ffn), matvec(p(&l.up), &h, c.ffn));
-                let a: Vec<f64> = g
-                    .iter()
-                    .zip(&u)
-                    .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
-                    .collect();
-                x.iter_mut()
-                    .zip(matvec(p(&l.down), &a, d))
-                    .for_each(|(x, y)| *x += y);
+                let a: Vec<f64> = g.iter().zip(&u).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
+                x.iter_mut().zip(matvec(p(&l.down), &a, d)).for_each(|(x, y)| *x += y);
             }
         }
         for (x, &target) in xs.iter().zip(&window[1..]) {
             let logits = matvec(p(layout.head()), &norm(x, p(&layout.out_norm)), c.vocab);
             let m = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            total += m + logits.iter().map(|l| (l - m).exp()).sum::<f64>().ln()
-                - logits[target as usize];
+            total += m + logits.iter().map(|l| (l - m).exp()).sum::<f64>().ln() - logits[target as usize];
         }
     }
     total / (batch.rows * batch.seq) as f64

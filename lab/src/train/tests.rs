@@ -34,14 +34,7 @@ pub(crate) fn random_model(c: &Config, seed: u64) -> Model {
 
 pub(crate) fn random_batch(vocab: usize, rows: usize, seq: usize, seed: u64) -> Batch {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    Batch::new(
-        (0..rows * (seq + 1))
-            .map(|_| rng.random_range(0..vocab as u32))
-            .collect(),
-        rows,
-        seq,
-    )
-    .unwrap()
+    Batch::new((0..rows * (seq + 1)).map(|_| rng.random_range(0..vocab as u32)).collect(), rows, seq).unwrap()
 }
 
 /// Every parameter's gradient against central differences of the f64 loss. Bound per element:
@@ -51,15 +44,10 @@ fn gradient_check(c: &Config, fault: Fault) -> crate::record::ErrorStats {
     let m = random_model(c, 11);
     let batch = random_batch(c.vocab, 2, 7, 12);
     let mut grads = vec![0f32; m.layout.len];
-    let loss = m
-        .loss_and_grads_with(&Backend::Cpu, &batch, &mut grads, fault)
-        .unwrap();
+    let loss = m.loss_and_grads_with(&Backend::Cpu, &batch, &mut grads, fault).unwrap();
     let w: Vec<f64> = m.params.iter().map(|&v| v as f64).collect();
     let exact = loss_f64(&m.layout, &w, &batch);
-    assert!(
-        (loss - exact).abs() <= 1e-5 * exact,
-        "f32 loss {loss} vs f64 {exact}"
-    );
+    assert!((loss - exact).abs() <= 1e-5 * exact, "f32 loss {loss} vs f64 {exact}");
     let h = 1e-4;
     let fd: Vec<f64> = (0..w.len())
         .into_par_iter()
@@ -73,15 +61,7 @@ fn gradient_check(c: &Config, fault: Fault) -> crate::record::ErrorStats {
         .collect();
     let scale = fd.iter().fold(0f64, |a, b| a.max(b.abs()));
     let got: Vec<f64> = grads.iter().map(|&g| g as f64).collect();
-    compare(
-        &got,
-        &fd,
-        Tolerance {
-            atol: 2e-6 * scale,
-            rtol: 2e-5,
-        },
-        "central differences of the f64 loss",
-    )
+    compare(&got, &fd, Tolerance { atol: 2e-6 * scale, rtol: 2e-5 }, "central differences of the f64 loss")
 }
 
 #[test]
@@ -89,24 +69,15 @@ fn every_gradient_matches_central_differences_tied_and_untied() {
     for tied in [false, true] {
         let e = gradient_check(&tiny(tied), Fault::None);
         assert!(e.passed(), "tied={tied}: {e:?}");
-        eprintln!(
-            "tied={tied}: worst fraction of tolerance {:.3}",
-            e.worst_fraction_of_tolerance
-        );
+        eprintln!("tied={tied}: worst fraction of tolerance {:.3}", e.worst_fraction_of_tolerance);
     }
 }
 
 #[test]
 fn the_gradient_check_catches_rmsnorm_without_its_mean_term() {
     let e = gradient_check(&tiny(false), Fault::RmsNormMeanTerm);
-    assert!(
-        !e.passed(),
-        "a backward missing RMSNorm's mean term passed: {e:?}"
-    );
-    eprintln!(
-        "planted fault: {} mismatches, worst fraction {:.1}",
-        e.mismatches, e.worst_fraction_of_tolerance
-    );
+    assert!(!e.passed(), "a backward missing RMSNorm's mean term passed: {e:?}");
+    eprintln!("planted fault: {} mismatches, worst fraction {:.1}", e.mismatches, e.worst_fraction_of_tolerance);
 }
 
 fn trainer(seed: u64, steps: usize) -> super::Trainer {
@@ -114,43 +85,20 @@ fn trainer(seed: u64, steps: usize) -> super::Trainer {
     use super::optim::{AdamW, State};
     let c = tiny(true);
     let m = Model::init(&c, 0.1, seed).unwrap();
-    let opt = AdamW {
-        lr: 1e-2,
-        min_lr: 1e-3,
-        beta1: 0.9,
-        beta2: 0.95,
-        eps: 1e-8,
-        weight_decay: 0.1,
-        clip: 1.0,
-        warmup: 3,
-        steps,
-    };
+    let opt = AdamW { lr: 1e-2, min_lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, clip: 1.0, warmup: 3, steps };
     let tokens: Vec<u32> = random_batch(c.vocab, 1, 199, seed).tokens;
     let n = m.layout.len;
-    super::Trainer::new(
-        m,
-        opt,
-        State::new(n),
-        Stream::new(tokens, 8).unwrap(),
-        (3, 8),
-        seed,
-    )
-    .unwrap()
+    super::Trainer::new(m, opt, State::new(n), Stream::new(tokens, 8).unwrap(), (3, 8), seed).unwrap()
 }
 
 #[test]
 fn the_loss_of_a_fixed_batch_falls_until_it_is_learnt() {
     let mut t = trainer(3, 60);
     let batch = random_batch(37, 3, 8, 99);
-    let losses: Vec<f64> = (0..60)
-        .map(|_| t.step_on(&Backend::Cpu, &batch).unwrap().loss)
-        .collect();
+    let losses: Vec<f64> = (0..60).map(|_| t.step_on(&Backend::Cpu, &batch).unwrap().loss).collect();
     // Uniform guessing over 37 tokens costs ln 37 = 3.61; 24 targets are memorised well below that.
     assert!(losses[0] > 3.0, "{losses:?}");
-    assert!(
-        losses[59] < 0.3,
-        "the fixed batch was not learnt: {losses:?}"
-    );
+    assert!(losses[59] < 0.3, "the fixed batch was not learnt: {losses:?}");
 }
 
 #[test]
@@ -167,14 +115,7 @@ fn resuming_from_a_checkpoint_continues_bit_for_bit() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ckpt.safetensors");
     first.save(&path).unwrap();
-    assert!(
-        first
-            .save(&path)
-            .unwrap_err()
-            .to_string()
-            .contains("exists"),
-        "a checkpoint was overwritten"
-    );
+    assert!(first.save(&path).unwrap_err().to_string().contains("exists"), "a checkpoint was overwritten");
     let mut resumed = super::Trainer::resume(&path, first.stream.tokens.clone()).unwrap();
     for _ in 0..4 {
         resumed.step(&dev).unwrap();
@@ -182,33 +123,17 @@ fn resuming_from_a_checkpoint_continues_bit_for_bit() {
     assert_eq!(resumed.state.step, 8);
     assert_eq!(resumed.stream.position, straight.stream.position);
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    assert!(
-        bits(&resumed.model.params) == bits(&straight.model.params),
-        "weights differ after resume"
-    );
-    assert!(
-        bits(&resumed.state.m) == bits(&straight.state.m)
-            && bits(&resumed.state.v) == bits(&straight.state.v),
-        "moments differ after resume"
-    );
+    assert!(bits(&resumed.model.params) == bits(&straight.model.params), "weights differ after resume");
+    assert!(bits(&resumed.state.m) == bits(&straight.state.m) && bits(&resumed.state.v) == bits(&straight.state.v), "moments differ after resume");
     // The check can fail: a resume that lost its data position ends elsewhere.
     let mut lost = super::Trainer::resume(&path, first.stream.tokens.clone()).unwrap();
     lost.stream.position = 0;
     for _ in 0..4 {
         lost.step(&dev).unwrap();
     }
-    assert!(
-        bits(&lost.model.params) != bits(&straight.model.params),
-        "a lost data position went unnoticed"
-    );
-    let err = super::Trainer::resume(&path, vec![1; 10])
-        .err()
-        .unwrap()
-        .to_string();
-    assert!(
-        err.contains("trained on a stream of 200 tokens; this one has 10"),
-        "{err}"
-    );
+    assert!(bits(&lost.model.params) != bits(&straight.model.params), "a lost data position went unnoticed");
+    let err = super::Trainer::resume(&path, vec![1; 10]).err().unwrap().to_string();
+    assert!(err.contains("trained on a stream of 200 tokens; this one has 10"), "{err}");
 }
 
 /// The GPU path's judge: the reference passes against itself, a path half as far from it as the
@@ -221,14 +146,7 @@ fn the_gpu_gradient_judge_passes_bf16_attention_and_catches_a_planted_fault() {
     let batch = random_batch(c.vocab, 2, 7, 22);
     let run = |fault: Fault| {
         let mut g = vec![0f32; m.layout.len];
-        m.loss_and_grads_at::<half::bf16>(
-            &Backend::Cpu,
-            Weights::Host(&m.params),
-            Grads::Host(&mut g),
-            &batch,
-            fault,
-        )
-        .unwrap();
+        m.loss_and_grads_at::<half::bf16>(&Backend::Cpu, Weights::Host(&m.params), Grads::Host(&mut g), &batch, fault).unwrap();
         g
     };
     let (bf, bad) = (run(Fault::None), run(Fault::RmsNormMeanTerm));
@@ -236,23 +154,11 @@ fn the_gpu_gradient_judge_passes_bf16_attention_and_catches_a_planted_fault() {
     m.loss_and_grads(&Backend::Cpu, &batch, &mut f32g).unwrap();
     let judge = super::experiment::judge_grads;
     assert_eq!(judge(&m, &bf, &bf, &f32g).mismatches, 0);
-    let near: Vec<f32> = bf
-        .iter()
-        .zip(&f32g)
-        .map(|(&b, &f)| b + 0.9 * (f - b))
-        .collect();
+    let near: Vec<f32> = bf.iter().zip(&f32g).map(|(&b, &f)| b + 0.9 * (f - b)).collect();
     assert_eq!(judge(&m, &near, &bf, &f32g).mismatches, 0);
     let e = judge(&m, &bad, &bf, &f32g);
-    assert!(
-        e.mismatches > 0,
-        "a backward missing RMSNorm's mean term passed: {e:?}"
-    );
-    eprintln!(
-        "planted fault: {} of {} tensors, worst fraction {:.1}",
-        e.mismatches,
-        m.layout.spans().len(),
-        e.worst_fraction_of_tolerance
-    );
+    assert!(e.mismatches > 0, "a backward missing RMSNorm's mean term passed: {e:?}");
+    eprintln!("planted fault: {} of {} tensors, worst fraction {:.1}", e.mismatches, m.layout.spans().len(), e.worst_fraction_of_tolerance);
 }
 
 /// Two and three ranks (threads of the CPU backend) each taking their rows of the batch, the
@@ -265,43 +171,21 @@ fn data_parallel_training_follows_one_rank() {
     let steps = 6;
     let mut single = trainer(5, steps);
     single.rows = 6;
-    let want: Vec<f64> = (0..steps)
-        .map(|_| single.step(&Backend::Cpu).unwrap().loss)
-        .collect();
+    let want: Vec<f64> = (0..steps).map(|_| single.step(&Backend::Cpu).unwrap().loss).collect();
     for n in [2, 3] {
         let mut t = trainer(5, steps);
         t.rows = 6;
         let mut p = Parallel::new(Group::host(n).unwrap(), t).unwrap();
         let got: Vec<f64> = (0..steps).map(|_| p.step().unwrap().loss).collect();
         for (s, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert!(
-                (g - w).abs() <= 1e-5 * w,
-                "{n} ranks, step {s}: loss {g} vs {w}"
-            );
+            assert!((g - w).abs() <= 1e-5 * w, "{n} ranks, step {s}: loss {g} vs {w}");
         }
         for (r, t) in p.ranks.iter().enumerate() {
-            let e = compare(
-                &t.model.params.iter().map(|&v| v as f64).collect::<Vec<_>>(),
-                &single
-                    .model
-                    .params
-                    .iter()
-                    .map(|&v| v as f64)
-                    .collect::<Vec<_>>(),
-                Tolerance {
-                    atol: 1e-6,
-                    rtol: 1e-4,
-                },
-                "one rank",
-            );
+            let e = compare(&t.model.params.iter().map(|&v| v as f64).collect::<Vec<_>>(), &single.model.params.iter().map(|&v| v as f64).collect::<Vec<_>>(), Tolerance { atol: 1e-6, rtol: 1e-4 }, "one rank");
             assert!(e.passed(), "{n} ranks, rank {r}: {e:?}");
         }
     }
     let mut t = trainer(5, steps);
     t.rows = 5;
-    assert!(Parallel::new(Group::host(2).unwrap(), t)
-        .err()
-        .unwrap()
-        .to_string()
-        .contains("do not split over 2 ranks"));
+    assert!(Parallel::new(Group::host(2).unwrap(), t).err().unwrap().to_string().contains("do not split over 2 ranks"));
 }

@@ -42,44 +42,16 @@ pub struct StepStats {
 }
 
 impl Trainer {
-    pub fn new(
-        model: Model,
-        opt: AdamW,
-        state: State,
-        stream: Stream,
-        (rows, seq): (usize, usize),
-        seed: u64,
-    ) -> Result<Self> {
+    pub fn new(model: Model, opt: AdamW, state: State, stream: Stream, (rows, seq): (usize, usize), seed: u64) -> Result<Self> {
         let n = model.layout.len;
         if state.m.len() != n || state.v.len() != n {
-            return Err(LabError::Invalid(format!(
-                "optimizer moments of {} and {} values for a model of {n}",
-                state.m.len(),
-                state.v.len()
-            )));
+            return Err(LabError::Invalid(format!("optimizer moments of {} and {} values for a model of {n}", state.m.len(), state.v.len())));
         }
         let mut decay = vec![false; n];
-        for s in model
-            .layout
-            .spans()
-            .into_iter()
-            .filter(|s| s.shape.len() > 1)
-        {
+        for s in model.layout.spans().into_iter().filter(|s| s.shape.len() > 1) {
             decay[s.at.clone()].fill(true);
         }
-        Ok(Trainer {
-            model,
-            opt,
-            state,
-            stream,
-            rows,
-            seq,
-            seed,
-            grads: vec![0.0; n],
-            decay,
-            device: None,
-            host_stale: false,
-        })
+        Ok(Trainer { model, opt, state, stream, rows, seq, seed, grads: vec![0.0; n], decay, device: None, host_stale: false })
     }
 
     /// One step on the stream's next batch.
@@ -102,61 +74,32 @@ impl Trainer {
         let gpu = match dev {
             Backend::Cpu => {
                 self.leave_device()?;
-                return self
-                    .model
-                    .loss_and_grads(dev, batch, &mut self.grads)
-                    .map(Loss::Ready);
+                return self.model.loss_and_grads(dev, batch, &mut self.grads).map(Loss::Ready);
             }
             Backend::Cuda(gpu) => gpu,
         };
         if self.device.is_none() {
             let decay: Vec<u8> = self.decay.iter().map(|&d| d as u8).collect();
             let up = |v: &[f32]| gpu.upload(v);
-            let state = DeviceState {
-                params: up(&self.model.params)?,
-                grads: gpu
-                    .stream
-                    .alloc_zeros(self.model.layout.len)
-                    .doing("allocating the gradients")?,
-                m: up(&self.state.m)?,
-                v: up(&self.state.v)?,
-                decay: gpu.upload(&decay)?,
-            };
+            let state = DeviceState { params: up(&self.model.params)?, grads: gpu.stream.alloc_zeros(self.model.layout.len).doing("allocating the gradients")?, m: up(&self.state.m)?, v: up(&self.state.v)?, decay: gpu.upload(&decay)? };
             self.device = Some((gpu.clone(), state));
         }
         let (_, d) = self.device.as_mut().expect("placed above");
         self.host_stale = true;
-        self.model.loss_and_grads_at::<half::bf16>(
-            dev,
-            Weights::Device(&d.params),
-            Grads::Device(&mut d.grads),
-            batch,
-            Fault::None,
-        )
+        self.model.loss_and_grads_at::<half::bf16>(dev, Weights::Device(&d.params), Grads::Device(&mut d.grads), batch, Fault::None)
     }
 
     /// The global norm of the gradient buffer.
     pub(crate) fn grad_norm(&self, dev: &Backend) -> Result<f64> {
         match (dev, &self.device) {
             (Backend::Cuda(gpu), Some((_, d))) => Ok(steps::sum_squares(gpu, &d.grads)?.sqrt()),
-            _ => Ok(self
-                .grads
-                .iter()
-                .map(|&v| v as f64 * v as f64)
-                .sum::<f64>()
-                .sqrt()),
+            _ => Ok(self.grads.iter().map(|&v| v as f64 * v as f64).sum::<f64>().sqrt()),
         }
     }
 
     /// AdamW from the gradient buffer divided by `ranks` (a data-parallel sum; 1 otherwise),
     /// clipped to the optimizer's norm given the buffer's own `norm`.
-    pub(crate) fn apply(
-        &mut self,
-        dev: &Backend,
-        loss: f64,
-        norm: f64,
-        ranks: usize,
-    ) -> Result<StepStats> {
+    pub(crate) fn apply(&mut self, dev: &Backend, loss: f64, norm: f64, ranks: usize) -> Result<StepStats> {
         finite(loss, self.state.step)?;
         let grad_norm = norm / ranks as f64;
         let clip = clip_factor(grad_norm, self.opt.clip) / ranks as f32;
@@ -165,29 +108,14 @@ impl Trainer {
             (Backend::Cuda(gpu), Some((_, d))) => {
                 let a = self.opt.next(&mut self.state, clip);
                 steps::adamw(gpu, d, &a)?;
-                Ok(StepStats {
-                    loss,
-                    grad_norm,
-                    lr: a.lr,
-                    tokens,
-                })
+                Ok(StepStats { loss, grad_norm, lr: a.lr, tokens })
             }
             _ => {
                 if clip != 1.0 {
                     self.grads.iter_mut().for_each(|v| *v *= clip);
                 }
-                let lr = self.opt.step(
-                    &mut self.model.params,
-                    &self.grads,
-                    &self.decay,
-                    &mut self.state,
-                );
-                Ok(StepStats {
-                    loss,
-                    grad_norm,
-                    lr,
-                    tokens,
-                })
+                let lr = self.opt.step(&mut self.model.params, &self.grads, &self.decay, &mut self.state);
+                Ok(StepStats { loss, grad_norm, lr, tokens })
             }
         }
     }
@@ -195,14 +123,7 @@ impl Trainer {
     /// A copy of this trainer at its current state, its device buffers not yet placed.
     pub(crate) fn replica(&self) -> Result<Trainer> {
         self.host_current()?;
-        Trainer::new(
-            self.model.clone(),
-            self.opt.clone(),
-            self.state.clone(),
-            self.stream.clone(),
-            (self.rows, self.seq),
-            self.seed,
-        )
+        Trainer::new(self.model.clone(), self.opt.clone(), self.state.clone(), self.stream.clone(), (self.rows, self.seq), self.seed)
     }
 
     /// The gradient buffer as a tensor (for a group's all-reduce), and back.
@@ -227,9 +148,7 @@ impl Trainer {
     /// The model's loss on `batch` at its current weights (on the GPU, those on the device).
     pub fn loss(&self, dev: &Backend, batch: &Batch) -> Result<f64> {
         match (&self.device, dev) {
-            (Some((_, d)), Backend::Cuda(_)) => {
-                self.model.loss_with(dev, Weights::Device(&d.params), batch)
-            }
+            (Some((_, d)), Backend::Cuda(_)) => self.model.loss_with(dev, Weights::Device(&d.params), batch),
             _ => {
                 self.host_current()?;
                 self.model.loss(dev, batch)
@@ -241,12 +160,9 @@ impl Trainer {
     pub fn to_host(&mut self) -> Result<()> {
         if let (Some((gpu, d)), true) = (&self.device, self.host_stale) {
             let s = &gpu.stream;
-            s.memcpy_dtoh(&d.params, &mut self.model.params)
-                .doing("reading the weights")?;
-            s.memcpy_dtoh(&d.m, &mut self.state.m)
-                .doing("reading the first moments")?;
-            s.memcpy_dtoh(&d.v, &mut self.state.v)
-                .doing("reading the second moments")?;
+            s.memcpy_dtoh(&d.params, &mut self.model.params).doing("reading the weights")?;
+            s.memcpy_dtoh(&d.m, &mut self.state.m).doing("reading the first moments")?;
+            s.memcpy_dtoh(&d.v, &mut self.state.v).doing("reading the second moments")?;
             self.host_stale = false;
         }
         Ok(())
@@ -270,9 +186,7 @@ impl Trainer {
 
 fn finite(loss: f64, step: usize) -> Result<()> {
     if !loss.is_finite() {
-        return Err(LabError::Invalid(format!(
-            "the loss is {loss} at step {step}: training diverged (lower the learning rate)"
-        )));
+        return Err(LabError::Invalid(format!("the loss is {loss} at step {step}: training diverged (lower the learning rate)")));
     }
     Ok(())
 }

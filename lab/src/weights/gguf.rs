@@ -30,12 +30,7 @@ pub enum GgufError {
     #[error("GGUF version {0} is not supported (2 and 3 are; a big-endian file reads as a huge version)")]
     UnsupportedVersion(u32),
     #[error("truncated: {what} needs {need} bytes at offset {offset}, the file has {len}")]
-    Truncated {
-        what: String,
-        offset: u64,
-        need: u64,
-        len: u64,
-    },
+    Truncated { what: String, offset: u64, need: u64, len: u64 },
     #[error("metadata `{key}` has unknown value type {ty}")]
     UnknownValueType { key: String, ty: u32 },
     #[error("metadata `{key}`: arrays nested deeper than {MAX_DEPTH}")]
@@ -51,18 +46,9 @@ pub enum GgufError {
     #[error("tensor `{tensor}` has unknown ggml type {ty}")]
     UnknownTensorType { tensor: String, ty: u32 },
     #[error("tensor `{tensor}`: data [{start}, {end}) lies outside the file ({len} bytes)")]
-    TensorOutOfRange {
-        tensor: String,
-        start: u64,
-        end: u64,
-        len: u64,
-    },
+    TensorOutOfRange { tensor: String, start: u64, end: u64, len: u64 },
     #[error("tensor `{tensor}`: offset {offset} is not a multiple of the alignment {alignment}")]
-    Misaligned {
-        tensor: String,
-        offset: u64,
-        alignment: u64,
-    },
+    Misaligned { tensor: String, offset: u64, alignment: u64 },
 }
 
 pub type Result<T> = std::result::Result<T, GgufError>;
@@ -219,12 +205,7 @@ impl<'a> Reader<'a> {
     fn take(&mut self, n: u64, what: &dyn Fn() -> String) -> Result<&'a [u8]> {
         let left = (self.b.len() - self.pos) as u64;
         if n > left {
-            return Err(GgufError::Truncated {
-                what: what(),
-                offset: self.pos as u64,
-                need: n,
-                len: self.b.len() as u64,
-            });
+            return Err(GgufError::Truncated { what: what(), offset: self.pos as u64, need: n, len: self.b.len() as u64 });
         }
         let s = &self.b[self.pos..self.pos + n as usize];
         self.pos += n as usize;
@@ -246,10 +227,7 @@ impl<'a> Reader<'a> {
         let len = self.u64(&|| format!("the length of {}", what()))?;
         let at = self.pos as u64;
         let s = self.take(len, what)?;
-        String::from_utf8(s.to_vec()).map_err(|_| GgufError::BadUtf8 {
-            what: what(),
-            offset: at,
-        })
+        String::from_utf8(s.to_vec()).map_err(|_| GgufError::BadUtf8 { what: what(), offset: at })
     }
     fn left(&self) -> u64 {
         (self.b.len() - self.pos) as u64
@@ -283,25 +261,15 @@ fn value(r: &mut Reader, ty: u32, key: &str, depth: usize) -> Result<Value> {
         8 => Value::String(r.string(&what)?),
         9 => {
             if depth >= MAX_DEPTH {
-                return Err(GgufError::TooDeep {
-                    key: key.to_string(),
-                });
+                return Err(GgufError::TooDeep { key: key.to_string() });
             }
             let ety = r.u32(&|| format!("the element type of `{key}`"))?;
-            let min = min_size(ety).ok_or_else(|| GgufError::UnknownValueType {
-                key: key.to_string(),
-                ty: ety,
-            })?;
+            let min = min_size(ety).ok_or_else(|| GgufError::UnknownValueType { key: key.to_string(), ty: ety })?;
             let count = r.u64(&|| format!("the length of `{key}`"))?;
             // Every element takes at least `min` bytes: a count the file cannot hold is refused
             // before anything is allocated.
             if count.saturating_mul(min) > r.left() {
-                return Err(GgufError::Truncated {
-                    what: format!("{count} elements of `{key}`"),
-                    offset: r.pos as u64,
-                    need: count.saturating_mul(min),
-                    len: r.b.len() as u64,
-                });
+                return Err(GgufError::Truncated { what: format!("{count} elements of `{key}`"), offset: r.pos as u64, need: count.saturating_mul(min), len: r.b.len() as u64 });
             }
             // Capacity grows with what is parsed: a `Value` is larger than its smallest encoding.
             let mut v = Vec::with_capacity(count.min(1 << 16) as usize);
@@ -313,12 +281,7 @@ fn value(r: &mut Reader, ty: u32, key: &str, depth: usize) -> Result<Value> {
         10 => Value::U64(u64::from_le_bytes(r.array(&what)?)),
         11 => Value::I64(i64::from_le_bytes(r.array(&what)?)),
         12 => Value::F64(f64::from_le_bytes(r.array(&what)?)),
-        _ => {
-            return Err(GgufError::UnknownValueType {
-                key: key.to_string(),
-                ty,
-            })
-        }
+        _ => return Err(GgufError::UnknownValueType { key: key.to_string(), ty }),
     })
 }
 
@@ -337,17 +300,9 @@ impl<'a> Gguf<'a> {
         let n_tensors = r.u64(&|| "the tensor count".into())?;
         let n_kv = r.u64(&|| "the metadata count".into())?;
         // A key-value pair takes at least 8 + 4 + 1 bytes, a tensor info 8 + 4 + 4 + 8.
-        for (n, min, what) in [
-            (n_kv, 13u64, "metadata entries"),
-            (n_tensors, 24, "tensor infos"),
-        ] {
+        for (n, min, what) in [(n_kv, 13u64, "metadata entries"), (n_tensors, 24, "tensor infos")] {
             if n.saturating_mul(min) > r.left() {
-                return Err(GgufError::Truncated {
-                    what: format!("{n} {what}"),
-                    offset: r.pos as u64,
-                    need: n.saturating_mul(min),
-                    len: bytes.len() as u64,
-                });
+                return Err(GgufError::Truncated { what: format!("{n} {what}"), offset: r.pos as u64, need: n.saturating_mul(min), len: bytes.len() as u64 });
             }
         }
         let mut metadata: Vec<(String, Value)> = Vec::with_capacity(n_kv as usize);
@@ -357,10 +312,7 @@ impl<'a> Gguf<'a> {
             let ty = r.u32(&|| format!("the type of `{key}`"))?;
             let v = value(&mut r, ty, &key, 0)?;
             if !keys.insert(key.clone()) {
-                return Err(GgufError::Duplicate {
-                    what: "metadata key",
-                    name: key,
-                });
+                return Err(GgufError::Duplicate { what: "metadata key", name: key });
             }
             metadata.push((key, v));
         }
@@ -375,10 +327,7 @@ impl<'a> Gguf<'a> {
             let name = r.string(&|| format!("tensor name {i}"))?;
             let n_dims = r.u32(&|| format!("the rank of `{name}`"))?;
             if n_dims == 0 || n_dims > MAX_DIMS {
-                return Err(GgufError::BadTensor {
-                    tensor: name,
-                    why: format!("rank {n_dims}, expected 1..={MAX_DIMS}"),
-                });
+                return Err(GgufError::BadTensor { tensor: name, why: format!("rank {n_dims}, expected 1..={MAX_DIMS}") });
             }
             let mut dims = Vec::with_capacity(n_dims as usize);
             for d in 0..n_dims {
@@ -387,82 +336,35 @@ impl<'a> Gguf<'a> {
             let ty = GgmlType(r.u32(&|| format!("the type of `{name}`"))?);
             let offset = r.u64(&|| format!("the offset of `{name}`"))?;
             if !names.insert(name.clone()) {
-                return Err(GgufError::Duplicate {
-                    what: "tensor",
-                    name,
-                });
+                return Err(GgufError::Duplicate { what: "tensor", name });
             }
             infos.push((name, dims, ty, offset));
         }
         let data_offset = (r.pos as u64).div_ceil(alignment) * alignment;
         let len = bytes.len() as u64;
         if data_offset > len && n_tensors > 0 {
-            return Err(GgufError::Truncated {
-                what: "the padding before the data section".into(),
-                offset: r.pos as u64,
-                need: data_offset - r.pos as u64,
-                len,
-            });
+            return Err(GgufError::Truncated { what: "the padding before the data section".into(), offset: r.pos as u64, need: data_offset - r.pos as u64, len });
         }
         let mut tensors = Vec::with_capacity(infos.len());
         for (name, dims, ty, offset) in infos {
-            let (block, block_bytes) = ty.block().ok_or_else(|| GgufError::UnknownTensorType {
-                tensor: name.clone(),
-                ty: ty.0,
-            })?;
-            let bad = |why: String| GgufError::BadTensor {
-                tensor: name.clone(),
-                why,
-            };
-            let elements = dims
-                .iter()
-                .try_fold(1u64, |a, &d| a.checked_mul(d))
-                .ok_or_else(|| bad(format!("dimensions {dims:?} overflow")))?;
+            let (block, block_bytes) = ty.block().ok_or_else(|| GgufError::UnknownTensorType { tensor: name.clone(), ty: ty.0 })?;
+            let bad = |why: String| GgufError::BadTensor { tensor: name.clone(), why };
+            let elements = dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d)).ok_or_else(|| bad(format!("dimensions {dims:?} overflow")))?;
             if dims[0] % block != 0 {
-                return Err(bad(format!(
-                    "first dimension {} is not a multiple of the {} block size {block}",
-                    dims[0],
-                    ty.name()
-                )));
+                return Err(bad(format!("first dimension {} is not a multiple of the {} block size {block}", dims[0], ty.name())));
             }
-            let size = (elements / block)
-                .checked_mul(block_bytes)
-                .ok_or_else(|| bad(format!("{elements} elements overflow")))?;
+            let size = (elements / block).checked_mul(block_bytes).ok_or_else(|| bad(format!("{elements} elements overflow")))?;
             if offset % alignment != 0 {
-                return Err(GgufError::Misaligned {
-                    tensor: name,
-                    offset,
-                    alignment,
-                });
+                return Err(GgufError::Misaligned { tensor: name, offset, alignment });
             }
             let start = data_offset.checked_add(offset);
             let end = start.and_then(|s| s.checked_add(size));
             match (start, end) {
-                (Some(_), Some(end)) if end <= len => tensors.push(TensorInfo {
-                    name,
-                    dims,
-                    ty,
-                    offset,
-                    size,
-                }),
-                _ => {
-                    return Err(GgufError::TensorOutOfRange {
-                        tensor: name,
-                        start: data_offset.saturating_add(offset),
-                        end: data_offset.saturating_add(offset).saturating_add(size),
-                        len,
-                    })
-                }
+                (Some(_), Some(end)) if end <= len => tensors.push(TensorInfo { name, dims, ty, offset, size }),
+                _ => return Err(GgufError::TensorOutOfRange { tensor: name, start: data_offset.saturating_add(offset), end: data_offset.saturating_add(offset).saturating_add(size), len }),
             }
         }
-        Ok(Gguf {
-            version,
-            metadata,
-            tensors,
-            alignment,
-            data_offset,
-            bytes,
-        })
+        Ok(Gguf { version, metadata, tensors, alignment, data_offset, bytes })
     }
 
     pub fn get(&self, key: &str) -> Option<&Value> {
@@ -489,10 +391,7 @@ pub struct GgufFile {
 impl GgufFile {
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let io = |e: std::io::Error| GgufError::Io {
-            path: path.clone(),
-            why: e.to_string(),
-        };
+        let io = |e: std::io::Error| GgufError::Io { path: path.clone(), why: e.to_string() };
         let file = std::fs::File::open(&path).map_err(io)?;
         // SAFETY: the map is read-only; a file truncated underneath us by another process could
         // still fault, which no reader of a mapped file can rule out. Model files are not edited

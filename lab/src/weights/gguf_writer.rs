@@ -62,10 +62,7 @@ fn put_value(out: &mut Vec<u8>, key: &str, v: &Value) -> Result<()> {
             // One element type per array; an empty one is written as an array of u32.
             let ety = items.first().map_or(4, type_id);
             if let Some(bad) = items.iter().find(|i| type_id(i) != ety) {
-                return Err(invalid(format!(
-                    "`{key}` mixes element types {ety} and {} in one array",
-                    type_id(bad)
-                )));
+                return Err(invalid(format!("`{key}` mixes element types {ety} and {} in one array", type_id(bad))));
             }
             out.extend_from_slice(&ety.to_le_bytes());
             out.extend_from_slice(&(items.len() as u64).to_le_bytes());
@@ -84,10 +81,7 @@ impl GgufWriter {
 
     /// A writer holding `g`'s metadata (its alignment included) and none of its tensors.
     pub fn with_metadata_of(g: &Gguf) -> Self {
-        GgufWriter {
-            metadata: g.metadata.clone(),
-            tensors: Vec::new(),
-        }
+        GgufWriter { metadata: g.metadata.clone(), tensors: Vec::new() }
     }
 
     /// Sets `key`, in place where it exists, else at the end.
@@ -100,42 +94,22 @@ impl GgufWriter {
 
     /// Adds a tensor: `dims` in ggml order (the contiguous dimension first), `data` exactly the
     /// bytes its type and shape take.
-    pub fn add_tensor(
-        &mut self,
-        name: &str,
-        dims: &[u64],
-        ty: GgmlType,
-        data: Vec<u8>,
-    ) -> Result<()> {
+    pub fn add_tensor(&mut self, name: &str, dims: &[u64], ty: GgmlType, data: Vec<u8>) -> Result<()> {
         if self.tensors.iter().any(|t| t.0 == name) {
             return Err(invalid(format!("tensor `{name}` is added twice")));
         }
         if dims.is_empty() || dims.len() > MAX_DIMS as usize || dims.contains(&0) {
-            return Err(invalid(format!(
-                "tensor `{name}` has dims {dims:?}: 1 to {MAX_DIMS} dimensions, none of them 0"
-            )));
+            return Err(invalid(format!("tensor `{name}` has dims {dims:?}: 1 to {MAX_DIMS} dimensions, none of them 0")));
         }
-        let (per_block, block_bytes) = ty
-            .block()
-            .ok_or_else(|| invalid(format!("tensor `{name}` has an unknown ggml type {}", ty.0)))?;
+        let (per_block, block_bytes) = ty.block().ok_or_else(|| invalid(format!("tensor `{name}` has an unknown ggml type {}", ty.0)))?;
         if !dims[0].is_multiple_of(per_block) {
-            return Err(invalid(format!(
-                "tensor `{name}`: rows of {} are not whole {}-weight blocks of {}",
-                dims[0],
-                per_block,
-                ty.name()
-            )));
+            return Err(invalid(format!("tensor `{name}`: rows of {} are not whole {}-weight blocks of {}", dims[0], per_block, ty.name())));
         }
         let need = dims.iter().product::<u64>() / per_block * block_bytes;
         if data.len() as u64 != need {
-            return Err(invalid(format!(
-                "tensor `{name}` ({} {dims:?}) needs {need} bytes, got {}",
-                ty.name(),
-                data.len()
-            )));
+            return Err(invalid(format!("tensor `{name}` ({} {dims:?}) needs {need} bytes, got {}", ty.name(), data.len())));
         }
-        self.tensors
-            .push((name.to_string(), dims.to_vec(), ty, data));
+        self.tensors.push((name.to_string(), dims.to_vec(), ty, data));
         Ok(())
     }
 
@@ -144,9 +118,7 @@ impl GgufWriter {
             None => Ok(DEFAULT_ALIGNMENT),
             Some((_, v)) => match v.as_u64() {
                 Some(a) if a > 0 && a.is_power_of_two() => Ok(a),
-                _ => Err(invalid(format!(
-                    "general.alignment is {v:?}: a power of two is needed"
-                ))),
+                _ => Err(invalid(format!("general.alignment is {v:?}: a power of two is needed"))),
             },
         }
     }
@@ -169,8 +141,7 @@ impl GgufWriter {
         for (name, dims, ty, data) in &self.tensors {
             put_string(&mut out, name);
             out.extend_from_slice(&(dims.len() as u32).to_le_bytes());
-            dims.iter()
-                .for_each(|d| out.extend_from_slice(&d.to_le_bytes()));
+            dims.iter().for_each(|d| out.extend_from_slice(&d.to_le_bytes()));
             out.extend_from_slice(&ty.0.to_le_bytes());
             out.extend_from_slice(&offset.to_le_bytes());
             offset = pad(offset + data.len() as u64);
@@ -178,10 +149,7 @@ impl GgufWriter {
         out.resize(pad(out.len() as u64) as usize, 0);
         for (_, _, _, data) in &self.tensors {
             out.extend_from_slice(data);
-            out.resize(
-                out.len() + (pad(data.len() as u64) - data.len() as u64) as usize,
-                0,
-            );
+            out.resize(out.len() + (pad(data.len() as u64) - data.len() as u64) as usize, 0);
         }
         Ok(out)
     }
@@ -218,11 +186,7 @@ pub fn parse_format(name: &str) -> Result<GgmlType> {
         "q4_0" => GgmlType::Q4_0,
         "q4_1" => GgmlType::Q4_1,
         "q6_k" => GgmlType::Q6_K,
-        _ => {
-            return Err(LabError::Invalid(format!(
-                "unknown format `{name}` (f32, f16, bf16, q8_0, q6_k, q4_0, q4_1)"
-            )))
-        }
+        _ => return Err(LabError::Invalid(format!("unknown format `{name}` (f32, f16, bf16, q8_0, q6_k, q4_0, q4_1)"))),
     })
 }
 
@@ -230,31 +194,19 @@ pub fn parse_format(name: &str) -> Result<GgmlType> {
 pub fn encode(to: GgmlType, x: &[f32]) -> Result<Vec<u8>> {
     Ok(match to {
         GgmlType::F32 => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        GgmlType::F16 => x
-            .iter()
-            .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
-            .collect(),
-        GgmlType::BF16 => x
-            .iter()
-            .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
-            .collect(),
+        GgmlType::F16 => x.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect(),
+        GgmlType::BF16 => x.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect(),
         GgmlType::Q8_0 => ggml::quantize(Block::Q8_0, x)?,
         GgmlType::Q4_0 => ggml::quantize(Block::Q4_0, x)?,
         GgmlType::Q4_1 => ggml::quantize(Block::Q4_1, x)?,
         GgmlType::Q6_K => crate::quant::q6_k::quantize(x)?,
-        other => {
-            return Err(LabError::Invalid(format!(
-                "cannot write GGUF type {}",
-                other.name()
-            )))
-        }
+        other => return Err(LabError::Invalid(format!("cannot write GGUF type {}", other.name()))),
     })
 }
 
 /// Bits per weight of a ggml type.
 fn bits(ty: GgmlType) -> f64 {
-    ty.block()
-        .map_or(f64::INFINITY, |(n, bytes)| bytes as f64 * 8.0 / n as f64)
+    ty.block().map_or(f64::INFINITY, |(n, bytes)| bytes as f64 * 8.0 / n as f64)
 }
 
 /// `g` with every matrix (two or more dimensions, rows a whole number of 32-weight blocks) in
@@ -266,13 +218,8 @@ fn bits(ty: GgmlType) -> f64 {
 /// already that coarse or coarser. `general.file_type` says the new format; metadata, tokenizer and
 /// tensor order are kept.
 pub fn requantize(g: &Gguf, to: GgmlType) -> Result<GgufWriter> {
-    let ftype = file_type(to)
-        .ok_or_else(|| LabError::Invalid(format!("cannot write a model in {}", to.name())))?;
-    let head = if g.tensor("output.weight").is_some() {
-        "output.weight"
-    } else {
-        "token_embd.weight"
-    };
+    let ftype = file_type(to).ok_or_else(|| LabError::Invalid(format!("cannot write a model in {}", to.name())))?;
+    let head = if g.tensor("output.weight").is_some() { "output.weight" } else { "token_embd.weight" };
     let mut w = GgufWriter::with_metadata_of(g);
     w.set("general.file_type", Value::U32(ftype));
     let per_block = to.block().map_or(1, |(n, _)| n);
@@ -282,26 +229,14 @@ pub fn requantize(g: &Gguf, to: GgmlType) -> Result<GgufWriter> {
         let ty = match matrix {
             false => t.ty,
             true if t.name == head && bits(to) < bits(GgmlType::Q8_0) => {
-                let finer = if t.dims[0] % crate::quant::q6_k::QK_K as u64 == 0 {
-                    GgmlType::Q6_K
-                } else {
-                    GgmlType::Q8_0
-                };
-                if bits(t.ty) <= bits(finer) {
-                    t.ty
-                } else {
-                    finer
-                }
+                let finer = if t.dims[0] % crate::quant::q6_k::QK_K as u64 == 0 { GgmlType::Q6_K } else { GgmlType::Q8_0 };
+                if bits(t.ty) <= bits(finer) { t.ty } else { finer }
             }
             // Rows that are no whole number of the format's blocks (Q6_K's 256 weights) go to Q8_0.
             true if t.dims[0] % per_block != 0 => GgmlType::Q8_0,
             true => to,
         };
-        let bytes = if ty != t.ty {
-            encode(ty, &ggml::to_f32(t.ty, data)?)?
-        } else {
-            data.to_vec()
-        };
+        let bytes = if ty != t.ty { encode(ty, &ggml::to_f32(t.ty, data)?)? } else { data.to_vec() };
         w.add_tensor(&t.name, &t.dims, ty, bytes)?;
     }
     Ok(w)
@@ -325,26 +260,14 @@ mod tests {
             ("u64", Value::U64(1 << 40)),
             ("i64", Value::I64(-(1 << 40))),
             ("f64", Value::F64(-2.25)),
-            (
-                "tokens",
-                Value::Array(vec![Value::String("<s>".into()), Value::String("é".into())]),
-            ),
-            (
-                "nested",
-                Value::Array(vec![
-                    Value::Array(vec![Value::I32(1), Value::I32(2)]),
-                    Value::Array(vec![]),
-                ]),
-            ),
+            ("tokens", Value::Array(vec![Value::String("<s>".into()), Value::String("é".into())])),
+            ("nested", Value::Array(vec![Value::Array(vec![Value::I32(1), Value::I32(2)]), Value::Array(vec![])])),
         ] {
             w.set(k, v);
         }
-        w.add_tensor("norm", &[5], GgmlType::F32, vec![1; 20])
-            .unwrap();
-        w.add_tensor("m", &[64, 3], GgmlType::Q8_0, vec![2; 2 * 3 * 34])
-            .unwrap();
-        w.add_tensor("h", &[3, 2, 1], GgmlType::F16, vec![3; 12])
-            .unwrap();
+        w.add_tensor("norm", &[5], GgmlType::F32, vec![1; 20]).unwrap();
+        w.add_tensor("m", &[64, 3], GgmlType::Q8_0, vec![2; 2 * 3 * 34]).unwrap();
+        w.add_tensor("h", &[3, 2, 1], GgmlType::F16, vec![3; 12]).unwrap();
         w
     }
 
@@ -352,90 +275,30 @@ mod tests {
     fn requantize_keeps_the_head_at_q6_k_or_q8_0_or_finer() {
         let types = |head: GgmlType, to: GgmlType| {
             let mut w = GgufWriter::new();
-            let values = |n: usize| {
-                (0..n)
-                    .map(|i| (i as f32 * 0.37).sin())
-                    .collect::<Vec<f32>>()
-            };
-            w.add_tensor(
-                "token_embd.weight",
-                &[64, 4],
-                head,
-                encode(head, &values(256)).unwrap(),
-            )
-            .unwrap();
-            w.add_tensor(
-                "blk.0.ffn_up.weight",
-                &[64, 2],
-                GgmlType::F32,
-                encode(GgmlType::F32, &values(128)).unwrap(),
-            )
-            .unwrap();
-            w.add_tensor(
-                "blk.0.attn_norm.weight",
-                &[64],
-                GgmlType::F32,
-                encode(GgmlType::F32, &values(64)).unwrap(),
-            )
-            .unwrap();
+            let values = |n: usize| (0..n).map(|i| (i as f32 * 0.37).sin()).collect::<Vec<f32>>();
+            w.add_tensor("token_embd.weight", &[64, 4], head, encode(head, &values(256)).unwrap()).unwrap();
+            w.add_tensor("blk.0.ffn_up.weight", &[64, 2], GgmlType::F32, encode(GgmlType::F32, &values(128)).unwrap()).unwrap();
+            w.add_tensor("blk.0.attn_norm.weight", &[64], GgmlType::F32, encode(GgmlType::F32, &values(64)).unwrap()).unwrap();
             let bytes = w.to_bytes().unwrap();
             let g = Gguf::parse(&bytes).unwrap();
             let out = requantize(&g, to).unwrap().to_bytes().unwrap();
-            Gguf::parse(&out)
-                .unwrap()
-                .tensors
-                .iter()
-                .map(|t| t.ty)
-                .collect::<Vec<_>>()
+            Gguf::parse(&out).unwrap().tensors.iter().map(|t| t.ty).collect::<Vec<_>>()
         };
         use GgmlType as T;
-        assert_eq!(
-            types(T::F32, T::Q4_0),
-            [T::Q8_0, T::Q4_0, T::F32],
-            "an f32 head goes to q8_0, not q4_0, nor stays f32"
-        );
+        assert_eq!(types(T::F32, T::Q4_0), [T::Q8_0, T::Q4_0, T::F32], "an f32 head goes to q8_0, not q4_0, nor stays f32");
         assert_eq!(types(T::F32, T::Q8_0), [T::Q8_0, T::Q8_0, T::F32]);
         assert_eq!(types(T::F32, T::F16), [T::F16, T::F16, T::F32]);
-        assert_eq!(
-            types(T::Q8_0, T::Q4_1),
-            [T::Q8_0, T::Q4_1, T::F32],
-            "SmolLM2's q8_0 head is kept"
-        );
-        assert_eq!(
-            types(T::Q4_0, T::Q4_1),
-            [T::Q4_0, T::Q4_1, T::F32],
-            "a head already coarser than q8_0 is kept"
-        );
+        assert_eq!(types(T::Q8_0, T::Q4_1), [T::Q8_0, T::Q4_1, T::F32], "SmolLM2's q8_0 head is kept");
+        assert_eq!(types(T::Q4_0, T::Q4_1), [T::Q4_0, T::Q4_1, T::F32], "a head already coarser than q8_0 is kept");
         assert_eq!(types(T::Q8_0, T::F32), [T::F32, T::F32, T::F32]);
         // A head 256 wide goes to Q6_K, as llama-quantize writes it.
         let mut w = GgufWriter::new();
-        let values = (0..1024)
-            .map(|i| (i as f32 * 0.37).sin())
-            .collect::<Vec<f32>>();
-        w.add_tensor(
-            "output.weight",
-            &[256, 4],
-            T::F32,
-            encode(T::F32, &values).unwrap(),
-        )
-        .unwrap();
+        let values = (0..1024).map(|i| (i as f32 * 0.37).sin()).collect::<Vec<f32>>();
+        w.add_tensor("output.weight", &[256, 4], T::F32, encode(T::F32, &values).unwrap()).unwrap();
         let bytes = w.to_bytes().unwrap();
-        for (to, head) in [
-            (T::Q4_0, T::Q6_K),
-            (T::Q4_1, T::Q6_K),
-            (T::Q6_K, T::Q6_K),
-            (T::Q8_0, T::Q8_0),
-        ] {
-            let out = requantize(&Gguf::parse(&bytes).unwrap(), to)
-                .unwrap()
-                .to_bytes()
-                .unwrap();
-            assert_eq!(
-                Gguf::parse(&out).unwrap().tensors[0].ty,
-                head,
-                "a 256-wide head written for {}",
-                to.name()
-            );
+        for (to, head) in [(T::Q4_0, T::Q6_K), (T::Q4_1, T::Q6_K), (T::Q6_K, T::Q6_K), (T::Q8_0, T::Q8_0)] {
+            let out = requantize(&Gguf::parse(&bytes).unwrap(), to).unwrap().to_bytes().unwrap();
+            assert_eq!(Gguf::parse(&out).unwrap().tensors[0].ty, head, "a 256-wide head written for {}", to.name());
         }
     }
 
@@ -443,44 +306,17 @@ mod tests {
     /// file reads back to within Q6_K's steps.
     #[test]
     fn requantize_to_q6_k_falls_back_to_q8_0_where_a_row_is_short() {
-        let values = |n: usize| {
-            (0..n)
-                .map(|i| (i as f32 * 0.37).sin())
-                .collect::<Vec<f32>>()
-        };
+        let values = |n: usize| (0..n).map(|i| (i as f32 * 0.37).sin()).collect::<Vec<f32>>();
         let mut w = GgufWriter::new();
-        w.add_tensor(
-            "blk.0.ffn_down.weight",
-            &[256, 2],
-            GgmlType::F32,
-            encode(GgmlType::F32, &values(512)).unwrap(),
-        )
-        .unwrap();
-        w.add_tensor(
-            "blk.0.ffn_up.weight",
-            &[64, 2],
-            GgmlType::F32,
-            encode(GgmlType::F32, &values(128)).unwrap(),
-        )
-        .unwrap();
+        w.add_tensor("blk.0.ffn_down.weight", &[256, 2], GgmlType::F32, encode(GgmlType::F32, &values(512)).unwrap()).unwrap();
+        w.add_tensor("blk.0.ffn_up.weight", &[64, 2], GgmlType::F32, encode(GgmlType::F32, &values(128)).unwrap()).unwrap();
         let bytes = w.to_bytes().unwrap();
-        let out = requantize(&Gguf::parse(&bytes).unwrap(), parse_format("q6_k").unwrap())
-            .unwrap()
-            .to_bytes()
-            .unwrap();
+        let out = requantize(&Gguf::parse(&bytes).unwrap(), parse_format("q6_k").unwrap()).unwrap().to_bytes().unwrap();
         let g = Gguf::parse(&out).unwrap();
-        assert_eq!(
-            g.tensors.iter().map(|t| t.ty).collect::<Vec<_>>(),
-            [GgmlType::Q6_K, GgmlType::Q8_0]
-        );
+        assert_eq!(g.tensors.iter().map(|t| t.ty).collect::<Vec<_>>(), [GgmlType::Q6_K, GgmlType::Q8_0]);
         assert_eq!(g.get("general.file_type"), Some(&Value::U32(18)));
         let down = ggml::to_f32(GgmlType::Q6_K, g.data(&g.tensors[0])).unwrap();
-        assert!(
-            down.iter()
-                .zip(values(512))
-                .all(|(a, b)| (a - b).abs() < 0.04),
-            "Q6_K of sines in [-1, 1] is within 2 steps of 1/32"
-        );
+        assert!(down.iter().zip(values(512)).all(|(a, b)| (a - b).abs() < 0.04), "Q6_K of sines in [-1, 1] is within 2 steps of 1/32");
     }
 
     #[test]
@@ -506,32 +342,16 @@ mod tests {
     fn bad_tensors_and_metadata_are_named_and_an_existing_file_is_kept() {
         let mut w = GgufWriter::new();
         let err = |r: Result<()>| r.unwrap_err().to_string();
-        assert!(
-            err(w.add_tensor("q", &[33, 2], GgmlType::Q4_0, vec![0; 36]))
-                .contains("rows of 33 are not whole 32-weight blocks of Q4_0")
-        );
-        assert!(
-            err(w.add_tensor("q", &[32, 2], GgmlType::Q4_0, vec![0; 35]))
-                .contains("needs 36 bytes, got 35")
-        );
+        assert!(err(w.add_tensor("q", &[33, 2], GgmlType::Q4_0, vec![0; 36])).contains("rows of 33 are not whole 32-weight blocks of Q4_0"));
+        assert!(err(w.add_tensor("q", &[32, 2], GgmlType::Q4_0, vec![0; 35])).contains("needs 36 bytes, got 35"));
         assert!(err(w.add_tensor("q", &[32, 0], GgmlType::F32, vec![])).contains("none of them 0"));
-        w.add_tensor("q", &[32], GgmlType::F32, vec![0; 128])
-            .unwrap();
-        assert!(err(w.add_tensor("q", &[32], GgmlType::F32, vec![0; 128]))
-            .contains("`q` is added twice"));
+        w.add_tensor("q", &[32], GgmlType::F32, vec![0; 128]).unwrap();
+        assert!(err(w.add_tensor("q", &[32], GgmlType::F32, vec![0; 128])).contains("`q` is added twice"));
         w.set("mixed", Value::Array(vec![Value::U8(1), Value::I8(1)]));
-        assert!(w
-            .to_bytes()
-            .unwrap_err()
-            .to_string()
-            .contains("`mixed` mixes element types 0 and 1"));
+        assert!(w.to_bytes().unwrap_err().to_string().contains("`mixed` mixes element types 0 and 1"));
         w.set("mixed", Value::U8(1));
         w.set("general.alignment", Value::U32(48));
-        assert!(w
-            .to_bytes()
-            .unwrap_err()
-            .to_string()
-            .contains("a power of two is needed"));
+        assert!(w.to_bytes().unwrap_err().to_string().contains("a power of two is needed"));
         w.set("general.alignment", Value::U32(32));
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("kept.gguf");
@@ -541,14 +361,7 @@ mod tests {
         let fresh = dir.path().join("new.gguf");
         w.write(&fresh).unwrap();
         assert_eq!(std::fs::read(&fresh).unwrap(), w.to_bytes().unwrap());
-        assert_eq!(
-            std::fs::read_dir(dir.path()).unwrap().count(),
-            2,
-            "no temporary file left behind"
-        );
-        assert!(parse_format("q5_k")
-            .unwrap_err()
-            .to_string()
-            .contains("unknown format `q5_k`"));
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2, "no temporary file left behind");
+        assert!(parse_format("q5_k").unwrap_err().to_string().contains("unknown format `q5_k`"));
     }
 }

@@ -13,11 +13,7 @@ mod rerun;
 use rerun::{rerun, select_in_runs};
 
 #[derive(Parser)]
-#[command(
-    name = "lab",
-    version,
-    about = "GPU-kernel research lab: run experiments, record them, rerun them"
-)]
+#[command(name = "lab", version, about = "GPU-kernel research lab: run experiments, record them, rerun them")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -307,108 +303,41 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::List {
-            variants: Some(family),
-        } => {
+        Command::List { variants: Some(family) } => {
             let f = lab::family::find(&family).ok_or_else(|| {
                 let names: Vec<_> = lab::family::FAMILIES.iter().map(|f| f.name).collect();
-                LabError::Invalid(format!(
-                    "no family `{family}` (one of: {})",
-                    names.join(", ")
-                ))
+                LabError::Invalid(format!("no family `{family}` (one of: {})", names.join(", ")))
             })?;
             let table = (f.variants)();
             if table.is_empty() {
                 println!("{family} has no variant table");
             }
             for v in table {
-                println!(
-                    "{:<26} {:<14} {:<7} {}",
-                    v.name,
-                    v.dtypes.join(","),
-                    v.requires,
-                    v.what
-                );
+                println!("{:<26} {:<14} {:<7} {}", v.name, v.dtypes.join(","), v.requires, v.what);
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Run {
-            experiments,
-            backend,
-            quick,
-            peers,
-            out,
-            seed,
-            variants,
-            shapes,
-            l2,
-            launch,
-            ncu,
-            once,
-            cases,
-            data_dir,
-        } => {
-            let cases = cases
-                .iter()
-                .map(|c| case_json(c))
-                .collect::<Result<Vec<_>>>()?;
+        Command::Run { experiments, backend, quick, peers, out, seed, variants, shapes, l2, launch, ncu, once, cases, data_dir } => {
+            let cases = cases.iter().map(|c| case_json(c)).collect::<Result<Vec<_>>>()?;
             let exps = if experiments.iter().any(|e| e == "all") {
                 experiment::registry()
             } else {
-                experiments
-                    .iter()
-                    .map(|e| experiment::find(e))
-                    .collect::<Result<Vec<_>>>()?
+                experiments.iter().map(|e| experiment::find(e)).collect::<Result<Vec<_>>>()?
             };
             // Under mpirun every rank runs this command: all take rank 0's seed, and only rank 0
             // opens a session and writes records (the others follow: see `lab::collective`).
             let seed = lab::collective::agree_seed(seed.unwrap_or_else(fresh_seed))?;
             if lab::collective::is_follower()? {
                 let params_from = (!shapes.is_empty()).then(|| "command line".to_string());
-                let opts = RunOptions {
-                    quick,
-                    peers,
-                    out,
-                    seed,
-                    variants,
-                    provider: None,
-                    progress: false,
-                    l2,
-                    launch,
-                    ncu,
-                    shapes,
-                    params_from,
-                    once,
-                    cases,
-                    data_dir,
-                };
+                let opts = RunOptions { quick, peers, out, seed, variants, provider: None, progress: false, l2, launch, ncu, shapes, params_from, once, cases, data_dir };
                 lab::collective::follow(&exps, &opts)?;
                 return Ok(ExitCode::SUCCESS);
             }
             let backend = backend.open()?;
             let params_from = (!shapes.is_empty()).then(|| "command line".to_string());
-            let opts = RunOptions {
-                quick,
-                peers,
-                out,
-                seed,
-                variants,
-                provider: None,
-                progress: !once,
-                l2,
-                launch,
-                ncu,
-                shapes,
-                params_from,
-                once,
-                cases,
-                data_dir,
-            };
+            let opts = RunOptions { quick, peers, out, seed, variants, provider: None, progress: !once, l2, launch, ncu, shapes, params_from, once, cases, data_dir };
             // Every --shape is checked against every experiment before anything runs.
-            let cases = exps
-                .iter()
-                .map(|e| experiment::cases_for(*e, &backend, &opts))
-                .collect::<Result<Vec<_>>>()?;
+            let cases = exps.iter().map(|e| experiment::cases_for(*e, &backend, &opts)).collect::<Result<Vec<_>>>()?;
             let mut session = Session::new(backend, opts)?;
             let mut result = Ok(());
             for (e, cases) in exps.into_iter().zip(cases) {
@@ -418,80 +347,28 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
                 }
             }
             print_table(&session.records);
-            println!(
-                "\n{} records -> {}",
-                session.records.len(),
-                session.run_file().display()
-            );
+            println!("\n{} records -> {}", session.records.len(), session.run_file().display());
             result?;
             Ok(exit_for(&session.records))
         }
-        Command::Rerun {
-            target,
-            records,
-            backend,
-            out,
-            threshold,
-            absolute,
-        } => rerun(&target, &records, backend, out, threshold, view(absolute)),
-        Command::Compare {
-            a,
-            b,
-            records,
-            threshold,
-            force,
-            absolute,
-        } => {
-            let cmp = compare::compare_runs(
-                &select(&a, &records)?,
-                &select(&b, &records)?,
-                threshold,
-                force,
-            )?;
+        Command::Rerun { target, records, backend, out, threshold, absolute } => rerun(&target, &records, backend, out, threshold, view(absolute)),
+        Command::Compare { a, b, records, threshold, force, absolute } => {
+            let cmp = compare::compare_runs(&select(&a, &records)?, &select(&b, &records)?, threshold, force)?;
             if cmp.rows.is_empty() {
-                return Err(LabError::Invalid(format!(
-                    "`{a}` and `{b}` share no timed, passing figure"
-                )));
+                return Err(LabError::Invalid(format!("`{a}` and `{b}` share no timed, passing figure")));
             }
             print!("{}", compare::render(&cmp, view(absolute)));
             Ok(ExitCode::SUCCESS)
         }
-        Command::Sanitize {
-            experiments,
-            tool,
-            variants,
-            cases,
-            jobs,
-            timeout,
-            out,
-            seed,
-            backend,
-        } => {
-            let cases = cases
-                .iter()
-                .map(|c| case_json(c))
-                .collect::<Result<Vec<_>>>()?;
+        Command::Sanitize { experiments, tool, variants, cases, jobs, timeout, out, seed, backend } => {
+            let cases = cases.iter().map(|c| case_json(c)).collect::<Result<Vec<_>>>()?;
             if !cases.is_empty() && experiments.len() != 1 {
-                return Err(LabError::Invalid(format!(
-                    "--case needs exactly one experiment, not {}",
-                    experiments.len()
-                )));
+                return Err(LabError::Invalid(format!("--case needs exactly one experiment, not {}", experiments.len())));
             }
-            let plan = (
-                tool,
-                variants,
-                jobs,
-                std::time::Duration::from_secs(timeout),
-                seed.unwrap_or_else(fresh_seed),
-            );
+            let plan = (tool, variants, jobs, std::time::Duration::from_secs(timeout), seed.unwrap_or_else(fresh_seed));
             sanitize(experiments, plan, cases, out, backend)
         }
-        Command::LaunchOnce {
-            experiment,
-            case,
-            variant,
-            seed,
-        } => {
+        Command::LaunchOnce { experiment, case, variant, seed } => {
             let case = case_json(&case)?;
             let gpu = lab::gpu::Gpu::new(0)?;
             experiment::find(&experiment)?.launch_once(&gpu, &case, &variant, seed)?;
@@ -504,12 +381,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
                 None => {
                     let mut lines = Vec::new();
                     for n in [2, 4] {
-                        lines.extend(
-                            lab::collective::run_threads(n, |t| {
-                                lab::collective::check::run(t, seed)
-                            })?
-                            .swap_remove(0),
-                        );
+                        lines.extend(lab::collective::run_threads(n, |t| lab::collective::check::run(t, seed))?.swap_remove(0));
                     }
                     lines
                 }
@@ -519,23 +391,8 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Generate {
-            model,
-            prompt,
-            chat,
-            max_tokens,
-            temperature,
-            top_k,
-            top_p,
-            seed,
-            backend,
-        } => {
-            let sampling = lab::model::llama::Sampling {
-                temperature,
-                top_k,
-                top_p,
-                seed,
-            };
+        Command::Generate { model, prompt, chat, max_tokens, temperature, top_k, top_p, seed, backend } => {
+            let sampling = lab::model::llama::Sampling { temperature, top_k, top_p, seed };
             generate(&model, &prompt, chat, max_tokens, sampling, backend)?;
             Ok(ExitCode::SUCCESS)
         }
@@ -546,42 +403,14 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             let g = file.parse()?;
             let w = requantize(&g, to)?;
             w.write(&out)?;
-            let size = std::fs::metadata(&out)
-                .map_err(|e| LabError::io(&out, e))?
-                .len();
-            println!(
-                "wrote {} ({}, {:.1} MB, from {:.1} MB)",
-                out.display(),
-                to.name(),
-                size as f64 / 1e6,
-                file.bytes().len() as f64 / 1e6
-            );
+            let size = std::fs::metadata(&out).map_err(|e| LabError::io(&out, e))?.len();
+            println!("wrote {} ({}, {:.1} MB, from {:.1} MB)", out.display(), to.name(), size as f64 / 1e6, file.bytes().len() as f64 / 1e6);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Pipeline {
-            quick,
-            plan,
-            peers,
-            out,
-            records,
-            steps,
-            text,
-            held_out,
-            tokenizer,
-            format,
-            seed,
-            backend,
-            ranks,
-        } => {
-            let tokenizer = match tokenizer
-                .or_else(|| std::env::var_os("LAB_SMOLLM2_GGUF").map(PathBuf::from))
-            {
+        Command::Pipeline { quick, plan, peers, out, records, steps, text, held_out, tokenizer, format, seed, backend, ranks } => {
+            let tokenizer = match tokenizer.or_else(|| std::env::var_os("LAB_SMOLLM2_GGUF").map(PathBuf::from)) {
                 Some(t) => t,
-                None => {
-                    return Err(LabError::Invalid(
-                        "no tokenizer: pass --tokenizer PATH.gguf or set LAB_SMOLLM2_GGUF".into(),
-                    ))
-                }
+                None => return Err(LabError::Invalid("no tokenizer: pass --tokenizer PATH.gguf or set LAB_SMOLLM2_GGUF".into())),
             };
             let text = match text {
                 Some(t) => t,
@@ -589,21 +418,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             };
             let format = lab::weights::gguf_writer::parse_format(&format)?;
             let plan = if quick { "quick".into() } else { plan };
-            let opts = lab::train::pipeline::Options {
-                out,
-                records,
-                plan,
-                steps,
-                text,
-                held_out,
-                tokenizer,
-                format,
-                seed: seed.unwrap_or_else(fresh_seed),
-                backend: backend.open()?,
-                ranks,
-                progress: true,
-                peers,
-            };
+            let opts = lab::train::pipeline::Options { out, records, plan, steps, text, held_out, tokenizer, format, seed: seed.unwrap_or_else(fresh_seed), backend: backend.open()?, ranks, progress: true, peers };
             let s = lab::train::pipeline::run(&opts)?;
             println!(
                 "loss {:.3} -> {:.3} over {} steps, {:.0} tokens/s; held-out loss {:.3}",
@@ -619,29 +434,11 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
                     println!("loss within {:.4}% of torch {dtype}'s over the first {n} steps (worst at step {})", 100.0 * e.max_rel, e.worst_index.unwrap_or(0));
                 }
             }
-            println!(
-                "wrote {} ({:.1} MB), {} and {}",
-                s.gguf.display(),
-                s.gguf_bytes as f64 / 1e6,
-                s.checkpoint.display(),
-                s.run_file.display()
-            );
+            println!("wrote {} ({:.1} MB), {} and {}", s.gguf.display(), s.gguf_bytes as f64 / 1e6, s.checkpoint.display(), s.run_file.display());
             for r in &s.scores {
                 let (x, num) = (&r.extra, |k: &str| r.extra[k].as_f64().unwrap_or(f64::NAN));
-                let theirs = x
-                    .get("llama_cpp_ppl")
-                    .and_then(|v| v.as_f64())
-                    .map_or(String::new(), |p| {
-                        format!(", llama.cpp {p:.3}, logits cosine {}", x["logits_cosines"])
-                    });
-                println!(
-                    "{:>5}: {:.2} MB, {:.2} bits/weight, perplexity {:.3}{theirs}, KL {:.5}",
-                    r.params["format"].as_str().unwrap_or(""),
-                    num("file_bytes") / 1e6,
-                    num("bits_per_weight"),
-                    num("ppl"),
-                    num("mean_kl")
-                );
+                let theirs = x.get("llama_cpp_ppl").and_then(|v| v.as_f64()).map_or(String::new(), |p| format!(", llama.cpp {p:.3}, logits cosine {}", x["logits_cosines"]));
+                println!("{:>5}: {:.2} MB, {:.2} bits/weight, perplexity {:.3}{theirs}, KL {:.5}", r.params["format"].as_str().unwrap_or(""), num("file_bytes") / 1e6, num("bits_per_weight"), num("ppl"), num("mean_kl"));
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -649,57 +446,28 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             lab::experiment::doctor::print();
             Ok(ExitCode::SUCCESS)
         }
-        Command::Compile {
-            families,
-            arch,
-            emit,
-            ptxas,
-        } => {
+        Command::Compile { families, arch, emit, ptxas } => {
             let all: Vec<&str> = lab::family::with_kernels().map(|f| f.name).collect();
             if let Some(bad) = families.iter().find(|f| !all.contains(&f.as_str())) {
-                return Err(LabError::Invalid(format!(
-                    "no kernel family `{bad}` (families with kernels: {})",
-                    all.join(", ")
-                )));
+                return Err(LabError::Invalid(format!("no kernel family `{bad}` (families with kernels: {})", all.join(", "))));
             }
-            let chosen: Vec<&str> = all
-                .into_iter()
-                .filter(|f| families.is_empty() || families.iter().any(|g| g == f))
-                .collect();
-            let archs = if arch.is_empty() {
-                vec![lab::gpu::compile::Target::for_device(
-                    lab::gpu::Gpu::new(0)?.arch,
-                )]
-            } else {
-                arch
-            };
+            let chosen: Vec<&str> = all.into_iter().filter(|f| families.is_empty() || families.iter().any(|g| g == f)).collect();
+            let archs = if arch.is_empty() { vec![lab::gpu::compile::Target::for_device(lab::gpu::Gpu::new(0)?.arch)] } else { arch };
             for a in archs {
                 for &family in &chosen {
                     let ptx = lab::gpu::compile::compile_family(family, a)?;
                     match &emit {
                         Some(dir) => {
                             let path = dir.join(format!("{family}.compute_{a}.ptx"));
-                            std::fs::create_dir_all(dir)
-                                .and_then(|_| std::fs::write(&path, &ptx))
-                                .map_err(|e| LabError::io(&path, e))?;
+                            std::fs::create_dir_all(dir).and_then(|_| std::fs::write(&path, &ptx)).map_err(|e| LabError::io(&path, e))?;
                             println!("compiled {family} for compute_{a} -> {}", path.display());
                         }
                         None => println!("compiled {family} for compute_{a}"),
                     }
                     if ptxas {
                         for k in lab::gpu::ptxas::report(&ptx, a)? {
-                            let spill = if k.spill_stores + k.spill_loads > 0 {
-                                format!(
-                                    ", SPILLS {} B stored / {} B loaded",
-                                    k.spill_stores, k.spill_loads
-                                )
-                            } else {
-                                String::new()
-                            };
-                            println!(
-                                "  {:<44} {:>3} registers, {} B stack{spill}",
-                                k.name, k.registers, k.stack_bytes
-                            );
+                            let spill = if k.spill_stores + k.spill_loads > 0 { format!(", SPILLS {} B stored / {} B loaded", k.spill_stores, k.spill_loads) } else { String::new() };
+                            println!("  {:<44} {:>3} registers, {} B stack{spill}", k.name, k.registers, k.stack_bytes);
                             for n in &k.notes {
                                 println!("    {n}");
                             }
@@ -712,76 +480,28 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
     }
 }
 
-type SanitizePlan = (
-    Vec<lab::profile::sanitize::Tool>,
-    Vec<String>,
-    usize,
-    std::time::Duration,
-    u64,
-);
+type SanitizePlan = (Vec<lab::profile::sanitize::Tool>, Vec<String>, usize, std::time::Duration, u64);
 
-fn sanitize(
-    experiments: Vec<String>,
-    (tools, variants, jobs, timeout, seed): SanitizePlan,
-    cases: Vec<serde_json::Value>,
-    out: PathBuf,
-    backend: BackendChoice,
-) -> Result<ExitCode> {
+fn sanitize(experiments: Vec<String>, (tools, variants, jobs, timeout, seed): SanitizePlan, cases: Vec<serde_json::Value>, out: PathBuf, backend: BackendChoice) -> Result<ExitCode> {
     use lab::profile::sanitize;
     let experiments: Vec<&'static str> = if experiments.is_empty() {
-        lab::family::with_kernels()
-            .filter_map(|f| f.experiment)
-            .map(|e| e.name())
-            .collect()
+        lab::family::with_kernels().filter_map(|f| f.experiment).map(|e| e.name()).collect()
     } else {
-        experiments
-            .iter()
-            .map(|e| experiment::find(e).map(|e| e.name()))
-            .collect::<Result<_>>()?
+        experiments.iter().map(|e| experiment::find(e).map(|e| e.name())).collect::<Result<_>>()?
     };
     let mut tools = tools;
     tools.sort();
     tools.dedup();
     let backend = backend.open()?;
-    let plan = sanitize::Plan {
-        experiments,
-        tools,
-        variants,
-        jobs,
-        timeout,
-        seed,
-        backend: backend.name(),
-    };
-    let mut session = Session::new(
-        backend,
-        RunOptions {
-            cases,
-            ..RunOptions::new(out.clone(), seed)
-        },
-    )?;
+    let plan = sanitize::Plan { experiments, tools, variants, jobs, timeout, seed, backend: backend.name() };
+    let mut session = Session::new(backend, RunOptions { cases, ..RunOptions::new(out.clone(), seed) })?;
     let missing = sanitize::run(&mut session, &plan)?;
-    let bad: Vec<&Record> = session
-        .records
-        .iter()
-        .filter(|r| r.verdict == Verdict::Fail)
-        .collect();
+    let bad: Vec<&Record> = session.records.iter().filter(|r| r.verdict == Verdict::Fail).collect();
     for r in &bad {
         let s = &r.extra["sanitizer"];
-        let what = s
-            .get("first_error")
-            .or(s.get("failure"))
-            .and_then(|v| v.as_str())
-            .unwrap_or("");
-        println!(
-            "{} {} under {}: {} error(s) on {}
-  {}",
-            r.params["experiment"].as_str().unwrap_or(""),
-            r.variant,
-            s["tool"].as_str().unwrap_or(""),
-            s["errors"],
-            r.params["case"],
-            what.replace('\n', "\n  ")
-        );
+        let what = s.get("first_error").or(s.get("failure")).and_then(|v| v.as_str()).unwrap_or("");
+        println!("{} {} under {}: {} error(s) on {}
+  {}", r.params["experiment"].as_str().unwrap_or(""), r.variant, s["tool"].as_str().unwrap_or(""), s["errors"], r.params["case"], what.replace('\n', "\n  "));
         if let Some(log) = s.get("log").and_then(|l| l.as_str()) {
             println!("  log: {}", out.join(log).display());
         }
@@ -792,31 +512,17 @@ fn sanitize(
     for (e, vs) in &missing {
         println!("{e}: no sanitizer shape launches {}", vs.join(", "));
     }
-    let library = session
-        .records
-        .iter()
-        .filter(|r| r.extra["sanitizer"]["status"] == "library")
-        .count();
+    let library = session.records.iter().filter(|r| r.extra["sanitizer"]["status"] == "library").count();
     if library > 0 {
         println!("{library} record(s) with reports only in kernels outside the lab (a library the variant calls): kept in the records, not failed");
     }
-    println!(
-        "\n{} records ({} with errors) -> {}",
-        session.records.len(),
-        bad.len(),
-        session.run_file().display()
-    );
-    Ok(if bad.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    println!("\n{} records ({} with errors) -> {}", session.records.len(), bad.len(), session.run_file().display());
+    Ok(if bad.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
 /// A `--case`: a case as JSON, as records hold it.
 fn case_json(text: &str) -> Result<serde_json::Value> {
-    serde_json::from_str(text)
-        .map_err(|e| LabError::Invalid(format!("--case `{text}` is not JSON: {e}")))
+    serde_json::from_str(text).map_err(|e| LabError::Invalid(format!("--case `{text}` is not JSON: {e}")))
 }
 
 fn view(absolute: bool) -> View {
@@ -832,43 +538,27 @@ fn python_topics() -> Result<PathBuf> {
     let out = std::process::Command::new("python3")
         .args(["-c", "import pydoc_data.topics as t; print(t.__file__)"])
         .output()
-        .map_err(|e| {
-            LabError::Invalid(format!(
-                "cannot run python3 to find pydoc_data/topics.py ({e}): pass --text PATH"
-            ))
-        })?;
+        .map_err(|e| LabError::Invalid(format!("cannot run python3 to find pydoc_data/topics.py ({e}): pass --text PATH")))?;
     if !out.status.success() {
-        return Err(LabError::Invalid(format!(
-            "python3 could not find pydoc_data/topics.py ({}): pass --text PATH",
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
+        return Err(LabError::Invalid(format!("python3 could not find pydoc_data/topics.py ({}): pass --text PATH", String::from_utf8_lossy(&out.stderr).trim())));
     }
     Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
 fn fresh_seed() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(7)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(7)
 }
 
 /// Non-zero when any figure failed its check.
 fn exit_for(records: &[Record]) -> ExitCode {
-    let implausible = records
-        .iter()
-        .filter(|r| r.verdict == Verdict::Implausible)
-        .count();
+    let implausible = records.iter().filter(|r| r.verdict == Verdict::Implausible).count();
     if implausible > 0 {
         eprintln!(
             "{implausible} record(s) beat the measured ceiling and are not results; likely causes: inputs \
              served from cache, an output nobody checked, or a wrong byte/flop count"
         );
     }
-    let failed = records
-        .iter()
-        .filter(|r| r.verdict == Verdict::Fail)
-        .count();
+    let failed = records.iter().filter(|r| r.verdict == Verdict::Fail).count();
     if failed > 0 {
         eprintln!("{failed} record(s) failed their correctness check");
         ExitCode::from(1)
@@ -880,16 +570,7 @@ fn exit_for(records: &[Record]) -> ExitCode {
 fn print_table(records: &[Record]) {
     println!(
         "\n{:<11} {:<22} {:<12} {:<54} {:>10} {:>9} {:>8} {:>6} {:>9} {:<11}",
-        "experiment",
-        "variant",
-        "provider",
-        "params",
-        "median ms",
-        "GB/s",
-        "TFLOP/s",
-        "%ceil",
-        "max err",
-        "verdict"
+        "experiment", "variant", "provider", "params", "median ms", "GB/s", "TFLOP/s", "%ceil", "max err", "verdict"
     );
     for r in records {
         let params = r.params.to_string();
@@ -903,11 +584,8 @@ fn print_table(records: &[Record]) {
             median.map_or("-".into(), |m| format!("{m:.4}")),
             tp.map_or("-".into(), |t| format!("{:.1}", t.gb_s)),
             tp.map_or("-".into(), |t| format!("{:.2}", t.tflop_s)),
-            r.fraction_of_ceiling
-                .map_or("-".into(), |f| format!("{:.0}%", f * 100.0)),
-            r.error
-                .as_ref()
-                .map_or("-".into(), |e| format!("{:.1e}", e.max_abs)),
+            r.fraction_of_ceiling.map_or("-".into(), |f| format!("{:.0}%", f * 100.0)),
+            r.error.as_ref().map_or("-".into(), |e| format!("{:.1e}", e.max_abs)),
             format!("{:?}", r.verdict).to_lowercase(),
         );
     }
@@ -919,30 +597,15 @@ fn select(target: &str, dir: &std::path::Path) -> Result<Vec<Record>> {
 }
 
 /// `lab generate`: tokens stream to stdout as they come, rates to stderr at the end.
-fn generate(
-    model: &std::path::Path,
-    prompt: &str,
-    chat: bool,
-    max_tokens: usize,
-    sampling: lab::model::llama::Sampling,
-    backend: BackendChoice,
-) -> Result<()> {
+fn generate(model: &std::path::Path, prompt: &str, chat: bool, max_tokens: usize, sampling: lab::model::llama::Sampling, backend: BackendChoice) -> Result<()> {
     use lab::model::llama::Engine;
     use lab::model::tokenizer::{ChatTemplate, Tokenizer};
     use std::io::Write;
-    let file =
-        lab::weights::gguf::GgufFile::open(model).map_err(|e| LabError::Invalid(e.to_string()))?;
-    let g = file
-        .parse()
-        .map_err(|e| LabError::Invalid(format!("{}: {e}", model.display())))?;
+    let file = lab::weights::gguf::GgufFile::open(model).map_err(|e| LabError::Invalid(e.to_string()))?;
+    let g = file.parse().map_err(|e| LabError::Invalid(format!("{}: {e}", model.display())))?;
     let tok = Tokenizer::from_gguf(&g)?;
     let text = if chat {
-        let template = ChatTemplate::from_gguf(&g)?.ok_or_else(|| {
-            LabError::Invalid(format!(
-                "{} has no chat template (tokenizer.chat_template)",
-                model.display()
-            ))
-        })?;
+        let template = ChatTemplate::from_gguf(&g)?.ok_or_else(|| LabError::Invalid(format!("{} has no chat template (tokenizer.chat_template)", model.display())))?;
         template.render(&[("user", prompt)], true)?
     } else {
         prompt.to_string()
@@ -957,9 +620,7 @@ fn generate(
             return Ok(false);
         }
         if let Some(piece) = stream.step(t)? {
-            out.write_all(piece.as_bytes())
-                .and_then(|_| out.flush())
-                .map_err(|e| LabError::io("stdout", e))?;
+            out.write_all(piece.as_bytes()).and_then(|_| out.flush()).map_err(|e| LabError::io("stdout", e))?;
         }
         Ok(true)
     })?;

@@ -12,48 +12,29 @@ use std::process::ExitCode;
 
 /// The records a target names, and every record of the runs they belong to (the peers and
 /// ceilings they are read against).
-pub(crate) fn select_in_runs(
-    target: &str,
-    dir: &std::path::Path,
-) -> Result<(Vec<Record>, Vec<Record>)> {
+pub(crate) fn select_in_runs(target: &str, dir: &std::path::Path) -> Result<(Vec<Record>, Vec<Record>)> {
     let path = PathBuf::from(target);
-    let (all, damage) = if path.is_file() {
-        record::read_records(&path)?
-    } else {
-        record::read_records(dir)?
-    };
+    let (all, damage) = if path.is_file() { record::read_records(&path)? } else { record::read_records(dir)? };
     for d in &damage {
         eprintln!("skipped a damaged record line: {d}");
     }
     let chosen: Vec<Record> = if path.is_file() {
         all.clone()
     } else {
-        all.iter()
-            .filter(|r| r.record_id == target || r.run_id == target)
-            .cloned()
-            .collect()
+        all.iter().filter(|r| r.record_id == target || r.run_id == target).cloned().collect()
     };
     if chosen.is_empty() {
-        return Err(LabError::Invalid(format!(
-            "no record, run or run file `{target}` (looked in {})",
-            dir.display()
-        )));
+        return Err(LabError::Invalid(format!("no record, run or run file `{target}` (looked in {})", dir.display())));
     }
     let runs: std::collections::BTreeSet<&str> = chosen.iter().map(|r| r.run_id.as_str()).collect();
-    let context = all
-        .iter()
-        .filter(|r| runs.contains(r.run_id.as_str()))
-        .cloned()
-        .collect();
+    let context = all.iter().filter(|r| runs.contains(r.run_id.as_str())).cloned().collect();
     Ok((chosen, context))
 }
 
 /// The rerun's timings against the recorded run's, as `lab compare` reads them: net of the drift
 /// and noise between the two runs where they share enough figures, else absolutely, said so.
 fn print_timing(old_runs: &[Record], new: &[Record], view: View, threshold: f64) -> Result<()> {
-    let (Some(o), Some(n)) = (old_runs.first(), new.first()) else {
-        return Ok(());
-    };
+    let (Some(o), Some(n)) = (old_runs.first(), new.first()) else { return Ok(()) };
     let cmp = compare::compare_runs(old_runs, new, threshold, true)?;
     if cmp.rows.is_empty() {
         return Ok(());
@@ -67,14 +48,7 @@ fn print_timing(old_runs: &[Record], new: &[Record], view: View, threshold: f64)
     Ok(())
 }
 
-pub(crate) fn rerun(
-    target: &str,
-    dir: &std::path::Path,
-    backend: BackendChoice,
-    out: PathBuf,
-    threshold: f64,
-    view: View,
-) -> Result<ExitCode> {
+pub(crate) fn rerun(target: &str, dir: &std::path::Path, backend: BackendChoice, out: PathBuf, threshold: f64, view: View) -> Result<ExitCode> {
     if lab::collective::under_launcher() {
         return Err(LabError::Invalid(
             "`lab rerun` runs in one process; rerun an MPI record with `mpirun -n RANKS lab run EXPERIMENT --seed SEED --variant VARIANT`".into(),
@@ -89,19 +63,13 @@ pub(crate) fn rerun(
         if r.backend != backend.name() {
             return Err(LabError::Invalid(format!(
                 "record {} was made on the {} backend; this rerun has the {} backend",
-                r.record_id,
-                r.backend,
-                backend.name()
+                r.record_id, r.backend, backend.name()
             )));
         }
         let exp = experiment::find(&r.experiment)?;
         let opts = RunOptions {
             quick: r.quick,
-            peers: if r.provider == "torch" {
-                vec![Peer::Torch]
-            } else {
-                vec![]
-            },
+            peers: if r.provider == "torch" { vec![Peer::Torch] } else { vec![] },
             out: out.clone(),
             seed: r.seed,
             variants: vec![r.variant.clone()],
@@ -109,16 +77,8 @@ pub(crate) fn rerun(
             progress: false,
             // The recorded mode by name; records from before the mode was kept were scrubbed by
             // zeroing (cold), and host-timed ones ("host") were launched eagerly.
-            l2: r
-                .timing
-                .as_ref()
-                .and_then(|t| L2::from_str(&t.l2, false).ok())
-                .unwrap_or(L2::Cold),
-            launch: r
-                .timing
-                .as_ref()
-                .and_then(|t| Launch::from_str(&t.launch, false).ok())
-                .unwrap_or(Launch::Eager),
+            l2: r.timing.as_ref().and_then(|t| L2::from_str(&t.l2, false).ok()).unwrap_or(L2::Cold),
+            launch: r.timing.as_ref().and_then(|t| Launch::from_str(&t.launch, false).ok()).unwrap_or(Launch::Eager),
             ncu: false,
             shapes: Vec::new(),
             params_from: r.params_from.clone(),
@@ -128,10 +88,7 @@ pub(crate) fn rerun(
         };
         let s = match session.as_mut() {
             Some(s) => {
-                s.opts = RunOptions {
-                    out: s.opts.out.clone(),
-                    ..opts
-                };
+                s.opts = RunOptions { out: s.opts.out.clone(), ..opts };
                 s.budget = s.opts.budget();
                 s
             }
@@ -139,10 +96,7 @@ pub(crate) fn rerun(
         };
         let before = s.records.len();
         s.run(exp, std::slice::from_ref(&r.params))?;
-        let new = s.records[before..]
-            .iter()
-            .find(|n| n.variant == r.variant && n.provider == r.provider)
-            .cloned();
+        let new = s.records[before..].iter().find(|n| n.variant == r.variant && n.provider == r.provider).cloned();
         pairs.push((r.clone(), new));
     }
     println!(
@@ -151,16 +105,8 @@ pub(crate) fn rerun(
     );
     let mut broken = 0;
     for (o, n) in &pairs {
-        let ms = |r: &Record| {
-            r.time_ms
-                .as_ref()
-                .map_or("-".into(), |t| format!("{:.4}", t.median))
-        };
-        let err = |r: &Record| {
-            r.error
-                .as_ref()
-                .map_or("-".into(), |e| format!("{:.1e}", e.max_abs))
-        };
+        let ms = |r: &Record| r.time_ms.as_ref().map_or("-".into(), |t| format!("{:.4}", t.median));
+        let err = |r: &Record| r.error.as_ref().map_or("-".into(), |e| format!("{:.1e}", e.max_abs));
         let verdict = |r: &Record| format!("{:?}", r.verdict).to_lowercase();
         match n {
             Some(n) => {
@@ -169,23 +115,12 @@ pub(crate) fn rerun(
                 }
                 println!(
                     "{:<34} {:<22} {:<8} {:>10} {:>10} {:>10} {:>10} {:<9} {:<9}",
-                    o.record_id,
-                    o.variant,
-                    o.provider,
-                    ms(o),
-                    ms(n),
-                    err(o),
-                    err(n),
-                    verdict(o),
-                    verdict(n)
+                    o.record_id, o.variant, o.provider, ms(o), ms(n), err(o), err(n), verdict(o), verdict(n)
                 );
             }
             None => {
                 broken += 1;
-                println!(
-                    "{:<34} {:<22} {:<8} not reproduced: the variant no longer runs on this shape",
-                    o.record_id, o.variant, o.provider
-                );
+                println!("{:<34} {:<22} {:<8} not reproduced: the variant no longer runs on this shape", o.record_id, o.variant, o.provider);
             }
         }
     }

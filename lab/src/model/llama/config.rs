@@ -43,42 +43,27 @@ fn number(v: &Value) -> Option<f64> {
 
 impl Config {
     pub fn from_gguf(g: &Gguf) -> Result<Config> {
-        let arch = g
-            .get("general.architecture")
-            .and_then(Value::as_str)
-            .ok_or_else(|| missing("general.architecture", "a string"))?;
+        let arch = g.get("general.architecture").and_then(Value::as_str).ok_or_else(|| missing("general.architecture", "a string"))?;
         if arch != "llama" {
-            return Err(LabError::Invalid(format!(
-                "general.architecture is `{arch}`: only `llama` models are supported"
-            )));
+            return Err(LabError::Invalid(format!("general.architecture is `{arch}`: only `llama` models are supported")));
         }
         let num = |key: &str| g.get(&format!("llama.{key}")).and_then(number);
         let int = |key: &str| -> Result<usize> {
             match num(key) {
                 Some(x) if x >= 1.0 && x.fract() == 0.0 => Ok(x as usize),
-                Some(x) => Err(LabError::Invalid(format!(
-                    "metadata llama.{key} is {x}: a positive integer is needed"
-                ))),
+                Some(x) => Err(LabError::Invalid(format!("metadata llama.{key} is {x}: a positive integer is needed"))),
                 None => Err(missing(&format!("llama.{key}"), "a positive integer")),
             }
         };
         let (dim, heads) = (int("embedding_length")?, int("attention.head_count")?);
-        let kv_heads = if num("attention.head_count_kv").is_some() {
-            int("attention.head_count_kv")?
-        } else {
-            heads
-        };
+        let kv_heads = if num("attention.head_count_kv").is_some() { int("attention.head_count_kv")? } else { heads };
         if dim % heads != 0 || heads % kv_heads != 0 {
             return Err(LabError::Invalid(format!(
                 "{heads} heads of a {dim}-wide model with {kv_heads} KV heads: the width must split into heads and the heads into KV groups"
             )));
         }
         let head_dim = dim / heads;
-        let rope_dims = if num("rope.dimension_count").is_some() {
-            int("rope.dimension_count")?
-        } else {
-            head_dim
-        };
+        let rope_dims = if num("rope.dimension_count").is_some() { int("rope.dimension_count")? } else { head_dim };
         if rope_dims > head_dim || rope_dims % 2 != 0 {
             return Err(LabError::Invalid(format!("llama.rope.dimension_count is {rope_dims}: an even count up to the head size {head_dim}")));
         }
@@ -86,33 +71,18 @@ impl Config {
             None | Some("none") => RopeScaling::None,
             Some("linear") => match num("rope.scaling.factor") {
                 Some(f) if f > 0.0 => RopeScaling::Linear { factor: f as f32 },
-                _ => {
-                    return Err(missing(
-                        "llama.rope.scaling.factor",
-                        "a positive number for linear RoPE scaling",
-                    ))
-                }
+                _ => return Err(missing("llama.rope.scaling.factor", "a positive number for linear RoPE scaling")),
             },
-            Some(other) => {
-                return Err(LabError::Invalid(format!(
-                    "llama.rope.scaling.type `{other}` is not supported (none, linear)"
-                )))
-            }
+            Some(other) => return Err(LabError::Invalid(format!("llama.rope.scaling.type `{other}` is not supported (none, linear)"))),
         };
         let vocab = match num("vocab_size") {
             Some(_) => int("vocab_size")?,
-            None => g
-                .get("tokenizer.ggml.tokens")
-                .and_then(Value::as_array)
-                .map(<[Value]>::len)
-                .ok_or_else(|| missing("llama.vocab_size", "the vocabulary size"))?,
+            None => g.get("tokenizer.ggml.tokens").and_then(Value::as_array).map(<[Value]>::len).ok_or_else(|| missing("llama.vocab_size", "the vocabulary size"))?,
         };
         let positive = |key: &str, default: Option<f64>| -> Result<f32> {
             match num(key).or(default) {
                 Some(x) if x > 0.0 && x.is_finite() => Ok(x as f32),
-                Some(x) => Err(LabError::Invalid(format!(
-                    "metadata llama.{key} is {x}: a positive number is needed"
-                ))),
+                Some(x) => Err(LabError::Invalid(format!("metadata llama.{key} is {x}: a positive number is needed"))),
                 None => Err(missing(&format!("llama.{key}"), "a positive number")),
             }
         };

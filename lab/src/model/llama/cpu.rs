@@ -32,8 +32,7 @@ impl CpuModel {
         let config = Config::from_gguf(g)?;
         let t = Tensors::find(g, &config)?;
         let read = |name: &str, info: &crate::weights::gguf::TensorInfo| {
-            ggml::to_f32(info.ty, g.data(info))
-                .map_err(|e| LabError::Invalid(format!("tensor `{name}`: {e}")))
+            ggml::to_f32(info.ty, g.data(info)).map_err(|e| LabError::Invalid(format!("tensor `{name}`: {e}")))
         };
         let layers = t
             .layers
@@ -52,11 +51,7 @@ impl CpuModel {
 
     pub fn cache(&self) -> CpuCache {
         let n = self.config.layers;
-        CpuCache {
-            k: vec![Vec::new(); n],
-            v: vec![Vec::new(); n],
-            len: 0,
-        }
+        CpuCache { k: vec![Vec::new(); n], v: vec![Vec::new(); n], len: 0 }
     }
 
     /// Runs `tokens` at the cache's next positions and returns the logits after the last one.
@@ -67,9 +62,7 @@ impl CpuModel {
         for &t in init {
             self.step(cache, t, false)?;
         }
-        Ok(self
-            .step(cache, last, true)?
-            .expect("logits were asked for"))
+        Ok(self.step(cache, last, true)?.expect("logits were asked for"))
     }
 
     /// One token at position `cache.len`: appends its keys and values, returns the logits when
@@ -77,16 +70,10 @@ impl CpuModel {
     pub fn step(&self, cache: &mut CpuCache, token: u32, logits: bool) -> Result<Option<Vec<f32>>> {
         let c = &self.config;
         if token as usize >= c.vocab {
-            return Err(LabError::Invalid(format!(
-                "token id {token} is outside the vocabulary of {}",
-                c.vocab
-            )));
+            return Err(LabError::Invalid(format!("token id {token} is outside the vocabulary of {}", c.vocab)));
         }
         if cache.len >= c.context {
-            return Err(LabError::Invalid(format!(
-                "position {} is past the model's context of {} tokens",
-                cache.len, c.context
-            )));
+            return Err(LabError::Invalid(format!("position {} is past the model's context of {} tokens", cache.len, c.context)));
         }
         let (d, kvd, pos) = (c.dim, c.kv_dim(), cache.len);
         let mut x = self.embed[token as usize * d..(token as usize + 1) * d].to_vec();
@@ -109,11 +96,7 @@ impl CpuModel {
             let (mut g, mut u) = (vec![0f32; c.ffn], vec![0f32; c.ffn]);
             matvec(&w.gate, &h, &mut g);
             matvec(&w.up, &h, &mut u);
-            let act: Vec<f32> = g
-                .iter()
-                .zip(&u)
-                .map(|(&g, &u)| (silu(g as f64) * u as f64) as f32)
-                .collect();
+            let act: Vec<f32> = g.iter().zip(&u).map(|(&g, &u)| (silu(g as f64) * u as f64) as f32).collect();
             matvec(&w.down, &act, &mut o);
             x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
         }
@@ -136,23 +119,15 @@ pub fn silu(x: f64) -> f64 {
 fn rmsnorm(x: &[f32], gamma: &[f32], eps: f32, out: &mut [f32]) {
     let ms = x.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / x.len() as f64;
     let r = 1.0 / (ms + eps as f64).sqrt();
-    out.iter_mut()
-        .zip(x.iter().zip(gamma))
-        .for_each(|(o, (&x, &g))| *o = (x as f64 * r * g as f64) as f32);
+    out.iter_mut().zip(x.iter().zip(gamma)).for_each(|(o, (&x, &g))| *o = (x as f64 * r * g as f64) as f32);
 }
 
 /// out (rows) = W (rows x x.len(), row-major) x, rows in parallel, each dot in f64.
 fn matvec(w: &[f32], x: &[f32], out: &mut [f32]) {
     let k = x.len();
-    out.par_iter_mut()
-        .zip(w.par_chunks_exact(k))
-        .for_each(|(o, row)| {
-            *o = row
-                .iter()
-                .zip(x)
-                .map(|(&a, &b)| a as f64 * b as f64)
-                .sum::<f64>() as f32;
-        });
+    out.par_iter_mut().zip(w.par_chunks_exact(k)).for_each(|(o, row)| {
+        *o = row.iter().zip(x).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() as f32;
+    });
 }
 
 /// Rotates neighbouring pairs (2i, 2i+1) of each head's first `rope_dims` values; `inverse`
@@ -178,24 +153,12 @@ fn attend(c: &Config, q: &[f32], k: &[f32], v: &[f32]) -> Vec<f32> {
     let mut out = vec![0f32; c.dim];
     out.par_chunks_exact_mut(hd).enumerate().for_each(|(h, o)| {
         let (qh, off) = (&q[h * hd..(h + 1) * hd], (h / group) * hd);
-        let s: Vec<f64> = (0..n)
-            .map(|j| {
-                k[j * kvd + off..][..hd]
-                    .iter()
-                    .zip(qh)
-                    .map(|(&a, &b)| a as f64 * b as f64)
-                    .sum::<f64>()
-                    * scale
-            })
-            .collect();
+        let s: Vec<f64> = (0..n).map(|j| k[j * kvd + off..][..hd].iter().zip(qh).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * scale).collect();
         let m = s.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b));
         let p: Vec<f64> = s.iter().map(|&s| (s - m).exp()).collect();
         let sum: f64 = p.iter().sum();
         for (i, o) in o.iter_mut().enumerate() {
-            *o = ((0..n)
-                .map(|j| p[j] * v[j * kvd + off + i] as f64)
-                .sum::<f64>()
-                / sum) as f32;
+            *o = ((0..n).map(|j| p[j] * v[j * kvd + off + i] as f64).sum::<f64>() / sum) as f32;
         }
     });
     out

@@ -54,13 +54,7 @@ pub struct Generated {
 
 /// Up to `max_new` tokens after `prompt`, chosen as `sampling` says; `each(token)` sees every
 /// new token and returns false to stop there.
-pub fn generate(
-    engine: &Engine,
-    prompt: &[u32],
-    max_new: usize,
-    sampling: Sampling,
-    mut each: impl FnMut(u32) -> Result<bool>,
-) -> Result<Generated> {
+pub fn generate(engine: &Engine, prompt: &[u32], max_new: usize, sampling: Sampling, mut each: impl FnMut(u32) -> Result<bool>) -> Result<Generated> {
     sampling.check()?;
     let c = engine.config();
     if prompt.is_empty() {
@@ -85,12 +79,7 @@ pub fn generate(
         Engine::Cpu(m) => {
             // Logits at position p choose the token of p + 1, as on the GPU.
             let mut cache = m.cache();
-            let mut t = choose(
-                &m.forward(&mut cache, prompt)?,
-                &sampling,
-                0,
-                prompt.len() - 1,
-            )?;
+            let mut t = choose(&m.forward(&mut cache, prompt)?, &sampling, 0, prompt.len() - 1)?;
             while max_new > 0 && emit(t, &mut out)? {
                 let logits = m.step(&mut cache, t, true)?.expect("logits were asked for");
                 t = choose(&logits, &sampling, 0, cache.len - 1)?;
@@ -106,9 +95,7 @@ pub fn generate(
             batch.set_sampling(sampling)?;
             batch.start(&[prompt.to_vec()])?;
             batch.prefill()?;
-            let last = |b: &super::Batch| -> Result<u32> {
-                Ok(*b.tokens()?[0].last().expect("a step writes a token"))
-            };
+            let last = |b: &super::Batch| -> Result<u32> { Ok(*b.tokens()?[0].last().expect("a step writes a token")) };
             let mut t = last(&batch)?;
             while max_new > 0 && emit(t, &mut out)? {
                 batch.step()?;
@@ -117,9 +104,5 @@ pub fn generate(
         }
     }
     let prompt_time = first.unwrap_or_else(|| start.elapsed());
-    Ok(Generated {
-        tokens: out,
-        prompt: prompt_time,
-        decode: start.elapsed() - prompt_time,
-    })
+    Ok(Generated { tokens: out, prompt: prompt_time, decode: start.elapsed() - prompt_time })
 }

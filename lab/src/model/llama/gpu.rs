@@ -20,17 +20,17 @@ use super::sample::Sampling;
 use super::weights::Tensors;
 use crate::error::Doing;
 use crate::experiment::Backend;
-use crate::gpu::graph::Graph;
 use crate::gpu::Gpu;
-use crate::ops::attention;
 use crate::ops::attention::decode::{Decode, KvCache};
+use crate::ops::attention;
 use crate::ops::gemm;
 use crate::ops::llama::{self as k, Rows};
 use crate::ops::quant::{self, QuantTensor};
 use crate::quant::ggml::Block;
 use crate::tensor::Tensor;
-use crate::weights::gguf::{GgmlType, Gguf, TensorInfo};
+use crate::weights::gguf::{Gguf, GgmlType, TensorInfo};
 use crate::{LabError, Result};
+use crate::gpu::graph::Graph;
 use cudarc::driver::CudaSlice;
 use half::f16;
 use rayon::prelude::*;
@@ -83,11 +83,7 @@ struct Raw {
 fn dense_t(dev: &Backend, blocks: &[u8], rows: usize, cols: usize) -> Result<Tensor<f16>> {
     let w = crate::quant::ggml::dequantize(Block::Q4_1, blocks)?;
     let mut t = vec![f16::ZERO; rows * cols];
-    t.par_chunks_mut(rows).enumerate().for_each(|(c, out)| {
-        out.iter_mut()
-            .enumerate()
-            .for_each(|(r, o)| *o = f16::from_f32(w[r * cols + c]))
-    });
+    t.par_chunks_mut(rows).enumerate().for_each(|(c, out)| out.iter_mut().enumerate().for_each(|(r, o)| *o = f16::from_f32(w[r * cols + c])));
     Tensor::from_slice(dev, &[cols, rows], &t)
 }
 
@@ -97,11 +93,7 @@ fn stacked(g: &Gguf, parts: &[(&str, &TensorInfo)], ty: GgmlType) -> Result<Vec<
     let mut out = Vec::new();
     for (name, t) in parts {
         if t.ty != ty {
-            return Err(LabError::Invalid(format!(
-                "tensor `{name}` is {}: the GPU engine reads {} matrices",
-                t.ty.name(),
-                ty.name()
-            )));
+            return Err(LabError::Invalid(format!("tensor `{name}` is {}: the GPU engine reads {} matrices", t.ty.name(), ty.name())));
         }
         out.extend_from_slice(g.data(t));
     }
@@ -110,10 +102,7 @@ fn stacked(g: &Gguf, parts: &[(&str, &TensorInfo)], ty: GgmlType) -> Result<Vec<
 
 fn f32_vector(gpu: &Gpu, g: &Gguf, name: &str, t: &TensorInfo) -> Result<CudaSlice<f32>> {
     if t.ty != GgmlType::F32 {
-        return Err(LabError::Invalid(format!(
-            "tensor `{name}` is {}: norms are read as F32",
-            t.ty.name()
-        )));
+        return Err(LabError::Invalid(format!("tensor `{name}` is {}: norms are read as F32", t.ty.name())));
     }
     gpu.upload(&crate::quant::ggml::to_f32(t.ty, g.data(t))?)
 }
@@ -124,57 +113,24 @@ impl GpuModel {
         let t = Tensors::find(g, &config)?;
         let c = &config;
         if ![64, 128].contains(&c.head_dim) {
-            return Err(LabError::Invalid(format!(
-                "head size {}: the decode kernels take 64 or 128",
-                c.head_dim
-            )));
+            return Err(LabError::Invalid(format!("head size {}: the decode kernels take 64 or 128", c.head_dim)));
         }
         let dev = Backend::Cuda(gpu.clone());
-        let matrix = |parts: &[(&str, &TensorInfo)],
-                      rows: usize,
-                      cols: usize|
-         -> Result<(QuantTensor, Tensor<f16>, CudaSlice<u8>)> {
+        let matrix = |parts: &[(&str, &TensorInfo)], rows: usize, cols: usize| -> Result<(QuantTensor, Tensor<f16>, CudaSlice<u8>)> {
             let bytes = stacked(g, parts, GgmlType::Q4_1)?;
-            Ok((
-                QuantTensor::from_gguf_q4_1(&dev, &bytes, rows, cols)?,
-                dense_t(&dev, &bytes, rows, cols)?,
-                gpu.upload(&bytes)?,
-            ))
+            Ok((QuantTensor::from_gguf_q4_1(&dev, &bytes, rows, cols)?, dense_t(&dev, &bytes, rows, cols)?, gpu.upload(&bytes)?))
         };
         let mut layers = Vec::with_capacity(c.layers);
         for (i, l) in t.layers.iter().enumerate() {
             let n = |s: &str| format!("blk.{i}.{s}.weight");
-            let (q, k, v, o, gate, up, down) = (
-                n("attn_q"),
-                n("attn_k"),
-                n("attn_v"),
-                n("attn_output"),
-                n("ffn_gate"),
-                n("ffn_up"),
-                n("ffn_down"),
-            );
-            let (qkv, qkv_t, qkv_r) = matrix(
-                &[(&q, l.q), (&k, l.k), (&v, l.v)],
-                c.dim + 2 * c.kv_dim(),
-                c.dim,
-            )?;
+            let (q, k, v, o, gate, up, down) = (n("attn_q"), n("attn_k"), n("attn_v"), n("attn_output"), n("ffn_gate"), n("ffn_up"), n("ffn_down"));
+            let (qkv, qkv_t, qkv_r) = matrix(&[(&q, l.q), (&k, l.k), (&v, l.v)], c.dim + 2 * c.kv_dim(), c.dim)?;
             let (o, o_t, o_r) = matrix(&[(&o, l.o)], c.dim, c.dim)?;
-            let (gate_up, gate_up_t, gate_up_r) =
-                matrix(&[(&gate, l.gate), (&up, l.up)], 2 * c.ffn, c.dim)?;
+            let (gate_up, gate_up_t, gate_up_r) = matrix(&[(&gate, l.gate), (&up, l.up)], 2 * c.ffn, c.dim)?;
             let (down, down_t, down_r) = matrix(&[(&down, l.down)], c.dim, c.ffn)?;
             layers.push(GpuLayer {
-                dense: Dense {
-                    qkv: qkv_t,
-                    o: o_t,
-                    gate_up: gate_up_t,
-                    down: down_t,
-                },
-                raw: Raw {
-                    qkv: qkv_r,
-                    o: o_r,
-                    gate_up: gate_up_r,
-                    down: down_r,
-                },
+                dense: Dense { qkv: qkv_t, o: o_t, gate_up: gate_up_t, down: down_t },
+                raw: Raw { qkv: qkv_r, o: o_r, gate_up: gate_up_r, down: down_r },
                 attn_norm: f32_vector(gpu, g, &n("attn_norm"), l.attn_norm)?,
                 qkv,
                 o,
@@ -184,17 +140,8 @@ impl GpuModel {
             });
         }
         let embed = stacked(g, &[("token_embd.weight", t.embed)], GgmlType::Q8_0)?;
-        let head_name = if t.output.is_some() {
-            "output.weight"
-        } else {
-            "token_embd.weight"
-        };
-        let head = quant::Q8Tensor::from_blocks(
-            &dev,
-            &stacked(g, &[(head_name, t.head())], GgmlType::Q8_0)?,
-            c.vocab,
-            c.dim,
-        )?;
+        let head_name = if t.output.is_some() { "output.weight" } else { "token_embd.weight" };
+        let head = quant::Q8Tensor::from_blocks(&dev, &stacked(g, &[(head_name, t.head())], GgmlType::Q8_0)?, c.vocab, c.dim)?;
         let inv_freq: Vec<f64> = (0..c.rope_dims / 2).map(|i| c.rope_angle(1, i)).collect();
         Ok(GpuModel {
             embed: gpu.upload(&embed)?,
@@ -213,11 +160,7 @@ impl GpuModel {
     pub fn weight_bytes(&self, batch: usize) -> u64 {
         let c = &self.config;
         let weights = (c.dim * (c.dim + 2 * c.kv_dim()) + c.dim * c.dim + 3 * c.dim * c.ffn) as u64;
-        let per_weight = if quant::variants::BATCHES.contains(&batch) {
-            20.0 / 32.0
-        } else {
-            2.0
-        };
+        let per_weight = if quant::variants::BATCHES.contains(&batch) { 20.0 / 32.0 } else { 2.0 };
         let per_layer = (weights as f64 * per_weight) as u64 + 8 * c.dim as u64;
         c.layers as u64 * per_layer + (c.vocab * c.dim / 32 * 34) as u64 + 4 * c.dim as u64
     }
@@ -226,11 +169,7 @@ impl GpuModel {
     /// sequences and widths.
     pub fn fuses(&self, seqs: usize) -> bool {
         let c = &self.config;
-        seqs <= k::FUSED_MAX_SEQS
-            && c.dim <= k::FUSED_MAX_NORMED
-            && c.ffn <= k::FUSED_MAX_WIDTH
-            && c.dim.is_multiple_of(32)
-            && c.ffn.is_multiple_of(32)
+        seqs <= k::FUSED_MAX_SEQS && c.dim <= k::FUSED_MAX_NORMED && c.ffn <= k::FUSED_MAX_WIDTH && c.dim.is_multiple_of(32) && c.ffn.is_multiple_of(32)
     }
 
     /// `seqs` sequences of up to `capacity` positions each.
@@ -285,38 +224,20 @@ impl<'m> Batch<'m> {
             return Err(LabError::Invalid("a batch of 0 sequences".into()));
         }
         if cap < 2 || cap > c.context {
-            return Err(LabError::Invalid(format!(
-                "a capacity of {cap} positions: at least 2, at most the model's context of {}",
-                c.context
-            )));
+            return Err(LabError::Invalid(format!("a capacity of {cap} positions: at least 2, at most the model's context of {}", c.context)));
         }
         let zeros16 = |cols: usize| Tensor::<f16>::zeros(&m.dev, &[seqs, cols]);
-        let alloc = |n: usize| {
-            gpu.stream
-                .alloc_zeros::<f32>(n)
-                .doing("allocating the residual stream")
-        };
+        let alloc = |n: usize| gpu.stream.alloc_zeros::<f32>(n).doing("allocating the residual stream");
         Ok(Batch {
-            caches: (0..c.layers)
-                .map(|_| KvCache::contiguous(gpu, seqs, cap, c.kv_heads, c.head_dim))
-                .collect::<Result<_>>()?,
+            caches: (0..c.layers).map(|_| KvCache::contiguous(gpu, seqs, cap, c.kv_heads, c.head_dim)).collect::<Result<_>>()?,
             decode: Decode::with(gpu, ATTENTION, seqs, c.heads, c.kv_heads, c.head_dim, cap)?,
-            tokens: gpu
-                .stream
-                .alloc_zeros(seqs * cap)
-                .doing("allocating the token buffer")?,
+            tokens: gpu.stream.alloc_zeros(seqs * cap).doing("allocating the token buffer")?,
             pos: gpu.stream.alloc_zeros(seqs).doing("allocating positions")?,
-            prompt_len: gpu
-                .stream
-                .alloc_zeros(seqs)
-                .doing("allocating prompt lengths")?,
+            prompt_len: gpu.stream.alloc_zeros(seqs).doing("allocating prompt lengths")?,
             x: alloc(seqs * c.dim)?,
             h: zeros16(c.dim)?,
             qkv: zeros16(c.dim + 2 * c.kv_dim())?,
-            q: gpu
-                .stream
-                .alloc_zeros(seqs * c.dim)
-                .doing("allocating queries")?,
+            q: gpu.stream.alloc_zeros(seqs * c.dim).doing("allocating queries")?,
             att: zeros16(c.dim)?,
             proj: zeros16(c.dim)?,
             gu: zeros16(2 * c.ffn)?,
@@ -339,39 +260,23 @@ impl<'m> Batch<'m> {
     pub fn start(&mut self, prompts: &[Vec<u32>]) -> Result<()> {
         let vocab = self.m.config.vocab;
         if prompts.len() != self.seqs {
-            return Err(LabError::Invalid(format!(
-                "{} prompts for a batch of {}",
-                prompts.len(),
-                self.seqs
-            )));
+            return Err(LabError::Invalid(format!("{} prompts for a batch of {}", prompts.len(), self.seqs)));
         }
         let mut tokens = vec![0u32; self.seqs * self.cap];
         for (b, p) in prompts.iter().enumerate() {
             if p.is_empty() || p.len() >= self.cap {
-                return Err(LabError::Invalid(format!(
-                    "prompt {b} has {} tokens: at least 1 and fewer than the capacity of {}",
-                    p.len(),
-                    self.cap
-                )));
+                return Err(LabError::Invalid(format!("prompt {b} has {} tokens: at least 1 and fewer than the capacity of {}", p.len(), self.cap)));
             }
             if let Some(t) = p.iter().find(|&&t| t as usize >= vocab) {
-                return Err(LabError::Invalid(format!(
-                    "prompt {b} holds token id {t}, outside the vocabulary of {vocab}"
-                )));
+                return Err(LabError::Invalid(format!("prompt {b} holds token id {t}, outside the vocabulary of {vocab}")));
             }
             tokens[b * self.cap..][..p.len()].copy_from_slice(p);
         }
         let gpu = &self.m.gpu;
         let lens: Vec<i32> = prompts.iter().map(|p| p.len() as i32).collect();
-        gpu.stream
-            .memcpy_htod(&tokens, &mut self.tokens)
-            .doing("uploading prompts")?;
-        gpu.stream
-            .memcpy_htod(&lens, &mut self.prompt_len)
-            .doing("uploading prompt lengths")?;
-        gpu.stream
-            .memcpy_htod(&vec![0i32; self.seqs], &mut self.pos)
-            .doing("resetting positions")?;
+        gpu.stream.memcpy_htod(&tokens, &mut self.tokens).doing("uploading prompts")?;
+        gpu.stream.memcpy_htod(&lens, &mut self.prompt_len).doing("uploading prompt lengths")?;
+        gpu.stream.memcpy_htod(&vec![0i32; self.seqs], &mut self.pos).doing("resetting positions")?;
         self.prompts = prompts.iter().map(Vec::len).collect();
         self.steps = 0;
         Ok(())
@@ -379,11 +284,7 @@ impl<'m> Batch<'m> {
 
     /// Back to position 0 with the same prompts (the cache is overwritten as it refills).
     pub fn rewind(&mut self) -> Result<()> {
-        self.m
-            .gpu
-            .stream
-            .memcpy_htod(&vec![0i32; self.seqs], &mut self.pos)
-            .doing("resetting positions")?;
+        self.m.gpu.stream.memcpy_htod(&vec![0i32; self.seqs], &mut self.pos).doing("resetting positions")?;
         self.steps = 0;
         Ok(())
     }
@@ -423,15 +324,7 @@ impl<'m> Batch<'m> {
     /// Steps from now on run decode attention variant `variant` ([`ATTENTION`] until set).
     pub fn set_attention(&mut self, variant: &str) -> Result<()> {
         let c = &self.m.config;
-        self.decode = Decode::with(
-            &self.m.gpu,
-            variant,
-            self.seqs,
-            c.heads,
-            c.kv_heads,
-            c.head_dim,
-            self.cap,
-        )?;
+        self.decode = Decode::with(&self.m.gpu, variant, self.seqs, c.heads, c.kv_heads, c.head_dim, self.cap)?;
         self.graph = None;
         self.warm = false;
         Ok(())
@@ -462,10 +355,7 @@ impl<'m> Batch<'m> {
     /// One position of every sequence (replaying the captured graph after the first step).
     pub fn step(&mut self) -> Result<()> {
         if self.room() == 0 {
-            return Err(LabError::Invalid(format!(
-                "the KV cache of {} positions is full",
-                self.cap
-            )));
+            return Err(LabError::Invalid(format!("the KV cache of {} positions is full", self.cap)));
         }
         if let Some(g) = &self.graph {
             g.launch()?;
@@ -486,95 +376,34 @@ impl<'m> Batch<'m> {
     fn launch(&mut self) -> Result<()> {
         let (m, c, gpu) = (self.m, &self.m.config, &*self.m.gpu);
         let (b, dim) = (self.seqs, c.dim);
-        let rows = Rows {
-            rows: b,
-            rows_per_seq: 1,
-        };
+        let rows = Rows { rows: b, rows_per_seq: 1 };
         let (dev, eps) = (&m.dev, c.eps);
-        k::embed_q8_0(
-            gpu,
-            &m.embed,
-            &self.tokens,
-            &self.pos,
-            &mut self.x,
-            rows,
-            self.cap,
-            dim,
-        )?;
+        k::embed_q8_0(gpu, &m.embed, &self.tokens, &self.pos, &mut self.x, rows, self.cap, dim)?;
         if self.fused {
             return self.launch_fused();
         }
-        k::add_rmsnorm(
-            gpu,
-            &mut self.x,
-            None,
-            &m.layers[0].attn_norm,
-            cuda(&mut self.h),
-            b,
-            dim,
-            eps,
-        )?;
+        k::add_rmsnorm(gpu, &mut self.x, None, &m.layers[0].attn_norm, cuda(&mut self.h), b, dim, eps)?;
         // The W4A16 designs take batches of 1, 2, 4, 8 and 16; other batches multiply the f16
         // copies of the weights through the GEMM family.
         let w4 = quant::variants::BATCHES.contains(&b);
-        let product =
-            |w: &QuantTensor, dense: &Tensor<f16>, x: &Tensor<f16>, y: &mut Tensor<f16>| {
-                if w4 {
-                    quant::w4a16_matvec(dev, w, x, y)
-                } else {
-                    gemm::matmul(dev, x, dense, y)
-                }
-            };
+        let product = |w: &QuantTensor, dense: &Tensor<f16>, x: &Tensor<f16>, y: &mut Tensor<f16>| {
+            if w4 {
+                quant::w4a16_matvec(dev, w, x, y)
+            } else {
+                gemm::matmul(dev, x, dense, y)
+            }
+        };
         for (i, l) in m.layers.iter().enumerate() {
             product(&l.qkv, &l.dense.qkv, &self.h, &mut self.qkv)?;
-            k::rope_cache(
-                gpu,
-                self.qkv.cuda().expect("on the GPU"),
-                &mut self.q,
-                &mut self.caches[i],
-                &self.pos,
-                &m.inv_freq,
-                rows,
-                c.heads,
-            )?;
-            self.decode.run(
-                &self.q,
-                &self.caches[i],
-                &self.pos,
-                cuda(&mut self.att),
-                None,
-            )?;
+            k::rope_cache(gpu, self.qkv.cuda().expect("on the GPU"), &mut self.q, &mut self.caches[i], &self.pos, &m.inv_freq, rows, c.heads)?;
+            self.decode.run(&self.q, &self.caches[i], &self.pos, cuda(&mut self.att), None)?;
             product(&l.o, &l.dense.o, &self.att, &mut self.proj)?;
-            k::add_rmsnorm(
-                gpu,
-                &mut self.x,
-                self.proj.cuda(),
-                &l.ffn_norm,
-                cuda(&mut self.h),
-                b,
-                dim,
-                eps,
-            )?;
+            k::add_rmsnorm(gpu, &mut self.x, self.proj.cuda(), &l.ffn_norm, cuda(&mut self.h), b, dim, eps)?;
             product(&l.gate_up, &l.dense.gate_up, &self.h, &mut self.gu)?;
-            k::swiglu(
-                gpu,
-                self.gu.cuda().expect("on the GPU"),
-                cuda(&mut self.act),
-                b,
-                c.ffn,
-            )?;
+            k::swiglu(gpu, self.gu.cuda().expect("on the GPU"), cuda(&mut self.act), b, c.ffn)?;
             product(&l.down, &l.dense.down, &self.act, &mut self.proj)?;
             let next = m.layers.get(i + 1).map_or(&m.out_norm, |n| &n.attn_norm);
-            k::add_rmsnorm(
-                gpu,
-                &mut self.x,
-                self.proj.cuda(),
-                next,
-                cuda(&mut self.h),
-                b,
-                dim,
-                eps,
-            )?;
+            k::add_rmsnorm(gpu, &mut self.x, self.proj.cuda(), next, cuda(&mut self.h), b, dim, eps)?;
         }
         quant::w8a16_matvec(dev, &m.head, &self.h, &mut self.logits)?;
         self.choose()
@@ -585,65 +414,13 @@ impl<'m> Batch<'m> {
         let (m, c, gpu) = (self.m, &self.m.config, &*self.m.gpu);
         let (b, dim, eps) = (self.seqs, c.dim, c.eps);
         for (i, l) in m.layers.iter().enumerate() {
-            k::qkv_rope_q4_1(
-                gpu,
-                &l.raw.qkv,
-                &self.x,
-                &l.attn_norm,
-                eps,
-                &mut self.q,
-                &mut self.caches[i],
-                &self.pos,
-                &m.inv_freq,
-                b,
-                c.heads,
-            )?;
-            self.decode.run(
-                &self.q,
-                &self.caches[i],
-                &self.pos,
-                cuda(&mut self.att),
-                None,
-            )?;
-            k::residual_q4_1(
-                gpu,
-                &l.raw.o,
-                self.att.cuda().expect("on the GPU"),
-                &mut self.x,
-                b,
-                dim,
-                dim,
-            )?;
-            k::gate_up_swiglu_q4_1(
-                gpu,
-                &l.raw.gate_up,
-                &self.x,
-                &l.ffn_norm,
-                eps,
-                cuda(&mut self.act),
-                b,
-                c.ffn,
-            )?;
-            k::residual_q4_1(
-                gpu,
-                &l.raw.down,
-                self.act.cuda().expect("on the GPU"),
-                &mut self.x,
-                b,
-                dim,
-                c.ffn,
-            )?;
+            k::qkv_rope_q4_1(gpu, &l.raw.qkv, &self.x, &l.attn_norm, eps, &mut self.q, &mut self.caches[i], &self.pos, &m.inv_freq, b, c.heads)?;
+            self.decode.run(&self.q, &self.caches[i], &self.pos, cuda(&mut self.att), None)?;
+            k::residual_q4_1(gpu, &l.raw.o, self.att.cuda().expect("on the GPU"), &mut self.x, b, dim, dim)?;
+            k::gate_up_swiglu_q4_1(gpu, &l.raw.gate_up, &self.x, &l.ffn_norm, eps, cuda(&mut self.act), b, c.ffn)?;
+            k::residual_q4_1(gpu, &l.raw.down, self.act.cuda().expect("on the GPU"), &mut self.x, b, dim, c.ffn)?;
         }
-        k::add_rmsnorm(
-            gpu,
-            &mut self.x,
-            None,
-            &m.out_norm,
-            cuda(&mut self.h),
-            b,
-            dim,
-            eps,
-        )?;
+        k::add_rmsnorm(gpu, &mut self.x, None, &m.out_norm, cuda(&mut self.h), b, dim, eps)?;
         quant::w8a16_matvec(&m.dev, &m.head, &self.h, &mut self.logits)?;
         self.choose()
     }
@@ -654,149 +431,44 @@ impl<'m> Batch<'m> {
     pub fn prefill(&mut self) -> Result<()> {
         let n = self.prompts[0];
         if self.steps != 0 || self.prompts.iter().any(|&p| p != n) {
-            return Err(LabError::Invalid(format!(
-                "prefill runs fresh prompts of one length (these have {:?}, {} steps taken)",
-                self.prompts, self.steps
-            )));
+            return Err(LabError::Invalid(format!("prefill runs fresh prompts of one length (these have {:?}, {} steps taken)", self.prompts, self.steps)));
         }
         let (m, c, gpu) = (self.m, &self.m.config, &*self.m.gpu);
         let (b, dim, kvd, dev, eps) = (self.seqs, c.dim, c.kv_dim(), &m.dev, c.eps);
-        let rows = Rows {
-            rows: b * n,
-            rows_per_seq: n,
-        };
+        let rows = Rows { rows: b * n, rows_per_seq: n };
         let t16 = |cols: usize| Tensor::<f16>::zeros(dev, &[b * n, cols]);
-        let (mut h, mut qkv, mut att, mut proj, mut gu, mut act) = (
-            t16(dim)?,
-            t16(dim + 2 * kvd)?,
-            t16(dim)?,
-            t16(dim)?,
-            t16(2 * c.ffn)?,
-            t16(c.ffn)?,
-        );
-        let mut q = gpu
-            .stream
-            .alloc_zeros::<f16>(b * n * dim)
-            .doing("allocating prefill queries")?;
-        let mut x = gpu
-            .stream
-            .alloc_zeros::<f32>(b * n * dim)
-            .doing("allocating the prefill residual stream")?;
-        let mut lse = gpu
-            .stream
-            .alloc_zeros::<f32>(c.heads * n)
-            .doing("allocating prefill statistics")?;
-        let d = attention::Dims {
-            batch: 1,
-            sq: n,
-            sk: n,
-            hq: c.heads,
-            hkv: c.kv_heads,
-            d: c.head_dim,
-        };
+        let (mut h, mut qkv, mut att, mut proj, mut gu, mut act) = (t16(dim)?, t16(dim + 2 * kvd)?, t16(dim)?, t16(dim)?, t16(2 * c.ffn)?, t16(c.ffn)?);
+        let mut q = gpu.stream.alloc_zeros::<f16>(b * n * dim).doing("allocating prefill queries")?;
+        let mut x = gpu.stream.alloc_zeros::<f32>(b * n * dim).doing("allocating the prefill residual stream")?;
+        let mut lse = gpu.stream.alloc_zeros::<f32>(c.heads * n).doing("allocating prefill statistics")?;
+        let d = attention::Dims { batch: 1, sq: n, sk: n, hq: c.heads, hkv: c.kv_heads, d: c.head_dim };
         let rung = attention::best(dev, d);
-        k::embed_q8_0(
-            gpu,
-            &m.embed,
-            &self.tokens,
-            &self.pos,
-            &mut x,
-            rows,
-            self.cap,
-            dim,
-        )?;
-        k::add_rmsnorm(
-            gpu,
-            &mut x,
-            None,
-            &m.layers[0].attn_norm,
-            cuda(&mut h),
-            b * n,
-            dim,
-            eps,
-        )?;
+        k::embed_q8_0(gpu, &m.embed, &self.tokens, &self.pos, &mut x, rows, self.cap, dim)?;
+        k::add_rmsnorm(gpu, &mut x, None, &m.layers[0].attn_norm, cuda(&mut h), b * n, dim, eps)?;
         for (i, l) in m.layers.iter().enumerate() {
             gemm::matmul(dev, &h, &l.dense.qkv, &mut qkv)?;
-            k::rope_cache(
-                gpu,
-                qkv.cuda().expect("on the GPU"),
-                &mut q,
-                &mut self.caches[i],
-                &self.pos,
-                &m.inv_freq,
-                rows,
-                c.heads,
-            )?;
+            k::rope_cache(gpu, qkv.cuda().expect("on the GPU"), &mut q, &mut self.caches[i], &self.pos, &m.inv_freq, rows, c.heads)?;
             let cache = &self.caches[i];
             for s in 0..b {
                 let (qs, ks) = (s * n * dim, s * self.cap * kvd);
-                let kv = (
-                    &q.slice(qs..qs + n * dim),
-                    &cache.k.slice(ks..ks + n * kvd),
-                    &cache.v.slice(ks..ks + n * kvd),
-                );
+                let kv = (&q.slice(qs..qs + n * dim), &cache.k.slice(ks..ks + n * kvd), &cache.v.slice(ks..ks + n * kvd));
                 let out = &mut cuda(&mut att).slice_mut(qs..qs + n * dim);
-                attention::launch_tiled(
-                    gpu,
-                    rung,
-                    d,
-                    attention::Mask {
-                        causal: true,
-                        window: 0,
-                    },
-                    kv,
-                    out,
-                    &mut lse.slice_mut(..),
-                )?;
+                attention::launch_tiled(gpu, rung, d, attention::Mask { causal: true, window: 0 }, kv, out, &mut lse.slice_mut(..))?;
             }
             gemm::matmul(dev, &att, &l.dense.o, &mut proj)?;
-            k::add_rmsnorm(
-                gpu,
-                &mut x,
-                proj.cuda(),
-                &l.ffn_norm,
-                cuda(&mut h),
-                b * n,
-                dim,
-                eps,
-            )?;
+            k::add_rmsnorm(gpu, &mut x, proj.cuda(), &l.ffn_norm, cuda(&mut h), b * n, dim, eps)?;
             gemm::matmul(dev, &h, &l.dense.gate_up, &mut gu)?;
-            k::swiglu(
-                gpu,
-                gu.cuda().expect("on the GPU"),
-                cuda(&mut act),
-                b * n,
-                c.ffn,
-            )?;
+            k::swiglu(gpu, gu.cuda().expect("on the GPU"), cuda(&mut act), b * n, c.ffn)?;
             gemm::matmul(dev, &act, &l.dense.down, &mut proj)?;
             let next = m.layers.get(i + 1).map_or(&m.out_norm, |nl| &nl.attn_norm);
-            k::add_rmsnorm(
-                gpu,
-                &mut x,
-                proj.cuda(),
-                next,
-                cuda(&mut h),
-                b * n,
-                dim,
-                eps,
-            )?;
+            k::add_rmsnorm(gpu, &mut x, proj.cuda(), next, cuda(&mut h), b * n, dim, eps)?;
         }
         // The head reads each sequence's last row; argmax then advances every position to n.
         for s in 0..b {
-            let src = h
-                .cuda()
-                .expect("on the GPU")
-                .slice((s * n + n - 1) * dim..(s * n + n) * dim);
-            gpu.stream
-                .memcpy_dtod(
-                    &src,
-                    &mut cuda(&mut self.h).slice_mut(s * dim..(s + 1) * dim),
-                )
-                .doing("gathering the last rows")?;
+            let src = h.cuda().expect("on the GPU").slice((s * n + n - 1) * dim..(s * n + n) * dim);
+            gpu.stream.memcpy_dtod(&src, &mut cuda(&mut self.h).slice_mut(s * dim..(s + 1) * dim)).doing("gathering the last rows")?;
         }
-        gpu.stream
-            .memcpy_htod(&vec![n as i32 - 1; b], &mut self.pos)
-            .doing("setting positions")?;
+        gpu.stream.memcpy_htod(&vec![n as i32 - 1; b], &mut self.pos).doing("setting positions")?;
         quant::w8a16_matvec(dev, &m.head, &self.h, &mut self.logits)?;
         self.choose()?;
         self.steps = n;
@@ -808,39 +480,16 @@ impl<'m> Batch<'m> {
         let (gpu, b, vocab, cap) = (&*self.m.gpu, self.seqs, self.m.config.vocab, self.cap);
         let logits = self.logits.cuda().expect("on the GPU");
         if self.sampling.greedy() {
-            k::argmax(
-                gpu,
-                logits,
-                &mut self.tokens,
-                &mut self.pos,
-                &self.prompt_len,
-                b,
-                vocab,
-                cap,
-            )
+            k::argmax(gpu, logits, &mut self.tokens, &mut self.pos, &self.prompt_len, b, vocab, cap)
         } else {
-            k::sample(
-                gpu,
-                logits,
-                &mut self.tokens,
-                &mut self.pos,
-                &self.prompt_len,
-                b,
-                vocab,
-                cap,
-                &self.sampling,
-            )
+            k::sample(gpu, logits, &mut self.tokens, &mut self.pos, &self.prompt_len, b, vocab, cap, &self.sampling)
         }
     }
 
     /// Every sequence's tokens so far: its prompt, then what was generated.
     pub fn tokens(&self) -> Result<Vec<Vec<u32>>> {
         let all = self.m.gpu.download(&self.tokens)?;
-        Ok(all
-            .chunks(self.cap)
-            .zip(&self.prompts)
-            .map(|(t, &p)| t[..(self.steps + 1).max(p)].to_vec())
-            .collect())
+        Ok(all.chunks(self.cap).zip(&self.prompts).map(|(t, &p)| t[..(self.steps + 1).max(p)].to_vec()).collect())
     }
 
     /// The logits of the last step, `seqs x vocab`.

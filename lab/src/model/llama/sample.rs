@@ -16,26 +16,15 @@ pub struct Sampling {
 }
 
 impl Sampling {
-    pub const GREEDY: Sampling = Sampling {
-        temperature: 0.0,
-        top_k: 0,
-        top_p: 1.0,
-        seed: 0,
-    };
+    pub const GREEDY: Sampling = Sampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 };
 
     /// An error naming the setting that is out of range.
     pub fn check(&self) -> Result<()> {
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            return Err(LabError::Invalid(format!(
-                "temperature {}: a finite number >= 0 (0 is greedy)",
-                self.temperature
-            )));
+            return Err(LabError::Invalid(format!("temperature {}: a finite number >= 0 (0 is greedy)", self.temperature)));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(LabError::Invalid(format!(
-                "top-p {}: in (0, 1]",
-                self.top_p
-            )));
+            return Err(LabError::Invalid(format!("top-p {}: in (0, 1]", self.top_p)));
         }
         Ok(())
     }
@@ -94,12 +83,7 @@ impl Draw {
         // The smallest key whose keys at or above it hold `need` of the weight: the kernel's
         // radix select, done by sorting.
         let threshold = |floor: u32, w: &dyn Fn(f32) -> u64, need: u64| -> u32 {
-            let mut ks: Vec<(u32, u64)> = z
-                .iter()
-                .map(|&v| (key(v), v))
-                .filter(|(k, _)| *k >= floor)
-                .map(|(k, v)| (k, w(v)))
-                .collect();
+            let mut ks: Vec<(u32, u64)> = z.iter().map(|&v| (key(v), v)).filter(|(k, _)| *k >= floor).map(|(k, v)| (k, w(v))).collect();
             ks.sort_unstable_by_key(|k| std::cmp::Reverse(k.0));
             let mut acc = 0u64;
             let mut i = 0;
@@ -120,12 +104,7 @@ impl Draw {
         if s.top_k > 0 && s.top_k < logits.len() {
             floor = threshold(0, &|_| 1, s.top_k as u64);
         }
-        let mass = |floor: u32| {
-            z.iter()
-                .filter(|&&v| key(v) >= floor)
-                .map(|&v| weight(v, zmax))
-                .sum::<u64>()
-        };
+        let mass = |floor: u32| z.iter().filter(|&&v| key(v) >= floor).map(|&v| weight(v, zmax)).sum::<u64>();
         let mut total = mass(floor);
         if s.top_p < 1.0 {
             let need = (s.top_p as f64 * total as f64).ceil() as u64;
@@ -134,18 +113,9 @@ impl Draw {
             }
             total = mass(floor);
         }
-        let kept: Vec<(u32, u64)> = z
-            .iter()
-            .enumerate()
-            .filter(|(_, &v)| key(v) >= floor)
-            .map(|(i, &v)| (i as u32, weight(v, zmax)))
-            .collect();
+        let kept: Vec<(u32, u64)> = z.iter().enumerate().filter(|(_, &v)| key(v) >= floor).map(|(i, &v)| (i as u32, weight(v, zmax))).collect();
         let target = ((total as u128 * ((uniform24(s.seed, seq, pos) << 40) as u128)) >> 64) as u64;
-        Ok(Draw {
-            kept,
-            total,
-            target,
-        })
+        Ok(Draw { kept, total, target })
     }
 
     /// The token the target falls on.
@@ -191,9 +161,7 @@ mod tests {
     use super::*;
 
     fn logits(n: usize, seed: u64) -> Vec<f32> {
-        (0..n)
-            .map(|i| ((splitmix64(seed ^ i as u64) >> 40) as f32 / (1u64 << 24) as f32) * 8.0 - 4.0)
-            .collect()
+        (0..n).map(|i| ((splitmix64(seed ^ i as u64) >> 40) as f32 / (1u64 << 24) as f32) * 8.0 - 4.0).collect()
     }
 
     #[test]
@@ -201,18 +169,8 @@ mod tests {
         let l = logits(1000, 3);
         let best = super::super::generate::argmax(&l).unwrap();
         for pos in 0..20 {
-            let k1 = Sampling {
-                temperature: 1.0,
-                top_k: 1,
-                top_p: 1.0,
-                seed: 9,
-            };
-            let p0 = Sampling {
-                temperature: 1.0,
-                top_k: 0,
-                top_p: 1e-6,
-                seed: 9,
-            };
+            let k1 = Sampling { temperature: 1.0, top_k: 1, top_p: 1.0, seed: 9 };
+            let p0 = Sampling { temperature: 1.0, top_k: 0, top_p: 1e-6, seed: 9 };
             assert_eq!(choose(&l, &k1, 0, pos).unwrap(), best);
             assert_eq!(choose(&l, &p0, 0, pos).unwrap(), best);
         }
@@ -221,22 +179,13 @@ mod tests {
     #[test]
     fn top_k_keeps_k_tokens_and_top_p_the_smallest_set_reaching_p() {
         let l = logits(500, 5);
-        let s = Sampling {
-            temperature: 0.7,
-            top_k: 40,
-            top_p: 1.0,
-            seed: 1,
-        };
+        let s = Sampling { temperature: 0.7, top_k: 40, top_p: 1.0, seed: 1 };
         let d = Draw::new(&l, &s, 0, 0).unwrap();
         assert_eq!(d.kept.len(), 40);
         let mut sorted = l.clone();
         sorted.sort_by(|a, b| b.partial_cmp(a).unwrap());
         assert!(d.kept.iter().all(|&(t, _)| l[t as usize] >= sorted[39]));
-        let s = Sampling {
-            top_k: 0,
-            top_p: 0.5,
-            ..s
-        };
+        let s = Sampling { top_k: 0, top_p: 0.5, ..s };
         let d = Draw::new(&l, &s, 0, 0).unwrap();
         let all = Draw::new(&l, &Sampling { top_p: 1.0, ..s }, 0, 0).unwrap();
         let mut w: Vec<u64> = all.kept.iter().map(|k| k.1).collect();
@@ -248,11 +197,7 @@ mod tests {
             Some(before)
         });
         let smallest = n.take_while(|&before| before < need).count();
-        assert_eq!(
-            d.kept.len(),
-            smallest,
-            "top-p 0.5 keeps the fewest tokens whose mass reaches half"
-        );
+        assert_eq!(d.kept.len(), smallest, "top-p 0.5 keeps the fewest tokens whose mass reaches half");
     }
 
     /// Over many positions the draws follow the kept distribution: each of five tokens' share
@@ -260,12 +205,7 @@ mod tests {
     #[test]
     fn draws_follow_the_softmax() {
         let l = [1.0f32, 0.5, 0.0, -0.5, -3.0];
-        let s = Sampling {
-            temperature: 1.0,
-            top_k: 0,
-            top_p: 1.0,
-            seed: 42,
-        };
+        let s = Sampling { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 42 };
         let mut counts = [0usize; 5];
         for pos in 0..20_000 {
             counts[choose(&l, &s, 0, pos).unwrap() as usize] += 1;
@@ -273,10 +213,7 @@ mod tests {
         let z: f64 = l.iter().map(|&v| (v as f64).exp()).sum();
         for (i, &c) in counts.iter().enumerate() {
             let p = (l[i] as f64).exp() / z;
-            assert!(
-                (c as f64 / 20_000.0 - p).abs() < 0.02,
-                "token {i}: {c} draws against p {p:.3}"
-            );
+            assert!((c as f64 / 20_000.0 - p).abs() < 0.02, "token {i}: {c} draws against p {p:.3}");
         }
     }
 
@@ -285,31 +222,16 @@ mod tests {
     #[test]
     fn the_draw_check_refuses_other_tokens() {
         let l = logits(2000, 8);
-        let s = Sampling {
-            temperature: 1.0,
-            top_k: 100,
-            top_p: 0.9,
-            seed: 5,
-        };
+        let s = Sampling { temperature: 1.0, top_k: 100, top_p: 0.9, seed: 5 };
         for pos in 0..50 {
             let d = Draw::new(&l, &s, 1, pos).unwrap();
             let t = d.token();
             assert!(d.allows(t, 1e-6));
             let at = d.kept.iter().position(|k| k.0 == t).unwrap();
-            for other in [at.checked_sub(1), Some(at + 1)]
-                .into_iter()
-                .flatten()
-                .filter_map(|i| d.kept.get(i))
-            {
-                assert!(
-                    !d.allows(other.0, 1e-6),
-                    "position {pos}: token {} passed for {t}",
-                    other.0
-                );
+            for other in [at.checked_sub(1), Some(at + 1)].into_iter().flatten().filter_map(|i| d.kept.get(i)) {
+                assert!(!d.allows(other.0, 1e-6), "position {pos}: token {} passed for {t}", other.0);
             }
-            let outside = (0..2000u32)
-                .find(|i| !d.kept.iter().any(|k| k.0 == *i))
-                .unwrap();
+            let outside = (0..2000u32).find(|i| !d.kept.iter().any(|k| k.0 == *i)).unwrap();
             assert!(!d.allows(outside, 1e-6));
         }
     }
@@ -318,42 +240,16 @@ mod tests {
     fn bad_settings_are_named() {
         let l = logits(10, 1);
         for (s, word) in [
-            (
-                Sampling {
-                    temperature: -1.0,
-                    ..Sampling::GREEDY
-                },
-                "temperature",
-            ),
-            (
-                Sampling {
-                    temperature: 1.0,
-                    top_p: 0.0,
-                    ..Sampling::GREEDY
-                },
-                "top-p",
-            ),
-            (
-                Sampling {
-                    temperature: 1.0,
-                    top_p: 1.5,
-                    ..Sampling::GREEDY
-                },
-                "top-p",
-            ),
+            (Sampling { temperature: -1.0, ..Sampling::GREEDY }, "temperature"),
+            (Sampling { temperature: 1.0, top_p: 0.0, ..Sampling::GREEDY }, "top-p"),
+            (Sampling { temperature: 1.0, top_p: 1.5, ..Sampling::GREEDY }, "top-p"),
         ] {
             let e = choose(&l, &s, 0, 0).unwrap_err().to_string();
             assert!(e.contains(word), "{e}");
         }
         let mut nan = l.clone();
         nan[3] = f32::NAN;
-        let s = Sampling {
-            temperature: 1.0,
-            ..Sampling::GREEDY
-        };
-        assert!(choose(&nan, &s, 0, 0)
-            .unwrap_err()
-            .to_string()
-            .contains("logit 3 is NaN"));
+        let s = Sampling { temperature: 1.0, ..Sampling::GREEDY };
+        assert!(choose(&nan, &s, 0, 0).unwrap_err().to_string().contains("logit 3 is NaN"));
     }
 }

@@ -51,19 +51,9 @@ pub struct Tensors<'g> {
 impl<'g> Tensors<'g> {
     pub fn find(g: &'g Gguf, c: &Config) -> Result<Self> {
         let t = |name: &str, dims: &[usize]| -> Result<&'g TensorInfo> {
-            let info = g.tensor(name).ok_or_else(|| {
-                LabError::Invalid(format!("tensor `{name}` is missing from the model file"))
-            })?;
-            if info
-                .dims
-                .iter()
-                .map(|&d| d as usize)
-                .ne(dims.iter().copied())
-            {
-                return Err(LabError::Invalid(format!(
-                    "tensor `{name}` has ggml dims {:?}, the config needs {dims:?}",
-                    info.dims
-                )));
+            let info = g.tensor(name).ok_or_else(|| LabError::Invalid(format!("tensor `{name}` is missing from the model file")))?;
+            if info.dims.iter().map(|&d| d as usize).ne(dims.iter().copied()) {
+                return Err(LabError::Invalid(format!("tensor `{name}` has ggml dims {:?}, the config needs {dims:?}", info.dims)));
             }
             Ok(info)
         };
@@ -88,11 +78,7 @@ impl<'g> Tensors<'g> {
             embed: t("token_embd.weight", &[d, c.vocab])?,
             layers,
             out_norm: t("output_norm.weight", &[d])?,
-            output: if c.tied_embeddings {
-                None
-            } else {
-                Some(t("output.weight", &[d, c.vocab])?)
-            },
+            output: if c.tied_embeddings { None } else { Some(t("output.weight", &[d, c.vocab])?) },
         })
     }
 

@@ -73,58 +73,24 @@ pub struct KvCache<T> {
 
 impl<T: Elem> KvCache<T> {
     /// `batch` sequences of up to `capacity` rows, each its own contiguous page.
-    pub fn contiguous(
-        gpu: &Gpu,
-        batch: usize,
-        capacity: usize,
-        hkv: usize,
-        d: usize,
-    ) -> Result<Self> {
+    pub fn contiguous(gpu: &Gpu, batch: usize, capacity: usize, hkv: usize, d: usize) -> Result<Self> {
         let table: Vec<i32> = (0..batch as i32).collect();
         Self::paged(gpu, capacity, batch, &table, 1, hkv, d)
     }
 
     /// A cache of `pages` pages of `page` rows, and a block table of `max_pages` entries per
     /// sequence (each entry a page index below `pages`).
-    pub fn paged(
-        gpu: &Gpu,
-        page: usize,
-        pages: usize,
-        table: &[i32],
-        max_pages: usize,
-        hkv: usize,
-        d: usize,
-    ) -> Result<Self> {
-        if page == 0 || max_pages == 0 || !table.len().is_multiple_of(max_pages) || table.is_empty()
-        {
-            return Err(LabError::shape(
-                "KvCache",
-                format!(
-                    "{} table entries for {max_pages} pages per sequence of {page} rows",
-                    table.len()
-                ),
-            ));
+    pub fn paged(gpu: &Gpu, page: usize, pages: usize, table: &[i32], max_pages: usize, hkv: usize, d: usize) -> Result<Self> {
+        if page == 0 || max_pages == 0 || !table.len().is_multiple_of(max_pages) || table.is_empty() {
+            return Err(LabError::shape("KvCache", format!("{} table entries for {max_pages} pages per sequence of {page} rows", table.len())));
         }
-        if let Some((i, p)) = table
-            .iter()
-            .enumerate()
-            .find(|(_, &p)| p < 0 || p as usize >= pages)
-        {
-            return Err(LabError::shape(
-                "KvCache",
-                format!("block table entry {i} points to page {p}, past the cache's {pages} pages"),
-            ));
+        if let Some((i, p)) = table.iter().enumerate().find(|(_, &p)| p < 0 || p as usize >= pages) {
+            return Err(LabError::shape("KvCache", format!("block table entry {i} points to page {p}, past the cache's {pages} pages")));
         }
         let n = pages * page * hkv * d;
         Ok(KvCache {
-            k: gpu
-                .stream
-                .alloc_zeros(n)
-                .doing("allocating the key cache")?,
-            v: gpu
-                .stream
-                .alloc_zeros(n)
-                .doing("allocating the value cache")?,
+            k: gpu.stream.alloc_zeros(n).doing("allocating the key cache")?,
+            v: gpu.stream.alloc_zeros(n).doing("allocating the value cache")?,
             table: gpu.upload(table)?,
             batch: table.len() / max_pages,
             page,
@@ -159,14 +125,7 @@ pub struct Decode {
 
 impl Decode {
     /// [`BEST`]'s plan.
-    pub fn new(
-        gpu: &Arc<Gpu>,
-        batch: usize,
-        hq: usize,
-        hkv: usize,
-        d: usize,
-        capacity: usize,
-    ) -> Result<Self> {
+    pub fn new(gpu: &Arc<Gpu>, batch: usize, hq: usize, hkv: usize, d: usize, capacity: usize) -> Result<Self> {
         Self::with(gpu, BEST, batch, hq, hkv, d, capacity)
     }
 
@@ -176,46 +135,23 @@ impl Decode {
     /// least [`MIN_CHUNK`] rows. decode_mma: [`plan_waves`] over the blocks that fit the chip at
     /// once (two per SM at d 128); decode_merge the same, its last split's merge holding a weight
     /// per split and head of the group in decode_mma's shared memory.
-    pub fn with(
-        gpu: &Arc<Gpu>,
-        variant: &str,
-        batch: usize,
-        hq: usize,
-        hkv: usize,
-        d: usize,
-        capacity: usize,
-    ) -> Result<Self> {
+    pub fn with(gpu: &Arc<Gpu>, variant: &str, batch: usize, hq: usize, hkv: usize, d: usize, capacity: usize) -> Result<Self> {
         let (mma, merge) = match crate::ops::variant::find(FAMILY, VARIANTS, variant)?.config {
             Kernel::Decode { mma, merge } => (mma, merge),
             _ => return Err(LabError::Invalid(format!("`{variant}` is not an attention decode variant (decode_split, decode_mma, decode_merge)"))),
         };
-        if hkv == 0
-            || !hq.is_multiple_of(hkv)
-            || ![64, 128].contains(&d)
-            || batch == 0
-            || capacity == 0
-        {
+        if hkv == 0 || !hq.is_multiple_of(hkv) || ![64, 128].contains(&d) || batch == 0 || capacity == 0 {
             return Err(LabError::shape(
                 "attention decode",
                 format!("{hq} query heads over {hkv} KV heads of size {d}, batch {batch}, capacity {capacity}: Hq a multiple of Hkv, head size 64 or 128"),
             ));
         }
         let (chunk, nsplit) = if mma {
-            let f = gpu.function(
-                FAMILY,
-                &symbol(FAMILY, &format!("decode_mma_d{d}"), DType::Bf16),
-            )?;
+            let f = gpu.function(FAMILY, &symbol(FAMILY, &format!("decode_mma_d{d}"), DType::Bf16))?;
             raise_dynamic_smem(&f, mma_smem(d))?;
-            let per_sm = f
-                .occupancy_max_active_blocks_per_multiprocessor(128, mma_smem(d), None)
-                .doing("querying decode_mma's occupancy")?;
+            let per_sm = f.occupancy_max_active_blocks_per_multiprocessor(128, mma_smem(d), None).doing("querying decode_mma's occupancy")?;
             let pairs = batch * hkv * (hq / hkv).div_ceil(16);
-            plan_waves(
-                pairs,
-                capacity,
-                per_sm.max(1) as usize * gpu.info.sm_count as usize,
-                MMA_TILE,
-            )
+            plan_waves(pairs, capacity, per_sm.max(1) as usize * gpu.info.sm_count as usize, MMA_TILE)
         } else {
             let blocks = batch * hkv * (hq / hkv).div_ceil(heads_per_block(hq / hkv));
             let want = (4 * gpu.info.sm_count as usize).div_ceil(blocks).max(1);
@@ -240,103 +176,42 @@ impl Decode {
             hq,
             chunk,
             nsplit,
-            part_o: gpu
-                .stream
-                .alloc_zeros(slots * d)
-                .doing("allocating decode partials")?,
-            part_ml: gpu
-                .stream
-                .alloc_zeros(slots * 2)
-                .doing("allocating decode partials")?,
-            counts: gpu
-                .stream
-                .alloc_zeros(if merge { groups } else { 0 })
-                .doing("allocating decode split counts")?,
+            part_o: gpu.stream.alloc_zeros(slots * d).doing("allocating decode partials")?,
+            part_ml: gpu.stream.alloc_zeros(slots * 2).doing("allocating decode partials")?,
+            counts: gpu.stream.alloc_zeros(if merge { groups } else { 0 }).doing("allocating decode split counts")?,
         })
     }
 
     /// o [batch, hq, d] = attention of q [batch, hq, d] over rows 0..=pos[b] of each sequence
     /// (natural-log lse per (b, h) when given). The caller keeps pos[b] below the capacity.
-    pub fn run<T: Elem>(
-        &mut self,
-        q: &CudaSlice<T>,
-        cache: &KvCache<T>,
-        pos: &CudaSlice<i32>,
-        o: &mut CudaSlice<T>,
-        mut lse: Option<&mut CudaSlice<f32>>,
-    ) -> Result<()> {
+    pub fn run<T: Elem>(&mut self, q: &CudaSlice<T>, cache: &KvCache<T>, pos: &CudaSlice<i32>, o: &mut CudaSlice<T>, mut lse: Option<&mut CudaSlice<f32>>) -> Result<()> {
         let (b, hq, hkv, d) = (self.batch, self.hq, cache.hkv, cache.d);
-        if cache.batch != b
-            || q.len() != b * hq * d
-            || o.len() != b * hq * d
-            || pos.len() != b
-            || lse.as_ref().is_some_and(|l| l.len() != b * hq)
-        {
+        if cache.batch != b || q.len() != b * hq * d || o.len() != b * hq * d || pos.len() != b || lse.as_ref().is_some_and(|l| l.len() != b * hq) {
             return Err(LabError::shape(
                 "attention decode",
-                format!(
-                    "planned for batch {b} x {hq} heads of {d}; cache batch {}, q {}, o {}, pos {}",
-                    cache.batch,
-                    q.len(),
-                    o.len(),
-                    pos.len()
-                ),
+                format!("planned for batch {b} x {hq} heads of {d}; cache batch {}, q {}, o {}, pos {}", cache.batch, q.len(), o.len(), pos.len()),
             ));
         }
         if cache.capacity() > self.nsplit * self.chunk {
-            return Err(LabError::shape(
-                "attention decode",
-                format!(
-                    "a cache of {} rows, planned for {}",
-                    cache.capacity(),
-                    self.nsplit * self.chunk
-                ),
-            ));
+            return Err(LabError::shape("attention decode", format!("a cache of {} rows, planned for {}", cache.capacity(), self.nsplit * self.chunk)));
         }
         let gpu = &self.gpu;
         let (name, groups, smem) = if self.mma {
-            (
-                format!("decode_{}_d{d}", if self.merge { "merge" } else { "mma" }),
-                hkv * (hq / hkv).div_ceil(16),
-                mma_smem(d),
-            )
+            (format!("decode_{}_d{d}", if self.merge { "merge" } else { "mma" }), hkv * (hq / hkv).div_ceil(16), mma_smem(d))
         } else {
             let gm = heads_per_block(hq / hkv);
-            (
-                format!("decode_split_d{d}_g{gm}"),
-                hkv * (hq / hkv).div_ceil(gm),
-                0,
-            )
+            (format!("decode_split_d{d}_g{gm}"), hkv * (hq / hkv).div_ceil(gm), 0)
         };
         let f = gpu.function(FAMILY, &symbol(FAMILY, &name, T::DTYPE))?;
         if smem > 0 {
             raise_dynamic_smem(&f, smem)?;
         }
-        let cfg = LaunchConfig {
-            grid_dim: (self.nsplit as u32, groups as u32, b as u32),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: smem as u32,
-        };
+        let cfg = LaunchConfig { grid_dim: (self.nsplit as u32, groups as u32, b as u32), block_dim: (128, 1, 1), shared_mem_bytes: smem as u32 };
         let scale_log2 = std::f32::consts::LOG2_E / (d as f32).sqrt();
-        let [hq_i, hkv_i, page, max_pages, chunk, nsplit, d_i] = [
-            hq,
-            hkv,
-            cache.page,
-            cache.max_pages,
-            self.chunk,
-            self.nsplit,
-            d,
-        ]
-        .map(|x| x as i32);
+        let [hq_i, hkv_i, page, max_pages, chunk, nsplit, d_i] = [hq, hkv, cache.page, cache.max_pages, self.chunk, self.nsplit, d].map(|x| x as i32);
         let null = 0u64;
         let mut l = gpu.stream.launch_builder(&f);
-        l.arg(q)
-            .arg(&cache.k)
-            .arg(&cache.v)
-            .arg(&cache.table)
-            .arg(pos)
-            .arg(&mut self.part_o)
-            .arg(&mut self.part_ml);
+        l.arg(q).arg(&cache.k).arg(&cache.v).arg(&cache.table).arg(pos).arg(&mut self.part_o).arg(&mut self.part_ml);
         if self.merge {
             l.arg(&mut self.counts).arg(&mut *o);
             match lse.as_deref_mut() {
@@ -344,12 +219,7 @@ impl Decode {
                 None => l.arg(&null),
             };
         }
-        l.arg(&hq_i)
-            .arg(&hkv_i)
-            .arg(&page)
-            .arg(&max_pages)
-            .arg(&chunk)
-            .arg(&scale_log2);
+        l.arg(&hq_i).arg(&hkv_i).arg(&page).arg(&max_pages).arg(&chunk).arg(&scale_log2);
         // SAFETY: q and o hold batch x hq x d, pos batch entries (checked); the table holds
         // max_pages entries per sequence, each a page of the cache (checked at construction) and
         // the caller keeps pos[b] < capacity = page x max_pages; the partials hold batch x hq x
@@ -362,11 +232,7 @@ impl Decode {
             return Ok(());
         }
         let f = gpu.function(FAMILY, &symbol(FAMILY, "decode_combine", T::DTYPE))?;
-        let cfg = LaunchConfig {
-            grid_dim: (hq as u32, b as u32, 1),
-            block_dim: (d as u32, 1, 1),
-            shared_mem_bytes: 4 * (self.nsplit as u32 + 1),
-        };
+        let cfg = LaunchConfig { grid_dim: (hq as u32, b as u32, 1), block_dim: (d as u32, 1, 1), shared_mem_bytes: 4 * (self.nsplit as u32 + 1) };
         let mut l = gpu.stream.launch_builder(&f);
         l.arg(&self.part_o).arg(&self.part_ml).arg(pos).arg(o);
         match lse {
@@ -378,9 +244,7 @@ impl Decode {
         // wrote for each (b, h), with a weight for each and the sum in its 4 (nsplit + 1) bytes
         // of shared memory,
         // and writes o (batch x hq x d) and lse (batch x hq, or null).
-        unsafe { l.launch(cfg) }
-            .map(|_| ())
-            .doing("launching attention decode_combine")
+        unsafe { l.launch(cfg) }.map(|_| ()).doing("launching attention decode_combine")
     }
 }
 
@@ -399,18 +263,13 @@ mod tests {
         assert_eq!(super::plan_waves(8, 100, 264, 64), (64, 2));
         for (pairs, cap) in [(3, 1000), (24, 4097), (1, 32768), (512, 128)] {
             let (chunk, n) = super::plan_waves(pairs, cap, 264, 64);
-            assert!(
-                chunk % 64 == 0 && n * chunk >= cap && (n - 1) * chunk < cap,
-                "{pairs} pairs, {cap} rows: {n} x {chunk}"
-            );
+            assert!(chunk % 64 == 0 && n * chunk >= cap && (n - 1) * chunk < cap, "{pairs} pairs, {cap} rows: {n} x {chunk}");
         }
     }
 
     #[test]
     fn each_group_gets_the_smallest_instance_that_holds_it() {
-        let got: Vec<usize> = [1, 2, 3, 4, 5, 7, 8, 12, 16]
-            .map(super::heads_per_block)
-            .to_vec();
+        let got: Vec<usize> = [1, 2, 3, 4, 5, 7, 8, 12, 16].map(super::heads_per_block).to_vec();
         assert_eq!(got, vec![1, 2, 4, 4, 8, 8, 8, 8, 8]);
     }
 }

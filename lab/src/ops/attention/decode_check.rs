@@ -35,10 +35,7 @@ pub fn cases(backend: &Backend, quick: bool) -> Vec<Value> {
         vec![(8, 1024, 32, 8, 128, 64)]
     } else {
         // 64 sequences of 32k rows would be 8.6 GB of cache: the largest is 64 x 8k (2.1 GB).
-        let mut t: Vec<C> = [128, 1024, 8192, 32768]
-            .iter()
-            .flat_map(|&c| [1, 8].map(|b| (b, c, 32, 8, 128, 64)))
-            .collect();
+        let mut t: Vec<C> = [128, 1024, 8192, 32768].iter().flat_map(|&c| [1, 8].map(|b| (b, c, 32, 8, 128, 64))).collect();
         t.extend([128, 1024, 8192].map(|c| (64, c, 32, 8, 128, 64)));
         t.push((1, 32768, 32, 8, 128, 32768));
         t
@@ -55,50 +52,22 @@ fn pool_row(table: &[i32], per: usize, page: usize, b: usize, j: usize) -> usize
 /// The small odd gates, for `lab sanitize` too: a context of 1000 in pages of 16 at 9/3 heads,
 /// and a context of one row.
 pub fn sanitize_cases() -> Vec<Value> {
-    [(3, 1000, 9, 3, 64, 16), (2, 1, 4, 1, 128, 16)]
-        .iter()
-        .map(|c| case(c, "bf16", false))
-        .collect()
+    [(3, 1000, 9, 3, 64, 16), (2, 1, 4, 1, 128, 16)].iter().map(|c| case(c, "bf16", false)).collect()
 }
 
 pub fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
-    let Backend::Cuda(gpu) = s.backend.clone() else {
-        return Ok(());
-    };
-    let variants: Vec<&str> = super::VARIANTS
-        .iter()
-        .filter(|v| matches!(v.config, super::Kernel::Decode { .. }) && s.wants(v.name, "lab"))
-        .map(|v| v.name)
-        .collect();
+    let Backend::Cuda(gpu) = s.backend.clone() else { return Ok(()) };
+    let variants: Vec<&str> = super::VARIANTS.iter().filter(|v| matches!(v.config, super::Kernel::Decode { .. }) && s.wants(v.name, "lab")).map(|v| v.name).collect();
     if variants.is_empty() {
         return Ok(());
     }
-    let [batch, context, hq, hkv, d, page] =
-        ["batch", "context", "hq", "hkv", "d", "page"].map(|k| param_usize(case, k));
+    let [batch, context, hq, hkv, d, page] = ["batch", "context", "hq", "hkv", "d", "page"].map(|k| param_usize(case, k));
     let (batch, context, hq, hkv, d, page) = (batch?, context?, hq?, hkv?, d?, page?);
-    let dims = Dims {
-        batch,
-        sq: 1,
-        sk: context,
-        hq,
-        hkv,
-        d,
-    };
+    let dims = Dims { batch, sq: 1, sk: context, hq, hkv, d };
     let mut rng = rng_for(s.opts.seed, case);
     let row = hkv * d;
-    let (q, k, v): (Vec<T>, Vec<T>, Vec<T>) = (
-        input(batch * hq * d, 1.0, &mut rng),
-        input(batch * context * row, 1.0, &mut rng),
-        input(batch * context * row, 1.0, &mut rng),
-    );
-    let expected = Expected::new(
-        dims,
-        Mask::default(),
-        &q,
-        &k,
-        &v,
-        check_rows(dims, &mut rng),
-    );
+    let (q, k, v): (Vec<T>, Vec<T>, Vec<T>) = (input(batch * hq * d, 1.0, &mut rng), input(batch * context * row, 1.0, &mut rng), input(batch * context * row, 1.0, &mut rng));
+    let expected = Expected::new(dims, Mask::default(), &q, &k, &v, check_rows(dims, &mut rng));
     // The pool: ceil(context / page) pages per sequence, handed out in a shuffled order.
     let per = context.div_ceil(page);
     let mut table: Vec<i32> = (0..(batch * per) as i32).collect();
@@ -115,49 +84,17 @@ pub fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
         pool
     };
     (cache.k, cache.v) = (gpu.upload(&scatter(&k))?, gpu.upload(&scatter(&v))?);
-    let (dq, pos) = (
-        gpu.upload(&q)?,
-        gpu.upload(&vec![context as i32 - 1; batch])?,
-    );
-    let mut o = gpu
-        .stream
-        .alloc_zeros::<T>(batch * hq * d)
-        .doing("allocating the decode output")?;
+    let (dq, pos) = (gpu.upload(&q)?, gpu.upload(&vec![context as i32 - 1; batch])?);
+    let mut o = gpu.stream.alloc_zeros::<T>(batch * hq * d).doing("allocating the decode output")?;
     let elem = T::DTYPE.size();
-    let work = Work {
-        bytes: ((2 * batch * context * row + 2 * batch * hq * d) * elem) as u64,
-        flops: (4 * batch * hq * context * d) as u64,
-    };
-    let compare = |out: &[T]| {
-        compare_elems(
-            &expected.gather(dims, out),
-            &expected.o,
-            expected.tol,
-            "cpu-f64 (sampled rows)",
-        )
-    };
-    let check = Check {
-        tol: expected.tol,
-        compare: &compare,
-        ceiling: "copy_gb_s",
-    };
+    let work = Work { bytes: ((2 * batch * context * row + 2 * batch * hq * d) * elem) as u64, flops: (4 * batch * hq * context * d) as u64 };
+    let compare = |out: &[T]| compare_elems(&expected.gather(dims, out), &expected.o, expected.tol, "cpu-f64 (sampled rows)");
+    let check = Check { tol: expected.tol, compare: &compare, ceiling: "copy_gb_s" };
     let mut extra = serde_json::Map::new();
     extra.insert("kv_bytes".into(), json!(2 * batch * context * row * elem));
     for name in variants {
-        let plan =
-            std::cell::RefCell::new(Decode::with(&gpu, name, batch, hq, hkv, d, per * page)?);
-        measure_gpu_as(
-            s,
-            &gpu,
-            case,
-            (name, "lab"),
-            work,
-            &check,
-            param_timed(case),
-            &mut o,
-            extra.clone(),
-            |o| plan.borrow_mut().run(&dq, &cache, &pos, o, None),
-        )?;
+        let plan = std::cell::RefCell::new(Decode::with(&gpu, name, batch, hq, hkv, d, per * page)?);
+        measure_gpu_as(s, &gpu, case, (name, "lab"), work, &check, param_timed(case), &mut o, extra.clone(), |o| plan.borrow_mut().run(&dq, &cache, &pos, o, None))?;
     }
     Ok(())
 }
@@ -173,10 +110,7 @@ mod tests {
         let per = context.div_ceil(page);
         let mut table: Vec<i32> = (0..(batch * per) as i32).collect();
         table.shuffle(&mut rand::rngs::StdRng::seed_from_u64(7));
-        let mut rows: Vec<usize> = (0..batch)
-            .flat_map(|b| (0..context).map(move |j| (b, j)))
-            .map(|(b, j)| pool_row(&table, per, page, b, j))
-            .collect();
+        let mut rows: Vec<usize> = (0..batch).flat_map(|b| (0..context).map(move |j| (b, j))).map(|(b, j)| pool_row(&table, per, page, b, j)).collect();
         rows.sort_unstable();
         rows.dedup();
         assert_eq!(rows.len(), batch * context);

@@ -59,50 +59,30 @@ pub(super) fn launch<T: Elem>(
 ) -> Result<()> {
     let elem = T::DTYPE.size();
     // A packed batch: one batch of all its rows (the kernel offsets each sequence's coordinates).
-    let (batch, rows_q, rows_k) =
-        packed.map_or((d.batch, d.sq, d.sk), |p| (1, p.total_q, p.total_k));
+    let (batch, rows_q, rows_k) = packed.map_or((d.batch, d.sq, d.sk), |p| (1, p.total_q, p.total_k));
     let map = |view: &CudaView<T>, seq: usize, heads: usize| -> Result<TensorMap> {
         let (ptr, _sync) = view.device_ptr(&gpu.stream);
         encode_tensor_map(ptr, tensor_box(batch, seq, heads, d.d, elem), T::DTYPE)
     };
-    let (tq, tk, tv) = (
-        map(q, rows_q, d.hq)?,
-        map(k, rows_k, d.hkv)?,
-        map(v, rows_k, d.hkv)?,
-    );
+    let (tq, tk, tv) = (map(q, rows_q, d.hq)?, map(k, rows_k, d.hkv)?, map(v, rows_k, d.hkv)?);
     let null = 0u64; // no offsets: the dense layout
     let scale = 1.0 / (d.d as f32).sqrt();
     let (causal, window) = (mask.causal as i32, mask.window as i32);
     let [sq, sk, hq, hkv] = [d.sq, d.sk, d.hq, d.hkv].map(|x| x as i32);
-    let f = gpu.function(
-        FAMILY,
-        &symbol(FAMILY, &format!("{variant}_d{}", d.d), T::DTYPE),
-    )?;
+    let f = gpu.function(FAMILY, &symbol(FAMILY, &format!("{variant}_d{}", d.d), T::DTYPE))?;
     raise_dynamic_smem(&f, smem(d.d))?;
-    let cfg = LaunchConfig {
-        grid_dim: (d.sq.div_ceil(BM) as u32, d.hq as u32, d.batch as u32),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: smem(d.d) as u32,
-    };
+    let cfg = LaunchConfig { grid_dim: (d.sq.div_ceil(BM) as u32, d.hq as u32, d.batch as u32), block_dim: (THREADS, 1, 1), shared_mem_bytes: smem(d.d) as u32 };
     let mut b = gpu.stream.launch_builder(&f);
     b.arg(&tq).arg(&tk).arg(&tv).arg(o).arg(lse);
     match packed {
         Some(p) => b.arg(p.cu_q).arg(p.cu_k),
         None => b.arg(&null).arg(&null),
     };
-    b.arg(&sq)
-        .arg(&sk)
-        .arg(&hq)
-        .arg(&hkv)
-        .arg(&scale)
-        .arg(&causal)
-        .arg(&window);
+    b.arg(&sq).arg(&sk).arg(&hq).arg(&hkv).arg(&scale).arg(&causal).arg(&window);
     // SAFETY: the maps describe q, k and v within their lengths (checked by launch_tiled_at) and TMA bounds
     // every box by them; the grid covers ceil(Sq / 128) query tiles of every head, and the kernel
     // stores only rows below Sq into o and lse, which hold their shapes.
-    unsafe { b.launch(cfg) }
-        .map(|_| ())
-        .doing(&format!("launching attention {variant}"))
+    unsafe { b.launch(cfg) }.map(|_| ()).doing(&format!("launching attention {variant}"))
 }
 
 #[cfg(test)]
@@ -110,34 +90,15 @@ mod tests {
     #[test]
     fn the_tiles_threads_and_shared_memory_are_the_kernels() {
         let cache = tempfile::tempdir().unwrap();
-        let exprs = [
-            "WgAttn<64>::BM",
-            "WgAttn<64>::BN",
-            "WgAttn<64>::THREADS",
-            "WgAttn<64>::SMEM",
-            "WgAttn<128>::SMEM",
-        ];
-        let got = crate::gpu::compile::probe_u32(Some(cache.path()), super::FAMILY, &exprs)
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(
-            got,
-            [
-                super::BM as u32,
-                super::BN as u32,
-                super::THREADS,
-                super::smem(64) as u32,
-                super::smem(128) as u32
-            ]
-        );
+        let exprs = ["WgAttn<64>::BM", "WgAttn<64>::BN", "WgAttn<64>::THREADS", "WgAttn<64>::SMEM", "WgAttn<128>::SMEM"];
+        let got = crate::gpu::compile::probe_u32(Some(cache.path()), super::FAMILY, &exprs).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(got, [super::BM as u32, super::BN as u32, super::THREADS, super::smem(64) as u32, super::smem(128) as u32]);
     }
 
     #[test]
     fn the_maps_name_one_head_of_128_rows_and_the_ring_fits_a_block() {
         let t = super::tensor_box(3, 129, 9, 64, 2);
-        assert_eq!(
-            (t.rank, t.dims, t.strides_bytes, t.boxes),
-            (4, [64, 9, 129, 3], [128, 1152, 1152 * 129], [64, 1, 128, 1])
-        );
+        assert_eq!((t.rank, t.dims, t.strides_bytes, t.boxes), (4, [64, 9, 129, 3], [128, 1152, 1152 * 129], [64, 1, 128, 1]));
         // 227 KiB of dynamic shared memory per block on an H100.
         assert_eq!(super::smem(128), 32768 + 196608 + 1024 + 80);
         assert!(super::smem(128) <= 232448 && super::smem(64) < super::smem(128));

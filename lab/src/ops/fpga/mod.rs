@@ -14,9 +14,7 @@ use super::compare::{compare, compare_bits, first_failure};
 use super::softmax;
 use super::variant::VariantInfo;
 use super::widen;
-use crate::experiment::{
-    param_str, param_timed, param_usize, rng_for, Backend, Experiment, Measurement, Session,
-};
+use crate::experiment::{param_str, param_timed, param_usize, rng_for, Backend, Experiment, Measurement, Session};
 use crate::profile::{TimeSummary, TimingMode, Work};
 use crate::record::{ErrorStats, Tolerance};
 use crate::{LabError, Result};
@@ -81,10 +79,7 @@ pub fn tolerance(n: usize) -> Tolerance {
     let sum = 2.0 * n as f64 * 2f64.powi(-40);
     // Absolute: one 2^-40 truncation of 2^(t - m), and fp32 values below 2^-126 flushed.
     let atol = 2f64.powi(-40) + 2f64.powi(-126);
-    Tolerance {
-        atol,
-        rtol: t_rounding + log2e_const + interpolation + roms + reciprocal + output + sum,
-    }
+    Tolerance { atol, rtol: t_rounding + log2e_const + interpolation + roms + reciprocal + output + sum }
 }
 
 impl Experiment for Fpga {
@@ -101,38 +96,21 @@ impl Experiment for Fpga {
         "n"
     }
     fn cases(&self, _backend: &Backend, quick: bool) -> Vec<Value> {
-        let case = |n: usize, rows: usize, lanes: usize, fill: &str, timed: bool| json!({"n": n, "rows": rows, "lanes": lanes, "fill": fill, "format": FORMAT, "clock_mhz": DEFAULT_CLOCK_MHZ, "timed": timed});
+        let case = |n: usize, rows: usize, lanes: usize, fill: &str, timed: bool| {
+            json!({"n": n, "rows": rows, "lanes": lanes, "fill": fill, "format": FORMAT, "clock_mhz": DEFAULT_CLOCK_MHZ, "timed": timed})
+        };
         let lanes: &[usize] = if quick { &[1, 4] } else { &[1, 4, 16] };
         // Odd widths (a masked last beat) and hostile values: gates, checked but not timed.
         let gates: &[(usize, usize, &str)] = if quick {
             &[(1, 3, "normal"), (17, 5, "normal"), (33, 10, "hostile")]
         } else {
-            &[
-                (1, 3, "normal"),
-                (17, 8, "normal"),
-                (1000, 4, "normal"),
-                (4097, 2, "normal"),
-                (33, 10, "hostile"),
-                (1000, 10, "hostile"),
-            ]
+            &[(1, 3, "normal"), (17, 8, "normal"), (1000, 4, "normal"), (4097, 2, "normal"), (33, 10, "hostile"), (1000, 10, "hostile")]
         };
-        let timed: &[(usize, usize)] = if quick {
-            &[(64, 8), (1000, 4)]
-        } else {
-            &[(64, 64), (1024, 32), (4096, 16), (4097, 16), (16384, 4)]
-        };
+        let timed: &[(usize, usize)] = if quick { &[(64, 8), (1000, 4)] } else { &[(64, 64), (1024, 32), (4096, 16), (4097, 16), (16384, 4)] };
         let mut out = Vec::new();
         for &l in lanes {
-            out.extend(
-                gates
-                    .iter()
-                    .map(|&(n, rows, fill)| case(n, rows, l, fill, false)),
-            );
-            out.extend(
-                timed
-                    .iter()
-                    .map(|&(n, rows)| case(n, rows, l, "normal", true)),
-            );
+            out.extend(gates.iter().map(|&(n, rows, fill)| case(n, rows, l, fill, false)));
+            out.extend(timed.iter().map(|&(n, rows)| case(n, rows, l, "normal", true)));
         }
         out
     }
@@ -140,35 +118,15 @@ impl Experiment for Fpga {
         if !s.wants(VARIANT, "verilator") {
             return Ok(());
         }
-        let (n, rows, lanes) = (
-            param_usize(case, "n")?,
-            param_usize(case, "rows")?,
-            param_usize(case, "lanes")?,
-        );
-        let clock_mhz = case
-            .get("clock_mhz")
-            .and_then(Value::as_f64)
-            .unwrap_or(DEFAULT_CLOCK_MHZ);
+        let (n, rows, lanes) = (param_usize(case, "n")?, param_usize(case, "rows")?, param_usize(case, "lanes")?);
+        let clock_mhz = case.get("clock_mhz").and_then(Value::as_f64).unwrap_or(DEFAULT_CLOCK_MHZ);
         if !(1..=model::MAX_N).contains(&n) || rows == 0 {
-            return Err(LabError::shape(
-                "fpga",
-                format!(
-                    "{rows} rows of {n}: rows must be 1 to {} wide, and at least one",
-                    model::MAX_N
-                ),
-            ));
+            return Err(LabError::shape("fpga", format!("{rows} rows of {n}: rows must be 1 to {} wide, and at least one", model::MAX_N)));
         }
         if !(clock_mhz > 0.0 && clock_mhz.is_finite()) {
-            return Err(LabError::Invalid(format!(
-                "fpga: clock_mhz must be a positive number, not {clock_mhz}"
-            )));
+            return Err(LabError::Invalid(format!("fpga: clock_mhz must be a positive number, not {clock_mhz}")));
         }
-        let x: Vec<bf16> = softmax::input(
-            rows,
-            n,
-            param_str(case, "fill")?,
-            &mut rng_for(s.opts.seed, case),
-        )?;
+        let x: Vec<bf16> = softmax::input(rows, n, param_str(case, "fill")?, &mut rng_for(s.opts.seed, case))?;
         let bits: Vec<u16> = x.iter().map(|v| v.to_bits()).collect();
         let sim = sim::Simulator::build(lanes)?;
         let out = sim.run(&bits, n)?;
@@ -178,38 +136,21 @@ impl Experiment for Fpga {
 
         let elements = (rows * n) as u64;
         // ~5 flops an element (max, subtract, exponential, add, multiply), as the GPU family says.
-        let work = Work {
-            bytes: BYTES_PER_ELEMENT * elements,
-            flops: 5 * elements,
-        };
+        let work = Work { bytes: BYTES_PER_ELEMENT * elements, flops: 5 * elements };
         let mut m = Measurement::new(VARIANT, "verilator", case, work);
         let seconds = out.cycles as f64 / (clock_mhz * 1e6);
         if param_timed(case) {
             let ms = seconds * 1e3;
-            let mode = TimingMode {
-                l2: "none".into(),
-                launch: "simulated".into(),
-                warmup: 0,
-                raw_ms: vec![ms],
-                warmup_ms: vec![],
-                clocks: None,
-            };
+            let mode = TimingMode { l2: "none".into(), launch: "simulated".into(), warmup: 0, raw_ms: vec![ms], warmup_ms: vec![], clocks: None };
             m.time = Some((TimeSummary::of(&[ms]), mode));
         }
         m.tolerance = Some(outcome.tolerance);
         m.error = Some(outcome.verdict());
         m.extra.insert("cycles".into(), out.cycles.into());
         m.extra.insert("clock_mhz".into(), clock_mhz.into());
-        m.extra.insert(
-            "time_is".into(),
-            "modelled: simulated cycles / clock_mhz, not wall time".into(),
-        );
-        m.extra
-            .insert("elements_per_s".into(), (elements as f64 / seconds).into());
-        m.extra.insert(
-            "port_roof_gb_s".into(),
-            port_roof_gb_s(lanes, clock_mhz).into(),
-        );
+        m.extra.insert("time_is".into(), "modelled: simulated cycles / clock_mhz, not wall time".into());
+        m.extra.insert("elements_per_s".into(), (elements as f64 / seconds).into());
+        m.extra.insert("port_roof_gb_s".into(), port_roof_gb_s(lanes, clock_mhz).into());
         m.extra.insert("checks".into(), outcome.summary());
         s.emit(m)?;
         Ok(())
@@ -233,28 +174,13 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    pub fn judge(
-        out: &sim::SimOutput,
-        model: &[u32],
-        expected: &[f64],
-        n: usize,
-        rows: usize,
-        lanes: usize,
-    ) -> Outcome {
+    pub fn judge(out: &sim::SimOutput, model: &[u32], expected: &[f64], n: usize, rows: usize, lanes: usize) -> Outcome {
         let tolerance = tolerance(n);
         let analytic = analytic_cycles(n, rows, lanes);
         let got: Vec<f64> = out.y.iter().map(|&b| f32::from_bits(b) as f64).collect();
         Outcome {
             bit_exact: compare_bits(&out.y, model, "rust-model (bit-exact)"),
-            cycles: compare(
-                &[out.cycles as f64],
-                &[analytic as f64],
-                Tolerance {
-                    atol: 0.0,
-                    rtol: CYCLE_TOLERANCE,
-                },
-                "analytic cycles (5%)",
-            ),
+            cycles: compare(&[out.cycles as f64], &[analytic as f64], Tolerance { atol: 0.0, rtol: CYCLE_TOLERANCE }, "analytic cycles (5%)"),
             f64: compare(&got, expected, tolerance, "cpu-f64"),
             tolerance,
             simulated: out.cycles,
@@ -268,10 +194,7 @@ impl Outcome {
 
     /// The record's error: the first check that failed, else the f64 comparison.
     pub fn verdict(&self) -> ErrorStats {
-        first_failure(
-            self.bit_exact.clone(),
-            first_failure(self.cycles.clone(), self.f64.clone()),
-        )
+        first_failure(self.bit_exact.clone(), first_failure(self.cycles.clone(), self.f64.clone()))
     }
 
     pub fn summary(&self) -> Value {

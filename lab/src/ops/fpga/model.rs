@@ -18,17 +18,13 @@ pub const NAN_BITS: u32 = 0x7FC0_0000;
 
 /// 2^(i/256) in Q1.30, i = 0..=256: the ROM hw/softmax/exp2_lut.mem holds.
 pub fn exp2_table() -> Vec<u64> {
-    (0..=256)
-        .map(|i| (2f64.powf(i as f64 / 256.0) * 2f64.powi(30)).round() as u64)
-        .collect()
+    (0..=256).map(|i| (2f64.powf(i as f64 / 256.0) * 2f64.powi(30)).round() as u64).collect()
 }
 
 /// 1 / (1 + (i + 0.5)/1024) in Q0.32, i = 0..1024: the ROM hw/softmax/recip_lut.mem holds (the
 /// middle of each interval, so the seed errs by at most 2^-11 relative).
 pub fn recip_table() -> Vec<u64> {
-    (0..1024)
-        .map(|i| (2f64.powi(32) / (1.0 + (i as f64 + 0.5) / 1024.0)).round() as u64)
-        .collect()
+    (0..1024).map(|i| (2f64.powi(32) / (1.0 + (i as f64 + 0.5) / 1024.0)).round() as u64).collect()
 }
 
 /// One bf16 input as the design sees it.
@@ -45,11 +41,7 @@ pub enum Input {
 pub fn convert(bits: u16) -> Input {
     let (sign, exp, frac) = (bits >> 15, (bits >> 7) & 0xFF, (bits & 0x7F) as u64);
     if exp == 0xFF {
-        return if frac == 0 && sign == 1 {
-            Input::Masked
-        } else {
-            Input::Poison
-        };
+        return if frac == 0 && sign == 1 { Input::Masked } else { Input::Poison };
     }
     if exp == 0 {
         return Input::Value(0);
@@ -78,10 +70,7 @@ pub struct Tables {
 
 impl Default for Tables {
     fn default() -> Self {
-        Tables {
-            exp2: exp2_table(),
-            recip: recip_table(),
-        }
+        Tables { exp2: exp2_table(), recip: recip_table() }
     }
 }
 
@@ -95,11 +84,7 @@ impl Tables {
         let (lo, hi) = (self.exp2[idx], self.exp2[idx + 1]);
         let v = lo + (((hi - lo) * w) >> 8);
         let k = (-int) as u64;
-        if k > 41 {
-            0
-        } else {
-            (v << 10) >> k
-        }
+        if k > 41 { 0 } else { (v << 10) >> k }
     }
 
     /// 1/d for d in Q.40, d >= 1: (r, k) with 1/d ~ r 2^-32 2^-k. d normalized to dn in [1, 2)
@@ -136,9 +121,7 @@ impl Acc {
             Input::Masked => {}
             Input::Poison => self.poison = true,
             Input::Value(v) if !self.valid => (self.valid, self.m, self.d) = (true, v, ONE),
-            Input::Value(v) if v > self.m => {
-                (self.m, self.d) = (v, scale(self.d, t.exp2(self.m - v)) + ONE)
-            }
+            Input::Value(v) if v > self.m => (self.m, self.d) = (v, scale(self.d, t.exp2(self.m - v)) + ONE),
             Input::Value(v) => self.d += t.exp2(v - self.m),
         }
     }
@@ -151,12 +134,7 @@ impl Acc {
             (_, false) => a,
             _ => {
                 let m = a.m.max(b.m);
-                Acc {
-                    valid: true,
-                    poison,
-                    m,
-                    d: scale(a.d, t.exp2(a.m - m)) + scale(b.d, t.exp2(b.m - m)),
-                }
+                Acc { valid: true, poison, m, d: scale(a.d, t.exp2(a.m - m)) + scale(b.d, t.exp2(b.m - m)) }
             }
         };
         r.poison = poison;
@@ -174,11 +152,7 @@ fn to_f32(p: u128, k: u32) -> u32 {
     if exp <= 0 {
         return 0;
     }
-    let mant = if q >= 23 {
-        p >> (q - 23)
-    } else {
-        p << (23 - q)
-    };
+    let mant = if q >= 23 { p >> (q - 23) } else { p << (23 - q) };
     (exp as u32) << 23 | (mant as u32 & 0x7F_FFFF)
 }
 
@@ -192,10 +166,7 @@ pub fn softmax_row(t: &Tables, x: &[u16], lanes: usize, y: &mut [u32]) {
         level[i % lanes].update(t, v);
     }
     while level.len() > 1 {
-        level = level
-            .chunks(2)
-            .map(|p| Acc::combine(t, p[0], p[1]))
-            .collect();
+        level = level.chunks(2).map(|p| Acc::combine(t, p[0], p[1])).collect();
     }
     let row = level[0];
     let (r, k) = t.recip(row.d);

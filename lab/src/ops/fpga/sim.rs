@@ -10,19 +10,10 @@ use std::process::Command;
 
 /// The design's files, as the simulator's build directory holds them.
 pub const SOURCES: &[(&str, &str)] = &[
-    (
-        "softmax.sv",
-        include_str!("../../../../hw/softmax/softmax.sv"),
-    ),
+    ("softmax.sv", include_str!("../../../../hw/softmax/softmax.sv")),
     ("tb.cpp", include_str!("../../../../hw/softmax/tb.cpp")),
-    (
-        "exp2_lut.mem",
-        include_str!("../../../../hw/softmax/exp2_lut.mem"),
-    ),
-    (
-        "recip_lut.mem",
-        include_str!("../../../../hw/softmax/recip_lut.mem"),
-    ),
+    ("exp2_lut.mem", include_str!("../../../../hw/softmax/exp2_lut.mem")),
+    ("recip_lut.mem", include_str!("../../../../hw/softmax/recip_lut.mem")),
 ];
 
 /// `LAB_VERILATOR`, else `verilator` on the PATH.
@@ -47,9 +38,7 @@ pub fn version_of(bin: &str) -> Result<String> {
 
 /// The lab's cache folder, then `verilator/` (beside NVRTC's `ptx/`).
 fn cache_dir() -> PathBuf {
-    crate::gpu::compile::lab_cache_dir()
-        .unwrap_or_else(std::env::temp_dir)
-        .join("verilator")
+    crate::gpu::compile::lab_cache_dir().unwrap_or_else(std::env::temp_dir).join("verilator")
 }
 
 /// A built simulator of the design with `lanes` lanes.
@@ -84,9 +73,7 @@ impl Simulator {
     /// [`Simulator::build`] from the given sources (tests plant faults in them).
     pub fn build_from(sources: &[(&str, &str)], lanes: usize) -> Result<Simulator> {
         if !lanes.is_power_of_two() {
-            return Err(LabError::Invalid(format!(
-                "fpga: lanes must be a power of two, not {lanes}"
-            )));
+            return Err(LabError::Invalid(format!("fpga: lanes must be a power of two, not {lanes}")));
         }
         let version = version()?;
         let dir = cache_dir().join(key(sources, lanes, &version));
@@ -98,24 +85,11 @@ impl Simulator {
         std::fs::create_dir_all(cache_dir()).map_err(|e| LabError::io(cache_dir(), e))?;
         let tmp = tempfile::tempdir_in(cache_dir()).map_err(|e| LabError::io(cache_dir(), e))?;
         for (name, text) in sources {
-            std::fs::write(tmp.path().join(name), text)
-                .map_err(|e| LabError::io(tmp.path().join(name), e))?;
+            std::fs::write(tmp.path().join(name), text).map_err(|e| LabError::io(tmp.path().join(name), e))?;
         }
         let out = Command::new(verilator())
             .current_dir(tmp.path())
-            .args([
-                "--cc",
-                "--exe",
-                "--build",
-                "-j",
-                "2",
-                "--top-module",
-                "softmax_stream",
-                "--Mdir",
-                "obj",
-                "-o",
-                "../sim",
-            ])
+            .args(["--cc", "--exe", "--build", "-j", "2", "--top-module", "softmax_stream", "--Mdir", "obj", "-o", "../sim"])
             .arg(format!("-GLANES={lanes}"))
             .args(["softmax.sv", "tb.cpp"])
             .output()
@@ -124,11 +98,7 @@ impl Simulator {
             return Err(LabError::Compile {
                 family: "fpga".into(),
                 arch: format!("verilator, LANES={lanes}"),
-                log: format!(
-                    "{}{}",
-                    String::from_utf8_lossy(&out.stdout),
-                    String::from_utf8_lossy(&out.stderr)
-                ),
+                log: format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
             });
         }
         let _ = std::fs::remove_dir_all(tmp.path().join("obj"));
@@ -143,19 +113,12 @@ impl Simulator {
     /// Streams `x` (rows of `n` bf16 bit patterns) through the design.
     pub fn run(&self, x: &[u16], n: usize) -> Result<SimOutput> {
         if n == 0 || x.is_empty() || !x.len().is_multiple_of(n) {
-            return Err(LabError::shape(
-                "fpga",
-                format!("{} values do not make rows of {n}", x.len()),
-            ));
+            return Err(LabError::shape("fpga", format!("{} values do not make rows of {n}", x.len())));
         }
         let rows = x.len() / n;
         let io = tempfile::tempdir().map_err(|e| LabError::io(std::env::temp_dir(), e))?;
         let (input, output) = (io.path().join("x.bin"), io.path().join("y.bin"));
-        std::fs::write(
-            &input,
-            x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(),
-        )
-        .map_err(|e| LabError::io(&input, e))?;
+        std::fs::write(&input, x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()).map_err(|e| LabError::io(&input, e))?;
         // The ROMs are read from the working directory.
         let out = Command::new(self.dir.join("sim"))
             .current_dir(&self.dir)
@@ -165,20 +128,11 @@ impl Simulator {
             .map_err(|e| LabError::io(self.dir.join("sim"), e))?;
         let stdout = String::from_utf8_lossy(&out.stdout);
         if !out.status.success() {
-            return Err(LabError::Invalid(format!(
-                "the fpga simulator failed: {stdout}{}",
-                String::from_utf8_lossy(&out.stderr)
-            )));
+            return Err(LabError::Invalid(format!("the fpga simulator failed: {stdout}{}", String::from_utf8_lossy(&out.stderr))));
         }
         let cycles = parse_cycles(&stdout)?;
         let bytes = std::fs::read(&output).map_err(|e| LabError::io(&output, e))?;
-        Ok(SimOutput {
-            y: bytes
-                .chunks_exact(4)
-                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            cycles,
-        })
+        Ok(SimOutput { y: bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(), cycles })
     }
 }
 
@@ -187,9 +141,5 @@ fn parse_cycles(stdout: &str) -> Result<u64> {
         .lines()
         .find_map(|l| l.strip_prefix("cycles "))
         .and_then(|c| c.trim().parse().ok())
-        .ok_or_else(|| {
-            LabError::Invalid(format!(
-                "the fpga simulator printed no `cycles N` line: {stdout:?}"
-            ))
-        })
+        .ok_or_else(|| LabError::Invalid(format!("the fpga simulator printed no `cycles N` line: {stdout:?}")))
 }

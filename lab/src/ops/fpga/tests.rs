@@ -8,12 +8,8 @@ use super::*;
 use rand::SeedableRng;
 
 fn rows(rows: usize, n: usize, fill: &str, seed: u64) -> (Vec<u16>, Vec<f64>) {
-    let x: Vec<bf16> =
-        softmax::input(rows, n, fill, &mut rand::rngs::StdRng::seed_from_u64(seed)).unwrap();
-    (
-        x.iter().map(|v| v.to_bits()).collect(),
-        softmax::reference(&widen(&x), n),
-    )
+    let x: Vec<bf16> = softmax::input(rows, n, fill, &mut rand::rngs::StdRng::seed_from_u64(seed)).unwrap();
+    (x.iter().map(|v| v.to_bits()).collect(), softmax::reference(&widen(&x), n))
 }
 
 fn as_f64(y: &[u32]) -> Vec<f64> {
@@ -23,26 +19,11 @@ fn as_f64(y: &[u32]) -> Vec<f64> {
 /// The entries of a committed `.mem` ROM (hex, one a line, `//` comments).
 fn rom(name: &str) -> Vec<u64> {
     let text = SOURCES.iter().find(|s| s.0 == name).unwrap().1;
-    text.lines()
-        .filter(|l| !l.starts_with("//") && !l.trim().is_empty())
-        .map(|l| u64::from_str_radix(l.trim(), 16).unwrap())
-        .collect()
+    text.lines().filter(|l| !l.starts_with("//") && !l.trim().is_empty()).map(|l| u64::from_str_radix(l.trim(), 16).unwrap()).collect()
 }
 
 fn with_source(name: &str, edit: impl Fn(&str) -> String) -> Vec<(&'static str, String)> {
-    SOURCES
-        .iter()
-        .map(|&(f, text)| {
-            (
-                f,
-                if f == name {
-                    edit(text)
-                } else {
-                    text.to_string()
-                },
-            )
-        })
-        .collect()
+    SOURCES.iter().map(|&(f, text)| (f, if f == name { edit(text) } else { text.to_string() })).collect()
 }
 
 fn build_from(sources: &[(&'static str, String)], lanes: usize) -> Simulator {
@@ -59,22 +40,10 @@ fn the_committed_roms_hold_the_models_tables() {
 #[test]
 fn the_model_is_within_its_derived_tolerance_of_the_f64_softmax() {
     let t = Tables::default();
-    for (r, n, fill) in [
-        (3, 1, "normal"),
-        (40, 17, "normal"),
-        (8, 1000, "normal"),
-        (2, 65537, "normal"),
-        (25, 33, "hostile"),
-        (10, 4097, "hostile"),
-    ] {
+    for (r, n, fill) in [(3, 1, "normal"), (40, 17, "normal"), (8, 1000, "normal"), (2, 65537, "normal"), (25, 33, "hostile"), (10, 4097, "hostile")] {
         let (x, expected) = rows(r, n, fill, n as u64);
         for lanes in [1, 2, 16] {
-            let e = compare(
-                &as_f64(&model::softmax_rows(&t, &x, n, lanes)),
-                &expected,
-                tolerance(n),
-                "cpu-f64",
-            );
+            let e = compare(&as_f64(&model::softmax_rows(&t, &x, n, lanes)), &expected, tolerance(n), "cpu-f64");
             assert!(e.passed(), "{r} x {n} {fill}, {lanes} lanes: {e:?}");
             // The bound is not loose by orders of magnitude: the worst element uses a fair part.
             if fill == "normal" && n >= 1000 {
@@ -89,39 +58,13 @@ fn the_model_defines_the_edge_cases_as_the_gpu_family_does() {
     let t = Tables::default();
     let b = |v: f32| bf16::from_f32(v).to_bits();
     let y = |x: &[u16]| model::softmax_rows(&t, x, x.len(), 2);
-    assert_eq!(
-        y(&[b(f32::NEG_INFINITY); 3]),
-        vec![0; 3],
-        "a fully masked row is zeros"
-    );
-    assert_eq!(
-        y(&[b(f32::NEG_INFINITY), b(3.0)]),
-        vec![0, 0x3F7F_FFFC],
-        "masked -> 0, the rest ~1 (1/d errs low by < 2^-22)"
-    );
-    assert!(
-        y(&[b(1.0), b(f32::NAN), b(0.0)])
-            .iter()
-            .all(|&v| v == model::NAN_BITS),
-        "NaN poisons the row"
-    );
-    assert!(
-        y(&[b(f32::INFINITY), b(0.0)])
-            .iter()
-            .all(|&v| v == model::NAN_BITS),
-        "+inf poisons the row"
-    );
-    assert_eq!(
-        model::convert(b(1e30)),
-        model::Input::Value(model::T_MAX),
-        "beyond ~5.8e6 saturates"
-    );
+    assert_eq!(y(&[b(f32::NEG_INFINITY); 3]), vec![0; 3], "a fully masked row is zeros");
+    assert_eq!(y(&[b(f32::NEG_INFINITY), b(3.0)]), vec![0, 0x3F7F_FFFC], "masked -> 0, the rest ~1 (1/d errs low by < 2^-22)");
+    assert!(y(&[b(1.0), b(f32::NAN), b(0.0)]).iter().all(|&v| v == model::NAN_BITS), "NaN poisons the row");
+    assert!(y(&[b(f32::INFINITY), b(0.0)]).iter().all(|&v| v == model::NAN_BITS), "+inf poisons the row");
+    assert_eq!(model::convert(b(1e30)), model::Input::Value(model::T_MAX), "beyond ~5.8e6 saturates");
     assert_eq!(model::convert(b(-1e30)), model::Input::Value(-model::T_MAX));
-    assert_eq!(
-        model::convert(b(1.0)),
-        model::Input::Value(94548),
-        "round(log2(e) 2^16)"
-    );
+    assert_eq!(model::convert(b(1.0)), model::Input::Value(94548), "round(log2(e) 2^16)");
 }
 
 #[test]
@@ -130,12 +73,7 @@ fn a_looser_table_fails_the_f64_check() {
     let mut t = Tables::default();
     t.exp2 = t.exp2.iter().map(|v| v >> 18 << 18).collect();
     let (x, expected) = rows(8, 1000, "normal", 5);
-    let e = compare(
-        &as_f64(&model::softmax_rows(&t, &x, 1000, 4)),
-        &expected,
-        tolerance(1000),
-        "cpu-f64",
-    );
+    let e = compare(&as_f64(&model::softmax_rows(&t, &x, 1000, 4)), &expected, tolerance(1000), "cpu-f64");
     assert!(!e.passed() && e.max_rel > 1e-4, "{e:?}");
 }
 
@@ -149,9 +87,7 @@ fn the_cycle_formula_counts_passes_reduction_and_drain() {
 
 #[test]
 fn a_missing_verilator_is_named_with_its_package() {
-    let err = sim::version_of("/nonexistent/verilator")
-        .unwrap_err()
-        .to_string();
+    let err = sim::version_of("/nonexistent/verilator").unwrap_err().to_string();
     assert!(err.contains("install the `verilator` package"), "{err}");
 }
 
@@ -160,33 +96,12 @@ fn the_design_matches_the_model_bit_for_bit_and_the_cycle_formula_exactly() {
     let t = Tables::default();
     for lanes in [1, 4] {
         let sim = Simulator::build(lanes).unwrap();
-        for (r, n, fill) in [
-            (3, 1, "normal"),
-            (5, 17, "normal"),
-            (2, 1000, "normal"),
-            (10, 33, "hostile"),
-            (1, 4097, "normal"),
-        ] {
+        for (r, n, fill) in [(3, 1, "normal"), (5, 17, "normal"), (2, 1000, "normal"), (10, 33, "hostile"), (1, 4097, "normal")] {
             let (x, expected) = rows(r, n, fill, 3);
             let out = sim.run(&x, n).unwrap();
-            let outcome = Outcome::judge(
-                &out,
-                &model::softmax_rows(&t, &x, n, lanes),
-                &expected,
-                n,
-                r,
-                lanes,
-            );
-            assert!(
-                outcome.passed(),
-                "{r} x {n} {fill}, {lanes} lanes: {}",
-                outcome.summary()
-            );
-            assert_eq!(
-                out.cycles,
-                analytic_cycles(n, r, lanes),
-                "{r} x {n}, {lanes} lanes"
-            );
+            let outcome = Outcome::judge(&out, &model::softmax_rows(&t, &x, n, lanes), &expected, n, r, lanes);
+            assert!(outcome.passed(), "{r} x {n} {fill}, {lanes} lanes: {}", outcome.summary());
+            assert_eq!(out.cycles, analytic_cycles(n, r, lanes), "{r} x {n}, {lanes} lanes");
         }
     }
 }
@@ -197,16 +112,9 @@ fn one_flipped_output_bit_fails_the_bit_exact_check_only() {
     let y = model::softmax_rows(&Tables::default(), &x, 100, 4);
     let mut flipped = y.clone();
     flipped[137] ^= 1;
-    let out = SimOutput {
-        y: flipped,
-        cycles: analytic_cycles(100, 4, 4),
-    };
+    let out = SimOutput { y: flipped, cycles: analytic_cycles(100, 4, 4) };
     let o = Outcome::judge(&out, &y, &expected, 100, 4, 4);
-    assert!(
-        !o.bit_exact.passed() && o.bit_exact.worst_index == Some(137),
-        "{}",
-        o.summary()
-    );
+    assert!(!o.bit_exact.passed() && o.bit_exact.worst_index == Some(137), "{}", o.summary());
     // The f64 check alone would have let it through: one ulp is within its tolerance.
     assert!(o.f64.passed() && o.cycles.passed());
     assert!(!o.passed() && !o.verdict().passed());
@@ -219,39 +127,19 @@ fn a_wrong_rom_entry_in_the_design_fails_the_bit_exact_check() {
     let sim = build_from(&sources, 4);
     let (x, expected) = rows(4, 1000, "normal", 4);
     let out = sim.run(&x, 1000).unwrap();
-    let o = Outcome::judge(
-        &out,
-        &model::softmax_rows(&Tables::default(), &x, 1000, 4),
-        &expected,
-        1000,
-        4,
-        4,
-    );
-    assert!(
-        !o.bit_exact.passed() && o.cycles.passed(),
-        "{}",
-        o.summary()
-    );
+    let o = Outcome::judge(&out, &model::softmax_rows(&Tables::default(), &x, 1000, 4), &expected, 1000, 4, 4);
+    assert!(!o.bit_exact.passed() && o.cycles.passed(), "{}", o.summary());
 }
 
 #[test]
 fn an_extra_reduction_cycle_fails_the_cycle_check() {
     // Planted in the design: the reduction holds in_ready low one cycle longer.
-    let sources = with_source("softmax.sv", |t| {
-        t.replacen("RED_LAST = 3 + LOG2L", "RED_LAST = 4 + LOG2L", 1)
-    });
+    let sources = with_source("softmax.sv", |t| t.replacen("RED_LAST = 3 + LOG2L", "RED_LAST = 4 + LOG2L", 1));
     assert_ne!(sources[0].1, SOURCES[0].1, "the fault was planted");
     let sim = build_from(&sources, 4);
     let (x, expected) = rows(16, 17, "normal", 6);
     let out = sim.run(&x, 17).unwrap();
-    let o = Outcome::judge(
-        &out,
-        &model::softmax_rows(&Tables::default(), &x, 17, 4),
-        &expected,
-        17,
-        16,
-        4,
-    );
+    let o = Outcome::judge(&out, &model::softmax_rows(&Tables::default(), &x, 17, 4), &expected, 17, 16, 4);
     // Outputs still right; 16 rows x 1 cycle over 16 x 16 + 2.
     assert!(o.bit_exact.passed() && o.f64.passed(), "{}", o.summary());
     assert!(!o.cycles.passed() && !o.passed(), "{}", o.summary());
@@ -261,10 +149,7 @@ fn an_extra_reduction_cycle_fails_the_cycle_check() {
 fn bad_lanes_and_shapes_are_named() {
     let err = Simulator::build(3).err().unwrap().to_string();
     assert!(err.contains("lanes must be a power of two, not 3"), "{err}");
-    let sim = Simulator {
-        dir: "/nonexistent".into(),
-        lanes: 4,
-    };
+    let sim = Simulator { dir: "/nonexistent".into(), lanes: 4 };
     let err = sim.run(&[1, 2, 3], 2).err().unwrap().to_string();
     assert!(err.contains("3 values do not make rows of 2"), "{err}");
 }

@@ -56,11 +56,7 @@ where
     CudaBlas: BlasGemm<T>,
 {
     let on_gpu = "gemm tensors are on the GPU";
-    let (da, db, dc0) = (
-        a.cuda().expect(on_gpu),
-        b.cuda().expect(on_gpu),
-        c0.map(|c| c.cuda().expect(on_gpu)),
-    );
+    let (da, db, dc0) = (a.cuda().expect(on_gpu), b.cuda().expect(on_gpu), c0.map(|c| c.cuda().expect(on_gpu)));
     let (m, n, k) = (d.m as i32, d.n as i32, d.k as i32);
     // Row-major C = A B is column-major C^T = B^T A^T: pass B first, with the dimensions
     // swapped. fp32 stays fp32 (no TF32) under every math mode used here.
@@ -82,15 +78,11 @@ where
         }
         let blas = CudaBlas::new(gpu.stream.clone()).doing("creating the cuBLAS handle")?;
         // SAFETY: a live handle of this stream; the mode is one of cuBLAS's own.
-        unsafe { cublasSetMathMode(*blas.handle(), mode) }
-            .result()
-            .doing("setting cuBLAS's math mode")?;
+        unsafe { cublasSetMathMode(*blas.handle(), mode) }.result().doing("setting cuBLAS's math mode")?;
         let launch = |c: &mut CudaSlice<T>| -> Result<()> {
             // beta != 0 reads C: every launch starts from the same C0 (such cases are untimed).
             if let Some(c0) = dc0 {
-                gpu.stream
-                    .memcpy_dtod(c0, c)
-                    .doing("restoring C before the GEMM")?;
+                gpu.stream.memcpy_dtod(c0, c).doing("restoring C before the GEMM")?;
             }
             // SAFETY: the same buffers and dimensions the lab variants were validated for.
             unsafe { blas.gemm(cfg, db, da, c) }.doing("cuBLAS GEMM")
@@ -100,23 +92,8 @@ where
         if !skipped.is_empty() {
             extra.insert("not_applicable".into(), Value::Object(skipped.clone()));
         }
-        let check = if mode == cublasMath_t::CUBLAS_DEFAULT_MATH && T::DTYPE != DType::F32 {
-            check_reduced
-        } else {
-            check
-        };
-        measure_gpu_as(
-            s,
-            gpu,
-            case,
-            (peer, "cublas"),
-            work,
-            check,
-            timed,
-            c.cuda_mut().expect(on_gpu),
-            extra,
-            launch,
-        )?;
+        let check = if mode == cublasMath_t::CUBLAS_DEFAULT_MATH && T::DTYPE != DType::F32 { check_reduced } else { check };
+        measure_gpu_as(s, gpu, case, (peer, "cublas"), work, check, timed, c.cuda_mut().expect(on_gpu), extra, launch)?;
     }
     Ok(())
 }

@@ -4,9 +4,7 @@
 use super::variants::{applies, gpu_ladder, not_applicable, Config, VARIANTS};
 use super::{bound, gemm, validate, Dims, Expected, Split, FULL_REFERENCE_MACS};
 use crate::error::Doing;
-use crate::experiment::{
-    param_str, param_timed, param_usize, rng_for, Backend, Experiment, Session,
-};
+use crate::experiment::{param_str, param_timed, param_usize, rng_for, Backend, Experiment, Session};
 use crate::gpu::Gpu;
 use crate::kernels::DType;
 use crate::ops::variant::Variant;
@@ -92,32 +90,17 @@ fn sanitize_gates() -> Vec<Value> {
 
 /// The compiled kernel's resources as the driver reports them, and the variant's tile and split,
 /// for the record's `extra`.
-fn resources(
-    gpu: &Gpu,
-    v: &Variant<Config>,
-    dtype: DType,
-) -> Result<serde_json::Map<String, Value>> {
+fn resources(gpu: &Gpu, v: &Variant<Config>, dtype: DType) -> Result<serde_json::Map<String, Value>> {
     let f = super::kernel(gpu, v, dtype)?;
     let get = |a| f.get_attribute(a).doing("reading a kernel attribute");
     let mut extra = serde_json::Map::new();
-    extra.insert(
-        "registers".into(),
-        json!(get(FnAttr::CU_FUNC_ATTRIBUTE_NUM_REGS)?),
-    );
-    extra.insert(
-        "static_smem_bytes".into(),
-        json!(get(FnAttr::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?),
-    );
+    extra.insert("registers".into(), json!(get(FnAttr::CU_FUNC_ATTRIBUTE_NUM_REGS)?));
+    extra.insert("static_smem_bytes".into(), json!(get(FnAttr::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?));
     extra.insert("dynamic_smem_bytes".into(), json!(v.config.smem));
-    extra.insert(
-        "local_bytes_per_thread".into(),
-        json!(get(FnAttr::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?),
-    );
+    extra.insert("local_bytes_per_thread".into(), json!(get(FnAttr::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?));
     // Resident blocks per SM as the driver computes them (registers, shared memory, threads).
     let threads = v.config.block.0 * v.config.block.1;
-    let blocks = f
-        .occupancy_max_active_blocks_per_multiprocessor(threads, v.config.smem, None)
-        .doing("querying occupancy")?;
+    let blocks = f.occupancy_max_active_blocks_per_multiprocessor(threads, v.config.smem, None).doing("querying occupancy")?;
     extra.insert("blocks_per_sm".into(), json!(blocks));
     extra.insert("tile".into(), json!(v.config.shape));
     Ok(extra)
@@ -131,29 +114,15 @@ impl Experiment for Gemm {
         "C = alpha A B + beta C, row-major: fp32 SIMT ladder (naive to warp tiling), fp16/bf16 mma.sync ladder (ldmatrix, cp.async + swizzle) and wgmma + TMA on sm_90a, beside cuBLAS"
     }
     fn headlines(&self) -> &'static [&'static str] {
-        &[
-            "m=4096 n=4096 k=4096 dtype=bf16",
-            "m=8192 n=8192 k=8192 dtype=bf16",
-            "m=4096 n=4096 k=4096 dtype=f32",
-        ]
+        &["m=4096 n=4096 k=4096 dtype=bf16", "m=8192 n=8192 k=8192 dtype=bf16", "m=4096 n=4096 k=4096 dtype=f32"]
     }
     fn sweep_axis(&self) -> &'static str {
         "m"
     }
     fn cases(&self, backend: &Backend, quick: bool) -> Vec<Value> {
         let gates: &[Shape] = match (backend, quick) {
-            (Backend::Cpu, true) => &[
-                (1, 1, 1, 1.0, 0.0, false),
-                (1, 37, 29, 1.0, 0.0, false),
-                (33, 47, 65, 0.5, -1.25, false),
-                (97, 131, 77, 1.0, 0.0, false),
-            ],
-            (Backend::Cpu, false) => &[
-                (1, 1, 1, 1.0, 0.0, false),
-                (1, 1000, 777, 1.0, 0.0, false),
-                (1000, 1000, 1000, 1.0, 0.0, false),
-                (4097, 513, 777, 0.5, -1.25, false),
-            ],
+            (Backend::Cpu, true) => &[(1, 1, 1, 1.0, 0.0, false), (1, 37, 29, 1.0, 0.0, false), (33, 47, 65, 0.5, -1.25, false), (97, 131, 77, 1.0, 0.0, false)],
+            (Backend::Cpu, false) => &[(1, 1, 1, 1.0, 0.0, false), (1, 1000, 777, 1.0, 0.0, false), (1000, 1000, 1000, 1.0, 0.0, false), (4097, 513, 777, 0.5, -1.25, false)],
             (Backend::Cuda(_), _) => GPU_GATES,
         };
         let square = |n: usize| (n, n, n, 1.0, 0.0, true);
@@ -187,30 +156,14 @@ impl Experiment for Gemm {
                 for dtype in ["f32", "f16", "bf16"] {
                     push(dtype, gates);
                 }
-                push(
-                    "f32",
-                    &[
-                        square(1024),
-                        square(2048),
-                        square(4096),
-                        (16, 4096, 4096, 1.0, 0.0, true),
-                        (4096, 11008, 4096, 1.0, 0.0, true),
-                    ],
-                );
+                push("f32", &[square(1024), square(2048), square(4096), (16, 4096, 4096, 1.0, 0.0, true), (4096, 11008, 4096, 1.0, 0.0, true)]);
                 let squares = [square(1024), square(2048), square(4096), square(8192)];
                 push("f16", &squares);
                 push("bf16", &squares);
                 // Llama-style projections: decode (M = 1, 16) to prefill (M = 4096).
-                let mut llama: Vec<Shape> = [1, 16, 128, 512, 4096]
-                    .iter()
-                    .map(|&m| (m, 4096, 4096, 1.0, 0.0, true))
-                    .collect();
+                let mut llama: Vec<Shape> = [1, 16, 128, 512, 4096].iter().map(|&m| (m, 4096, 4096, 1.0, 0.0, true)).collect();
                 for m in [16, 4096] {
-                    llama.extend([
-                        (m, 11008, 4096, 1.0, 0.0, true),
-                        (m, 4096, 11008, 1.0, 0.0, true),
-                        (m, 14336, 4096, 1.0, 0.0, true),
-                    ]);
+                    llama.extend([(m, 11008, 4096, 1.0, 0.0, true), (m, 4096, 11008, 1.0, 0.0, true), (m, 14336, 4096, 1.0, 0.0, true)]);
                 }
                 push("f16", &llama);
                 push("bf16", &[(4096, 11008, 4096, 1.0, 0.0, true)]);
@@ -245,43 +198,27 @@ impl Experiment for Gemm {
 }
 
 fn param_f32(case: &Value, key: &str, default: f32) -> f32 {
-    case.get(key)
-        .and_then(Value::as_f64)
-        .map_or(default, |v| v as f32)
+    case.get(key).and_then(Value::as_f64).map_or(default, |v| v as f32)
 }
 
 fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()>
 where
     CudaBlas: BlasGemm<T>,
 {
-    let d = Dims::dense(
-        param_usize(case, "m")?,
-        param_usize(case, "n")?,
-        param_usize(case, "k")?,
-    );
+    let d = Dims::dense(param_usize(case, "m")?, param_usize(case, "n")?, param_usize(case, "k")?);
     let ab = (param_f32(case, "alpha", 1.0), param_f32(case, "beta", 0.0));
     let timed = param_timed(case);
     let gpu_reference = match case.get("reference").map(|r| (r.as_str(), &s.backend)) {
         None | Some((Some("cpu"), _)) => false,
         Some((Some("gpu"), Backend::Cuda(_))) => true,
-        Some((Some("gpu"), Backend::Cpu)) => {
-            return Err(LabError::Invalid(format!(
-                "case {case}: `reference: \"gpu\"` needs the cuda backend"
-            )))
-        }
-        Some(_) => {
-            return Err(LabError::Invalid(format!(
-                "case {case}: `reference` is \"cpu\" or \"gpu\""
-            )))
-        }
+        Some((Some("gpu"), Backend::Cpu)) => return Err(LabError::Invalid(format!("case {case}: `reference: \"gpu\"` needs the cuda backend"))),
+        Some(_) => return Err(LabError::Invalid(format!("case {case}: `reference` is \"cpu\" or \"gpu\""))),
     };
     // A --variant filter that admits nothing of this dtype skips the case before building inputs
     // and references (`--variant mma_warp64 --variant cublas_gemm_ex` runs no f32 case).
     if matches!(s.backend, Backend::Cuda(_))
         && !gpu_ladder(T::DTYPE).any(|v| s.wants(v.name, "lab"))
-        && !super::cublas::peers(T::DTYPE)
-            .iter()
-            .any(|p| s.wants(p.0, "cublas"))
+        && !super::cublas::peers(T::DTYPE).iter().any(|p| s.wants(p.0, "cublas"))
     {
         return Ok(());
     }
@@ -305,36 +242,21 @@ where
     let (alpha, beta) = ab;
     let da = Tensor::from_slice(&backend, &[d.m, d.k], &a)?;
     let db = Tensor::from_slice(&backend, &[d.k, d.n], &b)?;
-    let dc0 = c0
-        .as_deref()
-        .map(|c| Tensor::from_slice(&backend, &[d.m, d.n], c))
-        .transpose()?;
+    let dc0 = c0.as_deref().map(|c| Tensor::from_slice(&backend, &[d.m, d.n], c)).transpose()?;
     // Products too large for the CPU's f64 reference are checked in full by the GPU's, and so
     // is any case that asks for it.
     let expected = match &backend {
         Backend::Cuda(gpu) if d.macs() > FULL_REFERENCE_MACS || gpu_reference => {
-            let on_device = (
-                da.cuda().expect("on the GPU"),
-                db.cuda().expect("on the GPU"),
-                dc0.as_ref().map(|c| c.cuda().expect("on the GPU")),
-            );
+            let on_device = (da.cuda().expect("on the GPU"), db.cuda().expect("on the GPU"), dc0.as_ref().map(|c| c.cuda().expect("on the GPU")));
             Expected::on_gpu(gpu, (&a, &b, c0.as_deref()), on_device, d, ab, &mut rng)?
         }
         _ => Expected::new(&a, &b, c0.as_deref(), d, ab, &mut rng),
     };
     let compare_c = |c: &[T]| expected.check(c, d, bound);
-    let check = Check {
-        tol: bound.tolerance(),
-        compare: &compare_c,
-        ceiling,
-    };
+    let check = Check { tol: bound.tolerance(), compare: &compare_c, ceiling };
     let reduced = bound.with_output_type_reduction();
     let compare_reduced = |c: &[T]| expected.check(c, d, reduced);
-    let check_reduced = Check {
-        tol: reduced.tolerance(),
-        compare: &compare_reduced,
-        ceiling,
-    };
+    let check_reduced = Check { tol: reduced.tolerance(), compare: &compare_reduced, ceiling };
     let mut dc = Tensor::<T>::zeros(&backend, &[d.m, d.n])?;
     // beta != 0 reads C: every call starts from the same C0 (such cases are untimed).
     let run_as = |variant: &'static str| {
@@ -348,37 +270,20 @@ where
     };
     match &backend {
         Backend::Cpu => {
-            for v in VARIANTS
-                .iter()
-                .filter(|v| v.requires.met_by(&backend) && v.dtypes.contains(&T::DTYPE))
-            {
+            for v in VARIANTS.iter().filter(|v| v.requires.met_by(&backend) && v.dtypes.contains(&T::DTYPE)) {
                 if s.wants(v.name, "lab") {
-                    measure_op(
-                        s,
-                        case,
-                        v.name,
-                        work,
-                        &check,
-                        timed,
-                        &mut dc,
-                        run_as(v.name),
-                    )?;
+                    measure_op(s, case, v.name, work, &check, timed, &mut dc, run_as(v.name))?;
                 }
             }
         }
         Backend::Cuda(gpu) => {
             let mut skipped = serde_json::Map::new();
             for v in gpu_ladder(T::DTYPE) {
-                if !applies(v, d, gpu.info.max_smem_per_block_optin as usize, gpu.arch)
-                    || !s.wants(v.name, "lab")
-                {
+                if !applies(v, d, gpu.info.max_smem_per_block_optin as usize, gpu.arch) || !s.wants(v.name, "lab") {
                     continue;
                 }
                 if let Some(why) = not_applicable(v, d) {
-                    eprintln!(
-                        "note: gemm {} not applicable to M={} N={} K={}: {why}",
-                        v.name, d.m, d.n, d.k
-                    );
+                    eprintln!("note: gemm {} not applicable to M={} N={} K={}: {why}", v.name, d.m, d.n, d.k);
                     skipped.insert(v.name.into(), json!(format!("not applicable: {why}")));
                     continue;
                 }
@@ -390,35 +295,14 @@ where
                     let (key, value) = split.describe();
                     extra.insert(key.into(), value);
                 }
-                measure_op_with(
-                    s,
-                    case,
-                    v.name,
-                    work,
-                    &check,
-                    timed,
-                    &mut dc,
-                    extra,
-                    run_as(v.name),
-                )?;
+                measure_op_with(s, case, v.name, work, &check, timed, &mut dc, extra, run_as(v.name))?;
             }
-            super::cublas::measure(
-                s,
-                gpu,
-                case,
-                d,
-                ab,
-                (&da, &db, dc0.as_ref()),
-                &mut dc,
-                work,
-                (&check, &check_reduced),
-                timed,
-                skipped,
-            )?;
+            super::cublas::measure(s, gpu, case, d, ab, (&da, &db, dc0.as_ref()), &mut dc, work, (&check, &check_reduced), timed, skipped)?;
         }
     }
     Ok(())
 }
+
 
 #[cfg(test)]
 mod tests {
@@ -436,34 +320,15 @@ mod tests {
         for sms in [132, 114] {
             let p = tail_plan(d, sms);
             let nk = k.div_ceil(wg::BK);
-            assert!(
-                p.slices > 1 && p.split_tiles() == p.tiles,
-                "{sms} SMs: {p:?}"
-            );
-            assert!(
-                !nk.is_multiple_of(p.slices) && !k.is_multiple_of(wg::BK),
-                "{sms} SMs: {p:?}: slices even or last slab whole"
-            );
+            assert!(p.slices > 1 && p.split_tiles() == p.tiles, "{sms} SMs: {p:?}");
+            assert!(!nk.is_multiple_of(p.slices) && !k.is_multiple_of(wg::BK), "{sms} SMs: {p:?}: slices even or last slab whole");
             assert!(Split::plan(super::super::Kind::TailSplit, d, sms) == Some(Split::Tail(p)));
         }
-        assert!(
-            !m.is_multiple_of(wg::BM)
-                && !n.is_multiple_of(wg::WIDE.bn)
-                && n.is_multiple_of(8)
-                && k.is_multiple_of(8),
-            "edges, and TMA's strides"
-        );
+        assert!(!m.is_multiple_of(wg::BM) && !n.is_multiple_of(wg::WIDE.bn) && n.is_multiple_of(8) && k.is_multiple_of(8), "edges, and TMA's strides");
         assert!(beta != 0.0 && !timed);
         assert!(d.macs() * 30 < Dims::dense(TAIL_GATE.0, TAIL_GATE.1, 584).macs() * 2);
-        assert_eq!(
-            tail_plan(Dims::dense(TAIL_GATE.0, TAIL_GATE.1, 584), 132).slices,
-            1,
-            "the old stand-in"
-        );
-        assert!(
-            tail_plan(Dims::dense(TAIL_GATE.0, TAIL_GATE.1, TAIL_GATE.2), 132).slices > 1,
-            "the quick sweep's gate"
-        );
+        assert_eq!(tail_plan(Dims::dense(TAIL_GATE.0, TAIL_GATE.1, 584), 132).slices, 1, "the old stand-in");
+        assert!(tail_plan(Dims::dense(TAIL_GATE.0, TAIL_GATE.1, TAIL_GATE.2), 132).slices > 1, "the quick sweep's gate");
     }
 
     /// Every sanitizer case fits the CPU's f64 reference except where it asks for the GPU's,
@@ -476,37 +341,20 @@ mod tests {
             let gpu_ref: Vec<&&Value> = mine.iter().filter(|c| c["reference"] == "gpu").collect();
             assert_eq!(gpu_ref.len(), 1, "{dtype}");
             assert!(gpu_ref[0]["beta"].as_f64() != Some(0.0));
-            let tail = mine
-                .iter()
-                .any(|c| c["m"] == SANITIZE_TAIL_GATE.0 && c["k"] == SANITIZE_TAIL_GATE.2);
+            let tail = mine.iter().any(|c| c["m"] == SANITIZE_TAIL_GATE.0 && c["k"] == SANITIZE_TAIL_GATE.2);
             assert_eq!(tail, dtype != "f32", "{dtype}");
         }
         let mut split = Vec::new();
         for c in &cases {
-            let d = Dims::dense(
-                param_usize(c, "m").unwrap(),
-                param_usize(c, "n").unwrap(),
-                param_usize(c, "k").unwrap(),
-            );
-            assert!(
-                d.macs() <= FULL_REFERENCE_MACS && c["timed"] == false,
-                "{c}"
-            );
+            let d = Dims::dense(param_usize(c, "m").unwrap(), param_usize(c, "n").unwrap(), param_usize(c, "k").unwrap());
+            assert!(d.macs() <= FULL_REFERENCE_MACS && c["timed"] == false, "{c}");
             if Gemm.sanitize_racecheck_per_variant(c) {
                 split.push((d.m, d.n, d.k));
             }
         }
         split.sort();
         split.dedup();
-        let tail = (
-            SANITIZE_TAIL_GATE.0,
-            SANITIZE_TAIL_GATE.1,
-            SANITIZE_TAIL_GATE.2,
-        );
-        assert_eq!(
-            split,
-            [tail, (1000, 1000, 1000), (4097, 513, 777)],
-            "racecheck's process per variant"
-        );
+        let tail = (SANITIZE_TAIL_GATE.0, SANITIZE_TAIL_GATE.1, SANITIZE_TAIL_GATE.2);
+        assert_eq!(split, [tail, (1000, 1000, 1000), (4097, 513, 777)], "racecheck's process per variant");
     }
 }

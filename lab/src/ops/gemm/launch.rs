@@ -20,11 +20,7 @@ use cudarc::driver::{CudaFunction, CudaSlice, PushKernelArg};
 /// shared memory limit is raised to what its config asks for.
 pub fn kernel(gpu: &Gpu, v: &Variant<Config>, dtype: DType) -> Result<CudaFunction> {
     if !v.dtypes.contains(&dtype) || !v.requires.on_gpu() {
-        return Err(LabError::Invalid(format!(
-            "gemm variant `{}` has no {} kernel",
-            v.name,
-            dtype.name()
-        )));
+        return Err(LabError::Invalid(format!("gemm variant `{}` has no {} kernel", v.name, dtype.name())));
     }
     if v.requires == Requires::Sm90a && gpu.arch != 90 {
         return Err(LabError::Invalid(format!(
@@ -57,29 +53,18 @@ pub fn fit_dynamic_smem(gpu: &Gpu, f: &CudaFunction, smem: usize, blocks: usize)
     if smem == 0 {
         return Ok(());
     }
-    let per_sm = gpu
-        .ctx
-        .attribute(DevAttr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)
-        .doing("reading shared memory per SM")? as usize;
-    let static_smem = f
-        .get_attribute(FnAttr::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
-        .doing("reading the kernel's static shared memory")? as usize;
+    let per_sm = gpu.ctx.attribute(DevAttr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR).doing("reading shared memory per SM")? as usize;
+    let static_smem = f.get_attribute(FnAttr::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES).doing("reading the kernel's static shared memory")? as usize;
     let need = blocks * (smem + static_smem + 1024);
     set_dynamic_smem(f, smem, (100 * need).div_ceil(per_sm).min(100) as i32)
 }
 
 fn set_dynamic_smem(f: &CudaFunction, smem: usize, carveout_percent: i32) -> Result<()> {
     if smem > 0 {
-        f.set_attribute(
-            FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem as i32,
-        )
-        .doing("raising the kernel's dynamic shared memory limit")?;
-        f.set_attribute(
-            FnAttr::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-            carveout_percent,
-        )
-        .doing("preferring a shared-memory carveout")?;
+        f.set_attribute(FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
+            .doing("raising the kernel's dynamic shared memory limit")?;
+        f.set_attribute(FnAttr::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, carveout_percent)
+            .doing("preferring a shared-memory carveout")?;
     }
     Ok(())
 }
@@ -98,46 +83,18 @@ pub(super) fn launch<T: Elem>(
     let f = kernel(gpu, v, T::DTYPE)?;
     let mut cfg = v.config.launch_config(d.m, d.n);
     let split = plan::workspace(gpu, &v.config, d)?;
-    let maps = if v.config.uses_tma() {
-        Some(tensor_maps(gpu, &v.config, d, a, b)?)
-    } else {
-        None
-    };
+    let maps = if v.config.uses_tma() { Some(tensor_maps(gpu, &v.config, d, a, b)?) } else { None };
     let (m, n, k) = (d.m as i32, d.n as i32, d.k as i32);
     let (lda, ldb, ldc) = (d.lda as i32, d.ldb as i32, d.ldc as i32);
     // mma_warp64_tail_split adds its split blocks to the grid and takes the plan's two numbers.
     let tail = match split.as_ref().map(|w| w.split) {
-        Some(Split::Tail(plan)) => Some((
-            plan.blocks() as u32,
-            plan.dp_tiles as i32,
-            plan.slices as i32,
-        )),
+        Some(Split::Tail(plan)) => Some((plan.blocks() as u32, plan.dp_tiles as i32, plan.slices as i32)),
         _ => None,
     };
     let mut l = gpu.stream.launch_builder(&f);
     match &maps {
-        Some(maps) => l
-            .arg(&maps.a)
-            .arg(&maps.b)
-            .arg(c)
-            .arg(&m)
-            .arg(&n)
-            .arg(&k)
-            .arg(&ldc)
-            .arg(&alpha)
-            .arg(&beta),
-        None => l
-            .arg(a)
-            .arg(b)
-            .arg(c)
-            .arg(&m)
-            .arg(&n)
-            .arg(&k)
-            .arg(&lda)
-            .arg(&ldb)
-            .arg(&ldc)
-            .arg(&alpha)
-            .arg(&beta),
+        Some(maps) => l.arg(&maps.a).arg(&maps.b).arg(c).arg(&m).arg(&n).arg(&k).arg(&ldc).arg(&alpha).arg(&beta),
+        None => l.arg(a).arg(b).arg(c).arg(&m).arg(&n).arg(&k).arg(&lda).arg(&ldb).arg(&ldc).arg(&alpha).arg(&beta),
     };
     if let (Kind::MmaTma | Kind::TailSplit, Some(maps)) = (v.config.kind, &maps) {
         l.arg(&maps.b_rank);
@@ -161,7 +118,5 @@ pub(super) fn launch<T: Elem>(
     // split and shape (mma_splitk: grid.y x M x N floats when grid.y > 1 and a counter per tile;
     // mma_warp64_tail_split: a 128x256 slot per split block and a counter per split tile; zero
     // at rest), and launches on one stream never overlap in it.
-    unsafe { l.launch(cfg) }
-        .map(|_| ())
-        .doing(&format!("launching gemm {}", v.name))
+    unsafe { l.launch(cfg) }.map(|_| ()).doing(&format!("launching gemm {}", v.name))
 }

@@ -38,18 +38,18 @@
 mod cublas;
 mod experiment;
 mod launch;
-#[cfg(test)]
-mod mirrors;
 pub mod plan;
 pub mod reference;
+pub mod tma;
+pub mod variants;
+#[cfg(test)]
+mod mirrors;
 #[cfg(test)]
 mod sim_mma_sync;
 #[cfg(test)]
 mod sim_simt;
 #[cfg(test)]
 mod sim_tma;
-pub mod tma;
-pub mod variants;
 
 pub use experiment::Gemm;
 pub use launch::{fit_dynamic_smem, kernel, raise_dynamic_smem};
@@ -94,14 +94,7 @@ pub struct Dims {
 impl Dims {
     /// Dense row-major operands: lda = K, ldb = ldc = N.
     pub fn dense(m: usize, n: usize, k: usize) -> Self {
-        Dims {
-            m,
-            n,
-            k,
-            lda: k,
-            ldb: n,
-            ldc: n,
-        }
+        Dims { m, n, k, lda: k, ldb: n, ldc: n }
     }
     pub fn macs(&self) -> u64 {
         (self.m * self.n) as u64 * self.k as u64
@@ -109,10 +102,7 @@ impl Dims {
     /// flops = 2 M N K; bytes = A and B read once, C written once (and read once when beta != 0).
     pub fn work(&self, elem: usize, beta: f32) -> Work {
         let c = (self.m * self.n) as u64 * if beta != 0.0 { 2 } else { 1 };
-        Work {
-            bytes: elem as u64 * ((self.m * self.k + self.k * self.n) as u64 + c),
-            flops: 2 * self.macs(),
-        }
+        Work { bytes: elem as u64 * ((self.m * self.k + self.k * self.n) as u64 + c), flops: 2 * self.macs() }
     }
 }
 
@@ -121,54 +111,22 @@ impl Dims {
 /// Leading dimensions need no alignment: 16-byte loads fall back to element loads where a row
 /// start is not 16-byte aligned.
 pub fn validate(d: Dims, a_len: usize, b_len: usize, c_len: usize) -> Result<()> {
-    let Dims {
-        m,
-        n,
-        k,
-        lda,
-        ldb,
-        ldc,
-    } = d;
+    let Dims { m, n, k, lda, ldb, ldc } = d;
     if m == 0 || n == 0 || k == 0 {
-        return Err(LabError::shape(
-            "gemm",
-            format!("M={m} N={n} K={k}: every dimension must be at least 1"),
-        ));
+        return Err(LabError::shape("gemm", format!("M={m} N={n} K={k}: every dimension must be at least 1")));
     }
-    if [m, n, k, lda, ldb, ldc]
-        .iter()
-        .any(|&v| v > i32::MAX as usize)
-    {
-        return Err(LabError::shape(
-            "gemm",
-            format!("M={m} N={n} K={k} lda={lda} ldb={ldb} ldc={ldc}: each must be below 2^31"),
-        ));
+    if [m, n, k, lda, ldb, ldc].iter().any(|&v| v > i32::MAX as usize) {
+        return Err(LabError::shape("gemm", format!("M={m} N={n} K={k} lda={lda} ldb={ldb} ldc={ldc}: each must be below 2^31")));
     }
-    for (name, ld, row, what) in [
-        ("lda", lda, k, "K"),
-        ("ldb", ldb, n, "N"),
-        ("ldc", ldc, n, "N"),
-    ] {
+    for (name, ld, row, what) in [("lda", lda, k, "K"), ("ldb", ldb, n, "N"), ("ldc", ldc, n, "N")] {
         if ld < row {
-            return Err(LabError::shape(
-                "gemm",
-                format!("{name}={ld} is shorter than a row ({what}={row})"),
-            ));
+            return Err(LabError::shape("gemm", format!("{name}={ld} is shorter than a row ({what}={row})")));
         }
     }
-    for (name, len, rows, ld, row) in [
-        ("A", a_len, m, lda, k),
-        ("B", b_len, k, ldb, n),
-        ("C", c_len, m, ldc, n),
-    ] {
+    for (name, len, rows, ld, row) in [("A", a_len, m, lda, k), ("B", b_len, k, ldb, n), ("C", c_len, m, ldc, n)] {
         let need = (rows - 1) * ld + row;
         if len < need {
-            return Err(LabError::shape(
-                "gemm",
-                format!(
-                    "{name} has {len} elements, {rows} rows of leading dimension {ld} need {need}"
-                ),
-            ));
+            return Err(LabError::shape("gemm", format!("{name} has {len} elements, {rows} rows of leading dimension {ld} need {need}")));
         }
     }
     Ok(())
@@ -195,10 +153,7 @@ pub fn best(dev: &Backend, dtype: DType, d: Dims) -> &'static Variant<Config> {
         Backend::Cuda(_) if dtype == DType::F32 => return named("warptiled"),
         Backend::Cuda(gpu) => gpu,
     };
-    let (sms, optin) = (
-        gpu.info.sm_count as usize,
-        gpu.info.max_smem_per_block_optin as usize,
-    );
+    let (sms, optin) = (gpu.info.sm_count as usize, gpu.info.max_smem_per_block_optin as usize);
     let wide_tiles = d.m.div_ceil(128) * d.n.div_ceil(256);
     let first = if d.m <= 16 {
         "mma_splitk"
@@ -223,118 +178,51 @@ pub fn dims_of<T: Elem>(a: &Tensor<T>, b: &Tensor<T>, c: &Tensor<T>) -> Result<D
         return bad("A is a scalar; it must be M x K".into());
     }
     if b.shape().len() != 2 {
-        return bad(format!(
-            "B is {:?}; it must be K x N (two dimensions)",
-            b.shape()
-        ));
+        return bad(format!("B is {:?}; it must be K x N (two dimensions)", b.shape()));
     }
     let (m, k, n) = (a.rows(), a.cols(), b.cols());
     if b.rows() != k {
-        return bad(format!(
-            "A is {:?} (M = {m}, K = {k}) but B is {:?}: B must be K x N = {k} x N",
-            a.shape(),
-            b.shape()
-        ));
+        return bad(format!("A is {:?} (M = {m}, K = {k}) but B is {:?}: B must be K x N = {k} x N", a.shape(), b.shape()));
     }
-    let want: Vec<usize> = a.shape()[..a.shape().len() - 1]
-        .iter()
-        .copied()
-        .chain([n])
-        .collect();
+    let want: Vec<usize> = a.shape()[..a.shape().len() - 1].iter().copied().chain([n]).collect();
     if c.shape() != want {
-        return bad(format!(
-            "C is {:?} but A B is {want:?} (M = {m}, N = {n}, K = {k})",
-            c.shape()
-        ));
+        return bad(format!("C is {:?} but A B is {want:?} (M = {m}, N = {n}, K = {k})", c.shape()));
     }
     Ok(Dims::dense(m, n, k))
 }
 
 /// C = A B with the best variant for the backend, dtype and shape ([`best`]).
-pub fn matmul<T: Elem>(
-    dev: &Backend,
-    a: &Tensor<T>,
-    b: &Tensor<T>,
-    c: &mut Tensor<T>,
-) -> Result<()> {
+pub fn matmul<T: Elem>(dev: &Backend, a: &Tensor<T>, b: &Tensor<T>, c: &mut Tensor<T>) -> Result<()> {
     let d = dims_of(a, b, c)?;
     gemm(dev, best(dev, T::DTYPE, d).name, 1.0, a, b, 0.0, c)
 }
 
 /// C = A B with the named variant (any row of [`VARIANTS`]).
-pub fn matmul_with<T: Elem>(
-    dev: &Backend,
-    variant: &str,
-    a: &Tensor<T>,
-    b: &Tensor<T>,
-    c: &mut Tensor<T>,
-) -> Result<()> {
+pub fn matmul_with<T: Elem>(dev: &Backend, variant: &str, a: &Tensor<T>, b: &Tensor<T>, c: &mut Tensor<T>) -> Result<()> {
     gemm(dev, variant, 1.0, a, b, 0.0, c)
 }
 
 /// C = alpha A B + beta C with the named variant. beta = 0 never reads C (a NaN there is
 /// overwritten, as BLAS specifies). Shapes, dtype, placement and what the variant can take are
 /// checked first, so a mismatch is an error, never an out-of-bounds access.
-pub fn gemm<T: Elem>(
-    dev: &Backend,
-    variant: &str,
-    alpha: f32,
-    a: &Tensor<T>,
-    b: &Tensor<T>,
-    beta: f32,
-    c: &mut Tensor<T>,
-) -> Result<()> {
+pub fn gemm<T: Elem>(dev: &Backend, variant: &str, alpha: f32, a: &Tensor<T>, b: &Tensor<T>, beta: f32, c: &mut Tensor<T>) -> Result<()> {
     let v = find(variant)?;
     variant::check_runs(FAMILY, v, dev, T::DTYPE)?;
-    check_placement(
-        "gemm",
-        dev,
-        &[
-            ("A", a.placement()),
-            ("B", b.placement()),
-            ("C", c.placement()),
-        ],
-    )?;
+    check_placement("gemm", dev, &[("A", a.placement()), ("B", b.placement()), ("C", c.placement())])?;
     let d = dims_of(a, b, c)?;
     validate(d, a.len(), b.len(), c.len())?;
     match dev {
         Backend::Cpu => {
-            let (a, b) = (
-                a.host().expect("placement checked"),
-                b.host().expect("placement checked"),
-            );
-            cpu_blocked(
-                a,
-                b,
-                c.host_mut().expect("placement checked"),
-                d,
-                (alpha, beta),
-            );
+            let (a, b) = (a.host().expect("placement checked"), b.host().expect("placement checked"));
+            cpu_blocked(a, b, c.host_mut().expect("placement checked"), d, (alpha, beta));
             Ok(())
         }
         Backend::Cuda(gpu) => {
             if let Some(why) = refusal(v, d, gpu.info.max_smem_per_block_optin as usize) {
-                return Err(LabError::shape(
-                    "gemm",
-                    format!(
-                        "`{variant}` cannot take M={} N={} K={}: {why}",
-                        d.m, d.n, d.k
-                    ),
-                ));
+                return Err(LabError::shape("gemm", format!("`{variant}` cannot take M={} N={} K={}: {why}", d.m, d.n, d.k)));
             }
-            let (a, b) = (
-                a.cuda().expect("placement checked"),
-                b.cuda().expect("placement checked"),
-            );
-            launch::launch(
-                gpu,
-                v,
-                d,
-                (alpha, beta),
-                a,
-                b,
-                c.cuda_mut().expect("placement checked"),
-            )
+            let (a, b) = (a.cuda().expect("placement checked"), b.cuda().expect("placement checked"));
+            launch::launch(gpu, v, d, (alpha, beta), a, b, c.cuda_mut().expect("placement checked"))
         }
     }
 }
@@ -347,8 +235,7 @@ mod tests {
     fn bad_arguments_are_named() {
         let d = Dims::dense(2, 3, 4);
         assert!(validate(d, 8, 12, 6).is_ok());
-        let err =
-            |d: Dims, a: usize, b: usize, c: usize| validate(d, a, b, c).unwrap_err().to_string();
+        let err = |d: Dims, a: usize, b: usize, c: usize| validate(d, a, b, c).unwrap_err().to_string();
         assert!(err(Dims::dense(0, 3, 4), 0, 12, 0).contains("at least 1"));
         assert!(err(d, 7, 12, 6).contains("A has 7 elements"));
         assert!(err(d, 8, 11, 6).contains("B has 11 elements"));
@@ -357,41 +244,14 @@ mod tests {
         assert!(err(Dims { ldc: 2, ..d }, 8, 12, 6).contains("ldc=2"));
         assert!(err(Dims::dense(1 << 31, 1, 1), 1 << 31, 1, 1 << 31).contains("below 2^31"));
         // A variant runs only in its own dtypes: that is said before anything else.
-        let e = variant::check_runs(
-            FAMILY,
-            find("mma_pipelined").unwrap(),
-            &Backend::Cpu,
-            DType::F32,
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(
-            e.contains("gemm variant `mma_pipelined` takes f16, bf16, not f32"),
-            "{e}"
-        );
+        let e = variant::check_runs(FAMILY, find("mma_pipelined").unwrap(), &Backend::Cpu, DType::F32).unwrap_err().to_string();
+        assert!(e.contains("gemm variant `mma_pipelined` takes f16, bf16, not f32"), "{e}");
         // Padded leading dimensions are fine when the buffers hold them.
-        assert!(validate(
-            Dims {
-                m: 2,
-                n: 3,
-                k: 4,
-                lda: 5,
-                ldb: 3,
-                ldc: 7
-            },
-            9,
-            12,
-            10
-        )
-        .is_ok());
+        assert!(validate(Dims { m: 2, n: 3, k: 4, lda: 5, ldb: 3, ldc: 7 }, 9, 12, 10).is_ok());
     }
 
     fn cpu_tensors(m: usize, n: usize, k: usize) -> (Tensor<f32>, Tensor<f32>, Tensor<f32>) {
-        let f = |len: usize, s: usize| {
-            (0..len)
-                .map(|i| ((i * s) % 13) as f32 - 6.0)
-                .collect::<Vec<_>>()
-        };
+        let f = |len: usize, s: usize| (0..len).map(|i| ((i * s) % 13) as f32 - 6.0).collect::<Vec<_>>();
         let a = Tensor::from_vec(&[m, k], f(m * k, 7)).unwrap();
         let b = Tensor::from_vec(&[k, n], f(k * n, 5)).unwrap();
         (a, b, Tensor::from_vec(&[m, n], f(m * n, 3)).unwrap())
@@ -400,34 +260,16 @@ mod tests {
     #[test]
     fn the_callable_op_matches_the_reference_on_odd_shapes() {
         let dev = Backend::Cpu;
-        for (m, n, k) in [
-            (1, 1, 1),
-            (1, 37, 29),
-            (33, 47, 65),
-            (97, 131, 77),
-            (130, 3, 1000),
-        ] {
+        for (m, n, k) in [(1, 1, 1), (1, 37, 29), (33, 47, 65), (97, 131, 77), (130, 3, 1000)] {
             let (a, b, mut c) = cpu_tensors(m, n, k);
-            let (ah, bh, c0) = (
-                a.to_vec().unwrap(),
-                b.to_vec().unwrap(),
-                c.to_vec().unwrap(),
-            );
+            let (ah, bh, c0) = (a.to_vec().unwrap(), b.to_vec().unwrap(), c.to_vec().unwrap());
             let d = Dims::dense(m, n, k);
             matmul(&dev, &a, &b, &mut c).unwrap();
-            let e = Expected::full(&ah, &bh, None, d, (1.0, 0.0)).check(
-                &c.to_vec().unwrap(),
-                d,
-                bound(DType::F32, k),
-            );
+            let e = Expected::full(&ah, &bh, None, d, (1.0, 0.0)).check(&c.to_vec().unwrap(), d, bound(DType::F32, k));
             assert!(e.passed(), "{m}x{n}x{k}: {e:?}");
             let mut c = Tensor::from_vec(&[m, n], c0.clone()).unwrap();
             gemm(&dev, "cpu_blocked", 0.5, &a, &b, -1.25, &mut c).unwrap();
-            let e = Expected::full(&ah, &bh, Some(&c0), d, (0.5, -1.25)).check(
-                &c.to_vec().unwrap(),
-                d,
-                bound(DType::F32, k),
-            );
+            let e = Expected::full(&ah, &bh, Some(&c0), d, (0.5, -1.25)).check(&c.to_vec().unwrap(), d, bound(DType::F32, k));
             assert!(e.passed(), "{m}x{n}x{k} with alpha and beta: {e:?}");
         }
         // A batch of rows: A [2, 3, 4] times B [4, 5] is C [2, 3, 5].
@@ -435,17 +277,8 @@ mod tests {
         let b = Tensor::from_vec(&[4, 5], (0..20).map(|i| (i % 3) as f32).collect()).unwrap();
         let mut c = Tensor::<f32>::zeros(&dev, &[2, 3, 5]).unwrap();
         matmul_with(&dev, "cpu_blocked", &a, &b, &mut c).unwrap();
-        let want = reference(
-            &a.to_vec().unwrap(),
-            &b.to_vec().unwrap(),
-            None,
-            Dims::dense(6, 5, 4),
-            (1.0, 0.0),
-        );
-        assert_eq!(
-            c.to_vec().unwrap(),
-            want.iter().map(|&x| x as f32).collect::<Vec<_>>()
-        );
+        let want = reference(&a.to_vec().unwrap(), &b.to_vec().unwrap(), None, Dims::dense(6, 5, 4), (1.0, 0.0));
+        assert_eq!(c.to_vec().unwrap(), want.iter().map(|&x| x as f32).collect::<Vec<_>>());
         // bf16 through the same op.
         let h = |v: Vec<f32>| v.into_iter().map(half::bf16::from_f32).collect::<Vec<_>>();
         let a = Tensor::from_vec(&[3, 2], h(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0])).unwrap();
@@ -462,50 +295,26 @@ mod tests {
         let err = |r: Result<()>| r.unwrap_err().to_string();
         let (_, b_wrong, _) = cpu_tensors(3, 7, 4);
         let e = err(matmul(&dev, &a, &b_wrong, &mut c));
-        assert!(
-            e.contains("A is [3, 5] (M = 3, K = 5) but B is [4, 7]: B must be K x N = 5 x N"),
-            "{e}"
-        );
+        assert!(e.contains("A is [3, 5] (M = 3, K = 5) but B is [4, 7]: B must be K x N = 5 x N"), "{e}");
         let mut c_wrong = Tensor::<f32>::zeros(&dev, &[3, 6]).unwrap();
         let e = err(matmul(&dev, &a, &b, &mut c_wrong));
-        assert!(
-            e.contains("C is [3, 6] but A B is [3, 7] (M = 3, N = 7, K = 5)"),
-            "{e}"
-        );
+        assert!(e.contains("C is [3, 6] but A B is [3, 7] (M = 3, N = 7, K = 5)"), "{e}");
         let b3 = b.to_vec().unwrap();
-        let e = err(matmul(
-            &dev,
-            &a,
-            &Tensor::from_vec(&[1, 5, 7], b3).unwrap(),
-            &mut c,
-        ));
+        let e = err(matmul(&dev, &a, &Tensor::from_vec(&[1, 5, 7], b3).unwrap(), &mut c));
         assert!(e.contains("B is [1, 5, 7]; it must be K x N"), "{e}");
         let (a0, b0, mut c0) = cpu_tensors(0, 7, 5);
-        assert!(err(matmul(&dev, &a0, &b0, &mut c0))
-            .contains("M=0 N=7 K=5: every dimension must be at least 1"));
+        assert!(err(matmul(&dev, &a0, &b0, &mut c0)).contains("M=0 N=7 K=5: every dimension must be at least 1"));
         // A GPU rung on the CPU backend, a name not in the table, a dtype a rung does not take.
         let e = err(matmul_with(&dev, "warptiled", &a, &b, &mut c));
-        assert!(
-            e.contains("`warptiled` needs gpu, not the CPU backend"),
-            "{e}"
-        );
+        assert!(e.contains("`warptiled` needs gpu, not the CPU backend"), "{e}");
         let e = err(matmul_with(&dev, "tiled_by_magic", &a, &b, &mut c));
-        assert!(
-            e.contains("`tiled_by_magic` is not a gemm variant (one of: naive, smem_tiled,"),
-            "{e}"
-        );
+        assert!(e.contains("`tiled_by_magic` is not a gemm variant (one of: naive, smem_tiled,"), "{e}");
         let h = Tensor::<half::f16>::zeros(&dev, &[2, 2]).unwrap();
         let mut hc = Tensor::<half::f16>::zeros(&dev, &[2, 2]).unwrap();
         let e = err(matmul_with(&dev, "mma_warp64", &h, &h, &mut hc));
-        assert!(
-            e.contains("`mma_warp64` needs gpu, not the CPU backend"),
-            "{e}"
-        );
+        assert!(e.contains("`mma_warp64` needs gpu, not the CPU backend"), "{e}");
         let e = err(matmul_with(&dev, "wgmma_tma", &h, &h, &mut hc));
-        assert!(
-            e.contains("gemm variant `wgmma_tma` needs sm_90a, not the CPU backend"),
-            "{e}"
-        );
+        assert!(e.contains("gemm variant `wgmma_tma` needs sm_90a, not the CPU backend"), "{e}");
         let e = err(matmul_with(&Backend::Cpu, "warptiled", &h, &h, &mut hc));
         assert!(e.contains("`warptiled` takes f32, not f16"), "{e}");
     }
@@ -513,10 +322,7 @@ mod tests {
     #[test]
     fn the_default_on_the_cpu_is_cpu_blocked_and_every_name_is_listed_once() {
         for dtype in [DType::F32, DType::F16, DType::Bf16] {
-            assert_eq!(
-                best(&Backend::Cpu, dtype, Dims::dense(7, 9, 11)).name,
-                "cpu_blocked"
-            );
+            assert_eq!(best(&Backend::Cpu, dtype, Dims::dense(7, 9, 11)).name, "cpu_blocked");
         }
         let names = variant::names(VARIANTS);
         let mut unique = names.clone();

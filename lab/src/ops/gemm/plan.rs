@@ -61,11 +61,7 @@ impl TailPlan {
         }
         let (u, per) = (b - self.dp_tiles, nk.div_ceil(self.slices));
         let kb = (u / self.split_tiles()) * per;
-        (
-            self.dp_tiles + u % self.split_tiles(),
-            kb,
-            nk.min(kb + per) - kb,
-        )
+        (self.dp_tiles + u % self.split_tiles(), kb, nk.min(kb + per) - kb)
     }
 }
 
@@ -73,11 +69,7 @@ impl TailPlan {
 /// into the slice count whose waves of split blocks end soonest by the cost model above, or not
 /// at all when no split beats one more wave of whole tiles (nk slab-times).
 pub fn tail_plan(d: Dims, sms: usize) -> TailPlan {
-    let (tiles, nk, sms) = (
-        d.m.div_ceil(wg::BM) * d.n.div_ceil(wg::WIDE.bn),
-        d.k.div_ceil(wg::BK),
-        sms.max(1),
-    );
+    let (tiles, nk, sms) = (d.m.div_ceil(wg::BM) * d.n.div_ceil(wg::WIDE.bn), d.k.div_ceil(wg::BK), sms.max(1));
     let rest = tiles % sms;
     let mut best = (nk, 1);
     for want in 2..=TAIL_MAX_SLICES {
@@ -86,18 +78,13 @@ pub fn tail_plan(d: Dims, sms: usize) -> TailPlan {
             break;
         }
         let slices = nk.div_ceil(per); // none empty
-        let cost = (rest * slices).div_ceil(sms) * (per + TAIL_BLOCK_OVERHEAD_SLABS)
-            + slices * TAIL_SUM_SLABS_PER_SLICE;
+        let cost = (rest * slices).div_ceil(sms) * (per + TAIL_BLOCK_OVERHEAD_SLABS) + slices * TAIL_SUM_SLABS_PER_SLICE;
         if cost < best.0 {
             best = (cost, slices);
         }
     }
     let slices = best.1;
-    TailPlan {
-        tiles,
-        dp_tiles: if slices == 1 { tiles } else { tiles - rest },
-        slices,
-    }
+    TailPlan { tiles, dp_tiles: if slices == 1 { tiles } else { tiles - rest }, slices }
 }
 
 /// How a split variant divides its work on one GPU.
@@ -113,9 +100,7 @@ impl Split {
     /// The split of a variant of this kind for `d` on `sms` SMs, `None` for one that splits nothing.
     pub fn plan(kind: Kind, d: Dims, sms: usize) -> Option<Split> {
         match kind {
-            Kind::SplitK => Some(Split::K {
-                slices: splitk_slices(d, sms),
-            }),
+            Kind::SplitK => Some(Split::K { slices: splitk_slices(d, sms) }),
             Kind::TailSplit => Some(Split::Tail(tail_plan(d, sms))),
             _ => None,
         }
@@ -124,10 +109,7 @@ impl Split {
     /// The record's account of the split.
     pub fn describe(&self) -> (&'static str, Value) {
         match self {
-            Split::Tail(p) => (
-                "tail_split",
-                json!({"tiles": p.tiles, "dp_tiles": p.dp_tiles, "slices": p.slices, "blocks": p.blocks()}),
-            ),
+            Split::Tail(p) => ("tail_split", json!({"tiles": p.tiles, "dp_tiles": p.dp_tiles, "slices": p.slices, "blocks": p.blocks()})),
             Split::K { slices } => ("splitk_slices", json!(slices)),
         }
     }
@@ -153,32 +135,18 @@ const WORKSPACES_KEPT: usize = 4;
 /// The workspace a split variant needs for `d` on this GPU (made on first use), `None` for a
 /// variant that splits nothing. Launches on one stream run in order, so they can share it.
 pub fn workspace(gpu: &Gpu, config: &Config, d: Dims) -> Result<Option<Arc<Workspace>>> {
-    let Some(split) = Split::plan(config.kind, d, gpu.info.sm_count as usize) else {
-        return Ok(None);
-    };
+    let Some(split) = Split::plan(config.kind, d, gpu.info.sm_count as usize) else { return Ok(None) };
     let key = (Arc::as_ptr(&gpu.stream) as usize, split, d.m, d.n);
     let mut cache = WORKSPACES.lock().expect("split-K workspace cache poisoned");
     if let Some((_, w)) = cache.iter().find(|(k, _)| *k == key) {
         return Ok(Some(w.clone()));
     }
     let (ws_len, counters) = match split {
-        Split::K { slices } => (
-            if slices > 1 { slices * d.m * d.n } else { 1 },
-            config.launch_config(d.m, d.n).grid_dim.0 as usize,
-        ),
-        Split::Tail(plan) => (
-            plan.split_blocks().max(1) * wg::BM * wg::WIDE.bn,
-            plan.split_tiles().max(1),
-        ),
+        Split::K { slices } => (if slices > 1 { slices * d.m * d.n } else { 1 }, config.launch_config(d.m, d.n).grid_dim.0 as usize),
+        Split::Tail(plan) => (plan.split_blocks().max(1) * wg::BM * wg::WIDE.bn, plan.split_tiles().max(1)),
     };
-    let ws = gpu
-        .stream
-        .alloc_zeros::<f32>(ws_len)
-        .doing("allocating the split-K workspace")?;
-    let done = gpu
-        .stream
-        .alloc_zeros::<u32>(counters)
-        .doing("allocating the split-K counters")?;
+    let ws = gpu.stream.alloc_zeros::<f32>(ws_len).doing("allocating the split-K workspace")?;
+    let done = gpu.stream.alloc_zeros::<u32>(counters).doing("allocating the split-K counters")?;
     let w = Arc::new(Workspace { split, ws, done });
     if cache.len() == WORKSPACES_KEPT {
         cache.remove(0);
@@ -196,56 +164,25 @@ mod tests {
     /// K is short, and shapes whose tiles fill the GPU are not split.
     #[test]
     fn splitk_slices_leave_no_slice_empty() {
-        for (m, n, k) in [
-            (1, 4096, 4096),
-            (16, 4096, 11008),
-            (16, 14336, 4096),
-            (4, 4097, 777),
-            (1, 1, 1),
-            (8192, 8192, 8192),
-            (16, 128, 64),
-            (3, 513, 100000),
-        ] {
+        for (m, n, k) in [(1, 4096, 4096), (16, 4096, 11008), (16, 14336, 4096), (4, 4097, 777), (1, 1, 1), (8192, 8192, 8192), (16, 128, 64), (3, 513, 100000)] {
             let d = Dims::dense(m, n, k);
-            let (s, slabs, tiles) = (
-                splitk_slices(d, 132),
-                k.div_ceil(64),
-                m.div_ceil(16) * n.div_ceil(128),
-            );
+            let (s, slabs, tiles) = (splitk_slices(d, 132), k.div_ceil(64), m.div_ceil(16) * n.div_ceil(128));
             let per = slabs.div_ceil(s);
-            assert!(
-                s >= 1 && (s - 1) * per < slabs && s * per >= slabs,
-                "{m}x{n}x{k}: {s} slices of {per}"
-            );
+            assert!(s >= 1 && (s - 1) * per < slabs && s * per >= slabs, "{m}x{n}x{k}: {s} slices of {per}");
             assert!(s == 1 || per >= 4, "{m}x{n}x{k}: slices of {per} slabs");
-            assert!(
-                tiles * s >= 132 || per < 8,
-                "{m}x{n}x{k}: {s} slices of {per} slabs leave SMs idle"
-            );
+            assert!(tiles * s >= 132 || per < 8, "{m}x{n}x{k}: {s} slices of {per} slabs leave SMs idle");
         }
         assert_eq!(splitk_slices(Dims::dense(16, 4096, 4096), 132), 8);
         assert_eq!(splitk_slices(Dims::dense(8192, 8192, 8192), 132), 1);
     }
+
 
     /// mma_warp64_tail_split's plan: every (tile, slab) is computed by exactly one block, no block
     /// is empty, only the tiles past the last whole wave are split (slices of >= 4 slabs), and a
     /// split is chosen only where the model says it ends sooner than one more wave of whole tiles.
     #[test]
     fn tail_plan_covers_every_slab_once_and_splits_only_the_last_wave() {
-        let shapes = [
-            (8192, 8192, 8192),
-            (4096, 4096, 4096),
-            (4096, 11008, 4096),
-            (4096, 14336, 4096),
-            (4096, 4096, 11008),
-            (128, 4096, 4096),
-            (16, 4096, 11008),
-            (1000, 1000, 1000),
-            (2100, 2040, 4072),
-            (1, 1032, 776),
-            (130, 320, 104),
-            (1, 8, 8),
-        ];
+        let shapes = [(8192, 8192, 8192), (4096, 4096, 4096), (4096, 11008, 4096), (4096, 14336, 4096), (4096, 4096, 11008), (128, 4096, 4096), (16, 4096, 11008), (1000, 1000, 1000), (2100, 2040, 4072), (1, 1032, 776), (130, 320, 104), (1, 8, 8)];
         for sms in [132, 114, 78, 1] {
             for (m, n, k) in shapes {
                 let d = Dims::dense(m, n, k);
@@ -256,28 +193,15 @@ mod tests {
                 if p.slices == 1 {
                     assert_eq!((p.dp_tiles, p.blocks()), (tiles, tiles), "{what}");
                 } else {
-                    assert!(
-                        p.dp_tiles.is_multiple_of(sms)
-                            && p.split_tiles() == tiles % sms
-                            && p.split_tiles() > 0,
-                        "{what}"
-                    );
+                    assert!(p.dp_tiles.is_multiple_of(sms) && p.split_tiles() == tiles % sms && p.split_tiles() > 0, "{what}");
                     assert!(nk.div_ceil(p.slices) >= 4 && p.slices <= 16, "{what}");
                 }
                 let mut seen = vec![0u8; tiles * nk];
                 for b in 0..p.blocks() {
                     let (t, kb, len) = p.unit(b, nk);
-                    assert!(
-                        t < tiles && len > 0 && kb + len <= nk,
-                        "{what}: block {b} -> {t} {kb}+{len}"
-                    );
-                    assert!(
-                        b < p.dp_tiles || t >= p.dp_tiles,
-                        "{what}: block {b} splits a whole-wave tile"
-                    );
-                    seen[t * nk + kb..t * nk + kb + len]
-                        .iter_mut()
-                        .for_each(|x| *x += 1);
+                    assert!(t < tiles && len > 0 && kb + len <= nk, "{what}: block {b} -> {t} {kb}+{len}");
+                    assert!(b < p.dp_tiles || t >= p.dp_tiles, "{what}: block {b} splits a whole-wave tile");
+                    seen[t * nk + kb..t * nk + kb + len].iter_mut().for_each(|x| *x += 1);
                 }
                 assert!(seen.iter().all(|&x| x == 1), "{what}");
             }

@@ -28,29 +28,13 @@ pub mod wg {
         pub blocks_per_sm: usize,
     }
     /// wgmma_tma: 128x256 tiles, 4 stages, one block per SM.
-    pub const WIDE: Tile = Tile {
-        bn: 256,
-        stages: 4,
-        blocks_per_sm: 1,
-    };
+    pub const WIDE: Tile = Tile { bn: 256, stages: 4, blocks_per_sm: 1 };
     /// wgmma_n128: 128x128 tiles, 3 stages, two blocks per SM.
-    pub const N128: Tile = Tile {
-        bn: 128,
-        stages: 3,
-        blocks_per_sm: 2,
-    };
+    pub const N128: Tile = Tile { bn: 128, stages: 3, blocks_per_sm: 2 };
     /// wgmma_n128_deep: 128x128 tiles, 7 stages, one block per SM.
-    pub const N128_DEEP: Tile = Tile {
-        bn: 128,
-        stages: 7,
-        blocks_per_sm: 1,
-    };
+    pub const N128_DEEP: Tile = Tile { bn: 128, stages: 7, blocks_per_sm: 1 };
     /// wgmma_n64_deep: 128x64 tiles, 9 stages, one block per SM.
-    pub const N64_DEEP: Tile = Tile {
-        bn: 64,
-        stages: 9,
-        blocks_per_sm: 1,
-    };
+    pub const N64_DEEP: Tile = Tile { bn: 64, stages: 9, blocks_per_sm: 1 };
 
     impl Tile {
         /// The tile of a wgmma variant, `None` for any other.
@@ -90,10 +74,7 @@ pub mod wg {
     /// start address / 16, 16-29 the leading byte offset / 16, 32-45 the stride byte offset / 16,
     /// 49-51 the base offset (0), 62-63 the swizzle mode (1: 128-byte).
     pub fn desc(addr: u32, lbo: u32, sbo: u32) -> u64 {
-        ((addr as u64 & 0x3FFFF) >> 4)
-            | (((lbo >> 4) as u64) << 16)
-            | (((sbo >> 4) as u64) << 32)
-            | (1u64 << 62)
+        ((addr as u64 & 0x3FFFF) >> 4) | (((lbo >> 4) as u64) << 16) | (((sbo >> 4) as u64) << 32) | (1u64 << 62)
     }
 
     /// Where the 128-byte swizzle puts byte `addr` (TMA writes and wgmma reads agree on it):
@@ -115,12 +96,7 @@ pub mod wg {
 
     impl TmaBox {
         fn rank2(dims: [u64; 2], row_stride_bytes: u64, boxes: [u32; 2]) -> Self {
-            TmaBox {
-                rank: 2,
-                dims: [dims[0], dims[1], 1, 1],
-                strides_bytes: [row_stride_bytes, 0, 0],
-                boxes: [boxes[0], boxes[1], 1, 1],
-            }
+            TmaBox { rank: 2, dims: [dims[0], dims[1], 1, 1], strides_bytes: [row_stride_bytes, 0, 0], boxes: [boxes[0], boxes[1], 1, 1] }
         }
         pub fn row_stride_bytes(&self) -> u64 {
             self.strides_bytes[0]
@@ -129,16 +105,8 @@ pub mod wg {
 
     /// A (M x K, row stride lda) in boxes of BK x BM, B (K x N, row stride ldb) in boxes of B_BOX_N x BK.
     pub fn tma_boxes(d: super::Dims, elem: usize) -> (TmaBox, TmaBox) {
-        let a = TmaBox::rank2(
-            [d.k as u64, d.m as u64],
-            (d.lda * elem) as u64,
-            [BK as u32, BM as u32],
-        );
-        let b = TmaBox::rank2(
-            [d.n as u64, d.k as u64],
-            (d.ldb * elem) as u64,
-            [B_BOX_N as u32, BK as u32],
-        );
+        let a = TmaBox::rank2([d.k as u64, d.m as u64], (d.lda * elem) as u64, [BK as u32, BM as u32]);
+        let b = TmaBox::rank2([d.n as u64, d.k as u64], (d.ldb * elem) as u64, [B_BOX_N as u32, BK as u32]);
         (a, b)
     }
 
@@ -173,23 +141,17 @@ unsafe impl DeviceRepr for TensorMap {}
 /// promotion. `ptr` must be 16-byte aligned and the row stride a multiple of 16 bytes (checked).
 pub fn encode_tensor_map(ptr: u64, b: wg::TmaBox, dtype: DType) -> Result<TensorMap> {
     use cudarc::driver::sys::{
-        CUtensorMapDataType as Ty, CUtensorMapFloatOOBfill as Oob, CUtensorMapInterleave as Il,
-        CUtensorMapL2promotion as L2, CUtensorMapSwizzle as Sw,
+        CUtensorMapDataType as Ty, CUtensorMapFloatOOBfill as Oob, CUtensorMapInterleave as Il, CUtensorMapL2promotion as L2,
+        CUtensorMapSwizzle as Sw,
     };
     let ty = match dtype {
         DType::F16 => Ty::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
         DType::Bf16 => Ty::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-        DType::F32 => {
-            return Err(LabError::Invalid(
-                "the TMA rungs run in f16 and bf16 only".into(),
-            ))
-        }
+        DType::F32 => return Err(LabError::Invalid("the TMA rungs run in f16 and bf16 only".into())),
     };
     let strides = &b.strides_bytes[..b.rank - 1];
     if !ptr.is_multiple_of(16) || strides.iter().any(|s| !s.is_multiple_of(16)) {
-        return Err(LabError::Invalid(format!(
-            "TMA needs 16-byte aligned rows: base {ptr:#x}, strides {strides:?} bytes"
-        )));
+        return Err(LabError::Invalid(format!("TMA needs 16-byte aligned rows: base {ptr:#x}, strides {strides:?} bytes")));
     }
     let mut map = std::mem::MaybeUninit::<cudarc::driver::sys::CUtensorMap>::zeroed();
     let element_strides = [1u32; 4];
@@ -243,23 +205,11 @@ const MAPS_KEPT: usize = 16;
 
 /// The tensor maps of A and B for a TMA rung; the mma.sync ones take B as one 3D box per slab
 /// where [`wg::tma_b_3d`] offers it, and the rank of B's map (2 or 3) tells the kernel which.
-pub fn tensor_maps<T: Elem>(
-    gpu: &Gpu,
-    config: &Config,
-    d: Dims,
-    a: &CudaSlice<T>,
-    b: &CudaSlice<T>,
-) -> Result<TmaMaps> {
+pub fn tensor_maps<T: Elem>(gpu: &Gpu, config: &Config, d: Dims, a: &CudaSlice<T>, b: &CudaSlice<T>) -> Result<TmaMaps> {
     let b_3d = matches!(config.kind, Kind::MmaTma | Kind::TailSplit);
     let (pa, _ga) = a.device_ptr(&gpu.stream);
     let (pb, _gb) = b.device_ptr(&gpu.stream);
-    let key = MapKey {
-        a: pa,
-        b: pb,
-        d,
-        dtype: T::DTYPE,
-        b_3d,
-    };
+    let key = MapKey { a: pa, b: pb, d, dtype: T::DTYPE, b_3d };
     let mut cache = MAPS.lock().expect("tensor map cache poisoned");
     if let Some((_, maps)) = cache.iter().find(|(k, _)| *k == key) {
         return Ok(*maps);
@@ -268,11 +218,7 @@ pub fn tensor_maps<T: Elem>(
     if b_3d {
         bb = wg::tma_b_3d(d, T::DTYPE.size()).unwrap_or(bb);
     }
-    let maps = TmaMaps {
-        a: encode_tensor_map(pa, ba, T::DTYPE)?,
-        b: encode_tensor_map(pb, bb, T::DTYPE)?,
-        b_rank: bb.rank as i32,
-    };
+    let maps = TmaMaps { a: encode_tensor_map(pa, ba, T::DTYPE)?, b: encode_tensor_map(pb, bb, T::DTYPE)?, b_rank: bb.rank as i32 };
     if cache.len() == MAPS_KEPT {
         cache.remove(0);
     }

@@ -57,34 +57,12 @@ pub struct Config {
     pub shape: &'static str,
 }
 
-const fn direct(
-    tile: (usize, usize),
-    grid: Grid,
-    block: (u32, u32),
-    smem: usize,
-    shape: &'static str,
-) -> Config {
-    Config {
-        kind: Kind::Direct,
-        tile,
-        grid,
-        block,
-        smem,
-        slow: false,
-        shape,
-    }
+const fn direct(tile: (usize, usize), grid: Grid, block: (u32, u32), smem: usize, shape: &'static str) -> Config {
+    Config { kind: Kind::Direct, tile, grid, block, smem, slow: false, shape }
 }
 
 const fn wgmma(t: wg::Tile, shape: &'static str) -> Config {
-    Config {
-        kind: Kind::Wgmma(t),
-        tile: (wg::BM, t.bn),
-        grid: Grid::Linear,
-        block: (t.threads(), 1),
-        smem: t.smem(),
-        slow: false,
-        shape,
-    }
+    Config { kind: Kind::Wgmma(t), tile: (wg::BM, t.bn), grid: Grid::Linear, block: (t.threads(), 1), smem: t.smem(), slow: false, shape }
 }
 
 /// Dynamic shared memory of a cp.async ring: stages x (BM x BK + BK x BN) halves.
@@ -284,9 +262,7 @@ pub fn find(name: &str) -> Result<&'static Variant<Config>> {
 
 /// The GPU rungs of `dtype`, in ladder order.
 pub fn gpu_ladder(dtype: DType) -> impl Iterator<Item = &'static Variant<Config>> {
-    VARIANTS
-        .iter()
-        .filter(move |v| v.requires.on_gpu() && v.dtypes.contains(&dtype))
+    VARIANTS.iter().filter(move |v| v.requires.on_gpu() && v.dtypes.contains(&dtype))
 }
 
 impl Config {
@@ -303,11 +279,7 @@ impl Config {
             Grid::Xy => (n.div_ceil(bn) as u32, m.div_ceil(bm) as u32, 1),
             Grid::Linear => ((m.div_ceil(bm) * n.div_ceil(bn)) as u32, 1, 1),
         };
-        LaunchConfig {
-            grid_dim,
-            block_dim: (self.block.0, self.block.1, 1),
-            shared_mem_bytes: self.smem as u32,
-        }
+        LaunchConfig { grid_dim, block_dim: (self.block.0, self.block.1, 1), shared_mem_bytes: self.smem as u32 }
     }
 }
 
@@ -334,31 +306,17 @@ pub fn not_applicable(v: &Variant<Config>, d: Dims) -> Option<String> {
     let bad: Vec<String> = [("lda", d.lda, "K", d.k), ("ldb", d.ldb, "N", d.n)]
         .iter()
         .filter(|t| !t.1.is_multiple_of(8))
-        .map(|&(name, ld, dim, size)| {
-            if ld == size {
-                format!("{dim} = {ld}")
-            } else {
-                format!("{name} = {ld}")
-            }
-        })
+        .map(|&(name, ld, dim, size)| if ld == size { format!("{dim} = {ld}") } else { format!("{name} = {ld}") })
         .collect();
     let verb = if bad.len() == 1 { "is" } else { "are" };
-    (!bad.is_empty()).then(|| {
-        format!(
-            "TMA needs row strides that are multiples of 16 bytes (8 elements); {} {verb} not",
-            bad.join(" and ")
-        )
-    })
+    (!bad.is_empty()).then(|| format!("TMA needs row strides that are multiples of 16 bytes (8 elements); {} {verb} not", bad.join(" and ")))
 }
 
 /// Why `v` cannot run this shape on a device allowing `max_smem_optin` bytes of shared memory per
 /// block: its ring does not fit, or TMA cannot read the operands. `None` when it can.
 pub fn refusal(v: &Variant<Config>, d: Dims, max_smem_optin: usize) -> Option<String> {
     if v.config.smem > max_smem_optin {
-        return Some(format!(
-            "it needs {} bytes of shared memory per block; this device allows {max_smem_optin}",
-            v.config.smem
-        ));
+        return Some(format!("it needs {} bytes of shared memory per block; this device allows {max_smem_optin}", v.config.smem));
     }
     not_applicable(v, d)
 }
@@ -373,14 +331,7 @@ mod tests {
 
     #[test]
     fn launch_shapes_cover_every_output() {
-        for (m, n) in [
-            (1, 1),
-            (1, 4097),
-            (4097, 513),
-            (1000, 1000),
-            (8192, 8192),
-            (16, 14336),
-        ] {
+        for (m, n) in [(1, 1), (1, 4097), (4097, 513), (1000, 1000), (8192, 8192), (16, 14336)] {
             for var in VARIANTS.iter().filter(|v| v.requires.on_gpu()) {
                 let cfg = var.config.launch_config(m, n);
                 // The wgmma rungs' producer (a warpgroup or a warp) owns no outputs.
@@ -393,24 +344,14 @@ mod tests {
                     "naive" => (8, 32),
                     "smem_tiled" => (32, 32),
                     "blocktile_1d" => (64, 64),
-                    "mma_pipelined_wide"
-                    | "mma_warp64_wide"
-                    | "mma_warp64_k64"
-                    | "mma_warp64_tma"
-                    | "mma_warp64_tail_split"
-                    | "wgmma_tma" => (128, 256),
+                    "mma_pipelined_wide" | "mma_warp64_wide" | "mma_warp64_k64" | "mma_warp64_tma" | "mma_warp64_tail_split" | "wgmma_tma" => (128, 256),
                     "wgmma_n128" | "wgmma_n128_deep" => (128, 128),
                     "wgmma_n64_deep" => (128, 64),
                     "mma_splitk" => (16, 128),
                     _ => (128, 128),
                 };
                 let blocks = (cfg.grid_dim.0 * cfg.grid_dim.1) as usize;
-                assert_eq!(
-                    blocks,
-                    m.div_ceil(bm) * n.div_ceil(bn),
-                    "{} {m}x{n}",
-                    var.name
-                );
+                assert_eq!(blocks, m.div_ceil(bm) * n.div_ceil(bn), "{} {m}x{n}", var.name);
                 let per_thread = match var.name {
                     "naive" | "smem_tiled" => 1,
                     "blocktile_1d" => 8,
@@ -422,12 +363,7 @@ mod tests {
                     "wgmma_n64_deep" => 32,
                     _ => 128,
                 };
-                assert_eq!(
-                    threads as usize * per_thread,
-                    bm * bn,
-                    "{}: threads x outputs per thread != tile",
-                    var.name
-                );
+                assert_eq!(threads as usize * per_thread, bm * bn, "{}: threads x outputs per thread != tile", var.name);
                 assert!(cfg.grid_dim.1 < 65536);
             }
         }
@@ -437,84 +373,27 @@ mod tests {
     #[test]
     fn shared_memory_matches_the_kernels() {
         let smem = |name| v(name).config.smem;
-        assert_eq!(
-            [
-                smem("mma_pipelined"),
-                smem("mma_pipelined_wide"),
-                smem("mma_splitk")
-            ],
-            [131072, 196608, 73728]
-        );
-        assert_eq!(
-            [
-                smem("mma_warp64"),
-                smem("mma_warp64_wide"),
-                smem("mma_warp64_k64")
-            ],
-            [65536, 122880, 196608]
-        );
-        assert_eq!(
-            [
-                smem("wgmma_tma"),
-                smem("wgmma_n128"),
-                smem("wgmma_n128_deep"),
-                smem("wgmma_n64_deep")
-            ],
-            [197696, 99376, 230512, 222352]
-        );
+        assert_eq!([smem("mma_pipelined"), smem("mma_pipelined_wide"), smem("mma_splitk")], [131072, 196608, 73728]);
+        assert_eq!([smem("mma_warp64"), smem("mma_warp64_wide"), smem("mma_warp64_k64")], [65536, 122880, 196608]);
+        assert_eq!([smem("wgmma_tma"), smem("wgmma_n128"), smem("wgmma_n128_deep"), smem("wgmma_n64_deep")], [197696, 99376, 230512, 222352]);
         assert_eq!(smem("mma_warp64_tma"), smem("wgmma_tma"));
         assert_eq!(smem("mma_warp64_tail_split"), smem("wgmma_tma"));
         for var in VARIANTS {
-            assert_eq!(
-                var.config.smem > 0,
-                !matches!(var.config.kind, Kind::Cpu) && var.config.grid == Grid::Linear,
-                "{}",
-                var.name
-            );
-            assert!(
-                var.config.smem <= 227 * 1024,
-                "{} must fit H100's 227 KiB per block",
-                var.name
-            );
-            assert_eq!(
-                var.config.uses_tma(),
-                var.requires == Requires::Sm90a,
-                "{}",
-                var.name
-            );
+            assert_eq!(var.config.smem > 0, !matches!(var.config.kind, Kind::Cpu) && var.config.grid == Grid::Linear, "{}", var.name);
+            assert!(var.config.smem <= 227 * 1024, "{} must fit H100's 227 KiB per block", var.name);
+            assert_eq!(var.config.uses_tma(), var.requires == Requires::Sm90a, "{}", var.name);
         }
     }
 
     #[test]
     fn the_sweep_skips_what_the_device_cannot_hold() {
-        assert!(!applies(
-            v("mma_pipelined_wide"),
-            Dims::dense(64, 64, 64),
-            163 * 1024,
-            90
-        ));
-        assert!(
-            !applies(v("naive"), Dims::dense(4096, 4096, 4096), 1 << 20, 90)
-                && applies(v("naive"), Dims::dense(2048, 2048, 2048), 0, 90)
-        );
+        assert!(!applies(v("mma_pipelined_wide"), Dims::dense(64, 64, 64), 163 * 1024, 90));
+        assert!(!applies(v("naive"), Dims::dense(4096, 4096, 4096), 1 << 20, 90) && applies(v("naive"), Dims::dense(2048, 2048, 2048), 0, 90));
         let why = refusal(v("mma_pipelined_wide"), Dims::dense(64, 64, 64), 163 * 1024).unwrap();
         assert!(why.contains("needs 196608 bytes"), "{why}");
-        assert_eq!(
-            refusal(v("mma_warp64"), Dims::dense(4097, 513, 777), 163 * 1024),
-            None
-        );
+        assert_eq!(refusal(v("mma_warp64"), Dims::dense(4097, 513, 777), 163 * 1024), None);
         let names: Vec<_> = gpu_ladder(DType::F32).map(|v| v.name).collect();
-        assert_eq!(
-            names,
-            [
-                "naive",
-                "smem_tiled",
-                "blocktile_1d",
-                "blocktile_2d",
-                "vectorized",
-                "warptiled"
-            ]
-        );
+        assert_eq!(names, ["naive", "smem_tiled", "blocktile_1d", "blocktile_2d", "vectorized", "warptiled"]);
         assert_eq!(gpu_ladder(DType::Bf16).count(), 13);
     }
 }

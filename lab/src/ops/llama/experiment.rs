@@ -51,17 +51,11 @@ const TRANSFORMERS: &str = include_str!("smollm2_transformers.json");
 
 /// The CPU reference (f32 weights, f64 sums) against transformers in f32: both keep f32
 /// activations, so they agree to rounding.
-const REFERENCE_TOL: Tolerance = Tolerance {
-    atol: 2e-3,
-    rtol: 1e-4,
-};
+const REFERENCE_TOL: Tolerance = Tolerance { atol: 2e-3, rtol: 1e-4 };
 
 /// Logits are judged against a reference accumulating in f64 while the engine rounds every
 /// activation to f16: a few hundredths on logits of magnitude ~20 (measured, see the note).
-const LOGIT_TOL: Tolerance = Tolerance {
-    atol: 0.25,
-    rtol: 0.02,
-};
+const LOGIT_TOL: Tolerance = Tolerance { atol: 0.25, rtol: 0.02 };
 
 pub(crate) fn model_path() -> Result<std::path::PathBuf> {
     std::env::var(SMOLLM2_ENV)
@@ -112,20 +106,11 @@ impl Experiment for Llama {
         }
         match (backend, quick) {
             (Backend::Cpu, _) => out.push(json!({"op": "decode", "batch": 1, "context": 4})),
-            (Backend::Cuda(_), true) => out.extend([
-                json!({"op": "decode", "batch": 1, "context": 128}),
-                json!({"op": "prefill", "tokens": 128}),
-            ]),
+            (Backend::Cuda(_), true) => out.extend([json!({"op": "decode", "batch": 1, "context": 128}), json!({"op": "prefill", "tokens": 128})]),
             (Backend::Cuda(_), false) => {
-                out.extend(
-                    [128, 512, 2048].map(|tokens| json!({"op": "prefill", "tokens": tokens})),
-                );
+                out.extend([128, 512, 2048].map(|tokens| json!({"op": "prefill", "tokens": tokens})));
                 for context in [128, 2048] {
-                    out.extend(
-                        [1, 4, 16, 64].map(
-                            |batch| json!({"op": "decode", "batch": batch, "context": context}),
-                        ),
-                    );
+                    out.extend([1, 4, 16, 64].map(|batch| json!({"op": "decode", "batch": batch, "context": context})));
                 }
                 out.push(json!({"op": "peers", "timed": false}));
             }
@@ -140,12 +125,7 @@ impl Experiment for Llama {
     /// 8-step check took minutes, and synccheck of the three in one process did not finish in
     /// 280 s on an H100.
     fn sanitize_cases(&self, _: &Backend) -> Vec<Value> {
-        vec![
-            json!({"op": "check", "steps": 1}),
-            json!({"op": "decode", "batch": 3, "context": 9}),
-            json!({"op": "prefill", "tokens": 17}),
-            json!({"op": "sample", "rows": 3}),
-        ]
+        vec![json!({"op": "check", "steps": 1}), json!({"op": "decode", "batch": 3, "context": 9}), json!({"op": "prefill", "tokens": 17}), json!({"op": "sample", "rows": 3})]
     }
     fn sanitize_case_per_process(&self) -> bool {
         true
@@ -154,12 +134,8 @@ impl Experiment for Llama {
     /// prefill did not finish in 330 s on an H100; without them it took 3 s, every lab kernel of
     /// the prefill still checked. The other tools check cuBLAS too (racecheck's reports there are
     /// the library's, recorded as such).
-    fn sanitize_uninstrumented(
-        &self,
-        tool: crate::profile::sanitize::Tool,
-    ) -> Option<&'static str> {
-        (tool == crate::profile::sanitize::Tool::Synccheck)
-            .then_some(crate::profile::sanitize::CUBLAS_KERNELS)
+    fn sanitize_uninstrumented(&self, tool: crate::profile::sanitize::Tool) -> Option<&'static str> {
+        (tool == crate::profile::sanitize::Tool::Synccheck).then_some(crate::profile::sanitize::CUBLAS_KERNELS)
     }
     fn sanitize_covers(&self) -> &'static [(&'static str, &'static str, &'static str)] {
         &[
@@ -183,9 +159,7 @@ impl Experiment for Llama {
             "prefill" => prefill(s, case),
             "peers" => peers(s),
             "sample" => sample(s, case),
-            op => Err(LabError::Invalid(format!(
-                "llama has no op `{op}` (check, decode, prefill, peers, sample)"
-            ))),
+            op => Err(LabError::Invalid(format!("llama has no op `{op}` (check, decode, prefill, peers, sample)"))),
         }
     }
 }
@@ -193,11 +167,7 @@ impl Experiment for Llama {
 /// The engine's variants a run asks for: on the CPU backend `engine` alone.
 fn engines(s: &Session) -> Vec<&'static str> {
     let gpu = matches!(s.backend, Backend::Cuda(_));
-    super::ENGINES
-        .iter()
-        .map(|e| e.0)
-        .filter(|&v| (gpu || v == "engine") && s.wants(v, "lab"))
-        .collect()
+    super::ENGINES.iter().map(|e| e.0).filter(|&v| (gpu || v == "engine") && s.wants(v, "lab")).collect()
 }
 
 /// How a variant's batch steps: (programmatic edges, fused products, decode attention variant).
@@ -227,17 +197,10 @@ type Checked = (Vec<f32>, Vec<f64>, Vec<f64>, usize, Option<(usize, usize)>);
 
 /// The GPU engine's logits over `steps` greedy steps after `prompt`, and the reference's at the
 /// same positions (fed the engine's choices).
-fn gpu_steps(
-    m: &GpuModel,
-    cpu: &CpuModel,
-    prompt: &[u32],
-    steps: usize,
-    variant: &str,
-) -> Result<Checked> {
+fn gpu_steps(m: &GpuModel, cpu: &CpuModel, prompt: &[u32], steps: usize, variant: &str) -> Result<Checked> {
     let mut cache = cpu.cache();
     let mut expected = cpu.forward(&mut cache, prompt)?;
-    let (mut got_all, mut want_all, mut cosines, mut agree) =
-        (Vec::new(), Vec::new(), Vec::new(), 0);
+    let (mut got_all, mut want_all, mut cosines, mut agree) = (Vec::new(), Vec::new(), Vec::new(), 0);
     let mut batch = m.batch(1, prompt.len() + steps + 1)?;
     set_mode(&mut batch, variant, m.fuses(1))?;
     batch.start(&[prompt.to_vec()])?;
@@ -253,9 +216,7 @@ fn gpu_steps(
         agree += usize::from(chosen == argmax(&expected)?);
         got_all.extend(&got);
         want_all.extend(want);
-        expected = cpu
-            .step(&mut cache, chosen, true)?
-            .expect("logits were asked for");
+        expected = cpu.step(&mut cache, chosen, true)?.expect("logits were asked for");
     }
     Ok((got_all, want_all, cosines, agree, batch.graph_edges()))
 }
@@ -279,11 +240,7 @@ fn check(s: &mut Session, case: &Value) -> Result<()> {
     };
     let steps = match case.get("steps") {
         None => steps,
-        Some(v) => v.as_u64().filter(|&n| n >= 1).ok_or_else(|| {
-            LabError::Invalid(format!(
-                "case {case}: `steps` is the number of greedy steps checked, at least 1"
-            ))
-        })? as usize,
+        Some(v) => v.as_u64().filter(|&n| n >= 1).ok_or_else(|| LabError::Invalid(format!("case {case}: `steps` is the number of greedy steps checked, at least 1")))? as usize,
     };
     let gpu_model = match &s.backend {
         Backend::Cuda(gpu) => Some(GpuModel::load(gpu, &g)?),
@@ -299,31 +256,19 @@ fn check(s: &mut Session, case: &Value) -> Result<()> {
                 // GPU run): its 16 best logits after the prompt, then its greedy tokens.
                 let mut cache = cpu.cache();
                 let mut expected = cpu.forward(&mut cache, &prompt)?;
-                let fixture: Value = serde_json::from_str(TRANSFORMERS)
-                    .map_err(|e| LabError::Invalid(format!("the transformers fixture: {e}")))?;
+                let fixture: Value = serde_json::from_str(TRANSFORMERS).map_err(|e| LabError::Invalid(format!("the transformers fixture: {e}")))?;
                 let theirs = &fixture["prompts"][0];
                 let (mut got_all, mut want_all, mut agree) = (Vec::new(), Vec::new(), 0);
                 for pair in theirs["top"].as_array().into_iter().flatten() {
                     let id = pair[0].as_u64().unwrap_or(u64::MAX) as usize;
-                    got_all.push(*expected.get(id).ok_or_else(|| {
-                        LabError::Invalid(format!(
-                            "the fixture's token {id} is outside the vocabulary"
-                        ))
-                    })?);
+                    got_all.push(*expected.get(id).ok_or_else(|| LabError::Invalid(format!("the fixture's token {id} is outside the vocabulary")))?);
                     want_all.push(pair[1].as_f64().unwrap_or(f64::NAN));
                 }
-                let greedy: Vec<u32> = theirs["greedy"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|v| v.as_u64().map(|t| t as u32))
-                    .collect();
+                let greedy: Vec<u32> = theirs["greedy"].as_array().into_iter().flatten().filter_map(|v| v.as_u64().map(|t| t as u32)).collect();
                 for &want in greedy.iter().take(steps) {
                     let t = argmax(&expected)?;
                     agree += usize::from(t == want);
-                    expected = cpu
-                        .step(&mut cache, t, true)?
-                        .expect("logits were asked for");
+                    expected = cpu.step(&mut cache, t, true)?.expect("logits were asked for");
                 }
                 (got_all, want_all, Vec::new(), agree, None)
             }
@@ -338,40 +283,26 @@ fn check(s: &mut Session, case: &Value) -> Result<()> {
         m.extra.insert("top1_agree".into(), json!(agree));
         let mut why = Vec::new();
         if min_cos < 0.999 || agree < steps {
-            why.push(format!(
-                "cosine {min_cos:.5}, top-1 agreed at {agree} of {steps} steps"
-            ));
+            why.push(format!("cosine {min_cos:.5}, top-1 agreed at {agree} of {steps} steps"));
         }
         if let Some((all, programmatic)) = edges {
             m.extra.insert("graph_edges".into(), json!(all));
-            m.extra
-                .insert("programmatic_edges".into(), json!(programmatic));
+            m.extra.insert("programmatic_edges".into(), json!(programmatic));
         }
         match (variant, &plain) {
             ("engine_pdl", Some(p)) => {
-                let differ = p
-                    .iter()
-                    .zip(&got_all)
-                    .filter(|(a, b)| a.to_bits() != b.to_bits())
-                    .count();
-                m.extra
-                    .insert("logits_differing_from_engine".into(), json!(differ));
+                let differ = p.iter().zip(&got_all).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                m.extra.insert("logits_differing_from_engine".into(), json!(differ));
                 if differ > 0 {
                     why.push(format!("{differ} logits differ from the plain engine's"));
                 }
             }
-            ("engine_pdl", None) => {
-                why.push("the plain engine did not run beside it (run both variants)".into())
-            }
+            ("engine_pdl", None) => why.push("the plain engine did not run beside it (run both variants)".into()),
             ("engine", _) => plain = Some(got_all.clone()),
             // Other products, other sums: judged against the reference alone; how far from the
             // plain engine is recorded.
             (_, Some(p)) => {
-                let diff = p
-                    .iter()
-                    .zip(&got_all)
-                    .map(|(a, b)| (a - b).abs())
-                    .fold(0f32, f32::max);
+                let diff = p.iter().zip(&got_all).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
                 m.extra.insert("max_diff_from_engine".into(), json!(diff));
             }
             _ => {}
@@ -403,12 +334,7 @@ fn decode(s: &mut Session, case: &Value) -> Result<()> {
             let c = &m.config;
             let want: Option<Vec<f64>> = if ctx <= 128 {
                 let cpu = CpuModel::load(&g)?;
-                Some(
-                    cpu.forward(&mut cpu.cache(), &prompt)?
-                        .iter()
-                        .map(|&v| v as f64)
-                        .collect(),
-                )
+                Some(cpu.forward(&mut cpu.cache(), &prompt)?.iter().map(|&v| v as f64).collect())
             } else {
                 None
             };
@@ -417,52 +343,30 @@ fn decode(s: &mut Session, case: &Value) -> Result<()> {
                 if variant == "engine_fused" && !m.fuses(b) {
                     continue;
                 }
-                let mut batch = m.batch(
-                    b,
-                    ctx + 2 * (s.budget.max + crate::profile::MAX_WARMUP_ROUNDS * s.budget.warmup)
-                        + 2,
-                )?;
+                let mut batch = m.batch(b, ctx + 2 * (s.budget.max + crate::profile::MAX_WARMUP_ROUNDS * s.budget.warmup) + 2)?;
                 set_mode(&mut batch, variant, b == 1 && m.fuses(1))?;
                 batch.start(&vec![prompt.clone(); b])?;
                 batch.prefill()?;
                 gpu.sync()?;
                 let logits = batch.logits()?;
                 let error = match &want {
-                    Some(want) => compare_elems(
-                        &logits[..c.vocab],
-                        want,
-                        LOGIT_TOL,
-                        "cpu-f64 reference forward",
-                    ),
+                    Some(want) => compare_elems(&logits[..c.vocab], want, LOGIT_TOL, "cpu-f64 reference forward"),
                     None => {
                         let first: Vec<f64> = logits[..c.vocab].iter().map(|&v| v as f64).collect();
-                        let all: Vec<f64> =
-                            first.iter().copied().cycle().take(b * c.vocab).collect();
+                        let all: Vec<f64> = first.iter().copied().cycle().take(b * c.vocab).collect();
                         compare_elems(&logits, &all, LOGIT_TOL, "the batch's first sequence")
                     }
                 };
                 let time = time_gpu(&gpu, &s.budget, || batch.step())?;
                 let kv = (b * ctx * c.layers * 2 * c.kv_dim() * 2) as u64;
-                let mut rec = Measurement::new(
-                    variant,
-                    "lab",
-                    case,
-                    Work {
-                        bytes: m.weight_bytes(b) + kv,
-                        flops: 2 * params(c) * b as u64,
-                    },
-                );
-                rec.extra
-                    .insert("tokens_s".into(), json!(b as f64 / (time.0.median / 1e3)));
-                rec.extra
-                    .insert("weight_bytes".into(), json!(m.weight_bytes(b)));
+                let mut rec = Measurement::new(variant, "lab", case, Work { bytes: m.weight_bytes(b) + kv, flops: 2 * params(c) * b as u64 });
+                rec.extra.insert("tokens_s".into(), json!(b as f64 / (time.0.median / 1e3)));
+                rec.extra.insert("weight_bytes".into(), json!(m.weight_bytes(b)));
                 if let Some((all, programmatic)) = batch.graph_edges() {
                     rec.extra.insert("graph_edges".into(), json!(all));
-                    rec.extra
-                        .insert("programmatic_edges".into(), json!(programmatic));
+                    rec.extra.insert("programmatic_edges".into(), json!(programmatic));
                 }
-                (rec.time, rec.error, rec.tolerance, rec.ceiling) =
-                    (Some(time), Some(error), Some(LOGIT_TOL), Some("copy_gb_s"));
+                (rec.time, rec.error, rec.tolerance, rec.ceiling) = (Some(time), Some(error), Some(LOGIT_TOL), Some("copy_gb_s"));
                 s.emit(rec)?;
             }
             Ok(())
@@ -474,15 +378,11 @@ fn decode(s: &mut Session, case: &Value) -> Result<()> {
             let t = argmax(&last)?;
             let time = cpu_time(&s.budget, || {
                 if cache.len + 1 < cpu.config.context {
-                    last = cpu
-                        .step(&mut cache, t, true)
-                        .expect("a CPU step")
-                        .expect("logits were asked for");
+                    last = cpu.step(&mut cache, t, true).expect("a CPU step").expect("logits were asked for");
                 }
             });
             let mut rec = Measurement::new("engine", "lab", case, Work { bytes: 0, flops: 0 });
-            rec.extra
-                .insert("tokens_s".into(), json!(b as f64 / (time.0.median / 1e3)));
+            rec.extra.insert("tokens_s".into(), json!(b as f64 / (time.0.median / 1e3)));
             rec.error = Some(finite(&last, "finite logits"));
             rec.time = Some(time);
             s.emit(rec).map(|_| ())
@@ -492,26 +392,19 @@ fn decode(s: &mut Session, case: &Value) -> Result<()> {
 
 /// The prompt tokens: the three prompts end to end, repeated to `n` tokens.
 fn prompt_of(tok: &Tokenizer, n: usize) -> Result<Vec<u32>> {
-    let text: Vec<u32> = PROMPTS
-        .iter()
-        .map(|p| tok.encode(p, false))
-        .collect::<Result<Vec<_>>>()?
-        .concat();
+    let text: Vec<u32> = PROMPTS.iter().map(|p| tok.encode(p, false)).collect::<Result<Vec<_>>>()?.concat();
     Ok(text.iter().copied().cycle().take(n).collect())
 }
 
 /// Parameters of the model, the multiply-adds of a token apart from attention.
 fn params(c: &crate::model::llama::Config) -> u64 {
-    (c.layers * (c.dim * (c.dim + 2 * c.kv_dim()) + c.dim * c.dim + 3 * c.dim * c.ffn)
-        + c.vocab * c.dim) as u64
+    (c.layers * (c.dim * (c.dim + 2 * c.kv_dim()) + c.dim * c.dim + 3 * c.dim * c.ffn) + c.vocab * c.dim) as u64
 }
 
 /// One sequence's prompt through [`crate::model::llama::Batch::prefill`], its last logits checked
 /// against the step-by-step path (W4A16 products and decode attention: another road to them).
 fn prefill(s: &mut Session, case: &Value) -> Result<()> {
-    let Backend::Cuda(gpu) = s.backend.clone() else {
-        return Ok(());
-    };
+    let Backend::Cuda(gpu) = s.backend.clone() else { return Ok(()) };
     if !s.wants("engine", "lab") {
         return Ok(());
     }
@@ -530,50 +423,26 @@ fn prefill(s: &mut Session, case: &Value) -> Result<()> {
     let mut batch = m.batch(1, n + 2)?;
     batch.start(&[prompt])?;
     batch.prefill()?;
-    let error = compare_elems(
-        &batch.logits()?,
-        &want,
-        LOGIT_TOL,
-        "the step-by-step engine",
-    );
+    let error = compare_elems(&batch.logits()?, &want, LOGIT_TOL, "the step-by-step engine");
     let time = time_gpu(&gpu, &s.budget, || {
         batch.rewind()?;
         batch.prefill()
     })?;
     let attn = 2 * (c.layers * c.heads * c.head_dim * n * (n + 1)) as u64;
-    let mut rec = Measurement::new(
-        "engine",
-        "lab",
-        case,
-        Work {
-            bytes: 2 * params(c),
-            flops: 2 * params(c) * n as u64 + attn,
-        },
-    );
-    rec.extra
-        .insert("tokens_s".into(), json!(n as f64 / (time.0.median / 1e3)));
-    (rec.time, rec.error, rec.tolerance, rec.ceiling) = (
-        Some(time),
-        Some(error),
-        Some(LOGIT_TOL),
-        Some("tensor_f16_tflop_s"),
-    );
+    let mut rec = Measurement::new("engine", "lab", case, Work { bytes: 2 * params(c), flops: 2 * params(c) * n as u64 + attn });
+    rec.extra.insert("tokens_s".into(), json!(n as f64 / (time.0.median / 1e3)));
+    (rec.time, rec.error, rec.tolerance, rec.ceiling) = (Some(time), Some(error), Some(LOGIT_TOL), Some("tensor_f16_tflop_s"));
     s.emit(rec).map(|_| ())
 }
 
 /// transformers and llama.cpp on the same file, and the engine's logits beside transformers'.
 fn peers(s: &mut Session) -> Result<()> {
-    let Backend::Cuda(gpu) = s.backend.clone() else {
-        return Ok(());
-    };
+    let Backend::Cuda(gpu) = s.backend.clone() else { return Ok(()) };
     let path = model_path()?;
     let file = open()?;
     let g = file.parse().map_err(|e| LabError::Invalid(e.to_string()))?;
     let tok = Tokenizer::from_gguf(&g)?;
-    let prompts: Vec<Vec<u32>> = PROMPTS
-        .iter()
-        .map(|p| tok.encode(p, true))
-        .collect::<Result<_>>()?;
+    let prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|p| tok.encode(p, true)).collect::<Result<_>>()?;
     if s.wants_peer(Peer::Transformers, "transformers", "transformers") {
         let new = 64;
         let run = crate::experiment::peers::transformers_llama(&path, PROMPTS, &prompts, new)?;
@@ -591,89 +460,42 @@ fn peers(s: &mut Session) -> Result<()> {
             }
             let ours = batch.tokens()?[0][prompt.len()..].to_vec();
             let p = &run.reply["prompts"][i];
-            let theirs: Vec<u32> = p["greedy"]
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|v| v.as_u64().map(|x| x as u32))
-                        .collect()
-                })
-                .unwrap_or_default();
+            let theirs: Vec<u32> = p["greedy"].as_array().map(|a| a.iter().filter_map(|v| v.as_u64().map(|x| x as u32)).collect()).unwrap_or_default();
             let diverge = ours.iter().zip(&theirs).position(|(a, b)| a != b);
             let gap_at = diverge.and_then(|d| p["gaps"][d].as_f64());
-            let mut rec = Measurement::new(
-                "engine vs transformers",
-                "lab",
-                &json!({"op": "peers", "prompt": i, "timed": false}),
-                Work { bytes: 0, flops: 0 },
-            );
-            let mut error = compare_elems(
-                &got,
-                &want64,
-                LOGIT_TOL,
-                "transformers f32 (GGUF dequantized)",
-            );
+            let mut rec = Measurement::new("engine vs transformers", "lab", &json!({"op": "peers", "prompt": i, "timed": false}), Work { bytes: 0, flops: 0 });
+            let mut error = compare_elems(&got, &want64, LOGIT_TOL, "transformers f32 (GGUF dequantized)");
             let cos = cosine(&got, &want64);
             // A divergence counts only after a near tie (top-2 gap under 1e-3 in transformers).
-            if cos < 0.999
-                || argmax(&got)? != argmax(want)?
-                || gap_at.is_some_and(|g| g >= 1e-3)
-                || (diverge.is_some() && gap_at.is_none())
-            {
+            if cos < 0.999 || argmax(&got)? != argmax(want)? || gap_at.is_some_and(|g| g >= 1e-3) || (diverge.is_some() && gap_at.is_none()) {
                 error.mismatches = error.mismatches.max(1);
             }
             rec.error = Some(error);
             rec.tolerance = Some(LOGIT_TOL);
             rec.extra.insert("cosine".into(), json!(cos));
             rec.extra.insert("greedy_lab".into(), json!(ours));
-            rec.extra
-                .insert("greedy_transformers".into(), json!(theirs));
+            rec.extra.insert("greedy_transformers".into(), json!(theirs));
             rec.extra.insert("first_divergence".into(), json!(diverge));
             rec.extra.insert("gap_at_divergence".into(), json!(gap_at));
-            rec.extra
-                .insert("transformers_top".into(), p["top"].clone());
+            rec.extra.insert("transformers_top".into(), p["top"].clone());
             s.emit(rec)?;
-            let mut rate = Measurement::new(
-                "transformers eager",
-                "transformers",
-                &json!({"op": "peers", "prompt": i, "timed": false}),
-                Work { bytes: 0, flops: 0 },
-            );
-            rate.extra
-                .insert("tokens_s".into(), p["decode_tokens_s"].clone());
-            rate.extra
-                .insert("versions".into(), run.reply["versions"].clone());
+            let mut rate = Measurement::new("transformers eager", "transformers", &json!({"op": "peers", "prompt": i, "timed": false}), Work { bytes: 0, flops: 0 });
+            rate.extra.insert("tokens_s".into(), p["decode_tokens_s"].clone());
+            rate.extra.insert("versions".into(), run.reply["versions"].clone());
             rate.error = Some(finite(&run.logits[i], "finite logits"));
             s.emit(rate)?;
         }
     }
     if s.wants_peer(Peer::LlamaCpp, "llama-bench", "llama.cpp") {
         for test in crate::experiment::llama_cpp::llama_bench(&path, 512, 128, 5)? {
-            let (n_prompt, n_gen) = (
-                test["n_prompt"].as_u64().unwrap_or(0),
-                test["n_gen"].as_u64().unwrap_or(0),
-            );
-            let name = if n_gen > 0 {
-                format!("tg{n_gen}")
-            } else {
-                format!("pp{n_prompt}")
-            };
+            let (n_prompt, n_gen) = (test["n_prompt"].as_u64().unwrap_or(0), test["n_gen"].as_u64().unwrap_or(0));
+            let name = if n_gen > 0 { format!("tg{n_gen}") } else { format!("pp{n_prompt}") };
             let params = json!({"op": "llama.cpp", "test": name, "flash_attn": test["flash_attn"], "timed": false});
-            let mut rec = Measurement::new(
-                format!("llama-bench {name}"),
-                "llama.cpp",
-                &params,
-                Work { bytes: 0, flops: 0 },
-            );
+            let mut rec = Measurement::new(format!("llama-bench {name}"), "llama.cpp", &params, Work { bytes: 0, flops: 0 });
             rec.extra.insert("tokens_s".into(), test["avg_ts"].clone());
-            rec.extra
-                .insert("tokens_s_stddev".into(), test["stddev_ts"].clone());
-            rec.extra
-                .insert("build_commit".into(), test["build_commit"].clone());
-            rec.error = Some(finite(
-                &[test["avg_ts"].as_f64().unwrap_or(f64::NAN) as f32],
-                "a finite rate",
-            ));
+            rec.extra.insert("tokens_s_stddev".into(), test["stddev_ts"].clone());
+            rec.extra.insert("build_commit".into(), test["build_commit"].clone());
+            rec.error = Some(finite(&[test["avg_ts"].as_f64().unwrap_or(f64::NAN) as f32], "a finite rate"));
             s.emit(rec)?;
         }
     }
@@ -681,27 +503,17 @@ fn peers(s: &mut Session) -> Result<()> {
 }
 
 /// Settings of the `sample` case: (temperature, top-k, top-p).
-const SAMPLINGS: [(f32, usize, f32); 5] = [
-    (1.0, 0, 1.0),
-    (0.7, 40, 1.0),
-    (0.8, 0, 0.9),
-    (1.2, 50, 0.95),
-    (0.5, 1, 1.0),
-];
+const SAMPLINGS: [(f32, usize, f32); 5] = [(1.0, 0, 1.0), (0.7, 40, 1.0), (0.8, 0, 0.9), (1.2, 50, 0.95), (0.5, 1, 1.0)];
 
 /// The GPU's draws against the CPU mirror's, and their time beside argmax's.
 fn sample(s: &mut Session, case: &Value) -> Result<()> {
     use crate::model::llama::sample::Draw;
     use crate::model::llama::Sampling;
     use rand::{Rng, SeedableRng};
-    let Backend::Cuda(gpu) = s.backend.clone() else {
-        return Ok(());
-    };
+    let Backend::Cuda(gpu) = s.backend.clone() else { return Ok(()) };
     let (rows, vocab, cap) = (param_usize(case, "rows")?, 49152usize, 64usize);
     let mut rng = rand::rngs::StdRng::seed_from_u64(s.opts.seed ^ rows as u64);
-    let mut logits: Vec<f32> = (0..rows * vocab)
-        .map(|_| rng.random_range(-6.0f32..6.0))
-        .collect();
+    let mut logits: Vec<f32> = (0..rows * vocab).map(|_| rng.random_range(-6.0f32..6.0)).collect();
     for r in 0..rows {
         let row = &mut logits[r * vocab..(r + 1) * vocab];
         // A few strong candidates, some of them tied, and on the last row scores near 1e4.
@@ -716,27 +528,11 @@ fn sample(s: &mut Session, case: &Value) -> Result<()> {
     let d_logits = gpu.upload(&logits)?;
     let d_prompt = gpu.upload(&vec![0i32; rows])?;
     for (t, k, p) in SAMPLINGS {
-        let sampling = Sampling {
-            temperature: t,
-            top_k: k,
-            top_p: p,
-            seed: s.opts.seed,
-        };
-        let params =
-            json!({"op": "sample", "rows": rows, "temperature": t, "top_k": k, "top_p": p});
+        let sampling = Sampling { temperature: t, top_k: k, top_p: p, seed: s.opts.seed };
+        let params = json!({"op": "sample", "rows": rows, "temperature": t, "top_k": k, "top_p": p});
         let mut tokens = gpu.upload(&vec![u32::MAX; rows * cap])?;
         let mut pos = gpu.upload(&positions)?;
-        super::sample(
-            &gpu,
-            &d_logits,
-            &mut tokens,
-            &mut pos,
-            &d_prompt,
-            rows,
-            vocab,
-            cap,
-            &sampling,
-        )?;
+        super::sample(&gpu, &d_logits, &mut tokens, &mut pos, &d_prompt, rows, vocab, cap, &sampling)?;
         let got = gpu.download(&tokens)?;
         let (mut off, mut exact) = (Vec::new(), 0);
         for r in 0..rows {
@@ -747,35 +543,17 @@ fn sample(s: &mut Session, case: &Value) -> Result<()> {
             // The kernel's exp may differ from the CPU's in its last bit: a token whose interval
             // lies within 1e-6 of the total of the target is still the draw.
             if !draw.allows(token, 1e-6) {
-                off.push(format!(
-                    "row {r}: token {token}, the CPU drew {}",
-                    draw.token()
-                ));
+                off.push(format!("row {r}: token {token}, the CPU drew {}", draw.token()));
             }
         }
         // argmax's choices against the CPU's (the rows hold tied maxima: the lowest id wins).
         let mut greedy_off = Vec::new();
         if s.wants("argmax", "lab") {
-            let (mut tokens, mut pos) = (
-                gpu.upload(&vec![u32::MAX; rows * cap])?,
-                gpu.upload(&positions)?,
-            );
-            super::argmax(
-                &gpu,
-                &d_logits,
-                &mut tokens,
-                &mut pos,
-                &d_prompt,
-                rows,
-                vocab,
-                cap,
-            )?;
+            let (mut tokens, mut pos) = (gpu.upload(&vec![u32::MAX; rows * cap])?, gpu.upload(&positions)?);
+            super::argmax(&gpu, &d_logits, &mut tokens, &mut pos, &d_prompt, rows, vocab, cap)?;
             let got = gpu.download(&tokens)?;
             for r in 0..rows {
-                let (token, want) = (
-                    got[r * cap + positions[r] as usize + 1],
-                    argmax(&logits[r * vocab..(r + 1) * vocab])?,
-                );
+                let (token, want) = (got[r * cap + positions[r] as usize + 1], argmax(&logits[r * vocab..(r + 1) * vocab])?);
                 if token != want {
                     greedy_off.push(format!("row {r}: token {token}, the CPU's argmax {want}"));
                 }
@@ -788,60 +566,20 @@ fn sample(s: &mut Session, case: &Value) -> Result<()> {
             let mut pos = gpu.upload(&positions)?;
             let time = time_gpu(&gpu, &s.budget, || {
                 if greedy {
-                    super::argmax(
-                        &gpu,
-                        &d_logits,
-                        &mut tokens,
-                        &mut pos,
-                        &d_prompt,
-                        rows,
-                        vocab,
-                        cap,
-                    )
+                    super::argmax(&gpu, &d_logits, &mut tokens, &mut pos, &d_prompt, rows, vocab, cap)
                 } else {
-                    super::sample(
-                        &gpu,
-                        &d_logits,
-                        &mut tokens,
-                        &mut pos,
-                        &d_prompt,
-                        rows,
-                        vocab,
-                        cap,
-                        &sampling,
-                    )
+                    super::sample(&gpu, &d_logits, &mut tokens, &mut pos, &d_prompt, rows, vocab, cap, &sampling)
                 }
             })?;
-            let mut m = Measurement::new(
-                variant,
-                "lab",
-                &params,
-                Work {
-                    bytes: (rows * vocab * 4) as u64,
-                    flops: 0,
-                },
-            );
+            let mut m = Measurement::new(variant, "lab", &params, Work { bytes: (rows * vocab * 4) as u64, flops: 0 });
             m.time = Some(time);
-            let (off, reference) = if greedy {
-                (&greedy_off, "generate::argmax on the CPU")
-            } else {
-                (
-                    &off,
-                    "model::llama::sample, the CPU mirror at the same seed and position",
-                )
-            };
-            m.error = Some(ErrorStats {
-                mismatches: off.len() as u64,
-                ..ErrorStats::empty(reference)
-            });
+            let (off, reference) = if greedy { (&greedy_off, "generate::argmax on the CPU") } else { (&off, "model::llama::sample, the CPU mirror at the same seed and position") };
+            m.error = Some(ErrorStats { mismatches: off.len() as u64, ..ErrorStats::empty(reference) });
             if !greedy {
                 m.extra.insert("rows_equal_to_cpu".into(), json!(exact));
             }
             if !off.is_empty() {
-                m.extra.insert(
-                    "why".into(),
-                    json!(off.iter().take(4).cloned().collect::<Vec<_>>().join("; ")),
-                );
+                m.extra.insert("why".into(), json!(off.iter().take(4).cloned().collect::<Vec<_>>().join("; ")));
             }
             s.emit(m)?;
         }

@@ -49,21 +49,12 @@ pub const ENGINES: &[(&str, &str, &str)] = &[
 /// The kernels' rows, then the engine's: the `llama` experiment's records are the engine's.
 pub fn variants() -> Vec<VariantInfo> {
     let mut rows = variant::infos(VARIANTS);
-    rows.extend(ENGINES.iter().map(|&(name, requires, what)| VariantInfo {
-        name,
-        dtypes: vec!["f16"],
-        requires,
-        what,
-    }));
+    rows.extend(ENGINES.iter().map(|&(name, requires, what)| VariantInfo { name, dtypes: vec!["f16"], requires, what }));
     rows
 }
 
 fn rows_cfg(rows: usize, threads: u32) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (rows as u32, 1, 1),
-        block_dim: (threads, 1, 1),
-        shared_mem_bytes: 0,
-    }
+    LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
 }
 
 fn check(what: &str, ok: bool, why: impl FnOnce() -> String) -> Result<()> {
@@ -90,69 +81,25 @@ impl Rows {
 
 /// x[r] = embedding row of tokens[seq * cap + position] (Q8_0 blocks, `dim` wide).
 #[allow(clippy::too_many_arguments)]
-pub fn embed_q8_0(
-    gpu: &Gpu,
-    w: &CudaSlice<u8>,
-    tokens: &CudaSlice<u32>,
-    pos: &CudaSlice<i32>,
-    x: &mut CudaSlice<f32>,
-    r: Rows,
-    cap: usize,
-    dim: usize,
-) -> Result<()> {
-    check(
-        "embed_q8_0",
-        dim.is_multiple_of(32)
-            && w.len().is_multiple_of(dim / 32 * 34)
-            && x.len() >= r.rows * dim
-            && tokens.len() >= r.seqs() * cap
-            && pos.len() >= r.seqs(),
-        || {
-            format!(
-                "dim {dim}, {} weight bytes, x {}, tokens {}, pos {} for {r:?}",
-                w.len(),
-                x.len(),
-                tokens.len(),
-                pos.len()
-            )
-        },
-    )?;
+pub fn embed_q8_0(gpu: &Gpu, w: &CudaSlice<u8>, tokens: &CudaSlice<u32>, pos: &CudaSlice<i32>, x: &mut CudaSlice<f32>, r: Rows, cap: usize, dim: usize) -> Result<()> {
+    check("embed_q8_0", dim.is_multiple_of(32) && w.len().is_multiple_of(dim / 32 * 34) && x.len() >= r.rows * dim && tokens.len() >= r.seqs() * cap && pos.len() >= r.seqs(), || {
+        format!("dim {dim}, {} weight bytes, x {}, tokens {}, pos {} for {r:?}", w.len(), x.len(), tokens.len(), pos.len())
+    })?;
     let f = gpu.function(FAMILY, &symbol(FAMILY, "embed_q8_0", DType::F32))?;
     let [rps, cap, dim] = [r.rows_per_seq, cap, dim].map(|v| v as i32);
     let mut l = gpu.stream.launch_builder(&f);
-    l.arg(w)
-        .arg(tokens)
-        .arg(pos)
-        .arg(x)
-        .arg(&rps)
-        .arg(&cap)
-        .arg(&dim);
+    l.arg(w).arg(tokens).arg(pos).arg(x).arg(&rps).arg(&cap).arg(&dim);
     // SAFETY: x holds rows x dim; tokens seqs x cap; every token id is below the vocabulary (the
     // host checks prompts, argmax writes ids below it) and positions below cap (the host stops
     // before the cache is full).
-    unsafe { l.launch(rows_cfg(r.rows, 256)) }
-        .map(|_| ())
-        .doing("launching llama embed_q8_0")
+    unsafe { l.launch(rows_cfg(r.rows, 256)) }.map(|_| ()).doing("launching llama embed_q8_0")
 }
 
 /// x += y (unless `y` is None), h = x / rms(x) * gamma, per row of `dim`.
 #[allow(clippy::too_many_arguments)]
-pub fn add_rmsnorm(
-    gpu: &Gpu,
-    x: &mut CudaSlice<f32>,
-    y: Option<&CudaSlice<f16>>,
-    gamma: &CudaSlice<f32>,
-    h: &mut CudaSlice<f16>,
-    rows: usize,
-    dim: usize,
-    eps: f32,
-) -> Result<()> {
+pub fn add_rmsnorm(gpu: &Gpu, x: &mut CudaSlice<f32>, y: Option<&CudaSlice<f16>>, gamma: &CudaSlice<f32>, h: &mut CudaSlice<f16>, rows: usize, dim: usize, eps: f32) -> Result<()> {
     let n = rows * dim;
-    check(
-        "add_rmsnorm",
-        x.len() >= n && h.len() >= n && gamma.len() == dim && y.is_none_or(|y| y.len() >= n),
-        || format!("{rows} rows of {dim}"),
-    )?;
+    check("add_rmsnorm", x.len() >= n && h.len() >= n && gamma.len() == dim && y.is_none_or(|y| y.len() >= n), || format!("{rows} rows of {dim}"))?;
     let f = gpu.function(FAMILY, &symbol(FAMILY, "add_rmsnorm", DType::F16))?;
     let (dim_i, null) = (dim as i32, 0u64);
     let mut l = gpu.stream.launch_builder(&f);
@@ -163,174 +110,66 @@ pub fn add_rmsnorm(
     };
     l.arg(gamma).arg(h).arg(&dim_i).arg(&eps);
     // SAFETY: x, y and h hold rows x dim, gamma dim (checked); one block per row.
-    unsafe { l.launch(rows_cfg(rows, 256)) }
-        .map(|_| ())
-        .doing("launching llama add_rmsnorm")
+    unsafe { l.launch(rows_cfg(rows, 256)) }.map(|_| ()).doing("launching llama add_rmsnorm")
 }
 
 /// RoPE on the Q and K heads of `qkv` [rows, (hq + 2 hkv) d] at each row's position; Q to `q`
 /// [rows, hq d], K and V into `cache`. `inv_freq` holds rope_dims / 2 entries.
 #[allow(clippy::too_many_arguments)]
-pub fn rope_cache(
-    gpu: &Gpu,
-    qkv: &CudaSlice<f16>,
-    q: &mut CudaSlice<f16>,
-    cache: &mut KvCache<f16>,
-    pos: &CudaSlice<i32>,
-    inv_freq: &CudaSlice<f64>,
-    r: Rows,
-    hq: usize,
-) -> Result<()> {
+pub fn rope_cache(gpu: &Gpu, qkv: &CudaSlice<f16>, q: &mut CudaSlice<f16>, cache: &mut KvCache<f16>, pos: &CudaSlice<i32>, inv_freq: &CudaSlice<f64>, r: Rows, hq: usize) -> Result<()> {
     let (hkv, d) = (cache.hkv, cache.d);
     let rope_dims = 2 * inv_freq.len();
-    check(
-        "rope_cache",
-        qkv.len() >= r.rows * (hq + 2 * hkv) * d
-            && q.len() >= r.rows * hq * d
-            && rope_dims <= d
-            && r.seqs() <= cache.batch
-            && pos.len() >= r.seqs(),
-        || format!("{r:?}, {hq} query heads, {hkv} KV heads of {d}, {rope_dims} rotated dims"),
-    )?;
+    check("rope_cache", qkv.len() >= r.rows * (hq + 2 * hkv) * d && q.len() >= r.rows * hq * d && rope_dims <= d && r.seqs() <= cache.batch && pos.len() >= r.seqs(), || {
+        format!("{r:?}, {hq} query heads, {hkv} KV heads of {d}, {rope_dims} rotated dims")
+    })?;
     let f = gpu.function(FAMILY, &symbol(FAMILY, "rope_cache", DType::F16))?;
-    let [rps, hq, hkv, d, rd, page, mp] = [
-        r.rows_per_seq,
-        hq,
-        hkv,
-        d,
-        rope_dims,
-        cache.page,
-        cache.max_pages,
-    ]
-    .map(|v| v as i32);
+    let [rps, hq, hkv, d, rd, page, mp] = [r.rows_per_seq, hq, hkv, d, rope_dims, cache.page, cache.max_pages].map(|v| v as i32);
     let mut l = gpu.stream.launch_builder(&f);
-    l.arg(qkv)
-        .arg(q)
-        .arg(&mut cache.k)
-        .arg(&mut cache.v)
-        .arg(&cache.table)
-        .arg(pos)
-        .arg(inv_freq);
-    l.arg(&rps)
-        .arg(&hq)
-        .arg(&hkv)
-        .arg(&d)
-        .arg(&rd)
-        .arg(&page)
-        .arg(&mp);
+    l.arg(qkv).arg(q).arg(&mut cache.k).arg(&mut cache.v).arg(&cache.table).arg(pos).arg(inv_freq);
+    l.arg(&rps).arg(&hq).arg(&hkv).arg(&d).arg(&rd).arg(&page).arg(&mp);
     // SAFETY: shapes checked above; the cache's table entries are its own pages (checked when it
     // was made) and positions stay below its capacity (the host stops before it is full).
-    unsafe { l.launch(rows_cfg(r.rows, 256)) }
-        .map(|_| ())
-        .doing("launching llama rope_cache")
+    unsafe { l.launch(rows_cfg(r.rows, 256)) }.map(|_| ()).doing("launching llama rope_cache")
 }
 
 /// act [rows, ffn] = silu(gu[:, :ffn]) * gu[:, ffn:].
-pub fn swiglu(
-    gpu: &Gpu,
-    gu: &CudaSlice<f16>,
-    act: &mut CudaSlice<f16>,
-    rows: usize,
-    ffn: usize,
-) -> Result<()> {
-    check(
-        "swiglu",
-        gu.len() >= 2 * rows * ffn && act.len() >= rows * ffn,
-        || format!("{rows} rows of {ffn}"),
-    )?;
+pub fn swiglu(gpu: &Gpu, gu: &CudaSlice<f16>, act: &mut CudaSlice<f16>, rows: usize, ffn: usize) -> Result<()> {
+    check("swiglu", gu.len() >= 2 * rows * ffn && act.len() >= rows * ffn, || format!("{rows} rows of {ffn}"))?;
     let f = gpu.function(FAMILY, &symbol(FAMILY, "swiglu", DType::F16))?;
     let [r, n] = [rows, ffn].map(|v| v as i32);
-    let grid = (rows * ffn)
-        .div_ceil(256)
-        .min(gpu.info.sm_count as usize * 8);
+    let grid = (rows * ffn).div_ceil(256).min(gpu.info.sm_count as usize * 8);
     // SAFETY: a grid-stride loop over rows x ffn outputs; gu holds 2 ffn per row (checked).
-    unsafe {
-        gpu.stream
-            .launch_builder(&f)
-            .arg(gu)
-            .arg(act)
-            .arg(&r)
-            .arg(&n)
-            .launch(rows_cfg(grid, 256))
-    }
-    .map(|_| ())
-    .doing("launching llama swiglu")
+    unsafe { gpu.stream.launch_builder(&f).arg(gu).arg(act).arg(&r).arg(&n).launch(rows_cfg(grid, 256)) }.map(|_| ()).doing("launching llama swiglu")
 }
 
 /// For each of `seqs` rows of logits: the greedy token into tokens[seq][pos + 1] (once past
 /// the prompt) and pos advanced.
 #[allow(clippy::too_many_arguments)]
-pub fn argmax(
-    gpu: &Gpu,
-    logits: &CudaSlice<f32>,
-    tokens: &mut CudaSlice<u32>,
-    pos: &mut CudaSlice<i32>,
-    prompt_len: &CudaSlice<i32>,
-    seqs: usize,
-    vocab: usize,
-    cap: usize,
-) -> Result<()> {
-    check(
-        "argmax",
-        logits.len() >= seqs * vocab
-            && tokens.len() >= seqs * cap
-            && pos.len() >= seqs
-            && prompt_len.len() >= seqs,
-        || format!("{seqs} rows of {vocab}"),
-    )?;
+pub fn argmax(gpu: &Gpu, logits: &CudaSlice<f32>, tokens: &mut CudaSlice<u32>, pos: &mut CudaSlice<i32>, prompt_len: &CudaSlice<i32>, seqs: usize, vocab: usize, cap: usize) -> Result<()> {
+    check("argmax", logits.len() >= seqs * vocab && tokens.len() >= seqs * cap && pos.len() >= seqs && prompt_len.len() >= seqs, || format!("{seqs} rows of {vocab}"))?;
     let f = gpu.function(FAMILY, &symbol(FAMILY, "argmax", DType::F32))?;
     let [v, c] = [vocab, cap].map(|x| x as i32);
     // SAFETY: one block per sequence; logits, tokens, pos and prompt_len hold their rows (checked).
-    unsafe {
-        gpu.stream
-            .launch_builder(&f)
-            .arg(logits)
-            .arg(tokens)
-            .arg(pos)
-            .arg(prompt_len)
-            .arg(&v)
-            .arg(&c)
-            .launch(rows_cfg(seqs, 1024))
-    }
-    .map(|_| ())
-    .doing("launching llama argmax")
+    unsafe { gpu.stream.launch_builder(&f).arg(logits).arg(tokens).arg(pos).arg(prompt_len).arg(&v).arg(&c).launch(rows_cfg(seqs, 1024)) }
+        .map(|_| ())
+        .doing("launching llama argmax")
 }
 
 /// A launch of one of the fused decode products: a warp per unit (row pair, column or row), 8
 /// warps a block, the input of every sequence (`width` wide, at `most`) in shared memory.
-fn fused_cfg(
-    gpu: &Gpu,
-    name: &str,
-    units: usize,
-    seqs: usize,
-    width: usize,
-    most: usize,
-) -> Result<(cudarc::driver::CudaFunction, LaunchConfig)> {
-    check(
-        name,
-        (1..=FUSED_MAX_SEQS).contains(&seqs) && width.is_multiple_of(32) && width <= most,
-        || {
-            format!("{seqs} sequences of width {width}: {name} takes 1 to {FUSED_MAX_SEQS} sequences of a multiple of 32 up to {most}")
-        },
-    )?;
+fn fused_cfg(gpu: &Gpu, name: &str, units: usize, seqs: usize, width: usize, most: usize) -> Result<(cudarc::driver::CudaFunction, LaunchConfig)> {
+    check(name, (1..=FUSED_MAX_SEQS).contains(&seqs) && width.is_multiple_of(32) && width <= most, || {
+        format!("{seqs} sequences of width {width}: {name} takes 1 to {FUSED_MAX_SEQS} sequences of a multiple of 32 up to {most}")
+    })?;
     let f = gpu.function(FAMILY, &symbol(FAMILY, name, DType::F16))?;
     let smem = seqs * width * 4;
     crate::ops::gemm::raise_dynamic_smem(&f, smem)?;
-    Ok((
-        f,
-        LaunchConfig {
-            grid_dim: (units.div_ceil(8) as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: smem as u32,
-        },
-    ))
+    Ok((f, LaunchConfig { grid_dim: (units.div_ceil(8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: smem as u32 }))
 }
 
 /// `w` holds `rows` GGUF Q4_1 rows of `cols`.
 fn check_q4_1(name: &str, w: &CudaSlice<u8>, rows: usize, cols: usize) -> Result<()> {
-    check(name, w.len() == rows * cols / 32 * 20, || {
-        format!("{} weight bytes for {rows} Q4_1 rows of {cols}", w.len())
-    })
+    check(name, w.len() == rows * cols / 32 * 20, || format!("{} weight bytes for {rows} Q4_1 rows of {cols}", w.len()))
 }
 
 /// One decode step's Q, K and V for `seqs` sequences: h = RMSNorm(x) gamma, qkv = h W^T (`w` the
@@ -352,116 +191,46 @@ pub fn qkv_rope_q4_1(
     let (hkv, d, dim) = (cache.hkv, cache.d, gamma.len());
     let rows = (hq + 2 * hkv) * d;
     check_q4_1("qkv_rope_q4_1", w, rows, dim)?;
-    check(
-        "qkv_rope_q4_1",
-        x.len() >= seqs * dim
-            && q.len() >= seqs * hq * d
-            && 2 * inv_freq.len() <= d
-            && seqs <= cache.batch
-            && pos.len() >= seqs,
-        || format!("{seqs} sequences of {dim}, {hq} query heads, {hkv} KV heads of {d}"),
-    )?;
+    check("qkv_rope_q4_1", x.len() >= seqs * dim && q.len() >= seqs * hq * d && 2 * inv_freq.len() <= d && seqs <= cache.batch && pos.len() >= seqs, || {
+        format!("{seqs} sequences of {dim}, {hq} query heads, {hkv} KV heads of {d}")
+    })?;
     let (f, cfg) = fused_cfg(gpu, "qkv_rope_q4_1", rows / 2, seqs, dim, FUSED_MAX_NORMED)?;
-    let [seqs, dim, hq, hkv, d, rd, page, mp] = [
-        seqs,
-        dim,
-        hq,
-        hkv,
-        d,
-        2 * inv_freq.len(),
-        cache.page,
-        cache.max_pages,
-    ]
-    .map(|v| v as i32);
+    let [seqs, dim, hq, hkv, d, rd, page, mp] = [seqs, dim, hq, hkv, d, 2 * inv_freq.len(), cache.page, cache.max_pages].map(|v| v as i32);
     let mut l = gpu.stream.launch_builder(&f);
-    l.arg(w)
-        .arg(x)
-        .arg(gamma)
-        .arg(&eps)
-        .arg(q)
-        .arg(&mut cache.k)
-        .arg(&mut cache.v)
-        .arg(&cache.table)
-        .arg(pos)
-        .arg(inv_freq);
-    l.arg(&seqs)
-        .arg(&dim)
-        .arg(&hq)
-        .arg(&hkv)
-        .arg(&d)
-        .arg(&rd)
-        .arg(&page)
-        .arg(&mp);
+    l.arg(w).arg(x).arg(gamma).arg(&eps).arg(q).arg(&mut cache.k).arg(&mut cache.v).arg(&cache.table).arg(pos).arg(inv_freq);
+    l.arg(&seqs).arg(&dim).arg(&hq).arg(&hkv).arg(&d).arg(&rd).arg(&page).arg(&mp);
     // SAFETY: w holds the rows (checked), x, q and pos the sequences; the cache's table entries
     // are its own pages and positions stay below its capacity (as for rope_cache); the shared
     // memory is what fused_cfg sized for seqs x dim.
-    unsafe { l.launch(cfg) }
-        .map(|_| ())
-        .doing("launching llama qkv_rope_q4_1")
+    unsafe { l.launch(cfg) }.map(|_| ()).doing("launching llama qkv_rope_q4_1")
 }
 
 /// act [seqs, ffn] = silu(h Wg^T) * (h Wu^T), h = RMSNorm(x) gamma; `w` the gate rows, then the up rows.
 #[allow(clippy::too_many_arguments)]
-pub fn gate_up_swiglu_q4_1(
-    gpu: &Gpu,
-    w: &CudaSlice<u8>,
-    x: &CudaSlice<f32>,
-    gamma: &CudaSlice<f32>,
-    eps: f32,
-    act: &mut CudaSlice<f16>,
-    seqs: usize,
-    ffn: usize,
-) -> Result<()> {
+pub fn gate_up_swiglu_q4_1(gpu: &Gpu, w: &CudaSlice<u8>, x: &CudaSlice<f32>, gamma: &CudaSlice<f32>, eps: f32, act: &mut CudaSlice<f16>, seqs: usize, ffn: usize) -> Result<()> {
     let dim = gamma.len();
     check_q4_1("gate_up_swiglu_q4_1", w, 2 * ffn, dim)?;
-    check(
-        "gate_up_swiglu_q4_1",
-        x.len() >= seqs * dim && act.len() >= seqs * ffn,
-        || format!("{seqs} sequences of {dim} -> {ffn}"),
-    )?;
+    check("gate_up_swiglu_q4_1", x.len() >= seqs * dim && act.len() >= seqs * ffn, || format!("{seqs} sequences of {dim} -> {ffn}"))?;
     let (f, cfg) = fused_cfg(gpu, "gate_up_swiglu_q4_1", ffn, seqs, dim, FUSED_MAX_NORMED)?;
     let [seqs, dim, ffn] = [seqs, dim, ffn].map(|v| v as i32);
     let mut l = gpu.stream.launch_builder(&f);
-    l.arg(w)
-        .arg(x)
-        .arg(gamma)
-        .arg(&eps)
-        .arg(act)
-        .arg(&seqs)
-        .arg(&dim)
-        .arg(&ffn);
+    l.arg(w).arg(x).arg(gamma).arg(&eps).arg(act).arg(&seqs).arg(&dim).arg(&ffn);
     // SAFETY: w holds 2 ffn rows of dim, x and act their sequences (checked); shared memory sized
     // by fused_cfg.
-    unsafe { l.launch(cfg) }
-        .map(|_| ())
-        .doing("launching llama gate_up_swiglu_q4_1")
+    unsafe { l.launch(cfg) }.map(|_| ()).doing("launching llama gate_up_swiglu_q4_1")
 }
 
 /// x [seqs, n] += a [seqs, k] W^T for `w` n Q4_1 rows of k (the product rounded to f16 first).
 #[allow(clippy::too_many_arguments)]
-pub fn residual_q4_1(
-    gpu: &Gpu,
-    w: &CudaSlice<u8>,
-    a: &CudaSlice<f16>,
-    x: &mut CudaSlice<f32>,
-    seqs: usize,
-    n: usize,
-    k: usize,
-) -> Result<()> {
+pub fn residual_q4_1(gpu: &Gpu, w: &CudaSlice<u8>, a: &CudaSlice<f16>, x: &mut CudaSlice<f32>, seqs: usize, n: usize, k: usize) -> Result<()> {
     check_q4_1("residual_q4_1", w, n, k)?;
-    check(
-        "residual_q4_1",
-        a.len() >= seqs * k && x.len() >= seqs * n,
-        || format!("{seqs} sequences of {k} -> {n}"),
-    )?;
+    check("residual_q4_1", a.len() >= seqs * k && x.len() >= seqs * n, || format!("{seqs} sequences of {k} -> {n}"))?;
     let (f, cfg) = fused_cfg(gpu, "residual_q4_1", n, seqs, k, FUSED_MAX_WIDTH)?;
     let [seqs, n, k] = [seqs, n, k].map(|v| v as i32);
     let mut l = gpu.stream.launch_builder(&f);
     l.arg(w).arg(a).arg(x).arg(&seqs).arg(&n).arg(&k);
     // SAFETY: w holds n rows of k, a and x their sequences (checked); shared memory sized by fused_cfg.
-    unsafe { l.launch(cfg) }
-        .map(|_| ())
-        .doing("launching llama residual_q4_1")
+    unsafe { l.launch(cfg) }.map(|_| ()).doing("launching llama residual_q4_1")
 }
 
 /// [`argmax`]'s contract, the token drawn as `s` says (the draw of
@@ -479,31 +248,14 @@ pub fn sample(
     s: &crate::model::llama::Sampling,
 ) -> Result<()> {
     s.check()?;
-    check(
-        "sample",
-        !s.greedy()
-            && logits.len() >= seqs * vocab
-            && tokens.len() >= seqs * cap
-            && pos.len() >= seqs
-            && prompt_len.len() >= seqs,
-        || format!("{seqs} rows of {vocab} at temperature {}", s.temperature),
-    )?;
+    check("sample", !s.greedy() && logits.len() >= seqs * vocab && tokens.len() >= seqs * cap && pos.len() >= seqs && prompt_len.len() >= seqs, || {
+        format!("{seqs} rows of {vocab} at temperature {}", s.temperature)
+    })?;
     let f = gpu.function(FAMILY, &symbol(FAMILY, "sample", DType::F32))?;
     let [v, c] = [vocab, cap].map(|x| x as i32);
     let k = s.top_k.min(i32::MAX as usize) as i32;
     let mut l = gpu.stream.launch_builder(&f);
-    l.arg(logits)
-        .arg(tokens)
-        .arg(pos)
-        .arg(prompt_len)
-        .arg(&v)
-        .arg(&c)
-        .arg(&s.temperature)
-        .arg(&k)
-        .arg(&s.top_p)
-        .arg(&s.seed);
+    l.arg(logits).arg(tokens).arg(pos).arg(prompt_len).arg(&v).arg(&c).arg(&s.temperature).arg(&k).arg(&s.top_p).arg(&s.seed);
     // SAFETY: one block per sequence; logits, tokens, pos and prompt_len hold their rows (checked).
-    unsafe { l.launch(rows_cfg(seqs, 1024)) }
-        .map(|_| ())
-        .doing("launching llama sample")
+    unsafe { l.launch(rows_cfg(seqs, 1024)) }.map(|_| ()).doing("launching llama sample")
 }

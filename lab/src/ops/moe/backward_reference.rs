@@ -107,25 +107,9 @@ fn routed(l: &Layer, r: &Router) -> Routed {
     let (t, h, e, _) = l.dims;
     let logits = matmul(l.x, l.router, t, h, e);
     let noise_logits = l.noise.map(|(w, _)| matmul(l.x, w, t, h, e));
-    let rt = route_selected(
-        &logits,
-        noise_logits.as_deref().zip(l.noise.map(|n| n.1)),
-        t,
-        e,
-        r,
-        l.select,
-    );
+    let rt = route_selected(&logits, noise_logits.as_deref().zip(l.noise.map(|n| n.1)), t, e, r, l.select);
     let keep = kept(&rt.experts, t, r.k, e, r.capacity.slots(t, e));
-    Routed {
-        logits,
-        noise_logits,
-        experts: rt.experts,
-        weights: rt.weights,
-        load: rt.load,
-        keep,
-        aux: rt.aux_loss,
-        z: rt.z_loss,
-    }
+    Routed { logits, noise_logits, experts: rt.experts, weights: rt.weights, load: rt.load, keep, aux: rt.aux_loss, z: rt.z_loss }
 }
 
 /// The layer's output [T, H] and its two router losses, in f64.
@@ -152,14 +136,7 @@ impl Grads {
     fn zeros(l: &Layer, weights: bool) -> Self {
         let (t, h, e, i) = l.dims;
         let w = |n: usize| vec![0f64; if weights { n } else { 0 }];
-        Grads {
-            x: vec![0f64; t * h],
-            router: w(h * e),
-            noise: l.noise.map(|_| w(h * e)),
-            gate_up: w(e * h * 2 * i),
-            down: w(e * i * h),
-            logits: vec![0f64; t * e],
-        }
+        Grads { x: vec![0f64; t * h], router: w(h * e), noise: l.noise.map(|_| w(h * e)), gate_up: w(e * h * 2 * i), down: w(e * i * h), logits: vec![0f64; t * e] }
     }
 }
 
@@ -171,14 +148,7 @@ impl Grads {
 ///
 /// With `only` (a mask over tokens), only those tokens' rows of dx are computed, at a cost in
 /// proportion to them (a large layer's check), and the weight gradients are left empty.
-pub fn backward_with_scale(
-    l: &Layer,
-    r: &Router,
-    dout: &[f64],
-    d_aux: f64,
-    d_z: f64,
-    only: Option<&[bool]>,
-) -> (Grads, Grads) {
+pub fn backward_with_scale(l: &Layer, r: &Router, dout: &[f64], d_aux: f64, d_z: f64, only: Option<&[bool]>) -> (Grads, Grads) {
     let (t, h, e, i) = l.dims;
     let k = r.k;
     let rt = routed(l, r);
@@ -194,10 +164,7 @@ pub fn backward_with_scale(
                 (Some(n), Some((_, eps))) => (eps[tok * e + j] * n[tok * e + j]).abs(),
                 _ => 0.0,
             };
-            1.0 + 2.0
-                * (0..e)
-                    .map(|j| rt.logits[tok * e + j].abs() + noise(j))
-                    .fold(0.0, f64::max)
+            1.0 + 2.0 * (0..e).map(|j| rt.logits[tok * e + j].abs() + noise(j)).fold(0.0, f64::max)
         })
         .collect();
     // The experts' own backward, and dJ/dw of each assignment (0 where it was dropped).
@@ -209,41 +176,20 @@ pub fn backward_with_scale(
         // sigmoid(g), silu(g) = g sigmoid(g) and silu'(g), per column.
         let sg: Vec<f64> = gv.iter().map(|&g| sigmoid(g)).collect();
         let silu: Vec<f64> = gv.iter().zip(&sg).map(|(g, s)| g * s).collect();
-        let silu1: Vec<f64> = gv
-            .iter()
-            .zip(&sg)
-            .map(|(g, s)| s * (1.0 + g * (1.0 - s)))
-            .collect();
+        let silu1: Vec<f64> = gv.iter().zip(&sg).map(|(g, s)| s * (1.0 + g * (1.0 - s))).collect();
         // act = silu(g) u moves by |silu'(g) u| dg + |silu(g)| du.
-        let act_sc: Vec<f64> = (0..i)
-            .map(|c| (silu1[c] * uv[c]).abs() * g_sc[c] + silu[c].abs() * u_sc[c])
-            .collect();
+        let act_sc: Vec<f64> = (0..i).map(|c| (silu1[c] * uv[c]).abs() * g_sc[c] + silu[c].abs() * u_sc[c]).collect();
         let dout_t = &dout[tok * h..][..h];
         let dn = &l.down[ex * i * h..][..i * h];
-        let y_sc: Vec<f64> = (0..h)
-            .map(|c| (0..i).map(|q| act_sc[q] * dn[q * h + c].abs()).sum())
-            .collect();
+        let y_sc: Vec<f64> = (0..h).map(|c| (0..i).map(|q| act_sc[q] * dn[q * h + c].abs()).sum()).collect();
         dw[a] = dout_t.iter().zip(&y).map(|(d, y)| d * y).sum();
         dw_sc[a] = dout_t.iter().zip(&y_sc).map(|(d, y)| d.abs() * y).sum();
         let dy: Vec<f64> = dout_t.iter().map(|d| w * d).collect();
         let dy_sc: Vec<f64> = dy.iter().map(|d| d.abs() * spread[tok]).collect();
-        let d_act: Vec<f64> = (0..i)
-            .map(|c| dn[c * h..][..h].iter().zip(&dy).map(|(a, b)| a * b).sum())
-            .collect();
-        let d_act_sc: Vec<f64> = (0..i)
-            .map(|c| {
-                dn[c * h..][..h]
-                    .iter()
-                    .zip(&dy_sc)
-                    .map(|(a, b)| a.abs() * b)
-                    .sum()
-            })
-            .collect();
+        let d_act: Vec<f64> = (0..i).map(|c| dn[c * h..][..h].iter().zip(&dy).map(|(a, b)| a * b).sum()).collect();
+        let d_act_sc: Vec<f64> = (0..i).map(|c| dn[c * h..][..h].iter().zip(&dy_sc).map(|(a, b)| a.abs() * b).sum()).collect();
         if weights {
-            let (dd, dd_sc) = (
-                &mut g.down[ex * i * h..][..i * h],
-                &mut sc.down[ex * i * h..][..i * h],
-            );
+            let (dd, dd_sc) = (&mut g.down[ex * i * h..][..i * h], &mut sc.down[ex * i * h..][..i * h]);
             for (c, a) in act.iter().enumerate() {
                 for hh in 0..h {
                     dd[c * h + hh] += a * dy[hh];
@@ -251,8 +197,7 @@ pub fn backward_with_scale(
                 }
             }
         }
-        let (mut dg, mut du, mut dg_sc, mut du_sc) =
-            (vec![0f64; i], vec![0f64; i], vec![0f64; i], vec![0f64; i]);
+        let (mut dg, mut du, mut dg_sc, mut du_sc) = (vec![0f64; i], vec![0f64; i], vec![0f64; i], vec![0f64; i]);
         for c in 0..i {
             let (s, sp) = (sg[c], silu1[c]);
             let (pg, pu) = (uv[c] * sp, silu[c]);
@@ -318,15 +263,9 @@ pub fn backward_with_scale(
             Scoring::Softmax => {
                 let sd: f64 = s.iter().zip(&ds).map(|(a, b)| a * b).sum();
                 let sd_sc: f64 = s.iter().zip(&ds_sc).map(|(a, b)| a * b).sum();
-                (
-                    (0..e).map(|j| s[j] * (ds[j] - sd)).collect(),
-                    (0..e).map(|j| s[j] * (ds_sc[j] + sd_sc)).collect(),
-                )
+                ((0..e).map(|j| s[j] * (ds[j] - sd)).collect(), (0..e).map(|j| s[j] * (ds_sc[j] + sd_sc)).collect())
             }
-            Scoring::Sigmoid => (
-                (0..e).map(|j| ds[j] * s[j] * (1.0 - s[j])).collect(),
-                (0..e).map(|j| ds_sc[j] * s[j] * (1.0 - s[j])).collect(),
-            ),
+            Scoring::Sigmoid => ((0..e).map(|j| ds[j] * s[j] * (1.0 - s[j])).collect(), (0..e).map(|j| ds_sc[j] * s[j] * (1.0 - s[j])).collect()),
         };
         let ml = lg.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         let zs: f64 = lg.iter().map(|v| (v - ml).exp()).sum();
@@ -361,13 +300,7 @@ pub fn backward_with_scale(
     let abs = |v: &[f64]| v.iter().map(|x| x.abs()).collect::<Vec<f64>>();
     let x_abs = abs(l.x);
     project(l.x, &g.logits, l.router, &mut g.router, &mut g.x);
-    project(
-        &x_abs,
-        &sc.logits,
-        &abs(l.router),
-        &mut sc.router,
-        &mut sc.x,
-    );
+    project(&x_abs, &sc.logits, &abs(l.router), &mut sc.router, &mut sc.x);
     if let (Some((w, _)), Some(dn), Some(dn_sc)) = (l.noise, g.noise.as_mut(), sc.noise.as_mut()) {
         project(l.x, &d_noise, w, dn, &mut g.x);
         project(&x_abs, &d_noise_sc, &abs(w), dn_sc, &mut sc.x);
@@ -395,117 +328,51 @@ pub const PARTS: [&str; 5] = ["x", "router", "noise", "gate_up", "down"];
 /// Each gradient against the f64 one (`want`, with its `scale`), element by element within
 /// ALLOW_UNITS u of the scale and in norm within FROB_UNITS u (a gradient over it counts one
 /// mismatch more), laid end to end in [`PARTS`] order (noise only under noisy gating).
-pub fn compare(
-    got: [Option<&[f64]>; 5],
-    (want, scale): &(Grads, Grads),
-    dtype: crate::kernels::DType,
-) -> crate::record::ErrorStats {
+pub fn compare(got: [Option<&[f64]>; 5], (want, scale): &(Grads, Grads), dtype: crate::kernels::DType) -> crate::record::ErrorStats {
     use crate::ops::compare::{compare_within, frobenius_rel, merge_parts};
     let unit = super::reference::unit(dtype);
     let subnormal = 2.0 * crate::ops::compare::ProductBound::fp32_accumulation(1, dtype).atol;
     fn parts_of(g: &Grads) -> [Option<&[f64]>; 5] {
-        [
-            Some(&g.x),
-            Some(&g.router),
-            g.noise.as_deref(),
-            Some(&g.gate_up),
-            Some(&g.down),
-        ]
+        [Some(&g.x), Some(&g.router), g.noise.as_deref(), Some(&g.gate_up), Some(&g.down)]
     }
     let mut parts = Vec::new();
     let mut offset = 0;
     let mut frob = Vec::new();
-    for (((name, g), w), sc) in PARTS
-        .iter()
-        .zip(got)
-        .zip(parts_of(want))
-        .zip(parts_of(scale))
-    {
-        let (Some(g), Some(w), Some(sc)) = (g, w, sc) else {
-            continue;
-        };
-        let allow: Vec<f64> = sc
-            .iter()
-            .map(|v| ALLOW_UNITS * (unit * v + subnormal))
-            .collect();
+    for (((name, g), w), sc) in PARTS.iter().zip(got).zip(parts_of(want)).zip(parts_of(scale)) {
+        let (Some(g), Some(w), Some(sc)) = (g, w, sc) else { continue };
+        let allow: Vec<f64> = sc.iter().map(|v| ALLOW_UNITS * (unit * v + subnormal)).collect();
         let mut part = compare_within(g, w, &allow, "", "");
         let f = frobenius_rel(g, w);
         if f > FROB_UNITS * unit {
             part.mismatches += 1;
         }
         parts.push((part, offset));
-        frob.push(format!(
-            "{name} {f:.2e}{}",
-            if f > FROB_UNITS * unit { " (over)" } else { "" }
-        ));
+        frob.push(format!("{name} {f:.2e}{}", if f > FROB_UNITS * unit { " (over)" } else { "" }));
         offset += w.len();
     }
     let mut stats = merge_parts(parts);
     stats.bound = Some(format!("per element {ALLOW_UNITS} (u of the sum of its terms' magnitudes + the smallest subnormal) (moe::backward_reference::backward_with_scale), and {FROB_UNITS} u in relative Frobenius norm per gradient: {}", frob.join(", ")));
-    stats.reference =
-        "cpu-f64 backward (moe::backward_reference), the backend's selection held fixed".into();
+    stats.reference = "cpu-f64 backward (moe::backward_reference), the backend's selection held fixed".into();
     stats
 }
 
 /// The f64 gradients and their scales for the op's inputs (widened), its selection `select`
 /// [T, k] held fixed; with `only`, dx of those tokens alone ([`backward_with_scale`]).
-pub fn expected<T: crate::ops::Elem>(
-    x: &Tensor<T>,
-    w: &super::Weights<T>,
-    r: &Router,
-    up: &super::Upstream<T>,
-    select: &[usize],
-    only: Option<&[bool]>,
-) -> crate::Result<(Grads, Grads)> {
+pub fn expected<T: crate::ops::Elem>(x: &Tensor<T>, w: &super::Weights<T>, r: &Router, up: &super::Upstream<T>, select: &[usize], only: Option<&[bool]>) -> crate::Result<(Grads, Grads)> {
     use crate::ops::widen;
     let (t, h, e, i) = super::layer_dims(x, w)?;
-    let eps: Option<Vec<f64>> = r.noise_seed.map(|seed| {
-        super::noise_eps(seed, t, e)
-            .iter()
-            .map(|&v| v as f64)
-            .collect()
-    });
-    let noise_w = w
-        .noise
-        .as_ref()
-        .map(|n| n.to_vec().map(|v| widen(&v)))
-        .transpose()?;
-    let (xv, router, gate_up, down) = (
-        widen(&x.to_vec()?),
-        widen(&w.router.to_vec()?),
-        widen(&w.gate_up.to_vec()?),
-        widen(&w.down.to_vec()?),
-    );
+    let eps: Option<Vec<f64>> = r.noise_seed.map(|seed| super::noise_eps(seed, t, e).iter().map(|&v| v as f64).collect());
+    let noise_w = w.noise.as_ref().map(|n| n.to_vec().map(|v| widen(&v))).transpose()?;
+    let (xv, router, gate_up, down) = (widen(&x.to_vec()?), widen(&w.router.to_vec()?), widen(&w.gate_up.to_vec()?), widen(&w.down.to_vec()?));
     let noise = noise_w.as_deref().zip(eps.as_deref());
-    let l = Layer {
-        x: &xv,
-        router: &router,
-        noise,
-        gate_up: &gate_up,
-        down: &down,
-        dims: (t, h, e, i),
-        select: Some(select),
-    };
-    Ok(backward_with_scale(
-        &l,
-        r,
-        &widen(&up.dout.to_vec()?),
-        up.d_aux as f64,
-        up.d_z as f64,
-        only,
-    ))
+    let l = Layer { x: &xv, router: &router, noise, gate_up: &gate_up, down: &down, dims: (t, h, e, i), select: Some(select) };
+    Ok(backward_with_scale(&l, r, &widen(&up.dout.to_vec()?), up.d_aux as f64, up.d_z as f64, only))
 }
 
 /// The op's gradients widened, in [`PARTS`] order.
 pub fn widened<T: crate::ops::Elem>(g: &super::Grads<T>) -> crate::Result<[Option<Vec<f64>>; 5]> {
     let w = |t: &Tensor<T>| t.to_vec().map(|v| crate::ops::widen(&v));
-    Ok([
-        Some(w(&g.x)?),
-        Some(w(&g.router)?),
-        g.noise.as_ref().map(w).transpose()?,
-        Some(w(&g.gate_up)?),
-        Some(w(&g.down)?),
-    ])
+    Ok([Some(w(&g.x)?), Some(w(&g.router)?), g.noise.as_ref().map(w).transpose()?, Some(w(&g.gate_up)?), Some(w(&g.down)?)])
 }
 
 #[cfg(test)]
@@ -524,39 +391,18 @@ mod tests {
     fn check(r: Router, noisy: bool, seed: u64) {
         let (t, h, e, i) = (7, 6, 5, 3);
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let mut v = |n: usize, s: f64| -> Vec<f64> {
-            (0..n).map(|_| rng.random_range(-1.0..1.0) * s).collect()
-        };
+        let mut v = |n: usize, s: f64| -> Vec<f64> { (0..n).map(|_| rng.random_range(-1.0..1.0) * s).collect() };
         // x, router, noise projection, gate_up, down: the inputs J is differentiated against.
-        let (x, router, noise_w, eps) =
-            (v(t * h, 1.0), v(h * e, 1.0), v(h * e, 0.5), v(t * e, 1.0));
+        let (x, router, noise_w, eps) = (v(t * h, 1.0), v(h * e, 1.0), v(h * e, 0.5), v(t * e, 1.0));
         let (gate_up, down, dout) = (v(e * h * 2 * i, 0.7), v(e * i * h, 0.7), v(t * h, 1.0));
         let mut inputs = [x, router, noise_w, gate_up, down];
         let (d_aux, d_z) = (0.8, 0.3);
-        fn layer<'a>(
-            [x, router, nw, gate_up, down]: &'a [Vec<f64>; 5],
-            eps: Option<&'a [f64]>,
-            dims: (usize, usize, usize, usize),
-        ) -> Layer<'a> {
-            Layer {
-                x,
-                router,
-                noise: eps.map(|eps| (&nw[..], eps)),
-                gate_up,
-                down,
-                dims,
-                select: None,
-            }
+        fn layer<'a>([x, router, nw, gate_up, down]: &'a [Vec<f64>; 5], eps: Option<&'a [f64]>, dims: (usize, usize, usize, usize)) -> Layer<'a> {
+            Layer { x, router, noise: eps.map(|eps| (&nw[..], eps)), gate_up, down, dims, select: None }
         }
         let (eps, dims) = (noisy.then_some(&eps[..]), (t, h, e, i));
         let g = backward(&layer(&inputs, eps, dims), &r, &dout, d_aux, d_z);
-        let grads = [
-            &g.x,
-            &g.router,
-            g.noise.as_ref().unwrap_or(&g.x),
-            &g.gate_up,
-            &g.down,
-        ];
+        let grads = [&g.x, &g.router, g.noise.as_ref().unwrap_or(&g.x), &g.gate_up, &g.down];
         let step = 1e-6;
         let mut pick = rand::rngs::StdRng::seed_from_u64(seed + 1);
         for which in (0..5).filter(|&w| noisy || w != 2) {
@@ -580,39 +426,10 @@ mod tests {
     fn the_backward_is_the_objectives_gradient() {
         let base = Router::top_k(2);
         check(base, false, 1);
-        check(
-            Router {
-                renormalize: false,
-                ..base
-            },
-            false,
-            2,
-        );
-        check(
-            Router {
-                scoring: Scoring::Sigmoid,
-                ..base
-            },
-            false,
-            3,
-        );
-        check(
-            Router {
-                capacity: Capacity::Factor(1.0),
-                k: 3,
-                ..base
-            },
-            false,
-            4,
-        );
-        check(
-            Router {
-                noise_seed: Some(9),
-                ..base
-            },
-            true,
-            5,
-        );
+        check(Router { renormalize: false, ..base }, false, 2);
+        check(Router { scoring: Scoring::Sigmoid, ..base }, false, 3);
+        check(Router { capacity: Capacity::Factor(1.0), k: 3, ..base }, false, 4);
+        check(Router { noise_seed: Some(9), ..base }, true, 5);
     }
 
     #[test]
@@ -623,20 +440,10 @@ mod tests {
             let (t, h, e, i) = (3, 4, 4, 2);
             let x: Vec<f64> = (0..t * h).map(|v| (v as f64 * 0.37).sin()).collect();
             let router: Vec<f64> = (0..h * e).map(|v| (v as f64 * 0.61).cos()).collect();
-            let gate_up: Vec<f64> = (0..e * h * 2 * i)
-                .map(|v| (v as f64 * 0.13).sin())
-                .collect();
+            let gate_up: Vec<f64> = (0..e * h * 2 * i).map(|v| (v as f64 * 0.13).sin()).collect();
             let down: Vec<f64> = (0..e * i * h).map(|v| (v as f64 * 0.29).cos()).collect();
             let dout = vec![0.0; t * h];
-            let l = Layer {
-                x: &x,
-                router: &router,
-                noise: None,
-                gate_up: &gate_up,
-                down: &down,
-                dims: (t, h, e, i),
-                select: None,
-            };
+            let l = Layer { x: &x, router: &router, noise: None, gate_up: &gate_up, down: &down, dims: (t, h, e, i), select: None };
             // With d_z = 0 in the backward but 1 in the objective, the gradient misses the z-loss.
             let g = backward(&l, &r, &dout, 0.0, 0.0);
             let mut xr = router.clone();
@@ -645,15 +452,8 @@ mod tests {
             xr[0] -= 2e-6;
             let minus = objective(&Layer { router: &xr, ..l }, &r, &dout, 0.0, 1.0);
             let fd = (plus - minus) / 2e-6;
-            assert!(
-                (fd - g.router[0]).abs() <= 1e-6 * (1.0 + fd.abs()),
-                "fd {fd} against {}",
-                g.router[0]
-            );
+            assert!((fd - g.router[0]).abs() <= 1e-6 * (1.0 + fd.abs()), "fd {fd} against {}", g.router[0]);
         });
-        assert!(
-            result.is_err(),
-            "a gradient missing the z-loss passed the finite-difference check"
-        );
+        assert!(result.is_err(), "a gradient missing the z-loss passed the finite-difference check");
     }
 }

@@ -28,13 +28,8 @@ fn block_size_mismatches(source: &str) -> Vec<(&'static str, u32, usize)> {
     ];
     let exprs: Vec<&str> = want.iter().map(|w| w.0).collect();
     let cache = tempfile::tempdir().unwrap();
-    let got = probe_source_u32(Some(cache.path()), "moe_mirrors", source, &exprs, 90.into())
-        .unwrap_or_else(|e| panic!("{e}"));
-    want.into_iter()
-        .zip(got)
-        .filter(|((_, w), g)| *g as usize != *w)
-        .map(|((e, w), g)| (e, g, w))
-        .collect()
+    let got = probe_source_u32(Some(cache.path()), "moe_mirrors", source, &exprs, 90.into()).unwrap_or_else(|e| panic!("{e}"));
+    want.into_iter().zip(got).filter(|((_, w), g)| *g as usize != *w).map(|((e, w), g)| (e, g, w)).collect()
 }
 
 /// The launcher's grid and these replays take the kernels' tile and block sizes; a tile of 64
@@ -46,11 +41,7 @@ fn block_sizes_are_the_kernels() {
     assert!(bad.is_empty(), "{bad:?}");
     let from = "constexpr int BM = 128, BN = 128, BK = 32";
     assert!(source.contains(from));
-    let bad = block_size_mismatches(&source.replacen(
-        from,
-        "constexpr int BM = 64, BN = 128, BK = 32",
-        1,
-    ));
+    let bad = block_size_mismatches(&source.replacen(from, "constexpr int BM = 64, BN = 128, BK = 32", 1));
     assert_eq!(bad, vec![("tc1::BM", 64u32, 128usize)]);
 }
 
@@ -94,18 +85,11 @@ fn replay_permute(experts: &[i32], t: usize, k: usize, e: usize, cap: usize) -> 
             rows[s as usize] = (a % t) as i32;
         }
     }
-    cpu::PermuteOut {
-        slot,
-        rows,
-        offsets,
-    }
+    cpu::PermuteOut { slot, rows, offsets }
 }
 
 /// moe_schedule, then the block at m-tile y: (expert, first row of its tile), or None past the end.
-fn replay_schedule(
-    offsets: &[i32],
-    rows: usize,
-) -> (Vec<i32>, impl Fn(usize) -> Option<(usize, usize)> + '_) {
+fn replay_schedule(offsets: &[i32], rows: usize) -> (Vec<i32>, impl Fn(usize) -> Option<(usize, usize)> + '_) {
     let e = offsets.len() - 1;
     let clamp = |v: i32| (v as usize).min(rows);
     let mut start = vec![0i32; e + 1];
@@ -121,11 +105,7 @@ fn replay_schedule(
         let (mut lo, mut hi) = (0usize, e - 1);
         while lo < hi {
             let mid = (lo + hi).div_ceil(2);
-            if s2[mid] <= y as i32 {
-                lo = mid
-            } else {
-                hi = mid - 1
-            }
+            if s2[mid] <= y as i32 { lo = mid } else { hi = mid - 1 }
         }
         Some((lo, (y - s2[lo] as usize) * BM))
     };
@@ -136,33 +116,17 @@ fn lcg_experts(n: usize, e: usize, seed: u64, skew: bool) -> Vec<i32> {
     let mut s = seed;
     (0..n)
         .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             let r = (s >> 33) as usize;
             // Skewed: half the assignments on expert 0 and none on the upper half of the experts.
-            (if skew && r.is_multiple_of(2) {
-                0
-            } else if skew {
-                r % (e / 2).max(1)
-            } else {
-                r % e
-            }) as i32
+            (if skew && r.is_multiple_of(2) { 0 } else if skew { r % (e / 2).max(1) } else { r % e }) as i32
         })
         .collect()
 }
 
 #[test]
 fn the_chunked_counting_sort_is_the_stable_permutation() {
-    for (t, k, e, skew) in [
-        (1, 1, 1, false),
-        (3, 2, 8, false),
-        (300, 1, 4, true),
-        (1000, 4, 16, true),
-        (129, 8, 128, false),
-        (33, 8, 256, true),
-        (2049, 2, 8, false),
-    ] {
+    for (t, k, e, skew) in [(1, 1, 1, false), (3, 2, 8, false), (300, 1, 4, true), (1000, 4, 16, true), (129, 8, 128, false), (33, 8, 256, true), (2049, 2, 8, false)] {
         // A token's choices are distinct experts, as top-k makes them.
         let mut ex = lcg_experts(t * k, e, (t * 31 + k) as u64, skew);
         for row in ex.chunks_mut(k) {
@@ -173,22 +137,10 @@ fn the_chunked_counting_sort_is_the_stable_permutation() {
             }
         }
         for cap in [t, super::Capacity::Factor(1.0).slots(t, e), 1] {
-            let (want, got) = (
-                cpu::permute(&ex, t, k, e, cap),
-                replay_permute(&ex, t, k, e, cap),
-            );
-            assert_eq!(
-                got.offsets, want.offsets,
-                "{t} tokens top-{k} of {e}, capacity {cap}"
-            );
-            assert_eq!(
-                got.slot, want.slot,
-                "{t} tokens top-{k} of {e}, capacity {cap}"
-            );
-            assert_eq!(
-                got.rows, want.rows,
-                "{t} tokens top-{k} of {e}, capacity {cap}"
-            );
+            let (want, got) = (cpu::permute(&ex, t, k, e, cap), replay_permute(&ex, t, k, e, cap));
+            assert_eq!(got.offsets, want.offsets, "{t} tokens top-{k} of {e}, capacity {cap}");
+            assert_eq!(got.slot, want.slot, "{t} tokens top-{k} of {e}, capacity {cap}");
+            assert_eq!(got.rows, want.rows, "{t} tokens top-{k} of {e}, capacity {cap}");
         }
     }
 }
@@ -196,13 +148,7 @@ fn the_chunked_counting_sort_is_the_stable_permutation() {
 #[test]
 fn the_schedule_covers_every_tile_of_every_expert_once() {
     // Offsets with empty experts, a partial tile, a segment of exact tiles, one past A's rows.
-    for (offsets, rows) in [
-        (vec![0, 0, 1, 1], 1),
-        (vec![0, 300, 300, 556, 557], 557),
-        (vec![0, 128, 256], 256),
-        (vec![0, 10, 400], 300),
-        (vec![0, 0, 0], 5),
-    ] {
+    for (offsets, rows) in [(vec![0, 0, 1, 1], 1), (vec![0, 300, 300, 556, 557], 557), (vec![0, 128, 256], 256), (vec![0, 10, 400], 300), (vec![0, 0, 0], 5)] {
         let e = offsets.len() - 1;
         let (start, block) = replay_schedule(&offsets, rows);
         let bound = rows / BM + e; // the launcher's grid.y
@@ -214,18 +160,10 @@ fn the_schedule_covers_every_tile_of_every_expert_once() {
                 seen[x].push(m0);
             }
         }
-        assert!(
-            start[e] as usize <= bound,
-            "the grid bounds the tiles: {} > {bound}",
-            start[e]
-        );
+        assert!(start[e] as usize <= bound, "the grid bounds the tiles: {} > {bound}", start[e]);
         for x in 0..e {
             let m = (offsets[x + 1] as usize).min(rows) - (offsets[x] as usize).min(rows);
-            assert_eq!(
-                seen[x],
-                (0..m.div_ceil(BM)).map(|i| i * BM).collect::<Vec<_>>(),
-                "expert {x} of {offsets:?}"
-            );
+            assert_eq!(seen[x], (0..m.div_ceil(BM)).map(|i| i * BM).collect::<Vec<_>>(), "expert {x} of {offsets:?}");
         }
     }
 }
@@ -251,13 +189,9 @@ fn the_wgmma_block_order_visits_every_tile_pair_once() {
             assert!(y < m_bound && nt < n_tiles, "block {id}: ({y}, {nt})");
             seen[y * n_tiles + nt] += 1;
         }
-        assert!(
-            seen.iter().all(|&c| c == 1),
-            "{n_tiles} x {m_bound}: {seen:?}"
-        );
+        assert!(seen.iter().all(|&c| c == 1), "{n_tiles} x {m_bound}: {seen:?}");
     }
     // Blocks resident together share n-tiles: the first 8 m_bound blocks touch 8 of them.
-    let first: std::collections::BTreeSet<usize> =
-        (0..8 * 7).map(|id| wgmma_block(id, 16, 7, 8).1).collect();
+    let first: std::collections::BTreeSet<usize> = (0..8 * 7).map(|id| wgmma_block(id, 16, 7, 8).1).collect();
     assert_eq!(first.len(), 8);
 }

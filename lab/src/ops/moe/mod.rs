@@ -36,9 +36,9 @@ pub mod backward_reference;
 mod cpu;
 mod experiment;
 mod gpu;
+pub mod reference;
 #[cfg(test)]
 mod mirrors;
-pub mod reference;
 #[cfg(test)]
 mod tests;
 
@@ -117,26 +117,9 @@ pub fn variants() -> Vec<VariantInfo> {
 
 /// The kernel symbols the launchers use, for the export check.
 pub fn gpu_symbols() -> std::collections::BTreeSet<String> {
-    let mut out: std::collections::BTreeSet<String> =
-        ["chunk_counts", "scan", "scatter", "schedule", "losses"]
-            .iter()
-            .map(|k| crate::kernels::symbol(FAMILY, k, DType::F32))
-            .collect();
+    let mut out: std::collections::BTreeSet<String> = ["chunk_counts", "scan", "scatter", "schedule", "losses"].iter().map(|k| crate::kernels::symbol(FAMILY, k, DType::F32)).collect();
     for d in [DType::Bf16, DType::F16] {
-        for k in [
-            "route",
-            "gather",
-            "combine",
-            "grouped_mma",
-            "grouped_wgmma",
-            "grouped_wgmma_n128",
-            "swiglu",
-            "combine_backward",
-            "swiglu_backward",
-            "route_backward",
-            "transpose",
-            "grouped_wgrad",
-        ] {
+        for k in ["route", "gather", "combine", "grouped_mma", "grouped_wgmma", "grouped_wgmma_n128", "swiglu", "combine_backward", "swiglu_backward", "route_backward", "transpose", "grouped_wgrad"] {
             out.insert(crate::kernels::symbol(FAMILY, k, d));
         }
     }
@@ -188,34 +171,18 @@ pub struct Router {
 impl Router {
     /// Top-k softmax routing, renormalised, dropless, alpha 0.01: Mixtral's and Qwen3's.
     pub fn top_k(k: usize) -> Self {
-        Router {
-            k,
-            scoring: Scoring::Softmax,
-            renormalize: true,
-            capacity: Capacity::Dropless,
-            aux_alpha: 0.01,
-            noise_seed: None,
-        }
+        Router { k, scoring: Scoring::Softmax, renormalize: true, capacity: Capacity::Dropless, aux_alpha: 0.01, noise_seed: None }
     }
     /// Checks k against the experts and the capacity factor, naming what is wrong.
     pub fn validate(&self, experts: usize) -> Result<()> {
         if experts == 0 || experts > MAX_EXPERTS {
-            return Err(LabError::shape(
-                FAMILY,
-                format!("{experts} experts: the router takes 1 to {MAX_EXPERTS}"),
-            ));
+            return Err(LabError::shape(FAMILY, format!("{experts} experts: the router takes 1 to {MAX_EXPERTS}")));
         }
         if self.k == 0 || self.k > MAX_K {
-            return Err(LabError::shape(
-                FAMILY,
-                format!("k = {}: each token goes to 1 to {MAX_K} experts", self.k),
-            ));
+            return Err(LabError::shape(FAMILY, format!("k = {}: each token goes to 1 to {MAX_K} experts", self.k)));
         }
         if self.k > experts {
-            return Err(LabError::shape(
-                FAMILY,
-                format!("k = {} is more than the {experts} experts", self.k),
-            ));
+            return Err(LabError::shape(FAMILY, format!("k = {} is more than the {experts} experts", self.k)));
         }
         if let Capacity::Factor(f) = self.capacity {
             if !(f.is_finite() && f > 0.0) {
@@ -223,10 +190,7 @@ impl Router {
             }
         }
         if !(self.aux_alpha.is_finite() && self.aux_alpha >= 0.0) {
-            return Err(LabError::Invalid(format!(
-                "moe: load-balancing alpha {} must be finite and not negative",
-                self.aux_alpha
-            )));
+            return Err(LabError::Invalid(format!("moe: load-balancing alpha {} must be finite and not negative", self.aux_alpha)));
         }
         Ok(())
     }
@@ -237,9 +201,7 @@ pub fn noise_eps(seed: u64, tokens: usize, experts: usize) -> Vec<f32> {
     use rand::SeedableRng;
     use rand_distr::{Distribution, StandardNormal};
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    (0..tokens * experts)
-        .map(|_| StandardNormal.sample(&mut rng))
-        .collect()
+    (0..tokens * experts).map(|_| StandardNormal.sample(&mut rng)).collect()
 }
 
 /// What the router decided, on the backend's side.
@@ -288,10 +250,7 @@ pub struct Weights<T: Elem> {
 /// Gate [E, H, I] and up [E, H, I] (row-major) interleaved into [E, H, 2I].
 pub fn pack_gate_up<T: Copy>(gate: &[T], up: &[T], inter: usize) -> Vec<T> {
     assert_eq!(gate.len(), up.len(), "gate and up differ in size");
-    gate.chunks(inter)
-        .zip(up.chunks(inter))
-        .flat_map(|(g, u)| g.iter().zip(u).flat_map(|(&a, &b)| [a, b]))
-        .collect()
+    gate.chunks(inter).zip(up.chunks(inter)).flat_map(|(g, u)| g.iter().zip(u).flat_map(|(&a, &b)| [a, b])).collect()
 }
 
 /// The router: logits = x W_router (gemm's op), then [`route_logits`].
@@ -304,28 +263,13 @@ pub fn route<T: Elem>(dev: &Backend, x: &Tensor<T>, w: &Weights<T>, r: &Router) 
 pub type NoisyLogits<T> = (Tensor<T>, Tensor<f32>);
 
 /// The router's logits [T, E] and, when noisy, its noise logits and eps.
-pub fn router_logits<T: Elem>(
-    dev: &Backend,
-    x: &Tensor<T>,
-    w: &Weights<T>,
-    r: &Router,
-) -> Result<(Tensor<T>, Option<NoisyLogits<T>>)> {
+pub fn router_logits<T: Elem>(dev: &Backend, x: &Tensor<T>, w: &Weights<T>, r: &Router) -> Result<(Tensor<T>, Option<NoisyLogits<T>>)> {
     if x.shape().len() != 2 {
-        return Err(LabError::shape(
-            FAMILY,
-            format!("x is {:?}; it must be [tokens, hidden]", x.shape()),
-        ));
+        return Err(LabError::shape(FAMILY, format!("x is {:?}; it must be [tokens, hidden]", x.shape())));
     }
     let (t, h) = (x.rows(), x.cols());
     if w.router.shape().len() != 2 || w.router.rows() != h {
-        return Err(LabError::shape(
-            FAMILY,
-            format!(
-                "the router weight is {:?} but x is {:?}: it must be [hidden = {h}, experts]",
-                w.router.shape(),
-                x.shape()
-            ),
-        ));
+        return Err(LabError::shape(FAMILY, format!("the router weight is {:?} but x is {:?}: it must be [hidden = {h}, experts]", w.router.shape(), x.shape())));
     }
     let e = w.router.cols();
     r.validate(e)?;
@@ -333,21 +277,10 @@ pub fn router_logits<T: Elem>(
     crate::ops::gemm::matmul(dev, x, &w.router, &mut logits)?;
     let noisy = match (r.noise_seed, &w.noise) {
         (None, _) => None,
-        (Some(_), None) => {
-            return Err(LabError::Invalid(
-                "moe: noisy gating needs the noise projection (Weights::noise)".into(),
-            ))
-        }
+        (Some(_), None) => return Err(LabError::Invalid("moe: noisy gating needs the noise projection (Weights::noise)".into())),
         (Some(seed), Some(wn)) => {
             if wn.shape() != w.router.shape() {
-                return Err(LabError::shape(
-                    FAMILY,
-                    format!(
-                        "the noise weight is {:?}, the router's {:?}: they must match",
-                        wn.shape(),
-                        w.router.shape()
-                    ),
-                ));
+                return Err(LabError::shape(FAMILY, format!("the noise weight is {:?}, the router's {:?}: they must match", wn.shape(), w.router.shape())));
             }
             let mut n = Tensor::<T>::zeros(dev, &[t, e])?;
             crate::ops::gemm::matmul(dev, x, wn, &mut n)?;
@@ -359,39 +292,20 @@ pub fn router_logits<T: Elem>(
 
 /// Scores, top-k, weights, load histogram and losses from logits [T, E] (and, when noisy, the
 /// noise logits and eps of the same shape).
-pub fn route_logits<T: Elem>(
-    dev: &Backend,
-    logits: &Tensor<T>,
-    noise: Option<(&Tensor<T>, &Tensor<f32>)>,
-    r: &Router,
-) -> Result<Routing> {
+pub fn route_logits<T: Elem>(dev: &Backend, logits: &Tensor<T>, noise: Option<(&Tensor<T>, &Tensor<f32>)>, r: &Router) -> Result<Routing> {
     if logits.shape().len() != 2 || logits.rows() == 0 {
-        return Err(LabError::shape(
-            FAMILY,
-            format!(
-                "logits are {:?}; they must be [tokens >= 1, experts]",
-                logits.shape()
-            ),
-        ));
+        return Err(LabError::shape(FAMILY, format!("logits are {:?}; they must be [tokens >= 1, experts]", logits.shape())));
     }
     let (t, e) = (logits.rows(), logits.cols());
     r.validate(e)?;
     if r.noise_seed.is_some() != noise.is_some() {
-        return Err(LabError::Invalid(
-            "moe: the router's noise seed and the noise logits come together".into(),
-        ));
+        return Err(LabError::Invalid("moe: the router's noise seed and the noise logits come together".into()));
     }
     let mut places = vec![("logits", logits.placement())];
     if let Some((n, eps)) = noise {
         for (name, s) in [("noise logits", n.shape()), ("eps", eps.shape())] {
             if s != logits.shape() {
-                return Err(LabError::shape(
-                    FAMILY,
-                    format!(
-                        "{name} are {s:?}, the logits {:?}: they must match",
-                        logits.shape()
-                    ),
-                ));
+                return Err(LabError::shape(FAMILY, format!("{name} are {s:?}, the logits {:?}: they must match", logits.shape())));
             }
         }
         places.extend([("noise logits", n.placement()), ("eps", eps.placement())]);
@@ -400,15 +314,8 @@ pub fn route_logits<T: Elem>(
     match dev {
         Backend::Cpu => {
             let host = |t: &Tensor<T>| t.host().expect("placement checked").to_vec();
-            let noise =
-                noise.map(|(n, eps)| (host(n), eps.host().expect("placement checked").to_vec()));
-            let out = cpu::route(
-                &host(logits),
-                noise.as_ref().map(|(n, e)| (n.as_slice(), e.as_slice())),
-                t,
-                e,
-                r,
-            );
+            let noise = noise.map(|(n, eps)| (host(n), eps.host().expect("placement checked").to_vec()));
+            let out = cpu::route(&host(logits), noise.as_ref().map(|(n, e)| (n.as_slice(), e.as_slice())), t, e, r);
             Ok(Routing {
                 experts: Tensor::from_vec(&[t, r.k], out.experts)?,
                 weights: Tensor::from_vec(&[t, r.k], out.weights)?,
@@ -423,60 +330,31 @@ pub fn route_logits<T: Elem>(
 /// Checks a routing's tensors against each other: (tokens, k, experts).
 fn routing_dims(rt: &Routing) -> Result<(usize, usize, usize)> {
     let (t, k, e) = (rt.experts.rows(), rt.experts.cols(), rt.load.len());
-    if rt.experts.shape().len() != 2
-        || rt.weights.shape() != rt.experts.shape()
-        || rt.load.shape().len() != 1
-    {
-        return Err(LabError::shape(
-            FAMILY,
-            format!(
-                "routing experts {:?}, weights {:?}, load {:?}: [T, k], [T, k], [E]",
-                rt.experts.shape(),
-                rt.weights.shape(),
-                rt.load.shape()
-            ),
-        ));
+    if rt.experts.shape().len() != 2 || rt.weights.shape() != rt.experts.shape() || rt.load.shape().len() != 1 {
+        return Err(LabError::shape(FAMILY, format!("routing experts {:?}, weights {:?}, load {:?}: [T, k], [T, k], [E]", rt.experts.shape(), rt.weights.shape(), rt.load.shape())));
     }
     Ok((t, k, e))
 }
 
 /// Permutes x [T, H] into per-expert segments (returned [T k, H], live rows first), keeping at
 /// most `capacity` rows per expert; counts and offsets never leave the device.
-pub fn permute<T: Elem>(
-    dev: &Backend,
-    x: &Tensor<T>,
-    rt: &Routing,
-    capacity: Capacity,
-) -> Result<(Permutation, Tensor<T>)> {
+pub fn permute<T: Elem>(dev: &Backend, x: &Tensor<T>, rt: &Routing, capacity: Capacity) -> Result<(Permutation, Tensor<T>)> {
     let (t, k, e) = routing_dims(rt)?;
     if x.shape().len() != 2 || x.rows() != t {
-        return Err(LabError::shape(
-            FAMILY,
-            format!("x is {:?} but the routing has {t} tokens", x.shape()),
-        ));
+        return Err(LabError::shape(FAMILY, format!("x is {:?} but the routing has {t} tokens", x.shape())));
     }
     if let Capacity::Factor(f) = capacity {
         if !(f.is_finite() && f > 0.0) {
-            return Err(LabError::Invalid(format!(
-                "moe: capacity factor {f} must be a positive number"
-            )));
+            return Err(LabError::Invalid(format!("moe: capacity factor {f} must be a positive number")));
         }
     }
-    check_placement(
-        FAMILY,
-        dev,
-        &[("x", x.placement()), ("experts", rt.experts.placement())],
-    )?;
+    check_placement(FAMILY, dev, &[("x", x.placement()), ("experts", rt.experts.placement())])?;
     let cap = capacity.slots(t, e);
     match dev {
         Backend::Cpu => {
             let p = cpu::permute(rt.experts.host().expect("placed"), t, k, e, cap);
             let xp = cpu::gather(x.host().expect("placed"), &p.rows, x.cols());
-            let perm = Permutation {
-                slot: Tensor::from_vec(&[t, k], p.slot)?,
-                rows: Tensor::from_vec(&[t * k], p.rows)?,
-                offsets: Tensor::from_vec(&[e + 1], p.offsets)?,
-            };
+            let perm = Permutation { slot: Tensor::from_vec(&[t, k], p.slot)?, rows: Tensor::from_vec(&[t * k], p.rows)?, offsets: Tensor::from_vec(&[e + 1], p.offsets)? };
             Ok((perm, Tensor::from_vec(&[t * k, x.cols()], xp)?))
         }
         Backend::Cuda(g) => gpu::permute(g, x, &rt.experts, (t, k, e), cap),
@@ -484,55 +362,19 @@ pub fn permute<T: Elem>(
 }
 
 /// out[t] = sum_j weights[t, j] y[slot[t, j]] over the kept assignments (f32 sums in j order).
-pub fn unpermute<T: Elem>(
-    dev: &Backend,
-    y: &Tensor<T>,
-    perm: &Permutation,
-    weights: &Tensor<f32>,
-    out: &mut Tensor<T>,
-) -> Result<()> {
+pub fn unpermute<T: Elem>(dev: &Backend, y: &Tensor<T>, perm: &Permutation, weights: &Tensor<f32>, out: &mut Tensor<T>) -> Result<()> {
     let (t, k) = (perm.slot.rows(), perm.slot.cols());
     if weights.shape() != perm.slot.shape() {
-        return Err(LabError::shape(
-            FAMILY,
-            format!(
-                "weights are {:?}, the permutation's slots {:?}",
-                weights.shape(),
-                perm.slot.shape()
-            ),
-        ));
+        return Err(LabError::shape(FAMILY, format!("weights are {:?}, the permutation's slots {:?}", weights.shape(), perm.slot.shape())));
     }
     if y.shape().len() != 2 || y.rows() != t * k || out.shape() != [t, y.cols()] {
-        return Err(LabError::shape(
-            FAMILY,
-            format!(
-                "y is {:?} and out {:?}; they must be [T k = {}, N] and [T = {t}, N]",
-                y.shape(),
-                out.shape(),
-                t * k
-            ),
-        ));
+        return Err(LabError::shape(FAMILY, format!("y is {:?} and out {:?}; they must be [T k = {}, N] and [T = {t}, N]", y.shape(), out.shape(), t * k)));
     }
-    check_placement(
-        FAMILY,
-        dev,
-        &[
-            ("y", y.placement()),
-            ("weights", weights.placement()),
-            ("out", out.placement()),
-        ],
-    )?;
+    check_placement(FAMILY, dev, &[("y", y.placement()), ("weights", weights.placement()), ("out", out.placement())])?;
     match dev {
         Backend::Cpu => {
             let n = y.cols();
-            cpu::combine(
-                y.host().expect("placed"),
-                perm.slot.host().expect("placed"),
-                weights.host().expect("placed"),
-                k,
-                n,
-                out.host_mut().expect("placed"),
-            );
+            cpu::combine(y.host().expect("placed"), perm.slot.host().expect("placed"), weights.host().expect("placed"), k, n, out.host_mut().expect("placed"));
             Ok(())
         }
         Backend::Cuda(g) => gpu::combine(g, y, perm, Some(weights), out),
@@ -540,127 +382,57 @@ pub fn unpermute<T: Elem>(
 }
 
 /// The grouped product's sizes: (experts, rows, K, N of B, N of C).
-fn grouped_dims<T: Elem>(
-    a: &Tensor<T>,
-    b: &Tensor<T>,
-    offsets: &Tensor<i32>,
-    ep: Epilogue,
-    c: &Tensor<T>,
-) -> Result<(usize, usize, usize, usize, usize)> {
+fn grouped_dims<T: Elem>(a: &Tensor<T>, b: &Tensor<T>, offsets: &Tensor<i32>, ep: Epilogue, c: &Tensor<T>) -> Result<(usize, usize, usize, usize, usize)> {
     let bad = |why: String| Err(LabError::shape("moe grouped_matmul", why));
     if a.shape().len() != 2 || b.shape().len() != 3 || c.shape().len() != 2 {
-        return bad(format!(
-            "A is {:?}, B {:?}, C {:?}: they must be [rows, K], [experts, K, N], [rows, N]",
-            a.shape(),
-            b.shape(),
-            c.shape()
-        ));
+        return bad(format!("A is {:?}, B {:?}, C {:?}: they must be [rows, K], [experts, K, N], [rows, N]", a.shape(), b.shape(), c.shape()));
     }
     let (e, k, n) = (b.shape()[0], b.shape()[1], b.shape()[2]);
     if e > MAX_EXPERTS {
-        return bad(format!(
-            "B has {e} experts; the schedule takes at most {MAX_EXPERTS}"
-        ));
+        return bad(format!("B has {e} experts; the schedule takes at most {MAX_EXPERTS}"));
     }
     if a.cols() != k {
-        return bad(format!(
-            "A is {:?} but B is {:?}: A's width must be B's K = {k}",
-            a.shape(),
-            b.shape()
-        ));
+        return bad(format!("A is {:?} but B is {:?}: A's width must be B's K = {k}", a.shape(), b.shape()));
     }
     if offsets.shape() != [e + 1] {
-        return bad(format!(
-            "offsets are {:?}; B has {e} experts, so they must be [{}]",
-            offsets.shape(),
-            e + 1
-        ));
+        return bad(format!("offsets are {:?}; B has {e} experts, so they must be [{}]", offsets.shape(), e + 1));
     }
     let nc = match ep {
         Epilogue::Store => n,
         Epilogue::SwiGlu if n % 2 == 0 => n / 2,
-        Epilogue::SwiGlu => {
-            return bad(format!(
-                "B has {n} columns: a SwiGLU epilogue needs gate and up pairs (an even count)"
-            ))
-        }
+        Epilogue::SwiGlu => return bad(format!("B has {n} columns: a SwiGLU epilogue needs gate and up pairs (an even count)")),
     };
     if c.shape() != [a.rows(), nc] {
-        return bad(format!(
-            "C is {:?}; it must be [{}, {nc}]",
-            c.shape(),
-            a.rows()
-        ));
+        return bad(format!("C is {:?}; it must be [{}, {nc}]", c.shape(), a.rows()));
     }
-    if a.rows() == 0
-        || k == 0
-        || n == 0
-        || e == 0
-        || [a.rows(), k, n].iter().any(|&v| v > i32::MAX as usize)
-    {
-        return bad(format!(
-            "A {:?}, B {:?}: every size must be 1 to 2^31 - 1",
-            a.shape(),
-            b.shape()
-        ));
+    if a.rows() == 0 || k == 0 || n == 0 || e == 0 || [a.rows(), k, n].iter().any(|&v| v > i32::MAX as usize) {
+        return bad(format!("A {:?}, B {:?}: every size must be 1 to 2^31 - 1", a.shape(), b.shape()));
     }
     Ok((e, a.rows(), k, n, nc))
 }
 
 /// The grouped product with the best rung for the backend ([`best`]).
-pub fn grouped_matmul<T: Elem>(
-    dev: &Backend,
-    a: &Tensor<T>,
-    b: &Tensor<T>,
-    offsets: &Tensor<i32>,
-    ep: Epilogue,
-    c: &mut Tensor<T>,
-) -> Result<()> {
+pub fn grouped_matmul<T: Elem>(dev: &Backend, a: &Tensor<T>, b: &Tensor<T>, offsets: &Tensor<i32>, ep: Epilogue, c: &mut Tensor<T>) -> Result<()> {
     grouped_matmul_with(dev, best(dev).name, a, b, offsets, ep, c)
 }
 
 /// C[rows of expert e] = A[rows of expert e] B[e] (then the epilogue), for rows
 /// offsets[e]..offsets[e+1] of A and C; rows past offsets[E] are left as they are. Offsets
 /// past A's rows are clamped to them (they live on the device and are not read here).
-pub fn grouped_matmul_with<T: Elem>(
-    dev: &Backend,
-    variant: &str,
-    a: &Tensor<T>,
-    b: &Tensor<T>,
-    offsets: &Tensor<i32>,
-    ep: Epilogue,
-    c: &mut Tensor<T>,
-) -> Result<()> {
+pub fn grouped_matmul_with<T: Elem>(dev: &Backend, variant: &str, a: &Tensor<T>, b: &Tensor<T>, offsets: &Tensor<i32>, ep: Epilogue, c: &mut Tensor<T>) -> Result<()> {
     let v = variant::find(FAMILY, VARIANTS, variant)?;
     variant::check_runs(FAMILY, v, dev, T::DTYPE)?;
-    check_placement(
-        "moe grouped_matmul",
-        dev,
-        &[
-            ("A", a.placement()),
-            ("B", b.placement()),
-            ("offsets", offsets.placement()),
-            ("C", c.placement()),
-        ],
-    )?;
+    check_placement("moe grouped_matmul", dev, &[("A", a.placement()), ("B", b.placement()), ("offsets", offsets.placement()), ("C", c.placement())])?;
     let dims = grouped_dims(a, b, offsets, ep, c)?;
     match (v.config, dev) {
         (Kernel::CpuLoop, _) => {
-            let (ah, bh, oh) = (
-                a.host().expect("placed"),
-                b.host().expect("placed"),
-                offsets.host().expect("placed"),
-            );
+            let (ah, bh, oh) = (a.host().expect("placed"), b.host().expect("placed"), offsets.host().expect("placed"));
             cpu::grouped(ah, bh, oh, dims, ep, c.host_mut().expect("placed"));
             Ok(())
         }
-        (Kernel::CublasLoop, Backend::Cuda(g)) => {
-            gpu::grouped_cublas(g, a, b, offsets, dims, ep, c)
-        }
+        (Kernel::CublasLoop, Backend::Cuda(g)) => gpu::grouped_cublas(g, a, b, offsets, dims, ep, c),
         (Kernel::GroupedMma, Backend::Cuda(g)) => gpu::grouped_mma(g, a, b, offsets, dims, ep, c),
-        (Kernel::GroupedWgmma(tile), Backend::Cuda(g)) => {
-            gpu::grouped_wgmma(g, tile, a, b, offsets, dims, ep, c)
-        }
+        (Kernel::GroupedWgmma(tile), Backend::Cuda(g)) => gpu::grouped_wgmma(g, tile, a, b, offsets, dims, ep, c),
         (_, Backend::Cpu) => unreachable!("check_runs keeps GPU rungs off the CPU"),
     }
 }
@@ -668,8 +440,7 @@ pub fn grouped_matmul_with<T: Elem>(
 /// The rung [`forward`] and [`grouped_matmul`] run: grouped_wgmma on sm_90a, grouped_mma on
 /// other GPUs, cpu_loop on the CPU.
 pub fn best(dev: &Backend) -> &'static Variant<Kernel> {
-    let wgmma =
-        variant::find(FAMILY, VARIANTS, "grouped_wgmma").expect("grouped_wgmma is in the table");
+    let wgmma = variant::find(FAMILY, VARIANTS, "grouped_wgmma").expect("grouped_wgmma is in the table");
     let name = match dev {
         Backend::Cpu => "cpu_loop",
         _ if wgmma.requires.met_by(dev) => return wgmma,
@@ -682,87 +453,43 @@ pub fn best(dev: &Backend) -> &'static Variant<Kernel> {
 pub fn layer_dims<T: Elem>(x: &Tensor<T>, w: &Weights<T>) -> Result<(usize, usize, usize, usize)> {
     let bad = |why: String| Err(LabError::shape(FAMILY, why));
     if x.shape().len() != 2 || x.rows() == 0 || x.cols() == 0 {
-        return bad(format!(
-            "x is {:?}; it must be [tokens >= 1, hidden >= 1]",
-            x.shape()
-        ));
+        return bad(format!("x is {:?}; it must be [tokens >= 1, hidden >= 1]", x.shape()));
     }
     let (t, h) = (x.rows(), x.cols());
     let e = w.router.cols();
     if w.router.shape() != [h, e] {
-        return bad(format!(
-            "the router weight is {:?} but x is {:?}: it must be [hidden = {h}, experts]",
-            w.router.shape(),
-            x.shape()
-        ));
+        return bad(format!("the router weight is {:?} but x is {:?}: it must be [hidden = {h}, experts]", w.router.shape(), x.shape()));
     }
     let gu = w.gate_up.shape();
     if gu.len() != 3 || gu[0] != e || gu[1] != h || !gu[2].is_multiple_of(2) || gu[2] == 0 {
-        return bad(format!(
-            "gate_up is {gu:?}; it must be [experts = {e}, hidden = {h}, 2 x intermediate]"
-        ));
+        return bad(format!("gate_up is {gu:?}; it must be [experts = {e}, hidden = {h}, 2 x intermediate]"));
     }
     let i = gu[2] / 2;
     if w.down.shape() != [e, i, h] {
-        return bad(format!(
-            "down is {:?}; with gate_up {gu:?} it must be [{e}, {i}, {h}]",
-            w.down.shape()
-        ));
+        return bad(format!("down is {:?}; with gate_up {gu:?} it must be [{e}, {i}, {h}]", w.down.shape()));
     }
     Ok((t, h, e, i))
 }
 
 /// The layer with the best rung: out [T, H] = sum_j w_tj down_e(silu(x gate_e) * (x up_e)).
-pub fn forward<T: Elem>(
-    dev: &Backend,
-    x: &Tensor<T>,
-    w: &Weights<T>,
-    r: &Router,
-    out: &mut Tensor<T>,
-) -> Result<Routing> {
+pub fn forward<T: Elem>(dev: &Backend, x: &Tensor<T>, w: &Weights<T>, r: &Router, out: &mut Tensor<T>) -> Result<Routing> {
     forward_with(dev, best(dev).name, x, w, r, out)
 }
 
 /// [`forward`] with the named grouped-GEMM rung; returns the routing (load, losses).
-pub fn forward_with<T: Elem>(
-    dev: &Backend,
-    variant: &str,
-    x: &Tensor<T>,
-    w: &Weights<T>,
-    r: &Router,
-    out: &mut Tensor<T>,
-) -> Result<Routing> {
+pub fn forward_with<T: Elem>(dev: &Backend, variant: &str, x: &Tensor<T>, w: &Weights<T>, r: &Router, out: &mut Tensor<T>) -> Result<Routing> {
     let v = variant::find(FAMILY, VARIANTS, variant)?;
     variant::check_runs(FAMILY, v, dev, T::DTYPE)?;
     let (t, h, _, i) = layer_dims(x, w)?;
     if out.shape() != [t, h] {
-        return Err(LabError::shape(
-            FAMILY,
-            format!("out is {:?}; it must be x's shape [{t}, {h}]", out.shape()),
-        ));
+        return Err(LabError::shape(FAMILY, format!("out is {:?}; it must be x's shape [{t}, {h}]", out.shape())));
     }
     let rt = route(dev, x, w, r)?;
     let (perm, xp) = permute(dev, x, &rt, r.capacity)?;
     let mut act = Tensor::<T>::zeros(dev, &[t * r.k, i])?;
-    grouped_matmul_with(
-        dev,
-        variant,
-        &xp,
-        &w.gate_up,
-        &perm.offsets,
-        Epilogue::SwiGlu,
-        &mut act,
-    )?;
+    grouped_matmul_with(dev, variant, &xp, &w.gate_up, &perm.offsets, Epilogue::SwiGlu, &mut act)?;
     let mut y = Tensor::<T>::zeros(dev, &[t * r.k, h])?;
-    grouped_matmul_with(
-        dev,
-        variant,
-        &act,
-        &w.down,
-        &perm.offsets,
-        Epilogue::Store,
-        &mut y,
-    )?;
+    grouped_matmul_with(dev, variant, &act, &w.down, &perm.offsets, Epilogue::Store, &mut y)?;
     unpermute(dev, &y, &perm, &rt.weights, out)?;
     Ok(rt)
 }

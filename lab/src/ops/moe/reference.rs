@@ -21,27 +21,15 @@ pub struct RouteRef {
 }
 
 fn softplus(x: f64) -> f64 {
-    if x > 30.0 {
-        x
-    } else {
-        x.exp().ln_1p()
-    }
+    if x > 30.0 { x } else { x.exp().ln_1p() }
 }
 
 /// Token i's selection logits h (logits + eps softplus(noise logits) under noisy gating) and its
 /// scores (softmax or sigmoid of h): what [`route`] and the backward both start from.
-pub fn token_scores(
-    logits: &[f64],
-    noise: Option<(&[f64], &[f64])>,
-    i: usize,
-    e: usize,
-    r: &Router,
-) -> (Vec<f64>, Vec<f64>) {
+pub fn token_scores(logits: &[f64], noise: Option<(&[f64], &[f64])>, i: usize, e: usize, r: &Router) -> (Vec<f64>, Vec<f64>) {
     let l = &logits[i * e..][..e];
     let h: Vec<f64> = match noise {
-        Some((n, eps)) => (0..e)
-            .map(|j| l[j] + eps[i * e + j] * softplus(n[i * e + j]))
-            .collect(),
+        Some((n, eps)) => (0..e).map(|j| l[j] + eps[i * e + j] * softplus(n[i * e + j])).collect(),
         None => l.to_vec(),
     };
     let m = h.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -56,33 +44,14 @@ pub fn token_scores(
 }
 
 /// The router in f64 from stored logits (and noise logits and eps), as the module documents it.
-pub fn route(
-    logits: &[f64],
-    noise: Option<(&[f64], &[f64])>,
-    t: usize,
-    e: usize,
-    r: &Router,
-) -> RouteRef {
+pub fn route(logits: &[f64], noise: Option<(&[f64], &[f64])>, t: usize, e: usize, r: &Router) -> RouteRef {
     route_selected(logits, noise, t, e, r, None)
 }
 
 /// [`route`], or, with `select` ([T, k] experts), weights, load and losses for that selection:
 /// how a check holds fixed the choice a backend made at a near tie.
-pub fn route_selected(
-    logits: &[f64],
-    noise: Option<(&[f64], &[f64])>,
-    t: usize,
-    e: usize,
-    r: &Router,
-    select: Option<&[usize]>,
-) -> RouteRef {
-    let mut out = RouteRef {
-        experts: Vec::new(),
-        weights: Vec::new(),
-        load: vec![0; e],
-        aux_loss: 0.0,
-        z_loss: 0.0,
-    };
+pub fn route_selected(logits: &[f64], noise: Option<(&[f64], &[f64])>, t: usize, e: usize, r: &Router, select: Option<&[usize]>) -> RouteRef {
+    let mut out = RouteRef { experts: Vec::new(), weights: Vec::new(), load: vec![0; e], aux_loss: 0.0, z_loss: 0.0 };
     let mut p_sum = vec![0f64; e];
     for i in 0..t {
         let l = &logits[i * e..][..e];
@@ -94,12 +63,10 @@ pub fn route_selected(
             kept.extend_from_slice(&sel[i * r.k..][..r.k]);
         }
         for _ in kept.len()..r.k {
-            let best = (0..e)
-                .filter(|&j| !taken[j])
-                .fold(None, |b: Option<usize>, j| match b {
-                    Some(b) if h[b] >= h[j] => Some(b),
-                    _ => Some(j),
-                });
+            let best = (0..e).filter(|&j| !taken[j]).fold(None, |b: Option<usize>, j| match b {
+                Some(b) if h[b] >= h[j] => Some(b),
+                _ => Some(j),
+            });
             let j = best.expect("k <= E");
             taken[j] = true;
             kept.push(j);
@@ -108,27 +75,15 @@ pub fn route_selected(
         for &j in &kept {
             out.load[j] += 1;
             out.experts.push(j);
-            out.weights.push(if r.renormalize {
-                scores[j] / sum_kept
-            } else {
-                scores[j]
-            });
+            out.weights.push(if r.renormalize { scores[j] / sum_kept } else { scores[j] });
         }
         let total: f64 = scores.iter().sum();
-        p_sum
-            .iter_mut()
-            .zip(&scores)
-            .for_each(|(p, s)| *p += s / total);
+        p_sum.iter_mut().zip(&scores).for_each(|(p, s)| *p += s / total);
         let ml = l.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         let lse = ml + l.iter().map(|v| (v - ml).exp()).sum::<f64>().ln();
         out.z_loss += lse * lse / t as f64;
     }
-    let f_p: f64 = out
-        .load
-        .iter()
-        .zip(&p_sum)
-        .map(|(&f, &p)| f as f64 / (t * r.k) as f64 * p / t as f64)
-        .sum();
+    let f_p: f64 = out.load.iter().zip(&p_sum).map(|(&f, &p)| f as f64 / (t * r.k) as f64 * p / t as f64).sum();
     out.aux_loss = r.aux_alpha * e as f64 * f_p;
     out
 }
@@ -138,10 +93,7 @@ pub fn route_selected(
 pub fn kept(experts: &[usize], t: usize, k: usize, e: usize, cap: usize) -> Vec<bool> {
     let mut keep = vec![false; t * k];
     for x in 0..e {
-        let mut mine: Vec<(usize, usize)> = (0..t * k)
-            .filter(|&a| experts[a] == x)
-            .map(|a| (a % k, a / k))
-            .collect();
+        let mut mine: Vec<(usize, usize)> = (0..t * k).filter(|&a| experts[a] == x).map(|a| (a % k, a / k)).collect();
         mine.sort_unstable();
         for &(j, i) in mine.iter().take(cap) {
             keep[i * k + j] = true;
@@ -181,17 +133,7 @@ pub struct LayerRef {
 ///
 /// all doubled against second-order terms, plus half T's smallest subnormal.
 #[allow(clippy::too_many_arguments)]
-pub fn layer<T: Elem>(
-    x: &[T],
-    gate_up: &[T],
-    down: &[T],
-    (h, e, i): (usize, usize, usize),
-    k: usize,
-    experts: &[usize],
-    weights: &[f64],
-    keep: &[bool],
-    tokens: &[usize],
-) -> LayerRef {
+pub fn layer<T: Elem>(x: &[T], gate_up: &[T], down: &[T], (h, e, i): (usize, usize, usize), k: usize, experts: &[usize], weights: &[f64], keep: &[bool], tokens: &[usize]) -> LayerRef {
     let ut = unit(T::DTYPE);
     let (gamma_h, gamma_i) = (2.0 * (h as f64 + 2.0) * U32, 2.0 * (i as f64 + 2.0) * U32);
     let dw = (2.0 * e as f64 + 16.0) * U32;
@@ -207,8 +149,7 @@ pub fn layer<T: Elem>(
                 }
                 let (ex, w) = (experts[a], weights[a]);
                 let gu = &gate_up[ex * h * 2 * i..][..h * 2 * i];
-                let (mut g, mut u, mut sg, mut su) =
-                    (vec![0f64; i], vec![0f64; i], vec![0f64; i], vec![0f64; i]);
+                let (mut g, mut u, mut sg, mut su) = (vec![0f64; i], vec![0f64; i], vec![0f64; i], vec![0f64; i]);
                 for (kk, &xv) in xt.iter().enumerate() {
                     let row = &gu[kk * 2 * i..][..2 * i];
                     for c in 0..i {
@@ -227,13 +168,8 @@ pub fn layer<T: Elem>(
                     let dsilu = s * (1.0 + g[c] * (1.0 - s));
                     hv[c] = silu * u[c];
                     // g and u may be stored in T before the activation (cublas_loop): one more rounding each.
-                    let (eg, eu) = (
-                        gamma_h * sg[c] + ut * g[c].abs(),
-                        gamma_h * su[c] + ut * u[c].abs(),
-                    );
-                    dh[c] = (ut + 8.0 * U32) * hv[c].abs()
-                        + dsilu.abs() * u[c].abs() * eg
-                        + silu.abs() * eu;
+                    let (eg, eu) = (gamma_h * sg[c] + ut * g[c].abs(), gamma_h * su[c] + ut * u[c].abs());
+                    dh[c] = (ut + 8.0 * U32) * hv[c].abs() + dsilu.abs() * u[c].abs() * eg + silu.abs() * eu;
                 }
                 let dn = &down[ex * i * h..][..i * h];
                 let (mut y, mut dy, mut sy) = (vec![0f64; h], vec![0f64; h], vec![0f64; h]);
@@ -258,11 +194,7 @@ pub fn layer<T: Elem>(
                 DType::F16 => 2f64.powi(-25),
                 DType::Bf16 => 2f64.powi(-134),
             };
-            let allow = (0..h)
-                .map(|o| {
-                    2.0 * (err[o] + (k as f64 + 1.0) * U32 * mag[o] + ut * out[o].abs()) + subnormal
-                })
-                .collect();
+            let allow = (0..h).map(|o| 2.0 * (err[o] + (k as f64 + 1.0) * U32 * mag[o] + ut * out[o].abs()) + subnormal).collect();
             (out, allow)
         })
         .collect();
@@ -276,32 +208,20 @@ pub fn layer<T: Elem>(
 
 /// Every expert on every token, in f64, weighted by `gates` [T, E] (0 where a token does not
 /// use an expert): what the dropless layer must equal.
-pub fn dense_masked(
-    x: &[f64],
-    gate_up: &[f64],
-    down: &[f64],
-    (t, h, e, i): (usize, usize, usize, usize),
-    gates: &[f64],
-) -> Vec<f64> {
+pub fn dense_masked(x: &[f64], gate_up: &[f64], down: &[f64], (t, h, e, i): (usize, usize, usize, usize), gates: &[f64]) -> Vec<f64> {
     let mut out = vec![0f64; t * h];
     out.par_chunks_mut(h).enumerate().for_each(|(tok, o)| {
         for ex in 0..e {
             let gu = &gate_up[ex * h * 2 * i..];
             let act: Vec<f64> = (0..i)
                 .map(|c| {
-                    let g: f64 = (0..h)
-                        .map(|kk| x[tok * h + kk] * gu[kk * 2 * i + 2 * c])
-                        .sum();
-                    let u: f64 = (0..h)
-                        .map(|kk| x[tok * h + kk] * gu[kk * 2 * i + 2 * c + 1])
-                        .sum();
+                    let g: f64 = (0..h).map(|kk| x[tok * h + kk] * gu[kk * 2 * i + 2 * c]).sum();
+                    let u: f64 = (0..h).map(|kk| x[tok * h + kk] * gu[kk * 2 * i + 2 * c + 1]).sum();
                     g / (1.0 + (-g).exp()) * u
                 })
                 .collect();
             for (col, ov) in o.iter_mut().enumerate() {
-                let y: f64 = (0..i)
-                    .map(|c| act[c] * down[ex * i * h + c * h + col])
-                    .sum();
+                let y: f64 = (0..i).map(|c| act[c] * down[ex * i * h + c * h + col]).sum();
                 *ov += gates[tok * e + ex] * y;
             }
         }

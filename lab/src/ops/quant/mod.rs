@@ -20,15 +20,11 @@ pub mod q8;
 pub mod reference;
 pub mod variants;
 
-pub use crate::quant::{Format, Scheme};
 pub use experiment::Quant;
 pub use launch::{
-    best_w4a16, default_layout, dequantize, dequantize_with, pack_int4, pack_int4_with,
-    stream_read_blocks, stream_read_with, unpack_int4, unpack_int4_with, w4a16_matvec,
-    w4a16_matvec_with, QuantTensor,
+    best_w4a16, default_layout, dequantize, dequantize_with, pack_int4, pack_int4_with, stream_read_blocks, stream_read_with, unpack_int4,
+    unpack_int4_with, w4a16_matvec, w4a16_matvec_with, QuantTensor,
 };
-pub use q8::{
-    dequantize_q8_0, dequantize_q8_0_with, embed_q8_0, embed_q8_0_with, w8a16_matvec,
-    w8a16_matvec_with, Q8Tensor,
-};
+pub use crate::quant::{Format, Scheme};
+pub use q8::{dequantize_q8_0, dequantize_q8_0_with, embed_q8_0, embed_q8_0_with, w8a16_matvec, w8a16_matvec_with, Q8Tensor};
 pub use variants::{current_name, variants, Layout, VARIANTS};

@@ -51,12 +51,7 @@ pub fn w4a16_cuda_cores(q: &GroupQuant, x: &[f16], batch: usize) -> Vec<f16> {
 
 /// [`w4a16_cuda_cores`] with each code word decoded by `decode(row, word, bits)` (None: the
 /// word left out).
-pub(super) fn w4a16_cuda_cores_decoding(
-    q: &GroupQuant,
-    x: &[f16],
-    batch: usize,
-    decode: impl Fn(usize, usize, u32) -> Option<[f32; 8]> + Sync,
-) -> Vec<f16> {
+pub(super) fn w4a16_cuda_cores_decoding(q: &GroupQuant, x: &[f16], batch: usize, decode: impl Fn(usize, usize, u32) -> Option<[f32; 8]> + Sync) -> Vec<f16> {
     let (n, k) = (q.rows, q.cols);
     let (nw, wpg, gpr) = (k / 8, q.group / 8, k / q.group);
     let asym = q.scheme == Scheme::Asym;
@@ -69,21 +64,8 @@ pub(super) fn w4a16_cuda_cores_decoding(
             let mut acc = vec![[0f32; W4_THREADS]; batch];
             for t in 0..W4_THREADS {
                 for w in (t..nw).step_by(W4_THREADS) {
-                    let Some(wf) = decode(
-                        r,
-                        w,
-                        u32::from_le_bytes(codes[4 * w..4 * w + 4].try_into().expect("4 bytes")),
-                    ) else {
-                        continue;
-                    };
-                    let (d, m) = (
-                        q.scales[r * gpr + w / wpg].to_f32(),
-                        if asym {
-                            q.mins[r * gpr + w / wpg].to_f32()
-                        } else {
-                            0.0
-                        },
-                    );
+                    let Some(wf) = decode(r, w, u32::from_le_bytes(codes[4 * w..4 * w + 4].try_into().expect("4 bytes"))) else { continue };
+                    let (d, m) = (q.scales[r * gpr + w / wpg].to_f32(), if asym { q.mins[r * gpr + w / wpg].to_f32() } else { 0.0 });
                     for (b, acc) in acc.iter_mut().enumerate() {
                         let xs = &xf[b * k + 8 * w..b * k + 8 * w + 8];
                         let dot = xs.iter().zip(&wf).fold(0f32, |s, (&x, &w)| x.mul_add(w, s));
@@ -96,15 +78,7 @@ pub(super) fn w4a16_cuda_cores_decoding(
                     }
                 }
             }
-            acc.iter()
-                .map(|lanes| {
-                    f16::from_f32(
-                        lanes
-                            .chunks_exact(32)
-                            .fold(0f32, |s, warp| s + warp_reduce_sum(warp)),
-                    )
-                })
-                .collect()
+            acc.iter().map(|lanes| f16::from_f32(lanes.chunks_exact(32).fold(0f32, |s, warp| s + warp_reduce_sum(warp)))).collect()
         })
         .collect();
     (0..batch * n).map(|i| rows[i % n][i / n]).collect()
@@ -112,10 +86,7 @@ pub(super) fn w4a16_cuda_cores_decoding(
 
 /// One Q8_0 block's 32 codes as f32 and its d (s8x4 and q8_block in w8a16.cu: exact).
 pub fn q8_block(block: &[u8]) -> ([f32; 32], f32) {
-    (
-        std::array::from_fn(|e| block[2 + e] as i8 as f32),
-        f16::from_le_bytes([block[0], block[1]]).to_f32(),
-    )
+    (std::array::from_fn(|e| block[2 + e] as i8 as f32), f16::from_le_bytes([block[0], block[1]]).to_f32())
 }
 
 /// quant_w8a16_b{B}_f16 on the CPU with `rows_per_warp` rows per warp, any batch: Y (f32, batch
@@ -124,16 +95,8 @@ pub fn q8_block(block: &[u8]) -> ([f32; 32], f32) {
 /// shuffle-down sum within each run of lanes on the same row (offsets 1, 2, .., 16, a lane adding
 /// its neighbour's value when both are on one row); the row's first lane of the run adds the
 /// result to the row's f32 accumulator. Warps in parallel.
-pub fn w8a16_blocks(
-    blocks: &[u8],
-    (n, k): (usize, usize),
-    x: &[f16],
-    batch: usize,
-    rows_per_warp: usize,
-) -> Vec<f32> {
-    w8a16_decoding(blocks, (n, k), x, batch, rows_per_warp, |_, _, block| {
-        q8_block(block)
-    })
+pub fn w8a16_blocks(blocks: &[u8], (n, k): (usize, usize), x: &[f16], batch: usize, rows_per_warp: usize) -> Vec<f32> {
+    w8a16_decoding(blocks, (n, k), x, batch, rows_per_warp, |_, _, block| q8_block(block))
 }
 
 /// [`w8a16_blocks`] with each block decoded by `decode(row, block of the row, bytes)`.
@@ -166,13 +129,7 @@ pub(super) fn w8a16_decoding(
                         let off = 34 * ((row0 + r) * kb + c);
                         let (codes, d) = decode(row0 + r, c, &blocks[off..off + 34]);
                         let part = (0..batch)
-                            .map(|b| {
-                                codes
-                                    .iter()
-                                    .zip(&xf[b * k + 32 * c..b * k + 32 * c + 32])
-                                    .fold(0f32, |s, (&w, &x)| x.mul_add(w, s))
-                                    * d
-                            })
+                            .map(|b| codes.iter().zip(&xf[b * k + 32 * c..b * k + 32 * c + 32]).fold(0f32, |s, (&w, &x)| x.mul_add(w, s)) * d)
                             .collect();
                         (r, part)
                     })
@@ -212,46 +169,22 @@ pub(super) fn w8a16_decoding(
 
 /// What `design` computes for group-wise weights `q` (in rows; the tile layouts are made here)
 /// and `batch` rows of X, launched on a GPU of `sms` SMs (the pipelined design's grid).
-pub fn w4a16_model(
-    design: &W4Design,
-    q: &GroupQuant,
-    x: &[f16],
-    batch: usize,
-    sms: usize,
-) -> Vec<f16> {
+pub fn w4a16_model(design: &W4Design, q: &GroupQuant, x: &[f16], batch: usize, sms: usize) -> Vec<f16> {
     match design.model {
         Model::CudaCores => w4a16_cuda_cores(q, x, batch),
         Model::Mma { post } => {
             let t = (design.layout != Layout::Rows).then(|| tiles::tile(q));
-            w4a16_mma_model::w4a16_mma(
-                q,
-                t.as_ref(),
-                (post, design.layout == Layout::StepMajor),
-                x,
-                batch,
-                design.warps,
-            )
+            w4a16_mma_model::w4a16_mma(q, t.as_ref(), (post, design.layout == Layout::StepMajor), x, batch, design.warps)
         }
-        Model::SplitK => {
-            w4a16_mma_model::w4a16_mma_splitk(q, x, batch, splitk_slices(q.cols, batch))
-        }
-        Model::Pipelined => {
-            w4a16_mma_model::w4a16_mma_pipelined(q, x, batch, pipelined_grid(q.rows, sms))
-        }
+        Model::SplitK => w4a16_mma_model::w4a16_mma_splitk(q, x, batch, splitk_slices(q.cols, batch)),
+        Model::Pipelined => w4a16_mma_model::w4a16_mma_pipelined(q, x, batch, pipelined_grid(q.rows, sms)),
     }
 }
 
 /// Integer weights and activations for comparing a design with its model: random codes, scales
 /// of 1/2, 1 or 2, mins of -8..-1 and X in -3..3, so every decoded weight, product and partial
 /// sum is exact in f16 and f32 and the output is the exact product rounded once.
-pub fn integer_problem(
-    n: usize,
-    k: usize,
-    scheme: Scheme,
-    group: usize,
-    batch: usize,
-    seed: u64,
-) -> (GroupQuant, Vec<f16>) {
+pub fn integer_problem(n: usize, k: usize, scheme: Scheme, group: usize, batch: usize, seed: u64) -> (GroupQuant, Vec<f16>) {
     use rand::{Rng, SeedableRng};
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let groups = n * k / group;
@@ -261,20 +194,10 @@ pub fn integer_problem(
         rows: n,
         cols: k,
         packed: (0..n * k / 2).map(|_| rng.random::<u8>()).collect(),
-        scales: (0..groups)
-            .map(|_| f16::from_f32([0.5, 1.0, 2.0][rng.random_range(0..3)]))
-            .collect(),
-        mins: if scheme == Scheme::Asym {
-            (0..groups)
-                .map(|_| f16::from_f32(rng.random_range(-8i32..0) as f32))
-                .collect()
-        } else {
-            vec![]
-        },
+        scales: (0..groups).map(|_| f16::from_f32([0.5, 1.0, 2.0][rng.random_range(0..3)])).collect(),
+        mins: if scheme == Scheme::Asym { (0..groups).map(|_| f16::from_f32(rng.random_range(-8i32..0) as f32)).collect() } else { vec![] },
     };
-    let x = (0..batch * k)
-        .map(|_| f16::from_f32(rng.random_range(-3i32..=3) as f32))
-        .collect();
+    let x = (0..batch * k).map(|_| f16::from_f32(rng.random_range(-3i32..=3) as f32)).collect();
     (q, x)
 }
 
@@ -286,37 +209,23 @@ pub fn integer_q8(n: usize, k: usize, batch: usize, seed: u64) -> (Vec<u8>, Vec<
     let blocks = (0..n * k / 32)
         .flat_map(|_| {
             let d = f16::from_f32([0.5, 1.0, 2.0][rng.random_range(0..3)]).to_le_bytes();
-            d.into_iter()
-                .chain((0..32).map(|_| rng.random_range(-127i8..=127) as u8))
-                .collect::<Vec<_>>()
+            d.into_iter().chain((0..32).map(|_| rng.random_range(-127i8..=127) as u8)).collect::<Vec<_>>()
         })
         .collect();
-    let x = (0..batch * k)
-        .map(|_| f16::from_f32(rng.random_range(-3i32..=3) as f32))
-        .collect();
+    let x = (0..batch * k).map(|_| f16::from_f32(rng.random_range(-3i32..=3) as f32)).collect();
     (blocks, x)
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::ops::quant::reference::{
-        check_w4a16, reference_magnitudes, reference_w4a16, w4a16_bound, Quantized,
-    };
+    use crate::ops::quant::reference::{check_w4a16, reference_magnitudes, reference_w4a16, w4a16_bound, Quantized};
     use crate::ops::quant::variants::{w4_designs, BATCHES};
     use crate::quant::group;
     use rand::{Rng, SeedableRng};
 
-    pub(crate) fn random_quant(
-        rng: &mut impl Rng,
-        n: usize,
-        k: usize,
-        scheme: Scheme,
-        group: usize,
-    ) -> GroupQuant {
-        let w: Vec<f32> = (0..n * k)
-            .map(|_| rng.random_range(-1.0f32..1.0) / (k as f32).sqrt())
-            .collect();
+    pub(crate) fn random_quant(rng: &mut impl Rng, n: usize, k: usize, scheme: Scheme, group: usize) -> GroupQuant {
+        let w: Vec<f32> = (0..n * k).map(|_| rng.random_range(-1.0f32..1.0) / (k as f32).sqrt()).collect();
         group::quantize(&w, n, k, scheme, group).unwrap()
     }
 
@@ -324,21 +233,9 @@ pub(crate) mod tests {
     /// fewer slices than one load round asks for (warps with no step, several rounds per warp)
     /// and pipelined grids that give a block several tiles (the ring across tile boundaries).
     fn outputs(q: &GroupQuant, x: &[f16], b: usize) -> Vec<(String, Vec<f16>)> {
-        let mut out: Vec<_> = w4_designs()
-            .map(|(name, d)| (name.to_string(), w4a16_model(&d, q, x, b, 132)))
-            .collect();
-        out.extend([1, 2, 3, 7].map(|s| {
-            (
-                format!("split-K over {s}"),
-                w4a16_mma_model::w4a16_mma_splitk(q, x, b, s),
-            )
-        }));
-        out.extend([1, 2, 3].map(|g| {
-            (
-                format!("pipelined on {g} blocks"),
-                w4a16_mma_model::w4a16_mma_pipelined(q, x, b, g),
-            )
-        }));
+        let mut out: Vec<_> = w4_designs().map(|(name, d)| (name.to_string(), w4a16_model(&d, q, x, b, 132))).collect();
+        out.extend([1, 2, 3, 7].map(|s| (format!("split-K over {s}"), w4a16_mma_model::w4a16_mma_splitk(q, x, b, s))));
+        out.extend([1, 2, 3].map(|g| (format!("pipelined on {g} blocks"), w4a16_mma_model::w4a16_mma_pipelined(q, x, b, g))));
         out
     }
 
@@ -367,24 +264,13 @@ pub(crate) mod tests {
             let quantized = Quantized::Group(q.clone());
             let (wd, mags) = (q.dequantize(), reference_magnitudes(&quantized));
             for &b in BATCHES {
-                let x: Vec<f16> = (0..b * k)
-                    .map(|_| f16::from_f32(rng.random_range(-2.0f32..2.0)))
-                    .collect();
+                let x: Vec<f16> = (0..b * k).map(|_| f16::from_f32(rng.random_range(-2.0f32..2.0))).collect();
                 let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
                 let expected = reference_w4a16(&xf, &wd, b, n, k);
-                let scale = reference_w4a16(
-                    &xf.iter().map(|v| v.abs()).collect::<Vec<_>>(),
-                    &mags,
-                    b,
-                    n,
-                    k,
-                );
+                let scale = reference_w4a16(&xf.iter().map(|v| v.abs()).collect::<Vec<_>>(), &mags, b, n, k);
                 for (name, y) in outputs(&q, &x, b) {
                     let e = check_w4a16(&y, &expected, &scale, w4a16_bound(k));
-                    assert!(
-                        e.passed(),
-                        "{name}: N={n} K={k} {scheme:?} g{group} batch {b}: {e:?}"
-                    );
+                    assert!(e.passed(), "{name}: N={n} K={k} {scheme:?} g{group} batch {b}: {e:?}");
                 }
             }
         }
@@ -395,23 +281,11 @@ pub(crate) mod tests {
     /// bit: what the GPU quick run holds the kernels to.
     #[test]
     fn every_design_model_is_exact_on_integer_data() {
-        for (i, (n, k, scheme, group)) in [
-            (37, 992, Scheme::Asym, 32),
-            (19, 640, Scheme::Sym, 128),
-            (9, 1536, Scheme::Asym, 96),
-            (7, 2048, Scheme::Sym, 256),
-            (21, 4064, Scheme::Asym, 32),
-        ]
-        .into_iter()
-        .enumerate()
-        {
+        for (i, (n, k, scheme, group)) in [(37, 992, Scheme::Asym, 32), (19, 640, Scheme::Sym, 128), (9, 1536, Scheme::Asym, 96), (7, 2048, Scheme::Sym, 256), (21, 4064, Scheme::Asym, 32)].into_iter().enumerate() {
             for &b in BATCHES {
                 let (q, x) = integer_problem(n, k, scheme, group, b, i as u64);
                 let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
-                let expected: Vec<u16> = reference_w4a16(&xf, &q.dequantize(), b, n, k)
-                    .iter()
-                    .map(|&v| f16::from_f64(v).to_bits())
-                    .collect();
+                let expected: Vec<u16> = reference_w4a16(&xf, &q.dequantize(), b, n, k).iter().map(|&v| f16::from_f64(v).to_bits()).collect();
                 for (name, y) in outputs(&q, &x, b) {
                     let first = y.iter().zip(&expected).position(|(g, e)| g.to_bits() != *e);
                     assert!(first.is_none(), "{name}: N={n} K={k} {scheme:?} g{group} batch {b}: first difference at {first:?}");
@@ -425,14 +299,8 @@ pub(crate) mod tests {
     /// 30 meet in pairs first and survive; summed in order, all 31 are lost).
     #[test]
     fn the_cuda_core_decode_and_butterfly_are_the_kernels() {
-        assert_eq!(
-            codes8(0x7654_3210, 8.0),
-            [-8.0, -7.0, -6.0, -5.0, -4.0, -3.0, -2.0, -1.0]
-        );
-        assert_eq!(
-            codes8(0xFEDC_BA98, 0.0),
-            [8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0]
-        );
+        assert_eq!(codes8(0x7654_3210, 8.0), [-8.0, -7.0, -6.0, -5.0, -4.0, -3.0, -2.0, -1.0]);
+        assert_eq!(codes8(0xFEDC_BA98, 0.0), [8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0]);
         let mut v = [1f32; 32];
         v[0] = 16_777_216.0;
         assert_eq!(warp_reduce_sum(&v), 16_777_246.0);
@@ -449,25 +317,10 @@ pub(crate) mod tests {
             for batch in [1, 3, 16] {
                 let (blocks, x) = integer_q8(n, k, batch, 7);
                 let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
-                let want: Vec<u32> = reference_w4a16(
-                    &xf,
-                    &reference_dequantize_blocks(Block::Q8_0, &blocks),
-                    batch,
-                    n,
-                    k,
-                )
-                .iter()
-                .map(|&v| (v as f32).to_bits())
-                .collect();
+                let want: Vec<u32> = reference_w4a16(&xf, &reference_dequantize_blocks(Block::Q8_0, &blocks), batch, n, k).iter().map(|&v| (v as f32).to_bits()).collect();
                 for rows_per_warp in [1, 2, 4, 8, 16] {
-                    let got: Vec<u32> = w8a16_blocks(&blocks, (n, k), &x, batch, rows_per_warp)
-                        .iter()
-                        .map(|v| v.to_bits())
-                        .collect();
-                    assert_eq!(
-                        got, want,
-                        "{n} x {k} batch {batch}, {rows_per_warp} rows per warp"
-                    );
+                    let got: Vec<u32> = w8a16_blocks(&blocks, (n, k), &x, batch, rows_per_warp).iter().map(|v| v.to_bits()).collect();
+                    assert_eq!(got, want, "{n} x {k} batch {batch}, {rows_per_warp} rows per warp");
                 }
             }
         }

@@ -13,14 +13,7 @@ use half::f16;
 use rayon::prelude::*;
 
 pub fn parse_format(name: &str) -> Result<Format> {
-    Format::all()
-        .into_iter()
-        .find(|f| f.name() == name)
-        .ok_or_else(|| {
-            LabError::Invalid(format!(
-                "unknown 4-bit format `{name}` (sym_g32 .. asym_g128, q4_0, q4_1)"
-            ))
-        })
+    Format::all().into_iter().find(|f| f.name() == name).ok_or_else(|| LabError::Invalid(format!("unknown 4-bit format `{name}` (sym_g32 .. asym_g128, q4_0, q4_1)")))
 }
 
 /// A matrix in any of the 4-bit formats (Q8_0 weights are a [`super::q8::Q8Tensor`]).
@@ -34,31 +27,20 @@ impl Quantized {
     /// Quantizes a `rows x cols` matrix (Q4_0 / Q4_1: blocks of 32 along each row).
     pub fn new(format: Format, x: &[f32], rows: usize, cols: usize) -> Result<Self> {
         match format {
-            Format::Group { scheme, group } => {
-                group::quantize(x, rows, cols, scheme, group).map(Quantized::Group)
-            }
+            Format::Group { scheme, group } => group::quantize(x, rows, cols, scheme, group).map(Quantized::Group),
             Format::Q4_0 | Format::Q4_1 => {
                 group::validate(x.len(), rows, cols, ggml::QK)?;
-                let b = if format == Format::Q4_0 {
-                    Block::Q4_0
-                } else {
-                    Block::Q4_1
-                };
+                let b = if format == Format::Q4_0 { Block::Q4_0 } else { Block::Q4_1 };
                 ggml::quantize(b, x).map(|q| Quantized::Blocks(b, q))
             }
         }
     }
     pub fn format(&self) -> Format {
         match self {
-            Quantized::Group(q) => Format::Group {
-                scheme: q.scheme,
-                group: q.group,
-            },
+            Quantized::Group(q) => Format::Group { scheme: q.scheme, group: q.group },
             Quantized::Blocks(Block::Q4_0, _) => Format::Q4_0,
             Quantized::Blocks(Block::Q4_1, _) => Format::Q4_1,
-            Quantized::Blocks(Block::Q8_0, _) => {
-                unreachable!("Quantized holds 4-bit formats; Q8_0 weights are a Q8Tensor")
-            }
+            Quantized::Blocks(Block::Q8_0, _) => unreachable!("Quantized holds 4-bit formats; Q8_0 weights are a Q8Tensor"),
         }
     }
     /// Weights held.
@@ -74,18 +56,14 @@ impl Quantized {
     pub fn dequantize(&self) -> Vec<f32> {
         match self {
             Quantized::Group(q) => q.dequantize(),
-            Quantized::Blocks(b, q) => {
-                ggml::dequantize(*b, q).expect("whole blocks by construction")
-            }
+            Quantized::Blocks(b, q) => ggml::dequantize(*b, q).expect("whole blocks by construction"),
         }
     }
     /// [`Quantized::dequantize`] into `out` (every weight, in order).
     pub fn dequantize_into(&self, out: &mut [f32]) {
         match self {
             Quantized::Group(q) => q.dequantize_into(out),
-            Quantized::Blocks(b, q) => {
-                ggml::dequantize_into(*b, q, out).expect("whole blocks by construction")
-            }
+            Quantized::Blocks(b, q) => ggml::dequantize_into(*b, q, out).expect("whole blocks by construction"),
         }
     }
     pub fn bytes(&self) -> u64 {
@@ -98,10 +76,7 @@ impl Quantized {
     pub fn steps(&self) -> Vec<f32> {
         match self {
             Quantized::Group(q) => q.scales.iter().map(|d| d.to_f32().abs()).collect(),
-            Quantized::Blocks(b, q) => q
-                .chunks_exact(b.bytes())
-                .map(|blk| ggml::parts(*b, blk).0.abs())
-                .collect(),
+            Quantized::Blocks(b, q) => q.chunks_exact(b.bytes()).map(|blk| ggml::parts(*b, blk).0.abs()).collect(),
         }
     }
 }
@@ -137,16 +112,9 @@ impl Grid {
 
     pub fn of(format: Format) -> Grid {
         match format {
-            Format::Group {
-                scheme: Scheme::Sym,
-                ..
-            } => Grid::Symmetric { qmax: 7.0 },
+            Format::Group { scheme: Scheme::Sym, .. } => Grid::Symmetric { qmax: 7.0 },
             Format::Q4_0 => Grid::SignedMax,
-            Format::Group {
-                scheme: Scheme::Asym,
-                ..
-            }
-            | Format::Q4_1 => Grid::Asymmetric { levels: 15.0 },
+            Format::Group { scheme: Scheme::Asym, .. } | Format::Q4_1 => Grid::Asymmetric { levels: 15.0 },
         }
     }
 
@@ -169,16 +137,7 @@ impl Grid {
             Grid::Symmetric { qmax } => (amax / qmax, qmax, None, (-amax, amax)),
             Grid::SignedMax => {
                 let step = amax / 8.0;
-                (
-                    step,
-                    8.0,
-                    None,
-                    if extreme >= 0.0 {
-                        (-7.0 * step, amax)
-                    } else {
-                        (-amax, 7.0 * step)
-                    },
-                )
+                (step, 8.0, None, if extreme >= 0.0 { (-7.0 * step, amax) } else { (-amax, 7.0 * step) })
             }
             Grid::Asymmetric { levels } => ((hi - lo) / levels, levels, Some(lo.abs()), (lo, hi)),
         };
@@ -198,11 +157,7 @@ impl Grid {
 /// groups lies near half a step); `max_abs` and `max_rel` are the measured error.
 pub fn step_check(original: &[f32], approx: &[f32], grid: Grid, group: usize) -> ErrorStats {
     assert_eq!(original.len(), approx.len(), "step_check: lengths differ");
-    assert!(
-        group > 0 && original.len().is_multiple_of(group),
-        "step_check: {} values are not whole groups of {group}",
-        original.len()
-    );
+    assert!(group > 0 && original.len().is_multiple_of(group), "step_check: {} values are not whole groups of {group}", original.len());
     let (worst, mismatches, max_abs, idx) = original
         .par_chunks(group)
         .zip(approx.par_chunks(group))
@@ -212,11 +167,7 @@ pub fn step_check(original: &[f32], approx: &[f32], grid: Grid, group: usize) ->
             let mut acc = (0f64, 0u64, 0f64, g * group);
             for (i, (&x, &y)) in xs.iter().zip(ys).enumerate() {
                 let e = (x as f64 - y as f64).abs();
-                let f = if y.is_finite() {
-                    e / bound(x)
-                } else {
-                    f64::INFINITY
-                };
+                let f = if y.is_finite() { e / bound(x) } else { f64::INFINITY };
                 acc.1 += u64::from(f > 1.0);
                 acc.2 = acc.2.max(e);
                 if f > acc.0 {
@@ -225,23 +176,8 @@ pub fn step_check(original: &[f32], approx: &[f32], grid: Grid, group: usize) ->
             }
             acc
         })
-        .reduce(
-            || (0.0, 0, 0.0, 0),
-            |a, b| {
-                (
-                    if b.0 > a.0 { b.0 } else { a.0 },
-                    a.1 + b.1,
-                    a.2.max(b.2),
-                    if b.0 > a.0 { b.3 } else { a.3 },
-                )
-            },
-        );
-    let max_rel = original
-        .par_iter()
-        .zip(approx)
-        .filter(|(x, _)| **x != 0.0)
-        .map(|(&x, &y)| ((x - y) as f64 / x as f64).abs())
-        .reduce(|| 0.0, f64::max);
+        .reduce(|| (0.0, 0, 0.0, 0), |a, b| (if b.0 > a.0 { b.0 } else { a.0 }, a.1 + b.1, a.2.max(b.2), if b.0 > a.0 { b.3 } else { a.3 }));
+    let max_rel = original.par_iter().zip(approx).filter(|(x, _)| **x != 0.0).map(|(&x, &y)| ((x - y) as f64 / x as f64).abs()).reduce(|| 0.0, f64::max);
     ErrorStats {
         max_abs,
         max_rel,
@@ -262,6 +198,7 @@ pub fn bits<T: Copy + Into<u32>>(got: &[T], expected: &[T], reference: &str) -> 
     let e: Vec<u32> = expected.iter().map(|&v| v.into()).collect();
     compare_bits(&g, &e, reference)
 }
+
 
 pub fn f16_bits(v: &[f16]) -> Vec<u16> {
     v.iter().map(|h| h.to_bits()).collect()
@@ -326,10 +263,7 @@ pub fn reference_dequantize_blocks(b: Block, bytes: &[u8]) -> Vec<f32> {
 /// |c d| + |m| of every weight: the size of the terms a W4A16 design sums for it (the CUDA-core
 /// design sums d (x . c) and m (sum x) apart), which its rounding error scales with.
 pub fn reference_magnitudes(q: &Quantized) -> Vec<f32> {
-    reference_terms(q)
-        .into_iter()
-        .map(|(c, d, m)| (c * d).abs() + m.map_or(0.0, f32::abs))
-        .collect()
+    reference_terms(q).into_iter().map(|(c, d, m)| (c * d).abs() + m.map_or(0.0, f32::abs)).collect()
 }
 
 /// Y[b, r] = sum_k X[b, k] W[r, k] in f64, rows in parallel.
@@ -338,15 +272,7 @@ pub fn reference_w4a16(x: &[f64], w: &[f32], batch: usize, n: usize, k: usize) -
         .into_par_iter()
         .map(|r| {
             let wr = &w[r * k..(r + 1) * k];
-            (0..batch)
-                .map(|b| {
-                    x[b * k..(b + 1) * k]
-                        .iter()
-                        .zip(wr)
-                        .map(|(&a, &v)| a * v as f64)
-                        .sum()
-                })
-                .collect()
+            (0..batch).map(|b| x[b * k..(b + 1) * k].iter().zip(wr).map(|(&a, &v)| a * v as f64).sum()).collect()
         })
         .collect();
     let mut y = vec![0.0; batch * n];
@@ -368,39 +294,22 @@ const F16_DECODE: f64 = 1.0 / 2048.0;
 /// scaled by the output's sum of |x| (|c d| + |m|) ([`reference_magnitudes`]).
 pub fn w4a16_bound(k: usize) -> ProductBound {
     let b = ProductBound::fp32_accumulation(k, DType::F16);
-    ProductBound {
-        per_scale: b.per_scale + F16_DECODE,
-        ..b
-    }
+    ProductBound { per_scale: b.per_scale + F16_DECODE, ..b }
 }
 
 /// A W4A16 output against its reference: `scale` the f64 product of |X| and
 /// [`reference_magnitudes`], within `bound` ([`w4a16_bound`]).
 pub fn check_w4a16(y: &[f16], expected: &[f64], scale: &[f64], bound: ProductBound) -> ErrorStats {
-    compare_product(
-        &crate::ops::widen(y),
-        expected,
-        scale,
-        bound,
-        "cpu-f64-dequantized",
-    )
+    compare_product(&crate::ops::widen(y), expected, scale, bound, "cpu-f64-dequantized")
 }
 
 /// Checks a W4A16 problem: K and the group size multiples of 32, the group dividing K.
 pub fn validate_w4a16(n: usize, k: usize, group: usize, batch: usize) -> Result<()> {
     if n == 0 || k == 0 || !BATCHES.contains(&batch) {
-        return Err(LabError::shape(
-            "w4a16",
-            format!("N={n} K={k} batch {batch}: N and K at least 1, batch one of {BATCHES:?}"),
-        ));
+        return Err(LabError::shape("w4a16", format!("N={n} K={k} batch {batch}: N and K at least 1, batch one of {BATCHES:?}")));
     }
     if !k.is_multiple_of(32) || !group.is_multiple_of(32) || !k.is_multiple_of(group) {
-        return Err(LabError::shape(
-            "w4a16",
-            format!(
-                "K={k}, group {group}: both must be multiples of 32 and the group must divide K"
-            ),
-        ));
+        return Err(LabError::shape("w4a16", format!("K={k}, group {group}: both must be multiples of 32 and the group must divide K")));
     }
     Ok(())
 }
@@ -408,15 +317,9 @@ pub fn validate_w4a16(n: usize, k: usize, group: usize, batch: usize) -> Result<
 /// XOR of the little-endian u32 words of `bytes`, a partial last word zero-padded: what
 /// `quant_stream_read_f16`'s blocks XOR together.
 pub fn xor_words(bytes: &[u8]) -> u32 {
-    bytes
-        .chunks(4)
-        .map(|c| {
-            c.iter()
-                .enumerate()
-                .fold(0u32, |w, (i, &b)| w | (b as u32) << (8 * i))
-        })
-        .fold(0, |a, w| a ^ w)
+    bytes.chunks(4).map(|c| c.iter().enumerate().fold(0u32, |w, (i, &b)| w | (b as u32) << (8 * i))).fold(0, |a, w| a ^ w)
 }
+
 
 pub fn f16_bytes(v: &[f16]) -> Vec<u8> {
     v.iter().flat_map(|h| h.to_bits().to_le_bytes()).collect()
@@ -430,16 +333,11 @@ mod tests {
     #[test]
     fn reference_dequantizers_agree_with_the_parallel_ones_to_the_bit() {
         let (rows, cols) = (6, 256);
-        let x: Vec<f32> = (0..rows * cols)
-            .map(|i| (i as f32 * 0.173).cos() * (1.0 + i as f32 / 500.0))
-            .collect();
+        let x: Vec<f32> = (0..rows * cols).map(|i| (i as f32 * 0.173).cos() * (1.0 + i as f32 / 500.0)).collect();
         for format in Format::all() {
             let q = Quantized::new(format, &x, rows, cols).unwrap();
             let fast: Vec<u32> = q.dequantize().iter().map(|v| v.to_bits()).collect();
-            let slow: Vec<u32> = reference_dequantize(&q)
-                .iter()
-                .map(|v| v.to_bits())
-                .collect();
+            let slow: Vec<u32> = reference_dequantize(&q).iter().map(|v| v.to_bits()).collect();
             assert_eq!(fast, slow, "{}", format.name());
             let e = step_check(&x, &q.dequantize(), Grid::of(format), format.group());
             assert!(e.passed(), "{}: {e:?}", format.name());
@@ -447,86 +345,41 @@ mod tests {
             let mut y = q.dequantize();
             y[77] += 3.0 * q.steps()[77 / format.group()];
             let e = step_check(&x, &y, Grid::of(format), format.group());
-            assert_eq!(
-                (e.passed(), e.worst_index),
-                (false, Some(77)),
-                "{}",
-                format.name()
-            );
+            assert_eq!((e.passed(), e.worst_index), (false, Some(77)), "{}", format.name());
         }
     }
 
     /// Every format under test, with its grid, group and what its quantizer stores per group:
     /// (format name, grid, group, reconstruction, stored (scale, min) per group, codes' range).
     #[allow(clippy::type_complexity)]
-    fn quantized_every_way(
-        x: &[f32],
-        rows: usize,
-        cols: usize,
-    ) -> Vec<(String, Grid, usize, Vec<f32>, Vec<(f32, f32)>, (f32, f32))> {
+    fn quantized_every_way(x: &[f32], rows: usize, cols: usize) -> Vec<(String, Grid, usize, Vec<f32>, Vec<(f32, f32)>, (f32, f32))> {
         let mut out = Vec::new();
         for format in Format::all() {
             let q = Quantized::new(format, x, rows, cols).unwrap();
             let stored: Vec<(f32, f32)> = match &q {
-                Quantized::Group(g) => (0..g.scales.len())
-                    .map(|i| {
-                        (
-                            g.scales[i].to_f32(),
-                            g.mins.get(i).map_or(0.0, |m| m.to_f32()),
-                        )
-                    })
-                    .collect(),
-                Quantized::Blocks(b, bytes) => bytes
-                    .chunks_exact(b.bytes())
-                    .map(|blk| ggml::parts(*b, blk))
-                    .map(|(d, m, _)| (d, m))
-                    .collect(),
+                Quantized::Group(g) => (0..g.scales.len()).map(|i| (g.scales[i].to_f32(), g.mins.get(i).map_or(0.0, |m| m.to_f32()))).collect(),
+                Quantized::Blocks(b, bytes) => bytes.chunks_exact(b.bytes()).map(|blk| ggml::parts(*b, blk)).map(|(d, m, _)| (d, m)).collect(),
             };
             let codes = match Grid::of(format) {
                 Grid::Asymmetric { .. } => (0.0, 15.0),
                 _ => (-8.0, 7.0),
             };
-            out.push((
-                format.name(),
-                Grid::of(format),
-                format.group(),
-                q.dequantize(),
-                stored,
-                codes,
-            ));
+            out.push((format.name(), Grid::of(format), format.group(), q.dequantize(), stored, codes));
         }
         let q8 = ggml::quantize(Block::Q8_0, x).unwrap();
-        let stored = q8
-            .chunks_exact(Block::Q8_0.bytes())
-            .map(|blk| ggml::parts(Block::Q8_0, blk))
-            .map(|(d, m, _)| (d, m))
-            .collect();
-        out.push((
-            "q8_0".into(),
-            Grid::Q8_0,
-            ggml::QK,
-            ggml::dequantize(Block::Q8_0, &q8).unwrap(),
-            stored,
-            (-128.0, 127.0),
-        ));
+        let stored = q8.chunks_exact(Block::Q8_0.bytes()).map(|blk| ggml::parts(Block::Q8_0, blk)).map(|(d, m, _)| (d, m)).collect();
+        out.push(("q8_0".into(), Grid::Q8_0, ggml::QK, ggml::dequantize(Block::Q8_0, &q8).unwrap(), stored, (-128.0, 127.0)));
         out
     }
 
     /// A quantizer that stores `fault(d, m)` instead of each group's (scale, min) and picks every
     /// code nearest against what it stored, clamped to the format's codes: its reconstruction.
-    fn faulty(
-        x: &[f32],
-        group: usize,
-        stored: &[(f32, f32)],
-        (lo, hi): (f32, f32),
-        fault: impl Fn(f32, f32) -> (f32, f32),
-    ) -> Vec<f32> {
+    fn faulty(x: &[f32], group: usize, stored: &[(f32, f32)], (lo, hi): (f32, f32), fault: impl Fn(f32, f32) -> (f32, f32)) -> Vec<f32> {
         x.chunks(group)
             .zip(stored)
             .flat_map(|(xs, &(d, m))| {
                 let (d, m) = fault(d, m);
-                xs.iter()
-                    .map(move |&v| ((v - m) / d).round().clamp(lo, hi) * d + m)
+                xs.iter().map(move |&v| ((v - m) / d).round().clamp(lo, hi) * d + m)
             })
             .collect()
     }
@@ -534,15 +387,10 @@ mod tests {
     /// The check as it was: one step of the scale the quantizer stored per group, plus 1e-3 of
     /// the group's largest magnitude.
     fn within_stored_step(x: &[f32], y: &[f32], group: usize, steps: &[f32]) -> bool {
-        x.chunks(group)
-            .zip(y.chunks(group))
-            .zip(steps)
-            .all(|((xs, ys), &d)| {
-                let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs())) as f64;
-                xs.iter().zip(ys).all(|(&a, &b)| {
-                    ((a - b) as f64).abs() <= d.abs() as f64 * (1.0 + 1e-3) + 1e-3 * amax
-                })
-            })
+        x.chunks(group).zip(y.chunks(group)).zip(steps).all(|((xs, ys), &d)| {
+            let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs())) as f64;
+            xs.iter().zip(ys).all(|(&a, &b)| ((a - b) as f64).abs() <= d.abs() as f64 * (1.0 + 1e-3) + 1e-3 * amax)
+        })
     }
 
     /// Planted faults: in every format a quantizer that stores twice the scale its group needs,
@@ -552,38 +400,21 @@ mod tests {
     #[test]
     fn an_oversized_scale_or_a_shifted_min_fails_the_check_from_the_input() {
         let (rows, cols) = (8, 256);
-        let x: Vec<f32> = (0..rows * cols)
-            .map(|i| ((i * 7919 % 1009) as f32 / 1009.0 - 0.5) * (1.0 + (i as f32 * 0.013).sin()))
-            .collect();
+        let x: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919 % 1009) as f32 / 1009.0 - 0.5) * (1.0 + (i as f32 * 0.013).sin())).collect();
         for (name, grid, group, honest, stored, codes) in quantized_every_way(&x, rows, cols) {
             let e = step_check(&x, &honest, grid, group);
-            assert!(
-                e.passed() && e.worst_fraction_of_tolerance > 0.8,
-                "{name}: {e:?}"
-            );
+            assert!(e.passed() && e.worst_fraction_of_tolerance > 0.8, "{name}: {e:?}");
             let doubled = faulty(&x, group, &stored, codes, |d, m| (2.0 * d, m));
             let steps: Vec<f32> = stored.iter().map(|&(d, _)| 2.0 * d).collect();
-            assert!(
-                within_stored_step(&x, &doubled, group, &steps),
-                "{name}: the stored-scale bound should have passed the doubled scale"
-            );
+            assert!(within_stored_step(&x, &doubled, group, &steps), "{name}: the stored-scale bound should have passed the doubled scale");
             let e = step_check(&x, &doubled, grid, group);
-            assert!(
-                !e.passed() && e.worst_fraction_of_tolerance > 1.5,
-                "{name}: a doubled scale passed: {e:?}"
-            );
+            assert!(!e.passed() && e.worst_fraction_of_tolerance > 1.5, "{name}: a doubled scale passed: {e:?}");
             if let Grid::Asymmetric { .. } = grid {
                 let shifted = faulty(&x, group, &stored, codes, |d, m| (d, m - 0.9 * d));
                 let steps: Vec<f32> = stored.iter().map(|&(d, _)| d).collect();
-                assert!(
-                    within_stored_step(&x, &shifted, group, &steps),
-                    "{name}: the stored-scale bound should have passed the shifted min"
-                );
+                assert!(within_stored_step(&x, &shifted, group, &steps), "{name}: the stored-scale bound should have passed the shifted min");
                 let e = step_check(&x, &shifted, grid, group);
-                assert!(
-                    !e.passed() && e.worst_fraction_of_tolerance > 1.5,
-                    "{name}: a shifted min passed: {e:?}"
-                );
+                assert!(!e.passed() && e.worst_fraction_of_tolerance > 1.5, "{name}: a shifted min passed: {e:?}");
             }
         }
     }
@@ -616,26 +447,11 @@ mod tests {
             }
         }
         assert!(validate_w4a16(8, 4096, 128, 1).is_ok());
-        assert!(validate_w4a16(8, 4016, 32, 1)
-            .unwrap_err()
-            .to_string()
-            .contains("multiples of 32"));
-        assert!(validate_w4a16(8, 4096, 96, 1)
-            .unwrap_err()
-            .to_string()
-            .contains("group must divide K"));
-        assert!(validate_w4a16(8, 4096, 128, 3)
-            .unwrap_err()
-            .to_string()
-            .contains("batch 3"));
+        assert!(validate_w4a16(8, 4016, 32, 1).unwrap_err().to_string().contains("multiples of 32"));
+        assert!(validate_w4a16(8, 4096, 96, 1).unwrap_err().to_string().contains("group must divide K"));
+        assert!(validate_w4a16(8, 4096, 128, 3).unwrap_err().to_string().contains("batch 3"));
         assert!(parse_format("q5_0").is_err());
-        assert_eq!(
-            parse_format("asym_g64").unwrap(),
-            Format::Group {
-                scheme: Scheme::Asym,
-                group: 64
-            }
-        );
+        assert_eq!(parse_format("asym_g64").unwrap(), Format::Group { scheme: Scheme::Asym, group: 64 });
     }
 
     /// kernels/quant/pack_dequant.cu's dequant_ggml_cp_async on the CPU, index for index: lane l copies 16 B vectors
@@ -666,13 +482,9 @@ mod tests {
                     let (local, part) = (8 * j + lane / 4, lane % 4);
                     let blk = seg * 32 * SEGS + local;
                     if blk < nblocks {
-                        let vals = ggml::dequantize(b, &stage[local * bytes..(local + 1) * bytes])
-                            .unwrap();
+                        let vals = ggml::dequantize(b, &stage[local * bytes..(local + 1) * bytes]).unwrap();
                         let dst = &mut out[32 * blk + 8 * part..32 * blk + 8 * part + 8];
-                        assert!(
-                            dst.iter().all(|v| v.is_nan()),
-                            "block {blk} part {part} written twice"
-                        );
+                        assert!(dst.iter().all(|v| v.is_nan()), "block {blk} part {part} written twice");
                         dst.copy_from_slice(&vals[8 * part..8 * part + 8]);
                     }
                 }
@@ -685,19 +497,10 @@ mod tests {
     fn the_cp_async_block_dequantize_covers_every_block_once() {
         for b in [Block::Q4_0, Block::Q4_1] {
             for nblocks in [1, 3, 63, 64, 65, 130, 200] {
-                let x: Vec<f32> = (0..32 * nblocks)
-                    .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
-                    .collect();
+                let x: Vec<f32> = (0..32 * nblocks).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
                 let input = ggml::quantize(b, &x).unwrap();
-                let want: Vec<u32> = ggml::dequantize(b, &input)
-                    .unwrap()
-                    .iter()
-                    .map(|v| v.to_bits())
-                    .collect();
-                let got: Vec<u32> = model_ggml_cp_async(b, &input)
-                    .iter()
-                    .map(|v| v.to_bits())
-                    .collect();
+                let want: Vec<u32> = ggml::dequantize(b, &input).unwrap().iter().map(|v| v.to_bits()).collect();
+                let got: Vec<u32> = model_ggml_cp_async(b, &input).iter().map(|v| v.to_bits()).collect();
                 assert_eq!(got, want, "{b:?}, {nblocks} blocks");
             }
         }
@@ -709,10 +512,7 @@ mod tests {
     fn the_stream_read_check_folds_words_as_the_kernel_does() {
         assert_eq!(xor_words(&[]), 0);
         assert_eq!(xor_words(&[0x01, 0x02, 0x03, 0x04]), 0x0403_0201);
-        assert_eq!(
-            xor_words(&[0x01, 0x02, 0x03, 0x04, 0xFF, 0x10]),
-            0x0403_0201 ^ 0x10FF
-        );
+        assert_eq!(xor_words(&[0x01, 0x02, 0x03, 0x04, 0xFF, 0x10]), 0x0403_0201 ^ 0x10FF);
         assert_eq!(xor_words(&[7; 8]), 0);
     }
 }

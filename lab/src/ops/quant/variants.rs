@@ -20,14 +20,9 @@ pub enum Kernel {
     PackInt4,
     UnpackInt4,
     /// Dequantize to f16; `cp_async` stages GGUF blocks with cp.async (Q4_0 / Q4_1 only).
-    Dequant {
-        cp_async: bool,
-    },
+    Dequant { cp_async: bool },
     /// The read floor: `loads` 16 B loads in flight per thread, `blocks_per_sm` blocks of 256.
-    StreamRead {
-        loads: usize,
-        blocks_per_sm: usize,
-    },
+    StreamRead { loads: usize, blocks_per_sm: usize },
     /// A W4A16 GEMV/GEMM design.
     W4(W4Design),
     /// Q8_0 weights as stored: the W8A16 product ([`w8a16_shape`]) and the row gather.
@@ -115,11 +110,7 @@ pub const RING_STEPS: usize = 4;
 pub const BULK_STEPS: usize = 4;
 /// RingSlot<ASYM>::BYTES: codes [2][32] x 16 B, then the lanes' scale (and min) pair words.
 pub fn ring_slot_bytes(scheme: Scheme) -> usize {
-    if scheme == Scheme::Asym {
-        1280
-    } else {
-        1152
-    }
+    if scheme == Scheme::Asym { 1280 } else { 1152 }
 }
 
 impl Ring {
@@ -156,31 +147,20 @@ pub const W8_X_SMEM_MAX: usize = 96 * 1024;
 
 /// The instantiation a w8a16 launch of `batch` rows of X (1..=16) runs.
 pub fn w8a16_instance(batch: usize) -> usize {
-    W8_BATCHES
-        .iter()
-        .copied()
-        .find(|&b| b >= batch)
-        .unwrap_or(16)
+    W8_BATCHES.iter().copied().find(|&b| b >= batch).unwrap_or(16)
 }
 
 /// Shared memory of a w8a16 launch of instantiation `b` on `batch` rows of X of length K: the
 /// static stage and accumulators, and the dynamic copy of X (each 32 halves padded to 40).
 pub fn w8a16_smem(b: usize, batch: usize, k: usize) -> (usize, usize) {
-    (
-        W8_WARPS * (16 * W8_RUN_VECS + 4 * W8_ROWS * b),
-        80 * batch * (k / 32),
-    )
+    (W8_WARPS * (16 * W8_RUN_VECS + 4 * W8_ROWS * b), 80 * batch * (k / 32))
 }
 
 /// Rows of X one w8a16 launch takes for K: the largest instantiation whose copy of X fits in
 /// [`W8_X_SMEM_MAX`] (larger batches run in launches of that many rows, each reading all of W);
 /// None when not even one row fits (K above 39,000 or so).
 pub fn w8a16_chunk(k: usize) -> Option<usize> {
-    W8_BATCHES
-        .iter()
-        .rev()
-        .copied()
-        .find(|&b| w8a16_smem(b, b, k).1 <= W8_X_SMEM_MAX)
+    W8_BATCHES.iter().rev().copied().find(|&b| w8a16_smem(b, b, k).1 <= W8_X_SMEM_MAX)
 }
 
 /// (grid, rows per warp) of a w8a16 launch over N rows: the most rows per warp (up to 16) that
@@ -189,10 +169,7 @@ pub fn w8a16_chunk(k: usize) -> Option<usize> {
 /// of 32 (SmolLM2's LM head: N = 49152, K = 576, 16 rows = 9 runs of 32 blocks, 384 blocks).
 pub fn w8a16_shape(n: usize, sms: usize) -> (usize, usize) {
     let blocks = |rows: usize| n.div_ceil(W8_WARPS * rows);
-    let rows = [16, 8, 4, 2]
-        .into_iter()
-        .find(|&r| blocks(r) >= 2 * sms)
-        .unwrap_or(1);
+    let rows = [16, 8, 4, 2].into_iter().find(|&r| blocks(r) >= 2 * sms).unwrap_or(1);
     (blocks(rows), rows)
 }
 
@@ -217,30 +194,19 @@ pub fn pipelined_grid(n: usize, sms: usize) -> usize {
 
 /// Steps (128 weights of a row) a w4a16_mma warp keeps in flight: MmaSteps<B>::U.
 pub fn mma_steps_in_flight(batch: usize) -> usize {
-    if batch > 8 {
-        3
-    } else {
-        4
-    }
+    if batch > 8 { 3 } else { 4 }
 }
 
 /// Blocks per 16-row tile of w4a16_mma_splitk: enough that each of their 4 warps owns at most
 /// the steps it keeps in flight (one load round).
 pub fn splitk_slices(k: usize, batch: usize) -> usize {
-    (k / 32)
-        .div_ceil(4)
-        .div_ceil(4 * mma_steps_in_flight(batch))
-        .max(1)
+    (k / 32).div_ceil(4).div_ceil(4 * mma_steps_in_flight(batch)).max(1)
 }
 
 impl W4Design {
     /// Blocks along K per tile (1 unless split-K).
     pub fn slices(&self, k: usize, batch: usize) -> usize {
-        if self.split_k() {
-            splitk_slices(k, batch)
-        } else {
-            1
-        }
+        if self.split_k() { splitk_slices(k, batch) } else { 1 }
     }
     pub fn split_k(&self) -> bool {
         self.model == Model::SplitK
@@ -250,62 +216,30 @@ impl W4Design {
     }
     /// Blocks per SM the design is built for (its __launch_bounds__ minimum).
     pub fn blocks_per_sm(&self) -> usize {
-        if self.pipelined() {
-            PIPE_BLOCKS_PER_SM
-        } else {
-            4
-        }
+        if self.pipelined() { PIPE_BLOCKS_PER_SM } else { 4 }
     }
     /// (grid, block, dynamic shared memory) of a launch.
-    pub fn launch_shape(
-        &self,
-        n: usize,
-        k: usize,
-        batch: usize,
-        scheme: Scheme,
-        sms: usize,
-    ) -> ((usize, usize), usize, usize) {
+    pub fn launch_shape(&self, n: usize, k: usize, batch: usize, scheme: Scheme, sms: usize) -> ((usize, usize), usize, usize) {
         let block = 32 * self.warps;
         if self.pipelined() {
             return ((pipelined_grid(n, sms), 1), block, pipelined_smem(scheme));
         }
-        (
-            (n.div_ceil(self.rows), self.slices(k, batch)),
-            block,
-            self.ring.smem(scheme),
-        )
+        ((n.div_ceil(self.rows), self.slices(k, batch)), block, self.ring.smem(scheme))
     }
 }
 
 const F16: &[DType] = &[DType::F16];
 
 const fn w4(rows: usize, warps: usize, model: Model, layout: Layout, ring: Ring) -> Kernel {
-    Kernel::W4(W4Design {
-        rows,
-        warps,
-        model,
-        layout,
-        ring,
-    })
+    Kernel::W4(W4Design { rows, warps, model, layout, ring })
 }
 
 /// The tensor-core step with the scales inside the decode, and after the MMAs where it can.
 const MMA: Model = Model::Mma { post: false };
 const POST: Model = Model::Mma { post: true };
 
-const fn gpu(
-    name: &'static str,
-    requires: Requires,
-    what: &'static str,
-    config: Kernel,
-) -> Variant<Kernel> {
-    Variant {
-        name,
-        dtypes: F16,
-        requires,
-        what,
-        config,
-    }
+const fn gpu(name: &'static str, requires: Requires, what: &'static str, config: Kernel) -> Variant<Kernel> {
+    Variant { name, dtypes: F16, requires, what, config }
 }
 
 /// The table, in the order the experiment measures: the only place a quant variant is named.
@@ -379,10 +313,7 @@ pub fn w4_designs() -> impl Iterator<Item = (&'static str, W4Design)> {
 /// The stream reads, in table order: (name, loads per thread, blocks of 256 per SM).
 pub fn stream_reads() -> impl Iterator<Item = (&'static str, usize, usize)> {
     VARIANTS.iter().filter_map(|v| match v.config {
-        Kernel::StreamRead {
-            loads,
-            blocks_per_sm,
-        } => Some((v.name, loads, blocks_per_sm)),
+        Kernel::StreamRead { loads, blocks_per_sm } => Some((v.name, loads, blocks_per_sm)),
         _ => None,
     })
 }
@@ -399,37 +330,22 @@ pub fn dequant_kernel(variant: &str, format: Format) -> Option<String> {
     match (variant, format) {
         ("dequant", Format::Group { scheme, .. }) => Some(format!("dequant_{}", scheme.name())),
         ("dequant", Format::Q4_0 | Format::Q4_1) => Some(format!("dequant_{}", format.name())),
-        ("dequant_cp_async", Format::Q4_0 | Format::Q4_1) => {
-            Some(format!("dequant_{}_cp_async", format.name()))
-        }
+        ("dequant_cp_async", Format::Q4_0 | Format::Q4_1) => Some(format!("dequant_{}_cp_async", format.name())),
         _ => None,
     }
 }
 
 /// The one place a quant kernel symbol is spelled: `quant_<kernel>_f16`, the kernel from the
 /// variant and (for W4A16) scheme and batch, or (for dequantize) the format.
-pub fn kernel_symbol(
-    variant: &str,
-    scheme: Scheme,
-    batch: usize,
-    format: Format,
-) -> Result<String> {
+pub fn kernel_symbol(variant: &str, scheme: Scheme, batch: usize, format: Format) -> Result<String> {
     let v = find(variant)?;
     let kernel = match v.config {
         Kernel::W4(_) => w4_kernel(v.name, scheme, batch),
-        Kernel::Dequant { .. } => dequant_kernel(v.name, format).ok_or_else(|| {
-            LabError::Invalid(format!(
-                "quant variant `{variant}` does not take the {} format",
-                format.name()
-            ))
-        })?,
+        Kernel::Dequant { .. } => dequant_kernel(v.name, format)
+            .ok_or_else(|| LabError::Invalid(format!("quant variant `{variant}` does not take the {} format", format.name())))?,
         Kernel::PackInt4 | Kernel::UnpackInt4 | Kernel::StreamRead { .. } => v.name.to_string(),
         Kernel::W8a16 | Kernel::Embed => return q8_symbol(variant, batch),
-        _ => {
-            return Err(LabError::Invalid(format!(
-                "quant variant `{variant}` runs on the CPU: it has no kernel"
-            )))
-        }
+        _ => return Err(LabError::Invalid(format!("quant variant `{variant}` runs on the CPU: it has no kernel"))),
     };
     Ok(symbol(FAMILY, &kernel, DType::F16))
 }
@@ -439,35 +355,16 @@ pub fn kernel_symbol(
 pub fn q8_symbol(variant: &str, batch: usize) -> Result<String> {
     let v = find(variant)?;
     Ok(match v.config {
-        Kernel::W8a16 => symbol(
-            FAMILY,
-            &format!("w8a16_b{}", w8a16_instance(batch)),
-            DType::F16,
-        ),
+        Kernel::W8a16 => symbol(FAMILY, &format!("w8a16_b{}", w8a16_instance(batch)), DType::F16),
         Kernel::Embed => symbol(FAMILY, "embed_q8_0", DType::F32),
         Kernel::Dequant { cp_async: false } => symbol(FAMILY, "dequant_q8_0", DType::F16),
-        _ => {
-            return Err(LabError::Invalid(format!(
-                "quant variant `{variant}` does not take Q8_0 weights on the GPU"
-            )))
-        }
+        _ => return Err(LabError::Invalid(format!("quant variant `{variant}` does not take Q8_0 weights on the GPU"))),
     })
 }
 
 /// Every kernel symbol the table runs: what kernels/quant/ must export.
 pub fn gpu_kernels() -> Vec<String> {
-    let formats = [
-        Format::Group {
-            scheme: Scheme::Sym,
-            group: 128,
-        },
-        Format::Group {
-            scheme: Scheme::Asym,
-            group: 128,
-        },
-        Format::Q4_0,
-        Format::Q4_1,
-    ];
+    let formats = [Format::Group { scheme: Scheme::Sym, group: 128 }, Format::Group { scheme: Scheme::Asym, group: 128 }, Format::Q4_0, Format::Q4_1];
     let f16 = |kernel: String| symbol(FAMILY, &kernel, DType::F16);
     let mut out = Vec::new();
     for v in VARIANTS.iter().filter(|v| v.requires.on_gpu()) {
@@ -477,18 +374,8 @@ pub fn gpu_kernels() -> Vec<String> {
                     out.extend(BATCHES.iter().map(|&b| f16(w4_kernel(v.name, scheme, b))));
                 }
             }
-            Kernel::Dequant { .. } => out.extend(
-                formats
-                    .iter()
-                    .filter_map(|&f| dequant_kernel(v.name, f))
-                    .map(f16)
-                    .chain(q8_symbol(v.name, 1).ok()),
-            ),
-            Kernel::W8a16 => out.extend(
-                W8_BATCHES
-                    .iter()
-                    .map(|&b| q8_symbol(v.name, b).expect("a Q8_0 kernel")),
-            ),
+            Kernel::Dequant { .. } => out.extend(formats.iter().filter_map(|&f| dequant_kernel(v.name, f)).map(f16).chain(q8_symbol(v.name, 1).ok())),
+            Kernel::W8a16 => out.extend(W8_BATCHES.iter().map(|&b| q8_symbol(v.name, b).expect("a Q8_0 kernel"))),
             Kernel::Embed => out.push(q8_symbol(v.name, 1).expect("a Q8_0 kernel")),
             _ => out.push(f16(v.name.to_string())),
         }
@@ -501,10 +388,7 @@ pub fn gpu_kernels() -> Vec<String> {
 /// `cpu_dequantize_<format>` and, in the SmolLM2 table, the bare format name. The current name
 /// and the params the old name carried (scheme, batch, format), for reading old records beside
 /// new ones; None for a current name. The old records' params already hold these values.
-pub fn legacy_name(
-    variant: &str,
-    params: &serde_json::Value,
-) -> Option<(&'static str, serde_json::Map<String, serde_json::Value>)> {
+pub fn legacy_name(variant: &str, params: &serde_json::Value) -> Option<(&'static str, serde_json::Map<String, serde_json::Value>)> {
     use serde_json::json;
     if VARIANTS.iter().any(|v| v.name == variant) {
         return None;
@@ -538,10 +422,7 @@ pub fn legacy_name(
             return Some((name, extra));
         }
     }
-    for (prefix, name) in [
-        ("cpu_quantize_", "cpu_quantize"),
-        ("cpu_dequantize_", "cpu_dequantize"),
-    ] {
+    for (prefix, name) in [("cpu_quantize_", "cpu_quantize"), ("cpu_dequantize_", "cpu_dequantize")] {
         if let Some(f) = variant.strip_prefix(prefix).and_then(format_name) {
             extra.insert("format".into(), json!(f));
             return Some((name, extra));
@@ -559,11 +440,7 @@ pub fn legacy_name(
 /// A quant record's variant and params as the table names them now (old names normalized with
 /// [`legacy_name`]; params the old name carried are added where missing). Other experiments'
 /// records come back unchanged.
-pub fn current_name(
-    experiment: &str,
-    variant: &str,
-    params: &serde_json::Value,
-) -> (String, serde_json::Value) {
+pub fn current_name(experiment: &str, variant: &str, params: &serde_json::Value) -> (String, serde_json::Value) {
     if experiment != FAMILY {
         return (variant.to_string(), params.clone());
     }
@@ -589,63 +466,23 @@ mod tests {
     #[test]
     fn names_carry_no_parameters_and_symbols_are_built_in_one_place() {
         for v in VARIANTS {
-            assert!(
-                !v.name.contains("_sym")
-                    && !v.name.contains("_asym")
-                    && !v.name.contains("_g")
-                    && !v.name.ends_with("_b1"),
-                "{}",
-                v.name
-            );
+            assert!(!v.name.contains("_sym") && !v.name.contains("_asym") && !v.name.contains("_g") && !v.name.ends_with("_b1"), "{}", v.name);
         }
-        let asym = Format::Group {
-            scheme: Scheme::Asym,
-            group: 32,
-        };
-        assert_eq!(
-            kernel_symbol("w4a16_mma_pipelined", Scheme::Asym, 16, asym).unwrap(),
-            "quant_w4a16_mma_pipelined_asym_b16_f16"
-        );
-        assert_eq!(
-            kernel_symbol("dequant", Scheme::Sym, 1, asym).unwrap(),
-            "quant_dequant_asym_f16"
-        );
-        assert_eq!(
-            kernel_symbol("dequant_cp_async", Scheme::Sym, 1, Format::Q4_1).unwrap(),
-            "quant_dequant_q4_1_cp_async_f16"
-        );
-        assert!(kernel_symbol("dequant_cp_async", Scheme::Sym, 1, asym)
-            .unwrap_err()
-            .to_string()
-            .contains("does not take the asym_g32 format"));
-        assert!(kernel_symbol("cpu_pack", Scheme::Sym, 1, asym)
-            .unwrap_err()
-            .to_string()
-            .contains("runs on the CPU"));
-        assert_eq!(
-            kernel_symbol("w8a16", Scheme::Sym, 3, asym).unwrap(),
-            "quant_w8a16_b4_f16"
-        );
+        let asym = Format::Group { scheme: Scheme::Asym, group: 32 };
+        assert_eq!(kernel_symbol("w4a16_mma_pipelined", Scheme::Asym, 16, asym).unwrap(), "quant_w4a16_mma_pipelined_asym_b16_f16");
+        assert_eq!(kernel_symbol("dequant", Scheme::Sym, 1, asym).unwrap(), "quant_dequant_asym_f16");
+        assert_eq!(kernel_symbol("dequant_cp_async", Scheme::Sym, 1, Format::Q4_1).unwrap(), "quant_dequant_q4_1_cp_async_f16");
+        assert!(kernel_symbol("dequant_cp_async", Scheme::Sym, 1, asym).unwrap_err().to_string().contains("does not take the asym_g32 format"));
+        assert!(kernel_symbol("cpu_pack", Scheme::Sym, 1, asym).unwrap_err().to_string().contains("runs on the CPU"));
+        assert_eq!(kernel_symbol("w8a16", Scheme::Sym, 3, asym).unwrap(), "quant_w8a16_b4_f16");
         assert_eq!(q8_symbol("embed", 1).unwrap(), "quant_embed_q8_0_f32");
         assert_eq!(q8_symbol("dequant", 1).unwrap(), "quant_dequant_q8_0_f16");
-        assert!(q8_symbol("dequant_cp_async", 1)
-            .unwrap_err()
-            .to_string()
-            .contains("does not take Q8_0"));
+        assert!(q8_symbol("dequant_cp_async", 1).unwrap_err().to_string().contains("does not take Q8_0"));
         // 13 designs x 2 schemes x 5 batches, 6 + 1 dequantize kernels, pack, unpack, 3 stream
         // reads, 5 W8A16 batches and the embedding gather.
         assert_eq!(w4_designs().count(), 13);
-        assert_eq!(
-            gpu_kernels().len(),
-            13 * 2 * BATCHES.len() + 7 + 2 + 3 + W8_BATCHES.len() + 1
-        );
-        assert_eq!(
-            gpu_kernels()
-                .into_iter()
-                .collect::<std::collections::BTreeSet<_>>()
-                .len(),
-            gpu_kernels().len()
-        );
+        assert_eq!(gpu_kernels().len(), 13 * 2 * BATCHES.len() + 7 + 2 + 3 + W8_BATCHES.len() + 1);
+        assert_eq!(gpu_kernels().into_iter().collect::<std::collections::BTreeSet<_>>().len(), gpu_kernels().len());
     }
 
     /// A w8a16 grid covers every row with at most W8_ROWS rows per warp, and batches map to the
@@ -653,31 +490,13 @@ mod tests {
     #[test]
     fn w8a16_launches_cover_every_row() {
         assert_eq!(w8a16_shape(49152, 132), (384, 16));
-        for (n, sms) in [
-            (1, 132),
-            (37, 132),
-            (576, 132),
-            (49152, 132),
-            (49153, 16),
-            (100_000, 1),
-        ] {
+        for (n, sms) in [(1, 132), (37, 132), (576, 132), (49152, 132), (49153, 16), (100_000, 1)] {
             let (grid, rows) = w8a16_shape(n, sms);
-            assert!(
-                grid * W8_WARPS * rows >= n
-                    && (grid - 1) * W8_WARPS * rows < n
-                    && (1..=W8_ROWS).contains(&rows),
-                "N={n}"
-            );
+            assert!(grid * W8_WARPS * rows >= n && (grid - 1) * W8_WARPS * rows < n && (1..=W8_ROWS).contains(&rows), "N={n}");
         }
-        assert_eq!(
-            (1..=16).map(w8a16_instance).collect::<Vec<_>>(),
-            [1, 2, 4, 4, 8, 8, 8, 8, 16, 16, 16, 16, 16, 16, 16, 16]
-        );
+        assert_eq!((1..=16).map(w8a16_instance).collect::<Vec<_>>(), [1, 2, 4, 4, 8, 8, 8, 8, 16, 16, 16, 16, 16, 16, 16, 16]);
         // SmolLM2's K = 576 takes 16 rows of X in 23 KB; K = 4096 8 rows; K = 65536 none.
-        assert_eq!(
-            (w8a16_chunk(576), w8a16_chunk(4096), w8a16_chunk(65536)),
-            (Some(16), Some(8), None)
-        );
+        assert_eq!((w8a16_chunk(576), w8a16_chunk(4096), w8a16_chunk(65536)), (Some(16), Some(8), None));
         assert_eq!(w8a16_smem(16, 16, 576), (8 * (1152 + 1024), 23040));
     }
 
@@ -688,57 +507,20 @@ mod tests {
         let line = r#"{"experiment":"quant","variant":"w4a16_mma_tiled_sweep4_sym_b16","provider":"lab","params":{"batch":16,"group":128,"k":8192,"n":8192,"op":"w4a16","scheme":"sym"}}"#;
         let r: serde_json::Value = serde_json::from_str(line).unwrap();
         let (name, params) = current_name("quant", r["variant"].as_str().unwrap(), &r["params"]);
-        assert_eq!(
-            (name.as_str(), &params),
-            ("w4a16_mma_tiled_sweep4", &r["params"])
-        );
+        assert_eq!((name.as_str(), &params), ("w4a16_mma_tiled_sweep4", &r["params"]));
         // The scheme and batch come back from the name where params lack them.
         let (name, params) = current_name("quant", "w4a16_asym_b2", &json!({"op": "w4a16"}));
-        assert_eq!(
-            (name.as_str(), params),
-            (
-                "w4a16",
-                json!({"op": "w4a16", "scheme": "asym", "batch": 2})
-            )
-        );
+        assert_eq!((name.as_str(), params), ("w4a16", json!({"op": "w4a16", "scheme": "asym", "batch": 2})));
         // w4a16_mma_tiled_sym_b1 is tiled, not w4a16_mma with a stray suffix.
-        assert_eq!(
-            legacy_name("w4a16_mma_tiled_sym_b1", &json!({})).unwrap().0,
-            "w4a16_mma_tiled"
-        );
+        assert_eq!(legacy_name("w4a16_mma_tiled_sym_b1", &json!({})).unwrap().0, "w4a16_mma_tiled");
         let fmt = json!({"op": "format", "format": "q4_0"});
-        assert_eq!(
-            current_name("quant", "dequant_q4_0_cp_async", &fmt).0,
-            "dequant_cp_async"
-        );
-        assert_eq!(
-            current_name("quant", "dequant_sym", &json!({"format": "sym_g128"})),
-            ("dequant".into(), json!({"format": "sym_g128"}))
-        );
-        assert_eq!(
-            current_name("quant", "cpu_quantize_asym_g64", &json!({})),
-            ("cpu_quantize".into(), json!({"format": "asym_g64"}))
-        );
-        assert_eq!(
-            current_name("quant", "cpu_dequantize_q4_1", &json!({})).0,
-            "cpu_dequantize"
-        );
-        assert_eq!(
-            current_name(
-                "quant",
-                "sym_g32",
-                &json!({"op": "smollm2", "format": "sym_g32"})
-            )
-            .0,
-            "cpu_quantize"
-        );
+        assert_eq!(current_name("quant", "dequant_q4_0_cp_async", &fmt).0, "dequant_cp_async");
+        assert_eq!(current_name("quant", "dequant_sym", &json!({"format": "sym_g128"})), ("dequant".into(), json!({"format": "sym_g128"})));
+        assert_eq!(current_name("quant", "cpu_quantize_asym_g64", &json!({})), ("cpu_quantize".into(), json!({"format": "asym_g64"})));
+        assert_eq!(current_name("quant", "cpu_dequantize_q4_1", &json!({})).0, "cpu_dequantize");
+        assert_eq!(current_name("quant", "sym_g32", &json!({"op": "smollm2", "format": "sym_g32"})).0, "cpu_quantize");
         // Current names, other experiments and unknown names pass through.
-        for (e, v) in [
-            ("quant", "w4a16_mma"),
-            ("quant", "stream_read"),
-            ("softmax", "w4a16_sym_b1"),
-            ("quant", "w4a16_mma_sym_b3x"),
-        ] {
+        for (e, v) in [("quant", "w4a16_mma"), ("quant", "stream_read"), ("softmax", "w4a16_sym_b1"), ("quant", "w4a16_mma_sym_b3x")] {
             assert_eq!(current_name(e, v, &json!({})).0, v);
         }
     }

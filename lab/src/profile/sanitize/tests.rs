@@ -40,19 +40,10 @@ fn reads_a_memcheck_report() {
     let o = parse(MEMCHECK);
     assert!(o.finished);
     assert_eq!(o.errors, 64, "the total, not the printed count");
-    assert_eq!(
-        o.kernels.into_iter().collect::<Vec<_>>(),
-        [("quant_w4a16_mma_pipelined_asym_b1_f16".to_string(), 2)]
-    );
+    assert_eq!(o.kernels.into_iter().collect::<Vec<_>>(), [("quant_w4a16_mma_pipelined_asym_b1_f16".to_string(), 2)]);
     let first = o.first.unwrap();
-    assert!(
-        first.starts_with("Invalid __global__ read of size 16 bytes\nat quant_w4a16"),
-        "{first}"
-    );
-    assert!(
-        first.contains("of size 2,294 bytes") && !first.contains("Host Frame"),
-        "{first}"
-    );
+    assert!(first.starts_with("Invalid __global__ read of size 16 bytes\nat quant_w4a16"), "{first}");
+    assert!(first.contains("of size 2,294 bytes") && !first.contains("Host Frame"), "{first}");
 }
 
 /// memcheck's report of a failed CUDA API call: the library whose frame calls into the driver is
@@ -74,13 +65,8 @@ fn an_api_error_is_the_library_that_made_the_call() {
         )
     };
     let lab: BTreeSet<String> = ["ring_reduce_scatter_f32".to_string()].into();
-    let nccl = parse(&log(
-        "ncclCommInitRank [0x5e0a] in /usr/lib/x86_64-linux-gnu/libnccl.so.2",
-    ));
-    assert_eq!(
-        nccl.kernels.keys().collect::<Vec<_>>(),
-        ["API call from libnccl.so.2"]
-    );
+    let nccl = parse(&log("ncclCommInitRank [0x5e0a] in /usr/lib/x86_64-linux-gnu/libnccl.so.2"));
+    assert_eq!(nccl.kernels.keys().collect::<Vec<_>>(), ["API call from libnccl.so.2"]);
     assert!(nccl.only_outside(&lab));
     let own = parse(&log("lab::collective::open [0x1234] in lab"));
     assert_eq!((own.unattributed, own.kernels.len()), (1, 0));
@@ -91,10 +77,7 @@ fn an_api_error_is_the_library_that_made_the_call() {
 fn reads_a_racecheck_report_and_its_kernel() {
     let o = parse(RACECHECK);
     assert_eq!((o.errors, o.finished), (1, true));
-    assert_eq!(
-        o.kernels.keys().collect::<Vec<_>>(),
-        ["nvjet_sm90_tst_128x64_64x8_1x2_h_bz_TNT"]
-    );
+    assert_eq!(o.kernels.keys().collect::<Vec<_>>(), ["nvjet_sm90_tst_128x64_64x8_1x2_h_bz_TNT"]);
     assert!(o.first.unwrap().ends_with("[512 hazards]"));
 }
 
@@ -103,10 +86,7 @@ fn reads_clean_logs_of_every_tool() {
     for log in ["========= COMPUTE-SANITIZER\n========= ERROR SUMMARY: 0 errors\n", "========= COMPUTE-SANITIZER\n========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n"] {
         assert_eq!(parse(log), Outcome { finished: true, ..Outcome::default() });
     }
-    assert!(
-        !parse("========= COMPUTE-SANITIZER\n").finished,
-        "no summary: the run did not end under the tool"
-    );
+    assert!(!parse("========= COMPUTE-SANITIZER\n").finished, "no summary: the run did not end under the tool");
 }
 
 /// racecheck's other report forms: a warning (warp-synchronous code), errors and warnings
@@ -148,43 +128,18 @@ const SYNCCHECK: &str = "========= COMPUTE-SANITIZER
 #[test]
 fn every_racecheck_report_counts_and_names_its_kernel() {
     let o = parse(RACECHECK_WARNING);
-    assert_eq!(
-        (o.errors, o.warnings, o.printed, o.unattributed, o.finished),
-        (1, 1, 1, 0, true),
-        "a warning is a hazard"
-    );
-    assert_eq!(
-        o.kernels.keys().collect::<Vec<_>>(),
-        ["llama_rope_cache_f16"]
-    );
+    assert_eq!((o.errors, o.warnings, o.printed, o.unattributed, o.finished), (1, 1, 1, 0, true), "a warning is a hazard");
+    assert_eq!(o.kernels.keys().collect::<Vec<_>>(), ["llama_rope_cache_f16"]);
     assert!(o.first.unwrap().starts_with("Warning: Race reported between Write access at llama_rope_cache_f16+0x550\nand Read access"));
     let o = parse(RACECHECK_MIXED);
-    assert_eq!(
-        (o.errors, o.warnings, o.printed, o.unattributed),
-        (4, 1, 4, 0)
-    );
+    assert_eq!((o.errors, o.warnings, o.printed, o.unattributed), (4, 1, 4, 0));
     let named: Vec<(&str, u64)> = o.kernels.iter().map(|(k, n)| (k.as_str(), *n)).collect();
-    assert_eq!(
-        named,
-        [
-            ("attention_fa2_d64_f16", 1),
-            ("fold_blend", 1),
-            ("ns::waw<float>", 1),
-            ("sumKernel", 1)
-        ]
-    );
+    assert_eq!(named, [("attention_fa2_d64_f16", 1), ("fold_blend", 1), ("ns::waw<float>", 1), ("sumKernel", 1)]);
     let o = parse(SYNCCHECK);
     assert_eq!((o.errors, o.printed), (1, 1));
-    assert_eq!(
-        o.kernels.keys().collect::<Vec<_>>(),
-        ["divergence_sorted_f32"]
-    );
+    assert_eq!(o.kernels.keys().collect::<Vec<_>>(), ["divergence_sorted_f32"]);
     // Lines that only look alike name nothing.
-    for line in [
-        "and is inside the nearest allocation at 0x2a9a004800 of size 2,294 bytes",
-        "Error: Potential WAW hazard detected at __shared__ 0x0 in block (0,0,0) :",
-        "Access to 0x2a9a0050f0 is out of bounds",
-    ] {
+    for line in ["and is inside the nearest allocation at 0x2a9a004800 of size 2,294 bytes", "Error: Potential WAW hazard detected at __shared__ 0x0 in block (0,0,0) :", "Access to 0x2a9a0050f0 is out of bounds"] {
         assert_eq!(kernel_named(line), None, "{line}");
     }
 }
@@ -197,111 +152,39 @@ fn a_report_naming_no_kernel_is_neither_clean_nor_library() {
     let lab: BTreeSet<String> = ["llama_rope_cache_f16".to_string()].into();
     let status = |log: &str| {
         let o = parse(log);
-        let f = Finding {
-            outcome: &o,
-            seconds: 1.0,
-            failure: None,
-            uninstrumented: None,
-            log: None,
-        };
+        let f = Finding { outcome: &o, seconds: 1.0, failure: None, uninstrumented: None, log: None };
         let m = measurement("x", "v", Tool::Racecheck, &json!({}), "t", f, &lab);
-        (
-            m.extra["sanitizer"]["status"].as_str().unwrap().to_string(),
-            m.error.unwrap().mismatches,
-            m.extra["sanitizer"].clone(),
-        )
+        (m.extra["sanitizer"]["status"].as_str().unwrap().to_string(), m.error.unwrap().mismatches, m.extra["sanitizer"].clone())
     };
     let unnamed = "========= Warning: Detected overflow of tracked cuda::barrier structures. Results might be incorrect.\n========= \n";
     let (st, n, s) = status(&format!("========= COMPUTE-SANITIZER\n{unnamed}========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n"));
-    assert_eq!(
-        (st.as_str(), n, &s["unattributed"]),
-        ("errors", 1, &json!(1)),
-        "{s}"
-    );
+    assert_eq!((st.as_str(), n, &s["unattributed"]), ("errors", 1, &json!(1)), "{s}");
     // cuBLAS's report beside one that names nothing: not the library's alone.
-    let both = RACECHECK.replace(
-        "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)",
-        &format!("{unnamed}========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)"),
-    );
+    let both = RACECHECK.replace("========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)", &format!("{unnamed}========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)"));
     assert_eq!(status(&both).0, "errors");
     assert_eq!(status(RACECHECK).0, "library");
     // Reports in a library's kernel that the tool did not all print.
-    let unprinted = RACECHECK.replace(
-        "1 hazard displayed (1 error, 0 warnings)",
-        "3 hazards displayed (3 errors, 0 warnings)",
-    );
+    let unprinted = RACECHECK.replace("1 hazard displayed (1 error, 0 warnings)", "3 hazards displayed (3 errors, 0 warnings)");
     let (st, n, s) = status(&unprinted);
-    assert_eq!(
-        (st.as_str(), n, &s["not_printed"]),
-        ("errors", 3, &json!(2)),
-        "{s}"
-    );
+    assert_eq!((st.as_str(), n, &s["not_printed"]), ("errors", 3, &json!(2)), "{s}");
     // A warning in the lab's kernel fails it.
     let (st, n, s) = status(RACECHECK_WARNING);
-    assert_eq!(
-        (
-            st.as_str(),
-            n,
-            &s["warnings"],
-            &s["kernels"]["llama_rope_cache_f16"]
-        ),
-        ("errors", 1, &json!(1), &json!(1)),
-        "{s}"
-    );
+    assert_eq!((st.as_str(), n, &s["warnings"], &s["kernels"]["llama_rope_cache_f16"]), ("errors", 1, &json!(1), &json!(1)), "{s}");
 }
 
 #[test]
 fn the_tool_leaves_the_named_kernels_uninstrumented() {
     let log = std::path::Path::new("/tmp/x.log");
-    let args = |re| {
-        sanitizer_args(Tool::Memcheck, re, log)
-            .into_iter()
-            .map(|a| a.into_string().unwrap())
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(
-        args(None),
-        [
-            "--tool",
-            "memcheck",
-            "--print-limit",
-            "50000",
-            "--show-backtrace",
-            "yes",
-            "--log-file",
-            "/tmp/x.log"
-        ]
-    );
-    assert_eq!(
-        args(Some("a|b")),
-        [
-            "--tool",
-            "memcheck",
-            "--print-limit",
-            "50000",
-            "--show-backtrace",
-            "yes",
-            "--kernel-name-exclude",
-            "regex=a|b",
-            "--log-file",
-            "/tmp/x.log"
-        ]
-    );
+    let args = |re| sanitizer_args(Tool::Memcheck, re, log).into_iter().map(|a| a.into_string().unwrap()).collect::<Vec<_>>();
+    assert_eq!(args(None), ["--tool", "memcheck", "--print-limit", "50000", "--show-backtrace", "yes", "--log-file", "/tmp/x.log"]);
+    assert_eq!(args(Some("a|b")), ["--tool", "memcheck", "--print-limit", "50000", "--show-backtrace", "yes", "--kernel-name-exclude", "regex=a|b", "--log-file", "/tmp/x.log"]);
     // NCCL's kernels match, mangled or not; none of the lab's does.
     let re = Regex::new(crate::collective::nccl::NCCL_KERNELS).unwrap();
-    for k in [
-        "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
-        "_Z40ncclDevKernel_AllReduce_Sum_f32_RING_LL24ncclDevKernelArgsStorageILm4096EE",
-        "ncclKernel_AllReduce_RING_LL_Sum_float",
-    ] {
+    for k in ["ncclDevKernel_AllReduce_Sum_f32_RING_LL", "_Z40ncclDevKernel_AllReduce_Sum_f32_RING_LL24ncclDevKernelArgsStorageILm4096EE", "ncclKernel_AllReduce_RING_LL_Sum_float"] {
         assert!(re.is_match(k), "{k}");
     }
     for family in crate::family::with_kernels() {
-        for line in crate::kernels::source(family.name)
-            .unwrap()
-            .lines()
-            .filter(|l| l.contains("__global__"))
-        {
+        for line in crate::kernels::source(family.name).unwrap().lines().filter(|l| l.contains("__global__")) {
             assert!(!re.is_match(line), "{}: {line}", family.name);
         }
     }
@@ -314,40 +197,24 @@ fn nccl_allreduce_runs_two_ranks_and_leaves_nccl_uninstrumented_but_under_initch
     use crate::experiment::Experiment;
     let e = crate::ops::nccl_allreduce::NcclAllReduce;
     let cases = e.sanitize_cases(&Backend::Cpu);
-    assert!(
-        !cases.is_empty() && cases.iter().all(|c| c["ranks"] == 2),
-        "{cases:?}"
-    );
+    assert!(!cases.is_empty() && cases.iter().all(|c| c["ranks"] == 2), "{cases:?}");
     assert_eq!(e.sanitize_uninstrumented(Tool::Initcheck), None);
     for tool in [Tool::Memcheck, Tool::Racecheck, Tool::Synccheck] {
-        assert_eq!(
-            e.sanitize_uninstrumented(tool),
-            Some(crate::collective::nccl::NCCL_KERNELS)
-        );
+        assert_eq!(e.sanitize_uninstrumented(tool), Some(crate::collective::nccl::NCCL_KERNELS));
     }
 }
 
 /// A kept log keeps its head and tail, whole lines of each, and says how much it left out.
 #[test]
 fn kept_logs_are_bounded() {
-    let text: String = (0..100_000)
-        .map(|i| format!("========= line {i}\n"))
-        .collect();
+    let text: String = (0..100_000).map(|i| format!("========= line {i}\n")).collect();
     let kept = bounded(&text, 64 << 10);
     assert!(kept.len() < (64 << 10) + 64, "{}", kept.len());
     assert!(kept.starts_with("========= line 0\n") && kept.ends_with("========= line 99999\n"));
     let cut = kept.lines().find(|l| l.starts_with("[... ")).unwrap();
-    let left: usize = cut
-        .trim_start_matches("[... ")
-        .split(' ')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let left: usize = cut.trim_start_matches("[... ").split(' ').next().unwrap().parse().unwrap();
     assert_eq!(kept.len() - cut.len() - 1 + left, text.len(), "{cut}");
-    assert!(kept
-        .lines()
-        .all(|l| l.starts_with("========= line ") || l == cut));
+    assert!(kept.lines().all(|l| l.starts_with("========= line ") || l == cut));
     assert_eq!(bounded("short\n", 64), "short\n");
 }
 
@@ -357,25 +224,8 @@ fn reports_only_in_library_kernels_do_not_fail_a_variant_and_the_labs_own_do() {
     let case = json!({"n": 37});
     let status = |log: &str| {
         let o = parse(log);
-        let m = measurement(
-            "x",
-            "v",
-            Tool::Racecheck,
-            &case,
-            "t",
-            Finding {
-                outcome: &o,
-                seconds: 1.0,
-                failure: None,
-                uninstrumented: None,
-                log: None,
-            },
-            &lab,
-        );
-        (
-            m.extra["sanitizer"]["status"].as_str().unwrap().to_string(),
-            m.error.unwrap().mismatches,
-        )
+        let m = measurement("x", "v", Tool::Racecheck, &case, "t", Finding { outcome: &o, seconds: 1.0, failure: None, uninstrumented: None, log: None }, &lab);
+        (m.extra["sanitizer"]["status"].as_str().unwrap().to_string(), m.error.unwrap().mismatches)
     };
     assert_eq!(status(RACECHECK), ("library".into(), 0));
     assert_eq!(status(MEMCHECK), ("errors".into(), 64));
@@ -385,59 +235,17 @@ fn reports_only_in_library_kernels_do_not_fail_a_variant_and_the_labs_own_do() {
 /// record and leads the command that repeats it; other tools and experiments set none.
 #[test]
 fn the_environment_a_tool_runs_with_is_recorded_and_repeated() {
-    let o = Outcome {
-        finished: true,
-        ..Outcome::default()
-    };
-    let finding = |o| Finding {
-        outcome: o,
-        seconds: 1.0,
-        failure: None,
-        uninstrumented: None,
-        log: None,
-    };
+    let o = Outcome { finished: true, ..Outcome::default() };
+    let finding = |o| Finding { outcome: o, seconds: 1.0, failure: None, uninstrumented: None, log: None };
     let case = json!({"ranks": 2, "len": 1});
-    let m = measurement(
-        "nccl_allreduce",
-        "ring_p2p",
-        Tool::Initcheck,
-        &case,
-        "2025.3.1.0",
-        finding(&o),
-        &BTreeSet::new(),
-    );
+    let m = measurement("nccl_allreduce", "ring_p2p", Tool::Initcheck, &case, "2025.3.1.0", finding(&o), &BTreeSet::new());
     assert_eq!(m.extra["sanitizer"]["env"], json!({"NCCL_PROTO": "Simple"}));
-    let line = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/report/records/2026-11-22T14-00-38Z-h100-14a3904.jsonl"
-    ))
-    .unwrap();
+    let line = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/report/records/2026-11-22T14-00-38Z-h100-14a3904.jsonl")).unwrap();
     let mut r: crate::record::Record = serde_json::from_str(line.lines().next().unwrap()).unwrap();
     (r.params, r.extra) = (m.params.clone(), m.extra.clone());
-    assert!(
-        reproduce(&r)
-            .unwrap()
-            .starts_with("NCCL_PROTO=Simple compute-sanitizer --tool initcheck"),
-        "{:?}",
-        reproduce(&r)
-    );
-    for (experiment, tool) in [
-        ("nccl_allreduce", Tool::Memcheck),
-        ("softmax", Tool::Initcheck),
-    ] {
-        let m = measurement(
-            experiment,
-            "v",
-            tool,
-            &case,
-            "2025.3.1.0",
-            finding(&o),
-            &BTreeSet::new(),
-        );
-        assert!(
-            m.extra["sanitizer"].get("env").is_none(),
-            "{experiment} under {}",
-            tool.name()
-        );
+    assert!(reproduce(&r).unwrap().starts_with("NCCL_PROTO=Simple compute-sanitizer --tool initcheck"), "{:?}", reproduce(&r));
+    for (experiment, tool) in [("nccl_allreduce", Tool::Memcheck), ("softmax", Tool::Initcheck)] {
+        let m = measurement(experiment, "v", tool, &case, "2025.3.1.0", finding(&o), &BTreeSet::new());
+        assert!(m.extra["sanitizer"].get("env").is_none(), "{experiment} under {}", tool.name());
     }
 }

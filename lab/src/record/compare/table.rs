@@ -3,10 +3,7 @@
 //! both changes with the drift between the runs divided out; then what the pair of runs says
 //! about itself (drift, noise, band) and how many figures each view flags.
 
-use super::{
-    Basis, Between, Change, Comparisons, DriftFrom, Interval, View, MIN_FIGURES, MIN_SAMPLES,
-    NOISE_K,
-};
+use super::{Basis, Between, Change, Comparisons, DriftFrom, Interval, View, MIN_FIGURES, MIN_SAMPLES, NOISE_K};
 use std::fmt::Write;
 
 fn pct(x: f64) -> String {
@@ -66,22 +63,10 @@ pub fn render(cmp: &Comparisons, view: View) -> String {
         };
         let relative = c.relative.as_ref();
         let verdict = match (view, c.is_yardstick(), c.verdict(view)) {
-            (_, _, Change::NotEnoughSamples) | (View::Absolute, _, _) => {
-                c.verdict(view).label().to_string()
-            }
+            (_, _, Change::NotEnoughSamples) | (View::Absolute, _, _) => c.verdict(view).label().to_string(),
             (_, true, _) => "yardstick: its change is drift".into(),
-            (View::Relative, _, ch) if c.basis == Basis::Absolute => {
-                format!("{} (absolute)", ch.label())
-            }
-            (View::Noise, _, ch) if c.net.is_none() => format!(
-                "{} ({})",
-                ch.label(),
-                if c.relative.is_some() {
-                    "relative"
-                } else {
-                    "absolute"
-                }
-            ),
+            (View::Relative, _, ch) if c.basis == Basis::Absolute => format!("{} (absolute)", ch.label()),
+            (View::Noise, _, ch) if c.net.is_none() => format!("{} ({})", ch.label(), if c.relative.is_some() { "relative" } else { "absolute" }),
             (_, _, ch) => ch.label().into(),
         };
         let _ = writeln!(
@@ -154,18 +139,9 @@ fn summary(cmp: &Comparisons, view: View) -> String {
     let rows = &cmp.rows;
     let mut out = String::new();
     let count = |basis| rows.iter().filter(|c| c.basis == basis).count();
-    let (peer, ceiling, yardsticks, absolute) = (
-        count(Basis::Peer),
-        count(Basis::Ceiling),
-        count(Basis::Reference),
-        count(Basis::Absolute),
-    );
+    let (peer, ceiling, yardsticks, absolute) = (count(Basis::Peer), count(Basis::Ceiling), count(Basis::Reference), count(Basis::Absolute));
     // How far the yardsticks themselves moved: the machine's drift between the runs.
-    let mut drift: Vec<f64> = rows
-        .iter()
-        .filter(|c| c.is_yardstick() && c.ratio.is_finite())
-        .map(|c| c.ratio)
-        .collect();
+    let mut drift: Vec<f64> = rows.iter().filter(|c| c.is_yardstick() && c.ratio.is_finite()).map(|c| c.ratio).collect();
     drift.sort_by(f64::total_cmp);
     let moved = match (drift.first(), drift.last()) {
         (Some(lo), Some(hi)) if lo == hi => format!(": {}", pct(*lo)),
@@ -191,38 +167,19 @@ fn summary(cmp: &Comparisons, view: View) -> String {
         (
             View::Noise,
             match cmp.between.noise {
-                Some(_) => format!(
-                    "net of drift (beyond {}, the default)",
-                    band(cmp.between.band)
-                ),
+                Some(_) => format!("net of drift (beyond {}, the default)", band(cmp.between.band)),
                 None => "the default, here the relative view's".to_string(),
             },
         ),
-        (
-            View::Relative,
-            format!(
-                "relative to the peer or ceiling of its run (interval beyond {})",
-                band(cmp.between.threshold)
-            ),
-        ),
-        (
-            View::Absolute,
-            format!(
-                "absolute (--absolute; interval beyond {}, yardsticks judged too)",
-                band(cmp.between.threshold)
-            ),
-        ),
+        (View::Relative, format!("relative to the peer or ceiling of its run (interval beyond {})", band(cmp.between.threshold))),
+        (View::Absolute, format!("absolute (--absolute; interval beyond {}, yardsticks judged too)", band(cmp.between.threshold))),
     ];
     let _ = writeln!(
         out,
         "flags: {}",
         views
             .iter()
-            .map(|(v, what)| format!(
-                "{what}{}: {}",
-                if *v == view { " [verdict column]" } else { "" },
-                tally(*v)
-            ))
+            .map(|(v, what)| format!("{what}{}: {}", if *v == view { " [verdict column]" } else { "" }, tally(*v)))
             .collect::<Vec<_>>()
             .join("; ")
     );
@@ -233,10 +190,7 @@ fn summary(cmp: &Comparisons, view: View) -> String {
             if absolute == rows.len() { "every figure".to_string() } else { format!("{absolute} figure(s)") },
         );
     }
-    let few = rows
-        .iter()
-        .filter(|c| c.change == Change::NotEnoughSamples)
-        .count();
+    let few = rows.iter().filter(|c| c.change == Change::NotEnoughSamples).count();
     if few > 0 {
         let _ = writeln!(out, "{few} figure(s) have fewer than {MIN_SAMPLES} raw samples in a run: not enough samples to judge");
     }

@@ -8,9 +8,8 @@
 //! its `<g class="point">`; a legend is a `<g class="legend">` of `<g class="legend-entry">`.
 
 use super::draw::{
-    columns, corner, decades, dtype_label, family_color, figure, fit, header, label, lighten,
-    style, text_color, text_height, text_width, Area, Bounds, Legend, Marker, Overlay, Placer,
-    Swatch, FAMILY_PALETTE, HEADER, HEIGHT, INK, MAX_HEIGHT, MUTED, PEER, SMALL, TEXT, WIDTH,
+    columns, corner, decades, dtype_label, family_color, figure, fit, header, label, lighten, style, text_color, text_height, text_width, Area,
+    Bounds, Legend, Marker, Overlay, Placer, Swatch, FAMILY_PALETTE, HEADER, HEIGHT, INK, MAX_HEIGHT, MUTED, PEER, SMALL, TEXT, WIDTH,
 };
 use super::findings::{current_variants, declared, matches};
 use super::model::{headline, is_peer, rate, shape, variant_name};
@@ -25,10 +24,7 @@ mod roofline;
 
 pub use bars::{ladder, speedups};
 pub use plotters::chart::SeriesLabelPosition;
-pub use roofline::{
-    design_points, family_roofline, roofline, roofline_points, DesignPoint, RooflinePoint,
-    DESIGN_PROVIDER,
-};
+pub use roofline::{design_points, family_roofline, roofline, roofline_points, DesignPoint, RooflinePoint, DESIGN_PROVIDER};
 
 const SIZE: (u32, u32) = (960, 560);
 
@@ -60,18 +56,11 @@ fn median(r: &Record) -> f64 {
 
 /// `clean L2, eager`, as the findings name a timing mode.
 fn mode(r: &Record) -> String {
-    r.timing
-        .as_ref()
-        .map(|t| t.label())
-        .unwrap_or_else(|| "-".into())
+    r.timing.as_ref().map(|t| t.label()).unwrap_or_else(|| "-".into())
 }
 
 fn dtype(r: &Record) -> String {
-    r.params
-        .get("dtype")
-        .and_then(|d| d.as_str())
-        .unwrap_or("")
-        .to_string()
+    r.params.get("dtype").and_then(|d| d.as_str()).unwrap_or("").to_string()
 }
 
 /// The boxed series legend every chart carries.
@@ -93,19 +82,10 @@ fn legend<'a, CT: plotters::coord::CoordTranslate>(
 /// The run's measured ceilings by name ("copy_gb_s", "fma_tflop_s", "tensor_f16_tflop_s", ...).
 pub fn ceilings(run: &[&Record]) -> BTreeMap<String, f64> {
     let mut out: BTreeMap<String, f64> = BTreeMap::new();
-    for r in run
-        .iter()
-        .filter(|r| r.experiment == "ceilings" && passing_timed(r))
-    {
-        let Some(name) = r.extra.get("ceiling_name").and_then(|v| v.as_str()) else {
-            continue;
-        };
+    for r in run.iter().filter(|r| r.experiment == "ceilings" && passing_timed(r)) {
+        let Some(name) = r.extra.get("ceiling_name").and_then(|v| v.as_str()) else { continue };
         let tp = r.throughput.unwrap();
-        let v = if name.ends_with("gb_s") {
-            tp.gb_s
-        } else {
-            tp.tflop_s
-        };
+        let v = if name.ends_with("gb_s") { tp.gb_s } else { tp.tflop_s };
         let e = out.entry(name.to_string()).or_insert(0.0);
         *e = e.max(v);
     }
@@ -116,9 +96,7 @@ pub fn ceilings(run: &[&Record]) -> BTreeMap<String, f64> {
 const MAX_LAB_SERIES: usize = 6;
 const MAX_PEER_SERIES: usize = 2;
 /// The scaling chart's lab colours: PALETTE's first five and its cyan (grey is the peers').
-const SERIES: [RGBColor; 6] = [
-    PALETTE[0], PALETTE[1], PALETTE[2], PALETTE[3], PALETTE[4], PALETTE[9],
-];
+const SERIES: [RGBColor; 6] = [PALETTE[0], PALETTE[1], PALETTE[2], PALETTE[3], PALETTE[4], PALETTE[9]];
 
 /// Both axes of a log-log chart: ranges with their key points.
 type LogLog = Cartesian2d<WithKeyPoints<LogCoord<f64>>, WithKeyPoints<LogCoord<f64>>>;
@@ -137,10 +115,7 @@ fn log_log_chart<'a, 'b>(
         .margin_right(20)
         .x_label_area_size(46)
         .y_label_area_size(70)
-        .build_cartesian_2d(
-            (x.0..x.1).log_scale().with_key_points(x.2),
-            (y.0..y.1).log_scale().with_key_points(y.2),
-        )
+        .build_cartesian_2d((x.0..x.1).log_scale().with_key_points(x.2), (y.0..y.1).log_scale().with_key_points(y.2))
         .ok()?;
     chart
         .configure_mesh()
@@ -171,11 +146,7 @@ pub fn scaling(run: &[&Record], experiment: &str, axis: &str) -> Option<String> 
     let mut series: BTreeMap<(bool, String, String), Vec<Pt>> = BTreeMap::new();
     let mut unit = "GB/s";
     let mut axis_name = axis.to_string();
-    for r in run
-        .iter()
-        .copied()
-        .filter(|r| r.experiment == experiment && passing_timed(r) && r.work.bytes > 0)
-    {
+    for r in run.iter().copied().filter(|r| r.experiment == experiment && passing_timed(r) && r.work.bytes > 0) {
         let Some((y, u)) = headline(r) else { continue };
         unit = u;
         let x = match r.params.get(axis).and_then(|x| x.as_f64()) {
@@ -186,22 +157,9 @@ pub fn scaling(run: &[&Record], experiment: &str, axis: &str) -> Option<String> 
             }
         };
         let t = r.time_ms.as_ref().expect("timed");
-        let name = if is_peer(r) {
-            format!("{} ({})", r.variant, r.provider)
-        } else {
-            variant_name(r)
-        };
+        let name = if is_peer(r) { format!("{} ({})", r.variant, r.provider) } else { variant_name(r) };
         let (lo, hi) = (rate(r, t.p80, u), rate(r, t.p20, u));
-        series
-            .entry((is_peer(r), name, dtype(r)))
-            .or_default()
-            .push(Pt {
-                x,
-                y,
-                lo,
-                hi,
-                rec: r,
-            });
+        series.entry((is_peer(r), name, dtype(r))).or_default().push(Pt { x, y, lo, hi, rec: r });
     }
     for pts in series.values_mut() {
         // One point per size: the best there.
@@ -221,23 +179,14 @@ pub fn scaling(run: &[&Record], experiment: &str, axis: &str) -> Option<String> 
         .iter()
         .enumerate()
         .map(|(i, (k, v))| (*k, *v, SERIES[i % SERIES.len()]))
-        .chain(
-            peers
-                .iter()
-                .enumerate()
-                .map(|(i, (k, v))| (*k, *v, if i == 0 { INK } else { PEER })),
-        )
+        .chain(peers.iter().enumerate().map(|(i, (k, v))| (*k, *v, if i == 0 { INK } else { PEER })))
         .collect();
     if drawn.is_empty() {
         return None;
     }
     let all = drawn.iter().flat_map(|d| d.1.iter());
-    let (x_lo, x_hi) = all.clone().fold((f64::INFINITY, 0f64), |(lo, hi), p| {
-        (lo.min(p.x), hi.max(p.x))
-    });
-    let (y_lo, y_hi) = all.fold((f64::INFINITY, 0f64), |(lo, hi), p| {
-        (lo.min(p.lo.min(p.y)), hi.max(p.hi.max(p.y)))
-    });
+    let (x_lo, x_hi) = all.clone().fold((f64::INFINITY, 0f64), |(lo, hi), p| (lo.min(p.x), hi.max(p.x)));
+    let (y_lo, y_hi) = all.fold((f64::INFINITY, 0f64), |(lo, hi), p| (lo.min(p.lo.min(p.y)), hi.max(p.hi.max(p.y))));
     let (x0, x1, y0, y1) = (x_lo / 1.4, x_hi * 1.4, y_lo / 1.6, y_hi * 1.6);
     let dtypes: Vec<&str> = {
         let mut d: Vec<&str> = drawn.iter().map(|d| d.0 .2.as_str()).collect();
@@ -247,11 +196,7 @@ pub fn scaling(run: &[&Record], experiment: &str, axis: &str) -> Option<String> 
     };
     let run_id = &drawn[0].1[0].rec.run_id;
     let title = format!("{experiment}: {unit} against {axis_name}");
-    let kept = if n_lab > lab.len() {
-        format!("the {} fastest of {n_lab} lab series", lab.len())
-    } else {
-        format!("{} lab series", lab.len())
-    };
+    let kept = if n_lab > lab.len() { format!("the {} fastest of {n_lab} lab series", lab.len()) } else { format!("{} lab series", lab.len()) };
     let peer = match peers.len() {
         0 => "no peer timed",
         1 => "the peer dashed",
@@ -267,35 +212,20 @@ pub fn scaling(run: &[&Record], experiment: &str, axis: &str) -> Option<String> 
         root.fill(&WHITE).ok()?;
         header(&root, &title, &subtitle)?;
         let (_, body) = root.split_vertically(HEADER);
-        let mut chart = log_log_chart(
-            &body,
-            (x0, x1, log_ticks(x0, x1)),
-            (y0, y1, log_ticks(y0, y1)),
-            (&axis_name, unit),
-            big_tick,
-        )?;
+        let mut chart = log_log_chart(&body, (x0, x1, log_ticks(x0, x1)), (y0, y1, log_ticks(y0, y1)), (&axis_name, unit), big_tick)?;
         plot = Bounds::of_area(chart.plotting_area());
         for (key, pts, c) in &drawn {
             let line: Vec<(f64, f64)> = pts.iter().map(|p| (p.x, p.y)).collect();
             if key.0 {
-                chart
-                    .draw_series(DashedLineSeries::new(line, 8, 5, c.stroke_width(2)))
-                    .ok()?;
+                chart.draw_series(DashedLineSeries::new(line, 8, 5, c.stroke_width(2))).ok()?;
             } else {
-                chart
-                    .draw_series(LineSeries::new(line, c.stroke_width(2)))
-                    .ok()?;
+                chart.draw_series(LineSeries::new(line, c.stroke_width(2))).ok()?;
             }
             at.push(
                 pts.iter()
                     .map(|p| {
                         let (x, y) = chart.backend_coord(&(p.x, p.y));
-                        (
-                            x,
-                            y,
-                            chart.backend_coord(&(p.x, p.lo)).1,
-                            chart.backend_coord(&(p.x, p.hi)).1,
-                        )
+                        (x, y, chart.backend_coord(&(p.x, p.lo)).1, chart.backend_coord(&(p.x, p.hi)).1)
                     })
                     .collect(),
             );
@@ -304,15 +234,8 @@ pub fn scaling(run: &[&Record], experiment: &str, axis: &str) -> Option<String> 
     }
     let mut overlay = Overlay::new(size);
     for ((_, _, c), px) in drawn.iter().zip(&at) {
-        let band: Vec<(i32, i32)> = px
-            .iter()
-            .map(|p| (p.0, p.2))
-            .chain(px.iter().rev().map(|p| (p.0, p.3)))
-            .collect();
-        overlay.group("band", None, |a| {
-            a.draw(&Polygon::new(band.clone(), c.mix(0.16).filled()))
-                .ok()
-        })?;
+        let band: Vec<(i32, i32)> = px.iter().map(|p| (p.0, p.2)).chain(px.iter().rev().map(|p| (p.0, p.3))).collect();
+        overlay.group("band", None, |a| a.draw(&Polygon::new(band.clone(), c.mix(0.16).filled())).ok())?;
     }
     let mut marks: Vec<Bounds> = Vec::new();
     for ((key, pts, c), px) in drawn.iter().zip(&at) {
@@ -328,34 +251,22 @@ pub fn scaling(run: &[&Record], experiment: &str, axis: &str) -> Option<String> 
                 shape(&p.rec.params),
                 p.rec.run_id
             );
-            overlay.group("point", Some(&title), |a| {
-                Marker::of(&key.2).draw(a, (xy.0, xy.1), 5, *c)
-            })?;
+            overlay.group("point", Some(&title), |a| Marker::of(&key.2).draw(a, (xy.0, xy.1), 5, *c))?;
             marks.push(Bounds::around((xy.0, xy.1), 6));
         }
         // The segments between points are obstacles for the legend too.
         for w in px.windows(2) {
-            marks.push(Bounds::around(
-                ((w[0].0 + w[1].0) / 2, (w[0].1 + w[1].1) / 2),
-                4,
-            ));
+            marks.push(Bounds::around(((w[0].0 + w[1].0) / 2, (w[0].1 + w[1].1) / 2), 4));
         }
     }
     let rows: Vec<(Swatch, String)> = drawn
         .iter()
         .map(|(key, _, c)| {
-            let name = if dtypes.len() > 1 {
-                format!("{} {}", key.1, dtype_label(&key.2))
-            } else {
-                key.1.clone()
-            };
+            let name = if dtypes.len() > 1 { format!("{} {}", key.1, dtype_label(&key.2)) } else { key.1.clone() };
             (Swatch::Line(*c, key.0), fit(&name, TEXT, 300))
         })
         .collect();
-    let legend = Legend {
-        per_column: rows.len(),
-        rows,
-    };
+    let legend = Legend { per_column: rows.len(), rows };
     let (w, h) = legend.size();
     legend.draw(&mut overlay, corner(plot, w, h, &marks))?;
     overlay.onto(svg)
@@ -366,11 +277,7 @@ fn big_tick(v: f64) -> String {
     if v.abs() >= 1e5 {
         let e = v.abs().log10().floor() as i32;
         let m = v / 10f64.powi(e);
-        return if (m - m.round()).abs() < 1e-6 {
-            format!("{}e{e}", m.round())
-        } else {
-            format!("{m:.1}e{e}")
-        };
+        return if (m - m.round()).abs() < 1e-6 { format!("{}e{e}", m.round()) } else { format!("{m:.1}e{e}") };
     }
     tick(v)
 }
@@ -384,10 +291,7 @@ fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
     }
     let k0 = lo.log10().floor() as i32;
     let k1 = hi.log10().ceil() as i32;
-    (k0..=k1)
-        .flat_map(|k| [1.0, 2.0, 5.0].map(|m| m * 10f64.powi(k)))
-        .filter(|v| *v >= lo && *v <= hi)
-        .collect()
+    (k0..=k1).flat_map(|k| [1.0, 2.0, 5.0].map(|m| m * 10f64.powi(k))).filter(|v| *v >= lo && *v <= hi).collect()
 }
 
 /// Named series of (x, y) points as lines on log-log axes, in name order, the legend where
@@ -403,12 +307,8 @@ pub fn lines(
         return None;
     }
     let all = series.values().flatten();
-    let (x_lo, x_hi) = all.clone().fold((f64::INFINITY, 0f64), |(lo, hi), p| {
-        (lo.min(p.0), hi.max(p.0))
-    });
-    let (y_lo, y_hi) = all.fold((f64::INFINITY, 0f64), |(lo, hi), p| {
-        (lo.min(p.1), hi.max(p.1))
-    });
+    let (x_lo, x_hi) = all.clone().fold((f64::INFINITY, 0f64), |(lo, hi), p| (lo.min(p.0), hi.max(p.0)));
+    let (y_lo, y_hi) = all.fold((f64::INFINITY, 0f64), |(lo, hi), p| (lo.min(p.1), hi.max(p.1)));
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
@@ -418,28 +318,16 @@ pub fn lines(
             .margin(16)
             .x_label_area_size(44)
             .y_label_area_size(64)
-            .build_cartesian_2d(
-                (x_lo / 1.5..x_hi * 1.5).log_scale(),
-                (y_lo / 1.5..y_hi * 1.5).log_scale(),
-            )
+            .build_cartesian_2d((x_lo / 1.5..x_hi * 1.5).log_scale(), (y_lo / 1.5..y_hi * 1.5).log_scale())
             .ok()?;
-        chart
-            .configure_mesh()
-            .x_desc(x_desc)
-            .y_desc(y_desc)
-            .x_label_formatter(&|v| tick(*v))
-            .y_label_formatter(&|v| tick(*v))
-            .draw()
-            .ok()?;
+        chart.configure_mesh().x_desc(x_desc).y_desc(y_desc).x_label_formatter(&|v| tick(*v)).y_label_formatter(&|v| tick(*v)).draw().ok()?;
         for (i, (name, pts)) in series.iter().enumerate() {
             let c = color(i);
             chart
                 .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)).point_size(3))
                 .ok()?
                 .label(name.clone())
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2))
-                });
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
         }
         legend(&mut chart, legend_at, 11)?;
         root.present().ok()?;

@@ -38,19 +38,14 @@ impl RooflinePoint {
 
     /// The share a reader is shown: of the ceiling the experiment judged it by, else of the roof.
     fn share(&self) -> f64 {
-        self.fraction_of_ceiling
-            .unwrap_or_else(|| self.fraction_of_roof())
+        self.fraction_of_ceiling.unwrap_or_else(|| self.fraction_of_roof())
     }
 
     /// The hover title: what it is, where it was measured, how far from its ceiling.
     fn title(&self) -> String {
         let share = match (self.fraction_of_ceiling, &self.judged_by) {
             (Some(f), Some(c)) => format!("{:.1}% of {c}", 100.0 * f),
-            _ => format!(
-                "{:.1}% of the roof at its intensity ({})",
-                100.0 * self.fraction_of_roof(),
-                self.ceiling
-            ),
+            _ => format!("{:.1}% of the roof at its intensity ({})", 100.0 * self.fraction_of_roof(), self.ceiling),
         };
         format!(
             "{}/{} {}\n{}\n{} TFLOP/s, {} GB/s at {} flop/byte\n{share}\nrun {}",
@@ -71,32 +66,19 @@ impl RooflinePoint {
 /// slope and its dtype's compute ceiling, in label order. Empty without a copy ceiling.
 pub fn roofline_points(run: &[&Record]) -> Vec<RooflinePoint> {
     let roofs = ceilings(run);
-    let Some(&bw) = roofs.get("copy_gb_s") else {
-        return Vec::new();
-    };
+    let Some(&bw) = roofs.get("copy_gb_s") else { return Vec::new() };
     let mut best: BTreeMap<String, &Record> = BTreeMap::new();
-    for r in run.iter().copied().filter(|r| {
-        r.provider == "lab" && r.experiment != "ceilings" && r.ceiling.is_some() && passing_timed(r)
-    }) {
+    for r in run.iter().copied().filter(|r| r.provider == "lab" && r.experiment != "ceilings" && r.ceiling.is_some() && passing_timed(r)) {
         if r.work.flops == 0 || r.work.bytes == 0 {
             continue;
         }
-        let label = format!("{}/{} {}", r.experiment, variant_name(r), dtype(r))
-            .trim()
-            .to_string();
+        let label = format!("{}/{} {}", r.experiment, variant_name(r), dtype(r)).trim().to_string();
         let tflops = r.throughput.unwrap().tflop_s;
-        if best
-            .get(&label)
-            .is_none_or(|old| old.throughput.unwrap().tflop_s < tflops)
-        {
+        if best.get(&label).is_none_or(|old| old.throughput.unwrap().tflop_s < tflops) {
             best.insert(label, r);
         }
     }
-    let highest = roofs
-        .iter()
-        .filter(|(k, _)| k.ends_with("tflop_s"))
-        .max_by(|a, b| a.1.total_cmp(b.1))
-        .map(|(k, v)| (k.clone(), *v));
+    let highest = roofs.iter().filter(|(k, _)| k.ends_with("tflop_s")).max_by(|a, b| a.1.total_cmp(b.1)).map(|(k, v)| (k.clone(), *v));
     best.into_iter()
         .map(|(label, r)| {
             let dtype = dtype(r);
@@ -105,21 +87,9 @@ pub fn roofline_points(run: &[&Record]) -> Vec<RooflinePoint> {
             // types, that dtype's tensor ceiling, for f32 the FMA rate; a record that names no
             // dtype (a whole model, a mix of kernels) gets the run's highest compute roof, so no
             // point is drawn above a roof it may legitimately use.
-            let own = r
-                .ceiling
-                .as_ref()
-                .filter(|c| c.ends_with("tflop_s"))
-                .and_then(|c| roofs.get(c).map(|v| (c.clone(), *v)));
-            let by_dtype = [format!("tensor_{dtype}_tflop_s"), "fma_tflop_s".to_string()]
-                .into_iter()
-                .find_map(|name| roofs.get(&name).map(|v| (name, *v)));
-            let (ceiling, peak) = own
-                .or(if dtype.is_empty() {
-                    highest.clone()
-                } else {
-                    by_dtype
-                })
-                .unwrap_or_default();
+            let own = r.ceiling.as_ref().filter(|c| c.ends_with("tflop_s")).and_then(|c| roofs.get(c).map(|v| (c.clone(), *v)));
+            let by_dtype = [format!("tensor_{dtype}_tflop_s"), "fma_tflop_s".to_string()].into_iter().find_map(|name| roofs.get(&name).map(|v| (name, *v)));
+            let (ceiling, peak) = own.or(if dtype.is_empty() { highest.clone() } else { by_dtype }).unwrap_or_default();
             let slope = bw / 1000.0 * intensity;
             let memory = peak == 0.0 || slope < peak;
             let tp = r.throughput.unwrap();
@@ -133,11 +103,7 @@ pub fn roofline_points(run: &[&Record]) -> Vec<RooflinePoint> {
                 gb_s: tp.gb_s,
                 roof_tflop_s: if memory { slope } else { peak },
                 bound: if memory { "memory" } else { "compute" },
-                ceiling: if memory {
-                    "copy_gb_s".to_string()
-                } else {
-                    ceiling
-                },
+                ceiling: if memory { "copy_gb_s".to_string() } else { ceiling },
                 shape: shape(&r.params),
                 run_id: r.run_id.clone(),
                 judged_by: r.ceiling.clone(),
@@ -185,16 +151,9 @@ impl DesignPoint {
 /// The passing timed records of [`DESIGN_PROVIDER`], the best of each lane count.
 pub fn design_points(run: &[&Record]) -> Vec<DesignPoint> {
     let mut best: BTreeMap<u64, &Record> = BTreeMap::new();
-    for r in run.iter().copied().filter(|r| {
-        r.provider == DESIGN_PROVIDER && passing_timed(r) && r.work.flops > 0 && r.work.bytes > 0
-    }) {
-        let Some(lanes) = r.params.get("lanes").and_then(|v| v.as_u64()) else {
-            continue;
-        };
-        if best
-            .get(&lanes)
-            .is_none_or(|old| old.throughput.unwrap().tflop_s < r.throughput.unwrap().tflop_s)
-        {
+    for r in run.iter().copied().filter(|r| r.provider == DESIGN_PROVIDER && passing_timed(r) && r.work.flops > 0 && r.work.bytes > 0) {
+        let Some(lanes) = r.params.get("lanes").and_then(|v| v.as_u64()) else { continue };
+        if best.get(&lanes).is_none_or(|old| old.throughput.unwrap().tflop_s < r.throughput.unwrap().tflop_s) {
             best.insert(lanes, r);
         }
     }
@@ -226,47 +185,26 @@ pub fn roofline(run: &[&Record], device: &str) -> Option<String> {
     families.dedup();
     // The fpga design stands beside the GPU's softmax, on its own roofs (`run` may hold its
     // records, made on another device).
-    let designs = if families.contains(&"softmax") {
-        design_points(run)
-    } else {
-        Vec::new()
-    };
+    let designs = if families.contains(&"softmax") { design_points(run) } else { Vec::new() };
     let subtitle = format!(
         "{} variants of {} families, each at its best passing figure; one colour per family, one marker per dtype; hover a point for its record",
         points.len(),
         families.len()
     );
-    draw_roofline(
-        &format!("Roofline: {device}"),
-        &subtitle,
-        &ceilings(run),
-        &points,
-        &designs,
-        false,
-    )
+    draw_roofline(&format!("Roofline: {device}"), &subtitle, &ceilings(run), &points, &designs, false)
 }
 
 /// One family's rungs on the roofline, each labelled, the axes around them. None when the
 /// family has no point.
 pub fn family_roofline(run: &[&Record], device: &str, experiment: &str) -> Option<String> {
-    let points: Vec<RooflinePoint> = roofline_points(run)
-        .into_iter()
-        .filter(|p| p.family == experiment)
-        .collect();
+    let points: Vec<RooflinePoint> = roofline_points(run).into_iter().filter(|p| p.family == experiment).collect();
     let subtitle = format!("each rung (variant, dtype) at its best passing figure over {} runs; hover a point for its record", {
         let mut runs: Vec<&str> = run.iter().filter(|r| r.experiment == experiment).map(|r| r.run_id.as_str()).collect();
         runs.sort();
         runs.dedup();
         runs.len()
     });
-    draw_roofline(
-        &format!("{experiment} on the roofline: {device}"),
-        &subtitle,
-        &ceilings(run),
-        &points,
-        &[],
-        true,
-    )
+    draw_roofline(&format!("{experiment} on the roofline: {device}"), &subtitle, &ceilings(run), &points, &[], true)
 }
 
 /// `tensor_bf16_tflop_s` as its line is labelled: kind `tensor`, dtype `bf16`.
@@ -293,54 +231,24 @@ fn ceil_decade(v: f64) -> f64 {
 }
 
 /// The roofline itself; `family` zooms the axes on the points and labels every variant.
-fn draw_roofline(
-    title: &str,
-    subtitle: &str,
-    roofs: &BTreeMap<String, f64>,
-    points: &[RooflinePoint],
-    designs: &[DesignPoint],
-    family: bool,
-) -> Option<String> {
+fn draw_roofline(title: &str, subtitle: &str, roofs: &BTreeMap<String, f64>, points: &[RooflinePoint], designs: &[DesignPoint], family: bool) -> Option<String> {
     let bw = roofs.get("copy_gb_s")? / 1000.0;
     if points.is_empty() || bw.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
         return None;
     }
-    let peaks: Vec<(&str, f64)> = roofs
-        .iter()
-        .filter(|(k, v)| k.ends_with("tflop_s") && **v > 0.0)
-        .map(|(k, v)| (k.as_str(), *v))
-        .collect();
+    let peaks: Vec<(&str, f64)> = roofs.iter().filter(|(k, v)| k.ends_with("tflop_s") && **v > 0.0).map(|(k, v)| (k.as_str(), *v)).collect();
     let top_peak = peaks.iter().map(|p| p.1).fold(0.0, f64::max);
-    let roof_at = |x: f64| {
-        if top_peak > 0.0 {
-            (bw * x).min(top_peak)
-        } else {
-            bw * x
-        }
-    };
-    let xy = points
-        .iter()
-        .map(|p| (p.intensity, p.tflop_s))
-        .chain(designs.iter().map(|d| (d.intensity, d.tflop_s)));
-    let (i_lo, i_hi) = xy.clone().fold((f64::INFINITY, 0f64), |(lo, hi), p| {
-        (lo.min(p.0), hi.max(p.0))
-    });
-    let (t_lo, t_hi) = xy.fold((f64::INFINITY, 0f64), |(lo, hi), p| {
-        (lo.min(p.1), hi.max(p.1))
-    });
+    let roof_at = |x: f64| if top_peak > 0.0 { (bw * x).min(top_peak) } else { bw * x };
+    let xy = points.iter().map(|p| (p.intensity, p.tflop_s)).chain(designs.iter().map(|d| (d.intensity, d.tflop_s)));
+    let (i_lo, i_hi) = xy.clone().fold((f64::INFINITY, 0f64), |(lo, hi), p| (lo.min(p.0), hi.max(p.0)));
+    let (t_lo, t_hi) = xy.fold((f64::INFINITY, 0f64), |(lo, hi), p| (lo.min(p.1), hi.max(p.1)));
     let x_lo = floor_decade(i_lo / 2.0);
     let mut x_hi = ceil_decade(i_hi * 2.0);
     if !family {
         // The whole device: every ceiling's ridge point in view.
-        x_hi = x_hi.max(ceil_decade(
-            peaks.iter().map(|p| p.1 / bw).fold(0.0, f64::max) * 3.0,
-        ));
+        x_hi = x_hi.max(ceil_decade(peaks.iter().map(|p| p.1 / bw).fold(0.0, f64::max) * 3.0));
     }
-    let y_lo = floor_decade(if family {
-        t_lo / 3.0
-    } else {
-        (t_lo / 2.0).min(bw * x_lo)
-    });
+    let y_lo = floor_decade(if family { t_lo / 3.0 } else { (t_lo / 2.0).min(bw * x_lo) });
     let y_hi = roof_at(x_hi).max(t_hi) * 2.5;
 
     let size = (WIDTH, HEIGHT);
@@ -354,47 +262,22 @@ fn draw_roofline(
         root.fill(&WHITE).ok()?;
         header(&root, title, subtitle)?;
         let (_, body) = root.split_vertically(HEADER);
-        let (x, y) = (
-            (x_lo, x_hi, decades(x_lo, x_hi)),
-            (y_lo, y_hi, decades(y_lo, y_hi)),
-        );
-        let mut chart = log_log_chart(
-            &body,
-            x,
-            y,
-            ("arithmetic intensity (flop / byte)", "TFLOP/s"),
-            tick,
-        )?;
+        let (x, y) = ((x_lo, x_hi, decades(x_lo, x_hi)), (y_lo, y_hi, decades(y_lo, y_hi)));
+        let mut chart = log_log_chart(&body, x, y, ("arithmetic intensity (flop / byte)", "TFLOP/s"), tick)?;
         plot = Bounds::of_area(chart.plotting_area());
 
         // The copy slope up to the highest ceiling, then each compute ceiling from its ridge.
         let line = MUTED.stroke_width(2);
-        let (xa, xb) = (
-            x_lo.max(y_lo / bw),
-            x_hi.min(
-                if top_peak > 0.0 {
-                    top_peak.min(y_hi)
-                } else {
-                    y_hi
-                } / bw,
-            ),
-        );
+        let (xa, xb) = (x_lo.max(y_lo / bw), x_hi.min(if top_peak > 0.0 { top_peak.min(y_hi) } else { y_hi } / bw));
         if xa < xb {
-            chart
-                .draw_series(LineSeries::new(vec![(xa, bw * xa), (xb, bw * xb)], line))
-                .ok()?;
+            chart.draw_series(LineSeries::new(vec![(xa, bw * xa), (xb, bw * xb)], line)).ok()?;
         }
         let mut kinds: BTreeMap<String, Vec<(String, f64)>> = BTreeMap::new();
         for (name, peak) in &peaks {
             if *peak <= y_lo || *peak >= y_hi || peak / bw >= x_hi {
                 continue;
             }
-            chart
-                .draw_series(LineSeries::new(
-                    vec![((peak / bw).max(x_lo), *peak), (x_hi, *peak)],
-                    line,
-                ))
-                .ok()?;
+            chart.draw_series(LineSeries::new(vec![((peak / bw).max(x_lo), *peak), (x_hi, *peak)], line)).ok()?;
             let (kind, dtype) = ceiling_kind(name);
             kinds.entry(kind).or_default().push((dtype, *peak));
         }
@@ -404,14 +287,7 @@ fn draw_roofline(
             let bw = d.roof_gb_s / 1000.0;
             let (xa, xb) = (x_lo.max(y_lo / bw), x_hi.min(y_hi / bw));
             if xa < xb {
-                chart
-                    .draw_series(DashedLineSeries::new(
-                        vec![(xa, bw * xa), (xb, bw * xb)],
-                        6,
-                        4,
-                        design_color.stroke_width(1),
-                    ))
-                    .ok()?;
+                chart.draw_series(DashedLineSeries::new(vec![(xa, bw * xa), (xb, bw * xb)], 6, 4, design_color.stroke_width(1))).ok()?;
             }
         }
         let px = |x: f64, y: f64| chart.backend_coord(&(x, y));
@@ -421,16 +297,7 @@ fn draw_roofline(
         let mut rows: Vec<(String, f64, f64)> = kinds
             .iter()
             .map(|(kind, lines)| {
-                let values: Vec<String> = lines
-                    .iter()
-                    .map(|(d, v)| {
-                        if d.is_empty() {
-                            figure(*v)
-                        } else {
-                            format!("{d} {}", figure(*v))
-                        }
-                    })
-                    .collect();
+                let values: Vec<String> = lines.iter().map(|(d, v)| if d.is_empty() { figure(*v) } else { format!("{d} {}", figure(*v)) }).collect();
                 let hi = lines.iter().map(|l| l.1).fold(0.0, f64::max);
                 let lo = lines.iter().map(|l| l.1).fold(f64::INFINITY, f64::min);
                 (format!("{kind}: {} TFLOP/s", values.join(", ")), hi, lo)
@@ -444,18 +311,8 @@ fn draw_roofline(
             let (top, bottom) = (px(x_hi, *hi).1, px(x_hi, *lo).1);
             let ridge = px((hi / bw).max(x_lo), *hi).0;
             // Above the line, or below it clear of the slope that meets it at the ridge.
-            let above = Bounds {
-                x0: ridge - 6 - w,
-                y0: top - 3 - h,
-                x1: ridge - 6,
-                y1: top - 3,
-            };
-            let below = Bounds {
-                x0: ridge - 30 - w,
-                y0: bottom + 3,
-                x1: ridge - 30,
-                y1: bottom + 3 + h,
-            };
+            let above = Bounds { x0: ridge - 6 - w, y0: top - 3 - h, x1: ridge - 6, y1: top - 3 };
+            let below = Bounds { x0: ridge - 30 - w, y0: bottom + 3, x1: ridge - 30, y1: bottom + 3 + h };
             let free = |b: &Bounds| b.inside(&plot) && !placed.iter().any(|p| p.overlaps(b));
             let b = if free(&above) {
                 above
@@ -464,19 +321,9 @@ fn draw_roofline(
             } else {
                 let above_free = i == 0 || px(x_hi, rows[i - 1].2).1 < top - h - 8;
                 let y0 = if above_free { top - 3 - h } else { bottom + 4 };
-                Bounds {
-                    x0: plot.x1 - 6 - w,
-                    y0,
-                    x1: plot.x1 - 6,
-                    y1: y0 + h,
-                }
+                Bounds { x0: plot.x1 - 6 - w, y0, x1: plot.x1 - 6, y1: y0 + h }
             };
-            root.draw(&Text::new(
-                text.clone(),
-                (b.x1, b.y1),
-                style(TEXT, INK, HPos::Right, VPos::Bottom),
-            ))
-            .ok()?;
+            root.draw(&Text::new(text.clone(), (b.x1, b.y1), style(TEXT, INK, HPos::Right, VPos::Bottom))).ok()?;
             placed.push(b);
         }
         taken.extend(placed);
@@ -486,23 +333,10 @@ fn draw_roofline(
         let w = text_width(&text, TEXT);
         for k in 5..19 {
             let t = k as f64 / 20.0;
-            let (x, y) = (
-                (a.0 as f64 + t * (b.0 - a.0) as f64) as i32 - 8,
-                (a.1 as f64 + t * (b.1 - a.1) as f64) as i32 - 8,
-            );
-            let bx = Bounds {
-                x0: x - w,
-                y0: y - h,
-                x1: x,
-                y1: y,
-            };
+            let (x, y) = ((a.0 as f64 + t * (b.0 - a.0) as f64) as i32 - 8, (a.1 as f64 + t * (b.1 - a.1) as f64) as i32 - 8);
+            let bx = Bounds { x0: x - w, y0: y - h, x1: x, y1: y };
             if bx.inside(&plot) {
-                root.draw(&Text::new(
-                    text.clone(),
-                    (x, y),
-                    style(TEXT, INK, HPos::Right, VPos::Bottom),
-                ))
-                .ok()?;
+                root.draw(&Text::new(text.clone(), (x, y), style(TEXT, INK, HPos::Right, VPos::Bottom))).ok()?;
                 taken.push(bx);
                 break;
             }
@@ -514,27 +348,12 @@ fn draw_roofline(
             if xa >= x_hi.min(y_hi / bw) {
                 continue;
             }
-            let text = format!(
-                "fpga {} lanes: {} GB/s at {} MHz",
-                d.lanes,
-                figure(d.roof_gb_s),
-                figure(d.clock_mhz)
-            );
+            let text = format!("fpga {} lanes: {} GB/s at {} MHz", d.lanes, figure(d.roof_gb_s), figure(d.clock_mhz));
             let w = text_width(&text, SMALL);
             let (x, y) = px(xa.max(d.intensity * 1.6), bw * xa.max(d.intensity * 1.6));
-            let bx = Bounds {
-                x0: x + 4,
-                y0: y - text_height(SMALL) - 2,
-                x1: x + 4 + w,
-                y1: y - 2,
-            };
+            let bx = Bounds { x0: x + 4, y0: y - text_height(SMALL) - 2, x1: x + 4 + w, y1: y - 2 };
             if bx.inside(&plot) && !taken.iter().any(|t| t.overlaps(&bx)) {
-                root.draw(&Text::new(
-                    text,
-                    (bx.x0, bx.y1),
-                    style(SMALL, text_color(design_color), HPos::Left, VPos::Bottom),
-                ))
-                .ok()?;
+                root.draw(&Text::new(text, (bx.x0, bx.y1), style(SMALL, text_color(design_color), HPos::Left, VPos::Bottom))).ok()?;
                 taken.push(bx);
             }
         }
@@ -546,74 +365,39 @@ fn draw_roofline(
     let mut overlay = Overlay::new(size);
     // Points, the best of each family drawn last (on top).
     let mut order: Vec<usize> = (0..points.len()).collect();
-    order.sort_by(|&a, &b| {
-        points[a]
-            .share()
-            .total_cmp(&points[b].share())
-            .then(a.cmp(&b))
-    });
+    order.sort_by(|&a, &b| points[a].share().total_cmp(&points[b].share()).then(a.cmp(&b)));
     for &i in &order {
         let p = &points[i];
         let c = family_color(&p.family);
-        overlay.group("point", Some(&p.title()), |a| {
-            Marker::of(&p.dtype).draw(a, at[i], 6, c)
-        })?;
+        overlay.group("point", Some(&p.title()), |a| Marker::of(&p.dtype).draw(a, at[i], 6, c))?;
     }
     for (d, &xy) in designs.iter().zip(&design_at) {
-        overlay.group("point", Some(&d.title()), |a| {
-            Marker::Star.draw(a, xy, 6, family_color("fpga"))
-        })?;
+        overlay.group("point", Some(&d.title()), |a| Marker::Star.draw(a, xy, 6, family_color("fpga")))?;
     }
-    let marks: Vec<Bounds> = at
-        .iter()
-        .chain(&design_at)
-        .map(|&xy| Bounds::around(xy, 7))
-        .collect();
+    let marks: Vec<Bounds> = at.iter().chain(&design_at).map(|&xy| Bounds::around(xy, 7)).collect();
 
     // The legend: families and dtypes, never variants.
     let mut families: Vec<&str> = points.iter().map(|p| p.family.as_str()).collect();
-    families.sort_by_key(|f| {
-        (
-            FAMILY_PALETTE.iter().position(|c| *c == family_color(f)),
-            *f,
-        )
-    });
+    families.sort_by_key(|f| (FAMILY_PALETTE.iter().position(|c| *c == family_color(f)), *f));
     families.dedup();
     let mut dtypes: Vec<&str> = points.iter().map(|p| p.dtype.as_str()).collect();
     dtypes.sort_by_key(|d| (Marker::of(d), *d));
     dtypes.dedup();
     let mut rows: Vec<(Swatch, String)> = Vec::new();
     if !family {
-        rows.extend(
-            families
-                .iter()
-                .map(|f| (Swatch::Fill(family_color(f)), f.to_string())),
-        );
+        rows.extend(families.iter().map(|f| (Swatch::Fill(family_color(f)), f.to_string())));
     }
     let shown: Vec<Marker> = dtypes.iter().map(|d| Marker::of(d)).collect();
     for (d, m) in dtypes.iter().zip(&shown) {
         // One row per marker: dtypes outside f32/f16/bf16 share the diamond.
-        if !rows
-            .iter()
-            .any(|(s, _)| matches!(s, Swatch::Marker(x, _) if x == m))
-        {
-            rows.push((
-                Swatch::Marker(*m, MUTED),
-                dtype_label(if *m == Marker::Diamond { "" } else { d }).to_string(),
-            ));
+        if !rows.iter().any(|(s, _)| matches!(s, Swatch::Marker(x, _) if x == m)) {
+            rows.push((Swatch::Marker(*m, MUTED), dtype_label(if *m == Marker::Diamond { "" } else { d }).to_string()));
         }
     }
     if !designs.is_empty() {
-        rows.push((
-            Swatch::Marker(Marker::Star, family_color("fpga")),
-            "fpga design (modelled)".to_string(),
-        ));
+        rows.push((Swatch::Marker(Marker::Star, family_color("fpga")), "fpga design (modelled)".to_string()));
     }
-    let per_column = if rows.len() > 8 && !family {
-        families.len()
-    } else {
-        rows.len()
-    };
+    let per_column = if rows.len() > 8 && !family { families.len() } else { rows.len() };
     let legend = Legend { rows, per_column };
     let (w, h) = legend.size();
     let obstacles: Vec<Bounds> = marks.iter().chain(&taken).copied().collect();
@@ -624,15 +408,8 @@ fn draw_roofline(
     // Labels: the best point of each family, or every rung of the one family.
     let mut best: BTreeMap<String, usize> = BTreeMap::new();
     for (i, p) in points.iter().enumerate() {
-        let key = if family {
-            p.variant.clone()
-        } else {
-            p.family.clone()
-        };
-        if best
-            .get(&key)
-            .is_none_or(|&j| points[j].share() < p.share())
-        {
+        let key = if family { p.variant.clone() } else { p.family.clone() };
+        if best.get(&key).is_none_or(|&j| points[j].share() < p.share()) {
             best.insert(key, i);
         }
     }
@@ -642,27 +419,8 @@ fn draw_roofline(
     let mut placer = Placer { plot, taken };
     let size_text = if family { SMALL } else { TEXT };
     let h = text_height(size_text) + 2;
-    let texts: Vec<(usize, String)> = labelled
-        .into_iter()
-        .map(|(key, i)| {
-            (
-                i,
-                if family {
-                    key
-                } else {
-                    format!("{key}: {}", points[i].variant)
-                },
-            )
-        })
-        .collect();
-    let soft_of = |i: usize| -> Vec<Bounds> {
-        marks
-            .iter()
-            .enumerate()
-            .filter(|(j, _)| *j != i)
-            .map(|(_, b)| *b)
-            .collect()
-    };
+    let texts: Vec<(usize, String)> = labelled.into_iter().map(|(key, i)| (i, if family { key } else { format!("{key}: {}", points[i].variant) })).collect();
+    let soft_of = |i: usize| -> Vec<Bounds> { marks.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, b)| *b).collect() };
     let mut boxes: Vec<(usize, Bounds)> = Vec::new();
     let mut crowded: Vec<(usize, (i32, i32), i32)> = Vec::new();
     for (k, (i, text)) in texts.iter().enumerate() {
@@ -688,9 +446,7 @@ fn draw_roofline(
         let (i, text) = &texts[k];
         let c = text_color(family_color(&points[*i].family));
         let touching = b.overlaps(&Bounds::around(at[*i], 12));
-        overlay.group("label", None, |a| {
-            label(a, text, b, c, size_text, (!touching).then_some(at[*i]))
-        })?;
+        overlay.group("label", None, |a| label(a, text, b, c, size_text, (!touching).then_some(at[*i])))?;
     }
     overlay.onto(svg)
 }
@@ -704,12 +460,7 @@ mod tests {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
         let (h100, _) = read_records(&root.join("tests/fixtures/charts")).unwrap();
         let (all, _) = read_records(&root.join("../reports/records")).unwrap();
-        (
-            h100,
-            all.into_iter()
-                .filter(|r| r.provider == super::DESIGN_PROVIDER)
-                .collect(),
-        )
+        (h100, all.into_iter().filter(|r| r.provider == super::DESIGN_PROVIDER).collect())
     }
 
     #[test]
@@ -721,35 +472,14 @@ mod tests {
         let designs = super::design_points(&with);
         let lanes: Vec<(u64, f64)> = designs.iter().map(|d| (d.lanes, d.roof_gb_s)).collect();
         assert_eq!(lanes, vec![(1, 1.2), (4, 4.8), (16, 19.2)]);
-        assert!(
-            designs
-                .iter()
-                .all(|d| d.gb_s <= d.roof_gb_s && d.gb_s > 0.5 * d.roof_gb_s),
-            "{designs:?}"
-        );
-        let (plain, beside) = (
-            super::roofline(&gpu, "H100").unwrap(),
-            super::roofline(&with, "H100").unwrap(),
-        );
+        assert!(designs.iter().all(|d| d.gb_s <= d.roof_gb_s && d.gb_s > 0.5 * d.roof_gb_s), "{designs:?}");
+        let (plain, beside) = (super::roofline(&gpu, "H100").unwrap(), super::roofline(&with, "H100").unwrap());
         assert_eq!(points(&beside), points(&plain) + 3);
-        assert!(
-            beside.contains("fpga 16 lanes: 19.2 GB/s at 300 MHz")
-                && beside.contains("fpga design (modelled)")
-        );
+        assert!(beside.contains("fpga 16 lanes: 19.2 GB/s at 300 MHz") && beside.contains("fpga design (modelled)"));
         // No softmax on the chart: no design beside it. A failed record: no point.
-        let no_softmax: Vec<&Record> = with
-            .iter()
-            .copied()
-            .filter(|r| r.experiment != "softmax")
-            .collect();
-        assert!(!super::roofline(&no_softmax, "H100")
-            .unwrap()
-            .contains("fpga design"));
-        let failed: Vec<Record> = fpga
-            .iter()
-            .cloned()
-            .map(|mut r| (r.verdict = Verdict::Fail, r).1)
-            .collect();
+        let no_softmax: Vec<&Record> = with.iter().copied().filter(|r| r.experiment != "softmax").collect();
+        assert!(!super::roofline(&no_softmax, "H100").unwrap().contains("fpga design"));
+        let failed: Vec<Record> = fpga.iter().cloned().map(|mut r| (r.verdict = Verdict::Fail, r).1).collect();
         assert!(super::design_points(&failed.iter().collect::<Vec<_>>()).is_empty());
     }
 
@@ -766,18 +496,8 @@ mod tests {
         }
         let mut checked = 0;
         for (id, run) in &runs {
-            for p in super::roofline_points(run)
-                .iter()
-                .filter(|p| p.bound == "compute")
-            {
-                assert!(
-                    p.tflop_s <= p.roof_tflop_s * 1.05,
-                    "{id}: {} at {:.1} TFLOP/s under a {} roof of {:.1}",
-                    p.label,
-                    p.tflop_s,
-                    p.ceiling,
-                    p.roof_tflop_s
-                );
+            for p in super::roofline_points(run).iter().filter(|p| p.bound == "compute") {
+                assert!(p.tflop_s <= p.roof_tflop_s * 1.05, "{id}: {} at {:.1} TFLOP/s under a {} roof of {:.1}", p.label, p.tflop_s, p.ceiling, p.roof_tflop_s);
                 checked += 1;
             }
         }
@@ -786,21 +506,9 @@ mod tests {
 
     #[test]
     fn ceilings_are_named_by_kind_and_dtype() {
-        assert_eq!(
-            super::ceiling_kind("tensor_bf16_tflop_s"),
-            ("tensor".to_string(), "bf16".to_string())
-        );
-        assert_eq!(
-            super::ceiling_kind("mma_sync_f16_tflop_s"),
-            ("mma.sync".to_string(), "f16".to_string())
-        );
-        assert_eq!(
-            super::ceiling_kind("fma_tflop_s"),
-            ("FMA".to_string(), String::new())
-        );
-        assert_eq!(
-            super::ceiling_kind("copy_gb_s"),
-            ("copy".to_string(), String::new())
-        );
+        assert_eq!(super::ceiling_kind("tensor_bf16_tflop_s"), ("tensor".to_string(), "bf16".to_string()));
+        assert_eq!(super::ceiling_kind("mma_sync_f16_tflop_s"), ("mma.sync".to_string(), "f16".to_string()));
+        assert_eq!(super::ceiling_kind("fma_tflop_s"), ("FMA".to_string(), String::new()));
+        assert_eq!(super::ceiling_kind("copy_gb_s"), ("copy".to_string(), String::new()));
     }
 }
