@@ -6,7 +6,6 @@ const CAUSAL: Mask = Mask { causal: true, window: 0 };
 /// Packed inputs for `offs` and the CPU forward of them: (q, k, v, o, lse).
 type Packed<T> = (Vec<T>, Vec<T>, Vec<T>, Vec<T>, Vec<f32>);
 fn packed_cpu<T: Elem>(offs: &Varlen, (hq, hkv, d): (usize, usize, usize), m: Mask) -> Packed<T> {
-    let dev = Backend::Cpu;
     let (tq, tk) = offs.totals();
     let mut rng = rand::rngs::StdRng::seed_from_u64(tq as u64 * 7 + tk as u64);
     let (q, k, v): (Vec<T>, Vec<T>, Vec<T>) = (input(tq * hq * d, 1.0, &mut rng), input(tk * hkv * d, 1.0, &mut rng), input(tk * hkv * d, 1.0, &mut rng));
