@@ -32,6 +32,16 @@ __device__ __forceinline__ bool attn_keep(int i, int j, int Sk, int off, int cau
     return j < Sk && (!causal || j <= i + off) && (window <= 0 || j > i + off - window);
 }
 
+// The tiles of `bn` keys that some of `rows` query rows from q0 keep: (first key, a multiple of
+// bn; how many tiles from it).
+__device__ __forceinline__ int2 attn_key_tiles(int q0, int rows, int Sk, int off, int causal, int window, int bn) {
+    int hi = Sk, lo = 0;
+    if (causal) hi = min(Sk, q0 + rows - 1 + off + 1);
+    if (window > 0) lo = max(0, q0 + off - window + 1);
+    lo = lo / bn * bn;
+    return make_int2(lo, hi > lo ? (hi - lo + bn - 1) / bn : 0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 1. naive
 // ---------------------------------------------------------------------------------------------
@@ -144,12 +154,8 @@ __device__ void fa2_forward(const T* __restrict__ q, const T* __restrict__ k, co
     const T* kb = k + seq.k_row0 * ks + (long long)hk * D;
     const T* vb = v + seq.k_row0 * ks + (long long)hk * D;
 
-    // The keys any row of this block keeps: [lo, hi).
-    int hi = Sk, lo = 0;
-    if (causal) hi = min(Sk, q0 + BM - 1 + off + 1);
-    if (window > 0) lo = max(0, q0 + off - window + 1);
-    lo = lo / FA_BN * FA_BN;
-    const int tiles = hi > lo ? (hi - lo + FA_BN - 1) / FA_BN : 0;
+    const int2 span = attn_key_tiles(q0, BM, Sk, off, causal, window, FA_BN);  // the keys this block's rows keep
+    const int lo = span.x, tiles = span.y;
 
     fa_load_tile<T, D, BM>(sQ, qb, qs, q0, Sq);
     if (tiles > 0) {

@@ -341,12 +341,8 @@ __device__ void fa2_bwd_dq_rows(const T* __restrict__ q, const T* __restrict__ k
     const T* kb = k + seq.k_row0 * ks + (long long)hk * D;
     const T* vb = v + seq.k_row0 * ks + (long long)hk * D;
 
-    // The keys any row of this block keeps: [lo, hi), as in the forward.
-    int hi = Sk, lo = 0;
-    if (causal) hi = min(Sk, q0 + BM - 1 + off + 1);
-    if (window > 0) lo = max(0, q0 + off - window + 1);
-    lo = lo / FA_BN * FA_BN;
-    const int tiles = hi > lo ? (hi - lo + FA_BN - 1) / FA_BN : 0;
+    const int2 span = attn_key_tiles(q0, BM, Sk, off, causal, window, FA_BN);  // the keys this block's rows keep
+    const int lo = span.x, tiles = span.y;
 
     fa_load_tile<T, D, BM>(sQ, q + head, qs, q0, Sq);
     fa_load_tile<T, D, BM>(sdO, dout + head, qs, q0, Sq);

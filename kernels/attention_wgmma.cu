@@ -168,12 +168,8 @@ __device__ void attn_wgmma_forward(const TmaDesc& tq, const TmaDesc& tk, const T
     const int tb = cu_q ? 0 : b, tq0 = cu_q ? (int)seq.q_row0 : 0, tk0 = cu_q ? (int)seq.k_row0 : 0;
     const int off = Sk - Sq;
 
-    // The keys any row of this block keeps: [lo, hi), whole tiles from lo.
-    int hi = Sk, lo = 0;
-    if (causal) hi = min(Sk, q0 + BM - 1 + off + 1);
-    if (window > 0) lo = max(0, q0 + off - window + 1);
-    lo = lo / BN * BN;
-    const int tiles = hi > lo ? (hi - lo + BN - 1) / BN : 0;
+    const int2 span = attn_key_tiles(q0, BM, Sk, off, causal, window, BN);  // the keys this block's rows keep
+    const int lo = span.x, tiles = span.y;
 
     if (threadIdx.x == 0) {
         mbar_init(bars, 1);

@@ -359,7 +359,7 @@ pub fn forward_with<T: Elem>(
         (Kernel::Fa2 { .. } | Kernel::Wgmma { .. }, Backend::Cuda(gpu)) => {
             let (dq, dk, dv) = (q.cuda().expect("placed"), k.cuda().expect("placed"), v.cuda().expect("placed"));
             let (dl, dout) = (lse.cuda_mut().expect("placed"), o.cuda_mut().expect("placed"));
-            launch_tiled(gpu, var, d, mask, (&dq.as_view(), &dk.as_view(), &dv.as_view()), &mut dout.as_view_mut(), &mut dl.as_view_mut())
+            launch_tiled(gpu, var, d, mask, (&dq.as_view(), &dk.as_view(), &dv.as_view()), &mut dout.as_view_mut(), &mut dl.as_view_mut(), None)
         }
         (Kernel::Naive, Backend::Cuda(gpu)) => {
             let scores = d.batch * d.hq * d.sq * d.sk;
@@ -392,21 +392,6 @@ pub fn forward_with<T: Elem>(
     }
 }
 
-/// Launches a tiled rung (fa2 or wgmma) on device views: what [`forward_with`] runs, and what a
-/// model calls on a slice of its KV cache. Views shorter than `d` needs are an error.
-#[allow(clippy::too_many_arguments)]
-pub fn launch_tiled<T: Elem>(
-    gpu: &crate::gpu::Gpu,
-    var: &Variant<Kernel>,
-    d: Dims,
-    mask: Mask,
-    qkv: (&CudaView<T>, &CudaView<T>, &CudaView<T>),
-    o: &mut CudaViewMut<T>,
-    lse: &mut CudaViewMut<f32>,
-) -> Result<()> {
-    launch_tiled_at(gpu, var, d, mask, qkv, o, lse, None)
-}
-
 /// A packed batch's cumulative offsets on the device and its row totals (q, k): [`varlen`].
 #[derive(Clone, Copy)]
 pub struct Packed<'a> {
@@ -416,10 +401,12 @@ pub struct Packed<'a> {
     pub total_k: usize,
 }
 
-/// [`launch_tiled`], dense (`packed` None: `d.batch` sequences of `d.sq` and `d.sk` rows) or over
-/// a packed batch (`d.sq` and `d.sk` the longest sequences, which size the grid).
+/// Launches a tiled rung (fa2 or wgmma) on device views: what [`forward_with`] runs, and what a
+/// model calls on a slice of its KV cache. Dense (`packed` None: `d.batch` sequences of `d.sq` and
+/// `d.sk` rows) or over a packed batch (`d.sq` and `d.sk` the longest sequences, which size the
+/// grid). Views shorter than `d` needs are an error.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn launch_tiled_at<T: Elem>(
+pub fn launch_tiled<T: Elem>(
     gpu: &crate::gpu::Gpu,
     var: &Variant<Kernel>,
     d: Dims,
@@ -470,7 +457,7 @@ fn launch_fa2<T: Elem>(
         None => b.arg(&null).arg(&null),
     };
     b.arg(&sq).arg(&sk).arg(&hq).arg(&hkv).arg(&scale).arg(&causal).arg(&window);
-    // SAFETY: every view holds at least its shape's elements (checked by launch_tiled_at; a packed
+    // SAFETY: every view holds at least its shape's elements (checked by launch_tiled; a packed
     // batch's offsets by varlen::Varlen::new); the grid covers ceil(Sq / (64 mt)) query tiles of
     // every head, and the kernel bounds rows by its sequence's Sq and keys by its Sk.
     unsafe { b.launch(cfg) }.map(|_| ()).doing(&format!("launching attention {variant}"))

@@ -453,7 +453,7 @@ impl<'m> Batch<'m> {
                 let (qs, ks) = (s * n * dim, s * self.cap * kvd);
                 let kv = (&q.slice(qs..qs + n * dim), &cache.k.slice(ks..ks + n * kvd), &cache.v.slice(ks..ks + n * kvd));
                 let out = &mut cuda(&mut att).slice_mut(qs..qs + n * dim);
-                attention::launch_tiled(gpu, rung, d, attention::Mask { causal: true, window: 0 }, kv, out, &mut lse.slice_mut(..))?;
+                attention::launch_tiled(gpu, rung, d, attention::Mask { causal: true, window: 0 }, kv, out, &mut lse.slice_mut(..), None)?;
             }
             gemm::matmul(dev, &att, &l.dense.o, &mut proj)?;
             k::add_rmsnorm(gpu, &mut x, proj.cuda(), &l.ffn_norm, cuda(&mut h), b * n, dim, eps)?;

@@ -164,7 +164,7 @@ fn launch_once_as<T: Elem>(gpu: &crate::gpu::Gpu, case: &Value, var: &'static Va
     let (dq, dk, dv) = (gpu.upload(&q)?, gpu.upload(&k)?, gpu.upload(&v)?);
     let mut o = gpu.stream.alloc_zeros::<T>(q.len()).doing("allocating the attention output")?;
     let mut lse = gpu.stream.alloc_zeros::<f32>(d.batch * d.hq * d.sq).doing("allocating the attention lse")?;
-    launch_tiled(gpu, var, d, mask, (&dq.as_view(), &dk.as_view(), &dv.as_view()), &mut o.as_view_mut(), &mut lse.as_view_mut())?;
+    launch_tiled(gpu, var, d, mask, (&dq.as_view(), &dk.as_view(), &dv.as_view()), &mut o.as_view_mut(), &mut lse.as_view_mut(), None)?;
     gpu.sync()
 }
 

@@ -9,7 +9,7 @@
 
 use super::backward::{cpu_bwd, launch_fa2_det, CpuIn, Grads, Saved};
 use super::backward_check::{measure_grads, ExpectedGrads, RowStats, EXACT_MAX};
-use super::{check_rows, cpu_rows, input, launch_tiled_at, refusal, Dims, Elem, Expected, Kernel, Mask, Packed, FAMILY, VARIANTS};
+use super::{check_rows, cpu_rows, input, launch_tiled, refusal, Dims, Elem, Expected, Kernel, Mask, Packed, FAMILY, VARIANTS};
 use crate::experiment::{param_timed, param_usize, rng_for, Backend, Measurement, Session};
 use crate::ops::compare::{compare_elems, merge_parts};
 use crate::ops::variant;
@@ -181,7 +181,7 @@ pub fn forward_with<T: Elem>(dev: &Backend, variant: &str, q: &Tensor<T>, k: &Te
             }
             let (dq, dk, dv) = (q.cuda().expect("placed"), k.cuda().expect("placed"), v.cuda().expect("placed"));
             let (dl, dout) = (lse.cuda_mut().expect("placed"), o.cuda_mut().expect("placed"));
-            launch_tiled_at(gpu, var, dims, mask, (&dq.as_view(), &dk.as_view(), &dv.as_view()), &mut dout.as_view_mut(), &mut dl.as_view_mut(), Some(offs.packed()?))
+            launch_tiled(gpu, var, dims, mask, (&dq.as_view(), &dk.as_view(), &dv.as_view()), &mut dout.as_view_mut(), &mut dl.as_view_mut(), Some(offs.packed()?))
         }
         _ => Err(bad(format!("`{variant}` takes dense batches only; packed ones run forward on fa2, fa2_m32, the wgmma rungs and cpu_rows"))),
     }

@@ -45,7 +45,7 @@ fn tensor_box(batch: usize, seq: usize, heads: usize, d: usize, elem: usize) -> 
     }
 }
 
-/// Launches a wgmma rung on views [`super::launch_tiled_at`] has checked.
+/// Launches a wgmma rung on views [`super::launch_tiled`] has checked.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn launch<T: Elem>(
     gpu: &Gpu,
@@ -79,7 +79,7 @@ pub(super) fn launch<T: Elem>(
         None => b.arg(&null).arg(&null),
     };
     b.arg(&sq).arg(&sk).arg(&hq).arg(&hkv).arg(&scale).arg(&causal).arg(&window);
-    // SAFETY: the maps describe q, k and v within their lengths (checked by launch_tiled_at) and TMA bounds
+    // SAFETY: the maps describe q, k and v within their lengths (checked by launch_tiled) and TMA bounds
     // every box by them; the grid covers ceil(Sq / 128) query tiles of every head, and the kernel
     // stores only rows below Sq into o and lse, which hold their shapes.
     unsafe { b.launch(cfg) }.map(|_| ()).doing(&format!("launching attention {variant}"))
