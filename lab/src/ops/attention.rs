@@ -22,7 +22,7 @@ use crate::profile::Work;
 use crate::record::Tolerance;
 use crate::tensor::{check_placement, Tensor};
 use crate::{LabError, Result};
-use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchArgs, LaunchConfig, PushKernelArg};
 use rand::Rng;
 use rand_distr::{Distribution, StandardNormal};
 use rayon::prelude::*;
@@ -401,6 +401,16 @@ pub struct Packed<'a> {
     pub total_k: usize,
 }
 
+/// The kernels' two offset arguments (cu_q, cu_k): a packed batch's, or null pointers for the
+/// dense layout.
+pub(crate) fn push_offsets<'a>(b: &mut LaunchArgs<'a>, packed: Option<Packed<'a>>) {
+    static NULL: u64 = 0;
+    match packed {
+        Some(p) => b.arg(p.cu_q).arg(p.cu_k),
+        None => b.arg(&NULL).arg(&NULL),
+    };
+}
+
 /// Launches a tiled rung (fa2 or wgmma) on device views: what [`forward_with`] runs, and what a
 /// model calls on a slice of its KV cache. Dense (`packed` None: `d.batch` sequences of `d.sq` and
 /// `d.sk` rows) or over a packed batch (`d.sq` and `d.sk` the longest sequences, which size the
@@ -444,7 +454,6 @@ fn launch_fa2<T: Elem>(
     let scale = 1.0 / (d.d as f32).sqrt();
     let (causal, window) = (mask.causal as i32, mask.window as i32);
     let [sq, sk, hq, hkv] = [d.sq, d.sk, d.hq, d.hkv].map(|x| x as i32);
-    let null = 0u64; // no offsets: the dense layout
     let f = gpu.function(FAMILY, &symbol(FAMILY, &format!("{variant}_d{}", d.d), T::DTYPE))?;
     let smem = (64 * mt + 4 * 64) * (d.d + 8) * 2; // FA_SMEM(D, MT) in kernels/attention.cu
     raise_dynamic_smem(&f, smem)?;
@@ -452,10 +461,7 @@ fn launch_fa2<T: Elem>(
     let cfg = LaunchConfig { grid_dim: grid, block_dim: (128, 1, 1), shared_mem_bytes: smem as u32 };
     let mut b = gpu.stream.launch_builder(&f);
     b.arg(q).arg(k).arg(v).arg(o).arg(lse);
-    match packed {
-        Some(p) => b.arg(p.cu_q).arg(p.cu_k),
-        None => b.arg(&null).arg(&null),
-    };
+    push_offsets(&mut b, packed);
     b.arg(&sq).arg(&sk).arg(&hq).arg(&hkv).arg(&scale).arg(&causal).arg(&window);
     // SAFETY: every view holds at least its shape's elements (checked by launch_tiled; a packed
     // batch's offsets by varlen::Varlen::new); the grid covers ceil(Sq / (64 mt)) query tiles of

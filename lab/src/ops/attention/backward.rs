@@ -221,7 +221,7 @@ pub(super) fn launch_fa2_det<T: Elem>(gpu: &crate::gpu::Gpu, d: Dims, mask: Mask
     let (causal, window) = (mask.causal as i32, mask.window as i32);
     let [sq, sk, hq, hkv, hd] = [d.sq, d.sk, d.hq, d.hkv, d.d].map(|x| x as i32);
     let rows = packed.map_or(d.batch * d.sq, |p| p.total_q) * d.hq;
-    let (packed_i, null) = (packed.is_some() as i32, 0u64);
+    let packed_i = packed.is_some() as i32;
     // SAFETY: the preprocessing kernel writes every element of delta.
     let mut delta = unsafe { gpu.stream.alloc::<f32>(rows) }.doing("allocating fa2_bwd_det's D")?;
     let (q, k, v, o, dout, lse) = (placed(s.q), placed(s.k), placed(s.v), placed(s.o), placed(s.dout), s.lse.cuda().expect("placed"));
@@ -238,10 +238,7 @@ pub(super) fn launch_fa2_det<T: Elem>(gpu: &crate::gpu::Gpu, d: Dims, mask: Mask
     let (dk, dv) = (g.dk.cuda_mut().expect("placed"), g.dv.cuda_mut().expect("placed"));
     let mut b = gpu.stream.launch_builder(&f);
     b.arg(q).arg(k).arg(v).arg(dout).arg(lse).arg(&delta).arg(dk).arg(dv);
-    match packed {
-        Some(p) => b.arg(p.cu_q).arg(p.cu_k),
-        None => b.arg(&null).arg(&null),
-    };
+    super::push_offsets(&mut b, packed);
     b.arg(&sq).arg(&sk).arg(&hq).arg(&hkv).arg(&scale).arg(&causal).arg(&window);
     // SAFETY: as fa2_bwd's launch (a packed batch's offsets checked by varlen::Varlen::new); this
     // kernel writes dK and dV only.
@@ -252,10 +249,7 @@ pub(super) fn launch_fa2_det<T: Elem>(gpu: &crate::gpu::Gpu, d: Dims, mask: Mask
     let cfg = LaunchConfig { grid_dim: (d.sq.div_ceil(BM) as u32, d.hq as u32, d.batch as u32), block_dim: (128, 1, 1), shared_mem_bytes: smem as u32 };
     let mut b = gpu.stream.launch_builder(&f);
     b.arg(q).arg(k).arg(v).arg(dout).arg(lse).arg(&delta).arg(g.dq.cuda_mut().expect("placed"));
-    match packed {
-        Some(p) => b.arg(p.cu_q).arg(p.cu_k),
-        None => b.arg(&null).arg(&null),
-    };
+    super::push_offsets(&mut b, packed);
     b.arg(&sq).arg(&sk).arg(&hq).arg(&hkv).arg(&scale).arg(&causal).arg(&window);
     // SAFETY: the grid covers every 64-row query tile of every head; the kernel bounds rows by Sq
     // and keys by Sk, and every buffer holds its shape (checked by `check`).

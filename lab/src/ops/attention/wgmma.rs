@@ -65,7 +65,6 @@ pub(super) fn launch<T: Elem>(
         encode_tensor_map(ptr, tensor_box(batch, seq, heads, d.d, elem), T::DTYPE)
     };
     let (tq, tk, tv) = (map(q, rows_q, d.hq)?, map(k, rows_k, d.hkv)?, map(v, rows_k, d.hkv)?);
-    let null = 0u64; // no offsets: the dense layout
     let scale = 1.0 / (d.d as f32).sqrt();
     let (causal, window) = (mask.causal as i32, mask.window as i32);
     let [sq, sk, hq, hkv] = [d.sq, d.sk, d.hq, d.hkv].map(|x| x as i32);
@@ -74,10 +73,7 @@ pub(super) fn launch<T: Elem>(
     let cfg = LaunchConfig { grid_dim: (d.sq.div_ceil(BM) as u32, d.hq as u32, d.batch as u32), block_dim: (THREADS, 1, 1), shared_mem_bytes: smem(d.d) as u32 };
     let mut b = gpu.stream.launch_builder(&f);
     b.arg(&tq).arg(&tk).arg(&tv).arg(o).arg(lse);
-    match packed {
-        Some(p) => b.arg(p.cu_q).arg(p.cu_k),
-        None => b.arg(&null).arg(&null),
-    };
+    super::push_offsets(&mut b, packed);
     b.arg(&sq).arg(&sk).arg(&hq).arg(&hkv).arg(&scale).arg(&causal).arg(&window);
     // SAFETY: the maps describe q, k and v within their lengths (checked by launch_tiled) and TMA bounds
     // every box by them; the grid covers ceil(Sq / 128) query tiles of every head, and the kernel
