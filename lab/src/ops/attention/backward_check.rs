@@ -278,7 +278,7 @@ pub fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
     let check = Check { tol: expected.record_tol(), compare: &compare, ceiling };
     let saved = Saved { q: &qt, k: &kt, v: &vt, o: &ot, lse: &lt, dout: &dot_ };
     let mut grads = Grads::zeros(&dev, d)?;
-    let judge = |g: &Grads<T>| -> Result<ErrorStats> { Ok(expected.compare(&expected.gather(d, &g.dq.to_vec()?, &g.dk.to_vec()?, &g.dv.to_vec()?))) };
+    let judge = |dq: &[T], dk: &[T], dv: &[T]| expected.compare(&expected.gather(d, dq, dk, dv));
     for var in VARIANTS.iter().filter(|v| v.config.is_backward()) {
         if !var.requires.met_by(&dev) || super::backward::refusal(var, d).is_some() || !s.wants(var.name, "lab") {
             continue;
@@ -311,6 +311,9 @@ pub fn run<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
     Ok(())
 }
 
+/// Judges dQ, dK and dV (host copies) against the reference.
+pub(super) type JudgeGrads<'a, T> = dyn Fn(&[T], &[T], &[T]) -> ErrorStats + 'a;
+
 /// One backward variant, the house way for three outputs: poison them, run once and judge, time
 /// it (or run it again, poisoned), judge again and compare the bits with the first run's, record
 /// against the check's ceiling.
@@ -323,7 +326,7 @@ pub(super) fn measure_grads<T: Elem>(
     check: &Check<T>,
     timed: bool,
     g: &mut Grads<T>,
-    judge: &dyn Fn(&Grads<T>) -> Result<ErrorStats>,
+    judge: &JudgeGrads<'_, T>,
     op: impl Fn(&mut Grads<T>) -> Result<()>,
 ) -> Result<()> {
     let backend = s.backend.clone();
@@ -332,8 +335,10 @@ pub(super) fn measure_grads<T: Elem>(
     if let Backend::Cuda(gpu) = &backend {
         gpu.sync()?;
     }
-    let before = judge(g)?;
-    let first = grad_bits(g)?;
+    // Each judgement downloads dQ, dK and dV once, for the check and for the bits.
+    let host = |g: &Grads<T>| -> Result<[Vec<T>; 3]> { Ok([g.dq.to_vec()?, g.dk.to_vec()?, g.dv.to_vec()?]) };
+    let first = host(g)?;
+    let before = judge(&first[0], &first[1], &first[2]);
     let time = match (&backend, timed) {
         (_, false) => {
             poison(&backend, variant, g)?;
@@ -343,9 +348,10 @@ pub(super) fn measure_grads<T: Elem>(
         (Backend::Cuda(gpu), true) => Some(crate::gpu::timing::time_gpu(gpu, &s.budget, || op(g))?),
         (Backend::Cpu, true) => Some(crate::profile::host_time(&s.budget, || Ok(()), || op(g))?),
     };
-    let after = judge(g)?;
+    let last = host(g)?;
+    let after = judge(&last[0], &last[1], &last[2]);
     // The last run against the first, bit for bit: a gate for the variants that promise it.
-    let repeat = compare_bits(&grad_bits(g)?, &first, "the variant's first run");
+    let repeat = compare_bits(&grad_bits(&last), &grad_bits(&first), "the variant's first run");
     let mut m = Measurement::new(variant, "lab", case, work);
     m.extra.insert("repeat_bit_identical".into(), json!(repeat.passed()));
     m.extra.insert("repeat_differing_elements".into(), json!(repeat.mismatches));
@@ -370,10 +376,6 @@ fn poison<T: Elem>(backend: &Backend, variant: &str, g: &mut Grads<T>) -> Result
 }
 
 /// dQ, dK and dV end to end, each element's bits.
-pub fn grad_bits<T: Elem>(g: &Grads<T>) -> Result<Vec<u32>> {
-    let mut out = Vec::new();
-    for t in [&g.dq, &g.dk, &g.dv] {
-        out.extend(T::bytes(&t.to_vec()?).chunks(T::DTYPE.size()).map(|c| c.iter().rev().fold(0u32, |a, &b| a << 8 | b as u32)));
-    }
-    Ok(out)
+pub fn grad_bits<T: Elem>(grads: &[Vec<T>; 3]) -> Vec<u32> {
+    grads.iter().flat_map(|g| T::bytes(g).chunks(T::DTYPE.size()).map(|c| c.iter().rev().fold(0u32, |a, &b| a << 8 | b as u32)).collect::<Vec<_>>()).collect()
 }

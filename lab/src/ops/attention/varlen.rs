@@ -340,9 +340,7 @@ pub fn run_backward<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
         per.push((b, ExpectedGrads::new(db, mask, &x, &stats, qrows, krows, reference)));
     }
     // dQ, dK and dV laid end to end, each sequence against its own bounds.
-    let compare = |all: &[T]| -> ErrorStats {
-        let (dq, rest) = all.split_at(tq * hq * d);
-        let (dk, dv) = rest.split_at(tk * hkv * d);
+    let judge = |dq: &[T], dk: &[T], dv: &[T]| -> ErrorStats {
         let mut offset = 0;
         let parts = per.iter().map(|(b, e)| {
             let (qr, kr) = offs.elems(*b, hq, hkv, d);
@@ -352,7 +350,11 @@ pub fn run_backward<T: Elem>(s: &mut Session, case: &Value) -> Result<()> {
         });
         merge_parts(parts.collect())
     };
-    let judge = |g: &Grads<T>| -> Result<ErrorStats> { Ok(compare(&[g.dq.to_vec()?, g.dk.to_vec()?, g.dv.to_vec()?].concat())) };
+    let compare = |all: &[T]| -> ErrorStats {
+        let (dq, rest) = all.split_at(tq * hq * d);
+        let (dk, dv) = rest.split_at(tk * hkv * d);
+        judge(dq, dk, dv)
+    };
     let tol = Tolerance { atol: per.iter().map(|(_, e)| e.record_tol().atol).fold(0.0, f64::max), rtol: per.first().map_or(0.0, |(_, e)| e.record_tol().rtol) };
     let check = Check { tol, compare: &compare, ceiling: crate::ops::product_ceiling(&dev, T::DTYPE) };
     let work = offs.work(hq, hkv, d, |db| super::backward_check::work(db, mask, T::DTYPE.size()));
