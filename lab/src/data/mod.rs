@@ -4,8 +4,9 @@
 //! A reader thread fills a ring of host buffers (pinned on CUDA) with one batch each, through
 //! O_DIRECT + io_uring where the file allows it ([`read`]); the caller's thread copies each
 //! filled buffer to a device buffer on a copy stream, `prefetch` batches ahead, and hands the
-//! batch out ordered on the compute stream ([`sink`]). The CPU backend runs the same pipeline
-//! into host buffers.
+//! batch out ordered on the compute stream ([`sink`]). With [`ReadMode::Registered`] on CUDA the
+//! copy engine reads the file's pinned page-cache pages itself and the reader only checks the
+//! file's length. The CPU backend runs the same pipeline into host buffers.
 //!
 //! Rules: sample i is the bytes `[i S, (i + 1) S)` of the file (S = `sample_bytes`; token
 //! windows do not overlap); a trailing partial sample (`len % S` bytes) is never delivered
@@ -46,7 +47,7 @@ use crate::{LabError, Result};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use read::Source;
-use sink::{Sink, Slot};
+use sink::{Registered, Sink, Slot};
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -129,7 +130,9 @@ pub struct Loader {
     len: u64,
     read_path: ReadPath,
     source: Option<Source>,
+    /// Declared before `registered`: dropping it drains the copies that read the map.
     sink: Sink,
+    registered: Option<Registered>,
 }
 
 impl Loader {
@@ -147,7 +150,19 @@ impl Loader {
             Backend::Cpu => Sink::cpu(cfg.ring, cfg.prefetch + 1, batch_bytes),
             Backend::Cuda(gpu) => Sink::cuda(gpu, cfg.ring, cfg.prefetch + 1, batch_bytes)?,
         };
-        Ok(Loader { path: path.into(), read_path: source.read_path.clone(), len: source.len(), samples, cfg, source: Some(source), sink })
+        let mut read_path = source.read_path.clone();
+        let registered = match (cfg.read, backend) {
+            (ReadMode::Registered, Backend::Cuda(gpu)) => Registered::new(path, gpu).map_err(|why| read_path.fallback = Some(why)).ok(),
+            (ReadMode::Registered, Backend::Cpu) => {
+                read_path.fallback = Some("no copy engine on the CPU backend: the map is copied by the CPU".into());
+                None
+            }
+            _ => None,
+        };
+        if registered.is_some() {
+            read_path.mode = "registered";
+        }
+        Ok(Loader { path: path.into(), read_path, len: source.len(), samples, cfg, source: Some(source), sink, registered })
     }
 
     pub fn config(&self) -> &Config {
@@ -173,7 +188,12 @@ impl Loader {
         self.len % self.cfg.sample_bytes as u64
     }
 
-    /// How the file is read, and why not O_DIRECT where it was asked for.
+    /// Milliseconds pinning and registering the file's map took, where the copy engine reads it.
+    pub fn register_ms(&self) -> Option<f64> {
+        self.registered.as_ref().map(|r| r.register_ms)
+    }
+
+    /// How the file is read, and why not the mode asked for.
     pub fn read_path(&self) -> &ReadPath {
         &self.read_path
     }
@@ -204,23 +224,26 @@ impl Loader {
         (0..self.cfg.ring).for_each(|h| free_tx.send(h).expect("receiver alive"));
         let slots = self.sink.slots();
         let events = self.sink.host_events();
-        let (sample_bytes, batch) = (self.cfg.sample_bytes, self.cfg.batch_samples);
+        let (sample_bytes, batch, check_only) = (self.cfg.sample_bytes, self.cfg.batch_samples, self.registered.is_some());
         let batches: Vec<Vec<u64>> = order.chunks(batch).map(<[u64]>::to_vec).collect();
         let pending: VecDeque<Vec<u64>> = batches.iter().cloned().collect();
         let reader = std::thread::Builder::new()
             .name("lab-data-reader".into())
-            .spawn(move || read_batches(source, &batches, sample_bytes, &slots, events.as_deref(), free_rx, full_tx))
+            .spawn(move || read_batches(source, &batches, sample_bytes, check_only, &slots, events.as_deref(), free_rx, full_tx))
             .map_err(|e| LabError::Invalid(format!("cannot start the reader thread: {e}")))?;
         Ok(Epoch { loader: self, reader: Some(reader), free_tx: Some(free_tx), full_rx, pending, in_flight: VecDeque::new(), last: None, next_dev: 0, delivered: 0, failed: None })
     }
 }
 
-/// The reader thread: each batch into the next free slot, in order; stops at the first error
+/// The reader thread: each batch into the next free slot, in order (or, `check_only`, the file's
+/// length checked to hold it: the copy engine reads a registered map); stops at the first error
 /// (sent to the consumer) or when the consumer hangs up. Gives the source back.
+#[allow(clippy::too_many_arguments)]
 fn read_batches(
     mut source: Source,
     batches: &[Vec<u64>],
     sample_bytes: usize,
+    check_only: bool,
     slots: &[Slot],
     events: Option<&Vec<cudarc::driver::CudaEvent>>,
     free: mpsc::Receiver<usize>,
@@ -231,6 +254,9 @@ fn read_batches(
         let filled = (|| -> Result<()> {
             if let Some(events) = events {
                 events[h].synchronize().map_err(|e| LabError::Invalid(format!("waiting for a host buffer's copy: {e}")))?;
+            }
+            if check_only {
+                return source.check_len(plan_reads(samples, sample_bytes).into_iter().map(|(offset, _, bytes)| (offset, bytes)));
             }
             // SAFETY: the slot is this thread's until it is sent back as full; its buffer lives
             // as long as the loader, which joins this thread before dropping it.
@@ -303,7 +329,10 @@ impl Epoch<'_> {
             let samples = self.pending.pop_front().expect("pending is not empty");
             let d = self.next_dev;
             self.next_dev = (d + 1) % devs;
-            self.loader.sink.copy(h, d, samples.len() * self.loader.cfg.sample_bytes)?;
+            match &self.loader.registered {
+                Some(map) => self.loader.sink.gather(map.base(), &plan_reads(&samples, self.loader.cfg.sample_bytes), h, d)?,
+                None => self.loader.sink.copy(h, d, samples.len() * self.loader.cfg.sample_bytes)?,
+            }
             // The reader waits for this copy before writing the slot again.
             let _ = self.free_tx.as_ref().expect("open until drop").send(h);
             self.in_flight.push_back((b, samples, d));

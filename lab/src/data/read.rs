@@ -1,7 +1,8 @@
 //! Reading samples from one file: O_DIRECT through io_uring at a chosen queue depth (no page
 //! cache, the disk's own bandwidth), buffered `pread`, or a memory map copied from with
 //! non-temporal stores ([`stream_copy`]). A read that comes back short (the file shrank) is an
-//! error naming the file and the offset.
+//! error naming the file and the offset. (The fourth mode, a map the copy engine reads itself,
+//! is the CUDA sink's: [`super::sink::Registered`].)
 
 use crate::{LabError, Result};
 use io_uring::{opcode, types, IoUring};
@@ -24,9 +25,13 @@ pub enum ReadMode {
     Direct,
     /// `pread` through the page cache.
     Buffered,
-    /// A memory map of the file, copied from with non-temporal stores: the fastest way out of
-    /// the page cache (reports/notes/h100-loader.md).
+    /// A memory map of the file, copied from with non-temporal stores: the fastest CPU copy
+    /// out of the page cache (reports/notes/h100-loader.md).
     Mmap,
+    /// A memory map of the file pinned and registered with the driver read-only: the copy
+    /// engine reads the page cache itself, no CPU copy (CUDA; `mmap` on the CPU backend or where
+    /// the driver refuses, and the loader says why).
+    Registered,
 }
 
 impl ReadMode {
@@ -35,6 +40,7 @@ impl ReadMode {
             ReadMode::Direct => "direct",
             ReadMode::Buffered => "buffered",
             ReadMode::Mmap => "mmap",
+            ReadMode::Registered => "registered",
         }
     }
 }
@@ -110,7 +116,7 @@ impl Source {
         let source = |file, kind, pool, mode: &'static str, fallback| Source { path: path.into(), file, len, kind, queue_depth, pool, read_path: ReadPath { mode, fallback } };
         match mode {
             ReadMode::Buffered => Ok(source(file, Kind::Buffered, read_pool(threads)?, "buffered", None)),
-            ReadMode::Mmap => {
+            ReadMode::Mmap | ReadMode::Registered => {
                 // SAFETY: a shrinking file would fault the map: every read checks the length first.
                 let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| LabError::io(path, format!("cannot map: {e}")))?;
                 Ok(source(file, Kind::Mmap(map), read_pool(threads)?, "mmap", None))
@@ -180,6 +186,16 @@ impl Source {
         match &self.pool {
             Some(pool) if reads.len() > 1 => pool.install(|| reads.par_iter_mut().try_for_each(one)),
             _ => reads.iter_mut().try_for_each(one),
+        }
+    }
+
+    /// Checks that the file still holds every `(offset, bytes)` range, without reading it: the
+    /// registered map's copies read pinned pages, which outlive a truncation with stale bytes.
+    pub fn check_len(&self, ranges: impl IntoIterator<Item = (u64, usize)>) -> Result<()> {
+        let now = self.file.metadata().map_err(|e| LabError::io(&self.path, format!("cannot stat: {e}")))?.len().min(self.len);
+        match ranges.into_iter().find(|&(offset, bytes)| offset + bytes as u64 > now) {
+            Some((offset, bytes)) => Err(self.short(offset, now.saturating_sub(offset) as usize, bytes)),
+            None => Ok(()),
         }
     }
 

@@ -5,13 +5,18 @@
 //! compute stream is done with d's last batch) before copying h into d, then records `copied[d]`
 //! and `host_done[h]`; the compute stream waits `copied[d]` before the batch is handed out; the
 //! reader waits `host_done[h]` before reading into h again.
+//!
+//! With a [`Registered`] map the copy engine reads the page cache itself: each batch is one
+//! batched copy of its samples from the map into d (no host slot is written; `host_done[h]` still
+//! paces the reader, which only checks the file's length).
 
 use super::read::AlignedBuf;
 use crate::error::Doing;
 use crate::gpu::Gpu;
 use crate::Result;
-use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaView, DevicePtrMut, PinnedHostSlice};
+use cudarc::driver::sys::{self, CUevent_flags};
+use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, CudaView, DevicePtrMut, PinnedHostSlice};
+use std::path::Path;
 use std::sync::Arc;
 
 /// One host slot as the reader thread sees it: a buffer it may write while it holds the slot.
@@ -107,6 +112,33 @@ impl Sink {
         }
     }
 
+    /// Starts the copy engine moving `reads` (file offset, offset in the batch, bytes) from the
+    /// registered map at `base` into device buffer `d`, in one batched call; `h` is the host slot
+    /// the reader passed along, released when the copies are done.
+    pub fn gather(&mut self, base: u64, reads: &[(u64, usize, usize)], h: usize, d: usize) -> Result<()> {
+        let Sink::Cuda(c) = self else { unreachable!("a registered map is only made for a CUDA sink") };
+        c.copy.wait(&c.consumed[d]).doing("ordering a copy after the batch's last use")?;
+        let (dst, _) = c.dev[d].device_ptr_mut(&c.copy);
+        let mut dsts: Vec<sys::CUdeviceptr> = reads.iter().map(|r| dst + r.1 as u64).collect();
+        let mut srcs: Vec<sys::CUdeviceptr> = reads.iter().map(|r| base + r.0).collect();
+        let mut sizes: Vec<usize> = reads.iter().map(|r| r.2).collect();
+        let location = |type_, id| sys::CUmemLocation { type_, id };
+        let mut attrs = sys::CUmemcpyAttributes {
+            srcAccessOrder: sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+            srcLocHint: location(sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST, 0),
+            dstLocHint: location(sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, c.copy.context().ordinal() as i32),
+            flags: 0,
+        };
+        let mut first = [0usize];
+        // SAFETY: every source range lies in the registered map (the reader checked the file still
+        // holds it) and every destination range in d (reads are planned inside one batch).
+        unsafe { sys::cuMemcpyBatchAsync_v2(dsts.as_mut_ptr(), srcs.as_mut_ptr(), sizes.as_mut_ptr(), reads.len(), &mut attrs, first.as_mut_ptr(), 1, c.copy.cu_stream()) }
+            .result()
+            .doing("copying a batch from the registered map")?;
+        c.copied[d].record(&c.copy).doing("recording a batch copy")?;
+        c.host_done[h].record(&c.copy).doing("recording a host slot's release")
+    }
+
     /// Orders the consumer after device buffer `d`'s copy.
     pub fn ready(&self, d: usize) -> Result<()> {
         match self {
@@ -151,5 +183,46 @@ impl Drop for Sink {
     fn drop(&mut self) {
         // Pinned buffers must outlive the copies reading them.
         let _ = self.drain();
+    }
+}
+
+/// A memory map of a data file whose pages are pinned and registered with the driver read-only,
+/// so that the copy engine reads them: the page cache goes to the device without a CPU copy. Its
+/// own map (not the reader's), unregistered before it is unmapped.
+pub(super) struct Registered {
+    map: memmap2::Mmap,
+    ctx: Arc<CudaContext>,
+    /// How long pinning and registering took (it faults in every page of the file).
+    pub register_ms: f64,
+}
+
+impl Registered {
+    /// Maps and registers `path`; the error says why the driver or the file refused.
+    pub fn new(path: &Path, gpu: &Gpu) -> std::result::Result<Registered, String> {
+        let file = std::fs::File::open(path).map_err(|e| format!("cannot open to map: {e}"))?;
+        // SAFETY: read-only; the reader checks the file's length before each batch is copied.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| format!("cannot map: {e}"))?;
+        gpu.ctx.bind_to_thread().map_err(|e| format!("cannot bind the context: {e}"))?;
+        let start = std::time::Instant::now();
+        // SAFETY: the range is this map's, which lives until the registration is dropped.
+        unsafe { sys::cuMemHostRegister_v2(map.as_ptr() as *mut _, map.len(), sys::CU_MEMHOSTREGISTER_READ_ONLY) }
+            .result()
+            .map_err(|e| format!("the driver cannot register the file's map read-only ({e}): the map is copied by the CPU"))?;
+        Ok(Registered { map, ctx: gpu.ctx.clone(), register_ms: start.elapsed().as_secs_f64() * 1e3 })
+    }
+
+    /// The map's address, which copies take as their source under unified addressing.
+    pub fn base(&self) -> u64 {
+        self.map.as_ptr() as u64
+    }
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        // The loader drains its copies before this drops (its sink is declared first).
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: registered in `new` at this address.
+            let _ = unsafe { sys::cuMemHostUnregister(self.map.as_ptr() as *mut _) };
+        }
     }
 }

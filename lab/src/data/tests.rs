@@ -31,7 +31,7 @@ fn run_epoch(loader: &mut Loader, epoch: u64, tally: &mut Tally) -> Result<Vec<u
 fn every_sample_is_delivered_once_per_epoch_for_each_ring_prefetch_and_read_mode() {
     let dir = tempfile::tempdir().unwrap();
     let path = data_file(dir.path(), 37 * 4096);
-    for read in [ReadMode::Direct, ReadMode::Buffered, ReadMode::Mmap] {
+    for read in [ReadMode::Direct, ReadMode::Buffered, ReadMode::Mmap, ReadMode::Registered] {
         for (ring, prefetch) in [(1, 1), (2, 1), (1, 3), (4, 2), (8, 8)] {
             let cfg = Config { ring, prefetch, shuffle: Some(11), read, queue_depth: 3, ..Config::bytes(4096, 5) };
             let mut loader = Loader::open(&path, cfg, &Backend::Cpu).unwrap();
@@ -123,7 +123,7 @@ fn without_io_uring_direct_reads_use_threads_and_say_so() {
 #[test]
 fn a_file_truncated_under_the_loader_is_an_error_naming_file_and_offset() {
     let dir = tempfile::tempdir().unwrap();
-    for read in [ReadMode::Direct, ReadMode::Buffered, ReadMode::Mmap] {
+    for read in [ReadMode::Direct, ReadMode::Buffered, ReadMode::Mmap, ReadMode::Registered] {
         let path = data_file(dir.path(), 40 * 4096);
         let mut loader = Loader::open(&path, Config { read, prefetch: 3, ..Config::bytes(4096, 4) }, &Backend::Cpu).unwrap();
         // Cut mid-sample 21: the first 5 batches (samples 0..20) are whole, batch 5 is not.
@@ -142,6 +142,26 @@ fn a_file_truncated_under_the_loader_is_an_error_naming_file_and_offset() {
         drop(e);
         std::fs::remove_file(&path).unwrap();
     }
+}
+
+/// A registered map needs a copy engine: on the CPU backend the map is copied by the CPU, and
+/// the loader says so. The registered path's own reader only checks the file's length: a cut
+/// inside a later range is named, ranges before it pass.
+#[test]
+fn registered_maps_fall_back_on_the_cpu_and_their_length_check_names_a_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = data_file(dir.path(), 10 * 4096);
+    let loader = Loader::open(&path, Config { read: ReadMode::Registered, ..Config::bytes(4096, 4) }, &Backend::Cpu).unwrap();
+    let rp = loader.read_path();
+    assert_eq!(rp.mode, "mmap");
+    assert!(rp.fallback.as_deref().is_some_and(|w| w.contains("no copy engine on the CPU backend")), "{rp:?}");
+    assert_eq!(loader.register_ms(), None);
+    let src = Source::open(&path, ReadMode::Registered, 4096, 1, 1).unwrap();
+    src.check_len([(0, 4096), (9 * 4096, 4096)]).unwrap();
+    std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(5 * 4096 + 10).unwrap();
+    src.check_len([(0, 4096), (4 * 4096, 4096)]).unwrap();
+    let err = src.check_len([(0, 4096), (5 * 4096, 4096), (9 * 4096, 4096)]).unwrap_err().to_string();
+    assert!(err.contains("short read") && err.contains("ends at offset 20490 inside the 4096-byte read at offset 20480"), "{err}");
 }
 
 #[test]

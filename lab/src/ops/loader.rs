@@ -1,7 +1,8 @@
 //! `loader`: [`crate::data::Loader`] streaming a file it writes itself to the GPU, against
 //! min(read ceiling, host-to-device ceiling): from the page cache (a memory map copied from with
 //! non-temporal stores over most cores, beside buffered reads and fewer threads, each with the
-//! reads alone timed as `cache_read`) and from a cold file (O_DIRECT, the file's pages dropped with
+//! reads alone timed as `cache_read`; and the map registered with the driver, which the copy
+//! engine reads without a CPU copy) and from a cold file (O_DIRECT, the file's pages dropped with
 //! posix_fadvise(DONTNEED) before every epoch, and the share still resident recorded); its
 //! overlap with a compute kernel of known length (kernels/loader.cu); torch's DataLoader as peer.
 //! The read ceiling (O_DIRECT at queue depth 1 to 64) is measured on the data file's own file
@@ -35,6 +36,7 @@ pub const READ_CEILING: &str = "read_direct_gb_s";
 
 pub const VARIANTS: &[Variant<()>] = &[
     Variant { name: "pinned_ring", dtypes: &[DType::F32], requires: Requires::Gpu, what: "a reader thread fills pinned host buffers; async copies on a copy stream, prefetch batches ahead", config: () },
+    Variant { name: "registered_map", dtypes: &[DType::F32], requires: Requires::Gpu, what: "the file's map pinned and registered read-only: the copy engine reads the page cache, one batched copy per batch, no CPU copy", config: () },
     Variant { name: "overlap", dtypes: &[DType::F32], requires: Requires::Gpu, what: "pinned_ring with the consume kernel (kernels/loader.cu) run on every batch on the compute stream", config: () },
     Variant { name: "host_ring", dtypes: &[DType::F32], requires: Requires::Cpu, what: "the same pipeline into host buffers (the CPU backend)", config: () },
 ];
@@ -78,11 +80,18 @@ impl Experiment for LoaderExp {
             }
             cases.push(json!({"what": "load", "cache": "warm", "read": read, "threads": threads, "sample": small, "batch": 128, "file_bytes": file}));
         }
+        if gpu {
+            // No CPU copy: one thread; 1 MiB samples show what each copy's own cost is.
+            for (sample, batch) in [(small, 128), (MIB, 8)] {
+                cases.push(json!({"what": "load", "cache": "warm", "read": "registered", "threads": 1, "sample": sample, "batch": batch, "file_bytes": file}));
+            }
+        }
         for (sample, batch) in [(small, 128), (MIB, 8)] {
             cases.push(json!({"what": "load", "cache": "cold", "read": "direct", "threads": 8, "sample": sample, "batch": batch, "file_bytes": file}));
         }
         if gpu {
             cases.push(json!({"what": "overlap", "cache": "warm", "read": "mmap", "threads": wide, "sample": small, "batch": 128, "file_bytes": file}));
+            cases.push(json!({"what": "overlap", "cache": "warm", "read": "registered", "threads": 1, "sample": small, "batch": 128, "file_bytes": file}));
         }
         cases
     }
@@ -90,10 +99,10 @@ impl Experiment for LoaderExp {
     /// through the map) and a trailing partial one, batches of 3: every copy and the consume
     /// kernel on ragged sizes.
     fn sanitize_cases(&self, backend: &Backend) -> Vec<Value> {
-        let small = |what: &str| json!({"what": what, "cache": "warm", "read": "mmap", "threads": 2, "sample": 8192 + 16, "batch": 3, "file_bytes": 13 * (8192 + 16) + 100});
+        let small = |what: &str, read: &str| json!({"what": what, "cache": "warm", "read": read, "threads": 2, "sample": 8192 + 16, "batch": 3, "file_bytes": 13 * (8192 + 16) + 100});
         match backend {
-            Backend::Cuda(_) => vec![small("load"), small("overlap")],
-            Backend::Cpu => vec![small("load")],
+            Backend::Cuda(_) => vec![small("load", "mmap"), small("overlap", "mmap"), small("load", "registered"), small("overlap", "registered")],
+            Backend::Cpu => vec![small("load", "mmap")],
         }
     }
     fn run_case(&self, s: &mut Session, case: &Value) -> Result<()> {
@@ -180,7 +189,7 @@ fn config(s: &Session, case: &Value) -> Result<Config> {
         ring: 8,
         prefetch: 4,
         shuffle: Some(s.opts.seed),
-        read: <ReadMode as clap::ValueEnum>::from_str(read, false).map_err(|_| LabError::Invalid(format!("case {case}: no read mode `{read}` (direct | buffered | mmap)")))?,
+        read: <ReadMode as clap::ValueEnum>::from_str(read, false).map_err(|_| LabError::Invalid(format!("case {case}: no read mode `{read}` (direct | buffered | mmap | registered)")))?,
         queue_depth: 32,
         threads,
         ..Config::bytes(param_usize(case, "sample")?, param_usize(case, "batch")?)
@@ -286,6 +295,9 @@ fn measurement(variant: &str, case: &Value, loader: &Loader, (error, problem): (
     }
     m.extra.insert("loader".into(), json!(loader.config()));
     m.extra.insert("read_path".into(), json!(loader.read_path()));
+    if let Some(ms) = loader.register_ms() {
+        m.extra.insert("register_ms".into(), json!(ms));
+    }
     m.extra.insert("samples".into(), json!(loader.samples()));
     m.extra.insert("batches".into(), json!(loader.batches()));
     m.extra.insert("dropped_tail_bytes".into(), json!(loader.dropped_tail_bytes()));
@@ -293,10 +305,15 @@ fn measurement(variant: &str, case: &Value, loader: &Loader, (error, problem): (
 }
 
 fn load(s: &mut Session, case: &Value, path: &Path) -> Result<()> {
-    let variant = if matches!(s.backend, Backend::Cuda(_)) { "pinned_ring" } else { "host_ring" };
+    let cfg = config(s, case)?;
+    let variant = match (&s.backend, cfg.read) {
+        (Backend::Cpu, _) => "host_ring",
+        (Backend::Cuda(_), ReadMode::Registered) => "registered_map",
+        (Backend::Cuda(_), _) => "pinned_ring",
+    };
     let cold = param_str(case, "cache")? == "cold";
     if s.wants(variant, "lab") {
-        let mut loader = Loader::open(path, config(s, case)?, &s.backend)?;
+        let mut loader = Loader::open(path, cfg.clone(), &s.backend)?;
         let error = verify(&mut loader)?;
         let mut m = measurement(variant, case, &loader, error);
         if param_timed(case) {
@@ -321,7 +338,8 @@ fn load(s: &mut Session, case: &Value, path: &Path) -> Result<()> {
                 resident.push(read::resident(path)?);
                 time_epochs(&s.budget, &mut loader, || Ok(()), |_| Ok(()))?
             };
-            if !cold && s.wants("cache_read", "linux") {
+            // A registered map has no reads of its own to time.
+            if !cold && cfg.read != ReadMode::Registered && s.wants("cache_read", "linux") {
                 cache_read(s, case, &loader)?;
             }
             let how = if cold { "posix_fadvise(POSIX_FADV_DONTNEED) after fsync before every epoch; O_DIRECT reads" } else { "read once through the page cache before timing" };
@@ -330,7 +348,6 @@ fn load(s: &mut Session, case: &Value, path: &Path) -> Result<()> {
         }
         s.emit(m)?;
     }
-    let cfg = config(s, case)?;
     let design = cfg.read == ReadMode::Mmap && cfg.threads == cache_threads();
     if !cold && design && param_timed(case) {
         if let Backend::Cuda(gpu) = s.backend.clone() {
