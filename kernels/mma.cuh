@@ -102,8 +102,9 @@ __device__ __forceinline__ int2 warp_origin(int warp) { return make_int2((warp /
 
 // acc += the block tile at (bm, bn) of A (M x K, row stride lda) times B (K x N, ldb): the calling
 // warp's 64x32 part at tc1::warp_origin. A's rows past M, B's columns past N and K past K are
-// read as zeros.
-template <typename T>
+// read as zeros. With AT, A is held K x M (element (m, k) at A[k * lda + m], as moe's weight
+// gradients read their activations): its slabs are stored k-major and ldmatrix transposes them.
+template <typename T, bool AT = false>
 __device__ __forceinline__ void mma_ldmatrix_tile(const T* __restrict__ A, const T* __restrict__ B, int M, int N, int K, int lda, int ldb,
                                                   int bm, int bn, float (&acc)[tc1::MI][tc1::NI][4]) {
     using namespace tc1;
@@ -112,13 +113,20 @@ __device__ __forceinline__ void mma_ldmatrix_tile(const T* __restrict__ A, const
     const int tid = threadIdx.x, lane = tid % 32;
     const int2 w = warp_origin(tid / 32), lm = ldmatrix_x4_lane(lane);
     const int wm = w.x, wn = w.y;
+    constexpr int LDAT_S = BM + 8;  // AT: a k row of the slab, padded as B's rows are
+    static_assert(BK * LDAT_S <= BM * LDA_S, "the transposed A slab fits A's buffer");
     uint4 ra[A_CHUNKS], rb[B_CHUNKS];
     auto load_global = [&](int k0) {
 #pragma unroll
         for (int i = 0; i < A_CHUNKS; ++i) {
-            const int c = tid + i * THREADS, r = c / (BK / 8), kc = (c % (BK / 8)) * 8;
-            const int gr = bm + r;
-            ra[i] = load8_guarded(A + (u64)min(gr, M - 1) * lda + k0 + kc, gr < M ? K - k0 - kc : 0);
+            const int c = tid + i * THREADS;
+            if constexpr (AT) {
+                const int r = c / (BM / 8), mc = (c % (BM / 8)) * 8, gk = k0 + r;
+                ra[i] = load8_guarded(A + (u64)min(gk, K - 1) * lda + bm + mc, gk < K ? M - bm - mc : 0);
+            } else {
+                const int r = c / (BK / 8), kc = (c % (BK / 8)) * 8, gr = bm + r;
+                ra[i] = load8_guarded(A + (u64)min(gr, M - 1) * lda + k0 + kc, gr < M ? K - k0 - kc : 0);
+            }
         }
 #pragma unroll
         for (int i = 0; i < B_CHUNKS; ++i) {
@@ -131,7 +139,8 @@ __device__ __forceinline__ void mma_ldmatrix_tile(const T* __restrict__ A, const
 #pragma unroll
         for (int i = 0; i < A_CHUNKS; ++i) {
             const int c = tid + i * THREADS;
-            *reinterpret_cast<uint4*>(&As[buf][(c / (BK / 8)) * LDA_S + (c % (BK / 8)) * 8]) = ra[i];
+            const int at = AT ? (c / (BM / 8)) * LDAT_S + (c % (BM / 8)) * 8 : (c / (BK / 8)) * LDA_S + (c % (BK / 8)) * 8;
+            *reinterpret_cast<uint4*>(&As[buf][at]) = ra[i];
         }
 #pragma unroll
         for (int i = 0; i < B_CHUNKS; ++i) {
@@ -150,7 +159,15 @@ __device__ __forceinline__ void mma_ldmatrix_tile(const T* __restrict__ A, const
         for (int ks = 0; ks < BK / 16; ++ks) {
             unsigned a[MI][4], b[NI][2];
 #pragma unroll
-            for (int i = 0; i < MI; ++i) ldmatrix_x4(a[i], smem_addr(&As[buf][(wm + i * 16 + lm.x) * LDA_S + ks * 16 + lm.y * 8]));
+            for (int i = 0; i < MI; ++i) {
+                if constexpr (AT) {
+                    // Matrix q = lane / 8 at k rows 8 (q / 2).., m columns 8 (q % 2)..: transposed, a0..a3.
+                    const int2 ln = ldmatrix_x4_lane_nk(lane);
+                    ldmatrix_x4_trans(a[i], smem_addr(&As[buf][(ks * 16 + ln.x) * LDAT_S + wm + i * 16 + ln.y * 8]));
+                } else {
+                    ldmatrix_x4(a[i], smem_addr(&As[buf][(wm + i * 16 + lm.x) * LDA_S + ks * 16 + lm.y * 8]));
+                }
+            }
 #pragma unroll
             for (int j = 0; j < NI; j += 2) {
                 unsigned r[4];

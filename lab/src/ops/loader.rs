@@ -266,7 +266,29 @@ fn read_ceiling(s: &mut Session, case: &Value, path: &Path) -> Result<Option<Cei
         m.ceiling = s.ceilings.contains_key(READ_CEILING).then_some(READ_CEILING);
         s.emit(m)?;
     }
+    random_reads(s, case, path, bytes)?;
     Ok(s.ceilings.get(READ_CEILING).copied())
+}
+
+/// The disk's own rate for the cold case's pattern: 64 KiB samples in a shuffled order, O_DIRECT
+/// at the loader's queue depth, batches of 128 into a ring of two buffers, no copies. Placed
+/// against the read ceiling (sequential 1 MiB requests), which it does not set: it says what a
+/// shuffled small-sample epoch can reach on this disk.
+fn random_reads(s: &mut Session, case: &Value, path: &Path, bytes: u64) -> Result<()> {
+    let (sample, batch, depth) = (64 << 10, 128, 32);
+    if bytes < sample as u64 {
+        return Ok(());
+    }
+    let mut src = read::Source::open(path, ReadMode::Direct, sample, depth, 1)?;
+    let order = data::epoch_order(bytes / sample as u64, Some(s.opts.seed), 0);
+    let mut ring: Vec<read::AlignedBuf> = (0..2).map(|_| read::AlignedBuf::zeroed(sample * batch)).collect();
+    let (t, mode) = host_time(&s.budget, || Ok(()), || read::read_samples(&mut src, &order, sample, batch, &mut ring))?;
+    let params = json!({"what": "read", "queue_depth": depth, "block": sample, "order": "shuffled", "file_bytes": case["file_bytes"]});
+    let mut m = Measurement::new("o_direct_read", "linux", &params, Work { bytes: order.len() as u64 * sample as u64, flops: 0 });
+    m.extra.insert("read_path".into(), json!(src.read_path));
+    m.time = Some((t, mode));
+    m.ceiling = s.ceilings.contains_key(READ_CEILING).then_some(READ_CEILING);
+    s.emit(m).map(|_| ())
 }
 
 /// The roof a case is a fraction of: host-to-device (page cache) or the lower of it and the
@@ -512,7 +534,7 @@ mod tests {
         let reads = s.records.iter().filter(|r| r.variant == "o_direct_read").count();
         match cold[0].extra["read_path"]["mode"].as_str() {
             Some("direct") => {
-                assert_eq!(reads, QUEUE_DEPTHS.len(), "a read record per queue depth, once per run");
+                assert_eq!(reads, QUEUE_DEPTHS.len() + 1, "a read record per queue depth and the shuffled 64 KiB reads, once per run");
                 let lower = if s.ceilings[READ_CEILING].value < s.ceilings["copy_gb_s"].value { READ_CEILING } else { "copy_gb_s" };
                 assert_eq!(cold[0].ceiling.as_deref(), Some(lower), "the cold case is placed against the lower roof");
             }

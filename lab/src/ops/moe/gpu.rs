@@ -331,8 +331,8 @@ pub fn grouped_wgrad<T: Elem>(g: &Gpu, a: &Tensor<T>, b: &Tensor<T>, offsets: &T
     Ok(w)
 }
 
-/// Tile of W per block in grouped_wgrad (MOE_WG_TILE in kernels/moe.cu).
-const WG_TILE: usize = 64;
+/// Tile of W per block in grouped_wgrad (tc1::BM and BN in kernels/mma.cuh).
+const WG_TILE: usize = 128;
 
 /// (d logits, d noise logits), each [T, E].
 pub fn route_backward<T: Elem>(
