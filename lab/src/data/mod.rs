@@ -8,9 +8,10 @@
 //! copy engine reads the file's pinned page-cache pages itself and the reader only checks the
 //! file's length. The CPU backend runs the same pipeline into host buffers.
 //!
-//! Rules: sample i is the bytes `[i S, (i + 1) S)` of the file (S = `sample_bytes`; token
-//! windows do not overlap); a trailing partial sample (`len % S` bytes) is never delivered
-//! ([`Loader::dropped_tail_bytes`]); every whole sample is delivered exactly once per epoch, in
+//! Rules: sample i is the bytes `[o + i T, o + i T + S)` of the file (S = `sample_bytes`, T =
+//! `stride`, S unless set, o = `offset`: a header before the samples; windows overlap where
+//! T < S, as token windows whose last token is the next one's first); bytes past the last whole
+//! sample are never delivered ([`Loader::dropped_tail_bytes`]); every whole sample is delivered exactly once per epoch, in
 //! file order or in a seeded permutation of it; the last batch of an epoch holds what is left
 //! (fewer than `batch_samples` when they do not divide). A read that comes back short is an
 //! error naming the file and the offset, never a short batch.
@@ -68,13 +69,17 @@ pub struct Config {
     pub queue_depth: usize,
     /// Threads copying out of the page cache (buffered and mapped reads).
     pub threads: usize,
+    /// Bytes of the file before the first sample (a header).
+    pub offset: u64,
+    /// Bytes from one sample's start to the next's; `None`: `sample_bytes`.
+    pub stride: Option<usize>,
 }
 
 impl Config {
     /// Raw byte blocks of `sample_bytes`, in batches of `batch_samples`; ring 4, prefetch 2,
     /// O_DIRECT at queue depth 32 (else 4 read threads), file order.
     pub fn bytes(sample_bytes: usize, batch_samples: usize) -> Config {
-        Config { sample_bytes, batch_samples, ring: 4, prefetch: 2, shuffle: None, read: ReadMode::Direct, queue_depth: 32, threads: 4 }
+        Config { sample_bytes, batch_samples, ring: 4, prefetch: 2, shuffle: None, read: ReadMode::Direct, queue_depth: 32, threads: 4, offset: 0, stride: None }
     }
 
     /// Windows of `tokens` tokens of `token_bytes` each (2 for u16 ids, 4 for u32).
@@ -90,7 +95,42 @@ impl Config {
             c if c.ring == 0 => bad("the ring needs at least one host buffer"),
             c if c.prefetch == 0 => bad("prefetch must be at least 1 (one batch copied ahead)"),
             c if c.sample_bytes.checked_mul(c.batch_samples).is_none_or(|b| b > u32::MAX as usize) => bad("a batch must fit in 4 GiB"),
+            c if c.stride == Some(0) => bad("the stride must be at least 1 byte"),
             _ => Ok(()),
+        }
+    }
+
+    fn layout(&self) -> Layout {
+        Layout { offset: self.offset, stride: self.stride.unwrap_or(self.sample_bytes) as u64, size: self.sample_bytes }
+    }
+}
+
+/// Where samples lie in a file: sample i at `offset + i stride`, `size` bytes.
+#[derive(Clone, Copy, Debug)]
+struct Layout {
+    offset: u64,
+    stride: u64,
+    size: usize,
+}
+
+impl Layout {
+    fn start(&self, i: u64) -> u64 {
+        self.offset + i * self.stride
+    }
+
+    /// Whole samples in a file of `len` bytes.
+    fn samples(&self, len: u64) -> u64 {
+        match len.checked_sub(self.offset + self.size as u64) {
+            Some(rest) => rest / self.stride + 1,
+            None => 0,
+        }
+    }
+
+    /// Bytes past the last whole sample.
+    fn tail(&self, len: u64) -> u64 {
+        match self.samples(len) {
+            0 => len.saturating_sub(self.offset),
+            n => len - (self.start(n - 1) + self.size as u64),
         }
     }
 }
@@ -110,10 +150,11 @@ pub fn epoch_order(samples: u64, shuffle: Option<u64>, epoch: u64) -> Vec<u64> {
 const MAX_MERGED_READ: usize = 1 << 20;
 
 /// The reads filling one batch: samples adjacent in the file and in the buffer become one read.
-fn plan_reads(samples: &[u64], sample_bytes: usize) -> Vec<(u64, usize, usize)> {
+fn plan_reads(samples: &[u64], layout: Layout) -> Vec<(u64, usize, usize)> {
+    let sample_bytes = layout.size;
     let mut reads: Vec<(u64, usize, usize)> = Vec::new(); // (file offset, buffer offset, bytes)
     for (k, &i) in samples.iter().enumerate() {
-        let (offset, at) = (i * sample_bytes as u64, k * sample_bytes);
+        let (offset, at) = (layout.start(i), k * sample_bytes);
         match reads.last_mut() {
             Some(r) if r.0 + r.2 as u64 == offset && r.1 + r.2 == at && r.2 + sample_bytes <= MAX_MERGED_READ => r.2 += sample_bytes,
             _ => reads.push((offset, at, sample_bytes)),
@@ -139,10 +180,19 @@ impl Loader {
     /// Opens `path` for `backend` (device buffers on CUDA, host buffers on the CPU).
     pub fn open(path: &Path, cfg: Config, backend: &Backend) -> Result<Loader> {
         cfg.validate()?;
-        let source = Source::open(path, cfg.read, cfg.sample_bytes, cfg.queue_depth, cfg.threads)?;
-        let samples = source.len() / cfg.sample_bytes as u64;
+        let layout = cfg.layout();
+        // O_DIRECT reads whole blocks: samples must also start on them (the source itself
+        // checks their size).
+        let block = read::DIRECT_ALIGN as u64;
+        let unaligned = cfg.read == ReadMode::Direct && (layout.size as u64).is_multiple_of(block) && !(layout.offset.is_multiple_of(block) && layout.stride.is_multiple_of(block));
+        let mut source = Source::open(path, if unaligned { ReadMode::Buffered } else { cfg.read }, cfg.sample_bytes, cfg.queue_depth, cfg.threads)?;
+        if unaligned {
+            source.read_path.fallback = Some(format!("O_DIRECT needs samples to start on multiples of {} B, not at offset {} with a stride of {} B", read::DIRECT_ALIGN, layout.offset, layout.stride));
+        }
+        let samples = layout.samples(source.len());
         if samples == 0 {
-            return Err(LabError::io(path, format!("holds {} bytes: not one sample of {} bytes", source.len(), cfg.sample_bytes)));
+            let after = if cfg.offset > 0 { format!(" (after {} header bytes)", cfg.offset) } else { String::new() };
+            return Err(LabError::io(path, format!("holds {} bytes: not one sample of {} bytes{after}", source.len(), cfg.sample_bytes)));
         }
         let batch_bytes = cfg.sample_bytes * cfg.batch_samples;
         // One device buffer being consumed, `prefetch` being filled.
@@ -185,7 +235,7 @@ impl Loader {
 
     /// Bytes past the last whole sample: never delivered.
     pub fn dropped_tail_bytes(&self) -> u64 {
-        self.len % self.cfg.sample_bytes as u64
+        self.cfg.layout().tail(self.len)
     }
 
     /// Milliseconds pinning and registering the file's map took, where the copy engine reads it.
@@ -224,12 +274,12 @@ impl Loader {
         (0..self.cfg.ring).for_each(|h| free_tx.send(h).expect("receiver alive"));
         let slots = self.sink.slots();
         let events = self.sink.host_events();
-        let (sample_bytes, batch, check_only) = (self.cfg.sample_bytes, self.cfg.batch_samples, self.registered.is_some());
+        let (layout, batch, check_only) = (self.cfg.layout(), self.cfg.batch_samples, self.registered.is_some());
         let batches: Vec<Vec<u64>> = order.chunks(batch).map(<[u64]>::to_vec).collect();
         let pending: VecDeque<Vec<u64>> = batches.iter().cloned().collect();
         let reader = std::thread::Builder::new()
             .name("lab-data-reader".into())
-            .spawn(move || read_batches(source, &batches, sample_bytes, check_only, &slots, events.as_deref(), free_rx, full_tx))
+            .spawn(move || read_batches(source, &batches, layout, check_only, &slots, events.as_deref(), free_rx, full_tx))
             .map_err(|e| LabError::Invalid(format!("cannot start the reader thread: {e}")))?;
         Ok(Epoch { loader: self, reader: Some(reader), free_tx: Some(free_tx), full_rx, pending, in_flight: VecDeque::new(), last: None, next_dev: 0, delivered: 0, failed: None })
     }
@@ -242,7 +292,7 @@ impl Loader {
 fn read_batches(
     mut source: Source,
     batches: &[Vec<u64>],
-    sample_bytes: usize,
+    layout: Layout,
     check_only: bool,
     slots: &[Slot],
     events: Option<&Vec<cudarc::driver::CudaEvent>>,
@@ -256,15 +306,15 @@ fn read_batches(
                 events[h].synchronize().map_err(|e| LabError::Invalid(format!("waiting for a host buffer's copy: {e}")))?;
             }
             if check_only {
-                return source.check_len(plan_reads(samples, sample_bytes).into_iter().map(|(offset, _, bytes)| (offset, bytes)));
+                return source.check_len(plan_reads(samples, layout).into_iter().map(|(offset, _, bytes)| (offset, bytes)));
             }
             // SAFETY: the slot is this thread's until it is sent back as full; its buffer lives
             // as long as the loader, which joins this thread before dropping it.
             let buf = unsafe { std::slice::from_raw_parts_mut(slots[h].ptr as *mut u8, slots[h].len) };
-            let mut rest = &mut buf[..samples.len() * sample_bytes];
+            let mut rest = &mut buf[..samples.len() * layout.size];
             let mut reads = Vec::new();
             let mut at = 0;
-            for (offset, start, bytes) in plan_reads(samples, sample_bytes) {
+            for (offset, start, bytes) in plan_reads(samples, layout) {
                 let (_, tail) = std::mem::take(&mut rest).split_at_mut(start - at);
                 let (this, tail) = tail.split_at_mut(bytes);
                 reads.push((offset, this));
@@ -330,7 +380,7 @@ impl Epoch<'_> {
             let d = self.next_dev;
             self.next_dev = (d + 1) % devs;
             match &self.loader.registered {
-                Some(map) => self.loader.sink.gather(map.base(), &plan_reads(&samples, self.loader.cfg.sample_bytes), h, d)?,
+                Some(map) => self.loader.sink.gather(map.base(), &plan_reads(&samples, self.loader.cfg.layout()), h, d)?,
                 None => self.loader.sink.copy(h, d, samples.len() * self.loader.cfg.sample_bytes)?,
             }
             // The reader waits for this copy before writing the slot again.
@@ -382,34 +432,36 @@ pub fn checksum(bytes: &[u8]) -> u64 {
 /// delivered exactly once.
 pub struct Tally {
     path: PathBuf,
-    sample_bytes: usize,
+    layout: Layout,
     expected: Vec<u64>,
     seen: Vec<u32>,
     wrong: Vec<bool>,
 }
 
 impl Tally {
-    /// The checksum of every whole sample of `path`, read through the page cache.
-    pub fn of_file(path: &Path, sample_bytes: usize) -> Result<Tally> {
-        use std::io::Read;
+    /// The checksum of every whole sample of `path` as `cfg` lays them out, read through the
+    /// page cache.
+    pub fn of_file(path: &Path, cfg: &Config) -> Result<Tally> {
+        use std::os::unix::fs::FileExt;
+        let layout = cfg.layout();
         let file = std::fs::File::open(path).map_err(|e| LabError::io(path, format!("cannot open: {e}")))?;
-        let samples = file.metadata().map_err(|e| LabError::io(path, e))?.len() / sample_bytes as u64;
-        let mut reader = std::io::BufReader::with_capacity(8 << 20, file);
-        let mut buf = vec![0u8; sample_bytes];
+        let samples = layout.samples(file.metadata().map_err(|e| LabError::io(path, e))?.len());
+        let mut buf = vec![0u8; layout.size];
         let mut expected = Vec::with_capacity(samples as usize);
         for i in 0..samples {
-            reader.read_exact(&mut buf).map_err(|e| LabError::io(path, format!("reading sample {i} at offset {}: {e}", i * sample_bytes as u64)))?;
+            file.read_exact_at(&mut buf, layout.start(i)).map_err(|e| LabError::io(path, format!("reading sample {i} at offset {}: {e}", layout.start(i))))?;
             expected.push(checksum(&buf));
         }
-        Ok(Tally { path: path.into(), sample_bytes, seen: vec![0; expected.len()], wrong: vec![false; expected.len()], expected })
+        Ok(Tally { path: path.into(), layout, seen: vec![0; expected.len()], wrong: vec![false; expected.len()], expected })
     }
 
     /// Counts a delivered batch: `data` holds `samples.len()` samples in order.
     pub fn add(&mut self, samples: &[u64], data: &[u8]) -> Result<()> {
-        if data.len() != samples.len() * self.sample_bytes {
-            return Err(LabError::Invalid(format!("a batch of {} samples holds {} bytes, not {}", samples.len(), data.len(), samples.len() * self.sample_bytes)));
+        let size = self.layout.size;
+        if data.len() != samples.len() * size {
+            return Err(LabError::Invalid(format!("a batch of {} samples holds {} bytes, not {}", samples.len(), data.len(), samples.len() * size)));
         }
-        for (&i, bytes) in samples.iter().zip(data.chunks_exact(self.sample_bytes)) {
+        for (&i, bytes) in samples.iter().zip(data.chunks_exact(size)) {
             let i = i as usize;
             if i >= self.expected.len() {
                 return Err(LabError::Invalid(format!("sample {i} delivered: the file has {}", self.expected.len())));
@@ -429,7 +481,7 @@ impl Tally {
 
     /// The first problem, named: a sample with the wrong bytes, one delivered twice, one missing.
     pub fn check(&self) -> Result<()> {
-        let at = |i: usize| format!("{}: sample {i} (offset {})", self.path.display(), i * self.sample_bytes);
+        let at = |i: usize| format!("{}: sample {i} (offset {})", self.path.display(), self.layout.start(i as u64));
         if let Some(i) = self.wrong.iter().position(|&w| w) {
             return Err(LabError::Invalid(format!("{} was delivered with bytes that differ from the file", at(i))));
         }

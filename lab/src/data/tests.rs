@@ -38,7 +38,7 @@ fn every_sample_is_delivered_once_per_epoch_for_each_ring_prefetch_and_read_mode
             assert_eq!((loader.samples(), loader.batches()), (37, 8));
             let mut orders = Vec::new();
             for epoch in 0..2 {
-                let mut tally = Tally::of_file(&path, 4096).unwrap();
+                let mut tally = Tally::of_file(&path, loader.config()).unwrap();
                 orders.push(run_epoch(&mut loader, epoch, &mut tally).unwrap());
                 tally.check().unwrap_or_else(|e| panic!("{read:?} ring {ring} prefetch {prefetch} epoch {epoch}: {e}"));
                 assert_eq!(tally.stats().mismatches, 0);
@@ -57,7 +57,7 @@ fn a_trailing_partial_sample_is_dropped_and_the_last_batch_holds_the_rest() {
     let path = data_file(dir.path(), 10 * 50 + 7);
     let mut loader = Loader::open(&path, Config::tokens(25, 2, 4), &Backend::Cpu).unwrap();
     assert_eq!((loader.samples(), loader.dropped_tail_bytes(), loader.batches()), (10, 7, 3));
-    let mut tally = Tally::of_file(&path, 50).unwrap();
+    let mut tally = Tally::of_file(&path, loader.config()).unwrap();
     let mut sizes = Vec::new();
     {
         let mut e = loader.epoch(0).unwrap();
@@ -184,7 +184,7 @@ fn the_tally_catches_a_wrong_a_repeated_and_a_missing_sample() {
     let file = std::fs::read(&path).unwrap();
     let sample = |i: usize| &file[i * 256..(i + 1) * 256];
     let clean = |skip: usize| -> Tally {
-        let mut t = Tally::of_file(&path, 256).unwrap();
+        let mut t = Tally::of_file(&path, &Config::bytes(256, 1)).unwrap();
         for i in (0..12).filter(|&i| i != skip) {
             t.add(&[i as u64], sample(i)).unwrap();
         }
@@ -211,7 +211,7 @@ fn the_tally_catches_a_wrong_a_repeated_and_a_missing_sample() {
     let mut loader = Loader::open(&path, Config::bytes(256, 5), &Backend::Cpu).unwrap();
     let mut order = epoch_order(12, Some(3), 0);
     order[5] = order[6];
-    let mut t = Tally::of_file(&path, 256).unwrap();
+    let mut t = Tally::of_file(&path, loader.config()).unwrap();
     let mut e = loader.epoch_in(order).unwrap();
     while let Some(b) = e.next_batch().unwrap() {
         let BatchData::Host(data) = b.data else { unreachable!() };
@@ -224,9 +224,56 @@ fn the_tally_catches_a_wrong_a_repeated_and_a_missing_sample() {
 
 #[test]
 fn neighbouring_samples_merge_into_one_read_up_to_a_cap() {
-    assert_eq!(plan_reads(&[4, 5, 6, 9, 10, 2], 100), [(400, 0, 300), (900, 300, 200), (200, 500, 100)]);
+    let plain = |size| Config::bytes(size, 1).layout();
+    assert_eq!(plan_reads(&[4, 5, 6, 9, 10, 2], plain(100)), [(400, 0, 300), (900, 300, 200), (200, 500, 100)]);
     let big = MAX_MERGED_READ / 2;
-    assert_eq!(plan_reads(&[0, 1, 2], big).len(), 2, "merged reads stop at {MAX_MERGED_READ} B");
+    assert_eq!(plan_reads(&[0, 1, 2], plain(big)).len(), 2, "merged reads stop at {MAX_MERGED_READ} B");
+    // Overlapping windows after a header never merge: each is read whole.
+    let windows = Config { offset: 8, stride: Some(60), ..Config::bytes(64, 1) }.layout();
+    assert_eq!(plan_reads(&[0, 1, 3], windows), [(8, 0, 64), (68, 64, 64), (188, 128, 64)]);
+}
+
+/// Samples after a header and overlapping windows: what a token file of windows sharing their
+/// last token with the next one's first needs. Every window arrives with the file's bytes, the
+/// bytes after the last whole window are counted as dropped, and O_DIRECT (which reads whole
+/// blocks from block starts) gives way to buffered reads and says why.
+#[test]
+fn windows_after_a_header_may_overlap() {
+    let dir = tempfile::tempdir().unwrap();
+    // A 100-byte header, then windows of 16 B every 12 B: 1000 bytes hold 74 windows, the last
+    // ending at 100 + 73 * 12 + 16 = 992, so 8 bytes are dropped.
+    let path = data_file(dir.path(), 1000);
+    let file = std::fs::read(&path).unwrap();
+    for read in [ReadMode::Direct, ReadMode::Buffered, ReadMode::Mmap] {
+        let cfg = Config { offset: 100, stride: Some(12), read, shuffle: Some(4), ..Config::bytes(16, 5) };
+        let mut loader = Loader::open(&path, cfg, &Backend::Cpu).unwrap();
+        assert_eq!((loader.samples(), loader.dropped_tail_bytes(), loader.batches()), (74, 8, 15));
+        if read == ReadMode::Direct {
+            let rp = loader.read_path();
+            assert_eq!(rp.mode, "buffered");
+            assert!(rp.fallback.as_deref().unwrap().contains("multiples of 4096 B, not 16 B"), "{rp:?}");
+        }
+        let mut tally = Tally::of_file(&path, loader.config()).unwrap();
+        for (samples, data) in epoch_bytes(&mut loader, 0) {
+            tally.add(&samples, &data).unwrap();
+            for (k, &i) in samples.iter().enumerate() {
+                let at = 100 + 12 * i as usize;
+                assert_eq!(&data[k * 16..(k + 1) * 16], &file[at..at + 16], "{read:?}: window {i}");
+            }
+        }
+        tally.check().unwrap();
+    }
+    // Blocks of 4 KiB after a 100-byte header: the size would do for O_DIRECT, the start not.
+    let big = data_file(dir.path(), 100 + 3 * 4096);
+    let loader = Loader::open(&big, Config { offset: 100, ..Config::bytes(4096, 2) }, &Backend::Cpu).unwrap();
+    assert_eq!((loader.samples(), loader.dropped_tail_bytes()), (3, 0));
+    let rp = loader.read_path();
+    assert!(rp.mode == "buffered" && rp.fallback.as_deref().unwrap().contains("not at offset 100 with a stride of 4096 B"), "{rp:?}");
+    // Too short for one window after the header: named, with the header.
+    let err = Loader::open(&path, Config { offset: 990, ..Config::bytes(16, 5) }, &Backend::Cpu).err().unwrap().to_string();
+    assert!(err.contains("not one sample of 16 bytes (after 990 header bytes)"), "{err}");
+    let err = Loader::open(&path, Config { stride: Some(0), ..Config::bytes(16, 5) }, &Backend::Cpu).err().unwrap().to_string();
+    assert!(err.contains("stride must be at least 1 byte"), "{err}");
 }
 
 #[test]

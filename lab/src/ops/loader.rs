@@ -199,7 +199,7 @@ fn config(s: &Session, case: &Value) -> Result<Config> {
 /// One untimed epoch with every sample checked against the file: the error figures, and the
 /// first problem named.
 fn verify(loader: &mut Loader) -> Result<(ErrorStats, Option<String>)> {
-    let mut tally = Tally::of_file(loader.path(), loader.config().sample_bytes)?;
+    let mut tally = Tally::of_file(loader.path(), loader.config())?;
     let stream = loader.compute_stream().cloned();
     let mut e = loader.epoch(0)?;
     let mut host = Vec::new();

@@ -1,8 +1,11 @@
 //! The tokens training reads: a text tokenized once with the model's tokenizer into a token file
 //! (safetensors: one U32 tensor `tokens`, and the text it came from in the metadata), the stream
-//! of windows a training step takes, and the held-out windows an evaluation takes.
+//! of windows a training step takes (read from the token file through [`crate::data::Loader`]
+//! by the pipeline's loop, [`window_loader`]), and the held-out windows an evaluation takes.
 
 use super::model::Batch;
+use crate::data::{self, Loader, ReadMode};
+use crate::experiment::Backend;
 use crate::model::tokenizer::Tokenizer;
 use crate::{LabError, Result};
 use safetensors::{Dtype, SafeTensors};
@@ -16,12 +19,48 @@ pub fn tokenize_file(tok: &Tokenizer, text: &Path, out: &Path) -> Result<Vec<u32
     if ids.is_empty() {
         return Err(LabError::Invalid(format!("{} holds no tokens", text.display())));
     }
+    let meta = HashMap::from([("source".to_string(), text.display().to_string()), ("text_bytes".to_string(), s.len().to_string())]);
+    write_tokens(&ids, meta, out)?;
+    Ok(ids)
+}
+
+/// Writes `ids` to a new token file at `out`, with `meta` in its header.
+pub fn write_tokens(ids: &[u32], meta: HashMap<String, String>, out: &Path) -> Result<()> {
     let bytes: Vec<u8> = ids.iter().flat_map(|t| t.to_le_bytes()).collect();
     let view = safetensors::tensor::TensorView::new(Dtype::U32, vec![ids.len()], &bytes).map_err(|e| LabError::Invalid(format!("token file: {e}")))?;
-    let meta = HashMap::from([("source".to_string(), text.display().to_string()), ("text_bytes".to_string(), s.len().to_string())]);
     let file = safetensors::serialize([("tokens", view)], Some(meta)).map_err(|e| LabError::Invalid(format!("token file: {e}")))?;
-    crate::weights::write_new(out, &file)?;
-    Ok(ids)
+    crate::weights::write_new(out, &file)
+}
+
+/// Where a token file's ids lie: (byte offset of the first, how many), from its header alone.
+pub fn token_data(path: &Path) -> Result<(u64, usize)> {
+    let file = std::fs::File::open(path).map_err(|e| LabError::io(path, format!("cannot open: {e}")))?;
+    // SAFETY: read-only; the header check below covers the whole map.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| LabError::io(path, format!("cannot map: {e}")))?;
+    let bad = |why: String| LabError::Invalid(format!("{}: not a token file: {why}", path.display()));
+    let (header, meta) = SafeTensors::read_metadata(&map).map_err(|e| bad(e.to_string()))?;
+    let t = meta.info("tokens").ok_or_else(|| bad("no tensor `tokens`".into()))?;
+    if t.dtype != Dtype::U32 || t.shape.len() != 1 {
+        return Err(bad(format!("`tokens` is {:?} {:?}, not a U32 vector", t.dtype, t.shape)));
+    }
+    Ok(((8 + header + t.data_offsets.0) as u64, t.shape[0]))
+}
+
+/// A loader of a token file's windows of `seq + 1` tokens, window j starting at token j seq (each
+/// shares its last token with the next one's first), `rows` to a batch, read ahead into host
+/// buffers by the loader's reader thread through a memory map.
+pub fn window_loader(path: &Path, rows: usize, seq: usize) -> Result<Loader> {
+    let (offset, _) = token_data(path)?;
+    let cfg = data::Config { offset, stride: Some(seq * 4), read: ReadMode::Mmap, threads: 1, ..data::Config::tokens(seq + 1, 4, rows) };
+    Loader::open(path, cfg, &Backend::Cpu)
+}
+
+/// The next batch of an epoch of [`window_loader`]'s windows, as a training batch.
+pub fn next_window_batch(epoch: &mut data::Epoch<'_>, seq: usize) -> Result<Batch> {
+    let b = epoch.next_batch()?.ok_or_else(|| LabError::Invalid("the token file's epoch ended before the steps did".into()))?;
+    let data::BatchData::Host(bytes) = b.data else { unreachable!("window_loader runs on the CPU backend") };
+    let tokens = bytes.chunks_exact(4).map(|w| u32::from_le_bytes(w.try_into().expect("4 bytes"))).collect();
+    Batch::new(tokens, b.samples.len(), seq)
 }
 
 /// The ids of a token file written by [`tokenize_file`].
@@ -54,15 +93,31 @@ impl Stream {
     }
 
     pub fn next_batch(&mut self, rows: usize, seq: usize) -> Result<Batch> {
-        let mut out = Vec::with_capacity(rows * (seq + 1));
-        for _ in 0..rows {
-            if self.position + seq + 1 > self.tokens.len() {
-                self.position = 0;
-            }
-            out.extend_from_slice(&self.tokens[self.position..][..seq + 1]);
-            self.position += seq;
-        }
+        let out = self.take_windows(rows, seq).into_iter().flat_map(|at| self.tokens[at..][..seq + 1].to_vec()).collect();
         Batch::new(out, rows, seq)
+    }
+
+    /// Where the next `count` windows start, the position moved past them as that many rows of
+    /// [`Stream::next_batch`] move it.
+    pub fn take_windows(&mut self, count: usize, seq: usize) -> Vec<usize> {
+        (0..count)
+            .map(|_| {
+                if self.position + seq + 1 > self.tokens.len() {
+                    self.position = 0;
+                }
+                self.position += seq;
+                self.position - seq
+            })
+            .collect()
+    }
+
+    /// The next `count` windows as indices of [`window_loader`]'s windows (window j starts at
+    /// token j seq); a position between window starts is an error.
+    pub fn take_window_indices(&mut self, count: usize, seq: usize) -> Result<Vec<u64>> {
+        if !self.position.is_multiple_of(seq) {
+            return Err(LabError::Invalid(format!("the data position {} is not a window start (a multiple of {seq})", self.position)));
+        }
+        Ok(self.take_windows(count, seq).into_iter().map(|at| (at / seq) as u64).collect())
     }
 }
 

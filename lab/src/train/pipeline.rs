@@ -4,7 +4,7 @@
 //! the held-out text (`ops::perplexity::score_files`, with llama.cpp beside the lab when asked),
 //! and record it all (experiment `pipeline`).
 
-use super::data::{eval_batches, tokenize_file, Stream};
+use super::data::{eval_batches, next_window_batch, tokenize_file, window_loader, Stream};
 use super::export::to_gguf;
 use super::model::{Layout, Model};
 use super::optim::{AdamW, State};
@@ -178,9 +178,14 @@ pub fn run(o: &Options) -> Result<Summary> {
     bar.set_style(indicatif::ProgressStyle::with_template("{prefix:>10} [{bar:30}] {pos}/{len} {elapsed} elapsed, ~{eta} left  {msg}").expect("valid template").progress_chars("=> "));
     bar.set_prefix("training");
     let (mut step_ms, mut stats) = (Vec::new(), Vec::new());
+    // The steps' windows, in the stream's order, read from the token file by the data loader
+    // ahead of the steps; the stream's position moves past them for the checkpoint.
+    let mut windows = window_loader(&tokens_path, p.rows, p.seq)?;
+    let order = par.ranks[0].stream.take_window_indices(opt.steps * p.rows, p.seq)?;
+    let mut epoch = windows.epoch_in(order)?;
     for step in 0..opt.steps {
         let start = Instant::now();
-        let st = par.step()?;
+        let st = par.step_on(&next_window_batch(&mut epoch, p.seq)?)?;
         let ms = start.elapsed().as_secs_f64() * 1e3;
         let tokens_per_s = st.tokens as f64 / (ms * 1e-3);
         let mut m = Measurement::new("train_step", "lab", &params(json!({"step": step})), Work { bytes: 0, flops });
@@ -200,6 +205,7 @@ pub fn run(o: &Options) -> Result<Summary> {
         step_ms.push(ms);
     }
     bar.finish_and_clear();
+    drop(epoch);
     let mut t = par.ranks.swap_remove(0);
     let dev = par.group.devs.swap_remove(0);
     t.to_host()?;

@@ -136,6 +136,46 @@ fn resuming_from_a_checkpoint_continues_bit_for_bit() {
     assert!(err.contains("trained on a stream of 200 tokens; this one has 10"), "{err}");
 }
 
+/// The pipeline's loop takes its windows from the token file through the data loader: the same
+/// windows in the same order as the in-memory stream, so the same weights bit for bit after
+/// steps that wrap around the text twice, and the stream's position where the stream's own
+/// steps leave it. The check can fail: windows one place off train other weights.
+#[test]
+fn windows_read_through_the_loader_train_as_the_stream_does() {
+    let dev = Backend::Cpu;
+    let steps = 20; // 60 windows of 24 in the text: two wraps
+    let mut straight = trainer(6, steps);
+    for _ in 0..steps {
+        straight.step(&dev).unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokens.safetensors");
+    let mut fed = trainer(6, steps);
+    super::data::write_tokens(&fed.stream.tokens, Default::default(), &path).unwrap();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let run = |t: &mut super::Trainer, shift: u64| {
+        let mut loader = super::data::window_loader(&path, 3, 8).unwrap();
+        assert_eq!(loader.samples(), 24);
+        let order: Vec<u64> = t.stream.take_window_indices(steps * 3, 8).unwrap().into_iter().map(|j| (j + shift) % 24).collect();
+        let mut epoch = loader.epoch_in(order).unwrap();
+        for _ in 0..steps {
+            t.step_on(&dev, &super::data::next_window_batch(&mut epoch, 8).unwrap()).unwrap();
+        }
+        assert!(epoch.next_batch().unwrap().is_none());
+    };
+    run(&mut fed, 0);
+    assert_eq!(fed.stream.position, straight.stream.position);
+    assert!(bits(&fed.model.params) == bits(&straight.model.params), "the loader's windows trained other weights");
+    let mut shifted = trainer(6, steps);
+    run(&mut shifted, 1);
+    assert!(bits(&shifted.model.params) != bits(&straight.model.params), "windows one place off went unnoticed");
+    // A position between window starts cannot be read as windows.
+    shifted.stream.position = 3;
+    assert!(shifted.stream.take_window_indices(3, 8).unwrap_err().to_string().contains("data position 3 is not a window start"));
+    let (offset, count) = super::data::token_data(&path).unwrap();
+    assert_eq!((count, std::fs::metadata(&path).unwrap().len()), (200, offset + 800));
+}
+
 /// The GPU path's judge: the reference passes against itself, a path half as far from it as the
 /// f32 attention's passes, and a backward missing RMSNorm's mean term fails.
 #[test]
