@@ -348,8 +348,12 @@ __device__ __forceinline__ void grouped_mma_body(const T* __restrict__ A, const 
 
 // ---------------------------------------------------------------------------------------------
 // grouped_wgmma, grouped_wgmma_n128 (sm_90a): gemm's wgmma_tma loop (kernels/gemm/wgmma.cu says
-// why each step is as it is) on the same schedule of m-tiles as grouped_mma, in a 1D grid of
-// m_bound x n-tiles blocks taken in groups of 8 n-tiles.
+// why each step is as it is) on the same schedule of m-tiles as grouped_mma, over m_bound x n-tiles
+// tiles taken in groups of 8 n-tiles, a block per tile.
+// grouped_wgmma_persistent: the same kernel launched with one block per SM, each looping over
+// tiles with its ring running on; should buy the per-tile prologue (the first TMA round trip with
+// the tensor cores idle) and the epilogue (stores with the copies idle) where tiles are short:
+// Qwen3's 128x256 tiles are 32 k-tiles, a few microseconds each.
 // A is read through a 2D tensor map over all the permuted rows: a tile at row offsets[e] + bm
 // also loads rows of the next expert (or zeros past the last row), which only feed outputs the
 // store masks. B is a 3D map (N, K, E), so a tile's K edge is zero-filled rather than read from
@@ -375,25 +379,36 @@ using MoeWgN128 = MoeWg<128, 3, 2>;
 
 template <typename T, typename P>
 __device__ __forceinline__ void grouped_wgmma_body(const TmaDesc& ta, const TmaDesc& tb, T* C, const int* offsets, const int* tile_start,
-                                                   int E, int rows, int K, int N, int swiglu) {
+                                                   int E, int rows, int K, int N, int swiglu, int m_bound) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int BM = P::BM, BN = P::BN, BK = P::BK, STAGES = P::STAGES, ACC = BN / 2;
-    // Blocks in order of groups of MOE_WG_GROUP n-tiles, every m-tile of every expert inside a
-    // group: the blocks resident together share their B tiles (an expert's weights are read
-    // about once) and re-read A once per group. With n-tiles fastest instead, each m-tile row
-    // streamed all of its expert's weights again (Mixtral: 235 MB an expert, 8 m-tiles).
-    const int n_tiles = (N + BN - 1) / BN, m_bound = gridDim.x / n_tiles, per_group = m_bound * MOE_WG_GROUP;
-    const int group = blockIdx.x / per_group, in_group = blockIdx.x % per_group;
-    const int width = min(MOE_WG_GROUP, n_tiles - group * MOE_WG_GROUP);
-    const int y = in_group / width, nt = group * MOE_WG_GROUP + in_group % width;
-    if (y >= tile_start[E]) return;  // the whole block: before any barrier
-    int lo = 0, hi = E - 1;  // the last expert whose first tile is at or before y: it owns y
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (tile_start[mid] <= y) lo = mid; else hi = mid - 1;
-    }
-    const int e = lo, r0 = min(offsets[e], rows), M = min(offsets[e + 1], rows) - r0;
-    const int bm = (y - tile_start[e]) * BM, bn = nt * BN, nk = (K + BK - 1) / BK;
+    // Tiles t = 0 .. n_tiles x m_bound in groups of MOE_WG_GROUP n-tiles, every m-tile of every
+    // expert inside a group: the blocks resident together share their B tiles (an expert's weights
+    // are read about once) and re-read A once per group. With n-tiles fastest instead, each m-tile
+    // row streamed all of its expert's weights again (Mixtral: 235 MB an expert, 8 m-tiles).
+    // A block takes tiles blockIdx.x, + gridDim.x, ...: one with a block per tile, several in the
+    // persistent launch, whose ring then runs on across tiles (g counts k-tiles over all of them),
+    // so the producer fills the next tile's stages while the consumers store the last one.
+    const int n_tiles = (N + BN - 1) / BN, per_group = m_bound * MOE_WG_GROUP, total = n_tiles * m_bound, nk = (K + BK - 1) / BK;
+    const int live = tile_start[E];
+    // Tile t's expert, first row, rows and origin; false past the schedule's total.
+    auto locate = [&](int t, int& e, int& r0, int& M, int& bm, int& bn) {
+        const int group = t / per_group, in_group = t % per_group;
+        const int width = min(MOE_WG_GROUP, n_tiles - group * MOE_WG_GROUP);
+        const int y = in_group / width, nt = group * MOE_WG_GROUP + in_group % width;
+        if (y >= live) return false;
+        int lo = 0, hi = E - 1;  // the last expert whose first tile is at or before y: it owns y
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) / 2;
+            if (tile_start[mid] <= y) lo = mid; else hi = mid - 1;
+        }
+        e = lo, r0 = min(offsets[e], rows), M = min(offsets[e + 1], rows) - r0;
+        bm = (y - tile_start[e]) * BM, bn = nt * BN;
+        return true;
+    };
+    int e, r0, M, bm, bn, first = blockIdx.x;
+    while (first < total && !locate(first, e, r0, M, bm, bn)) first += gridDim.x;
+    if (first >= total) return;  // no tile for this block: the whole block, before any barrier
     extern __shared__ __align__(1024) unsigned char smem[];
     require_dynamic_smem(P::SMEM);
     const unsigned ring = (smem_addr(smem) + 1023u) & ~1023u, bars = ring + STAGES * P::STAGE_BYTES;
@@ -410,58 +425,70 @@ __device__ __forceinline__ void grouped_wgmma_body(const TmaDesc& ta, const TmaD
     if (wgi == 2) {  // the producer
         if constexpr (P::SETMAXNREG) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(P::PRODUCER_REGS));
         if (tid == 0) {
-            const int b_boxes = min(P::B_BOXES, (N - bn + P::B_BOX_N - 1) / P::B_BOX_N);
-            const unsigned tx = P::A_BYTES + b_boxes * P::B_BOX_BYTES;
-            for (int kt = 0; kt < nk; ++kt) {
-                const int s = kt % STAGES;
-                const unsigned full = bars + 8 * s, a = ring + s * P::STAGE_BYTES;
-                mbar_wait(bars + 8 * (STAGES + s), ((kt / STAGES) & 1) ^ 1);
-                mbar_expect_tx(full, tx);
-                tma_load_2d(a, &ta, kt * BK, r0 + bm, full);
-                for (int j = 0; j < b_boxes; ++j) tma_load_3d(a + P::A_BYTES + j * P::B_BOX_BYTES, &tb, bn + j * P::B_BOX_N, kt * BK, e, full);
+            int g = 0;
+            for (int t = first; t < total; t += gridDim.x) {
+                if (!locate(t, e, r0, M, bm, bn)) continue;
+                const int b_boxes = min(P::B_BOXES, (N - bn + P::B_BOX_N - 1) / P::B_BOX_N);
+                const unsigned tx = P::A_BYTES + b_boxes * P::B_BOX_BYTES;
+                for (int kt = 0; kt < nk; ++kt, ++g) {
+                    const int s = g % STAGES;
+                    const unsigned full = bars + 8 * s, a = ring + s * P::STAGE_BYTES;
+                    mbar_wait(bars + 8 * (STAGES + s), ((g / STAGES) & 1) ^ 1);
+                    mbar_expect_tx(full, tx);
+                    tma_load_2d(a, &ta, kt * BK, r0 + bm, full);
+                    for (int j = 0; j < b_boxes; ++j) tma_load_3d(a + P::A_BYTES + j * P::B_BOX_BYTES, &tb, bn + j * P::B_BOX_N, kt * BK, e, full);
+                }
             }
         }
         return;
     }
     if constexpr (P::SETMAXNREG) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(P::CONSUMER_REGS));
     const int warp = tid / 32, lane = tid % 32;
-    float d[ACC];
-#pragma unroll
-    for (int i = 0; i < ACC; ++i) d[i] = 0.f;
     const unsigned a_rows = wgi * 64 * BK * 2;
-    for (int kt = 0; kt < nk; ++kt) {
-        const int s = kt % STAGES;
-        const unsigned a = ring + s * P::STAGE_BYTES + a_rows, b = ring + s * P::STAGE_BYTES + P::A_BYTES;
-        mbar_wait(bars + 8 * s, (kt / STAGES) & 1);
+    int g = 0;
+    for (int t = first; t < total; t += gridDim.x) {
+        if (!locate(t, e, r0, M, bm, bn)) continue;
+        float d[ACC];
+#pragma unroll
+        for (int i = 0; i < ACC; ++i) d[i] = 0.f;
+        for (int kt = 0; kt < nk; ++kt, ++g) {
+            const int s = g % STAGES;
+            const unsigned a = ring + s * P::STAGE_BYTES + a_rows, b = ring + s * P::STAGE_BYTES + P::A_BYTES;
+            mbar_wait(bars + 8 * s, (g / STAGES) & 1);
+            wg_pin(d);
+            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+            for (int ks = 0; ks < BK / 16; ++ks) Wgmma<T, BN>::run(d, wg_desc(a + 32 * ks, WG_A_LBO, WG_A_SBO), wg_desc(b + 2048 * ks, WG_B_LBO, WG_B_SBO));
+            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+            wg_pin(d);
+            if (kt > 0 && lane == 0) mbar_arrive(bars + 8 * (STAGES + (g - 1) % STAGES));
+        }
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         wg_pin(d);
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+        // The tile's last stage is free once its wgmma is done: the producer may refill it while
+        // this tile is stored.
+        if (lane == 0) mbar_arrive(bars + 8 * (STAGES + (g - 1) % STAGES));
+        // d[4j], d[4j+1]: row 16 warp + lane / 4, columns 8j + 2 (lane % 4) + {0, 1}; d[4j+2],
+        // d[4j+3] 8 rows below. The pair is (gate, up) of output column / 2 under SwiGLU, as in
+        // grouped_mma.
+        const int NC = swiglu ? N / 2 : N, col = bn + 2 * (lane % 4);
+        T* Ce = C + (u64)r0 * NC;
 #pragma unroll
-        for (int ks = 0; ks < BK / 16; ++ks) Wgmma<T, BN>::run(d, wg_desc(a + 32 * ks, WG_A_LBO, WG_A_SBO), wg_desc(b + 2048 * ks, WG_B_LBO, WG_B_SBO));
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-        wg_pin(d);
-        if (kt > 0 && lane == 0) mbar_arrive(bars + 8 * (STAGES + (kt - 1) % STAGES));
-    }
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-    wg_pin(d);
-    // d[4j], d[4j+1]: row 16 warp + lane / 4, columns 8j + 2 (lane % 4) + {0, 1}; d[4j+2], d[4j+3]
-    // 8 rows below. The pair is (gate, up) of output column / 2 under SwiGLU, as in grouped_mma.
-    const int NC = swiglu ? N / 2 : N, col = bn + 2 * (lane % 4);
-    T* Ce = C + (u64)r0 * NC;
+        for (int half = 0; half < 2; ++half) {
+            const int row = bm + wgi * 64 + warp * 16 + lane / 4 + 8 * half;
+            if (row >= M) continue;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int row = bm + wgi * 64 + warp * 16 + lane / 4 + 8 * half;
-        if (row >= M) continue;
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-            const int c = col + 8 * j;
-            const float v0 = d[4 * j + 2 * half], v1 = d[4 * j + 2 * half + 1];
-            if (c >= N) continue;
-            if (swiglu) {
-                Ce[(u64)row * NC + c / 2] = from_float<T>(moe_silu(v0) * v1);
-            } else {
-                Ce[(u64)row * NC + c] = from_float<T>(v0);
-                if (c + 1 < N) Ce[(u64)row * NC + c + 1] = from_float<T>(v1);
+            for (int j = 0; j < BN / 8; ++j) {
+                const int c = col + 8 * j;
+                const float v0 = d[4 * j + 2 * half], v1 = d[4 * j + 2 * half + 1];
+                if (c >= N) continue;
+                if (swiglu) {
+                    Ce[(u64)row * NC + c / 2] = from_float<T>(moe_silu(v0) * v1);
+                } else {
+                    Ce[(u64)row * NC + c] = from_float<T>(v0);
+                    if (c + 1 < N) Ce[(u64)row * NC + c + 1] = from_float<T>(v1);
+                }
             }
         }
     }
@@ -628,13 +655,13 @@ __device__ __forceinline__ void grouped_wgrad_body(const T* __restrict__ A, cons
     }                                                                                                                    \
     extern "C" __global__ void __launch_bounds__(MoeWgWide::THREADS, 1) moe_grouped_wgmma_##S(                        \
         const __grid_constant__ TmaDesc ta, const __grid_constant__ TmaDesc tb, T* C, const int* offsets,                \
-        const int* tile_start, int E, int rows, int K, int N, int swiglu) {                                              \
-        grouped_wgmma_body<T, MoeWgWide>(ta, tb, C, offsets, tile_start, E, rows, K, N, swiglu);                        \
+        const int* tile_start, int E, int rows, int K, int N, int swiglu, int m_bound) {                                 \
+        grouped_wgmma_body<T, MoeWgWide>(ta, tb, C, offsets, tile_start, E, rows, K, N, swiglu, m_bound);               \
     }                                                                                                                    \
     extern "C" __global__ void __launch_bounds__(MoeWgN128::THREADS, 2) moe_grouped_wgmma_n128_##S(                   \
         const __grid_constant__ TmaDesc ta, const __grid_constant__ TmaDesc tb, T* C, const int* offsets,                \
-        const int* tile_start, int E, int rows, int K, int N, int swiglu) {                                              \
-        grouped_wgmma_body<T, MoeWgN128>(ta, tb, C, offsets, tile_start, E, rows, K, N, swiglu);                        \
+        const int* tile_start, int E, int rows, int K, int N, int swiglu, int m_bound) {                                 \
+        grouped_wgmma_body<T, MoeWgN128>(ta, tb, C, offsets, tile_start, E, rows, K, N, swiglu, m_bound);               \
     }                                                                                                                    \
     extern "C" __global__ void moe_combine_backward_##S(const T* dout, const T* y, const int* slot, const float* w, int K, \
                                                         int N, T* dy, float* dw) {                                       \

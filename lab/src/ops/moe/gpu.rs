@@ -227,9 +227,10 @@ pub fn grouped_mma<T: Elem>(g: &Gpu, a: &Tensor<T>, b: &Tensor<T>, offsets: &Ten
 /// change the gemm family's verified source, so it moves there with the next change to gemm.
 ///
 /// The schedule, the two tensor maps (A: K x rows in boxes of 64 x 128; B: N x K x E in boxes of
-/// 64 x 64 x 1), then one grouped_wgmma launch with `tile`'s ring in dynamic shared memory.
+/// 64 x 64 x 1), then one grouped_wgmma launch with `tile`'s ring in dynamic shared memory: a
+/// block per tile, or `persistent`, as many as fit on the SMs at once.
 #[allow(clippy::too_many_arguments)]
-pub fn grouped_wgmma<T: Elem>(g: &Gpu, tile: wg::Tile, a: &Tensor<T>, b: &Tensor<T>, offsets: &Tensor<i32>, (e, rows, k, n, _): GroupedDims, ep: Epilogue, c: &mut Tensor<T>) -> Result<()> {
+pub fn grouped_wgmma<T: Elem>(g: &Gpu, (tile, persistent): (wg::Tile, bool), a: &Tensor<T>, b: &Tensor<T>, offsets: &Tensor<i32>, (e, rows, k, n, _): GroupedDims, ep: Epilogue, c: &mut Tensor<T>) -> Result<()> {
     if !k.is_multiple_of(8) || !n.is_multiple_of(8) {
         return Err(LabError::shape("moe grouped_wgmma", format!("K = {k} and N = {n}: TMA reads rows of a multiple of 16 bytes, so both must be multiples of 8")));
     }
@@ -244,17 +245,20 @@ pub fn grouped_wgmma<T: Elem>(g: &Gpu, tile: wg::Tile, a: &Tensor<T>, b: &Tensor
     let name = if tile == wg::WIDE { "grouped_wgmma" } else { "grouped_wgmma_n128" };
     let f = g.function(FAMILY, &symbol(FAMILY, name, T::DTYPE))?;
     raise_dynamic_smem(&f, tile.smem())?;
-    // A 1D grid: n-tiles x an upper bound of the m-tiles (rows / BM + E: every expert adds at
-    // most one partial tile), which the kernel takes in groups of n-tiles.
+    // Tiles: n-tiles x an upper bound of the m-tiles (rows / BM + E: every expert adds at most one
+    // partial tile), which the kernel takes in groups of n-tiles.
+    let m_bound = rows / wg::BM + e;
+    let tiles_total = n.div_ceil(tile.bn) * m_bound;
+    let blocks = if persistent { tiles_total.min(g.info.sm_count as usize * tile.blocks_per_sm) } else { tiles_total };
     let launch = LaunchConfig {
-        grid_dim: ((n.div_ceil(tile.bn) * (rows / wg::BM + e)) as u32, 1, 1),
+        grid_dim: (blocks as u32, 1, 1),
         block_dim: (tile.threads(), 1, 1),
         shared_mem_bytes: tile.smem() as u32,
     };
-    let (ei, ri, ki, ni, sw) = (e as i32, rows as i32, k as i32, n as i32, (ep == Epilogue::SwiGlu) as i32);
+    let (ei, ri, ki, ni, sw, mb) = (e as i32, rows as i32, k as i32, n as i32, (ep == Epilogue::SwiGlu) as i32, m_bound as i32);
     let mut l = s.launch_builder(&f);
     l.arg(&map_a).arg(&map_b).arg(c.cuda_mut().expect("placement checked")).arg(placed(offsets)).arg(&tiles);
-    l.arg(&ei).arg(&ri).arg(&ki).arg(&ni).arg(&sw);
+    l.arg(&ei).arg(&ri).arg(&ki).arg(&ni).arg(&sw).arg(&mb);
     // SAFETY: the maps describe A (rows x K) and B (E x K x N) as allocated, and TMA zero-fills
     // what lies outside them; blocks past the schedule's total return; stores are bounded by the
     // block's expert's segment (clamped to A's rows) and N, into C (rows x N or N / 2); the ring

@@ -68,8 +68,9 @@ pub enum Kernel {
     CublasLoop,
     /// One launch of a 128x128x32 mma.sync tile kernel over (n-tile, m-tile of some expert).
     GroupedMma,
-    /// The same schedule on gemm's wgmma_tma loop (sm_90a), with this tile and ring.
-    GroupedWgmma(crate::ops::gemm::wg::Tile),
+    /// The same schedule on gemm's wgmma_tma loop (sm_90a), with this tile and ring; a block per
+    /// tile, or (persistent) a block per SM looping over tiles.
+    GroupedWgmma { tile: crate::ops::gemm::wg::Tile, persistent: bool },
 }
 
 /// The grouped GEMM's ladder; `forward` runs both of the layer's products with the same rung.
@@ -93,14 +94,21 @@ pub const VARIANTS: &[Variant<Kernel>] = &[
         dtypes: &[DType::Bf16, DType::F16],
         requires: Requires::Sm90a,
         what: "grouped_mma's schedule on gemm's wgmma_tma loop: A (all rows) and B (E x K x N) by TMA into a 4-stage ring, two consumer warpgroups, 128x256 tiles, one block per SM",
-        config: Kernel::GroupedWgmma(crate::ops::gemm::wg::WIDE),
+        config: Kernel::GroupedWgmma { tile: crate::ops::gemm::wg::WIDE, persistent: false },
+    },
+    Variant {
+        name: "grouped_wgmma_persistent",
+        dtypes: &[DType::Bf16, DType::F16],
+        requires: Requires::Sm90a,
+        what: "grouped_wgmma with one block per SM looping over the tiles, its ring running on: the next tile's loads overlap the last one's stores",
+        config: Kernel::GroupedWgmma { tile: crate::ops::gemm::wg::WIDE, persistent: true },
     },
     Variant {
         name: "grouped_wgmma_n128",
         dtypes: &[DType::Bf16, DType::F16],
         requires: Requires::Sm90a,
         what: "128x128 tiles, 3 stages, two blocks per SM: twice the tiles, for experts of few rows or narrow N",
-        config: Kernel::GroupedWgmma(crate::ops::gemm::wg::N128),
+        config: Kernel::GroupedWgmma { tile: crate::ops::gemm::wg::N128, persistent: false },
     },
     Variant {
         name: "cpu_loop",
@@ -432,7 +440,7 @@ pub fn grouped_matmul_with<T: Elem>(dev: &Backend, variant: &str, a: &Tensor<T>,
         }
         (Kernel::CublasLoop, Backend::Cuda(g)) => gpu::grouped_cublas(g, a, b, offsets, dims, ep, c),
         (Kernel::GroupedMma, Backend::Cuda(g)) => gpu::grouped_mma(g, a, b, offsets, dims, ep, c),
-        (Kernel::GroupedWgmma(tile), Backend::Cuda(g)) => gpu::grouped_wgmma(g, tile, a, b, offsets, dims, ep, c),
+        (Kernel::GroupedWgmma { tile, persistent }, Backend::Cuda(g)) => gpu::grouped_wgmma(g, (tile, persistent), a, b, offsets, dims, ep, c),
         (_, Backend::Cpu) => unreachable!("check_runs keeps GPU rungs off the CPU"),
     }
 }
