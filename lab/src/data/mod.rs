@@ -11,9 +11,9 @@
 //! Rules: sample i is the bytes `[o + i T, o + i T + S)` of the file (S = `sample_bytes`, T =
 //! `stride`, S unless set, o = `offset`: a header before the samples; windows overlap where
 //! T < S, as token windows whose last token is the next one's first); bytes past the last whole
-//! sample are never delivered ([`Loader::dropped_tail_bytes`]); every whole sample is delivered exactly once per epoch, in
-//! file order or in a seeded permutation of it; the last batch of an epoch holds what is left
-//! (fewer than `batch_samples` when they do not divide). A read that comes back short is an
+//! sample are never delivered ([`Loader::dropped_tail_bytes`]); every whole sample is delivered
+//! exactly once per epoch, in file order or in a seeded permutation of it; the last batch of an
+//! epoch holds what is left (fewer than `batch_samples` when they do not divide). A read that comes back short is an
 //! error naming the file and the offset, never a short batch.
 //!
 //! ```no_run

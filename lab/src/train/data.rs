@@ -34,6 +34,11 @@ pub fn write_tokens(ids: &[u32], meta: HashMap<String, String>, out: &Path) -> R
 
 /// Where a token file's ids lie: (byte offset of the first, how many), from its header alone.
 pub fn token_data(path: &Path) -> Result<(u64, usize)> {
+    token_map(path).map(|(_, offset, count)| (offset as u64, count))
+}
+
+/// The token file mapped, with the offset and count of its ids, its header checked.
+fn token_map(path: &Path) -> Result<(memmap2::Mmap, usize, usize)> {
     let file = std::fs::File::open(path).map_err(|e| LabError::io(path, format!("cannot open: {e}")))?;
     // SAFETY: read-only; the header check below covers the whole map.
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| LabError::io(path, format!("cannot map: {e}")))?;
@@ -43,7 +48,8 @@ pub fn token_data(path: &Path) -> Result<(u64, usize)> {
     if t.dtype != Dtype::U32 || t.shape.len() != 1 {
         return Err(bad(format!("`tokens` is {:?} {:?}, not a U32 vector", t.dtype, t.shape)));
     }
-    Ok(((8 + header + t.data_offsets.0) as u64, t.shape[0]))
+    let (offset, count) = (8 + header + t.data_offsets.0, t.shape[0]);
+    Ok((map, offset, count))
 }
 
 /// A loader of a token file's windows of `seq + 1` tokens, window j starting at token j seq (each
@@ -65,14 +71,8 @@ pub fn next_window_batch(epoch: &mut data::Epoch<'_>, seq: usize) -> Result<Batc
 
 /// The ids of a token file written by [`tokenize_file`].
 pub fn read_tokens(path: &Path) -> Result<Vec<u32>> {
-    let bytes = std::fs::read(path).map_err(|e| LabError::io(path, e))?;
-    let bad = |why: String| LabError::Invalid(format!("{}: not a token file: {why}", path.display()));
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
-    let t = st.tensor("tokens").map_err(|e| bad(e.to_string()))?;
-    if t.dtype() != Dtype::U32 || t.shape().len() != 1 {
-        return Err(bad(format!("`tokens` is {:?} {:?}, not a U32 vector", t.dtype(), t.shape())));
-    }
-    Ok(t.data().chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes"))).collect())
+    let (map, offset, count) = token_map(path)?;
+    Ok(map[offset..][..4 * count].chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes"))).collect())
 }
 
 /// Windows taken in order from a token stream: each step's batch starts where the last ended
