@@ -127,6 +127,19 @@ __device__ __forceinline__ void fa_load_tile(T* dst, const T* src, long long str
     }
 }
 
+// The step of a loop over key tiles in a double buffer: starts the next K and V tiles (rows from
+// next_kv0) into the other half when there are more (`more`), then waits for the current ones.
+template <typename T, int D>
+__device__ __forceinline__ void fa_kv_step(T* sK, T* sV, const T* kb, const T* vb, long long ks, int buf, int next_kv0, int Sk, bool more) {
+    if (more) {
+        fa_load_tile<T, D, FA_BN>(sK + (buf ^ 1) * FA_BN * (D + 8), kb, ks, next_kv0, Sk);
+        fa_load_tile<T, D, FA_BN>(sV + (buf ^ 1) * FA_BN * (D + 8), vb, ks, next_kv0, Sk);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+}
+
 // MT: 16-row m-tiles per warp. fa2 (MT 1) keeps Q in registers; fa2_m32 (MT 2) gives each warp
 // 32 rows so that every K and V fragment read from shared memory feeds two mmas (at MT 1 the
 // ldmatrix traffic, 32 KB per warp per 64-key tile at D128, outlasts the 128 mmas it feeds), and
@@ -178,13 +191,8 @@ __device__ void fa2_forward(const T* __restrict__ q, const T* __restrict__ k, co
 
     for (int it = 0; it < tiles; ++it) {
         const int kv0 = lo + it * FA_BN, buf = it & 1;
-        if (it + 1 < tiles) {  // the next tile streams in while this one is used
-            fa_load_tile<T, D, FA_BN>(sK + (buf ^ 1) * FA_BN * LD, kb, ks, kv0 + FA_BN, Sk);
-            fa_load_tile<T, D, FA_BN>(sV + (buf ^ 1) * FA_BN * LD, vb, ks, kv0 + FA_BN, Sk);
-        }
-        cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
+        // The next tile streams in while this one is used.
+        fa_kv_step<T, D>(sK, sV, kb, vb, ks, buf, kv0 + FA_BN, Sk, it + 1 < tiles);
         if (Q_IN_REGS && it == 0) {
 #pragma unroll
             for (int kk = 0; kk < D / 16; ++kk)

@@ -133,6 +133,39 @@ __device__ void fa2_bwd_dq(const float* __restrict__ dq_acc, T* __restrict__ dq,
 
 constexpr int FA_BWD_BM = 64, FA_BWD_LDS = FA_BN + 8;  // query rows per tile; dS's padded pitch
 
+// The backward's paired products over the head dimension: x = A B^T and y = C E^T for one warp's
+// 16 rows of A and C (from row `row` of their tiles) against the N rows of B and E, every tile in
+// shared memory with rows of D + 8 elements (B and E held n x k). The dK/dV kernel takes
+// S^T = K Q^T with dP^T = V dO^T, the dQ kernel S = Q K^T with dP = dO V^T.
+template <typename T, int D, int N>
+__device__ __forceinline__ void fa_bwd_products(const T* A, const T* C, int row, const T* B, const T* E, float (&x)[N / 8][4],
+                                                float (&y)[N / 8][4]) {
+    constexpr int LD = D + 8;
+    const int lane = threadIdx.x % 32;
+    const int2 lm = ldmatrix_x4_lane(lane), lk = ldmatrix_x4_lane_nk(lane);  // A and C; B and E held n x k
+#pragma unroll
+    for (int j = 0; j < N / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) x[j][e] = y[j][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        unsigned a[4], c[4];
+        ldmatrix_x4(a, smem_addr(&A[(row + lm.x) * LD + kk * 16 + lm.y * 8]));
+        ldmatrix_x4(c, smem_addr(&C[(row + lm.x) * LD + kk * 16 + lm.y * 8]));
+#pragma unroll
+        for (int j = 0; j < N / 8; j += 2) {
+            const int at = (j * 8 + lk.x) * LD + kk * 16 + lk.y * 8;
+            unsigned r[4];
+            ldmatrix_x4(r, smem_addr(&B[at]));
+            Mma<T>::run(x[j], a, r);
+            Mma<T>::run(x[j + 1], a, r + 2);
+            ldmatrix_x4(r, smem_addr(&E[at]));
+            Mma<T>::run(y[j], c, r);
+            Mma<T>::run(y[j + 1], c, r + 2);
+        }
+    }
+}
+
 // DQ: add dQ by atomics (fa2_bwd); without it the kernel computes dK and dV only (fa2_bwd_det).
 template <typename T, int D, bool DQ>
 __device__ void fa2_backward(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
@@ -154,7 +187,7 @@ __device__ void fa2_backward(const T* __restrict__ q, const T* __restrict__ k, c
     Sq = seq.sq, Sk = seq.sk;
     if (kv0 >= Sk) return;  // a shorter sequence of a variable-length batch
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int2 lm = ldmatrix_x4_lane(lane), lk = ldmatrix_x4_lane_nk(lane);  // A and .trans B; B held n x k
+    const int2 lm = ldmatrix_x4_lane(lane);  // A and .trans B
     const int off = Sk - Sq, kw = warp * 16;  // kw: the warp's first key in the tile
     const long long qs = (long long)Hq * D, ks = (long long)Hkv * D;
     const T* kb = k + seq.k_row0 * ks + (long long)hk * D;
@@ -203,27 +236,7 @@ __device__ void fa2_backward(const T* __restrict__ q, const T* __restrict__ k, c
 
         // S^T = K Q^T and dP^T = V dO^T for the warp's 16 keys and the tile's 64 queries.
         float st[BM / 8][4], dpt[BM / 8][4];
-#pragma unroll
-        for (int j = 0; j < BM / 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) st[j][e] = dpt[j][e] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            unsigned ka[4], va[4];
-            ldmatrix_x4(ka, smem_addr(&sK[(kw + lm.x) * LD + kk * 16 + lm.y * 8]));
-            ldmatrix_x4(va, smem_addr(&sV[(kw + lm.x) * LD + kk * 16 + lm.y * 8]));
-#pragma unroll
-            for (int j = 0; j < BM / 8; j += 2) {
-                const int at = (j * 8 + lk.x) * LD + kk * 16 + lk.y * 8;
-                unsigned r[4];
-                ldmatrix_x4(r, smem_addr(&Qt[at]));
-                Mma<T>::run(st[j], ka, r);
-                Mma<T>::run(st[j + 1], ka, r + 2);
-                ldmatrix_x4(r, smem_addr(&Ot[at]));
-                Mma<T>::run(dpt[j], va, r);
-                Mma<T>::run(dpt[j + 1], va, r + 2);
-            }
-        }
+        fa_bwd_products<T, D, BM>(sK, sV, kw, Qt, Ot, st, dpt);
         // P^T from lse where kept (0 elsewhere, never through -inf arithmetic), dS^T = P^T (dP^T - D).
         const bool edge = i0 + BM > Sq || kv0 + FA_BN > Sk || (causal && kv0 + FA_BN - 1 > i0 + off) ||
                           (window > 0 && kv0 <= i0 + BM - 1 + off - window);
@@ -334,7 +347,7 @@ __device__ void fa2_bwd_dq_rows(const T* __restrict__ q, const T* __restrict__ k
     Sq = seq.sq, Sk = seq.sk;
     if (q0 >= Sq) return;  // a shorter sequence of a variable-length batch
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int2 lm = ldmatrix_x4_lane(lane), lk = ldmatrix_x4_lane_nk(lane);
+    const int2 lm = ldmatrix_x4_lane(lane);
     const int off = Sk - Sq, wrow = warp * 16;
     const long long qs = (long long)Hq * D, ks = (long long)Hkv * D;
     const long long head = seq.q_row0 * qs + (long long)h * D;
@@ -368,39 +381,14 @@ __device__ void fa2_bwd_dq_rows(const T* __restrict__ q, const T* __restrict__ k
 
     for (int it = 0; it < tiles; ++it) {
         const int kv0 = lo + it * FA_BN, buf = it & 1;
-        if (it + 1 < tiles) {  // the next tile streams in while this one is used
-            fa_load_tile<T, D, FA_BN>(sK + (buf ^ 1) * FA_BN * LD, kb, ks, kv0 + FA_BN, Sk);
-            fa_load_tile<T, D, FA_BN>(sV + (buf ^ 1) * FA_BN * LD, vb, ks, kv0 + FA_BN, Sk);
-        }
-        cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
+        // The next tile streams in while this one is used.
+        fa_kv_step<T, D>(sK, sV, kb, vb, ks, buf, kv0 + FA_BN, Sk, it + 1 < tiles);
         const T* Kt = sK + buf * FA_BN * LD;
         const T* Vt = sV + buf * FA_BN * LD;
 
         // S = Q K^T and dP = dO V^T for the warp's 16 rows and the tile's 64 keys.
         float s[FA_BN / 8][4], dp[FA_BN / 8][4];
-#pragma unroll
-        for (int j = 0; j < FA_BN / 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            unsigned qa[4], oa[4];
-            ldmatrix_x4(qa, smem_addr(&sQ[(wrow + lm.x) * LD + kk * 16 + lm.y * 8]));
-            ldmatrix_x4(oa, smem_addr(&sdO[(wrow + lm.x) * LD + kk * 16 + lm.y * 8]));
-#pragma unroll
-            for (int j = 0; j < FA_BN / 8; j += 2) {
-                const int at = (j * 8 + lk.x) * LD + kk * 16 + lk.y * 8;
-                unsigned r[4];
-                ldmatrix_x4(r, smem_addr(&Kt[at]));
-                Mma<T>::run(s[j], qa, r);
-                Mma<T>::run(s[j + 1], qa, r + 2);
-                ldmatrix_x4(r, smem_addr(&Vt[at]));
-                Mma<T>::run(dp[j], oa, r);
-                Mma<T>::run(dp[j + 1], oa, r + 2);
-            }
-        }
+        fa_bwd_products<T, D, FA_BN>(sQ, sdO, wrow, Kt, Vt, s, dp);
         // P from lse where kept (0 elsewhere), dS = P (dP - D), kept in dp.
         const bool edge = kv0 + FA_BN > Sk || (causal && kv0 + FA_BN - 1 > q0 + off) || (window > 0 && kv0 <= q0 + BM - 1 + off - window);
 #pragma unroll
