@@ -223,8 +223,9 @@ pub fn grouped_mma<T: Elem>(g: &Gpu, a: &Tensor<T>, b: &Tensor<T>, offsets: &Ten
     unsafe { l.launch(launch) }.map(|_| ()).doing("launching moe grouped_mma")
 }
 
-/// The kernel's main loop repeats gemm's wgmma_tma line for line: sharing it through mma.cuh would
-/// change the gemm family's verified source, so it moves there with the next change to gemm.
+/// The kernel's k-tile loop is gemm's wgmma_tma loop with its ring counting k-tiles across the
+/// block's tiles (gemm's runs a tile a block): sharing it through mma.cuh is for the next change
+/// to gemm's wgmma kernels, whose source it would change.
 ///
 /// The schedule, the two tensor maps (A: K x rows in boxes of 64 x 128; B: N x K x E in boxes of
 /// 64 x 64 x 1), then one grouped_wgmma launch with `tile`'s ring in dynamic shared memory: a
