@@ -50,7 +50,7 @@ impl Experiment for LoaderExp {
         "loader"
     }
     fn description(&self) -> &'static str {
-        "lab::data's loader: file to GPU from the page cache and cold (O_DIRECT), overlap with compute, torch DataLoader peer"
+        "lab::data's loader: file to GPU from the page cache (CPU copies, or the copy engine reading a registered map) and cold (O_DIRECT), overlap with compute, torch DataLoader peer"
     }
     fn sweep_axis(&self) -> &'static str {
         "sample"
