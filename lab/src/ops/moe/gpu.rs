@@ -14,7 +14,8 @@ use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 pub(super) const ROUTE_TOKENS: usize = 64;
 /// Assignments per block of the counting sort (MOE_CHUNK in kernels/moe.cu).
 pub(super) const CHUNK: usize = 256;
-/// Rows per m-tile of grouped_mma (tc1::BM in kernels/mma.cuh), columns per n-tile (tc1::BN).
+/// Rows per m-tile of grouped_mma and grouped_wgrad (tc1::BM in kernels/mma.cuh), columns per
+/// n-tile (tc1::BN).
 pub(super) const BM: usize = 128;
 pub(super) const BN: usize = 128;
 
@@ -327,7 +328,8 @@ pub fn grouped_wgrad<T: Elem>(g: &Gpu, a: &Tensor<T>, b: &Tensor<T>, offsets: &T
     g.poison(&mut w)?; // every element must be written, empty experts included
     let f = g.function(FAMILY, &symbol(FAMILY, "grouped_wgrad", T::DTYPE))?;
     let (ri, ki, ni) = (rows as i32, k as i32, n as i32);
-    let launch = LaunchConfig { grid_dim: (n.div_ceil(WG_TILE) as u32, k.div_ceil(WG_TILE) as u32, e as u32), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // grouped_mma's tile: W's K rows are its M.
+    let launch = LaunchConfig { grid_dim: (n.div_ceil(BN) as u32, k.div_ceil(BM) as u32, e as u32), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     let mut l = g.stream.launch_builder(&f);
     l.arg(placed(a)).arg(placed(b)).arg(placed(offsets)).arg(&ri).arg(&ki).arg(&ni).arg(&mut w);
     // SAFETY: segments are clamped to the rows A (rows x K) and B (rows x N) hold; W is E x K x N
@@ -335,9 +337,6 @@ pub fn grouped_wgrad<T: Elem>(g: &Gpu, a: &Tensor<T>, b: &Tensor<T>, offsets: &T
     unsafe { l.launch(launch) }.doing("launching moe grouped_wgrad")?;
     Ok(w)
 }
-
-/// Tile of W per block in grouped_wgrad (tc1::BM and BN in kernels/mma.cuh).
-const WG_TILE: usize = 128;
 
 /// (d logits, d noise logits), each [T, E].
 pub fn route_backward<T: Elem>(
