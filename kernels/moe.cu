@@ -9,6 +9,11 @@
 //   grouped_wgmma, grouped_wgmma_n128 (sm_90a)  the same schedule and epilogue on gemm's wgmma_tma
 //                loop: A and B by TMA into a ring, two consumer warpgroups on wgmma; 128x256
 //                tiles one block per SM, or 128x128 two per SM.
+//   grouped_wgmma_persistent  a block per SM looping over the tiles, the ring running on.
+//   grouped_wgmma_fused  the layer's down product with the weighted combine in its epilogue: each
+//                row's pair scaled by its weight and added (f32 red.v2) into its token's row of
+//                an f32 sum, cast once; should buy the [T k, H] products' write and re-read and
+//                the combine's launch (Qwen3 at 32k tokens: 1 GB each way).
 // Around it, with no host synchronisation (counts and offsets stay on the device):
 //   route        a warp per token, 64 per block: scores (softmax or sigmoid, noisy h = l + eps softplus(n)),
 //                top-k by k warp argmax rounds (ties to the lower expert), per-expert load and
@@ -300,6 +305,28 @@ extern "C" __global__ void moe_schedule_f32(const int* offsets, int E, int rows,
     if (e == 0) tile_start[E] = total;
 }
 
+// The expert owning m-tile y of the schedule: the last one whose first tile is at or before y.
+__device__ __forceinline__ int moe_tile_owner(const int* tile_start, int E, int y) {
+    int lo = 0, hi = E - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (tile_start[mid] <= y) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+}
+
+// Accumulators v0, v1 of columns (col, col + 1), col even, of a row of C (rows of NC): stored, or
+// under SwiGLU the pair is (gate, up) of output column col / 2.
+template <typename T>
+__device__ __forceinline__ void store_pair(T* Crow, int N, int col, float v0, float v1, int swiglu) {
+    if (swiglu) {
+        Crow[col / 2] = from_float<T>(moe_silu(v0) * v1);
+    } else {
+        Crow[col] = from_float<T>(v0);
+        if (col + 1 < N) Crow[col + 1] = from_float<T>(v1);
+    }
+}
+
 // Grid (n-tiles, an upper bound of the m-tiles); blocks past tile_start[E] leave at once.
 // The block tile's accumulators at (bm, bn) into C (M x N, rows of N; of N / 2 under SwiGLU), rows
 // past M and columns past N left alone. c0 c1 are columns (col, col + 1) with col even: gate and
@@ -318,13 +345,7 @@ __device__ __forceinline__ void store_acc_tile(const float (&acc)[tc1::MI][tc1::
             for (int half = 0; half < 2; ++half) {
                 const int row = bm + wm + i * 16 + g + 8 * half, col = bn + wn + j * 8 + 2 * t4;
                 const float v0 = acc[i][j][2 * half], v1 = acc[i][j][2 * half + 1];
-                if (row >= M || col >= N) continue;
-                if (swiglu) {
-                    C[(u64)row * NC + col / 2] = from_float<T>(moe_silu(v0) * v1);
-                } else {
-                    C[(u64)row * NC + col] = from_float<T>(v0);
-                    if (col + 1 < N) C[(u64)row * NC + col + 1] = from_float<T>(v1);
-                }
+                if (row < M && col < N) store_pair<T>(C + (u64)row * NC, N, col, v0, v1, swiglu);
             }
 }
 
@@ -334,12 +355,7 @@ __device__ __forceinline__ void grouped_mma_body(const T* __restrict__ A, const 
     using namespace tc1;
     const int y = blockIdx.y;
     if (y >= tile_start[E]) return;
-    int lo = 0, hi = E - 1;  // the last expert whose first tile is at or before y: it owns y
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (tile_start[mid] <= y) lo = mid; else hi = mid - 1;
-    }
-    const int e = lo, r0 = min(offsets[e], rows), M = min(offsets[e + 1], rows) - r0;
+    const int e = moe_tile_owner(tile_start, E, y), r0 = min(offsets[e], rows), M = min(offsets[e + 1], rows) - r0;
     const int bm = (y - tile_start[e]) * BM, bn = blockIdx.x * BN;
     float acc[MI][NI][4] = {};
     mma_ldmatrix_tile<T>(A + (u64)r0 * K, B + (u64)e * K * N, M, N, K, K, N, bm, bn, acc);
@@ -352,8 +368,9 @@ __device__ __forceinline__ void grouped_mma_body(const T* __restrict__ A, const 
 // tiles taken in groups of 8 n-tiles, a block per tile.
 // grouped_wgmma_persistent: the same kernel launched with one block per SM, each looping over
 // tiles with its ring running on; should buy the per-tile prologue (the first TMA round trip with
-// the tensor cores idle) and the epilogue (stores with the copies idle) where tiles are short:
-// Qwen3's 128x256 tiles are 32 k-tiles, a few microseconds each.
+// the tensor cores idle) and the epilogue (stores with the copies idle) where tiles are short.
+// Measured (h200-moe-persistent): within 1% at Qwen3, whose 128x256 tiles take ~27 us, so the
+// prologue is a small share; 6% slower at Mixtral.
 // A is read through a 2D tensor map over all the permuted rows: a tile at row offsets[e] + bm
 // also loads rows of the next expert (or zeros past the last row), which only feed outputs the
 // store masks. B is a 3D map (N, K, E), so a tile's K edge is zero-filled rather than read from
@@ -377,9 +394,20 @@ struct MoeWg {
 using MoeWgWide = MoeWg<256, 4, 1>;
 using MoeWgN128 = MoeWg<128, 3, 2>;
 
+// The weighted combine grouped_wgmma_fused folds into the down product: tok[s] is permuted row
+// s's token, slot [T, k] and w [T, k] the permutation's slots and the routing's weights, acc the
+// [T, N] f32 sums (zeroed before). acc null: C is stored.
+struct MoeCombine {
+    const int* tok;
+    const int* slot;
+    const float* w;
+    int k;
+    float* acc;
+};
+
 template <typename T, typename P>
 __device__ __forceinline__ void grouped_wgmma_body(const TmaDesc& ta, const TmaDesc& tb, T* C, const int* offsets, const int* tile_start,
-                                                   int E, int rows, int K, int N, int swiglu, int m_bound) {
+                                                   int E, int rows, int K, int N, int swiglu, int m_bound, MoeCombine cb) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int BM = P::BM, BN = P::BN, BK = P::BK, STAGES = P::STAGES, ACC = BN / 2;
     // Tiles t = 0 .. n_tiles x m_bound in groups of MOE_WG_GROUP n-tiles, every m-tile of every
@@ -397,12 +425,7 @@ __device__ __forceinline__ void grouped_wgmma_body(const TmaDesc& ta, const TmaD
         const int width = min(MOE_WG_GROUP, n_tiles - group * MOE_WG_GROUP);
         const int y = in_group / width, nt = group * MOE_WG_GROUP + in_group % width;
         if (y >= live) return false;
-        int lo = 0, hi = E - 1;  // the last expert whose first tile is at or before y: it owns y
-        while (lo < hi) {
-            const int mid = (lo + hi + 1) / 2;
-            if (tile_start[mid] <= y) lo = mid; else hi = mid - 1;
-        }
-        e = lo, r0 = min(offsets[e], rows), M = min(offsets[e + 1], rows) - r0;
+        e = moe_tile_owner(tile_start, E, y), r0 = min(offsets[e], rows), M = min(offsets[e + 1], rows) - r0;
         bm = (y - tile_start[e]) * BM, bn = nt * BN;
         return true;
     };
@@ -471,24 +494,28 @@ __device__ __forceinline__ void grouped_wgmma_body(const TmaDesc& ta, const TmaD
         if (lane == 0) mbar_arrive(bars + 8 * (STAGES + (g - 1) % STAGES));
         // d[4j], d[4j+1]: row 16 warp + lane / 4, columns 8j + 2 (lane % 4) + {0, 1}; d[4j+2],
         // d[4j+3] 8 rows below. The pair is (gate, up) of output column / 2 under SwiGLU, as in
-        // grouped_mma.
+        // grouped_mma. With cb.acc, row s's pair is scaled by its assignment's weight and added
+        // into its token's f32 row (the weighted combine; N even, so the pair is 8-byte aligned).
         const int NC = swiglu ? N / 2 : N, col = bn + 2 * (lane % 4);
         T* Ce = C + (u64)r0 * NC;
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             const int row = bm + wgi * 64 + warp * 16 + lane / 4 + 8 * half;
             if (row >= M) continue;
+            float wt = 0.f, *acc_row = nullptr;
+            if (cb.acc) {
+                const int s = r0 + row, t = cb.tok[s];
+                for (int j = 0; j < cb.k; ++j)
+                    if (cb.slot[(u64)t * cb.k + j] == s) wt = cb.w[(u64)t * cb.k + j];
+                acc_row = cb.acc + (u64)t * N;
+            }
 #pragma unroll
             for (int j = 0; j < BN / 8; ++j) {
                 const int c = col + 8 * j;
                 const float v0 = d[4 * j + 2 * half], v1 = d[4 * j + 2 * half + 1];
                 if (c >= N) continue;
-                if (swiglu) {
-                    Ce[(u64)row * NC + c / 2] = from_float<T>(moe_silu(v0) * v1);
-                } else {
-                    Ce[(u64)row * NC + c] = from_float<T>(v0);
-                    if (c + 1 < N) Ce[(u64)row * NC + c + 1] = from_float<T>(v1);
-                }
+                if (acc_row) asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(acc_row + c), "f"(wt * v0), "f"(wt * v1) : "memory");
+                else store_pair<T>(Ce + (u64)row * NC, N, c, v0, v1, swiglu);
             }
         }
     }
@@ -645,6 +672,10 @@ __device__ __forceinline__ void grouped_wgrad_body(const T* __restrict__ A, cons
     extern "C" __global__ void moe_combine_##S(const T* y, const int* slot, const float* w, int K, int N, T* out) {       \
         combine_body<T>(y, slot, w, K, N, out);                                                                          \
     }                                                                                                                    \
+    extern "C" __global__ void moe_cast_##S(const float* in, unsigned long long n, T* out) {                            \
+        for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)                \
+            out[i] = from_float<T>(in[i]);                                                                               \
+    }                                                                                                                    \
     extern "C" __global__ void moe_swiglu_##S(const T* gu, const int* offsets, int E, int I, T* h) {                     \
         swiglu_body<T>(gu, offsets, E, I, h);                                                                            \
     }                                                                                                                    \
@@ -655,13 +686,17 @@ __device__ __forceinline__ void grouped_wgrad_body(const T* __restrict__ A, cons
     }                                                                                                                    \
     extern "C" __global__ void __launch_bounds__(MoeWgWide::THREADS, 1) moe_grouped_wgmma_##S(                        \
         const __grid_constant__ TmaDesc ta, const __grid_constant__ TmaDesc tb, T* C, const int* offsets,                \
-        const int* tile_start, int E, int rows, int K, int N, int swiglu, int m_bound) {                                 \
-        grouped_wgmma_body<T, MoeWgWide>(ta, tb, C, offsets, tile_start, E, rows, K, N, swiglu, m_bound);               \
+        const int* tile_start, int E, int rows, int K, int N, int swiglu, int m_bound, const int* tok, const int* slot,  \
+        const float* w, int topk, float* acc) {                                                                          \
+        grouped_wgmma_body<T, MoeWgWide>(ta, tb, C, offsets, tile_start, E, rows, K, N, swiglu, m_bound,                \
+                                         MoeCombine{tok, slot, w, topk, acc});                                          \
     }                                                                                                                    \
     extern "C" __global__ void __launch_bounds__(MoeWgN128::THREADS, 2) moe_grouped_wgmma_n128_##S(                   \
         const __grid_constant__ TmaDesc ta, const __grid_constant__ TmaDesc tb, T* C, const int* offsets,                \
-        const int* tile_start, int E, int rows, int K, int N, int swiglu, int m_bound) {                                 \
-        grouped_wgmma_body<T, MoeWgN128>(ta, tb, C, offsets, tile_start, E, rows, K, N, swiglu, m_bound);               \
+        const int* tile_start, int E, int rows, int K, int N, int swiglu, int m_bound, const int* tok, const int* slot,  \
+        const float* w, int topk, float* acc) {                                                                          \
+        grouped_wgmma_body<T, MoeWgN128>(ta, tb, C, offsets, tile_start, E, rows, K, N, swiglu, m_bound,                \
+                                         MoeCombine{tok, slot, w, topk, acc});                                          \
     }                                                                                                                    \
     extern "C" __global__ void moe_combine_backward_##S(const T* dout, const T* y, const int* slot, const float* w, int K, \
                                                         int N, T* dy, float* dw) {                                       \

@@ -194,12 +194,6 @@ impl Loader {
             let after = if cfg.offset > 0 { format!(" (after {} header bytes)", cfg.offset) } else { String::new() };
             return Err(LabError::io(path, format!("holds {} bytes: not one sample of {} bytes{after}", source.len(), cfg.sample_bytes)));
         }
-        let batch_bytes = cfg.sample_bytes * cfg.batch_samples;
-        // One device buffer being consumed, `prefetch` being filled.
-        let sink = match backend {
-            Backend::Cpu => Sink::cpu(cfg.ring, cfg.prefetch + 1, batch_bytes),
-            Backend::Cuda(gpu) => Sink::cuda(gpu, cfg.ring, cfg.prefetch + 1, batch_bytes)?,
-        };
         let mut read_path = source.read_path.clone();
         let registered = match (cfg.read, backend) {
             (ReadMode::Registered, Backend::Cuda(gpu)) => Registered::new(path, gpu).map_err(|why| read_path.fallback = Some(why)).ok(),
@@ -212,6 +206,12 @@ impl Loader {
         if registered.is_some() {
             read_path.mode = "registered";
         }
+        let batch_bytes = cfg.sample_bytes * cfg.batch_samples;
+        // One device buffer being consumed, `prefetch` being filled.
+        let sink = match backend {
+            Backend::Cpu => Sink::cpu(cfg.ring, cfg.prefetch + 1, batch_bytes),
+            Backend::Cuda(gpu) => Sink::cuda(gpu, cfg.ring, cfg.prefetch + 1, batch_bytes, registered.is_some())?,
+        };
         Ok(Loader { path: path.into(), read_path, len: source.len(), samples, cfg, source: Some(source), sink, registered })
     }
 

@@ -7,8 +7,8 @@
 //! reader waits `host_done[h]` before reading into h again.
 //!
 //! With a [`Registered`] map the copy engine reads the page cache itself: each batch is one
-//! batched copy of its samples from the map into d (no host slot is written; `host_done[h]` still
-//! paces the reader, which only checks the file's length).
+//! batched copy of its samples from the map into d (the slots have no buffers; `host_done[h]`
+//! still paces the reader, which only checks the file's length).
 
 use super::read::AlignedBuf;
 use crate::error::Doing;
@@ -55,12 +55,15 @@ impl Sink {
         Sink::Cpu { host: (0..ring).map(|_| AlignedBuf::zeroed(batch_bytes)).collect(), dev: (0..devs).map(|_| vec![0u8; batch_bytes]).collect() }
     }
 
-    pub fn cuda(gpu: &Gpu, ring: usize, devs: usize, batch_bytes: usize) -> Result<Sink> {
+    /// `ring` host slots (pinned buffers unless `registered`: the copy engine then reads the
+    /// file's map, and the slots only pace the reader), `devs` device buffers.
+    pub fn cuda(gpu: &Gpu, ring: usize, devs: usize, batch_bytes: usize, registered: bool) -> Result<Sink> {
         let ctx = &gpu.ctx;
         let event = |flags| ctx.new_event(Some(flags)).doing("creating a loader event");
-        let mut host = Vec::with_capacity(ring);
-        let mut ptrs = Vec::with_capacity(ring);
-        for _ in 0..ring {
+        let buffers = if registered { 0 } else { ring };
+        let mut host = Vec::with_capacity(buffers);
+        let mut ptrs = Vec::with_capacity(buffers);
+        for _ in 0..buffers {
             // Plain page-locked memory (flags 0): cudarc's default is write-combined, which the
             // host reads (checksums) crawl through.
             // SAFETY: the bytes are written by the reader before any copy reads them.

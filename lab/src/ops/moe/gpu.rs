@@ -115,6 +115,18 @@ pub fn combine<T: Elem>(g: &Gpu, y: &Tensor<T>, perm: &Permutation, weights: Opt
     unsafe { b.launch(cfg(t, 256)) }.map(|_| ()).doing("launching moe combine")
 }
 
+/// out = sum rounded to T, element by element.
+pub fn cast<T: Elem>(g: &Gpu, sum: &cudarc::driver::CudaSlice<f32>, out: &mut Tensor<T>) -> Result<()> {
+    let n = out.len() as u64;
+    let f = g.function(FAMILY, &symbol(FAMILY, "cast", T::DTYPE))?;
+    let blocks = (n as usize).div_ceil(256).min(g.info.sm_count as usize * 8).max(1);
+    // SAFETY: a grid-stride loop over n elements of sum and out, which both hold n (the caller
+    // allocates sum with out's length).
+    unsafe { g.stream.launch_builder(&f).arg(sum).arg(&n).arg(out.cuda_mut().expect("placement checked")).launch(cfg(blocks, 256)) }
+        .map(|_| ())
+        .doing("launching moe cast")
+}
+
 type GroupedDims = (usize, usize, usize, usize, usize);
 
 /// One cuBLAS gemm_ex (fp32 compute) per expert with rows: the host reads the offsets first.
@@ -232,7 +244,19 @@ pub fn grouped_mma<T: Elem>(g: &Gpu, a: &Tensor<T>, b: &Tensor<T>, offsets: &Ten
 /// 64 x 64 x 1), then one grouped_wgmma launch with `tile`'s ring in dynamic shared memory: a
 /// block per tile, or `persistent`, as many as fit on the SMs at once.
 #[allow(clippy::too_many_arguments)]
-pub fn grouped_wgmma<T: Elem>(g: &Gpu, (tile, persistent): (wg::Tile, bool), a: &Tensor<T>, b: &Tensor<T>, offsets: &Tensor<i32>, (e, rows, k, n, _): GroupedDims, ep: Epilogue, c: &mut Tensor<T>) -> Result<()> {
+pub fn grouped_wgmma<T: Elem>(g: &Gpu, (tile, persistent): (wg::Tile, bool), a: &Tensor<T>, b: &Tensor<T>, offsets: &Tensor<i32>, dims: GroupedDims, ep: Epilogue, c: &mut Tensor<T>) -> Result<()> {
+    grouped_wgmma_to(g, (tile, persistent), a, b, offsets, dims, ep, WgOut::Store(c))
+}
+
+/// Where grouped_wgmma's tiles go: C, or (the down product of grouped_wgmma_fused) scaled by each
+/// row's combine weight and added into its token's row of an f32 sum [T, N].
+pub enum WgOut<'a, T: Elem> {
+    Store(&'a mut Tensor<T>),
+    Combine { perm: &'a Permutation, weights: &'a Tensor<f32>, sum: &'a mut cudarc::driver::CudaSlice<f32> },
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn grouped_wgmma_to<T: Elem>(g: &Gpu, (tile, persistent): (wg::Tile, bool), a: &Tensor<T>, b: &Tensor<T>, offsets: &Tensor<i32>, (e, rows, k, n, _): GroupedDims, ep: Epilogue, out: WgOut<T>) -> Result<()> {
     if !k.is_multiple_of(8) || !n.is_multiple_of(8) {
         return Err(LabError::shape("moe grouped_wgmma", format!("K = {k} and N = {n}: TMA reads rows of a multiple of 16 bytes, so both must be multiples of 8")));
     }
@@ -258,13 +282,29 @@ pub fn grouped_wgmma<T: Elem>(g: &Gpu, (tile, persistent): (wg::Tile, bool), a: 
         shared_mem_bytes: tile.smem() as u32,
     };
     let (ei, ri, ki, ni, sw, mb) = (e as i32, rows as i32, k as i32, n as i32, (ep == Epilogue::SwiGlu) as i32, m_bound as i32);
+    let null = 0u64;
     let mut l = s.launch_builder(&f);
-    l.arg(&map_a).arg(&map_b).arg(c.cuda_mut().expect("placement checked")).arg(placed(offsets)).arg(&tiles);
-    l.arg(&ei).arg(&ri).arg(&ki).arg(&ni).arg(&sw).arg(&mb);
+    l.arg(&map_a).arg(&map_b);
+    let topk = match &out {
+        WgOut::Store(_) => 0,
+        WgOut::Combine { perm, .. } => perm.slot.cols() as i32,
+    };
+    match out {
+        WgOut::Store(c) => {
+            l.arg(c.cuda_mut().expect("placement checked")).arg(placed(offsets)).arg(&tiles);
+            l.arg(&ei).arg(&ri).arg(&ki).arg(&ni).arg(&sw).arg(&mb).arg(&null).arg(&null).arg(&null).arg(&topk).arg(&null);
+        }
+        WgOut::Combine { perm, weights, sum } => {
+            l.arg(&null).arg(placed(offsets)).arg(&tiles);
+            l.arg(&ei).arg(&ri).arg(&ki).arg(&ni).arg(&sw).arg(&mb).arg(placed(&perm.rows)).arg(placed(&perm.slot)).arg(placed(weights)).arg(&topk).arg(sum);
+        }
+    }
     // SAFETY: the maps describe A (rows x K) and B (E x K x N) as allocated, and TMA zero-fills
     // what lies outside them; blocks past the schedule's total return; stores are bounded by the
-    // block's expert's segment (clamped to A's rows) and N, into C (rows x N or N / 2); the ring
-    // and its barriers fit the dynamic shared memory the launch gives.
+    // block's expert's segment (clamped to A's rows) and N, into C (rows x N or N / 2), or, when
+    // combining, into the f32 sum at the live row's token (rows and slot from the permutation of
+    // these rows: T x k slots, tokens < T, the sum T x N); the ring and its barriers fit the
+    // dynamic shared memory the launch gives.
     unsafe { l.launch(launch) }.map(|_| ()).doing(&format!("launching moe {name}"))
 }
 

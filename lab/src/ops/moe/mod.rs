@@ -69,8 +69,10 @@ pub enum Kernel {
     /// One launch of a 128x128x32 mma.sync tile kernel over (n-tile, m-tile of some expert).
     GroupedMma,
     /// The same schedule on gemm's wgmma_tma loop (sm_90a), with this tile and ring; a block per
-    /// tile, or (persistent) a block per SM looping over tiles.
-    GroupedWgmma { tile: crate::ops::gemm::wg::Tile, persistent: bool },
+    /// tile, or (persistent) a block per SM looping over tiles. `fused_combine`: the layer's down
+    /// product adds its weighted rows into the output's f32 sum ([`forward`] only; a plain
+    /// grouped product runs as without it).
+    GroupedWgmma { tile: crate::ops::gemm::wg::Tile, persistent: bool, fused_combine: bool },
 }
 
 /// The grouped GEMM's ladder; `forward` runs both of the layer's products with the same rung.
@@ -94,21 +96,28 @@ pub const VARIANTS: &[Variant<Kernel>] = &[
         dtypes: &[DType::Bf16, DType::F16],
         requires: Requires::Sm90a,
         what: "grouped_mma's schedule on gemm's wgmma_tma loop: A (all rows) and B (E x K x N) by TMA into a 4-stage ring, two consumer warpgroups, 128x256 tiles, one block per SM",
-        config: Kernel::GroupedWgmma { tile: crate::ops::gemm::wg::WIDE, persistent: false },
+        config: Kernel::GroupedWgmma { tile: crate::ops::gemm::wg::WIDE, persistent: false, fused_combine: false },
     },
     Variant {
         name: "grouped_wgmma_persistent",
         dtypes: &[DType::Bf16, DType::F16],
         requires: Requires::Sm90a,
         what: "grouped_wgmma with one block per SM looping over the tiles, its ring running on: the next tile's loads overlap the last one's stores",
-        config: Kernel::GroupedWgmma { tile: crate::ops::gemm::wg::WIDE, persistent: true },
+        config: Kernel::GroupedWgmma { tile: crate::ops::gemm::wg::WIDE, persistent: true, fused_combine: false },
+    },
+    Variant {
+        name: "grouped_wgmma_fused",
+        dtypes: &[DType::Bf16, DType::F16],
+        requires: Requires::Sm90a,
+        what: "grouped_wgmma with the layer's weighted combine in the down product's epilogue: rows scaled by their weight and added (f32 vector atomics) into the output's f32 sum, cast once; the order of a token's k adds varies from run to run when k > 2",
+        config: Kernel::GroupedWgmma { tile: crate::ops::gemm::wg::WIDE, persistent: false, fused_combine: true },
     },
     Variant {
         name: "grouped_wgmma_n128",
         dtypes: &[DType::Bf16, DType::F16],
         requires: Requires::Sm90a,
         what: "128x128 tiles, 3 stages, two blocks per SM: twice the tiles, for experts of few rows or narrow N",
-        config: Kernel::GroupedWgmma { tile: crate::ops::gemm::wg::N128, persistent: false },
+        config: Kernel::GroupedWgmma { tile: crate::ops::gemm::wg::N128, persistent: false, fused_combine: false },
     },
     Variant {
         name: "cpu_loop",
@@ -127,7 +136,7 @@ pub fn variants() -> Vec<VariantInfo> {
 pub fn gpu_symbols() -> std::collections::BTreeSet<String> {
     let mut out: std::collections::BTreeSet<String> = ["chunk_counts", "scan", "scatter", "schedule", "losses"].iter().map(|k| crate::kernels::symbol(FAMILY, k, DType::F32)).collect();
     for d in [DType::Bf16, DType::F16] {
-        for k in ["route", "gather", "combine", "grouped_mma", "grouped_wgmma", "grouped_wgmma_n128", "swiglu", "combine_backward", "swiglu_backward", "route_backward", "transpose", "grouped_wgrad"] {
+        for k in ["route", "gather", "combine", "cast", "grouped_mma", "grouped_wgmma", "grouped_wgmma_n128", "swiglu", "combine_backward", "swiglu_backward", "route_backward", "transpose", "grouped_wgrad"] {
             out.insert(crate::kernels::symbol(FAMILY, k, d));
         }
     }
@@ -440,7 +449,7 @@ pub fn grouped_matmul_with<T: Elem>(dev: &Backend, variant: &str, a: &Tensor<T>,
         }
         (Kernel::CublasLoop, Backend::Cuda(g)) => gpu::grouped_cublas(g, a, b, offsets, dims, ep, c),
         (Kernel::GroupedMma, Backend::Cuda(g)) => gpu::grouped_mma(g, a, b, offsets, dims, ep, c),
-        (Kernel::GroupedWgmma { tile, persistent }, Backend::Cuda(g)) => gpu::grouped_wgmma(g, (tile, persistent), a, b, offsets, dims, ep, c),
+        (Kernel::GroupedWgmma { tile, persistent, .. }, Backend::Cuda(g)) => gpu::grouped_wgmma(g, (tile, persistent), a, b, offsets, dims, ep, c),
         (_, Backend::Cpu) => unreachable!("check_runs keeps GPU rungs off the CPU"),
     }
 }
@@ -496,6 +505,15 @@ pub fn forward_with<T: Elem>(dev: &Backend, variant: &str, x: &Tensor<T>, w: &We
     let (perm, xp) = permute(dev, x, &rt, r.capacity)?;
     let mut act = Tensor::<T>::zeros(dev, &[t * r.k, i])?;
     grouped_matmul_with(dev, variant, &xp, &w.gate_up, &perm.offsets, Epilogue::SwiGlu, &mut act)?;
+    if let (Kernel::GroupedWgmma { tile, persistent, fused_combine: true }, Backend::Cuda(g)) = (v.config, dev) {
+        use crate::error::Doing;
+        let mut sum = g.stream.alloc_zeros::<f32>(t * h).doing("allocating the combine's f32 sum")?;
+        let (e, rows) = (w.down.shape()[0], t * r.k);
+        let out_sum = gpu::WgOut::Combine { perm: &perm, weights: &rt.weights, sum: &mut sum };
+        gpu::grouped_wgmma_to(g, (tile, persistent), &act, &w.down, &perm.offsets, (e, rows, i, h, h), Epilogue::Store, out_sum)?;
+        gpu::cast(g, &sum, out)?;
+        return Ok(rt);
+    }
     let mut y = Tensor::<T>::zeros(dev, &[t * r.k, h])?;
     grouped_matmul_with(dev, variant, &act, &w.down, &perm.offsets, Epilogue::Store, &mut y)?;
     unpermute(dev, &y, &perm, &rt.weights, out)?;

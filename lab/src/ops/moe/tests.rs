@@ -271,7 +271,7 @@ fn bad_input_is_named() {
     let e = err(forward_with(&CPU, "grouped_mma", &x, &w, &Router::top_k(2), &mut out));
     assert!(e.contains("`grouped_mma` needs gpu, not the CPU backend"), "{e}");
     let e = err(forward_with(&CPU, "magic", &x, &w, &Router::top_k(2), &mut out));
-    assert!(e.contains("`magic` is not a moe variant (one of: cublas_loop, grouped_mma, grouped_wgmma, grouped_wgmma_persistent, grouped_wgmma_n128, cpu_loop)"), "{e}");
+    assert!(e.contains("`magic` is not a moe variant (one of: cublas_loop, grouped_mma, grouped_wgmma, grouped_wgmma_persistent, grouped_wgmma_fused, grouped_wgmma_n128, cpu_loop)"), "{e}");
     let e = err(forward_with(&CPU, "grouped_wgmma", &x, &w, &Router::top_k(2), &mut out));
     assert!(e.contains("`grouped_wgmma` needs sm_90a, not the CPU backend"), "{e}");
     let noisy = Router { noise_seed: Some(1), ..Router::top_k(2) };
@@ -291,7 +291,7 @@ fn bad_input_is_named() {
 fn the_table_names_each_rung_once_and_the_cpu_runs_cpu_loop() {
     assert_eq!(best(&CPU).name, "cpu_loop");
     let names = variant::names(VARIANTS);
-    assert_eq!(names, vec!["cublas_loop", "grouped_mma", "grouped_wgmma", "grouped_wgmma_persistent", "grouped_wgmma_n128", "cpu_loop"]);
+    assert_eq!(names, vec!["cublas_loop", "grouped_mma", "grouped_wgmma", "grouped_wgmma_persistent", "grouped_wgmma_fused", "grouped_wgmma_n128", "cpu_loop"]);
     assert!(gpu_symbols().contains("moe_grouped_mma_bf16") && gpu_symbols().contains("moe_grouped_wgmma_n128_f16"));
     // The experiment's gates are small and odd; its quick sweep is tiny on the CPU.
     let cases = Moe.cases(&CPU, true);
