@@ -29,7 +29,13 @@
 //   read_scrub   not a ceiling: reads a buffer twice the L2 size before a timed repetition
 //                (`--l2 clean`), so the kernel's inputs come from memory and L2 holds only clean
 //                lines; zeroing the buffer instead leaves dirty lines the kernel must write back.
+//   sync_graph, sync_graph_pdl, sync_grid_barrier  not a roof of throughput but of latency: what
+//                one grid-wide dependency costs (every block of a step needs the step before),
+//                as a graph of one-step kernels with full edges, the same with programmatic
+//                edges (pdl.cuh), and one cooperative kernel with a barrier between steps. A
+//                decode step of a small model is ~180 such dependencies in a row.
 #include "common.cuh"
+#include "pdl.cuh"
 
 extern "C" __global__ void ceilings_read_scrub_f32(const float4* __restrict__ buf, long long n4, float* __restrict__ sink) {
     float acc = 0.f;
@@ -196,4 +202,50 @@ extern "C" __global__ void __launch_bounds__(256, 1) ceilings_wgmma_f16(const ui
 extern "C" __global__ void __launch_bounds__(256, 1) ceilings_wgmma_bf16(const uint4* __restrict__ a, const uint4* __restrict__ b,
                                                                        float* __restrict__ sums, float* __restrict__ tile0, int iters) {
     wgmma_roof<__nv_bfloat16>(a, b, sums, tile0, iters);
+}
+
+// ---- sync: chains of grid-wide dependencies ---------------------------------------------------
+// Step s of block b: thread 0 checks that block b + 1 (mod G) finished step s - 1 (its flag in
+// the buffer of s's parity holds s), counting a miss in *errors, then sets its own flag for step
+// s + 1 in the other buffer. Flags are 2 G words, zero before step 0.
+__device__ __forceinline__ void sync_body(volatile unsigned* flags, unsigned* errors, int step) {
+    if (threadIdx.x == 0) {
+        const unsigned G = gridDim.x;
+        if (flags[(step & 1) * G + (blockIdx.x + 1) % G] != (unsigned)step) atomicAdd(errors, 1u);
+        flags[((step + 1) & 1) * G + blockIdx.x] = step + 1;
+    }
+}
+
+extern "C" __global__ void ceilings_sync_step_f32(unsigned* flags, unsigned* errors, int step) {
+    pdl_wait();
+    sync_body(flags, errors, step);
+}
+
+// bar[0] counts arrivals, bar[1] the generation. The last block to arrive resets the count before
+// it advances the generation, so no block can arrive at the next barrier on a stale count.
+// Needs every block resident at once (a cooperative launch).
+__device__ __forceinline__ void grid_barrier(unsigned* bar) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        volatile unsigned* gen = bar + 1;
+        const unsigned g = *gen;
+        __threadfence();
+        if (atomicAdd(bar, 1u) == gridDim.x - 1) {
+            atomicExch(bar, 0u);
+            __threadfence();
+            atomicAdd(bar + 1, 1u);
+        } else {
+            while (*gen == g) {}
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+// Every step in one kernel; barrier 0 leaves the barriers out: the fault the check must catch.
+extern "C" __global__ void ceilings_sync_persistent_f32(unsigned* flags, unsigned* errors, unsigned* bar, int steps, int barrier) {
+    for (int s = 0; s < steps; ++s) {
+        sync_body(flags, errors, s);
+        if (barrier) grid_barrier(bar);
+    }
 }

@@ -6,9 +6,12 @@
 //! mma.sync rate from registers (the roof of the mma.sync GEMM rungs).
 //! Host <-> device: copy bandwidth each way from pinned and from pageable host memory (the
 //! roofs of `lab::data`'s loader).
+//! Latency: what one grid-wide dependency costs, three ways (`sync`, in ceilings/sync.rs).
 //! CPU: memory bandwidth (parallel copy) and the multiply-add rate of the host.
 //! (Over 600 lines: one short function per roof, with the host transfer roofs; kept in one file
 //! beside the one variant table they share.)
+
+mod sync;
 
 use super::compare::{compare, compare_bits};
 use super::variant::{self, Requires, Variant, VariantInfo};
@@ -73,6 +76,7 @@ impl Experiment for Ceilings {
             ]
             .into_iter()
             .chain(transfer_cases(GIB))
+            .chain(sync_cases(1000))
             .collect(),
             (Backend::Cuda(_), true) => vec![
                 json!({"what": "copy", "bytes": GIB / 4}),
@@ -86,6 +90,7 @@ impl Experiment for Ceilings {
             ]
             .into_iter()
             .chain(transfer_cases(GIB / 4))
+            .chain(sync_cases(200))
             .collect(),
             (Backend::Cpu, false) => vec![json!({"what": "copy", "bytes": GIB}), json!({"what": "fma", "iters": 1 << 16})],
             (Backend::Cpu, true) => vec![json!({"what": "copy", "bytes": 32 << 20}), json!({"what": "fma", "iters": 1 << 12})],
@@ -107,6 +112,7 @@ impl Experiment for Ceilings {
             ]
             .into_iter()
             .chain(transfer_cases((1 << 20) + 4 * 999))
+            .chain(sync_cases(4))
             .collect(),
         }
     }
@@ -133,6 +139,7 @@ impl Experiment for Ceilings {
                 DType::F32 => Err(LabError::Invalid("mma_sync ceiling is for f16/bf16".into())),
             },
             ("h2d" | "d2h", Backend::Cuda(gpu)) => gpu_transfer(s, gpu, case),
+            ("sync", Backend::Cuda(gpu)) => sync::gpu_sync(s, gpu, case),
             ("copy", Backend::Cpu) => cpu_copy(s, case),
             ("fma", Backend::Cpu) => cpu_fma(s, case),
             (what, b) => Err(LabError::Invalid(format!("no `{what}` ceiling on the {} backend", b.name()))),
@@ -168,6 +175,11 @@ fn transfer_ceiling(case: &Value) -> Result<&'static str> {
 /// Host <-> device copies of `bytes` each way, from page-locked and from pageable memory.
 fn transfer_cases(bytes: usize) -> Vec<Value> {
     ["h2d", "d2h"].iter().flat_map(|w| ["pinned", "pageable"].map(|m| json!({"what": w, "memory": m, "bytes": bytes}))).collect()
+}
+
+/// Chains of `steps` grid-wide dependencies, each way of launching them (ceilings/sync.rs).
+fn sync_cases(steps: usize) -> Vec<Value> {
+    ["graph", "graph_pdl", "cooperative"].iter().map(|l| json!({"what": "sync", "launch": l, "steps": steps})).collect()
 }
 
 /// Measures one ceiling for a run that has not measured it yet (called by [`Session::ceiling`]).
@@ -628,6 +640,8 @@ pub const VARIANTS: &[Variant<()>] = &[
     Variant { name: "mma_sync", dtypes: &[DType::F16, DType::Bf16], requires: Requires::Gpu, what: "mma.sync m16n8k16 from registers, eight accumulators per warp: the roof of the mma.sync GEMM rungs", config: () },
     Variant { name: "mma_sync_w2", dtypes: &[DType::F16, DType::Bf16], requires: Requires::Gpu, what: "mma_sync at the mma_warp64 rungs' occupancy (8 warps per SM, 32 accumulators per warp)", config: () },
     Variant { name: "wgmma", dtypes: &[DType::F16, DType::Bf16], requires: Requires::Sm90a, what: "two warpgroups per SM issuing m64n256k16 from shared memory: the tensor roof without a GEMM's copies", config: () },
+    Variant { name: "sync_step", dtypes: &[DType::F32], requires: Requires::Gpu, what: "one step of a chain of grid-wide dependencies per kernel, in a captured graph (edges full, or programmatic on sm_90): the latency a kernel boundary costs", config: () },
+    Variant { name: "sync_persistent", dtypes: &[DType::F32], requires: Requires::Gpu, what: "the same chain in one cooperative kernel, a grid barrier between steps: what a persistent kernel pays per dependency instead", config: () },
     Variant { name: "read_scrub", dtypes: &[DType::F32], requires: Requires::Gpu, what: "not a ceiling: reads a buffer twice the L2 size before a timed repetition (`--l2 clean`)", config: () },
     Variant { name: "parallel_copy", dtypes: &[DType::F32], requires: Requires::Cpu, what: "a memcpy split over every core: the host's bandwidth roof", config: () },
 ];
