@@ -221,10 +221,11 @@ extern "C" __global__ void ceilings_sync_step_f32(unsigned* flags, unsigned* err
     sync_body(flags, errors, step);
 }
 
-// bar[0] counts arrivals, bar[1] the generation. The last block to arrive resets the count before
-// it advances the generation, so no block can arrive at the next barrier on a stale count.
-// Needs every block resident at once (a cooperative launch).
-__device__ __forceinline__ void grid_barrier(unsigned* bar) {
+// Counter barrier (as cooperative groups' grid sync): bar[0] counts arrivals, bar[1] the
+// generation. The last block to arrive resets the count before it advances the generation, so no
+// block can arrive at the next barrier on a stale count. Every arrival is an atomic on one word:
+// they serialize in L2.
+__device__ __forceinline__ void grid_barrier_counter(unsigned* bar) {
     __syncthreads();
     if (threadIdx.x == 0) {
         volatile unsigned* gen = bar + 1;
@@ -242,10 +243,39 @@ __device__ __forceinline__ void grid_barrier(unsigned* bar) {
     __syncthreads();
 }
 
-// Every step in one kernel; barrier 0 leaves the barriers out: the fault the check must catch.
+// Flag barrier: block b stores generation `gen` (1, 2, ... from zeroed words) into its own word
+// bar[b]; block 0's threads each wait on some of those words, then block 0 stores gen into
+// bar[G], on which every block waits. No two blocks write one word: stores and polls instead of
+// serialized atomics.
+__device__ __forceinline__ void grid_barrier_flags(volatile unsigned* bar, unsigned gen) {
+    const unsigned G = gridDim.x;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        bar[blockIdx.x] = gen;
+    }
+    if (blockIdx.x == 0) {
+        for (unsigned i = threadIdx.x; i < G; i += blockDim.x)
+            while (bar[i] < gen) {}
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence();
+            bar[G] = gen;
+        }
+    }
+    if (threadIdx.x == 0) {
+        while (bar[G] < gen) {}
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+// Every step in one kernel, with barrier 1 (counter) or 2 (flags) between steps; 0 leaves the
+// barriers out: the fault the check must catch. bar holds G + 1 words, zero at launch.
 extern "C" __global__ void ceilings_sync_persistent_f32(unsigned* flags, unsigned* errors, unsigned* bar, int steps, int barrier) {
     for (int s = 0; s < steps; ++s) {
         sync_body(flags, errors, s);
-        if (barrier) grid_barrier(bar);
+        if (barrier == 1) grid_barrier_counter(bar);
+        if (barrier == 2) grid_barrier_flags(bar, s + 1);
     }
 }

@@ -179,7 +179,9 @@ fn transfer_cases(bytes: usize) -> Vec<Value> {
 
 /// Chains of `steps` grid-wide dependencies, each way of launching them (ceilings/sync.rs).
 fn sync_cases(steps: usize) -> Vec<Value> {
-    ["graph", "graph_pdl", "cooperative"].iter().map(|l| json!({"what": "sync", "launch": l, "steps": steps})).collect()
+    let graphs = ["graph", "graph_pdl"].map(|l| json!({"what": "sync", "launch": l, "steps": steps}));
+    let barriers = ["counter", "flags"].map(|b| json!({"what": "sync", "launch": "cooperative", "barrier": b, "steps": steps}));
+    graphs.into_iter().chain(barriers).collect()
 }
 
 /// Measures one ceiling for a run that has not measured it yet (called by [`Session::ceiling`]).

@@ -2,7 +2,9 @@
 //! of `steps` steps over one block per SM, each step needing every block of the one before, run
 //! three ways (the case's `launch`): a captured graph of one-step kernels with full edges
 //! (`graph`), the same graph with programmatic edges (`graph_pdl`, sm_90), and one cooperative
-//! kernel with a grid barrier between steps (`cooperative`). The record's `us_per_step` is the
+//! kernel with a grid barrier between steps (`cooperative`; `barrier` counter: one atomic counter
+//! every block arrives on, as cooperative groups' grid sync; flags: a word per block, gathered by
+//! one block, which then releases the rest). The record's `us_per_step` is the
 //! figure; every block checks its neighbour's last step, so a missing dependency is an error
 //! (the cooperative case also runs without its barriers once and records the misses it caused).
 
@@ -37,7 +39,13 @@ pub fn gpu_sync(s: &mut Session, gpu: &Gpu, case: &Value) -> Result<()> {
     let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
     let mut flags = gpu.stream.alloc_zeros::<u32>(2 * blocks).doing("allocating the step flags")?;
     let mut errors = gpu.stream.alloc_zeros::<u32>(1).doing("allocating the miss count")?;
-    let mut bar = gpu.stream.alloc_zeros::<u32>(2).doing("allocating the grid barrier")?;
+    let mut bar = gpu.stream.alloc_zeros::<u32>(blocks + 1).doing("allocating the grid barrier")?;
+    let barrier = match (launch, case.get("barrier").and_then(Value::as_str)) {
+        ("cooperative", Some("counter")) => 1,
+        ("cooperative", Some("flags")) => 2,
+        ("cooperative", other) => return Err(LabError::Invalid(format!("sync: barrier {other:?}: counter or flags"))),
+        _ => 0,
+    };
     let mut extra = serde_json::Map::new();
     let steps_i = steps as i32;
     // One run of the chain from zeroed flags: a graph replay or the cooperative kernel.
@@ -62,7 +70,8 @@ pub fn gpu_sync(s: &mut Session, gpu: &Gpu, case: &Value) -> Result<()> {
             (Some(g), _) => g.launch(),
             (None, Some(f)) => {
                 gpu.stream.memset_zeros(flags).doing("zeroing the step flags")?;
-                // SAFETY: as sync_step's, with bar two words; a cooperative launch of one block
+                gpu.stream.memset_zeros(&mut bar).doing("zeroing the grid barrier")?;
+                // SAFETY: as sync_step's, with bar blocks + 1 words; a cooperative launch of one block
                 // per SM, which the driver refuses unless every block is resident at once (the
                 // barrier's spin needs that).
                 unsafe { gpu.stream.launch_builder(f).arg(flags).arg(errors).arg(&mut bar).arg(&steps_i).arg(&barrier).launch_cooperative(cfg) }
@@ -79,9 +88,9 @@ pub fn gpu_sync(s: &mut Session, gpu: &Gpu, case: &Value) -> Result<()> {
         extra.insert("misses_without_barrier".into(), json!(misses));
         gpu.stream.memset_zeros(&mut errors).doing("zeroing the miss count")?;
     }
-    run(1, &mut flags, &mut errors)?;
+    run(barrier, &mut flags, &mut errors)?;
     gpu.sync()?;
-    let time = time_gpu(gpu, &s.budget, || run(1, &mut flags, &mut errors))?;
+    let time = time_gpu(gpu, &s.budget, || run(barrier, &mut flags, &mut errors))?;
     let misses = gpu.download(&errors)?[0] as f64;
     let error = super::compare(&[misses], &[0.0], Tolerance { atol: 0.0, rtol: 0.0 }, "every block saw its neighbour's previous step (misses counted)");
     extra.insert("us_per_step".into(), json!(time.0.median * 1e3 / steps as f64));
