@@ -244,29 +244,29 @@ __device__ __forceinline__ void grid_barrier_counter(unsigned* bar) {
 }
 
 // Flag barrier: block b stores generation `gen` (1, 2, ... from zeroed words) into its own word
-// bar[b]; block 0's threads each wait on some of those words, then block 0 stores gen into
-// bar[G], on which every block waits. No two blocks write one word: stores and polls instead of
-// serialized atomics.
-__device__ __forceinline__ void grid_barrier_flags(volatile unsigned* bar, unsigned gen) {
+// bar[b] with release semantics; block 0's threads each wait (acquire) on some of those words,
+// then block 0 releases gen into bar[G], on which every block waits. No two blocks write one word
+// and no full fence: stores and polls instead of serialized atomics.
+__device__ __forceinline__ void store_release(unsigned* p, unsigned v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void grid_barrier_flags(unsigned* bar, unsigned gen) {
     const unsigned G = gridDim.x;
     __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        bar[blockIdx.x] = gen;
-    }
+    if (threadIdx.x == 0) store_release(bar + blockIdx.x, gen);
     if (blockIdx.x == 0) {
         for (unsigned i = threadIdx.x; i < G; i += blockDim.x)
-            while (bar[i] < gen) {}
+            while (load_acquire(bar + i) < gen) {}
         __syncthreads();
-        if (threadIdx.x == 0) {
-            __threadfence();
-            bar[G] = gen;
-        }
+        if (threadIdx.x == 0) store_release(bar + G, gen);
     }
-    if (threadIdx.x == 0) {
-        while (bar[G] < gen) {}
-        __threadfence();
-    }
+    if (threadIdx.x == 0)
+        while (load_acquire(bar + G) < gen) {}
     __syncthreads();
 }
 
