@@ -99,6 +99,13 @@ template <typename T> __device__ __forceinline__ unsigned pack2(float lo, float 
 template <> __device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float lo, float hi) { return pack_bf16x2(lo, hi); }
 template <> __device__ __forceinline__ unsigned pack2<__half>(float lo, float hi) { return pack_f16x2(lo, hi); }
 
+// Two m16n8 accumulator tiles, lo (k 0-7) and hi (k 8-15), as the A fragment of an m16n8k16
+// mma, rounded to T: how P (forward, decode) and dS (backward) feed the next product.
+template <typename T>
+__device__ __forceinline__ void acc_a_frag(const float (&lo)[4], const float (&hi)[4], unsigned (&a)[4]) {
+    a[0] = pack2<T>(lo[0], lo[1]), a[1] = pack2<T>(lo[2], lo[3]), a[2] = pack2<T>(hi[0], hi[1]), a[3] = pack2<T>(hi[2], hi[3]);
+}
+
 constexpr int FA_BN = 64, FA_THREADS = 128;
 
 // Where sequence b lives: its first row of Q/O and of K/V, its lengths, and its lse row offset
@@ -281,12 +288,7 @@ __device__ void fa2_forward(const T* __restrict__ q, const T* __restrict__ k, co
         for (int kk = 0; kk < FA_BN / 16; ++kk) {
             unsigned pa[MT][4];
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                pa[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-                pa[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-                pa[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-                pa[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-            }
+            for (int mt = 0; mt < MT; ++mt) acc_a_frag<T>(s[mt][2 * kk], s[mt][2 * kk + 1], pa[mt]);
 #pragma unroll
             for (int n = 0; n < D / 8; n += 2) {
                 unsigned r[4];

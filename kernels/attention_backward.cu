@@ -255,10 +255,9 @@ __device__ void fa2_backward(const T* __restrict__ q, const T* __restrict__ k, c
         // accumulators' layout is the A fragment, rounded to T as the forward rounds P.
 #pragma unroll
         for (int kk = 0; kk < BM / 16; ++kk) {
-            unsigned pa[4] = {pack2<T>(st[2 * kk][0], st[2 * kk][1]), pack2<T>(st[2 * kk][2], st[2 * kk][3]),
-                              pack2<T>(st[2 * kk + 1][0], st[2 * kk + 1][1]), pack2<T>(st[2 * kk + 1][2], st[2 * kk + 1][3])};
-            unsigned da[4] = {pack2<T>(dpt[2 * kk][0], dpt[2 * kk][1]), pack2<T>(dpt[2 * kk][2], dpt[2 * kk][3]),
-                              pack2<T>(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]), pack2<T>(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3])};
+            unsigned pa[4], da[4];
+            acc_a_frag<T>(st[2 * kk], st[2 * kk + 1], pa);
+            acc_a_frag<T>(dpt[2 * kk], dpt[2 * kk + 1], da);
 #pragma unroll
             for (int n = 0; n < D / 8; n += 2) {
                 const int at = (kk * 16 + lm.x) * LD + n * 8 + lm.y * 8;
@@ -404,8 +403,8 @@ __device__ void fa2_bwd_dq_rows(const T* __restrict__ q, const T* __restrict__ k
         // dQ += dS K: dS's accumulator layout is the A fragment, rounded to T as fa2_bwd rounds it.
 #pragma unroll
         for (int kk = 0; kk < FA_BN / 16; ++kk) {
-            const unsigned da[4] = {pack2<T>(dp[2 * kk][0], dp[2 * kk][1]), pack2<T>(dp[2 * kk][2], dp[2 * kk][3]),
-                                    pack2<T>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]), pack2<T>(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
+            unsigned da[4];
+            acc_a_frag<T>(dp[2 * kk], dp[2 * kk + 1], da);
 #pragma unroll
             for (int n = 0; n < D / 8; n += 2) {
                 unsigned r[4];

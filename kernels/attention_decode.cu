@@ -366,7 +366,8 @@ __device__ void decode_mma(const T* __restrict__ q, const T* __restrict__ kc, co
             l[r] = l[r] * alpha[r] + s[0][2 * r] + s[0][2 * r + 1] + s[1][2 * r] + s[1][2 * r + 1];  // the quad is summed at the end
         }
         // O += P V over the 16 keys: P's accumulator layout is the next mma's A fragment.
-        const unsigned pa[4] = {pack2<T>(s[0][0], s[0][1]), pack2<T>(s[0][2], s[0][3]), pack2<T>(s[1][0], s[1][1]), pack2<T>(s[1][2], s[1][3])};
+        unsigned pa[4];
+        acc_a_frag<T>(s[0], s[1], pa);
 #pragma unroll
         for (int n = 0; n < D / 8; n += 2) {
             acc[n][0] *= alpha[0], acc[n][1] *= alpha[0], acc[n][2] *= alpha[1], acc[n][3] *= alpha[1];
