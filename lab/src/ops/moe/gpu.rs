@@ -282,23 +282,23 @@ pub fn grouped_wgmma_to<T: Elem>(g: &Gpu, (tile, persistent): (wg::Tile, bool), 
         shared_mem_bytes: tile.smem() as u32,
     };
     let (ei, ri, ki, ni, sw, mb) = (e as i32, rows as i32, k as i32, n as i32, (ep == Epilogue::SwiGlu) as i32, m_bound as i32);
+    let (c, combine) = match out {
+        WgOut::Store(c) => (Some(c), None),
+        WgOut::Combine { perm, weights, sum } => (None, Some((perm, weights, sum))),
+    };
+    let topk = combine.as_ref().map_or(0, |(perm, _, _)| perm.slot.cols() as i32);
     let null = 0u64;
     let mut l = s.launch_builder(&f);
     l.arg(&map_a).arg(&map_b);
-    let topk = match &out {
-        WgOut::Store(_) => 0,
-        WgOut::Combine { perm, .. } => perm.slot.cols() as i32,
+    match c {
+        Some(c) => l.arg(c.cuda_mut().expect("placement checked")),
+        None => l.arg(&null),
     };
-    match out {
-        WgOut::Store(c) => {
-            l.arg(c.cuda_mut().expect("placement checked")).arg(placed(offsets)).arg(&tiles);
-            l.arg(&ei).arg(&ri).arg(&ki).arg(&ni).arg(&sw).arg(&mb).arg(&null).arg(&null).arg(&null).arg(&topk).arg(&null);
-        }
-        WgOut::Combine { perm, weights, sum } => {
-            l.arg(&null).arg(placed(offsets)).arg(&tiles);
-            l.arg(&ei).arg(&ri).arg(&ki).arg(&ni).arg(&sw).arg(&mb).arg(placed(&perm.rows)).arg(placed(&perm.slot)).arg(placed(weights)).arg(&topk).arg(sum);
-        }
-    }
+    l.arg(placed(offsets)).arg(&tiles).arg(&ei).arg(&ri).arg(&ki).arg(&ni).arg(&sw).arg(&mb);
+    match combine {
+        Some((perm, weights, sum)) => l.arg(placed(&perm.rows)).arg(placed(&perm.slot)).arg(placed(weights)).arg(&topk).arg(sum),
+        None => l.arg(&null).arg(&null).arg(&null).arg(&topk).arg(&null),
+    };
     // SAFETY: the maps describe A (rows x K) and B (E x K x N) as allocated, and TMA zero-fills
     // what lies outside them; blocks past the schedule's total return; stores are bounded by the
     // block's expert's segment (clamped to A's rows) and N, into C (rows x N or N / 2), or, when
