@@ -322,11 +322,18 @@ pub const ALLOW_UNITS: f64 = 8.0;
 /// missing the z-loss's term is off by 0.9 in norm while every element stays inside its bound.
 pub const FROB_UNITS: f64 = 4.0;
 
+/// The same for the router's (and noise projection's) gradients, x^T d logits: with few tokens
+/// d logits are a handful of sums of H products that cancel, each keeping the error of its terms
+/// rather than of its value. At Mixtral's layer with one token torch autograd's router gradient
+/// is 9.6 u off in norm and the lab's 12 u (run 2026-11-29T10-03-32Z, every element inside its
+/// bound); the missing z-loss term is ~230 u off.
+pub const ROUTER_FROB_UNITS: f64 = 24.0;
+
 /// The names of the gradients [`compare`] lays end to end, in its order.
 pub const PARTS: [&str; 5] = ["x", "router", "noise", "gate_up", "down"];
 
 /// Each gradient against the f64 one (`want`, with its `scale`), element by element within
-/// ALLOW_UNITS u of the scale and in norm within FROB_UNITS u (a gradient over it counts one
+/// ALLOW_UNITS u of the scale and in norm within FROB_UNITS (ROUTER_FROB_UNITS) u (a gradient over it counts one
 /// mismatch more), laid end to end in [`PARTS`] order (noise only under noisy gating).
 pub fn compare(got: [Option<&[f64]>; 5], (want, scale): &(Grads, Grads), dtype: crate::kernels::DType) -> crate::record::ErrorStats {
     use crate::ops::compare::{compare_within, frobenius_rel, merge_parts};
@@ -343,15 +350,16 @@ pub fn compare(got: [Option<&[f64]>; 5], (want, scale): &(Grads, Grads), dtype: 
         let allow: Vec<f64> = sc.iter().map(|v| ALLOW_UNITS * (unit * v + subnormal)).collect();
         let mut part = compare_within(g, w, &allow, "", "");
         let f = frobenius_rel(g, w);
-        if f > FROB_UNITS * unit {
+        let over = f > if matches!(*name, "router" | "noise") { ROUTER_FROB_UNITS } else { FROB_UNITS } * unit;
+        if over {
             part.mismatches += 1;
         }
         parts.push((part, offset));
-        frob.push(format!("{name} {f:.2e}{}", if f > FROB_UNITS * unit { " (over)" } else { "" }));
+        frob.push(format!("{name} {f:.2e}{}", if over { " (over)" } else { "" }));
         offset += w.len();
     }
     let mut stats = merge_parts(parts);
-    stats.bound = Some(format!("per element {ALLOW_UNITS} (u of the sum of its terms' magnitudes + the smallest subnormal) (moe::backward_reference::backward_with_scale), and {FROB_UNITS} u in relative Frobenius norm per gradient: {}", frob.join(", ")));
+    stats.bound = Some(format!("per element {ALLOW_UNITS} (u of the sum of its terms' magnitudes + the smallest subnormal) (moe::backward_reference::backward_with_scale), and {FROB_UNITS} u in relative Frobenius norm per gradient ({ROUTER_FROB_UNITS} u for the router's and the noise projection's): {}", frob.join(", ")));
     stats.reference = "cpu-f64 backward (moe::backward_reference), the backend's selection held fixed".into();
     stats
 }
