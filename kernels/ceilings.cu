@@ -29,11 +29,11 @@
 //   read_scrub   not a ceiling: reads a buffer twice the L2 size before a timed repetition
 //                (`--l2 clean`), so the kernel's inputs come from memory and L2 holds only clean
 //                lines; zeroing the buffer instead leaves dirty lines the kernel must write back.
-//   sync_graph, sync_graph_pdl, sync_grid_barrier  not a roof of throughput but of latency: what
-//                one grid-wide dependency costs (every block of a step needs the step before),
-//                as a graph of one-step kernels with full edges, the same with programmatic
-//                edges (pdl.cuh), and one cooperative kernel with a barrier between steps. A
-//                decode step of a small model is ~180 such dependencies in a row.
+//   sync_step, sync_persistent  not a roof of throughput but of latency: what one grid-wide
+//                dependency costs (every block of a step needs the step before), as a graph of
+//                one-step kernels (sync_step) with full or programmatic edges (pdl.cuh), and as
+//                one cooperative kernel with a barrier between steps (sync_persistent). A decode
+//                step of a small model is ~180 such dependencies in a row.
 #include "common.cuh"
 #include "pdl.cuh"
 

@@ -144,7 +144,7 @@ pub static FAMILIES: &[Family] = &[
     // After fpga, so that the families before it keep their colours.
     Family {
         name: "moe",
-        kernels: &[kernel!("moe.cu")],
+        kernels: &[kernel!("moe.cu"), kernel!("moe_backward.cu")],
         experiment: Some(&crate::ops::moe::Moe),
         variants: crate::ops::moe::variants,
     },

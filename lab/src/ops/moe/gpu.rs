@@ -1,4 +1,4 @@
-//! Launches of kernels/moe.cu on tensors the callable ops in `mod.rs` validated.
+//! Launches of kernels/moe.cu and moe_backward.cu on tensors the callable ops in `mod.rs` validated.
 
 use super::{Epilogue, Permutation, Router, Routing, Scoring, FAMILY};
 use crate::error::Doing;
@@ -236,6 +236,13 @@ pub fn grouped_mma<T: Elem>(g: &Gpu, a: &Tensor<T>, b: &Tensor<T>, offsets: &Ten
     unsafe { l.launch(launch) }.map(|_| ()).doing("launching moe grouped_mma")
 }
 
+/// Where grouped_wgmma's tiles go: C, or (the down product of grouped_wgmma_fused) scaled by each
+/// row's combine weight and added into its token's row of an f32 sum [T, N].
+pub enum WgOut<'a, T: Elem> {
+    Store(&'a mut Tensor<T>),
+    Combine { perm: &'a Permutation, weights: &'a Tensor<f32>, sum: &'a mut cudarc::driver::CudaSlice<f32> },
+}
+
 /// The kernel's k-tile loop is gemm's wgmma_tma loop with its ring counting k-tiles across the
 /// block's tiles (gemm's runs a tile a block): sharing it through mma.cuh is for the next change
 /// to gemm's wgmma kernels, whose source it would change.
@@ -244,19 +251,7 @@ pub fn grouped_mma<T: Elem>(g: &Gpu, a: &Tensor<T>, b: &Tensor<T>, offsets: &Ten
 /// 64 x 64 x 1), then one grouped_wgmma launch with `tile`'s ring in dynamic shared memory: a
 /// block per tile, or `persistent`, as many as fit on the SMs at once.
 #[allow(clippy::too_many_arguments)]
-pub fn grouped_wgmma<T: Elem>(g: &Gpu, (tile, persistent): (wg::Tile, bool), a: &Tensor<T>, b: &Tensor<T>, offsets: &Tensor<i32>, dims: GroupedDims, ep: Epilogue, c: &mut Tensor<T>) -> Result<()> {
-    grouped_wgmma_to(g, (tile, persistent), a, b, offsets, dims, ep, WgOut::Store(c))
-}
-
-/// Where grouped_wgmma's tiles go: C, or (the down product of grouped_wgmma_fused) scaled by each
-/// row's combine weight and added into its token's row of an f32 sum [T, N].
-pub enum WgOut<'a, T: Elem> {
-    Store(&'a mut Tensor<T>),
-    Combine { perm: &'a Permutation, weights: &'a Tensor<f32>, sum: &'a mut cudarc::driver::CudaSlice<f32> },
-}
-
-#[allow(clippy::too_many_arguments)]
-pub fn grouped_wgmma_to<T: Elem>(g: &Gpu, (tile, persistent): (wg::Tile, bool), a: &Tensor<T>, b: &Tensor<T>, offsets: &Tensor<i32>, (e, rows, k, n, _): GroupedDims, ep: Epilogue, out: WgOut<T>) -> Result<()> {
+pub fn grouped_wgmma<T: Elem>(g: &Gpu, (tile, persistent): (wg::Tile, bool), a: &Tensor<T>, b: &Tensor<T>, offsets: &Tensor<i32>, (e, rows, k, n, _): GroupedDims, ep: Epilogue, out: WgOut<T>) -> Result<()> {
     if !k.is_multiple_of(8) || !n.is_multiple_of(8) {
         return Err(LabError::shape("moe grouped_wgmma", format!("K = {k} and N = {n}: TMA reads rows of a multiple of 16 bytes, so both must be multiples of 8")));
     }

@@ -1,4 +1,4 @@
-//! `moe`: a Mixture-of-Experts layer as callable ops (kernels/moe.cu): the router (logits through
+//! `moe`: a Mixture-of-Experts layer as callable ops (kernels/moe.cu, moe_backward.cu): the router (logits through
 //! the gemm family's op, softmax or sigmoid scores, top-k, optional renormalisation and noisy
 //! gating, the Switch load-balancing loss, the ST-MoE z-loss, the load histogram), capacity
 //! (Switch's drop or dropless), the permutation into contiguous per-expert segments and back,
@@ -449,7 +449,7 @@ pub fn grouped_matmul_with<T: Elem>(dev: &Backend, variant: &str, a: &Tensor<T>,
         }
         (Kernel::CublasLoop, Backend::Cuda(g)) => gpu::grouped_cublas(g, a, b, offsets, dims, ep, c),
         (Kernel::GroupedMma, Backend::Cuda(g)) => gpu::grouped_mma(g, a, b, offsets, dims, ep, c),
-        (Kernel::GroupedWgmma { tile, persistent, .. }, Backend::Cuda(g)) => gpu::grouped_wgmma(g, (tile, persistent), a, b, offsets, dims, ep, c),
+        (Kernel::GroupedWgmma { tile, persistent, .. }, Backend::Cuda(g)) => gpu::grouped_wgmma(g, (tile, persistent), a, b, offsets, dims, ep, gpu::WgOut::Store(c)),
         (_, Backend::Cpu) => unreachable!("check_runs keeps GPU rungs off the CPU"),
     }
 }
@@ -510,7 +510,7 @@ pub fn forward_with<T: Elem>(dev: &Backend, variant: &str, x: &Tensor<T>, w: &We
         let mut sum = g.stream.alloc_zeros::<f32>(t * h).doing("allocating the combine's f32 sum")?;
         let (e, rows) = (w.down.shape()[0], t * r.k);
         let out_sum = gpu::WgOut::Combine { perm: &perm, weights: &rt.weights, sum: &mut sum };
-        gpu::grouped_wgmma_to(g, (tile, persistent), &act, &w.down, &perm.offsets, (e, rows, i, h, h), Epilogue::Store, out_sum)?;
+        gpu::grouped_wgmma(g, (tile, persistent), &act, &w.down, &perm.offsets, (e, rows, i, h, h), Epilogue::Store, out_sum)?;
         gpu::cast(g, &sum, out)?;
         return Ok(rt);
     }
