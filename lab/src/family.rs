@@ -113,7 +113,7 @@ pub static FAMILIES: &[Family] = &[
     },
     Family {
         name: "llama",
-        kernels: &[kernel!("llama.cu")],
+        kernels: &[kernel!("llama.cu"), kernel!("llama_fused.cu")],
         experiment: Some(&crate::ops::llama::Llama),
         variants: crate::ops::llama::variants,
     },

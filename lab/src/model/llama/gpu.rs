@@ -13,7 +13,8 @@
 //! [`Batch::set_fused`], the same work on the same GGUF blocks in four fused products around the
 //! attention: qkv_rope_q4_1, decode attention, residual_q4_1 (output), gate_up_swiglu_q4_1,
 //! residual_q4_1 (down). Decode attention is two launches (split and combine, [`ATTENTION`]) or
-//! one (decode_merge, through [`Batch::set_attention`]).
+//! one (decode_merge, through [`Batch::set_attention`]); with [`ATTENTION_O`] the attention and
+//! the output product are one launch, and a layer four.
 
 use super::config::Config;
 use super::sample::Sampling;
@@ -172,6 +173,18 @@ impl GpuModel {
         seqs <= k::FUSED_MAX_SEQS && c.dim <= k::FUSED_MAX_NORMED && c.ffn <= k::FUSED_MAX_WIDTH && c.dim.is_multiple_of(32) && c.ffn.is_multiple_of(32)
     }
 
+    /// Whether a fused batch of `seqs` takes [`ATTENTION_O`]: the kernel's limits on heads, and sm_90.
+    pub fn fuses_attention(&self, seqs: usize) -> bool {
+        let c = &self.config;
+        self.fuses(seqs)
+            && self.gpu.arch >= 90
+            && c.head_dim == k::ATTENTION_O_HEAD_DIM
+            && c.kv_heads <= k::ATTENTION_O_MAX_KV_HEADS
+            && c.heads.is_multiple_of(c.kv_heads)
+            && c.heads / c.kv_heads <= k::ATTENTION_O_MAX_GROUP
+            && c.heads * c.head_dim == c.dim
+    }
+
     /// `seqs` sequences of up to `capacity` positions each.
     pub fn batch(&self, seqs: usize, capacity: usize) -> Result<Batch<'_>> {
         Batch::new(self, seqs, capacity)
@@ -183,6 +196,10 @@ impl GpuModel {
 /// combine's launch was already hidden: at batch 1 it was 1.6% slower at context 128 and 2.9%
 /// faster at 2048, and 3.6% slower at batch 64 and 2048 (note h200-decode-merge).
 pub const ATTENTION: &str = "decode_mma";
+
+/// The attention "variant" that is the llama family's attention_o_q4_1: decode attention and the
+/// output product in one launch, for the fused steps ([`GpuModel::fuses_attention`]).
+pub const ATTENTION_O: &str = "attention_o_q4_1";
 
 /// Sequences decoded together, and everything their steps read and write on the device.
 pub struct Batch<'m> {
@@ -211,6 +228,8 @@ pub struct Batch<'m> {
     programmatic: bool,
     /// Decode with the fused products (five launches a layer).
     fused: bool,
+    /// Fused steps run attention_o_q4_1 in place of `decode` and the output product.
+    attention_o: bool,
     /// How each step chooses its token.
     sampling: Sampling,
     /// A step has run eagerly: the next can be captured.
@@ -246,6 +265,7 @@ impl<'m> Batch<'m> {
             graph: None,
             programmatic: false,
             fused: false,
+            attention_o: false,
             sampling: Sampling::GREEDY,
             warm: false,
             m,
@@ -313,6 +333,7 @@ impl<'m> Batch<'m> {
                 c.ffn
             )));
         }
+        self.attention_o &= on;
         if on != self.fused {
             self.fused = on;
             self.graph = None;
@@ -321,10 +342,29 @@ impl<'m> Batch<'m> {
         Ok(())
     }
 
-    /// Steps from now on run decode attention variant `variant` ([`ATTENTION`] until set).
+    /// Steps from now on run decode attention variant `variant` ([`ATTENTION`] until set), or
+    /// [`ATTENTION_O`] (fused steps only).
     pub fn set_attention(&mut self, variant: &str) -> Result<()> {
         let c = &self.m.config;
-        self.decode = Decode::with(&self.m.gpu, variant, self.seqs, c.heads, c.kv_heads, c.head_dim, self.cap)?;
+        self.attention_o = variant == ATTENTION_O;
+        if self.attention_o {
+            if !self.fused || !self.m.fuses_attention(self.seqs) {
+                self.attention_o = false;
+                return Err(LabError::Invalid(format!(
+                    "{ATTENTION_O} runs in fused steps of sm_90, heads of {}, up to {} KV heads of up to {} query heads (fused: {}; {} heads, {} KV heads of {}, sm_{})",
+                    k::ATTENTION_O_HEAD_DIM,
+                    k::ATTENTION_O_MAX_KV_HEADS,
+                    k::ATTENTION_O_MAX_GROUP,
+                    self.fused,
+                    c.heads,
+                    c.kv_heads,
+                    c.head_dim,
+                    self.m.gpu.arch
+                )));
+            }
+        } else {
+            self.decode = Decode::with(&self.m.gpu, variant, self.seqs, c.heads, c.kv_heads, c.head_dim, self.cap)?;
+        }
         self.graph = None;
         self.warm = false;
         Ok(())
@@ -415,8 +455,12 @@ impl<'m> Batch<'m> {
         let (b, dim, eps) = (self.seqs, c.dim, c.eps);
         for (i, l) in m.layers.iter().enumerate() {
             k::qkv_rope_q4_1(gpu, &l.raw.qkv, &self.x, &l.attn_norm, eps, &mut self.q, &mut self.caches[i], &self.pos, &m.inv_freq, b, c.heads)?;
-            self.decode.run(&self.q, &self.caches[i], &self.pos, cuda(&mut self.att), None)?;
-            k::residual_q4_1(gpu, &l.raw.o, self.att.cuda().expect("on the GPU"), &mut self.x, b, dim, dim)?;
+            if self.attention_o {
+                k::attention_o_q4_1(gpu, &l.raw.o, &self.q, &self.caches[i], &self.pos, &mut self.x, b, c.heads)?;
+            } else {
+                self.decode.run(&self.q, &self.caches[i], &self.pos, cuda(&mut self.att), None)?;
+                k::residual_q4_1(gpu, &l.raw.o, self.att.cuda().expect("on the GPU"), &mut self.x, b, dim, dim)?;
+            }
             k::gate_up_swiglu_q4_1(gpu, &l.raw.gate_up, &self.x, &l.ffn_norm, eps, cuda(&mut self.act), b, c.ffn)?;
             k::residual_q4_1(gpu, &l.raw.down, self.act.cuda().expect("on the GPU"), &mut self.x, b, dim, c.ffn)?;
         }

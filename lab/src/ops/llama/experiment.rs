@@ -25,7 +25,7 @@
 use crate::experiment::{param_str, param_usize, Backend, Experiment, Measurement, Peer, Session};
 use crate::gpu::timing::time_gpu;
 use crate::model::llama::generate::argmax;
-use crate::model::llama::gpu::ATTENTION;
+use crate::model::llama::gpu::{ATTENTION, ATTENTION_O};
 use crate::model::llama::{CpuModel, GpuModel};
 use crate::model::tokenizer::Tokenizer;
 use crate::ops::compare::compare_elems;
@@ -149,6 +149,7 @@ impl Experiment for Llama {
             ("engine_fused", "llama", "qkv_rope_q4_1"),
             ("engine_fused", "llama", "gate_up_swiglu_q4_1"),
             ("engine_fused", "llama", "residual_q4_1"),
+            ("engine_attention_o", "llama", "attention_o_q4_1"),
             ("sample", "llama", "sample"),
         ]
     }
@@ -171,7 +172,8 @@ fn engines(s: &Session) -> Vec<&'static str> {
 }
 
 /// How a variant's batch steps: (programmatic edges, fused products, decode attention variant).
-/// All but engine_merged keep the engine's own attention ([`ATTENTION`]). engine_merged fuses
+/// All but engine_merged and engine_attention_o keep the engine's own attention ([`ATTENTION`]).
+/// engine_merged fuses
 /// where `fuses` says, as `lab generate` does: at batch 1 (the fused products are slower than the
 /// unfused at 4 and 16 sequences, note h100-decode-fused).
 fn step_mode(variant: &str, fuses: bool) -> (bool, bool, &'static str) {
@@ -179,6 +181,7 @@ fn step_mode(variant: &str, fuses: bool) -> (bool, bool, &'static str) {
         "engine" => (false, false, ATTENTION),
         "engine_pdl" => (true, false, ATTENTION),
         "engine_fused" => (true, true, ATTENTION),
+        "engine_attention_o" => (true, true, ATTENTION_O),
         _ => (true, fuses, "decode_merge"),
     }
 }
@@ -248,6 +251,9 @@ fn check(s: &mut Session, case: &Value) -> Result<()> {
     };
     let mut plain: Option<Vec<f32>> = None;
     for variant in variants {
+        if variant == "engine_attention_o" && gpu_model.as_ref().is_some_and(|m| !m.fuses_attention(1)) {
+            continue;
+        }
         let (got_all, want_all, cosines, agree, edges) = match &gpu_model {
             // The plain engine's logits are what engine_pdl must reproduce.
             Some(m) => gpu_steps(m, &cpu, &prompt, steps, variant)?,
@@ -332,31 +338,25 @@ fn decode(s: &mut Session, case: &Value) -> Result<()> {
         Backend::Cuda(gpu) => {
             let m = GpuModel::load(&gpu, &g)?;
             let c = &m.config;
-            let want: Option<Vec<f64>> = if ctx <= 128 {
-                let cpu = CpuModel::load(&g)?;
-                Some(cpu.forward(&mut cpu.cache(), &prompt)?.iter().map(|&v| v as f64).collect())
-            } else {
-                None
-            };
+            let (want, reference) = first_steps(&g, &m, &prompt, ctx)?;
             for variant in variants {
                 // Room for the warm-up and the repetitions the budget may take.
-                if variant == "engine_fused" && !m.fuses(b) {
+                if (variant == "engine_fused" && !m.fuses(b)) || (variant == "engine_attention_o" && !m.fuses_attention(b)) {
                     continue;
                 }
                 let mut batch = m.batch(b, ctx + 2 * (s.budget.max + crate::profile::MAX_WARMUP_ROUNDS * s.budget.warmup) + 2)?;
                 set_mode(&mut batch, variant, b == 1 && m.fuses(1))?;
                 batch.start(&vec![prompt.clone(); b])?;
                 batch.prefill()?;
-                gpu.sync()?;
-                let logits = batch.logits()?;
-                let error = match &want {
-                    Some(want) => compare_elems(&logits[..c.vocab], want, LOGIT_TOL, "cpu-f64 reference forward"),
-                    None => {
-                        let first: Vec<f64> = logits[..c.vocab].iter().map(|&v| v as f64).collect();
-                        let all: Vec<f64> = first.iter().copied().cycle().take(b * c.vocab).collect();
-                        compare_elems(&logits, &all, LOGIT_TOL, "the batch's first sequence")
-                    }
-                };
+                // Every sequence's logits after the prompt, after the first step (eager) and after
+                // the second (the first replay of the captured graph).
+                let mut got = batch.logits()?;
+                for _ in 0..2 {
+                    batch.step()?;
+                    got.extend(batch.logits()?);
+                }
+                let all: Vec<f64> = want.chunks(c.vocab).flat_map(|w| w.iter().copied().cycle().take(b * c.vocab)).collect();
+                let error = compare_elems(&got, &all, LOGIT_TOL, reference);
                 let time = time_gpu(&gpu, &s.budget, || batch.step())?;
                 let kv = (b * ctx * c.layers * 2 * c.kv_dim() * 2) as u64;
                 let mut rec = Measurement::new(variant, "lab", case, Work { bytes: m.weight_bytes(b) + kv, flops: 2 * params(c) * b as u64 });
@@ -388,6 +388,33 @@ fn decode(s: &mut Session, case: &Value) -> Result<()> {
             s.emit(rec).map(|_| ())
         }
     }
+}
+
+/// What the decode case's sequences must give after `prompt`, after one greedy step and after a
+/// second (each vocab logits): the f64 reference forward up to 128 tokens, else the plain engine
+/// (unfused, decode_mma, no programmatic edges) on one sequence; and that reference's name.
+fn first_steps(g: &crate::weights::gguf::Gguf, m: &GpuModel, prompt: &[u32], ctx: usize) -> Result<(Vec<f64>, &'static str)> {
+    let mut out = Vec::new();
+    if ctx <= 128 {
+        let cpu = CpuModel::load(g)?;
+        let mut cache = cpu.cache();
+        let mut logits = cpu.forward(&mut cache, prompt)?;
+        for _ in 0..2 {
+            out.extend(logits.iter().map(|&v| v as f64));
+            logits = cpu.step(&mut cache, argmax(&logits)?, true)?.expect("logits were asked for");
+        }
+        out.extend(logits.iter().map(|&v| v as f64));
+        return Ok((out, "cpu-f64 reference forward"));
+    }
+    let mut plain = m.batch(1, prompt.len() + 3)?;
+    plain.start(&[prompt.to_vec()])?;
+    plain.prefill()?;
+    out.extend(plain.logits()?.iter().map(|&v| v as f64));
+    for _ in 0..2 {
+        plain.step()?;
+        out.extend(plain.logits()?.iter().map(|&v| v as f64));
+    }
+    Ok((out, "the plain engine on one sequence"))
 }
 
 /// The prompt tokens: the three prompts end to end, repeated to `n` tokens.

@@ -28,6 +28,7 @@ pub const VARIANTS: &[Variant<()>] = &[
     Variant { name: "qkv_rope_q4_1", dtypes: &[DType::F16], requires: Requires::Gpu, what: "fused decode: RMSNorm, the QKV product of GGUF Q4_1 rows, RoPE and the cache store in one launch", config: () },
     Variant { name: "gate_up_swiglu_q4_1", dtypes: &[DType::F16], requires: Requires::Gpu, what: "fused decode: RMSNorm, the gate and up products of GGUF Q4_1 rows and SwiGLU in one launch", config: () },
     Variant { name: "residual_q4_1", dtypes: &[DType::F16], requires: Requires::Gpu, what: "fused decode: a product of GGUF Q4_1 rows added into the f32 residual stream", config: () },
+    Variant { name: "attention_o_q4_1", dtypes: &[DType::F16], requires: Requires::Sm90, what: "fused decode: attention over the cache and the output product added into the residual stream in one launch, clusters of three blocks sharing the heads' outputs through DSMEM", config: () },
 ];
 
 /// What the fused decode products take (kernels/llama.cu): up to this many sequences; inputs up
@@ -36,6 +37,12 @@ pub const VARIANTS: &[Variant<()>] = &[
 pub const FUSED_MAX_SEQS: usize = 16;
 pub const FUSED_MAX_NORMED: usize = 32 * 32;
 pub const FUSED_MAX_WIDTH: usize = 2 * 32 * 32;
+/// What attention_o_q4_1 takes beyond those: heads of 64, up to 3 KV heads (the cluster's
+/// blocks) of up to 4 query heads each, rows up to 1024 wide.
+pub const ATTENTION_O_HEAD_DIM: usize = 64;
+pub const ATTENTION_O_MAX_KV_HEADS: usize = 3;
+pub const ATTENTION_O_MAX_GROUP: usize = 4;
+const ATTENTION_O_SMEM: usize = 2 * 256 * 64 * 2;
 
 /// The model the kernels above make up (model::llama), as the `llama` experiment's variants:
 /// (name, requires, what). On the CPU backend `engine` is the reference forward.
@@ -44,6 +51,7 @@ pub const ENGINES: &[(&str, &str, &str)] = &[
     ("engine_pdl", "gpu", "the engine with its decode graph's kernel-to-kernel edges programmatic (PDL, sm_90): each kernel launches while the one before runs, asks L2 for its weights, then waits for it"),
     ("engine_fused", "gpu", "engine_pdl with the fused decode products above: a layer in five launches and the attention's two instead of ten (batches up to 16)"),
     ("engine_merged", "gpu", "engine_fused at batch 1, engine_pdl above, with decode attention in one launch (attention's decode_merge)"),
+    ("engine_attention_o", "sm_90+", "engine_fused with decode attention and the output product in one launch (attention_o_q4_1): a layer in four launches (batches up to 16)"),
 ];
 
 /// The kernels' rows, then the engine's: the `llama` experiment's records are the engine's.
@@ -231,6 +239,39 @@ pub fn residual_q4_1(gpu: &Gpu, w: &CudaSlice<u8>, a: &CudaSlice<f16>, x: &mut C
     l.arg(w).arg(a).arg(x).arg(&seqs).arg(&n).arg(&k);
     // SAFETY: w holds n rows of k, a and x their sequences (checked); shared memory sized by fused_cfg.
     unsafe { l.launch(cfg) }.map(|_| ()).doing("launching llama residual_q4_1")
+}
+
+/// x [seqs, hq D] += f16(att W^T), att the decode attention of `q` over `cache` at `pos` (each
+/// sequence's rows 0..=pos), `w` the output product's Q4_1 rows; one launch ([`ATTENTION_O_HEAD_DIM`]
+/// and the limits after it; sm_90).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_o_q4_1(gpu: &Gpu, w: &CudaSlice<u8>, q: &CudaSlice<f16>, cache: &KvCache<f16>, pos: &CudaSlice<i32>, x: &mut CudaSlice<f32>, seqs: usize, hq: usize) -> Result<()> {
+    let (hkv, d) = (cache.hkv, cache.d);
+    let dim = hq * d;
+    check("attention_o_q4_1", gpu.arch >= 90, || format!("clusters need sm_90, this GPU is sm_{}", gpu.arch))?;
+    check(
+        "attention_o_q4_1",
+        d == ATTENTION_O_HEAD_DIM && (1..=ATTENTION_O_MAX_KV_HEADS).contains(&hkv) && hq.is_multiple_of(hkv) && hq / hkv <= ATTENTION_O_MAX_GROUP && dim <= FUSED_MAX_NORMED,
+        || format!("{hq} query heads and {hkv} KV heads of {d}: it takes heads of {ATTENTION_O_HEAD_DIM}, up to {ATTENTION_O_MAX_KV_HEADS} KV heads of up to {ATTENTION_O_MAX_GROUP} query heads, {FUSED_MAX_NORMED} wide"),
+    )?;
+    check_q4_1("attention_o_q4_1", w, dim, dim)?;
+    check("attention_o_q4_1", (1..=cache.batch).contains(&seqs) && q.len() >= seqs * dim && x.len() >= seqs * dim && pos.len() >= seqs, || {
+        format!("{seqs} sequences of {dim} over a cache of {}", cache.batch)
+    })?;
+    let f = gpu.function(FAMILY, &symbol(FAMILY, "attention_o_q4_1", DType::F16))?;
+    crate::ops::gemm::raise_dynamic_smem(&f, ATTENTION_O_SMEM)?;
+    // A warp a row, in whole clusters of three blocks.
+    let blocks = dim.div_ceil(16).div_ceil(3) * 3;
+    let cfg = LaunchConfig { grid_dim: (blocks as u32, seqs as u32, 1), block_dim: (512, 1, 1), shared_mem_bytes: ATTENTION_O_SMEM as u32 };
+    let scale_log2 = std::f32::consts::LOG2_E / (d as f32).sqrt();
+    let [hq, hkv, page, mp] = [hq, hkv, cache.page, cache.max_pages].map(|v| v as i32);
+    let mut l = gpu.stream.launch_builder(&f);
+    l.arg(w).arg(q).arg(&cache.k).arg(&cache.v).arg(&cache.table).arg(pos).arg(x);
+    l.arg(&hq).arg(&hkv).arg(&page).arg(&mp).arg(&scale_log2);
+    // SAFETY: w holds dim rows of dim, q, x and pos the sequences (checked); positions stay below
+    // the cache's capacity and its table entries are its own pages (as for qkv_rope_q4_1); the
+    // dynamic shared memory is the kernel's AO_SMEM.
+    unsafe { l.launch(cfg) }.map(|_| ()).doing("launching llama attention_o_q4_1")
 }
 
 /// [`argmax`]'s contract, the token drawn as `s` says (the draw of

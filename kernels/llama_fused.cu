@@ -1,0 +1,440 @@
+// llama_fused.cu: the fused decode products of the llama family (concatenated after llama.cu,
+// whose helpers they use).
+//
+// The fused decode products (batches of up to Q4_MAXB sequences, rows up to 32 G groups of 32
+// wide) read the Q4_1 weights as the GGUF stores them and fold the steps around a product into
+// it, so that a layer is five launches and the attention's two, not ten (four with
+// attention_o_q4_1):
+//  qkv_rope_q4_1        RMSNorm of x, the QKV product, RoPE and the cache store.
+//  gate_up_swiglu_q4_1  RMSNorm of x, the gate and up products, SwiGLU.
+//  residual_q4_1        a product of an f16 input added into x (the output and down products).
+//  attention_o_q4_1     decode attention and the output product added into x (below).
+// A warp owns one or two output rows; its lanes load their weights (and gamma) before pdl_wait
+// (nothing writes weights), so the loads overlap the kernel before. Each block normalises the
+// whole input itself: it is a few KB from L2, cheaper than another launch. Every value the unfused step
+// rounds to f16 (h, the product, the gate and up) is rounded here too.
+
+#include "mma.cuh"
+
+// G is the groups of 32 a lane holds per row: rows up to 1024 wide for the products that
+// normalise their input (their registers hold two rows), 2048 for residual_q4_1. A block of
+// Q4_THREADS threads holds 4 G columns of the input per thread: every global load of the input is
+// issued before the first is used (a loop that waited on each load in turn cost the first version
+// of these kernels ~0.3 us per round trip, twice their budget).
+
+#define Q4_NORM_G 1
+#define Q4_RESIDUAL_G 2
+#define Q4_MAXB 16
+#define Q4_THREADS 256
+#define Q4_K(G) (32 * 32 * (G) / Q4_THREADS)
+
+__device__ __forceinline__ float round16(float v) { return __half2float(__float2half_rn(v)); }
+
+// A lane's share of one Q4_1 row: groups lane, lane + 32, ... (20 bytes each: d|m, 16 of q).
+template <int G>
+struct Q4Row {
+    unsigned u[G][5];
+};
+
+template <int G>
+__device__ __forceinline__ void q4_load(Q4Row<G>& r, const unsigned char* row, int groups, int lane) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        const int grp = lane + 32 * g;
+        if (grp < groups) {
+            const unsigned* p = reinterpret_cast<const unsigned*>(row + grp * 20);
+#pragma unroll
+            for (int k = 0; k < 5; ++k) r.u[g][k] = __ldg(p + k);
+        }
+    }
+}
+
+// Where column c of sequence s sits in the shared input: ht[(s * 32 + c % 32) * groups + c / 32],
+// so that the lanes of a warp (a group each) read consecutive words.
+__device__ __forceinline__ int q4_at(int s, int c, int groups) { return (s * 32 + c % 32) * groups + c / 32; }
+
+// gamma's columns of this thread (a weight: read before pdl_wait).
+template <int K>
+__device__ __forceinline__ void q4_gamma(float (&g)[K], const float* __restrict__ gamma, int dim) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        const int c = threadIdx.x + k * Q4_THREADS;
+        g[k] = c < dim ? __ldg(gamma + c) : 0.f;
+    }
+}
+
+// ht = f16(x rstd gamma), rstd = 1 / sqrt(mean(x^2) + eps) per sequence.
+template <int K>
+__device__ __forceinline__ void q4_input_norm(float* ht, const float* __restrict__ x, const float (&g)[K], float eps, int seqs, int dim) {
+    __shared__ float part[Q4_MAXB][Q4_THREADS / 32];
+    __shared__ float rstd[Q4_MAXB];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, groups = dim / 32;
+    for (int s = 0; s < seqs; ++s) {
+        float v[K], ss = 0.f;
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            const int c = threadIdx.x + k * Q4_THREADS;
+            v[k] = c < dim ? x[(long long)s * dim + c] : 0.f;
+        }
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            const int c = threadIdx.x + k * Q4_THREADS;
+            ss += v[k] * v[k];
+            if (c < dim) ht[q4_at(s, c, groups)] = v[k];
+        }
+        ss = warp_reduce_sum(ss);
+        if (lane == 0) part[s][warp] = ss;
+    }
+    __syncthreads();
+    if (threadIdx.x < seqs) {
+        float t = 0.f;
+        for (int w = 0; w < Q4_THREADS / 32; ++w) t += part[threadIdx.x][w];
+        rstd[threadIdx.x] = 1.f / sqrtf(t / dim + eps);
+    }
+    __syncthreads();
+    for (int s = 0; s < seqs; ++s) {
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            const int c = threadIdx.x + k * Q4_THREADS;
+            if (c < dim) {
+                float* h = ht + q4_at(s, c, groups);
+                *h = round16(*h * rstd[s] * g[k]);
+            }
+        }
+    }
+    __syncthreads();
+}
+
+template <int K>
+__device__ __forceinline__ void q4_input_f16(float* ht, const __half* __restrict__ a, int seqs, int dim) {
+    const int groups = dim / 32;
+    for (int s = 0; s < seqs; ++s) {
+        float v[K];
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            const int c = threadIdx.x + k * Q4_THREADS;
+            v[k] = c < dim ? __half2float(a[(long long)s * dim + c]) : 0.f;
+        }
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            const int c = threadIdx.x + k * Q4_THREADS;
+            if (c < dim) ht[q4_at(s, c, groups)] = v[k];
+        }
+    }
+    __syncthreads();
+}
+
+// The row's product with sequence s's input, summed over the warp (every lane gets it). The
+// group's input sum (for the Q4_1 minimum) is taken on the way.
+template <int G>
+__device__ __forceinline__ float q4_dot(const Q4Row<G>& r, const float* ht, int s, int groups, int lane) {
+    float acc = 0.f;
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        const int grp = lane + 32 * g;
+        if (grp < groups) {
+            const float* h = ht + s * 32 * groups + grp;
+            float t = 0.f, hs = 0.f;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const unsigned q = r.u[g][1 + k];
+#pragma unroll
+                for (int b = 0; b < 4; ++b) {
+                    const int j = 4 * k + b;
+                    const float lo = h[j * groups], hi = h[(j + 16) * groups];
+                    t += (float)((q >> (8 * b)) & 15u) * lo + (float)((q >> (8 * b + 4)) & 15u) * hi;
+                    hs += lo + hi;
+                }
+            }
+            const float d = __half2float(__ushort_as_half((unsigned short)(r.u[g][0] & 0xffffu)));
+            const float m = __half2float(__ushort_as_half((unsigned short)(r.u[g][0] >> 16)));
+            acc += d * t + m * hs;
+        }
+    }
+    return warp_reduce_sum(acc);
+}
+
+// Dynamic shared memory: seqs x 32 x groups floats; Q4_THREADS threads a block.
+// w: the stacked Q, K, V rows ((hq + 2 hkv) D of dim); a warp per neighbour pair of rows.
+extern "C" __global__ void __launch_bounds__(Q4_THREADS, 2)
+    llama_qkv_rope_q4_1_f16(const unsigned char* __restrict__ w, const float* __restrict__ x, const float* __restrict__ gamma, float eps,
+                            __half* __restrict__ q, __half* __restrict__ kc, __half* __restrict__ vc, const int* __restrict__ table,
+                            const int* __restrict__ pos, const double* __restrict__ inv_freq, int seqs, int dim, int hq, int hkv, int D,
+                            int rope_dims, int page, int max_pages) {
+    extern __shared__ float ht[];
+    const int lane = threadIdx.x & 31, groups = dim / 32;
+    const int pair = blockIdx.x * (Q4_THREADS / 32) + (threadIdx.x >> 5), pairs = (hq + 2 * hkv) * D / 2;
+    const int e = 2 * pair, head = e / D, d = e % D;
+    Q4Row<Q4_NORM_G> r0, r1;
+    float g[Q4_K(Q4_NORM_G)];
+    if (pair < pairs) {
+        q4_load(r0, w + (long long)e * groups * 20, groups, lane);
+        q4_load(r1, w + (long long)(e + 1) * groups * 20, groups, lane);
+    }
+    q4_gamma(g, gamma, dim);
+    const double f = head < hq + hkv && d < rope_dims ? inv_freq[d / 2] : 0.0;
+    pdl_wait();
+    // The position and the cache slot are fetched now so that they arrive during the norm.
+    const int p = lane < seqs ? pos[lane] : 0;
+    const long long slot = lane < seqs ? (long long)table[lane * max_pages + p / page] * page + p % page : 0;
+    q4_input_norm(ht, x, g, eps, seqs, dim);
+    if (pair >= pairs) return;
+    float a = 0.f, b = 0.f;
+    for (int s = 0; s < seqs; ++s) {
+        const float ya = q4_dot(r0, ht, s, groups, lane), yb = q4_dot(r1, ht, s, groups, lane);
+        if (lane == s) a = ya, b = yb;
+    }
+    if (lane >= seqs) return;
+    a = round16(a), b = round16(b);
+    if (head < hq + hkv && d < rope_dims) rotate(a, b, p, f);
+    __half* out = head < hq ? q + (long long)lane * hq * D + e : head < hq + hkv ? kc + slot * hkv * D + (e - hq * D) : vc + slot * hkv * D + (e - (hq + hkv) * D);
+    out[0] = __float2half_rn(a);
+    out[1] = __float2half_rn(b);
+}
+
+// w: gate rows then up rows (2 ffn of dim); a warp per output column j (gate j and up j).
+extern "C" __global__ void __launch_bounds__(Q4_THREADS, 2)
+    llama_gate_up_swiglu_q4_1_f16(const unsigned char* __restrict__ w, const float* __restrict__ x, const float* __restrict__ gamma, float eps,
+                                  __half* __restrict__ act, int seqs, int dim, int ffn) {
+    extern __shared__ float ht[];
+    const int lane = threadIdx.x & 31, groups = dim / 32;
+    const int j = blockIdx.x * (Q4_THREADS / 32) + (threadIdx.x >> 5);
+    Q4Row<Q4_NORM_G> gr, ur;
+    float g[Q4_K(Q4_NORM_G)];
+    if (j < ffn) {
+        q4_load(gr, w + (long long)j * groups * 20, groups, lane);
+        q4_load(ur, w + (long long)(ffn + j) * groups * 20, groups, lane);
+    }
+    q4_gamma(g, gamma, dim);
+    pdl_wait();
+    q4_input_norm(ht, x, g, eps, seqs, dim);
+    if (j >= ffn) return;
+    for (int s = 0; s < seqs; ++s) {
+        const float gs = round16(q4_dot(gr, ht, s, groups, lane)), us = round16(q4_dot(ur, ht, s, groups, lane));
+        if (lane == s) act[(long long)s * ffn + j] = __float2half_rn(gs / (1.f + __expf(-gs)) * us);
+    }
+}
+
+// x [seqs, n] += f16(a [seqs, k] W^T), W n rows of k; a warp per row.
+extern "C" __global__ void __launch_bounds__(Q4_THREADS, 2)
+    llama_residual_q4_1_f16(const unsigned char* __restrict__ w, const __half* __restrict__ a, float* __restrict__ x, int seqs, int n, int k) {
+    extern __shared__ float ht[];
+    const int lane = threadIdx.x & 31, groups = k / 32;
+    const int j = blockIdx.x * (Q4_THREADS / 32) + (threadIdx.x >> 5);
+    Q4Row<Q4_RESIDUAL_G> r;
+    if (j < n) q4_load(r, w + (long long)j * groups * 20, groups, lane);
+    pdl_wait();
+    // The residual this lane adds to, fetched now to arrive during the input's load.
+    const float xv = j < n && lane < seqs ? x[(long long)lane * n + j] : 0.f;
+    q4_input_f16<Q4_K(Q4_RESIDUAL_G)>(ht, a, seqs, k);
+    if (j >= n) return;
+    float y = 0.f;
+    for (int s = 0; s < seqs; ++s) {
+        const float ys = q4_dot(r, ht, s, groups, lane);
+        if (lane == s) y = ys;
+    }
+    if (lane < seqs) x[(long long)lane * n + j] = xv + round16(y);
+}
+
+// ---- attention_o_q4_1 ----------------------------------------------------------------------
+// Decode attention and the output product in one launch, so that nothing crosses a kernel
+// boundary between them: heads of AO_D = 64, up to AO_CLUSTER KV heads of up to AO_GMAX query
+// heads each, rows up to AO_MAXDIM wide, clusters of AO_CLUSTER blocks (sm_90). Block r of a
+// cluster attends with KV head r's query heads over the sequence's cache and keeps their output
+// (rounded to f16, as the unfused step stores it) in shared memory; after a cluster barrier each
+// block reads the others' (distributed shared memory), so that it holds the whole attention
+// output, and each of its warps adds one row of the output product into x as residual_q4_1 does.
+// Every cluster attends anew: a few KB of cache from L2 per block at short contexts, against a
+// kernel boundary and a round trip through memory.
+// Keys pass through shared memory AO_KEYS at a time (an online softmax across passes). pos and the
+// cache rows before it were written by earlier steps, before the kernel ahead of this one started
+// (its blocks launch this one's only after their own pdl_wait), so the first pass's rows but the
+// step's own are fetched before pdl_wait; the step's key and value and Q after it.
+// A thread takes 8 of the 64 columns of key kg = tid / 8, kg + 64, ...; the 8 threads of a key
+// sum their products by shuffles.
+
+#define AO_D 64
+#define AO_CLUSTER 3
+#define AO_THREADS 512
+#define AO_WARPS (AO_THREADS / 32)
+#define AO_KEYS 256
+#define AO_GMAX 4
+#define AO_MAXDIM 1024
+#define AO_SMEM (2 * AO_KEYS * AO_D * 2)
+
+// Keys and values [k0, k1) of KV head g into the tiles (cp.async, one group).
+__device__ __forceinline__ void ao_load(__half* sk, __half* sv, const __half* __restrict__ kc, const __half* __restrict__ vc,
+                                        const int* __restrict__ table, int s, int max_pages, int page, int hkv, int g, int k0, int k1) {
+    for (int i = threadIdx.x; i < (k1 - k0) * (AO_D / 8); i += AO_THREADS) {
+        const int k = k0 + i / (AO_D / 8), c = (i % (AO_D / 8)) * 8;
+        const long long row = (((long long)table[s * max_pages + k / page] * page + k % page) * hkv + g) * AO_D + c;
+        cp_async16(smem_addr(sk + (k % AO_KEYS) * AO_D + c), kc + row, 16);
+        cp_async16(smem_addr(sv + (k % AO_KEYS) * AO_D + c), vc + row, 16);
+    }
+    cp_async_commit();
+}
+
+// 8 f16 at p (16-byte aligned) as floats.
+__device__ __forceinline__ void ao_load8(float (&v)[8], const __half* p) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
+        v[2 * i] = f.x, v[2 * i + 1] = f.y;
+    }
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define AO_ATTRS __launch_bounds__(AO_THREADS, 1) __cluster_dims__(AO_CLUSTER, 1, 1)
+#else
+#define AO_ATTRS __launch_bounds__(AO_THREADS, 1)
+#endif
+
+// w: the output product's dim rows of dim (dim = hq AO_D); q [seqs, hq, AO_D]; x [seqs, dim].
+// Grid (a multiple of AO_CLUSTER covering dim / AO_WARPS rows, seqs); dynamic smem AO_SMEM.
+extern "C" __global__ void AO_ATTRS llama_attention_o_q4_1_f16(const unsigned char* __restrict__ w, const __half* __restrict__ q,
+                                                               const __half* __restrict__ kc, const __half* __restrict__ vc,
+                                                               const int* __restrict__ table, const int* __restrict__ pos,
+                                                               float* __restrict__ x, int hq, int hkv, int page, int max_pages,
+                                                               float scale_log2) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ __align__(16) unsigned char ao_smem[];
+    __half* sk = reinterpret_cast<__half*>(ao_smem);
+    __half* sv = sk + AO_KEYS * AO_D;
+    __shared__ float own[AO_MAXDIM];                  // this block's heads' outputs, by column
+    __shared__ float ht[AO_MAXDIM];                   // every head's, as q4_dot reads its input
+    __shared__ float red[AO_WARPS][AO_GMAX][AO_D + 1];  // per warp: P V by column, then the sum of P
+    __shared__ float wmax[AO_WARPS][AO_GMAX];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, kg = tid >> 3, c8 = (tid & 7) * 8;
+    const int rank = blockIdx.x % AO_CLUSTER, s = blockIdx.y, dim = hq * AO_D, groups = dim / 32, G = hq / hkv;
+    const int j = blockIdx.x * AO_WARPS + warp;
+    const bool attends = rank < hkv;
+    Q4Row<1> r;
+    if (j < dim) q4_load(r, w + (long long)j * groups * 20, groups, lane);
+    const int p = pos[s], n = p + 1;
+    if (attends) ao_load(sk, sv, kc, vc, table, s, max_pages, page, hkv, rank, 0, min(p, AO_KEYS));
+    pdl_wait();
+    const float xv = j < dim && lane == 0 ? x[(long long)s * dim + j] : 0.f;
+    float qr[AO_GMAX][8];
+#pragma unroll
+    for (int hh = 0; hh < AO_GMAX; ++hh) {
+        if (attends && hh < G) {
+            ao_load8(qr[hh], q + ((long long)s * hq + rank * G + hh) * AO_D + c8);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) qr[hh][e] = 0.f;
+        }
+    }
+    // Thread tid < G AO_D carries column tid % AO_D of head tid / AO_D across passes.
+    float m_run = NEG_INF, l_run = 0.f, o_run = 0.f;
+    for (int k0 = 0; attends && k0 < n; k0 += AO_KEYS) {
+        const int k1 = min(n, k0 + AO_KEYS);
+        if (k0 == 0) {
+            if (p < AO_KEYS) ao_load(sk, sv, kc, vc, table, s, max_pages, page, hkv, rank, p, p + 1);
+        } else {
+            __syncthreads();  // the last pass's tiles and sums are read
+            ao_load(sk, sv, kc, vc, table, s, max_pages, page, hkv, rank, k0, k1);
+        }
+        cp_async_wait<0>();
+        __syncthreads();
+        float sc[AO_KEYS / 64][AO_GMAX], mx[AO_GMAX];
+#pragma unroll
+        for (int hh = 0; hh < AO_GMAX; ++hh) mx[hh] = NEG_INF;
+#pragma unroll
+        for (int i = 0; i < AO_KEYS / 64; ++i) {
+            const int k = k0 + kg + 64 * i;
+            float kv[8];
+            if (k < k1) {
+                ao_load8(kv, sk + (k % AO_KEYS) * AO_D + c8);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; ++e) kv[e] = 0.f;
+            }
+#pragma unroll
+            for (int hh = 0; hh < AO_GMAX; ++hh) {
+                float t = 0.f;
+#pragma unroll
+                for (int e = 0; e < 8; ++e) t += qr[hh][e] * kv[e];
+                t += __shfl_xor_sync(0xffffffffu, t, 1);
+                t += __shfl_xor_sync(0xffffffffu, t, 2);
+                t += __shfl_xor_sync(0xffffffffu, t, 4);
+                sc[i][hh] = k < k1 ? t * scale_log2 : NEG_INF;
+                mx[hh] = fmax_nan(mx[hh], sc[i][hh]);
+            }
+        }
+#pragma unroll
+        for (int hh = 0; hh < AO_GMAX; ++hh) {
+            mx[hh] = fmax_nan(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], 8));
+            mx[hh] = fmax_nan(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], 16));
+            if (lane == 0) wmax[warp][hh] = mx[hh];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int hh = 0; hh < AO_GMAX; ++hh) {
+            mx[hh] = NEG_INF;
+            for (int w2 = 0; w2 < AO_WARPS; ++w2) mx[hh] = fmax_nan(mx[hh], wmax[w2][hh]);
+        }
+        float acc[AO_GMAX][8], sum[AO_GMAX];
+#pragma unroll
+        for (int hh = 0; hh < AO_GMAX; ++hh) {
+            sum[hh] = 0.f;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[hh][e] = 0.f;
+        }
+#pragma unroll
+        for (int i = 0; i < AO_KEYS / 64; ++i) {
+            const int k = k0 + kg + 64 * i;
+            if (k >= k1) continue;
+            float vv[8];
+            ao_load8(vv, sv + (k % AO_KEYS) * AO_D + c8);
+#pragma unroll
+            for (int hh = 0; hh < AO_GMAX; ++hh) {
+                if (hh >= G) break;
+                const float pr = exp2f(sc[i][hh] - safe_shift(mx[hh]));
+                sum[hh] += pr;
+#pragma unroll
+                for (int e = 0; e < 8; ++e) acc[hh][e] += pr * vv[e];
+            }
+        }
+#pragma unroll
+        for (int hh = 0; hh < AO_GMAX; ++hh) {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                acc[hh][e] += __shfl_xor_sync(0xffffffffu, acc[hh][e], 8);
+                acc[hh][e] += __shfl_xor_sync(0xffffffffu, acc[hh][e], 16);
+                if (lane < 8) red[warp][hh][c8 + e] = acc[hh][e];
+            }
+            sum[hh] += __shfl_xor_sync(0xffffffffu, sum[hh], 8);
+            sum[hh] += __shfl_xor_sync(0xffffffffu, sum[hh], 16);
+            if (lane == 0) red[warp][hh][AO_D] = sum[hh];
+        }
+        __syncthreads();
+        if (tid < G * AO_D) {
+            const int hh = tid / AO_D, d = tid % AO_D;
+            float o = 0.f, l = 0.f, m = NEG_INF;
+#pragma unroll
+            for (int i = 0; i < AO_GMAX; ++i)
+                if (i == hh) m = mx[i];
+            for (int w2 = 0; w2 < AO_WARPS; ++w2) o += red[w2][hh][d], l += red[w2][hh][AO_D];
+            const float mn = fmax_nan(m_run, m), a = exp2f(m_run - mn), b = exp2f(m - mn);
+            o_run = o_run * a + o * b, l_run = l_run * a + l * b, m_run = mn;
+        }
+    }
+    if (attends && tid < G * AO_D) own[rank * G * AO_D + tid] = round16(o_run / l_run);
+    __cluster_barrier_arrive();
+    __cluster_barrier_wait();
+    for (int c = tid; c < dim; c += AO_THREADS) {
+        const float* src = static_cast<const float*>(__cluster_map_shared_rank(own, (unsigned)(c / (G * AO_D))));
+        ht[q4_at(0, c, groups)] = src[c];
+    }
+    // Done with the other blocks' memory: they may leave once every block has arrived here.
+    __cluster_barrier_arrive();
+    __syncthreads();
+    if (j < dim) {
+        const float y = q4_dot(r, ht, 0, groups, lane);
+        if (lane == 0) x[(long long)s * dim + j] = xv + round16(y);
+    }
+    __cluster_barrier_wait();
+#endif
+}
