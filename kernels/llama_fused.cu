@@ -246,42 +246,36 @@ extern "C" __global__ void __launch_bounds__(Q4_THREADS, 2)
 // output, and each of its warps adds one row of the output product into x as residual_q4_1 does.
 // Every cluster attends anew: a few KB of cache from L2 per block at short contexts, against a
 // kernel boundary and a round trip through memory.
-// Keys pass through shared memory AO_KEYS at a time (an online softmax across passes). pos and the
-// cache rows before it were written by earlier steps, before the kernel ahead of this one started
-// (its blocks launch this one's only after their own pdl_wait), so the first pass's rows but the
-// step's own are fetched before pdl_wait; the step's key and value and Q after it.
-// A thread takes 8 of the 64 columns of key kg = tid / 8, kg + 64, ...; the 8 threads of a key
-// sum their products by shuffles.
+// Keys pass through shared memory AO_KEYS at a time, one a thread (an online softmax across
+// passes): a thread scores its key against the group's query heads, then P V is taken with a
+// warp per 16th of the keys and a lane per two columns, and the 16 warps' sums are added. pos, the
+// page table and the cache rows before pos were written before the kernel ahead of this one
+// started (its blocks launch this one's only after their own pdl_wait), so they are read before
+// pdl_wait; the step's own key and value row and Q after it. A first version that took a key with
+// 8 threads summing by shuffles spent ~2 us a pass on shuffles and conversions (note
+// h200-decode-attention-o).
 
 #define AO_D 64
 #define AO_CLUSTER 3
 #define AO_THREADS 512
 #define AO_WARPS (AO_THREADS / 32)
-#define AO_KEYS 256
+#define AO_KEYS AO_THREADS
 #define AO_GMAX 4
 #define AO_MAXDIM 1024
-#define AO_SMEM (2 * AO_KEYS * AO_D * 2)
+#define AO_KS (AO_D + 8)  // key row stride in halves: a warp's 16-byte loads from 32 rows spread over the banks
+#define AO_SMEM (AO_KEYS * (AO_KS + AO_D) * 2)
 
-// Keys and values [k0, k1) of KV head g into the tiles (cp.async, one group).
-__device__ __forceinline__ void ao_load(__half* sk, __half* sv, const __half* __restrict__ kc, const __half* __restrict__ vc,
-                                        const int* __restrict__ table, int s, int max_pages, int page, int hkv, int g, int k0, int k1) {
-    for (int i = threadIdx.x; i < (k1 - k0) * (AO_D / 8); i += AO_THREADS) {
-        const int k = k0 + i / (AO_D / 8), c = (i % (AO_D / 8)) * 8;
-        const long long row = (((long long)table[s * max_pages + k / page] * page + k % page) * hkv + g) * AO_D + c;
-        cp_async16(smem_addr(sk + (k % AO_KEYS) * AO_D + c), kc + row, 16);
-        cp_async16(smem_addr(sv + (k % AO_KEYS) * AO_D + c), vc + row, 16);
-    }
-    cp_async_commit();
+// Where key k of sequence s, KV head g, starts in the cache.
+__device__ __forceinline__ long long ao_row(const int* __restrict__ table, int s, int max_pages, int page, int hkv, int g, int k) {
+    return (((long long)table[s * max_pages + k / page] * page + k % page) * hkv + g) * AO_D;
 }
 
-// 8 f16 at p (16-byte aligned) as floats.
-__device__ __forceinline__ void ao_load8(float (&v)[8], const __half* p) {
-    const uint4 u = *reinterpret_cast<const uint4*>(p);
-    const unsigned w[4] = {u.x, u.y, u.z, u.w};
+// Key and value row `row` of the cache into tile slot `slot` (cp.async, not committed).
+__device__ __forceinline__ void ao_copy_row(__half* sk, __half* sv, const __half* __restrict__ kc, const __half* __restrict__ vc, long long row, int slot) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
-        v[2 * i] = f.x, v[2 * i + 1] = f.y;
+    for (int c = 0; c < AO_D; c += 8) {
+        cp_async16(smem_addr(sk + slot * AO_KS + c), kc + row + c, 16);
+        cp_async16(smem_addr(sv + slot * AO_D + c), vc + row + c, 16);
     }
 }
 
@@ -301,122 +295,122 @@ extern "C" __global__ void AO_ATTRS llama_attention_o_q4_1_f16(const unsigned ch
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(16) unsigned char ao_smem[];
     __half* sk = reinterpret_cast<__half*>(ao_smem);
-    __half* sv = sk + AO_KEYS * AO_D;
-    __shared__ float own[AO_MAXDIM];                  // this block's heads' outputs, by column
-    __shared__ float ht[AO_MAXDIM];                   // every head's, as q4_dot reads its input
-    __shared__ float red[AO_WARPS][AO_GMAX][AO_D + 1];  // per warp: P V by column, then the sum of P
-    __shared__ float wmax[AO_WARPS][AO_GMAX];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, kg = tid >> 3, c8 = (tid & 7) * 8;
+    __half* sv = sk + AO_KEYS * AO_KS;
+    __shared__ float own[AO_MAXDIM];                     // this block's heads' outputs, by column
+    __shared__ float ht[AO_MAXDIM];                      // every head's, as q4_dot reads its input
+    __shared__ __align__(16) float sq[AO_GMAX][AO_D];    // the group's queries
+    __shared__ float sp[AO_GMAX][AO_KEYS];               // a pass's probabilities
+    __shared__ float red[AO_WARPS][AO_GMAX * AO_D];      // P V by warp
+    __shared__ float wmax[AO_WARPS][AO_GMAX], wsum[AO_WARPS][AO_GMAX];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int rank = blockIdx.x % AO_CLUSTER, s = blockIdx.y, dim = hq * AO_D, groups = dim / 32, G = hq / hkv;
     const int j = blockIdx.x * AO_WARPS + warp;
     const bool attends = rank < hkv;
     Q4Row<1> r;
     if (j < dim) q4_load(r, w + (long long)j * groups * 20, groups, lane);
     const int p = pos[s], n = p + 1;
-    if (attends) ao_load(sk, sv, kc, vc, table, s, max_pages, page, hkv, rank, 0, min(p, AO_KEYS));
+    long long own_row = 0;  // where the step's own key will be (thread p of the first pass)
+    if (attends && tid < min(p + 1, AO_KEYS)) {
+        const long long row = ao_row(table, s, max_pages, page, hkv, rank, tid);
+        if (tid < p) ao_copy_row(sk, sv, kc, vc, row, tid);
+        own_row = row;
+    }
+    cp_async_commit();
     pdl_wait();
     const float xv = j < dim && lane == 0 ? x[(long long)s * dim + j] : 0.f;
-    float qr[AO_GMAX][8];
+    if (attends && tid < G * AO_D / 8) {
+        float v[8];
+        const uint4 u = *reinterpret_cast<const uint4*>(q + ((long long)s * hq + rank * G) * AO_D + tid * 8);
+        const __half2* h2 = reinterpret_cast<const __half2*>(&u);
 #pragma unroll
-    for (int hh = 0; hh < AO_GMAX; ++hh) {
-        if (attends && hh < G) {
-            ao_load8(qr[hh], q + ((long long)s * hq + rank * G + hh) * AO_D + c8);
-        } else {
-#pragma unroll
-            for (int e = 0; e < 8; ++e) qr[hh][e] = 0.f;
+        for (int i = 0; i < 4; ++i) {
+            const float2 f = __half22float2(h2[i]);
+            v[2 * i] = f.x, v[2 * i + 1] = f.y;
         }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) (&sq[0][0])[tid * 8 + e] = v[e];
     }
     // Thread tid < G AO_D carries column tid % AO_D of head tid / AO_D across passes.
     float m_run = NEG_INF, l_run = 0.f, o_run = 0.f;
     for (int k0 = 0; attends && k0 < n; k0 += AO_KEYS) {
-        const int k1 = min(n, k0 + AO_KEYS);
+        const int k1 = min(n, k0 + AO_KEYS), k = k0 + tid;
         if (k0 == 0) {
-            if (p < AO_KEYS) ao_load(sk, sv, kc, vc, table, s, max_pages, page, hkv, rank, p, p + 1);
+            if (tid == p) ao_copy_row(sk, sv, kc, vc, own_row, tid);
         } else {
             __syncthreads();  // the last pass's tiles and sums are read
-            ao_load(sk, sv, kc, vc, table, s, max_pages, page, hkv, rank, k0, k1);
+            if (k < k1) ao_copy_row(sk, sv, kc, vc, ao_row(table, s, max_pages, page, hkv, rank, k), tid);
         }
+        cp_async_commit();
         cp_async_wait<0>();
         __syncthreads();
-        float sc[AO_KEYS / 64][AO_GMAX], mx[AO_GMAX];
+        float sc[AO_GMAX];
 #pragma unroll
-        for (int hh = 0; hh < AO_GMAX; ++hh) mx[hh] = NEG_INF;
+        for (int hh = 0; hh < AO_GMAX; ++hh) sc[hh] = 0.f;
+        if (k < k1) {
 #pragma unroll
-        for (int i = 0; i < AO_KEYS / 64; ++i) {
-            const int k = k0 + kg + 64 * i;
-            float kv[8];
-            if (k < k1) {
-                ao_load8(kv, sk + (k % AO_KEYS) * AO_D + c8);
-            } else {
+            for (int c = 0; c < AO_D; c += 8) {
+                const uint4 u = *reinterpret_cast<const uint4*>(sk + tid * AO_KS + c);
+                const __half2* h2 = reinterpret_cast<const __half2*>(&u);
+                float kf[8];
 #pragma unroll
-                for (int e = 0; e < 8; ++e) kv[e] = 0.f;
-            }
+                for (int i = 0; i < 4; ++i) {
+                    const float2 f = __half22float2(h2[i]);
+                    kf[2 * i] = f.x, kf[2 * i + 1] = f.y;
+                }
 #pragma unroll
-            for (int hh = 0; hh < AO_GMAX; ++hh) {
-                float t = 0.f;
-#pragma unroll
-                for (int e = 0; e < 8; ++e) t += qr[hh][e] * kv[e];
-                t += __shfl_xor_sync(0xffffffffu, t, 1);
-                t += __shfl_xor_sync(0xffffffffu, t, 2);
-                t += __shfl_xor_sync(0xffffffffu, t, 4);
-                sc[i][hh] = k < k1 ? t * scale_log2 : NEG_INF;
-                mx[hh] = fmax_nan(mx[hh], sc[i][hh]);
+                for (int hh = 0; hh < AO_GMAX; ++hh) {
+                    if (hh < G) {
+                        const float4 a = *reinterpret_cast<const float4*>(&sq[hh][c]), b = *reinterpret_cast<const float4*>(&sq[hh][c + 4]);
+                        sc[hh] += a.x * kf[0] + a.y * kf[1] + a.z * kf[2] + a.w * kf[3] + b.x * kf[4] + b.y * kf[5] + b.z * kf[6] + b.w * kf[7];
+                    }
+                }
             }
         }
 #pragma unroll
         for (int hh = 0; hh < AO_GMAX; ++hh) {
-            mx[hh] = fmax_nan(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], 8));
-            mx[hh] = fmax_nan(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], 16));
-            if (lane == 0) wmax[warp][hh] = mx[hh];
+            if (hh >= G) break;
+            sc[hh] = k < k1 ? sc[hh] * scale_log2 : NEG_INF;
+            const float mx = warp_reduce_max(sc[hh]);
+            if (lane == 0) wmax[warp][hh] = mx;
         }
         __syncthreads();
+        float mx[AO_GMAX];
 #pragma unroll
         for (int hh = 0; hh < AO_GMAX; ++hh) {
             mx[hh] = NEG_INF;
+            if (hh >= G) continue;
             for (int w2 = 0; w2 < AO_WARPS; ++w2) mx[hh] = fmax_nan(mx[hh], wmax[w2][hh]);
-        }
-        float acc[AO_GMAX][8], sum[AO_GMAX];
-#pragma unroll
-        for (int hh = 0; hh < AO_GMAX; ++hh) {
-            sum[hh] = 0.f;
-#pragma unroll
-            for (int e = 0; e < 8; ++e) acc[hh][e] = 0.f;
-        }
-#pragma unroll
-        for (int i = 0; i < AO_KEYS / 64; ++i) {
-            const int k = k0 + kg + 64 * i;
-            if (k >= k1) continue;
-            float vv[8];
-            ao_load8(vv, sv + (k % AO_KEYS) * AO_D + c8);
-#pragma unroll
-            for (int hh = 0; hh < AO_GMAX; ++hh) {
-                if (hh >= G) break;
-                const float pr = exp2f(sc[i][hh] - safe_shift(mx[hh]));
-                sum[hh] += pr;
-#pragma unroll
-                for (int e = 0; e < 8; ++e) acc[hh][e] += pr * vv[e];
-            }
-        }
-#pragma unroll
-        for (int hh = 0; hh < AO_GMAX; ++hh) {
-#pragma unroll
-            for (int e = 0; e < 8; ++e) {
-                acc[hh][e] += __shfl_xor_sync(0xffffffffu, acc[hh][e], 8);
-                acc[hh][e] += __shfl_xor_sync(0xffffffffu, acc[hh][e], 16);
-                if (lane < 8) red[warp][hh][c8 + e] = acc[hh][e];
-            }
-            sum[hh] += __shfl_xor_sync(0xffffffffu, sum[hh], 8);
-            sum[hh] += __shfl_xor_sync(0xffffffffu, sum[hh], 16);
-            if (lane == 0) red[warp][hh][AO_D] = sum[hh];
+            const float pr = k < k1 ? exp2f(sc[hh] - safe_shift(mx[hh])) : 0.f;
+            sp[hh][tid] = pr;
+            const float sum = warp_reduce_sum(pr);
+            if (lane == 0) wsum[warp][hh] = sum;
         }
         __syncthreads();
+        // P V: warp `warp` takes keys warp, warp + 16, ... of the pass; lane the columns 2 lane, 2 lane + 1.
+        float acc[AO_GMAX][2];
+#pragma unroll
+        for (int hh = 0; hh < AO_GMAX; ++hh) acc[hh][0] = acc[hh][1] = 0.f;
+        for (int kk = warp; kk < k1 - k0; kk += AO_WARPS) {
+            const float2 v = __half22float2(*reinterpret_cast<const __half2*>(sv + kk * AO_D + 2 * lane));
+#pragma unroll
+            for (int hh = 0; hh < AO_GMAX; ++hh) {
+                if (hh < G) {
+                    const float pr = sp[hh][kk];
+                    acc[hh][0] += pr * v.x, acc[hh][1] += pr * v.y;
+                }
+            }
+        }
+#pragma unroll
+        for (int hh = 0; hh < AO_GMAX; ++hh)
+            if (hh < G) red[warp][hh * AO_D + 2 * lane] = acc[hh][0], red[warp][hh * AO_D + 2 * lane + 1] = acc[hh][1];
+        __syncthreads();
         if (tid < G * AO_D) {
-            const int hh = tid / AO_D, d = tid % AO_D;
+            const int hh = tid / AO_D;
             float o = 0.f, l = 0.f, m = NEG_INF;
 #pragma unroll
             for (int i = 0; i < AO_GMAX; ++i)
                 if (i == hh) m = mx[i];
-            for (int w2 = 0; w2 < AO_WARPS; ++w2) o += red[w2][hh][d], l += red[w2][hh][AO_D];
+            for (int w2 = 0; w2 < AO_WARPS; ++w2) o += red[w2][tid], l += wsum[w2][hh];
             const float mn = fmax_nan(m_run, m), a = exp2f(m_run - mn), b = exp2f(m - mn);
             o_run = o_run * a + o * b, l_run = l_run * a + l * b, m_run = mn;
         }

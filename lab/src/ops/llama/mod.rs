@@ -42,7 +42,7 @@ pub const FUSED_MAX_WIDTH: usize = 2 * 32 * 32;
 pub const ATTENTION_O_HEAD_DIM: usize = 64;
 pub const ATTENTION_O_MAX_KV_HEADS: usize = 3;
 pub const ATTENTION_O_MAX_GROUP: usize = 4;
-const ATTENTION_O_SMEM: usize = 2 * 256 * 64 * 2;
+const ATTENTION_O_SMEM: usize = 512 * (72 + 64) * 2;
 
 /// The model the kernels above make up (model::llama), as the `llama` experiment's variants:
 /// (name, requires, what). On the CPU backend `engine` is the reference forward.
