@@ -390,6 +390,7 @@ extern "C" __global__ void AO_ATTRS llama_attention_o_q4_1_f16(const unsigned ch
         float acc[AO_GMAX][2];
 #pragma unroll
         for (int hh = 0; hh < AO_GMAX; ++hh) acc[hh][0] = acc[hh][1] = 0.f;
+#pragma unroll 4
         for (int kk = warp; kk < k1 - k0; kk += AO_WARPS) {
             const float2 v = __half22float2(*reinterpret_cast<const __half2*>(sv + kk * AO_D + 2 * lane));
 #pragma unroll
