@@ -201,6 +201,10 @@ pub const ATTENTION: &str = "decode_mma";
 /// output product in one launch, for the fused steps ([`GpuModel::fuses_attention`]).
 pub const ATTENTION_O: &str = "attention_o_q4_1";
 
+/// Positions attention_o_q4_1 takes in one pass of keys (its AO_KEYS); past them each further
+/// pass costs more than the split decode attention saves.
+pub const ATTENTION_O_ONE_PASS: usize = 512;
+
 /// Sequences decoded together, and everything their steps read and write on the device.
 pub struct Batch<'m> {
     m: &'m GpuModel,

@@ -1,5 +1,5 @@
 //! `llama`: the fused steps of a Llama forward between its weight products and attention
-//! (kernels/llama.cu), as launches on the engine's device buffers ([`crate::model::llama`]
+//! (kernels/llama.cu, llama_fused.cu), as launches on the engine's device buffers ([`crate::model::llama`]
 //! assembles them). Rows are tokens: a decode step has one per sequence; a row's position is
 //! `pos[row / rows_per_seq] + row % rows_per_seq`, read on the device.
 
@@ -31,7 +31,7 @@ pub const VARIANTS: &[Variant<()>] = &[
     Variant { name: "attention_o_q4_1", dtypes: &[DType::F16], requires: Requires::Sm90, what: "fused decode: attention over the cache and the output product added into the residual stream in one launch, clusters of three blocks sharing the heads' outputs through DSMEM", config: () },
 ];
 
-/// What the fused decode products take (kernels/llama.cu): up to this many sequences; inputs up
+/// What the fused decode products take (kernels/llama_fused.cu): up to this many sequences; inputs up
 /// to 32 x Q4_NORM_G groups of 32 wide for the products that normalise theirs, 32 x Q4_RESIDUAL_G
 /// for residual_q4_1.
 pub const FUSED_MAX_SEQS: usize = 16;
