@@ -176,13 +176,7 @@ impl GpuModel {
     /// Whether a fused batch of `seqs` takes [`ATTENTION_O`]: the kernel's limits on heads, and sm_90.
     pub fn fuses_attention(&self, seqs: usize) -> bool {
         let c = &self.config;
-        self.fuses(seqs)
-            && self.gpu.arch >= 90
-            && c.head_dim == k::ATTENTION_O_HEAD_DIM
-            && c.kv_heads <= k::ATTENTION_O_MAX_KV_HEADS
-            && c.heads.is_multiple_of(c.kv_heads)
-            && c.heads / c.kv_heads <= k::ATTENTION_O_MAX_GROUP
-            && c.heads * c.head_dim == c.dim
+        self.fuses(seqs) && self.gpu.arch >= 90 && k::attention_o_takes(c.heads, c.kv_heads, c.head_dim) && c.heads * c.head_dim == c.dim
     }
 
     /// `seqs` sequences of up to `capacity` positions each.
@@ -350,10 +344,9 @@ impl<'m> Batch<'m> {
     /// [`ATTENTION_O`] (fused steps only).
     pub fn set_attention(&mut self, variant: &str) -> Result<()> {
         let c = &self.m.config;
-        self.attention_o = variant == ATTENTION_O;
-        if self.attention_o {
+        let attention_o = variant == ATTENTION_O;
+        if attention_o {
             if !self.fused || !self.m.fuses_attention(self.seqs) {
-                self.attention_o = false;
                 return Err(LabError::Invalid(format!(
                     "{ATTENTION_O} runs in fused steps of sm_90, heads of {}, up to {} KV heads of up to {} query heads (fused: {}; {} heads, {} KV heads of {}, sm_{})",
                     k::ATTENTION_O_HEAD_DIM,
@@ -369,6 +362,7 @@ impl<'m> Batch<'m> {
         } else {
             self.decode = Decode::with(&self.m.gpu, variant, self.seqs, c.heads, c.kv_heads, c.head_dim, self.cap)?;
         }
+        self.attention_o = attention_o;
         self.graph = None;
         self.warm = false;
         Ok(())

@@ -241,6 +241,11 @@ pub fn residual_q4_1(gpu: &Gpu, w: &CudaSlice<u8>, a: &CudaSlice<f16>, x: &mut C
     unsafe { l.launch(cfg) }.map(|_| ()).doing("launching llama residual_q4_1")
 }
 
+/// Whether attention_o_q4_1 takes `hq` query heads and `hkv` KV heads of `d` (on sm_90).
+pub fn attention_o_takes(hq: usize, hkv: usize, d: usize) -> bool {
+    d == ATTENTION_O_HEAD_DIM && (1..=ATTENTION_O_MAX_KV_HEADS).contains(&hkv) && hq.is_multiple_of(hkv) && hq / hkv <= ATTENTION_O_MAX_GROUP && hq * d <= FUSED_MAX_NORMED
+}
+
 /// x [seqs, hq D] += f16(att W^T), att the decode attention of `q` over `cache` at `pos` (each
 /// sequence's rows 0..=pos), `w` the output product's Q4_1 rows; one launch ([`ATTENTION_O_HEAD_DIM`]
 /// and the limits after it; sm_90).
@@ -251,7 +256,7 @@ pub fn attention_o_q4_1(gpu: &Gpu, w: &CudaSlice<u8>, q: &CudaSlice<f16>, cache:
     check("attention_o_q4_1", gpu.arch >= 90, || format!("clusters need sm_90, this GPU is sm_{}", gpu.arch))?;
     check(
         "attention_o_q4_1",
-        d == ATTENTION_O_HEAD_DIM && (1..=ATTENTION_O_MAX_KV_HEADS).contains(&hkv) && hq.is_multiple_of(hkv) && hq / hkv <= ATTENTION_O_MAX_GROUP && dim <= FUSED_MAX_NORMED,
+        attention_o_takes(hq, hkv, d),
         || format!("{hq} query heads and {hkv} KV heads of {d}: it takes heads of {ATTENTION_O_HEAD_DIM}, up to {ATTENTION_O_MAX_KV_HEADS} KV heads of up to {ATTENTION_O_MAX_GROUP} query heads, {FUSED_MAX_NORMED} wide"),
     )?;
     check_q4_1("attention_o_q4_1", w, dim, dim)?;
