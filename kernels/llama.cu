@@ -27,6 +27,11 @@
 
 __device__ __forceinline__ int row_pos(const int* pos, int r, int rows_per_seq) { return pos[r / rows_per_seq] + r % rows_per_seq; }
 
+// The cache slot of sequence s's position k: page k / page of its table, row k % page there.
+__device__ __forceinline__ long long cache_slot(const int* __restrict__ table, int s, int max_pages, int page, int k) {
+    return (long long)table[s * max_pages + k / page] * page + k % page;
+}
+
 // Q8_0 block: f16 d, 32 int8; value = q d.
 extern "C" __global__ void llama_embed_q8_0_f32(const unsigned char* __restrict__ w, const unsigned* __restrict__ tokens,
                                                 const int* __restrict__ pos, float* __restrict__ x, int rows_per_seq, int cap, int dim) {
@@ -81,7 +86,7 @@ extern "C" __global__ void llama_rope_cache_f16(const __half* __restrict__ qkv, 
     const int r = blockIdx.x, seq = r / rows_per_seq, p = row_pos(pos, r, rows_per_seq);
     const int width = (hq + 2 * hkv) * D;
     const __half* in = qkv + (long long)r * width;
-    const long long slot = (long long)table[seq * max_pages + p / page] * page + p % page;
+    const long long slot = cache_slot(table, seq, max_pages, page, p);
     // Pairs of Q and K heads (rotated or not), then V copied.
     const int qk_pairs = (hq + hkv) * D / 2;
     for (int i = threadIdx.x; i < qk_pairs + hkv * D; i += blockDim.x) {

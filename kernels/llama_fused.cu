@@ -176,7 +176,7 @@ extern "C" __global__ void __launch_bounds__(Q4_THREADS, 2)
     pdl_wait();
     // The position and the cache slot are fetched now so that they arrive during the norm.
     const int p = lane < seqs ? pos[lane] : 0;
-    const long long slot = lane < seqs ? (long long)table[lane * max_pages + p / page] * page + p % page : 0;
+    const long long slot = lane < seqs ? cache_slot(table, lane, max_pages, page, p) : 0;
     q4_input_norm(ht, x, g, eps, seqs, dim);
     if (pair >= pairs) return;
     float a = 0.f, b = 0.f;
@@ -267,7 +267,7 @@ extern "C" __global__ void __launch_bounds__(Q4_THREADS, 2)
 
 // Where key k of sequence s, KV head g, starts in the cache.
 __device__ __forceinline__ long long ao_row(const int* __restrict__ table, int s, int max_pages, int page, int hkv, int g, int k) {
-    return (((long long)table[s * max_pages + k / page] * page + k % page) * hkv + g) * AO_D;
+    return (cache_slot(table, s, max_pages, page, k) * hkv + g) * AO_D;
 }
 
 // Key and value row `row` of the cache into tile slot `slot` (cp.async, not committed).

@@ -14,7 +14,7 @@
 //! attention: qkv_rope_q4_1, decode attention, residual_q4_1 (output), gate_up_swiglu_q4_1,
 //! residual_q4_1 (down). Decode attention is two launches (split and combine, [`ATTENTION`]) or
 //! one (decode_merge, through [`Batch::set_attention`]); with [`ATTENTION_O`] the attention and
-//! the output product are one launch, and a layer four.
+//! the output product are one launch, and a layer four; with [`LAYER`] a layer is one launch.
 
 use super::config::Config;
 use super::sample::Sampling;
@@ -179,6 +179,13 @@ impl GpuModel {
         self.fuses(seqs) && self.gpu.arch >= 90 && k::attention_o_takes(c.heads, c.kv_heads, c.head_dim) && c.heads * c.head_dim == c.dim
     }
 
+    /// Whether a fused batch of `seqs` sequences of `capacity` positions takes [`LAYER`]: the
+    /// kernel's limits on shapes and positions, and sm_90.
+    pub fn fuses_layer(&self, seqs: usize, capacity: usize) -> bool {
+        let c = &self.config;
+        self.fuses(seqs) && self.gpu.arch >= 90 && k::layer_takes(c.heads, c.kv_heads, c.head_dim, c.dim, c.ffn) && capacity <= k::LAYER_MAX_POSITIONS
+    }
+
     /// `seqs` sequences of up to `capacity` positions each.
     pub fn batch(&self, seqs: usize, capacity: usize) -> Result<Batch<'_>> {
         Batch::new(self, seqs, capacity)
@@ -198,6 +205,21 @@ pub const ATTENTION_O: &str = "attention_o_q4_1";
 /// Positions attention_o_q4_1 takes in one pass of keys (its AO_KEYS); past them each further
 /// pass costs more than the split decode attention saves.
 pub const ATTENTION_O_ONE_PASS: usize = 512;
+
+/// The "attention variant" that is the llama family's layer_q4_1: the whole layer in one launch,
+/// for fused steps ([`GpuModel::fuses_layer`]).
+pub const LAYER: &str = "layer_q4_1";
+
+/// What a fused step launches around decode attention (see the module's note).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fusion {
+    /// Decode attention, then the output product.
+    Products,
+    /// attention_o_q4_1.
+    AttentionO,
+    /// layer_q4_1.
+    Layer,
+}
 
 /// Sequences decoded together, and everything their steps read and write on the device.
 pub struct Batch<'m> {
@@ -226,8 +248,8 @@ pub struct Batch<'m> {
     programmatic: bool,
     /// Decode with the fused products (five launches a layer).
     fused: bool,
-    /// Fused steps run attention_o_q4_1 in place of `decode` and the output product.
-    attention_o: bool,
+    /// What fused steps run around attention.
+    fusion: Fusion,
     /// How each step chooses its token.
     sampling: Sampling,
     /// A step has run eagerly: the next can be captured.
@@ -263,7 +285,7 @@ impl<'m> Batch<'m> {
             graph: None,
             programmatic: false,
             fused: false,
-            attention_o: false,
+            fusion: Fusion::Products,
             sampling: Sampling::GREEDY,
             warm: false,
             m,
@@ -331,7 +353,9 @@ impl<'m> Batch<'m> {
                 c.ffn
             )));
         }
-        self.attention_o &= on;
+        if !on {
+            self.fusion = Fusion::Products;
+        }
         if on != self.fused {
             self.fused = on;
             self.graph = None;
@@ -341,11 +365,30 @@ impl<'m> Batch<'m> {
     }
 
     /// Steps from now on run decode attention variant `variant` ([`ATTENTION`] until set), or
-    /// [`ATTENTION_O`] (fused steps only).
+    /// [`ATTENTION_O`] or [`LAYER`] (fused steps only).
     pub fn set_attention(&mut self, variant: &str) -> Result<()> {
         let c = &self.m.config;
-        let attention_o = variant == ATTENTION_O;
-        if attention_o {
+        let fusion = match variant {
+            ATTENTION_O => Fusion::AttentionO,
+            LAYER => Fusion::Layer,
+            _ => Fusion::Products,
+        };
+        if fusion == Fusion::Layer && (!self.fused || !self.m.fuses_layer(self.seqs, self.cap)) {
+            return Err(LabError::Invalid(format!(
+                "{LAYER} runs in fused steps of sm_90, heads of {}, up to {} query heads, an FFN up to {}, fewer than {} positions (fused: {}; {} heads of {}, FFN {}, capacity {}, sm_{})",
+                k::LAYER_HEAD_DIM,
+                k::LAYER_MAX_HEADS,
+                k::FUSED_MAX_WIDTH,
+                k::LAYER_MAX_POSITIONS,
+                self.fused,
+                c.heads,
+                c.head_dim,
+                c.ffn,
+                self.cap,
+                self.m.gpu.arch
+            )));
+        }
+        if fusion == Fusion::AttentionO {
             if !self.fused || !self.m.fuses_attention(self.seqs) {
                 return Err(LabError::Invalid(format!(
                     "{ATTENTION_O} runs in fused steps of sm_90, heads of {}, up to {} KV heads of up to {} query heads (fused: {}; {} heads, {} KV heads of {}, sm_{})",
@@ -359,10 +402,10 @@ impl<'m> Batch<'m> {
                     self.m.gpu.arch
                 )));
             }
-        } else {
+        } else if fusion == Fusion::Products {
             self.decode = Decode::with(&self.m.gpu, variant, self.seqs, c.heads, c.kv_heads, c.head_dim, self.cap)?;
         }
-        self.attention_o = attention_o;
+        self.fusion = fusion;
         self.graph = None;
         self.warm = false;
         Ok(())
@@ -452,8 +495,13 @@ impl<'m> Batch<'m> {
         let (m, c, gpu) = (self.m, &self.m.config, &*self.m.gpu);
         let (b, dim, eps) = (self.seqs, c.dim, c.eps);
         for (i, l) in m.layers.iter().enumerate() {
+            if self.fusion == Fusion::Layer {
+                let w = k::LayerWeights { qkv: &l.raw.qkv, o: &l.raw.o, gate_up: &l.raw.gate_up, down: &l.raw.down, attn_norm: &l.attn_norm, ffn_norm: &l.ffn_norm };
+                k::layer_q4_1(gpu, &w, &mut self.x, &mut self.caches[i], &self.pos, &m.inv_freq, eps, b, c.heads, c.ffn)?;
+                continue;
+            }
             k::qkv_rope_q4_1(gpu, &l.raw.qkv, &self.x, &l.attn_norm, eps, &mut self.q, &mut self.caches[i], &self.pos, &m.inv_freq, b, c.heads)?;
-            if self.attention_o {
+            if self.fusion == Fusion::AttentionO {
                 k::attention_o_q4_1(gpu, &l.raw.o, &self.q, &self.caches[i], &self.pos, &mut self.x, b, c.heads)?;
             } else {
                 self.decode.run(&self.q, &self.caches[i], &self.pos, cuda(&mut self.att), None)?;

@@ -25,7 +25,7 @@
 use crate::experiment::{param_str, param_usize, Backend, Experiment, Measurement, Peer, Session};
 use crate::gpu::timing::time_gpu;
 use crate::model::llama::generate::argmax;
-use crate::model::llama::gpu::{ATTENTION, ATTENTION_O};
+use crate::model::llama::gpu::{ATTENTION, ATTENTION_O, LAYER};
 use crate::model::llama::{CpuModel, GpuModel};
 use crate::model::tokenizer::Tokenizer;
 use crate::ops::compare::compare_elems;
@@ -158,6 +158,7 @@ impl Experiment for Llama {
             ("engine_fused", "llama", "gate_up_swiglu_q4_1"),
             ("engine_fused", "llama", "residual_q4_1"),
             ("engine_attention_o", "llama", "attention_o_q4_1"),
+            ("engine_layer", "llama", "layer_q4_1"),
             ("sample", "llama", "sample"),
         ]
     }
@@ -180,7 +181,7 @@ fn engines(s: &Session) -> Vec<&'static str> {
 }
 
 /// How a variant's batch steps: (programmatic edges, fused products, decode attention variant).
-/// All but engine_merged and engine_attention_o keep the engine's own attention ([`ATTENTION`]).
+/// All but engine_merged, engine_attention_o and engine_layer keep the engine's own attention ([`ATTENTION`]).
 /// engine_merged fuses
 /// where `fuses` says, as `lab generate` does: at batch 1 (the fused products are slower than the
 /// unfused at 4 and 16 sequences, note h100-decode-fused).
@@ -190,8 +191,20 @@ fn step_mode(variant: &str, fuses: bool) -> (bool, bool, &'static str) {
         "engine_pdl" => (true, false, ATTENTION),
         "engine_fused" => (true, true, ATTENTION),
         "engine_attention_o" => (true, true, ATTENTION_O),
+        "engine_layer" => (true, true, LAYER),
         _ => (true, fuses, "decode_merge"),
     }
+}
+
+/// Whether `variant` runs a batch of `seqs` sequences of `capacity` positions on `m` (every
+/// variant on the CPU, where only `engine` runs).
+fn takes(m: Option<&GpuModel>, variant: &str, seqs: usize, capacity: usize) -> bool {
+    m.is_none_or(|m| match variant {
+        "engine_fused" => m.fuses(seqs),
+        "engine_attention_o" => m.fuses_attention(seqs),
+        "engine_layer" => m.fuses_layer(seqs, capacity),
+        _ => true,
+    })
 }
 
 /// Sets `batch` up to step as `variant` does.
@@ -259,7 +272,7 @@ fn check(s: &mut Session, case: &Value) -> Result<()> {
     };
     let mut plain: Option<Vec<f32>> = None;
     for variant in variants {
-        if variant == "engine_attention_o" && gpu_model.as_ref().is_some_and(|m| !m.fuses_attention(1)) {
+        if !takes(gpu_model.as_ref(), variant, 1, prompt.len() + steps + 1) {
             continue;
         }
         let (got_all, want_all, cosines, agree, edges) = match &gpu_model {
@@ -349,10 +362,11 @@ fn decode(s: &mut Session, case: &Value) -> Result<()> {
             let (want, reference) = first_steps(&g, &m, &prompt, ctx)?;
             for variant in variants {
                 // Room for the warm-up and the repetitions the budget may take.
-                if (variant == "engine_fused" && !m.fuses(b)) || (variant == "engine_attention_o" && !m.fuses_attention(b)) {
+                let cap = ctx + 2 * (s.budget.max + crate::profile::MAX_WARMUP_ROUNDS * s.budget.warmup) + 2;
+                if !takes(Some(&m), variant, b, cap) {
                     continue;
                 }
-                let mut batch = m.batch(b, ctx + 2 * (s.budget.max + crate::profile::MAX_WARMUP_ROUNDS * s.budget.warmup) + 2)?;
+                let mut batch = m.batch(b, cap)?;
                 set_mode(&mut batch, variant, b == 1 && m.fuses(1))?;
                 batch.start(&vec![prompt.clone(); b])?;
                 batch.prefill()?;

@@ -29,6 +29,7 @@ pub const VARIANTS: &[Variant<()>] = &[
     Variant { name: "gate_up_swiglu_q4_1", dtypes: &[DType::F16], requires: Requires::Gpu, what: "fused decode: RMSNorm, the gate and up products of GGUF Q4_1 rows and SwiGLU in one launch", config: () },
     Variant { name: "residual_q4_1", dtypes: &[DType::F16], requires: Requires::Gpu, what: "fused decode: a product of GGUF Q4_1 rows added into the f32 residual stream", config: () },
     Variant { name: "attention_o_q4_1", dtypes: &[DType::F16], requires: Requires::Sm90, what: "fused decode: attention over the cache and the output product added into the residual stream in one launch, clusters of three blocks sharing the heads' outputs through DSMEM", config: () },
+    Variant { name: "layer_q4_1", dtypes: &[DType::F16], requires: Requires::Sm90, what: "fused decode: a whole layer in one launch, a cluster of 16 blocks per sequence holding its Q4_1 rows in shared memory and handing activations over through DSMEM", config: () },
 ];
 
 /// What the fused decode products take (kernels/llama_fused.cu): up to this many sequences; inputs up
@@ -43,6 +44,13 @@ pub const ATTENTION_O_HEAD_DIM: usize = 64;
 pub const ATTENTION_O_MAX_KV_HEADS: usize = 3;
 pub const ATTENTION_O_MAX_GROUP: usize = 4;
 const ATTENTION_O_SMEM: usize = 512 * (72 + 64) * 2;
+/// What layer_q4_1 takes (kernels/llama_layer.cu): heads of 64, up to 16 query heads, rows up to
+/// 1024 wide, an FFN up to 2048, a sixteenth of the QKV rows up to 128, positions below 1024 (16
+/// blocks of 64 key slots), and its weights' share within a block's shared memory.
+pub const LAYER_HEAD_DIM: usize = 64;
+pub const LAYER_MAX_HEADS: usize = 16;
+pub const LAYER_MAX_POSITIONS: usize = LAYER_CLUSTER * 64;
+const LAYER_CLUSTER: usize = 16;
 
 /// The model the kernels above make up (model::llama), as the `llama` experiment's variants:
 /// (name, requires, what). On the CPU backend `engine` is the reference forward.
@@ -52,6 +60,7 @@ pub const ENGINES: &[(&str, &str, &str)] = &[
     ("engine_fused", "gpu", "engine_pdl with the fused decode products above: a layer in five launches and the attention's two instead of ten (batches up to 16)"),
     ("engine_merged", "gpu", "engine_fused at batch 1, engine_pdl above, with decode attention in one launch (attention's decode_merge)"),
     ("engine_attention_o", "sm_90+", "engine_fused with decode attention and the output product in one launch (attention_o_q4_1): a layer in four launches (batches up to 16)"),
+    ("engine_layer", "sm_90+", "engine_fused with each layer one launch (layer_q4_1, a cluster of 16 blocks per sequence): positions below 1024"),
 ];
 
 /// The kernels' rows, then the engine's: the `llama` experiment's records are the engine's.
@@ -277,6 +286,95 @@ pub fn attention_o_q4_1(gpu: &Gpu, w: &CudaSlice<u8>, q: &CudaSlice<f16>, cache:
     // the cache's capacity and its table entries are its own pages (as for qkv_rope_q4_1); the
     // dynamic shared memory is the kernel's AO_SMEM.
     unsafe { l.launch(cfg) }.map(|_| ()).doing("launching llama attention_o_q4_1")
+}
+
+/// Whether layer_q4_1 takes a layer of `hq` query heads and `hkv` KV heads of `d`, `dim` wide
+/// with an FFN of `ffn` (shapes only: [`layer_q4_1`] also checks shared memory and positions).
+pub fn layer_takes(hq: usize, hkv: usize, d: usize, dim: usize, ffn: usize) -> bool {
+    let pairs = (hq + 2 * hkv) * d / 2;
+    d == LAYER_HEAD_DIM
+        && (1..=LAYER_MAX_HEADS).contains(&hq)
+        && hkv >= 1
+        && hq.is_multiple_of(hkv)
+        && dim == hq * d
+        && dim <= FUSED_MAX_NORMED
+        && ffn.is_multiple_of(32)
+        && (32..=FUSED_MAX_WIDTH).contains(&ffn)
+        && pairs.div_ceil(LAYER_CLUSTER) <= 64
+}
+
+/// layer_q4_1's dynamic shared memory: each product's rows of one block (16-aligned), then its
+/// key and value tiles (64 slots of every KV head, keys 72 halves apart).
+fn layer_smem(dim: usize, hq: usize, hkv: usize, ffn: usize) -> usize {
+    let up16 = |v: usize| v.div_ceil(16) * 16;
+    let (rb1, rb2) = (dim / 32 * 20, ffn / 32 * 20);
+    let (ppb, rpb, fpb) = (((hq + 2 * hkv) * LAYER_HEAD_DIM / 2).div_ceil(LAYER_CLUSTER), dim.div_ceil(LAYER_CLUSTER), ffn.div_ceil(LAYER_CLUSTER));
+    up16(2 * ppb * rb1) + up16(rpb * rb1) + 2 * up16(fpb * rb1) + up16(rpb * rb2) + 64 * hkv * (72 + 64) * 2
+}
+
+/// One layer's Q4_1 products and norms, as [`layer_q4_1`] reads them.
+pub struct LayerWeights<'a> {
+    /// (hq + 2 hkv) D rows of dim: Q, K, V.
+    pub qkv: &'a CudaSlice<u8>,
+    pub o: &'a CudaSlice<u8>,
+    /// Gate rows then up rows: 2 ffn of dim.
+    pub gate_up: &'a CudaSlice<u8>,
+    pub down: &'a CudaSlice<u8>,
+    pub attn_norm: &'a CudaSlice<f32>,
+    pub ffn_norm: &'a CudaSlice<f32>,
+}
+
+/// One decode layer for `seqs` sequences in one launch: x += attention(RoPE(RMSNorm(x) Wqkv)) Wo
+/// (K and V stored into `cache` at each sequence's position), then x += SwiGLU(RMSNorm(x) Wgu) Wd,
+/// rounded where the fused products round. sm_90; [`layer_takes`]'s shapes.
+#[allow(clippy::too_many_arguments)]
+pub fn layer_q4_1(
+    gpu: &Gpu,
+    w: &LayerWeights,
+    x: &mut CudaSlice<f32>,
+    cache: &mut KvCache<f16>,
+    pos: &CudaSlice<i32>,
+    inv_freq: &CudaSlice<f64>,
+    eps: f32,
+    seqs: usize,
+    hq: usize,
+    ffn: usize,
+) -> Result<()> {
+    let (hkv, d, dim) = (cache.hkv, cache.d, w.attn_norm.len());
+    check("layer_q4_1", gpu.arch >= 90, || format!("clusters of 16 need sm_90, this GPU is sm_{}", gpu.arch))?;
+    check("layer_q4_1", layer_takes(hq, hkv, d, dim, ffn), || {
+        format!(
+            "{hq} query heads and {hkv} KV heads of {d}, {dim} wide, an FFN of {ffn}: it takes heads of {LAYER_HEAD_DIM}, up to {LAYER_MAX_HEADS} query heads, {FUSED_MAX_NORMED} wide, an FFN up to {FUSED_MAX_WIDTH}"
+        )
+    })?;
+    check_q4_1("layer_q4_1", w.qkv, (hq + 2 * hkv) * d, dim)?;
+    check_q4_1("layer_q4_1", w.o, dim, dim)?;
+    check_q4_1("layer_q4_1", w.gate_up, 2 * ffn, dim)?;
+    check_q4_1("layer_q4_1", w.down, dim, ffn)?;
+    let capacity = cache.page * cache.max_pages;
+    check(
+        "layer_q4_1",
+        (1..=cache.batch).contains(&seqs) && x.len() >= seqs * dim && pos.len() >= seqs && w.ffn_norm.len() == dim && 2 * inv_freq.len() <= d && capacity <= LAYER_MAX_POSITIONS,
+        || format!("{seqs} sequences of {dim} over a cache of {} sequences of {capacity} positions (at most {LAYER_MAX_POSITIONS})", cache.batch),
+    )?;
+    let f = gpu.function(FAMILY, &symbol(FAMILY, "layer_q4_1", DType::F16))?;
+    let smem = layer_smem(dim, hq, hkv, ffn);
+    let static_smem = f.get_attribute(cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES).doing("reading layer_q4_1's static shared memory")? as usize;
+    let optin = gpu.info.max_smem_per_block_optin as usize;
+    check("layer_q4_1", smem + static_smem <= optin, || format!("a block's share of the weights and tiles takes {smem} + {static_smem} bytes of shared memory; this device allows {optin}"))?;
+    crate::ops::gemm::raise_dynamic_smem(&f, smem)?;
+    f.set_attribute(cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1).doing("allowing clusters of 16")?;
+    let cfg = LaunchConfig { grid_dim: (LAYER_CLUSTER as u32, seqs as u32, 1), block_dim: (512, 1, 1), shared_mem_bytes: smem as u32 };
+    let scale_log2 = std::f32::consts::LOG2_E / (d as f32).sqrt();
+    let [dim, hq, hkv, ffn, rd, page, mp] = [dim, hq, hkv, ffn, 2 * inv_freq.len(), cache.page, cache.max_pages].map(|v| v as i32);
+    let mut l = gpu.stream.launch_builder(&f);
+    l.arg(w.qkv).arg(w.o).arg(w.gate_up).arg(w.down).arg(w.attn_norm).arg(w.ffn_norm).arg(x);
+    l.arg(&mut cache.k).arg(&mut cache.v).arg(&cache.table).arg(pos).arg(inv_freq);
+    l.arg(&eps).arg(&dim).arg(&hq).arg(&hkv).arg(&ffn).arg(&rd).arg(&page).arg(&mp).arg(&scale_log2);
+    // SAFETY: the weights hold their rows and x and pos the sequences (checked); positions stay
+    // below the cache's capacity, at most the kernel's key slots (checked), and its table entries
+    // are its own pages (as for qkv_rope_q4_1); the dynamic shared memory is layer_smem's.
+    unsafe { l.launch(cfg) }.map(|_| ()).doing("launching llama layer_q4_1")
 }
 
 /// [`argmax`]'s contract, the token drawn as `s` says (the draw of

@@ -1,0 +1,321 @@
+// llama_layer.cu: a whole decode layer in one launch (concatenated after llama.cu and
+// llama_fused.cu, whose helpers it uses).
+//
+//  layer_q4_1  RMSNorm, the QKV product, RoPE and the cache store, attention over the cache, the
+//              output product into x, RMSNorm, gate and up with SwiGLU, the down product into x.
+//
+// One cluster of LY_CLUSTER blocks (16, a non-portable size: sm_90) per sequence does the layer;
+// the blocks hand each other what a kernel boundary used to carry through distributed shared
+// memory and cluster barriers, so a layer is one launch, not four. Each block owns a
+// sixteenth of every product's rows and holds their GGUF Q4_1 blocks in shared memory (138 KB a
+// block for SmolLM2), copied before pdl_wait while the layer before runs: after the wait the
+// chain touches memory only for x, so it is the chain of barriers and on-chip products alone.
+// Attention splits the keys across the cluster (position k in block k % LY_CLUSTER, so at short
+// contexts every block holds a few), each block taking every query head over its keys (an online
+// softmax's partial max, sum and output, combined by every block for itself): positions up to
+// LY_CLUSTER x LY_NK in one pass, the rows before the step's own also copied before the wait.
+// Every value the unfused step rounds to f16 is rounded here too.
+
+#define LY_CLUSTER 16
+#define LY_THREADS 512
+#define LY_WARPS (LY_THREADS / 32)
+#define LY_D 64
+#define LY_NK 64                    // key slots a block: positions below LY_CLUSTER * LY_NK
+#define LY_MAXH 16                  // query heads (a warp per head in P V)
+#define LY_MAXDIM 1024              // two columns a thread; q4_dot's G = 1
+#define LY_MAXFFN 2048              // the down product's input: G = 2
+#define LY_OWN 128                  // a block's share of the QKV outputs (64 pairs) and of the FFN
+#define LY_KS (LY_D + 8)            // key row stride in halves (as attention_o's)
+#define LY_ROUNDS 4                 // rows a warp takes per product, at most (64 of a block's share)
+
+// Copies [src, src + bytes) into shared memory at dst (16-aligned) with cp.async, 16 bytes a
+// request when the source allows it, 4 otherwise (Q4_1 rows are 20-byte blocks); not committed.
+__device__ __forceinline__ void ly_copy(unsigned char* dst, const unsigned char* __restrict__ src, int bytes) {
+    if (((reinterpret_cast<unsigned long long>(src) | (unsigned)bytes) & 15u) == 0) {
+        for (int i = threadIdx.x * 16; i < bytes; i += LY_THREADS * 16) cp_async16(smem_addr(dst + i), src + i, 16);
+    } else {
+        for (int i = threadIdx.x * 4; i < bytes; i += LY_THREADS * 4)
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst + i)), "l"(src + i));
+    }
+}
+
+// q4_load from shared memory.
+template <int G>
+__device__ __forceinline__ void ly_row(Q4Row<G>& r, const unsigned char* row, int groups, int lane) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        const int grp = lane + 32 * g;
+        if (grp < groups) {
+            const unsigned* p = reinterpret_cast<const unsigned*>(row + grp * 20);
+#pragma unroll
+            for (int k = 0; k < 5; ++k) r.u[g][k] = p[k];
+        }
+    }
+}
+
+// v[0], v[1] (columns tid, tid + LY_THREADS) normalised into ht as q4_dot reads its input.
+__device__ __forceinline__ void ly_norm(float* ht, float* red, const float (&v)[2], const float (&g)[2], float eps, int dim) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float ss = warp_reduce_sum(v[0] * v[0] + v[1] * v[1]);
+    if (lane == 0) red[warp] = ss;
+    __syncthreads();
+    float t = 0.f;
+#pragma unroll
+    for (int w = 0; w < LY_WARPS; ++w) t += red[w];
+    const float rstd = 1.f / sqrtf(t / dim + eps);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int c = threadIdx.x + i * LY_THREADS;
+        if (c < dim) ht[q4_at(0, c, dim / 32)] = round16(v[i] * rstd * g[i]);
+    }
+}
+
+__device__ __forceinline__ void ly_cluster_sync() {
+    __cluster_barrier_arrive();
+    __cluster_barrier_wait();
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define LY_ATTRS __launch_bounds__(LY_THREADS, 1) __cluster_dims__(LY_CLUSTER, 1, 1)
+#else
+#define LY_ATTRS __launch_bounds__(LY_THREADS, 1)
+#endif
+
+// Weights as the GGUF stores them: wqkv (hq + 2 hkv) D rows of dim, wo dim of dim, wgu gate then
+// up (2 ffn of dim), wd dim of ffn. x [seqs, dim]. Grid (LY_CLUSTER, seqs), LY_THREADS threads;
+// dynamic shared memory as the launcher sizes it (the rows of each product this block owns, each
+// part 16-aligned, then the key and value tiles).
+extern "C" __global__ void LY_ATTRS llama_layer_q4_1_f16(const unsigned char* __restrict__ wqkv, const unsigned char* __restrict__ wo,
+                                                         const unsigned char* __restrict__ wgu, const unsigned char* __restrict__ wd,
+                                                         const float* __restrict__ attn_norm, const float* __restrict__ ffn_norm, float* __restrict__ x,
+                                                         __half* __restrict__ kc, __half* __restrict__ vc, const int* __restrict__ table,
+                                                         const int* __restrict__ pos, const double* __restrict__ inv_freq, float eps, int dim, int hq,
+                                                         int hkv, int ffn, int rope_dims, int page, int max_pages, float scale_log2) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ __align__(16) unsigned char ly_smem[];
+    __shared__ float ht[LY_MAXFFN];               // the current product's input, as q4_dot reads it
+    __shared__ float xs[LY_MAXDIM];               // x as the layer found it
+    __shared__ __align__(16) float sq[LY_MAXDIM]; // every query head
+    __shared__ float sp[LY_MAXH][LY_NK];          // probabilities of this block's keys
+    __shared__ float part_o[LY_MAXDIM], part_m[LY_MAXH], part_l[LY_MAXH];  // this block's share of attention
+    __shared__ float hm[LY_MAXH][2], hl[LY_MAXH][2];
+    __shared__ float own_qkv[LY_OWN], own_x[LY_MAXDIM / LY_CLUSTER], own_act[LY_OWN];  // what the others read
+    __shared__ float red[LY_WARPS];
+    __shared__ double freq[LY_OWN / 2];           // each pair's RoPE frequency (0: not rotated)
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, b = blockIdx.x, s = blockIdx.y;
+    const int g1 = dim / 32, g2 = ffn / 32, rb1 = g1 * 20, rb2 = g2 * 20, G = hq / hkv;
+    // This block's rows: QKV pairs [b ppb, ..), output and down rows [b rpb, ..), FFN columns [b fpb, ..).
+    const int pairs = (hq + 2 * hkv) * LY_D / 2, ppb = (pairs + LY_CLUSTER - 1) / LY_CLUSTER;
+    const int rpb = (dim + LY_CLUSTER - 1) / LY_CLUSTER, fpb = (ffn + LY_CLUSTER - 1) / LY_CLUSTER;
+    const int p0 = b * ppb, np = max(0, min(pairs, p0 + ppb) - p0);
+    const int r0 = b * rpb, nr = max(0, min(dim, r0 + rpb) - r0);
+    const int f0 = b * fpb, nf = max(0, min(ffn, f0 + fpb) - f0);
+    auto up16 = [](int v) { return (v + 15) & ~15; };
+    unsigned char* s_qkv = ly_smem;
+    unsigned char* s_o = s_qkv + up16(2 * ppb * rb1);
+    unsigned char* s_g = s_o + up16(rpb * rb1);
+    unsigned char* s_u = s_g + up16(fpb * rb1);
+    unsigned char* s_d = s_u + up16(fpb * rb1);
+    __half* sk = reinterpret_cast<__half*>(s_d + up16(rpb * rb2));
+    __half* sv = sk + LY_NK * hkv * LY_KS;
+
+    ly_copy(s_qkv, wqkv + (long long)2 * p0 * rb1, 2 * np * rb1);
+    ly_copy(s_o, wo + (long long)r0 * rb1, nr * rb1);
+    ly_copy(s_g, wgu + (long long)f0 * rb1, nf * rb1);
+    ly_copy(s_u, wgu + (long long)(ffn + f0) * rb1, nf * rb1);
+    ly_copy(s_d, wd + (long long)r0 * rb2, nr * rb2);
+    // Keys b, b + LY_CLUSTER, ... up to the position; the rows before it were written by earlier steps.
+    const int p = pos[s];
+    const int nk = p >= b ? min(LY_NK, (p - b) / LY_CLUSTER + 1) : 0;
+    for (int t = tid; t < nk * hkv; t += LY_THREADS) {
+        const int i = t / hkv, g = t % hkv, k = b + LY_CLUSTER * i;
+        if (k < p) {
+            const long long row = (cache_slot(table, s, max_pages, page, k) * hkv + g) * LY_D;
+#pragma unroll
+            for (int c = 0; c < LY_D; c += 8) {
+                cp_async16(smem_addr(sk + (i * hkv + g) * LY_KS + c), kc + row + c, 16);
+                cp_async16(smem_addr(sv + (i * hkv + g) * LY_D + c), vc + row + c, 16);
+            }
+        }
+    }
+    cp_async_commit();
+    float ga[2], gf[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int c = tid + i * LY_THREADS;
+        ga[i] = c < dim ? __ldg(attn_norm + c) : 0.f;
+        gf[i] = c < dim ? __ldg(ffn_norm + c) : 0.f;
+    }
+    if (tid < np) {
+        const int e = 2 * (p0 + tid), head = e / LY_D, d = e % LY_D;
+        freq[tid] = head < hq + hkv && d < rope_dims ? inv_freq[d / 2] : 0.0;
+    }
+    const long long slot = cache_slot(table, s, max_pages, page, p);
+    pdl_wait();
+
+    // RMSNorm of x, then this block's QKV pairs: RoPE, Q and the step's K and V kept for the
+    // others, K and V stored in the cache for later steps.
+    float v[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int c = tid + i * LY_THREADS;
+        v[i] = c < dim ? x[(long long)s * dim + c] : 0.f;
+        if (c < dim) xs[c] = v[i];
+    }
+    ly_norm(ht, red, v, ga, eps, dim);
+    cp_async_wait<0>();
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < LY_ROUNDS; ++u) {
+        const int i = warp + LY_WARPS * u;
+        if (i >= np) break;
+        Q4Row<1> ra, rb;
+        ly_row(ra, s_qkv + 2 * i * rb1, g1, lane);
+        ly_row(rb, s_qkv + (2 * i + 1) * rb1, g1, lane);
+        float a = round16(q4_dot(ra, ht, 0, g1, lane)), c = round16(q4_dot(rb, ht, 0, g1, lane));
+        const int e = 2 * (p0 + i), head = e / LY_D, d = e % LY_D;
+        if (head < hq + hkv && d < rope_dims) rotate(a, c, p, freq[i]);
+        if (lane == 0) {
+            own_qkv[2 * i] = round16(a), own_qkv[2 * i + 1] = round16(c);
+            if (head >= hq) {
+                __half* out = head < hq + hkv ? kc + slot * hkv * LY_D + (e - hq * LY_D) : vc + slot * hkv * LY_D + (e - (hq + hkv) * LY_D);
+                out[0] = __float2half_rn(a), out[1] = __float2half_rn(c);
+            }
+        }
+    }
+    ly_cluster_sync();
+
+    // Every query head, and the step's own key and value row into the block that holds position p.
+    auto qkv_at = [&](int e) {
+        const int owner = e / 2 / ppb;
+        return static_cast<const float*>(__cluster_map_shared_rank(own_qkv, (unsigned)owner))[e - 2 * owner * ppb];
+    };
+    for (int c = tid; c < hq * LY_D; c += LY_THREADS) sq[c] = qkv_at(c);
+    if (p % LY_CLUSTER == b) {
+        const int i = p / LY_CLUSTER;
+        for (int t = tid; t < 2 * hkv * LY_D; t += LY_THREADS) {
+            const int kv = t / (hkv * LY_D), g = t / LY_D % hkv, d = t % LY_D;
+            const __half h = __float2half_rn(qkv_at(hq * LY_D + t));
+            if (kv == 0) sk[(i * hkv + g) * LY_KS + d] = h;
+            else sv[(i * hkv + g) * LY_D + d] = h;
+        }
+    }
+    __syncthreads();
+    // Scores: thread (warp w, lane) takes key slot (w & 1) 32 + lane with heads w / 2 and w / 2 + 8.
+    {
+        const int i = (warp & 1) * 32 + lane, half_ = warp & 1;
+        float sc[2];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            const int h = (warp >> 1) + 8 * u;
+            sc[u] = NEG_INF;
+            if (h < hq && i < nk) {
+                const __half* kr = sk + (i * hkv + h / G) * LY_KS;
+                float acc = 0.f;
+#pragma unroll
+                for (int c = 0; c < LY_D; c += 8) {
+                    const uint4 w = *reinterpret_cast<const uint4*>(kr + c);
+                    const __half2* h2 = reinterpret_cast<const __half2*>(&w);
+                    const float4 qa = *reinterpret_cast<const float4*>(&sq[h * LY_D + c]), qb = *reinterpret_cast<const float4*>(&sq[h * LY_D + c + 4]);
+                    const float2 k0 = __half22float2(h2[0]), k1 = __half22float2(h2[1]), k2 = __half22float2(h2[2]), k3 = __half22float2(h2[3]);
+                    acc += qa.x * k0.x + qa.y * k0.y + qa.z * k1.x + qa.w * k1.y + qb.x * k2.x + qb.y * k2.y + qb.z * k3.x + qb.w * k3.y;
+                }
+                sc[u] = acc * scale_log2;
+            }
+            if (h < hq) {
+                const float mx = warp_reduce_max(sc[u]);
+                if (lane == 0) hm[h][half_] = mx;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            const int h = (warp >> 1) + 8 * u;
+            if (h >= hq) continue;
+            const float m = fmax_nan(hm[h][0], hm[h][1]);
+            const float pr = i < nk ? exp2f(sc[u] - safe_shift(m)) : 0.f;
+            sp[h][i] = pr;
+            const float sum = warp_reduce_sum(pr);
+            if (lane == 0) hl[h][half_] = sum;
+        }
+        __syncthreads();
+    }
+    // P V: warp h takes head h, a lane two columns.
+    if (warp < hq) {
+        const int h = warp;
+        float a0 = 0.f, a1 = 0.f;
+#pragma unroll 4
+        for (int i = 0; i < nk; ++i) {
+            const float pr = sp[h][i];
+            const float2 vv = __half22float2(*reinterpret_cast<const __half2*>(sv + (i * hkv + h / G) * LY_D + 2 * lane));
+            a0 += pr * vv.x, a1 += pr * vv.y;
+        }
+        part_o[h * LY_D + 2 * lane] = a0, part_o[h * LY_D + 2 * lane + 1] = a1;
+        if (lane == 0) part_m[h] = fmax_nan(hm[h][0], hm[h][1]), part_l[h] = hl[h][0] + hl[h][1];
+    }
+    ly_cluster_sync();
+
+    // Every block combines the cluster's shares for every column (the output product reads them all).
+    for (int c = tid; c < dim; c += LY_THREADS) {
+        const int h = c / LY_D;
+        float m = NEG_INF;
+#pragma unroll 4
+        for (int r = 0; r < LY_CLUSTER; ++r) m = fmax_nan(m, static_cast<const float*>(__cluster_map_shared_rank(part_m, (unsigned)r))[h]);
+        float o = 0.f, l = 0.f;
+#pragma unroll 4
+        for (int r = 0; r < LY_CLUSTER; ++r) {
+            const float mr = static_cast<const float*>(__cluster_map_shared_rank(part_m, (unsigned)r))[h];
+            const float w = exp2f(mr - safe_shift(m));
+            o += w * static_cast<const float*>(__cluster_map_shared_rank(part_o, (unsigned)r))[c];
+            l += w * static_cast<const float*>(__cluster_map_shared_rank(part_l, (unsigned)r))[h];
+        }
+        ht[q4_at(0, c, g1)] = round16(o / l);
+    }
+    __syncthreads();
+    // The output product's rows of this block, added into x.
+#pragma unroll
+    for (int u = 0; u < LY_ROUNDS; ++u) {
+        const int i = warp + LY_WARPS * u;
+        if (i >= nr) break;
+        Q4Row<1> r;
+        ly_row(r, s_o + i * rb1, g1, lane);
+        const float y = q4_dot(r, ht, 0, g1, lane);
+        if (lane == 0) own_x[i] = xs[r0 + i] + round16(y);
+    }
+    ly_cluster_sync();
+
+    // RMSNorm of the new x (every block gathers it), this block's gate and up columns, SwiGLU.
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int c = tid + i * LY_THREADS;
+        v[i] = 0.f;
+        if (c < dim) v[i] = static_cast<const float*>(__cluster_map_shared_rank(own_x, (unsigned)(c / rpb)))[c % rpb];
+    }
+    ly_norm(ht, red, v, gf, eps, dim);
+    __syncthreads();
+    for (int i = warp; i < nf; i += LY_WARPS) {
+        Q4Row<1> rg, ru;
+        ly_row(rg, s_g + i * rb1, g1, lane);
+        ly_row(ru, s_u + i * rb1, g1, lane);
+        const float gs = round16(q4_dot(rg, ht, 0, g1, lane)), us = round16(q4_dot(ru, ht, 0, g1, lane));
+        if (lane == 0) own_act[i] = round16(gs / (1.f + __expf(-gs)) * us);
+    }
+    ly_cluster_sync();
+
+    // The down product's rows of this block over the gathered activations, added into x.
+    for (int c = tid; c < ffn; c += LY_THREADS) ht[q4_at(0, c, g2)] = static_cast<const float*>(__cluster_map_shared_rank(own_act, (unsigned)(c / fpb)))[c % fpb];
+    // Done with the other blocks' memory: they may leave once every block has arrived here.
+    __cluster_barrier_arrive();
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < LY_ROUNDS; ++u) {
+        const int i = warp + LY_WARPS * u;
+        if (i >= nr) break;
+        Q4Row<2> r;
+        ly_row(r, s_d + i * rb2, g2, lane);
+        const float y = q4_dot(r, ht, 0, g2, lane);
+        if (lane == 0) x[(long long)s * dim + r0 + i] = own_x[i] + round16(y);
+    }
+    __cluster_barrier_wait();
+#endif
+}
