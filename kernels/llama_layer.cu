@@ -14,6 +14,11 @@
 // contexts every block holds a few), each block taking every query head over its keys (an online
 // softmax's partial max, sum and output, combined by every block for itself): positions up to
 // LY_CLUSTER x LY_NK in one pass, the rows before the step's own also copied before the wait.
+// The products run on the tensor cores (mma.sync m16n8k16, f16 in, f32 out): a warp takes 16 rows
+// and a run of groups of 32, each group's 4-bit values made exact f16 integers and multiplied by
+// the f16 input (the sequence in the mma's first column, the other seven zero), then scaled by the
+// group's d and m as q4_dot does. The first version took q4_dot's lane-a-group loop, which on 16
+// SMs issued ~130k warp instructions per SM a layer (52 us alone; note h200-decode-layer).
 // Every value the unfused step rounds to f16 is rounded here too.
 
 #define LY_CLUSTER 16
@@ -26,12 +31,12 @@
 #define LY_MAXFFN 2048              // the down product's input: G = 2
 #define LY_OWN 128                  // a block's share of the QKV outputs (64 pairs) and of the FFN
 #define LY_KS (LY_D + 8)            // key row stride in halves (as attention_o's)
-#define LY_ROUNDS 4                 // rows a warp takes per product, at most (64 of a block's share)
+#define LY_PART 1024                // partial sums of a product: (splits x 16-row tiles) rows
 
-// Copies [src, src + bytes) into shared memory at dst (16-aligned) with cp.async, 16 bytes a
-// request when the source allows it, 4 otherwise (Q4_1 rows are 20-byte blocks); not committed.
+// Copies [src, src + bytes) into shared memory at dst with cp.async, 16 bytes a request when both
+// ends allow it, 4 otherwise (Q4_1 rows are 20-byte blocks); not committed.
 __device__ __forceinline__ void ly_copy(unsigned char* dst, const unsigned char* __restrict__ src, int bytes) {
-    if (((reinterpret_cast<unsigned long long>(src) | (unsigned)bytes) & 15u) == 0) {
+    if (((reinterpret_cast<unsigned long long>(src) | smem_addr(dst) | (unsigned)bytes) & 15u) == 0) {
         for (int i = threadIdx.x * 16; i < bytes; i += LY_THREADS * 16) cp_async16(smem_addr(dst + i), src + i, 16);
     } else {
         for (int i = threadIdx.x * 4; i < bytes; i += LY_THREADS * 4)
@@ -39,22 +44,77 @@ __device__ __forceinline__ void ly_copy(unsigned char* dst, const unsigned char*
     }
 }
 
-// q4_load from shared memory.
-template <int G>
-__device__ __forceinline__ void ly_row(Q4Row<G>& r, const unsigned char* row, int groups, int lane) {
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-        const int grp = lane + 32 * g;
-        if (grp < groups) {
-            const unsigned* p = reinterpret_cast<const unsigned*>(row + grp * 20);
-#pragma unroll
-            for (int k = 0; k < 5; ++k) r.u[g][k] = p[k];
+// Bytes b0, b1 of a group's nibbles as two f16 pairs: (lo b0, lo b1) and (hi b0, hi b1), exact
+// integers 0..15 (0x6400 | q is 1024 + q in f16).
+__device__ __forceinline__ void ly_dequant(unsigned short x, unsigned& lo, unsigned& hi) {
+    const unsigned y = __byte_perm((unsigned)x, 0u, 0x4140);  // b0 in bits 0-7, b1 in 16-23
+    unsigned l = (y & 0x000f000fu) | 0x64006400u, h = ((y >> 4) & 0x000f000fu) | 0x64006400u;
+    const __half2 k = __half2half2(__ushort_as_half((unsigned short)0x6400u));
+    const __half2 a = __hsub2(*reinterpret_cast<__half2*>(&l), k), b = __hsub2(*reinterpret_cast<__half2*>(&h), k);
+    lo = *reinterpret_cast<const unsigned*>(&a), hi = *reinterpret_cast<const unsigned*>(&b);
+}
+
+// y = W h for `rows` Q4_1 rows (shared memory, rb bytes apart, `groups` groups of 32) and the f16
+// input hh with its group sums hsum. Tasks are (16-row tile, run of groups), spread over the
+// warps; each leaves its rows' partial sums in part[split * stride + row]. Returns the number of
+// splits (the caller sums them after a __syncthreads). Rows past `rows` read the last row.
+__device__ __forceinline__ int ly_product(const unsigned char* w, int rows, int rb, int groups, const __half* hh, const float* hsum, float* part,
+                                          int& stride) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r = lane >> 2, c = lane & 3;
+    const int tiles = (rows + 15) / 16, splits = min(groups, max(1, (3 * LY_WARPS + tiles - 1) / tiles)), per = (groups + splits - 1) / splits;
+    stride = 16 * tiles;
+    for (int t = warp; t < tiles * splits; t += LY_WARPS) {
+        const int tile = t % tiles, sp = t / tiles, g0 = sp * per, g1 = min(groups, g0 + per);
+        const unsigned char* w0 = w + min(tile * 16 + r, rows - 1) * rb;
+        const unsigned char* w8 = w + min(tile * 16 + r + 8, rows - 1) * rb;
+        float acc0 = 0.f, acc8 = 0.f;
+        for (int g = g0; g < g1; ++g) {
+            // B: the input in column 0 (lanes 0-3), k = 2c, 2c + 1 and 2c + 8, 2c + 9 of each half group.
+            unsigned blo[2] = {0u, 0u}, bhi[2] = {0u, 0u};
+            if (lane < 4) {
+                const unsigned* h = reinterpret_cast<const unsigned*>(hh + 32 * g + 2 * c);
+                blo[0] = h[0], blo[1] = h[4], bhi[0] = h[8], bhi[1] = h[12];
+            }
+            // A: rows r and r + 8, the same k; nibble byte j holds values j (low) and j + 16 (high).
+            const unsigned char *q0 = w0 + g * 20, *q8 = w8 + g * 20;
+            unsigned alo[4], ahi[4];
+            ly_dequant(*reinterpret_cast<const unsigned short*>(q0 + 4 + 2 * c), alo[0], ahi[0]);
+            ly_dequant(*reinterpret_cast<const unsigned short*>(q8 + 4 + 2 * c), alo[1], ahi[1]);
+            ly_dequant(*reinterpret_cast<const unsigned short*>(q0 + 12 + 2 * c), alo[2], ahi[2]);
+            ly_dequant(*reinterpret_cast<const unsigned short*>(q8 + 12 + 2 * c), alo[3], ahi[3]);
+            float acc[4] = {0.f, 0.f, 0.f, 0.f};
+            Mma<__half>::run(acc, alo, blo);
+            Mma<__half>::run(acc, ahi, bhi);
+            const unsigned dm0 = *reinterpret_cast<const unsigned*>(q0), dm8 = *reinterpret_cast<const unsigned*>(q8);
+            const float hs = hsum[g];
+            acc0 += __half2float(__ushort_as_half((unsigned short)(dm0 & 0xffffu))) * acc[0] + __half2float(__ushort_as_half((unsigned short)(dm0 >> 16))) * hs;
+            acc8 += __half2float(__ushort_as_half((unsigned short)(dm8 & 0xffffu))) * acc[2] + __half2float(__ushort_as_half((unsigned short)(dm8 >> 16))) * hs;
         }
+        if (c == 0) part[sp * stride + tile * 16 + r] = acc0, part[sp * stride + tile * 16 + r + 8] = acc8;
+    }
+    return splits;
+}
+
+// Row i of a product: its splits summed in order.
+__device__ __forceinline__ float ly_row_sum(const float* part, int splits, int stride, int i) {
+    float y = 0.f;
+    for (int sp = 0; sp < splits; ++sp) y += part[sp * stride + i];
+    return y;
+}
+
+// Column c = tid + i LY_THREADS of an input into hh (rounded to f16), and each group's sum (a warp
+// holds one group of each i).
+__device__ __forceinline__ void ly_input(__half* hh, float* hsum, float v, int c, int width) {
+    const __half h = __float2half_rn(v);
+    const float s = warp_reduce_sum(c < width ? __half2float(h) : 0.f);
+    if (c < width) {
+        hh[c] = h;
+        if ((threadIdx.x & 31) == 0) hsum[c / 32] = s;
     }
 }
 
-// v[0], v[1] (columns tid, tid + LY_THREADS) normalised into ht as q4_dot reads its input.
-__device__ __forceinline__ void ly_norm(float* ht, float* red, const float (&v)[2], const float (&g)[2], float eps, int dim) {
+// v[0], v[1] (columns tid, tid + LY_THREADS) normalised into the input.
+__device__ __forceinline__ void ly_norm(__half* hh, float* hsum, float* red, const float (&v)[2], const float (&g)[2], float eps, int dim) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const float ss = warp_reduce_sum(v[0] * v[0] + v[1] * v[1]);
     if (lane == 0) red[warp] = ss;
@@ -64,10 +124,7 @@ __device__ __forceinline__ void ly_norm(float* ht, float* red, const float (&v)[
     for (int w = 0; w < LY_WARPS; ++w) t += red[w];
     const float rstd = 1.f / sqrtf(t / dim + eps);
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const int c = threadIdx.x + i * LY_THREADS;
-        if (c < dim) ht[q4_at(0, c, dim / 32)] = round16(v[i] * rstd * g[i]);
-    }
+    for (int i = 0; i < 2; ++i) ly_input(hh, hsum, v[i] * rstd * g[i], threadIdx.x + i * LY_THREADS, dim);
 }
 
 __device__ __forceinline__ void ly_cluster_sync() {
@@ -93,15 +150,17 @@ extern "C" __global__ void LY_ATTRS llama_layer_q4_1_f16(const unsigned char* __
                                                          int hkv, int ffn, int rope_dims, int page, int max_pages, float scale_log2) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(16) unsigned char ly_smem[];
-    __shared__ float ht[LY_MAXFFN];               // the current product's input, as q4_dot reads it
-    __shared__ float xs[LY_MAXDIM];               // x as the layer found it
-    __shared__ __align__(16) float sq[LY_MAXDIM]; // every query head
-    __shared__ float sp[LY_MAXH][LY_NK];          // probabilities of this block's keys
+    __shared__ __align__(16) __half hh[LY_MAXFFN];  // the current product's input
+    __shared__ float hsum[LY_MAXFFN / 32];          // and its groups' sums
+    __shared__ float part[LY_PART];                 // the product's partial sums
+    __shared__ float xs[LY_MAXDIM];                 // x as the layer found it
+    __shared__ __align__(16) float sq[LY_MAXDIM];   // every query head
+    __shared__ float sp[LY_MAXH][LY_NK];            // probabilities of this block's keys
     __shared__ float part_o[LY_MAXDIM], part_m[LY_MAXH], part_l[LY_MAXH];  // this block's share of attention
     __shared__ float hm[LY_MAXH][2], hl[LY_MAXH][2];
     __shared__ float own_qkv[LY_OWN], own_x[LY_MAXDIM / LY_CLUSTER], own_act[LY_OWN];  // what the others read
     __shared__ float red[LY_WARPS];
-    __shared__ double freq[LY_OWN / 2];           // each pair's RoPE frequency (0: not rotated)
+    __shared__ double freq[LY_OWN / 2];             // each pair's RoPE frequency (0: not rotated)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, b = blockIdx.x, s = blockIdx.y;
     const int g1 = dim / 32, g2 = ffn / 32, rb1 = g1 * 20, rb2 = g2 * 20, G = hq / hkv;
     // This block's rows: QKV pairs [b ppb, ..), output and down rows [b rpb, ..), FFN columns [b fpb, ..).
@@ -111,18 +170,18 @@ extern "C" __global__ void LY_ATTRS llama_layer_q4_1_f16(const unsigned char* __
     const int r0 = b * rpb, nr = max(0, min(dim, r0 + rpb) - r0);
     const int f0 = b * fpb, nf = max(0, min(ffn, f0 + fpb) - f0);
     auto up16 = [](int v) { return (v + 15) & ~15; };
+    // Gate rows [0, fpb) and up rows [fpb, 2 fpb) make one product.
     unsigned char* s_qkv = ly_smem;
     unsigned char* s_o = s_qkv + up16(2 * ppb * rb1);
-    unsigned char* s_g = s_o + up16(rpb * rb1);
-    unsigned char* s_u = s_g + up16(fpb * rb1);
-    unsigned char* s_d = s_u + up16(fpb * rb1);
+    unsigned char* s_gu = s_o + up16(rpb * rb1);
+    unsigned char* s_d = s_gu + up16(2 * fpb * rb1);
     __half* sk = reinterpret_cast<__half*>(s_d + up16(rpb * rb2));
     __half* sv = sk + LY_NK * hkv * LY_KS;
 
     ly_copy(s_qkv, wqkv + (long long)2 * p0 * rb1, 2 * np * rb1);
     ly_copy(s_o, wo + (long long)r0 * rb1, nr * rb1);
-    ly_copy(s_g, wgu + (long long)f0 * rb1, nf * rb1);
-    ly_copy(s_u, wgu + (long long)(ffn + f0) * rb1, nf * rb1);
+    ly_copy(s_gu, wgu + (long long)f0 * rb1, nf * rb1);
+    ly_copy(s_gu + fpb * rb1, wgu + (long long)(ffn + f0) * rb1, nf * rb1);
     ly_copy(s_d, wd + (long long)r0 * rb2, nr * rb2);
     // Keys b, b + LY_CLUSTER, ... up to the position; the rows before it were written by earlier steps.
     const int p = pos[s];
@@ -162,25 +221,19 @@ extern "C" __global__ void LY_ATTRS llama_layer_q4_1_f16(const unsigned char* __
         v[i] = c < dim ? x[(long long)s * dim + c] : 0.f;
         if (c < dim) xs[c] = v[i];
     }
-    ly_norm(ht, red, v, ga, eps, dim);
+    ly_norm(hh, hsum, red, v, ga, eps, dim);
     cp_async_wait<0>();
     __syncthreads();
-#pragma unroll
-    for (int u = 0; u < LY_ROUNDS; ++u) {
-        const int i = warp + LY_WARPS * u;
-        if (i >= np) break;
-        Q4Row<1> ra, rb;
-        ly_row(ra, s_qkv + 2 * i * rb1, g1, lane);
-        ly_row(rb, s_qkv + (2 * i + 1) * rb1, g1, lane);
-        float a = round16(q4_dot(ra, ht, 0, g1, lane)), c = round16(q4_dot(rb, ht, 0, g1, lane));
-        const int e = 2 * (p0 + i), head = e / LY_D, d = e % LY_D;
-        if (head < hq + hkv && d < rope_dims) rotate(a, c, p, freq[i]);
-        if (lane == 0) {
-            own_qkv[2 * i] = round16(a), own_qkv[2 * i + 1] = round16(c);
-            if (head >= hq) {
-                __half* out = head < hq + hkv ? kc + slot * hkv * LY_D + (e - hq * LY_D) : vc + slot * hkv * LY_D + (e - (hq + hkv) * LY_D);
-                out[0] = __float2half_rn(a), out[1] = __float2half_rn(c);
-            }
+    int stride, splits = ly_product(s_qkv, 2 * np, rb1, g1, hh, hsum, part, stride);
+    __syncthreads();
+    if (tid < np) {
+        float a = round16(ly_row_sum(part, splits, stride, 2 * tid)), c = round16(ly_row_sum(part, splits, stride, 2 * tid + 1));
+        const int e = 2 * (p0 + tid), head = e / LY_D;
+        if (freq[tid] != 0.0) rotate(a, c, p, freq[tid]);
+        own_qkv[2 * tid] = round16(a), own_qkv[2 * tid + 1] = round16(c);
+        if (head >= hq) {
+            __half* out = head < hq + hkv ? kc + slot * hkv * LY_D + (e - hq * LY_D) : vc + slot * hkv * LY_D + (e - (hq + hkv) * LY_D);
+            out[0] = __float2half_rn(a), out[1] = __float2half_rn(c);
         }
     }
     ly_cluster_sync();
@@ -269,19 +322,13 @@ extern "C" __global__ void LY_ATTRS llama_layer_q4_1_f16(const unsigned char* __
             o += w * static_cast<const float*>(__cluster_map_shared_rank(part_o, (unsigned)r))[c];
             l += w * static_cast<const float*>(__cluster_map_shared_rank(part_l, (unsigned)r))[h];
         }
-        ht[q4_at(0, c, g1)] = round16(o / l);
+        ly_input(hh, hsum, o / l, c, dim);
     }
     __syncthreads();
     // The output product's rows of this block, added into x.
-#pragma unroll
-    for (int u = 0; u < LY_ROUNDS; ++u) {
-        const int i = warp + LY_WARPS * u;
-        if (i >= nr) break;
-        Q4Row<1> r;
-        ly_row(r, s_o + i * rb1, g1, lane);
-        const float y = q4_dot(r, ht, 0, g1, lane);
-        if (lane == 0) own_x[i] = xs[r0 + i] + round16(y);
-    }
+    splits = ly_product(s_o, nr, rb1, g1, hh, hsum, part, stride);
+    __syncthreads();
+    if (tid < nr) own_x[tid] = xs[r0 + tid] + round16(ly_row_sum(part, splits, stride, tid));
     ly_cluster_sync();
 
     // RMSNorm of the new x (every block gathers it), this block's gate and up columns, SwiGLU.
@@ -291,31 +338,24 @@ extern "C" __global__ void LY_ATTRS llama_layer_q4_1_f16(const unsigned char* __
         v[i] = 0.f;
         if (c < dim) v[i] = static_cast<const float*>(__cluster_map_shared_rank(own_x, (unsigned)(c / rpb)))[c % rpb];
     }
-    ly_norm(ht, red, v, gf, eps, dim);
+    ly_norm(hh, hsum, red, v, gf, eps, dim);
     __syncthreads();
-    for (int i = warp; i < nf; i += LY_WARPS) {
-        Q4Row<1> rg, ru;
-        ly_row(rg, s_g + i * rb1, g1, lane);
-        ly_row(ru, s_u + i * rb1, g1, lane);
-        const float gs = round16(q4_dot(rg, ht, 0, g1, lane)), us = round16(q4_dot(ru, ht, 0, g1, lane));
-        if (lane == 0) own_act[i] = round16(gs / (1.f + __expf(-gs)) * us);
+    splits = ly_product(s_gu, fpb + nf, rb1, g1, hh, hsum, part, stride);
+    __syncthreads();
+    if (tid < nf) {
+        const float gs = round16(ly_row_sum(part, splits, stride, tid)), us = round16(ly_row_sum(part, splits, stride, fpb + tid));
+        own_act[tid] = round16(gs / (1.f + __expf(-gs)) * us);
     }
     ly_cluster_sync();
 
     // The down product's rows of this block over the gathered activations, added into x.
-    for (int c = tid; c < ffn; c += LY_THREADS) ht[q4_at(0, c, g2)] = static_cast<const float*>(__cluster_map_shared_rank(own_act, (unsigned)(c / fpb)))[c % fpb];
+    for (int c = tid; c < ffn; c += LY_THREADS) ly_input(hh, hsum, static_cast<const float*>(__cluster_map_shared_rank(own_act, (unsigned)(c / fpb)))[c % fpb], c, ffn);
     // Done with the other blocks' memory: they may leave once every block has arrived here.
     __cluster_barrier_arrive();
     __syncthreads();
-#pragma unroll
-    for (int u = 0; u < LY_ROUNDS; ++u) {
-        const int i = warp + LY_WARPS * u;
-        if (i >= nr) break;
-        Q4Row<2> r;
-        ly_row(r, s_d + i * rb2, g2, lane);
-        const float y = q4_dot(r, ht, 0, g2, lane);
-        if (lane == 0) x[(long long)s * dim + r0 + i] = own_x[i] + round16(y);
-    }
+    splits = ly_product(s_d, nr, rb2, g2, hh, hsum, part, stride);
+    __syncthreads();
+    if (tid < nr) x[(long long)s * dim + r0 + tid] = own_x[tid] + round16(ly_row_sum(part, splits, stride, tid));
     __cluster_barrier_wait();
 #endif
 }
