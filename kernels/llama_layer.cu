@@ -22,7 +22,7 @@
 // Every value the unfused step rounds to f16 is rounded here too.
 
 #define LY_CLUSTER 16
-#define LY_THREADS 512
+#define LY_THREADS 1024             // a column of the model's width a thread (dim <= 1024)
 #define LY_WARPS (LY_THREADS / 32)
 #define LY_D 64
 #define LY_NK 64                    // key slots a block: positions below LY_CLUSTER * LY_NK
@@ -31,7 +31,7 @@
 #define LY_MAXFFN 2048              // the down product's input: G = 2
 #define LY_OWN 128                  // a block's share of the QKV outputs (64 pairs) and of the FFN
 #define LY_KS (LY_D + 8)            // key row stride in halves (as attention_o's)
-#define LY_PART 1024                // partial sums of a product: (splits x 16-row tiles) rows
+#define LY_PART 1280                // partial sums of a product: (splits x 16-row tiles) rows
 
 // Copies [src, src + bytes) into shared memory at dst with cp.async, 16 bytes a request when both
 // ends allow it, 4 otherwise (Q4_1 rows are 20-byte blocks); not committed.
@@ -61,7 +61,7 @@ __device__ __forceinline__ void ly_dequant(unsigned short x, unsigned& lo, unsig
 __device__ __forceinline__ int ly_product(const unsigned char* w, int rows, int rb, int groups, const __half* hh, const float* hsum, float* part,
                                           int& stride) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r = lane >> 2, c = lane & 3;
-    const int tiles = (rows + 15) / 16, splits = min(groups, max(1, (3 * LY_WARPS + tiles - 1) / tiles)), per = (groups + splits - 1) / splits;
+    const int tiles = (rows + 15) / 16, splits = min(groups, max(1, (2 * LY_WARPS + tiles - 1) / tiles)), per = (groups + splits - 1) / splits;
     stride = 16 * tiles;
     for (int t = warp; t < tiles * splits; t += LY_WARPS) {
         const int tile = t % tiles, sp = t / tiles, g0 = sp * per, g1 = min(groups, g0 + per);
@@ -102,8 +102,8 @@ __device__ __forceinline__ float ly_row_sum(const float* part, int splits, int s
     return y;
 }
 
-// Column c = tid + i LY_THREADS of an input into hh (rounded to f16), and each group's sum (a warp
-// holds one group of each i).
+// Column c (tid + a multiple of LY_THREADS) of an input into hh (rounded to f16), and its group's
+// sum (a warp holds one group).
 __device__ __forceinline__ void ly_input(__half* hh, float* hsum, float v, int c, int width) {
     const __half h = __float2half_rn(v);
     const float s = warp_reduce_sum(c < width ? __half2float(h) : 0.f);
@@ -113,18 +113,17 @@ __device__ __forceinline__ void ly_input(__half* hh, float* hsum, float v, int c
     }
 }
 
-// v[0], v[1] (columns tid, tid + LY_THREADS) normalised into the input.
-__device__ __forceinline__ void ly_norm(__half* hh, float* hsum, float* red, const float (&v)[2], const float (&g)[2], float eps, int dim) {
+// v (column tid) normalised into the input.
+__device__ __forceinline__ void ly_norm(__half* hh, float* hsum, float* red, float v, float g, float eps, int dim) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const float ss = warp_reduce_sum(v[0] * v[0] + v[1] * v[1]);
+    const float ss = warp_reduce_sum(v * v);
     if (lane == 0) red[warp] = ss;
     __syncthreads();
     float t = 0.f;
 #pragma unroll
     for (int w = 0; w < LY_WARPS; ++w) t += red[w];
     const float rstd = 1.f / sqrtf(t / dim + eps);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) ly_input(hh, hsum, v[i] * rstd * g[i], threadIdx.x + i * LY_THREADS, dim);
+    ly_input(hh, hsum, v * rstd * g, threadIdx.x, dim);
 }
 
 __device__ __forceinline__ void ly_cluster_sync() {
@@ -155,9 +154,9 @@ extern "C" __global__ void LY_ATTRS llama_layer_q4_1_f16(const unsigned char* __
     __shared__ float part[LY_PART];                 // the product's partial sums
     __shared__ float xs[LY_MAXDIM];                 // x as the layer found it
     __shared__ __align__(16) float sq[LY_MAXDIM];   // every query head
-    __shared__ float sp[LY_MAXH][LY_NK];            // probabilities of this block's keys
+    __shared__ float sp[LY_MAXH][LY_NK];            // scores, then probabilities, of this block's keys
     __shared__ float part_o[LY_MAXDIM], part_m[LY_MAXH], part_l[LY_MAXH];  // this block's share of attention
-    __shared__ float hm[LY_MAXH][2], hl[LY_MAXH][2];
+    __shared__ float wgt[LY_MAXH][LY_CLUSTER];      // each block's share's weight in the combined output
     __shared__ float own_qkv[LY_OWN], own_x[LY_MAXDIM / LY_CLUSTER], own_act[LY_OWN];  // what the others read
     __shared__ float red[LY_WARPS];
     __shared__ double freq[LY_OWN / 2];             // each pair's RoPE frequency (0: not rotated)
@@ -198,13 +197,7 @@ extern "C" __global__ void LY_ATTRS llama_layer_q4_1_f16(const unsigned char* __
         }
     }
     cp_async_commit();
-    float ga[2], gf[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const int c = tid + i * LY_THREADS;
-        ga[i] = c < dim ? __ldg(attn_norm + c) : 0.f;
-        gf[i] = c < dim ? __ldg(ffn_norm + c) : 0.f;
-    }
+    const float ga = tid < dim ? __ldg(attn_norm + tid) : 0.f, gf = tid < dim ? __ldg(ffn_norm + tid) : 0.f;
     if (tid < np) {
         const int e = 2 * (p0 + tid), head = e / LY_D, d = e % LY_D;
         freq[tid] = head < hq + hkv && d < rope_dims ? inv_freq[d / 2] : 0.0;
@@ -214,13 +207,8 @@ extern "C" __global__ void LY_ATTRS llama_layer_q4_1_f16(const unsigned char* __
 
     // RMSNorm of x, then this block's QKV pairs: RoPE, Q and the step's K and V kept for the
     // others, K and V stored in the cache for later steps.
-    float v[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const int c = tid + i * LY_THREADS;
-        v[i] = c < dim ? x[(long long)s * dim + c] : 0.f;
-        if (c < dim) xs[c] = v[i];
-    }
+    float v = tid < dim ? x[(long long)s * dim + tid] : 0.f;
+    if (tid < dim) xs[tid] = v;
     ly_norm(hh, hsum, red, v, ga, eps, dim);
     cp_async_wait<0>();
     __syncthreads();
@@ -254,48 +242,42 @@ extern "C" __global__ void LY_ATTRS llama_layer_q4_1_f16(const unsigned char* __
         }
     }
     __syncthreads();
-    // Scores: thread (warp w, lane) takes key slot (w & 1) 32 + lane with heads w / 2 and w / 2 + 8.
-    {
-        const int i = (warp & 1) * 32 + lane, half_ = warp & 1;
-        float sc[2];
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-            const int h = (warp >> 1) + 8 * u;
-            sc[u] = NEG_INF;
-            if (h < hq && i < nk) {
-                const __half* kr = sk + (i * hkv + h / G) * LY_KS;
-                float acc = 0.f;
-#pragma unroll
-                for (int c = 0; c < LY_D; c += 8) {
-                    const uint4 w = *reinterpret_cast<const uint4*>(kr + c);
-                    const __half2* h2 = reinterpret_cast<const __half2*>(&w);
-                    const float4 qa = *reinterpret_cast<const float4*>(&sq[h * LY_D + c]), qb = *reinterpret_cast<const float4*>(&sq[h * LY_D + c + 4]);
-                    const float2 k0 = __half22float2(h2[0]), k1 = __half22float2(h2[1]), k2 = __half22float2(h2[2]), k3 = __half22float2(h2[3]);
-                    acc += qa.x * k0.x + qa.y * k0.y + qa.z * k1.x + qa.w * k1.y + qb.x * k2.x + qb.y * k2.y + qb.z * k3.x + qb.w * k3.y;
-                }
-                sc[u] = acc * scale_log2;
-            }
-            if (h < hq) {
-                const float mx = warp_reduce_max(sc[u]);
-                if (lane == 0) hm[h][half_] = mx;
-            }
-        }
-        __syncthreads();
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-            const int h = (warp >> 1) + 8 * u;
-            if (h >= hq) continue;
-            const float m = fmax_nan(hm[h][0], hm[h][1]);
-            const float pr = i < nk ? exp2f(sc[u] - safe_shift(m)) : 0.f;
-            sp[h][i] = pr;
-            const float sum = warp_reduce_sum(pr);
-            if (lane == 0) hl[h][half_] = sum;
-        }
-        __syncthreads();
+    // Scores: 8 lanes a (key slot, head), 8 columns each, summed by shuffles.
+    const int kh = nk * hq;
+    for (int base = warp * 4; base < kh; base += LY_WARPS * 4) {
+        const int pr = base + lane / 8, c8 = (lane & 7) * 8;
+        const bool ok = pr < kh;
+        const int i = ok ? pr / hq : 0, h = ok ? pr % hq : 0;
+        const uint4 w = *reinterpret_cast<const uint4*>(sk + (i * hkv + h / G) * LY_KS + c8);
+        const __half2* h2 = reinterpret_cast<const __half2*>(&w);
+        const float4 qa = *reinterpret_cast<const float4*>(&sq[h * LY_D + c8]), qb = *reinterpret_cast<const float4*>(&sq[h * LY_D + c8 + 4]);
+        const float2 k0 = __half22float2(h2[0]), k1 = __half22float2(h2[1]), k2 = __half22float2(h2[2]), k3 = __half22float2(h2[3]);
+        float acc = qa.x * k0.x + qa.y * k0.y + qa.z * k1.x + qa.w * k1.y + qb.x * k2.x + qb.y * k2.y + qb.z * k3.x + qb.w * k3.y;
+        acc += __shfl_xor_sync(0xffffffffu, acc, 4);
+        acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+        if (ok && (lane & 7) == 0) sp[h][i] = acc * scale_log2;
     }
-    // P V: warp h takes head h, a lane two columns.
+    __syncthreads();
+    // Softmax of this block's keys and P V: warp h takes head h, a lane two columns.
     if (warp < hq) {
         const int h = warp;
+        float sc[LY_NK / 32];
+#pragma unroll
+        for (int u = 0; u < LY_NK / 32; ++u) sc[u] = lane + 32 * u < nk ? sp[h][lane + 32 * u] : NEG_INF;
+        float m = NEG_INF;
+#pragma unroll
+        for (int u = 0; u < LY_NK / 32; ++u) m = fmax_nan(m, sc[u]);
+        m = warp_reduce_max(m);
+        float l = 0.f;
+#pragma unroll
+        for (int u = 0; u < LY_NK / 32; ++u) {
+            const float pr = lane + 32 * u < nk ? exp2f(sc[u] - safe_shift(m)) : 0.f;
+            sp[h][lane + 32 * u] = pr;
+            l += pr;
+        }
+        l = warp_reduce_sum(l);
+        __syncwarp();
         float a0 = 0.f, a1 = 0.f;
 #pragma unroll 4
         for (int i = 0; i < nk; ++i) {
@@ -304,25 +286,33 @@ extern "C" __global__ void LY_ATTRS llama_layer_q4_1_f16(const unsigned char* __
             a0 += pr * vv.x, a1 += pr * vv.y;
         }
         part_o[h * LY_D + 2 * lane] = a0, part_o[h * LY_D + 2 * lane + 1] = a1;
-        if (lane == 0) part_m[h] = fmax_nan(hm[h][0], hm[h][1]), part_l[h] = hl[h][0] + hl[h][1];
+        if (lane == 0) part_m[h] = m, part_l[h] = l;
     }
     ly_cluster_sync();
 
-    // Every block combines the cluster's shares for every column (the output product reads them all).
-    for (int c = tid; c < dim; c += LY_THREADS) {
-        const int h = c / LY_D;
-        float m = NEG_INF;
-#pragma unroll 4
-        for (int r = 0; r < LY_CLUSTER; ++r) m = fmax_nan(m, static_cast<const float*>(__cluster_map_shared_rank(part_m, (unsigned)r))[h]);
-        float o = 0.f, l = 0.f;
-#pragma unroll 4
-        for (int r = 0; r < LY_CLUSTER; ++r) {
-            const float mr = static_cast<const float*>(__cluster_map_shared_rank(part_m, (unsigned)r))[h];
-            const float w = exp2f(mr - safe_shift(m));
-            o += w * static_cast<const float*>(__cluster_map_shared_rank(part_o, (unsigned)r))[c];
-            l += w * static_cast<const float*>(__cluster_map_shared_rank(part_l, (unsigned)r))[h];
-        }
-        ly_input(hh, hsum, o / l, c, dim);
+    // Every block combines the cluster's shares for every column (the output product reads them
+    // all): 16 lanes a head find the shares' weights, then a thread a column sums them.
+    for (int base = warp * 32; base < LY_CLUSTER * hq; base += LY_THREADS) {
+        const int h = (base + lane) / LY_CLUSTER, r = lane % LY_CLUSTER;
+        const bool ok = h < hq;
+        const float mr = ok ? static_cast<const float*>(__cluster_map_shared_rank(part_m, (unsigned)r))[h] : NEG_INF;
+        const float lr = ok ? static_cast<const float*>(__cluster_map_shared_rank(part_l, (unsigned)r))[h] : 0.f;
+        float m = mr;
+#pragma unroll
+        for (int o = LY_CLUSTER / 2; o > 0; o >>= 1) m = fmax_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
+        const float w = ok ? exp2f(mr - safe_shift(m)) : 0.f;
+        float l = w * lr;
+#pragma unroll
+        for (int o = LY_CLUSTER / 2; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+        if (ok) wgt[h][r] = w / l;
+    }
+    __syncthreads();
+    if (tid < dim) {
+        const int h = tid / LY_D;
+        float o = 0.f;
+#pragma unroll
+        for (int r = 0; r < LY_CLUSTER; ++r) o += wgt[h][r] * static_cast<const float*>(__cluster_map_shared_rank(part_o, (unsigned)r))[tid];
+        ly_input(hh, hsum, o, tid, dim);
     }
     __syncthreads();
     // The output product's rows of this block, added into x.
@@ -332,12 +322,7 @@ extern "C" __global__ void LY_ATTRS llama_layer_q4_1_f16(const unsigned char* __
     ly_cluster_sync();
 
     // RMSNorm of the new x (every block gathers it), this block's gate and up columns, SwiGLU.
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const int c = tid + i * LY_THREADS;
-        v[i] = 0.f;
-        if (c < dim) v[i] = static_cast<const float*>(__cluster_map_shared_rank(own_x, (unsigned)(c / rpb)))[c % rpb];
-    }
+    v = tid < dim ? static_cast<const float*>(__cluster_map_shared_rank(own_x, (unsigned)(tid / rpb)))[tid % rpb] : 0.f;
     ly_norm(hh, hsum, red, v, gf, eps, dim);
     __syncthreads();
     splits = ly_product(s_gu, fpb + nf, rb1, g1, hh, hsum, part, stride);
