@@ -51,6 +51,8 @@ pub const LAYER_HEAD_DIM: usize = 64;
 pub const LAYER_MAX_HEADS: usize = 16;
 pub const LAYER_MAX_POSITIONS: usize = LAYER_CLUSTER * 64;
 const LAYER_CLUSTER: usize = 16;
+/// layer_q4_1's LY_THREADS: the kernel takes a column of the width a thread.
+const LAYER_THREADS: u32 = 1024;
 
 /// The model the kernels above make up (model::llama), as the `llama` experiment's variants:
 /// (name, requires, what). On the CPU backend `engine` is the reference forward.
@@ -364,7 +366,7 @@ pub fn layer_q4_1(
     check("layer_q4_1", smem + static_smem <= optin, || format!("a block's share of the weights and tiles takes {smem} + {static_smem} bytes of shared memory; this device allows {optin}"))?;
     crate::ops::gemm::raise_dynamic_smem(&f, smem)?;
     f.set_attribute(cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1).doing("allowing clusters of 16")?;
-    let cfg = LaunchConfig { grid_dim: (LAYER_CLUSTER as u32, seqs as u32, 1), block_dim: (512, 1, 1), shared_mem_bytes: smem as u32 };
+    let cfg = LaunchConfig { grid_dim: (LAYER_CLUSTER as u32, seqs as u32, 1), block_dim: (LAYER_THREADS, 1, 1), shared_mem_bytes: smem as u32 };
     let scale_log2 = std::f32::consts::LOG2_E / (d as f32).sqrt();
     let [dim, hq, hkv, ffn, rd, page, mp] = [dim, hq, hkv, ffn, 2 * inv_freq.len(), cache.page, cache.max_pages].map(|v| v as i32);
     let mut l = gpu.stream.launch_builder(&f);
