@@ -20,7 +20,8 @@
 //                runs are reproducible and a replayed graph draws afresh at each position.
 //
 // The fused decode products that fold these steps into the weight products are in
-// llama_fused.cu (concatenated after this file).
+// llama_fused.cu, and a whole decode layer in one launch in llama_layer.cu (concatenated after
+// this file in that order).
 
 #include "common.cuh"
 #include "pdl.cuh"

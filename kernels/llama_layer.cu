@@ -127,8 +127,10 @@ __device__ __forceinline__ void ly_norm(__half* hh, float* hsum, float* red, flo
 }
 
 __device__ __forceinline__ void ly_cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     __cluster_barrier_arrive();
     __cluster_barrier_wait();
+#endif
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -94,9 +94,7 @@ pub fn generate(engine: &Engine, prompt: &[u32], max_new: usize, sampling: Sampl
             batch.set_fused(m.fuses(1))?;
             // engine_attention_o: 3.5% less a step while every position fits the kernel's one pass
             // of keys, slower past it (note h200-decode-attention-o).
-            if m.fuses_layer(1, prompt.len() + max_new + 1) {
-                batch.set_attention(super::gpu::LAYER)?;
-            } else if m.fuses_attention(1) && prompt.len() + max_new < super::gpu::ATTENTION_O_ONE_PASS {
+            if m.fuses_attention(1) && prompt.len() + max_new < super::gpu::ATTENTION_O_ONE_PASS {
                 batch.set_attention(super::gpu::ATTENTION_O)?;
             }
             batch.set_sampling(sampling)?;

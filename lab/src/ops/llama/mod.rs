@@ -1,5 +1,5 @@
 //! `llama`: the fused steps of a Llama forward between its weight products and attention
-//! (kernels/llama.cu, llama_fused.cu), as launches on the engine's device buffers ([`crate::model::llama`]
+//! (kernels/llama.cu, llama_fused.cu, llama_layer.cu), as launches on the engine's device buffers ([`crate::model::llama`]
 //! assembles them). Rows are tokens: a decode step has one per sequence; a row's position is
 //! `pos[row / rows_per_seq] + row % rows_per_seq`, read on the device.
 
