@@ -27,8 +27,8 @@
 #define LY_D 64
 #define LY_NK 64                    // key slots a block: positions below LY_CLUSTER * LY_NK
 #define LY_MAXH 16                  // query heads (a warp per head in P V)
-#define LY_MAXDIM 1024              // two columns a thread; q4_dot's G = 1
-#define LY_MAXFFN 2048              // the down product's input: G = 2
+#define LY_MAXDIM 1024              // the model's width: a column a thread
+#define LY_MAXFFN 2048              // the FFN's width (the down product's input)
 #define LY_OWN 128                  // a block's share of the QKV outputs (64 pairs) and of the FFN
 #define LY_KS (LY_D + 8)            // key row stride in halves (as attention_o's)
 #define LY_PART 1280                // partial sums of a product: (splits x 16-row tiles) rows
