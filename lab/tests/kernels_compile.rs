@@ -263,6 +263,38 @@ fn the_quant_constants_are_the_kernels() {
     assert_eq!((lab::quant::tiles::TILE_ROWS, lab::quant::tiles::STEP_WEIGHTS), (warps(mma).1, 128));
 }
 
+/// The constants the llama launchers share with kernels/llama_fused.cu and llama_layer.cu, as
+/// NVRTC evaluates them: a launch of layer_q4_1 with 512 threads, written for 1,024, gave NaN
+/// logits on a GPU and passed every sanitizer tool (note h200-decode-layer).
+#[test]
+fn the_llama_constants_are_the_kernels() {
+    use lab::ops::llama::*;
+    let pairs: [(&str, usize); 17] = [
+        ("LY_CLUSTER", LAYER_CLUSTER),
+        ("LY_THREADS", LAYER_THREADS as usize),
+        ("LY_NK", LAYER_KEY_SLOTS),
+        ("LY_KS", LAYER_KEY_STRIDE),
+        ("LY_D", LAYER_HEAD_DIM),
+        ("LY_MAXH", LAYER_MAX_HEADS),
+        ("LY_OWN / 2", LAYER_MAX_PAIRS),
+        ("LY_CLUSTER * LY_NK", LAYER_MAX_POSITIONS),
+        ("LY_MAXDIM", FUSED_MAX_NORMED),
+        ("LY_MAXFFN", FUSED_MAX_WIDTH),
+        ("AO_D", ATTENTION_O_HEAD_DIM),
+        ("AO_CLUSTER", ATTENTION_O_MAX_KV_HEADS),
+        ("AO_GMAX", ATTENTION_O_MAX_GROUP),
+        ("AO_SMEM", ATTENTION_O_SMEM),
+        ("Q4_MAXB", FUSED_MAX_SEQS),
+        ("32 * 32 * Q4_NORM_G", FUSED_MAX_NORMED),
+        ("32 * 32 * Q4_RESIDUAL_G", FUSED_MAX_WIDTH),
+    ];
+    let exprs: Vec<&str> = pairs.iter().map(|p| p.0).collect();
+    let got = lab::gpu::compile::probe_u32(Some(&cache()), "llama", &exprs).unwrap_or_else(|e| panic!("{e}"));
+    for ((e, want), got) in pairs.iter().zip(got) {
+        assert_eq!(got as usize, *want, "{e}");
+    }
+}
+
 /// The cache is the folder given: a compile leaves its PTX there and the next reads it back from
 /// there (a planted file proves which was read); with no folder nothing is read or written.
 #[test]

@@ -43,16 +43,23 @@ pub const FUSED_MAX_WIDTH: usize = 2 * 32 * 32;
 pub const ATTENTION_O_HEAD_DIM: usize = 64;
 pub const ATTENTION_O_MAX_KV_HEADS: usize = 3;
 pub const ATTENTION_O_MAX_GROUP: usize = 4;
-const ATTENTION_O_SMEM: usize = 512 * (72 + 64) * 2;
+/// attention_o_q4_1's AO_SMEM: 512 keys of a K row 72 halves apart and a V row.
+pub const ATTENTION_O_SMEM: usize = 512 * (72 + 64) * 2;
 /// What layer_q4_1 takes (kernels/llama_layer.cu): heads of 64, up to 16 query heads, rows up to
 /// 1024 wide, an FFN up to 2048, a sixteenth of the QKV rows up to 128, positions below 1024 (16
 /// blocks of 64 key slots), and its weights' share within a block's shared memory.
 pub const LAYER_HEAD_DIM: usize = 64;
 pub const LAYER_MAX_HEADS: usize = 16;
-pub const LAYER_MAX_POSITIONS: usize = LAYER_CLUSTER * 64;
-const LAYER_CLUSTER: usize = 16;
-/// layer_q4_1's LY_THREADS: the kernel takes a column of the width a thread.
-const LAYER_THREADS: u32 = 1024;
+pub const LAYER_MAX_POSITIONS: usize = LAYER_CLUSTER * LAYER_KEY_SLOTS;
+/// layer_q4_1's LY_CLUSTER (blocks a sequence), LY_THREADS (a column of the width a thread),
+/// LY_NK (key slots a block) and LY_KS (a key row's stride in halves): the launch and the shared
+/// memory the launcher sizes follow them (tests/kernels_compile.rs reads them from the kernel).
+pub const LAYER_CLUSTER: usize = 16;
+pub const LAYER_THREADS: u32 = 1024;
+pub const LAYER_KEY_SLOTS: usize = 64;
+pub const LAYER_KEY_STRIDE: usize = 72;
+/// QKV row pairs a block holds (LY_OWN / 2).
+pub const LAYER_MAX_PAIRS: usize = 64;
 
 /// The model the kernels above make up (model::llama), as the `llama` experiment's variants:
 /// (name, requires, what). On the CPU backend `engine` is the reference forward.
@@ -302,16 +309,16 @@ pub fn layer_takes(hq: usize, hkv: usize, d: usize, dim: usize, ffn: usize) -> b
         && dim <= FUSED_MAX_NORMED
         && ffn.is_multiple_of(32)
         && (32..=FUSED_MAX_WIDTH).contains(&ffn)
-        && pairs.div_ceil(LAYER_CLUSTER) <= 64
+        && pairs.div_ceil(LAYER_CLUSTER) <= LAYER_MAX_PAIRS
 }
 
 /// layer_q4_1's dynamic shared memory: each product's rows of one block (16-aligned), then its
-/// key and value tiles (64 slots of every KV head, keys 72 halves apart).
-fn layer_smem(dim: usize, hq: usize, hkv: usize, ffn: usize) -> usize {
+/// key and value tiles ([`LAYER_KEY_SLOTS`] of every KV head, keys [`LAYER_KEY_STRIDE`] halves apart).
+pub fn layer_smem(dim: usize, hq: usize, hkv: usize, ffn: usize) -> usize {
     let up16 = |v: usize| v.div_ceil(16) * 16;
     let (rb1, rb2) = (dim / 32 * 20, ffn / 32 * 20);
     let (ppb, rpb, fpb) = (((hq + 2 * hkv) * LAYER_HEAD_DIM / 2).div_ceil(LAYER_CLUSTER), dim.div_ceil(LAYER_CLUSTER), ffn.div_ceil(LAYER_CLUSTER));
-    up16(2 * ppb * rb1) + up16(rpb * rb1) + 2 * up16(fpb * rb1) + up16(rpb * rb2) + 64 * hkv * (72 + 64) * 2
+    up16(2 * ppb * rb1) + up16(rpb * rb1) + up16(2 * fpb * rb1) + up16(rpb * rb2) + LAYER_KEY_SLOTS * hkv * (LAYER_KEY_STRIDE + LAYER_HEAD_DIM) * 2
 }
 
 /// One layer's Q4_1 products and norms, as [`layer_q4_1`] reads them.
