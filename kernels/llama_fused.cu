@@ -154,6 +154,12 @@ __device__ __forceinline__ float q4_dot(const Q4Row<G>& r, const float* ht, int 
     return warp_reduce_sum(acc);
 }
 
+// Where element e of a stacked QKV row goes when it is a K or a V element (e >= hq D): its place
+// in cache slot `slot`.
+__device__ __forceinline__ __half* kv_at(__half* kc, __half* vc, long long slot, int hq, int hkv, int D, int e) {
+    return e < (hq + hkv) * D ? kc + slot * hkv * D + (e - hq * D) : vc + slot * hkv * D + (e - (hq + hkv) * D);
+}
+
 // Dynamic shared memory: seqs x 32 x groups floats; Q4_THREADS threads a block.
 // w: the stacked Q, K, V rows ((hq + 2 hkv) D of dim); a warp per neighbour pair of rows.
 extern "C" __global__ void __launch_bounds__(Q4_THREADS, 2)
@@ -187,7 +193,7 @@ extern "C" __global__ void __launch_bounds__(Q4_THREADS, 2)
     if (lane >= seqs) return;
     a = round16(a), b = round16(b);
     if (head < hq + hkv && d < rope_dims) rotate(a, b, p, f);
-    __half* out = head < hq ? q + (long long)lane * hq * D + e : head < hq + hkv ? kc + slot * hkv * D + (e - hq * D) : vc + slot * hkv * D + (e - (hq + hkv) * D);
+    __half* out = head < hq ? q + (long long)lane * hq * D + e : kv_at(kc, vc, slot, hq, hkv, D, e);
     out[0] = __float2half_rn(a);
     out[1] = __float2half_rn(b);
 }

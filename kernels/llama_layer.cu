@@ -24,13 +24,13 @@
 #define LY_CLUSTER 16
 #define LY_THREADS 1024             // a column of the model's width a thread (dim <= 1024)
 #define LY_WARPS (LY_THREADS / 32)
-#define LY_D 64
+#define LY_D AO_D                   // heads of 64: attention_o's cache rows and tiles
 #define LY_NK 64                    // key slots a block: positions below LY_CLUSTER * LY_NK
 #define LY_MAXH 16                  // query heads (a warp per head in P V)
 #define LY_MAXDIM 1024              // the model's width: a column a thread
 #define LY_MAXFFN 2048              // the FFN's width (the down product's input)
 #define LY_OWN 128                  // a block's share of the QKV outputs (64 pairs) and of the FFN
-#define LY_KS (LY_D + 8)            // key row stride in halves (as attention_o's)
+#define LY_KS AO_KS                 // key row stride in halves
 #define LY_PART 1280                // partial sums of a product: (splits x 16-row tiles) rows
 
 // Copies [src, src + bytes) into shared memory at dst with cp.async, 16 bytes a request when both
@@ -189,14 +189,7 @@ extern "C" __global__ void LY_ATTRS llama_layer_q4_1_f16(const unsigned char* __
     const int nk = p >= b ? min(LY_NK, (p - b) / LY_CLUSTER + 1) : 0;
     for (int t = tid; t < nk * hkv; t += LY_THREADS) {
         const int i = t / hkv, g = t % hkv, k = b + LY_CLUSTER * i;
-        if (k < p) {
-            const long long row = (cache_slot(table, s, max_pages, page, k) * hkv + g) * LY_D;
-#pragma unroll
-            for (int c = 0; c < LY_D; c += 8) {
-                cp_async16(smem_addr(sk + (i * hkv + g) * LY_KS + c), kc + row + c, 16);
-                cp_async16(smem_addr(sv + (i * hkv + g) * LY_D + c), vc + row + c, 16);
-            }
-        }
+        if (k < p) ao_copy_row(sk, sv, kc, vc, ao_row(table, s, max_pages, page, hkv, g, k), i * hkv + g);
     }
     cp_async_commit();
     const float ga = tid < dim ? __ldg(attn_norm + tid) : 0.f, gf = tid < dim ? __ldg(ffn_norm + tid) : 0.f;
@@ -222,7 +215,7 @@ extern "C" __global__ void LY_ATTRS llama_layer_q4_1_f16(const unsigned char* __
         if (freq[tid] != 0.0) rotate(a, c, p, freq[tid]);
         own_qkv[2 * tid] = round16(a), own_qkv[2 * tid + 1] = round16(c);
         if (head >= hq) {
-            __half* out = head < hq + hkv ? kc + slot * hkv * LY_D + (e - hq * LY_D) : vc + slot * hkv * LY_D + (e - (hq + hkv) * LY_D);
+            __half* out = kv_at(kc, vc, slot, hq, hkv, LY_D, e);
             out[0] = __float2half_rn(a), out[1] = __float2half_rn(c);
         }
     }
