@@ -33,6 +33,7 @@ fn the_tokenizer_travels_with_a_trained_model() {
         rope_base: 100000.0,
         rope_dims: 16,
         rope_scaling: RopeScaling::None,
+        rope_factors: None,
         tied_embeddings: true,
     };
     let m = Model::init(&c, 0.02, 1).unwrap();

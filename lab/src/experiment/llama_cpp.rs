@@ -1,7 +1,7 @@
 //! llama.cpp, the inference peer, built from its own sources by scripts/llama-cpp.sh
 //! (`LAB_LLAMA_CPP` names the folder of its built tools, `build/bin`; the CUDA build on a GPU
 //! host, the CPU build anywhere): `llama-bench` for speed, `llama-perplexity` for perplexity and
-//! KL divergence, and libllama through lab/peers/llama_cpp_logits.c for the logits after a prompt.
+//! KL divergence, `llama-tokenize` for token ids, and libllama through lab/peers/llama_cpp_logits.c for the logits after a prompt.
 
 use crate::{LabError, Result};
 use serde_json::Value;
@@ -43,6 +43,18 @@ pub fn llama_bench(gguf: &Path, prompt: usize, gen: usize, reps: usize) -> Resul
     args.extend(["-p", p.as_str(), "-n", n.as_str(), "-r", r.as_str(), "-fa", "0,1", "-ngl", "99", "-o", "json"].map(os));
     let (out, _) = run("llama-bench", &args)?;
     serde_json::from_str(&out).map_err(|e| fail(format!("unreadable llama-bench output: {e}")))
+}
+
+/// `llama-tokenize --ids` on `text` (read verbatim from a file, special tokens parsed, BOS as
+/// the file's `tokenizer.ggml.add_bos_token` says): llama.cpp's token ids.
+pub fn tokenize(gguf: &Path, text: &str) -> Result<Vec<u32>> {
+    let dir = tempfile::tempdir().map_err(|e| fail(format!("no temp dir: {e}")))?;
+    let file = dir.path().join("text");
+    std::fs::write(&file, text).map_err(|e| fail(format!("{}: {e}", file.display())))?;
+    let os = std::ffi::OsStr::new;
+    let (out, _) = run("llama-tokenize", &[os("-m"), gguf.as_os_str(), os("-f"), file.as_os_str(), os("--ids"), os("--no-escape"), os("--log-disable")])?;
+    let ids = out.lines().rev().find(|l| l.starts_with('[')).ok_or_else(|| fail(format!("no ids in llama-tokenize's output: `{}`", out.trim())))?;
+    serde_json::from_str(ids).map_err(|e| fail(format!("unreadable ids `{ids}`: {e}")))
 }
 
 /// What `llama-perplexity` reported.

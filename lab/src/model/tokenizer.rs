@@ -9,14 +9,15 @@
 use minijinja::{context, Environment, ErrorKind};
 use tokenizers::decoders::byte_level::ByteLevel;
 use tokenizers::models::bpe::{Vocab, BPE};
-use tokenizers::pre_tokenizers::{digits::Digits, sequence::Sequence};
+use tokenizers::pre_tokenizers::{digits::Digits, sequence::Sequence, split::Split, split::SplitPattern};
+use tokenizers::SplitDelimiterBehavior;
 use tokenizers::{AddedToken, DecodeStream, DecoderWrapper, ModelWrapper, NormalizerWrapper, PostProcessorWrapper, PreTokenizerWrapper};
 
 use crate::error::{LabError, LabError::Invalid, Result};
 use crate::weights::gguf::{Gguf, Value};
 
 /// The `tokenizer.ggml.pre` values this module can reproduce.
-pub const SUPPORTED_PRE: &[&str] = &["smollm"];
+pub const SUPPORTED_PRE: &[&str] = &["smollm", "gpt-2", "llama-bpe", "llama3", "llama-v3"];
 
 /// llama.cpp's `llama_token_type` values that matter here.
 const CONTROL: u64 = 3;
@@ -102,12 +103,25 @@ fn byte_symbols() -> [char; 256] {
     })
 }
 
-/// The pre-tokenizer llama.cpp applies for `tokenizer.ggml.pre = pre`.
-fn pre_tokenizer(pre: &str) -> Result<Sequence> {
+/// Llama 3's split (its tokenizer.json's regex with the case-insensitive contractions spelled
+/// out, as llama.cpp writes it for `llama-bpe`): letters with one leading non-letter, digits in
+/// runs of up to three, punctuation with its trailing newlines, whitespace.
+const LLAMA3_SPLIT: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// How llama.cpp splits text for `tokenizer.ggml.pre = pre` before the merges, and whether a
+/// piece found whole in the vocabulary skips them (Llama 3's `ignore_merges`).
+fn pre_tokenizer(pre: &str) -> Result<(Sequence, bool)> {
+    // ByteLevel without its own regex only maps bytes to symbols; with it, it is GPT-2's split.
+    let bytes = |gpt2_split: bool| -> PreTokenizerWrapper { ByteLevel::new(false, true, gpt2_split).into() };
     match pre {
         // llama.cpp's LLAMA_VOCAB_PRE_TYPE_SMOLLM splits every \p{N} off alone first, then runs
         // the GPT-2 regex on what is left. Digits tests `char::is_numeric`, which is \p{N}.
-        "smollm" => Ok(Sequence::new(vec![Digits::new(true).into(), ByteLevel::new(false, true, true).into()])),
+        "smollm" => Ok((Sequence::new(vec![Digits::new(true).into(), bytes(true)]), false)),
+        "gpt-2" => Ok((Sequence::new(vec![bytes(true)]), false)),
+        "llama-bpe" | "llama3" | "llama-v3" => {
+            let split = Split::new(SplitPattern::Regex(LLAMA3_SPLIT.into()), SplitDelimiterBehavior::Isolated, false).map_err(tk("the Llama 3 split"))?;
+            Ok((Sequence::new(vec![split.into(), bytes(false)]), true))
+        }
         _ => Err(Invalid(format!("tokenizer.ggml.pre `{pre}` is not supported (supported: {})", SUPPORTED_PRE.join(", ")))),
     }
 }
@@ -122,7 +136,7 @@ impl Tokenizer {
         if model != "gpt2" {
             return Err(Invalid(format!("tokenizer.ggml.model `{model}` is not supported (only `gpt2`, byte-level BPE)")));
         }
-        let pre = pre_tokenizer(string(meta, "tokenizer.ggml.pre")?)?;
+        let (pre, ignore_merges) = pre_tokenizer(string(meta, "tokenizer.ggml.pre")?)?;
         let tokens: Vec<String> = strings(meta, "tokenizer.ggml.tokens")?.into_iter().map(str::to_owned).collect();
         let n = tokens.len();
         let types = array(meta, "tokenizer.ggml.token_type")?;
@@ -153,7 +167,7 @@ impl Tokenizer {
             }
         }
         let unencodable = byte_symbols().map(|c| !vocab.contains_key(&c.to_string()));
-        let bpe = BPE::builder().vocab_and_merges(vocab, merges).build().map_err(tk("building the BPE model"))?;
+        let bpe = BPE::builder().vocab_and_merges(vocab, merges).ignore_merges(ignore_merges).build().map_err(tk("building the BPE model"))?;
         let mut inner = tokenizers::Tokenizer::new(bpe);
         inner.with_pre_tokenizer(Some(pre));
         inner.with_decoder(Some(ByteLevel::default()));
@@ -370,6 +384,19 @@ mod tests {
     }
 
     #[test]
+    fn llama_bpe_groups_digits_by_three_and_takes_whole_words_from_the_vocabulary() {
+        let (mut tokens, _) = vocab();
+        // "hel" is a token no merge reaches: only Llama 3's ignore_merges finds it.
+        tokens.push("hel".into());
+        let mut meta = metadata(&tokens);
+        let smollm = Tokenizer::from_metadata(&meta).unwrap();
+        set(&mut meta, "tokenizer.ggml.pre", Value::String("llama-bpe".into()));
+        let llama3 = Tokenizer::from_metadata(&meta).unwrap();
+        assert_eq!(llama3.encode("hel 2026", false).unwrap(), ids(&tokens, &["hel", "Ġ", "20", "2", "6"]));
+        assert_eq!(smollm.encode("hel 2026", false).unwrap(), ids(&tokens, &["he", "l", "Ġ", "2", "0", "2", "6"]));
+    }
+
+    #[test]
     fn control_tokens_are_one_id_and_end_generation() {
         let (tokens, mut meta) = vocab();
         set(&mut meta, "tokenizer.ggml.add_bos_token", Value::Bool(true));
@@ -396,9 +423,9 @@ mod tests {
     #[test]
     fn refuses_unknown_model_and_pre_naming_them() {
         let (_, mut meta) = vocab();
-        set(&mut meta, "tokenizer.ggml.pre", Value::String("llama-bpe".into()));
+        set(&mut meta, "tokenizer.ggml.pre", Value::String("qwen2".into()));
         let e = Tokenizer::from_metadata(&meta).err().unwrap().to_string();
-        assert!(e.contains("`llama-bpe`") && e.contains("smollm"), "{e}");
+        assert!(e.contains("`qwen2`") && e.contains("smollm, gpt-2, llama-bpe"), "{e}");
         set(&mut meta, "tokenizer.ggml.model", Value::String("llama".into()));
         let e = Tokenizer::from_metadata(&meta).err().unwrap().to_string();
         assert!(e.contains("`llama`"), "{e}");

@@ -8,7 +8,8 @@
 //! it trained.
 //!
 //! A case: `text` (a file; default the GPL-3 licence text Debian ships), `ctx` and `chunks` (the
-//! scored window), `formats` (`source` is the file as it is).
+//! scored window), `formats` (`source` is the file as it is), and optionally `model` (a Llama
+//! GGUF in place of `LAB_SMOLLM2_GGUF`; its records then name it).
 
 use crate::experiment::llama_cpp::{self, Kl};
 use crate::experiment::{param_str, param_usize, Backend, Experiment, Measurement, Peer, Session};
@@ -118,7 +119,11 @@ fn run(s: &mut Session, case: &Value) -> Result<()> {
     }
     let dir = tempfile::tempdir().map_err(|e| LabError::Invalid(format!("no temp dir for the requantized files: {e}")))?;
     let copy_path = |format: &str| dir.path().join(format!("{format}.gguf"));
-    score_files(s, &Scoring { source: &model_path()?, formats: &formats, copy_path: &copy_path, text: &text, ctx, chunks, params: json!({}) })?;
+    let (source, params) = match case.get("model").and_then(Value::as_str) {
+        Some(m) => (PathBuf::from(m), json!({"model": m})),
+        None => (model_path()?, json!({})),
+    };
+    score_files(s, &Scoring { source: &source, formats: &formats, copy_path: &copy_path, text: &text, ctx, chunks, params })?;
     Ok(())
 }
 

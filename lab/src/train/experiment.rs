@@ -60,6 +60,7 @@ fn config(case: &Value) -> Result<Config> {
         rope_base: 10000.0,
         rope_dims: dim / heads,
         rope_scaling: RopeScaling::None,
+        rope_factors: None,
         tied_embeddings: true,
     })
 }

@@ -48,6 +48,9 @@ pub fn to_gguf(model: &Model, matrices: GgmlType, tokenizer: Option<&Gguf>, name
         w.set("llama.rope.scaling.type", Value::String("linear".into()));
         w.set("llama.rope.scaling.factor", Value::F32(factor));
     }
+    if let Some(f) = &c.rope_factors {
+        w.add_tensor("rope_freqs.weight", &[f.len() as u64], GgmlType::F32, encode(GgmlType::F32, f)?)?;
+    }
     if let Some(g) = tokenizer {
         let n = g.get("tokenizer.ggml.tokens").and_then(Value::as_array).map_or(0, <[Value]>::len);
         if n != c.vocab {
@@ -89,7 +92,9 @@ mod tests {
     fn the_engine_reads_the_written_model_back_to_the_trainers_logits() {
         let tokens = [3u32, 36, 0, 17, 17, 5, 29, 11, 2];
         for tied in [false, true] {
-            let mut m = random_model(&tiny(tied), 5);
+            // The tied model also carries RoPE frequency factors, which travel as `rope_freqs.weight`.
+            let c = crate::model::llama::Config { rope_factors: tied.then(|| vec![1.0, 2.5, 8.0]), ..tiny(tied) };
+            let mut m = random_model(&c, 5);
             let e = readback(&m, GgmlType::F32, &tokens);
             assert!(e.passed(), "f32, tied={tied}: {e:?}");
             // F16 matrices: the trainer on the same rounded weights gives the same logits.

@@ -23,6 +23,7 @@ pub(crate) fn tiny(tied: bool) -> Config {
         rope_base: 10000.0,
         rope_dims: 6,
         rope_scaling: RopeScaling::None,
+        rope_factors: None,
         tied_embeddings: tied,
     }
 }
