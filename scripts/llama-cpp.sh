@@ -27,7 +27,9 @@ build)
     tarball=$(realpath "${2:?usage: llama-cpp.sh build TAR DIR}")
     dir=${3:?usage: llama-cpp.sh build TAR DIR [cpu]}
     backend=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90)
-    [ "${4:-}" = cpu ] && backend=(-DGGML_CUDA=OFF -DGGML_NATIVE=ON)
+    # The CPU build targets AVX2 rather than -march=native: a host that reports AMX without
+    # granting its tile state kills llama.cpp's quantized products with SIGILL (tilezero).
+    [ "${4:-}" = cpu ] && backend=(-DGGML_CUDA=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
     mkdir -p "$dir"
     tar xzf "$tarball" -C "$dir"
     gen=(); command -v ninja >/dev/null && gen=(-G Ninja)

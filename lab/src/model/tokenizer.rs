@@ -1,13 +1,16 @@
 //! The tokenizer and chat template a GGUF file carries in its metadata.
 //!
-//! The vocabulary, merges and token types become a `tokenizers` byte-level BPE; the pre-tokenizer
-//! is rebuilt from `tokenizer.ggml.pre`, which names a regex list hard-coded in llama.cpp
-//! (llama-vocab.cpp), so only the names listed in [`SUPPORTED_PRE`] load: an unknown one is an
-//! error rather than a guess that would tokenize differently from the model's training.
+//! The vocabulary, merges and token types become a `tokenizers` byte-level BPE (`gpt2`); the
+//! pre-tokenizer is rebuilt from `tokenizer.ggml.pre`, which names a regex list hard-coded in
+//! llama.cpp (llama-vocab.cpp), so only the names listed in [`SUPPORTED_PRE`] load: an unknown one
+//! is an error rather than a guess that would tokenize differently from the model's training.
+//! A SentencePiece vocabulary (`llama`) becomes a BPE whose merges follow its scores.
 //! The chat template (`tokenizer.chat_template`, Jinja as in transformers) renders with minijinja.
 
 use minijinja::{context, Environment, ErrorKind};
 use tokenizers::decoders::byte_level::ByteLevel;
+use tokenizers::decoders::{byte_fallback::ByteFallback, fuse::Fuse, sequence::Sequence as DecoderSequence};
+use tokenizers::normalizers::{prepend::Prepend, replace::Replace, utils::Sequence as NormalizerSequence};
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::pre_tokenizers::{digits::Digits, sequence::Sequence, split::Split, split::SplitPattern};
 use tokenizers::SplitDelimiterBehavior;
@@ -20,6 +23,7 @@ use crate::weights::gguf::{Gguf, Value};
 pub const SUPPORTED_PRE: &[&str] = &["smollm", "gpt-2", "llama-bpe", "llama3", "llama-v3"];
 
 /// llama.cpp's `llama_token_type` values that matter here.
+const NORMAL: u64 = 1;
 const CONTROL: u64 = 3;
 const USER_DEFINED: u64 = 4;
 
@@ -37,6 +41,8 @@ pub struct Tokenizer {
     /// 0xF5..=0xFF). BPE with no unknown token would drop them silently; text holding one is
     /// refused instead, so whatever encodes decodes back to the same text.
     unencodable: [bool; 256],
+    /// SentencePiece's leading space, added before the text, comes off the decoded text.
+    strip_space: bool,
 }
 
 /// Text from ids that arrive one at a time; holds back tokens that end inside a UTF-8 character.
@@ -126,17 +132,57 @@ fn pre_tokenizer(pre: &str) -> Result<(Sequence, bool)> {
     }
 }
 
+/// llama.cpp's tokenizer for `tokenizer.ggml.model = llama` (SentencePiece BPE) as a `tokenizers`
+/// BPE: spaces become `▁` (with one before each run of text when `space_prefix`), then adjacent
+/// pieces merge while their concatenation is a token, the highest `tokenizer.ggml.scores` first;
+/// characters without a token fall back to the `<0xXX>` byte tokens. The merge list that
+/// reproduces this ranks every split of a token into two tokens by the token's score.
+fn sentencepiece(meta: &[(String, Value)], tokens: &[String], types: &[u64], vocab: Vocab, space_prefix: bool) -> Result<(tokenizers::Tokenizer, [bool; 256])> {
+    let scores = array(meta, "tokenizer.ggml.scores")?;
+    if scores.len() != tokens.len() {
+        return Err(Invalid(format!("tokenizer.ggml.scores has {} entries for {} tokens", scores.len(), tokens.len())));
+    }
+    let scores = scores.iter().enumerate().map(|(i, v)| match v {
+        Value::F32(x) if x.is_finite() => Ok(*x),
+        _ => Err(Invalid(format!("tokenizer.ggml.scores[{i}] is {v:?}, not a finite f32"))),
+    });
+    let scores = scores.collect::<Result<Vec<f32>>>()?;
+    let mut ranked = Vec::new();
+    for (id, t) in tokens.iter().enumerate().filter(|&(id, _)| types[id] == NORMAL || types[id] == USER_DEFINED) {
+        for (at, _) in t.char_indices().skip(1) {
+            let (a, b) = t.split_at(at);
+            if vocab.contains_key(a) && vocab.contains_key(b) {
+                ranked.push((scores[id], id, a.to_owned(), b.to_owned()));
+            }
+        }
+    }
+    ranked.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)));
+    let byte_token = |b: usize| vocab.contains_key(&format!("<0x{b:02X}>")) || (b < 0x80 && vocab.contains_key(&(b as u8 as char).to_string()));
+    let unencodable = std::array::from_fn(|b| !byte_token(b));
+    let merges = ranked.into_iter().map(|(_, _, a, b)| (a, b)).collect();
+    let bpe = BPE::builder().vocab_and_merges(vocab, merges).byte_fallback(true).build().map_err(tk("building the SentencePiece model"))?;
+    let mut inner = tokenizers::Tokenizer::new(bpe);
+    let mut norm: Vec<NormalizerWrapper> = vec![Replace::new(" ", "▁").map_err(tk("the space replacement"))?.into()];
+    if space_prefix {
+        norm.push(Prepend::new("▁".into()).into());
+    }
+    inner.with_normalizer(Some(NormalizerSequence::new(norm))).map_err(tk("the normalizer"))?;
+    let decoders = vec![Replace::new("▁", " ").map_err(tk("the space replacement"))?.into(), ByteFallback::new().into(), Fuse::new().into()];
+    inner.with_decoder(Some(DecoderSequence::new(decoders)));
+    Ok((inner, unencodable))
+}
+
 impl Tokenizer {
     pub fn from_gguf(g: &Gguf) -> Result<Tokenizer> {
         Self::from_metadata(&g.metadata)
     }
 
     fn from_metadata(meta: &[(String, Value)]) -> Result<Tokenizer> {
-        let model = string(meta, "tokenizer.ggml.model")?;
-        if model != "gpt2" {
-            return Err(Invalid(format!("tokenizer.ggml.model `{model}` is not supported (only `gpt2`, byte-level BPE)")));
-        }
-        let (pre, ignore_merges) = pre_tokenizer(string(meta, "tokenizer.ggml.pre")?)?;
+        let spm = match string(meta, "tokenizer.ggml.model")? {
+            "gpt2" => false,
+            "llama" => true,
+            other => return Err(Invalid(format!("tokenizer.ggml.model `{other}` is not supported (`gpt2`: byte-level BPE; `llama`: SentencePiece BPE)"))),
+        };
         let tokens: Vec<String> = strings(meta, "tokenizer.ggml.tokens")?.into_iter().map(str::to_owned).collect();
         let n = tokens.len();
         let types = array(meta, "tokenizer.ggml.token_type")?;
@@ -145,36 +191,45 @@ impl Tokenizer {
         }
         let types = types.iter().enumerate().map(|(i, v)| v.as_u64().ok_or_else(|| Invalid(format!("tokenizer.ggml.token_type[{i}] is {v:?}"))));
         let types = types.collect::<Result<Vec<u64>>>()?;
-        let merges = strings(meta, "tokenizer.ggml.merges")?.into_iter().enumerate();
-        let merges = merges.map(|(i, m)| {
-            // Byte-level symbols never contain a space (it is `Ġ`), so the first space separates the pair.
-            m.split_once(' ').map(|(a, b)| (a.to_owned(), b.to_owned())).ok_or_else(|| Invalid(format!("tokenizer.ggml.merges[{i}] `{m}` is not two symbols")))
-        });
-        let merges = merges.collect::<Result<Vec<_>>>()?;
         let bos = required_id(meta, "tokenizer.ggml.bos_token_id", n)?;
         let eos = required_id(meta, "tokenizer.ggml.eos_token_id", n)?;
         let pad = token_id(meta, "tokenizer.ggml.padding_token_id", n)?;
-        let add_bos = match get(meta, "tokenizer.ggml.add_bos_token") {
-            None => false,
-            Some(Value::Bool(b)) => *b,
-            Some(v) => return Err(Invalid(format!("tokenizer.ggml.add_bos_token is {v:?}, not a bool"))),
+        let flag = |key: &str, default: bool| match get(meta, key) {
+            None => Ok(default),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(v) => Err(Invalid(format!("{key} is {v:?}, not a bool"))),
         };
-
+        // llama.cpp's defaults: SentencePiece vocabularies add BOS and a leading space.
+        let add_bos = flag("tokenizer.ggml.add_bos_token", spm)?;
         let mut vocab = Vocab::with_capacity(n);
         for (i, t) in tokens.iter().enumerate() {
             if let Some(first) = vocab.insert(t.clone(), i as u32) {
                 return Err(Invalid(format!("tokenizer.ggml.tokens has `{t}` twice (ids {first} and {i})")));
             }
         }
-        let unencodable = byte_symbols().map(|c| !vocab.contains_key(&c.to_string()));
-        let bpe = BPE::builder().vocab_and_merges(vocab, merges).ignore_merges(ignore_merges).build().map_err(tk("building the BPE model"))?;
-        let mut inner = tokenizers::Tokenizer::new(bpe);
-        inner.with_pre_tokenizer(Some(pre));
-        inner.with_decoder(Some(ByteLevel::default()));
-        // Control and user-defined tokens are matched whole in the text before pre-tokenization,
+        let (mut inner, unencodable, strip_space) = if spm {
+            let space_prefix = flag("tokenizer.ggml.add_space_prefix", true)?;
+            let (inner, unencodable) = sentencepiece(meta, &tokens, &types, vocab, space_prefix)?;
+            (inner, unencodable, space_prefix)
+        } else {
+            let (pre, ignore_merges) = pre_tokenizer(string(meta, "tokenizer.ggml.pre")?)?;
+            let merges = strings(meta, "tokenizer.ggml.merges")?.into_iter().enumerate();
+            let merges = merges.map(|(i, m)| {
+                // Byte-level symbols never contain a space (it is `Ġ`), so the first space separates the pair.
+                m.split_once(' ').map(|(a, b)| (a.to_owned(), b.to_owned())).ok_or_else(|| Invalid(format!("tokenizer.ggml.merges[{i}] `{m}` is not two symbols")))
+            });
+            let merges = merges.collect::<Result<Vec<_>>>()?;
+            let unencodable = byte_symbols().map(|c| !vocab.contains_key(&c.to_string()));
+            let bpe = BPE::builder().vocab_and_merges(vocab, merges).ignore_merges(ignore_merges).build().map_err(tk("building the BPE model"))?;
+            let mut inner = tokenizers::Tokenizer::new(bpe);
+            inner.with_pre_tokenizer(Some(pre));
+            inner.with_decoder(Some(ByteLevel::default()));
+            (inner, unencodable, false)
+        };
+        // Control and user-defined tokens are matched whole in the raw text before anything else,
         // so "<|im_start|>" is one id rather than the pieces of its characters.
         let added = tokens.iter().zip(&types).filter(|(_, &ty)| ty == CONTROL || ty == USER_DEFINED);
-        inner.add_tokens(added.map(|(t, &ty)| AddedToken::from(t.clone(), ty == CONTROL))).map_err(tk("adding control tokens"))?;
+        inner.add_tokens(added.map(|(t, &ty)| AddedToken::from(t.clone(), ty == CONTROL).normalized(false))).map_err(tk("adding control tokens"))?;
 
         let mut eog = vec![eos];
         eog.extend(token_id(meta, "tokenizer.ggml.eot_token_id", n)?);
@@ -184,7 +239,7 @@ impl Tokenizer {
         eog.extend(im_end.filter(|_| chatml).map(|i| i as u32));
         eog.sort_unstable();
         eog.dedup();
-        Ok(Tokenizer { inner, tokens, bos, eos, pad, add_bos, eog, unencodable })
+        Ok(Tokenizer { inner, tokens, bos, eos, pad, add_bos, eog, unencodable, strip_space })
     }
 
     /// Token ids of `text`; control tokens written in the text become their ids. `add_special`
@@ -205,7 +260,11 @@ impl Tokenizer {
     /// The text of `ids`, control tokens included; bytes that do not form UTF-8 become U+FFFD.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         ids.iter().try_for_each(|&id| check_id(id, self.tokens.len()))?;
-        self.inner.decode(ids, false).map_err(tk("decoding"))
+        let text = self.inner.decode(ids, false).map_err(tk("decoding"))?;
+        Ok(match text.strip_prefix(' ') {
+            Some(rest) if self.strip_space => rest.to_owned(),
+            _ => text,
+        })
     }
 
     /// A decoder for ids that arrive one at a time, as in generation.
@@ -426,9 +485,13 @@ mod tests {
         set(&mut meta, "tokenizer.ggml.pre", Value::String("qwen2".into()));
         let e = Tokenizer::from_metadata(&meta).err().unwrap().to_string();
         assert!(e.contains("`qwen2`") && e.contains("smollm, gpt-2, llama-bpe"), "{e}");
+        set(&mut meta, "tokenizer.ggml.model", Value::String("bert".into()));
+        let e = Tokenizer::from_metadata(&meta).err().unwrap().to_string();
+        assert!(e.contains("`bert`"), "{e}");
+        // A SentencePiece vocabulary needs its scores.
         set(&mut meta, "tokenizer.ggml.model", Value::String("llama".into()));
         let e = Tokenizer::from_metadata(&meta).err().unwrap().to_string();
-        assert!(e.contains("`llama`"), "{e}");
+        assert!(e.contains("tokenizer.ggml.scores"), "{e}");
     }
 
     #[test]

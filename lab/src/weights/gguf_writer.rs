@@ -92,6 +92,11 @@ impl GgufWriter {
         }
     }
 
+    /// Removes `key` where it is set.
+    pub fn remove(&mut self, key: &str) {
+        self.metadata.retain(|(k, _)| k != key);
+    }
+
     /// Adds a tensor: `dims` in ggml order (the contiguous dimension first), `data` exactly the
     /// bytes its type and shape take.
     pub fn add_tensor(&mut self, name: &str, dims: &[u64], ty: GgmlType, data: Vec<u8>) -> Result<()> {
