@@ -1,7 +1,8 @@
 //! llama.cpp, the inference peer, built from its own sources by scripts/llama-cpp.sh
 //! (`LAB_LLAMA_CPP` names the folder of its built tools, `build/bin`; the CUDA build on a GPU
 //! host, the CPU build anywhere): `llama-bench` for speed, `llama-perplexity` for perplexity and
-//! KL divergence, `llama-tokenize` for token ids, and libllama through lab/peers/llama_cpp_logits.c for the logits after a prompt.
+//! KL divergence, `llama-tokenize` for token ids, and libllama through
+//! lab/peers/llama_cpp_logits.c for the logits after a prompt.
 
 use crate::{LabError, Result};
 use serde_json::Value;

@@ -20,7 +20,7 @@ use crate::error::{LabError, LabError::Invalid, Result};
 use crate::weights::gguf::{Gguf, Value};
 
 /// The `tokenizer.ggml.pre` values this module can reproduce.
-pub const SUPPORTED_PRE: &[&str] = &["smollm", "gpt-2", "llama-bpe", "llama3", "llama-v3"];
+pub const SUPPORTED_PRE: &[&str] = &["smollm", "llama-bpe", "llama3", "llama-v3"];
 
 /// llama.cpp's `llama_token_type` values that matter here.
 const NORMAL: u64 = 1;
@@ -37,9 +37,10 @@ pub struct Tokenizer {
     add_bos: bool,
     /// Ids that end a generation, sorted.
     eog: Vec<u32>,
-    /// Bytes without a symbol in the vocabulary (SmolLM2 lacks 21, among them 0x04 and
-    /// 0xF5..=0xFF). BPE with no unknown token would drop them silently; text holding one is
-    /// refused instead, so whatever encodes decodes back to the same text.
+    /// Bytes the vocabulary cannot spell: no byte-level symbol (SmolLM2 lacks 21, among them 0x04
+    /// and 0xF5..=0xFF), or in a SentencePiece vocabulary no `<0xXX>` token. BPE with no unknown
+    /// token would drop them silently; text holding one is refused instead, so whatever encodes
+    /// decodes back to the same text.
     unencodable: [bool; 256],
     /// SentencePiece's leading space, added before the text, comes off the decoded text.
     strip_space: bool,
@@ -123,7 +124,6 @@ fn pre_tokenizer(pre: &str) -> Result<(Sequence, bool)> {
         // llama.cpp's LLAMA_VOCAB_PRE_TYPE_SMOLLM splits every \p{N} off alone first, then runs
         // the GPT-2 regex on what is left. Digits tests `char::is_numeric`, which is \p{N}.
         "smollm" => Ok((Sequence::new(vec![Digits::new(true).into(), bytes(true)]), false)),
-        "gpt-2" => Ok((Sequence::new(vec![bytes(true)]), false)),
         "llama-bpe" | "llama3" | "llama-v3" => {
             let split = Split::new(SplitPattern::Regex(LLAMA3_SPLIT.into()), SplitDelimiterBehavior::Isolated, false).map_err(tk("the Llama 3 split"))?;
             Ok((Sequence::new(vec![split.into(), bytes(false)]), true))
@@ -484,7 +484,7 @@ mod tests {
         let (_, mut meta) = vocab();
         set(&mut meta, "tokenizer.ggml.pre", Value::String("qwen2".into()));
         let e = Tokenizer::from_metadata(&meta).err().unwrap().to_string();
-        assert!(e.contains("`qwen2`") && e.contains("smollm, gpt-2, llama-bpe"), "{e}");
+        assert!(e.contains("`qwen2`") && e.contains("smollm, llama-bpe"), "{e}");
         set(&mut meta, "tokenizer.ggml.model", Value::String("bert".into()));
         let e = Tokenizer::from_metadata(&meta).err().unwrap().to_string();
         assert!(e.contains("`bert`"), "{e}");
