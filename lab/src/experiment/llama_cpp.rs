@@ -160,35 +160,58 @@ fn quantize_logprobs(row: &[f64]) -> (f32, f32, Vec<u16>) {
     (scale, floor, q)
 }
 
-const LOGITS_C: &str = include_str!("../../peers/llama_cpp_logits.c");
+/// A C peer of lab/peers/ (`name`.c), compiled against the llama.cpp that `LAB_LLAMA_CPP` names
+/// (headers from the source tree that scripts/llama-cpp.sh unpacked beside the build) and
+/// linked to its library `lib`.
+fn harness(name: &str, source: &str, lib: &str) -> std::result::Result<(tempfile::TempDir, PathBuf), String> {
+    let bin = tools().map_err(|e| e.to_string())?;
+    let src = bin.join("../../llama.cpp");
+    let dir = tempfile::tempdir().map_err(|e| format!("no temp dir: {e}"))?;
+    let (c, exe) = (dir.path().join(format!("{name}.c")), dir.path().join(name));
+    std::fs::write(&c, source).map_err(|e| e.to_string())?;
+    let out = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .args(["-O2", "-std=c11", "-o"])
+        .arg(&exe)
+        .arg(&c)
+        .arg(format!("-I{}", src.join("include").display()))
+        .arg(format!("-I{}", src.join("ggml/include").display()))
+        .arg(format!("-L{}", bin.display()))
+        .arg(format!("-Wl,-rpath,{}", bin.display()))
+        .arg(format!("-l{lib}"))
+        .output()
+        .map_err(|e| format!("cannot start the C compiler: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("{name} does not build against {}: {}", src.display(), String::from_utf8_lossy(&out.stderr).lines().next().unwrap_or("")));
+    }
+    Ok((dir, exe))
+}
 
-/// The logits harness, compiled once per process against the llama.cpp that `LAB_LLAMA_CPP`
-/// names (headers from the source tree that scripts/llama-cpp.sh unpacked beside the build).
+type Built = OnceLock<std::result::Result<(tempfile::TempDir, PathBuf), String>>;
+
+/// The logits harness (lab/peers/llama_cpp_logits.c), compiled once per process.
 fn logits_harness() -> Result<&'static Path> {
-    static BUILT: OnceLock<std::result::Result<(tempfile::TempDir, PathBuf), String>> = OnceLock::new();
-    let built = BUILT.get_or_init(|| {
-        let bin = tools().map_err(|e| e.to_string())?;
-        let src = bin.join("../../llama.cpp");
-        let dir = tempfile::tempdir().map_err(|e| format!("no temp dir: {e}"))?;
-        let (c, exe) = (dir.path().join("llama_cpp_logits.c"), dir.path().join("llama_cpp_logits"));
-        std::fs::write(&c, LOGITS_C).map_err(|e| e.to_string())?;
-        let out = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-            .args(["-O2", "-std=c11", "-o"])
-            .arg(&exe)
-            .arg(&c)
-            .arg(format!("-I{}", src.join("include").display()))
-            .arg(format!("-I{}", src.join("ggml/include").display()))
-            .arg(format!("-L{}", bin.display()))
-            .arg(format!("-Wl,-rpath,{}", bin.display()))
-            .arg("-lllama")
-            .output()
-            .map_err(|e| format!("cannot start the C compiler: {e}"))?;
-        if !out.status.success() {
-            return Err(format!("the logits harness does not build against {}: {}", src.display(), String::from_utf8_lossy(&out.stderr).lines().next().unwrap_or("")));
-        }
-        Ok((dir, exe))
-    });
+    static BUILT: Built = OnceLock::new();
+    let built = BUILT.get_or_init(|| harness("llama_cpp_logits", include_str!("../../peers/llama_cpp_logits.c"), "llama"));
     built.as_ref().map(|(_, exe)| exe.as_path()).map_err(|e| fail(e.clone()))
+}
+
+/// ggml's own blocks of type `ty` for `x` (rows of `row` values, `ggml_quantize_chunk` without
+/// an importance matrix) and ggml's reading of them (`to_float`), through
+/// lab/peers/ggml_blocks.c.
+pub fn ggml_blocks(ty: crate::weights::gguf::GgmlType, row: usize, x: &[f32]) -> Result<(Vec<u8>, Vec<f32>)> {
+    static BUILT: Built = OnceLock::new();
+    let built = BUILT.get_or_init(|| harness("ggml_blocks", include_str!("../../peers/ggml_blocks.c"), "ggml-base"));
+    let exe = built.as_ref().map(|(_, exe)| exe.as_path()).map_err(|e| fail(e.clone()))?;
+    let dir = tempfile::tempdir().map_err(|e| fail(format!("no temp dir: {e}")))?;
+    let [input, blocks, values] = ["input.f32", "blocks", "values"].map(|n| dir.path().join(n));
+    std::fs::write(&input, x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()).map_err(|e| fail(format!("{}: {e}", input.display())))?;
+    let out = Command::new(exe).arg(ty.0.to_string()).arg(row.to_string()).arg(&input).arg(&blocks).arg(&values).output().map_err(|e| fail(format!("cannot start ggml_blocks: {e}")))?;
+    if !out.status.success() {
+        return Err(fail(format!("ggml_blocks on {}: {}", ty.name(), String::from_utf8_lossy(&out.stderr).trim())));
+    }
+    let read = |p: &Path| std::fs::read(p).map_err(|e| fail(format!("{}: {e}", p.display())));
+    let y = read(&values)?.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    Ok((read(&blocks)?, y))
 }
 
 /// llama.cpp's logits after `ids` (one batch from an empty cache), read through libllama.

@@ -5,6 +5,7 @@
 //! callable ops and the `quant` experiment live in [`crate::ops::quant`].
 
 pub mod ggml;
+pub mod ggml_read;
 pub mod group;
 pub mod int4;
 pub mod q6_k;

@@ -1,0 +1,136 @@
+//! GGUF block formats the lab reads but does not write, the ones llama-quantize's Q4_K_M and
+//! Q5_K_M files hold besides Q6_K and Q8_0: Q5_0, Q5_1, Q4_K and Q5_K, dequantized to f32 as
+//! ggml's `dequantize_row_*` do (layouts from ggml-common.h, formulas from ggml-quants.c), bit for
+//! bit: each value is one f32 product of the code and the scale, then one f32 addition (no fused
+//! multiply-add). Checked against ggml's own code in `against_ggml` below.
+//!
+//! - Q5_0, 22 bytes a 32-weight block: f16 `d`, 4 bytes `qh`, 16 bytes `qs`. Element `j < 16`
+//!   keeps its low 4 bits in the low nibble of `qs[j]` and its fifth bit at bit `j` of `qh`
+//!   (little-endian u32); element `j + 16` the high nibble of `qs[j]` and bit `j + 16`. Value
+//!   `(q - 16) d`.
+//! - Q5_1, 24 bytes: f16 `d`, f16 `m`, then `qh` and `qs` as Q5_0. Value `q d + m`.
+//! - Q4_K, 144 bytes a 256-weight block: f16 `d`, f16 `dmin`, 12 bytes of 6-bit scales and mins
+//!   for the 8 sub-blocks of 32, 128 bytes `qs`. Sub-block `s` reads `(d sc_s) q - (dmin m_s)`;
+//!   weights `64 k + l` and `64 k + 32 + l` (`l < 32`) are the low and high nibbles of
+//!   `qs[32 k + l]`, in sub-blocks `2 k` and `2 k + 1`. Scale and min of sub-block `j`: for
+//!   `j < 4`, the low 6 bits of bytes `j` and `j + 4`; else the nibbles of byte `j + 4` under the
+//!   top 2 bits of bytes `j - 4` and `j`.
+//! - Q5_K, 176 bytes: as Q4_K with 32 bytes `qh` between the scales and `qs`: bit `2 k` of
+//!   `qh[l]` is the fifth bit of weight `64 k + l`, bit `2 k + 1` that of weight `64 k + 32 + l`.
+
+use crate::weights::gguf::GgmlType;
+use crate::{LabError, Result};
+use half::f16;
+use rayon::prelude::*;
+
+/// The types this module reads.
+pub const TYPES: [GgmlType; 4] = [GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q4_K, GgmlType::Q5_K];
+
+/// Tensor data of one of [`TYPES`] as f32 values, in order.
+pub fn dequantize(ty: GgmlType, bytes: &[u8]) -> Result<Vec<f32>> {
+    let read: fn(&[u8], &mut [f32]) = match ty {
+        GgmlType::Q5_0 => q5_0,
+        GgmlType::Q5_1 => q5_1,
+        GgmlType::Q4_K => q4_k,
+        GgmlType::Q5_K => q5_k,
+        other => return Err(LabError::Invalid(format!("ggml_read: {} is not among the types read here", other.name()))),
+    };
+    let (n, size) = ty.block().map(|(n, s)| (n as usize, s as usize)).expect("a known type");
+    if !bytes.len().is_multiple_of(size) {
+        return Err(LabError::shape(ty.name(), format!("{} bytes are not a whole number of {size}-byte blocks", bytes.len())));
+    }
+    let mut out = vec![0f32; bytes.len() / size * n];
+    out.par_chunks_exact_mut(n).zip(bytes.par_chunks_exact(size)).for_each(|(y, b)| read(b, y));
+    Ok(out)
+}
+
+fn half(b: &[u8], at: usize) -> f32 {
+    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+}
+
+/// The 5-bit codes of a Q5_0 / Q5_1 block from its `qh` (4 bytes) and `qs` (16 bytes).
+fn codes5(qh: &[u8], qs: &[u8]) -> [u32; 32] {
+    let h = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+    std::array::from_fn(|i| {
+        let (j, high) = (i % 16, i >= 16);
+        let low = if high { qs[j] >> 4 } else { qs[j] & 15 };
+        u32::from(low) | ((h >> i) & 1) << 4
+    })
+}
+
+fn q5_0(b: &[u8], y: &mut [f32]) {
+    let d = half(b, 0);
+    for (v, q) in y.iter_mut().zip(codes5(&b[2..6], &b[6..22])) {
+        *v = (q as i32 - 16) as f32 * d;
+    }
+}
+
+fn q5_1(b: &[u8], y: &mut [f32]) {
+    let (d, m) = (half(b, 0), half(b, 2));
+    for (v, q) in y.iter_mut().zip(codes5(&b[4..8], &b[8..24])) {
+        *v = q as f32 * d + m;
+    }
+}
+
+/// Scale and min of sub-block `j` (of 8) from a K block's 12 scale bytes.
+fn scale_min(j: usize, s: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (s[j] & 63, s[j + 4] & 63)
+    } else {
+        ((s[j + 4] & 15) | (s[j - 4] >> 6) << 4, (s[j + 4] >> 4) | (s[j] >> 6) << 4)
+    }
+}
+
+/// A Q4_K or Q5_K block: `fifth(k, l, high)` is the fifth bit (0 or 16) of weight `64 k + l`
+/// (`+ 32` when `high`).
+fn k_block(b: &[u8], qs: &[u8], y: &mut [f32], fifth: impl Fn(usize, usize, bool) -> u8) {
+    let (d, dmin) = (half(b, 0), half(b, 2));
+    for k in 0..4 {
+        for (half_, y) in y[64 * k..64 * k + 64].chunks_exact_mut(32).enumerate() {
+            let (sc, m) = scale_min(2 * k + half_, &b[4..16]);
+            let (d1, m1) = (d * f32::from(sc), dmin * f32::from(m));
+            for (l, v) in y.iter_mut().enumerate() {
+                let q = qs[32 * k + l];
+                let low = if half_ == 1 { q >> 4 } else { q & 15 };
+                *v = d1 * f32::from(low + fifth(k, l, half_ == 1)) - m1;
+            }
+        }
+    }
+}
+
+fn q4_k(b: &[u8], y: &mut [f32]) {
+    k_block(b, &b[16..144], y, |_, _, _| 0);
+}
+
+fn q5_k(b: &[u8], y: &mut [f32]) {
+    let qh = &b[16..48];
+    k_block(b, &b[48..176], y, |k, l, high| if qh[l] >> (2 * k + usize::from(high)) & 1 == 1 { 16 } else { 0 });
+}
+
+/// Against ggml's own code (its `ggml_quantize_chunk` and the types' `to_float`, run by
+/// lab/peers/ggml_blocks.c through lab/examples/ggml_blocks.rs on 1,024 values with hostile
+/// blocks): ggml's blocks read here to the same f32 bits as ggml reads them.
+#[cfg(test)]
+mod against_ggml {
+    use super::*;
+
+    #[test]
+    fn ggml_blocks_read_as_ggml_reads_them() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ggml_blocks");
+        let read = |name: &str| std::fs::read(dir.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        for ty in TYPES {
+            let name = ty.name().to_lowercase();
+            let ours = dequantize(ty, &read(&format!("{name}.blocks"))).unwrap();
+            let theirs: Vec<u32> = read(&format!("{name}.values")).chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            assert_eq!(ours.len(), theirs.len(), "{name}");
+            let differ = ours.iter().zip(&theirs).filter(|(a, b)| a.to_bits() != **b).count();
+            assert_eq!(differ, 0, "{name}: {differ} of {} values differ from ggml's", ours.len());
+        }
+    }
+
+    #[test]
+    fn a_partial_block_is_an_error() {
+        assert!(dequantize(GgmlType::Q4_K, &[0; 143]).unwrap_err().to_string().contains("144-byte blocks"));
+        assert!(dequantize(GgmlType::Q8_0, &[0; 34]).is_err());
+    }
+}
