@@ -1,10 +1,11 @@
-//! Asks ggml for its own blocks of the types lab/src/quant/ggml_read.rs reads (Q5_0, Q5_1, Q4_K,
-//! Q5_K) and its reading of them, through lab/peers/ggml_blocks.c: the fixtures
+//! Asks ggml for its own blocks of the types lab/src/quant/ggml_read.rs reads (its `TYPES`: Q5_0,
+//! Q5_1, Q2_K, Q3_K, Q4_K, Q5_K) and its reading of them, through lab/peers/ggml_blocks.c: the
+//! fixtures
 //! lab/tests/fixtures/ggml_blocks/*.{blocks,values} that the reader is checked against bit for bit
 //! in CI, which has no llama.cpp. The inputs (`inputs.f32`, 4 rows of 256, seeded) hold the blocks
 //! a reader gets wrong first: Gaussian values, a zero and a constant sub-block, magnitudes from
-//! 1e-3 to 1e4 block by block, and positive values with one outlier (the min path of Q5_1, Q4_K
-//! and Q5_K).
+//! 1e-3 to 1e4 block by block, and positive values with one outlier (the min path of Q5_1, Q2_K,
+//! Q4_K and Q5_K).
 //!
 //! `LAB_LLAMA_CPP=DIR/build/bin cargo run --release --example ggml_blocks -- FIXTURE_DIR`
 //! (scripts/llama-cpp.sh build TAR DIR cpu builds llama.cpp).

@@ -1,8 +1,8 @@
-//! GGUF block formats the lab reads but does not write, the ones llama-quantize's Q4_K_M and
-//! Q5_K_M files hold besides Q6_K and Q8_0: Q5_0, Q5_1, Q4_K and Q5_K, dequantized to f32 as
-//! ggml's `dequantize_row_*` do (layouts from ggml-common.h, formulas from ggml-quants.c), bit for
-//! bit: each value is one f32 product of the code and the scale, then one f32 addition (no fused
-//! multiply-add). Checked against ggml's own code in `against_ggml` below.
+//! GGUF block formats the lab reads but does not write, the ones llama-quantize's K-quant files
+//! (Q2_K to Q5_K_M) hold besides Q6_K and Q8_0: Q5_0, Q5_1, Q2_K, Q3_K, Q4_K and Q5_K,
+//! dequantized to f32 as ggml's `dequantize_row_*` do (layouts from ggml-common.h, formulas from
+//! ggml-quants.c), bit for bit: each value is one f32 product of the code and the scale, then one
+//! f32 addition (no fused multiply-add). Checked against ggml's own code in `against_ggml` below.
 //!
 //! - Q5_0, 22 bytes a 32-weight block: f16 `d`, 4 bytes `qh`, 16 bytes `qs`. Element `j < 16`
 //!   keeps its low 4 bits in the low nibble of `qs[j]` and its fifth bit at bit `j` of `qh`
@@ -17,6 +17,15 @@
 //!   top 2 bits of bytes `j - 4` and `j`.
 //! - Q5_K, 176 bytes: as Q4_K with 32 bytes `qh` between the scales and `qs`: bit `2 k` of
 //!   `qh[l]` is the fifth bit of weight `64 k + l`, bit `2 k + 1` that of weight `64 k + 32 + l`.
+//! - Q2_K, 84 bytes a 256-weight block: 16 bytes of 4-bit scales (low nibble) and mins (high)
+//!   for 16 sub-blocks of 16, 64 bytes `qs` of 2-bit codes, f16 `d`, f16 `dmin`. Weight
+//!   `128 h + 32 j + 16 g + l` (`h < 2`, `j < 4`, `g < 2`, `l < 16`) has code bits `2 j` of
+//!   `qs[32 h + 16 g + l]`, sub-block `8 h + 2 j + g`, value `(d sc) q - (dmin m)`.
+//! - Q3_K, 110 bytes: 32 bytes `hmask`, 64 bytes `qs`, 12 bytes of 6-bit scales, f16 `d`. The
+//!   same weight has the 2 low code bits as in Q2_K and a third bit (set: +0, clear: -4) at bit
+//!   `4 h + j` of `hmask[16 g + l]`; value `d (s - 32) q`, where scale `s` of sub-block `i`
+//!   (`i < 16`) takes its low 4 bits from byte `i % 8` (the low nibble for `i < 8`, the high
+//!   otherwise) and its top 2 bits from bits `2 (i / 4)` of byte `8 + i % 4`.
 
 use crate::weights::gguf::GgmlType;
 use crate::{LabError, Result};
@@ -24,13 +33,15 @@ use half::f16;
 use rayon::prelude::*;
 
 /// The types this module reads.
-pub const TYPES: [GgmlType; 4] = [GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q4_K, GgmlType::Q5_K];
+pub const TYPES: [GgmlType; 6] = [GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K];
 
 /// Tensor data of one of [`TYPES`] as f32 values, in order.
 pub fn dequantize(ty: GgmlType, bytes: &[u8]) -> Result<Vec<f32>> {
     let read: fn(&[u8], &mut [f32]) = match ty {
         GgmlType::Q5_0 => q5_0,
         GgmlType::Q5_1 => q5_1,
+        GgmlType::Q2_K => q2_k,
+        GgmlType::Q3_K => q3_k,
         GgmlType::Q4_K => q4_k,
         GgmlType::Q5_K => q5_k,
         other => return Err(LabError::Invalid(format!("ggml_read: {} is not among the types read here", other.name()))),
@@ -72,6 +83,42 @@ fn q5_1(b: &[u8], y: &mut [f32]) {
     }
 }
 
+/// A Q2_K or Q3_K block: 16 sub-blocks of 16 weights; `value(sub, code, h, j, g, l)` turns the
+/// 2 low code bits of weight `128 h + 32 j + 16 g + l` in sub-block `sub` into its value.
+fn k_block_16(qs: &[u8], y: &mut [f32], value: impl Fn(usize, u8, usize, usize, usize, usize) -> f32) {
+    for h in 0..2 {
+        for j in 0..4 {
+            for g in 0..2 {
+                for l in 0..16 {
+                    let q = (qs[32 * h + 16 * g + l] >> (2 * j)) & 3;
+                    y[128 * h + 32 * j + 16 * g + l] = value(8 * h + 2 * j + g, q, h, j, g, l);
+                }
+            }
+        }
+    }
+}
+
+fn q2_k(b: &[u8], y: &mut [f32]) {
+    let (scales, d, dmin) = (&b[..16], half(b, 80), half(b, 82));
+    k_block_16(&b[16..80], y, |sub, q, _, _, _, _| {
+        let (dl, ml) = (d * f32::from(scales[sub] & 15), dmin * f32::from(scales[sub] >> 4));
+        dl * f32::from(q) - ml
+    });
+}
+
+fn q3_k(b: &[u8], y: &mut [f32]) {
+    let (hmask, s, d) = (&b[..32], &b[96..108], half(b, 108));
+    let scale = |i: usize| -> i32 {
+        let low = if i < 8 { s[i] & 15 } else { s[i - 8] >> 4 };
+        i32::from(low | ((s[8 + i % 4] >> (2 * (i / 4))) & 3) << 4) - 32
+    };
+    k_block_16(&b[32..96], y, |sub, q, h, j, g, l| {
+        let dl = d * scale(sub) as f32;
+        let high = hmask[16 * g + l] >> (4 * h + j) & 1;
+        dl * f32::from(q as i8 - if high == 1 { 0 } else { 4 })
+    });
+}
+
 /// Scale and min of sub-block `j` (of 8) from a K block's 12 scale bytes.
 fn scale_min(j: usize, s: &[u8]) -> (u8, u8) {
     if j < 4 {
@@ -109,7 +156,7 @@ fn q5_k(b: &[u8], y: &mut [f32]) {
 
 /// Against ggml's own code (its `ggml_quantize_chunk` and the types' `to_float`, run by
 /// lab/peers/ggml_blocks.c through lab/examples/ggml_blocks.rs on 1,024 values with hostile
-/// blocks): ggml's blocks read here to the same f32 bits as ggml reads them.
+/// blocks): ggml's blocks read here to the same f32 bits as ggml reads them, for every type.
 #[cfg(test)]
 mod against_ggml {
     use super::*;
