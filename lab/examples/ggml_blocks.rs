@@ -1,5 +1,5 @@
 //! Asks ggml for its own blocks of the types lab/src/quant/ggml_read.rs reads (its `TYPES`: Q5_0,
-//! Q5_1, Q2_K, Q3_K, Q4_K, Q5_K) and its reading of them, through lab/peers/ggml_blocks.c: the
+//! Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, IQ4_NL, IQ4_XS) and its reading of them, through lab/peers/ggml_blocks.c: the
 //! fixtures
 //! lab/tests/fixtures/ggml_blocks/*.{blocks,values} that the reader is checked against bit for bit
 //! in CI, which has no llama.cpp. The inputs (`inputs.f32`, 4 rows of 256, seeded) hold the blocks

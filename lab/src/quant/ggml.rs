@@ -201,8 +201,8 @@ pub fn dequantize(block: Block, blocks: &[u8]) -> Result<Vec<f32>> {
 }
 
 /// GGUF tensor data of type `ty` as f32 values, in order: F32, F16 and BF16 read as stored
-/// (little-endian; BF16 is the high half of an f32), Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q2_K to Q6_K
-/// dequantized. Any other type is an error naming it.
+/// (little-endian; BF16 is the high half of an f32), Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K to Q6_K,
+/// IQ4_NL and IQ4_XS dequantized. Any other type is an error naming it.
 pub fn to_f32(ty: GgmlType, bytes: &[u8]) -> Result<Vec<f32>> {
     let plain = |size: usize, read: fn(&[u8]) -> f32| -> Result<Vec<f32>> {
         if !bytes.len().is_multiple_of(size) {
@@ -219,7 +219,7 @@ pub fn to_f32(ty: GgmlType, bytes: &[u8]) -> Result<Vec<f32>> {
         GgmlType::Q8_0 => dequantize(Block::Q8_0, bytes),
         GgmlType::Q6_K => super::q6_k::dequantize(bytes),
         t if super::ggml_read::TYPES.contains(&t) => super::ggml_read::dequantize(t, bytes),
-        other => Err(LabError::Invalid(format!("to_f32: GGUF type {} ({}) is not read (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K are)", other.name(), other.0))),
+        other => Err(LabError::Invalid(format!("to_f32: GGUF type {} ({}) is not read (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS are)", other.name(), other.0))),
     }
 }
 
@@ -364,8 +364,8 @@ mod tests {
             assert_eq!(to_f32(ty, &b).unwrap(), dequantize(block, &b).unwrap(), "{block:?}");
         }
         assert!(to_f32(GgmlType::F32, &[0u8; 6]).unwrap_err().to_string().contains("6 bytes are not a whole number of 4-byte values"));
-        let err = to_f32(GgmlType(20), &[0u8; 18]).unwrap_err().to_string();
-        assert!(err.contains("GGUF type IQ4_NL (20) is not read"), "{err}");
+        let err = to_f32(GgmlType(21), &[0u8; 110]).unwrap_err().to_string();
+        assert!(err.contains("GGUF type IQ3_S (21) is not read"), "{err}");
     }
 
     /// Every nibble and any finite scale and minimum: the repacked matrix dequantizes to the

@@ -1,5 +1,6 @@
 //! GGUF block formats the lab reads but does not write, the ones llama-quantize's K-quant files
-//! (Q2_K to Q5_K_M) hold besides Q6_K and Q8_0: Q5_0, Q5_1, Q2_K, Q3_K, Q4_K and Q5_K,
+//! (Q2_K to Q5_K_M) and 4-bit non-linear files hold besides Q6_K and Q8_0: Q5_0, Q5_1, Q2_K,
+//! Q3_K, Q4_K, Q5_K, IQ4_NL and IQ4_XS,
 //! dequantized to f32 as ggml's `dequantize_row_*` do (layouts from ggml-common.h, formulas from
 //! ggml-quants.c), bit for bit: each value is one f32 product of the code and the scale, then one
 //! f32 addition (no fused multiply-add). Checked against ggml's own code in `against_ggml` below.
@@ -26,6 +27,12 @@
 //!   `4 h + j` of `hmask[16 g + l]`; value `d (s - 32) q`, where scale `s` of sub-block `i`
 //!   (`i < 16`) takes its low 4 bits from byte `i % 8` (the low nibble for `i < 8`, the high
 //!   otherwise) and its top 2 bits from bits `2 (i / 4)` of byte `8 + i % 4`.
+//! - IQ4_NL, 18 bytes a 32-weight block: f16 `d`, 16 bytes of 4-bit indices laid out as Q4_0's
+//!   codes; value `d t[i]` with ggml's non-linear table `t` (`kvalues_iq4nl`).
+//! - IQ4_XS, 136 bytes a 256-weight block: f16 `d`, u16 `scales_h`, 4 bytes `scales_l`, 128
+//!   bytes of indices, 32-weight sub-blocks laid out as IQ4_NL's; sub-block `b` has the 6-bit
+//!   scale `s` with low 4 bits from nibble `b % 2` of `scales_l[b / 2]` and top 2 bits from bits
+//!   `2 b` of `scales_h`; value `(d (s - 32)) t[i]`.
 
 use crate::weights::gguf::GgmlType;
 use crate::{LabError, Result};
@@ -33,7 +40,7 @@ use half::f16;
 use rayon::prelude::*;
 
 /// The types this module reads.
-pub const TYPES: [GgmlType; 6] = [GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K];
+pub const TYPES: [GgmlType; 8] = [GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS];
 
 /// Tensor data of one of [`TYPES`] as f32 values, in order.
 pub fn dequantize(ty: GgmlType, bytes: &[u8]) -> Result<Vec<f32>> {
@@ -44,6 +51,8 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8]) -> Result<Vec<f32>> {
         GgmlType::Q3_K => q3_k,
         GgmlType::Q4_K => q4_k,
         GgmlType::Q5_K => q5_k,
+        GgmlType::IQ4_NL => iq4_nl,
+        GgmlType::IQ4_XS => iq4_xs,
         other => return Err(LabError::Invalid(format!("ggml_read: {} is not among the types read here", other.name()))),
     };
     let (n, size) = ty.block().map(|(n, s)| (n as usize, s as usize)).expect("a known type");
@@ -152,6 +161,30 @@ fn q4_k(b: &[u8], y: &mut [f32]) {
 fn q5_k(b: &[u8], y: &mut [f32]) {
     let qh = &b[16..48];
     k_block(b, &b[48..176], y, |k, l, high| if qh[l] >> (2 * k + usize::from(high)) & 1 == 1 { 16 } else { 0 });
+}
+
+/// ggml's `kvalues_iq4nl`: the 16 levels of IQ4_NL and IQ4_XS.
+const IQ4_LEVELS: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+
+/// 32 weights of 4-bit level indices (`qs`, 16 bytes) scaled by `dl`.
+fn iq4_sub(dl: f32, qs: &[u8], y: &mut [f32]) {
+    for j in 0..16 {
+        y[j] = dl * f32::from(IQ4_LEVELS[usize::from(qs[j] & 15)]);
+        y[j + 16] = dl * f32::from(IQ4_LEVELS[usize::from(qs[j] >> 4)]);
+    }
+}
+
+fn iq4_nl(b: &[u8], y: &mut [f32]) {
+    iq4_sub(half(b, 0), &b[2..18], y);
+}
+
+fn iq4_xs(b: &[u8], y: &mut [f32]) {
+    let (d, high) = (half(b, 0), u16::from_le_bytes([b[2], b[3]]));
+    for (s, y) in y.chunks_exact_mut(32).enumerate() {
+        let low = (b[4 + s / 2] >> (4 * (s % 2))) & 15;
+        let scale = i32::from(low) | i32::from((high >> (2 * s)) & 3) << 4;
+        iq4_sub(d * (scale - 32) as f32, &b[8 + 16 * s..24 + 16 * s], y);
+    }
 }
 
 /// Against ggml's own code (its `ggml_quantize_chunk` and the types' `to_float`, run by
