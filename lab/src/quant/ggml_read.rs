@@ -142,13 +142,14 @@ fn scale_min(j: usize, s: &[u8]) -> (u8, u8) {
 fn k_block(b: &[u8], qs: &[u8], y: &mut [f32], fifth: impl Fn(usize, usize, bool) -> u8) {
     let (d, dmin) = (half(b, 0), half(b, 2));
     for k in 0..4 {
-        for (half_, y) in y[64 * k..64 * k + 64].chunks_exact_mut(32).enumerate() {
-            let (sc, m) = scale_min(2 * k + half_, &b[4..16]);
-            let (d1, m1) = (d * f32::from(sc), dmin * f32::from(m));
+        for (sub, y) in y[64 * k..64 * k + 64].chunks_exact_mut(32).enumerate() {
+            // Sub-block 2 k reads the low nibbles of qs[32 k..], sub-block 2 k + 1 the high ones.
+            let (sc, m) = scale_min(2 * k + sub, &b[4..16]);
+            let (d1, m1, high) = (d * f32::from(sc), dmin * f32::from(m), sub == 1);
             for (l, v) in y.iter_mut().enumerate() {
                 let q = qs[32 * k + l];
-                let low = if half_ == 1 { q >> 4 } else { q & 15 };
-                *v = d1 * f32::from(low + fifth(k, l, half_ == 1)) - m1;
+                let low = if high { q >> 4 } else { q & 15 };
+                *v = d1 * f32::from(low + fifth(k, l, high)) - m1;
             }
         }
     }
