@@ -4,10 +4,11 @@
 // The fused decode products (batches of up to Q4_MAXB sequences, rows up to 32 G groups of 32
 // wide) read the Q4_1 weights as the GGUF stores them and fold the steps around a product into
 // it, so that a layer is five launches and the attention's two, not ten (four with
-// attention_o_q4_1):
+// attention_o_q4_1, three with ffn_q4_1 too):
 //  qkv_rope_q4_1        RMSNorm of x, the QKV product, RoPE and the cache store.
 //  gate_up_swiglu_q4_1  RMSNorm of x, the gate and up products, SwiGLU.
 //  residual_q4_1        a product of an f16 input added into x (the output and down products).
+//  ffn_q4_1             gate_up_swiglu_q4_1 and the down product added into x (below).
 //  attention_o_q4_1     decode attention and the output product added into x (below).
 // A warp owns one or two output rows; its lanes load their weights (and gamma) before pdl_wait
 // (nothing writes weights), so the loads overlap the kernel before. Each block normalises the
@@ -240,6 +241,126 @@ extern "C" __global__ void __launch_bounds__(Q4_THREADS, 2)
         if (lane == s) y = ys;
     }
     if (lane < seqs) x[(long long)lane * n + j] = xv + round16(y);
+}
+
+// ---- ffn_q4_1 ------------------------------------------------------------------------------
+// The FFN in one launch: gate_up_swiglu_q4_1's blocks (a warp per column of the FFN, FF_COLS a
+// block) go on to multiply their columns of the activation by the same columns of every row of
+// the down product, so that the activation never leaves the block; what each block holds then is
+// a partial sum of every output row. The partials are added in a fixed order, so every launch
+// gives the same x: within a cluster of FF_CLUSTER blocks through distributed shared memory
+// (block r summing the r-th eighth of the rows), then across clusters by the last block of each
+// rank to count itself in (decode_merge's pattern), which adds its eighth, rounded to f16 as
+// residual_q4_1 rounds the product, into x. This trades residual_q4_1's launch (a kernel
+// boundary, then a round trip for the activation) for a cluster barrier and a round trip for the
+// count. Every block has read x before its cluster's first barrier, and a slice's last block
+// counts only after every cluster passed it, so x is written after the last read.
+
+#define FF_CLUSTER 8
+#define FF_COLS (Q4_THREADS / 32)
+#define FF_ROWS (32 * 32 * Q4_NORM_G / Q4_THREADS)  // down-product rows a thread (dim <= 1024)
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define FF_ATTRS __launch_bounds__(Q4_THREADS, 2) __cluster_dims__(FF_CLUSTER, 1, 1)
+#else
+#define FF_ATTRS __launch_bounds__(Q4_THREADS, 2)
+#endif
+
+// wgu: the gate rows then the up rows (2 ffn of dim); wd: the down product's dim rows of ffn;
+// part [gridDim.x / FF_CLUSTER, seqs, dim]; count [FF_CLUSTER], zero between launches. Grid: whole
+// clusters covering ffn / FF_COLS blocks; dynamic smem seqs x dim floats.
+extern "C" __global__ void FF_ATTRS llama_ffn_q4_1_f16(const unsigned char* __restrict__ wgu, const unsigned char* __restrict__ wd,
+                                                       float* __restrict__ x, const float* __restrict__ gamma, float eps,
+                                                       float* __restrict__ part, unsigned* __restrict__ count, int seqs, int dim, int ffn) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ float ht[];  // the normalised input, then this block's partials [seqs][dim]
+    __shared__ float act[Q4_MAXB][FF_COLS];
+    __shared__ int last;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, groups = dim / 32;
+    const int c0 = blockIdx.x * FF_COLS, j = c0 + warp;
+    Q4Row<Q4_NORM_G> gr, ur;
+    float g[Q4_K(Q4_NORM_G)];
+    if (j < ffn) {
+        q4_load(gr, wgu + (long long)j * groups * 20, groups, lane);
+        q4_load(ur, wgu + (long long)(ffn + j) * groups * 20, groups, lane);
+    }
+    q4_gamma(g, gamma, dim);
+    // The down product's columns c0.. of rows tid + Q4_THREADS i: the group's d|m word and the two
+    // words whose bytes hold those columns (low nibbles for columns 0-15 of a group, high for 16-31).
+    const int e0 = c0 % 32, shift = e0 >= 16 ? 4 : 0;
+    unsigned dm[FF_ROWS], qa[FF_ROWS], qb[FF_ROWS];
+#pragma unroll
+    for (int i = 0; i < FF_ROWS; ++i) {
+        const int row = tid + i * Q4_THREADS;
+        dm[i] = qa[i] = qb[i] = 0u;
+        if (row < dim && c0 < ffn) {
+            const unsigned* p = reinterpret_cast<const unsigned*>(wd + ((long long)row * (ffn / 32) + c0 / 32) * 20);
+            dm[i] = __ldg(p), qa[i] = __ldg(p + 1 + (e0 % 16) / 4), qb[i] = __ldg(p + 2 + (e0 % 16) / 4);
+        }
+    }
+    pdl_wait();
+    q4_input_norm(ht, x, g, eps, seqs, dim);
+    for (int s = 0; s < seqs; ++s) {
+        float a = 0.f;
+        if (j < ffn) {
+            const float gs = round16(q4_dot(gr, ht, s, groups, lane)), us = round16(q4_dot(ur, ht, s, groups, lane));
+            a = round16(gs / (1.f + __expf(-gs)) * us);
+        }
+        if (lane == 0) act[s][warp] = a;
+    }
+    __syncthreads();  // act is whole and ht read: it takes the partials now
+    for (int s = 0; s < seqs; ++s) {
+        float a[FF_COLS], asum = 0.f;
+#pragma unroll
+        for (int k = 0; k < FF_COLS; ++k) a[k] = act[s][k], asum += a[k];
+#pragma unroll
+        for (int i = 0; i < FF_ROWS; ++i) {
+            const int row = tid + i * Q4_THREADS;
+            if (row >= dim) break;
+            float t = 0.f;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) t += (float)((qa[i] >> (8 * k + shift)) & 15u) * a[k] + (float)((qb[i] >> (8 * k + shift)) & 15u) * a[4 + k];
+            const float d = __half2float(__ushort_as_half((unsigned short)(dm[i] & 0xffffu)));
+            const float m = __half2float(__ushort_as_half((unsigned short)(dm[i] >> 16)));
+            ht[s * dim + row] = d * t + m * asum;
+        }
+    }
+    __cluster_barrier_arrive();
+    __cluster_barrier_wait();  // every block's partials are whole
+    const int rank = blockIdx.x % FF_CLUSTER, cluster = blockIdx.x / FF_CLUSTER, clusters = gridDim.x / FF_CLUSTER;
+    const int n = dim / FF_CLUSTER, r0 = rank * n;
+    for (int i = tid; i < seqs * n; i += Q4_THREADS) {
+        const int s = i / n, at = s * dim + r0 + i % n;
+        float v = 0.f;
+#pragma unroll
+        for (int q = 0; q < FF_CLUSTER; ++q) v += static_cast<const float*>(__cluster_map_shared_rank(ht, (unsigned)q))[at];
+        part[(long long)cluster * seqs * dim + at] = v;
+    }
+    // Done with the other blocks' memory: they may leave once every block has arrived here.
+    __cluster_barrier_arrive();
+    // The barrier orders every thread's partials before thread 0's fence, the fence before the
+    // count (as in decode_merge); the last block's fence after it orders its reads after.
+    __syncthreads();
+    if (tid == 0) {
+        __threadfence();
+        last = atomicAdd(count + rank, 1u) == (unsigned)clusters - 1;
+        if (last) {
+            count[rank] = 0u;  // every cluster has counted: ready for the next launch
+            __threadfence();
+        }
+    }
+    __syncthreads();
+    if (last) {
+        for (int i = tid; i < seqs * n; i += Q4_THREADS) {
+            const int s = i / n, at = s * dim + r0 + i % n;
+            float v = 0.f;
+#pragma unroll 8
+            for (int c = 0; c < clusters; ++c) v += __ldcg(part + (long long)c * seqs * dim + at);
+            x[at] += round16(v);
+        }
+    }
+    __cluster_barrier_wait();
+#endif
 }
 
 // ---- attention_o_q4_1 ----------------------------------------------------------------------

@@ -179,6 +179,11 @@ impl GpuModel {
         self.fuses(seqs) && self.gpu.arch >= 90 && k::attention_o_takes(c.heads, c.kv_heads, c.head_dim) && c.heads * c.head_dim == c.dim
     }
 
+    /// Whether a fused batch of `seqs` sequences runs its FFN in one launch ([`Batch::set_ffn`]).
+    pub fn fuses_ffn(&self, seqs: usize) -> bool {
+        self.fuses(seqs) && self.gpu.arch >= 90
+    }
+
     /// Whether a fused batch of `seqs` sequences of `capacity` positions takes [`LAYER`]: the
     /// kernel's limits on shapes and positions, and sm_90.
     pub fn fuses_layer(&self, seqs: usize, capacity: usize) -> bool {
@@ -250,6 +255,8 @@ pub struct Batch<'m> {
     fused: bool,
     /// What fused steps run around attention.
     fusion: Fusion,
+    /// ffn_q4_1's scratch while fused steps run the FFN in one launch.
+    ffn: Option<k::FfnScratch>,
     /// How each step chooses its token.
     sampling: Sampling,
     /// A step has run eagerly: the next can be captured.
@@ -286,6 +293,7 @@ impl<'m> Batch<'m> {
             programmatic: false,
             fused: false,
             fusion: Fusion::Products,
+            ffn: None,
             sampling: Sampling::GREEDY,
             warm: false,
             m,
@@ -355,6 +363,7 @@ impl<'m> Batch<'m> {
         }
         if !on {
             self.fusion = Fusion::Products;
+            self.ffn = None;
         }
         if on != self.fused {
             self.fused = on;
@@ -408,6 +417,21 @@ impl<'m> Batch<'m> {
         self.fusion = fusion;
         self.graph = None;
         self.warm = false;
+        Ok(())
+    }
+
+    /// Fused steps from now on run the FFN in one launch (ffn_q4_1), or as gate_up_swiglu_q4_1
+    /// and residual_q4_1; an error if the batch is not fused or the GPU is older than sm_90.
+    pub fn set_ffn(&mut self, on: bool) -> Result<()> {
+        if on && !(self.fused && self.m.fuses_ffn(self.seqs)) {
+            return Err(LabError::Invalid(format!("ffn_q4_1 runs in fused steps of sm_90 (fused: {}; sm_{})", self.fused, self.m.gpu.arch)));
+        }
+        if on != self.ffn.is_some() {
+            let c = &self.m.config;
+            self.ffn = if on { Some(k::FfnScratch::new(&self.m.gpu, self.seqs, c.dim, c.ffn)?) } else { None };
+            self.graph = None;
+            self.warm = false;
+        }
         Ok(())
     }
 
@@ -507,8 +531,12 @@ impl<'m> Batch<'m> {
                 self.decode.run(&self.q, &self.caches[i], &self.pos, cuda(&mut self.att), None)?;
                 k::residual_q4_1(gpu, &l.raw.o, self.att.cuda().expect("on the GPU"), &mut self.x, b, dim, dim)?;
             }
-            k::gate_up_swiglu_q4_1(gpu, &l.raw.gate_up, &self.x, &l.ffn_norm, eps, cuda(&mut self.act), b, c.ffn)?;
-            k::residual_q4_1(gpu, &l.raw.down, self.act.cuda().expect("on the GPU"), &mut self.x, b, dim, c.ffn)?;
+            if let Some(scratch) = &mut self.ffn {
+                k::ffn_q4_1(gpu, &l.raw.gate_up, &l.raw.down, &mut self.x, &l.ffn_norm, eps, scratch, b)?;
+            } else {
+                k::gate_up_swiglu_q4_1(gpu, &l.raw.gate_up, &self.x, &l.ffn_norm, eps, cuda(&mut self.act), b, c.ffn)?;
+                k::residual_q4_1(gpu, &l.raw.down, self.act.cuda().expect("on the GPU"), &mut self.x, b, dim, c.ffn)?;
+            }
         }
         k::add_rmsnorm(gpu, &mut self.x, None, &m.out_norm, cuda(&mut self.h), b, dim, eps)?;
         quant::w8a16_matvec(&m.dev, &m.head, &self.h, &mut self.logits)?;

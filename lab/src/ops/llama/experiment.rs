@@ -158,6 +158,7 @@ impl Experiment for Llama {
             ("engine_fused", "llama", "gate_up_swiglu_q4_1"),
             ("engine_fused", "llama", "residual_q4_1"),
             ("engine_attention_o", "llama", "attention_o_q4_1"),
+            ("engine_ffn", "llama", "ffn_q4_1"),
             ("engine_layer", "llama", "layer_q4_1"),
             ("sample", "llama", "sample"),
         ]
@@ -181,7 +182,7 @@ fn engines(s: &Session) -> Vec<&'static str> {
 }
 
 /// How a variant's batch steps: (programmatic edges, fused products, decode attention variant).
-/// All but engine_merged, engine_attention_o and engine_layer keep the engine's own attention ([`ATTENTION`]).
+/// All but engine_merged, engine_attention_o, engine_ffn and engine_layer keep the engine's own attention ([`ATTENTION`]).
 /// engine_merged fuses
 /// where `fuses` says, as `lab generate` does: at batch 1 (the fused products are slower than the
 /// unfused at 4 and 16 sequences, note h100-decode-fused).
@@ -190,7 +191,7 @@ fn step_mode(variant: &str, fuses: bool) -> (bool, bool, &'static str) {
         "engine" => (false, false, ATTENTION),
         "engine_pdl" => (true, false, ATTENTION),
         "engine_fused" => (true, true, ATTENTION),
-        "engine_attention_o" => (true, true, ATTENTION_O),
+        "engine_attention_o" | "engine_ffn" => (true, true, ATTENTION_O),
         "engine_layer" => (true, true, LAYER),
         _ => (true, fuses, "decode_merge"),
     }
@@ -202,6 +203,7 @@ fn takes(m: Option<&GpuModel>, variant: &str, seqs: usize, capacity: usize) -> b
     m.is_none_or(|m| match variant {
         "engine_fused" => m.fuses(seqs),
         "engine_attention_o" => m.fuses_attention(seqs),
+        "engine_ffn" => m.fuses_attention(seqs) && m.fuses_ffn(seqs),
         "engine_layer" => m.fuses_layer(seqs, capacity),
         _ => true,
     })
@@ -212,7 +214,8 @@ fn set_mode(batch: &mut crate::model::llama::Batch, variant: &str, fuses: bool) 
     let (programmatic, fused, attention) = step_mode(variant, fuses);
     batch.set_programmatic(programmatic);
     batch.set_fused(fused)?;
-    batch.set_attention(attention)
+    batch.set_attention(attention)?;
+    batch.set_ffn(variant == "engine_ffn")
 }
 
 /// What a check's steps gave: the engine's logits, the reference's at the same positions, the

@@ -28,6 +28,7 @@ pub const VARIANTS: &[Variant<()>] = &[
     Variant { name: "qkv_rope_q4_1", dtypes: &[DType::F16], requires: Requires::Gpu, what: "fused decode: RMSNorm, the QKV product of GGUF Q4_1 rows, RoPE and the cache store in one launch", config: () },
     Variant { name: "gate_up_swiglu_q4_1", dtypes: &[DType::F16], requires: Requires::Gpu, what: "fused decode: RMSNorm, the gate and up products of GGUF Q4_1 rows and SwiGLU in one launch", config: () },
     Variant { name: "residual_q4_1", dtypes: &[DType::F16], requires: Requires::Gpu, what: "fused decode: a product of GGUF Q4_1 rows added into the f32 residual stream", config: () },
+    Variant { name: "ffn_q4_1", dtypes: &[DType::F16], requires: Requires::Sm90, what: "fused decode: RMSNorm, gate and up, SwiGLU and the down product added into the residual stream in one launch, the blocks' partial sums added in a fixed order through DSMEM and by the last cluster to count itself in", config: () },
     Variant { name: "attention_o_q4_1", dtypes: &[DType::F16], requires: Requires::Sm90, what: "fused decode: attention over the cache and the output product added into the residual stream in one launch, clusters of three blocks sharing the heads' outputs through DSMEM", config: () },
     Variant { name: "layer_q4_1", dtypes: &[DType::F16], requires: Requires::Sm90, what: "fused decode: a whole layer in one launch, a cluster of 16 blocks per sequence holding its Q4_1 rows in shared memory and handing activations over through DSMEM", config: () },
 ];
@@ -45,6 +46,10 @@ pub const ATTENTION_O_MAX_KV_HEADS: usize = 3;
 pub const ATTENTION_O_MAX_GROUP: usize = 4;
 /// attention_o_q4_1's AO_SMEM: 512 keys of a K row 72 halves apart and a V row.
 pub const ATTENTION_O_SMEM: usize = 512 * (72 + 64) * 2;
+/// ffn_q4_1's FF_CLUSTER (blocks a cluster, summing their partials through DSMEM) and FF_COLS
+/// (columns of the FFN a block, a warp each).
+pub const FFN_CLUSTER: usize = 8;
+pub const FFN_BLOCK_COLS: usize = 8;
 /// What layer_q4_1 takes (kernels/llama_layer.cu): heads of 64, up to 16 query heads, rows up to
 /// 1024 wide, an FFN up to 2048, a sixteenth of the QKV rows up to 128, positions below 1024 (16
 /// blocks of 64 key slots), and its weights' share within a block's shared memory.
@@ -69,6 +74,7 @@ pub const ENGINES: &[(&str, &str, &str)] = &[
     ("engine_fused", "gpu", "engine_pdl with the fused decode products above: a layer in five launches and the attention's two instead of ten (batches up to 16)"),
     ("engine_merged", "gpu", "engine_fused at batch 1, engine_pdl above, with decode attention in one launch (attention's decode_merge)"),
     ("engine_attention_o", "sm_90+", "engine_fused with decode attention and the output product in one launch (attention_o_q4_1): a layer in four launches (batches up to 16)"),
+    ("engine_ffn", "sm_90+", "engine_attention_o with the FFN in one launch too (ffn_q4_1): a layer in three launches (batches up to 16)"),
     ("engine_layer", "sm_90+", "engine_fused with each layer one launch (layer_q4_1, a cluster of 16 blocks per sequence): positions below 1024"),
 ];
 
@@ -257,6 +263,52 @@ pub fn residual_q4_1(gpu: &Gpu, w: &CudaSlice<u8>, a: &CudaSlice<f16>, x: &mut C
     l.arg(w).arg(a).arg(x).arg(&seqs).arg(&n).arg(&k);
     // SAFETY: w holds n rows of k, a and x their sequences (checked); shared memory sized by fused_cfg.
     unsafe { l.launch(cfg) }.map(|_| ()).doing("launching llama residual_q4_1")
+}
+
+/// ffn_q4_1's working memory: each cluster's partial sums ([clusters, seqs, dim]) and a count per
+/// cluster rank (zero between launches: the last block to count resets it).
+pub struct FfnScratch {
+    part: CudaSlice<f32>,
+    count: CudaSlice<u32>,
+    seqs: usize,
+    dim: usize,
+    ffn: usize,
+}
+
+/// ffn_q4_1's grid: whole clusters covering the FFN's columns.
+fn ffn_blocks(ffn: usize) -> usize {
+    ffn.div_ceil(FFN_BLOCK_COLS).div_ceil(FFN_CLUSTER) * FFN_CLUSTER
+}
+
+impl FfnScratch {
+    pub fn new(gpu: &Gpu, seqs: usize, dim: usize, ffn: usize) -> Result<Self> {
+        let part = gpu.stream.alloc_zeros(ffn_blocks(ffn) / FFN_CLUSTER * seqs * dim).doing("allocating ffn_q4_1's partial sums")?;
+        let count = gpu.stream.alloc_zeros(FFN_CLUSTER).doing("allocating ffn_q4_1's counts")?;
+        Ok(FfnScratch { part, count, seqs, dim, ffn })
+    }
+}
+
+/// x [seqs, dim] += f16(SwiGLU(h Wg^T, h Wu^T) Wd^T), h = RMSNorm(x) gamma, in one launch (sm_90):
+/// `wgu` the gate rows then the up rows (Q4_1, 2 ffn of dim), `wd` the down product's dim rows of
+/// ffn; every value rounded where gate_up_swiglu_q4_1 and residual_q4_1 round.
+#[allow(clippy::too_many_arguments)]
+pub fn ffn_q4_1(gpu: &Gpu, wgu: &CudaSlice<u8>, wd: &CudaSlice<u8>, x: &mut CudaSlice<f32>, gamma: &CudaSlice<f32>, eps: f32, scratch: &mut FfnScratch, seqs: usize) -> Result<()> {
+    let (dim, ffn) = (gamma.len(), scratch.ffn);
+    check("ffn_q4_1", gpu.arch >= 90, || format!("clusters need sm_90, this GPU is sm_{}", gpu.arch))?;
+    check_q4_1("ffn_q4_1", wgu, 2 * ffn, dim)?;
+    check_q4_1("ffn_q4_1", wd, dim, ffn)?;
+    check("ffn_q4_1", x.len() >= seqs * dim && seqs <= scratch.seqs && dim == scratch.dim && ffn.is_multiple_of(32), || {
+        format!("{seqs} sequences of {dim} -> {ffn} (scratch for {} of {})", scratch.seqs, scratch.dim)
+    })?;
+    let (f, mut cfg) = fused_cfg(gpu, "ffn_q4_1", ffn, seqs, dim, FUSED_MAX_NORMED)?;
+    cfg.grid_dim.0 = ffn_blocks(ffn) as u32;
+    let [seqs, dim, ffn] = [seqs, dim, ffn].map(|v| v as i32);
+    let mut l = gpu.stream.launch_builder(&f);
+    l.arg(wgu).arg(wd).arg(x).arg(gamma).arg(&eps).arg(&mut scratch.part).arg(&mut scratch.count).arg(&seqs).arg(&dim).arg(&ffn);
+    // SAFETY: the weights hold their rows, x its sequences (checked); the scratch holds a cluster's
+    // partials for up to its sequences of dim (checked) and its counts are zero between launches
+    // (allocated zero, reset by the last block); shared memory sized by fused_cfg.
+    unsafe { l.launch(cfg) }.map(|_| ()).doing("launching llama ffn_q4_1")
 }
 
 /// Whether attention_o_q4_1 takes `hq` query heads and `hkv` KV heads of `d` (on sm_90).
