@@ -26,6 +26,32 @@
 #include "common.cuh"
 #include "pdl.cuh"
 
+// The step's timeline (Gpu::set_trace, the decode case's `timeline`): while lab_trace is set,
+// the first thread of each kernel's first block takes the next slot (lab_trace[0] counts them)
+// as it starts, and writes the global timer there as it starts and as its wait returns:
+// lab_trace[1 + 2 slot] and [2 + 2 slot]. The slot's atomic is issued before the wait, so the
+// chain after it pays nothing but the two stores. Every kernel of the family waits through it
+// (sm_90: programmatic launch and the timeline both; nothing before).
+#define LAB_TRACE_SLOTS 65536
+__device__ unsigned long long* lab_trace;
+
+__device__ __forceinline__ void step_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    unsigned long long* trace = nullptr;
+    unsigned long long slot = 0, start = 0;
+    if ((threadIdx.x | threadIdx.y | threadIdx.z | blockIdx.x | blockIdx.y | blockIdx.z) == 0 && lab_trace != nullptr) {
+        trace = lab_trace;
+        start = global_ns();
+        slot = atomicAdd(trace, 1ull);
+    }
+    pdl_wait();
+    if (trace != nullptr && slot < LAB_TRACE_SLOTS) {
+        trace[1 + 2 * slot] = start;
+        trace[2 + 2 * slot] = global_ns();
+    }
+#endif
+}
+
 __device__ __forceinline__ int row_pos(const int* pos, int r, int rows_per_seq) { return pos[r / rows_per_seq] + r % rows_per_seq; }
 
 // The cache slot of sequence s's position k: page k / page of its table, row k % page there.
@@ -36,7 +62,7 @@ __device__ __forceinline__ long long cache_slot(const int* __restrict__ table, i
 // Q8_0 block: f16 d, 32 int8; value = q d.
 extern "C" __global__ void llama_embed_q8_0_f32(const unsigned char* __restrict__ w, const unsigned* __restrict__ tokens,
                                                 const int* __restrict__ pos, float* __restrict__ x, int rows_per_seq, int cap, int dim) {
-    pdl_wait();
+    step_wait();
     const int r = blockIdx.x, seq = r / rows_per_seq;
     const unsigned t = tokens[(long long)seq * cap + row_pos(pos, r, rows_per_seq)];
     const unsigned char* row = w + (long long)t * (dim / 32) * 34;
@@ -49,7 +75,7 @@ extern "C" __global__ void llama_embed_q8_0_f32(const unsigned char* __restrict_
 
 extern "C" __global__ void llama_add_rmsnorm_f16(float* __restrict__ x, const __half* __restrict__ y, const float* __restrict__ gamma,
                                                  __half* __restrict__ h, int dim, float eps) {
-    pdl_wait();
+    step_wait();
     float* xr = x + (long long)blockIdx.x * dim;
     float ss = 0.f;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
@@ -83,7 +109,7 @@ extern "C" __global__ void llama_rope_cache_f16(const __half* __restrict__ qkv, 
                                                 __half* __restrict__ vc, const int* __restrict__ table, const int* __restrict__ pos,
                                                 const double* __restrict__ inv_freq, int rows_per_seq, int hq, int hkv, int D,
                                                 int rope_dims, int page, int max_pages) {
-    pdl_wait();
+    step_wait();
     const int r = blockIdx.x, seq = r / rows_per_seq, p = row_pos(pos, r, rows_per_seq);
     const int width = (hq + 2 * hkv) * D;
     const __half* in = qkv + (long long)r * width;
@@ -106,7 +132,7 @@ extern "C" __global__ void llama_rope_cache_f16(const __half* __restrict__ qkv, 
 }
 
 extern "C" __global__ void llama_swiglu_f16(const __half* __restrict__ gu, __half* __restrict__ act, int rows, int ffn) {
-    pdl_wait();
+    step_wait();
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (long long)rows * ffn; i += (long long)gridDim.x * blockDim.x) {
         const long long r = i / ffn, j = i % ffn;
         const float g = __half2float(gu[r * 2 * ffn + j]), u = __half2float(gu[r * 2 * ffn + ffn + j]);
@@ -156,7 +182,7 @@ template <typename F> __device__ __forceinline__ void row_range(const float* __r
 // One block per sequence; ties go to the lowest id, a NaN logit wins (so it shows).
 extern "C" __global__ void llama_argmax_f32(const float* __restrict__ logits, unsigned* __restrict__ tokens, int* __restrict__ pos,
                                             const int* __restrict__ prompt_len, int vocab, int cap) {
-    pdl_wait();
+    step_wait();
     __shared__ float sv[32];
     __shared__ int si[32];
     const float* row = logits + (long long)blockIdx.x * vocab;
@@ -295,7 +321,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) llama_sample_f32(co
                                                                                int* __restrict__ pos, const int* __restrict__ prompt_len, int vocab,
                                                                                int cap, float temperature, int top_k, float top_p,
                                                                                unsigned long long seed) {
-    pdl_wait();
+    step_wait();
     __shared__ unsigned long long part[SAMPLE_THREADS / 32];
     __shared__ int s_pick;
     const float* row = logits + (long long)blockIdx.x * vocab;

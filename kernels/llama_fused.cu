@@ -10,7 +10,7 @@
 //  residual_q4_1        a product of an f16 input added into x (the output and down products).
 //  ffn_q4_1             gate_up_swiglu_q4_1 and the down product added into x (below).
 //  attention_o_q4_1     decode attention and the output product added into x (below).
-// A warp owns one or two output rows; its lanes load their weights (and gamma) before pdl_wait
+// A warp owns one or two output rows; its lanes load their weights (and gamma) before step_wait
 // (nothing writes weights), so the loads overlap the kernel before. Each block normalises the
 // whole input itself: it is a few KB from L2, cheaper than another launch. Every value the unfused step
 // rounds to f16 (h, the product, the gate and up) is rounded here too.
@@ -54,7 +54,7 @@ __device__ __forceinline__ void q4_load(Q4Row<G>& r, const unsigned char* row, i
 // so that the lanes of a warp (a group each) read consecutive words.
 __device__ __forceinline__ int q4_at(int s, int c, int groups) { return (s * 32 + c % 32) * groups + c / 32; }
 
-// gamma's columns of this thread (a weight: read before pdl_wait).
+// gamma's columns of this thread (a weight: read before step_wait).
 template <int K>
 __device__ __forceinline__ void q4_gamma(float (&g)[K], const float* __restrict__ gamma, int dim) {
 #pragma unroll
@@ -180,7 +180,7 @@ extern "C" __global__ void __launch_bounds__(Q4_THREADS, 2)
     }
     q4_gamma(g, gamma, dim);
     const double f = head < hq + hkv && d < rope_dims ? inv_freq[d / 2] : 0.0;
-    pdl_wait();
+    step_wait();
     // The position and the cache slot are fetched now so that they arrive during the norm.
     const int p = lane < seqs ? pos[lane] : 0;
     const long long slot = lane < seqs ? cache_slot(table, lane, max_pages, page, p) : 0;
@@ -213,7 +213,7 @@ extern "C" __global__ void __launch_bounds__(Q4_THREADS, 2)
         q4_load(ur, w + (long long)(ffn + j) * groups * 20, groups, lane);
     }
     q4_gamma(g, gamma, dim);
-    pdl_wait();
+    step_wait();
     q4_input_norm(ht, x, g, eps, seqs, dim);
     if (j >= ffn) return;
     for (int s = 0; s < seqs; ++s) {
@@ -230,7 +230,7 @@ extern "C" __global__ void __launch_bounds__(Q4_THREADS, 2)
     const int j = blockIdx.x * (Q4_THREADS / 32) + (threadIdx.x >> 5);
     Q4Row<Q4_RESIDUAL_G> r;
     if (j < n) q4_load(r, w + (long long)j * groups * 20, groups, lane);
-    pdl_wait();
+    step_wait();
     // The residual this lane adds to, fetched now to arrive during the input's load.
     const float xv = j < n && lane < seqs ? x[(long long)lane * n + j] : 0.f;
     q4_input_f16<Q4_K(Q4_RESIDUAL_G)>(ht, a, seqs, k);
@@ -298,7 +298,7 @@ extern "C" __global__ void FF_ATTRS llama_ffn_q4_1_f16(const unsigned char* __re
             dm[i] = __ldg(p), qa[i] = __ldg(p + 1 + (e0 % 16) / 4), qb[i] = __ldg(p + 2 + (e0 % 16) / 4);
         }
     }
-    pdl_wait();
+    step_wait();
     q4_input_norm(ht, x, g, eps, seqs, dim);
     for (int s = 0; s < seqs; ++s) {
         float a = 0.f;
@@ -443,7 +443,7 @@ extern "C" __global__ void AO_ATTRS llama_attention_o_q4_1_f16(const unsigned ch
         own_row = row;
     }
     cp_async_commit();
-    pdl_wait();
+    step_wait();
     const float xv = j < dim && lane == 0 ? x[(long long)s * dim + j] : 0.f;
     if (attends && tid < G * AO_D / 8) {
         float v[8];

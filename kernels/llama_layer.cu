@@ -8,7 +8,7 @@
 // the blocks hand each other what a kernel boundary used to carry through distributed shared
 // memory and cluster barriers, so a layer is one launch, not four. Each block owns a
 // sixteenth of every product's rows and holds their GGUF Q4_1 blocks in shared memory (138 KB a
-// block for SmolLM2), copied before pdl_wait while the layer before runs: after the wait the
+// block for SmolLM2), copied before step_wait while the layer before runs: after the wait the
 // chain touches memory only for x, so it is the chain of barriers and on-chip products alone.
 // Attention splits the keys across the cluster (position k in block k % LY_CLUSTER, so at short
 // contexts every block holds a few), each block taking every query head over its keys (an online
@@ -198,7 +198,7 @@ extern "C" __global__ void LY_ATTRS llama_layer_q4_1_f16(const unsigned char* __
         freq[tid] = head < hq + hkv && d < rope_dims ? inv_freq[d / 2] : 0.0;
     }
     const long long slot = cache_slot(table, s, max_pages, page, p);
-    pdl_wait();
+    step_wait();
 
     // RMSNorm of x, then this block's QKV pairs: RoPE, Q and the step's K and V kept for the
     // others, K and V stored in the cache for later steps.

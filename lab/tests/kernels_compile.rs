@@ -269,7 +269,7 @@ fn the_quant_constants_are_the_kernels() {
 #[test]
 fn the_llama_constants_are_the_kernels() {
     use lab::ops::llama::*;
-    let pairs: [(&str, usize); 19] = [
+    let pairs: [(&str, usize); 20] = [
         ("LY_CLUSTER", LAYER_CLUSTER),
         ("LY_THREADS", LAYER_THREADS as usize),
         ("LY_NK", LAYER_KEY_SLOTS),
@@ -286,6 +286,7 @@ fn the_llama_constants_are_the_kernels() {
         ("AO_SMEM", ATTENTION_O_SMEM),
         ("FF_CLUSTER", FFN_CLUSTER),
         ("FF_COLS", FFN_BLOCK_COLS),
+        ("LAB_TRACE_SLOTS", lab::gpu::trace::SLOTS),
         ("Q4_MAXB", FUSED_MAX_SEQS),
         ("32 * 32 * Q4_NORM_G", FUSED_MAX_NORMED),
         ("32 * 32 * Q4_RESIDUAL_G", FUSED_MAX_WIDTH),

@@ -65,6 +65,35 @@ impl Graph {
         unsafe { result::graph::upload(self.exec, self.stream.cu_stream()) }.doing("uploading a captured graph")
     }
 
+    /// The symbols of the graph's kernel nodes in the order they run (a topological order of
+    /// its edges, ties by node order: a captured stream's order); other nodes are left out.
+    pub fn kernels(&self) -> Result<Vec<String>> {
+        let mut n = 0usize;
+        // SAFETY: a null array asks for the count; then an array of that length.
+        unsafe { sys::cuGraphGetNodes(self.graph, std::ptr::null_mut(), &mut n) }.result().doing("counting a graph's nodes")?;
+        let mut nodes = vec![std::ptr::null_mut(); n];
+        unsafe { sys::cuGraphGetNodes(self.graph, nodes.as_mut_ptr(), &mut n) }.result().doing("reading a graph's nodes")?;
+        let edges = edges(self.graph)?;
+        let at = |node: sys::CUgraphNode| nodes.iter().position(|&m| m == node);
+        let mut into = vec![0usize; n];
+        for (_, to, _) in &edges {
+            if let Some(i) = at(*to) {
+                into[i] += 1;
+            }
+        }
+        let (mut out, mut done) = (Vec::new(), vec![false; n]);
+        while let Some(i) = (0..n).find(|&i| !done[i] && into[i] == 0) {
+            done[i] = true;
+            for (_, to, _) in edges.iter().filter(|e| e.0 == nodes[i]) {
+                if let Some(j) = at(*to) {
+                    into[j] -= 1;
+                }
+            }
+            out.extend(kernel_name(nodes[i])?);
+        }
+        Ok(out)
+    }
+
     pub fn launch(&self) -> Result<()> {
         self.stream.context().bind_to_thread().doing("binding the context")?;
         // SAFETY: the executable graph is ours and its stream alive.

@@ -6,6 +6,7 @@ pub mod graph;
 pub mod nvml;
 pub mod ptxas;
 pub mod timing;
+pub mod trace;
 
 use crate::error::Doing;
 use crate::{LabError, Result};
@@ -198,6 +199,29 @@ impl Gpu {
         // SAFETY: ptr covers `bytes` bytes of this allocation, on our stream.
         unsafe { cudarc::driver::result::memset_d8_async(ptr, 0xFF, bytes, self.stream.cu_stream()) }
             .doing("poisoning an output buffer")
+    }
+
+    /// Points the step timeline of every loaded module that keeps one (`lab_trace`, kernels/llama.cu)
+    /// at `buf`, or turns it off (None); returns how many modules keep one. The buffer is
+    /// [`trace::SLOTS`] slots of (start, wait) after a count, as [`trace::Timeline`] reads it.
+    pub fn set_trace(&self, buf: Option<&CudaSlice<u64>>) -> Result<usize> {
+        use cudarc::driver::DevicePtr;
+        let ptr = match buf {
+            Some(b) if b.len() < 1 + 2 * trace::SLOTS => return Err(crate::LabError::Invalid(format!("a trace buffer of {} words: it takes {}", b.len(), 1 + 2 * trace::SLOTS))),
+            Some(b) => b.device_ptr(&self.stream).0,
+            None => 0,
+        };
+        let modules: Vec<Arc<CudaModule>> = self.modules.lock().expect("module cache poisoned").values().cloned().collect();
+        let mut set = 0;
+        for m in modules {
+            // A module without the symbol keeps no timeline.
+            let Ok(mut global) = m.get_global("lab_trace", &self.stream) else { continue };
+            // SAFETY: lab_trace is one 8-byte pointer; the view covers exactly it.
+            let mut word = unsafe { global.transmute_mut::<u64>(1) }.ok_or_else(|| crate::LabError::Invalid("lab_trace is not one pointer".into()))?;
+            self.stream.memcpy_htod(&[ptr], &mut word).doing("setting a module's trace buffer")?;
+            set += 1;
+        }
+        Ok(set)
     }
 
     /// Waits for the stream and surfaces any asynchronous kernel error.

@@ -452,6 +452,11 @@ impl<'m> Batch<'m> {
         self.graph.as_ref().map(|g| (g.edges, g.programmatic))
     }
 
+    /// The captured step's kernels in the order they run (none before the second step).
+    pub fn graph_kernels(&self) -> Result<Vec<String>> {
+        self.graph.as_ref().map_or(Ok(Vec::new()), |g| g.kernels())
+    }
+
     /// Positions left before the cache is full.
     pub fn room(&self) -> usize {
         self.cap - 1 - self.steps

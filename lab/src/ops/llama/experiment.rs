@@ -23,6 +23,7 @@
 //!   decode rate) and llama.cpp's `llama-bench` (pp512 and tg128, flash attention off and on).
 
 use crate::experiment::{param_str, param_usize, Backend, Experiment, Measurement, Peer, Session};
+use crate::error::Doing;
 use crate::gpu::timing::time_gpu;
 use crate::model::llama::generate::argmax;
 use crate::model::llama::gpu::{ATTENTION, ATTENTION_O, LAYER};
@@ -365,7 +366,7 @@ fn decode(s: &mut Session, case: &Value) -> Result<()> {
             let (want, reference) = first_steps(&g, &m, &prompt, ctx)?;
             for variant in variants {
                 // Room for the warm-up and the repetitions the budget may take.
-                let cap = ctx + 2 * (s.budget.max + crate::profile::MAX_WARMUP_ROUNDS * s.budget.warmup) + 2;
+                let cap = ctx + 2 * (s.budget.max + crate::profile::MAX_WARMUP_ROUNDS * s.budget.warmup) + 2 + TIMELINE_STEPS;
                 if !takes(Some(&m), variant, b, cap) {
                     continue;
                 }
@@ -385,6 +386,9 @@ fn decode(s: &mut Session, case: &Value) -> Result<()> {
                 let time = time_gpu(&gpu, &s.budget, || batch.step())?;
                 let kv = (b * ctx * c.layers * 2 * c.kv_dim() * 2) as u64;
                 let mut rec = Measurement::new(variant, "lab", case, Work { bytes: m.weight_bytes(b) + kv, flops: 2 * params(c) * b as u64 });
+                if case.get("timeline").and_then(Value::as_bool) == Some(true) {
+                    rec.extra.insert("timeline".into(), json!(timeline(&gpu, &mut batch)?));
+                }
                 rec.extra.insert("tokens_s".into(), json!(b as f64 / (time.0.median / 1e3)));
                 rec.extra.insert("weight_bytes".into(), json!(m.weight_bytes(b)));
                 if let Some((all, programmatic)) = batch.graph_edges() {
@@ -413,6 +417,25 @@ fn decode(s: &mut Session, case: &Value) -> Result<()> {
             s.emit(rec).map(|_| ())
         }
     }
+}
+
+/// Steps a decode case with `"timeline": true` replays with the kernels stamping
+/// ([`crate::gpu::trace`]), after its timed steps.
+const TIMELINE_STEPS: usize = 64;
+
+/// Where `batch`'s captured step spends its time, as its kernels stamp it over [`TIMELINE_STEPS`].
+fn timeline(gpu: &crate::gpu::Gpu, batch: &mut crate::model::llama::Batch) -> Result<crate::gpu::trace::Timeline> {
+    let buf = gpu.stream.alloc_zeros::<u64>(1 + 2 * crate::gpu::trace::SLOTS).doing("allocating the trace buffer")?;
+    if gpu.set_trace(Some(&buf))? == 0 {
+        return Err(LabError::Invalid("no loaded module keeps a timeline".into()));
+    }
+    let ran = (0..TIMELINE_STEPS).try_for_each(|_| batch.step());
+    gpu.set_trace(None)?;
+    ran?;
+    gpu.sync()?;
+    let kernels = batch.graph_kernels()?;
+    let stamped = |k: &str| k.starts_with(&format!("{}_", super::FAMILY));
+    crate::gpu::trace::timeline(&gpu.download(&buf)?, &kernels, stamped, TIMELINE_STEPS)
 }
 
 /// What the decode case's sequences must give after `prompt`, after one greedy step and after a
