@@ -386,8 +386,11 @@ fn decode(s: &mut Session, case: &Value) -> Result<()> {
                 let time = time_gpu(&gpu, &s.budget, || batch.step())?;
                 let kv = (b * ctx * c.layers * 2 * c.kv_dim() * 2) as u64;
                 let mut rec = Measurement::new(variant, "lab", case, Work { bytes: m.weight_bytes(b) + kv, flops: 2 * params(c) * b as u64 });
-                if case.get("timeline").and_then(Value::as_bool) == Some(true) {
+                // Batch 1 on sm_90 records its timeline unless the case says `"timeline": false`.
+                if case.get("timeline").and_then(Value::as_bool).unwrap_or(b == 1) && gpu.arch >= 90 {
+                    let first = cap - 1 - batch.room();
                     rec.extra.insert("timeline".into(), json!(timeline(&gpu, &mut batch)?));
+                    rec.extra.insert("timeline_positions".into(), json!([first, first + TIMELINE_STEPS - 1]));
                 }
                 rec.extra.insert("tokens_s".into(), json!(b as f64 / (time.0.median / 1e3)));
                 rec.extra.insert("weight_bytes".into(), json!(m.weight_bytes(b)));
@@ -419,8 +422,8 @@ fn decode(s: &mut Session, case: &Value) -> Result<()> {
     }
 }
 
-/// Steps a decode case with `"timeline": true` replays with the kernels stamping
-/// ([`crate::gpu::trace`]), after its timed steps.
+/// Steps a decode case's timeline replays with the kernels stamping ([`crate::gpu::trace`]),
+/// after its timed steps.
 const TIMELINE_STEPS: usize = 64;
 
 /// Where `batch`'s captured step spends its time, as its kernels stamp it over [`TIMELINE_STEPS`].
