@@ -8,6 +8,7 @@
 
 use crate::{LabError, Result};
 use serde::Serialize;
+use statrs::statistics::{Data, OrderStatistics};
 
 /// Slots a trace buffer holds after its count: kernels/llama.cu's LAB_TRACE_SLOTS.
 pub const SLOTS: usize = 65536;
@@ -40,14 +41,8 @@ pub struct Timeline {
     pub first_step: Vec<(String, f64, f64)>,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
+fn median(v: Vec<f64>) -> f64 {
+    Data::new(v).median()
 }
 
 /// The timeline of `steps` consecutive replays of a step whose kernels are `kernels` in order,
