@@ -6,6 +6,8 @@
 //! one boundary. Nsight Compute times each kernel alone with the caches flushed, which is not
 //! what the graph pays.
 
+use super::Gpu;
+use crate::error::Doing;
 use crate::{LabError, Result};
 use serde::Serialize;
 use statrs::statistics::{Data, OrderStatistics};
@@ -92,6 +94,20 @@ pub fn timeline(words: &[u64], kernels: &[String], stamped: impl Fn(&str) -> boo
     let t0 = start(0);
     let first_step = (0..per).map(|k| (labels[k].clone(), (start(k) - t0) / 1e3, (wait(k) - t0) / 1e3)).collect();
     Ok(Timeline { step_us, spans, resolution_ns, out_of_order, first_step })
+}
+
+/// Runs `step` (one replay of a captured step whose kernels are `kernels`, in order) `steps`
+/// times with every loaded module's trace on ([`Gpu::set_trace`]), then reads the timeline.
+pub fn record(gpu: &Gpu, steps: usize, mut step: impl FnMut() -> Result<()>, kernels: &[String], stamped: impl Fn(&str) -> bool) -> Result<Timeline> {
+    let buf = gpu.stream.alloc_zeros::<u64>(1 + 2 * SLOTS).doing("allocating the trace buffer")?;
+    if gpu.set_trace(Some(&buf))? == 0 {
+        return Err(LabError::Invalid("no loaded module keeps a timeline".into()));
+    }
+    let ran = (0..steps).try_for_each(|_| step());
+    gpu.set_trace(None)?;
+    ran?;
+    gpu.sync()?;
+    timeline(&gpu.download(&buf)?, kernels, stamped, steps)
 }
 
 #[cfg(test)]

@@ -15,6 +15,11 @@
 //! residual_q4_1 (down). Decode attention is two launches (split and combine, [`ATTENTION`]) or
 //! one (decode_merge, through [`Batch::set_attention`]); with [`ATTENTION_O`] the attention and
 //! the output product are one launch, and a layer four; with [`LAYER`] a layer is one launch.
+//! [`Batch::set_ffn`] makes the FFN one launch too (ffn_q4_1), a layer three.
+//!
+//! Over 600 lines: the model's device weights and a batch's buffers and launch sequences are one
+//! unit (each step variant reads the weights' raw, repacked and dense forms); split apart, every
+//! field would cross a module boundary.
 
 use super::config::Config;
 use super::sample::Sampling;

@@ -1,5 +1,7 @@
 //! The `llama` experiment: the engine of [`crate::model::llama`] on a real model, the GGUF named
 //! by `LAB_SMOLLM2_GGUF` (SmolLM2-135M-Instruct in Q4_1; any Llama GGUF the engine takes).
+//! Over 600 lines: its five ops share the model's loading, the variants' step modes, the prompts
+//! and the tolerances; split by op, each file would import all of them.
 //!
 //! Cases, by `op`:
 //! - `check` (untimed): after a prompt and at each of 8 greedy steps (`steps`), the engine's logits against
@@ -12,7 +14,9 @@
 //!   variant ([`super::ENGINES`]). Bytes: every weight once and the K and V rows read, the
 //!   bound a step cannot beat; `tokens_s` = batch / step time.
 //!   The logits of the last step are checked against the CPU reference (contexts up to 128) or
-//!   against the batch's first sequence (every row holds the same prompt).
+//!   against the batch's first sequence (every row holds the same prompt). At batch 1 on sm_90
+//!   the record also keeps the step's timeline over 64 more steps (`timeline`, [`crate::gpu::trace`];
+//!   `"timeline": false` leaves it out).
 //! - `sample` (GPU): the `sample` kernel's draws on `rows` rows of random logits (SmolLM2's
 //!   vocabulary, ties and a row of scores near 1e4 among them) under five settings of
 //!   temperature, top-k and top-p, each against the CPU mirror's draw at the same seed, sequence
@@ -23,7 +27,6 @@
 //!   decode rate) and llama.cpp's `llama-bench` (pp512 and tg128, flash attention off and on).
 
 use crate::experiment::{param_str, param_usize, Backend, Experiment, Measurement, Peer, Session};
-use crate::error::Doing;
 use crate::gpu::timing::time_gpu;
 use crate::model::llama::generate::argmax;
 use crate::model::llama::gpu::{ATTENTION, ATTENTION_O, LAYER};
@@ -390,7 +393,9 @@ fn decode(s: &mut Session, case: &Value) -> Result<()> {
                 if case.get("timeline").and_then(Value::as_bool).unwrap_or(b == 1) && gpu.arch >= 90 {
                     let first = cap - 1 - batch.room();
                     // A timeline that cannot be read is said in the record, beside the step's figure.
-                    match timeline(&gpu, &mut batch) {
+                    let kernels = batch.graph_kernels()?;
+                    let stamped = |k: &str| k.starts_with(&format!("{}_", super::FAMILY));
+                    match crate::gpu::trace::record(&gpu, TIMELINE_STEPS, || batch.step(), &kernels, stamped) {
                         Ok(t) => rec.extra.insert("timeline".into(), json!(t)),
                         Err(e) => rec.extra.insert("timeline_error".into(), json!(e.to_string())),
                     };
@@ -429,21 +434,6 @@ fn decode(s: &mut Session, case: &Value) -> Result<()> {
 /// Steps a decode case's timeline replays with the kernels stamping ([`crate::gpu::trace`]),
 /// after its timed steps.
 const TIMELINE_STEPS: usize = 64;
-
-/// Where `batch`'s captured step spends its time, as its kernels stamp it over [`TIMELINE_STEPS`].
-fn timeline(gpu: &crate::gpu::Gpu, batch: &mut crate::model::llama::Batch) -> Result<crate::gpu::trace::Timeline> {
-    let buf = gpu.stream.alloc_zeros::<u64>(1 + 2 * crate::gpu::trace::SLOTS).doing("allocating the trace buffer")?;
-    if gpu.set_trace(Some(&buf))? == 0 {
-        return Err(LabError::Invalid("no loaded module keeps a timeline".into()));
-    }
-    let ran = (0..TIMELINE_STEPS).try_for_each(|_| batch.step());
-    gpu.set_trace(None)?;
-    ran?;
-    gpu.sync()?;
-    let kernels = batch.graph_kernels()?;
-    let stamped = |k: &str| k.starts_with(&format!("{}_", super::FAMILY));
-    crate::gpu::trace::timeline(&gpu.download(&buf)?, &kernels, stamped, TIMELINE_STEPS)
-}
 
 /// What the decode case's sequences must give after `prompt`, after one greedy step and after a
 /// second (each vocab logits): the f64 reference forward up to 128 tokens, else the plain engine
