@@ -34,6 +34,8 @@
 //                one-step kernels (sync_step) with full or programmatic edges (pdl.cuh), and as
 //                one cooperative kernel with a barrier between steps (sync_persistent). A decode
 //                step of a small model is ~180 such dependencies in a row.
+//   sync_step_cluster  sync_step in clusters of three blocks: whether a programmatic edge lets a
+//                cluster kernel start while the kernel before it runs.
 #include "common.cuh"
 #include "pdl.cuh"
 
@@ -216,10 +218,28 @@ __device__ __forceinline__ void sync_body(volatile unsigned* flags, unsigned* er
     }
 }
 
-extern "C" __global__ void ceilings_sync_step_f32(unsigned* flags, unsigned* errors, int step) {
-    pdl_wait();
-    sync_body(flags, errors, step);
+// Spins `ns` nanoseconds of the global timer: a kernel's work without its memory traffic.
+__device__ __forceinline__ void spin_ns(unsigned ns) {
+    if (ns == 0) return;
+    const unsigned long long t0 = global_ns();
+    while (global_ns() - t0 < ns) {}
 }
+
+// A step spends `pre` ns before its wait (work that needs nothing of the kernel before, as the
+// engine's weight loads) and `post` after (its own chain): with a programmatic edge the pre work
+// of one kernel overlaps the post work of the one before when its blocks find room beside them.
+#define SYNC_STEP(NAME, ATTRS)                                                                                           \
+    extern "C" __global__ void ATTRS NAME(unsigned* flags, unsigned* errors, int step, unsigned pre, unsigned post) {    \
+        spin_ns(pre);                                                                                                  \
+        pdl_wait();                                                                                                    \
+        spin_ns(post);                                                                                                 \
+        sync_body(flags, errors, step);                                                                                \
+    }
+SYNC_STEP(ceilings_sync_step_f32, )
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// The same launched in clusters of three blocks (as the engine's attention_o_q4_1).
+SYNC_STEP(ceilings_sync_step_cluster_f32, __cluster_dims__(3, 1, 1))
+#endif
 
 // Counter barrier (as cooperative groups' grid sync): bar[0] counts arrivals, bar[1] the
 // generation. The last block to arrive resets the count before it advances the generation, so no

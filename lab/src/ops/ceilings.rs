@@ -181,7 +181,19 @@ fn transfer_cases(bytes: usize) -> Vec<Value> {
 fn sync_cases(steps: usize) -> Vec<Value> {
     let graphs = ["graph", "graph_pdl"].map(|l| json!({"what": "sync", "launch": l, "steps": steps}));
     let barriers = ["counter", "flags"].map(|b| json!({"what": "sync", "launch": "cooperative", "barrier": b, "steps": steps}));
-    graphs.into_iter().chain(barriers).collect()
+    // 2 us before the wait and 2 after: ~2.8 us a step if the next kernel's pre work runs beside
+    // this one's post work, ~4.9 if not. Clusters or not; blocks sharing an SM with the kernel
+    // before or kept off it by shared memory (120 KB: two do not fit); all SMs or the 36 blocks of
+    // the engine's attention_o_q4_1 (160 KB as its 172 KB).
+    let overlap = [(1, 0, 0), (3, 0, 0), (1, 120 << 10, 0), (3, 120 << 10, 0), (1, 160 << 10, 36), (3, 160 << 10, 36), (3, 0, 36)].map(|(c, smem, blocks)| {
+        let mut v = json!({"what": "sync", "launch": "graph_pdl", "steps": steps, "pre_ns": 2000, "post_ns": 2000, "cluster": c, "smem": smem});
+        if blocks > 0 {
+            v["blocks"] = json!(blocks);
+        }
+        v
+    });
+    let full = json!({"what": "sync", "launch": "graph", "steps": steps, "pre_ns": 2000, "post_ns": 2000});
+    graphs.into_iter().chain(barriers).chain(overlap).chain([full]).collect()
 }
 
 /// Measures one ceiling for a run that has not measured it yet (called by [`Session::ceiling`]).
@@ -643,6 +655,7 @@ pub const VARIANTS: &[Variant<()>] = &[
     Variant { name: "mma_sync_w2", dtypes: &[DType::F16, DType::Bf16], requires: Requires::Gpu, what: "mma_sync at the mma_warp64 rungs' occupancy (8 warps per SM, 32 accumulators per warp)", config: () },
     Variant { name: "wgmma", dtypes: &[DType::F16, DType::Bf16], requires: Requires::Sm90a, what: "two warpgroups per SM issuing m64n256k16 from shared memory: the tensor roof without a GEMM's copies", config: () },
     Variant { name: "sync_step", dtypes: &[DType::F32], requires: Requires::Gpu, what: "one step of a chain of grid-wide dependencies per kernel, in a captured graph (edges full, or programmatic on sm_90): the latency a kernel boundary costs", config: () },
+    Variant { name: "sync_step_cluster", dtypes: &[DType::F32], requires: Requires::Sm90, what: "sync_step in clusters of three blocks: whether a cluster kernel launches while the kernel before it runs", config: () },
     Variant { name: "sync_persistent", dtypes: &[DType::F32], requires: Requires::Gpu, what: "the same chain in one cooperative kernel, a grid barrier between steps: what a persistent kernel pays per dependency instead", config: () },
     Variant { name: "read_scrub", dtypes: &[DType::F32], requires: Requires::Gpu, what: "not a ceiling: reads a buffer twice the L2 size before a timed repetition (`--l2 clean`)", config: () },
     Variant { name: "parallel_copy", dtypes: &[DType::F32], requires: Requires::Cpu, what: "a memcpy split over every core: the host's bandwidth roof", config: () },

@@ -7,6 +7,10 @@
 //! one block, which then releases the rest). The record's `us_per_step` is the
 //! figure; every block checks its neighbour's last step, so a missing dependency is an error
 //! (the cooperative case also runs without its barriers once and records the misses it caused).
+//! The overlap cases give each graph step work before its wait and after it (spun on the global
+//! timer), in clusters or not, with shared memory that keeps two kernels' blocks off one SM or not:
+//! when a kernel's blocks find room while the one before runs, a step costs its post work and
+//! one boundary; when they launch only as it ends, its pre work too.
 
 use super::FAMILY;
 use crate::error::Doing;
@@ -23,20 +27,29 @@ use serde_json::{json, Value};
 pub fn gpu_sync(s: &mut Session, gpu: &Gpu, case: &Value) -> Result<()> {
     let steps = param_usize(case, "steps")?;
     let launch = param_str(case, "launch")?;
-    let variant = match launch {
-        "graph" | "graph_pdl" => "sync_step",
-        "cooperative" => "sync_persistent",
-        other => return Err(LabError::Invalid(format!("sync: no launch `{other}` (graph, graph_pdl, cooperative)"))),
+    // The overlap cases' knobs (graph launches): clusters of 3 or none, dynamic shared memory a
+    // block holds (only to take room on its SM), blocks (one per SM unless given), and ns spun
+    // before and after the wait.
+    let opt = |k: &str, default: usize| case.get(k).map_or(Ok(default), |_| param_usize(case, k));
+    let cluster = opt("cluster", 1)?;
+    let variant = match (launch, cluster) {
+        ("graph" | "graph_pdl", 1) => "sync_step",
+        ("graph" | "graph_pdl", 3) => "sync_step_cluster",
+        ("graph" | "graph_pdl", c) => return Err(LabError::Invalid(format!("sync: clusters of {c}: 1 or 3"))),
+        ("cooperative", _) => "sync_persistent",
+        (other, _) => return Err(LabError::Invalid(format!("sync: no launch `{other}` (graph, graph_pdl, cooperative)"))),
     };
     if !s.wants(variant, "lab") {
         return Ok(());
     }
-    if launch == "graph_pdl" && gpu.arch < 90 {
-        eprintln!("note: sync: programmatic edges need sm_90; the graph_pdl case is left out on sm_{}", gpu.arch);
+    if (launch == "graph_pdl" || cluster > 1) && gpu.arch < 90 {
+        eprintln!("note: sync: programmatic edges and clusters need sm_90; the case is left out on sm_{}", gpu.arch);
         return Ok(());
     }
-    let blocks = gpu.info.sm_count as usize;
-    let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+    let blocks = opt("blocks", gpu.info.sm_count as usize)? / cluster * cluster;
+    let smem = opt("smem", 0)?;
+    let [pre, post] = [opt("pre_ns", 0)?, opt("post_ns", 0)?].map(|v| v as u32);
+    let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: smem as u32 };
     let mut flags = gpu.stream.alloc_zeros::<u32>(2 * blocks).doing("allocating the step flags")?;
     let mut errors = gpu.stream.alloc_zeros::<u32>(1).doing("allocating the miss count")?;
     let mut bar = gpu.stream.alloc_zeros::<u32>(blocks + 1).doing("allocating the grid barrier")?;
@@ -50,12 +63,14 @@ pub fn gpu_sync(s: &mut Session, gpu: &Gpu, case: &Value) -> Result<()> {
     let steps_i = steps as i32;
     // One run of the chain from zeroed flags: a graph replay or the cooperative kernel.
     let (graph, persistent) = if variant == "sync_step" {
-        let f = gpu.function(FAMILY, &symbol(FAMILY, "sync_step", DType::F32))?;
+        let f = gpu.function(FAMILY, &symbol(FAMILY, variant, DType::F32))?;
+        crate::ops::gemm::raise_dynamic_smem(&f, smem)?;
         let g = Graph::capture(gpu, launch == "graph_pdl", || {
             gpu.stream.memset_zeros(&mut flags).doing("zeroing the step flags")?;
             for step in 0..steps_i {
                 // SAFETY: flags holds 2 x blocks words, errors one; the grid is `blocks` blocks.
-                unsafe { gpu.stream.launch_builder(&f).arg(&mut flags).arg(&mut errors).arg(&step).launch(cfg) }.doing("launching sync_step")?;
+                unsafe { gpu.stream.launch_builder(&f).arg(&mut flags).arg(&mut errors).arg(&step).arg(&pre).arg(&post).launch(cfg) }
+                    .doing("launching sync_step")?;
             }
             Ok(())
         })?;
