@@ -62,7 +62,7 @@ pub fn gpu_sync(s: &mut Session, gpu: &Gpu, case: &Value) -> Result<()> {
     let mut extra = serde_json::Map::new();
     let steps_i = steps as i32;
     // One run of the chain from zeroed flags: a graph replay or the cooperative kernel.
-    let (graph, persistent) = if variant == "sync_step" {
+    let (graph, persistent) = if launch != "cooperative" {
         let f = gpu.function(FAMILY, &symbol(FAMILY, variant, DType::F32))?;
         crate::ops::gemm::raise_dynamic_smem(&f, smem)?;
         let g = Graph::capture(gpu, launch == "graph_pdl", || {
