@@ -407,7 +407,7 @@ __device__ __forceinline__ void ao_copy_row(__half* sk, __half* sv, const __half
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define AO_ATTRS __launch_bounds__(AO_THREADS, 1) __cluster_dims__(AO_CLUSTER, 1, 1)
+#define AO_ATTRS __launch_bounds__(AO_THREADS, 2) __cluster_dims__(AO_CLUSTER, 1, 1)
 #else
 #define AO_ATTRS __launch_bounds__(AO_THREADS, 1)
 #endif
@@ -429,6 +429,7 @@ extern "C" __global__ void AO_ATTRS llama_attention_o_q4_1_f16(const unsigned ch
     __shared__ float sp[AO_GMAX][AO_KEYS];               // a pass's probabilities
     __shared__ float red[AO_WARPS][AO_GMAX * AO_D];      // P V by warp
     __shared__ float wmax[AO_WARPS][AO_GMAX], wsum[AO_WARPS][AO_GMAX];
+    const unsigned long long entered = step_begin();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int rank = blockIdx.x % AO_CLUSTER, s = blockIdx.y, dim = hq * AO_D, groups = dim / 32, G = hq / hkv;
     const int j = blockIdx.x * AO_WARPS + warp;
@@ -443,7 +444,7 @@ extern "C" __global__ void AO_ATTRS llama_attention_o_q4_1_f16(const unsigned ch
         own_row = row;
     }
     cp_async_commit();
-    step_wait();
+    step_wait(entered);
     const float xv = j < dim && lane == 0 ? x[(long long)s * dim + j] : 0.f;
     if (attends && tid < G * AO_D / 8) {
         float v[8];
