@@ -102,14 +102,20 @@ extern "C" __global__ void llama_add_rmsnorm_f16(float* __restrict__ x, const __
 // The pair (a, b) turned by position p times the frequency: the angle in f64 (positions up to 1e5
 // times frequencies near 1 keep their digits), reduced to [-pi, pi] there, then sin and cos in
 // f32 (f64 sincos is slow).
-__device__ __forceinline__ void rotate(float& a, float& b, int p, double inv_freq) {
+__device__ __forceinline__ void rope_angle(int p, double inv_freq, float& fs, float& fc) {
     const double t = (double)p * inv_freq;
     const float r = (float)(t - 6.283185307179586 * rint(t * 0.15915494309189535));
-    float fs, fc;
     sincosf(r, &fs, &fc);
+}
+__device__ __forceinline__ void rotate_by(float& a, float& b, float fs, float fc) {
     const float a0 = a;
     a = a0 * fc - b * fs;
     b = a0 * fs + b * fc;
+}
+__device__ __forceinline__ void rotate(float& a, float& b, int p, double inv_freq) {
+    float fs, fc;
+    rope_angle(p, inv_freq, fs, fc);
+    rotate_by(a, b, fs, fc);
 }
 
 // qkv [rows, (hq + 2 hkv) D]: Q heads, then K heads, then V heads. inv_freq[i] = base^(-2i/rope_dims)

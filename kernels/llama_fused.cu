@@ -169,6 +169,7 @@ extern "C" __global__ void __launch_bounds__(Q4_THREADS, 2)
                             const int* __restrict__ pos, const double* __restrict__ inv_freq, int seqs, int dim, int hq, int hkv, int D,
                             int rope_dims, int page, int max_pages) {
     extern __shared__ float ht[];
+    const unsigned long long entered = step_begin();
     const int lane = threadIdx.x & 31, groups = dim / 32;
     const int pair = blockIdx.x * (Q4_THREADS / 32) + (threadIdx.x >> 5), pairs = (hq + 2 * hkv) * D / 2;
     const int e = 2 * pair, head = e / D, d = e % D;
@@ -179,11 +180,14 @@ extern "C" __global__ void __launch_bounds__(Q4_THREADS, 2)
         q4_load(r1, w + (long long)(e + 1) * groups * 20, groups, lane);
     }
     q4_gamma(g, gamma, dim);
-    const double f = head < hq + hkv && d < rope_dims ? inv_freq[d / 2] : 0.0;
-    step_wait();
-    // The position and the cache slot are fetched now so that they arrive during the norm.
+    // The position, its cache slot and the pair's rotation before the wait: pos and the page table
+    // were written before the kernel ahead of this one started (as attention_o_q4_1 reads them).
+    const bool rotates = head < hq + hkv && d < rope_dims;
     const int p = lane < seqs ? pos[lane] : 0;
     const long long slot = lane < seqs ? cache_slot(table, lane, max_pages, page, p) : 0;
+    float fs = 0.f, fc = 1.f;
+    if (rotates && lane < seqs) rope_angle(p, inv_freq[d / 2], fs, fc);
+    step_wait(entered);
     q4_input_norm(ht, x, g, eps, seqs, dim);
     if (pair >= pairs) return;
     float a = 0.f, b = 0.f;
@@ -193,7 +197,7 @@ extern "C" __global__ void __launch_bounds__(Q4_THREADS, 2)
     }
     if (lane >= seqs) return;
     a = round16(a), b = round16(b);
-    if (head < hq + hkv && d < rope_dims) rotate(a, b, p, f);
+    if (rotates) rotate_by(a, b, fs, fc);
     __half* out = head < hq ? q + (long long)lane * hq * D + e : kv_at(kc, vc, slot, hq, hkv, D, e);
     out[0] = __float2half_rn(a);
     out[1] = __float2half_rn(b);
@@ -222,14 +226,21 @@ extern "C" __global__ void __launch_bounds__(Q4_THREADS, 2)
     }
 }
 
-// x [seqs, n] += f16(a [seqs, k] W^T), W n rows of k; a warp per row.
+// x [seqs, n] += f16(a [seqs, k] W^T), W n rows of k; a warp per row. The ahead bytes at `ahead`
+// (weights of a kernel further on: the engine's LM head) are asked of L2 before the wait, a share
+// per block, so that they come from memory while this layer runs, not while that kernel waits.
 extern "C" __global__ void __launch_bounds__(Q4_THREADS, 2)
-    llama_residual_q4_1_f16(const unsigned char* __restrict__ w, const __half* __restrict__ a, float* __restrict__ x, int seqs, int n, int k) {
+    llama_residual_q4_1_f16(const unsigned char* __restrict__ w, const __half* __restrict__ a, float* __restrict__ x, int seqs, int n, int k,
+                            const unsigned char* __restrict__ ahead, long long ahead_bytes) {
     extern __shared__ float ht[];
     const int lane = threadIdx.x & 31, groups = k / 32;
     const int j = blockIdx.x * (Q4_THREADS / 32) + (threadIdx.x >> 5);
     Q4Row<Q4_RESIDUAL_G> r;
     if (j < n) q4_load(r, w + (long long)j * groups * 20, groups, lane);
+    if (threadIdx.x == 0 && ahead_bytes > 0) {
+        const long long share = ((ahead_bytes + gridDim.x - 1) / gridDim.x + 15) & ~15LL, at = blockIdx.x * share;
+        if (at < ahead_bytes) pdl_prefetch_l2(ahead + at, min(share, ahead_bytes - at));
+    }
     step_wait();
     // The residual this lane adds to, fetched now to arrive during the input's load.
     const float xv = j < n && lane < seqs ? x[(long long)lane * n + j] : 0.f;

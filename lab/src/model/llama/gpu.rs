@@ -171,6 +171,20 @@ impl GpuModel {
         c.layers as u64 * per_layer + (c.vocab * c.dim / 32 * 34) as u64 + 4 * c.dim as u64
     }
 
+    /// The bytes of the LM head that layer `i`'s down product asks L2 for before its wait: the
+    /// head (30 MB of Q8_0 for SmolLM2) is read right after the last layer, and a step reads its
+    /// weights at a small share of the memory's rate, so the head is fetched over the last layers
+    /// (as many as keep it and their own weights within 3/4 of L2), not while its kernel waits.
+    pub fn head_ahead(&self, i: usize) -> Option<std::ops::Range<usize>> {
+        let c = &self.config;
+        let head = c.vocab * c.dim / 32 * 34;
+        let layer = (self.weight_bytes(1) as usize - head) / c.layers;
+        let spread = ((self.gpu.info.l2_bytes.max(0) as usize * 3 / 4).saturating_sub(head) / layer.max(1)).min(c.layers);
+        let first = c.layers - spread;
+        let share = head.div_ceil(spread.max(1));
+        (i >= first).then(|| (i - first) * share..((i - first + 1) * share).min(head))
+    }
+
     /// Whether [`Batch::set_fused`] takes a batch of `seqs`: the fused products' limits on
     /// sequences and widths.
     pub fn fuses(&self, seqs: usize) -> bool {
@@ -539,13 +553,14 @@ impl<'m> Batch<'m> {
                 k::attention_o_q4_1(gpu, &l.raw.o, &self.q, &self.caches[i], &self.pos, &mut self.x, b, c.heads)?;
             } else {
                 self.decode.run(&self.q, &self.caches[i], &self.pos, cuda(&mut self.att), None)?;
-                k::residual_q4_1(gpu, &l.raw.o, self.att.cuda().expect("on the GPU"), &mut self.x, b, dim, dim)?;
+                k::residual_q4_1(gpu, &l.raw.o, self.att.cuda().expect("on the GPU"), &mut self.x, b, dim, dim, None)?;
             }
             if let Some(scratch) = &mut self.ffn {
                 k::ffn_q4_1(gpu, &l.raw.gate_up, &l.raw.down, &mut self.x, &l.ffn_norm, eps, scratch, b)?;
             } else {
                 k::gate_up_swiglu_q4_1(gpu, &l.raw.gate_up, &self.x, &l.ffn_norm, eps, cuda(&mut self.act), b, c.ffn)?;
-                k::residual_q4_1(gpu, &l.raw.down, self.act.cuda().expect("on the GPU"), &mut self.x, b, dim, c.ffn)?;
+                let ahead = m.head.device().zip(m.head_ahead(i));
+                k::residual_q4_1(gpu, &l.raw.down, self.act.cuda().expect("on the GPU"), &mut self.x, b, dim, c.ffn, ahead)?;
             }
         }
         k::add_rmsnorm(gpu, &mut self.x, None, &m.out_norm, cuda(&mut self.h), b, dim, eps)?;

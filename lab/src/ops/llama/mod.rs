@@ -11,6 +11,7 @@ use crate::ops::attention::decode::KvCache;
 use crate::{LabError, Result};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use half::f16;
+use std::ops::Range;
 
 pub const FAMILY: &str = "llama";
 
@@ -253,15 +254,33 @@ pub fn gate_up_swiglu_q4_1(gpu: &Gpu, w: &CudaSlice<u8>, x: &CudaSlice<f32>, gam
 }
 
 /// x [seqs, n] += a [seqs, k] W^T for `w` n Q4_1 rows of k (the product rounded to f16 first).
+/// `ahead`: bytes of another buffer (weights a later kernel reads) asked of L2 before the wait.
 #[allow(clippy::too_many_arguments)]
-pub fn residual_q4_1(gpu: &Gpu, w: &CudaSlice<u8>, a: &CudaSlice<f16>, x: &mut CudaSlice<f32>, seqs: usize, n: usize, k: usize) -> Result<()> {
+pub fn residual_q4_1(
+    gpu: &Gpu,
+    w: &CudaSlice<u8>,
+    a: &CudaSlice<f16>,
+    x: &mut CudaSlice<f32>,
+    seqs: usize,
+    n: usize,
+    k: usize,
+    ahead: Option<(&CudaSlice<u8>, Range<usize>)>,
+) -> Result<()> {
     check_q4_1("residual_q4_1", w, n, k)?;
     check("residual_q4_1", a.len() >= seqs * k && x.len() >= seqs * n, || format!("{seqs} sequences of {k} -> {n}"))?;
+    if let Some((buf, r)) = &ahead {
+        check("residual_q4_1", r.start <= r.end && r.end <= buf.len(), || format!("bytes {r:?} ahead of a buffer of {}", buf.len()))?;
+    }
     let (f, cfg) = fused_cfg(gpu, "residual_q4_1", n, seqs, k, FUSED_MAX_WIDTH)?;
     let [seqs, n, k] = [seqs, n, k].map(|v| v as i32);
+    let (ahead, ahead_bytes) = match ahead {
+        Some((buf, r)) => (buf.slice(r.clone()), r.len() as i64),
+        None => (w.slice(..), 0),
+    };
     let mut l = gpu.stream.launch_builder(&f);
-    l.arg(w).arg(a).arg(x).arg(&seqs).arg(&n).arg(&k);
-    // SAFETY: w holds n rows of k, a and x their sequences (checked); shared memory sized by fused_cfg.
+    l.arg(w).arg(a).arg(x).arg(&seqs).arg(&n).arg(&k).arg(&ahead).arg(&ahead_bytes);
+    // SAFETY: w holds n rows of k, a and x their sequences (checked); shared memory sized by
+    // fused_cfg; the kernel only asks L2 for the ahead_bytes of `ahead` (a view of them).
     unsafe { l.launch(cfg) }.map(|_| ()).doing("launching llama residual_q4_1")
 }
 

@@ -93,6 +93,13 @@ impl Q8Tensor {
             Data::Cuda(_) => None,
         }
     }
+    /// The blocks (CUDA backend).
+    pub fn device(&self) -> Option<&CudaSlice<u8>> {
+        match &self.data {
+            Data::Cuda(b) => Some(b),
+            Data::Host(_) => None,
+        }
+    }
     fn cuda(&self) -> &CudaSlice<u8> {
         match &self.data {
             Data::Cuda(b) => b,
