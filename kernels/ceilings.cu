@@ -218,11 +218,15 @@ __device__ __forceinline__ void sync_body(volatile unsigned* flags, unsigned* er
     }
 }
 
-// Spins `ns` nanoseconds of the global timer: a kernel's work without its memory traffic.
+// Spins `ns` nanoseconds of the global timer: a kernel's work without its memory traffic. (The
+// timer is read here on every architecture; common.cuh's global_ns sits among the sm_90 helpers.)
 __device__ __forceinline__ void spin_ns(unsigned ns) {
     if (ns == 0) return;
-    const unsigned long long t0 = global_ns();
-    while (global_ns() - t0 < ns) {}
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
 }
 
 // A step spends `pre` ns before its wait (work that needs nothing of the kernel before, as the
@@ -236,10 +240,14 @@ __device__ __forceinline__ void spin_ns(unsigned ns) {
         sync_body(flags, errors, step);                                                                                \
     }
 SYNC_STEP(ceilings_sync_step_f32, )
+// The same launched in clusters of three blocks (as the engine's attention_o_q4_1); sm_90 only,
+// which the launcher checks (before it, the symbol exists without the clusters).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// The same launched in clusters of three blocks (as the engine's attention_o_q4_1).
-SYNC_STEP(ceilings_sync_step_cluster_f32, __cluster_dims__(3, 1, 1))
+#define SYNC_CLUSTER __cluster_dims__(3, 1, 1)
+#else
+#define SYNC_CLUSTER
 #endif
+SYNC_STEP(ceilings_sync_step_cluster_f32, SYNC_CLUSTER)
 
 // Counter barrier (as cooperative groups' grid sync): bar[0] counts arrivals, bar[1] the
 // generation. The last block to arrive resets the count before it advances the generation, so no

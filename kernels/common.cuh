@@ -399,13 +399,6 @@ __device__ __forceinline__ void require_dynamic_smem(unsigned need) {
     if (dyn_smem < need) __trap();
 }
 
-// The global timer in ns (every architecture; its resolution is the device's, 32 ns seen on an H200).
-__device__ __forceinline__ unsigned long long global_ns() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
@@ -459,6 +452,11 @@ __device__ __forceinline__ bool mbar_try_sleep(unsigned bar, unsigned parity) {
         : "r"(bar), "r"(parity), "n"(10000000)
         : "memory");
     return done;
+}
+__device__ __forceinline__ unsigned long long global_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
 }
 __device__ __forceinline__ void mbar_sleep(unsigned bar, unsigned parity) {
     if (mbar_try_sleep(bar, parity)) return;

@@ -92,8 +92,8 @@ pub fn generate(engine: &Engine, prompt: &[u32], max_new: usize, sampling: Sampl
             batch.set_programmatic(true);
             // engine_fused: five launches a layer instead of ten (note h100-decode-fused).
             batch.set_fused(m.fuses(1))?;
-            // engine_attention_o: 3.5% less a step while every position fits the kernel's one pass
-            // of keys, slower past it (note h200-decode-attention-o).
+            // engine_attention_o: 5% less a step while every position fits the kernel's one pass
+            // of keys, slower past it (notes h200-decode-attention-o, h200-decode-residency).
             if m.fuses_attention(1) && prompt.len() + max_new < super::gpu::ATTENTION_O_ONE_PASS {
                 batch.set_attention(super::gpu::ATTENTION_O)?;
             }
