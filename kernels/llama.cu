@@ -35,8 +35,9 @@
 #define LAB_TRACE_SLOTS 65536
 __device__ unsigned long long* lab_trace;
 
-// A kernel whose code before its wait waits on loads of its own (attention_o_q4_1 reads the
-// position, then the page table) stamps its start at its entry with step_begin and passes it on.
+// A kernel whose code before its wait waits on loads of its own (qkv_rope_q4_1 and
+// attention_o_q4_1 read the position, then the page table) stamps its start at its entry with
+// step_begin and passes it on; its slot is still taken as it reaches the wait.
 __device__ __forceinline__ unsigned long long step_begin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if ((threadIdx.x | threadIdx.y | threadIdx.z | blockIdx.x | blockIdx.y | blockIdx.z) == 0 && lab_trace != nullptr) return global_ns();
