@@ -39,6 +39,8 @@ pub struct Timeline {
     /// Slots whose wait returned before the slot before's: none when the kernels ran in the
     /// order the graph lists them and the timer is one clock.
     pub out_of_order: usize,
+    /// Where those were: each span whose wait returned before the one before it, and how often.
+    pub inversions: Vec<(String, usize)>,
     /// The first step's stamps: each span's kernels, start and wait (us from the first start).
     pub first_step: Vec<(String, f64, f64)>,
 }
@@ -71,6 +73,13 @@ pub fn timeline(words: &[u64], kernels: &[String], stamped: impl Fn(&str) -> boo
     let start = |i: usize| words[1 + 2 * i] as f64;
     let wait = |i: usize| words[2 + 2 * i] as f64;
     let out_of_order = (1..count).filter(|&i| wait(i) < wait(i - 1)).count();
+    let mut inversions: Vec<(String, usize)> = Vec::new();
+    for i in (1..count).filter(|&i| wait(i) < wait(i - 1)) {
+        match inversions.iter_mut().find(|(l, _)| *l == labels[i % per]) {
+            Some((_, n)) => *n += 1,
+            None => inversions.push((labels[i % per].clone(), 1)),
+        }
+    }
     // A step's last span ends at the next step's first wait, so the last step's has no end.
     let mut spans: Vec<Span> = Vec::new();
     for (k, label) in labels.iter().enumerate() {
@@ -93,7 +102,7 @@ pub fn timeline(words: &[u64], kernels: &[String], stamped: impl Fn(&str) -> boo
     let resolution_ns = sorted.windows(2).map(|w| w[1] - w[0]).filter(|&d| d > 0).min().unwrap_or(0);
     let t0 = start(0);
     let first_step = (0..per).map(|k| (labels[k].clone(), (start(k) - t0) / 1e3, (wait(k) - t0) / 1e3)).collect();
-    Ok(Timeline { step_us, spans, resolution_ns, out_of_order, first_step })
+    Ok(Timeline { step_us, spans, resolution_ns, out_of_order, inversions, first_step })
 }
 
 /// Runs `step` (one replay of a captured step whose kernels are `kernels`, in order) `steps`
@@ -145,7 +154,7 @@ mod tests {
         assert_eq!(t.step_us, 6.0);
         assert_eq!(t.spans, vec![Span { kernels: "a".into(), launches: 2, us: 3.0, lead_us: 0.5 }, Span { kernels: "b + h".into(), launches: 1, us: 3.0, lead_us: 0.5 }]);
         assert_eq!(t.resolution_ns, 500);
-        assert_eq!(t.out_of_order, 0);
+        assert_eq!((t.out_of_order, t.inversions.len()), (0, 0));
         assert_eq!(t.first_step[1], ("b + h".to_string(), 2.0, 2.5));
     }
 
@@ -157,6 +166,7 @@ mod tests {
         let mut words = trace(5, None);
         words.swap(1, 3);
         words.swap(2, 4);
-        assert_eq!(timeline(&words, &kernels(), |k| k != "h", 5).unwrap().out_of_order, 1);
+        let t = timeline(&words, &kernels(), |k| k != "h", 5).unwrap();
+        assert_eq!((t.out_of_order, t.inversions), (1, vec![("b + h".to_string(), 1)]));
     }
 }

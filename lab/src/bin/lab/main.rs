@@ -334,6 +334,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
                 return Ok(ExitCode::SUCCESS);
             }
             let backend = backend.open()?;
+            note_if_dirty();
             let params_from = (!shapes.is_empty()).then(|| "command line".to_string());
             let opts = RunOptions { quick, peers, out, seed, variants, provider: None, progress: !once, l2, launch, ncu, shapes, params_from, once, cases, data_dir };
             // Every --shape is checked against every experiment before anything runs.
@@ -366,6 +367,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
                 return Err(LabError::Invalid(format!("--case needs exactly one experiment, not {}", experiments.len())));
             }
             let plan = (tool, variants, jobs, std::time::Duration::from_secs(timeout), seed.unwrap_or_else(fresh_seed));
+            note_if_dirty();
             sanitize(experiments, plan, cases, out, backend)
         }
         Command::LaunchOnce { experiment, case, variant, seed } => {
@@ -543,6 +545,15 @@ fn python_topics() -> Result<PathBuf> {
         return Err(LabError::Invalid(format!("python3 could not find pydoc_data/topics.py ({}): pass --text PATH", String::from_utf8_lossy(&out.stderr).trim())));
     }
     Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+/// Says so when this binary was built from uncommitted changes: its records name the commit before
+/// them, marked dirty, and the report's verification does not count them (build after committing).
+fn note_if_dirty() {
+    let git = lab::record::git_info();
+    if git.dirty {
+        eprintln!("note: this binary was built from {} with uncommitted changes: its records are marked dirty and do not count toward the report's verification", &git.commit[..git.commit.len().min(7)]);
+    }
 }
 
 fn fresh_seed() -> u64 {
