@@ -53,6 +53,10 @@ __device__ __forceinline__ void step_wait(unsigned long long start = 0) {
         trace = lab_trace;
         if (start == 0) start = global_ns();
         slot = atomicAdd(trace, 1ull);
+        // The slot is taken before this kernel lets the next one launch (in pdl_wait): an atomic
+        // still in flight behind this thread's loads could otherwise be overtaken by the next
+        // kernel's, and the slots would name the wrong kernels.
+        __threadfence();
     }
     pdl_wait();
     if (trace != nullptr && slot < LAB_TRACE_SLOTS) {
