@@ -401,6 +401,18 @@ fn decode(s: &mut Session, case: &Value) -> Result<()> {
                     };
                     rec.extra.insert("timeline_positions".into(), json!([first, first + TIMELINE_STEPS - 1]));
                 }
+                // Batch 1 also as llama-bench's tg128 counts: TG_STEPS steps back to back from
+                // position 0 (the prompt fed again a position a step), timed as one.
+                if b == 1 && ctx >= TG_STEPS {
+                    let tg = time_gpu(&gpu, &s.budget, || {
+                        batch.rewind()?;
+                        (0..TG_STEPS).try_for_each(|_| batch.step())
+                    });
+                    match tg {
+                        Ok(t) => rec.extra.insert("tg_tokens_s".into(), json!(TG_STEPS as f64 / (t.0.median / 1e3))),
+                        Err(e) => rec.extra.insert("tg_error".into(), json!(e.to_string())),
+                    };
+                }
                 rec.extra.insert("tokens_s".into(), json!(b as f64 / (time.0.median / 1e3)));
                 rec.extra.insert("weight_bytes".into(), json!(m.weight_bytes(b)));
                 if let Some((all, programmatic)) = batch.graph_edges() {
@@ -434,6 +446,10 @@ fn decode(s: &mut Session, case: &Value) -> Result<()> {
 /// Steps a decode case's timeline replays with the kernels stamping ([`crate::gpu::trace`]),
 /// after its timed steps.
 const TIMELINE_STEPS: usize = 64;
+
+/// Steps of a batch-1 decode case timed back to back as one (`tg_tokens_s`): llama-bench's tg128
+/// generates 128 tokens after an empty prompt, so its steps see contexts 1 to 128.
+const TG_STEPS: usize = 128;
 
 /// What the decode case's sequences must give after `prompt`, after one greedy step and after a
 /// second (each vocab logits): the f64 reference forward up to 128 tokens, else the plain engine
