@@ -203,6 +203,21 @@ extern "C" __global__ void __launch_bounds__(Q4_THREADS, 2)
     out[1] = __float2half_rn(b);
 }
 
+// A warp's gate and up rows of FFN column j (weights: loaded before step_wait).
+__device__ __forceinline__ void q4_gate_up_load(Q4Row<Q4_NORM_G>& gr, Q4Row<Q4_NORM_G>& ur, const unsigned char* __restrict__ w, int j, int ffn,
+                                                int groups, int lane) {
+    if (j < ffn) {
+        q4_load(gr, w + (long long)j * groups * 20, groups, lane);
+        q4_load(ur, w + (long long)(ffn + j) * groups * 20, groups, lane);
+    }
+}
+
+// silu(gate) * up for sequence s, the gate and up rounded to f16 as the unfused step stores them.
+__device__ __forceinline__ float q4_swiglu(const Q4Row<Q4_NORM_G>& gr, const Q4Row<Q4_NORM_G>& ur, const float* ht, int s, int groups, int lane) {
+    const float gs = round16(q4_dot(gr, ht, s, groups, lane)), us = round16(q4_dot(ur, ht, s, groups, lane));
+    return gs / (1.f + __expf(-gs)) * us;
+}
+
 // w: gate rows then up rows (2 ffn of dim); a warp per output column j (gate j and up j).
 extern "C" __global__ void __launch_bounds__(Q4_THREADS, 2)
     llama_gate_up_swiglu_q4_1_f16(const unsigned char* __restrict__ w, const float* __restrict__ x, const float* __restrict__ gamma, float eps,
@@ -212,17 +227,14 @@ extern "C" __global__ void __launch_bounds__(Q4_THREADS, 2)
     const int j = blockIdx.x * (Q4_THREADS / 32) + (threadIdx.x >> 5);
     Q4Row<Q4_NORM_G> gr, ur;
     float g[Q4_K(Q4_NORM_G)];
-    if (j < ffn) {
-        q4_load(gr, w + (long long)j * groups * 20, groups, lane);
-        q4_load(ur, w + (long long)(ffn + j) * groups * 20, groups, lane);
-    }
+    q4_gate_up_load(gr, ur, w, j, ffn, groups, lane);
     q4_gamma(g, gamma, dim);
     step_wait();
     q4_input_norm(ht, x, g, eps, seqs, dim);
     if (j >= ffn) return;
     for (int s = 0; s < seqs; ++s) {
-        const float gs = round16(q4_dot(gr, ht, s, groups, lane)), us = round16(q4_dot(ur, ht, s, groups, lane));
-        if (lane == s) act[(long long)s * ffn + j] = __float2half_rn(gs / (1.f + __expf(-gs)) * us);
+        const float a = q4_swiglu(gr, ur, ht, s, groups, lane);
+        if (lane == s) act[(long long)s * ffn + j] = __float2half_rn(a);
     }
 }
 
@@ -291,10 +303,7 @@ extern "C" __global__ void FF_ATTRS llama_ffn_q4_1_f16(const unsigned char* __re
     const int c0 = blockIdx.x * FF_COLS, j = c0 + warp;
     Q4Row<Q4_NORM_G> gr, ur;
     float g[Q4_K(Q4_NORM_G)];
-    if (j < ffn) {
-        q4_load(gr, wgu + (long long)j * groups * 20, groups, lane);
-        q4_load(ur, wgu + (long long)(ffn + j) * groups * 20, groups, lane);
-    }
+    q4_gate_up_load(gr, ur, wgu, j, ffn, groups, lane);
     q4_gamma(g, gamma, dim);
     // The down product's columns c0.. of rows tid + Q4_THREADS i: the group's d|m word and the two
     // words whose bytes hold those columns (low nibbles for columns 0-15 of a group, high for 16-31).
@@ -313,10 +322,7 @@ extern "C" __global__ void FF_ATTRS llama_ffn_q4_1_f16(const unsigned char* __re
     q4_input_norm(ht, x, g, eps, seqs, dim);
     for (int s = 0; s < seqs; ++s) {
         float a = 0.f;
-        if (j < ffn) {
-            const float gs = round16(q4_dot(gr, ht, s, groups, lane)), us = round16(q4_dot(ur, ht, s, groups, lane));
-            a = round16(gs / (1.f + __expf(-gs)) * us);
-        }
+        if (j < ffn) a = round16(q4_swiglu(gr, ur, ht, s, groups, lane));
         if (lane == 0) act[s][warp] = a;
     }
     __syncthreads();  // act is whole and ht read: it takes the partials now

@@ -177,7 +177,7 @@ impl GpuModel {
     /// (as many as keep it and their own weights within 3/4 of L2), not while its kernel waits.
     pub fn head_ahead(&self, i: usize) -> Option<std::ops::Range<usize>> {
         let c = &self.config;
-        let head = c.vocab * c.dim / 32 * 34;
+        let head = self.head.bytes() as usize;
         let layer = (self.weight_bytes(1) as usize - head) / c.layers;
         ahead_share(head, layer, c.layers, self.gpu.info.l2_bytes.max(0) as usize, i)
     }
