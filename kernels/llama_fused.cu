@@ -462,6 +462,10 @@ extern "C" __global__ void AO_ATTRS llama_attention_o_q4_1_f16(const unsigned ch
     }
     cp_async_commit();
     step_wait(entered);
+    // The step's own key and value row first: its copy and the load of Q below are then one
+    // round trip after the wait, not two (the store of Q into shared memory waits for its load).
+    if (attends && tid == p && p < AO_KEYS) ao_copy_row(sk, sv, kc, vc, own_row, tid);
+    cp_async_commit();
     const float xv = j < dim && lane == 0 ? x[(long long)s * dim + j] : 0.f;
     if (attends && tid < G * AO_D / 8) {
         float v[8];
@@ -479,9 +483,7 @@ extern "C" __global__ void AO_ATTRS llama_attention_o_q4_1_f16(const unsigned ch
     float m_run = NEG_INF, l_run = 0.f, o_run = 0.f;
     for (int k0 = 0; attends && k0 < n; k0 += AO_KEYS) {
         const int k1 = min(n, k0 + AO_KEYS), k = k0 + tid;
-        if (k0 == 0) {
-            if (tid == p) ao_copy_row(sk, sv, kc, vc, own_row, tid);
-        } else {
+        if (k0 > 0) {
             __syncthreads();  // the last pass's tiles and sums are read
             if (k < k1) ao_copy_row(sk, sv, kc, vc, ao_row(table, s, max_pages, page, hkv, rank, k), tid);
         }

@@ -113,7 +113,7 @@ pub static FAMILIES: &[Family] = &[
     },
     Family {
         name: "llama",
-        kernels: &[kernel!("llama.cu"), kernel!("llama_fused.cu"), kernel!("llama_layer.cu")],
+        kernels: &[kernel!("llama.cu"), kernel!("llama_fused.cu"), kernel!("llama_layer.cu"), kernel!("llama_head.cu")],
         experiment: Some(&crate::ops::llama::Llama),
         variants: crate::ops::llama::variants,
     },

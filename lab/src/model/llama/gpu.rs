@@ -15,7 +15,8 @@
 //! residual_q4_1 (down). Decode attention is two launches (split and combine, [`ATTENTION`]) or
 //! one (decode_merge, through [`Batch::set_attention`]); with [`ATTENTION_O`] the attention and
 //! the output product are one launch, and a layer four; with [`LAYER`] a layer is one launch.
-//! [`Batch::set_ffn`] makes the FFN one launch too (ffn_q4_1), a layer three.
+//! [`Batch::set_ffn`] makes the FFN one launch too (ffn_q4_1), a layer three, and
+//! [`Batch::set_head`] the step's tail (head_q8_0).
 //!
 //! Over 600 lines: the model's device weights and a batch's buffers and launch sequences are one
 //! unit (each step variant reads the weights' raw, repacked and dense forms); split apart, every
@@ -50,6 +51,8 @@ pub struct GpuModel {
     embed: CudaSlice<u8>,
     /// The LM head (the embedding's blocks again when tied).
     head: quant::Q8Tensor,
+    /// The same blocks repacked for head_q8_0 (rows up to its width).
+    head_packed: Option<k::PackedHead>,
     layers: Vec<GpuLayer>,
     out_norm: CudaSlice<f32>,
     /// base^(-2i / rope_dims) / linear scale, i < rope_dims / 2.
@@ -147,11 +150,14 @@ impl GpuModel {
         }
         let embed = stacked(g, &[("token_embd.weight", t.embed)], GgmlType::Q8_0)?;
         let head_name = if t.output.is_some() { "output.weight" } else { "token_embd.weight" };
-        let head = quant::Q8Tensor::from_blocks(&dev, &stacked(g, &[(head_name, t.head())], GgmlType::Q8_0)?, c.vocab, c.dim)?;
+        let head_blocks = stacked(g, &[(head_name, t.head())], GgmlType::Q8_0)?;
+        let head = quant::Q8Tensor::from_blocks(&dev, &head_blocks, c.vocab, c.dim)?;
+        let head_packed = if c.dim <= k::HEAD_MAX_WIDTH { Some(k::PackedHead::new(gpu, &head_blocks, c.vocab, c.dim)?) } else { None };
         let inv_freq: Vec<f64> = (0..c.rope_dims / 2).map(|i| c.rope_angle(1, i)).collect();
         Ok(GpuModel {
             embed: gpu.upload(&embed)?,
             head,
+            head_packed,
             layers,
             out_norm: f32_vector(gpu, g, "output_norm.weight", t.out_norm)?,
             inv_freq: gpu.upload(&inv_freq)?,
@@ -193,6 +199,11 @@ impl GpuModel {
     pub fn fuses_attention(&self, seqs: usize) -> bool {
         let c = &self.config;
         self.fuses(seqs) && self.gpu.arch >= 90 && k::attention_o_takes(c.heads, c.kv_heads, c.head_dim) && c.heads * c.head_dim == c.dim
+    }
+
+    /// Whether a fused batch of `seqs` sequences runs its tail in one launch ([`Batch::set_head`]).
+    pub fn fuses_head(&self, seqs: usize) -> bool {
+        self.fuses(seqs) && self.head_packed.is_some() && seqs <= k::HEAD_MAX_SEQS
     }
 
     /// Whether a fused batch of `seqs` sequences runs its FFN in one launch ([`Batch::set_ffn`]).
@@ -275,6 +286,8 @@ pub struct Batch<'m> {
     act: Tensor<f16>,
     logits: Tensor<f32>,
     graph: Option<Graph>,
+    /// [`Batch::steps`]' graph of that many steps.
+    chunk: Option<(usize, Graph)>,
     /// Capture the step with programmatic dependent launch between its kernels.
     programmatic: bool,
     /// Decode with the fused products (five launches a layer).
@@ -283,6 +296,8 @@ pub struct Batch<'m> {
     fusion: Fusion,
     /// ffn_q4_1's scratch while fused steps run the FFN in one launch.
     ffn: Option<k::FfnScratch>,
+    /// head_q8_0's scratch while fused steps run their tail in one launch.
+    head: Option<k::HeadChoice>,
     /// How each step chooses its token.
     sampling: Sampling,
     /// A step has run eagerly: the next can be captured.
@@ -316,10 +331,12 @@ impl<'m> Batch<'m> {
             act: zeros16(c.ffn)?,
             logits: Tensor::<f32>::zeros(&m.dev, &[seqs, c.vocab])?,
             graph: None,
+            chunk: None,
             programmatic: false,
             fused: false,
             fusion: Fusion::Products,
             ffn: None,
+            head: None,
             sampling: Sampling::GREEDY,
             warm: false,
             m,
@@ -368,7 +385,7 @@ impl<'m> Batch<'m> {
     pub fn set_programmatic(&mut self, on: bool) {
         if on != self.programmatic {
             self.programmatic = on;
-            self.graph = None;
+            (self.graph, self.chunk) = (None, None);
         }
     }
 
@@ -390,10 +407,11 @@ impl<'m> Batch<'m> {
         if !on {
             self.fusion = Fusion::Products;
             self.ffn = None;
+            self.head = None;
         }
         if on != self.fused {
             self.fused = on;
-            self.graph = None;
+            (self.graph, self.chunk) = (None, None);
             self.warm = false;
         }
         Ok(())
@@ -441,7 +459,7 @@ impl<'m> Batch<'m> {
             self.decode = Decode::with(&self.m.gpu, variant, self.seqs, c.heads, c.kv_heads, c.head_dim, self.cap)?;
         }
         self.fusion = fusion;
-        self.graph = None;
+        (self.graph, self.chunk) = (None, None);
         self.warm = false;
         Ok(())
     }
@@ -455,7 +473,29 @@ impl<'m> Batch<'m> {
         if on != self.ffn.is_some() {
             let c = &self.m.config;
             self.ffn = if on { Some(k::FfnScratch::new(&self.m.gpu, self.seqs, c.dim, c.ffn)?) } else { None };
-            self.graph = None;
+            (self.graph, self.chunk) = (None, None);
+            self.warm = false;
+        }
+        Ok(())
+    }
+
+    /// Fused steps from now on run their tail (the output norm, the LM head, the greedy choice) in
+    /// one launch (head_q8_0), or as add_rmsnorm, quant's w8a16 and argmax or sample; an error if
+    /// the batch is not fused or its rows are wider than head_q8_0 takes.
+    pub fn set_head(&mut self, on: bool) -> Result<()> {
+        if on && !(self.fused && self.m.head_packed.is_some() && self.seqs <= k::HEAD_MAX_SEQS) {
+            return Err(LabError::Invalid(format!(
+                "head_q8_0 runs in fused steps of up to {} sequences with rows up to {} wide (fused: {}; {} sequences, rows of {})",
+                k::HEAD_MAX_SEQS,
+                k::HEAD_MAX_WIDTH,
+                self.fused,
+                self.seqs,
+                self.m.config.dim
+            )));
+        }
+        if on != self.head.is_some() {
+            self.head = if on { Some(k::HeadChoice::new(&self.m.gpu, self.m.config.vocab)?) } else { None };
+            (self.graph, self.chunk) = (None, None);
             self.warm = false;
         }
         Ok(())
@@ -466,7 +506,7 @@ impl<'m> Batch<'m> {
         s.check()?;
         if s != self.sampling {
             self.sampling = s;
-            self.graph = None;
+            (self.graph, self.chunk) = (None, None);
             self.warm = false;
         }
         Ok(())
@@ -506,6 +546,32 @@ impl<'m> Batch<'m> {
             self.graph = Some(g);
         }
         self.steps += 1;
+        Ok(())
+    }
+
+    /// `n` steps as one captured graph of `n` steps once the single step's graph exists (the
+    /// steps before run as [`Batch::step`] does): no graph boundary between them, and with
+    /// programmatic edges a step's first kernel launches while the last one before it runs. The
+    /// host sees no token before all `n` are taken.
+    pub fn steps(&mut self, n: usize) -> Result<()> {
+        if n > self.room() {
+            return Err(LabError::Invalid(format!("{n} steps with room for {} in the KV cache of {} positions", self.room(), self.cap)));
+        }
+        let mut left = n;
+        while left > 0 && (left == 1 || self.graph.is_none()) {
+            self.step()?;
+            left -= 1;
+        }
+        if left == 0 {
+            return Ok(());
+        }
+        if self.chunk.as_ref().is_none_or(|c| c.0 != left) {
+            let gpu = self.m.gpu.clone();
+            let g = Graph::capture(&gpu, self.programmatic, || (0..left).try_for_each(|_| self.launch()))?;
+            self.chunk = Some((left, g));
+        }
+        self.chunk.as_ref().expect("captured above").1.launch()?;
+        self.steps += left;
         Ok(())
     }
 
@@ -569,6 +635,13 @@ impl<'m> Batch<'m> {
                 let ahead = m.head.device().zip(m.head_ahead(i));
                 k::residual_q4_1(gpu, &l.raw.down, self.act.cuda().expect("on the GPU"), &mut self.x, b, dim, c.ffn, ahead)?;
             }
+        }
+        if let Some(scratch) = &mut self.head {
+            let packed = m.head_packed.as_ref().expect("set_head checked the packed head");
+            let greedy = self.sampling.greedy();
+            let choose = greedy.then_some(k::Choose { scratch, tokens: &mut self.tokens, pos: &mut self.pos, prompt_len: &self.prompt_len, cap: self.cap });
+            k::head_q8_0(gpu, packed, &self.x, &m.out_norm, eps, self.logits.cuda_mut().expect("on the GPU"), b, choose)?;
+            return if greedy { Ok(()) } else { self.choose() };
         }
         k::add_rmsnorm(gpu, &mut self.x, None, &m.out_norm, cuda(&mut self.h), b, dim, eps)?;
         quant::w8a16_matvec(&m.dev, &m.head, &self.h, &mut self.logits)?;

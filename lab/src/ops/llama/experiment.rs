@@ -164,6 +164,7 @@ impl Experiment for Llama {
             ("engine_attention_o", "llama", "attention_o_q4_1"),
             ("engine_ffn", "llama", "ffn_q4_1"),
             ("engine_layer", "llama", "layer_q4_1"),
+            ("engine_head", "llama", "head_q8_0"),
             ("sample", "llama", "sample"),
         ]
     }
@@ -186,7 +187,7 @@ fn engines(s: &Session) -> Vec<&'static str> {
 }
 
 /// How a variant's batch steps: (programmatic edges, fused products, decode attention variant).
-/// All but engine_merged, engine_attention_o, engine_ffn and engine_layer keep the engine's own attention ([`ATTENTION`]).
+/// All but engine_merged, engine_attention_o, engine_ffn, engine_head and engine_layer keep the engine's own attention ([`ATTENTION`]).
 /// engine_merged fuses
 /// where `fuses` says, as `lab generate` does: at batch 1 (the fused products are slower than the
 /// unfused at 4 and 16 sequences, note h100-decode-fused).
@@ -195,7 +196,7 @@ fn step_mode(variant: &str, fuses: bool) -> (bool, bool, &'static str) {
         "engine" => (false, false, ATTENTION),
         "engine_pdl" => (true, false, ATTENTION),
         "engine_fused" => (true, true, ATTENTION),
-        "engine_attention_o" | "engine_ffn" => (true, true, ATTENTION_O),
+        "engine_attention_o" | "engine_ffn" | "engine_head" => (true, true, ATTENTION_O),
         "engine_layer" => (true, true, LAYER),
         _ => (true, fuses, "decode_merge"),
     }
@@ -209,6 +210,7 @@ fn takes(m: Option<&GpuModel>, variant: &str, seqs: usize, capacity: usize) -> b
         "engine_attention_o" => m.fuses_attention(seqs),
         "engine_ffn" => m.fuses_attention(seqs) && m.fuses_ffn(seqs),
         "engine_layer" => m.fuses_layer(seqs, capacity),
+        "engine_head" => m.fuses_attention(seqs) && m.fuses_head(seqs),
         _ => true,
     })
 }
@@ -219,7 +221,8 @@ fn set_mode(batch: &mut crate::model::llama::Batch, variant: &str, fuses: bool) 
     batch.set_programmatic(programmatic);
     batch.set_fused(fused)?;
     batch.set_attention(attention)?;
-    batch.set_ffn(variant == "engine_ffn")
+    batch.set_ffn(variant == "engine_ffn")?;
+    batch.set_head(variant == "engine_head")
 }
 
 /// What a check's steps gave: the engine's logits, the reference's at the same positions, the
@@ -412,6 +415,17 @@ fn decode(s: &mut Session, case: &Value) -> Result<()> {
                         Ok(t) => rec.extra.insert("tg_tokens_s".into(), json!(TG_STEPS as f64 / (t.0.median / 1e3))),
                         Err(e) => rec.extra.insert("tg_error".into(), json!(e.to_string())),
                     };
+                    // The same steps as graphs of TG_CHUNK steps (Batch::steps): what an engine
+                    // that looks at its tokens every TG_CHUNK steps pays.
+                    let chunked = time_gpu(&gpu, &s.budget, || {
+                        batch.rewind()?;
+                        (0..TG_STEPS / TG_CHUNK).try_for_each(|_| batch.steps(TG_CHUNK))
+                    });
+                    match chunked {
+                        Ok(t) => rec.extra.insert("tg_chunk_tokens_s".into(), json!(TG_STEPS as f64 / (t.0.median / 1e3))),
+                        Err(e) => rec.extra.insert("tg_chunk_error".into(), json!(e.to_string())),
+                    };
+                    rec.extra.insert("tg_chunk".into(), json!(TG_CHUNK));
                 }
                 rec.extra.insert("tokens_s".into(), json!(b as f64 / (time.0.median / 1e3)));
                 rec.extra.insert("weight_bytes".into(), json!(m.weight_bytes(b)));
@@ -450,6 +464,9 @@ const TIMELINE_STEPS: usize = 64;
 /// Steps of a batch-1 decode case timed back to back as one (`tg_tokens_s`): llama-bench's tg128
 /// generates 128 tokens after an empty prompt, so its steps see contexts 1 to 128.
 const TG_STEPS: usize = 128;
+
+/// Steps a graph of the chunked tg128 holds (`tg_chunk_tokens_s`).
+const TG_CHUNK: usize = 16;
 
 /// What the decode case's sequences must give after `prompt`, after one greedy step and after a
 /// second (each vocab logits): the f64 reference forward up to 128 tokens, else the plain engine

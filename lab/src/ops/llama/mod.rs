@@ -1,5 +1,5 @@
 //! `llama`: the fused steps of a Llama forward between its weight products and attention
-//! (kernels/llama.cu, llama_fused.cu, llama_layer.cu), as launches on the engine's device buffers ([`crate::model::llama`]
+//! (kernels/llama.cu, llama_fused.cu, llama_layer.cu, llama_head.cu), as launches on the engine's device buffers ([`crate::model::llama`]
 //! assembles them). Rows are tokens: a decode step has one per sequence; a row's position is
 //! `pos[row / rows_per_seq] + row % rows_per_seq`, read on the device.
 
@@ -16,7 +16,9 @@ use std::ops::Range;
 pub const FAMILY: &str = "llama";
 
 pub mod experiment;
+pub mod head;
 pub use experiment::Llama;
+pub use head::{head_q8_0, Choose, HeadChoice, PackedHead, HEAD_MAX_SEQS, HEAD_MAX_WIDTH};
 
 /// The fused steps; each is one kernel with no ladder yet.
 pub const VARIANTS: &[Variant<()>] = &[
@@ -31,6 +33,7 @@ pub const VARIANTS: &[Variant<()>] = &[
     Variant { name: "residual_q4_1", dtypes: &[DType::F16], requires: Requires::Gpu, what: "fused decode: a product of GGUF Q4_1 rows added into the f32 residual stream", config: () },
     Variant { name: "ffn_q4_1", dtypes: &[DType::F16], requires: Requires::Sm90, what: "fused decode: RMSNorm, gate and up, SwiGLU and the down product added into the residual stream in one launch, the blocks' partial sums added in a fixed order through DSMEM and by the last cluster to count itself in", config: () },
     Variant { name: "attention_o_q4_1", dtypes: &[DType::F16], requires: Requires::Sm90, what: "fused decode: attention over the cache and the output product added into the residual stream in one launch, clusters of three blocks sharing the heads' outputs through DSMEM", config: () },
+    Variant { name: "head_q8_0", dtypes: &[DType::F32], requires: Requires::Gpu, what: "fused decode tail: the output RMSNorm, the Q8_0 LM head on mma.sync (repacked into fragment order) and the greedy choice in one launch", config: () },
     Variant { name: "layer_q4_1", dtypes: &[DType::F16], requires: Requires::Sm90, what: "fused decode: a whole layer in one launch, a cluster of 16 blocks per sequence holding its Q4_1 rows in shared memory and handing activations over through DSMEM", config: () },
 ];
 
@@ -76,6 +79,7 @@ pub const ENGINES: &[(&str, &str, &str)] = &[
     ("engine_merged", "gpu", "engine_fused at batch 1, engine_pdl above, with decode attention in one launch (attention's decode_merge)"),
     ("engine_attention_o", "sm_90+", "engine_fused with decode attention and the output product in one launch (attention_o_q4_1): a layer in four launches (batches up to 16)"),
     ("engine_ffn", "sm_90+", "engine_attention_o with the FFN in one launch too (ffn_q4_1): a layer in three launches (batches up to 16)"),
+    ("engine_head", "sm_90+", "engine_attention_o with the step's tail in one launch (head_q8_0): the output norm, the LM head and the greedy choice"),
     ("engine_layer", "sm_90+", "engine_fused with each layer one launch (layer_q4_1, a cluster of 16 blocks per sequence): positions below 1024"),
 ];
 
