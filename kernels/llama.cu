@@ -161,14 +161,18 @@ extern "C" __global__ void llama_swiglu_f16(const __half* __restrict__ gu, __hal
 }
 
 // The chosen id becomes tokens[seq][pos + 1] unless that is still a prompt token; pos advances
-// unless the cache is full. Thread 0 of the sequence's block.
-__device__ __forceinline__ void emit_token(unsigned* __restrict__ tokens, int* __restrict__ pos, const int* __restrict__ prompt_len, int seq,
-                                           int cap, int id) {
-    const int p = pos[seq];
+// unless the cache is full. One thread per sequence; emit_token_at takes the position p and the
+// prompt length already read (head_q8_0 reads them before its wait).
+__device__ __forceinline__ void emit_token_at(unsigned* __restrict__ tokens, int* __restrict__ pos, int seq, int cap, int id, int p, int prompt_len) {
     if (p + 1 < cap) {
-        if (p + 1 >= prompt_len[seq]) tokens[(long long)seq * cap + p + 1] = (unsigned)id;
+        if (p + 1 >= prompt_len) tokens[(long long)seq * cap + p + 1] = (unsigned)id;
         pos[seq] = p + 1;
     }
+}
+
+__device__ __forceinline__ void emit_token(unsigned* __restrict__ tokens, int* __restrict__ pos, const int* __restrict__ prompt_len, int seq,
+                                           int cap, int id) {
+    emit_token_at(tokens, pos, seq, cap, id, pos[seq], prompt_len[seq]);
 }
 
 // Scans of a row of logits by a block. A thread loads ROW_BATCH values before it uses any: one

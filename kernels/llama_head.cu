@@ -70,6 +70,7 @@ extern "C" __global__ void __launch_bounds__(HD_THREADS) llama_head_q8_0_f32(
     __shared__ float gs[HD_MAXK];
     __shared__ float wv[HD_WARPS][HD_MAXB];
     __shared__ int wi[HD_WARPS][HD_MAXB];
+    __shared__ int spos[HD_MAXB], splen[HD_MAXB];
     __shared__ bool last;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
     const int kb = k / 32, tiles = (n_rows + 15) / 16, nch = (kb + HD_CH - 1) / HD_CH, nts = batch > 8 ? 2 : 1;
@@ -81,6 +82,9 @@ extern "C" __global__ void __launch_bounds__(HD_THREADS) llama_head_q8_0_f32(
     HdChunk buf[2];
     if (steps > 0) hd_load(buf[0], codes, scales, first, 0, kb, lane);
     for (int i = tid; i < k; i += HD_THREADS) gs[i] = gamma[i];
+    // So are the positions and prompt lengths the choice needs: the step before wrote pos before
+    // the kernel ahead of this one started.
+    if (choice != nullptr && tid < batch) spos[tid] = pos[tid], splen[tid] = prompt_len[tid];
     step_wait();
     __syncthreads();
     // h = x rstd gamma in f16, a warp a sequence; zeros for the mma's columns past the batch.
@@ -210,7 +214,7 @@ extern "C" __global__ void __launch_bounds__(HD_THREADS) llama_head_q8_0_f32(
         __syncthreads();
         if (tid == 0) {
             for (int w = 1; w < HD_WARPS; ++w) hd_keep(b, i, wv[w][0], wi[w][0]);
-            emit_token(tokens, pos, prompt_len, s, cap, i);
+            emit_token_at(tokens, pos, s, cap, i, spos[s], splen[s]);
         }
         __syncthreads();
     }

@@ -97,6 +97,11 @@ pub fn generate(engine: &Engine, prompt: &[u32], max_new: usize, sampling: Sampl
             if m.fuses_attention(1) && prompt.len() + max_new < super::gpu::ATTENTION_O_ONE_PASS {
                 batch.set_attention(super::gpu::ATTENTION_O)?;
             }
+            // engine_head: the output norm, the LM head and the choice in one launch (note
+            // h200-decode-tail).
+            if m.fuses_head(1) {
+                batch.set_head(true)?;
+            }
             batch.set_sampling(sampling)?;
             batch.start(&[prompt.to_vec()])?;
             batch.prefill()?;
