@@ -390,11 +390,9 @@ extern "C" __global__ void FF_ATTRS llama_ffn_q4_1_f16(const unsigned char* __re
 // output, and each of its warps adds one row of the output product into x as residual_q4_1 does.
 // Every cluster attends anew: a few KB of cache from L2 per block at short contexts, against a
 // kernel boundary and a round trip through memory.
-// Keys pass through shared memory AO_KEYS at a time, one a thread: a thread scores its key
-// against the group's query heads, and each warp keeps an online softmax over its 32 keys of
-// every pass (max and sum by shuffles, P V with a lane per two columns); the 16 warps' states are
-// combined once at the end. (The first version took the max, the sum and P V across the block:
-// five barriers a pass of 512 threads, the kernel's largest stall in Nsight Compute.) pos, the
+// Keys pass through shared memory AO_KEYS at a time, one a thread (an online softmax across
+// passes): a thread scores its key against the group's query heads, then P V is taken with a
+// warp per 16th of the keys and a lane per two columns, and the 16 warps' sums are added. pos, the
 // page table and the cache rows before pos were written before the kernel ahead of this one
 // started (its blocks launch this one's only after their own pdl_wait), so they are read before
 // pdl_wait; the step's own key and value row and Q after it. A first version that took a key with
@@ -445,7 +443,8 @@ extern "C" __global__ void AO_ATTRS llama_attention_o_q4_1_f16(const unsigned ch
     __shared__ float own[AO_MAXDIM];                     // this block's heads' outputs, by column
     __shared__ float ht[AO_MAXDIM];                      // every head's, as q4_dot reads its input
     __shared__ __align__(16) float sq[AO_GMAX][AO_D];    // the group's queries
-    __shared__ float red[AO_WARPS][AO_GMAX * AO_D];      // each warp's P V, max and sum per head
+    __shared__ float sp[AO_GMAX][AO_KEYS];               // a pass's probabilities
+    __shared__ float red[AO_WARPS][AO_GMAX * AO_D];      // P V by warp
     __shared__ float wmax[AO_WARPS][AO_GMAX], wsum[AO_WARPS][AO_GMAX];
     const unsigned long long entered = step_begin();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -480,22 +479,17 @@ extern "C" __global__ void AO_ATTRS llama_attention_o_q4_1_f16(const unsigned ch
 #pragma unroll
         for (int e = 0; e < 8; ++e) (&sq[0][0])[tid * 8 + e] = v[e];
     }
-    // Warp w takes keys 32 w .. 32 w + 31 of each pass, a lane a key, with its own online softmax
-    // (max and sum by shuffles, then P V with a lane per two columns): no barrier but the pass's
-    // two. The warps' (max, sum, output) per head are then combined once, in shared memory.
-    float m_run[AO_GMAX], l_run[AO_GMAX], o_run[AO_GMAX][2];
-#pragma unroll
-    for (int hh = 0; hh < AO_GMAX; ++hh) m_run[hh] = NEG_INF, l_run[hh] = 0.f, o_run[hh][0] = o_run[hh][1] = 0.f;
+    // Thread tid < G AO_D carries column tid % AO_D of head tid / AO_D across passes.
+    float m_run = NEG_INF, l_run = 0.f, o_run = 0.f;
     for (int k0 = 0; attends && k0 < n; k0 += AO_KEYS) {
         const int k1 = min(n, k0 + AO_KEYS), k = k0 + tid;
         if (k0 > 0) {
-            __syncthreads();  // every warp is done with the last pass's tiles
+            __syncthreads();  // the last pass's tiles and sums are read
             if (k < k1) ao_copy_row(sk, sv, kc, vc, ao_row(table, s, max_pages, page, hkv, rank, k), tid);
         }
         cp_async_commit();
         cp_async_wait<0>();
         __syncthreads();
-        if (k0 + 32 * warp >= k1) continue;  // a warp past the pass's keys (uniform)
         float sc[AO_GMAX];
 #pragma unroll
         for (int hh = 0; hh < AO_GMAX; ++hh) sc[hh] = 0.f;
@@ -519,50 +513,57 @@ extern "C" __global__ void AO_ATTRS llama_attention_o_q4_1_f16(const unsigned ch
                 }
             }
         }
-        float pr[AO_GMAX], acc[AO_GMAX][2];
 #pragma unroll
         for (int hh = 0; hh < AO_GMAX; ++hh) {
-            acc[hh][0] = acc[hh][1] = 0.f, pr[hh] = 0.f;
-            if (hh >= G) continue;
+            if (hh >= G) break;
             sc[hh] = k < k1 ? sc[hh] * scale_log2 : NEG_INF;
-            const float mx = fmax_nan(m_run[hh], warp_reduce_max(sc[hh])), a = exp2f(m_run[hh] - safe_shift(mx));
-            pr[hh] = k < k1 ? exp2f(sc[hh] - safe_shift(mx)) : 0.f;
-            l_run[hh] = l_run[hh] * a + warp_reduce_sum(pr[hh]);
-            o_run[hh][0] *= a, o_run[hh][1] *= a, m_run[hh] = mx;
+            const float mx = warp_reduce_max(sc[hh]);
+            if (lane == 0) wmax[warp][hh] = mx;
         }
-        const int keys = min(32, k1 - k0 - 32 * warp);
-        for (int kk = 0; kk < keys; ++kk) {
-            const float2 v = __half22float2(*reinterpret_cast<const __half2*>(sv + (32 * warp + kk) * AO_D + 2 * lane));
+        __syncthreads();
+        float mx[AO_GMAX];
+#pragma unroll
+        for (int hh = 0; hh < AO_GMAX; ++hh) {
+            mx[hh] = NEG_INF;
+            if (hh >= G) continue;
+            for (int w2 = 0; w2 < AO_WARPS; ++w2) mx[hh] = fmax_nan(mx[hh], wmax[w2][hh]);
+            const float pr = k < k1 ? exp2f(sc[hh] - safe_shift(mx[hh])) : 0.f;
+            sp[hh][tid] = pr;
+            const float sum = warp_reduce_sum(pr);
+            if (lane == 0) wsum[warp][hh] = sum;
+        }
+        __syncthreads();
+        // P V: warp `warp` takes keys warp, warp + 16, ... of the pass; lane the columns 2 lane, 2 lane + 1.
+        float acc[AO_GMAX][2];
+#pragma unroll
+        for (int hh = 0; hh < AO_GMAX; ++hh) acc[hh][0] = acc[hh][1] = 0.f;
+#pragma unroll 4
+        for (int kk = warp; kk < k1 - k0; kk += AO_WARPS) {
+            const float2 v = __half22float2(*reinterpret_cast<const __half2*>(sv + kk * AO_D + 2 * lane));
 #pragma unroll
             for (int hh = 0; hh < AO_GMAX; ++hh) {
                 if (hh < G) {
-                    const float p = __shfl_sync(0xffffffffu, pr[hh], kk);
-                    acc[hh][0] += p * v.x, acc[hh][1] += p * v.y;
+                    const float pr = sp[hh][kk];
+                    acc[hh][0] += pr * v.x, acc[hh][1] += pr * v.y;
                 }
             }
         }
 #pragma unroll
-        for (int hh = 0; hh < AO_GMAX; ++hh) o_run[hh][0] += acc[hh][0], o_run[hh][1] += acc[hh][1];
-    }
-    if (attends) {
+        for (int hh = 0; hh < AO_GMAX; ++hh)
+            if (hh < G) red[warp][hh * AO_D + 2 * lane] = acc[hh][0], red[warp][hh * AO_D + 2 * lane + 1] = acc[hh][1];
+        __syncthreads();
+        if (tid < G * AO_D) {
+            const int hh = tid / AO_D;
+            float o = 0.f, l = 0.f, m = NEG_INF;
 #pragma unroll
-        for (int hh = 0; hh < AO_GMAX; ++hh) {
-            if (hh >= G) break;
-            red[warp][hh * AO_D + 2 * lane] = o_run[hh][0], red[warp][hh * AO_D + 2 * lane + 1] = o_run[hh][1];
-            if (lane == 0) wmax[warp][hh] = m_run[hh], wsum[warp][hh] = l_run[hh];
+            for (int i = 0; i < AO_GMAX; ++i)
+                if (i == hh) m = mx[i];
+            for (int w2 = 0; w2 < AO_WARPS; ++w2) o += red[w2][tid], l += wsum[w2][hh];
+            const float mn = fmax_nan(m_run, m), a = exp2f(m_run - mn), b = exp2f(m - mn);
+            o_run = o_run * a + o * b, l_run = l_run * a + l * b, m_run = mn;
         }
     }
-    __syncthreads();
-    if (attends && tid < G * AO_D) {
-        const int hh = tid / AO_D;
-        float m = NEG_INF, o = 0.f, l = 0.f;
-        for (int w2 = 0; w2 < AO_WARPS; ++w2) m = fmax_nan(m, wmax[w2][hh]);
-        for (int w2 = 0; w2 < AO_WARPS; ++w2) {
-            const float a = exp2f(wmax[w2][hh] - safe_shift(m));
-            o += red[w2][tid] * a, l += wsum[w2][hh] * a;
-        }
-        own[rank * G * AO_D + tid] = round16(o / l);
-    }
+    if (attends && tid < G * AO_D) own[rank * G * AO_D + tid] = round16(o_run / l_run);
     __cluster_barrier_arrive();
     __cluster_barrier_wait();
     for (int c = tid; c < dim; c += AO_THREADS) {
