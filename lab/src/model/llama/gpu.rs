@@ -181,10 +181,11 @@ impl GpuModel {
     /// head (30 MB of Q8_0 for SmolLM2) is read right after the last layer, and a step reads its
     /// weights at a small share of the memory's rate, so the head is fetched over the last layers
     /// (as many as keep it and their own weights within 3/4 of L2), not while its kernel waits.
-    pub fn head_ahead(&self, i: usize) -> Option<std::ops::Range<usize>> {
+    /// `head` is the size of the buffer the head is read from (its GGUF blocks, or head_q8_0's
+    /// packed codes).
+    pub fn head_ahead(&self, i: usize, head: usize) -> Option<std::ops::Range<usize>> {
         let c = &self.config;
-        let head = self.head.bytes() as usize;
-        let layer = (self.weight_bytes(1) as usize - head) / c.layers;
+        let layer = (self.weight_bytes(1) - self.head.bytes()) as usize / c.layers;
         ahead_share(head, layer, c.layers, self.gpu.info.l2_bytes.max(0) as usize, i)
     }
 
@@ -632,7 +633,12 @@ impl<'m> Batch<'m> {
                 k::ffn_q4_1(gpu, &l.raw.gate_up, &l.raw.down, &mut self.x, &l.ffn_norm, eps, scratch, b)?;
             } else {
                 k::gate_up_swiglu_q4_1(gpu, &l.raw.gate_up, &self.x, &l.ffn_norm, eps, cuda(&mut self.act), b, c.ffn)?;
-                let ahead = m.head.device().zip(m.head_ahead(i));
+                // The buffer this step's head will read: head_q8_0's packed codes, or the blocks.
+                let head = match (&self.head, &m.head_packed) {
+                    (Some(_), Some(p)) => Some(p.codes()),
+                    _ => m.head.device(),
+                };
+                let ahead = head.and_then(|h| Some((h, m.head_ahead(i, h.len())?)));
                 k::residual_q4_1(gpu, &l.raw.down, self.act.cuda().expect("on the GPU"), &mut self.x, b, dim, c.ffn, ahead)?;
             }
         }

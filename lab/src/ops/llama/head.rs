@@ -58,6 +58,11 @@ pub struct PackedHead {
 }
 
 impl PackedHead {
+    /// The codes (all but the scales' 1/17): what the last layers fetch into L2 ahead of it.
+    pub fn codes(&self) -> &CudaSlice<u8> {
+        &self.codes
+    }
+
     pub fn new(gpu: &Gpu, blocks: &[u8], rows: usize, cols: usize) -> Result<Self> {
         check("head_q8_0", cols <= HEAD_MAX_WIDTH, || format!("rows of {cols}: head_q8_0 normalises up to {HEAD_MAX_WIDTH}"))?;
         let (codes, scales) = pack_head(blocks, rows, cols)?;
