@@ -484,7 +484,7 @@ impl<'m> Batch<'m> {
     /// one launch (head_q8_0), or as add_rmsnorm, quant's w8a16 and argmax or sample; an error if
     /// the batch is not fused or its rows are wider than head_q8_0 takes.
     pub fn set_head(&mut self, on: bool) -> Result<()> {
-        if on && !(self.fused && self.m.head_packed.is_some() && self.seqs <= k::HEAD_MAX_SEQS) {
+        if on && !(self.fused && self.m.fuses_head(self.seqs)) {
             return Err(LabError::Invalid(format!(
                 "head_q8_0 runs in fused steps of up to {} sequences with rows up to {} wide (fused: {}; {} sequences, rows of {})",
                 k::HEAD_MAX_SEQS,
