@@ -51,8 +51,9 @@ pub struct GpuModel {
     embed: CudaSlice<u8>,
     /// The LM head (the embedding's blocks again when tied).
     head: quant::Q8Tensor,
-    /// The same blocks repacked for head_q8_0 (rows up to its width).
-    head_packed: Option<k::PackedHead>,
+    /// The same blocks repacked for head_q8_0 (rows up to its width); boxed, so that `Engine`'s
+    /// GPU model stays near its CPU model's size.
+    head_packed: Option<Box<k::PackedHead>>,
     layers: Vec<GpuLayer>,
     out_norm: CudaSlice<f32>,
     /// base^(-2i / rope_dims) / linear scale, i < rope_dims / 2.
@@ -152,7 +153,7 @@ impl GpuModel {
         let head_name = if t.output.is_some() { "output.weight" } else { "token_embd.weight" };
         let head_blocks = stacked(g, &[(head_name, t.head())], GgmlType::Q8_0)?;
         let head = quant::Q8Tensor::from_blocks(&dev, &head_blocks, c.vocab, c.dim)?;
-        let head_packed = if c.dim <= k::HEAD_MAX_WIDTH { Some(k::PackedHead::new(gpu, &head_blocks, c.vocab, c.dim)?) } else { None };
+        let head_packed = if c.dim <= k::HEAD_MAX_WIDTH { Some(Box::new(k::PackedHead::new(gpu, &head_blocks, c.vocab, c.dim)?)) } else { None };
         let inv_freq: Vec<f64> = (0..c.rope_dims / 2).map(|i| c.rope_angle(1, i)).collect();
         Ok(GpuModel {
             embed: gpu.upload(&embed)?,
