@@ -407,24 +407,18 @@ fn decode(s: &mut Session, case: &Value) -> Result<()> {
                 // Batch 1 also as llama-bench's tg128 counts: TG_STEPS steps back to back from
                 // position 0 (the prompt fed again a position a step), timed as one.
                 if b == 1 && ctx >= TG_STEPS {
-                    let tg = time_gpu(&gpu, &s.budget, || {
-                        batch.rewind()?;
-                        (0..TG_STEPS).try_for_each(|_| batch.step())
-                    });
-                    match tg {
-                        Ok(t) => rec.extra.insert("tg_tokens_s".into(), json!(TG_STEPS as f64 / (t.0.median / 1e3))),
-                        Err(e) => rec.extra.insert("tg_error".into(), json!(e.to_string())),
-                    };
-                    // The same steps as graphs of TG_CHUNK steps (Batch::steps): what an engine
-                    // that looks at its tokens every TG_CHUNK steps pays.
-                    let chunked = time_gpu(&gpu, &s.budget, || {
-                        batch.rewind()?;
-                        (0..TG_STEPS / TG_CHUNK).try_for_each(|_| batch.steps(TG_CHUNK))
-                    });
-                    match chunked {
-                        Ok(t) => rec.extra.insert("tg_chunk_tokens_s".into(), json!(TG_STEPS as f64 / (t.0.median / 1e3))),
-                        Err(e) => rec.extra.insert("tg_chunk_error".into(), json!(e.to_string())),
-                    };
+                    // Then as graphs of TG_CHUNK steps (Batch::steps): what an engine that looks at
+                    // its tokens every TG_CHUNK steps pays.
+                    for (chunk, key) in [(1, "tg"), (TG_CHUNK, "tg_chunk")] {
+                        let tg = time_gpu(&gpu, &s.budget, || {
+                            batch.rewind()?;
+                            (0..TG_STEPS / chunk).try_for_each(|_| batch.steps(chunk))
+                        });
+                        match tg {
+                            Ok(t) => rec.extra.insert(format!("{key}_tokens_s"), json!(TG_STEPS as f64 / (t.0.median / 1e3))),
+                            Err(e) => rec.extra.insert(format!("{key}_error"), json!(e.to_string())),
+                        };
+                    }
                     rec.extra.insert("tg_chunk".into(), json!(TG_CHUNK));
                 }
                 rec.extra.insert("tokens_s".into(), json!(b as f64 / (time.0.median / 1e3)));

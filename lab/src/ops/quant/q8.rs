@@ -101,10 +101,7 @@ impl Q8Tensor {
         }
     }
     fn cuda(&self) -> &CudaSlice<u8> {
-        match &self.data {
-            Data::Cuda(b) => b,
-            Data::Host(_) => unreachable!("placement checked"),
-        }
+        self.device().expect("placement checked")
     }
     fn row_bytes(&self) -> usize {
         Block::Q8_0.size_of(self.cols)
